@@ -1,0 +1,311 @@
+"""Event BUS wire format, sans-I/O: lists of frames <-> commands.
+
+Nothing here touches sockets or the reactor. Every malformed input raises a
+:class:`EventBusError` (a :class:`bus.errors.ProtocolError`) whose ``reason`` names
+the defect; nothing else escapes. This module is the fuzz target.
+
+Dialects. The text (spec 000) encodes sequences as 8 bytes in network order and
+separates subtrees with ``;``. The original Node.js implementation encodes them as
+ASCII decimal, sends ``null`` as the sequence of a new event and separates subtrees
+with ``,``. Everything that can be told apart per message is accepted always:
+
+* a sequence frame of ASCII digits is decimal text; otherwise 8 bytes are binary.
+  (8 ASCII digits read as binary would be >= 0x3030303030303030, about 3.5e18, a
+  sequence no bus reaches, so the decimal reading is the right one);
+* ``null`` and an empty frame mean "no sequence";
+* both ``;`` and ``,`` separate subtrees.
+
+What cannot be told apart (how BROADCAST encodes its sequence) is a server option,
+:class:`SequenceEncoding`.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+
+import msgpack
+
+from bus.errors import ProtocolError
+
+SEQUENCE: Final = struct.Struct(">Q")
+MAX_SEQUENCE: Final = 2**64 - 1
+
+SYNCSTART: Final = b"SYNCSTART"
+SYNC: Final = b"SYNC"
+SYNCEND: Final = b"SYNCEND"
+#: Topic of the server heartbeat on the PUB socket. Topics starting with ``$``
+#: are reserved for the server: a PUB to one is refused.
+HEARTBEAT_TOPIC: Final = b"$heartbeat"
+RESERVED_PREFIX: Final = b"$"
+
+MAX_TOPIC_BYTES: Final = 4096
+MAX_PRODUCER_BYTES: Final = 1024
+MAX_TIMESTAMP_BYTES: Final = 64
+MAX_SUBTREE_SPEC_BYTES: Final = 65536
+DEFAULT_MAX_DATA_BYTES: Final = 1024 * 1024
+
+_UUID = re.compile(rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+_DIGITS = re.compile(rb"[0-9]{1,20}")
+_SUBTREE_SEPARATOR = re.compile(rb"[;,]")
+
+
+class EventBusError(ProtocolError):
+    """Malformed Event BUS input."""
+
+
+class SequenceEncoding(enum.Enum):
+    """How a sequence number travels: the text's 8 bytes, or the original's decimal text."""
+
+    BINARY = "binary"
+    TEXT = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event as it travels: every field as the producer sent it, plus the bus sequence."""
+
+    topic: bytes
+    sequence: int
+    producer: bytes
+    timestamp: bytes
+    uuid: bytes
+    data: bytes
+
+    @property
+    def topic_name(self) -> str:
+        return self.topic.decode("utf-8")
+
+    @property
+    def producer_id(self) -> str:
+        return self.producer.decode("utf-8")
+
+    @property
+    def event_id(self) -> str:
+        return self.uuid.decode("ascii")
+
+    @property
+    def time(self) -> datetime:
+        """The producer's timestamp, parsed (naive if the producer gave no offset)."""
+        return datetime.fromisoformat(self.timestamp.decode("ascii"))
+
+    def value(self) -> Any:
+        """The event data, unpacked from msgpack."""
+        return msgpack.unpackb(self.data, raw=False, strict_map_key=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRequest:
+    """A SYNCSTART: the subtrees wanted (empty means all) and the sequence to start above."""
+
+    subtrees: tuple[bytes, ...]
+    since: int
+    spec: bytes
+    #: The encoding the request's sequence used, or None when it carried none.
+    encoding: SequenceEncoding | None
+
+    def matches(self, topic: bytes) -> bool:
+        return not self.subtrees or topic.startswith(self.subtrees)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotEnd:
+    """A SYNCEND: the snapshot is complete up to ``sequence``."""
+
+    spec: bytes
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The server's periodic beat on the PUB socket, carrying its current sequence."""
+
+    sequence: int
+    store_id: str
+
+
+# -- sequences -----------------------------------------------------------------------
+
+
+def encode_sequence(sequence: int, encoding: SequenceEncoding = SequenceEncoding.BINARY) -> bytes:
+    if encoding is SequenceEncoding.TEXT:
+        return b"%d" % sequence
+    return SEQUENCE.pack(sequence)
+
+
+def decode_sequence(frame: bytes) -> tuple[int | None, SequenceEncoding | None]:
+    """Read a sequence frame in either dialect; ``(None, None)`` for empty or ``null``."""
+    if not frame or frame == b"null":
+        return None, (SequenceEncoding.TEXT if frame else None)
+    if _DIGITS.fullmatch(frame):
+        value = int(frame)
+        if value > MAX_SEQUENCE:
+            raise EventBusError("sequence out of range", "bad-sequence")
+        return value, SequenceEncoding.TEXT
+    if len(frame) == 8:
+        return SEQUENCE.unpack(frame)[0], SequenceEncoding.BINARY
+    raise EventBusError(f"sequence frame of {len(frame)} bytes", "bad-sequence")
+
+
+def _required_sequence(frame: bytes) -> int:
+    value, _ = decode_sequence(frame)
+    if value is None:
+        raise EventBusError("missing sequence", "bad-sequence")
+    return value
+
+
+# -- field validation ------------------------------------------------------------------
+
+
+def _check_text(value: bytes, what: str, limit: int, reason: str) -> None:
+    if len(value) > limit:
+        raise EventBusError(f"{what} longer than {limit} bytes", "oversized")
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EventBusError(f"{what} is not UTF-8", reason) from None
+
+
+def check_topic(topic: bytes) -> None:
+    if not topic:
+        raise EventBusError("empty topic", "bad-topic")
+    _check_text(topic, "topic", MAX_TOPIC_BYTES, "bad-topic")
+
+
+def check_timestamp(timestamp: bytes) -> None:
+    if len(timestamp) > MAX_TIMESTAMP_BYTES:
+        raise EventBusError("timestamp too long", "bad-timestamp")
+    try:
+        datetime.fromisoformat(timestamp.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise EventBusError("timestamp is not ISO-8601", "bad-timestamp") from None
+
+
+def check_uuid(value: bytes) -> None:
+    if not _UUID.fullmatch(value):
+        raise EventBusError("event id is not a UUID", "bad-uuid")
+
+
+def check_payload(data: bytes, max_bytes: int = DEFAULT_MAX_DATA_BYTES) -> None:
+    if len(data) > max_bytes:
+        raise EventBusError(f"event data over {max_bytes} bytes", "oversized")
+    try:
+        msgpack.unpackb(data, raw=True, strict_map_key=False)
+    except Exception:  # msgpack raises several unrelated types for bad input
+        raise EventBusError("event data is not one msgpack object", "bad-payload") from None
+
+
+# -- collector side (PUB in, BROADCAST/SYNC out) ---------------------------------------
+
+
+def parse_pub(frames: list[bytes], max_data_bytes: int = DEFAULT_MAX_DATA_BYTES) -> Event:
+    """Validate a PUB (without the ROUTER identity). The sequence it carries is ignored:
+    the server assigns its own, so the result has sequence 0."""
+    if len(frames) != 6:
+        raise EventBusError(f"PUB has {len(frames)} frames, expected 6", "frame-count")
+    topic, sequence, producer, timestamp, uuid, data = frames
+    check_topic(topic)
+    if topic.startswith(RESERVED_PREFIX):
+        raise EventBusError("topics starting with $ are reserved", "reserved-topic")
+    decode_sequence(sequence)
+    _check_text(producer, "producer id", MAX_PRODUCER_BYTES, "bad-producer")
+    check_timestamp(timestamp)
+    check_uuid(uuid)
+    check_payload(data, max_data_bytes)
+    return Event(topic, 0, producer, timestamp, uuid, data)
+
+
+def split_subtrees(spec: bytes) -> tuple[bytes, ...]:
+    return tuple(part for part in _SUBTREE_SEPARATOR.split(spec) if part)
+
+
+def parse_sync_start(frames: list[bytes]) -> SnapshotRequest:
+    """Validate a SYNCSTART (without the ROUTER identity). The text shows three frames but
+    says "two": a missing sequence frame means 0."""
+    if not frames or frames[0] != SYNCSTART:
+        raise EventBusError("unknown command", "unknown-command")
+    if len(frames) not in (2, 3):
+        raise EventBusError(f"SYNCSTART has {len(frames)} frames", "frame-count")
+    spec = frames[1]
+    if len(spec) > MAX_SUBTREE_SPEC_BYTES:
+        raise EventBusError("subtree specification too long", "oversized")
+    since, encoding = decode_sequence(frames[2]) if len(frames) == 3 else (None, None)
+    return SnapshotRequest(split_subtrees(spec), since or 0, spec, encoding)
+
+
+def broadcast_frames(event: Event, encoding: SequenceEncoding) -> list[bytes]:
+    return [
+        event.topic,
+        encode_sequence(event.sequence, encoding),
+        event.producer,
+        event.timestamp,
+        event.uuid,
+        event.data,
+    ]
+
+
+def sync_frames(event: Event, encoding: SequenceEncoding) -> list[bytes]:
+    return [SYNC, *broadcast_frames(event, encoding)]
+
+
+def sync_end_frames(spec: bytes, sequence: int, encoding: SequenceEncoding) -> list[bytes]:
+    return [SYNCEND, spec, encode_sequence(sequence, encoding)]
+
+
+def heartbeat_frames(sequence: int, store_id: str, encoding: SequenceEncoding) -> list[bytes]:
+    return [HEARTBEAT_TOPIC, encode_sequence(sequence, encoding), store_id.encode("ascii")]
+
+
+# -- client side (PUB/SYNCSTART out, BROADCAST/SYNC in) --------------------------------
+
+
+def pub_frames(
+    topic: bytes, producer: bytes, timestamp: bytes, uuid: bytes, data: bytes
+) -> list[bytes]:
+    """A PUB as the text has it; the sequence frame is 0 because the server assigns it."""
+    return [topic, SEQUENCE.pack(0), producer, timestamp, uuid, data]
+
+
+def sync_start_frames(
+    subtrees: tuple[bytes, ...] | list[bytes],
+    since: int,
+    encoding: SequenceEncoding = SequenceEncoding.BINARY,
+) -> list[bytes]:
+    return [SYNCSTART, b";".join(subtrees), encode_sequence(since, encoding)]
+
+
+def _event(frames: list[bytes]) -> Event:
+    topic, sequence, producer, timestamp, uuid, data = frames
+    return Event(topic, _required_sequence(sequence), producer, timestamp, uuid, data)
+
+
+def parse_published(frames: list[bytes]) -> Event | Heartbeat:
+    """Decode what a SUB socket receives: a BROADCAST or a server heartbeat."""
+    if frames and frames[0] == HEARTBEAT_TOPIC:
+        if len(frames) != 3:
+            raise EventBusError("heartbeat has wrong frame count", "frame-count")
+        try:
+            store_id = frames[2].decode("ascii")
+        except UnicodeDecodeError:
+            raise EventBusError("heartbeat store id is not ASCII", "bad-heartbeat") from None
+        return Heartbeat(_required_sequence(frames[1]), store_id)
+    if len(frames) != 6:
+        raise EventBusError(f"BROADCAST has {len(frames)} frames, expected 6", "frame-count")
+    return _event(frames)
+
+
+def parse_snapshot_reply(frames: list[bytes]) -> Event | SnapshotEnd:
+    """Decode what a snapshot DEALER receives: SYNC or SYNCEND."""
+    if frames and frames[0] == SYNC:
+        if len(frames) != 7:
+            raise EventBusError(f"SYNC has {len(frames)} frames, expected 7", "frame-count")
+        return _event(frames[1:])
+    if frames and frames[0] == SYNCEND:
+        if len(frames) != 3:
+            raise EventBusError(f"SYNCEND has {len(frames)} frames", "frame-count")
+        return SnapshotEnd(frames[1], _required_sequence(frames[2]))
+    raise EventBusError("unknown snapshot reply", "unknown-command")

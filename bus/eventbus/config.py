@@ -1,0 +1,64 @@
+"""Event BUS server settings (plain data: no sockets, no reactor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
+from bus.eventbus.store import Durability, Retention
+
+SyncEndSequence = Literal["highest", "current"]
+
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_PORT = 5556
+DEFAULT_DATA_DIR = "eventbus-data"
+
+
+@dataclass(frozen=True, slots=True)
+class EventBusConfig:
+    """Where and how the bus serves. ``port`` 0 picks a free base port P such that
+    P, P+1 and P+2 are all free (handy in tests)."""
+
+    bind: str = DEFAULT_BIND
+    port: int = DEFAULT_PORT
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    #: How BROADCAST (and replies to a SYNCSTART without a sequence) encode sequences.
+    sequence_encoding: SequenceEncoding = SequenceEncoding.BINARY
+    #: SYNCEND carries the highest SYNC sent (the text) or the bus's current sequence
+    #: (the original implementation).
+    syncend: SyncEndSequence = "highest"
+    heartbeat_interval: float = 1.0
+    retention: Retention = field(default_factory=Retention)
+    retention_interval: float = 60.0
+    durability: Durability = "normal"
+    max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
+    #: Messages the PUB socket queues per subscriber before ZeroMQ drops (then clients heal
+    #: from the store).
+    publish_hwm: int = 200_000
+    collector_hwm: int = 10_000
+    snapshot_hwm: int = 10_000
+    read_budget: int = 512
+    snapshot_chunk: int = 2000
+    stats_interval: float = 10.0
+    tcp_keepalive_idle: int | None = 60
+
+    @property
+    def snapshot_port(self) -> int:
+        return self.port
+
+    @property
+    def publisher_port(self) -> int:
+        return self.port + 1
+
+    @property
+    def collector_port(self) -> int:
+        return self.port + 2
+
+
+def original_dialect(config: EventBusConfig) -> EventBusConfig:
+    """The settings that make the original Node.js clients work against this server."""
+    from dataclasses import replace
+
+    return replace(config, sequence_encoding=SequenceEncoding.TEXT, syncend="current")

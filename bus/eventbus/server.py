@@ -1,0 +1,448 @@
+"""The Event BUS server: SNAPSHOT (ROUTER) on P, PUBLISHER (PUB) on P+1, COLLECTOR (ROUTER) on P+2.
+
+Flow of an event: COLLECTOR reads a batch (budgeted) -> codec validates each PUB ->
+the store assigns sequences and commits the batch (group commit per reactor turn) ->
+the PUB socket broadcasts them. Nothing is broadcast before it is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import zmq
+from twisted.application.service import Service
+from twisted.internet import defer, task
+from twisted.internet.interfaces import IDelayedCall
+from twisted.logger import Logger
+
+from bus.droplog import DropCounter
+from bus.eventbus import codec
+from bus.eventbus.codec import Event, EventBusError, SequenceEncoding, SnapshotRequest
+from bus.eventbus.config import EventBusConfig
+from bus.eventbus.store import EventStore
+from bus.transport.zmqsocket import (
+    PeerUnreachable,
+    SocketFactory,
+    SocketOptions,
+    ZmqSocket,
+    reactor_of,
+)
+
+log = Logger(namespace="bus.eventbus")
+
+_BIND_ATTEMPTS = 50
+
+
+class SnapshotStream:
+    """Streams one SYNCSTART's answer from the store, chunk by chunk, never dropping a frame:
+    when the client's pipe is full (HWM) it waits and resumes where it stopped."""
+
+    RETRY_DELAY = 0.002
+    MAX_RETRY_DELAY = 0.05
+
+    def __init__(self, server: EventBusService, identity: bytes, request: SnapshotRequest) -> None:
+        self.server = server
+        self.identity = identity
+        self.request = request
+        self.upto = server.store.last_sequence
+        self.position = request.since
+        self.highest_sent = 0
+        self.sent = 0
+        encoding = request.encoding or server.config.sequence_encoding
+        self.encoding = encoding
+        self._pending: list[list[bytes]] = []
+        self._finished = False
+        self._call: IDelayedCall | None = None
+        self._delay = self.RETRY_DELAY
+        self.done: defer.Deferred[int] = defer.Deferred()
+
+    def start(self) -> None:
+        self._schedule(0)
+
+    def cancel(self) -> None:
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        if not self.done.called:
+            self.done.callback(self.sent)
+
+    def _schedule(self, delay: float) -> None:
+        self._call = self.server.reactor.callLater(delay, self._pump)
+
+    def _refill(self) -> None:
+        server = self.server
+        events = server.store.read(
+            self.position, self.upto, self.request.subtrees, server.config.snapshot_chunk
+        )
+        identity, encoding = self.identity, self.encoding
+        if events:
+            self.position = events[-1].sequence
+            self.highest_sent = self.position
+            self._pending = [[identity, *codec.sync_frames(e, encoding)] for e in events]
+            return
+        if server.config.syncend == "current" or self.highest_sent == 0:
+            end = self.upto
+        else:
+            end = self.highest_sent
+        self._pending = [[identity, *codec.sync_end_frames(self.request.spec, end, encoding)]]
+        self._finished = True
+
+    def _pump(self) -> None:
+        self._call = None
+        sock = self.server.snapshot_socket
+        if sock is None or sock.closed:
+            self.cancel()
+            return
+        budget = self.server.config.snapshot_chunk
+        while budget > 0:
+            if not self._pending:
+                if self._finished:
+                    self.server.snapshot_finished(self, complete=True)
+                    return
+                self._refill()
+            try:
+                sent = sock.send_many(self._pending[:budget])
+            except PeerUnreachable:
+                self.server.snapshot_finished(self, complete=False)
+                return
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                self.server.snapshot_finished(self, complete=False)
+                return
+            del self._pending[:sent]
+            self.sent += sent
+            budget -= sent
+            if self._pending and sent == 0:
+                # The client's pipe is full: come back later rather than drop a frame.
+                self._schedule(self._delay)
+                self._delay = min(self._delay * 2, self.MAX_RETRY_DELAY)
+                return
+            self._delay = self.RETRY_DELAY
+        self._schedule(0)
+
+
+class EventBusService(Service):
+    """The bus as a Twisted service. ``stopService`` drains what the collector already
+    received, stores and broadcasts it, then closes sockets and the store."""
+
+    name = "eventbus"
+
+    def __init__(
+        self,
+        config: EventBusConfig,
+        reactor: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.reactor: Any = reactor_of(reactor)
+        self.clock = clock
+        self.store: EventStore
+        self.snapshot_socket: ZmqSocket | None = None
+        self.publisher_socket: ZmqSocket | None = None
+        self.collector_socket: ZmqSocket | None = None
+        self.port = config.port
+        self.endpoints: dict[str, str] = {}
+        self.drops = DropCounter(log, "message", clock)
+        self.accepted = 0
+        self.snapshots_served = 0
+        self.snapshots_aborted = 0
+        self.streams: set[SnapshotStream] = set()
+        self.max_lag = 0.0
+        self._lag_expected = 0.0
+        self._factory: SocketFactory | None = None
+        self._loops: list[task.LoopingCall] = []
+        self._retention_task: task.CooperativeTask | None = None
+        self._started_at = 0.0
+        self._stopping: defer.Deferred[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def startService(self) -> None:
+        config = self.config
+        self.store = EventStore(
+            config.data_dir,
+            durability=config.durability,
+            topic_index=config.retention.latest_per_topic,
+        )
+        try:
+            self._factory = SocketFactory(self.reactor)
+            self._bind_all()
+        except BaseException:
+            self._close_sockets()
+            self.store.close()
+            raise
+        Service.startService(self)
+        self._started_at = self.clock()
+        if config.heartbeat_interval > 0:
+            self._loop(self._heartbeat, config.heartbeat_interval)
+        if config.stats_interval > 0:
+            self._loop(self._report, config.stats_interval, now=False)
+        if config.retention.enabled and config.retention_interval > 0:
+            self._loop(self._start_retention, config.retention_interval)
+        self._lag_expected = self.reactor.seconds() + 0.01
+        self._loop(self._measure_lag, 0.01, now=False)
+        log.info(
+            "event bus serving snapshot {snapshot}, publisher {publisher}, collector "
+            "{collector}; store {path} at sequence {sequence}",
+            snapshot=self.endpoints["snapshot"],
+            publisher=self.endpoints["publisher"],
+            collector=self.endpoints["collector"],
+            path=str(self.store.path),
+            sequence=self.store.last_sequence,
+        )
+
+    def _loop(self, function: Callable[[], object], interval: float, now: bool = True) -> None:
+        loop = task.LoopingCall(function)
+        loop.clock = self.reactor
+        loop.start(interval, now=now).addErrback(
+            lambda failure: log.failure("periodic task failed", failure)
+        )
+        self._loops.append(loop)
+
+    def _bind_all(self) -> None:
+        assert self._factory is not None
+        config = self.config
+        if config.port:
+            self._open_sockets(config.port)
+            return
+        rng = random.Random()
+        for _ in range(_BIND_ATTEMPTS):
+            base = rng.randrange(20000, 60000)
+            try:
+                self._open_sockets(base)
+                return
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EADDRINUSE:
+                    raise
+                self._close_sockets(keep_factory=True)
+        raise RuntimeError("no free port triple found")
+
+    def _open_sockets(self, port: int) -> None:
+        assert self._factory is not None
+        config = self.config
+        keepalive = config.tcp_keepalive_idle
+        host = config.bind
+        self.snapshot_socket = self._factory.socket(
+            zmq.ROUTER,
+            self._on_snapshot_requests,
+            SocketOptions(
+                send_hwm=config.snapshot_hwm,
+                receive_hwm=1000,
+                router_mandatory=True,
+                tcp_keepalive_idle=keepalive,
+                max_message_size=codec.MAX_SUBTREE_SPEC_BYTES + 1024,
+                linger_ms=0,
+            ),
+            read_budget=config.read_budget,
+            name="snapshot",
+        )
+        self.publisher_socket = self._factory.socket(
+            zmq.PUB,
+            None,
+            SocketOptions(send_hwm=config.publish_hwm, tcp_keepalive_idle=keepalive),
+            name="publisher",
+        )
+        self.collector_socket = self._factory.socket(
+            zmq.ROUTER,
+            self._on_collected,
+            SocketOptions(
+                receive_hwm=config.collector_hwm,
+                tcp_keepalive_idle=keepalive,
+                max_message_size=config.max_data_bytes + codec.MAX_TOPIC_BYTES + 4096,
+                linger_ms=0,
+            ),
+            read_budget=config.read_budget,
+            name="collector",
+        )
+        self.endpoints = {
+            "snapshot": self.snapshot_socket.bind(f"tcp://{host}:{port}"),
+            "publisher": self.publisher_socket.bind(f"tcp://{host}:{port + 1}"),
+            "collector": self.collector_socket.bind(f"tcp://{host}:{port + 2}"),
+        }
+        self.port = port
+
+    def _close_sockets(self, keep_factory: bool = False) -> None:
+        for sock in (self.snapshot_socket, self.publisher_socket, self.collector_socket):
+            if sock is not None:
+                sock.shutdown()
+        self.snapshot_socket = self.publisher_socket = self.collector_socket = None
+        if not keep_factory and self._factory is not None:
+            self._factory.shutdown()
+            self._factory = None
+
+    def stopService(self) -> defer.Deferred[None]:
+        if self._stopping is not None:
+            return self._stopping
+        Service.stopService(self)
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+        self._loops.clear()
+        if self._retention_task is not None:
+            self._retention_task.stop()
+            self._retention_task = None
+        for stream in list(self.streams):
+            stream.cancel()
+        self.streams.clear()
+        self._drain_collector()
+        self._close_sockets()
+        self.store.close()
+        log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
+        self._stopping = defer.succeed(None)
+        return self._stopping
+
+    def _drain_collector(self, limit: int = 1_000_000) -> None:
+        """Store and broadcast what the collector already holds, so a clean stop loses
+        nothing that reached this process."""
+        sock = self.collector_socket
+        if sock is None or sock.closed:
+            return
+        recv = sock.socket.recv_multipart
+        drained = 0
+        while drained < limit:
+            batch: list[list[bytes]] = []
+            try:
+                while len(batch) < self.config.read_budget:
+                    batch.append(recv(zmq.NOBLOCK))
+            except zmq.Again:
+                self._on_collected(batch)
+                return
+            self._on_collected(batch)
+            drained += len(batch)
+
+    # -- the collector: PUB in, store, BROADCAST out ------------------------------------------
+
+    def _on_collected(self, batch: list[list[bytes]]) -> None:
+        parse = codec.parse_pub
+        max_data = self.config.max_data_bytes
+        accepted: list[Event] = []
+        for frames in batch:
+            body = frames[1:]
+            if len(body) == 7 and not body[0]:
+                body = body[1:]  # a REQ-style empty delimiter
+            try:
+                accepted.append(parse(body, max_data))
+            except EventBusError as error:
+                self.drops.drop(error.reason, str(error), frames[0])
+        if not accepted:
+            return
+        stored = self.store.append(accepted, self.clock())
+        self.accepted += len(stored)
+        pub = self.publisher_socket
+        if pub is not None:
+            encoding = self.config.sequence_encoding
+            frames_of = codec.broadcast_frames
+            pub.send_many([frames_of(event, encoding) for event in stored])
+
+    # -- the snapshot port: SYNCSTART in, SYNC... SYNCEND out ------------------------------
+
+    def _on_snapshot_requests(self, batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            try:
+                request = codec.parse_sync_start(frames[1:])
+            except EventBusError as error:
+                self.drops.drop(error.reason, str(error), frames[0])
+                continue
+            stream = SnapshotStream(self, frames[0], request)
+            self.streams.add(stream)
+            stream.start()
+
+    def snapshot_finished(self, stream: SnapshotStream, complete: bool) -> None:
+        self.streams.discard(stream)
+        if complete:
+            self.snapshots_served += 1
+        else:
+            self.snapshots_aborted += 1
+            log.info("snapshot client {peer} went away", peer=stream.identity.hex()[:40])
+        stream.cancel()
+
+    # -- periodic work ---------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        pub = self.publisher_socket
+        if pub is not None and not pub.closed:
+            pub.send_frames(
+                codec.heartbeat_frames(
+                    self.store.last_sequence, self.store.store_id, self.config.sequence_encoding
+                )
+            )
+
+    def _measure_lag(self) -> None:
+        now = self.reactor.seconds()
+        self.max_lag = max(self.max_lag, now - self._lag_expected)
+        self._lag_expected = now + 0.01
+
+    def _start_retention(self) -> None:
+        if self._retention_task is not None:
+            return  # the previous pass is still running
+        from twisted.internet.task import Cooperator
+
+        cooperator = Cooperator(scheduler=lambda work: self.reactor.callLater(0, work))
+        self._retention_task = cooperator.cooperate(self._retention_steps())
+
+    def _retention_steps(self) -> Any:
+        retention = self.config.retention
+        deleted = 0
+        try:
+            if retention.max_age is not None:
+                cutoff = self.clock() - retention.max_age
+                while (n := self.store.expire_older_than(cutoff)) > 0:
+                    deleted += n
+                    yield None
+            if retention.max_count is not None:
+                while (n := self.store.trim_to_count(retention.max_count)) > 0:
+                    deleted += n
+                    yield None
+            if retention.latest_per_topic:
+                while True:
+                    n, finished = self.store.compact_step()
+                    deleted += n
+                    if finished:
+                        break
+                    yield None
+        finally:
+            self._retention_task = None
+        if deleted:
+            log.info("retention removed {deleted} events", deleted=deleted)
+
+    def status(self) -> dict[str, Any]:
+        """What the bus is doing, for logs, status.json and tests."""
+        return {
+            "store_id": self.store.store_id,
+            "sequence": self.store.last_sequence,
+            "accepted": self.accepted,
+            "dropped": dict(self.drops.counts),
+            "snapshots_served": self.snapshots_served,
+            "snapshots_aborted": self.snapshots_aborted,
+            "snapshots_active": len(self.streams),
+            "max_timer_lag_ms": round(self.max_lag * 1000, 3),
+            "uptime_s": round(self.clock() - self._started_at, 3),
+            "endpoints": self.endpoints,
+            "config": {k: str(v) for k, v in asdict(self.config).items()},
+        }
+
+    def _report(self) -> None:
+        status = self.status()
+        log.info(
+            "sequence {sequence}; accepted {accepted}; dropped {dropped}; snapshots "
+            "{snapshots_served} served, {snapshots_active} active; max timer lag "
+            "{max_timer_lag_ms} ms",
+            **{k: v for k, v in status.items() if k != "config"},
+        )
+        self.max_lag = 0.0
+        write_json_atomically(Path(self.config.data_dir) / "status.json", status)
+
+
+def write_json_atomically(path: Path, value: Any) -> None:
+    temporary = path.with_suffix(".tmp")
+    with open(temporary, "w") as out:
+        json.dump(value, out, indent=1, sort_keys=True)
+    os.replace(temporary, path)

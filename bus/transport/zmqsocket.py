@@ -1,0 +1,274 @@
+"""ZeroMQ sockets for Twisted, built on txzmq with its measured defects fixed.
+
+txzmq 1.0.0 (see docs/operations.md, "transport"):
+
+* drains a socket without bound in ``doRead``, starving timers under load:
+  here reads are budgeted and the rest is resumed on the next reactor turn;
+* loses frames of multipart messages on SUB sockets: here every socket type reads
+  whole messages with ``recv_multipart``;
+* defaults HWMs to 0 (unbounded memory): here each socket gets explicit send and
+  receive HWMs, and ``zmq.Again`` on send is reported as backpressure;
+* sends through the global reactor and raises on a second factory shutdown: here
+  the reactor is injected and shutdown is idempotent.
+
+Importing this module imports txzmq, which imports the global reactor: only
+service modules import it, lazily, never plugin files or conftest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from twisted.internet.interfaces import IDelayedCall, IReactorCore, IReactorTime
+from twisted.logger import Logger
+from txzmq import ZmqConnection, ZmqEndpoint, ZmqEndpointType, ZmqFactory
+
+log = Logger()
+
+_NOBLOCK = zmq.NOBLOCK
+_MORE = zmq.NOBLOCK | zmq.SNDMORE
+_SEND_ONLY = frozenset({zmq.PUB, zmq.PUSH, zmq.XPUB})
+
+MessageBatchHandler = Callable[[list[list[bytes]]], None]
+
+
+class PeerUnreachable(Exception):
+    """A ROUTER with ROUTER_MANDATORY was asked to send to an identity it does not know."""
+
+
+@dataclass(frozen=True, slots=True)
+class SocketOptions:
+    """Options chosen on purpose for each socket (txzmq's 0 = unbounded is never used)."""
+
+    send_hwm: int = 1000
+    receive_hwm: int = 1000
+    router_mandatory: bool = False
+    tcp_keepalive_idle: int | None = 60
+    tcp_keepalive_interval: int = 10
+    tcp_keepalive_count: int = 6
+    max_message_size: int = -1
+    linger_ms: int = 1000
+    identity: bytes | None = None
+    reconnect_ms: int = 100
+    reconnect_max_ms: int = 2000
+
+
+class SocketFactory:
+    """Owns one ZeroMQ context; the reactor is injected and shutdown is idempotent."""
+
+    def __init__(self, reactor: Any, io_threads: int = 1) -> None:
+        self.reactor = reactor
+        self._factory = ZmqFactory()
+        self._factory.reactor = reactor
+        self._factory.lingerPeriod = 1000
+        if io_threads != 1:
+            self._factory.context.set(zmq.IO_THREADS, io_threads)
+        self._closed = False
+
+    @property
+    def txzmq_factory(self) -> ZmqFactory:
+        return self._factory
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def socket(
+        self,
+        socket_type: int,
+        on_messages: MessageBatchHandler | None = None,
+        options: SocketOptions | None = None,
+        read_budget: int = 256,
+        name: str = "",
+    ) -> ZmqSocket:
+        if self._closed:
+            raise RuntimeError("socket factory is shut down")
+        return ZmqSocket(self, socket_type, on_messages, options or SocketOptions(), read_budget, name)
+
+    def shutdown(self) -> None:
+        """Close every socket (each lingers up to its linger period) and the context."""
+        if self._closed:
+            return
+        self._closed = True
+        for connection in list(self._factory.connections):
+            connection.shutdown()
+        self._factory.shutdown()
+
+
+class ZmqSocket(ZmqConnection):  # type: ignore[misc]
+    """One ZeroMQ socket in the reactor: budgeted multipart reads in batches, fast sends."""
+
+    def __init__(
+        self,
+        factory: SocketFactory,
+        socket_type: int,
+        on_messages: MessageBatchHandler | None,
+        options: SocketOptions,
+        read_budget: int,
+        name: str,
+    ) -> None:
+        # Set before txzmq's constructor, which registers the reader and reads once.
+        self.socketType = socket_type
+        self.highWaterMark = options.receive_hwm
+        self.reconnectInterval = options.reconnect_ms
+        self.reconnectIntervalMax = options.reconnect_max_ms
+        self.on_messages = on_messages
+        self.read_budget = read_budget
+        self.name = name or zmq.SocketType(socket_type).name
+        self.reactor: IReactorTime = factory.reactor
+        self.messages_received = 0
+        self.read_scheduled: IDelayedCall | None = None
+        self._options = options
+        ZmqConnection.__init__(self, factory.txzmq_factory, identity=options.identity)
+        sock = self.socket
+        sock.set(zmq.SNDHWM, options.send_hwm)
+        sock.set(zmq.RCVHWM, options.receive_hwm)
+        sock.set(zmq.LINGER, options.linger_ms)
+        if options.max_message_size >= 0:
+            sock.set(zmq.MAXMSGSIZE, options.max_message_size)
+        if options.router_mandatory and socket_type == zmq.ROUTER:
+            sock.set(zmq.ROUTER_MANDATORY, 1)
+        if options.tcp_keepalive_idle is not None:
+            sock.set(zmq.TCP_KEEPALIVE, 1)
+            sock.set(zmq.TCP_KEEPALIVE_IDLE, options.tcp_keepalive_idle)
+            sock.set(zmq.TCP_KEEPALIVE_INTVL, options.tcp_keepalive_interval)
+            sock.set(zmq.TCP_KEEPALIVE_CNT, options.tcp_keepalive_count)
+
+    # -- endpoints ---------------------------------------------------------------------
+
+    def bind(self, address: str) -> str:
+        """Bind and return the concrete endpoint (useful with port ``*``)."""
+        self.addEndpoints([ZmqEndpoint(ZmqEndpointType.bind, address)])
+        endpoint: bytes = self.socket.get(zmq.LAST_ENDPOINT)
+        return endpoint.decode()
+
+    def connect(self, address: str) -> None:
+        self.addEndpoints([ZmqEndpoint(ZmqEndpointType.connect, address)])
+
+    def subscribe(self, prefix: bytes) -> None:
+        self.socket.set(zmq.SUBSCRIBE, prefix)
+
+    def unsubscribe(self, prefix: bytes) -> None:
+        self.socket.set(zmq.UNSUBSCRIBE, prefix)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def doRead(self) -> None:
+        """Read at most ``read_budget`` whole messages, hand them over as one batch, and
+        come back on the next reactor turn if more may be waiting, so that timers and
+        other sockets keep their turn under load."""
+        self.read_scheduled = None
+        sock = self.socket
+        if sock is None:
+            return
+        if self.socketType in _SEND_ONLY:
+            sock.get(zmq.EVENTS)  # lets libzmq process pending commands (subscriptions)
+            return
+        recv = sock.recv_multipart
+        batch: list[list[bytes]] = []
+        exhausted = False
+        try:
+            for _ in range(self.read_budget):
+                batch.append(recv(_NOBLOCK))
+        except zmq.Again:
+            exhausted = True
+        except zmq.ZMQError as error:
+            if self.socket is not None:
+                log.failure("read failed on {name}", name=self.name)
+            del error
+            return
+        if batch:
+            self.messages_received += len(batch)
+            self._deliver(batch)
+        if not exhausted:
+            self._schedule_read()
+
+    def _deliver(self, batch: list[list[bytes]]) -> None:
+        handler = self.on_messages
+        if handler is None:
+            return
+        try:
+            handler(batch)
+        except Exception:
+            # A handler bug must not stop the socket from being read.
+            log.failure("message handler failed on {name}", name=self.name)
+
+    def _schedule_read(self) -> None:
+        if self.read_scheduled is None and self.socket is not None:
+            self.read_scheduled = self.reactor.callLater(0, self.doRead)
+
+    def messageReceived(self, message: list[bytes]) -> None:  # txzmq API, unused here
+        self._deliver([message])
+
+    # -- writing -------------------------------------------------------------------------
+
+    def send_frames(self, frames: Sequence[bytes]) -> bool:
+        """Send one multipart message without blocking.
+
+        Returns False when the socket would block (HWM reached: backpressure; nothing was
+        sent). Raises :class:`PeerUnreachable` for an unknown ROUTER peer with
+        ROUTER_MANDATORY.
+        """
+        send = self.socket.send
+        try:
+            for frame in frames[:-1]:
+                send(frame, _MORE)
+            send(frames[-1], _NOBLOCK)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as error:
+            if error.errno == zmq.EHOSTUNREACH:
+                raise PeerUnreachable(frames[0]) from None
+            raise
+        finally:
+            # ZeroMQ may not signal readable again after a send touched the socket.
+            self._schedule_read()
+        return True
+
+    def send_many(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """Send messages in order until one would block; return how many were sent."""
+        send = self.socket.send
+        sent = 0
+        try:
+            for frames in messages:
+                for frame in frames[:-1]:
+                    send(frame, _MORE)
+                send(frames[-1], _NOBLOCK)
+                sent += 1
+        except zmq.Again:
+            pass
+        finally:
+            self._schedule_read()
+        return sent
+
+    def send(self, message: Any) -> None:  # txzmq API: route through the injected reactor
+        frames = [message] if isinstance(message, bytes) else list(message)
+        if not self.send_frames(frames):
+            raise zmq.Again()
+
+    # -- closing -------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.socket is None
+
+    def shutdown(self) -> None:
+        """Close the socket; safe to call more than once."""
+        if self.socket is None:
+            return
+        if self.read_scheduled is not None and self.read_scheduled.active():
+            self.read_scheduled.cancel()
+        self.read_scheduled = None
+        ZmqConnection.shutdown(self)
+
+
+def reactor_of(reactor: Any | None) -> IReactorCore:
+    """The injected reactor, or the global one (imported only when needed)."""
+    if reactor is not None:
+        return reactor  # type: ignore[no-any-return]
+    from twisted.internet import reactor as global_reactor
+
+    return global_reactor  # type: ignore[return-value]
