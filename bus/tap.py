@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from twisted.application.service import IServiceCollection, MultiService
+from twisted.application.service import MultiService
 from twisted.python import usage
 
 from bus.eventbus.codec import SequenceEncoding
@@ -61,16 +61,64 @@ class Options(usage.Options):
             "spec (8-byte sequences, SYNCEND = highest SYNC) or original (the Node.js "
             "implementation: decimal text sequences, SYNCEND = current sequence).",
         ],
-        ["sequence-encoding", None, _env("sequence-encoding", None), "binary or text (overrides --dialect)."],
+        [
+            "sequence-encoding",
+            None,
+            _env("sequence-encoding", None),
+            "binary or text (overrides --dialect).",
+        ],
         ["syncend", None, _env("syncend", None), "highest or current (overrides --dialect)."],
-        ["heartbeat-interval", None, _env("heartbeat-interval", "1s"), "Heartbeat period on the PUB socket (0: off)."],
-        ["retention-max-age", None, _env("retention-max-age", None), "Drop events older than this (e.g. 7d)."],
-        ["retention-max-count", None, _env("retention-max-count", None), "Keep at most this many events.", int],
-        ["retention-interval", None, _env("retention-interval", "60s"), "How often retention runs."],
-        ["durability", None, _env("durability", "normal"), "normal (survives kill -9) or full (fsync: survives power loss)."],
-        ["max-event-size", None, _env("max-event-size", 1024 * 1024), "Largest event data in bytes.", int],
-        ["publish-hwm", None, _env("publish-hwm", 200_000), "PUB queue per subscriber, in messages.", int],
-        ["stats-interval", None, _env("stats-interval", "10s"), "How often status is logged and status.json written (0: off)."],
+        [
+            "heartbeat-interval",
+            None,
+            _env("heartbeat-interval", "1s"),
+            "Heartbeat period on the PUB socket (0: off).",
+        ],
+        [
+            "retention-max-age",
+            None,
+            _env("retention-max-age", None),
+            "Drop events older than this (e.g. 7d).",
+        ],
+        [
+            "retention-max-count",
+            None,
+            _env("retention-max-count", None),
+            "Keep at most this many events.",
+            int,
+        ],
+        [
+            "retention-interval",
+            None,
+            _env("retention-interval", "60s"),
+            "How often retention runs.",
+        ],
+        [
+            "durability",
+            None,
+            _env("durability", "normal"),
+            "normal (survives kill -9) or full (fsync: survives power loss).",
+        ],
+        [
+            "max-event-size",
+            None,
+            _env("max-event-size", 1024 * 1024),
+            "Largest event data in bytes.",
+            int,
+        ],
+        [
+            "publish-hwm",
+            None,
+            _env("publish-hwm", 200_000),
+            "PUB queue per subscriber, in messages.",
+            int,
+        ],
+        [
+            "stats-interval",
+            None,
+            _env("stats-interval", "10s"),
+            "How often status is logged and status.json written (0: off).",
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -119,11 +167,11 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
     return config
 
 
-def makeService(options: usage.Options | dict[str, Any]) -> IServiceCollection:
+def makeService(options: usage.Options | dict[str, Any]) -> MultiService:
     """The whole product as one MultiService (used by twistd and by tac files)."""
     from bus.eventbus.server import EventBusService
 
     config = options["config"] if "config" in options else config_from_options(options)
     top = MultiService()
-    EventBusService(config).setServiceParent(top)
+    top.addService(EventBusService(config))
     return top

@@ -19,12 +19,12 @@ from typing import Any
 import zmq
 from twisted.application.service import Service
 from twisted.internet import defer, task
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
 from bus.droplog import DropCounter
 from bus.eventbus import codec
-from bus.eventbus.codec import Event, EventBusError, SequenceEncoding, SnapshotRequest
+from bus.eventbus.codec import Event, EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.store import EventStore
 from bus.transport.zmqsocket import (
@@ -59,7 +59,7 @@ class SnapshotStream:
         self.encoding = encoding
         self._pending: list[list[bytes]] = []
         self._finished = False
-        self._call: IDelayedCall | None = None
+        self._call: DelayedCall | None = None
         self._delay = self.RETRY_DELAY
         self.done: defer.Deferred[int] = defer.Deferred()
 
@@ -159,7 +159,7 @@ class EventBusService(Service):
         self._lag_expected = 0.0
         self._factory: SocketFactory | None = None
         self._loops: list[task.LoopingCall] = []
-        self._retention_task: task.CooperativeTask | None = None
+        self._retention_task: Any = None
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
 

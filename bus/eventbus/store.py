@@ -118,8 +118,7 @@ class EventStore:
             for seq, e in enumerate(events, first)
         ]
         rows = [
-            (e.sequence, e.topic, e.producer, e.timestamp, e.uuid, e.data, received)
-            for e in stored
+            (e.sequence, e.topic, e.producer, e.timestamp, e.uuid, e.data, received) for e in stored
         ]
         db = self._db
         db.execute("BEGIN")

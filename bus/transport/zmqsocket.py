@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from twisted.internet.interfaces import IDelayedCall, IReactorCore, IReactorTime
+from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from txzmq import ZmqConnection, ZmqEndpoint, ZmqEndpointType, ZmqFactory
 
@@ -86,7 +86,9 @@ class SocketFactory:
     ) -> ZmqSocket:
         if self._closed:
             raise RuntimeError("socket factory is shut down")
-        return ZmqSocket(self, socket_type, on_messages, options or SocketOptions(), read_budget, name)
+        return ZmqSocket(
+            self, socket_type, on_messages, options or SocketOptions(), read_budget, name
+        )
 
     def shutdown(self) -> None:
         """Close every socket (each lingers up to its linger period) and the context."""
@@ -118,9 +120,9 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.on_messages = on_messages
         self.read_budget = read_budget
         self.name = name or zmq.SocketType(socket_type).name
-        self.reactor: IReactorTime = factory.reactor
+        self.reactor: Any = factory.reactor
         self.messages_received = 0
-        self.read_scheduled: IDelayedCall | None = None
+        self.read_scheduled: DelayedCall | None = None
         self._options = options
         ZmqConnection.__init__(self, factory.txzmq_factory, identity=options.identity)
         sock = self.socket
@@ -265,10 +267,10 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         ZmqConnection.shutdown(self)
 
 
-def reactor_of(reactor: Any | None) -> IReactorCore:
+def reactor_of(reactor: Any | None) -> Any:
     """The injected reactor, or the global one (imported only when needed)."""
     if reactor is not None:
-        return reactor  # type: ignore[no-any-return]
+        return reactor
     from twisted.internet import reactor as global_reactor
 
-    return global_reactor  # type: ignore[return-value]
+    return global_reactor

@@ -1,0 +1,417 @@
+"""Twisted clients of the Event BUS: a subscriber (SUB + snapshot DEALER) and a publisher.
+
+subscriber = EventBusSubscriber(["127.0.0.1:5556"], ["/orders/"], on_event)
+subscriber.startService()          # or setServiceParent(application)
+
+publisher = EventBusPublisher("127.0.0.1:5556", producer_id="billing")
+publisher.publish("/orders/42/", {"total": 12.5})
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import zmq
+from twisted.application.service import Service
+from twisted.internet import defer, task
+from twisted.internet.base import DelayedCall
+from twisted.logger import Logger
+
+from bus.droplog import DropCounter
+from bus.eventbus import codec
+from bus.eventbus.codec import Event, EventBusError, Heartbeat, SequenceEncoding
+from bus.eventbus.subscriber import SubscriberCore
+from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+
+log = Logger(namespace="bus.eventbus.client")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAddress:
+    """A bus server: its host and base port P (snapshot P, publisher P+1, collector P+2)."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str | ServerAddress) -> ServerAddress:
+        if isinstance(text, ServerAddress):
+            return text
+        address = text.removeprefix("tcp://")
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"not a bus address (host:port): {text!r}")
+        return cls(host.strip("[]"), int(port))
+
+    @property
+    def snapshot(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def publisher(self) -> str:
+        return f"tcp://{self.host}:{self.port + 1}"
+
+    @property
+    def collector(self) -> str:
+        return f"tcp://{self.host}:{self.port + 2}"
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class FileCursor:
+    """Keeps the last delivered sequence in a file, written atomically, so a subscriber
+    resumes where it stopped (at-least-once: events after the last save come again)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def load(self) -> int:
+        try:
+            return int(self.path.read_text().strip() or 0)
+        except FileNotFoundError:
+            return 0
+
+    def save(self, sequence: int) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with open(temporary, "w") as out:
+            out.write(f"{sequence}\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, self.path)
+
+
+def iso_now() -> bytes:
+    """UTC now in ISO-8601 with milliseconds, as the original implementation writes it."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z").encode()
+
+
+class _Sockets:
+    """Owns a socket factory unless one was given."""
+
+    def __init__(self, reactor: Any, factory: SocketFactory | None) -> None:
+        self.reactor = reactor_of(reactor)
+        self._own = factory is None
+        self.factory = factory or SocketFactory(self.reactor)
+
+    def close(self) -> None:
+        if self._own:
+            self.factory.shutdown()
+
+
+class EventBusSubscriber(Service):
+    """Subscribes to subtrees of one bus, failing over along a list of servers.
+
+    ``on_event`` is called with each :class:`Event`, in sequence order (see
+    :mod:`bus.eventbus.subscriber` for what a heal does to subtree subscribers).
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[str | ServerAddress],
+        subtrees: Iterable[str | bytes] = (),
+        on_event: Callable[[Event], object] = lambda event: None,
+        *,
+        since: int | None = None,
+        cursor: FileCursor | None = None,
+        heartbeat_timeout: float = 3.5,
+        reconcile_interval: float = 5.0,
+        receive_hwm: int = 200_000,
+        reactor: Any = None,
+        factory: SocketFactory | None = None,
+        cursor_save_interval: float = 1.0,
+    ) -> None:
+        if not servers:
+            raise ValueError("at least one server address is needed")
+        self.servers = [ServerAddress.parse(s) for s in servers]
+        self.subtrees = tuple(s.encode() if isinstance(s, str) else s for s in subtrees)
+        self.on_event = on_event
+        self.cursor = cursor
+        start = since if since is not None else (cursor.load() if cursor else 0)
+        self.heartbeat_timeout = heartbeat_timeout
+        self.receive_hwm = receive_hwm
+        self.cursor_save_interval = cursor_save_interval
+        self._io = _Sockets(reactor, factory)
+        self.reactor: Any = self._io.reactor
+        self.core = SubscriberCore(
+            deliver=self._deliver,
+            request_snapshot=self._request_snapshot,
+            full_feed=not any(self.subtrees),
+            last=start,
+            reconcile_interval=reconcile_interval,
+        )
+        self.server_index = 0
+        self.failovers = 0
+        self.drops = DropCounter(log, "message from server", time.monotonic)
+        self._sub: ZmqSocket | None = None
+        self._snapshot: ZmqSocket | None = None
+        self._last_heard = 0.0
+        self._snapshot_activity = 0.0
+        self._watchdog: task.LoopingCall | None = None
+        self._saver: task.LoopingCall | None = None
+        self._waiters: list[tuple[int, defer.Deferred[int]]] = []
+        self._saved = start
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def server(self) -> ServerAddress:
+        return self.servers[self.server_index]
+
+    @property
+    def last_sequence(self) -> int:
+        return self.core.last
+
+    def startService(self) -> None:
+        Service.startService(self)
+        self._connect()
+        self._watchdog = task.LoopingCall(self._check_alive)
+        self._watchdog.clock = self.reactor
+        self._watchdog.start(max(self.heartbeat_timeout / 4, 0.05), now=False)
+        if self.cursor is not None:
+            self._saver = task.LoopingCall(self._save_cursor)
+            self._saver.clock = self.reactor
+            self._saver.start(self.cursor_save_interval, now=False)
+
+    def stopService(self) -> defer.Deferred[None]:
+        Service.stopService(self)
+        for loop in (self._watchdog, self._saver):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._watchdog = self._saver = None
+        self._disconnect()
+        self._save_cursor()
+        self._io.close()
+        return defer.succeed(None)
+
+    def _connect(self) -> None:
+        server = self.server
+        factory = self._io.factory
+        self._sub = factory.socket(
+            zmq.SUB,
+            self._on_published,
+            SocketOptions(receive_hwm=self.receive_hwm, linger_ms=0),
+            name="subscriber",
+        )
+        for prefix in self.subtrees or (b"",):
+            self._sub.subscribe(prefix)
+        if any(self.subtrees):
+            self._sub.subscribe(codec.HEARTBEAT_TOPIC)
+        self._sub.connect(server.publisher)
+        self._open_snapshot_socket()
+        self._last_heard = self.reactor.seconds()
+        log.info(
+            "subscribing to {server} above sequence {since}",
+            server=server,
+            since=self.core.verified,
+        )
+        self.core.start(self.reactor.seconds())
+
+    def _open_snapshot_socket(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.shutdown()
+        # Unbounded receive queue: a snapshot is never cut short on our side.
+        self._snapshot = self._io.factory.socket(
+            zmq.DEALER,
+            self._on_snapshot_reply,
+            SocketOptions(receive_hwm=0, linger_ms=0),
+            name="snapshot-client",
+        )
+        self._snapshot.connect(self.server.snapshot)
+
+    def _disconnect(self) -> None:
+        for sock in (self._sub, self._snapshot):
+            if sock is not None:
+                sock.shutdown()
+        self._sub = self._snapshot = None
+
+    def _check_alive(self) -> None:
+        now = self.reactor.seconds()
+        silent = now - self._last_heard
+        if silent <= self.heartbeat_timeout:
+            if self.core.syncing and now - self._snapshot_activity > self.heartbeat_timeout:
+                # The request or its answer was lost (e.g. the server restarted): ask again
+                # on a fresh socket so a late answer to the old one cannot interleave.
+                log.warn("snapshot from {server} timed out: asking again", server=self.server)
+                self._open_snapshot_socket()
+                self.core.retry_snapshot()
+            return
+        previous = self.server
+        self.server_index = (self.server_index + 1) % len(self.servers)
+        self.failovers += 1
+        log.warn(
+            "no word from {previous} for {silent:.1f}s: switching to {server}",
+            previous=previous,
+            silent=silent,
+            server=self.server,
+        )
+        self._disconnect()
+        self._connect()
+
+    def _save_cursor(self) -> None:
+        if self.cursor is not None and self.core.verified != self._saved:
+            self._saved = self.core.verified
+            self.cursor.save(self._saved)
+
+    # -- protocol --------------------------------------------------------------------------
+
+    def _request_snapshot(self, since: int) -> None:
+        self._snapshot_activity = self.reactor.seconds()
+        if self._snapshot is not None:
+            self._snapshot.send_frames(
+                codec.sync_start_frames(self.subtrees, since, SequenceEncoding.BINARY)
+            )
+
+    def _deliver(self, event: Event) -> None:
+        self.on_event(event)
+        if self._waiters:
+            ready = [w for w in self._waiters if w[0] <= event.sequence]
+            for waiter in ready:
+                self._waiters.remove(waiter)
+                waiter[1].callback(event.sequence)
+
+    def _on_published(self, batch: list[list[bytes]]) -> None:
+        self._last_heard = self.reactor.seconds()
+        core = self.core
+        for frames in batch:
+            try:
+                message = codec.parse_published(frames)
+            except EventBusError as error:
+                self.drops.drop(error.reason, str(error))
+                continue
+            if isinstance(message, Heartbeat):
+                core.on_heartbeat(message, self._last_heard)
+            else:
+                core.on_broadcast(message)
+
+    def _on_snapshot_reply(self, batch: list[list[bytes]]) -> None:
+        self._last_heard = self._snapshot_activity = self.reactor.seconds()
+        core = self.core
+        for frames in batch:
+            try:
+                message = codec.parse_snapshot_reply(frames)
+            except EventBusError as error:
+                self.drops.drop(error.reason, str(error))
+                continue
+            if isinstance(message, Event):
+                core.on_sync(message)
+            else:
+                core.on_sync_end(message)
+
+    def wait_for(self, sequence: int) -> defer.Deferred[int]:
+        """A Deferred that fires once an event at or above ``sequence`` was delivered."""
+        d: defer.Deferred[int] = defer.Deferred()
+        if self.core.last >= sequence:
+            d.callback(self.core.last)
+        else:
+            self._waiters.append((sequence, d))
+        return d
+
+
+class EventBusPublisher:
+    """Publishes events to a bus's collector. ``publish`` never blocks: when ZeroMQ's
+    queue is full the event waits in a local queue, drained as the socket frees up;
+    ``flush()`` fires when everything was handed to ZeroMQ."""
+
+    RETRY_DELAY = 0.005
+
+    def __init__(
+        self,
+        server: str | ServerAddress,
+        producer_id: str,
+        *,
+        reactor: Any = None,
+        factory: SocketFactory | None = None,
+        send_hwm: int = 10_000,
+        linger_ms: int = 5000,
+    ) -> None:
+        self.server = ServerAddress.parse(server)
+        self.producer = producer_id.encode("utf-8")
+        self._io = _Sockets(reactor, factory)
+        self.reactor: Any = self._io.reactor
+        self._socket = self._io.factory.socket(
+            zmq.DEALER,
+            None,
+            SocketOptions(send_hwm=send_hwm, linger_ms=linger_ms),
+            name="publisher",
+        )
+        self._socket.connect(self.server.collector)
+        self._queue: deque[list[bytes]] = deque()
+        self._retry: DelayedCall | None = None
+        self._flushes: list[defer.Deferred[None]] = []
+        self.published = 0
+
+    def publish(
+        self,
+        topic: str,
+        value: Any,
+        *,
+        timestamp: str | None = None,
+        event_id: str | None = None,
+    ) -> str:
+        """Queue one event; returns its UUID."""
+        identifier = event_id or str(uuid.uuid4())
+        frames = codec.pub_frames(
+            topic.encode("utf-8"),
+            self.producer,
+            timestamp.encode("ascii") if timestamp else iso_now(),
+            identifier.encode("ascii"),
+            msgpack.packb(value, use_bin_type=True),
+        )
+        self.publish_frames(frames)
+        return identifier
+
+    def publish_frames(self, frames: list[bytes]) -> None:
+        if self._queue or not self._socket.send_frames(frames):
+            self._queue.append(frames)
+            self._schedule()
+        else:
+            self.published += 1
+
+    def _schedule(self) -> None:
+        if self._retry is None:
+            self._retry = self.reactor.callLater(self.RETRY_DELAY, self._drain)
+
+    def _drain(self) -> None:
+        self._retry = None
+        if self._socket.closed:
+            return
+        queue = self._queue
+        while queue and self._socket.send_frames(queue[0]):
+            queue.popleft()
+            self.published += 1
+        if queue:
+            self._schedule()
+            return
+        flushes, self._flushes = self._flushes, []
+        for d in flushes:
+            d.callback(None)
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def flush(self) -> defer.Deferred[None]:
+        d: defer.Deferred[None] = defer.Deferred()
+        if not self._queue:
+            d.callback(None)
+        else:
+            self._flushes.append(d)
+        return d
+
+    def close(self) -> None:
+        """Close the socket; ZeroMQ keeps trying to deliver for ``linger_ms``."""
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        self._socket.shutdown()
+        self._io.close()

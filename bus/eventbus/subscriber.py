@@ -1,0 +1,167 @@
+"""The subscriber's state machine, sans-I/O: what to deliver and when to ask for a snapshot.
+
+The Clone pattern: subscribe first, ask for a snapshot (SYNCSTART) above the last
+sequence held, apply SYNCs, then apply live BROADCASTs above the SYNCEND, discarding
+stale ones. On top of the text:
+
+* full-feed subscribers (no subtree filter) see every sequence, so a jump in the
+  sequence, or a heartbeat announcing a sequence not received (tail loss), is a gap,
+  healed at once with a SYNCSTART from the last sequence held;
+* subtree subscribers cannot tell a gap from other topics' events, so they reconcile:
+  at most every ``reconcile_interval`` seconds, when a heartbeat shows the bus has
+  moved on, they ask for a snapshot above the last *verified* sequence and deliver
+  only what they had not seen (a healed event may then arrive after later ones; its
+  ``sequence`` tells its place).
+
+Time is injected (``now`` arguments); the I/O side lives in ``bus.eventbus.client``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from bus.eventbus.codec import Event, Heartbeat, SnapshotEnd
+
+Deliver = Callable[[Event], object]
+RequestSnapshot = Callable[[int], object]
+
+#: Broadcasts kept while a snapshot is in flight; beyond this the snapshot is re-asked.
+MAX_BUFFERED = 200_000
+
+
+@dataclass
+class SubscriberStats:
+    delivered: int = 0
+    stale: int = 0
+    gaps: int = 0
+    healed_events: int = 0
+    snapshots: int = 0
+    reconciles: int = 0
+
+
+@dataclass
+class SubscriberCore:
+    """Feed it decoded messages; it calls ``deliver`` and ``request_snapshot``."""
+
+    deliver: Deliver
+    request_snapshot: RequestSnapshot
+    full_feed: bool
+    last: int = 0
+    reconcile_interval: float = 5.0
+    stats: SubscriberStats = field(default_factory=SubscriberStats)
+    syncing: bool = False
+    store_id: str | None = None
+    _verified: int = 0
+    _seen_above_verified: set[int] = field(default_factory=set)
+    _buffer: list[Event] = field(default_factory=list)
+    _overflow: bool = False
+    _healing: bool = False
+    _last_reconcile: float = 0.0
+    _snapshot_since: int = 0
+
+    def __post_init__(self) -> None:
+        self._verified = self.last
+
+    @property
+    def verified(self) -> int:
+        """Every event of the subscription up to this sequence has been delivered."""
+        return self.last if self.full_feed else self._verified
+
+    def start(self, now: float) -> None:
+        """(Re)start: ask for everything above what is held, e.g. after a failover."""
+        self._buffer.clear()
+        self._overflow = False
+        self._last_reconcile = now
+        self._ask(self.verified)
+
+    def retry_snapshot(self) -> None:
+        """Ask again for the snapshot in flight (its request or answer was lost)."""
+        self._ask(self._snapshot_since)
+
+    def _ask(self, since: int) -> None:
+        self.syncing = True
+        self._snapshot_since = since
+        self.stats.snapshots += 1
+        self.request_snapshot(since)
+
+    # -- messages ------------------------------------------------------------------------
+
+    def on_broadcast(self, event: Event) -> None:
+        if self.syncing:
+            if len(self._buffer) < MAX_BUFFERED:
+                self._buffer.append(event)
+            else:
+                self._overflow = True
+            return
+        self._apply_live(event)
+
+    def _apply_live(self, event: Event) -> None:
+        sequence = event.sequence
+        if sequence <= self.last:
+            self.stats.stale += 1
+            return
+        if self.full_feed and sequence != self.last + 1:
+            self.stats.gaps += 1
+            self._healing = True
+            self._buffer.append(event)
+            self._ask(self.last)
+            return
+        self._deliver(event)
+
+    def _deliver(self, event: Event) -> None:
+        self.last = max(self.last, event.sequence)
+        if not self.full_feed:
+            self._seen_above_verified.add(event.sequence)
+        self.stats.delivered += 1
+        self.deliver(event)
+
+    def on_sync(self, event: Event) -> None:
+        sequence = event.sequence
+        if sequence <= self._snapshot_since:
+            self.stats.stale += 1
+            return
+        if self.full_feed:
+            if sequence <= self.last:
+                self.stats.stale += 1
+                return
+        elif sequence in self._seen_above_verified or sequence <= self._verified:
+            self.stats.stale += 1
+            return
+        if self._healing:
+            self.stats.healed_events += 1
+        self._deliver(event)
+
+    def on_sync_end(self, end: SnapshotEnd) -> None:
+        if not self.syncing:
+            return
+        self.syncing = False
+        self._healing = False
+        self.last = max(self.last, end.sequence)
+        if end.sequence > self._verified:
+            self._verified = end.sequence
+            self._seen_above_verified = {s for s in self._seen_above_verified if s > end.sequence}
+        buffered, self._buffer = sorted(self._buffer, key=lambda e: e.sequence), []
+        if self._overflow:
+            self._overflow = False
+            self._ask(self.verified)
+            return
+        for index, event in enumerate(buffered):
+            self._apply_live(event)
+            if self.syncing:  # a new gap: keep the rest for after that snapshot
+                self._buffer.extend(buffered[index + 1 :])
+                return
+
+    def on_heartbeat(self, beat: Heartbeat, now: float) -> None:
+        self.store_id = beat.store_id
+        if self.syncing or beat.sequence <= self.verified:
+            return
+        if self.full_feed:
+            # Broadcasts precede the heartbeat on the same socket: these were lost.
+            self.stats.gaps += 1
+            self._healing = True
+            self._ask(self.last)
+        elif now - self._last_reconcile >= self.reconcile_interval:
+            self._last_reconcile = now
+            self.stats.reconciles += 1
+            self._ask(self._verified)

@@ -1,0 +1,118 @@
+"""Helpers for testing code that talks to the bus (like ``treq.testing``).
+
+    bus = start_bus(tmp_path)                      # a real server on free ports
+    peer = RawPeer.sub(bus.endpoints["publisher"])  # a reactor-driven raw socket
+    yield wait_until(lambda: len(peer.messages) == 3)
+
+Everything here runs on the reactor: never block the test in pyzmq calls while a
+server in the same process has to answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from twisted.internet import defer
+
+from bus.eventbus.config import EventBusConfig
+
+
+class ConditionTimeout(AssertionError):
+    """A condition waited for did not come true in time."""
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float = 10.0,
+    interval: float = 0.005,
+    reactor: Any = None,
+    what: str = "",
+) -> defer.Deferred[None]:
+    """Fire once ``predicate()`` is true; fail with :class:`ConditionTimeout` after
+    ``timeout`` seconds. Polls on the reactor, so servers keep running meanwhile."""
+    from bus.transport.zmqsocket import reactor_of
+
+    clock = reactor_of(reactor)
+    deadline = time.monotonic() + timeout
+    result: defer.Deferred[None] = defer.Deferred()
+
+    def check() -> None:
+        try:
+            done = predicate()
+        except Exception:
+            result.errback()
+            return
+        if done:
+            result.callback(None)
+        elif time.monotonic() > deadline:
+            result.errback(
+                ConditionTimeout(f"timed out after {timeout}s waiting for {what or predicate}")
+            )
+        else:
+            clock.callLater(interval, check)
+
+    check()
+    return result
+
+
+def start_bus(data_dir: Path | str, reactor: Any = None, **settings: Any) -> Any:
+    """Start an :class:`~bus.eventbus.server.EventBusService` on free ports of 127.0.0.1
+    (``settings`` override :class:`EventBusConfig` fields). Stop it with
+    ``stopService()``."""
+    from bus.eventbus.server import EventBusService
+
+    config = replace(
+        EventBusConfig(port=0, data_dir=Path(data_dir), stats_interval=0, heartbeat_interval=0.2),
+        **settings,
+    )
+    service = EventBusService(config, reactor=reactor)
+    service.startService()
+    return service
+
+
+class RawPeer:
+    """A raw ZeroMQ socket on the reactor that records every message it receives."""
+
+    def __init__(
+        self, socket_type: int, endpoint: str, reactor: Any = None, **options: Any
+    ) -> None:
+        from bus.transport.zmqsocket import SocketFactory, SocketOptions
+
+        self.factory = SocketFactory(reactor_or_global(reactor))
+        self.messages: list[list[bytes]] = []
+        self.socket = self.factory.socket(
+            socket_type, self.messages.extend, SocketOptions(linger_ms=0, **options)
+        )
+        self.socket.connect(endpoint)
+
+    @classmethod
+    def sub(cls, endpoint: str, prefixes: tuple[bytes, ...] = (b"",), **options: Any) -> RawPeer:
+        import zmq
+
+        peer = cls(zmq.SUB, endpoint, **options)
+        for prefix in prefixes:
+            peer.socket.subscribe(prefix)
+        return peer
+
+    @classmethod
+    def dealer(cls, endpoint: str, **options: Any) -> RawPeer:
+        import zmq
+
+        return cls(zmq.DEALER, endpoint, **options)
+
+    def send(self, frames: list[bytes]) -> None:
+        if not self.socket.send_frames(frames):
+            raise RuntimeError("raw peer would block")
+
+    def close(self) -> None:
+        self.factory.shutdown()
+
+
+def reactor_or_global(reactor: Any) -> Any:
+    from bus.transport.zmqsocket import reactor_of
+
+    return reactor_of(reactor)
