@@ -75,16 +75,21 @@ class FileCursor:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
 
-    def load(self) -> int:
+    def load_position(self) -> tuple[int, str | None]:
+        """The saved sequence and the store it belongs to."""
         try:
-            return int(self.path.read_text().strip() or 0)
+            fields = self.path.read_text().split()
         except FileNotFoundError:
-            return 0
+            return 0, None
+        return (int(fields[0]) if fields else 0), (fields[1] if len(fields) > 1 else None)
 
-    def save(self, sequence: int) -> None:
+    def load(self) -> int:
+        return self.load_position()[0]
+
+    def save(self, sequence: int, store_id: str | None = None) -> None:
         temporary = self.path.with_name(self.path.name + ".tmp")
         with open(temporary, "w") as out:
-            out.write(f"{sequence}\n")
+            out.write(f"{sequence} {store_id or ''}".rstrip() + "\n")
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, self.path)
@@ -123,7 +128,7 @@ class EventBusSubscriber(Service):
         *,
         since: int | None = None,
         cursor: FileCursor | None = None,
-        heartbeat_timeout: float = 3.5,
+        heartbeat_timeout: float | None = 3.5,
         reconcile_interval: float = 5.0,
         receive_hwm: int = 200_000,
         reactor: Any = None,
@@ -136,7 +141,9 @@ class EventBusSubscriber(Service):
         self.subtrees = tuple(s.encode() if isinstance(s, str) else s for s in subtrees)
         self.on_event = on_event
         self.cursor = cursor
-        start = since if since is not None else (cursor.load() if cursor else 0)
+        start, store_id = cursor.load_position() if cursor else (0, None)
+        if since is not None:
+            start = since
         self.heartbeat_timeout = heartbeat_timeout
         self.receive_hwm = receive_hwm
         self.cursor_save_interval = cursor_save_interval
@@ -148,6 +155,7 @@ class EventBusSubscriber(Service):
             full_feed=not any(self.subtrees),
             last=start,
             reconcile_interval=reconcile_interval,
+            store_id=store_id,
         )
         self.server_index = 0
         self.failovers = 0
@@ -155,6 +163,7 @@ class EventBusSubscriber(Service):
         self._sub: ZmqSocket | None = None
         self._snapshot: ZmqSocket | None = None
         self._last_heard = 0.0
+        self._connected_at = 0.0
         self._snapshot_activity = 0.0
         self._watchdog: task.LoopingCall | None = None
         self._saver: task.LoopingCall | None = None
@@ -174,9 +183,10 @@ class EventBusSubscriber(Service):
     def startService(self) -> None:
         Service.startService(self)
         self._connect()
-        self._watchdog = task.LoopingCall(self._check_alive)
-        self._watchdog.clock = self.reactor
-        self._watchdog.start(max(self.heartbeat_timeout / 4, 0.05), now=False)
+        if self.heartbeat_timeout is not None:
+            self._watchdog = task.LoopingCall(self._check_alive)
+            self._watchdog.clock = self.reactor
+            self._watchdog.start(max(self.heartbeat_timeout / 4, 0.05), now=False)
         if self.cursor is not None:
             self._saver = task.LoopingCall(self._save_cursor)
             self._saver.clock = self.reactor
@@ -207,7 +217,6 @@ class EventBusSubscriber(Service):
         if any(self.subtrees):
             self._sub.subscribe(codec.HEARTBEAT_TOPIC)
         self._sub.connect(server.publisher)
-        self._open_snapshot_socket()
         self._last_heard = self.reactor.seconds()
         log.info(
             "subscribing to {server} above sequence {since}",
@@ -235,14 +244,21 @@ class EventBusSubscriber(Service):
         self._sub = self._snapshot = None
 
     def _check_alive(self) -> None:
+        assert self.heartbeat_timeout is not None
         now = self.reactor.seconds()
         silent = now - self._last_heard
         if silent <= self.heartbeat_timeout:
-            if self.core.syncing and now - self._snapshot_activity > self.heartbeat_timeout:
+            if self.core.awaiting_heartbeat and now - self._connected_at > self.heartbeat_timeout:
+                log.warn("no heartbeat from {server}: are its heartbeats off?", server=self.server)
+                self.core.proceed_without_heartbeat()
+            elif (
+                self.core.syncing
+                and not self.core.awaiting_heartbeat
+                and now - self._snapshot_activity > self.heartbeat_timeout
+            ):
                 # The request or its answer was lost (e.g. the server restarted): ask again
                 # on a fresh socket so a late answer to the old one cannot interleave.
                 log.warn("snapshot from {server} timed out: asking again", server=self.server)
-                self._open_snapshot_socket()
                 self.core.retry_snapshot()
             return
         previous = self.server
@@ -260,11 +276,13 @@ class EventBusSubscriber(Service):
     def _save_cursor(self) -> None:
         if self.cursor is not None and self.core.verified != self._saved:
             self._saved = self.core.verified
-            self.cursor.save(self._saved)
+            self.cursor.save(self._saved, self.core.store_id)
 
     # -- protocol --------------------------------------------------------------------------
 
     def _request_snapshot(self, since: int) -> None:
+        # A fresh socket per request: answers to an abandoned request cannot interleave.
+        self._open_snapshot_socket()
         self._snapshot_activity = self.reactor.seconds()
         if self._snapshot is not None:
             self._snapshot.send_frames(

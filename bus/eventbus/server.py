@@ -184,6 +184,7 @@ class EventBusService(Service):
         if config.heartbeat_interval > 0:
             self._loop(self._heartbeat, config.heartbeat_interval)
         if config.stats_interval > 0:
+            self._write_status()
             self._loop(self._report, config.stats_interval, now=False)
         if config.retention.enabled and config.retention_interval > 0:
             self._loop(self._start_retention, config.retention_interval)
@@ -438,7 +439,15 @@ class EventBusService(Service):
             **{k: v for k, v in status.items() if k != "config"},
         )
         self.max_lag = 0.0
-        write_json_atomically(Path(self.config.data_dir) / "status.json", status)
+        self._write_status(status)
+
+    def _write_status(self, status: dict[str, Any] | None = None) -> None:
+        try:
+            write_json_atomically(
+                Path(self.config.data_dir) / "status.json", status or self.status()
+            )
+        except OSError as error:
+            log.warn("cannot write status.json: {error}", error=error)
 
 
 def write_json_atomically(path: Path, value: Any) -> None:

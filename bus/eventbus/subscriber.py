@@ -7,6 +7,9 @@ stale ones. On top of the text:
 * full-feed subscribers (no subtree filter) see every sequence, so a jump in the
   sequence, or a heartbeat announcing a sequence not received (tail loss), is a gap,
   healed at once with a SYNCSTART from the last sequence held;
+* a heartbeat names the store (its log's identity): a different store, after a
+  failover to a server with a log of its own, means a new sequence space, so the
+  subscriber starts over from that log's beginning (at-least-once across stores);
 * subtree subscribers cannot tell a gap from other topics' events, so they reconcile:
   at most every ``reconcile_interval`` seconds, when a heartbeat shows the bus has
   moved on, they ask for a snapshot above the last *verified* sequence and deliver
@@ -38,6 +41,7 @@ class SubscriberStats:
     healed_events: int = 0
     snapshots: int = 0
     reconciles: int = 0
+    store_changes: int = 0
 
 
 @dataclass
@@ -51,6 +55,7 @@ class SubscriberCore:
     reconcile_interval: float = 5.0
     stats: SubscriberStats = field(default_factory=SubscriberStats)
     syncing: bool = False
+    awaiting_heartbeat: bool = False
     store_id: str | None = None
     _verified: int = 0
     _seen_above_verified: set[int] = field(default_factory=set)
@@ -68,12 +73,28 @@ class SubscriberCore:
         """Every event of the subscription up to this sequence has been delivered."""
         return self.last if self.full_feed else self._verified
 
-    def start(self, now: float) -> None:
-        """(Re)start: ask for everything above what is held, e.g. after a failover."""
+    def start(self, now: float, wait_for_heartbeat: bool = True) -> None:
+        """(Re)start: ask for everything above what is held, e.g. after a failover.
+
+        With ``wait_for_heartbeat`` the request waits for the server's first heartbeat:
+        it proves the subscription is live (so nothing falls between the snapshot and
+        the live feed) and names the store. The caller must make sure answers to an
+        earlier request cannot arrive after this one (the client opens a fresh
+        snapshot socket for every request)."""
         self._buffer.clear()
         self._overflow = False
         self._last_reconcile = now
+        if wait_for_heartbeat:
+            self.syncing = True
+            self.awaiting_heartbeat = True
+            return
         self._ask(self.verified)
+
+    def proceed_without_heartbeat(self) -> None:
+        """The server sent no heartbeat in time (heartbeats off?): ask anyway."""
+        if self.awaiting_heartbeat:
+            self.awaiting_heartbeat = False
+            self._ask(self.verified)
 
     def retry_snapshot(self) -> None:
         """Ask again for the snapshot in flight (its request or answer was lost)."""
@@ -153,7 +174,22 @@ class SubscriberCore:
                 return
 
     def on_heartbeat(self, beat: Heartbeat, now: float) -> None:
-        self.store_id = beat.store_id
+        if self.store_id != beat.store_id:
+            changed = self.store_id is not None
+            self.store_id = beat.store_id
+            if changed:
+                # Another log (e.g. a backup server with its own store): its sequences
+                # say nothing about ours, so start over from its beginning.
+                self.stats.store_changes += 1
+                self.last = self._verified = 0
+                self._seen_above_verified.clear()
+                if not self.awaiting_heartbeat:
+                    self.start(now, wait_for_heartbeat=False)
+                    return
+        if self.awaiting_heartbeat:
+            self.awaiting_heartbeat = False
+            self._ask(self.verified)
+            return
         if self.syncing or beat.sequence <= self.verified:
             return
         if self.full_feed:
