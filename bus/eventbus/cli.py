@@ -1,0 +1,244 @@
+"""``eventbus-cli``: publish an event, tail a subtree, dump a snapshot, show a server's status.
+
+    eventbus-cli publish /orders/42/ '{"total": 12.5}'
+    eventbus-cli tail /orders/ --since 100
+    eventbus-cli snapshot /orders/ /users/ > snapshot.jsonl
+    eventbus-cli status --data-dir eventbus-data
+
+Events are printed as JSON lines: seq, topic, producer, timestamp, uuid and the
+msgpack data decoded (bytes as ``{"$base64": ...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from twisted.internet import defer, task
+
+from bus.eventbus.codec import Event
+
+DEFAULT_SERVER = os.environ.get("EVENTBUS_SERVER", "127.0.0.1:5556")
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"$base64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def event_json(event: Event) -> str:
+    try:
+        value = _jsonable(event.value())
+    except Exception:
+        value = {"$undecodable": base64.b64encode(event.data).decode()}
+    return json.dumps(
+        {
+            "seq": event.sequence,
+            "topic": event.topic.decode("utf-8", "replace"),
+            "producer": event.producer.decode("utf-8", "replace"),
+            "timestamp": event.timestamp.decode("ascii", "replace"),
+            "uuid": event.uuid.decode("ascii", "replace"),
+            "value": value,
+        },
+        ensure_ascii=False,
+    )
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # a bare word is published as a string
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+@defer.inlineCallbacks
+def publish(reactor: Any, args: argparse.Namespace) -> Any:
+    import zmq
+
+    from bus.eventbus import codec
+    from bus.eventbus.client import EventBusPublisher, ServerAddress
+    from bus.polling import wait_until
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+
+    factory = SocketFactory(reactor)
+    confirmations: list[list[bytes]] = []
+    try:
+        if args.confirm:
+            # Listen first, so the broadcast of our event (sent only once stored) is seen.
+            server = ServerAddress.parse(args.server)
+            listener = factory.socket(zmq.SUB, confirmations.extend, SocketOptions(linger_ms=0))
+            listener.subscribe(codec.HEARTBEAT_TOPIC)
+            listener.subscribe(args.topic.encode())
+            listener.connect(server.publisher)
+            yield wait_until(
+                lambda: any(m[0] == codec.HEARTBEAT_TOPIC for m in confirmations),
+                timeout=args.timeout,
+                reactor=reactor,
+                what=f"a heartbeat from {server}",
+            )
+        publisher = EventBusPublisher(args.server, args.producer, reactor=reactor, factory=factory)
+        event_id = publisher.publish(args.topic, _parse_value(args.value))
+        yield publisher.flush()
+        if args.confirm:
+            yield wait_until(
+                lambda: any(len(m) == 6 and m[4] == event_id.encode() for m in confirmations),
+                timeout=args.timeout,
+                reactor=reactor,
+                what="the event's broadcast",
+            )
+            stored = next(m for m in confirmations if len(m) == 6 and m[4] == event_id.encode())
+            sequence, _ = codec.decode_sequence(stored[1])
+            _out(json.dumps({"uuid": event_id, "seq": sequence}))
+        else:
+            _out(json.dumps({"uuid": event_id}))
+    finally:
+        factory.shutdown()
+
+
+@defer.inlineCallbacks
+def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
+    import zmq
+
+    from bus.eventbus import codec
+    from bus.eventbus.client import ServerAddress
+    from bus.polling import wait_until
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+
+    factory = SocketFactory(reactor)
+    state = {"count": 0, "end": None}
+
+    def on_replies(batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            reply = codec.parse_snapshot_reply(frames)
+            if isinstance(reply, Event):
+                state["count"] = int(state["count"] or 0) + 1
+                _out(event_json(reply))
+            else:
+                state["end"] = reply.sequence
+
+    try:
+        dealer = factory.socket(zmq.DEALER, on_replies, SocketOptions(receive_hwm=0, linger_ms=0))
+        dealer.connect(ServerAddress.parse(args.server).snapshot)
+        dealer.send_frames(codec.sync_start_frames([s.encode() for s in args.subtrees], args.since))
+        yield wait_until(
+            lambda: state["end"] is not None,
+            timeout=args.timeout,
+            reactor=reactor,
+            what="SYNCEND",
+        )
+        _err(f"{state['count']} events, snapshot complete at sequence {state['end']}")
+    finally:
+        factory.shutdown()
+
+
+def tail(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+    from bus.eventbus.client import EventBusSubscriber, FileCursor
+
+    subscriber = EventBusSubscriber(
+        args.server_list or [DEFAULT_SERVER],
+        args.subtrees,
+        lambda event: _out(event_json(event)),
+        since=args.since,
+        cursor=FileCursor(args.cursor) if args.cursor else None,
+        reactor=reactor,
+    )
+    subscriber.startService()
+    done: defer.Deferred[None] = defer.Deferred()
+    reactor.addSystemEventTrigger("before", "shutdown", subscriber.stopService)
+    return done  # runs until interrupted
+
+
+def status(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+    path = Path(args.data_dir) / "status.json"
+    try:
+        _out(json.dumps(json.loads(path.read_text()), indent=2, sort_keys=True))
+    except FileNotFoundError:
+        _err(f"no {path}: is a server running with that --data-dir and --stats-interval > 0?")
+        raise SystemExit(1) from None
+    return defer.succeed(None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eventbus-cli", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def server_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--server", default=DEFAULT_SERVER, help="host:port of the bus (base port P)"
+        )
+
+    p = commands.add_parser("publish", help="publish one event")
+    server_option(p)
+    p.add_argument("topic", help="topic, e.g. /orders/42/")
+    p.add_argument("value", nargs="?", default="null", help="JSON value (a bare word is a string)")
+    p.add_argument("--producer", default=f"eventbus-cli@{os.uname().nodename}")
+    p.add_argument(
+        "--no-confirm",
+        dest="confirm",
+        action="store_false",
+        help="do not wait for the bus to broadcast the event back",
+    )
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.set_defaults(run=publish)
+
+    p = commands.add_parser("tail", help="print events of subtrees as they come")
+    p.add_argument("subtrees", nargs="*", help="subtree prefixes (none: everything)")
+    p.add_argument(
+        "--server",
+        dest="server_list",
+        action="append",
+        help="host:port; repeat for failover servers (default %(default)s)",
+    )
+    p.add_argument("--since", type=int, default=None, help="start above this sequence")
+    p.add_argument("--cursor", help="file that keeps the last sequence, to resume")
+    p.set_defaults(run=tail)
+
+    p = commands.add_parser("snapshot", help="dump the stored events of subtrees and exit")
+    server_option(p)
+    p.add_argument("subtrees", nargs="*")
+    p.add_argument("--since", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    p.set_defaults(run=snapshot)
+
+    p = commands.add_parser("status", help="show a local server's status.json")
+    p.add_argument("--data-dir", default=os.environ.get("EVENTBUS_DATA_DIR", "eventbus-data"))
+    p.set_defaults(run=status)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from bus.polling import ConditionTimeout
+
+    args = build_parser().parse_args(argv)
+
+    def explain(failure: Any) -> None:
+        failure.trap(ConditionTimeout, ValueError, OSError)
+        _err(f"eventbus-cli {args.command}: {failure.value}")
+        raise SystemExit(1)
+
+    task.react(lambda reactor: args.run(reactor, args).addErrback(explain))
+
+
+if __name__ == "__main__":
+    main()
