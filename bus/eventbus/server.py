@@ -24,7 +24,7 @@ from twisted.logger import Logger
 
 from bus.droplog import DropCounter
 from bus.eventbus import codec
-from bus.eventbus.codec import Event, EventBusError, SnapshotRequest
+from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.store import EventStore
 from bus.transport.zmqsocket import (
@@ -322,9 +322,9 @@ class EventBusService(Service):
     # -- the collector: PUB in, store, BROADCAST out ------------------------------------------
 
     def _on_collected(self, batch: list[list[bytes]]) -> None:
-        parse = codec.parse_pub
+        parse = codec.parse_pub_fields
         max_data = self.config.max_data_bytes
-        accepted: list[Event] = []
+        accepted: list[codec.EventFields] = []
         for frames in batch:
             body = frames[1:]
             if len(body) == 7 and not body[0]:
@@ -335,13 +335,13 @@ class EventBusService(Service):
                 self.drops.drop(error.reason, str(error), frames[0])
         if not accepted:
             return
-        stored = self.store.append(accepted, self.clock())
-        self.accepted += len(stored)
+        # Committed before anything is broadcast: a subscriber never sees an event
+        # that a crash could take back.
+        first = self.store.append_fields(accepted, self.clock())
+        self.accepted += len(accepted)
         pub = self.publisher_socket
         if pub is not None:
-            encoding = self.config.sequence_encoding
-            frames_of = codec.broadcast_frames
-            pub.send_many([frames_of(event, encoding) for event in stored])
+            pub.send_many(codec.broadcast_messages(first, accepted, self.config.sequence_encoding))
 
     # -- the snapshot port: SYNCSTART in, SYNC... SYNCEND out ------------------------------
 

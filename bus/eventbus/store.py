@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from bus.eventbus.codec import Event
+from bus.eventbus.codec import Event, EventFields
 
 Durability = Literal["normal", "full"]
 DB_NAME = "events.sqlite3"
@@ -108,18 +108,19 @@ class EventStore:
     def append(self, events: Sequence[Event], received: float) -> list[Event]:
         """Assign the next sequences to ``events`` (whose own sequence is ignored), commit
         them in one transaction, and return them with their sequences."""
-        if not events:
-            return []
+        fields = [(e.topic, e.producer, e.timestamp, e.uuid, e.data) for e in events]
+        first = self.append_fields(fields, received)
+        return [Event(t, seq, p, ts, u, d) for seq, (t, p, ts, u, d) in enumerate(fields, first)]
+
+    def append_fields(self, fields: Sequence[EventFields], received: float) -> int:
+        """Commit ``(topic, producer, timestamp, uuid, data)`` tuples in one transaction
+        under consecutive new sequences; return the first one."""
+        first = self._last + 1
+        if not fields:
+            return first
         # Receipt times never go backwards, so age retention can cut by sequence.
         received = max(received, self._last_received)
-        first = self._last + 1
-        stored = [
-            Event(e.topic, seq, e.producer, e.timestamp, e.uuid, e.data)
-            for seq, e in enumerate(events, first)
-        ]
-        rows = [
-            (e.sequence, e.topic, e.producer, e.timestamp, e.uuid, e.data, received) for e in stored
-        ]
+        rows = [(seq, *event, received) for seq, event in enumerate(fields, first)]
         db = self._db
         db.execute("BEGIN")
         try:
@@ -128,9 +129,9 @@ class EventStore:
         except BaseException:
             db.execute("ROLLBACK")
             raise
-        self._last = stored[-1].sequence
+        self._last = first + len(fields) - 1
         self._last_received = received
-        return stored
+        return first
 
     # -- reading -------------------------------------------------------------------------
 
