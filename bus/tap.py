@@ -49,6 +49,7 @@ class Options(usage.Options):
     )
     optFlags = [
         ["retention-latest-per-topic", None, "Compact the log to the latest event per topic."],
+        ["spark-bridge", None, "Also journal this bus's feed for PySpark (needs the spark extra)."],
     ]
     optParameters = [
         ["bind", "b", _env("bind", DEFAULT_BIND), "Address to bind."],
@@ -114,6 +115,12 @@ class Options(usage.Options):
             int,
         ],
         [
+            "journal-dir",
+            None,
+            _env("journal-dir", "spark-journal"),
+            "With --spark-bridge: the journal directory PySpark reads.",
+        ],
+        [
             "stats-interval",
             None,
             _env("stats-interval", "10s"),
@@ -123,6 +130,8 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         self["config"] = config_from_options(self)
+        if not self["spark-bridge"] and os.environ.get("EVENTBUS_SPARK_BRIDGE"):
+            self["spark-bridge"] = True
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConfig:
@@ -173,5 +182,16 @@ def makeService(options: usage.Options | dict[str, Any]) -> MultiService:
 
     config = options["config"] if "config" in options else config_from_options(options)
     top = MultiService()
-    top.addService(EventBusService(config))
+    bus = EventBusService(config)
+    top.addService(bus)  # started first: the bridge needs its bound port
+    if options.get("spark-bridge"):
+        from bus.spark.bridge import BridgeConfig, SparkBridgeService
+
+        host = "127.0.0.1" if config.bind in ("0.0.0.0", "*") else config.bind
+        top.addService(
+            SparkBridgeService(
+                lambda: [f"{host}:{bus.port}"],
+                BridgeConfig(journal_dir=Path(options["journal-dir"])),
+            )
+        )
     return top

@@ -44,7 +44,7 @@ class ServerProcess:
                 "--data-dir", str(data_dir), "--stats-interval", "0.1s",
                 "--heartbeat-interval", "0.1s", *args,
             ]  # fmt: skip
-        self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.log = open(data_dir.parent / f"{data_dir.name}.log", "ab")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 
     def status(self) -> dict[str, Any]:

@@ -159,6 +159,7 @@ class EventBusSubscriber(Service):
         )
         self.server_index = 0
         self.failovers = 0
+        self.paused = False
         self.drops = DropCounter(log, "message from server", time.monotonic)
         self._sub: ZmqSocket | None = None
         self._snapshot: ZmqSocket | None = None
@@ -243,8 +244,23 @@ class EventBusSubscriber(Service):
                 sock.shutdown()
         self._sub = self._snapshot = None
 
+    def pause(self) -> None:
+        """Stop reading live events (e.g. while a slow consumer catches up). Whatever
+        ZeroMQ drops meanwhile is healed from the server's log after :meth:`resume`."""
+        self.paused = True
+        if self._sub is not None:
+            self._sub.pause_reading()
+
+    def resume(self) -> None:
+        self.paused = False
+        self._last_heard = self.reactor.seconds()
+        if self._sub is not None:
+            self._sub.resume_reading()
+
     def _check_alive(self) -> None:
         assert self.heartbeat_timeout is not None
+        if self.paused:
+            return  # silence is ours, not the server's
         now = self.reactor.seconds()
         silent = now - self._last_heard
         if silent <= self.heartbeat_timeout:

@@ -51,6 +51,8 @@ DEFAULT_MAX_DATA_BYTES: Final = 1024 * 1024
 
 _UUID = re.compile(rb"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 _DIGITS = re.compile(rb"[0-9]{1,20}")
+# fromisoformat stops at a NUL after "Z", so the characters are checked first.
+_TIMESTAMP_CHARS = re.compile(rb"[0-9A-Za-z:.,+\- ]{1,64}")
 _SUBTREE_SEPARATOR = re.compile(rb"[;,]")
 
 
@@ -179,6 +181,8 @@ def check_topic(topic: bytes) -> None:
 def check_timestamp(timestamp: bytes) -> None:
     if len(timestamp) > MAX_TIMESTAMP_BYTES:
         raise EventBusError("timestamp too long", "bad-timestamp")
+    if not _TIMESTAMP_CHARS.fullmatch(timestamp):
+        raise EventBusError("timestamp has characters ISO-8601 does not use", "bad-timestamp")
     try:
         datetime.fromisoformat(timestamp.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
@@ -237,9 +241,9 @@ def parse_pub_fields(
             and topic[0] != 36  # "$": reserved
             and (len(sequence) == 8 or not sequence or sequence == b"null")
             and len(producer) <= MAX_PRODUCER_BYTES
-            and len(timestamp) <= MAX_TIMESTAMP_BYTES
             and len(data) <= max_data_bytes
             and _UUID.fullmatch(uuid)
+            and _TIMESTAMP_CHARS.fullmatch(timestamp)
         ):
             try:
                 topic.decode("utf-8")

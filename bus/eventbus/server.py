@@ -112,11 +112,6 @@ class SnapshotStream:
             except PeerUnreachable:
                 self.server.snapshot_finished(self, complete=False)
                 return
-            except zmq.ZMQError as error:
-                if error.errno != zmq.EHOSTUNREACH:
-                    raise
-                self.server.snapshot_finished(self, complete=False)
-                return
             del self._pending[:sent]
             self.sent += sent
             budget -= sent

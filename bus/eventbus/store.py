@@ -83,7 +83,10 @@ class EventStore:
         self.store_id = self._meta("store_id") or self._init_store_id()
         top = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0
         self._last = max(top, int(self._meta("high_water") or 0))
-        self._last_received = 0.0
+        newest = self._db.execute(
+            "SELECT received FROM events ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        self._last_received = 0.0 if newest is None else float(newest[0])
         self._compact_from = 0
         self._closed = False
 

@@ -122,6 +122,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.name = name or zmq.SocketType(socket_type).name
         self.reactor: Any = factory.reactor
         self.messages_received = 0
+        self.reading_paused = False
         self.read_scheduled: DelayedCall | None = None
         self._options = options
         ZmqConnection.__init__(self, factory.txzmq_factory, identity=options.identity)
@@ -164,7 +165,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         other sockets keep their turn under load."""
         self.read_scheduled = None
         sock = self.socket
-        if sock is None:
+        if sock is None or self.reading_paused:
             return
         if self.socketType in _SEND_ONLY:
             sock.get(zmq.EVENTS)  # lets libzmq process pending commands (subscriptions)
@@ -242,6 +243,10 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 sent += 1
         except zmq.Again:
             pass
+        except zmq.ZMQError as error:
+            if error.errno == zmq.EHOSTUNREACH:
+                raise PeerUnreachable(messages[sent][0]) from None
+            raise
         finally:
             self._schedule_read()
         return sent
@@ -250,6 +255,20 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         frames = [message] if isinstance(message, bytes) else list(message)
         if not self.send_frames(frames):
             raise zmq.Again()
+
+    # -- flow control ------------------------------------------------------------------
+
+    def pause_reading(self) -> None:
+        """Stop reading: ZeroMQ queues up to the receive HWM, then the peer's HWM applies."""
+        if self.socket is not None and not self.reading_paused:
+            self.reading_paused = True
+            self.reactor.removeReader(self)
+
+    def resume_reading(self) -> None:
+        if self.socket is not None and self.reading_paused:
+            self.reading_paused = False
+            self.reactor.addReader(self)
+            self._schedule_read()
 
     # -- closing -------------------------------------------------------------------------
 

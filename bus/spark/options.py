@@ -1,0 +1,193 @@
+"""Options of the ``eventbus`` source and range planning: plain Python, no Spark.
+
+Kept apart from :mod:`bus.spark.source` so the rules can be tested and reused without
+a SparkSession.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from bus.spark.journal import Coverage, JournalReader, Segment
+
+log = logging.getLogger(__name__)
+
+#: A seq range that one partition reads when nothing else asks for more partitions.
+DEFAULT_PARTITION_ROWS: Final = 50_000
+
+OffsetSpec = Literal["earliest", "latest"] | int
+
+KNOWN_OPTIONS: Final = frozenset(
+    {
+        "path",
+        "subscribe",
+        "startingoffsets",
+        "endingoffsets",
+        "maxoffsetspertrigger",
+        "failondataloss",
+        "minpartitions",
+    }
+)
+
+
+class OptionError(ValueError):
+    """An option of the ``eventbus`` source has a value it cannot use."""
+
+
+def offset(seq: int) -> dict[str, int]:
+    return {"seq": seq}
+
+
+def offset_seq(value: Mapping[str, Any]) -> int:
+    """The sequence of a ``{"seq": N}`` offset, checked."""
+    seq = value.get("seq") if isinstance(value, Mapping) else None
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise OptionError(f'offset {value!r} is not {{"seq": N}} with N >= 0')
+    return seq
+
+
+def parse_offset(name: str, text: str) -> OffsetSpec:
+    text = text.strip()
+    if text.lower() in ("earliest", "latest"):
+        return "earliest" if text.lower() == "earliest" else "latest"
+    try:
+        return offset_seq(json.loads(text))
+    except (ValueError, OptionError):
+        raise OptionError(
+            f'{name} must be "earliest", "latest" or {{"seq": N}}, not {text!r}'
+        ) from None
+
+
+def _positive_int(name: str, text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise OptionError(f"{name} must be a positive integer, not {text!r}")
+    return value
+
+
+def _bool(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered not in ("true", "false"):
+        raise OptionError(f"{name} must be true or false, not {text!r}")
+    return lowered == "true"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceOptions:
+    """The source's options, named like Spark's Kafka source."""
+
+    path: str
+    prefixes: tuple[str, ...] = ()
+    starting: OffsetSpec = "latest"
+    ending: OffsetSpec = "latest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    min_partitions: int = 1
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+        given = {key.lower(): str(value) for key, value in options.items()}
+        unknown = sorted(set(given) - KNOWN_OPTIONS)
+        if unknown:
+            log.warning("eventbus source ignores unknown options %s", ", ".join(unknown))
+        path = given.get("path", "").strip()
+        if not path:
+            raise OptionError('the eventbus source needs option "path" (the journal directory)')
+        prefixes = tuple(p.strip() for p in given.get("subscribe", "").split(",") if p.strip())
+        # Like Kafka: streams start at the end by default, batch reads at the beginning.
+        starting = parse_offset(
+            "startingOffsets", given.get("startingoffsets", "latest" if streaming else "earliest")
+        )
+        ending: OffsetSpec = "latest"
+        if "endingoffsets" in given:
+            if streaming:
+                raise OptionError("endingOffsets is for batch queries only")
+            ending = parse_offset("endingOffsets", given["endingoffsets"])
+        if not streaming and starting == "latest":
+            raise OptionError('startingOffsets "latest" is for streaming queries only')
+        if ending == "earliest":
+            raise OptionError('endingOffsets "earliest" is not allowed')
+        max_offsets = given.get("maxoffsetspertrigger")
+        min_partitions = given.get("minpartitions")
+        return cls(
+            path=path,
+            prefixes=prefixes,
+            starting=starting,
+            ending=ending,
+            max_offsets_per_trigger=(
+                _positive_int("maxOffsetsPerTrigger", max_offsets) if max_offsets else None
+            ),
+            fail_on_data_loss=_bool("failOnDataLoss", given.get("failondataloss", "true")),
+            min_partitions=_positive_int("minPartitions", min_partitions) if min_partitions else 1,
+        )
+
+
+def resolve(spec: OffsetSpec, journal: JournalReader) -> int:
+    """The sequence an offset spec stands for now (exclusive start or inclusive end)."""
+    if spec == "earliest":
+        return journal.start_offset()
+    if spec == "latest":
+        return journal.latest_sequence()
+    return spec
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRange:
+    """``(start, end]`` and the segments that hold it."""
+
+    start: int
+    end: int
+    segments: tuple[Segment, ...]
+
+
+def split_range(
+    coverage: Coverage,
+    start: int,
+    end: int,
+    min_partitions: int = 1,
+    partition_rows: int = DEFAULT_PARTITION_ROWS,
+) -> list[PlannedRange]:
+    """Split ``(start, end]`` into at least ``min_partitions`` ranges (when it is long
+    enough), cutting at segment boundaries where one is close, so few segments are
+    opened twice."""
+    segments = coverage.segments
+    if not segments:
+        return []
+    low = max(start, segments[0].first - 1)
+    high = min(end, segments[-1].last)
+    span = high - low
+    count = min(max(min_partitions, -(-span // partition_rows)), span)
+    step = span / count
+    boundaries = [s.last for s in segments]
+    cuts = [low]
+    for i in range(1, count):
+        ideal = low + round(step * i)
+        # Nearest segment boundary, if it is within a quarter of a partition.
+        j = bisect.bisect_left(boundaries, ideal)
+        near = [b for b in boundaries[max(j - 1, 0) : j + 1] if low < b < high]
+        best = min(near, key=lambda b: abs(b - ideal), default=ideal)
+        cut = best if abs(best - ideal) <= step / 4 else ideal
+        if cut > cuts[-1]:
+            cuts.append(cut)
+    cuts.append(high)
+    firsts = [s.first for s in segments]
+    planned = []
+    for lo, hi in itertools.pairwise(cuts):
+        first = max(bisect.bisect_right(firsts, lo) - 1, 0)
+        last = bisect.bisect_right(firsts, hi)
+        held = tuple(s for s in segments[first:last] if s.last > lo and s.first <= hi)
+        planned.append(PlannedRange(lo, hi, held))
+    return planned
+
+
+def describe_known_gaps(coverage: Coverage) -> Sequence[str]:
+    return [f"{g.first}..{g.last} ({g.reason or 'no reason given'})" for g in coverage.gaps]

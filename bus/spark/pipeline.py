@@ -1,0 +1,334 @@
+"""The Spark job: land journaled events in a Parquet table and keep windowed counts.
+
+Run it with ``python -m bus.spark.pipeline --journal DIR --output DIR --checkpoint DIR``
+or ``spark-submit bus/spark/pipeline.py --journal DIR ...`` (``bus`` must be importable
+by the driver and executors: installed, or shipped with ``--py-files``).
+Two streaming queries read the journal independently:
+
+``events``
+    every event, appended to ``OUTPUT/events`` partitioned by ``date`` (UTC) and
+    ``topic_root`` (the first topic segment: ``/orders/eu/1`` -> ``orders``);
+``topic_counts``
+    events per topic per window, appended to ``OUTPUT/topic_counts`` once the
+    watermark closes the window.
+
+Each has its own checkpoint under ``CHECKPOINT``; the journal is replayable and the
+Parquet file sink commits each batch once, so output is exactly once across restarts.
+Read the output with Spark (which honours ``_spark_metadata``), not with a plain Parquet
+reader that would also see files of batches that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+
+EVENTS = "events"
+COUNTS = "topic_counts"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    journal: str
+    output: str
+    checkpoint: str
+    subscribe: str = ""
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    min_partitions: int | None = None
+    available_now: bool = False
+    trigger_seconds: float = 1.0
+    time_column: str = "received_at"
+    window: str = "1 minute"
+    watermark: str = "10 minutes"
+    counts: bool = True
+
+    def output_path(self, name: str) -> str:
+        return str(Path(self.output) / name)
+
+    def checkpoint_path(self, name: str) -> str:
+        return str(Path(self.checkpoint) / name)
+
+
+def read_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    reader = (
+        spark.readStream.format("eventbus")
+        .option("path", config.journal)
+        .option("subscribe", config.subscribe)
+        .option("startingOffsets", config.starting_offsets)
+        .option("failOnDataLoss", str(config.fail_on_data_loss).lower())
+    )
+    if config.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+    if config.min_partitions:
+        reader = reader.option("minPartitions", str(config.min_partitions))
+    return reader.load()
+
+
+def with_event_time(events: DataFrame, time_column: str) -> DataFrame:
+    """Adds ``event_time``. The producer's ``timestamp`` may be null (unparseable), so
+    it falls back to ``received_at``."""
+    from pyspark.sql import functions as F
+
+    if time_column == "timestamp":
+        return events.withColumn("event_time", F.coalesce("timestamp", "received_at"))
+    return events.withColumn("event_time", F.col("received_at"))
+
+
+def landed(events: DataFrame, time_column: str) -> DataFrame:
+    """Events with the partition columns of the landed table."""
+    from pyspark.sql import functions as F
+
+    root = F.regexp_extract("topic", r"^/*([^/]+)", 1)
+    return (
+        with_event_time(events, time_column)
+        .withColumn("date", F.to_date("event_time"))
+        .withColumn("topic_root", F.when(root == "", F.lit("_")).otherwise(root))
+        .drop("event_time")
+    )
+
+
+def windowed_counts(events: DataFrame, time_column: str, window: str, watermark: str) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    return (
+        with_event_time(events, time_column)
+        .withWatermark("event_time", watermark)
+        .groupBy(F.window("event_time", window), "topic")
+        .count()
+        .select(
+            F.col("window.start").alias("window_start"),
+            F.col("window.end").alias("window_end"),
+            "topic",
+            "count",
+        )
+    )
+
+
+def start_queries(spark: SparkSession, config: PipelineConfig) -> list[StreamingQuery]:
+    """Start the landing query (and the counting one) and return them running."""
+    from bus.spark import register
+
+    register(spark)
+    trigger: dict[str, Any] = (
+        {"availableNow": True}
+        if config.available_now
+        else {"processingTime": f"{config.trigger_seconds} seconds"}
+    )
+    queries = [
+        landed(read_events(spark, config), config.time_column)
+        .writeStream.queryName(EVENTS)
+        .format("parquet")
+        .partitionBy("date", "topic_root")
+        .option("path", config.output_path(EVENTS))
+        .option("checkpointLocation", config.checkpoint_path(EVENTS))
+        .outputMode("append")
+        .trigger(**trigger)
+        .start()
+    ]
+    if config.counts:
+        counts = windowed_counts(
+            read_events(spark, config), config.time_column, config.window, config.watermark
+        )
+        queries.append(
+            counts.writeStream.queryName(COUNTS)
+            .format("parquet")
+            .option("path", config.output_path(COUNTS))
+            .option("checkpointLocation", config.checkpoint_path(COUNTS))
+            .outputMode("append")
+            .trigger(**trigger)
+            .start()
+        )
+    return queries
+
+
+# -- progress on the console -------------------------------------------------------------
+
+
+def _seq(offset_json: str | None) -> int | None:
+    try:
+        value = json.loads(offset_json) if offset_json else None
+    except ValueError:
+        return None
+    seq = value.get("seq") if isinstance(value, dict) else None
+    return seq if isinstance(seq, int) else None
+
+
+def progress_line(progress: Any) -> str:
+    """One line for a ``StreamingQueryProgress``: batch, rows, rates, offsets, lag."""
+    line = (
+        f"[{progress.name}] batch {progress.batchId}: {progress.numInputRows} rows "
+        f"({progress.inputRowsPerSecond:.0f} rows/s in, "
+        f"{progress.processedRowsPerSecond:.0f} rows/s processed)"
+    )
+    if progress.sources:
+        source = progress.sources[0]
+        end, latest = _seq(source.endOffset), _seq(source.latestOffset)
+        if end is not None:
+            line += f", at seq {end}"
+        if end is not None and latest is not None:
+            line += f", journal latest {latest}, lag {max(latest - end, 0)}"
+    return line
+
+
+def _progress_listener() -> Any:
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class ConsoleProgress(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            print(f"[{event.name}] started (id {event.id})", flush=True)
+
+        def onQueryProgress(self, event: Any) -> None:
+            print(progress_line(event.progress), flush=True)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            outcome = f"failed: {event.exception}" if event.exception else "stopped"
+            print(f"[query {event.id}] {outcome}", flush=True)
+
+    return ConsoleProgress()
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bus.spark.pipeline",
+        description=(
+            "Land Event BUS events from a journal into a Parquet table partitioned by date "
+            "and top-level topic, exactly once, and keep windowed counts per topic. "
+            "Writes OUTPUT/events and OUTPUT/topic_counts; checkpoints under CHECKPOINT."
+        ),
+    )
+    parser.add_argument("--journal", required=True, help="journal directory (the bridge's)")
+    parser.add_argument("--output", required=True, help="output directory")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (keep it!)")
+    parser.add_argument(
+        "--master", help="Spark master, e.g. local[*] (default: spark-submit's, else local[*])"
+    )
+    parser.add_argument(
+        "--available-now",
+        action="store_true",
+        help="process everything in the journal now, then exit (Trigger.AvailableNow)",
+    )
+    parser.add_argument(
+        "--trigger-seconds", type=float, default=1.0, help="micro-batch interval (default 1)"
+    )
+    parser.add_argument("--subscribe", default="", help="topic prefixes, comma-separated")
+    parser.add_argument(
+        "--starting-offsets",
+        default="earliest",
+        help='first run only: earliest (default), latest or {"seq": N}',
+    )
+    parser.add_argument("--max-offsets-per-trigger", type=int, help="cap each micro-batch")
+    parser.add_argument("--min-partitions", type=int, help="split each batch at least this much")
+    parser.add_argument(
+        "--no-fail-on-data-loss",
+        dest="fail_on_data_loss",
+        action="store_false",
+        help="skip ranges removed by retention instead of failing",
+    )
+    parser.add_argument(
+        "--time-column",
+        choices=("received_at", "timestamp"),
+        default="received_at",
+        help="event time for dates and windows: the bridge's receive time (default; "
+        "monotone, so the watermark is safe) or the producer's timestamp",
+    )
+    parser.add_argument("--window", default="1 minute", help="count window (default 1 minute)")
+    parser.add_argument(
+        "--watermark", default="10 minutes", help="lateness allowed before a window is final"
+    )
+    parser.add_argument("--no-counts", dest="counts", action="store_false", help="land only")
+    parser.add_argument(
+        "--shuffle-partitions",
+        type=int,
+        default=4,
+        help="state partitions of the counting query (fixed once checkpointed; default 4)",
+    )
+    return parser
+
+
+def build_session(master: str | None, shuffle_partitions: int) -> SparkSession:
+    # Executors must run this interpreter: it is the one with bus and pyarrow installed.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName("eventbus-pipeline")
+    if master:
+        builder = builder.master(master)
+    return (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = PipelineConfig(
+        journal=args.journal,
+        output=args.output,
+        checkpoint=args.checkpoint,
+        subscribe=args.subscribe,
+        starting_offsets=args.starting_offsets,
+        max_offsets_per_trigger=args.max_offsets_per_trigger,
+        fail_on_data_loss=args.fail_on_data_loss,
+        min_partitions=args.min_partitions,
+        available_now=args.available_now,
+        trigger_seconds=args.trigger_seconds,
+        time_column=args.time_column,
+        window=args.window,
+        watermark=args.watermark,
+        counts=args.counts,
+    )
+    spark = build_session(args.master, args.shuffle_partitions)
+    spark.sparkContext.setLogLevel("WARN")
+    spark.streams.addListener(_progress_listener())
+    queries = start_queries(spark, config)
+
+    def stop(signum: int, frame: object) -> None:
+        print(f"signal {signum}: stopping queries", flush=True)
+        for query in queries:
+            query.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    failed = False
+    try:
+        if config.available_now:
+            for query in queries:
+                query.awaitTermination()
+        else:
+            spark.streams.awaitAnyTermination()
+    except KeyboardInterrupt:
+        stop(signal.SIGINT, None)
+    except Exception as error:  # the query's failure, already reported by the listener
+        print(f"pipeline failed: {error}", file=sys.stderr, flush=True)
+        failed = True
+    for query in queries:
+        if query.isActive:
+            query.stop()
+        if query.exception() is not None:
+            failed = True
+    spark.stop()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,548 @@
+"""EventStore (SQLite event log): appends, prefix reads, durability of the sequence, retention,
+and a hypothesis state machine that compares the store with a plain in-memory model."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from bus.eventbus.codec import Event
+from bus.eventbus.store import DB_NAME, EventStore, Retention, prefix_upper_bound
+
+
+def event(topic: bytes, n: int = 0, sequence: int = 0) -> Event:
+    """An event as the collector hands it over (its own sequence is ignored by the store)."""
+    return Event(topic, sequence, b"producer", b"2026-11-21T10:00:00.000Z", b"%036d" % n, b"\x01")
+
+
+def topics_of(events: list[Event]) -> list[bytes]:
+    return [e.topic for e in events]
+
+
+def seqs(events: list[Event]) -> list[int]:
+    return [e.sequence for e in events]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[EventStore]:
+    opened = EventStore(tmp_path / "store")
+    yield opened
+    opened.close()
+
+
+def fill(store: EventStore, topics: list[bytes], received: float = 1000.0) -> list[Event]:
+    return store.append([event(t, i) for i, t in enumerate(topics)], received)
+
+
+# -- prefix_upper_bound --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prefix", "upper"),
+    [
+        (b"a", b"b"),
+        (b"/a/", b"/a0"),
+        (b"\x00", b"\x01"),
+        (b"a\xfe", b"a\xff"),
+        (b"a\xff", b"b"),
+        (b"ab\xff\xff", b"ac"),
+        (b"\xfe\xff", b"\xff"),
+        (b"\xff", None),
+        (b"\xff\xff\xff", None),
+        (b"", None),
+    ],
+)
+def test_prefix_upper_bound(prefix: bytes, upper: bytes | None) -> None:
+    assert prefix_upper_bound(prefix) == upper
+
+
+small_bytes = st.binary(max_size=5) | st.lists(
+    st.sampled_from([b"\x00", b"a", b"\xfe", b"\xff"]), max_size=5
+).map(b"".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(prefix=small_bytes, topic=small_bytes)
+def test_prefix_upper_bound_range_is_exactly_startswith(prefix: bytes, topic: bytes) -> None:
+    upper = prefix_upper_bound(prefix)
+    in_range = prefix <= topic and (upper is None or topic < upper)
+    assert in_range == topic.startswith(prefix)
+
+
+# -- append and read ------------------------------------------------------------------------------
+
+
+def test_new_store_is_empty(store: EventStore) -> None:
+    assert store.last_sequence == 0
+    assert store.count() == 0
+    assert store.first_sequence() is None
+    assert store.read(0) == []
+    assert store.path == store.directory / DB_NAME
+    assert store.path.exists()
+
+
+def test_append_assigns_consecutive_sequences_ignoring_the_events_own(store: EventStore) -> None:
+    first = store.append([event(b"/a/", 1, sequence=99), event(b"/b/", 2, sequence=7)], 1.0)
+    assert seqs(first) == [1, 2]
+    assert first[0] == event(b"/a/", 1, sequence=1)
+    second = store.append([event(b"/c/", 3)], 2.0)
+    assert seqs(second) == [3]
+    assert store.last_sequence == 3
+    assert store.count() == 3
+    assert store.first_sequence() == 1
+    assert store.read(0) == first + second  # every field is stored as given
+
+
+def test_append_nothing_changes_nothing(store: EventStore) -> None:
+    assert store.append([], 1.0) == []
+    assert store.last_sequence == 0
+    fill(store, [b"/a/"])
+    assert store.append([], 2.0) == []
+    assert store.last_sequence == 1
+
+
+def test_append_fields_returns_the_first_new_sequence(store: EventStore) -> None:
+    fields = [
+        (b"/a/", b"p", b"2026-01-01", b"u1", b"\x01"),
+        (b"/b/", b"q", b"2026-01-02", b"u2", b"\x02"),
+    ]
+    assert store.append_fields(fields, 1.0) == 1
+    assert store.append_fields(fields[:1], 2.0) == 3
+    assert store.append_fields([], 3.0) == 4  # nothing committed: the next one would be 4
+    assert store.last_sequence == 3
+    assert store.read(0) == [
+        Event(b"/a/", 1, b"p", b"2026-01-01", b"u1", b"\x01"),
+        Event(b"/b/", 2, b"q", b"2026-01-02", b"u2", b"\x02"),
+        Event(b"/a/", 3, b"p", b"2026-01-01", b"u1", b"\x01"),
+    ]
+
+
+def test_read_after_upto_and_limit(store: EventStore) -> None:
+    fill(store, [b"/t/%d/" % i for i in range(10)])
+    assert seqs(store.read(0)) == list(range(1, 11))
+    assert seqs(store.read(4)) == list(range(5, 11))
+    assert seqs(store.read(4, upto=7)) == [5, 6, 7]
+    assert seqs(store.read(4, upto=4)) == []
+    assert seqs(store.read(7, upto=3)) == []
+    assert seqs(store.read(10)) == []
+    assert seqs(store.read(2, limit=3)) == [3, 4, 5]
+    assert seqs(store.read(2, upto=4, limit=3)) == [3, 4]
+    assert seqs(store.read(0, limit=0)) == []
+    assert seqs(store.read(-5, upto=1)) == [1]
+
+
+def test_read_by_prefix_is_a_plain_byte_prefix(store: EventStore) -> None:
+    fill(store, [b"/a/", b"/a/b/", b"/ab/", b"/b/", b"/a", b"/a/\xff", b"/a0"])
+    assert topics_of(store.read(0, prefixes=[b"/a/"])) == [b"/a/", b"/a/b/", b"/a/\xff"]
+    assert topics_of(store.read(0, prefixes=[b"/a"])) == [
+        b"/a/",
+        b"/a/b/",
+        b"/ab/",
+        b"/a",
+        b"/a/\xff",
+        b"/a0",
+    ]
+    assert topics_of(store.read(0, prefixes=[b"/a/b/"])) == [b"/a/b/"]
+    assert store.read(0, prefixes=[b"/z/"]) == []
+    assert topics_of(store.read(0, prefixes=[b"/a/b/c/"])) == []
+
+
+def test_read_prefixes_with_0xff_bytes(store: EventStore) -> None:
+    topics = [
+        b"\xff",
+        b"\xff\x00",
+        b"\xfe\xff",
+        b"\xff\xff\xff",
+        b"a\xff",
+        b"a\xff\xff",
+        b"b",
+        b"a\xfe",
+    ]
+    fill(store, topics)
+    assert topics_of(store.read(0, prefixes=[b"\xff"])) == [b"\xff", b"\xff\x00", b"\xff\xff\xff"]
+    assert topics_of(store.read(0, prefixes=[b"\xff\xff"])) == [b"\xff\xff\xff"]
+    assert topics_of(store.read(0, prefixes=[b"a\xff"])) == [b"a\xff", b"a\xff\xff"]
+    assert topics_of(store.read(0, prefixes=[b"\xfe"])) == [b"\xfe\xff"]
+    assert topics_of(store.read(0, prefixes=[b"a"])) == [b"a\xff", b"a\xff\xff", b"a\xfe"]
+
+
+def test_read_several_prefixes_is_a_union_in_sequence_order(store: EventStore) -> None:
+    fill(store, [b"/a/1", b"/b/1", b"/c/1", b"/a/2", b"/b/2", b"/c/2"])
+    got = store.read(0, prefixes=[b"/c/", b"/a/"])
+    assert seqs(got) == [1, 3, 4, 6]
+    # overlapping prefixes do not duplicate events
+    assert seqs(store.read(0, prefixes=[b"/a/", b"/a/1", b"/"])) == [1, 2, 3, 4, 5, 6]
+    assert seqs(store.read(0, prefixes=[b"/a/", b"/a/"])) == [1, 4]
+    # any iterable will do
+    assert seqs(store.read(0, prefixes=(p for p in [b"/b/"]))) == [2, 5]
+    assert seqs(store.read(2, upto=5, prefixes=[b"/a/", b"/b/"], limit=1)) == [4]
+
+
+def test_empty_prefix_means_all_topics(store: EventStore) -> None:
+    fill(store, [b"/a/", b"\xff", b"\x00"])
+    assert seqs(store.read(0, prefixes=[])) == [1, 2, 3]
+    assert seqs(store.read(0, prefixes=[b""])) == [1, 2, 3]
+    assert seqs(store.read(0, prefixes=[b"/a/", b""])) == [1, 2, 3]
+
+
+# -- durability of the log and the sequence -----------------------------------------------------------
+
+
+def test_events_sequence_and_store_id_survive_reopen(tmp_path: Path) -> None:
+    first = EventStore(tmp_path)
+    stored = fill(first, [b"/a/", b"/b/", b"/c/"])
+    store_id = first.store_id
+    first.close()
+    first.close()  # idempotent
+
+    second = EventStore(tmp_path)
+    try:
+        assert second.store_id == store_id
+        assert second.last_sequence == 3
+        assert second.read(0) == stored
+        assert seqs(fill(second, [b"/d/"])) == [4]
+    finally:
+        second.close()
+
+
+def test_store_id_is_a_uuid_and_differs_between_stores(tmp_path: Path) -> None:
+    one, two = EventStore(tmp_path / "one"), EventStore(tmp_path / "two")
+    try:
+        assert str(uuid.UUID(one.store_id)) == one.store_id
+        assert one.store_id != two.store_id
+    finally:
+        one.close()
+        two.close()
+
+
+@pytest.mark.parametrize("durability", ["normal", "full"])
+def test_durability_modes_store_and_reopen(tmp_path: Path, durability: str) -> None:
+    store = EventStore(tmp_path, durability=durability)  # type: ignore[arg-type]
+    fill(store, [b"/a/", b"/b/"])
+    store.close()
+    again = EventStore(tmp_path, durability=durability)  # type: ignore[arg-type]
+    try:
+        assert seqs(again.read(0)) == [1, 2]
+    finally:
+        again.close()
+
+
+def test_high_water_survives_retention_deleting_everything(tmp_path: Path) -> None:
+    store = EventStore(tmp_path)
+    fill(store, [b"/a/"] * 5)
+    assert store.trim_to_count(0) == 5
+    assert store.count() == 0
+    assert store.first_sequence() is None
+    assert store.last_sequence == 5
+    store.close()
+
+    store = EventStore(tmp_path)
+    try:
+        assert store.last_sequence == 5
+        assert seqs(fill(store, [b"/b/"])) == [6]
+        # and again, after a second round of deleting everything
+        assert store.expire_older_than(cutoff=10_000.0) == 1
+        store.close()
+        store = EventStore(tmp_path)
+        assert store.last_sequence == 6
+        assert seqs(fill(store, [b"/c/"])) == [7]
+    finally:
+        store.close()
+
+
+def test_high_water_after_expiry_of_everything(tmp_path: Path) -> None:
+    store = EventStore(tmp_path)
+    fill(store, [b"/a/", b"/b/", b"/c/"], received=10.0)
+    assert store.expire_older_than(cutoff=11.0) == 3
+    store.close()
+    store = EventStore(tmp_path)
+    try:
+        assert store.last_sequence == 3
+        assert store.read(0) == []
+    finally:
+        store.close()
+
+
+# -- retention -------------------------------------------------------------------------------------
+
+
+def test_expire_older_than_deletes_by_receipt_time(store: EventStore) -> None:
+    fill(store, [b"/a/", b"/b/"], received=100.0)
+    fill(store, [b"/c/"], received=200.0)
+    fill(store, [b"/d/"], received=300.0)
+    assert store.expire_older_than(cutoff=100.0) == 0  # strictly older only
+    assert store.expire_older_than(cutoff=250.0) == 3
+    assert topics_of(store.read(0)) == [b"/d/"]
+    assert store.expire_older_than(cutoff=250.0) == 0
+    assert store.last_sequence == 4
+
+
+def test_expire_older_than_works_in_chunks(store: EventStore) -> None:
+    for i in range(7):
+        fill(store, [b"/t/"], received=float(i))
+    assert store.expire_older_than(cutoff=5.0, chunk=2) == 2
+    assert seqs(store.read(0)) == [3, 4, 5, 6, 7]
+    assert store.expire_older_than(cutoff=5.0, chunk=2) == 2
+    assert store.expire_older_than(cutoff=5.0, chunk=2) == 1  # only seq 5 (received 4.0) left
+    assert store.expire_older_than(cutoff=5.0, chunk=2) == 0
+    assert seqs(store.read(0)) == [6, 7]
+
+
+def test_receipt_times_never_go_backwards(store: EventStore) -> None:
+    fill(store, [b"/a/"], received=300.0)
+    fill(store, [b"/b/"], received=100.0)  # the clock stepped back: stored as 300
+    assert store.expire_older_than(cutoff=250.0) == 0
+    assert store.expire_older_than(cutoff=301.0) == 2
+
+
+def test_receipt_times_never_go_backwards_across_reopen(tmp_path: Path) -> None:
+    store = EventStore(tmp_path)
+    fill(store, [b"/before-restart/"], received=1000.0)
+    store.close()
+    store = EventStore(tmp_path)
+    try:
+        fill(store, [b"/after-restart/"], received=500.0)  # the clock stepped back meanwhile
+        store.expire_older_than(cutoff=800.0)
+        # The event received at 1000 is not older than 800 and must be kept.
+        assert b"/before-restart/" in topics_of(store.read(0))
+    finally:
+        store.close()
+
+
+def test_trim_to_count_keeps_the_newest(store: EventStore) -> None:
+    fill(store, [b"/t/%d" % i for i in range(10)])
+    assert store.trim_to_count(20) == 0
+    assert store.trim_to_count(10) == 0
+    assert store.trim_to_count(3, chunk=2) == 2
+    assert seqs(store.read(0)) == list(range(3, 11))
+    assert store.trim_to_count(3) == 5
+    assert seqs(store.read(0)) == [8, 9, 10]
+    assert store.trim_to_count(3) == 0
+    assert store.last_sequence == 10
+
+
+def test_compact_step_keeps_the_latest_event_per_topic(tmp_path: Path) -> None:
+    store = EventStore(tmp_path, topic_index=True)
+    try:
+        fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
+        assert store.compact_step() == (3, False)
+        assert store.compact_step() == (0, True)
+        assert [(e.topic, e.sequence) for e in store.read(0)] == [(b"c", 4), (b"b", 5), (b"a", 6)]
+        assert store.last_sequence == 6
+        # a second pass over a compacted log deletes nothing
+        assert store.compact_step() == (0, False)
+        assert store.compact_step() == (0, True)
+    finally:
+        store.close()
+
+
+def test_compact_step_in_chunks_resumes_where_it_stopped(store: EventStore) -> None:
+    fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
+    assert store.compact_step(chunk=2) == (2, False)  # seqs 1, 2: both have newer events
+    assert seqs(store.read(0)) == [3, 4, 5, 6]
+    assert store.compact_step(chunk=2) == (1, False)  # seqs 3 (a, newer 6) and 4 (c, latest)
+    assert store.compact_step(chunk=2) == (0, False)  # seqs 5, 6: latest
+    assert store.compact_step(chunk=2) == (0, True)
+    assert seqs(store.read(0)) == [4, 5, 6]
+
+
+def test_compaction_over_several_passes_with_appends_in_between(store: EventStore) -> None:
+    fill(store, [b"a", b"b", b"c", b"d"])
+    assert store.compact_step(chunk=2) == (0, False)  # window 1..2, nothing newer yet
+    fill(store, [b"a", b"c"])  # 5: a, 6: c
+    assert store.compact_step(chunk=2) == (1, False)  # window 3..4: c has a newer one
+    assert store.compact_step(chunk=2) == (0, False)  # window 5..6
+    assert store.compact_step(chunk=2) == (0, True)
+    # seq 1 (a) sat in an already compacted window: the next pass removes it.
+    assert seqs(store.read(0)) == [1, 2, 4, 5, 6]
+    finished = False
+    while not finished:
+        _, finished = store.compact_step(chunk=2)
+    assert [(e.topic, e.sequence) for e in store.read(0)] == [
+        (b"b", 2),
+        (b"d", 4),
+        (b"a", 5),
+        (b"c", 6),
+    ]
+    assert store.last_sequence == 6
+
+
+def test_compact_step_on_an_empty_store(store: EventStore) -> None:
+    assert store.compact_step() == (0, True)
+    assert store.last_sequence == 0
+
+
+def test_retention_settings() -> None:
+    assert not Retention().enabled
+    assert Retention(max_age=1.0).enabled
+    assert Retention(max_count=0).enabled
+    assert Retention(latest_per_topic=True).enabled
+
+
+# -- a model-based state machine ----------------------------------------------------------------------
+
+TOPIC_PARTS = [b"/", b"a", b"b", b"\x00", b"\xfe", b"\xff"]
+model_topics = st.lists(st.sampled_from(TOPIC_PARTS), min_size=1, max_size=4).map(b"".join)
+model_prefixes = st.lists(st.sampled_from(TOPIC_PARTS), max_size=3).map(b"".join)
+
+
+@dataclass
+class Row:
+    event: Event
+    received: float
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """The store against a list: appends, reads, reopen, and every retention step.
+
+    The model states the contract (not the SQL): sequences rise by one per event and never
+    go backwards, even when retention deleted everything; reads filter by byte prefix."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.directory = Path(tempfile.mkdtemp(prefix="store-model-"))
+        self.store = EventStore(self.directory)
+        self.store_id = self.store.store_id
+        self.rows: list[Row] = []
+        self.last = 0
+        self.compact_from = 0
+        self.now = 1000.0
+        self.n = 0
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    @rule(
+        topics=st.lists(model_topics, min_size=0, max_size=5),
+        elapsed=st.sampled_from([0.0, 0.5, 1.0, 10.0]),
+        as_fields=st.booleans(),
+    )
+    def append(self, topics: list[bytes], elapsed: float, as_fields: bool) -> None:
+        self.now += elapsed  # the caller's clock never goes backwards
+        batch = []
+        for topic in topics:
+            self.n += 1
+            batch.append(event(topic, self.n, sequence=12345))
+        expected = [
+            Event(e.topic, self.last + i, e.producer, e.timestamp, e.uuid, e.data)
+            for i, e in enumerate(batch, 1)
+        ]
+        if as_fields:  # the collector's path
+            fields = [(e.topic, e.producer, e.timestamp, e.uuid, e.data) for e in batch]
+            assert self.store.append_fields(fields, self.now) == self.last + 1
+        else:
+            assert self.store.append(batch, self.now) == expected
+        self.rows += [Row(e, self.now) for e in expected]
+        self.last += len(batch)
+
+    @rule(
+        after=st.integers(-1, 40),
+        upto=st.none() | st.integers(0, 40),
+        prefixes=st.lists(model_prefixes, max_size=3),
+        limit=st.integers(0, 8),
+    )
+    def read(self, after: int, upto: int | None, prefixes: list[bytes], limit: int) -> None:
+        def wanted(e: Event) -> bool:
+            if e.sequence <= after or (upto is not None and e.sequence > upto):
+                return False
+            return not prefixes or b"" in prefixes or e.topic.startswith(tuple(prefixes))
+
+        expected = [r.event for r in self.rows if wanted(r.event)][:limit]
+        assert self.store.read(after, upto, prefixes, limit) == expected
+
+    @rule()
+    def reopen(self) -> None:
+        self.store.close()
+        self.store = EventStore(self.directory)
+        self.compact_from = 0  # a compaction pass starts over after a restart
+
+    @rule(age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]), chunk=st.integers(1, 6))
+    def expire(self, age: float, chunk: int) -> None:
+        cutoff = self.now - age
+        victims = [r for r in self.rows[:chunk] if r.received < cutoff]
+        assert self.store.expire_older_than(cutoff, chunk) == len(victims)
+        self.rows = self.rows[len(victims) :]
+
+    @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
+    def trim(self, max_count: int, chunk: int) -> None:
+        excess = max(0, len(self.rows) - max_count)
+        deleted = min(excess, chunk)
+        assert self.store.trim_to_count(max_count, chunk) == deleted
+        self.rows = self.rows[deleted:]
+
+    @rule(chunk=st.integers(1, 6))
+    def compact(self, chunk: int) -> None:
+        window = [r for r in self.rows if r.event.sequence > self.compact_from][:chunk]
+        if not window:
+            self.compact_from = 0
+            assert self.store.compact_step(chunk) == (0, True)
+            return
+        end = window[-1].event.sequence
+
+        def superseded(row: Row) -> bool:
+            e = row.event
+            return any(
+                o.event.topic == e.topic and o.event.sequence > e.sequence for o in self.rows
+            )
+
+        victims = [r for r in window if superseded(r)]
+        assert self.store.compact_step(chunk) == (len(victims), False)
+        self.rows = [r for r in self.rows if r not in victims]
+        self.compact_from = end
+
+    @precondition(lambda self: self.compact_from == 0)
+    @rule()
+    def full_compaction(self) -> None:
+        finished = False
+        while not finished:
+            _, finished = self.store.compact_step(3)
+        latest: dict[bytes, int] = {}
+        for r in self.rows:
+            latest[r.event.topic] = r.event.sequence
+        self.rows = [r for r in self.rows if latest[r.event.topic] == r.event.sequence]
+        assert seqs(self.store.read(0, limit=10_000)) == [r.event.sequence for r in self.rows]
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        assert self.store.last_sequence == self.last
+        assert self.store.count() == len(self.rows)
+        assert self.store.first_sequence() == (self.rows[0].event.sequence if self.rows else None)
+        assert self.store.store_id == self.store_id
+        assert self.store.read(0, limit=10_000) == [r.event for r in self.rows]
+
+    @invariant()
+    def every_prefix_of_a_stored_topic_reads_like_startswith(self) -> None:
+        topics = {r.event.topic for r in self.rows}
+        prefixes = {t[:i] for t in topics for i in range(1, len(t) + 1)}
+        prefixes |= {p + b"\xff" for p in prefixes}
+        for prefix in prefixes:
+            expected = [r.event for r in self.rows if r.event.topic.startswith(prefix)]
+            assert self.store.read(0, prefixes=[prefix], limit=10_000) == expected, prefix
+
+
+def test_store_agrees_with_an_in_memory_model() -> None:
+    run_state_machine_as_test(
+        StoreMachine,
+        settings=settings(
+            max_examples=120,
+            stateful_step_count=40,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
