@@ -184,15 +184,17 @@ def _parse_gap_lines(data: bytes) -> tuple[list[Gap], int]:
     end = data.rfind(b"\n") + 1
     for line in data[:end].splitlines():
         if line.strip():
-            record = json.loads(line)
-            gaps.append(
-                Gap(
+            try:
+                record = json.loads(line)
+                gap = Gap(
                     int(record["first"]),
                     int(record["last"]),
                     str(record.get("reason", "")),
                     float(record.get("recorded_at", 0.0)),
                 )
-            )
+            except (ValueError, KeyError, TypeError):
+                raise JournalError(f"corrupt line in {GAPS_FILE}: {line[:200]!r}") from None
+            gaps.append(gap)
     return gaps, end
 
 
@@ -431,10 +433,15 @@ class JournalWriter:
             path = self.directory / GAPS_FILE
             created = not path.exists()
             with open(path, "ab") as handle:
-                handle.write(line.encode() + b"\n")
-                handle.flush()
-                if self.fsync:
-                    os.fsync(handle.fileno())
+                size = handle.tell()
+                try:
+                    handle.write(line.encode() + b"\n")
+                    handle.flush()
+                    if self.fsync:
+                        os.fsync(handle.fileno())
+                except BaseException:
+                    handle.truncate(size)  # no torn line for the next gap to follow
+                    raise
             if created and self.fsync:
                 _fsync_path(self.directory)
             self._gaps.append(gap)
@@ -595,20 +602,26 @@ class JournalReader:
             or mtime_ns != self._dir_mtime_ns
             or self._scanned_at_ns - mtime_ns < self._SAME_TICK_NS
         )
+        # Order matters: the writer records the state before the first segment and a gap
+        # before any segment above it, so reading the listing first, then gaps, then
+        # state, never shows a segment without what must come with it.
         if stale:
             self._scanned_at_ns = time.time_ns()
+            self._by_name = _list_segments(self.directory, self._by_name)
+        self._refresh_gaps()
+        if stale:
             state = _read_state(self.directory)
             self._origin = state.get("origin")
-            self._retained_after = state.get("retained_after")
-            self._by_name = _list_segments(self.directory, self._by_name)
-            floor = self._retained_after
+            self._retained_after = floor = state.get("retained_after")
             self._segments = sorted(
                 s for s in self._by_name.values() if floor is None or s.last > floor
             )
             self._firsts = [s.first for s in self._segments]
             self._dir_mtime_ns = mtime_ns
-        # After the listing: a gap is recorded before any segment above it exists.
-        self._refresh_gaps()
+            if self._origin is None and (self._segments or self._gaps):
+                # Written before journal.json existed: the writer derives it the same way.
+                firsts = [s.first for s in self._segments[:1]] + [g.first for g in self._gaps[:1]]
+                self._origin = min(firsts) - 1
 
     def _refresh_gaps(self) -> None:
         path = self.directory / GAPS_FILE

@@ -212,14 +212,26 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Land Event BUS events from a journal into a Parquet table partitioned by date "
             "and top-level topic, exactly once, and keep windowed counts per topic. "
-            "Writes OUTPUT/events and OUTPUT/topic_counts; checkpoints under CHECKPOINT."
+            "Writes DIR/events and DIR/topic_counts under --output, with one checkpoint "
+            "each under --checkpoint. Read the output with Spark, which honours "
+            "_spark_metadata."
+        ),
+        epilog=(
+            "example: python -m bus.spark.pipeline --journal /data/spark-journal "
+            "--output /data/lake --checkpoint /data/lake-checkpoints --available-now"
         ),
     )
-    parser.add_argument("--journal", required=True, help="journal directory (the bridge's)")
-    parser.add_argument("--output", required=True, help="output directory")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (keep it!)")
     parser.add_argument(
-        "--master", help="Spark master, e.g. local[*] (default: spark-submit's, else local[*])"
+        "--journal", required=True, metavar="DIR", help="journal directory (the bridge's)"
+    )
+    parser.add_argument("--output", required=True, metavar="DIR", help="output directory")
+    parser.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="checkpoint directory (keep it!)"
+    )
+    parser.add_argument(
+        "--master",
+        metavar="URL",
+        help="Spark master, e.g. local[*] (default: spark-submit's, else local[*])",
     )
     parser.add_argument(
         "--available-now",
@@ -227,16 +239,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="process everything in the journal now, then exit (Trigger.AvailableNow)",
     )
     parser.add_argument(
-        "--trigger-seconds", type=float, default=1.0, help="micro-batch interval (default 1)"
+        "--trigger-seconds",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="micro-batch interval (default 1)",
     )
-    parser.add_argument("--subscribe", default="", help="topic prefixes, comma-separated")
+    parser.add_argument(
+        "--subscribe", default="", metavar="PREFIXES", help="topic prefixes, comma-separated"
+    )
     parser.add_argument(
         "--starting-offsets",
         default="earliest",
+        metavar="OFFSET",
         help='first run only: earliest (default), latest or {"seq": N}',
     )
-    parser.add_argument("--max-offsets-per-trigger", type=int, help="cap each micro-batch")
-    parser.add_argument("--min-partitions", type=int, help="split each batch at least this much")
+    parser.add_argument(
+        "--max-offsets-per-trigger", type=int, metavar="N", help="at most N sequences a batch"
+    )
+    parser.add_argument(
+        "--min-partitions", type=int, metavar="N", help="split each batch into at least N tasks"
+    )
     parser.add_argument(
         "--no-fail-on-data-loss",
         dest="fail_on_data_loss",
@@ -250,15 +273,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="event time for dates and windows: the bridge's receive time (default; "
         "monotone, so the watermark is safe) or the producer's timestamp",
     )
-    parser.add_argument("--window", default="1 minute", help="count window (default 1 minute)")
     parser.add_argument(
-        "--watermark", default="10 minutes", help="lateness allowed before a window is final"
+        "--window", default="1 minute", metavar="SPAN", help="count window (default 1 minute)"
+    )
+    parser.add_argument(
+        "--watermark",
+        default="10 minutes",
+        metavar="SPAN",
+        help="lateness allowed before a window is final (default 10 minutes)",
     )
     parser.add_argument("--no-counts", dest="counts", action="store_false", help="land only")
     parser.add_argument(
         "--shuffle-partitions",
         type=int,
         default=4,
+        metavar="N",
         help="state partitions of the counting query (fixed once checkpointed; default 4)",
     )
     return parser

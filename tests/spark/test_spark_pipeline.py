@@ -1,0 +1,193 @@
+"""The pipeline job: in process on a small journal, and as a driver killed mid-stream."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bus.spark.journal import JournalReader
+from bus.spark.pipeline import COUNTS, EVENTS, PipelineConfig, progress_line, start_queries
+from bus.spark.synthetic import expected_counts, write_journal
+
+from .helpers import wait_for
+
+pytestmark = pytest.mark.spark
+
+REAPER = Path(__file__).with_name("reaper.py")
+
+
+def closed_window_counts(
+    journal: Path, window_seconds: int, watermark_seconds: int
+) -> Counter[tuple[datetime, str]]:
+    """Counts per (window start, topic) over ``received_at`` for the windows a watermark
+    of ``watermark_seconds`` has closed once everything in the journal is read."""
+    table = JournalReader(journal).read(0, JournalReader(journal).latest_sequence())
+    times = table.column("received_at").to_pylist()
+    watermark = max(times).timestamp() - watermark_seconds
+    counts: Counter[tuple[datetime, str]] = Counter()
+    for moment, topic in zip(times, table.column("topic").to_pylist(), strict=True):
+        start = moment.timestamp() // window_seconds * window_seconds
+        if start + window_seconds <= watermark:
+            counts[(datetime.fromtimestamp(start, moment.tzinfo), topic)] += 1
+    return counts
+
+
+def landed_counts(spark: Any, output: Path) -> Counter[tuple[datetime, str]]:
+    rows = spark.read.parquet(str(output / COUNTS)).collect()
+    pairs = [(r["window_start"], r["topic"]) for r in rows]
+    assert len(pairs) == len(set(pairs)), "a window was written twice"
+    return Counter({(r["window_start"].astimezone(), r["topic"]): r["count"] for r in rows})
+
+
+def as_local(counts: Counter[tuple[datetime, str]]) -> Counter[tuple[datetime, str]]:
+    return Counter({(start.astimezone(), topic): n for (start, topic), n in counts.items()})
+
+
+def check_landed_events(spark: Any, output: Path, count: int) -> None:
+    events = spark.read.parquet(str(output / EVENTS))
+    assert events.count() == count
+    assert events.select("seq").distinct().count() == count
+    assert {r["topic"]: r["count"] for r in events.groupBy("topic").count().collect()} == dict(
+        expected_counts(1, count)
+    )
+
+
+def test_pipeline_end_to_end_on_a_small_journal(spark: Any, workdir: Path) -> None:
+    journal, output = workdir / "journal", workdir / "out"
+    write_journal(journal, 3000, per_segment=500, per_append=100)  # 30 s of event time
+    config = PipelineConfig(
+        journal=str(journal),
+        output=str(output),
+        checkpoint=str(workdir / "checkpoint"),
+        available_now=True,
+        max_offsets_per_trigger=1000,
+        window="5 seconds",
+        watermark="2 seconds",
+    )
+    for query in start_queries(spark, config):
+        assert query.awaitTermination(120), f"{query.name} did not finish"
+        assert query.exception() is None
+        assert "lag 0" in progress_line(query.lastProgress)
+    check_landed_events(spark, output, 3000)
+    partitions = {
+        (date.name, root.name)
+        for date in (output / EVENTS).glob("date=*")
+        for root in date.iterdir()
+    }
+    assert partitions == {
+        ("date=2024-05-01", "topic_root=orders"),
+        ("date=2024-05-01", "topic_root=users"),
+        ("date=2024-05-01", "topic_root=metrics"),
+    }
+    expected = closed_window_counts(journal, 5, 2)
+    assert len({start for start, _ in expected}) == 5  # 0-25 s closed, 25-30 s still open
+    assert landed_counts(spark, output) == as_local(expected)
+
+
+def test_pipeline_help_names_every_option() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bus.spark.pipeline", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    for option in ("--journal", "--output", "--checkpoint", "--master", "--available-now"):
+        assert option in result.stdout
+
+
+def batch_files(directory: Path) -> int:
+    return sum(1 for p in directory.glob("*") if p.name.isdigit()) if directory.exists() else 0
+
+
+class Driver:
+    """``python -m bus.spark.pipeline`` under ``reaper.py``, which reaps whatever the
+    driver leaves behind (its JVM, PySpark's daemon) even when it is SIGKILLed."""
+
+    def __init__(self, args: list[str], log: Path) -> None:
+        self.pid_file = log.with_name(f"driver-{os.urandom(4).hex()}.pid")
+        command = [sys.executable, "-m", "bus.spark.pipeline", *args]
+        with open(log, "ab") as handle:
+            self.reaper = subprocess.Popen(
+                [sys.executable, str(REAPER), str(self.pid_file), *command],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                cwd=log.parent,
+            )
+        self.pid = int(wait_for(self._pid, timeout=30, what="the driver to start"))
+
+    def _pid(self) -> str:
+        return self.pid_file.read_text() if self.pid_file.exists() else ""
+
+    def running(self) -> bool:
+        try:
+            os.kill(self.pid, 0)  # the reaper has not reaped it yet
+        except ProcessLookupError:
+            return False
+        return self.reaper.poll() is None and not _zombie(self.pid)
+
+    def kill(self) -> None:
+        """SIGKILL the driver's process group (driver and JVM) and wait for the reaper."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signal.SIGKILL)
+        self.reaper.wait(timeout=60)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.reaper.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def test_a_driver_killed_mid_stream_resumes_exactly_once(spark: Any, workdir: Path) -> None:
+    journal, output, checkpoint = workdir / "journal", workdir / "out", workdir / "checkpoint"
+    total = 60_000
+    write_journal(journal, total, per_segment=5000)  # 10 minutes of event time
+    log = workdir / "pipeline.log"
+    args = [
+        *("--journal", str(journal), "--output", str(output), "--checkpoint", str(checkpoint)),
+        *("--master", "local[2]", "--max-offsets-per-trigger", "5000", "--shuffle-partitions", "2"),
+        *("--window", "1 minute", "--watermark", "30 seconds"),
+    ]
+    commits, offsets = checkpoint / EVENTS / "commits", checkpoint / EVENTS / "offsets"
+    run_killed_then_resumed(args, log, commits, offsets, total)
+    check_landed_events(spark, output, total)
+    assert landed_counts(spark, output) == as_local(closed_window_counts(journal, 60, 30))
+
+
+def run_killed_then_resumed(
+    args: list[str], log: Path, commits: Path, offsets: Path, total: int
+) -> None:
+    driver = Driver([*args, "--trigger-seconds", "0"], log)
+    try:
+        wait_for(
+            lambda: batch_files(commits) >= 2 or not driver.running(),
+            timeout=180,
+            what="two committed batches",
+        )
+        assert driver.running(), log.read_text()[-3000:]
+        # Kill while a planned batch is in flight, so the restart must replay it.
+        wait_for(lambda: batch_files(offsets) > batch_files(commits), timeout=60, interval=0.01)
+    finally:
+        driver.kill()
+    assert batch_files(commits) < total // 5000, "the first run finished before the kill"
+
+    resumed = Driver([*args, "--available-now"], log)
+    assert resumed.wait(timeout=240) == 0, log.read_text()[-3000:]
