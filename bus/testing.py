@@ -45,6 +45,8 @@ class RawPeer:
 
         self.factory = SocketFactory(reactor_or_global(reactor))
         self.messages: list[list[bytes]] = []
+        # Tests send bursts without yielding to the reactor: queue them rather than fail.
+        options.setdefault("send_hwm", 100_000)
         self.socket = self.factory.socket(
             socket_type, self.messages.extend, SocketOptions(linger_ms=0, **options)
         )

@@ -546,3 +546,24 @@ def test_store_agrees_with_an_in_memory_model() -> None:
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+# -- WAL checkpoints off the writer's thread --------------------------------------------------
+
+
+def test_checkpoint_from_another_thread_moves_the_wal_while_appends_go_on(
+    store: EventStore,
+) -> None:
+    import threading
+
+    fill(store, [b"/w/%d" % i for i in range(2000)])
+    wal_pages, done = store.checkpoint()
+    assert wal_pages > 0 and done == wal_pages  # no automatic checkpoint ran before
+    results: list[tuple[int, int]] = []
+    worker = threading.Thread(target=lambda: results.append(store.checkpoint()))
+    worker.start()
+    fill(store, [b"/x/%d" % i for i in range(2000)])
+    worker.join()
+    assert results and results[0][1] <= results[0][0]
+    assert store.last_sequence == 4000
+    assert len(store.read(0, limit=10_000)) == 4000

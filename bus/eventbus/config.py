@@ -42,6 +42,8 @@ class EventBusConfig:
     read_budget: int = 512
     snapshot_chunk: int = 2000
     stats_interval: float = 10.0
+    #: How often the WAL is copied into the database, on a worker thread.
+    checkpoint_interval: float = 1.0
     tcp_keepalive_idle: int | None = 60
 
     @property

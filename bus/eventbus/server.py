@@ -18,9 +18,10 @@ from typing import Any
 
 import zmq
 from twisted.application.service import Service
-from twisted.internet import defer, task
+from twisted.internet import defer, task, threads
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from bus.droplog import DropCounter
 from bus.eventbus import codec
@@ -157,6 +158,7 @@ class EventBusService(Service):
         self._retention_task: Any = None
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
+        self._checkpointing: defer.Deferred[Any] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -183,6 +185,7 @@ class EventBusService(Service):
             self._loop(self._report, config.stats_interval, now=False)
         if config.retention.enabled and config.retention_interval > 0:
             self._loop(self._start_retention, config.retention_interval)
+        self._loop(self._checkpoint, config.checkpoint_interval, now=False)
         self._lag_expected = self.reactor.seconds() + 0.01
         self._loop(self._measure_lag, 0.01, now=False)
         log.info(
@@ -290,10 +293,17 @@ class EventBusService(Service):
         self.streams.clear()
         self._drain_collector()
         self._close_sockets()
+        self._stopping = defer.Deferred()
+        # The store closes once a checkpoint running in its thread is done.
+        running = self._checkpointing or defer.succeed(None)
+        running.addBoth(lambda _: self._close_store())
+        return self._stopping
+
+    def _close_store(self) -> None:
         self.store.close()
         log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
-        self._stopping = defer.succeed(None)
-        return self._stopping
+        assert self._stopping is not None
+        self._stopping.callback(None)
 
     def _drain_collector(self, limit: int = 1_000_000) -> None:
         """Store and broadcast what the collector already holds, so a clean stop loses
@@ -370,6 +380,21 @@ class EventBusService(Service):
                     self.store.last_sequence, self.store.store_id, self.config.sequence_encoding
                 )
             )
+
+    def _checkpoint(self) -> None:
+        """Move the WAL into the database on a worker thread (SQLite releases the GIL)."""
+        if self._checkpointing is not None:
+            return
+
+        def done(result: Any) -> None:
+            self._checkpointing = None
+            if isinstance(result, Failure):
+                log.failure("WAL checkpoint failed", result)
+
+        self._checkpointing = threads.deferToThreadPool(
+            self.reactor, self.reactor.getThreadPool(), self.store.checkpoint
+        )
+        self._checkpointing.addBoth(done)
 
     def _measure_lag(self) -> None:
         now = self.reactor.seconds()

@@ -5,7 +5,7 @@ txzmq 1.0.0 (see docs/operations.md, "transport"):
 * drains a socket without bound in ``doRead``, starving timers under load:
   here reads are budgeted and the rest is resumed on the next reactor turn;
 * loses frames of multipart messages on SUB sockets: here every socket type reads
-  whole messages with ``recv_multipart``;
+  whole messages (frame by frame, reading ``Frame.more``);
 * defaults HWMs to 0 (unbounded memory): here each socket gets explicit send and
   receive HWMs, and ``zmq.Again`` on send is reported as backpressure;
 * sends through the global reactor and raises on a second factory shutdown: here
@@ -31,6 +31,9 @@ log = Logger()
 _NOBLOCK = zmq.NOBLOCK
 _MORE = zmq.NOBLOCK | zmq.SNDMORE
 _SEND_ONLY = frozenset({zmq.PUB, zmq.PUSH, zmq.XPUB})
+# pyzmq's Python-level Socket.send wrapper costs about as much as the send itself;
+# hot paths bind the Cython method directly (see ZmqSocket.raw_send).
+_BACKEND_SEND = zmq.backend.Socket.send
 
 MessageBatchHandler = Callable[[list[list[bytes]]], None]
 
@@ -127,6 +130,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self._options = options
         ZmqConnection.__init__(self, factory.txzmq_factory, identity=options.identity)
         sock = self.socket
+        #: ``raw_send(frame, flags)``: the socket's Cython send, for hot paths.
+        self.raw_send: Callable[[bytes, int], Any] = _BACKEND_SEND.__get__(sock)
         sock.set(zmq.SNDHWM, options.send_hwm)
         sock.set(zmq.RCVHWM, options.receive_hwm)
         sock.set(zmq.LINGER, options.linger_ms)
@@ -170,12 +175,19 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         if self.socketType in _SEND_ONLY:
             sock.get(zmq.EVENTS)  # lets libzmq process pending commands (subscriptions)
             return
-        recv = sock.recv_multipart
+        # Frame by frame with copy=False: Frame.more is free, where recv_multipart asks
+        # getsockopt(RCVMORE) through a Python wrapper after every frame.
+        recv = sock.recv
         batch: list[list[bytes]] = []
         exhausted = False
         try:
             for _ in range(self.read_budget):
-                batch.append(recv(_NOBLOCK))
+                frame = recv(_NOBLOCK, copy=False)
+                parts = [frame.bytes]
+                while frame.more:
+                    frame = recv(_NOBLOCK, copy=False)
+                    parts.append(frame.bytes)
+                batch.append(parts)
         except zmq.Again:
             exhausted = True
         except zmq.ZMQError as error:
@@ -215,7 +227,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         sent). Raises :class:`PeerUnreachable` for an unknown ROUTER peer with
         ROUTER_MANDATORY.
         """
-        send = self.socket.send
+        send = self.raw_send
         try:
             for frame in frames[:-1]:
                 send(frame, _MORE)
@@ -233,7 +245,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
 
     def send_many(self, messages: Sequence[Sequence[bytes]]) -> int:
         """Send messages in order until one would block; return how many were sent."""
-        send = self.socket.send
+        send = self.raw_send
         sent = 0
         try:
             for frames in messages:
