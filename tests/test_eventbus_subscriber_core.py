@@ -74,6 +74,7 @@ def test_subtree_subscriber_reconciles_on_heartbeat_and_delivers_only_missing() 
     r = Recorder(full_feed=False)
     r.core.start(0.0, wait_for_heartbeat=False)
     r.core.on_sync_end(SnapshotEnd(b"/a/", 10))
+    r.core.on_heartbeat(Heartbeat(10, "store"), 0.5)  # first beat: nothing beyond the snapshot
     r.core.on_broadcast(ev(12))
     r.core.on_broadcast(ev(15))  # not a gap for a subtree subscriber
     assert r.delivered == [12, 15]
@@ -144,3 +145,20 @@ def test_no_heartbeat_in_time_proceeds_anyway() -> None:
     assert r.asked == [0]
     r.core.proceed_without_heartbeat()
     assert r.asked == [0]
+
+
+def test_first_beat_after_an_immediate_snapshot_closes_the_subscription_race() -> None:
+    r = Recorder(full_feed=False)
+    r.core.start(0.0, wait_for_heartbeat=False)
+    assert r.asked == [0]
+    r.core.on_heartbeat(Heartbeat(9, "s"), 0.1)  # arrives mid-snapshot: nothing yet
+    r.core.on_sync(ev(2))
+    r.core.on_sync_end(SnapshotEnd(b"/a/", 5))
+    # Event 7 of the subtree was broadcast before the SUB was live, so it was missed.
+    r.core.on_heartbeat(Heartbeat(9, "s"), 0.2)  # first beat after the snapshot: reconcile now
+    assert r.asked == [0, 5]
+    r.core.on_sync(ev(7))
+    r.core.on_sync_end(SnapshotEnd(b"/a/", 9))
+    assert r.delivered == [2, 7]
+    r.core.on_heartbeat(Heartbeat(12, "s"), 0.3)  # later beats wait for the interval
+    assert r.asked == [0, 5]

@@ -63,6 +63,7 @@ class SubscriberCore:
     _overflow: bool = False
     _healing: bool = False
     _last_reconcile: float = 0.0
+    _check_next_beat: bool = False
     _snapshot_since: int = 0
 
     def __post_init__(self) -> None:
@@ -76,14 +77,16 @@ class SubscriberCore:
     def start(self, now: float, wait_for_heartbeat: bool = True) -> None:
         """(Re)start: ask for everything above what is held, e.g. after a failover.
 
-        With ``wait_for_heartbeat`` the request waits for the server's first heartbeat:
-        it proves the subscription is live (so nothing falls between the snapshot and
-        the live feed) and names the store. The caller must make sure answers to an
+        With ``wait_for_heartbeat`` the request waits for the server's first heartbeat,
+        which proves the subscription is live and names the store. Without it the
+        request goes at once, and the first heartbeat after the snapshot is checked
+        instead: whatever it shows beyond what is held is asked for then. The caller must make sure answers to an
         earlier request cannot arrive after this one (the client opens a fresh
         snapshot socket for every request)."""
         self._buffer.clear()
         self._overflow = False
         self._last_reconcile = now
+        self._check_next_beat = True
         if wait_for_heartbeat:
             self.syncing = True
             self.awaiting_heartbeat = True
@@ -190,14 +193,20 @@ class SubscriberCore:
             self.awaiting_heartbeat = False
             self._ask(self.verified)
             return
-        if self.syncing or beat.sequence <= self.verified:
+        if self.syncing:
+            return
+        # The first beat after a (re)start closes the race between the snapshot and the
+        # subscription becoming live: anything it announces beyond what we hold is asked
+        # for now, by subtree subscribers too.
+        first, self._check_next_beat = self._check_next_beat, False
+        if beat.sequence <= self.verified:
             return
         if self.full_feed:
             # Broadcasts precede the heartbeat on the same socket: these were lost.
             self.stats.gaps += 1
             self._healing = True
             self._ask(self.last)
-        elif now - self._last_reconcile >= self.reconcile_interval:
+        elif first or now - self._last_reconcile >= self.reconcile_interval:
             self._last_reconcile = now
             self.stats.reconciles += 1
             self._ask(self._verified)

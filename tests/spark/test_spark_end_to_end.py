@@ -34,7 +34,9 @@ def test_bus_events_reach_spark_exactly_once(spark: Any, workdir: Path) -> Any:
     address = f"127.0.0.1:{server.port}"
 
     def bridge() -> SparkBridgeService:
-        service = SparkBridgeService([address], BridgeConfig(journal_dir=journal, roll_seconds=0.05))
+        service = SparkBridgeService(
+            [address], BridgeConfig(journal_dir=journal, roll_seconds=0.05)
+        )
         service.startService()
         return service
 
