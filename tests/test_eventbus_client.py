@@ -122,11 +122,14 @@ def test_failover_to_the_next_server_when_heartbeats_stop(tmp_path: Path) -> Any
     try:
         to_primary.publish("/f/primary/", 1)
         yield wait_until(lambda: got == [("/f/primary/", 1)])
+        # The heartbeat names the primary's log, so the backup's is known to be another.
+        yield wait_until(lambda: subscriber.core.store_id == primary.store.store_id)
         yield primary.stopService()
         to_backup.publish("/f/backup/", 2)
         yield wait_until(lambda: subscriber.failovers == 1, timeout=10)
         assert subscriber.server == ServerAddress.parse(address(backup))
         yield wait_until(lambda: ("/f/backup/", 2) in got, timeout=10)
+        assert subscriber.core.stats.store_changes == 1
     finally:
         yield subscriber.stopService()
         to_primary.close()

@@ -3,7 +3,6 @@ hypothesis properties (nothing but EventBusError escapes; encode -> decode round
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
@@ -531,11 +530,11 @@ def test_parse_snapshot_reply_rejects(frames: list[bytes], reason: str) -> None:
 
 
 def test_event_time_and_value_accessors() -> None:
-    naive = dataclasses.replace(EVENT, timestamp=b"2026-01-02T03:04:05")
+    naive = EVENT._replace(timestamp=b"2026-01-02T03:04:05")
     assert naive.time == datetime(2026, 1, 2, 3, 4, 5)
-    offset = dataclasses.replace(EVENT, timestamp=b"2026-01-02T03:04:05+01:00")
+    offset = EVENT._replace(timestamp=b"2026-01-02T03:04:05+01:00")
     assert offset.time == datetime(2026, 1, 2, 2, 4, 5, tzinfo=UTC)
-    with_bytes = dataclasses.replace(EVENT, data=msgpack.packb({"b": b"\x00", 1: [None]}))
+    with_bytes = EVENT._replace(data=msgpack.packb({"b": b"\x00", 1: [None]}))
     assert with_bytes.value() == {"b": b"\x00", 1: [None]}
 
 
@@ -754,7 +753,7 @@ def test_event_round_trips_through_pub_broadcast_and_sync(
     assert published.producer_id == producer.decode()
 
     sequence = data.draw(binary_sequences if encoding is BINARY else text_sequences)
-    stored = dataclasses.replace(published, sequence=sequence)
+    stored = published._replace(sequence=sequence)
     assert codec.parse_published(codec.broadcast_frames(stored, encoding)) == stored
     assert codec.parse_snapshot_reply(codec.sync_frames(stored, encoding)) == stored
     end = codec.parse_snapshot_reply(codec.sync_end_frames(topic, sequence, encoding))
@@ -767,7 +766,7 @@ def test_event_round_trips_through_pub_broadcast_and_sync(
         messages = codec.broadcast_messages(sequence, [fields, fields], encoding)
         assert [codec.parse_published(m) for m in messages] == [
             stored,
-            dataclasses.replace(stored, sequence=sequence + 1),
+            stored._replace(sequence=sequence + 1),
         ]
 
 

@@ -118,6 +118,10 @@ class EventBusSubscriber(Service):
 
     ``on_event`` is called with each :class:`Event`, in sequence order (see
     :mod:`bus.eventbus.subscriber` for what a heal does to subtree subscribers).
+
+    ``heartbeat_timeout``: seconds without any message before failing over to the next
+    server (None: never, for servers with heartbeats off). ``wait_for_heartbeat``: ask
+    for the snapshot only once the server's first heartbeat named its log.
     """
 
     def __init__(
@@ -134,6 +138,7 @@ class EventBusSubscriber(Service):
         reactor: Any = None,
         factory: SocketFactory | None = None,
         cursor_save_interval: float = 1.0,
+        wait_for_heartbeat: bool = False,
     ) -> None:
         if not servers:
             raise ValueError("at least one server address is needed")
@@ -147,6 +152,7 @@ class EventBusSubscriber(Service):
         self.heartbeat_timeout = heartbeat_timeout
         self.receive_hwm = receive_hwm
         self.cursor_save_interval = cursor_save_interval
+        self.wait_for_heartbeat = wait_for_heartbeat and heartbeat_timeout is not None
         self._io = _Sockets(reactor, factory)
         self.reactor: Any = self._io.reactor
         self.core = SubscriberCore(
@@ -218,13 +224,16 @@ class EventBusSubscriber(Service):
         if any(self.subtrees):
             self._sub.subscribe(codec.HEARTBEAT_TOPIC)
         self._sub.connect(server.publisher)
-        self._last_heard = self.reactor.seconds()
+        self._last_heard = self._connected_at = self.reactor.seconds()
         log.info(
             "subscribing to {server} above sequence {since}",
             server=server,
             since=self.core.verified,
         )
-        self.core.start(self.reactor.seconds())
+        # By default the snapshot is asked at once and the first heartbeat then closes the
+        # race with the subscription; wait_for_heartbeat first learns which log the
+        # server serves (the Spark bridge needs that before it takes any event).
+        self.core.start(self._connected_at, wait_for_heartbeat=self.wait_for_heartbeat)
 
     def _open_snapshot_socket(self) -> None:
         if self._snapshot is not None:
@@ -286,6 +295,12 @@ class EventBusSubscriber(Service):
             silent=silent,
             server=self.server,
         )
+        if self.core.store_id is None and self.core.last:
+            log.warn(
+                "{previous} never named its log: assuming {server} serves the same sequences",
+                previous=previous,
+                server=self.server,
+            )
         self._disconnect()
         self._connect()
 

@@ -26,7 +26,7 @@ import re
 import struct
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import msgpack
 
@@ -67,9 +67,11 @@ class SequenceEncoding(enum.Enum):
     TEXT = "text"
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event as it travels: every field as the producer sent it, plus the bus sequence."""
+class Event(NamedTuple):
+    """One event as it travels: every field as the producer sent it, plus the bus sequence.
+
+    A named tuple: immutable, and three times cheaper to build than a frozen dataclass,
+    which matters at a hundred thousand per second."""
 
     topic: bytes
     sequence: int
@@ -345,6 +347,9 @@ def parse_published(frames: list[bytes]) -> Event | Heartbeat:
         return Heartbeat(_required_sequence(frames[1]), store_id)
     if len(frames) != 6:
         raise EventBusError(f"BROADCAST has {len(frames)} frames, expected 6", "frame-count")
+    topic, sequence, producer, timestamp, uuid, data = frames
+    if len(sequence) == 8 and not sequence.isdigit():  # the common case, inline
+        return Event(topic, SEQUENCE.unpack(sequence)[0], producer, timestamp, uuid, data)
     return _event(frames)
 
 
@@ -353,6 +358,10 @@ def parse_snapshot_reply(frames: list[bytes]) -> Event | SnapshotEnd:
     if frames and frames[0] == SYNC:
         if len(frames) != 7:
             raise EventBusError(f"SYNC has {len(frames)} frames, expected 7", "frame-count")
+        sequence = frames[2]
+        if len(sequence) == 8 and not sequence.isdigit():  # the common case, inline
+            _, topic, _, producer, timestamp, uuid, data = frames
+            return Event(topic, SEQUENCE.unpack(sequence)[0], producer, timestamp, uuid, data)
         return _event(frames[1:])
     if frames and frames[0] == SYNCEND:
         if len(frames) != 3:

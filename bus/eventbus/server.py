@@ -45,8 +45,10 @@ class SnapshotStream:
     """Streams one SYNCSTART's answer from the store, chunk by chunk, never dropping a frame:
     when the client's pipe is full (HWM) it waits and resumes where it stopped."""
 
-    RETRY_DELAY = 0.002
-    MAX_RETRY_DELAY = 0.05
+    # A ROUTER has no per-peer writability signal, so a full pipe is polled: briefly,
+    # since a client drains its 10k-message pipe in tens of milliseconds.
+    RETRY_DELAY = 0.001
+    MAX_RETRY_DELAY = 0.01
 
     def __init__(self, server: EventBusService, identity: bytes, request: SnapshotRequest) -> None:
         self.server = server

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ log = Logger(namespace="bus.spark.bridge")
 
 BRIDGE_STATE = "bridge.json"
 
-# A run of consecutive events to append, or a range the bus no longer has.
+# ("events", (received_at, [Event, ...])): a run of consecutive events to append, or
+# ("gap", (first, last)): a range the bus no longer has.
 _Item = tuple[str, Any]
 
 
@@ -56,6 +58,11 @@ class BridgeConfig:
     #: Events held in memory for the writer before the bridge stops reading the bus
     #: (ZeroMQ then drops at the HWM and the gap is healed from the bus's log later).
     max_pending: int = 1_000_000
+
+
+class _DaemonThread(threading.Thread):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, daemon=True, **kwargs)
 
 
 class StoreMismatch(Exception):
@@ -82,6 +89,9 @@ class SparkBridgeService(Service):
         self.gaps_recorded = 0
         self.failed: Exception | None = None
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="spark-bridge-writer")
+        # A daemon: a bridge never stopped must not keep the process from exiting (a write
+        # cut short is a crash the journal already recovers from).
+        self._pool.threadFactory = _DaemonThread
         self._pending: list[_Item] = []
         self._pending_events = 0
         self._last = 0
@@ -110,10 +120,14 @@ class SparkBridgeService(Service):
             since=self._last,
             heartbeat_timeout=config.heartbeat_timeout,
             reactor=self.reactor,
+            # The journal belongs to one bus log: know which before taking any event.
+            wait_for_heartbeat=True,
         )
         Service.startService(self)
         self.subscriber.startService()
-        self._loop(self._tick, config.roll_seconds or 0.1)
+        # Hand-overs at most 50 ms apart keep received_at and the segment roll close to
+        # when events really arrived.
+        self._loop(self._tick, min(config.roll_seconds, 0.05) or 0.05)
         if config.retention_max_age is not None or config.retention_max_bytes is not None:
             self._loop(self._prune, config.retention_interval)
         log.info(
@@ -177,9 +191,10 @@ class SparkBridgeService(Service):
             self._pending.append(("gap", (expected, sequence - 1)))
         pending = self._pending
         if pending and pending[-1][0] == "events":
-            pending[-1][1].append(event)
+            pending[-1][1][1].append(event)
         else:
-            pending.append(("events", [event]))
+            # A run of events carries when its first one arrived: their received_at.
+            pending.append(("events", (time.time(), [event])))
         self._pending_events += 1
         self._last = sequence
         if self._pending_events >= self.config.roll_events:
@@ -231,7 +246,6 @@ class SparkBridgeService(Service):
         writer = self.writer
         if writer is None:
             return
-        received = time.time()
 
         def write() -> None:
             for kind, value in batch:
@@ -239,7 +253,8 @@ class SparkBridgeService(Service):
                     first, last = value
                     writer.note_gap(first, last, "not in the bus's log any more (bus retention)")
                 else:
-                    writer.append(value, received)
+                    received, events = value
+                    writer.append(events, received)
             if final:
                 writer.flush()
             else:

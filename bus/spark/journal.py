@@ -215,15 +215,38 @@ def _list_segments(directory: Path, known: dict[str, Segment]) -> dict[str, Segm
 # -- writer -----------------------------------------------------------------------------
 
 
+# Timestamps of this shape parse identically in Arrow (in C, a column at a time) and in
+# parse_timestamp; anything else takes the Python path.
+_ARROW_ISO = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{3}|\.\d{6})?(Z|[+-]\d{2}:\d{2})$"
+
+
+def _text_column(raw: list[bytes]) -> pa.Array:
+    try:
+        return pa.array(raw, pa.binary()).cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: keep the row, mark the bad bytes
+        return pa.array([value.decode("utf-8", "replace") for value in raw], pa.string())
+
+
+def _timestamp_column(raw: list[bytes]) -> pa.Array:
+    try:
+        strings = pa.array(raw, pa.binary()).cast(pa.string())
+        if pc.all(pc.match_substring_regex(strings, _ARROW_ISO)).as_py():
+            return pc.cast(strings, UTC_MICROS)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass
+    return pa.array([parse_timestamp(value) for value in raw], UTC_MICROS)
+
+
 class _Buffer:
-    """Columns of the segment being built, as plain lists (cheapest to append to)."""
+    """Columns of the segment being built: raw fields in plain lists (cheapest to append
+    to, under the GIL the reactor shares); decoding happens column-wise in Arrow."""
 
     def __init__(self) -> None:
-        self.topic: list[str] = []
+        self.topic: list[bytes] = []
         self.seq: list[int] = []
-        self.producer: list[str] = []
-        self.timestamp: list[int | None] = []
-        self.event_id: list[str] = []
+        self.producer: list[bytes] = []
+        self.timestamp: list[bytes] = []
+        self.event_id: list[bytes] = []
         self.payload: list[bytes] = []
         self.received_at: list[int] = []
         self.opened_at: float | None = None
@@ -232,26 +255,25 @@ class _Buffer:
         return len(self.seq)
 
     def add(self, events: Sequence[Event], received_us: int) -> None:
-        for event in events:
-            self.topic.append(event.topic.decode("utf-8", "replace"))
-            self.seq.append(event.sequence)
-            self.producer.append(event.producer.decode("utf-8", "replace"))
-            self.timestamp.append(parse_timestamp(event.timestamp))
-            self.event_id.append(event.uuid.decode("ascii", "replace"))
-            self.payload.append(event.data)
+        topic, seq, producer, timestamp, event_id, payload = zip(*events, strict=True)
+        self.topic.extend(topic)
+        self.seq.extend(seq)
+        self.producer.extend(producer)
+        self.timestamp.extend(timestamp)
+        self.event_id.extend(event_id)
+        self.payload.extend(payload)
         self.received_at.extend([received_us] * len(events))
 
     def table(self) -> pa.Table:
-        columns = [
-            self.topic,
-            self.seq,
-            self.producer,
-            self.timestamp,
-            self.event_id,
-            self.payload,
-            self.received_at,
+        arrays = [
+            _text_column(self.topic),
+            pa.array(self.seq, pa.int64()),
+            _text_column(self.producer),
+            _timestamp_column(self.timestamp),
+            _text_column(self.event_id),
+            pa.array(self.payload, pa.binary()),
+            pa.array(self.received_at, UTC_MICROS),
         ]
-        arrays = [pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)]
         return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 

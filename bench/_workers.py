@@ -1,0 +1,439 @@
+"""Raw pyzmq processes used by the Event BUS benchmarks (run by ``_common.Worker``).
+
+Roles:
+
+``publish ENDPOINT EVENTS``
+    A DEALER connected to a collector. Builds the PUBs first, prints ``READY``, waits for
+    ``GO`` on stdin, then sends them as fast as blocking sends allow (the HWM is the
+    backpressure) and prints a JSON line with its timings.
+``subscribe ENDPOINT EVENTS``
+    A SUB (RCVHWM 0) subscribed to everything. Prints ``READY`` once it received a first
+    message (the server's heartbeat: proof the subscription reached the PUB socket), then
+    counts BROADCASTs and checks their sequences are contiguous; prints a JSON line.
+``forward COLLECTOR_ENDPOINT PUBLISHER_ENDPOINT``
+    The throughput baseline: a ROUTER -> PUB forwarder doing the server's 6-frame work
+    (receive a PUB, assign a sequence, send the 6 frames on PUB) and a heartbeat a second.
+``snapshot-server ENDPOINT EVENTS``
+    The snapshot baseline: a ROUTER serving EVENTS pre-built SYNC messages from memory,
+    then SYNCEND, for every SYNCSTART.
+``snapshot-client ENDPOINT EVENTS REPEAT``
+    A raw DEALER (RCVHWM 0) timing SYNCSTART -> SYNCEND, REPEAT times (a fresh socket
+    each time); checks it got EVENTS contiguous SYNCs.
+``twisted-snapshot HOST:PORT EVENTS``
+    The project's ``bus.eventbus.client.EventBusSubscriber`` timing the same snapshot.
+
+Events are 6 frames with a 100-byte msgpack payload: ``{"n": <uint32>, "pad": <bin>}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+
+HEARTBEAT = b"$heartbeat"
+PRODUCER = b"bench-publisher"
+TIMESTAMP = b"2026-11-21T10:00:00.123Z"
+TOPICS = [b"/bench/topic-%02d/" % i for i in range(16)]
+PAYLOAD_BYTES = 100
+_PAYLOAD_HEAD = b"\x82\xa1n\xce"  # fixmap(2), "n", uint32
+_PAD_HEAD = b"\xa3pad\xc4"  # "pad", bin8
+_PAD = b"x" * (PAYLOAD_BYTES - len(_PAYLOAD_HEAD) - 4 - len(_PAD_HEAD) - 1)
+_PAYLOAD_TAIL = _PAD_HEAD + bytes([len(_PAD)]) + _PAD
+ZERO_SEQUENCE = b"\x00" * 8
+
+
+def payload(n: int) -> bytes:
+    """A 100-byte msgpack object ``{"n": n, "pad": b"xx..."}``."""
+    return _PAYLOAD_HEAD + (n & 0xFFFFFFFF).to_bytes(4, "big") + _PAYLOAD_TAIL
+
+
+def _uuid_format() -> bytes:
+    # A v4-shaped UUID: a random per-run prefix and the event number (unique in a run).
+    salt = int.from_bytes(os.urandom(8), "big")
+    return b"%08x-%04x-4%03x-%04x-%%012x" % (
+        salt >> 32,
+        (salt >> 16) & 0xFFFF,
+        (salt >> 4) & 0xFFF,
+        0x8000 | (salt & 0x3FFF),
+    )
+
+
+def pubs(first: int, count: int, uuid_format: bytes) -> list[list[bytes]]:
+    """PUB commands (6 frames) for events first .. first+count-1."""
+    return [
+        [TOPICS[n % 16], ZERO_SEQUENCE, PRODUCER, TIMESTAMP, uuid_format % n, payload(n)]
+        for n in range(first, first + count)
+    ]
+
+
+def _chunks(events: int, size: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, events, size):
+        yield start, min(size, events - start)
+
+
+def _cpu() -> float:
+    """CPU seconds used by this process so far, all threads (libzmq's IO thread too)."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _emit(value: dict[str, object]) -> None:
+    print(json.dumps(value), flush=True)
+
+
+def _ready() -> None:
+    print("READY", flush=True)
+
+
+def _wait_go() -> None:
+    line = sys.stdin.readline()
+    if line.strip() != "GO":
+        sys.exit(0)  # the benchmark went away
+
+
+# -- roles -------------------------------------------------------------------------------
+
+
+def publish(endpoint: str, events: int, prebuild_limit: int = 400_000) -> None:
+    import zmq
+
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.sndhwm = 1000
+    dealer.linger = -1  # close() waits until everything was handed to TCP
+    dealer.connect(endpoint)
+    uuid_format = _uuid_format()
+    chunk = events if events <= prebuild_limit else 100_000
+    prepared = pubs(0, chunk, uuid_format)
+    _ready()
+    _wait_go()
+    more = zmq.SNDMORE
+    send = dealer.send
+    cpu = _cpu()
+    started = time.monotonic()
+    for start, count in _chunks(events, chunk):
+        batch = prepared if start == 0 else pubs(start, count, uuid_format)
+        for topic, sequence, producer, timestamp, uuid, data in batch:
+            send(topic, more)
+            send(sequence, more)
+            send(producer, more)
+            send(timestamp, more)
+            send(uuid, more)
+            send(data)
+    sent_at = time.monotonic()
+    dealer.close()
+    context.term()
+    finished = time.monotonic()
+    _emit(
+        {
+            "sent": events,
+            "cpu_seconds": _cpu() - cpu,
+            "t_start": started,
+            "t_sent": sent_at,
+            "t_flushed": finished,
+            "send_rate": events / max(sent_at - started, 1e-9),
+        }
+    )
+
+
+def subscribe(endpoint: str, events: int, idle_timeout: float = 10.0) -> None:
+    import zmq
+
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.rcvhwm = 0
+    sub.linger = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    sub.rcvtimeo = 30_000
+    frames = sub.recv_multipart()  # raises zmq.Again if the PUB side is silent for 30 s
+    cpu = _cpu()
+    _ready()
+    # Protocol-aware reads (a BROADCAST is 6 frames, a heartbeat 3): recv_multipart asks
+    # RCVMORE after every frame, which costs more than the receive itself in pyzmq 27.
+    recv = sub.recv
+    heartbeats = 0
+    count = 0
+    first_sequence = previous = -1
+    gaps = missing = out_of_order = malformed = 0
+    first_at = last_at = 0.0
+    now = time.monotonic
+    sub.rcvtimeo = 120_000  # until the first event
+    while True:
+        if frames[0] == HEARTBEAT:
+            heartbeats += 1
+        elif len(frames) != 6 or len(frames[1]) != 8:
+            malformed += 1
+        else:
+            sequence = int.from_bytes(frames[1], "big")
+            last_at = now()
+            if count == 0:
+                first_at = last_at
+                first_sequence = sequence
+                sub.rcvtimeo = int(idle_timeout * 1000)
+            elif sequence != previous + 1:
+                if sequence <= previous:
+                    out_of_order += 1
+                else:
+                    gaps += 1
+                    missing += sequence - previous - 1
+            previous = sequence
+            count += 1
+            if count >= events:
+                break
+        try:
+            topic = recv()
+            if topic == HEARTBEAT:
+                frames = [topic, recv(), recv()]
+            else:
+                frames = [topic, recv(), recv(), recv(), recv(), recv()]
+            if not count & 1023 and sub.rcvmore:
+                malformed += 1
+                sub.recv_multipart()  # resynchronise on message boundaries
+        except zmq.Again:
+            break
+    cpu = _cpu() - cpu
+    sub.close()
+    context.term()
+    span = last_at - first_at
+    _emit(
+        {
+            "cpu_seconds": cpu,
+            "received": count,
+            "expected": events,
+            "first_sequence": first_sequence,
+            "last_sequence": previous,
+            "gaps": gaps,
+            "missing_inside": missing,
+            "lost": max(events - count, 0) + out_of_order,
+            "out_of_order": out_of_order,
+            "malformed": malformed,
+            "heartbeats": heartbeats,
+            "t_first": first_at,
+            "t_last": last_at,
+            "rate": (count - 1) / span if count > 1 and span > 0 else 0.0,
+        }
+    )
+
+
+_stop = False
+
+
+def _request_stop(signum: int, frame: object) -> None:
+    global _stop
+    _stop = True
+
+
+def forward(collector: str, publisher: str) -> None:
+    import zmq
+
+    signal.signal(signal.SIGTERM, _request_stop)
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.rcvhwm = 10_000  # the server's collector HWM
+    router.linger = 0
+    router.bind(collector)
+    pub = context.socket(zmq.PUB)
+    pub.sndhwm = 200_000  # the server's publish HWM
+    pub.linger = 0
+    pub.bind(publisher)
+    recv = router.recv_multipart
+    send = pub.send
+    more = zmq.SNDMORE
+    noblock = zmq.NOBLOCK
+    sequence = 0
+    next_beat = 0.0
+    _ready()
+    while not _stop:
+        try:
+            _, topic, _, producer, timestamp, uuid, data = recv(noblock)
+        except zmq.Again:
+            now = time.monotonic()
+            if now >= next_beat:
+                pub.send_multipart([HEARTBEAT, sequence.to_bytes(8, "big"), b"baseline"])
+                next_beat = now + 1.0
+            router.poll(100)
+            continue
+        except ValueError:
+            continue  # not 7 frames: drop, as the server would
+        sequence += 1
+        send(topic, more)
+        send(sequence.to_bytes(8, "big"), more)
+        send(producer, more)
+        send(timestamp, more)
+        send(uuid, more)
+        send(data)
+        if not sequence & 4095:
+            now = time.monotonic()
+            if now >= next_beat:
+                pub.send_multipart([HEARTBEAT, sequence.to_bytes(8, "big"), b"baseline"])
+                next_beat = now + 1.0
+    _emit({"forwarded": sequence})
+    router.close()
+    pub.close()
+    context.term()
+
+
+def snapshot_server(endpoint: str, events: int) -> None:
+    import zmq
+
+    context = zmq.Context()
+    router = context.socket(zmq.ROUTER)
+    router.sndhwm = 10_000  # the server's snapshot HWM
+    router.router_mandatory = 1  # block rather than drop at the HWM
+    router.linger = 0
+    router.bind(endpoint)
+    uuid_format = _uuid_format()
+    messages = [
+        [b"SYNC", topic, (n + 1).to_bytes(8, "big"), producer, timestamp, uuid, data]
+        for n, (topic, _, producer, timestamp, uuid, data) in enumerate(
+            pubs(0, events, uuid_format)
+        )
+    ]
+    send = router.send
+    more = zmq.SNDMORE
+    _ready()
+    while True:
+        frames = router.recv_multipart()
+        identity = frames[0]
+        if len(frames) < 3 or frames[1] != b"SYNCSTART":
+            continue
+        spec = frames[2]
+        for message in messages:
+            send(identity, more)
+            for frame in message[:-1]:
+                send(frame, more)
+            send(message[-1])
+        router.send_multipart([identity, b"SYNCEND", spec, events.to_bytes(8, "big")])
+
+
+def snapshot_client(endpoint: str, events: int, repeat: int) -> None:
+    import zmq
+
+    context = zmq.Context()
+    runs = []
+    for _ in range(repeat):
+        dealer = context.socket(zmq.DEALER)
+        dealer.rcvhwm = 0
+        dealer.linger = 0
+        dealer.rcvtimeo = 60_000
+        dealer.connect(endpoint)
+        recv = dealer.recv
+        count = gaps = malformed = 0
+        previous = 0
+        end_sequence = -1
+        started = time.monotonic()
+        dealer.send_multipart([b"SYNCSTART", b"", b"\x00" * 8])
+        while True:
+            # Protocol-aware reads: SYNC is 7 frames, SYNCEND 3 (see subscribe()).
+            command = recv()
+            if command == b"SYNC":
+                frames = [command, recv(), recv(), recv(), recv(), recv(), recv()]
+                sequence = int.from_bytes(frames[2], "big")
+                if sequence != previous + 1:
+                    gaps += 1
+                previous = sequence
+                count += 1
+                if not count & 1023 and dealer.rcvmore:
+                    malformed += 1
+                    dealer.recv_multipart()
+            elif command == b"SYNCEND":
+                frames = [command, recv(), recv()]
+                end_sequence = int.from_bytes(frames[2], "big")
+                break
+            else:
+                malformed += 1
+                if dealer.rcvmore:
+                    dealer.recv_multipart()
+        finished = time.monotonic()
+        dealer.close()
+        runs.append(
+            {
+                "seconds": finished - started,
+                "syncs": count,
+                "gaps": gaps,
+                "malformed": malformed,
+                "syncend_sequence": end_sequence,
+                "complete": count == events
+                and gaps == 0
+                and malformed == 0
+                and end_sequence == events,
+            }
+        )
+    context.term()
+    _emit({"runs": runs})
+
+
+def twisted_snapshot(address: str, events: int) -> None:
+    from typing import Any
+
+    from twisted.internet import reactor as global_reactor
+    from twisted.internet import task
+
+    from bus.eventbus.client import EventBusSubscriber
+
+    reactor: Any = global_reactor
+
+    result: dict[str, object] = {"complete": False}
+    delivered = 0
+
+    def on_event(event: object) -> None:
+        nonlocal delivered
+        delivered += 1
+
+    subscriber = EventBusSubscriber([address], (), on_event, heartbeat_timeout=60.0)
+
+    def check_end() -> None:
+        if not subscriber.core.syncing:
+            result["seconds"] = time.monotonic() - started
+            result["complete"] = delivered == events and subscriber.last_sequence == events
+            finish()
+
+    def last_delivered(sequence: int) -> None:
+        result["seconds_to_last_sync"] = time.monotonic() - started
+        poller.start(0.0005)
+
+    def finish() -> None:
+        if poller.running:
+            poller.stop()
+        if reactor.running:
+            reactor.stop()
+
+    poller = task.LoopingCall(check_end)
+    reactor.callLater(120, finish)
+    started = time.monotonic()
+    subscriber.startService()
+    subscriber.wait_for(events).addCallback(last_delivered)
+    reactor.run()
+    subscriber.stopService()
+    result["delivered"] = delivered
+    result["stats"] = vars(subscriber.core.stats)
+    _emit(result)
+
+
+def main(argv: list[str]) -> None:
+    role, *args = argv
+    if role == "publish":
+        publish(args[0], int(args[1]))
+    elif role == "subscribe":
+        subscribe(args[0], int(args[1]), *(float(a) for a in args[2:3]))
+    elif role == "forward":
+        forward(args[0], args[1])
+    elif role == "snapshot-server":
+        snapshot_server(args[0], int(args[1]))
+    elif role == "snapshot-client":
+        snapshot_client(args[0], int(args[1]), int(args[2]))
+    elif role == "twisted-snapshot":
+        twisted_snapshot(args[0], int(args[1]))
+    else:
+        raise SystemExit(f"unknown role {role!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

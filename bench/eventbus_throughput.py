@@ -1,0 +1,203 @@
+"""Event BUS throughput: publisher -> COLLECTOR -> store -> PUB -> subscriber.
+
+One raw pyzmq publisher process (a DEALER, blocking sends) sends EVENTS PUBs (6 frames,
+100-byte msgpack payload) to the server's collector; one raw pyzmq subscriber process
+(SUB, RCVHWM 0, subscription confirmed by a heartbeat before the publisher starts)
+counts the BROADCASTs and checks that their sequences are contiguous.
+
+Measured: events/s delivered at the subscriber (first to last received) and loss.
+Baseline, same run: a raw pyzmq ROUTER -> PUB forwarder process doing the same 6-frame
+work (receive the PUB, assign a sequence, send 6 frames on PUB) between the same
+publisher and subscriber. Runs alternate baseline/server ``--repeat`` times; medians are
+reported.
+
+    python bench/eventbus_throughput.py [--events 200000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    BusServer,
+    Cleanup,
+    CpuAccount,
+    add_common_arguments,
+    cpu_seconds,
+    fmt_rate,
+    free_ports,
+    machine,
+    median,
+    server_prefix,
+    summary,
+    terminate_on_sigterm,
+    wait_for_quiet,
+    workdir,
+)
+
+TARGET_RATE = 60_000
+TARGET_RATIO = 0.6
+
+
+def run_once(
+    kind: str, events: int, root: Path, index: int, prefix: list[str], wait_idle: float
+) -> dict[str, Any]:
+    wait_for_quiet(wait_idle)
+    account = CpuAccount()
+    with Cleanup() as stack:
+        server: BusServer | None = None
+        if kind == "server":
+            server = stack.server(BusServer(root / f"server-{index}", prefix=prefix))
+            publisher_endpoint, collector_endpoint = server.publisher, server.collector
+            pid = server.pid
+        else:
+            base = free_ports(2)
+            publisher_endpoint = f"tcp://127.0.0.1:{base}"
+            collector_endpoint = f"tcp://127.0.0.1:{base + 1}"
+            forwarder = stack.worker("forward", collector_endpoint, publisher_endpoint)
+            forwarder.wait_ready()
+            pid = forwarder.proc.pid
+        subscriber = stack.worker("subscribe", publisher_endpoint, events)
+        subscriber.wait_ready()
+        publisher = stack.worker("publish", collector_endpoint, events)
+        publisher.wait_ready()
+        reports_before = len(server.reports()) if server else 0
+        cpu_before = cpu_seconds(pid)
+        publisher.go()
+        sent = publisher.result()
+        received = subscriber.result()
+        cpu = cpu_seconds(pid) - cpu_before
+        result: dict[str, Any] = {
+            "kind": kind,
+            "rate": received["rate"],
+            "received": received["received"],
+            "lost": received["lost"],
+            "gaps": received["gaps"],
+            "first_sequence": received["first_sequence"],
+            "last_sequence": received["last_sequence"],
+            "end_to_end_rate": received["received"]
+            / max(received["t_last"] - sent["t_start"], 1e-9),
+            "publisher_send_rate": sent["send_rate"],
+            "cpu_seconds": cpu,
+            "cpu_us_per_event": cpu / events * 1e6,
+            "publisher_cpu_us_per_event": sent["cpu_seconds"] / events * 1e6,
+            "subscriber_cpu_us_per_event": received["cpu_seconds"] / events * 1e6,
+        }
+        if server is not None:
+            reports = server.wait_reports(len(server.reports()) + 1)
+            result["max_timer_lag_ms"] = max(r.lag_ms for r in reports[reports_before:])
+            status = server.status()
+            result["accepted"] = status["accepted"]
+            result["dropped"] = status["dropped"]
+    result["foreign_cores"] = account.stop()
+    return result
+
+
+def describe(run: dict[str, Any]) -> str:
+    text = (
+        f"{run['kind']:<8} {fmt_rate(run['rate']):>9} ev/s delivered, "
+        f"lost {run['lost']}, gaps {run['gaps']}, end-to-end {fmt_rate(run['end_to_end_rate'])} ev/s, "
+        f"publisher {fmt_rate(run['publisher_send_rate'])} ev/s, "
+        f"CPU-us/event: {run['cpu_us_per_event']:.1f} {run['kind']}, "
+        f"{run['publisher_cpu_us_per_event']:.1f} publisher, "
+        f"{run['subscriber_cpu_us_per_event']:.1f} subscriber"
+    )
+    if "max_timer_lag_ms" in run:
+        text += f", max timer lag {run['max_timer_lag_ms']:.1f} ms"
+    return text + f"; other processes {run['foreign_cores']:.2f} cores"
+
+
+def cpu_budget(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """CPU per event of each process (all threads, medians): with every process on one
+    machine, cores * 1e6 / (their sum) bounds the rate whatever the server does."""
+    cores = len(os.sched_getaffinity(0))
+    parts = []
+    for kind in ("server", "baseline"):
+        if not runs[kind]:
+            continue
+        own = median([r["cpu_us_per_event"] for r in runs[kind]])
+        publisher = median([r["publisher_cpu_us_per_event"] for r in runs[kind]])
+        subscriber = median([r["subscriber_cpu_us_per_event"] for r in runs[kind]])
+        total = own + publisher + subscriber
+        parts.append(
+            f"{kind} {own:.1f} + publisher {publisher:.1f} + subscriber {subscriber:.1f} "
+            f"= {total:.1f} us/event -> at most {cores * 1e6 / total:,.0f} events/s "
+            f"on {cores} cores"
+        )
+    return "; ".join(parts)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--server-only", action="store_true", help="skip the baseline")
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    terminate_on_sigterm()
+    info = machine()
+    prefix = server_prefix(args.server_prefix)
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "server": []}
+    with workdir("eventbus-throughput-", args.keep) as root:
+        for index in range(args.repeat):
+            kinds = ["server"] if args.server_only else ["baseline", "server"]
+            for kind in kinds:
+                run = run_once(kind, args.events, root, index, prefix, args.wait_idle)
+                runs[kind].append(run)
+                print(f"run {index + 1}/{args.repeat} {describe(run)}", flush=True)
+
+    server_rate = median([r["rate"] for r in runs["server"]])
+    server_lost = sum(r["lost"] for r in runs["server"])
+    baseline_rate = median([r["rate"] for r in runs["baseline"]])
+    baseline_lost = sum(r["lost"] for r in runs["baseline"])
+    ratio = server_rate / baseline_rate if runs["baseline"] else float("nan")
+    verdict = server_rate >= TARGET_RATE and server_lost == 0 and ratio >= TARGET_RATIO
+    lag = max((r.get("max_timer_lag_ms", 0.0) for r in runs["server"]), default=0.0)
+    summary(
+        "eventbus_throughput",
+        info,
+        measured=(
+            f"server {fmt_rate(server_rate)} events/s delivered (median of {len(runs['server'])}), "
+            f"lost {server_lost} of {args.events * len(runs['server'])}"
+        ),
+        baseline=(
+            f"raw pyzmq ROUTER->PUB forwarder {fmt_rate(baseline_rate)} events/s "
+            f"(median of {len(runs['baseline'])}), lost {baseline_lost}"
+            if runs["baseline"]
+            else "skipped (--server-only)"
+        ),
+        ratio=f"{ratio:.2f} (server / baseline; target >= {TARGET_RATIO})",
+        target=f">= {fmt_rate(TARGET_RATE)} events/s, zero loss, ratio >= {TARGET_RATIO}",
+        verdict=verdict,
+        details=[
+            ("events", f"{args.events:,} per run, 6 frames, 100-byte msgpack payload"),
+            (
+                "best runs",
+                f"server {fmt_rate(max(r['rate'] for r in runs['server']))} events/s"
+                + (
+                    f", baseline {fmt_rate(max(r['rate'] for r in runs['baseline']))} events/s"
+                    if runs["baseline"]
+                    else ""
+                ),
+            ),
+            ("CPU budget", cpu_budget(runs)),
+            ("server lag", f"max 10 ms timer lateness during the runs {lag:.1f} ms"),
+            (
+                "noise",
+                "other processes kept "
+                + ", ".join(f"{r['foreign_cores']:.2f}" for r in runs["baseline"] + runs["server"])
+                + " cores busy during the runs (baseline runs first)",
+            ),
+        ],
+        json_path=args.json,
+        record={"runs": runs},
+    )
+    return 0 if verdict else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
