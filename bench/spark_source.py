@@ -78,6 +78,8 @@ def main() -> int:
         spark: Any = (
             SparkSession.builder.master(args.master)
             .appName("bench-spark-source")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .getOrCreate()

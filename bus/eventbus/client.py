@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import zmq
 from twisted.application.service import Service
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
@@ -30,6 +30,7 @@ from bus.droplog import DropCounter
 from bus.eventbus import codec
 from bus.eventbus.codec import Event, EventBusError, Heartbeat, SequenceEncoding
 from bus.eventbus.subscriber import SubscriberCore
+from bus.periodic import Periodic
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 
 log = Logger(namespace="bus.eventbus.client")
@@ -172,8 +173,7 @@ class EventBusSubscriber(Service):
         self._last_heard = 0.0
         self._connected_at = 0.0
         self._snapshot_activity = 0.0
-        self._watchdog: task.LoopingCall | None = None
-        self._saver: task.LoopingCall | None = None
+        self._periodic = Periodic(self.reactor, log)
         self._waiters: list[tuple[int, defer.Deferred[int]]] = []
         self._saved = start
 
@@ -191,20 +191,13 @@ class EventBusSubscriber(Service):
         Service.startService(self)
         self._connect()
         if self.heartbeat_timeout is not None:
-            self._watchdog = task.LoopingCall(self._check_alive)
-            self._watchdog.clock = self.reactor
-            self._watchdog.start(max(self.heartbeat_timeout / 4, 0.05), now=False)
+            self._periodic.every(max(self.heartbeat_timeout / 4, 0.05), self._check_alive)
         if self.cursor is not None:
-            self._saver = task.LoopingCall(self._save_cursor)
-            self._saver.clock = self.reactor
-            self._saver.start(self.cursor_save_interval, now=False)
+            self._periodic.every(self.cursor_save_interval, self._save_cursor)
 
     def stopService(self) -> defer.Deferred[None]:
         Service.stopService(self)
-        for loop in (self._watchdog, self._saver):
-            if loop is not None and loop.running:
-                loop.stop()
-        self._watchdog = self._saver = None
+        self._periodic.stop_all()
         self._disconnect()
         self._save_cursor()
         self._io.close()

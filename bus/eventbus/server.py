@@ -18,7 +18,7 @@ from typing import Any
 
 import zmq
 from twisted.application.service import Service
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, threads
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -28,6 +28,7 @@ from bus.eventbus import codec
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.store import EventStore
+from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
     PeerUnreachable,
     SocketFactory,
@@ -156,7 +157,7 @@ class EventBusService(Service):
         self.max_lag = 0.0
         self._lag_expected = 0.0
         self._factory: SocketFactory | None = None
-        self._loops: list[task.LoopingCall] = []
+        self._periodic = Periodic(self.reactor, log)
         self._retention_task: Any = None
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
@@ -180,16 +181,17 @@ class EventBusService(Service):
             raise
         Service.startService(self)
         self._started_at = self.clock()
+        every = self._periodic.every
         if config.heartbeat_interval > 0:
-            self._loop(self._heartbeat, config.heartbeat_interval)
+            every(config.heartbeat_interval, self._heartbeat, now=True)
         if config.stats_interval > 0:
             self._write_status()
-            self._loop(self._report, config.stats_interval, now=False)
+            every(config.stats_interval, self._report)
         if config.retention.enabled and config.retention_interval > 0:
-            self._loop(self._start_retention, config.retention_interval)
-        self._loop(self._checkpoint, config.checkpoint_interval, now=False)
+            every(config.retention_interval, self._start_retention, now=True)
+        every(config.checkpoint_interval, self._checkpoint)
         self._lag_expected = self.reactor.seconds() + 0.01
-        self._loop(self._measure_lag, 0.01, now=False)
+        every(0.01, self._measure_lag)
         log.info(
             "event bus serving snapshot {snapshot}, publisher {publisher}, collector "
             "{collector}; store {path} at sequence {sequence}",
@@ -199,14 +201,6 @@ class EventBusService(Service):
             path=str(self.store.path),
             sequence=self.store.last_sequence,
         )
-
-    def _loop(self, function: Callable[[], object], interval: float, now: bool = True) -> None:
-        loop = task.LoopingCall(function)
-        loop.clock = self.reactor
-        loop.start(interval, now=now).addErrback(
-            lambda failure: log.failure("periodic task failed", failure)
-        )
-        self._loops.append(loop)
 
     def _bind_all(self) -> None:
         assert self._factory is not None
@@ -283,10 +277,7 @@ class EventBusService(Service):
         if self._stopping is not None:
             return self._stopping
         Service.stopService(self)
-        for loop in self._loops:
-            if loop.running:
-                loop.stop()
-        self._loops.clear()
+        self._periodic.stop_all()
         if self._retention_task is not None:
             self._retention_task.stop()
             self._retention_task = None

@@ -28,12 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from twisted.application.service import Service
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from bus.eventbus.codec import Event
+from bus.periodic import Periodic
 from bus.spark.journal import JournalWriter
 
 log = Logger(namespace="bus.spark.bridge")
@@ -96,7 +97,7 @@ class SparkBridgeService(Service):
         self._pending_events = 0
         self._last = 0
         self._writing: defer.Deferred[None] | None = None
-        self._loops: list[task.LoopingCall] = []
+        self._periodic = Periodic(self.reactor, log)
         self._store_id: str | None = None
         self._paused = False
 
@@ -127,9 +128,9 @@ class SparkBridgeService(Service):
         self.subscriber.startService()
         # Hand-overs at most 50 ms apart keep received_at and the segment roll close to
         # when events really arrived.
-        self._loop(self._tick, min(config.roll_seconds, 0.05) or 0.05)
+        self._periodic.every(min(config.roll_seconds, 0.05) or 0.05, self._tick)
         if config.retention_max_age is not None or config.retention_max_bytes is not None:
-            self._loop(self._prune, config.retention_interval)
+            self._periodic.every(config.retention_interval, self._prune)
         log.info(
             "spark bridge journaling {servers} into {journal} above sequence {since}",
             servers=", ".join(map(str, servers)),
@@ -137,21 +138,10 @@ class SparkBridgeService(Service):
             since=self._last,
         )
 
-    def _loop(self, function: Callable[[], object], interval: float) -> None:
-        loop = task.LoopingCall(function)
-        loop.clock = self.reactor
-        loop.start(interval, now=False).addErrback(
-            lambda failure: log.failure("bridge periodic task failed", failure)
-        )
-        self._loops.append(loop)
-
     @defer.inlineCallbacks
     def stopService(self) -> Any:
         Service.stopService(self)
-        for loop in self._loops:
-            if loop.running:
-                loop.stop()
-        self._loops.clear()
+        self._periodic.stop_all()
         if self.subscriber is not None:
             yield self.subscriber.stopService()
         # Everything received goes to disk before the writer closes.

@@ -301,6 +301,11 @@ def build_session(master: str | None, shuffle_partitions: int) -> SparkSession:
     builder = SparkSession.builder.appName("eventbus-pipeline")
     if master:
         builder = builder.master(master)
+    if not master or master.startswith("local"):
+        # A local session talks to itself: keep it on loopback, not the host's address.
+        builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+            "spark.driver.host", "127.0.0.1"
+        )
     return (
         builder.config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -51,6 +51,7 @@ def jvm_scratch() -> Iterator[Path]:
 def spark(jvm_scratch: Path) -> Iterator[Any]:
     # Workers must run this interpreter, the one with bus and pyarrow installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # also for pipeline subprocesses
     from pyspark.sql import SparkSession
 
     from bus.spark import register
@@ -58,6 +59,9 @@ def spark(jvm_scratch: Path) -> Iterator[Any]:
     session = (
         SparkSession.builder.master("local[2]")
         .appName("bus-spark-tests")
+        # Loopback only: the tests never use the machine's real interfaces.
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
