@@ -323,6 +323,30 @@ def command_line() -> str:
 # -- the server under test -----------------------------------------------------------------
 
 
+def twistd_pid(proc: subprocess.Popen[Any], prefix: Sequence[str]) -> int:
+    """The twistd process started as ``proc``, found among its children when a profiler
+    ``prefix`` (e.g. py-spy) forked it."""
+    if not prefix:
+        return proc.pid
+    pending = [proc.pid]
+    while pending:
+        pid = pending.pop()
+        if "twistd" in _cmdline(pid) and "py-spy" not in _cmdline(pid):
+            return pid
+        pending.extend(_children(pid))
+    return proc.pid
+
+
+def noise_line(runs: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    """The summary's line of how busy other processes kept the CPUs in each run."""
+    return (
+        "noise",
+        "other processes kept "
+        + ", ".join(f"{r['foreign_cores']:.2f}" for r in runs)
+        + " cores busy during the runs (baseline runs first)",
+    )
+
+
 def twistd_command() -> list[str]:
     local = Path(PYTHON).parent / "twistd"
     if local.exists():
@@ -431,15 +455,7 @@ class BusServer:
     def pid(self) -> int:
         """The twistd process itself (a child of ``prefix`` when that forks, e.g. py-spy)."""
         assert self.proc is not None
-        if not self.prefix:
-            return self.proc.pid
-        pending = [self.proc.pid]
-        while pending:
-            pid = pending.pop()
-            if "twistd" in _cmdline(pid) and "py-spy" not in _cmdline(pid):
-                return pid
-            pending.extend(_children(pid))
-        return self.proc.pid
+        return twistd_pid(self.proc, self.prefix)
 
     def status(self) -> dict[str, Any]:
         for _ in range(50):

@@ -32,6 +32,7 @@ from _common import (
     free_ports,
     machine,
     median,
+    noise_line,
     server_prefix,
     summary,
     terminate_on_sigterm,
@@ -186,12 +187,7 @@ def main() -> int:
             ),
             ("CPU budget", cpu_budget(runs)),
             ("server lag", f"max 10 ms timer lateness during the runs {lag:.1f} ms"),
-            (
-                "noise",
-                "other processes kept "
-                + ", ".join(f"{r['foreign_cores']:.2f}" for r in runs["baseline"] + runs["server"])
-                + " cores busy during the runs (baseline runs first)",
-            ),
+            noise_line(runs["baseline"] + runs["server"]),
         ],
         json_path=args.json,
         record={"runs": runs},

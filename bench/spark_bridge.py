@@ -42,19 +42,19 @@ from _common import (
     Cleanup,
     CpuAccount,
     RunQueueSampler,
-    _children,
-    _cmdline,
     _die_with_parent,
     add_common_arguments,
     cpu_seconds,
     fmt_rate,
     machine,
     median,
+    noise_line,
     server_prefix,
     stop_process,
     summary,
     terminate_on_sigterm,
     twistd_command,
+    twistd_pid,
     wait_for_quiet,
     wait_until,
     workdir,
@@ -141,15 +141,7 @@ class BridgeProcess:
     def pid(self) -> int:
         """The twistd process (a child of ``prefix`` when that forks, e.g. py-spy)."""
         assert self.proc is not None
-        if not self.prefix:
-            return self.proc.pid
-        pending = [self.proc.pid]
-        while pending:
-            pid = pending.pop()
-            if "twistd" in _cmdline(pid) and "py-spy" not in _cmdline(pid):
-                return pid
-            pending.extend(_children(pid))
-        return self.proc.pid
+        return twistd_pid(self.proc, self.prefix)
 
     def log_tail(self, lines: int = 30) -> str:
         text = ""
@@ -602,12 +594,7 @@ def main() -> int:
                 "snapshots served by the bus per bridge run (1 = the initial one): "
                 + ", ".join(str(r["snapshots_served"]) for r in bridge),
             ),
-            (
-                "noise",
-                "other processes kept "
-                + ", ".join(f"{r['foreign_cores']:.2f}" for r in runs["baseline"] + bridge)
-                + " cores busy during the runs (baseline runs first)",
-            ),
+            noise_line(runs["baseline"] + bridge),
         ],
         json_path=args.json,
         record={"runs": runs},
