@@ -185,3 +185,40 @@ def test_bridge_process_killed_mid_stream_loses_nothing(tmp_path: Path) -> Any:
         log.close()
         publisher.close()
         yield server.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_twistd_eventbus_with_spark_bridge_composes_both(tmp_path: Path) -> Any:
+    journal = tmp_path / "journal"
+    data = tmp_path / "data"
+    command = [
+        TWISTD, "-n", "--pidfile=", "eventbus", "--port", "0", "--data-dir", str(data),
+        "--stats-interval", "0.1s", "--spark-bridge", "--journal-dir", str(journal),
+    ]  # fmt: skip
+    log = open(tmp_path / "composed.log", "ab")
+    child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    publisher = None
+    try:
+
+        def endpoints() -> dict[str, str]:
+            assert child.poll() is None, (tmp_path / "composed.log").read_text()
+            try:
+                return dict(json.loads((data / "status.json").read_text())["endpoints"])
+            except (FileNotFoundError, ValueError, KeyError):
+                return {}
+
+        yield wait_until(endpoints, timeout=30, what="the bus")
+        address = endpoints()["snapshot"].removeprefix("tcp://")
+        publisher = EventBusPublisher(address, producer_id="composed")
+        for i in range(500):
+            publisher.publish("/composed/", i)
+        yield publisher.flush()
+        yield wait_until(lambda: latest(journal) >= 500, timeout=60, what="journaled")
+        assert journaled_sequences(journal) == list(range(1, 501))
+    finally:
+        if publisher is not None:
+            publisher.close()
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=30)
+        log.close()
+    assert "spark bridge stopped at sequence 500" in (tmp_path / "composed.log").read_text()
