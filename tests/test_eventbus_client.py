@@ -147,3 +147,22 @@ def test_server_address_parsing() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{bad!r} was accepted")
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stopped_subscriber_starts_again_where_it_was(bus_server: Any) -> Any:
+    publisher = EventBusPublisher(address(bus_server), producer_id="restart")
+    got: list[int] = []
+    subscriber = EventBusSubscriber([address(bus_server)], [], lambda e: got.append(e.value()))
+    try:
+        publisher.publish("/s/", 1)
+        subscriber.startService()
+        yield wait_until(lambda: got == [1])
+        yield subscriber.stopService()
+        publisher.publish("/s/", 2)
+        yield wait_until(lambda: bus_server.store.last_sequence == 2)
+        subscriber.startService()
+        yield wait_until(lambda: got == [1, 2])
+    finally:
+        yield subscriber.stopService()
+        publisher.close()

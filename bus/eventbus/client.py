@@ -102,16 +102,23 @@ def iso_now() -> bytes:
 
 
 class _Sockets:
-    """Owns a socket factory unless one was given."""
+    """Owns a socket factory unless one was given; an owned one is made anew after
+    ``close`` so that a stopped service can be started again."""
 
     def __init__(self, reactor: Any, factory: SocketFactory | None) -> None:
         self.reactor = reactor_of(reactor)
         self._own = factory is None
-        self.factory = factory or SocketFactory(self.reactor)
+        self._factory = factory
+
+    @property
+    def factory(self) -> SocketFactory:
+        if self._factory is None or (self._own and self._factory.closed):
+            self._factory = SocketFactory(self.reactor)
+        return self._factory
 
     def close(self) -> None:
-        if self._own:
-            self.factory.shutdown()
+        if self._own and self._factory is not None:
+            self._factory.shutdown()
 
 
 class EventBusSubscriber(Service):

@@ -65,7 +65,6 @@ class SnapshotStream:
         self._finished = False
         self._call: DelayedCall | None = None
         self._delay = self.RETRY_DELAY
-        self.done: defer.Deferred[int] = defer.Deferred()
 
     def start(self) -> None:
         self._schedule(0)
@@ -74,8 +73,6 @@ class SnapshotStream:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
-        if not self.done.called:
-            self.done.callback(self.sent)
 
     def _schedule(self, delay: float) -> None:
         self._call = self.server.reactor.callLater(delay, self._pump)
