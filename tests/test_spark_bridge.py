@@ -23,7 +23,8 @@ TWISTD = str(Path(sys.executable).with_name("twistd"))
 
 def journaled_sequences(directory: Path) -> list[int]:
     reader = JournalReader(directory)
-    table = reader.read(0, reader.latest_sequence())
+    # Known gaps are checked by the tests themselves (reader.gaps()).
+    table = reader.read(0, reader.latest_sequence(), fail_on_data_loss=False)
     return [int(s) for s in table.column("seq").to_pylist()]
 
 

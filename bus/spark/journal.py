@@ -136,13 +136,20 @@ class Coverage:
 
     @property
     def lost(self) -> bool:
-        return self.removed is not None or bool(self.holes)
+        """Events the bus had that a reader of this range will never get: removed by
+        retention, in a gap the writer recorded (the bus no longer had them), or in an
+        unknown hole."""
+        return self.removed is not None or bool(self.holes) or bool(self.gaps)
 
     def describe_loss(self, directory: Path) -> str:
         parts = []
         if self.removed is not None:
             lo, hi = self.removed
             parts.append(f"sequences {lo}..{hi} were removed by retention")
+        parts.extend(
+            f"sequences {g.first}..{g.last} were never journaled ({g.reason or 'no reason given'})"
+            for g in self.gaps
+        )
         parts.extend(f"sequences {lo}..{hi} are missing (unknown hole)" for lo, hi in self.holes)
         return f"journal {directory}: " + "; ".join(parts)
 

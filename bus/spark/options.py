@@ -10,7 +10,7 @@ import bisect
 import itertools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -189,5 +189,3 @@ def split_range(
     return planned
 
 
-def describe_known_gaps(coverage: Coverage) -> Sequence[str]:
-    return [f"{g.first}..{g.last} ({g.reason or 'no reason given'})" for g in coverage.gaps]

@@ -44,7 +44,6 @@ from bus.spark.options import (
     OptionError,
     PlannedRange,
     SourceOptions,
-    describe_known_gaps,
     offset,
     offset_seq,
     resolve,
@@ -85,7 +84,6 @@ class _JournalAccess:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._journal: JournalReader | None = None
-        self._reported_gaps: set[tuple[int, int]] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -111,13 +109,6 @@ class _JournalAccess:
                     f"{message}. Set failOnDataLoss=false to skip lost ranges and continue."
                 )
             log.warning("eventbus: %s; skipped because failOnDataLoss=false", message)
-        new_gaps = [g for g in coverage.gaps if (g.first, g.last) not in self._reported_gaps]
-        if new_gaps:
-            self._reported_gaps.update((g.first, g.last) for g in new_gaps)
-            log.warning(
-                "eventbus: known gaps recorded by the journal writer: %s",
-                ", ".join(describe_known_gaps(coverage)),
-            )
         ranges: list[PlannedRange] = split_range(coverage, start, end, self.options.min_partitions)
         return [JournalPartition(r.start, r.end, r.segments) for r in ranges]
 

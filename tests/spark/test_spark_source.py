@@ -141,12 +141,15 @@ def test_fail_on_data_loss_after_retention(spark: Any, workdir: Path) -> None:
     )
 
 
-def test_an_unknown_hole_fails_and_a_known_gap_does_not(spark: Any, workdir: Path) -> None:
+def test_known_gaps_and_unknown_holes_are_data_loss(spark: Any, workdir: Path) -> None:
+    # A known gap is events the bus had and Spark will never see: loss, with its reason.
     with JournalWriter(workdir / "gap") as writer:
         writer.append(list(events(1, 100)), 0.0)
         writer.note_gap(101, 150, "bus retention overtook the bridge")
         writer.append(list(events(151, 50)), 0.0)
-    assert read(spark, workdir / "gap").count() == 150
+    with pytest.raises(Exception, match=r"101\.\.150 were never journaled \(bus retention"):
+        read(spark, workdir / "gap").count()
+    assert read(spark, workdir / "gap", failOnDataLoss="false").count() == 150
     write_journal(workdir / "hole", 3000, per_segment=1000)
     (workdir / "hole" / segment_name(1001, 2000)).unlink()
     with pytest.raises(Exception, match=r"1001\.\.2000 are missing \(unknown hole\)"):
