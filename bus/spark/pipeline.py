@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-fail-on-data-loss",
         dest="fail_on_data_loss",
         action="store_false",
-        help="skip ranges removed by retention instead of failing",
+        help="skip lost ranges (removed by retention, known gaps, holes) instead of failing",
     )
     parser.add_argument(
         "--time-column",
