@@ -187,5 +187,3 @@ def split_range(
         held = tuple(s for s in segments[first:last] if s.last > lo and s.first <= hi)
         planned.append(PlannedRange(lo, hi, held))
     return planned
-
-
