@@ -162,3 +162,22 @@ def test_first_beat_after_an_immediate_snapshot_closes_the_subscription_race() -
     assert r.delivered == [2, 7]
     r.core.on_heartbeat(Heartbeat(12, "s"), 0.3)  # later beats wait for the interval
     assert r.asked == [0, 5]
+
+
+def test_subtree_subscriber_without_heartbeats_reconciles_to_bound_its_memory() -> None:
+    import bus.eventbus.subscriber as module
+
+    saved = module.MAX_UNVERIFIED
+    module.MAX_UNVERIFIED = 3
+    try:
+        r = Recorder(full_feed=False)
+        r.core.start(0.0, wait_for_heartbeat=False)
+        r.core.on_sync_end(SnapshotEnd(b"/a/", 0))
+        for sequence in (2, 4, 6, 8):
+            r.core.on_broadcast(ev(sequence))
+        assert r.asked == [0, 0]  # the fourth unverified sequence forced a reconcile
+        r.core.on_sync_end(SnapshotEnd(b"/a/", 8))
+        assert r.core.verified == 8
+        assert r.delivered == [2, 4, 6, 8]
+    finally:
+        module.MAX_UNVERIFIED = saved

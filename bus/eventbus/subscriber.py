@@ -31,6 +31,8 @@ RequestSnapshot = Callable[[int], object]
 
 #: Broadcasts kept while a snapshot is in flight; beyond this the snapshot is re-asked.
 MAX_BUFFERED = 200_000
+#: Sequences a subtree subscriber remembers above its verified point before it reconciles.
+MAX_UNVERIFIED = 500_000
 
 
 @dataclass
@@ -135,10 +137,16 @@ class SubscriberCore:
 
     def _deliver(self, event: Event) -> None:
         self.last = max(self.last, event.sequence)
-        if not self.full_feed:
-            self._seen_above_verified.add(event.sequence)
         self.stats.delivered += 1
         self.deliver(event)
+        if not self.full_feed:
+            seen = self._seen_above_verified
+            seen.add(event.sequence)
+            if len(seen) > MAX_UNVERIFIED and not self.syncing:
+                # No heartbeat moved the verified point on (heartbeats off?): reconcile
+                # now, which also bounds this set.
+                self.stats.reconciles += 1
+                self._ask(self._verified)
 
     def on_sync(self, event: Event) -> None:
         sequence = event.sequence

@@ -190,11 +190,11 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 batch.append(parts)
         except zmq.Again:
             exhausted = True
-        except zmq.ZMQError as error:
+        except zmq.ZMQError:
+            # Whole messages read before the error are still handed over.
+            exhausted = True
             if self.socket is not None:
                 log.failure("read failed on {name}", name=self.name)
-            del error
-            return
         if batch:
             self.messages_received += len(batch)
             self._deliver(batch)
