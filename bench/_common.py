@@ -370,8 +370,80 @@ class LagReport:
     lag_ms: float
 
 
+class TwistdProcess:
+    """What the benchmarks' twistd children share. Subclasses are dataclasses with
+    ``workdir``, ``prefix``, ``proc``, ``log_path`` and ``stdout_path``, and a ``label``."""
+
+    label = "twistd"
+    workdir: Path
+    prefix: Sequence[str]
+    proc: subprocess.Popen[bytes] | None
+    log_path: Path
+    stdout_path: Path
+
+    def _twistd_argv(self, plugin_args: Sequence[str]) -> list[str]:
+        return [
+            *self.prefix,
+            *twistd_command(),
+            "-n",
+            "--pidfile=",
+            "--logfile",
+            str(self.log_path),
+            *plugin_args,
+        ]
+
+    def _spawn(self, argv: Sequence[str], drop_env_prefix: str) -> None:
+        """Start ``argv`` in ``workdir`` without the plugin's own settings variables, so
+        the command line alone decides."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(drop_env_prefix)}
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.stdout_path, "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=self.workdir,
+            preexec_fn=_die_with_parent,
+        )
+
+    def check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(
+                f"{self.label} exited with {self.proc.returncode}:\n{self.log_tail()}"
+            )
+
+    @property
+    def pid(self) -> int:
+        """The twistd process itself (a child of ``prefix`` when that forks, e.g. py-spy)."""
+        assert self.proc is not None
+        return twistd_pid(self.proc, self.prefix)
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = ""
+        for path in (self.log_path, self.stdout_path):
+            with contextlib.suppress(OSError):
+                text += "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
+        return text
+
+    def stop(self) -> int | None:
+        """SIGTERM by process id (twistd flushes and exits), then reap."""
+        if self.proc is None:
+            return None
+        if self.prefix and self.proc.poll() is None:
+            # Stop twistd itself so the wrapper (profiler) writes its output and exits.
+            twistd = self.pid
+            if twistd != self.proc.pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(twistd, signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(60)
+        return stop_process(self.proc, timeout=60)
+
+
 @dataclass
-class BusServer:
+class BusServer(TwistdProcess):
     """``twistd -n eventbus`` on 127.0.0.1 with its data directory under ``workdir``.
 
     ``prefix`` wraps the command, e.g. ``python -m cProfile -o out.prof`` or
@@ -386,31 +458,30 @@ class BusServer:
     proc: subprocess.Popen[bytes] | None = None
     data_dir: Path = field(init=False)
     log_path: Path = field(init=False)
+    stdout_path: Path = field(init=False)
+    label = "server"
 
     def __post_init__(self) -> None:
         self.data_dir = self.workdir / "data"
         self.log_path = self.workdir / "twistd.log"
+        self.stdout_path = self.workdir / "stdout.txt"
 
     @property
     def argv(self) -> list[str]:
-        return [
-            *self.prefix,
-            *twistd_command(),
-            "-n",
-            "--pidfile=",
-            "--logfile",
-            str(self.log_path),
-            "eventbus",
-            "--bind",
-            HOST,
-            "--port",
-            str(self.port),
-            "--data-dir",
-            str(self.data_dir),
-            "--stats-interval",
-            self.stats_interval,
-            *self.extra,
-        ]
+        return self._twistd_argv(
+            [
+                "eventbus",
+                "--bind",
+                HOST,
+                "--port",
+                str(self.port),
+                "--data-dir",
+                str(self.data_dir),
+                "--stats-interval",
+                self.stats_interval,
+                *self.extra,
+            ]
+        )
 
     @property
     def snapshot(self) -> str:
@@ -427,35 +498,14 @@ class BusServer:
     def start(self, timeout: float = 60.0) -> BusServer:
         if not self.port:
             self.port = free_ports(3)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTBUS_")}
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=open(self.workdir / "stdout.txt", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=self.workdir,
-            preexec_fn=_die_with_parent,
-        )
+        self._spawn(self.argv, "EVENTBUS_")
         wait_until(
             lambda: (self.data_dir / "status.json").exists(),
             timeout,
             "server to write status.json",
-            self._check_alive,
+            self.check_alive,
         )
         return self
-
-    def _check_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
-
-    @property
-    def pid(self) -> int:
-        """The twistd process itself (a child of ``prefix`` when that forks, e.g. py-spy)."""
-        assert self.proc is not None
-        return twistd_pid(self.proc, self.prefix)
 
     def status(self) -> dict[str, Any]:
         for _ in range(50):
@@ -473,7 +523,7 @@ class BusServer:
             result.update(self.status())
             return int(result["sequence"]) >= sequence
 
-        wait_until(reached, timeout, f"server sequence {sequence}", self._check_alive, 0.05)
+        wait_until(reached, timeout, f"server sequence {sequence}", self.check_alive, 0.05)
         return result
 
     def reports(self) -> list[LagReport]:
@@ -492,29 +542,9 @@ class BusServer:
 
     def wait_reports(self, count: int, timeout: float = 30.0) -> list[LagReport]:
         wait_until(
-            lambda: len(self.reports()) >= count, timeout, f"{count} reports", self._check_alive
+            lambda: len(self.reports()) >= count, timeout, f"{count} reports", self.check_alive
         )
         return self.reports()
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = ""
-        for path in (self.log_path, self.workdir / "stdout.txt"):
-            with contextlib.suppress(OSError):
-                text += "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
-        return text
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.prefix and self.proc.poll() is None:
-            # Stop twistd itself so the wrapper (profiler) writes its output and exits.
-            twistd = self.pid
-            if twistd != self.proc.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(twistd, signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(60)
-        return stop_process(self.proc, timeout=60)
 
 
 def wait_until(

@@ -26,8 +26,6 @@ medians are reported.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import subprocess
 import sys
 import threading
@@ -42,7 +40,7 @@ from _common import (
     Cleanup,
     CpuAccount,
     RunQueueSampler,
-    _die_with_parent,
+    TwistdProcess,
     add_common_arguments,
     cpu_seconds,
     fmt_rate,
@@ -50,11 +48,8 @@ from _common import (
     median,
     noise_line,
     server_prefix,
-    stop_process,
     summary,
     terminate_on_sigterm,
-    twistd_command,
-    twistd_pid,
     wait_for_quiet,
     wait_until,
     workdir,
@@ -72,7 +67,7 @@ STATS_INTERVAL = "0.1s"
 
 
 @dataclass
-class BridgeProcess:
+class BridgeProcess(TwistdProcess):
     """``twistd -n spark-bridge --server 127.0.0.1:P --journal-dir J`` in ``workdir``.
 
     ``prefix`` wraps the command (a profiler), as for :class:`_common.BusServer`."""
@@ -84,40 +79,29 @@ class BridgeProcess:
     proc: subprocess.Popen[bytes] | None = None
     journal_dir: Path = field(init=False)
     log_path: Path = field(init=False)
+    stdout_path: Path = field(init=False)
+    label = "bridge"
 
     def __post_init__(self) -> None:
         self.journal_dir = self.workdir / "journal"
         self.log_path = self.workdir / "bridge.log"
+        self.stdout_path = self.workdir / "bridge-stdout.txt"
 
     @property
     def argv(self) -> list[str]:
-        return [
-            *self.prefix,
-            *twistd_command(),
-            "-n",
-            "--pidfile=",
-            "--logfile",
-            str(self.log_path),
-            "spark-bridge",
-            "--server",
-            f"{HOST}:{self.server_port}",
-            "--journal-dir",
-            str(self.journal_dir),
-            *self.extra,
-        ]
+        return self._twistd_argv(
+            [
+                "spark-bridge",
+                "--server",
+                f"{HOST}:{self.server_port}",
+                "--journal-dir",
+                str(self.journal_dir),
+                *self.extra,
+            ]
+        )
 
     def start(self, timeout: float = 60.0) -> BridgeProcess:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPARK_BRIDGE_")}
-        self.proc = subprocess.Popen(
-            self.argv,
-            stdin=subprocess.DEVNULL,
-            stdout=open(self.workdir / "bridge-stdout.txt", "wb"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=self.workdir,
-            preexec_fn=_die_with_parent,
-        )
+        self._spawn(self.argv, "SPARK_BRIDGE_")
         wait_until(
             lambda: "spark bridge journaling" in self._log(),
             timeout,
@@ -132,24 +116,6 @@ class BridgeProcess:
         except FileNotFoundError:
             return ""
 
-    def check_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"bridge exited with {self.proc.returncode}:\n{self.log_tail()}")
-
-    @property
-    def pid(self) -> int:
-        """The twistd process (a child of ``prefix`` when that forks, e.g. py-spy)."""
-        assert self.proc is not None
-        return twistd_pid(self.proc, self.prefix)
-
-    def log_tail(self, lines: int = 30) -> str:
-        text = ""
-        for path in (self.log_path, self.workdir / "bridge-stdout.txt"):
-            with contextlib.suppress(OSError):
-                text += "".join(path.read_text(errors="replace").splitlines(True)[-lines:])
-        return text
-
     def warnings(self) -> list[str]:
         """Log lines at warn level or above (pauses, gaps, failures)."""
         return [
@@ -157,19 +123,6 @@ class BridgeProcess:
             for line in self._log().splitlines()
             if any(w in line for w in ("pausing", "gap", "fail", "Traceback", "timed out"))
         ]
-
-    def stop(self) -> int | None:
-        """SIGTERM (the bridge flushes its buffer into a last segment), by process id."""
-        if self.proc is None:
-            return None
-        if self.prefix and self.proc.poll() is None:
-            twistd = self.pid
-            if twistd != self.proc.pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(twistd, 15)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(60)
-        return stop_process(self.proc, timeout=60)
 
 
 def publish_one(collector: str, topic: bytes, data: bytes, timestamp: bytes) -> None:
