@@ -12,15 +12,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus.eventbus.config import EventBusConfig
 from bus.polling import ConditionTimeout, wait_until
 
+if TYPE_CHECKING:
+    from bus.eventbus.server import EventBusService
+
 __all__ = ["ConditionTimeout", "RawPeer", "start_bus", "wait_until"]
 
 
-def start_bus(data_dir: Path | str, reactor: Any = None, **settings: Any) -> Any:
+def start_bus(data_dir: Path | str, reactor: Any = None, **settings: Any) -> EventBusService:
     """Start an :class:`~bus.eventbus.server.EventBusService` on free ports of 127.0.0.1
     (``settings`` override :class:`EventBusConfig` fields). Stop it with
     ``stopService()``."""
@@ -41,9 +44,9 @@ class RawPeer:
     def __init__(
         self, socket_type: int, endpoint: str, reactor: Any = None, **options: Any
     ) -> None:
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions
+        from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
 
-        self.factory = SocketFactory(reactor_or_global(reactor))
+        self.factory = SocketFactory(reactor_of(reactor))
         self.messages: list[list[bytes]] = []
         # Tests send bursts without yielding to the reactor: queue them rather than fail.
         options.setdefault("send_hwm", 100_000)
@@ -73,9 +76,3 @@ class RawPeer:
 
     def close(self) -> None:
         self.factory.shutdown()
-
-
-def reactor_or_global(reactor: Any) -> Any:
-    from bus.transport.zmqsocket import reactor_of
-
-    return reactor_of(reactor)
