@@ -23,6 +23,11 @@ def sequence(frame: bytes) -> int:
     return int(SEQUENCE.unpack(frame)[0])
 
 
+def snapshot_ended(peer: RawPeer) -> bool:
+    """The peer's last message is a SYNCEND: its snapshot is complete."""
+    return bool(peer.messages) and peer.messages[-1][0] == b"SYNCEND"
+
+
 @pytest_twisted.inlineCallbacks
 def test_pub_is_stored_then_broadcast_with_strictly_incremental_sequences(
     bus_server: Any, peers: list[Any]
@@ -59,7 +64,7 @@ def test_syncstart_streams_matching_subtrees_above_sequence(
     yield wait_until(lambda: bus_server.store.last_sequence == 6)
 
     snap.send([b"SYNCSTART", b"/a/;/b/", SEQUENCE.pack(2)])
-    yield wait_until(lambda: snap.messages and snap.messages[-1][0] == b"SYNCEND")
+    yield wait_until(lambda: snapshot_ended(snap))
     syncs = snap.messages[:-1]
     assert [m[0] for m in syncs] == [b"SYNC"] * 3
     assert [(m[1], sequence(m[2])) for m in syncs] == [
@@ -89,7 +94,7 @@ def test_empty_subtree_and_original_comma_separator(bus_server: Any, peers: list
     comma.send([b"SYNCSTART", b"/x/,/z/", b"0"])
     two_frames.send([b"SYNCSTART", b"/y/"])
     done = (everything, comma, two_frames)
-    yield wait_until(lambda: all(p.messages and p.messages[-1][0] == b"SYNCEND" for p in done))
+    yield wait_until(lambda: all(snapshot_ended(p) for p in done))
     assert [m[1] for m in everything.messages[:-1]] == [b"/x/", b"/y/", b"/z/"]
     # A text sequence in the request is answered in text.
     assert [(m[1], m[2]) for m in comma.messages[:-1]] == [(b"/x/", b"1"), (b"/z/", b"3")]
@@ -111,7 +116,7 @@ def test_syncend_of_a_subtree_is_highest_sync_or_current_sequence(
                 producer.send(pub(topic))
             yield wait_until(lambda s=server: s.store.last_sequence == 3)
             snap.send([b"SYNCSTART", b"/a/", SEQUENCE.pack(0)])
-            yield wait_until(lambda p=snap: p.messages and p.messages[-1][0] == b"SYNCEND")
+            yield wait_until(lambda p=snap: snapshot_ended(p))
             assert sequence(snap.messages[-1][2]) == expected
         finally:
             yield server.stopService()
@@ -191,7 +196,7 @@ def test_bad_input_is_counted_dropped_and_the_server_goes_on(
     assert counts["unknown-command"] == 1
     assert bus_server.store.count() == 1
     snap.send([b"SYNCSTART", b"", struct.pack(">Q", 0)])
-    yield wait_until(lambda: snap.messages and snap.messages[-1][0] == b"SYNCEND")
+    yield wait_until(lambda: snapshot_ended(snap))
     assert [m[1] for m in snap.messages if m[0] == b"SYNC"] == [b"/ok/"]
 
 
@@ -217,7 +222,7 @@ def test_sequence_survives_restart_and_retention(tmp_path: Any, peers: list[Any]
         producer.send(pub("/r/after/"))
         yield wait_until(lambda: server.store.last_sequence == 6)
         snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
-        yield wait_until(lambda: snap.messages and snap.messages[-1][0] == b"SYNCEND")
+        yield wait_until(lambda: snapshot_ended(snap))
         assert [sequence(m[2]) for m in snap.messages[:-1]] == [4, 5, 6]
     finally:
         yield server.stopService()
@@ -272,7 +277,7 @@ def test_snapshot_to_a_slow_client_never_drops(tmp_path: Any, peers: list[Any]) 
         snap = RawPeer.dealer(server.endpoints["snapshot"], receive_hwm=5)
         peers.append(snap)
         snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
-        yield wait_until(lambda: snap.messages and snap.messages[-1][0] == b"SYNCEND", timeout=30)
+        yield wait_until(lambda: snapshot_ended(snap), timeout=30)
         assert [sequence(m[2]) for m in snap.messages[:-1]] == list(range(1, 3001))
         assert server.snapshots_served == 1
     finally:
