@@ -13,3 +13,16 @@ class ProtocolError(ValueError):
         super().__init__(message)
         if reason is not None:
             self.reason = reason
+
+
+class StartupError(Exception):
+    """A service cannot start because of one of its settings (a busy port, a bad key file).
+
+    ``option`` is the option's name as the service's tap spells it (``port``); composition
+    adds the service's prefix and the value when it tells the operator.
+    """
+
+    def __init__(self, option: str, cause: str) -> None:
+        super().__init__(f"--{option}: {cause}")
+        self.option = option
+        self.cause = cause

@@ -1,197 +1,214 @@
-"""twistd plugin support: ``twistd -n eventbus [options]`` and tac files.
+"""``twistd -n eventbus``: the whole product, one :class:`~bus.composition.ProductService`
+holding a service per protocol, plus ``/status`` and ``/metrics`` over HTTP.
 
-Every option can also come from the environment as ``EVENTBUS_<OPTION>`` (upper case,
-dashes as underscores), e.g. ``EVENTBUS_PORT=6000``; the command line wins.
+``--services`` chooses the services (default: every protocol). The Event BUS's own options are
+the product's, without a prefix (``--port``); every other service's options are offered with
+its name as prefix (``--spark-bridge-journal-dir``), derived from that service's own
+``Options`` (:mod:`bus.services` lists them), so each is written once. Precedence, for every
+option of every service: command line > environment > ``--config`` file > default.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-import re
-from dataclasses import replace
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from twisted.application.service import MultiService
 from twisted.python import usage
 
-from bus.eventbus.codec import SequenceEncoding
-from bus.eventbus.config import (
-    DEFAULT_BIND,
-    DEFAULT_DATA_DIR,
-    DEFAULT_PORT,
-    EventBusConfig,
-    original_dialect,
-)
-from bus.eventbus.store import Retention
+from bus.composition import Composition, ProductService
+from bus.eventbus.tap import Options as EventBusOptions
+from bus.options import OptionSpec, ServiceOptions
+from bus.services import SERVICE_NAMES, SERVICES, entry
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+if TYPE_CHECKING:
+    from twisted.application.service import Service
+
+DEFAULT_HTTP_PORT = 8642
+DEFAULT_SERVICES = tuple(service.name for service in SERVICES if service.default)
 
 
-def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``1.5s``, ``10m``, ``12h`` or ``7d``."""
-    match = _DURATION.match(text)
-    if not match:
-        raise usage.UsageError(f"not a duration: {text!r} (try 30s, 10m, 12h, 7d)")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+def service_list(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``eventbus,spark-bridge`` (or a TOML list) -> names, checked, in start order."""
+    names = [part.strip() for part in value.split(",")] if isinstance(value, str) else value
+    chosen = {str(name) for name in names if str(name)}
+    unknown = sorted(chosen - set(SERVICE_NAMES))
+    if unknown:
+        raise usage.UsageError(
+            f"--services: no service named {unknown[0]!r}; valid: {', '.join(SERVICE_NAMES)}"
+        )
+    if not chosen:
+        raise usage.UsageError(f"--services: name at least one of {', '.join(SERVICE_NAMES)}")
+    return tuple(name for name in SERVICE_NAMES if name in chosen)
 
 
-def _env(name: str, default: Any) -> Any:
-    return os.environ.get("EVENTBUS_" + name.upper().replace("-", "_"), default)
+def _prefix(service: str) -> str:
+    """How a service's options are spelled in the product: the Event BUS's bare."""
+    return "" if service == "eventbus" else f"{service}-"
 
 
-class Options(usage.Options):
+class _ProductOptions(ServiceOptions):
+    service = "eventbus"
+    env_prefix = "EVENTBUS"
     synopsis = "[options]"
     longdesc = (
-        "Serve the Event BUS: SNAPSHOT (ROUTER) on PORT, PUBLISHER (PUB) on PORT+1 and "
-        "COLLECTOR (ROUTER) on PORT+2, with a durable event log in DATA-DIR."
+        "Serve the product: the Event BUS (SNAPSHOT on PORT, PUBLISHER on PORT+1, COLLECTOR on "
+        "PORT+2, a durable log in DATA-DIR) and the other services named by --services, each "
+        "with its options prefixed by its name (--spark-bridge-journal-dir). /status and "
+        "/metrics are served over HTTP on --http-port."
     )
     optFlags = [
-        ["retention-latest-per-topic", None, "Compact the log to the latest event per topic."],
-        ["spark-bridge", None, "Also journal this bus's feed for PySpark (needs the spark extra)."],
+        [
+            "spark-bridge",
+            None,
+            "Also journal this bus's feed for PySpark (adds spark-bridge to --services).",
+        ],
     ]
     optParameters = [
-        ["bind", "b", _env("bind", DEFAULT_BIND), "Address to bind."],
-        ["port", "p", _env("port", DEFAULT_PORT), "Base port P (0: pick a free one).", int],
-        ["data-dir", "d", _env("data-dir", DEFAULT_DATA_DIR), "Directory of the event log."],
         [
-            "dialect",
+            "services",
             None,
-            _env("dialect", "spec"),
-            "spec (8-byte sequences, SYNCEND = highest SYNC) or original (the Node.js "
-            "implementation: decimal text sequences, SYNCEND = current sequence).",
+            ",".join(DEFAULT_SERVICES),
+            f"Services to run, comma-separated, of: {', '.join(SERVICE_NAMES)}.",
+            service_list,
         ],
         [
-            "sequence-encoding",
+            "http-port",
             None,
-            _env("sequence-encoding", None),
-            "binary or text (overrides --dialect).",
-        ],
-        ["syncend", None, _env("syncend", None), "highest or current (overrides --dialect)."],
-        [
-            "heartbeat-interval",
-            None,
-            _env("heartbeat-interval", "1s"),
-            "Heartbeat period on the PUB socket (0: off).",
-        ],
-        [
-            "retention-max-age",
-            None,
-            _env("retention-max-age", None),
-            "Drop events older than this (e.g. 7d).",
-        ],
-        [
-            "retention-max-count",
-            None,
-            _env("retention-max-count", None),
-            "Keep at most this many events.",
+            DEFAULT_HTTP_PORT,
+            "Port of /status and /metrics, on the Event BUS's --bind address (0: off).",
             int,
         ],
-        [
-            "retention-interval",
-            None,
-            _env("retention-interval", "60s"),
-            "How often retention runs.",
-        ],
-        [
-            "durability",
-            None,
-            _env("durability", "normal"),
-            "normal (survives kill -9) or full (fsync: survives power loss).",
-        ],
-        [
-            "max-event-size",
-            None,
-            _env("max-event-size", 1024 * 1024),
-            "Largest event data in bytes.",
-            int,
-        ],
-        [
-            "publish-hwm",
-            None,
-            _env("publish-hwm", 200_000),
-            "PUB queue per subscriber, in messages.",
-            int,
-        ],
-        [
-            "journal-dir",
-            None,
-            _env("journal-dir", "spark-journal"),
-            "With --spark-bridge: the journal directory PySpark reads.",
-        ],
-        [
-            "stats-interval",
-            None,
-            _env("stats-interval", "10s"),
-            "How often status is logged and status.json written (0: off).",
-        ],
+        ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
     ]
+    #: service -> Options class, for the options offered with its prefix.
+    service_options: dict[str, type[ServiceOptions]] = {}
+
+    def __init__(self) -> None:
+        ServiceOptions.__init__(self)
+        self.forwarded: dict[str, list[str]] = {name: [] for name in SERVICE_NAMES}
+        self._tables: dict[str, dict[str, Any]] = {}
+        self._path = ""
+
+    def forward(self, service: str, *args: str) -> None:
+        self.forwarded[service].extend(args)
+
+    def apply_defaults(
+        self,
+        tables: Any,
+        environ: Any,
+        path: str = "",
+        also_known: Any = (),
+    ) -> None:
+        # The [eventbus] table also holds the Event BUS's own options: its Options checks them.
+        self._tables, self._path = dict(tables), path
+        own = {spec.name for spec in EventBusOptions.option_specs()}
+        ServiceOptions.apply_defaults(self, tables, environ, path, also_known=own)
+
+    def no_match_hint(self) -> str:
+        prefixes = ", ".join(f"--{_prefix(name)}..." for name in SERVICE_NAMES if _prefix(name))
+        return f"the Event BUS's options are bare, the others' prefixed: {prefixes}"
 
     def postOptions(self) -> None:
-        self["config"] = config_from_options(self)
-        if not self["spark-bridge"] and os.environ.get("EVENTBUS_SPARK_BRIDGE"):
-            self["spark-bridge"] = True
+        chosen = list(service_list(self["services"]))
+        if self["spark-bridge"] and "spark-bridge" not in chosen:
+            chosen.append("spark-bridge")
+        if self["journal-dir"]:
+            self.forwarded["spark-bridge"][:0] = ["--journal-dir", self["journal-dir"]]
+        for name, args in self.forwarded.items():
+            if args and name not in chosen and name != "eventbus":
+                raise usage.UsageError(
+                    f"{args[0].replace('--', '--' + _prefix(name), 1)} is an option of {name}, "
+                    f"which is not among --services ({', '.join(chosen)})"
+                )
+        self["services"] = tuple(name for name in SERVICE_NAMES if name in chosen)
+        parsed: dict[str, ServiceOptions] = {}
+        for name in self["services"]:
+            sub = self.service_options[name]()
+            try:
+                ServiceOptions.apply_defaults(
+                    sub,
+                    self._tables,
+                    os.environ,
+                    self._path,
+                    also_known=PRODUCT_OPTION_NAMES,
+                )
+                sub.parse_command_line(self.forwarded[name])
+            except usage.UsageError as error:
+                message = str(error)
+                if _prefix(name):
+                    message = message.replace("--", f"--{_prefix(name)}")
+                raise usage.UsageError(message) from None
+            parsed[name] = sub
+        self["service-options"] = parsed
 
 
-def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConfig:
-    dialect = options["dialect"]
-    if dialect not in ("spec", "original"):
-        raise usage.UsageError("--dialect must be spec or original")
-    max_age = options.get("retention-max-age")
-    max_count = options.get("retention-max-count")
-    config = EventBusConfig(
-        bind=options["bind"],
-        port=int(options["port"]),
-        data_dir=Path(options["data-dir"]),
-        heartbeat_interval=parse_duration(str(options["heartbeat-interval"])),
-        retention=Retention(
-            max_age=None if max_age in (None, "") else parse_duration(str(max_age)),
-            max_count=None if max_count in (None, "") else int(max_count),
-            latest_per_topic=bool(options.get("retention-latest-per-topic")),
-        ),
-        retention_interval=parse_duration(str(options["retention-interval"])),
-        durability=options["durability"],
-        max_data_bytes=int(options["max-event-size"]),
-        publish_hwm=int(options["publish-hwm"]),
-        stats_interval=parse_duration(str(options["stats-interval"])),
+PRODUCT_OPTION_NAMES = frozenset(spec.name for spec in _ProductOptions.option_specs())
+
+
+def _forwarder(service: str, spec: OptionSpec) -> Callable[..., None]:
+    """An ``opt_`` method handing one option of ``service`` over to its own Options."""
+    flag = f"--{spec.name}"
+    doc = (
+        spec.doc
+        if spec.kind != "parameter" or spec.default in (None, "")
+        else (f"{spec.doc} [default: {spec.default}]")
     )
-    if config.durability not in ("normal", "full"):
-        raise usage.UsageError("--durability must be normal or full")
-    if not 0 <= config.port <= 65533:
-        raise usage.UsageError("--port must leave room for PORT+2")
-    if dialect == "original":
-        config = original_dialect(config)
-    encoding = options.get("sequence-encoding")
-    if encoding:
-        try:
-            config = replace(config, sequence_encoding=SequenceEncoding(encoding))
-        except ValueError:
-            raise usage.UsageError("--sequence-encoding must be binary or text") from None
-    syncend = options.get("syncend")
-    if syncend:
-        if syncend not in ("highest", "current"):
-            raise usage.UsageError("--syncend must be highest or current")
-        config = replace(config, syncend=syncend)
-    return config
+    if spec.kind == "flag":
+
+        def flag_handler(self: _ProductOptions) -> None:
+            self.forward(service, flag)
+
+        flag_handler.__doc__ = doc
+        return flag_handler
+
+    def handler(self: _ProductOptions, value: str) -> None:
+        self.forward(service, flag, value)
+
+    handler.__doc__ = doc + (" (repeatable)" if spec.kind == "multi" else "")
+    return handler
 
 
-def makeService(options: usage.Options | dict[str, Any]) -> MultiService:
-    """The whole product as one MultiService (used by twistd and by tac files)."""
-    from bus.eventbus.server import EventBusService
+def _product_options_class() -> type[_ProductOptions]:
+    """The product's Options: its own, plus each service's, by one mechanism."""
+    namespace: dict[str, Any] = {"service_options": {}}
+    for service in SERVICES:
+        options_class = importlib.import_module(service.tap).Options
+        namespace["service_options"][service.name] = options_class
+        for spec in options_class.option_specs():
+            method = _forwarder(service.name, spec)
+            namespace["opt_" + (_prefix(service.name) + spec.name).replace("-", "_")] = method
+            if spec.short and not _prefix(service.name):
+                namespace["opt_" + spec.short] = method
+    return type("Options", (_ProductOptions,), namespace)
 
-    config = options["config"] if "config" in options else config_from_options(options)
-    top = MultiService()
-    bus = EventBusService(config)
-    top.addService(bus)  # started first: the bridge needs its bound port
-    if options.get("spark-bridge"):
-        from bus.spark.bridge import BridgeConfig, SparkBridgeService
 
-        host = "127.0.0.1" if config.bind in ("0.0.0.0", "*") else config.bind
-        top.addService(
-            SparkBridgeService(
-                lambda: [f"{host}:{bus.port}"],
-                BridgeConfig(journal_dir=Path(options["journal-dir"])),
-            )
-        )
-    return top
+Options = _product_options_class()
+
+
+def compose(
+    options: usage.Options | dict[str, Any],
+    exit_on_failure: bool = False,
+    reactor: Any = None,
+) -> ProductService:
+    """The product as one ProductService, from parsed :data:`Options` (tac files use it too)."""
+    product = ProductService(exit_on_failure=exit_on_failure, reactor=reactor)
+    composition = Composition()
+    for name, sub in options["service-options"].items():
+        build = importlib.import_module(entry(name).tap).build
+        product.add(name, build(sub, composition), _prefix(name), sub)
+    port = int(options["http-port"])
+    if port:
+        from bus.statusweb import StatusWebService
+
+        services: list[tuple[str, Service]] = [(c.name, c.service) for c in product.composed]
+        bus_options = options["service-options"].get("eventbus")
+        bind = bus_options["bind"] if bus_options is not None else "127.0.0.1"
+        product.add("http", StatusWebService(services, port, bind, reactor), "", options)
+    return product
+
+
+def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    """``twistd -n eventbus``: a service that cannot start ends the process, in one line."""
+    return compose(options, exit_on_failure=True)

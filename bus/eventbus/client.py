@@ -15,7 +15,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +93,6 @@ class FileCursor:
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, self.path)
-
-
-def iso_now() -> bytes:
-    """UTC now in ISO-8601 with milliseconds, as the original implementation writes it."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z").encode()
 
 
 class _Sockets:
@@ -412,7 +406,7 @@ class EventBusPublisher:
         frames = codec.pub_frames(
             topic.encode("utf-8"),
             self.producer,
-            timestamp.encode("ascii") if timestamp else iso_now(),
+            timestamp.encode("ascii") if timestamp else codec.iso_timestamp(),
             identifier.encode("ascii"),
             msgpack.packb(value, use_bin_type=True),
         )

@@ -25,7 +25,7 @@ import enum
 import re
 import struct
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -172,6 +172,13 @@ def _check_text(value: bytes, what: str, limit: int, reason: str) -> None:
         value.decode("utf-8")
     except UnicodeDecodeError:
         raise EventBusError(f"{what} is not UTF-8", reason) from None
+
+
+def iso_timestamp(moment: datetime | None = None) -> bytes:
+    """``moment`` (default: now) in UTC ISO-8601 with milliseconds, as the original
+    implementation writes event timestamps."""
+    moment = moment or datetime.now(UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z").encode()
 
 
 def check_topic(topic: bytes) -> None:

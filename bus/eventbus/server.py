@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import zmq
 from twisted.application.service import Service
 from twisted.internet import defer, threads
@@ -24,10 +27,12 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from bus.droplog import DropCounter
+from bus.errors import StartupError
 from bus.eventbus import codec
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.store import EventStore
+from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
     PeerUnreachable,
@@ -148,6 +153,10 @@ class EventBusService(Service):
         self.endpoints: dict[str, str] = {}
         self.drops = DropCounter(log, "message", clock)
         self.accepted = 0
+        self.bytes_accepted = 0
+        self.local_accepted = 0
+        self._local: list[codec.EventFields] = []
+        self._local_flush: DelayedCall | None = None
         self.snapshots_served = 0
         self.snapshots_aborted = 0
         self.streams: set[SnapshotStream] = set()
@@ -164,11 +173,14 @@ class EventBusService(Service):
 
     def startService(self) -> None:
         config = self.config
-        self.store = EventStore(
-            config.data_dir,
-            durability=config.durability,
-            topic_index=config.retention.latest_per_topic,
-        )
+        try:
+            self.store = EventStore(
+                config.data_dir,
+                durability=config.durability,
+                topic_index=config.retention.latest_per_topic,
+            )
+        except (OSError, sqlite3.Error) as error:
+            raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         try:
             self._factory = SocketFactory(self.reactor)
             self._bind_all()
@@ -203,7 +215,15 @@ class EventBusService(Service):
         assert self._factory is not None
         config = self.config
         if config.port:
-            self._open_sockets(config.port)
+            try:
+                self._open_sockets(config.port)
+            except zmq.ZMQError as error:
+                option = "port" if error.errno == zmq.EADDRINUSE else "bind"
+                raise StartupError(
+                    option,
+                    f"cannot bind {config.bind}, ports {config.port}-{config.port + 2}: "
+                    f"{error.strerror}",
+                ) from None
             return
         rng = random.Random()
         for _ in range(_BIND_ATTEMPTS):
@@ -282,6 +302,7 @@ class EventBusService(Service):
             stream.cancel()
         self.streams.clear()
         self._drain_collector()
+        self._flush_local()
         self._close_sockets()
         self._stopping = defer.Deferred()
         # The store closes once a checkpoint running in its thread is done.
@@ -328,15 +349,47 @@ class EventBusService(Service):
                 accepted.append(parse(body, max_data))
             except EventBusError as error:
                 self.drops.drop(error.reason, str(error), frames[0])
-        if not accepted:
-            return
+        if accepted:
+            self._accept(accepted)
+
+    def _accept(self, accepted: list[codec.EventFields]) -> None:
         # Committed before anything is broadcast: a subscriber never sees an event
         # that a crash could take back.
         first = self.store.append_fields(accepted, self.clock())
         self.accepted += len(accepted)
+        self.bytes_accepted += sum(len(fields[4]) for fields in accepted)
         pub = self.publisher_socket
         if pub is not None:
             pub.send_many(codec.broadcast_messages(first, accepted, self.config.sequence_encoding))
+
+    # -- in-process publishing: composed services' activity ---------------------------------
+
+    def activity_sink(self, producer: str) -> LocalPublisher:
+        """What composition hands another service of this process (see bus.activity)."""
+        return LocalPublisher(self, producer)
+
+    def client_addresses(self) -> list[str]:
+        host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "*") else self.config.bind
+        return [f"{host}:{self.port}"]
+
+    def publish_local(self, fields: codec.EventFields) -> None:
+        """Queue an event made in this process; the queue is stored and broadcast as one
+        batch on the next reactor turn, like a batch read from the collector."""
+        if len(self._local) >= self.config.collector_hwm:
+            self.drops.drop("local-overflow", "in-process activity queue full", b"local")
+            return
+        self._local.append(fields)
+        if self._local_flush is None:
+            self._local_flush = self.reactor.callLater(0, self._flush_local)
+
+    def _flush_local(self) -> None:
+        if self._local_flush is not None and self._local_flush.active():
+            self._local_flush.cancel()
+        self._local_flush = None
+        batch, self._local = self._local, []
+        if batch:
+            self.local_accepted += len(batch)
+            self._accept(batch)
 
     # -- the snapshot port: SYNCSTART in, SYNC... SYNCEND out ------------------------------
 
@@ -430,15 +483,60 @@ class EventBusService(Service):
             "store_id": self.store.store_id,
             "sequence": self.store.last_sequence,
             "accepted": self.accepted,
+            "accepted_bytes": self.bytes_accepted,
+            "accepted_local": self.local_accepted,
             "dropped": dict(self.drops.counts),
             "snapshots_served": self.snapshots_served,
             "snapshots_aborted": self.snapshots_aborted,
             "snapshots_active": len(self.streams),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
-            "uptime_s": round(self.clock() - self._started_at, 3),
+            "uptime_s": self._uptime(),
             "endpoints": self.endpoints,
             "config": {k: str(v) for k, v in asdict(self.config).items()},
         }
+
+    def metrics(self) -> list[Metric]:
+        """Prometheus families of the counters above (see bus.statusweb)."""
+        store = self.store
+        return [
+            gauge("eventbus_sequence", "Highest sequence in the event log", store.last_sequence),
+            counter("eventbus_events_accepted", "Events stored and broadcast", self.accepted),
+            counter(
+                "eventbus_event_bytes_accepted",
+                "Event data bytes stored and broadcast",
+                self.bytes_accepted,
+            ),
+            counter(
+                "eventbus_events_local",
+                "Events published in-process by composed services",
+                self.local_accepted,
+            ),
+            counters_by(
+                "eventbus_messages_dropped",
+                "Bad messages dropped, by reason",
+                "reason",
+                self.drops.counts,
+            ),
+            counter("eventbus_snapshots_served", "Snapshots streamed whole", self.snapshots_served),
+            counter(
+                "eventbus_snapshots_aborted",
+                "Snapshots whose client went away",
+                self.snapshots_aborted,
+            ),
+            gauge("eventbus_snapshots_active", "Snapshots being streamed", len(self.streams)),
+            gauge(
+                "eventbus_store_bytes", "Event log size on disk (database and WAL)", store.size()
+            ),
+            gauge(
+                "eventbus_timer_lag_max_seconds",
+                "Largest lateness of a 10 ms timer in the current stats window",
+                self.max_lag,
+            ),
+            gauge("eventbus_uptime_seconds", "Seconds since the bus started", self._uptime()),
+        ]
+
+    def _uptime(self) -> float:
+        return round(self.clock() - self._started_at, 3)
 
     def _report(self) -> None:
         status = self.status()
@@ -458,6 +556,26 @@ class EventBusService(Service):
             )
         except OSError as error:
             log.warn("cannot write status.json: {error}", error=error)
+
+
+class LocalPublisher:
+    """An :class:`~bus.activity.ActivitySink` on a bus of the same process: events go into
+    its log under the next sequences, with no socket between."""
+
+    def __init__(self, bus: EventBusService, producer: str) -> None:
+        self._bus = bus
+        self.producer = producer.encode("utf-8")
+
+    def publish(self, topic: str, value: object) -> None:
+        topic_bytes = topic.encode("utf-8")
+        try:
+            data = msgpack.packb(value, use_bin_type=True)
+            codec.check_topic(topic_bytes)
+            codec.check_payload(data, self._bus.config.max_data_bytes)
+        except (EventBusError, TypeError) as error:
+            raise ValueError(f"cannot publish to {topic!r}: {error}") from None
+        event_id = str(uuid.uuid4()).encode("ascii")
+        self._bus.publish_local((topic_bytes, self.producer, codec.iso_timestamp(), event_id, data))
 
 
 def write_json_atomically(path: Path, value: Any) -> None:

@@ -12,6 +12,7 @@ Snapshot reads are chunked by sequence, so nothing is ever loaded whole in memor
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
 from collections.abc import Iterable, Sequence
@@ -178,6 +179,14 @@ class EventStore:
     def first_sequence(self) -> int | None:
         row = self._db.execute("SELECT MIN(seq) FROM events").fetchone()
         return None if row[0] is None else int(row[0])
+
+    def size(self) -> int:
+        """Bytes on disk: the database and its write-ahead log."""
+        total = 0
+        for path in (self.path, self.path.with_name(self.path.name + "-wal")):
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
 
     # -- retention -----------------------------------------------------------------------
 

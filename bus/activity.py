@@ -1,0 +1,39 @@
+"""How a service tells the system what it does: events on the bus, in-process.
+
+When the Event BUS runs in the same process, composition hands every other service an
+:class:`ActivitySink` bound to the bus: ``publish("/emqp/job/queued/", {...})`` stores the event
+in the bus's own log under the next sequence and broadcasts it, with no socket hop, so the
+Spark pipeline sees the whole system's activity. Without a local bus the sink is
+:data:`NO_ACTIVITY`, which drops everything, so services never test for the bus themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+
+class ActivitySink(Protocol):
+    def publish(self, topic: str, value: object) -> None:
+        """Queue one event (``topic`` starts and ends with ``/``; ``value`` is anything
+        msgpack encodes). Never blocks; a bad topic or value raises ``ValueError``."""
+
+
+class LocalBus(Protocol):
+    """What an Event BUS in the same process offers the other services."""
+
+    def activity_sink(self, producer: str) -> ActivitySink: ...
+
+    def client_addresses(self) -> Sequence[str]:
+        """``host:port`` a client in this process connects to (for the Spark bridge)."""
+
+
+class _NoActivity:
+    def publish(self, topic: str, value: object) -> None:
+        pass
+
+
+NO_ACTIVITY: ActivitySink = _NoActivity()
+
+#: What composition gives a service's builder: ``activity("emqp")`` is its sink.
+ActivityFactory = Callable[[str], ActivitySink]

@@ -1,0 +1,182 @@
+"""Services composed into one process: started in order, stopped in reverse, each stop awaited.
+
+:class:`ProductService` is the ``MultiService`` that ``twistd -n eventbus``, every protocol's own
+plugin and tac files run. A service that cannot start stops the process with one line naming
+the service, the option and the cause (and a non-zero exit status), never a bare traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.application.service import MultiService, Service
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from bus.activity import NO_ACTIVITY, ActivitySink, LocalBus
+from bus.errors import StartupError
+
+log = Logger(namespace="bus")
+
+
+class Composition:
+    """What a service being built may use of the others in the same process."""
+
+    def __init__(self) -> None:
+        self.local_bus: LocalBus | None = None
+
+    def activity(self, producer: str) -> ActivitySink:
+        """The sink a service publishes its activity into (the local bus, when composed)."""
+        if self.local_bus is None:
+            return NO_ACTIVITY
+        return self.local_bus.activity_sink(producer)
+
+
+@dataclass(slots=True)
+class Composed:
+    name: str
+    service: Service
+    #: How this service's options are spelled on the command line (``spark-bridge-``).
+    option_prefix: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class StartFailed(Exception):
+    """A composed service could not start; the message is the one line for operators."""
+
+
+class ProductService(MultiService):
+    """Starts its services in the order added and stops them in reverse, awaiting each stop.
+
+    A service's ``startService`` may return a Deferred (as Buildbot's services do): the
+    next one starts once it fires. ``started`` fires when all have started, or fails with
+    :class:`StartFailed`. The failure is logged as one critical line; with
+    ``exit_on_failure`` (twistd and tac files) the process then ends with status 1, at once
+    when the reactor is not running yet, else once the started services have stopped.
+    """
+
+    def __init__(self, exit_on_failure: bool = False, reactor: Any = None) -> None:
+        MultiService.__init__(self)
+        self.exit_on_failure = exit_on_failure
+        self._reactor = reactor
+        self.composed: list[Composed] = []
+        self._running: list[Composed] = []
+        self.started: defer.Deferred[None] = defer.Deferred()
+        self._stopping: defer.Deferred[None] | None = None
+
+    @property
+    def reactor(self) -> Any:
+        if self._reactor is None:
+            from twisted.internet import reactor
+
+            self._reactor = reactor
+        return self._reactor
+
+    def add(
+        self,
+        name: str,
+        service: Service,
+        option_prefix: str = "",
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        service.setName(name)
+        self.composed.append(Composed(name, service, option_prefix, options or {}))
+        self.addService(service)  # type: ignore[no-untyped-call]
+
+    # -- starting --------------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        Service.startService(self)
+        self._stopping = None
+        self._start_from(0)
+
+    def _start_from(self, index: int) -> None:
+        while index < len(self.composed):
+            entry = self.composed[index]
+            try:
+                result = entry.service.startService()
+            except Exception as error:
+                self._start_failed(entry, Failure(error))
+                return
+            self._running.append(entry)
+            if isinstance(result, defer.Deferred):
+                result.addCallbacks(
+                    lambda _, i=index: self._start_from(i + 1),
+                    lambda failure, e=entry: self._start_failed(e, failure, started=True),
+                )
+                return
+            index += 1
+        log.info("started {services}", services=", ".join(entry.name for entry in self.composed))
+        if not self.started.called:
+            self.started.callback(None)
+
+    def _start_failed(self, entry: Composed, failure: Failure, started: bool = False) -> None:
+        if started and entry in self._running:
+            self._running.remove(entry)
+        error = failure.value if isinstance(failure.value, BaseException) else Exception(failure)
+        line = describe_start_failure(entry, error)
+        if not isinstance(error, StartupError):  # a bug, not a setting: keep its traceback
+            log.failure("{line}", failure, line=line)
+        log.critical("{line}", line=line)
+        stopping = self._stop_running()
+        if not self.started.called:
+            self.started.errback(StartFailed(line))
+            self.started.addErrback(lambda _: None)
+        if not self.exit_on_failure:
+            return
+        if not self.reactor.running:
+            raise SystemExit(1)  # the line above is the message (twistd -n logs to stdout)
+        stopping.addBoth(lambda _: _exit_after_shutdown(self.reactor, 1))
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def stopService(self) -> defer.Deferred[None]:
+        if self._stopping is None:
+            Service.stopService(self)
+            self._stopping = self._stop_running()
+        return self._stopping
+
+    @defer.inlineCallbacks
+    def _stop_running(self) -> Any:
+        while self._running:
+            entry = self._running.pop()
+            log.info("stopping {name}", name=entry.name)
+            try:
+                yield entry.service.stopService()
+            except Exception:
+                log.failure("{name} failed to stop cleanly", name=entry.name)
+            else:
+                log.info("stopped {name}", name=entry.name)
+
+
+def describe_start_failure(entry: Composed, error: BaseException) -> str:
+    """``cannot start eventbus: --port 5556: address already in use (tcp://...)``."""
+    what = f"cannot start {entry.name}"
+    if isinstance(error, StartupError):
+        flag = f"--{entry.option_prefix}{error.option}"
+        value = entry.options.get(error.option)
+        shown = f"{flag} {value}" if value not in (None, "") else flag
+        return f"{what}: {shown}: {error.cause}"
+    return f"{what}: {type(error).__name__}: {error}"
+
+
+def _exit_after_shutdown(reactor: Any, status: int) -> None:
+    import os
+
+    reactor.addSystemEventTrigger("after", "shutdown", os._exit, status)
+    reactor.stop()
+
+
+def standalone(
+    name: str,
+    build: Callable[[Any, Composition], Service],
+    options: Mapping[str, Any],
+) -> ProductService:
+    """One service as its own process (``twistd -n spark-bridge``), with the same start and
+    stop rules as the whole product."""
+    product = ProductService(exit_on_failure=True)
+    product.add(name, build(options, Composition()), "", options)
+    return product

@@ -1,0 +1,135 @@
+"""``twistd -n eventbus`` options of the Event BUS itself, and its service.
+
+The product's plugin (:mod:`bus.tap`) offers these options without a prefix, beside those of
+the other services; every option can also be set as ``EVENTBUS_<OPTION>`` or in the
+``[eventbus]`` table of a ``--config`` file (see :mod:`bus.options`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from twisted.python import usage
+
+from bus.eventbus.codec import SequenceEncoding
+from bus.eventbus.config import (
+    DEFAULT_BIND,
+    DEFAULT_DATA_DIR,
+    DEFAULT_PORT,
+    EventBusConfig,
+    original_dialect,
+)
+from bus.eventbus.store import Retention
+from bus.options import ServiceOptions, optional_duration, parse_duration
+
+if TYPE_CHECKING:
+    from bus.composition import Composition, ProductService
+    from bus.eventbus.server import EventBusService
+
+
+class Options(ServiceOptions):
+    service = "eventbus"
+    env_prefix = "EVENTBUS"
+    synopsis = "[options]"
+    longdesc = (
+        "Serve the Event BUS: SNAPSHOT (ROUTER) on PORT, PUBLISHER (PUB) on PORT+1 and "
+        "COLLECTOR (ROUTER) on PORT+2, with a durable event log in DATA-DIR."
+    )
+    optFlags = [
+        ["retention-latest-per-topic", None, "Compact the log to the latest event per topic."],
+    ]
+    optParameters = [
+        ["bind", "b", DEFAULT_BIND, "Address to bind."],
+        ["port", "p", DEFAULT_PORT, "Base port P (0: pick a free one).", int],
+        ["data-dir", "d", DEFAULT_DATA_DIR, "Directory of the event log."],
+        [
+            "dialect",
+            None,
+            "spec",
+            "spec (8-byte sequences, SYNCEND = highest SYNC) or original (the Node.js "
+            "implementation: decimal text sequences, SYNCEND = current sequence).",
+        ],
+        ["sequence-encoding", None, None, "binary or text (overrides --dialect)."],
+        ["syncend", None, None, "highest or current (overrides --dialect)."],
+        ["heartbeat-interval", None, "1s", "Heartbeat period on the PUB socket (0: off)."],
+        ["retention-max-age", None, None, "Drop events older than this (e.g. 7d)."],
+        ["retention-max-count", None, None, "Keep at most this many events.", int],
+        ["retention-interval", None, "60s", "How often retention runs."],
+        [
+            "durability",
+            None,
+            "normal",
+            "normal (survives kill -9) or full (fsync: survives power loss).",
+        ],
+        ["max-event-size", None, 1024 * 1024, "Largest event data in bytes.", int],
+        ["publish-hwm", None, 200_000, "PUB queue per subscriber, in messages.", int],
+        [
+            "stats-interval",
+            None,
+            "10s",
+            "How often status is logged and status.json written (0: off).",
+        ],
+    ]
+
+    def postOptions(self) -> None:
+        self["eventbus-config"] = config_from_options(self)
+
+
+def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConfig:
+    dialect = options["dialect"]
+    if dialect not in ("spec", "original"):
+        raise usage.UsageError("--dialect must be spec or original")
+    max_count = options.get("retention-max-count")
+    config = EventBusConfig(
+        bind=options["bind"],
+        port=int(options["port"]),
+        data_dir=Path(options["data-dir"]),
+        heartbeat_interval=parse_duration(options["heartbeat-interval"]),
+        retention=Retention(
+            max_age=optional_duration(options.get("retention-max-age")),
+            max_count=None if max_count in (None, "") else int(max_count),
+            latest_per_topic=bool(options.get("retention-latest-per-topic")),
+        ),
+        retention_interval=parse_duration(options["retention-interval"]),
+        durability=options["durability"],
+        max_data_bytes=int(options["max-event-size"]),
+        publish_hwm=int(options["publish-hwm"]),
+        stats_interval=parse_duration(options["stats-interval"]),
+    )
+    if config.durability not in ("normal", "full"):
+        raise usage.UsageError("--durability must be normal or full")
+    if not 0 <= config.port <= 65533:
+        raise usage.UsageError("--port must leave room for PORT+2")
+    if dialect == "original":
+        config = original_dialect(config)
+    encoding = options.get("sequence-encoding")
+    if encoding:
+        try:
+            config = replace(config, sequence_encoding=SequenceEncoding(encoding))
+        except ValueError:
+            raise usage.UsageError("--sequence-encoding must be binary or text") from None
+    syncend = options.get("syncend")
+    if syncend:
+        if syncend not in ("highest", "current"):
+            raise usage.UsageError("--syncend must be highest or current")
+        config = replace(config, syncend=syncend)
+    return config
+
+
+def build(options: usage.Options | dict[str, Any], composition: Composition) -> EventBusService:
+    """The Event BUS service; composed, it is the local bus other services publish onto."""
+    from bus.eventbus.server import EventBusService
+
+    config = options.get("eventbus-config") or config_from_options(options)
+    bus = EventBusService(config)
+    composition.local_bus = bus
+    return bus
+
+
+def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    """The Event BUS alone (``twistd -n eventbus --services eventbus`` does the same)."""
+    from bus.composition import standalone
+
+    return standalone("eventbus", build, options)

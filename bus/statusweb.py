@@ -1,0 +1,158 @@
+"""``/status`` (JSON) and ``/metrics`` (Prometheus text) for every composed service, over HTTP.
+
+One port for operators (``--http-port``, default 8642). ``/metrics`` is prometheus_client's
+Twisted resource over a registry of our own: the services' counters, read on the reactor
+thread at scrape time (the resource runs collectors in a worker thread), and the process's
+CPU, memory and descriptors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet import error as internet_error
+from twisted.logger import Logger
+from twisted.web import resource, server
+
+from bus.errors import StartupError
+
+log = Logger(namespace="bus.statusweb")
+
+Named = Sequence[tuple[str, Service]]
+
+
+def service_status(services: Named, started: float) -> dict[str, Any]:
+    """What ``/status`` answers: each service's ``status()`` (or whether it runs)."""
+    described: dict[str, Any] = {}
+    for name, service in services:
+        status = getattr(service, "status", None)
+        entry: dict[str, Any] = {"running": bool(service.running)}
+        if status is not None and service.running:
+            try:
+                entry.update(status())
+            except Exception as error:  # a status bug must not take the page down
+                entry["status_error"] = repr(error)
+        described[name] = entry
+    return {
+        "pid": os.getpid(),
+        "uptime_s": round(time.time() - started, 3),
+        "services": described,
+    }
+
+
+def service_metrics(services: Named) -> list[Any]:
+    from bus.metrics import gauges_by
+
+    families = [
+        gauges_by(
+            "bus_service_up",
+            "1 when the service is running",
+            "service",
+            {name: float(bool(service.running)) for name, service in services},
+        )
+    ]
+    for _name, service in services:
+        metrics = getattr(service, "metrics", None)
+        if metrics is not None and service.running:
+            families.extend(metrics())
+    return families
+
+
+class _ServicesCollector:
+    """prometheus_client collector: gathers on the reactor thread, yields in the scraper's."""
+
+    def __init__(self, services: Named, reactor: Any) -> None:
+        self._services = services
+        self._reactor = reactor
+
+    def collect(self) -> Iterable[Any]:
+        from twisted.internet.threads import blockingCallFromThread
+
+        return list(blockingCallFromThread(self._reactor, service_metrics, self._services))
+
+
+class _Status(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, services: Named, started: float) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._services = services
+        self._started = started
+
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        body = json.dumps(service_status(self._services, self._started), indent=1, default=str)
+        return body.encode() + b"\n"
+
+
+class _Index(resource.Resource):
+    def render_GET(self, request: Any) -> bytes:
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        return b"bus: /status (JSON) and /metrics (Prometheus)\n"
+
+
+class _QuietSite(server.Site):
+    """No access log line per request: a scraper every few seconds would drown the log."""
+
+    noisy = False
+
+    def log(self, request: Any) -> None:
+        pass
+
+
+class StatusWebService(Service):
+    """Serves ``/status`` and ``/metrics`` about ``services`` on ``interface:port``."""
+
+    def __init__(
+        self, services: Named, port: int, interface: str = "127.0.0.1", reactor: Any = None
+    ) -> None:
+        from bus.transport.zmqsocket import reactor_of
+
+        self.services = services
+        self.requested_port = port
+        self.interface = "0.0.0.0" if interface == "*" else interface
+        self.reactor: Any = reactor_of(reactor)
+        self.port = 0
+        self._listening: Any = None
+
+    def startService(self) -> None:
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.process_collector import ProcessCollector
+        from prometheus_client.twisted import MetricsResource
+
+        started = time.time()
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_ServicesCollector(self.services, self.reactor))
+        ProcessCollector(registry=registry)
+        root = _Index()  # type: ignore[no-untyped-call]
+        root.putChild(b"status", _Status(self.services, started))  # type: ignore[arg-type]
+        root.putChild(b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call,arg-type]
+        site = _QuietSite(root)  # type: ignore[no-untyped-call]
+        try:
+            self._listening = self.reactor.listenTCP(
+                self.requested_port, site, interface=self.interface
+            )
+        except internet_error.CannotListenError as error:
+            raise StartupError(
+                "http-port", f"cannot listen on {self.interface}: {error.socketError}"
+            ) from None
+        self.port = self._listening.getHost().port
+        Service.startService(self)
+        log.info(
+            "status on http://{host}:{port}/status, metrics on /metrics",
+            host=self.interface,
+            port=self.port,
+        )
+
+    def stopService(self) -> Any:
+        Service.stopService(self)
+        listening, self._listening = self._listening, None
+        return None if listening is None else listening.stopListening()
+
+    def status(self) -> dict[str, Any]:
+        return {"endpoint": f"http://{self.interface}:{self.port}/"}
