@@ -4,8 +4,6 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
-# compat mode puts the checkout on sys.path, so twistd finds twisted/plugins/ here.
-EDITABLE = --config-settings editable_mode=compat
 ARGS ?=
 
 .PHONY: run test lint bench clean
@@ -15,11 +13,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(VENV)/.run-deps: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e . $(EDITABLE)
+	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
 $(VENV)/.test-deps: setup.cfg pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark]" $(EDITABLE)
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark]"
 	touch $@ $(VENV)/.run-deps
 
 run: $(VENV)/.run-deps

@@ -3,7 +3,7 @@
     eventbus-cli publish /orders/42/ '{"total": 12.5}'
     eventbus-cli tail /orders/ --since 100
     eventbus-cli snapshot /orders/ /users/ > snapshot.jsonl
-    eventbus-cli status --data-dir eventbus-data
+    eventbus-cli status --http 127.0.0.1:8642
 
 Events are printed as JSON lines: seq, topic, producer, timestamp, uuid and the
 msgpack data decoded (bytes as ``{"$base64": ...}``).
@@ -169,14 +169,33 @@ def tail(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
     return done  # runs until interrupted
 
 
-def status(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+@defer.inlineCallbacks
+def status(reactor: Any, args: argparse.Namespace) -> Any:
+    """A running server's ``/status`` (any host); without an answer, a local status.json."""
+    from twisted.web.client import Agent, readBody
+
+    url = f"http://{args.http}/status"
+    try:
+        agent = Agent(reactor, connectTimeout=args.timeout)
+        response = yield agent.request(b"GET", url.encode()).addTimeout(args.timeout, reactor)
+        body = yield readBody(response)
+        if response.code != 200:
+            raise OSError(f"HTTP {response.code}")
+        _out(json.dumps(json.loads(body), indent=2, sort_keys=True))
+        return
+    except Exception as error:  # refused, timed out, not ours: say so, then try the file
+        reason = str(error) or type(error).__name__
     path = Path(args.data_dir) / "status.json"
     try:
-        _out(json.dumps(json.loads(path.read_text()), indent=2, sort_keys=True))
+        text = path.read_text()
     except FileNotFoundError:
-        _err(f"no {path}: is a server running with that --data-dir and --stats-interval > 0?")
+        _err(
+            f"eventbus-cli status: no answer from {url} ({reason}) and no {path}: is a "
+            "server running (--http-port, or --data-dir with --stats-interval > 0)?"
+        )
         raise SystemExit(1) from None
-    return defer.succeed(None)
+    _err(f"no answer from {url} ({reason}); showing {path}")
+    _out(json.dumps(json.loads(text), indent=2, sort_keys=True))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,8 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0)
     p.set_defaults(run=snapshot)
 
-    p = commands.add_parser("status", help="show a local server's status.json")
+    p = commands.add_parser(
+        "status", help="show a server's /status (falls back to a local status.json)"
+    )
+    p.add_argument(
+        "--http",
+        default=os.environ.get("EVENTBUS_HTTP", "127.0.0.1:8642"),
+        help="host:port of the server's --http-port (default %(default)s)",
+    )
     p.add_argument("--data-dir", default=os.environ.get("EVENTBUS_DATA_DIR", "eventbus-data"))
+    p.add_argument("--timeout", type=float, default=3.0)
     p.set_defaults(run=status)
     return parser
 

@@ -32,7 +32,7 @@ from bus.eventbus import codec
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.store import EventStore
-from bus.metrics import Metric, counter, counters_by, gauge
+from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
     PeerUnreachable,
@@ -280,6 +280,17 @@ class EventBusService(Service):
             "collector": self.collector_socket.bind(f"tcp://{host}:{port + 2}"),
         }
         self.port = port
+        for sock in (self.snapshot_socket, self.publisher_socket, self.collector_socket):
+            sock.watch_connections()
+
+    def connections(self) -> dict[str, int]:
+        """TCP peers connected now, by socket."""
+        sockets = (
+            ("snapshot", self.snapshot_socket),
+            ("publisher", self.publisher_socket),
+            ("collector", self.collector_socket),
+        )
+        return {name: sock.connections for name, sock in sockets if sock is not None}
 
     def _close_sockets(self, keep_factory: bool = False) -> None:
         for sock in (self.snapshot_socket, self.publisher_socket, self.collector_socket):
@@ -486,6 +497,7 @@ class EventBusService(Service):
             "accepted_bytes": self.bytes_accepted,
             "accepted_local": self.local_accepted,
             "dropped": dict(self.drops.counts),
+            "clients": self.connections(),
             "snapshots_served": self.snapshots_served,
             "snapshots_aborted": self.snapshots_aborted,
             "snapshots_active": len(self.streams),
@@ -523,6 +535,12 @@ class EventBusService(Service):
                 "Snapshots whose client went away",
                 self.snapshots_aborted,
             ),
+            gauges_by(
+                "eventbus_connections",
+                "TCP peers connected now, by socket",
+                "socket",
+                self.connections(),
+            ),
             gauge("eventbus_snapshots_active", "Snapshots being streamed", len(self.streams)),
             gauge(
                 "eventbus_store_bytes", "Event log size on disk (database and WAL)", store.size()
@@ -541,7 +559,8 @@ class EventBusService(Service):
     def _report(self) -> None:
         status = self.status()
         log.info(
-            "sequence {sequence}; accepted {accepted}; dropped {dropped}; snapshots "
+            "sequence {sequence}; accepted {accepted}; dropped {dropped}; clients {clients}; "
+            "snapshots "
             "{snapshots_served} served, {snapshots_active} active; max timer lag "
             "{max_timer_lag_ms} ms",
             **{k: v for k, v in status.items() if k != "config"},

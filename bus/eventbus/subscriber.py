@@ -59,6 +59,8 @@ class SubscriberCore:
     syncing: bool = False
     awaiting_heartbeat: bool = False
     store_id: str | None = None
+    #: The highest sequence the server has announced (heartbeats and broadcasts).
+    server_sequence: int = 0
     _verified: int = 0
     _seen_above_verified: set[int] = field(default_factory=set)
     _buffer: list[Event] = field(default_factory=list)
@@ -114,6 +116,8 @@ class SubscriberCore:
     # -- messages ------------------------------------------------------------------------
 
     def on_broadcast(self, event: Event) -> None:
+        if event.sequence > self.server_sequence:
+            self.server_sequence = event.sequence
         if self.syncing:
             if len(self._buffer) < MAX_BUFFERED:
                 self._buffer.append(event)
@@ -192,11 +196,12 @@ class SubscriberCore:
                 # Another log (e.g. a backup server with its own store): its sequences
                 # say nothing about ours, so start over from its beginning.
                 self.stats.store_changes += 1
-                self.last = self._verified = 0
+                self.last = self._verified = self.server_sequence = 0
                 self._seen_above_verified.clear()
                 if not self.awaiting_heartbeat:
                     self.start(now, wait_for_heartbeat=False)
                     return
+        self.server_sequence = max(self.server_sequence, beat.sequence)
         if self.awaiting_heartbeat:
             self.awaiting_heartbeat = False
             self._ask(self.verified)

@@ -7,6 +7,11 @@ and :mod:`bus.spark.pipeline` need PySpark (the ``spark`` extra).
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,10 +22,55 @@ FORMAT = "eventbus"
 
 def register(spark: SparkSession) -> None:
     """Make ``spark.read.format("eventbus")`` and ``spark.readStream.format("eventbus")``
-    available in this session."""
+    available in this session.
+
+    The source's Python workers need pyarrow and this package. When the interpreter Spark
+    starts workers with (``PYSPARK_PYTHON``, else ``python3`` on PATH) cannot import them,
+    this source's workers run this interpreter instead, and one warning says so; the
+    session's other Python code keeps its interpreter."""
     from bus.spark.source import EventBusDataSource
 
-    spark.dataSource.register(EventBusDataSource)
+    context = _classic_context(spark)
+    worker = getattr(context, "pythonExec", None)
+    if context is None or not worker or _has_what_workers_need(worker):
+        spark.dataSource.register(EventBusDataSource)
+        return
+    warnings.warn(
+        f"Spark starts Python workers with {worker!r} (PYSPARK_PYTHON="
+        f"{os.environ.get('PYSPARK_PYTHON', 'unset')}), which cannot import pyarrow and bus: "
+        f"the eventbus source's workers run {sys.executable} instead; set PYSPARK_PYTHON to "
+        "that before creating the session to silence this",
+        stacklevel=2,
+    )
+    # A registered source carries the interpreter its workers run (read at registration).
+    context.pythonExec = sys.executable
+    try:
+        spark.dataSource.register(EventBusDataSource)
+    finally:
+        context.pythonExec = worker
+
+
+def _classic_context(spark: SparkSession) -> Any:
+    """The session's SparkContext (None for a Spark Connect session, which has none)."""
+    try:
+        return spark.sparkContext
+    except Exception:
+        return None
+
+
+def _has_what_workers_need(interpreter: str) -> bool:
+    # Not resolved through symlinks: a venv's python links to the base interpreter.
+    if os.path.abspath(shutil.which(interpreter) or interpreter) == sys.executable:
+        return True
+    try:
+        probe = subprocess.run(
+            [interpreter, "-c", "import pyarrow, bus.spark.source"],
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
 
 
 def decode_payload(payload: Column | str, schema: Any) -> Column:

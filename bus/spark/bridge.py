@@ -34,6 +34,7 @@ from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from bus.eventbus.codec import Event
+from bus.metrics import Metric, counter, gauge
 from bus.periodic import Periodic
 from bus.spark.journal import JournalWriter
 
@@ -88,6 +89,8 @@ class SparkBridgeService(Service):
         self.subscriber: Any = None
         self.journaled = 0
         self.gaps_recorded = 0
+        #: Highest sequence the writer has taken into the journal (segments roll after).
+        self.handed_to_journal = 0
         self.failed: Exception | None = None
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="spark-bridge-writer")
         # A daemon: a bridge never stopped must not keep the process from exiting (a write
@@ -95,7 +98,7 @@ class SparkBridgeService(Service):
         self._pool.threadFactory = _DaemonThread
         self._pending: list[_Item] = []
         self._pending_events = 0
-        self._last = 0
+        self._last = self._start = 0
         self._writing: defer.Deferred[None] | None = None
         self._periodic = Periodic(self.reactor, log)
         self._store_id: str | None = None
@@ -111,7 +114,7 @@ class SparkBridgeService(Service):
             config.journal_dir, config.roll_events, config.roll_seconds, fsync=config.fsync
         )
         self._store_id = self._read_state().get("store_id")
-        self._last = self.writer.last_sequence() or 0
+        self._last = self._start = self.writer.last_sequence() or 0
         self._pool.start()
         servers = self._servers() if callable(self._servers) else self._servers
         self.subscriber = EventBusSubscriber(
@@ -250,9 +253,12 @@ class SparkBridgeService(Service):
             else:
                 writer.maybe_roll(time.time())
 
+        last_handed = self._last
+
         def written(_: object) -> None:
             self._writing = None
             self.journaled += count
+            self.handed_to_journal = last_handed
             self.gaps_recorded += sum(1 for kind, _ in batch if kind == "gap")
             if self._paused and self._pending_events < self.config.max_pending // 2:
                 self._pause(False)
@@ -302,4 +308,40 @@ class SparkBridgeService(Service):
             "gaps_recorded": self.gaps_recorded,
             "store_id": self._store_id,
             "failed": None if self.failed is None else str(self.failed),
+            "bus_sequence": self._bus_sequence(),
+            "journal_lag": self._journal_lag(),
         }
+
+    def _bus_sequence(self) -> int:
+        core = self.subscriber.core if self.subscriber is not None else None
+        return max(core.server_sequence if core is not None else 0, self._last)
+
+    def _journal_lag(self) -> int:
+        """Events the bus has announced that the writer has not taken yet."""
+        return max(0, self._bus_sequence() - max(self.handed_to_journal, self._start))
+
+    def metrics(self) -> list[Metric]:
+        return [
+            counter(
+                "spark_bridge_events_journaled", "Events written to the journal", self.journaled
+            ),
+            counter(
+                "spark_bridge_gaps_recorded",
+                "Ranges the bus no longer had, recorded as known gaps",
+                self.gaps_recorded,
+            ),
+            gauge(
+                "spark_bridge_pending_events", "Events waiting for the writer", self._pending_events
+            ),
+            gauge(
+                "spark_bridge_journal_lag_events",
+                "Sequences the bus has announced that the journal does not hold yet",
+                self._journal_lag(),
+            ),
+            gauge("spark_bridge_sequence", "Highest sequence received from the bus", self._last),
+            gauge(
+                "spark_bridge_failed",
+                "1 when the bridge stopped journaling",
+                float(self.failed is not None),
+            ),
+        ]

@@ -17,6 +17,8 @@ service modules import it, lazily, never plugin files or conftest.
 
 from __future__ import annotations
 
+import contextlib
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +36,11 @@ _SEND_ONLY = frozenset({zmq.PUB, zmq.PUSH, zmq.XPUB})
 # pyzmq's Python-level Socket.send wrapper costs about as much as the send itself;
 # hot paths bind the Cython method directly (see ZmqSocket.raw_send).
 _BACKEND_SEND = zmq.backend.Socket.send
+
+# Monitor messages start with the event as a 16-bit number in host order.
+_MONITOR_EVENT = struct.Struct("=H")
+_CONNECTED = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
+_CONNECTION_EVENTS = _CONNECTED | zmq.EVENT_DISCONNECTED
 
 MessageBatchHandler = Callable[[list[list[bytes]]], None]
 
@@ -124,6 +131,10 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.read_budget = read_budget
         self.name = name or zmq.SocketType(socket_type).name
         self.reactor: Any = factory.reactor
+        self.owner = factory
+        #: TCP peers connected now, once :meth:`watch_connections` was called.
+        self.connections = 0
+        self._monitor: ZmqSocket | None = None
         self.messages_received = 0
         self.reading_paused = False
         self.read_scheduled: DelayedCall | None = None
@@ -161,6 +172,29 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
 
     def unsubscribe(self, prefix: bytes) -> None:
         self.socket.set(zmq.UNSUBSCRIBE, prefix)
+
+    def watch_connections(self) -> None:
+        """Keep :attr:`connections` current: a ZeroMQ socket monitor, read in the reactor,
+        reports each peer accepted or connected, and each one gone."""
+        if self._monitor is not None or self.socket is None:
+            return
+        address = f"inproc://monitor-{id(self):x}"
+        self.socket.monitor(address, _CONNECTION_EVENTS)
+        self._monitor = self.owner.socket(
+            zmq.PAIR,
+            self._on_monitor_events,
+            SocketOptions(linger_ms=0, tcp_keepalive_idle=None, receive_hwm=100_000),
+            name=f"{self.name}-monitor",
+        )
+        self._monitor.connect(address)
+
+    def _on_monitor_events(self, batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            event = _MONITOR_EVENT.unpack_from(frames[0])[0] if len(frames[0]) >= 2 else 0
+            if event & _CONNECTED:
+                self.connections += 1
+            elif event & zmq.EVENT_DISCONNECTED:
+                self.connections = max(0, self.connections - 1)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -295,6 +329,11 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         if self.read_scheduled is not None and self.read_scheduled.active():
             self.read_scheduled.cancel()
         self.read_scheduled = None
+        monitor, self._monitor = self._monitor, None
+        if monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.socket.disable_monitor()
+            monitor.shutdown()
         ZmqConnection.shutdown(self)
 
 
