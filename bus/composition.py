@@ -52,8 +52,7 @@ class ProductService(MultiService):
     """Starts its services in the order added and stops them in reverse, awaiting each stop.
 
     A service's ``startService`` may return a Deferred (as Buildbot's services do): the
-    next one starts once it fires. ``started`` fires when all have started, or fails with
-    :class:`StartFailed`. The failure is logged as one critical line; with
+    next one starts once it fires. :meth:`when_started` tells when all have started. The failure is logged as one critical line; with
     ``exit_on_failure`` (twistd and tac files) the process then ends with status 1, at once
     when the reactor is not running yet, else once the started services have stopped.
     """
@@ -64,7 +63,8 @@ class ProductService(MultiService):
         self._reactor = reactor
         self.composed: list[Composed] = []
         self._running: list[Composed] = []
-        self.started: defer.Deferred[None] = defer.Deferred()
+        self._start_result: StartFailed | bool | None = None
+        self._start_waiters: list[defer.Deferred[None]] = []
         self._stopping: defer.Deferred[None] | None = None
 
     @property
@@ -91,6 +91,7 @@ class ProductService(MultiService):
     def startService(self) -> None:
         Service.startService(self)
         self._stopping = None
+        self._start_result = None
         self._start_from(0)
 
     def _start_from(self, index: int) -> None:
@@ -110,8 +111,7 @@ class ProductService(MultiService):
                 return
             index += 1
         log.info("started {services}", services=", ".join(entry.name for entry in self.composed))
-        if not self.started.called:
-            self.started.callback(None)
+        self._settle(True)
 
     def _start_failed(self, entry: Composed, failure: Failure, started: bool = False) -> None:
         if started and entry in self._running:
@@ -122,14 +122,33 @@ class ProductService(MultiService):
             log.failure("{line}", failure, line=line)
         log.critical("{line}", line=line)
         stopping = self._stop_running()
-        if not self.started.called:
-            self.started.errback(StartFailed(line))
-            self.started.addErrback(lambda _: None)
+        self._settle(StartFailed(line))
         if not self.exit_on_failure:
             return
         if not self.reactor.running:
             raise SystemExit(1)  # the line above is the message (twistd -n logs to stdout)
         stopping.addBoth(lambda _: _exit_after_shutdown(self.reactor, 1))
+
+    def when_started(self) -> defer.Deferred[None]:
+        """Fires once every service has started, or fails with :class:`StartFailed`."""
+        waiter: defer.Deferred[None] = defer.Deferred()
+        if self._start_result is None:
+            self._start_waiters.append(waiter)
+        else:
+            self._fire(waiter)
+        return waiter
+
+    def _settle(self, result: StartFailed | bool) -> None:
+        self._start_result = result
+        waiters, self._start_waiters = self._start_waiters, []
+        for waiter in waiters:
+            self._fire(waiter)
+
+    def _fire(self, waiter: defer.Deferred[None]) -> None:
+        if isinstance(self._start_result, StartFailed):
+            waiter.errback(self._start_result)
+        else:
+            waiter.callback(None)
 
     # -- stopping --------------------------------------------------------------------------------
 

@@ -320,3 +320,18 @@ def test_factory_shutdown_is_idempotent_and_closes_every_socket(factory: Any) ->
     a.shutdown()
     with pytest.raises(RuntimeError):
         factory.socket(zmq.DEALER)
+
+
+@pytest_twisted.inlineCallbacks
+def test_watch_connections_counts_peers_as_they_come_and_go(factory: Any) -> Any:
+    router = factory.socket(zmq.ROUTER, lambda batch: None, options())
+    endpoint = router.bind("tcp://127.0.0.1:*")
+    router.watch_connections()
+    peers = [factory.socket(zmq.DEALER, None, options()) for _ in range(3)]
+    for peer in peers:
+        peer.connect(endpoint)
+    yield wait_until(lambda: router.connections == 3, what="three peers connected")
+    peers[0].shutdown()
+    yield wait_until(lambda: router.connections == 2, what="one peer gone")
+    router.shutdown()  # the monitor goes with it
+    assert router.closed

@@ -166,6 +166,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
 
     def connect(self, address: str) -> None:
         self.addEndpoints([ZmqEndpoint(ZmqEndpointType.connect, address)])
+        # The socket's edge-triggered descriptor may have fired while connecting: look.
+        self._schedule_read()
 
     def subscribe(self, prefix: bytes) -> None:
         self.socket.set(zmq.SUBSCRIBE, prefix)

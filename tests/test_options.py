@@ -1,0 +1,174 @@
+"""Where option values come from: command line > environment > --config file > default,
+the same for the Event BUS's bare options and every other service's prefixed ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twisted.python import usage
+
+from bus import tap
+from bus.options import parse_duration
+from bus.spark import tap as spark_tap
+
+
+def parse(*args: str) -> Any:
+    options = tap.Options()
+    options.parseOptions(list(args))
+    return options
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bus.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_")):
+            monkeypatch.delenv(name)
+
+
+def test_defaults_run_the_event_bus_alone_with_http_on() -> None:
+    options = parse()
+    assert options["services"] == ("eventbus",)
+    assert options["http-port"] == tap.DEFAULT_HTTP_PORT
+    config = options["service-options"]["eventbus"]["eventbus-config"]
+    assert (config.bind, config.port, str(config.data_dir)) == ("127.0.0.1", 5556, "eventbus-data")
+
+
+def test_each_layer_overrides_the_one_below(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(
+        tmp_path,
+        """
+        [eventbus]
+        port = 7000
+        publish-hwm = 1234
+        stats-interval = "5s"
+        heartbeat-interval = "2s"
+        services = ["eventbus", "spark-bridge"]
+
+        [spark-bridge]
+        roll-events = 7
+        journal-dir = "from-file"
+        server = ["a:1", "b:2"]
+        """,
+    )
+    monkeypatch.setenv("EVENTBUS_HEARTBEAT_INTERVAL", "300ms")
+    monkeypatch.setenv("EVENTBUS_PORT", "7100")
+    monkeypatch.setenv("SPARK_BRIDGE_ROLL_EVENTS", "8")
+    monkeypatch.setenv("SPARK_BRIDGE_SERVER", "c:3,d:4")
+    options = parse("--config", config, "--port", "7200", "--spark-bridge-roll-events", "9")
+    bus = options["service-options"]["eventbus"]["eventbus-config"]
+    assert bus.publish_hwm == 1234  # file only
+    assert bus.stats_interval == 5.0  # file only
+    assert bus.heartbeat_interval == 0.3  # environment over file
+    assert bus.port == 7200  # command line over environment over file
+    bridge = options["service-options"]["spark-bridge"]
+    assert options["services"] == ("eventbus", "spark-bridge")
+    assert bridge["roll-events"] == 9
+    assert bridge["journal-dir"] == "from-file"
+    assert bridge["server"] == ["c:3", "d:4"]  # environment list over the file's
+    again = parse(
+        "--config", config, "--spark-bridge-server", "e:5", "--spark-bridge-server", "f:6"
+    )
+    assert again["service-options"]["spark-bridge"]["server"] == ["e:5", "f:6"]
+
+
+def test_the_config_file_can_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EVENTBUS_CONFIG", write(tmp_path, "[eventbus]\nhttp-port = 0\n"))
+    assert parse()["http-port"] == 0
+
+
+def test_spark_bridge_alone_reads_its_own_table(tmp_path: Path) -> None:
+    config = write(tmp_path, '[eventbus]\nport = 1\n[spark-bridge]\nroll-seconds = "2s"\n')
+    options = spark_tap.Options()
+    options.parseOptions(["--config", config, "--server", "bus:5556"])
+    assert options["bridge-config"].roll_seconds == 2.0
+    assert options["server"] == ["bus:5556"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--prot", "1"], "unknown option --prot; did you mean --port?"),
+        (["--spark-bridge-journl", "x"], "did you mean --spark-bridge-journal-dir"),
+        (
+            ["--services", "eventbus,emqpp"],
+            "no service named 'emqpp'; valid: eventbus, spark-bridge",
+        ),
+        (
+            ["--spark-bridge-roll-events", "3"],
+            "option of spark-bridge, which is not among --services",
+        ),
+        (["--port", "x"], "--port wants a whole number, not 'x'"),
+        (["--spark-bridge", "--spark-bridge-roll-events", "x"], "--spark-bridge-roll-events wants"),
+        (["--spark-bridge", "--spark-bridge-roll-seconds", "soon"], "not a duration: 'soon'"),
+        (["--dialect", "klingon"], "--dialect must be spec or original"),
+        (["--config", "/nonexistent/bus.toml"], "no such file"),
+    ],
+)
+def test_bad_options_are_usage_errors_naming_the_valid_ones(args: list[str], message: str) -> None:
+    with pytest.raises(usage.UsageError) as raised:
+        parse(*args)
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[emqp]\nport = 1\n", "unknown table [emqp]; valid tables: eventbus, spark-bridge"),
+        ("[eventbus]\nprot = 1\n", "[eventbus] has no option 'prot'"),
+        ("[spark-bridge]\njournal = 1\n", "[spark-bridge] has no option 'journal'"),
+        ("port = 1\n", "'port' is not a table"),
+        ("[eventbus\n", "bus.toml"),
+        ('[eventbus]\nport = "x"\n', "[eventbus]: port"),
+    ],
+)
+def test_bad_config_files_name_the_file_table_and_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(usage.UsageError) as raised:
+        parse("--config", write(tmp_path, text), "--services", "eventbus,spark-bridge")
+    assert message in str(raised.value)
+
+
+def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVENTBUS_PORT", "fifty")
+    with pytest.raises(usage.UsageError, match="environment EVENTBUS_PORT: port"):
+        parse()
+    monkeypatch.delenv("EVENTBUS_PORT")
+    monkeypatch.setenv("EVENTBUS_SPARK_BRIDGE", "maybe")
+    with pytest.raises(usage.UsageError, match="not a yes/no value"):
+        parse()
+
+
+def test_every_service_option_is_offered_with_its_prefix() -> None:
+    product = {name.rstrip("=") for name in tap.Options().longOpt}
+    for spec in spark_tap.Options.option_specs():
+        assert f"spark-bridge-{spec.name}" in product
+    for name in ("port", "bind", "data-dir", "dialect", "services", "http-port", "config"):
+        assert name in product
+
+
+def test_durations() -> None:
+    assert [parse_duration(t) for t in ("90", "1.5s", "250ms", "10m", "2h", "7d")] == [
+        90.0,
+        1.5,
+        0.25,
+        600.0,
+        7200.0,
+        604800.0,
+    ]
+    with pytest.raises(usage.UsageError):
+        parse_duration("soon")
