@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,11 +30,11 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
-from twisted.python.threadpool import ThreadPool
 
 from bus.eventbus.codec import Event
 from bus.periodic import Periodic
 from bus.spark.journal import JournalWriter
+from bus.workers import worker_pool
 
 log = Logger(namespace="bus.spark.bridge")
 
@@ -61,11 +60,6 @@ class BridgeConfig:
     max_pending: int = 1_000_000
 
 
-class _DaemonThread(threading.Thread):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, daemon=True, **kwargs)
-
-
 class StoreMismatch(Exception):
     """The bus serves another log than the one this journal was written from."""
 
@@ -89,10 +83,9 @@ class SparkBridgeService(Service):
         self.journaled = 0
         self.gaps_recorded = 0
         self.failed: Exception | None = None
-        self._pool = ThreadPool(minthreads=1, maxthreads=1, name="spark-bridge-writer")
         # A daemon: a bridge never stopped must not keep the process from exiting (a write
         # cut short is a crash the journal already recovers from).
-        self._pool.threadFactory = _DaemonThread
+        self._pool = worker_pool("spark-bridge-writer")
         self._pending: list[_Item] = []
         self._pending_events = 0
         self._last = 0
