@@ -1,8 +1,9 @@
-"""Counted, rate-limited reporting of bad input from peers.
+"""Counted, rate-limited reporting: of bad input from peers, and of repeating faults.
 
 A peer that floods the server with garbage must not flood the log too: every drop is
 counted by reason, and a warning per reason is written at most once per ``interval``
-seconds, carrying how many were dropped since the last one.
+seconds, carrying how many were dropped since the last one. A fault that repeats on
+every retry (a full disk) is reported the same way, through :class:`RateLimit`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,35 @@ from collections import Counter
 from collections.abc import Callable
 
 from twisted.logger import Logger
+
+
+class RateLimit:
+    """At most one report per key every ``interval`` seconds.
+
+    :meth:`due` is called for every occurrence; it returns how many occurrences the
+    report now due stands for (this one and those held back since the last report), or
+    ``None`` when this one is held back. :meth:`reset` makes the next occurrence of a key
+    due at once (e.g. once a fault has cleared, its next episode is news).
+    """
+
+    def __init__(self, clock: Callable[[], float], interval: float = 10.0) -> None:
+        self._clock = clock
+        self.interval = interval
+        self._held_back: Counter[str] = Counter()
+        self._last_report: dict[str, float] = {}
+
+    def due(self, key: str) -> int | None:
+        self._held_back[key] += 1
+        now = self._clock()
+        last = self._last_report.get(key)
+        if last is not None and now - last < self.interval:
+            return None
+        self._last_report[key] = now
+        return self._held_back.pop(key)
+
+    def reset(self, key: str) -> None:
+        self._last_report.pop(key, None)
+        self._held_back.pop(key, None)
 
 
 class DropCounter:
@@ -23,11 +53,8 @@ class DropCounter:
     ) -> None:
         self._log = log
         self._what = what
-        self._clock = clock
-        self._interval = interval
         self.counts: Counter[str] = Counter()
-        self._unreported: Counter[str] = Counter()
-        self._last_report: dict[str, float] = {}
+        self._limit = RateLimit(clock, interval)
 
     @property
     def total(self) -> int:
@@ -35,15 +62,12 @@ class DropCounter:
 
     def drop(self, reason: str, detail: str = "", peer: bytes = b"") -> None:
         self.counts[reason] += 1
-        self._unreported[reason] += 1
-        now = self._clock()
-        last = self._last_report.get(reason)
-        if last is not None and now - last < self._interval:
+        count = self._limit.due(reason)
+        if count is None:
             return
-        self._last_report[reason] = now
         self._log.warn(
             "dropped {count} bad {what} ({reason}): {detail}; peer {peer}",
-            count=self._unreported.pop(reason),
+            count=count,
             what=self._what,
             reason=reason,
             detail=detail,

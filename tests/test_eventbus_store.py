@@ -4,6 +4,7 @@ and a hypothesis state machine that compares the store with a plain in-memory mo
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -567,3 +568,52 @@ def test_checkpoint_from_another_thread_moves_the_wal_while_appends_go_on(
     assert results and results[0][1] <= results[0][0]
     assert store.last_sequence == 4000
     assert len(store.read(0, limit=10_000)) == 4000
+
+
+# -- a store that cannot write ------------------------------------------------------------------
+
+
+def limit_pages(store: EventStore, pages: int) -> None:
+    """SQLite's own SQLITE_FULL, without a full filesystem: cap the database's size."""
+    store._db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_store_refuses_the_whole_batch_and_stays_consistent(tmp_path: Path) -> None:
+    from bus.eventbus.store import StorageError
+
+    store = EventStore(tmp_path / "full")
+    try:
+        fill(store, [b"/a/%d" % i for i in range(10)])
+        used = store._db.execute("PRAGMA page_count").fetchone()[0]
+        limit_pages(store, used)
+        big = [event(b"/big/%d" % i, i) for i in range(500)]
+        with pytest.raises(StorageError, match="full") as refused:
+            store.append(big, 2000.0)
+        assert isinstance(refused.value.cause, sqlite3.OperationalError)
+        # Nothing of the refused batch is visible, the sequence did not move, and the
+        # connection is not left inside a transaction.
+        assert store.last_sequence == 10
+        assert store.count() == 10
+        assert not store._db.in_transaction
+        # The same batch again once there is room: it gets the next sequences.
+        limit_pages(store, 1_000_000)
+        stored = store.append(big, 2000.0)
+        assert seqs(stored) == list(range(11, 511))
+    finally:
+        store.close()
+    reopened = EventStore(tmp_path / "full")
+    try:
+        assert reopened.last_sequence == 510
+        assert seqs(reopened.read(0, limit=1000)) == list(range(1, 511))
+    finally:
+        reopened.close()
+
+
+def test_opening_a_store_that_cannot_be_created_raises_storage_error(tmp_path: Path) -> None:
+    from bus.eventbus.store import StorageError
+
+    directory = tmp_path / "not-a-db"
+    directory.mkdir()
+    (directory / DB_NAME).write_bytes(b"this is not a database file, " * 100)
+    with pytest.raises(StorageError, match="not a database"):
+        EventStore(directory)

@@ -45,6 +45,13 @@ class EventBusConfig:
     #: How often the WAL is copied into the database, on a worker thread.
     checkpoint_interval: float = 1.0
     tcp_keepalive_idle: int | None = 60
+    #: While the event log cannot write (a full disk), the batch it refused is retried
+    #: after this many seconds, doubling up to ``storage_retry_max``.
+    storage_retry_min: float = 0.5
+    storage_retry_max: float = 5.0
+    #: How long a stop waits for a WAL checkpoint still running on its thread before
+    #: closing the store without it (the WAL is kept; nothing committed is lost).
+    stop_timeout: float = 3.0
 
     @property
     def snapshot_port(self) -> int:

@@ -3,14 +3,20 @@
 Flow of an event: COLLECTOR reads a batch (budgeted) -> codec validates each PUB ->
 the store assigns sequences and commits the batch (group commit per reactor turn) ->
 the PUB socket broadcasts them. Nothing is broadcast before it is committed.
+
+When the store cannot write (a full disk), the batch it refused waits in memory (one read
+batch), the collector stops reading (ZeroMQ queues up to its receive HWM, then publishers
+feel backpressure), and a timer retries the batch with backoff until it is stored; then
+the collector reads again. One rate-limited error line says so, one line says when it
+recovers, and ``refused_storage`` counts the events that had to wait.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
-import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -26,12 +32,12 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.droplog import DropCounter
+from bus.droplog import DropCounter, RateLimit
 from bus.errors import StartupError
 from bus.eventbus import codec
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
-from bus.eventbus.store import EventStore
+from bus.eventbus.store import EventStore, StorageError
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
@@ -41,6 +47,7 @@ from bus.transport.zmqsocket import (
     ZmqSocket,
     reactor_of,
 )
+from bus.workers import worker_pool
 
 log = Logger(namespace="bus.eventbus")
 
@@ -168,6 +175,20 @@ class EventBusService(Service):
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
         self._checkpointing: defer.Deferred[Any] | None = None
+        self._checkpoints = worker_pool("eventbus-checkpoint")
+        #: Events that arrived while the store could not write them, each counted once
+        #: however many retries it took (they are stored and broadcast once it can).
+        self.refused_storage = 0
+        #: Store operations that failed: appends (each attempt), checkpoints, retention
+        #: steps, the final checkpoint at close.
+        self.storage_errors = 0
+        #: Why the store last failed, until a write succeeds again.
+        self.storage_error: str | None = None
+        self._waiting: list[codec.EventFields] = []
+        self._blocked_since = 0.0
+        self._retry: DelayedCall | None = None
+        self._retry_delay = config.storage_retry_min
+        self._faults = RateLimit(clock)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -179,7 +200,7 @@ class EventBusService(Service):
                 durability=config.durability,
                 topic_index=config.retention.latest_per_topic,
             )
-        except (OSError, sqlite3.Error) as error:
+        except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         try:
             self._factory = SocketFactory(self.reactor)
@@ -189,6 +210,7 @@ class EventBusService(Service):
             self.store.close()
             raise
         Service.startService(self)
+        self._checkpoints.start()
         self._started_at = self.clock()
         every = self._periodic.every
         if config.heartbeat_interval > 0:
@@ -312,20 +334,75 @@ class EventBusService(Service):
         for stream in list(self.streams):
             stream.cancel()
         self.streams.clear()
-        self._drain_collector()
-        self._flush_local()
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        if self._waiting:
+            self._store_waiting()  # one last attempt, no more
+        if not self._waiting:
+            self._drain_collector()
+            self._flush_local()
+        if self._waiting:
+            log.error(
+                "stopping with {count} received events not stored ({error}): they were "
+                "never broadcast",
+                count=len(self._waiting),
+                error=self.storage_error,
+            )
         self._close_sockets()
         self._stopping = defer.Deferred()
-        # The store closes once a checkpoint running in its thread is done.
-        running = self._checkpointing or defer.succeed(None)
-        running.addBoth(lambda _: self._close_store())
+        # The store closes once a checkpoint running in its thread is done, or once
+        # stop_timeout says it will not be soon: a stop never hangs on the disk.
+        self._checkpoint_finished().addCallback(self._close_store)
         return self._stopping
 
-    def _close_store(self) -> None:
-        self.store.close()
-        log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
-        assert self._stopping is not None
-        self._stopping.callback(None)
+    def _checkpoint_finished(self) -> defer.Deferred[bool]:
+        """Fires True once no checkpoint runs, or False if one still runs after
+        ``stop_timeout`` seconds."""
+        running = self._checkpointing
+        if running is None:
+            return defer.succeed(True)
+        finished: defer.Deferred[bool] = defer.Deferred()
+
+        def settle(value: bool) -> None:
+            if not finished.called:
+                finished.callback(value)
+
+        timer = self.reactor.callLater(self.config.stop_timeout, settle, False)
+
+        def ended(result: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            settle(True)
+            return result
+
+        running.addBoth(ended)
+        return finished
+
+    def _close_store(self, checkpoint_finished: bool) -> None:
+        try:
+            if checkpoint_finished:
+                self._checkpoints.stop()
+            else:
+                log.warn(
+                    "a WAL checkpoint still runs after {timeout}s: closing without it",
+                    timeout=self.config.stop_timeout,
+                )
+            self.store.close(checkpoint_running=not checkpoint_finished)
+        except StorageError as error:
+            self.storage_errors += 1
+            log.error(
+                "event log {path} closed without its final checkpoint ({error}): the WAL "
+                "keeps every stored event and the next start reads it",
+                path=str(self.store.path),
+                error=str(error),
+            )
+        except Exception:
+            log.failure("closing the event log failed")
+        finally:
+            log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
+            assert self._stopping is not None
+            self._stopping.callback(None)
 
     def _drain_collector(self, limit: int = 1_000_000) -> None:
         """Store and broadcast what the collector already holds, so a clean stop loses
@@ -335,7 +412,8 @@ class EventBusService(Service):
             return
         recv = sock.socket.recv_multipart
         drained = 0
-        while drained < limit:
+        # Once the store refuses a batch, reading more would only pile it up in memory.
+        while drained < limit and not self._waiting:
             batch: list[list[bytes]] = []
             try:
                 while len(batch) < self.config.read_budget:
@@ -364,14 +442,96 @@ class EventBusService(Service):
             self._accept(accepted)
 
     def _accept(self, accepted: list[codec.EventFields]) -> None:
+        """Store then broadcast; when the store refuses, the events wait (in order) and
+        the collector pauses until they are stored."""
+        if self._waiting:
+            # Read before the pause took effect: behind the refused ones, in order.
+            self._waiting.extend(accepted)
+            self.refused_storage += len(accepted)
+            return
+        try:
+            self._store_and_broadcast(accepted)
+        except StorageError as error:
+            self._waiting = accepted
+            self.refused_storage += len(accepted)
+            self._blocked_since = self.clock()
+            if self.collector_socket is not None:
+                self.collector_socket.pause_reading()
+            self._storage_failed(error)
+
+    def _store_and_broadcast(self, fields: list[codec.EventFields]) -> None:
         # Committed before anything is broadcast: a subscriber never sees an event
-        # that a crash could take back.
-        first = self.store.append_fields(accepted, self.clock())
-        self.accepted += len(accepted)
-        self.bytes_accepted += sum(len(fields[4]) for fields in accepted)
+        # that a crash could take back. A StorageError leaves the store unchanged.
+        first = self.store.append_fields(fields, self.clock())
+        self.accepted += len(fields)
+        self.bytes_accepted += sum(len(event[4]) for event in fields)
         pub = self.publisher_socket
         if pub is not None:
-            pub.send_many(codec.broadcast_messages(first, accepted, self.config.sequence_encoding))
+            pub.send_many(codec.broadcast_messages(first, fields, self.config.sequence_encoding))
+
+    # -- when the store cannot write ---------------------------------------------------------
+
+    @property
+    def collector_paused(self) -> bool:
+        """True while refused events wait for the store (the collector is not read)."""
+        return bool(self._waiting)
+
+    def _storage_failed(self, error: StorageError) -> None:
+        """A refused batch waits: say so (rate-limited) and retry it later."""
+        self.storage_errors += 1
+        self.storage_error = str(error)
+        failures = self._faults.due("append")
+        if failures is not None:
+            log.error(
+                "event log {path} cannot write ({error}): collector paused, {waiting} events "
+                "waiting; retrying ({failures} failed attempts since the last report)",
+                path=str(self.store.path),
+                error=str(error),
+                waiting=len(self._waiting),
+                failures=failures,
+            )
+        if self.running:
+            self._retry = self.reactor.callLater(self._retry_delay, self._retry_waiting)
+            self._retry_delay = min(self._retry_delay * 2, self.config.storage_retry_max)
+
+    def _retry_waiting(self) -> None:
+        self._retry = None
+        if self._store_waiting() and self.collector_socket is not None:
+            self.collector_socket.resume_reading()
+
+    def _store_waiting(self) -> bool:
+        """Try the waiting events once more; True once they are stored and broadcast."""
+        waiting = self._waiting
+        try:
+            self._store_and_broadcast(waiting)
+        except StorageError as error:
+            self._storage_failed(error)
+            return False
+        self._waiting = []
+        self.storage_error = None
+        self._retry_delay = self.config.storage_retry_min
+        self._faults.reset("append")
+        log.info(
+            "event log {path} writes again after {seconds:.1f}s: stored {count} waiting "
+            "events; collector resumed",
+            path=str(self.store.path),
+            seconds=self.clock() - self._blocked_since,
+            count=len(waiting),
+        )
+        return True
+
+    def _storage_fault(self, what: str, error: StorageError) -> None:
+        """A background store operation failed: counted, and reported rate-limited."""
+        self.storage_errors += 1
+        failures = self._faults.due(what)
+        if failures is not None:
+            log.warn(
+                "event log {what} failed ({error}); {failures} failures since the last "
+                "report; nothing stored is lost, it is retried",
+                what=what,
+                error=str(error),
+                failures=failures,
+            )
 
     # -- in-process publishing: composed services' activity ---------------------------------
 
@@ -386,7 +546,8 @@ class EventBusService(Service):
     def publish_local(self, fields: codec.EventFields) -> None:
         """Queue an event made in this process; the queue is stored and broadcast as one
         batch on the next reactor turn, like a batch read from the collector."""
-        if len(self._local) >= self.config.collector_hwm:
+        if len(self._local) + len(self._waiting) >= self.config.collector_hwm:
+            # The store is refusing (or far behind): never hold more than the collector would.
             self.drops.drop("local-overflow", "in-process activity queue full", b"local")
             return
         self._local.append(fields)
@@ -443,10 +604,13 @@ class EventBusService(Service):
         def done(result: Any) -> None:
             self._checkpointing = None
             if isinstance(result, Failure):
-                log.failure("WAL checkpoint failed", result)
+                if isinstance(result.value, StorageError):
+                    self._storage_fault("WAL checkpoint", result.value)
+                else:
+                    log.failure("WAL checkpoint failed", result)
 
         self._checkpointing = threads.deferToThreadPool(
-            self.reactor, self.reactor.getThreadPool(), self.store.checkpoint
+            self.reactor, self._checkpoints, self.store.checkpoint
         )
         self._checkpointing.addBoth(done)
 
@@ -483,6 +647,8 @@ class EventBusService(Service):
                     if finished:
                         break
                     yield None
+        except StorageError as error:
+            self._storage_fault("retention", error)
         finally:
             self._retention_task = None
         if deleted:
@@ -498,6 +664,11 @@ class EventBusService(Service):
             "accepted_local": self.local_accepted,
             "dropped": dict(self.drops.counts),
             "clients": self.connections(),
+            "refused_storage": self.refused_storage,
+            "storage_errors": self.storage_errors,
+            "storage_error": self.storage_error,
+            "storage_waiting": len(self._waiting),
+            "collector_paused": self.collector_paused,
             "snapshots_served": self.snapshots_served,
             "snapshots_aborted": self.snapshots_aborted,
             "snapshots_active": len(self.streams),
@@ -559,10 +730,9 @@ class EventBusService(Service):
     def _report(self) -> None:
         status = self.status()
         log.info(
-            "sequence {sequence}; accepted {accepted}; dropped {dropped}; clients {clients}; "
-            "snapshots "
-            "{snapshots_served} served, {snapshots_active} active; max timer lag "
-            "{max_timer_lag_ms} ms",
+            "sequence {sequence}; accepted {accepted}; dropped {dropped}; refused (storage) "
+            "{refused_storage}; clients {clients}; snapshots {snapshots_served} served, "
+            "{snapshots_active} active; max timer lag {max_timer_lag_ms} ms",
             **{k: v for k, v in status.items() if k != "config"},
         )
         self.max_lag = 0.0
@@ -574,7 +744,13 @@ class EventBusService(Service):
                 Path(self.config.data_dir) / "status.json", status or self.status()
             )
         except OSError as error:
-            log.warn("cannot write status.json: {error}", error=error)
+            failures = self._faults.due("status")
+            if failures is not None:
+                log.warn(
+                    "cannot write status.json: {error} ({failures} failures since the last report)",
+                    error=error,
+                    failures=failures,
+                )
 
 
 class LocalPublisher:
@@ -598,7 +774,21 @@ class LocalPublisher:
 
 
 def write_json_atomically(path: Path, value: Any) -> None:
+    """Replace ``path`` with ``value`` as JSON through a temporary file and a rename.
+
+    On a full disk (no room for the temporary file) the existing file is rewritten in
+    place instead, which needs no new blocks while the text is not longer: the status is
+    most wanted exactly then, and a reader may at worst see a torn file once."""
+    text = json.dumps(value, indent=1, sort_keys=True)
     temporary = path.with_suffix(".tmp")
-    with open(temporary, "w") as out:
-        json.dump(value, out, indent=1, sort_keys=True)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    except OSError as error:
+        temporary.unlink(missing_ok=True)  # a half-written file only takes space
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT) or not path.exists():
+            raise
+        with open(path, "r+") as out:
+            out.write(text)
+            out.truncate()

@@ -8,6 +8,11 @@ commit, so they survive a power loss too, at the cost of one fsync per batch.
 The sequence is the table's integer primary key and never goes backwards: the highest
 sequence ever assigned is kept in ``meta`` before retention deletes anything.
 Snapshot reads are chunked by sequence, so nothing is ever loaded whole in memory.
+
+A write the store cannot make (a full disk, an I/O error) raises :class:`StorageError`
+and leaves the store as it was before the call: SQLite rolls a failed transaction back
+itself (on SQLITE_FULL it already has), and only a transaction still open is rolled
+back here. The caller may retry the same call later.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -49,6 +54,42 @@ def prefix_upper_bound(prefix: bytes) -> bytes | None:
     return stripped[:-1] + bytes([stripped[-1] + 1])
 
 
+class StorageError(Exception):
+    """The event log could not do a write (or open): SQLite's error is ``cause``.
+
+    The message is SQLite's own (e.g. "database or disk is full"), so it reads well in
+    one log line; nothing was changed by the failed call."""
+
+    def __init__(self, cause: sqlite3.Error) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    """Roll back what a failed write left open. On SQLITE_FULL (and some I/O errors)
+    SQLite has already rolled the transaction back, and a ROLLBACK would only fail
+    with "no transaction is active"."""
+    if db.in_transaction:
+        # Should this fail too, the original error is still the one that matters.
+        with contextlib.suppress(sqlite3.Error):
+            db.execute("ROLLBACK")
+
+
+def _write(db: sqlite3.Connection, statements: Callable[[], object]) -> None:
+    """Run ``statements`` in one transaction: committed, or rolled back and raised as
+    :class:`StorageError` (any other exception is re-raised after the rollback)."""
+    try:
+        db.execute("BEGIN")
+        statements()
+        db.execute("COMMIT")
+    except sqlite3.Error as error:
+        _rollback(db)
+        raise StorageError(error) from error
+    except BaseException:
+        _rollback(db)
+        raise
+
+
 @dataclass(frozen=True, slots=True)
 class Retention:
     """What to keep. ``None`` means no limit; everything is kept by default."""
@@ -75,6 +116,15 @@ class EventStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / DB_NAME
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        try:
+            self._open(durability, topic_index)
+        except sqlite3.Error as error:
+            self._db.close()
+            raise StorageError(error) from error
+        self._compact_from = 0
+        self._closed = False
+
+    def _open(self, durability: Durability, topic_index: bool) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
         # An automatic checkpoint would run inside a commit on the reactor thread (10-90 ms
@@ -92,8 +142,6 @@ class EventStore:
             "SELECT received FROM events ORDER BY seq DESC LIMIT 1"
         ).fetchone()
         self._last_received = 0.0 if newest is None else float(newest[0])
-        self._compact_from = 0
-        self._closed = False
 
     # -- meta ----------------------------------------------------------------------------
 
@@ -130,13 +178,7 @@ class EventStore:
         received = max(received, self._last_received)
         rows = [(seq, *event, received) for seq, event in enumerate(fields, first)]
         db = self._db
-        db.execute("BEGIN")
-        try:
-            db.executemany(_INSERT, rows)
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+        _write(db, lambda: db.executemany(_INSERT, rows))
         self._last = first + len(fields) - 1
         self._last_received = received
         return first
@@ -193,23 +235,26 @@ class EventStore:
     def _delete_upto(self, boundary: int, chunk: int) -> int:
         """Delete at most ``chunk`` of the oldest events with ``seq <= boundary``."""
         db = self._db
-        db.execute("BEGIN")
-        try:
-            db.execute(
-                "INSERT INTO meta VALUES ('high_water', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (self._last,),
-            )
-            cursor = db.execute(
+        deleted = 0
+
+        def delete() -> None:
+            nonlocal deleted
+            self._save_high_water()
+            deleted = db.execute(
                 "DELETE FROM events WHERE seq IN "
                 "(SELECT seq FROM events WHERE seq <= ? ORDER BY seq LIMIT ?)",
                 (boundary, chunk),
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        return int(cursor.rowcount)
+            ).rowcount
+
+        _write(db, delete)
+        return int(deleted)
+
+    def _save_high_water(self) -> None:
+        self._db.execute(
+            "INSERT INTO meta VALUES ('high_water', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (self._last,),
+        )
 
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
         """Delete up to ``chunk`` events received before ``cutoff`` (epoch seconds)."""
@@ -241,47 +286,61 @@ class EventStore:
             self._compact_from = 0
             return 0, True
         end = int(end_row[0])
-        db.execute("BEGIN")
-        try:
-            db.execute(
-                "INSERT INTO meta VALUES ('high_water', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (self._last,),
-            )
-            cursor = db.execute(
+        deleted = 0
+
+        def compact() -> None:
+            nonlocal deleted
+            self._save_high_water()
+            deleted = db.execute(
                 "DELETE FROM events WHERE seq > ? AND seq <= ? AND EXISTS "
                 "(SELECT 1 FROM events AS newer WHERE newer.topic = events.topic "
                 "AND newer.seq > events.seq)",
                 (start, end),
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+            ).rowcount
+
+        _write(db, compact)
         self._compact_from = end
-        return int(cursor.rowcount), False
+        return int(deleted), False
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def checkpoint(self) -> tuple[int, int]:
         """Copy committed WAL pages into the database without blocking the writer
         (PASSIVE, on a connection of its own). Safe to call from one worker thread while
-        the owner appends. Returns (pages in the WAL, pages checkpointed)."""
-        if self._checkpointer is None:
-            self._checkpointer = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False
-            )
-        row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        the owner appends. Returns (pages in the WAL, pages checkpointed).
+
+        A checkpoint that cannot write (the database file cannot grow on a full disk)
+        raises :class:`StorageError`; the WAL keeps every commit, so nothing is lost."""
+        try:
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
+            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as error:
+            raise StorageError(error) from error
         return int(row[1]), int(row[2])
 
-    def close(self) -> None:
-        """Close; call only once no checkpoint() is running."""
+    def close(self, checkpoint_running: bool = False) -> None:
+        """Close, after a last checkpoint that empties the WAL.
+
+        Call it once no checkpoint() is running, or say that one still is
+        (``checkpoint_running``): then its connection is left to it and the final
+        checkpoint is skipped (it would wait for the running one).
+
+        The connection is closed in every case. A final checkpoint that fails (a full
+        disk) raises :class:`StorageError` after that: the WAL keeps every commit and
+        the next open reads it, so nothing is lost."""
         if self._closed:
             return
         self._closed = True
         try:
+            if checkpoint_running:
+                return
             if self._checkpointer is not None:
                 self._checkpointer.close()
             self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as error:
+            raise StorageError(error) from error
         finally:
             self._db.close()

@@ -14,13 +14,18 @@ hole it does not know about.
 
 The journal belongs to one bus log: ``bridge.json`` keeps that log's store id, and a
 bus answering with another store id is refused (its sequences mean other events).
+
+A journal that cannot be written (a full disk, an I/O error) pauses the bridge rather
+than stopping it: what the writer did not take stays in memory (reading the bus is
+paused, so that is bounded; whatever the bus sends meanwhile is healed from its log),
+one rate-limited error line says so, and the write is retried with backoff until it
+succeeds; then the bridge reads the bus again and catches up by itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,12 +36,13 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
-from twisted.python.threadpool import ThreadPool
 
+from bus.droplog import RateLimit
 from bus.eventbus.codec import Event
 from bus.metrics import Metric, counter, gauge
 from bus.periodic import Periodic
 from bus.spark.journal import JournalWriter
+from bus.workers import worker_pool
 
 log = Logger(namespace="bus.spark.bridge")
 
@@ -60,11 +66,10 @@ class BridgeConfig:
     #: Events held in memory for the writer before the bridge stops reading the bus
     #: (ZeroMQ then drops at the HWM and the gap is healed from the bus's log later).
     max_pending: int = 1_000_000
-
-
-class _DaemonThread(threading.Thread):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, daemon=True, **kwargs)
+    #: While the journal cannot be written (a full disk), the write is retried after
+    #: this many seconds, doubling up to ``storage_retry_max``.
+    storage_retry_min: float = 0.5
+    storage_retry_max: float = 5.0
 
 
 class StoreMismatch(Exception):
@@ -92,17 +97,25 @@ class SparkBridgeService(Service):
         #: Highest sequence the writer has taken into the journal (segments roll after).
         self.handed_to_journal = 0
         self.failed: Exception | None = None
-        self._pool = ThreadPool(minthreads=1, maxthreads=1, name="spark-bridge-writer")
         # A daemon: a bridge never stopped must not keep the process from exiting (a write
         # cut short is a crash the journal already recovers from).
-        self._pool.threadFactory = _DaemonThread
+        self._pool = worker_pool("spark-bridge-writer")
         self._pending: list[_Item] = []
         self._pending_events = 0
         self._last = self._start = 0
         self._writing: defer.Deferred[None] | None = None
         self._periodic = Periodic(self.reactor, log)
         self._store_id: str | None = None
+        self._state_saved = True
         self._paused = False
+        self._backlogged = False
+        #: Failed journal writes (each attempt); the last one's error while it lasts.
+        self.journal_errors = 0
+        self.journal_error: str | None = None
+        self._blocked_since: float | None = None
+        self._retry: Any = None
+        self._retry_delay = config.storage_retry_min
+        self._faults = RateLimit(time.monotonic)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -145,21 +158,41 @@ class SparkBridgeService(Service):
     def stopService(self) -> Any:
         Service.stopService(self)
         self._periodic.stop_all()
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
         if self.subscriber is not None:
             yield self.subscriber.stopService()
-        # Everything received goes to disk before the writer closes.
-        while self._writing is not None or self._pending:
+        # Everything received goes to disk before the writer closes; when the journal
+        # cannot be written, one last attempt and no more (a stop never hangs on a disk).
+        if self._writing is not None:
+            yield self._writing
+        if self._pending or self.journal_blocked:
+            self._hand_over(final=True, retry=True)
             if self._writing is not None:
                 yield self._writing
-            else:
-                self._hand_over(final=True)
         writer, self.writer = self.writer, None
+        durable = None
         if writer is not None:
-            yield deferToThreadPool(self.reactor, self._pool, writer.close)
+            try:
+                yield deferToThreadPool(self.reactor, self._pool, writer.close)
+            except OSError as error:
+                self._write_failed(error)
+            durable = writer.durable_sequence()
         self._pool.stop()
+        if self.journal_blocked:
+            log.error(
+                "spark bridge stopped with the journal {journal} not writable ({error}): "
+                "it holds up to sequence {durable}; the {held} events above it are fetched "
+                "again from the bus at the next start",
+                journal=str(self.config.journal_dir),
+                error=self.journal_error,
+                durable=durable,
+                held=self._last - (durable or 0),
+            )
         log.info(
             "spark bridge stopped at sequence {sequence} ({journaled} events journaled)",
-            sequence=self._last,
+            sequence=self._last if durable is None else durable,
             journaled=self.journaled,
         )
 
@@ -192,8 +225,10 @@ class SparkBridgeService(Service):
         self._last = sequence
         if self._pending_events >= self.config.roll_events:
             self._hand_over()
-        if self._pending_events >= self.config.max_pending and not self._paused:
-            self._pause(True)
+        if self._pending_events >= self.config.max_pending and not self._backlogged:
+            log.warn("journal writer behind by {n} events: pausing", n=self._pending_events)
+            self._backlogged = True
+            self._update_pause()
 
     def _check_store(self) -> None:
         seen = self.subscriber.core.store_id if self.subscriber is not None else None
@@ -201,7 +236,8 @@ class SparkBridgeService(Service):
             return
         if self._store_id is None:
             self._store_id = seen
-            self._write_state({"store_id": seen})
+            self._state_saved = False
+            self._save_state()
             return
         self._fail(
             StoreMismatch(f"journal belongs to bus store {self._store_id}, the bus serves {seen}")
@@ -213,16 +249,82 @@ class SparkBridgeService(Service):
         if self.subscriber is not None and self.subscriber.running:
             self.subscriber.stopService()
 
-    def _pause(self, paused: bool) -> None:
-        """Stop (or resume) reading the bus while the writer catches up."""
+    def _update_pause(self) -> None:
+        """Stop reading the bus while the writer is behind or the journal cannot be
+        written; read again once neither holds."""
+        paused = self._backlogged or self.journal_blocked
+        if paused == self._paused:
+            return
         self._paused = paused
         if self.subscriber is None:
             return
         if paused:
-            log.warn("journal writer behind by {n} events: pausing", n=self._pending_events)
             self.subscriber.pause()
         else:
             self.subscriber.resume()
+
+    # -- when the journal cannot be written ------------------------------------------------
+
+    @property
+    def journal_blocked(self) -> bool:
+        """True from a failed journal write until a write succeeds again."""
+        return self._blocked_since is not None
+
+    def _write_failed(self, error: BaseException) -> None:
+        """Pause reading, say so (rate-limited), and retry later."""
+        self.journal_errors += 1
+        self.journal_error = str(error)
+        if self._blocked_since is None:
+            self._blocked_since = time.monotonic()
+        self._update_pause()
+        failures = self._faults.due("write")
+        if failures is not None:
+            writer = self.writer
+            log.error(
+                "journal {journal} cannot be written ({error}): spark bridge paused with "
+                "{held} events held in memory above sequence {durable}; retrying "
+                "({failures} failed attempts since the last report)",
+                journal=str(self.config.journal_dir),
+                error=str(error),
+                held=self._pending_events,
+                durable=None if writer is None else writer.durable_sequence(),
+                failures=failures,
+            )
+        if self.running and self._retry is None:
+            self._retry = self.reactor.callLater(self._retry_delay, self._retry_write)
+            self._retry_delay = min(self._retry_delay * 2, self.config.storage_retry_max)
+
+    def _write_recovered(self) -> None:
+        assert self._blocked_since is not None
+        log.info(
+            "journal {journal} is written again after {seconds:.1f}s: spark bridge resumed",
+            journal=str(self.config.journal_dir),
+            seconds=time.monotonic() - self._blocked_since,
+        )
+        self._blocked_since = None
+        self.journal_error = None
+        self._retry_delay = self.config.storage_retry_min
+        self._faults.reset("write")
+        self._update_pause()
+
+    def _retry_write(self) -> None:
+        self._retry = None
+        if not self._save_state():
+            return
+        if self._writing is None:
+            self._hand_over(retry=True)
+
+    def _save_state(self) -> bool:
+        """Write bridge.json if it is due; False (and a retry) when it cannot be."""
+        if self._state_saved or self._store_id is None:
+            return True
+        try:
+            self._write_state({"store_id": self._store_id})
+        except OSError as error:
+            self._write_failed(error)
+            return False
+        self._state_saved = True
+        return True
 
     # -- the writer thread ---------------------------------------------------------------------
 
@@ -231,16 +333,22 @@ class SparkBridgeService(Service):
         if self._writing is None:
             self._hand_over()
 
-    def _hand_over(self, final: bool = False) -> None:
-        if self._writing is not None:
+    def _hand_over(self, final: bool = False, retry: bool = False) -> None:
+        """Give what is pending to the writer thread. While the journal cannot be
+        written only the retry timer (or the stop) hands over, ``retry`` set."""
+        if self._writing is not None or (self.journal_blocked and not retry):
             return
         batch, self._pending = self._pending, []
         count, self._pending_events = self._pending_events, 0
         writer = self.writer
         if writer is None:
             return
+        # After a failed write, what the writer already took goes to disk first.
+        flush_first = self.journal_blocked
 
         def write() -> None:
+            if flush_first:
+                writer.flush()
             for kind, value in batch:
                 if kind == "gap":
                     first, last = value
@@ -260,12 +368,29 @@ class SparkBridgeService(Service):
             self.journaled += count
             self.handed_to_journal = last_handed
             self.gaps_recorded += sum(1 for kind, _ in batch if kind == "gap")
-            if self._paused and self._pending_events < self.config.max_pending // 2:
-                self._pause(False)
+            if self.journal_blocked:
+                self._write_recovered()
+            if self._backlogged and self._pending_events < self.config.max_pending // 2:
+                self._backlogged = False
+                self._update_pause()
 
         def failed(failure: Any) -> None:
             self._writing = None
-            self._fail(failure.value)
+            error = failure.value
+            if not isinstance(error, OSError) or writer is not self.writer:
+                self._fail(error)
+                return
+            # The disk refused: keep what the writer did not take, in front of what
+            # arrived meanwhile, and try again later.
+            taken = writer.last_sequence() or 0
+            kept = _not_taken(batch, taken)
+            kept_events = sum(len(value[1]) for kind, value in kept if kind == "events")
+            self.journaled += count - kept_events
+            self.gaps_recorded += sum(1 for kind, _ in batch if kind == "gap")
+            self.gaps_recorded -= sum(1 for kind, _ in kept if kind == "gap")
+            self._pending[:0] = kept
+            self._pending_events += kept_events
+            self._write_failed(error)
 
         self._writing = deferToThreadPool(self.reactor, self._pool, write)
         self._writing.addCallbacks(written, failed)
@@ -308,6 +433,10 @@ class SparkBridgeService(Service):
             "gaps_recorded": self.gaps_recorded,
             "store_id": self._store_id,
             "failed": None if self.failed is None else str(self.failed),
+            "paused": self._paused,
+            "journal_blocked": self.journal_blocked,
+            "journal_errors": self.journal_errors,
+            "journal_error": self.journal_error,
             "bus_sequence": self._bus_sequence(),
             "journal_lag": self._journal_lag(),
         }
@@ -340,8 +469,32 @@ class SparkBridgeService(Service):
             ),
             gauge("spark_bridge_sequence", "Highest sequence received from the bus", self._last),
             gauge(
+                "spark_bridge_journal_blocked",
+                "1 while the journal cannot write (full disk): the bridge is paused",
+                float(self.journal_blocked),
+            ),
+            counter(
+                "spark_bridge_journal_errors", "Journal writes that failed", self.journal_errors
+            ),
+            gauge(
                 "spark_bridge_failed",
                 "1 when the bridge stopped journaling",
                 float(self.failed is not None),
             ),
         ]
+
+
+def _not_taken(batch: list[_Item], taken: int) -> list[_Item]:
+    """The items (or the tails of event runs) above sequence ``taken``: what a failed
+    write left for the next attempt (the writer holds everything up to ``taken``)."""
+    kept: list[_Item] = []
+    for kind, value in batch:
+        if kind == "gap":
+            if value[1] > taken:
+                kept.append((kind, value))
+        else:
+            received, events = value
+            rest = [event for event in events if event.sequence > taken]
+            if rest:
+                kept.append((kind, (received, rest)))
+    return kept

@@ -167,11 +167,15 @@ def _fsync_path(path: Path) -> None:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     temp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
-    with open(temp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)  # a full disk: the old file stands, nothing is left over
+        raise
     _fsync_path(path.parent)
 
 
@@ -372,11 +376,12 @@ class JournalWriter:
     # -- state
 
     def _set_origin(self, origin: int) -> None:
+        state = {"format": FORMAT_VERSION, "origin": origin, "retained_after": self._retained_after}
+        # Remembered once written: a write the disk refused is made again next time.
+        _write_atomically(self.directory / STATE_FILE, json.dumps(state).encode())
         self._origin = origin
         if self._durable is None:
             self._durable = origin
-        state = {"format": FORMAT_VERSION, "origin": origin, "retained_after": self._retained_after}
-        _write_atomically(self.directory / STATE_FILE, json.dumps(state).encode())
 
     def last_sequence(self) -> int | None:
         """The highest sequence appended or declared missing (buffered ones included)."""
@@ -575,13 +580,19 @@ class JournalWriter:
             raise JournalError("journal writer is closed")
 
     def close(self) -> None:
-        """Flush and release the directory. Idempotent."""
+        """Flush and release the directory. Idempotent.
+
+        Should the flush fail (a full disk), the directory is released all the same and
+        the error raised: the buffered events are above :meth:`durable_sequence`, where
+        the next writer resumes."""
         with self._lock:
             if self._closed:
                 return
-            self._write_segment()
-            self._closed = True
-            self._lock_handle.close()
+            try:
+                self._write_segment()
+            finally:
+                self._closed = True
+                self._lock_handle.close()
 
     def __enter__(self) -> JournalWriter:
         return self

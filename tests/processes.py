@@ -1,0 +1,72 @@
+"""Servers in child processes, as users run them (twistd)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+ROOT = Path(__file__).resolve().parent.parent
+# twistd re-raises the signal that stopped the reactor once shutdown is complete.
+CLEAN_EXIT = (0, -signal.SIGTERM)
+
+
+class ServerProcess:
+    """twistd in a child process; its endpoints come from the status.json it writes."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *args: str,
+        tac: bool = False,
+        port: int = 0,
+        log_path: Path | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.status_path = data_dir / "status.json"
+        self.status_path.unlink(missing_ok=True)  # a killed server's last word
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if tac:
+            env.update(
+                EVENTBUS_PORT=str(port),
+                EVENTBUS_DATA_DIR=str(data_dir),
+                EVENTBUS_STATS_INTERVAL="0.1s",
+                EVENTBUS_HEARTBEAT_INTERVAL="0.1s",
+            )
+            command = [TWISTD, "-n", "--pidfile=", "-y", str(ROOT / "examples" / "eventbus.tac")]
+        else:
+            command = [
+                TWISTD, "-n", "--pidfile=", "eventbus", "--port", str(port),
+                "--data-dir", str(data_dir), "--stats-interval", "0.1s",
+                "--heartbeat-interval", "0.1s", *args,
+            ]  # fmt: skip
+        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
+        self.log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads(self.status_path.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"server exited with {self.process.returncode}")
+        return bool(self.status().get("endpoints"))
+
+    @property
+    def address(self) -> str:
+        return self.status()["endpoints"]["snapshot"].removeprefix("tcp://")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=30)
+        self.log.close()
+        return code
