@@ -700,6 +700,21 @@ class EventBusService(Service):
                 "reason",
                 self.drops.counts,
             ),
+            counter(
+                "eventbus_events_refused_storage",
+                "Events the store refused (full disk, I/O error); each waits and is stored later",
+                self.refused_storage,
+            ),
+            counter(
+                "eventbus_storage_errors",
+                "Failed store operations (appends, checkpoints, retention)",
+                self.storage_errors,
+            ),
+            gauge(
+                "eventbus_collector_paused",
+                "1 while refused events wait for the store and the collector is not read",
+                float(self.collector_paused),
+            ),
             counter("eventbus_snapshots_served", "Snapshots streamed whole", self.snapshots_served),
             counter(
                 "eventbus_snapshots_aborted",

@@ -66,6 +66,18 @@ class Options(ServiceOptions):
         ["max-event-size", None, 1024 * 1024, "Largest event data in bytes.", int],
         ["publish-hwm", None, 200_000, "PUB queue per subscriber, in messages.", int],
         [
+            "storage-retry-max",
+            None,
+            "5s",
+            "Longest wait between attempts to store refused events (full disk).",
+        ],
+        [
+            "stop-timeout",
+            None,
+            "3s",
+            "How long a stop waits for a running WAL checkpoint before closing without it.",
+        ],
+        [
             "stats-interval",
             None,
             "10s",
@@ -97,6 +109,8 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
         max_data_bytes=int(options["max-event-size"]),
         publish_hwm=int(options["publish-hwm"]),
         stats_interval=parse_duration(options["stats-interval"]),
+        storage_retry_max=parse_duration(options.get("storage-retry-max", "5s")),
+        stop_timeout=parse_duration(options.get("stop-timeout", "3s")),
     )
     if config.durability not in ("normal", "full"):
         raise usage.UsageError("--durability must be normal or full")

@@ -31,6 +31,12 @@ class Options(ServiceOptions):
         ["retention-max-age", None, None, "Remove segments older than this (e.g. 7d)."],
         ["retention-max-bytes", None, None, "Keep at most this many bytes of segments.", int],
         [
+            "storage-retry-max",
+            None,
+            "5s",
+            "Longest wait between attempts to write when the journal's disk refuses.",
+        ],
+        [
             "heartbeat-timeout",
             None,
             "3.5s",
@@ -61,6 +67,7 @@ def bridge_config(options: usage.Options | dict[str, Any]) -> BridgeConfig:
         retention_max_age=optional_duration(options.get("retention-max-age")),
         retention_max_bytes=None if not max_bytes else int(max_bytes),
         heartbeat_timeout=parse_duration(options["heartbeat-timeout"]),
+        storage_retry_max=parse_duration(options.get("storage-retry-max", "5s")),
     )
 
 
