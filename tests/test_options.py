@@ -172,3 +172,14 @@ def test_durations() -> None:
     ]
     with pytest.raises(usage.UsageError):
         parse_duration("soon")
+
+
+def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "bus.toml"
+    options = parse("--config", str(example))
+    assert options["services"] == ("eventbus", "spark-bridge")
+    bus = options["service-options"]["eventbus"]["eventbus-config"]
+    assert bus.retention.max_age == 30 * 86400
+    assert (
+        options["service-options"]["spark-bridge"]["bridge-config"].retention_max_age == 90 * 86400
+    )
