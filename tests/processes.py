@@ -16,7 +16,30 @@ ROOT = Path(__file__).resolve().parent.parent
 CLEAN_EXIT = (0, -signal.SIGTERM)
 
 
-class ServerProcess:
+class TwistdProcess:
+    """A twistd command in a child process, its output in a log file."""
+
+    def __init__(
+        self, command: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None
+    ) -> None:
+        self.log_path = log_path
+        self.log = open(log_path, "ab")
+        self.process = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=cwd
+        )
+
+    def output(self) -> str:
+        return self.log_path.read_text()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=30)
+        self.log.close()
+        return code
+
+
+class ServerProcess(TwistdProcess):
     """twistd in a child process; its endpoints come from the status.json it writes."""
 
     def __init__(
@@ -45,9 +68,7 @@ class ServerProcess:
                 "--data-dir", str(data_dir), "--stats-interval", "0.1s",
                 "--heartbeat-interval", "0.1s", *args,
             ]  # fmt: skip
-        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
-        self.log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        super().__init__(command, log_path or data_dir.parent / f"{data_dir.name}.log", env)
 
     def status(self) -> dict[str, Any]:
         try:
@@ -63,10 +84,3 @@ class ServerProcess:
     @property
     def address(self) -> str:
         return self.status()["endpoints"]["snapshot"].removeprefix("tcp://")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        code = self.process.wait(timeout=30)
-        self.log.close()
-        return code

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,9 +18,9 @@ import pytest_twisted
 from bus.eventbus.client import EventBusPublisher
 from bus.testing import wait_until
 
-TWISTD = str(Path(sys.executable).with_name("twistd"))
+from .processes import CLEAN_EXIT, TWISTD, TwistdProcess
+
 CLI = str(Path(sys.executable).with_name("eventbus-cli"))
-CLEAN_EXIT = (0, -signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -36,21 +35,13 @@ def environment(**extra: str) -> dict[str, str]:
     return env
 
 
-class Product:
+class Product(TwistdProcess):
     """``twistd -n eventbus ARGS`` in a child process, watched through its /status."""
 
     def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.http_port = free_port()
-        self.log_path = workdir / "twistd.log"
-        self.log = open(self.log_path, "ab")
         command = [TWISTD, "-n", "--pidfile=", "eventbus", "--http-port", str(self.http_port)]
-        self.process = subprocess.Popen(
-            [*command, *args],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env=env or environment(),
-            cwd=workdir,
-        )
+        super().__init__([*command, *args], workdir / "twistd.log", env or environment(), workdir)
 
     def get(self, path: str) -> str:
         url = f"http://127.0.0.1:{self.http_port}{path}"
@@ -67,16 +58,6 @@ class Product:
             return all(s["running"] for s in self.status()["services"].values())
         except OSError:
             return False
-
-    def output(self) -> str:
-        return self.log_path.read_text()
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        code = self.process.wait(timeout=30)
-        self.log.close()
-        return code
 
 
 def metric_samples(text: str) -> dict[str, float]:
