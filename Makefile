@@ -24,7 +24,7 @@ run: $(VENV)/.run-deps
 	$(BIN)/twistd -n eventbus $(ARGS)
 
 test: $(VENV)/.test-deps
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench
