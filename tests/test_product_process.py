@@ -198,3 +198,26 @@ def test_a_busy_port_stops_the_process_with_one_line_naming_the_option(
     assert f"cannot start {service}: --{busy} {port}: " in line
     assert "in use" in line
     assert "Traceback" not in output
+
+
+def test_a_journal_held_by_another_bridge_names_the_prefixed_option(tmp_path: Path) -> None:
+    from bus.spark.journal import JournalWriter
+
+    held = JournalWriter(tmp_path / "journal")  # another writer holds its lock
+    try:
+        run = subprocess.run(
+            [
+                TWISTD, "-n", "--pidfile=", "eventbus", "--port", "0", "--http-port", "0",
+                "--data-dir", str(tmp_path / "data"), "--spark-bridge",
+                "--spark-bridge-journal-dir", str(tmp_path / "journal"),
+            ],
+            capture_output=True, text=True, cwd=tmp_path, env=environment(), timeout=60,
+        )  # fmt: skip
+    finally:
+        held.close()
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    [line] = [line for line in output.splitlines() if "cannot start" in line]
+    assert "cannot start spark-bridge: --spark-bridge-journal-dir " in line
+    assert "another writer holds the journal" in line
+    assert "stopped eventbus" in output  # the bus, started first, was stopped cleanly

@@ -38,10 +38,11 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
 from bus.droplog import RateLimit
+from bus.errors import StartupError
 from bus.eventbus.codec import Event
 from bus.metrics import Metric, counter, gauge
 from bus.periodic import Periodic
-from bus.spark.journal import JournalWriter
+from bus.spark.journal import JournalError, JournalWriter
 from bus.workers import worker_pool
 
 log = Logger(namespace="bus.spark.bridge")
@@ -123,9 +124,12 @@ class SparkBridgeService(Service):
         from bus.eventbus.client import EventBusSubscriber
 
         config = self.config
-        self.writer = JournalWriter(
-            config.journal_dir, config.roll_events, config.roll_seconds, fsync=config.fsync
-        )
+        try:
+            self.writer = JournalWriter(
+                config.journal_dir, config.roll_events, config.roll_seconds, fsync=config.fsync
+            )
+        except (JournalError, OSError) as error:
+            raise StartupError("journal-dir", f"cannot open the journal: {error}") from None
         self._store_id = self._read_state().get("store_id")
         self._last = self._start = self.writer.last_sequence() or 0
         self._pool.start()
