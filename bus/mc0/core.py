@@ -153,8 +153,8 @@ class Broker:
             case codec.Unsubscribe(topics):
                 for topic in topics:
                     self._unsubscribe(client, topic)
-            case codec.Connect(ttl_ms, version):
-                ttl_ms = settings.default_ttl_ms if ttl_ms is None else ttl_ms
+            case codec.Connect(asked, version):
+                ttl_ms = settings.default_ttl_ms if asked is None else asked
                 if not self._ttl_allowed(identity, ttl_ms, command):
                     return
                 client.version = version

@@ -81,34 +81,32 @@ def load_key_pair(path: Path | str) -> CurveKeyPair:
     """A secret key from ``NAME.key_secret``, from ``NAME.key`` (its ``.key_secret`` sibling
     is read), or from a plain file holding the 40-character Z85 secret key."""
     path = Path(path)
-    if path.suffix == ".key" and not _is_secret_certificate(path):
-        path = path.with_name(path.name + "_secret")
-    try:
-        text = path.read_bytes()
-    except OSError as error:
-        raise KeyFileError(f"{path}: {error.strerror or error}") from None
+    text = _read(path)
     stripped = text.strip()
     if len(stripped) == _Z85_KEY_LENGTH and b"\n" not in stripped:
         secret = _check_key(stripped, "the secret key", path)
         return CurveKeyPair(zmq.curve_public(secret), secret)
+    if b"secret-key" not in text and path.suffix == ".key":
+        path = path.with_name(path.name + "_secret")  # a public certificate: its sibling
+        _read(path)
     try:
-        public, secret = zmq.auth.load_certificate(str(path))
+        public, maybe_secret = zmq.auth.load_certificate(str(path))
     except (ValueError, OSError) as error:
         raise KeyFileError(f"{path}: not a CURVE certificate ({error})") from None
-    if secret is None:
+    if maybe_secret is None:
         raise KeyFileError(f"{path}: holds no secret key")
     _check_key(public, "the public key", path)
-    _check_key(secret, "the secret key", path)
-    if zmq.curve_public(secret) != public:
+    _check_key(maybe_secret, "the secret key", path)
+    if zmq.curve_public(maybe_secret) != public:
         raise KeyFileError(f"{path}: the public key does not match the secret key")
-    return CurveKeyPair(public, secret)
+    return CurveKeyPair(public, maybe_secret)
 
 
-def _is_secret_certificate(path: Path) -> bool:
+def _read(path: Path) -> bytes:
     try:
-        return b"secret-key" in path.read_bytes()
-    except OSError:
-        return False
+        return path.read_bytes()
+    except OSError as error:
+        raise KeyFileError(f"{path}: {error.strerror or error}") from None
 
 
 def load_public_key(value: str | Path) -> bytes:
@@ -228,8 +226,10 @@ class ZapHandler:
         self._envelope: list[bytes] | None = None
         self._request: list[bytes] = []
         self._signature: tuple[tuple[str, float], ...] | None = None
-        self.authenticator = ReactorAuthenticator(factory.txzmq_factory.context, log=_LoggerBridge())
-        self.authenticator.zap_socket = _ReplyChannel(self)
+        self.authenticator = ReactorAuthenticator(
+            factory.txzmq_factory.context, log=_LoggerBridge()
+        )
+        self.authenticator.zap_socket = _ReplyChannel(self)  # type: ignore[assignment]
         self.configure()
         self.socket = factory.socket(
             zmq.ROUTER,
