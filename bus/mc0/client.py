@@ -288,8 +288,22 @@ class Mc0Connector:
         )
         self.reconnects += 1
         self._end_session(Mc0ConnectionLost(why))
-        if not self._stopped:
+        self._retry_session()
+
+    def _retry_session(self) -> None:
+        if self._stopped or self._factory is None:
+            return
+        try:
             self._open_session()
+        except Exception:
+            # A socket that cannot be made now (e.g. out of file descriptors): try later.
+            log.failure(
+                "mc0 connector: cannot open a session to {endpoint}", endpoint=self.endpoint
+            )
+            if self._socket is not None:
+                self._socket.shutdown()
+                self._socket = None
+            self._timer = self.reactor.callLater(self.ttl, self._retry_session)
 
     def _on_connected(self) -> None:
         self.connected = True

@@ -18,6 +18,7 @@ service modules import it, lazily, never plugin files or conftest.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ _BACKEND_SEND = zmq.backend.Socket.send
 _MONITOR_EVENT = struct.Struct("=H")
 _CONNECTED = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
 _CONNECTION_EVENTS = _CONNECTED | zmq.EVENT_DISCONNECTED
+
+_MONITOR_NUMBERS = itertools.count(1)
 
 MessageBatchHandler = Callable[[list[list[bytes]]], None]
 
@@ -185,7 +188,9 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         if self._monitor is not None or self.socket is None:
             return
         self._on_event = on_event
-        address = f"inproc://monitor-{id(self):x}"
+        # Not id(self): a socket closed a moment ago may still hold its monitor's address
+        # (libzmq reaps it later) while a new object reuses the id.
+        address = f"inproc://monitor-{next(_MONITOR_NUMBERS)}"
         self.socket.monitor(address, _CONNECTION_EVENTS | events)
         self._monitor = self.owner.socket(
             zmq.PAIR,
