@@ -36,6 +36,7 @@ class RawMc0Peer:
         endpoint: str,
         server_key: bytes | None = None,
         keys: Any = None,
+        identity: bytes | None = None,
     ) -> None:
         import zmq
 
@@ -48,7 +49,7 @@ class RawMc0Peer:
         self.socket = self.factory.socket(
             zmq.DEALER,
             self.messages.extend,
-            SocketOptions(linger_ms=0, send_hwm=100_000, receive_hwm=100_000),
+            SocketOptions(linger_ms=0, send_hwm=100_000, receive_hwm=100_000, identity=identity),
         )
         if server_key is not None:
             make_curve_client(self.socket, server_key, self.keys)
