@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 from bus.errors import ProtocolError
 
@@ -81,9 +81,9 @@ class Mc0Error(ProtocolError):
 # -- decoded messages -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Parsed:
-    """Any well-formed message: the verb, its header pairs in order, its positionals."""
+class Parsed(NamedTuple):
+    """Any well-formed message: the verb, its header pairs in order, its positionals.
+    (A tuple: made for every message, it must be cheap.)"""
 
     verb: bytes
     headers: Headers
@@ -208,7 +208,7 @@ def parse(
             _id_in(frames[: max_frames + 2], start + 1),
             framing,
         )
-    if sum(len(frame) for frame in frames) > max_bytes:
+    if sum(map(len, frames)) > max_bytes:
         raise Mc0Error(
             f"message over {max_bytes} bytes", "oversized", _id_in(frames, start + 1), framing
         )
