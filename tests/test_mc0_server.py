@@ -451,3 +451,23 @@ def test_stop_is_idempotent_and_metrics_name_the_counters(broker: Any, closing: 
     assert broker.stopService() is first
     yield first
     assert broker.socket is None
+
+
+@pytest_twisted.inlineCallbacks
+def test_errors_fail_the_commands_deferred(broker: Any, closing: list[Any]) -> Any:
+    from bus.mc0.client import Mc0CommandError
+
+    a = connector(broker, closing)
+    yield a.start()
+    with pytest.raises(Mc0CommandError, match="empty topic"):
+        yield a.put(b"", b"nowhere")
+    with pytest.raises(Mc0CommandError, match="empty topic"):
+        yield a.subscribe(b"ok", b"")
+    assert a.topics == set()  # a refused SUB is not held for the next session
+    yield a.noop()  # the session goes on
+    refused = connector(broker, closing, ttl=0.01)  # below the broker's --min-ttl (50 ms)
+    with pytest.raises(Mc0CommandError, match="TTL 10 ms out of this broker's range"):
+        yield refused.start()
+    with pytest.raises(Mc0CommandError):
+        yield refused.put(b"t", b"x")
+    assert refused.sessions == 1  # a refused CONNECT is not retried

@@ -68,6 +68,7 @@ class Delivery:
 class _Pending:
     kind: str
     deferred: defer.Deferred[None]
+    topics: tuple[bytes, ...] = ()
 
 
 class Mc0Connector:
@@ -171,8 +172,11 @@ class Mc0Connector:
     # -- commands -------------------------------------------------------------------------------
 
     def subscribe(self, *topics: bytes) -> defer.Deferred[None]:
+        """SUB; the topics are held (and re-SUBscribed on a new session) unless refused."""
         self.topics.update(topics)
-        return self._command("sub", lambda i: codec.Subscribe(tuple(topics), i, self.framing))
+        return self._command(
+            "sub", lambda i: codec.Subscribe(tuple(topics), i, self.framing), topics
+        )
 
     def unsubscribe(self, *topics: bytes) -> defer.Deferred[None]:
         self.topics.difference_update(topics)
@@ -201,14 +205,17 @@ class Mc0Connector:
         return b"%s-%d" % (self._prefix, self._counter)
 
     def _command(
-        self, kind: str, make: Callable[[bytes], codec.ClientCommand]
+        self,
+        kind: str,
+        make: Callable[[bytes], codec.ClientCommand],
+        topics: tuple[bytes, ...] = (),
     ) -> defer.Deferred[None]:
         if self._stopped:
             return defer.fail(Mc0ConnectionLost("connector stopped"))
         if self._refused is not None:
             return defer.fail(self._refused)
         command = make(self._next_id())
-        pending = _Pending(kind, defer.Deferred())
+        pending = _Pending(kind, defer.Deferred(), topics)
         if self.connected:
             self._send_command(command, pending)
         else:
@@ -384,6 +391,9 @@ class Mc0Connector:
             return
         if entry.kind == "resub":
             self._settle_carried(error)
+        elif entry.kind == "sub" and error is not None:
+            self.topics.difference_update(entry.topics)  # refused: not held
+            entry.deferred.errback(error)
         elif error is None:
             entry.deferred.callback(None)
         else:
