@@ -471,3 +471,50 @@ def test_errors_fail_the_commands_deferred(broker: Any, closing: list[Any]) -> A
     with pytest.raises(Mc0CommandError):
         yield refused.put(b"t", b"x")
     assert refused.sessions == 1  # a refused CONNECT is not retried
+
+
+def torture_client(endpoint: str, server_key: bytes, name: bytes, count: int) -> list[list[bytes]]:
+    """mc0d's torture client as plain blocking pyzmq (its own context, in a thread): CONNECT
+    with only an ID, COUNT NOOPs in lockstep, DISCONNECT. Returns every reply."""
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    public, secret = zmq.curve_keypair()
+    sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = server_key, public, secret
+    sock.setsockopt(zmq.IDENTITY, name)
+    sock.linger = 1000
+    sock.rcvtimeo = 10_000
+    replies = []
+    try:
+        sock.connect(endpoint)
+        sock.send_multipart([b"", b"CONNECT", b"ID", name])
+        replies.append(sock.recv_multipart())
+        for i in range(count):
+            sock.send_multipart([b"", b"NOOP", b"ID", b"%s %d" % (name, i)])
+            replies.append(sock.recv_multipart())
+        sock.send_multipart([b"", b"DISCONNECT"])
+    finally:
+        sock.close()
+        context.term()
+    return replies
+
+
+@pytest_twisted.inlineCallbacks
+def test_torture_clients_in_plain_pyzmq(broker: Any) -> Any:
+    from twisted.internet import defer, threads
+
+    names = [b"chattyClient %d" % i for i in range(4)]
+    results = yield defer.gatherResults(
+        [
+            threads.deferToThread(torture_client, broker.endpoint, broker.keys.public, name, 50)
+            for name in names
+        ]
+    )
+    for name, replies in zip(names, results, strict=True):
+        assert replies == [
+            [b"", b"OK", b"ID", name],
+            *([b"", b"OK", b"ID", b"%s %d" % (name, i)] for i in range(50)),
+        ]
+    yield wait_until(lambda: not broker.broker.clients, what="every torture client DISCONNECTed")
+    assert broker.broker.disconnected == 4 and broker.broker.acknowledged == 4 * 51
