@@ -205,6 +205,7 @@ def test_a_busy_port_stops_the_process_with_one_line_naming_the_option(
             [
                 TWISTD, "-n", "--pidfile=", "eventbus", "--port", bus_port,
                 "--http-port", http_port, "--data-dir", str(tmp_path / "data"),
+                "--mc0-port", "0",
             ],
             capture_output=True, text=True, cwd=tmp_path, env=environment(), timeout=60,
         )  # fmt: skip
