@@ -233,3 +233,15 @@ def test_close_cancels_timers(clock: Clock, wire: Wire) -> None:
     broker.receive(A, [b"NOOP"])
     broker.close()
     assert clock.getDelayedCalls() == []
+
+
+def test_too_many_topics_for_one_client(clock: Clock, wire: Wire) -> None:
+    broker = make(clock, wire, max_topics_per_client=3)
+    broker.receive(A, [b"SUB", b"", b"a", b"b"])
+    broker.receive(A, [b"SUB", b"ID", b"s", b"", b"b", b"c", b"d"])
+    assert broker.clients[A].topics == {b"a", b"b"}
+    [reply] = wire.to(A)
+    assert reply[0] == b"ERROR" and reply[-2:] == [b"ID", b"s"]
+    assert broker.errors.counts["too-many-topics"] == 1
+    broker.receive(A, [b"SUB", b"ID", b"s2", b"", b"b", b"c"])  # three in all: fine
+    assert broker.clients[A].topics == {b"a", b"b", b"c"}

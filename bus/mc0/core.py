@@ -54,6 +54,7 @@ class BrokerSettings:
     max_message_bytes: int = codec.DEFAULT_MAX_MESSAGE_BYTES
     max_frames: int = codec.DEFAULT_MAX_FRAMES
     max_clients: int = 100_000
+    max_topics_per_client: int = 10_000
     noop_factor: float = 0.95
     expiry_factor: float = 1.05
 
@@ -147,6 +148,17 @@ class Broker:
             case codec.Noop():
                 pass
             case codec.Subscribe(topics):
+                if len(client.topics.union(topics)) > settings.max_topics_per_client:
+                    self._refuse(
+                        identity,
+                        Mc0Error(
+                            f"more than {settings.max_topics_per_client} topics for one client",
+                            "too-many-topics",
+                            command.id,
+                            command.framing,
+                        ),
+                    )
+                    return
                 for topic in topics:
                     self.topics.setdefault(topic, {})[identity] = client
                     client.topics.add(topic)

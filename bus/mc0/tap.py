@@ -56,6 +56,7 @@ class Options(ServiceOptions):
         ["max-ttl", None, "1d", "Largest TTL a CONNECT may ask for."],
         ["max-message-size", None, 1024 * 1024, "Largest message in bytes (ERROR above).", int],
         ["max-clients", None, 100_000, "Most clients known at once.", int],
+        ["max-topics-per-client", None, 10_000, "Most topics one client may hold.", int],
         ["send-hwm", None, 10_000, "Messages queued per client before MESSAGEs are dropped.", int],
     ]
 
@@ -85,13 +86,16 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
         max_ttl_ms=_ms(options, "max-ttl"),
         max_message_bytes=int(options["max-message-size"]),
         max_clients=int(options["max-clients"]),
+        max_topics_per_client=int(options.get("max-topics-per-client", 10_000)),
     )
     if not settings.min_ttl_ms <= settings.default_ttl_ms <= settings.max_ttl_ms:
         raise usage.UsageError("--default-ttl must lie between --min-ttl and --max-ttl")
     if settings.max_message_bytes < 256:
         raise usage.UsageError("--max-message-size must be at least 256 bytes")
-    if settings.max_clients < 1 or int(options["send-hwm"]) < 1:
-        raise usage.UsageError("--max-clients and --send-hwm must be positive")
+    if min(settings.max_clients, settings.max_topics_per_client, int(options["send-hwm"])) < 1:
+        raise usage.UsageError(
+            "--max-clients, --max-topics-per-client and --send-hwm must be positive"
+        )
     certs = options.get("client-certs")
     server_cert = options.get("server-cert")
     return Mc0Config(
