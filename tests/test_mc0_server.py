@@ -518,3 +518,49 @@ def test_torture_clients_in_plain_pyzmq(broker: Any) -> Any:
         ]
     yield wait_until(lambda: not broker.broker.clients, what="every torture client DISCONNECTed")
     assert broker.broker.disconnected == 4 and broker.broker.acknowledged == 4 * 51
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_broker_silent_for_105_ttl_means_a_new_session_and_resub(closing: list[Any]) -> Any:
+    """A fake broker (a raw ROUTER) that answers, then falls silent for one identity while
+    the TCP connection stays up: the connector must start over on a fresh socket."""
+    import zmq
+
+    from bus.mc0 import codec
+    from bus.mc0.client import Mc0Connector
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+
+    factory = SocketFactory(reactor_of(None))
+    seen: list[tuple[bytes, Any]] = []
+    muted: set[bytes] = set()
+
+    def on_messages(batch: list[list[bytes]]) -> None:
+        for identity, *frames in batch:
+            command = codec.decode_client(frames)
+            seen.append((identity, command))
+            if identity not in muted and command.id is not None:
+                router.send_frames([identity, *codec.ok_frames(command.id, command.framing)])
+
+    router = factory.socket(zmq.ROUTER, on_messages, SocketOptions(linger_ms=0))
+    endpoint = router.bind("tcp://127.0.0.1:*")
+    try:
+        a = Mc0Connector(endpoint, ttl=0.3)
+        closing.append(a)
+        yield a.start()
+        yield a.subscribe(b"x", b"y")
+        first = seen[0][0]
+        muted.add(first)
+        yield wait_until(lambda: a.reconnects == 1 and a.connected, what="a new session")
+        later = [(i, c) for i, c in seen if i != first]
+        assert isinstance(later[0][1], codec.Connect) and later[0][1].ttl_ms == 300
+        yield wait_until(
+            lambda: any(
+                isinstance(c, codec.Subscribe) and set(c.topics) == {b"x", b"y"}
+                for i, c in seen
+                if i != first
+            ),
+            what="the re-SUB on the new identity",
+        )
+        assert a.sessions == 2
+    finally:
+        factory.shutdown()

@@ -6,13 +6,16 @@
     yield connector.put(b"mcollective.discovery", b"body", {b"X-reply-to": b"me"})
 
 Every command carries an ID and returns a Deferred that fires on the broker's OK or fails
-with :class:`Mc0CommandError` on its ERROR. The connector sends a NOOP when it has sent
-nothing for ``heartbeat_factor`` x TTL, and when it has heard nothing from the broker for
+with :class:`Mc0CommandError` on its ERROR. The connector sends a NOOP (with an ID, so the
+broker's OK shows it alive) when it has sent nothing for ``heartbeat_factor`` x TTL, and when
+it has heard nothing from the broker for
 ``silence_factor`` x TTL (its CONNECT unanswered, or the broker gone) it starts again on a
 fresh socket (a new identity, so the broker sees a new client), CONNECTs, and SUBscribes
 again to every topic it holds. Commands issued while not connected wait and are sent once
-connected; a PUT or NOOP sent on a session that then went silent fails with
-:class:`Mc0ConnectionLost` (it may or may not have reached the broker).
+connected. A lost TCP connection also starts a new session at once (the broker's ROUTER
+would see the reconnected socket as a new client, without its subscriptions). A PUT or NOOP
+sent on a session that ended unanswered fails with :class:`Mc0ConnectionLost` (it may or may
+not have reached the broker).
 """
 
 from __future__ import annotations
@@ -118,6 +121,8 @@ class Mc0Connector:
         self._resub_id: bytes | None = None
         #: commands sent on the current session, by ID
         self._pending: dict[bytes, _Pending] = {}
+        #: IDs of our own heartbeat NOOPs awaiting their OK
+        self._heartbeats: set[bytes] = set()
         #: commands waiting for a session: (frames without delimiter style, id, pending)
         self._queued: list[tuple[codec.ClientCommand, _Pending]] = []
         #: SUB/UNSUB whose outcome the next session's re-SUB settles
@@ -286,6 +291,11 @@ class Mc0Connector:
             else:
                 entry.deferred.errback(reason)
         self._connect_id = self._resub_id = None
+        self._heartbeats.clear()
+
+    def _reconnect_if_current(self, sock: ZmqSocket | None) -> None:
+        if sock is not None and sock is self._socket and self.connected:
+            self._reconnect("connection to the broker lost")
 
     def _reconnect(self, why: str) -> None:
         log.info(
@@ -384,6 +394,9 @@ class Mc0Connector:
                     waiter.errback(error)
                 self.stop()
             return
+        if message_id in self._heartbeats:
+            self._heartbeats.discard(message_id)
+            return
         entry = self._pending.pop(message_id, None) if message_id is not None else None
         if entry is None:
             if error is not None:
@@ -400,6 +413,11 @@ class Mc0Connector:
             entry.deferred.errback(error)
 
     def _on_socket_event(self, event: int) -> None:
+        if event & zmq.EVENT_DISCONNECTED and self.connected and not self._stopped:
+            # The broker's ROUTER gives a reconnecting DEALER a new identity: whatever this
+            # session held there (subscriptions) is gone, even if libzmq reconnects by itself.
+            self.reactor.callLater(0, self._reconnect_if_current, self._socket)
+            return
         if event & _HANDSHAKE_FAILED:
             self.handshake_failures += 1
             if self.handshake_failures == 1:
@@ -431,7 +449,9 @@ class Mc0Connector:
             )
             return
         if self.connected and now >= self._last_sent + self.heartbeat_factor * self.ttl:
-            self._send(codec.encode(codec.Noop(None, self.framing)))
+            heartbeat = self._next_id()
+            self._heartbeats.add(heartbeat)
+            self._send(codec.encode(codec.Noop(heartbeat, self.framing)))
         self._arm()
 
     def status(self) -> dict[str, Any]:
