@@ -168,7 +168,8 @@ class Mc0Connector:
         self._carried.clear()
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
-            waiter.errback(Mc0ConnectionLost("connector stopped"))
+            if not waiter.called:  # a caller may have given up (cancelled, timed out)
+                waiter.errback(Mc0ConnectionLost("connector stopped"))
         if self._factory is not None:
             self._factory.shutdown()
             self._factory = None

@@ -206,6 +206,8 @@ class Mc0Service(Service):
 
     def _log_security(self) -> None:
         config = self.config
+        if config.mirror and self.activity is NO_ACTIVITY:
+            log.warn("--mirror: no Event BUS runs in this process, so PUTs are not mirrored")
         if self.keys is None:
             log.warn(
                 "mc0 broker on {endpoint} WITHOUT CURVE (--plain): traffic is not encrypted "
