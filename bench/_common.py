@@ -471,6 +471,9 @@ class BusServer(TwistdProcess):
         return self._twistd_argv(
             [
                 "eventbus",
+                # The bus alone: the protocols composed by default (mc0 on 61616) stay out.
+                "--services",
+                "eventbus",
                 "--bind",
                 HOST,
                 "--port",

@@ -54,6 +54,8 @@ class ServerProcess(TwistdProcess):
         self.status_path = data_dir / "status.json"
         self.status_path.unlink(missing_ok=True)  # a killed server's last word
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        # The product composes mc0 by default: a free port and a key directory of its own.
+        env.update(MC0_PORT="0", MC0_DATA_DIR=str(data_dir.parent / f"{data_dir.name}-mc0"))
         if tac:
             env.update(
                 EVENTBUS_PORT=str(port),

@@ -10,6 +10,7 @@ import pytest
 from twisted.python import usage
 
 from bus import tap
+from bus.mc0 import tap as mc0_tap
 from bus.options import parse_duration
 from bus.spark import tap as spark_tap
 
@@ -31,16 +32,23 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
-        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_")):
+        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "MC0_")):
             monkeypatch.delenv(name)
 
 
-def test_defaults_run_the_event_bus_alone_with_http_on() -> None:
+def test_defaults_run_the_protocols_with_http_on() -> None:
     options = parse()
-    assert options["services"] == ("eventbus",)
+    assert options["services"] == ("eventbus", "mc0")
     assert options["http-port"] == tap.DEFAULT_HTTP_PORT
     config = options["service-options"]["eventbus"]["eventbus-config"]
     assert (config.bind, config.port, str(config.data_dir)) == ("127.0.0.1", 5556, "eventbus-data")
+    mc0 = options["service-options"]["mc0"]["mc0-config"]
+    assert (mc0.bind, mc0.port, str(mc0.data_dir), mc0.plain) == (
+        "127.0.0.1",
+        61616,
+        "mc0-data",
+        False,
+    )
 
 
 def test_each_layer_overrides_the_one_below(
@@ -105,7 +113,7 @@ def test_spark_bridge_alone_reads_its_own_table(tmp_path: Path) -> None:
         (["--spark-bridge-journl", "x"], "did you mean --spark-bridge-journal-dir"),
         (
             ["--services", "eventbus,emqpp"],
-            "no service named 'emqpp'; valid: eventbus, spark-bridge",
+            "no service named 'emqpp'; valid: eventbus, mc0, spark-bridge",
         ),
         (
             ["--spark-bridge-roll-events", "3"],
@@ -127,7 +135,7 @@ def test_bad_options_are_usage_errors_naming_the_valid_ones(args: list[str], mes
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[emqp]\nport = 1\n", "unknown table [emqp]; valid tables: eventbus, spark-bridge"),
+        ("[emqp]\nport = 1\n", "unknown table [emqp]; valid tables: eventbus, mc0, spark-bridge"),
         ("[eventbus]\nprot = 1\n", "[eventbus] has no option 'prot'"),
         ("[spark-bridge]\njournal = 1\n", "[spark-bridge] has no option 'journal'"),
         ("port = 1\n", "'port' is not a table"),
@@ -157,6 +165,8 @@ def test_every_service_option_is_offered_with_its_prefix() -> None:
     product = {name.rstrip("=") for name in tap.Options().longOpt}
     for spec in spark_tap.Options.option_specs():
         assert f"spark-bridge-{spec.name}" in product
+    for spec in mc0_tap.Options.option_specs():
+        assert f"mc0-{spec.name}" in product
     for name in ("port", "bind", "data-dir", "dialect", "services", "http-port", "config"):
         assert name in product
 
@@ -177,9 +187,11 @@ def test_durations() -> None:
 def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "bus.toml"
     options = parse("--config", str(example))
-    assert options["services"] == ("eventbus", "spark-bridge")
+    assert options["services"] == ("eventbus", "mc0", "spark-bridge")
     bus = options["service-options"]["eventbus"]["eventbus-config"]
     assert bus.retention.max_age == 30 * 86400
+    mc0 = options["service-options"]["mc0"]["mc0-config"]
+    assert (mc0.port, mc0.mirror, mc0.broker.default_ttl_ms) == (61616, True, 30_000)
     assert (
         options["service-options"]["spark-bridge"]["bridge-config"].retention_max_age == 90 * 86400
     )

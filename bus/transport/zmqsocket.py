@@ -18,6 +18,7 @@ service modules import it, lazily, never plugin files or conftest.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ _BACKEND_SEND = zmq.backend.Socket.send
 _MONITOR_EVENT = struct.Struct("=H")
 _CONNECTED = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
 _CONNECTION_EVENTS = _CONNECTED | zmq.EVENT_DISCONNECTED
+
+_MONITOR_NUMBERS = itertools.count(1)
 
 MessageBatchHandler = Callable[[list[list[bytes]]], None]
 
@@ -135,6 +138,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         #: TCP peers connected now, once :meth:`watch_connections` was called.
         self.connections = 0
         self._monitor: ZmqSocket | None = None
+        self._on_event: Callable[[int], None] | None = None
         self.messages_received = 0
         self.reading_paused = False
         self.read_scheduled: DelayedCall | None = None
@@ -175,13 +179,19 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
     def unsubscribe(self, prefix: bytes) -> None:
         self.socket.set(zmq.UNSUBSCRIBE, prefix)
 
-    def watch_connections(self) -> None:
+    def watch_connections(
+        self, events: int = 0, on_event: Callable[[int], None] | None = None
+    ) -> None:
         """Keep :attr:`connections` current: a ZeroMQ socket monitor, read in the reactor,
-        reports each peer accepted or connected, and each one gone."""
+        reports each peer accepted or connected, and each one gone. ``on_event`` is also
+        told of every event in ``events`` (e.g. CURVE handshake failures); call once."""
         if self._monitor is not None or self.socket is None:
             return
-        address = f"inproc://monitor-{id(self):x}"
-        self.socket.monitor(address, _CONNECTION_EVENTS)
+        self._on_event = on_event
+        # Not id(self): a socket closed a moment ago may still hold its monitor's address
+        # (libzmq reaps it later) while a new object reuses the id.
+        address = f"inproc://monitor-{next(_MONITOR_NUMBERS)}"
+        self.socket.monitor(address, _CONNECTION_EVENTS | events)
         self._monitor = self.owner.socket(
             zmq.PAIR,
             self._on_monitor_events,
@@ -193,6 +203,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
     def _on_monitor_events(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
             event = _MONITOR_EVENT.unpack_from(frames[0])[0] if len(frames[0]) >= 2 else 0
+            if self._on_event is not None and event:
+                self._on_event(event)
             if event & _CONNECTED:
                 self.connections += 1
             elif event & zmq.EVENT_DISCONNECTED:

@@ -1,0 +1,249 @@
+"""``mc0-cli``: put a message, follow topics, or time round trips against an mc0 broker;
+``mc0-keys``: make a CURVE key pair.
+
+    mc0-keys alice ./mc0-clients            # alice.key (public) + alice.key_secret
+    mc0-cli --cert ./mc0-clients/alice.key_secret sub mcollective.discovery
+    mc0-cli put mcollective.discovery 'hello' --header X-reply-to=me
+    mc0-cli ping --count 100
+
+The server's public key comes from ``--server-key`` (40 Z85 characters or a ``.key``
+certificate; default ``$MC0_SERVER_KEY``, else ``mc0-data/server.key`` when it exists, the
+file a local broker makes). ``--plain`` talks to a broker run with ``--plain``.
+Messages are printed as JSON lines: topic, headers, body (text, or ``{"$base64": ...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from twisted.internet import defer, task
+
+DEFAULT_SERVER = os.environ.get("MC0_SERVER", "tcp://127.0.0.1:61616")
+DEFAULT_SERVER_KEY_FILE = Path("mc0-data") / "server.key"
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _err(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _text(value: bytes) -> Any:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"$base64": base64.b64encode(value).decode()}
+
+
+def delivery_json(delivery: Any) -> str:
+    return json.dumps(
+        {
+            "topic": _text(delivery.topic),
+            "headers": {
+                k.decode("utf-8", "replace"): _text(v) for k, v in delivery.headers.items()
+            },
+            "body": [_text(frame) for frame in delivery.body],
+        },
+        ensure_ascii=False,
+    )
+
+
+def _connector(reactor: Any, args: argparse.Namespace, on_message: Any = None) -> Any:
+    from bus.mc0.client import Mc0Connector
+    from bus.mc0.codec import Framing
+    from bus.options import parse_duration
+    from bus.transport.curve import load_key_pair, load_public_key
+
+    server_key = client_keys = None
+    if not args.plain:
+        source = args.server_key or os.environ.get("MC0_SERVER_KEY")
+        if not source:
+            if not DEFAULT_SERVER_KEY_FILE.exists():
+                raise ValueError(
+                    "the broker's public key is needed: --server-key KEY|FILE (or --plain)"
+                )
+            source = str(DEFAULT_SERVER_KEY_FILE)
+        server_key = load_public_key(source)
+        if args.cert:
+            client_keys = load_key_pair(args.cert)
+    return Mc0Connector(
+        args.server,
+        on_message,
+        server_key=server_key,
+        client_keys=client_keys,
+        ttl=parse_duration(args.ttl),
+        framing=Framing(args.framing),
+        reactor=reactor,
+    )
+
+
+def _connected(reactor: Any, connector: Any, timeout: float) -> defer.Deferred[None]:
+    started: defer.Deferred[None] = connector.start()
+    return started.addTimeout(timeout, reactor)
+
+
+@defer.inlineCallbacks
+def put(reactor: Any, args: argparse.Namespace) -> Any:
+    connector = _connector(reactor, args)
+    try:
+        yield _connected(reactor, connector, args.timeout)
+        headers = []
+        for item in args.header:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--header {item!r}: write KEY=VALUE")
+            headers.append((key.encode(), value.encode()))
+        body = [part.encode() for part in args.body]
+        yield connector.put(args.topic.encode(), body, headers).addTimeout(args.timeout, reactor)
+        _err(f"put to {args.topic}: OK")
+    finally:
+        yield connector.stop()
+
+
+def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+    done: defer.Deferred[None] = defer.Deferred()
+    seen = [0]
+
+    def on_message(delivery: Any) -> None:
+        _out(delivery_json(delivery))
+        seen[0] += 1
+        if args.count and seen[0] >= args.count and not done.called:
+            done.callback(None)
+
+    connector = _connector(reactor, args, on_message)
+
+    @defer.inlineCallbacks
+    def run() -> Any:
+        yield _connected(reactor, connector, args.timeout)
+        yield connector.subscribe(*(t.encode() for t in args.topics)).addTimeout(
+            args.timeout, reactor
+        )
+        _err(f"subscribed to {', '.join(args.topics)}")
+
+    def finish(result: Any) -> Any:
+        connector.stop()
+        return result
+
+    def failed(failure: Any) -> None:
+        if not done.called:
+            done.errback(failure)
+
+    run().addErrback(failed)
+    reactor.addSystemEventTrigger("before", "shutdown", connector.stop)
+    return done.addBoth(finish)
+
+
+@defer.inlineCallbacks
+def ping(reactor: Any, args: argparse.Namespace) -> Any:
+    connector = _connector(reactor, args)
+    try:
+        started = time.perf_counter()
+        yield _connected(reactor, connector, args.timeout)
+        connected = time.perf_counter() - started
+        times = []
+        for _ in range(args.count):
+            sent = time.perf_counter()
+            yield connector.noop().addTimeout(args.timeout, reactor)
+            times.append(time.perf_counter() - sent)
+        times.sort()
+        _out(
+            json.dumps(
+                {
+                    "connect_ms": round(connected * 1000, 3),
+                    "noops": len(times),
+                    "p50_ms": round(times[len(times) // 2] * 1000, 3),
+                    "max_ms": round(times[-1] * 1000, 3),
+                }
+            )
+        )
+    finally:
+        yield connector.stop()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mc0-cli", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", default=DEFAULT_SERVER, help="broker endpoint (%(default)s)")
+    parser.add_argument("--server-key", help="broker public key: 40 Z85 characters or a .key file")
+    parser.add_argument("--cert", help="this client's NAME.key_secret (default: a fresh key pair)")
+    parser.add_argument("--plain", action="store_true", help="no CURVE (a --plain broker)")
+    parser.add_argument("--ttl", default="30s", help="session TTL (%(default)s)")
+    parser.add_argument("--framing", choices=["delimited", "spec"], default="delimited")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("put", help="PUT one message and wait for its OK")
+    p.add_argument("topic")
+    p.add_argument("body", nargs="+", help="body frames")
+    p.add_argument("--header", action="append", default=[], help="KEY=VALUE (repeatable)")
+    p.set_defaults(run=put)
+
+    p = commands.add_parser("sub", help="print the MESSAGEs of topics as they come")
+    p.add_argument("topics", nargs="+")
+    p.add_argument("--count", type=int, default=0, help="exit after this many (0: never)")
+    p.set_defaults(run=sub)
+
+    p = commands.add_parser("ping", help="time NOOP round trips")
+    p.add_argument("--count", type=int, default=10)
+    p.set_defaults(run=ping)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from bus.mc0.client import Mc0CommandError, Mc0ConnectionLost
+    from bus.transport.curve import KeyFileError
+
+    args = build_parser().parse_args(argv)
+
+    def explain(failure: Any) -> None:
+        failure.trap(
+            defer.TimeoutError,
+            ValueError,
+            OSError,
+            KeyFileError,
+            Mc0CommandError,
+            Mc0ConnectionLost,
+        )
+        what = "no answer in time" if failure.check(defer.TimeoutError) else failure.value
+        _err(f"mc0-cli {args.command}: {what}")
+        raise SystemExit(1)
+
+    task.react(lambda reactor: args.run(reactor, args).addErrback(explain))
+
+
+def keys_main(argv: Sequence[str] | None = None) -> None:
+    """``mc0-keys NAME DIR``: write DIR/NAME.key and DIR/NAME.key_secret."""
+    from bus.transport.curve import KeyFileError, create_key_pair, load_key_pair
+
+    parser = argparse.ArgumentParser(
+        prog="mc0-keys",
+        description="Make a CURVE key pair in the zcert format (zmq.auth, CZMQ): NAME.key "
+        "(public: give it to brokers' --client-certs or clients' --server-key) and "
+        "NAME.key_secret (keep it private).",
+    )
+    parser.add_argument("name")
+    parser.add_argument("directory")
+    args = parser.parse_args(argv)
+    try:
+        public, secret = create_key_pair(Path(args.directory), args.name)
+        keys = load_key_pair(secret)
+    except (KeyFileError, OSError) as error:
+        _err(f"mc0-keys: {error}")
+        raise SystemExit(1) from None
+    _err(f"wrote {public} and {secret}")
+    _out(keys.public.decode("ascii"))
+
+
+if __name__ == "__main__":
+    main()

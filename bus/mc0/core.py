@@ -1,0 +1,328 @@
+"""The mc0 broker's state, sans sockets: decoded commands and time in, frames out.
+
+:class:`Broker` keeps the clients (one per ROUTER identity: its TTL, its framing, when it was
+last heard and last sent to, its topics) and the topic table. Messages come in through
+:meth:`Broker.receive_batch`; everything it sends goes out through the injected
+``transmit(frames) -> SendResult`` (frames start with the ROUTER identity); time comes from
+the injected clock (``IReactorTime``: the reactor, or ``task.Clock`` in tests).
+
+Rules (spec 002 and the real broker, see the README of the specs):
+
+* every verb carrying an ID is answered OK with that ID, or ERROR with a MESSAGE and the ID;
+  bad input is answered ERROR (with the ID when one could be read) and counted by reason;
+* a peer is a client from its first well-formed message on (the real broker needs no
+  CONNECT either); CONNECT sets its TTL (default ``default_ttl_ms``) and version;
+* PUT goes as MESSAGE (the PUT's headers but ID, then its body) to every subscriber of that
+  exact topic, the sender too, each in the framing that subscriber last used;
+* TTL: a client sent nothing for ``noop_factor`` x TTL gets a NOOP; a client not heard for
+  ``expiry_factor`` x TTL is forgotten with its subscriptions. One lazy timer per client:
+  it fires at the earlier deadline and re-arms itself, so traffic never touches timers.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.logger import Logger
+
+from bus.droplog import DropCounter
+from bus.mc0 import codec
+from bus.mc0.codec import Framing, Mc0Error
+
+log = Logger(namespace="bus.mc0")
+
+
+class SendResult(enum.Enum):
+    SENT = "sent"
+    #: The peer's queue is full (HWM): this message is dropped for it.
+    FULL = "full"
+    #: The peer is not connected any more.
+    GONE = "gone"
+
+
+Transmit = Callable[[list[bytes]], SendResult]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    default_ttl_ms: int = 30_000
+    min_ttl_ms: int = 100
+    max_ttl_ms: int = 86_400_000
+    max_message_bytes: int = codec.DEFAULT_MAX_MESSAGE_BYTES
+    max_frames: int = codec.DEFAULT_MAX_FRAMES
+    max_clients: int = 100_000
+    max_topics_per_client: int = 10_000
+    noop_factor: float = 0.95
+    expiry_factor: float = 1.05
+
+
+@dataclass(eq=False, slots=True)
+class Client:
+    identity: bytes
+    ttl: float  # seconds
+    framing: Framing
+    last_heard: float
+    last_sent: float
+    connected_at: float
+    version: bytes | None = None
+    topics: set[bytes] = field(default_factory=set)
+    timer: Any = None
+
+
+PutObserver = Callable[[Client, codec.Put], None]
+
+
+class Broker:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        clock: Any,
+        transmit: Transmit,
+        on_put: PutObserver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.transmit = transmit
+        self.on_put = on_put
+        self.clients: dict[bytes, Client] = {}
+        #: topic -> its subscribers, by identity
+        self.topics: dict[bytes, dict[bytes, Client]] = {}
+        self.errors = DropCounter(log, "mc0 command (answered ERROR)", clock.seconds)
+        self.commands: dict[str, int] = {}
+        self.delivered = 0
+        self.undelivered: dict[str, int] = {"full": 0, "gone": 0}
+        self.acknowledged = 0
+        self.noops_sent = 0
+        self.expired = 0
+        self.disconnected = 0
+        self.puts = 0
+
+    # -- input ------------------------------------------------------------------------------
+
+    def receive_batch(self, batch: Iterable[Sequence[bytes]]) -> None:
+        """Messages read from the ROUTER: frame 0 is the peer's identity."""
+        now = self.clock.seconds()
+        for frames in batch:
+            if frames:
+                self.receive(frames[0], frames[1:], now)
+
+    def receive(self, identity: bytes, frames: Sequence[bytes], now: float | None = None) -> None:
+        if now is None:
+            now = self.clock.seconds()
+        settings = self.settings
+        client = self.clients.get(identity)
+        if client is not None:
+            client.last_heard = now
+        try:
+            command = codec.decode_client(frames, settings.max_message_bytes, settings.max_frames)
+        except Mc0Error as error:
+            self._refuse(identity, error)
+            return
+        name = type(command).__name__
+        self.commands[name] = self.commands.get(name, 0) + 1
+        if client is None:
+            if isinstance(command, codec.Disconnect):
+                self._acknowledge(identity, command.id, command.framing)
+                return
+            if len(self.clients) >= settings.max_clients:
+                self._refuse(
+                    identity,
+                    Mc0Error("too many clients", "too-many-clients", command.id, command.framing),
+                )
+                return
+            ttl_ms = settings.default_ttl_ms
+            if isinstance(command, codec.Connect) and command.ttl_ms is not None:
+                ttl_ms = command.ttl_ms
+            if not self._ttl_allowed(identity, ttl_ms, command):
+                return
+            client = Client(identity, ttl_ms / 1000, command.framing, now, now, now)
+            self.clients[identity] = client
+            self._arm(client)
+        client.framing = command.framing
+        match command:
+            case codec.Put():
+                self._put(client, command)
+            case codec.Noop():
+                pass
+            case codec.Subscribe(topics):
+                if len(client.topics.union(topics)) > settings.max_topics_per_client:
+                    self._refuse(
+                        identity,
+                        Mc0Error(
+                            f"more than {settings.max_topics_per_client} topics for one client",
+                            "too-many-topics",
+                            command.id,
+                            command.framing,
+                        ),
+                    )
+                    return
+                for topic in topics:
+                    self.topics.setdefault(topic, {})[identity] = client
+                    client.topics.add(topic)
+            case codec.Unsubscribe(topics):
+                for topic in topics:
+                    self._unsubscribe(client, topic)
+            case codec.Connect(asked, version):
+                ttl_ms = settings.default_ttl_ms if asked is None else asked
+                if not self._ttl_allowed(identity, ttl_ms, command):
+                    return
+                client.version = version
+                if client.ttl != ttl_ms / 1000:
+                    client.ttl = ttl_ms / 1000
+                    self._arm(client)
+            case codec.Disconnect():
+                self._forget(client)
+                self.disconnected += 1
+        if command.id is not None:
+            self._acknowledge(identity, command.id, command.framing)
+
+    def _ttl_allowed(self, identity: bytes, ttl_ms: int, command: codec.ClientCommand) -> bool:
+        low, high = self.settings.min_ttl_ms, self.settings.max_ttl_ms
+        if low <= ttl_ms <= high:
+            return True
+        self._refuse(
+            identity,
+            Mc0Error(
+                f"TTL {ttl_ms} ms out of this broker's range {low}..{high} ms",
+                "bad-ttl",
+                command.id,
+                command.framing,
+            ),
+        )
+        return False
+
+    # -- verbs ------------------------------------------------------------------------------
+
+    def _put(self, sender: Client, put: codec.Put) -> None:
+        self.puts += 1
+        subscribers = self.topics.get(put.topic)
+        if subscribers:
+            payloads: dict[Framing, list[bytes]] = {}
+            now = self.clock.seconds()
+            gone: list[Client] = []
+            for identity, client in subscribers.items():
+                payload = payloads.get(client.framing)
+                if payload is None:
+                    payload = payloads[client.framing] = codec.message_frames(put, client.framing)
+                result = self.transmit([identity, *payload])
+                if result is SendResult.SENT:
+                    self.delivered += 1
+                    client.last_sent = now
+                else:
+                    self.undelivered[result.value] += 1
+                    if result is SendResult.GONE:
+                        gone.append(client)
+            for client in gone:
+                self._forget(client)
+        if self.on_put is not None:
+            self.on_put(sender, put)
+
+    def _unsubscribe(self, client: Client, topic: bytes) -> None:
+        client.topics.discard(topic)
+        subscribers = self.topics.get(topic)
+        if subscribers is not None:
+            subscribers.pop(client.identity, None)
+            if not subscribers:
+                del self.topics[topic]
+
+    def _forget(self, client: Client) -> None:
+        for topic in list(client.topics):
+            self._unsubscribe(client, topic)
+        if client.timer is not None and client.timer.active():
+            client.timer.cancel()
+        client.timer = None
+        self.clients.pop(client.identity, None)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def _send(self, identity: bytes, frames: list[bytes]) -> SendResult:
+        result = self.transmit([identity, *frames])
+        client = self.clients.get(identity)
+        if result is SendResult.SENT:
+            if client is not None:
+                client.last_sent = self.clock.seconds()
+        elif result is SendResult.GONE and client is not None:
+            self._forget(client)
+        return result
+
+    def _acknowledge(self, identity: bytes, message_id: bytes | None, framing: Framing) -> None:
+        if message_id is not None:
+            self.acknowledged += 1
+            self._send(identity, codec.ok_frames(message_id, framing))
+
+    def _refuse(self, identity: bytes, error: Mc0Error) -> None:
+        self.errors.drop(error.reason, str(error), identity)
+        text = str(error).encode("utf-8", "replace")
+        self._send(identity, codec.error_frames(text, error.message_id, error.framing))
+
+    # -- time -------------------------------------------------------------------------------
+
+    def _deadline(self, client: Client) -> float:
+        settings = self.settings
+        return min(
+            client.last_sent + settings.noop_factor * client.ttl,
+            client.last_heard + settings.expiry_factor * client.ttl,
+        )
+
+    def _arm(self, client: Client) -> None:
+        if client.timer is not None and client.timer.active():
+            client.timer.cancel()
+        delay = max(self._deadline(client) - self.clock.seconds(), 0.0)
+        client.timer = self.clock.callLater(delay, self._wake, client)
+
+    def _wake(self, client: Client) -> None:
+        client.timer = None
+        if self.clients.get(client.identity) is not client:
+            return
+        now = self.clock.seconds()
+        settings = self.settings
+        if now >= client.last_heard + settings.expiry_factor * client.ttl:
+            log.debug(
+                "forgetting mc0 client {peer}: silent for {seconds:.3f}s (TTL {ttl}s)",
+                peer=client.identity.hex()[:40],
+                seconds=now - client.last_heard,
+                ttl=client.ttl,
+            )
+            self.expired += 1
+            self._forget(client)
+            return
+        if now >= client.last_sent + settings.noop_factor * client.ttl:
+            if self._send(client.identity, codec.noop_frames(client.framing)) is SendResult.SENT:
+                self.noops_sent += 1
+            else:
+                client.last_sent = now  # full: try again a TTL later rather than spin
+            if self.clients.get(client.identity) is not client:
+                return
+        self._arm(client)
+
+    def close(self) -> None:
+        """Cancel every timer (the service is stopping)."""
+        for client in self.clients.values():
+            if client.timer is not None and client.timer.active():
+                client.timer.cancel()
+            client.timer = None
+
+    # -- what it is doing -------------------------------------------------------------------
+
+    @property
+    def subscriptions(self) -> int:
+        return sum(len(subscribers) for subscribers in self.topics.values())
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "clients": len(self.clients),
+            "topics": len(self.topics),
+            "subscriptions": self.subscriptions,
+            "commands": dict(self.commands),
+            "errors": dict(self.errors.counts),
+            "acknowledged": self.acknowledged,
+            "puts": self.puts,
+            "delivered": self.delivered,
+            "undelivered": dict(self.undelivered),
+            "noops_sent": self.noops_sent,
+            "expired": self.expired,
+            "disconnected": self.disconnected,
+        }

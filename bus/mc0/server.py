@@ -1,0 +1,385 @@
+"""The mc0 broker as a Twisted service: one CURVE ROUTER socket, ZAP, and the broker core.
+
+Security: by default the ROUTER is a CURVE server with the key pair from ``--server-cert``
+or, without it, the pair kept in the data directory (made on first start; the public key is
+logged). Client keys are checked by ZAP (:class:`bus.transport.curve.ZapHandler`): against
+the ``--client-certs`` allow-list, or any key without one. ``--plain`` turns CURVE off.
+
+A client that fails the handshake (a wrong server key, a key not on the allow-list) never
+reaches the broker: libzmq closes its connection and the socket monitor counts it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.droplog import DropCounter
+from bus.errors import StartupError
+from bus.mc0 import codec
+from bus.mc0.core import Broker, BrokerSettings, Client, SendResult
+from bus.metrics import Metric, counter, counters_by, gauge
+from bus.periodic import Periodic
+from bus.transport.curve import (
+    CurveKeyPair,
+    KeyFileError,
+    ZapHandler,
+    load_key_pair,
+    make_curve_server,
+    public_keys_in,
+    server_key_pair,
+)
+from bus.transport.zmqsocket import (
+    PeerUnreachable,
+    SocketFactory,
+    SocketOptions,
+    ZmqSocket,
+    reactor_of,
+)
+
+log = Logger(namespace="bus.mc0")
+
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_PORT = 61616
+DEFAULT_DATA_DIR = "mc0-data"
+
+_HANDSHAKE_FAILURES = {
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "protocol",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "auth",
+}
+_HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED
+for _event in _HANDSHAKE_FAILURES:
+    _HANDSHAKE_EVENTS |= _event
+
+
+@dataclass(frozen=True, slots=True)
+class Mc0Config:
+    bind: str = DEFAULT_BIND
+    port: int = DEFAULT_PORT
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    server_cert: Path | None = None
+    client_certs: Path | None = None
+    plain: bool = False
+    mirror: bool = False
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    send_hwm: int = 10_000
+    receive_hwm: int = 10_000
+    read_budget: int = 512
+    certs_reload_interval: float = 2.0
+
+
+class Mc0Service(Service):
+    name = "mc0"
+
+    def __init__(
+        self,
+        config: Mc0Config,
+        activity: ActivitySink = NO_ACTIVITY,
+        reactor: Any = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.activity = activity
+        self.reactor: Any = reactor_of(reactor)
+        self.clock = clock
+        self.keys: CurveKeyPair | None = None
+        self.endpoint = ""
+        self.broker: Broker | None = None
+        self.socket: ZmqSocket | None = None
+        self.zap: ZapHandler | None = None
+        self._factory: SocketFactory | None = None
+        self._periodic = Periodic(self.reactor, log)
+        self._stopped: defer.Deferred[None] | None = None
+        self.handshakes = 0
+        self.handshake_failures: dict[str, int] = dict.fromkeys(_HANDSHAKE_FAILURES.values(), 0)
+        self.mirrored = 0
+        self.mirror_drops = DropCounter(log, "PUT mirror", clock)
+        self._started_at = 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        config = self.config
+        try:
+            config.data_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StartupError("data-dir", f"cannot create {config.data_dir}: {error}") from None
+        if not config.plain:
+            self.keys = self._server_keys()
+            self._check_client_certs()
+        self._factory = SocketFactory(self.reactor)
+        try:
+            self._open_sockets()
+        except BaseException:
+            self._close()
+            raise
+        self.broker = Broker(
+            config.broker,
+            self.reactor,
+            self._transmit,
+            on_put=self._mirror if config.mirror else None,
+        )
+        Service.startService(self)
+        self._stopped = None
+        self._started_at = self.clock()
+        if self.zap is not None and config.client_certs is not None:
+            self._periodic.every(config.certs_reload_interval, self.zap.reload)
+        self._log_security()
+
+    def _server_keys(self) -> CurveKeyPair:
+        config = self.config
+        if config.server_cert is not None:
+            try:
+                return load_key_pair(config.server_cert)
+            except KeyFileError as error:
+                raise StartupError("server-cert", str(error)) from None
+        try:
+            keys, created = server_key_pair(config.data_dir)
+        except (KeyFileError, OSError) as error:
+            raise StartupError("data-dir", f"server key pair: {error}") from None
+        if created:
+            log.info(
+                "created the mc0 server key pair {path}.key[_secret]; public key {public}",
+                path=str(config.data_dir / "server"),
+                public=keys.public.decode("ascii"),
+            )
+        return keys
+
+    def _check_client_certs(self) -> None:
+        directory = self.config.client_certs
+        if directory is None:
+            return
+        if not directory.is_dir():
+            raise StartupError("client-certs", f"{directory} is not a directory")
+        if not public_keys_in(directory):
+            log.warn(
+                "--client-certs {directory} holds no *.key certificate: no client can connect "
+                "until one is added (the directory is re-read every {interval}s)",
+                directory=str(directory),
+                interval=self.config.certs_reload_interval,
+            )
+
+    def _open_sockets(self) -> None:
+        assert self._factory is not None
+        config = self.config
+        if self.keys is not None:
+            # Bound before the ROUTER: a CURVE handshake is never decided without it.
+            self.zap = ZapHandler(self._factory, config.client_certs, self.clock)
+        limits = config.broker
+        sock = self._factory.socket(
+            zmq.ROUTER,
+            self._on_messages,
+            SocketOptions(
+                send_hwm=config.send_hwm,
+                receive_hwm=config.receive_hwm,
+                router_mandatory=True,
+                # Above the broker's own limit, so an oversized message is answered ERROR;
+                # a frame past this one makes libzmq drop the connection instead.
+                max_message_size=2 * limits.max_message_bytes + 65536,
+                linger_ms=0,
+            ),
+            read_budget=config.read_budget,
+            name="mc0",
+        )
+        self.socket = sock
+        if self.keys is not None:
+            make_curve_server(sock, self.keys)
+        port = "*" if config.port == 0 else str(config.port)
+        try:
+            self.endpoint = sock.bind(f"tcp://{config.bind}:{port}")
+        except zmq.ZMQError as error:
+            option = "port" if error.errno == zmq.EADDRINUSE else "bind"
+            raise StartupError(
+                option, f"cannot bind {config.bind}:{config.port}: {error.strerror}"
+            ) from None
+        sock.watch_connections(_HANDSHAKE_EVENTS, self._on_socket_event)
+
+    def _log_security(self) -> None:
+        config = self.config
+        if config.mirror and self.activity is NO_ACTIVITY:
+            log.warn("--mirror: no Event BUS runs in this process, so PUTs are not mirrored")
+        if self.keys is None:
+            log.warn(
+                "mc0 broker on {endpoint} WITHOUT CURVE (--plain): traffic is not encrypted "
+                "and any peer that can reach the port is served",
+                endpoint=self.endpoint,
+            )
+            return
+        log.info(
+            "mc0 broker on {endpoint}, CURVE server public key {public}",
+            endpoint=self.endpoint,
+            public=self.keys.public.decode("ascii"),
+        )
+        if config.client_certs is None:
+            log.warn(
+                "mc0: any CURVE client key is accepted (no --client-certs allow-list); "
+                "traffic is still encrypted"
+            )
+        else:
+            assert self.zap is not None
+            log.info(
+                "mc0: only the {count} client keys in {directory} are accepted",
+                count=self.zap.allowed_keys,
+                directory=str(config.client_certs),
+            )
+
+    def stopService(self) -> defer.Deferred[None]:
+        if self._stopped is not None:
+            return self._stopped
+        if self.running:
+            Service.stopService(self)
+        self._periodic.stop_all()
+        if self.broker is not None:
+            self.broker.close()
+        self._close()
+        self._stopped = defer.succeed(None)
+        return self._stopped
+
+    def _close(self) -> None:
+        if self.socket is not None:
+            self.socket.shutdown()
+        if self.zap is not None:
+            self.zap.shutdown()
+        if self._factory is not None:
+            self._factory.shutdown()
+        self.socket = self.zap = self._factory = None
+
+    # -- traffic -------------------------------------------------------------------------------
+
+    def _on_messages(self, batch: list[list[bytes]]) -> None:
+        broker = self.broker
+        if broker is not None:
+            broker.receive_batch(batch)
+
+    def _transmit(self, frames: list[bytes]) -> SendResult:
+        sock = self.socket
+        if sock is None:
+            return SendResult.GONE
+        try:
+            return SendResult.SENT if sock.send_frames(frames) else SendResult.FULL
+        except PeerUnreachable:
+            return SendResult.GONE
+
+    def _mirror(self, client: Client, put: codec.Put) -> None:
+        """A PUT onto the Event BUS of this process, under ``/mc0/<topic>/``."""
+        try:
+            topic = put.topic.decode("utf-8")
+            self.activity.publish(
+                f"/mc0/{topic}/",
+                {
+                    "topic": topic,
+                    "headers": {
+                        key.decode("utf-8", "replace"): value.decode("utf-8", "replace")
+                        for key, value in put.headers
+                    },
+                    "body": list(put.body),
+                    "client": client.identity.hex(),
+                },
+            )
+        except (UnicodeDecodeError, ValueError) as error:
+            self.mirror_drops.drop("unmirrorable", str(error), client.identity)
+            return
+        self.mirrored += 1
+
+    def _on_socket_event(self, event: int) -> None:
+        if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.handshakes += 1
+            return
+        for flag, kind in _HANDSHAKE_FAILURES.items():
+            if event & flag:
+                self.handshake_failures[kind] += 1
+
+    # -- what it does ---------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        broker = self.broker.status() if self.broker is not None else {}
+        zap = self.zap
+        return {
+            **broker,
+            "endpoint": self.endpoint,
+            "security": "plain" if self.keys is None else "curve",
+            "server_public_key": None if self.keys is None else self.keys.public.decode(),
+            "connections": self.socket.connections if self.socket is not None else 0,
+            "handshakes": self.handshakes,
+            "handshake_failures": dict(self.handshake_failures),
+            "auth": {
+                "accepted": zap.accepted if zap else 0,
+                "denied": zap.denied if zap else 0,
+                "allow_list": str(self.config.client_certs) if self.config.client_certs else None,
+                "allowed_keys": zap.allowed_keys if zap else None,
+            },
+            "mirror": self.config.mirror,
+            "mirrored": self.mirrored,
+            "mirror_dropped": dict(self.mirror_drops.counts),
+            "uptime_s": round(self.clock() - self._started_at, 3),
+            "config": {k: str(v) for k, v in asdict(self.config).items()},
+        }
+
+    def metrics(self) -> list[Metric]:
+        broker = self.broker
+        zap = self.zap
+        families = [
+            gauge(
+                "mc0_connections",
+                "TCP peers connected now",
+                self.socket.connections if self.socket else 0,
+            ),
+            counter("mc0_handshakes", "CURVE/NULL handshakes completed", self.handshakes),
+            counters_by(
+                "mc0_handshake_failures",
+                "Handshakes that failed, by kind (auth: refused by ZAP; protocol: e.g. a wrong "
+                "server key)",
+                "kind",
+                self.handshake_failures,
+            ),
+            counters_by(
+                "mc0_zap_decisions",
+                "CURVE client keys accepted or denied by ZAP",
+                "result",
+                {"accepted": zap.accepted if zap else 0, "denied": zap.denied if zap else 0},
+            ),
+            counter("mc0_puts_mirrored", "PUTs mirrored onto the Event BUS", self.mirrored),
+            gauge("mc0_uptime_seconds", "Seconds since the broker started", self._uptime()),
+        ]
+        if broker is not None:
+            families += [
+                gauge("mc0_clients", "Clients the broker knows", len(broker.clients)),
+                gauge("mc0_topics", "Topics with at least one subscriber", len(broker.topics)),
+                gauge("mc0_subscriptions", "Client-topic subscriptions", broker.subscriptions),
+                counters_by(
+                    "mc0_commands", "Well-formed commands, by verb", "verb", broker.commands
+                ),
+                counters_by(
+                    "mc0_errors",
+                    "Commands answered ERROR, by reason",
+                    "reason",
+                    broker.errors.counts,
+                ),
+                counter("mc0_acknowledged", "Commands answered OK", broker.acknowledged),
+                counter("mc0_puts", "PUTs accepted", broker.puts),
+                counter("mc0_messages_delivered", "MESSAGEs sent to subscribers", broker.delivered),
+                counters_by(
+                    "mc0_messages_undelivered",
+                    "MESSAGEs not sent: the subscriber's queue was full, or it was gone",
+                    "reason",
+                    broker.undelivered,
+                ),
+                counter("mc0_noops_sent", "NOOP heartbeats sent", broker.noops_sent),
+                counter(
+                    "mc0_clients_expired", "Clients forgotten after 1.05 x TTL", broker.expired
+                ),
+            ]
+        return families
+
+    def _uptime(self) -> float:
+        return round(self.clock() - self._started_at, 3) if self._started_at else 0.0
