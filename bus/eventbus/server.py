@@ -19,18 +19,17 @@ from typing import Any
 import zmq
 from twisted.application.service import Service
 from twisted.internet import defer, threads
-from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from bus.droplog import DropCounter
 from bus.eventbus import codec
-from bus.eventbus.codec import EventBusError, SnapshotRequest
+from bus.eventbus.codec import EventBusError
 from bus.eventbus.config import EventBusConfig
+from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import EventStore
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
-    PeerUnreachable,
     SocketFactory,
     SocketOptions,
     ZmqSocket,
@@ -40,89 +39,6 @@ from bus.transport.zmqsocket import (
 log = Logger(namespace="bus.eventbus")
 
 _BIND_ATTEMPTS = 50
-
-
-class SnapshotStream:
-    """Streams one SYNCSTART's answer from the store, chunk by chunk, never dropping a frame:
-    when the client's pipe is full (HWM) it waits and resumes where it stopped."""
-
-    # A ROUTER has no per-peer writability signal, so a full pipe is polled: briefly,
-    # since a client drains its 10k-message pipe in tens of milliseconds.
-    RETRY_DELAY = 0.001
-    MAX_RETRY_DELAY = 0.01
-
-    def __init__(self, server: EventBusService, identity: bytes, request: SnapshotRequest) -> None:
-        self.server = server
-        self.identity = identity
-        self.request = request
-        self.upto = server.store.last_sequence
-        self.position = request.since
-        self.highest_sent = 0
-        self.sent = 0
-        encoding = request.encoding or server.config.sequence_encoding
-        self.encoding = encoding
-        self._pending: list[list[bytes]] = []
-        self._finished = False
-        self._call: DelayedCall | None = None
-        self._delay = self.RETRY_DELAY
-
-    def start(self) -> None:
-        self._schedule(0)
-
-    def cancel(self) -> None:
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-
-    def _schedule(self, delay: float) -> None:
-        self._call = self.server.reactor.callLater(delay, self._pump)
-
-    def _refill(self) -> None:
-        server = self.server
-        events = server.store.read(
-            self.position, self.upto, self.request.subtrees, server.config.snapshot_chunk
-        )
-        identity, encoding = self.identity, self.encoding
-        if events:
-            self.position = events[-1].sequence
-            self.highest_sent = self.position
-            self._pending = [[identity, *codec.sync_frames(e, encoding)] for e in events]
-            return
-        if server.config.syncend == "current" or self.highest_sent == 0:
-            end = self.upto
-        else:
-            end = self.highest_sent
-        self._pending = [[identity, *codec.sync_end_frames(self.request.spec, end, encoding)]]
-        self._finished = True
-
-    def _pump(self) -> None:
-        self._call = None
-        sock = self.server.snapshot_socket
-        if sock is None or sock.closed:
-            self.cancel()
-            return
-        budget = self.server.config.snapshot_chunk
-        while budget > 0:
-            if not self._pending:
-                if self._finished:
-                    self.server.snapshot_finished(self, complete=True)
-                    return
-                self._refill()
-            try:
-                sent = sock.send_many(self._pending[:budget])
-            except PeerUnreachable:
-                self.server.snapshot_finished(self, complete=False)
-                return
-            del self._pending[:sent]
-            self.sent += sent
-            budget -= sent
-            if self._pending and sent == 0:
-                # The client's pipe is full: come back later rather than drop a frame.
-                self._schedule(self._delay)
-                self._delay = min(self._delay * 2, self.MAX_RETRY_DELAY)
-                return
-            self._delay = self.RETRY_DELAY
-        self._schedule(0)
 
 
 class EventBusService(Service):
@@ -144,13 +60,12 @@ class EventBusService(Service):
         self.snapshot_socket: ZmqSocket | None = None
         self.publisher_socket: ZmqSocket | None = None
         self.collector_socket: ZmqSocket | None = None
+        self._snapshot_monitor: ZmqSocket | None = None
         self.port = config.port
         self.endpoints: dict[str, str] = {}
         self.drops = DropCounter(log, "message", clock)
         self.accepted = 0
-        self.snapshots_served = 0
-        self.snapshots_aborted = 0
-        self.streams: set[SnapshotStream] = set()
+        self.snapshots: SnapshotScheduler
         self.max_lag = 0.0
         self._lag_expected = 0.0
         self._factory: SocketFactory | None = None
@@ -168,6 +83,9 @@ class EventBusService(Service):
             config.data_dir,
             durability=config.durability,
             topic_index=config.retention.latest_per_topic,
+        )
+        self.snapshots = SnapshotScheduler(
+            self.reactor, self.store, config, lambda: self.snapshot_socket
         )
         try:
             self._factory = SocketFactory(self.reactor)
@@ -260,12 +178,33 @@ class EventBusService(Service):
             "collector": self.collector_socket.bind(f"tcp://{host}:{port + 2}"),
         }
         self.port = port
+        self._monitor_snapshot_clients()
+
+    def _monitor_snapshot_clients(self) -> None:
+        """Learn when snapshot clients disconnect: the memory of their pipes is free then."""
+        assert self._factory is not None and self.snapshot_socket is not None
+        address = f"inproc://eventbus-snapshot-monitor-{id(self):x}-{self.port}"
+        self.snapshot_socket.socket.monitor(address, zmq.EVENT_DISCONNECTED)
+        self._snapshot_monitor = self._factory.socket(
+            zmq.PAIR,
+            lambda events: self.snapshots.client_left(),
+            SocketOptions(tcp_keepalive_idle=None, linger_ms=0),
+            name="snapshot-monitor",
+        )
+        self._snapshot_monitor.connect(address)
 
     def _close_sockets(self, keep_factory: bool = False) -> None:
-        for sock in (self.snapshot_socket, self.publisher_socket, self.collector_socket):
+        sockets = (
+            self._snapshot_monitor,
+            self.snapshot_socket,
+            self.publisher_socket,
+            self.collector_socket,
+        )
+        for sock in sockets:
             if sock is not None:
                 sock.shutdown()
         self.snapshot_socket = self.publisher_socket = self.collector_socket = None
+        self._snapshot_monitor = None
         if not keep_factory and self._factory is not None:
             self._factory.shutdown()
             self._factory = None
@@ -278,9 +217,7 @@ class EventBusService(Service):
         if self._retention_task is not None:
             self._retention_task.stop()
             self._retention_task = None
-        for stream in list(self.streams):
-            stream.cancel()
-        self.streams.clear()
+        self.snapshots.stop()
         self._drain_collector()
         self._close_sockets()
         self._stopping = defer.Deferred()
@@ -347,18 +284,20 @@ class EventBusService(Service):
             except EventBusError as error:
                 self.drops.drop(error.reason, str(error), frames[0])
                 continue
-            stream = SnapshotStream(self, frames[0], request)
-            self.streams.add(stream)
-            stream.start()
+            self.snapshots.request(frames[0], request)
 
-    def snapshot_finished(self, stream: SnapshotStream, complete: bool) -> None:
-        self.streams.discard(stream)
-        if complete:
-            self.snapshots_served += 1
-        else:
-            self.snapshots_aborted += 1
-            log.info("snapshot client {peer} went away", peer=stream.identity.hex()[:40])
-        stream.cancel()
+    @property
+    def streams(self) -> set[SnapshotStream]:
+        """The snapshot streams running now."""
+        return self.snapshots.streams
+
+    @property
+    def snapshots_served(self) -> int:
+        return self.snapshots.served
+
+    @property
+    def snapshots_aborted(self) -> int:
+        return self.snapshots.aborted
 
     # -- periodic work ---------------------------------------------------------------------
 
@@ -426,14 +365,19 @@ class EventBusService(Service):
 
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
+        snapshots = self.snapshots
         return {
             "store_id": self.store.store_id,
             "sequence": self.store.last_sequence,
             "accepted": self.accepted,
             "dropped": dict(self.drops.counts),
-            "snapshots_served": self.snapshots_served,
-            "snapshots_aborted": self.snapshots_aborted,
-            "snapshots_active": len(self.streams),
+            "snapshots_served": snapshots.served,
+            "snapshots_aborted": snapshots.aborted,
+            "snapshots_stalled": snapshots.stalled,
+            "snapshots_queued": snapshots.queued,
+            "snapshots_refused": snapshots.refused,
+            "snapshots_active": len(snapshots.streams),
+            "snapshots_waiting": len(snapshots.waiting),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": round(self.clock() - self._started_at, 3),
             "endpoints": self.endpoints,
