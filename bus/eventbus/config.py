@@ -40,7 +40,10 @@ class EventBusConfig:
     collector_hwm: int = 10_000
     #: Messages the snapshot ROUTER queues per client (~0.6 KiB each): what a client that
     #: stopped reading costs in memory. A reading client drains it in a few milliseconds.
-    snapshot_hwm: int = 1000
+    snapshot_hwm: int = 250
+    #: The kernel's send buffer per snapshot client (bytes): a client that stopped reading
+    #: would otherwise hold up to 4 MiB there. -1: the OS default.
+    snapshot_send_buffer: int = 256 * 1024
     read_budget: int = 512
     #: Events read from the store at a time for a snapshot, and messages all snapshot
     #: streams together send per reactor turn.

@@ -145,6 +145,7 @@ class EventBusService(Service):
             self._on_snapshot_requests,
             SocketOptions(
                 send_hwm=config.snapshot_hwm,
+                send_buffer=config.snapshot_send_buffer,
                 receive_hwm=1000,
                 router_mandatory=True,
                 tcp_keepalive_idle=keepalive,
@@ -378,6 +379,7 @@ class EventBusService(Service):
             "snapshots_refused": snapshots.refused,
             "snapshots_active": len(snapshots.streams),
             "snapshots_waiting": len(snapshots.waiting),
+            "snapshot_messages_sent": snapshots.messages_sent,
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": round(self.clock() - self._started_at, 3),
             "endpoints": self.endpoints,

@@ -66,6 +66,7 @@ class SnapshotStream:
         "_finished",
         "_pending",
         "_sequences",
+        "chunk",
         "delay",
         "done",
         "encoding",
@@ -99,6 +100,9 @@ class SnapshotStream:
         #: When the client last took a message (or the stream started).
         self.last_progress = now
         self.delay = RETRY_DELAY
+        #: Events read from the store at a time: small for a client that stopped reading,
+        #: doubled while it takes them, up to ``snapshot_chunk``.
+        self.chunk = 0
         self.done = False
         self._pending: list[list[bytes]] = []
         self._sequences: list[int] = []
@@ -110,6 +114,7 @@ class SnapshotStream:
         return len(self._pending)
 
     def _refill(self, store: EventStore, chunk: int, syncend_current: bool) -> None:
+        self.chunk = chunk = min(self.chunk * 2, chunk) if self.chunk else chunk
         events = store.read(self.position, self.upto, self.request.subtrees, chunk)
         identity, encoding = self.identity, self.encoding
         if events:
@@ -156,11 +161,14 @@ class SnapshotStream:
         return "more", total
 
     def shrink(self, keep: int) -> None:
-        """Give back prepared messages beyond the first ``keep``; they are read again."""
+        """Give back prepared messages beyond the first ``keep``; they are read again,
+        ``keep`` at first."""
         if keep < 1:
             raise ValueError("keep at least one prepared message")
         if len(self._pending) <= keep or self._finished:
+            self.chunk = keep
             return
+        self.chunk = keep
         del self._pending[keep:]
         del self._sequences[keep:]
         self.position = self.highest_sent = self._sequences[-1]
@@ -212,6 +220,10 @@ class SnapshotScheduler:
         self.queued = 0
         #: Requests dropped because the waiting queue was full (never answered).
         self.refused = 0
+        #: SYNC and SYNCEND messages handed to ZeroMQ, by all streams.
+        self.messages_sent = 0
+        #: Attempts of blocked streams to send again.
+        self.retries = 0
         self.waiting: deque[tuple[bytes, SnapshotRequest]] = deque()
         self._ready: deque[SnapshotStream] = deque()
         self._blocked: list[tuple[float, int, SnapshotStream]] = []
@@ -351,6 +363,7 @@ class SnapshotScheduler:
                 sock, self.store, share, config.snapshot_chunk, syncend_current
             )
             budget -= sent
+            self.messages_sent += sent
             if sent:
                 stream.last_progress = self.reactor.seconds()
                 stream.delay = RETRY_DELAY
@@ -395,6 +408,7 @@ class SnapshotScheduler:
             if stream.done:
                 continue
             moved += 1
+            self.retries += 1
             if timeout > 0 and now - stream.last_progress >= timeout:
                 self._end(stream, "stalled")
                 continue

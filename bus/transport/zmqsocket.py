@@ -57,6 +57,9 @@ class SocketOptions:
     identity: bytes | None = None
     reconnect_ms: int = 100
     reconnect_max_ms: int = 2000
+    #: The kernel's send buffer per connection in bytes (SO_SNDBUF); -1: the OS default,
+    #: which Linux grows up to tcp_wmem's maximum (4 MiB) for a peer that reads slowly.
+    send_buffer: int = -1
 
 
 class SocketFactory:
@@ -135,6 +138,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         sock.set(zmq.SNDHWM, options.send_hwm)
         sock.set(zmq.RCVHWM, options.receive_hwm)
         sock.set(zmq.LINGER, options.linger_ms)
+        if options.send_buffer >= 0:
+            sock.set(zmq.SNDBUF, options.send_buffer)
         if options.max_message_size >= 0:
             sock.set(zmq.MAXMSGSIZE, options.max_message_size)
         if options.router_mandatory and socket_type == zmq.ROUTER:
