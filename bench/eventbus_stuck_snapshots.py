@@ -88,7 +88,8 @@ def main() -> int:
         "--settle",
         type=float,
         default=120.0,
-        help="wait up to this long for the stuck clients' buffers to fill",
+        help="wait up to this long for the stuck clients' buffers to fill (a server "
+        "that does not report snapshot_messages_sent: this long)",
     )
     add_common_arguments(parser)
     args = parser.parse_args()
@@ -126,6 +127,8 @@ def main() -> int:
         # do take data: wait until the server sends nothing for two seconds.
         settling = time.monotonic()
         sent, still = -1, time.monotonic()
+        if "snapshot_messages_sent" not in server.status():
+            time.sleep(args.settle)  # an older server: no count to watch, wait it out
         while time.monotonic() - settling < args.settle and time.monotonic() - still < 2.0:
             time.sleep(0.25)
             now_sent = server.status().get("snapshot_messages_sent", 0)

@@ -210,3 +210,28 @@ def test_the_subscriber_asks_again_until_a_refused_snapshot_is_served(
         if subscriber is not None:
             yield subscriber.stopService()
         yield server.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_request_waiting_for_its_own_identity_does_not_hold_up_others(
+    tmp_path: Any, peers: list[Any]
+) -> Any:
+    server = start_bus(
+        tmp_path, snapshot_hwm=5, max_snapshots_per_client=1, snapshot_stall_timeout=600
+    )
+    try:
+        yield fill(server, peers)
+        stuck = RawPeer.dealer(server.endpoints["snapshot"], receive_hwm=5, identity=b"stuck")
+        peers.append(stuck)
+        stuck.socket.pause_reading()
+        syncstart(stuck)
+        syncstart(stuck, since=10)  # waits: this identity already has its one stream
+        yield wait_until(lambda: server.snapshots.queued == 1)
+        other = healthy_client(server, peers)
+        yield wait_until(lambda: syncends(other), timeout=30)
+        assert sequences(other.messages) == list(range(1, EVENTS + 1))
+        status = server.status()
+        assert (status["snapshots_queued"], status["snapshots_waiting"]) == (1, 1)
+        assert status["snapshots_active"] == 1
+    finally:
+        yield server.stopService()

@@ -38,8 +38,9 @@ class EventBusConfig:
     #: from the store).
     publish_hwm: int = 200_000
     collector_hwm: int = 10_000
-    #: Messages the snapshot ROUTER queues per client (~0.6 KiB each): what a client that
-    #: stopped reading costs in memory. A reading client drains it in a few milliseconds.
+    #: Messages the snapshot ROUTER queues per client (~0.7 KiB each in libzmq): what a
+    #: client that stopped reading costs in memory. A reading client drains it in about
+    #: a millisecond; its kernel buffers hold more.
     snapshot_hwm: int = 250
     #: The kernel's send buffer per snapshot client (bytes): a client that stopped reading
     #: would otherwise hold up to 4 MiB there. -1: the OS default.

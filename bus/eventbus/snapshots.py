@@ -17,8 +17,10 @@ so waiting streams are retried by one shared scheduler:
   that are dropped (``refused``), never answered with a SYNCEND, which would make the
   client believe it holds everything.
 
-Memory per stuck client is then its pipe (``snapshot_hwm`` messages of ~0.6 KiB) plus
-:data:`KEEP_WHEN_BLOCKED` prepared messages.
+Memory per stuck client is then its pipe (``snapshot_hwm`` messages of ~0.7 KiB in
+libzmq), its kernel send buffer (``snapshot_send_buffer``, not in the process's RSS)
+and :data:`KEEP_WHEN_BLOCKED` prepared messages; all streams together prepare at most
+about :data:`PREPARED_MESSAGES` messages ahead.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ RETRIES_PER_TURN = 256
 #: A stream blocked at least this long keeps only KEEP_WHEN_BLOCKED prepared messages.
 SHRINK_AFTER_DELAY = 0.032
 KEEP_WHEN_BLOCKED = 8
+#: Messages read and encoded ahead, by all streams together (~0.7 KiB each): the
+#: store is read in smaller chunks when many streams run at once.
+PREPARED_MESSAGES = 16_384
 #: Free memory is handed back to the system at most this often, after streams ended.
 RELEASE_INTERVAL = 5.0
 
@@ -147,6 +152,7 @@ class SnapshotStream:
             try:
                 sent = sock.send_many(pending[: budget - total])
             except PeerUnreachable:
+                self.sent += total
                 return "gone", total
             if sent:
                 del pending[:sent]
@@ -165,10 +171,9 @@ class SnapshotStream:
         ``keep`` at first."""
         if keep < 1:
             raise ValueError("keep at least one prepared message")
-        if len(self._pending) <= keep or self._finished:
-            self.chunk = keep
-            return
         self.chunk = keep
+        if len(self._pending) <= keep or self._finished:
+            return
         del self._pending[keep:]
         del self._sequences[keep:]
         self.position = self.highest_sent = self._sequences[-1]
@@ -246,7 +251,12 @@ class SnapshotScheduler:
             return
         now = self.reactor.seconds()
         if len(self.waiting) < self.config.snapshot_queue:
-            self.waiting.append((identity, request))
+            entry = (identity, request)
+            self.waiting.append(entry)
+            # Those ahead may wait for their own identity's streams, not for a free slot.
+            self._admit_waiting()
+            if not any(waiting is entry for waiting in self.waiting):
+                return
             self.queued += 1
             self._notice(
                 "queued",
@@ -280,11 +290,11 @@ class SnapshotScheduler:
             return
         skipped: list[tuple[bytes, SnapshotRequest]] = []
         while waiting and len(self.streams) < self.config.max_snapshots:
-            identity, request = waiting.popleft()
-            if self._admissible(identity):
-                self._start(identity, request)
+            entry = waiting.popleft()
+            if self._admissible(entry[0]):
+                self._start(*entry)
             else:
-                skipped.append((identity, request))
+                skipped.append(entry)
         waiting.extendleft(reversed(skipped))
 
     def _start(self, identity: bytes, request: SnapshotRequest) -> None:
@@ -350,6 +360,8 @@ class SnapshotScheduler:
             return
         config = self.config
         budget = config.snapshot_chunk
+        share_of_prepared = PREPARED_MESSAGES // max(len(self.streams), 1)
+        chunk = max(KEEP_WHEN_BLOCKED, min(budget, share_of_prepared))
         syncend_current = config.syncend == "current"
         ready = self._ready
         visits = len(ready)
@@ -359,9 +371,7 @@ class SnapshotScheduler:
             if stream.done:
                 continue
             share = max(budget // max(len(ready) + 1, 1), 64)
-            outcome, sent = stream.pump(
-                sock, self.store, share, config.snapshot_chunk, syncend_current
-            )
+            outcome, sent = stream.pump(sock, self.store, share, chunk, syncend_current)
             budget -= sent
             self.messages_sent += sent
             if sent:
