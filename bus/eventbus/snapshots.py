@@ -4,8 +4,11 @@ A stream never drops a frame: when its client's pipe is full (the ROUTER's send 
 it waits and resumes where it stopped. A ROUTER has no per-peer writability signal,
 so waiting streams are retried by one shared scheduler:
 
-* streams that can send take turns, at most ``snapshot_chunk`` messages per reactor
-  turn in total;
+* streams that can send take turns, at most :data:`MESSAGES_PER_TURN` messages per
+  reactor turn in total;
+* a stream whose client took at least half a pipe in one turn tries again on the next
+  turn (a reading client must not wait on a timer: measured, a 1 ms retry made a
+  100k-event snapshot 50 % slower with a 250-message pipe);
 * a blocked stream is retried after a delay that doubles while it makes no progress
   (1 ms up to :data:`MAX_RETRY_DELAY`), so a client that stopped reading costs one
   failed send per second; a stream blocked for a while also gives back its prepared
@@ -50,6 +53,8 @@ log = Logger(namespace="bus.eventbus.snapshots")
 RETRY_DELAY = 0.001
 #: The longest a blocked stream waits between two attempts.
 MAX_RETRY_DELAY = 1.0
+#: Messages all streams together send per reactor turn (a few milliseconds of work).
+MESSAGES_PER_TURN = 2000
 #: Blocked streams retried per reactor turn at most (the rest on the next turn).
 RETRIES_PER_TURN = 256
 #: A stream blocked at least this long keeps only KEEP_WHEN_BLOCKED prepared messages.
@@ -359,9 +364,9 @@ class SnapshotScheduler:
         if sock is None or sock.closed:
             return
         config = self.config
-        budget = config.snapshot_chunk
+        budget = MESSAGES_PER_TURN
         share_of_prepared = PREPARED_MESSAGES // max(len(self.streams), 1)
-        chunk = max(KEEP_WHEN_BLOCKED, min(budget, share_of_prepared))
+        chunk = max(KEEP_WHEN_BLOCKED, min(config.snapshot_chunk, share_of_prepared))
         syncend_current = config.syncend == "current"
         ready = self._ready
         visits = len(ready)
@@ -380,7 +385,12 @@ class SnapshotScheduler:
             if outcome == "more":
                 ready.append(stream)
             elif outcome == "blocked":
-                self._block(stream, progressed=bool(sent))
+                if sent >= config.snapshot_hwm // 2:
+                    # A client draining its pipe this fast may have room again by the
+                    # next reactor turn.
+                    ready.append(stream)
+                else:
+                    self._block(stream, progressed=bool(sent))
             elif outcome == "finished":
                 self._end(stream, "served")
             else:
