@@ -179,6 +179,7 @@ class EventBusService(Service):
             "collector": self.collector_socket.bind(f"tcp://{host}:{port + 2}"),
         }
         self.port = port
+        self.snapshot_socket.on_signal = self.snapshots.writable
         self._monitor_snapshot_clients()
 
     def _monitor_snapshot_clients(self) -> None:

@@ -6,9 +6,13 @@ so waiting streams are retried by one shared scheduler:
 
 * streams that can send take turns, at most :data:`MESSAGES_PER_TURN` messages per
   reactor turn in total;
-* a stream whose client took at least half a pipe in one turn tries again on the next
-  turn (a reading client must not wait on a timer: measured, a 1 ms retry made a
-  100k-event snapshot 50 % slower with a 250-message pipe);
+* a stream whose client took a good number of messages (:data:`FAST_RETRY_MESSAGES`)
+  before its pipe filled tries again on the next turn: a reading client must not wait
+  on a timer (measured: a 1 ms retry made a 100k-event snapshot 50 % slower with a
+  250-message pipe);
+* libzmq signals the ROUTER's descriptor when a client's full pipe has drained to half
+  (its low-water mark): on that signal, streams that were moving a moment ago (their
+  delay is at most :data:`HOT_DELAY`) try again at once;
 * a blocked stream is retried after a delay that doubles while it makes no progress
   (1 ms up to :data:`MAX_RETRY_DELAY`), so a client that stopped reading costs one
   failed send per second; a stream blocked for a while also gives back its prepared
@@ -55,6 +59,11 @@ RETRY_DELAY = 0.001
 MAX_RETRY_DELAY = 1.0
 #: Messages all streams together send per reactor turn (a few milliseconds of work).
 MESSAGES_PER_TURN = 2000
+#: Blocked streams whose delay is at most this are woken by the socket's signal.
+HOT_DELAY = 0.004
+#: A stream that sent at least this many messages before its pipe filled tries again on
+#: the next reactor turn rather than after a timer (a slow reader never gets there).
+FAST_RETRY_MESSAGES = 32
 #: Blocked streams retried per reactor turn at most (the rest on the next turn).
 RETRIES_PER_TURN = 256
 #: A stream blocked at least this long keeps only KEEP_WHEN_BLOCKED prepared messages.
@@ -79,6 +88,7 @@ class SnapshotStream:
         "chunk",
         "delay",
         "done",
+        "due",
         "encoding",
         "highest_sent",
         "identity",
@@ -114,6 +124,8 @@ class SnapshotStream:
         #: doubled while it takes them, up to ``snapshot_chunk``.
         self.chunk = 0
         self.done = False
+        #: When a blocked stream tries again (0: it is not blocked).
+        self.due = 0.0
         self._pending: list[list[bytes]] = []
         self._sequences: list[int] = []
         self._finished = False
@@ -236,6 +248,8 @@ class SnapshotScheduler:
         self.retries = 0
         self.waiting: deque[tuple[bytes, SnapshotRequest]] = deque()
         self._ready: deque[SnapshotStream] = deque()
+        #: Blocked streams that were moving a moment ago: a signal wakes them.
+        self._hot: set[SnapshotStream] = set()
         self._blocked: list[tuple[float, int, SnapshotStream]] = []
         self._order = itertools.count()
         self._run_call: DelayedCall | None = None
@@ -320,6 +334,7 @@ class SnapshotScheduler:
     ) -> None:
         stream.done = True
         self.streams.discard(stream)
+        self._hot.discard(stream)
         left = self.per_client[stream.identity] - 1
         if left > 0:
             self.per_client[stream.identity] = left
@@ -385,7 +400,7 @@ class SnapshotScheduler:
             if outcome == "more":
                 ready.append(stream)
             elif outcome == "blocked":
-                if sent >= config.snapshot_hwm // 2:
+                if sent >= FAST_RETRY_MESSAGES:
                     # A client draining its pipe this fast may have room again by the
                     # next reactor turn.
                     ready.append(stream)
@@ -403,9 +418,25 @@ class SnapshotScheduler:
             stream.delay = min(stream.delay * 2, MAX_RETRY_DELAY)
             if stream.delay >= SHRINK_AFTER_DELAY:
                 stream.shrink(KEEP_WHEN_BLOCKED)
-        due = self.reactor.seconds() + stream.delay
+        stream.due = due = self.reactor.seconds() + stream.delay
         heapq.heappush(self._blocked, (due, next(self._order), stream))
+        if stream.delay <= HOT_DELAY:
+            self._hot.add(stream)
         self._schedule_retry(due)
+
+    def writable(self) -> None:
+        """The ROUTER's descriptor signalled, as it does when a client's full pipe
+        drained to half: streams that were moving a moment ago try again now, without
+        waiting for their timer (those stuck for longer keep their backoff)."""
+        hot = self._hot
+        if not hot:
+            return
+        for stream in hot:
+            if not stream.done and stream.due:
+                stream.due = 0.0
+                self._ready.append(stream)
+        hot.clear()
+        self._schedule_run()
 
     def _schedule_retry(self, due: float) -> None:
         call = self._retry_call
@@ -424,9 +455,11 @@ class SnapshotScheduler:
         blocked = self._blocked
         moved = 0
         while blocked and blocked[0][0] <= now and moved < RETRIES_PER_TURN:
-            stream = heapq.heappop(blocked)[2]
-            if stream.done:
-                continue
+            due, _, stream = heapq.heappop(blocked)
+            if stream.done or stream.due != due:
+                continue  # ended, or already woken by a signal
+            stream.due = 0.0
+            self._hot.discard(stream)
             moved += 1
             self.retries += 1
             if timeout > 0 and now - stream.last_progress >= timeout:
@@ -469,3 +502,4 @@ class SnapshotScheduler:
         self.waiting.clear()
         self._ready.clear()
         self._blocked.clear()
+        self._hot.clear()
