@@ -21,6 +21,10 @@ Roles:
     each time); checks it got EVENTS contiguous SYNCs.
 ``twisted-snapshot HOST:PORT EVENTS``
     The project's ``bus.eventbus.client.EventBusSubscriber`` timing the same snapshot.
+``stuck-snapshot ENDPOINT CLIENTS``
+    CLIENTS raw DEALERs (default options) that each send SYNCSTART for everything and
+    never read. Prints ``READY`` once all have asked; closes them all when a line (or
+    EOF) arrives on stdin, then prints a JSON line.
 
 Events are 6 frames with a 100-byte msgpack payload: ``{"n": <uint32>, "pad": <bin>}``.
 """
@@ -285,7 +289,7 @@ def snapshot_server(endpoint: str, events: int) -> None:
 
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
-    router.sndhwm = 10_000  # the server's snapshot HWM
+    router.sndhwm = 250  # the server's snapshot HWM (EventBusConfig.snapshot_hwm)
     router.router_mandatory = 1  # block rather than drop at the HWM
     router.linger = 0
     router.bind(endpoint)
@@ -417,6 +421,25 @@ def twisted_snapshot(address: str, events: int) -> None:
     _emit(result)
 
 
+def stuck_snapshot(endpoint: str, clients: int) -> None:
+    import zmq
+
+    context = zmq.Context()
+    dealers = []
+    for _ in range(clients):
+        dealer = context.socket(zmq.DEALER)
+        dealer.linger = 0
+        dealer.connect(endpoint)
+        dealer.send_multipart([b"SYNCSTART", b"", ZERO_SEQUENCE])
+        dealers.append(dealer)
+    _ready()
+    sys.stdin.readline()
+    for dealer in dealers:
+        dealer.close()
+    context.term()
+    _emit({"clients": clients})
+
+
 def main(argv: list[str]) -> None:
     role, *args = argv
     if role == "publish":
@@ -431,6 +454,8 @@ def main(argv: list[str]) -> None:
         snapshot_client(args[0], int(args[1]), int(args[2]))
     elif role == "twisted-snapshot":
         twisted_snapshot(args[0], int(args[1]))
+    elif role == "stuck-snapshot":
+        stuck_snapshot(args[0], int(args[1]))
     else:
         raise SystemExit(f"unknown role {role!r}")
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bus.eventbus.codec import Event, Heartbeat, SnapshotEnd
-from bus.eventbus.subscriber import SubscriberCore
+from bus.eventbus.subscriber import SubscriberCore, snapshot_patience
 
 
 def ev(sequence: int, topic: bytes = b"/t/") -> Event:
@@ -181,3 +181,22 @@ def test_subtree_subscriber_without_heartbeats_reconciles_to_bound_its_memory() 
         assert r.delivered == [2, 4, 6, 8]
     finally:
         module.MAX_UNVERIFIED = saved
+
+
+def test_unanswered_snapshot_requests_back_off_and_an_answer_resets_them() -> None:
+    r = Recorder(last=10)
+    r.core.start(0.0, wait_for_heartbeat=False)
+    waits = [snapshot_patience(2.0, r.core.snapshot_retries, cap=20.0)]
+    for _ in range(5):  # refused or abandoned by a busy server: no answer
+        r.core.retry_snapshot()
+        waits.append(snapshot_patience(2.0, r.core.snapshot_retries, cap=20.0))
+    assert r.asked == [10] * 6  # the same request each time
+    assert waits == [2.0, 4.0, 8.0, 16.0, 20.0, 20.0]
+    r.core.on_sync(ev(11))
+    assert r.core.snapshot_retries == 0
+    r.core.retry_snapshot()
+    r.core.on_sync_end(SnapshotEnd(b"", 11))
+    assert r.core.snapshot_retries == 0
+    assert r.delivered == [11]
+    assert snapshot_patience(2.0, 1000, cap=20.0) == 20.0
+    assert snapshot_patience(30.0, 3, cap=20.0) == 30.0  # never below the base

@@ -123,6 +123,7 @@ def test_spark_bridge_alone_reads_its_own_table(tmp_path: Path) -> None:
         (["--spark-bridge", "--spark-bridge-roll-events", "x"], "--spark-bridge-roll-events wants"),
         (["--spark-bridge", "--spark-bridge-roll-seconds", "soon"], "not a duration: 'soon'"),
         (["--dialect", "klingon"], "--dialect must be spec or original"),
+        (["--max-snapshots", "0"], "max-snapshots and max-snapshots-per-client must be at least 1"),
         (["--config", "/nonexistent/bus.toml"], "no such file"),
     ],
 )

@@ -30,7 +30,11 @@ def free_port() -> int:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "MC0_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "MC0_"))
+    }
     env.update(PYTHONUNBUFFERED="1", **extra)
     return env
 
@@ -150,7 +154,10 @@ def test_composed_product_with_config_file_environment_and_command_line(tmp_path
     ("args", "expected"),
     [
         (["--prot", "5556"], "twistd eventbus: unknown option --prot; did you mean --port?"),
-        (["--services", "eventbus,zree"], "no service named 'zree'; valid: eventbus, mc0, spark-bridge"),
+        (
+            ["--services", "eventbus,zree"],
+            "no service named 'zree'; valid: eventbus, mc0, spark-bridge",
+        ),
     ],
 )
 def test_bad_options_give_one_clear_line_and_a_failure_status(

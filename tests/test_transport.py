@@ -286,6 +286,47 @@ def test_router_mandatory_reaches_a_known_peer_then_reports_it_gone(factory: Any
     yield wait_until(unreachable, what="the ROUTER to notice the peer left")
 
 
+@pytest_twisted.inlineCallbacks
+def test_router_signals_when_a_full_pipe_to_a_peer_drains(factory: Any) -> Any:
+    """A ROUTER has no per-peer writability event, but libzmq signals its descriptor
+    when a peer's full pipe drains to half: ``on_signal`` is called then, not on the
+    reads a send schedules."""
+    router = factory.socket(
+        zmq.ROUTER, None, options(router_mandatory=True, send_hwm=5, send_buffer=4096)
+    )
+    signals: list[int] = []
+    router.on_signal = lambda: signals.append(1)
+    endpoint = router.bind("tcp://127.0.0.1:*")
+    peer_factory = transport().SocketFactory(reactor)
+    try:
+        got: list[list[bytes]] = []
+        dealer = peer_factory.socket(
+            zmq.DEALER, got.extend, options(identity=b"slow", receive_hwm=5)
+        )
+        dealer.connect(endpoint)
+        dealer.pause_reading()
+        assert dealer.send_frames([b"hello"])
+        yield wait_until(lambda: signals, what="the hello to signal the ROUTER")
+        big = b"x" * 65536
+        sent = 0
+
+        def full() -> bool:
+            nonlocal sent
+            accepted = router.send_many([[b"slow", big]] * 8)
+            sent += accepted
+            return accepted < 8
+
+        yield wait_until(full, what="the pipe to the paused peer to fill")
+        before = len(signals)
+        dealer.resume_reading()
+        yield wait_until(lambda: len(signals) > before, what="the drained pipe's signal")
+        assert router.send_frames([b"slow", b"room again"])
+        yield wait_until(lambda: got[-1:] == [[b"room again"]], timeout=20)
+        assert len(got) == sent + 1
+    finally:
+        peer_factory.shutdown()
+
+
 # -- shutdown ---------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ publisher.publish("/orders/42/", {"total": 12.5})
 from __future__ import annotations
 
 import os
+import random
 import time
 import uuid
 from collections import deque
@@ -28,7 +29,7 @@ from twisted.logger import Logger
 from bus.droplog import DropCounter
 from bus.eventbus import codec
 from bus.eventbus.codec import Event, EventBusError, Heartbeat, SequenceEncoding
-from bus.eventbus.subscriber import SubscriberCore
+from bus.eventbus.subscriber import SubscriberCore, snapshot_patience
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 
@@ -174,6 +175,7 @@ class EventBusSubscriber(Service):
         self._last_heard = 0.0
         self._connected_at = 0.0
         self._snapshot_activity = 0.0
+        self._snapshot_patience = heartbeat_timeout or 0.0
         self._periodic = Periodic(self.reactor, log)
         self._waiters: list[tuple[int, defer.Deferred[int]]] = []
         self._saved = start
@@ -273,11 +275,16 @@ class EventBusSubscriber(Service):
             elif (
                 self.core.syncing
                 and not self.core.awaiting_heartbeat
-                and now - self._snapshot_activity > self.heartbeat_timeout
+                and now - self._snapshot_activity > self._snapshot_patience
             ):
-                # The request or its answer was lost (e.g. the server restarted): ask again
-                # on a fresh socket so a late answer to the old one cannot interleave.
-                log.warn("snapshot from {server} timed out: asking again", server=self.server)
+                # The request or its answer was lost (e.g. the server restarted), or a busy
+                # server refused or abandoned it: ask again, later each time, on a fresh
+                # socket so a late answer to the old one cannot interleave.
+                log.warn(
+                    "snapshot from {server} timed out after {patience:.1f}s: asking again",
+                    server=self.server,
+                    patience=self._snapshot_patience,
+                )
                 self.core.retry_snapshot()
             return
         previous = self.server
@@ -309,6 +316,11 @@ class EventBusSubscriber(Service):
         # A fresh socket per request: answers to an abandoned request cannot interleave.
         self._open_snapshot_socket()
         self._snapshot_activity = self.reactor.seconds()
+        if self.heartbeat_timeout is not None:
+            # A little jitter, so that clients refused together do not ask again together.
+            self._snapshot_patience = snapshot_patience(
+                self.heartbeat_timeout, self.core.snapshot_retries
+            ) * random.uniform(1.0, 1.25)
         if self._snapshot is not None:
             self._snapshot.send_frames(
                 codec.sync_start_frames(self.subtrees, since, SequenceEncoding.BINARY)
@@ -338,6 +350,8 @@ class EventBusSubscriber(Service):
 
     def _on_snapshot_reply(self, batch: list[list[bytes]]) -> None:
         self._last_heard = self._snapshot_activity = self.reactor.seconds()
+        if self.heartbeat_timeout is not None:
+            self._snapshot_patience = self.heartbeat_timeout
         core = self.core
         for frames in batch:
             try:

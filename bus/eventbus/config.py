@@ -38,9 +38,25 @@ class EventBusConfig:
     #: from the store).
     publish_hwm: int = 200_000
     collector_hwm: int = 10_000
-    snapshot_hwm: int = 10_000
+    #: Messages the snapshot ROUTER queues per client (~0.7 KiB each in libzmq): what a
+    #: client that stopped reading costs in memory. A reading client drains it in about
+    #: a millisecond; its kernel buffers hold more.
+    snapshot_hwm: int = 250
+    #: The kernel's send buffer per snapshot client (bytes): a client that stopped reading
+    #: would otherwise hold up to 4 MiB there. -1: the OS default.
+    snapshot_send_buffer: int = 256 * 1024
     read_budget: int = 512
-    snapshot_chunk: int = 2000
+    #: Events read from the store at a time for a snapshot, and messages all snapshot
+    #: streams together send per reactor turn.
+    snapshot_chunk: int = 500
+    #: A snapshot whose client took no message for this long (seconds) is abandoned
+    #: (the client sees no SYNCEND and asks again). 0: never.
+    snapshot_stall_timeout: float = 60.0
+    #: Snapshot streams running at once, in all and per client identity; further
+    #: SYNCSTARTs wait in a queue of ``snapshot_queue`` and beyond it are dropped.
+    max_snapshots: int = 256
+    max_snapshots_per_client: int = 4
+    snapshot_queue: int = 1024
     stats_interval: float = 10.0
     #: How often the WAL is copied into the database, on a worker thread.
     checkpoint_interval: float = 1.0
@@ -52,6 +68,14 @@ class EventBusConfig:
     #: How long a stop waits for a WAL checkpoint still running on its thread before
     #: closing the store without it (the WAL is kept; nothing committed is lost).
     stop_timeout: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.snapshot_hwm < 1 or self.snapshot_chunk < 1:
+            raise ValueError("snapshot_hwm and snapshot_chunk must be at least 1")
+        if self.max_snapshots < 1 or self.max_snapshots_per_client < 1:
+            raise ValueError("max_snapshots and max_snapshots_per_client must be at least 1")
+        if self.snapshot_queue < 0 or self.snapshot_stall_timeout < 0:
+            raise ValueError("snapshot_queue and snapshot_stall_timeout cannot be negative")
 
     @property
     def snapshot_port(self) -> int:

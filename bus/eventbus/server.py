@@ -35,13 +35,13 @@ from twisted.python.failure import Failure
 from bus.droplog import DropCounter, RateLimit
 from bus.errors import StartupError
 from bus.eventbus import codec
-from bus.eventbus.codec import EventBusError, SnapshotRequest
+from bus.eventbus.codec import EventBusError
 from bus.eventbus.config import EventBusConfig
+from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import EventStore, StorageError
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
-    PeerUnreachable,
     SocketFactory,
     SocketOptions,
     ZmqSocket,
@@ -52,89 +52,6 @@ from bus.workers import worker_pool
 log = Logger(namespace="bus.eventbus")
 
 _BIND_ATTEMPTS = 50
-
-
-class SnapshotStream:
-    """Streams one SYNCSTART's answer from the store, chunk by chunk, never dropping a frame:
-    when the client's pipe is full (HWM) it waits and resumes where it stopped."""
-
-    # A ROUTER has no per-peer writability signal, so a full pipe is polled: briefly,
-    # since a client drains its 10k-message pipe in tens of milliseconds.
-    RETRY_DELAY = 0.001
-    MAX_RETRY_DELAY = 0.01
-
-    def __init__(self, server: EventBusService, identity: bytes, request: SnapshotRequest) -> None:
-        self.server = server
-        self.identity = identity
-        self.request = request
-        self.upto = server.store.last_sequence
-        self.position = request.since
-        self.highest_sent = 0
-        self.sent = 0
-        encoding = request.encoding or server.config.sequence_encoding
-        self.encoding = encoding
-        self._pending: list[list[bytes]] = []
-        self._finished = False
-        self._call: DelayedCall | None = None
-        self._delay = self.RETRY_DELAY
-
-    def start(self) -> None:
-        self._schedule(0)
-
-    def cancel(self) -> None:
-        if self._call is not None and self._call.active():
-            self._call.cancel()
-        self._call = None
-
-    def _schedule(self, delay: float) -> None:
-        self._call = self.server.reactor.callLater(delay, self._pump)
-
-    def _refill(self) -> None:
-        server = self.server
-        events = server.store.read(
-            self.position, self.upto, self.request.subtrees, server.config.snapshot_chunk
-        )
-        identity, encoding = self.identity, self.encoding
-        if events:
-            self.position = events[-1].sequence
-            self.highest_sent = self.position
-            self._pending = [[identity, *codec.sync_frames(e, encoding)] for e in events]
-            return
-        if server.config.syncend == "current" or self.highest_sent == 0:
-            end = self.upto
-        else:
-            end = self.highest_sent
-        self._pending = [[identity, *codec.sync_end_frames(self.request.spec, end, encoding)]]
-        self._finished = True
-
-    def _pump(self) -> None:
-        self._call = None
-        sock = self.server.snapshot_socket
-        if sock is None or sock.closed:
-            self.cancel()
-            return
-        budget = self.server.config.snapshot_chunk
-        while budget > 0:
-            if not self._pending:
-                if self._finished:
-                    self.server.snapshot_finished(self, complete=True)
-                    return
-                self._refill()
-            try:
-                sent = sock.send_many(self._pending[:budget])
-            except PeerUnreachable:
-                self.server.snapshot_finished(self, complete=False)
-                return
-            del self._pending[:sent]
-            self.sent += sent
-            budget -= sent
-            if self._pending and sent == 0:
-                # The client's pipe is full: come back later rather than drop a frame.
-                self._schedule(self._delay)
-                self._delay = min(self._delay * 2, self.MAX_RETRY_DELAY)
-                return
-            self._delay = self.RETRY_DELAY
-        self._schedule(0)
 
 
 class EventBusService(Service):
@@ -164,9 +81,7 @@ class EventBusService(Service):
         self.local_accepted = 0
         self._local: list[codec.EventFields] = []
         self._local_flush: DelayedCall | None = None
-        self.snapshots_served = 0
-        self.snapshots_aborted = 0
-        self.streams: set[SnapshotStream] = set()
+        self.snapshots: SnapshotScheduler
         self.max_lag = 0.0
         self._lag_expected = 0.0
         self._factory: SocketFactory | None = None
@@ -202,6 +117,9 @@ class EventBusService(Service):
             )
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
+        self.snapshots = SnapshotScheduler(
+            self.reactor, self.store, config, lambda: self.snapshot_socket
+        )
         try:
             self._factory = SocketFactory(self.reactor)
             self._bind_all()
@@ -269,6 +187,7 @@ class EventBusService(Service):
             self._on_snapshot_requests,
             SocketOptions(
                 send_hwm=config.snapshot_hwm,
+                send_buffer=config.snapshot_send_buffer,
                 receive_hwm=1000,
                 router_mandatory=True,
                 tcp_keepalive_idle=keepalive,
@@ -302,8 +221,15 @@ class EventBusService(Service):
             "collector": self.collector_socket.bind(f"tcp://{host}:{port + 2}"),
         }
         self.port = port
-        for sock in (self.snapshot_socket, self.publisher_socket, self.collector_socket):
-            sock.watch_connections()
+        self.snapshot_socket.on_signal = self.snapshots.writable
+        # A snapshot client gone frees the memory of its pipe: the scheduler hears of it.
+        self.snapshot_socket.watch_connections(zmq.EVENT_DISCONNECTED, self._snapshot_event)
+        self.publisher_socket.watch_connections()
+        self.collector_socket.watch_connections()
+
+    def _snapshot_event(self, event: int) -> None:
+        if event & zmq.EVENT_DISCONNECTED:
+            self.snapshots.client_left()
 
     def connections(self) -> dict[str, int]:
         """TCP peers connected now, by socket."""
@@ -331,9 +257,7 @@ class EventBusService(Service):
         if self._retention_task is not None:
             self._retention_task.stop()
             self._retention_task = None
-        for stream in list(self.streams):
-            stream.cancel()
-        self.streams.clear()
+        self.snapshots.stop()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
@@ -572,18 +496,20 @@ class EventBusService(Service):
             except EventBusError as error:
                 self.drops.drop(error.reason, str(error), frames[0])
                 continue
-            stream = SnapshotStream(self, frames[0], request)
-            self.streams.add(stream)
-            stream.start()
+            self.snapshots.request(frames[0], request)
 
-    def snapshot_finished(self, stream: SnapshotStream, complete: bool) -> None:
-        self.streams.discard(stream)
-        if complete:
-            self.snapshots_served += 1
-        else:
-            self.snapshots_aborted += 1
-            log.info("snapshot client {peer} went away", peer=stream.identity.hex()[:40])
-        stream.cancel()
+    @property
+    def streams(self) -> set[SnapshotStream]:
+        """The snapshot streams running now."""
+        return self.snapshots.streams
+
+    @property
+    def snapshots_served(self) -> int:
+        return self.snapshots.served
+
+    @property
+    def snapshots_aborted(self) -> int:
+        return self.snapshots.aborted
 
     # -- periodic work ---------------------------------------------------------------------
 
@@ -656,6 +582,7 @@ class EventBusService(Service):
 
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
+        snapshots = self.snapshots
         return {
             "store_id": self.store.store_id,
             "sequence": self.store.last_sequence,
@@ -669,9 +596,14 @@ class EventBusService(Service):
             "storage_error": self.storage_error,
             "storage_waiting": len(self._waiting),
             "collector_paused": self.collector_paused,
-            "snapshots_served": self.snapshots_served,
-            "snapshots_aborted": self.snapshots_aborted,
-            "snapshots_active": len(self.streams),
+            "snapshots_served": snapshots.served,
+            "snapshots_aborted": snapshots.aborted,
+            "snapshots_stalled": snapshots.stalled,
+            "snapshots_queued": snapshots.queued,
+            "snapshots_refused": snapshots.refused,
+            "snapshots_active": len(snapshots.streams),
+            "snapshots_waiting": len(snapshots.waiting),
+            "snapshot_messages_sent": snapshots.messages_sent,
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": self._uptime(),
             "endpoints": self.endpoints,
@@ -728,6 +660,26 @@ class EventBusService(Service):
                 self.connections(),
             ),
             gauge("eventbus_snapshots_active", "Snapshots being streamed", len(self.streams)),
+            gauge(
+                "eventbus_snapshots_waiting",
+                "SYNCSTARTs queued for a free stream",
+                len(self.snapshots.waiting),
+            ),
+            counter(
+                "eventbus_snapshots_stalled",
+                "Snapshots abandoned because their client stopped reading",
+                self.snapshots.stalled,
+            ),
+            counter(
+                "eventbus_snapshots_refused",
+                "SYNCSTARTs dropped unanswered with the queue full",
+                self.snapshots.refused,
+            ),
+            counter(
+                "eventbus_snapshot_messages_sent",
+                "SYNC and SYNCEND messages sent",
+                self.snapshots.messages_sent,
+            ),
             gauge(
                 "eventbus_store_bytes", "Event log size on disk (database and WAL)", store.size()
             ),

@@ -33,6 +33,16 @@ RequestSnapshot = Callable[[int], object]
 MAX_BUFFERED = 200_000
 #: Sequences a subtree subscriber remembers above its verified point before it reconciles.
 MAX_UNVERIFIED = 500_000
+#: The longest a subscriber waits for an answer to a snapshot request before asking again.
+MAX_SNAPSHOT_PATIENCE = 60.0
+
+
+def snapshot_patience(base: float, retries: int, cap: float = MAX_SNAPSHOT_PATIENCE) -> float:
+    """How long to wait for a snapshot's first (or next) message after ``retries``
+    requests in a row went unanswered: ``base`` doubled each time, up to ``cap``. A busy
+    server may queue or refuse a request without an answer; backing off keeps many
+    clients from asking it again all at once."""
+    return min(base * (1 << min(retries, 32)), max(cap, base))
 
 
 @dataclass
@@ -69,6 +79,8 @@ class SubscriberCore:
     _last_reconcile: float = 0.0
     _check_next_beat: bool = False
     _snapshot_since: int = 0
+    #: Requests asked again in a row without an answer (reset by any SYNC or SYNCEND).
+    snapshot_retries: int = 0
 
     def __post_init__(self) -> None:
         self._verified = self.last
@@ -104,7 +116,9 @@ class SubscriberCore:
             self._ask(self.verified)
 
     def retry_snapshot(self) -> None:
-        """Ask again for the snapshot in flight (its request or answer was lost)."""
+        """Ask again for the snapshot in flight (its request or answer was lost, or the
+        server refused or abandoned it)."""
+        self.snapshot_retries += 1
         self._ask(self._snapshot_since)
 
     def _ask(self, since: int) -> None:
@@ -153,6 +167,7 @@ class SubscriberCore:
                 self._ask(self._verified)
 
     def on_sync(self, event: Event) -> None:
+        self.snapshot_retries = 0
         sequence = event.sequence
         if sequence <= self._snapshot_since:
             self.stats.stale += 1
@@ -169,6 +184,7 @@ class SubscriberCore:
         self._deliver(event)
 
     def on_sync_end(self, end: SnapshotEnd) -> None:
+        self.snapshot_retries = 0
         if not self.syncing:
             return
         self.syncing = False

@@ -66,6 +66,41 @@ class Options(ServiceOptions):
         ["max-event-size", None, 1024 * 1024, "Largest event data in bytes.", int],
         ["publish-hwm", None, 200_000, "PUB queue per subscriber, in messages.", int],
         [
+            "snapshot-stall-timeout",
+            None,
+            "60s",
+            "Abandon a snapshot whose client took no message for this long (0: never); the "
+            "client sees no SYNCEND and asks again.",
+        ],
+        [
+            "max-snapshots",
+            None,
+            256,
+            "Snapshot streams running at once; further SYNCSTARTs wait in a queue.",
+            int,
+        ],
+        [
+            "max-snapshots-per-client",
+            None,
+            4,
+            "Snapshot streams running at once for one client identity.",
+            int,
+        ],
+        [
+            "snapshot-queue",
+            None,
+            1024,
+            "SYNCSTARTs that may wait for a free stream; beyond, dropped unanswered (counted).",
+            int,
+        ],
+        [
+            "snapshot-hwm",
+            None,
+            250,
+            "Messages queued per snapshot client: what a client that stopped reading costs.",
+            int,
+        ],
+        [
             "storage-retry-max",
             None,
             "5s",
@@ -94,24 +129,10 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
     if dialect not in ("spec", "original"):
         raise usage.UsageError("--dialect must be spec or original")
     max_count = options.get("retention-max-count")
-    config = EventBusConfig(
-        bind=options["bind"],
-        port=int(options["port"]),
-        data_dir=Path(options["data-dir"]),
-        heartbeat_interval=parse_duration(options["heartbeat-interval"]),
-        retention=Retention(
-            max_age=optional_duration(options.get("retention-max-age")),
-            max_count=None if max_count in (None, "") else int(max_count),
-            latest_per_topic=bool(options.get("retention-latest-per-topic")),
-        ),
-        retention_interval=parse_duration(options["retention-interval"]),
-        durability=options["durability"],
-        max_data_bytes=int(options["max-event-size"]),
-        publish_hwm=int(options["publish-hwm"]),
-        stats_interval=parse_duration(options["stats-interval"]),
-        storage_retry_max=parse_duration(options.get("storage-retry-max", "5s")),
-        stop_timeout=parse_duration(options.get("stop-timeout", "3s")),
-    )
+    try:
+        config = _config(options, max_count)
+    except ValueError as error:  # the config's own checks name fields as options spell them
+        raise usage.UsageError(str(error).replace("_", "-")) from None
     if config.durability not in ("normal", "full"):
         raise usage.UsageError("--durability must be normal or full")
     if not 0 <= config.port <= 65533:
@@ -130,6 +151,32 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
             raise usage.UsageError("--syncend must be highest or current")
         config = replace(config, syncend=syncend)
     return config
+
+
+def _config(options: usage.Options | dict[str, Any], max_count: Any) -> EventBusConfig:
+    return EventBusConfig(
+        bind=options["bind"],
+        port=int(options["port"]),
+        data_dir=Path(options["data-dir"]),
+        heartbeat_interval=parse_duration(options["heartbeat-interval"]),
+        retention=Retention(
+            max_age=optional_duration(options.get("retention-max-age")),
+            max_count=None if max_count in (None, "") else int(max_count),
+            latest_per_topic=bool(options.get("retention-latest-per-topic")),
+        ),
+        retention_interval=parse_duration(options["retention-interval"]),
+        durability=options["durability"],
+        max_data_bytes=int(options["max-event-size"]),
+        publish_hwm=int(options["publish-hwm"]),
+        stats_interval=parse_duration(options["stats-interval"]),
+        storage_retry_max=parse_duration(options.get("storage-retry-max", "5s")),
+        snapshot_stall_timeout=parse_duration(options.get("snapshot-stall-timeout", "60s")),
+        max_snapshots=int(options.get("max-snapshots", 256)),
+        max_snapshots_per_client=int(options.get("max-snapshots-per-client", 4)),
+        snapshot_queue=int(options.get("snapshot-queue", 1024)),
+        snapshot_hwm=int(options.get("snapshot-hwm", 250)),
+        stop_timeout=parse_duration(options.get("stop-timeout", "3s")),
+    )
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> EventBusService:

@@ -67,6 +67,9 @@ class SocketOptions:
     identity: bytes | None = None
     reconnect_ms: int = 100
     reconnect_max_ms: int = 2000
+    #: The kernel's send buffer per connection in bytes (SO_SNDBUF); -1: the OS default,
+    #: which Linux grows up to tcp_wmem's maximum (4 MiB) for a peer that reads slowly.
+    send_buffer: int = -1
 
 
 class SocketFactory:
@@ -142,6 +145,10 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.messages_received = 0
         self.reading_paused = False
         self.read_scheduled: DelayedCall | None = None
+        #: Called after the reactor saw the socket's descriptor signal. libzmq signals it
+        #: for incoming messages and also when a peer's full pipe has drained to half
+        #: (its low-water mark): the nearest thing to per-peer writability a ROUTER has.
+        self.on_signal: Callable[[], None] | None = None
         self._options = options
         ZmqConnection.__init__(self, factory.txzmq_factory, identity=options.identity)
         sock = self.socket
@@ -150,6 +157,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         sock.set(zmq.SNDHWM, options.send_hwm)
         sock.set(zmq.RCVHWM, options.receive_hwm)
         sock.set(zmq.LINGER, options.linger_ms)
+        if options.send_buffer >= 0:
+            sock.set(zmq.SNDBUF, options.send_buffer)
         if options.max_message_size >= 0:
             sock.set(zmq.MAXMSGSIZE, options.max_message_size)
         if options.router_mandatory and socket_type == zmq.ROUTER:
@@ -213,6 +222,12 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
     # -- reading -------------------------------------------------------------------------
 
     def doRead(self) -> None:
+        """The reactor saw the descriptor signal: read, then tell ``on_signal``."""
+        self._read()
+        if self.on_signal is not None and self.socket is not None:
+            self.on_signal()
+
+    def _read(self) -> None:
         """Read at most ``read_budget`` whole messages, hand them over as one batch, and
         come back on the next reactor turn if more may be waiting, so that timers and
         other sockets keep their turn under load."""
@@ -261,7 +276,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
 
     def _schedule_read(self) -> None:
         if self.read_scheduled is None and self.socket is not None:
-            self.read_scheduled = self.reactor.callLater(0, self.doRead)
+            self.read_scheduled = self.reactor.callLater(0, self._read)
 
     def messageReceived(self, message: list[bytes]) -> None:  # txzmq API, unused here
         self._deliver([message])

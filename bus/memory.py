@@ -1,0 +1,43 @@
+"""Handing freed memory back to the operating system.
+
+glibc's allocator keeps memory freed in the middle of its heaps (and in the arenas of
+other threads, such as libzmq's I/O thread) for later use: after a burst of large
+allocations, e.g. full ZeroMQ pipes of clients that left, the process's RSS stays at
+its peak. ``malloc_trim(0)`` returns those free pages. Elsewhere (musl, macOS) this
+does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+from typing import Any
+
+_trim: Any = None
+_looked_up = False
+
+
+def _malloc_trim() -> Any:
+    global _trim, _looked_up
+    if not _looked_up:
+        _looked_up = True
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+                function = libc.malloc_trim
+            except (OSError, AttributeError):
+                function = None
+            if function is not None:
+                function.argtypes = [ctypes.c_size_t]
+                function.restype = ctypes.c_int
+            _trim = function
+    return _trim
+
+
+def release_free_memory() -> bool:
+    """Return free heap memory to the system; True if the allocator could do it."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    return bool(trim(0))
