@@ -68,7 +68,7 @@ class ZreNode(Service):
         self.reactor = reactor_of(reactor)
         self.activity = activity
         self.uuid = node_uuid or uuidlib.uuid4().bytes
-        self.name_ = config.name or uuidlib.UUID(bytes=self.uuid).hex[:6]
+        self.node_name = config.name or uuidlib.UUID(bytes=self.uuid).hex[:6]
         self._shared_factory = socket_factory
         self._factory: SocketFactory | None = None
         self.interface: InterfaceAddress | None = None
@@ -147,7 +147,7 @@ class ZreNode(Service):
             self._on_mailbox,
             SocketOptions(receive_hwm=10_000, linger_ms=0),
             read_budget=256,
-            name=f"zre-mailbox-{self.name_}",
+            name=f"zre-mailbox-{self.node_name}",
         )
         # A peer that restarts with the same UUID takes its identity over at once.
         self.mailbox.socket.set(zmq.ROUTER_HANDOVER, 1)
@@ -161,14 +161,14 @@ class ZreNode(Service):
                 zmq.SUB,
                 self._on_log_records,
                 SocketOptions(linger_ms=0, receive_hwm=10_000),
-                name=f"zre-log-{self.name_}",
+                name=f"zre-log-{self.node_name}",
             )
             self.log_socket.subscribe(b"")
             self.log_endpoint = bind_ephemeral(self.log_socket, host)
             headers[LOG_HEADER] = self.log_endpoint
         settings = ZreSettings(
             uuid=self.uuid,
-            name=self.name_,
+            name=self.node_name,
             endpoint=self.endpoint,
             version=config.version,
             headers=headers,
@@ -202,7 +202,7 @@ class ZreNode(Service):
         self._periodic.every(config.reap_interval, self._tick)
         log.info(
             "ZRE node {name} {uuid} ({dialect}) on {endpoint}, beacon {beacon}",
-            name=self.name_,
+            name=self.node_name,
             uuid=self.uuid_hex,
             dialect="36/ZRE" if config.version == VERSION_36 else "20/ZRE",
             endpoint=self.endpoint,
@@ -284,7 +284,7 @@ class ZreNode(Service):
         value: dict[str, Any] = {
             "event": event.type,
             "node": self.uuid_hex,
-            "node_name": self.name_,
+            "node_name": self.node_name,
             "peer": event.peer_hex,
             "name": event.name,
         }
@@ -311,7 +311,7 @@ class ZreNode(Service):
             return
         if event.type == "ENTER" and LOG_HEADER in event.headers:
             sender = self._factory.socket(
-                zmq.PUB, None, SocketOptions(linger_ms=0), name=f"zre-logsend-{self.name_}"
+                zmq.PUB, None, SocketOptions(linger_ms=0), name=f"zre-logsend-{self.node_name}"
             )
             sender.connect(event.headers[LOG_HEADER])
             old: ZmqSocket | None = self._log_senders.pop(event.peer, None)
@@ -380,7 +380,7 @@ class ZreNode(Service):
         peers = list(core.peers.values()) if core else []
         return {
             "uuid": self.uuid_hex,
-            "name": self.name_,
+            "name": self.node_name,
             "version": "36/ZRE" if self.config.version == VERSION_36 else "20/ZRE",
             "endpoint": self.endpoint,
             "beacon": (
