@@ -43,6 +43,11 @@ class Options(ServiceOptions):
         ["peer", None, "Mailbox endpoint tcp://HOST:PORT of a peer to greet without UDP."],
     ]
 
+    def opt_version(self, value: str) -> None:
+        """2: 36/ZRE (zyre, pyre); 1: the 20/ZRE draft with ZRE/LOG."""
+        # Replaces usage.Options' --version (which prints Twisted's): the issue's spelling.
+        self["version"] = value
+
     def postOptions(self) -> None:
         self["zre-config"] = zre_config(self)
 
