@@ -43,7 +43,7 @@ class Options(ServiceOptions):
         ["peer", None, "Mailbox endpoint tcp://HOST:PORT of a peer to greet without UDP."],
     ]
 
-    def opt_version(self, value: str) -> None:
+    def opt_version(self, value: str) -> None:  # type: ignore[override]
         """2: 36/ZRE (zyre, pyre); 1: the 20/ZRE draft with ZRE/LOG."""
         # Replaces usage.Options' --version (which prints Twisted's): the issue's spelling.
         self["version"] = value
