@@ -198,3 +198,44 @@ def test_zre_ping_against_pyre(netns_pair: NamespacePair, spawn: PeerMaker, tmp_
         pyre.wait_for("EXIT", ready["peer"], timeout=10)
     finally:
         ping.stop()
+
+
+def test_a_20zre_node_never_sends_pyre_a_frame_it_cannot_parse(
+    netns_pair: NamespacePair, spawn: PeerMaker
+) -> None:
+    """Same beacon, other dialect: pyre greets our 20/ZRE node in 36/ZRE, our node recognises
+    it and stays silent (a 20/ZRE HELLO would kill pyre), while a 36/ZRE node of ours and
+    pyre go on talking on the same network."""
+    pair = netns_pair
+    pyre = theirs(spawn, pair, "pyre", "G")
+    pyre_id = pyre.ready["peer"]
+    old = ours(spawn, pair, "old", version=1)
+    new = ours(spawn, pair, "new")
+    new.wait_for("ENTER", pyre_id)
+    pyre.wait_for("ENTER", new.ready["peer"])
+    old_id = old.ready["peer"]
+    # Several beacon rounds and the 20/ZRE node's greeting delay have passed.
+    poll_until(lambda: len(new.events("JOIN")) >= 1, 15, "JOIN at the 36/ZRE node")
+    new.send({"join": "G"})
+    pyre.wait_for("JOIN", new.ready["peer"], group="G")
+    pyre.send({"shout": "G", "content": ["after the wait"]})
+    new.send({"shout": "G", "content": ["from new"]})
+    assert pyre.wait_for("SHOUT", new.ready["peer"])["content"] == ["from new"]
+    assert new.wait_for("SHOUT", pyre_id)["content"] == ["after the wait"]
+    assert pyre.process.poll() is None, pyre.log_path.read_text()[-2000:]
+    assert not pyre.events("ENTER", old_id) and not old.events("ENTER", pyre_id)
+
+    # pyre and our 36/ZRE node greeted it, and it knows both for what they are: it sent
+    # nothing at all, to anyone.
+    def old_status() -> dict[str, object]:
+        count = len(old.events("STATUS"))
+        old.send({"status": True})
+        poll_until(lambda: len(old.events("STATUS")) > count, 10, "STATUS")
+        return old.events("STATUS")[-1]
+
+    poll_until(lambda: old_status()["peers_foreign"] == 2, 15, "both 36/ZRE peers recognised")
+    status = old_status()
+    assert status["messages_sent"] == 0 and status["peers"] == 0
+    assert status["dropped"]["dialect-36"] >= 2  # type: ignore[index]
+    # The two dialects of ours ignore each other too.
+    assert not new.events("ENTER", old_id) and not old.events("ENTER", new.ready["peer"])

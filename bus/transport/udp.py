@@ -7,7 +7,8 @@ that several processes (and several nodes of one process) share. Here:
   derives its directed broadcast address (loopback: 127.0.0.1, 127.255.255.255), so the
   default configuration never broadcasts beyond this machine;
 * :class:`UdpPort` is a :class:`DatagramProtocol` on a socket bound with SO_REUSEADDR,
-  SO_REUSEPORT and SO_BROADCAST, so every listener on the port gets each broadcast;
+  SO_REUSEPORT and SO_BROADCAST, so every process listening on the port gets each
+  broadcast; :func:`listen_shared` shares one such socket among the listeners of a process;
 * :class:`BeaconSender` sends a payload to a target at a fixed interval (at once on start).
 
 Importing this module does not import the reactor.
@@ -18,10 +19,11 @@ from __future__ import annotations
 import ipaddress
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet import defer, task
+from twisted.internet.error import MessageLengthError
 from twisted.internet.protocol import DatagramProtocol
 from twisted.logger import Logger
 
@@ -42,10 +44,11 @@ class InterfaceAddress:
     address: str
     netmask: str
     broadcast: str
+    network: ipaddress.IPv4Network = field(init=False, repr=False, compare=False)
 
-    @property
-    def network(self) -> ipaddress.IPv4Network:
-        return ipaddress.IPv4Network(f"{self.address}/{self.netmask}", strict=False)
+    def __post_init__(self) -> None:
+        network = ipaddress.IPv4Network(f"{self.address}/{self.netmask}", strict=False)
+        object.__setattr__(self, "network", network)
 
     def contains(self, host: str) -> bool:
         """Whether ``host`` (an IPv4 address as text) is on this interface's subnet."""
@@ -132,7 +135,7 @@ class UdpPort(DatagramProtocol):
             return False
         try:
             transport.write(datagram, address)
-        except OSError as error:
+        except (OSError, MessageLengthError) as error:
             self.send_errors += 1
             if self.send_errors == 1 or self.send_errors % 100 == 0:
                 log.warn(
@@ -158,6 +161,72 @@ class UdpPort(DatagramProtocol):
         return result if isinstance(result, defer.Deferred) else defer.succeed(None)
 
 
+class UdpListener:
+    """One listener's share of a UDP port: what :func:`listen_shared` returns."""
+
+    def __init__(self, shared: _SharedPort, on_datagram: DatagramHandler) -> None:
+        self._shared: _SharedPort | None = shared
+        self.on_datagram = on_datagram
+        self.port = shared.port.port
+        self.received = 0
+
+    def send(self, datagram: bytes, address: tuple[str, int]) -> bool:
+        return self._shared.port.send(datagram, address) if self._shared else False
+
+    @property
+    def closed(self) -> bool:
+        return self._shared is None
+
+    def close(self) -> defer.Deferred[None]:
+        """Leave the port (closed once its last listener leaves). Idempotent."""
+        shared, self._shared = self._shared, None
+        return shared.leave(self) if shared is not None else defer.succeed(None)
+
+
+class _SharedPort:
+    def __init__(self, key: tuple[int, str, int], port: UdpPort) -> None:
+        self.key = key
+        self.port = port
+        self.listeners: list[UdpListener] = []
+
+    def dispatch(self, datagram: bytes, address: tuple[str, int]) -> None:
+        for listener in list(self.listeners):
+            listener.received += 1
+            try:
+                listener.on_datagram(datagram, address)
+            except Exception:
+                log.failure("datagram handler failed")
+
+    def leave(self, listener: UdpListener) -> defer.Deferred[None]:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+        if self.listeners:
+            return defer.succeed(None)
+        _SHARED.pop(self.key, None)
+        return self.port.close()
+
+
+_SHARED: dict[tuple[int, str, int], _SharedPort] = {}
+
+
+def listen_shared(reactor: Any, host: str, port: int, on_datagram: DatagramHandler) -> UdpListener:
+    """Listen on ``host:port`` through one socket per process and port: the nodes of one
+    process (a simulation of many) share it, so each datagram is read once and handed to
+    every listener, instead of once per node. Port 0 is never shared. Raises OSError."""
+    key = (id(reactor), host, port)
+    shared = _SHARED.get(key) if port else None
+    if shared is None:
+        udp = UdpPort(reactor, lambda data, address: None)
+        udp.listen(host, port)
+        shared = _SharedPort(key, udp)
+        udp.on_datagram = shared.dispatch
+        if port:
+            _SHARED[key] = shared
+    listener = UdpListener(shared, on_datagram)
+    shared.listeners.append(listener)
+    return listener
+
+
 class BeaconSender:
     """Sends ``payload()`` to ``target`` through ``port`` every ``interval`` seconds, the
     first at once; :meth:`send_now` adds one out of turn (a leaving beacon)."""
@@ -165,7 +234,7 @@ class BeaconSender:
     def __init__(
         self,
         reactor: Any,
-        port: UdpPort,
+        port: UdpPort | UdpListener,
         target: tuple[str, int],
         payload: Callable[[], bytes],
         interval: float,

@@ -211,7 +211,7 @@ class ZreCore:
             self.seeds.add(endpoint)
         if endpoint == self.settings.endpoint or endpoint in self.pending:
             return
-        if any(peer.endpoint == endpoint for peer in self.peers.values()):
+        if endpoint in self._endpoints():
             return
         now = self.clock()
         link = PendingLink(endpoint, now, seed=endpoint in self.seeds)
@@ -220,6 +220,9 @@ class ZreCore:
         link.sent_sequence = 1
         link.hello_sent = True
         self._send(_pending_key(endpoint), self._hello(1))
+
+    def _endpoints(self) -> set[str]:
+        return {peer.endpoint for peer in self.peers.values()}
 
     # -- messages from peers -----------------------------------------------------------------
 
@@ -298,8 +301,12 @@ class ZreCore:
         for group in hello.groups:
             self._peer_joins(peer, group)
         peer.status = hello.status
-        for endpoint in _told_endpoints(peer.headers.get(PEERS_HEADER, "")):
-            self.connect_endpoint(endpoint)
+        told = _told_endpoints(peer.headers.get(PEERS_HEADER, ""))
+        if told:
+            known = self._endpoints()
+            for endpoint in told:
+                if endpoint not in known:
+                    self.connect_endpoint(endpoint)
 
     def _on_membership(self, peer: Peer, message: Join | Leave, identity: bytes) -> None:
         expected = (peer.status + 1) & 0xFF

@@ -29,14 +29,15 @@ from bus.transport.udp import (
     BeaconSender,
     InterfaceAddress,
     InterfaceError,
-    UdpPort,
+    UdpListener,
     interface_address,
+    listen_shared,
 )
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.zre import codec
 from bus.zre.codec import VERSION_20, VERSION_36, LogRecord, ZreError
 from bus.zre.config import ZreConfig
-from bus.zre.core import LOG_HEADER, ZreCore, ZreEvent, ZreSettings
+from bus.zre.core import LOG_HEADER, Peer, ZreCore, ZreEvent, ZreSettings
 
 log = Logger(namespace="bus.zre")
 
@@ -74,7 +75,7 @@ class ZreNode(Service):
         self.interface: InterfaceAddress | None = None
         self.endpoint = ""
         self.mailbox: ZmqSocket | None = None
-        self.udp: UdpPort | None = None
+        self.udp: UdpListener | None = None
         self.beacon: BeaconSender | None = None
         self.log_socket: ZmqSocket | None = None
         self.log_endpoint = ""
@@ -84,6 +85,10 @@ class ZreNode(Service):
         self.listeners: list[EventListener] = []
         self.drops = DropCounter(log, "ZRE input", self.reactor.seconds)
         self._periodic = Periodic(self.reactor, log)
+        #: Beacon source address -> on our interface's subnet (asked once per address).
+        self._hosts: dict[str, bool] = {}
+        #: Beacon datagram -> (the peer it came from, its address), for the fast path.
+        self._beacons: dict[bytes, tuple[Peer, str]] = {}
         self._stopping: defer.Deferred[None] | None = None
         self.events_by_type: dict[str, int] = {}
         self.messages_received = 0
@@ -178,9 +183,8 @@ class ZreNode(Service):
         )
         self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
         if config.port:
-            self.udp = UdpPort(self.reactor, self._on_datagram)
             try:
-                self.udp.listen("0.0.0.0", config.port)
+                self.udp = listen_shared(self.reactor, "0.0.0.0", config.port, self._on_datagram)
             except OSError as error:
                 raise StartupError(
                     "port", f"cannot listen on UDP {config.port}: {error.strerror}"
@@ -215,18 +219,35 @@ class ZreNode(Service):
         core, interface = self.core, self.interface
         if core is None or interface is None:
             return
+        host = address[0]
+        # Fast path: the same beacon again from a peer we know (every peer, every second).
+        known = self._beacons.get(data)
+        if known is not None and known[1] == host and core.peers.get(known[0].uuid) is known[0]:
+            known[0].last_seen = self.reactor.seconds()
+            self.beacons_received += 1
+            return
         try:
             beacon = codec.parse_beacon(data, self.config.version)
         except ZreError as error:
-            self.drops.drop(error.reason, str(error), address[0].encode())
+            self.drops.drop(error.reason, str(error), host.encode())
             return
         if beacon.uuid == self.uuid:
             return
-        if not interface.contains(address[0]):
-            self.drops.drop("foreign-subnet", f"beacon from {address[0]}", address[0].encode())
+        on_subnet = self._hosts.get(host)
+        if on_subnet is None:
+            on_subnet = self._hosts[host] = interface.contains(host)
+            if len(self._hosts) > 4096:
+                self._hosts.clear()
+        if not on_subnet:
+            self.drops.drop("foreign-subnet", f"beacon from {host}", host.encode())
             return
         self.beacons_received += 1
-        core.on_beacon(beacon, address[0])
+        core.on_beacon(beacon, host)
+        peer = core.peers.get(beacon.uuid)
+        if peer is not None and not beacon.leaving:
+            if len(self._beacons) > 4 * len(core.peers) + 64:
+                self._beacons.clear()
+            self._beacons[data] = (peer, host)
 
     def _on_mailbox(self, batch: list[list[bytes]]) -> None:
         core = self.core
@@ -390,6 +411,7 @@ class ZreNode(Service):
             ),
             "log_service": self.log_endpoint or None,
             "peers": sum(1 for p in peers if p.ready),
+            "peers_foreign": sum(1 for p in peers if p.foreign),
             "peers_pending": sum(1 for p in peers if not p.ready)
             + len(core.pending if core else ()),
             "groups": list(core.own_groups) if core else [],

@@ -36,6 +36,10 @@ class Commands(LineReceiver):
             node.shout(command["shout"], content)
         elif "whisper" in command:
             node.whisper(bytes.fromhex(command["whisper"]), content)
+        elif "status" in command:
+            emit(
+                {"event": "STATUS", "peer": node.uuid_hex, "name": node.node_name, **node.status()}
+            )
         elif "stop" in command:
             reactor.stop()  # type: ignore[attr-defined]
 
