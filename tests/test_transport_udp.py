@@ -61,7 +61,8 @@ def test_listeners_of_one_process_share_a_socket_and_other_sockets_still_hear() 
     plain.close()
 
 
-def test_send_errors_are_counted_not_raised() -> None:
+@pytest_twisted.inlineCallbacks
+def test_send_errors_are_counted_not_raised() -> Any:
     udp = UdpPort(reactor, lambda data, address: None)
     udp.listen("127.0.0.1", 0)
     try:
@@ -69,4 +70,4 @@ def test_send_errors_are_counted_not_raised() -> None:
         assert udp.send_errors == 1
         assert udp.send(b"x", ("127.0.0.1", 9)) is True
     finally:
-        pytest_twisted.blockon(udp.close())
+        yield udp.close()
