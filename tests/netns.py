@@ -100,6 +100,8 @@ class LinePeer:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         self.lines: list[dict[str, Any]] = []
+        #: When each line arrived here (time.monotonic()), for latency measurements.
+        self.arrived: list[float] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -108,6 +110,7 @@ class LinePeer:
         for line in self.process.stdout:
             line = line.strip()
             if line:
+                self.arrived.append(time.monotonic())
                 self.lines.append(json.loads(line))
 
     def send(self, command: dict[str, Any]) -> None:
@@ -143,6 +146,9 @@ class LinePeer:
                 f"log: {self.log_path.read_text()[-2000:]}"
             )
         return line
+
+    def arrival(self, line: dict[str, Any]) -> float:
+        return self.arrived[next(i for i, seen in enumerate(self.lines) if seen is line)]
 
     @property
     def ready(self) -> dict[str, Any]:
