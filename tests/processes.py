@@ -30,7 +30,15 @@ class ServerProcess:
         self.data_dir = data_dir
         self.status_path = data_dir / "status.json"
         self.status_path.unlink(missing_ok=True)  # a killed server's last word
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
+        # The composed DBP catalog: a free port, its registry beside the server's log (off
+        # the data directory's disk, which a test may fill).
+        env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            DBP_PORT="0",
+            DBP_DATA_DIR=str(self.log_path.parent / f"{data_dir.name}-dbp"),
+        )
         if tac:
             env.update(
                 EVENTBUS_PORT=str(port),
@@ -45,7 +53,6 @@ class ServerProcess:
                 "--data-dir", str(data_dir), "--stats-interval", "0.1s",
                 "--heartbeat-interval", "0.1s", *args,
             ]  # fmt: skip
-        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
         self.log = open(self.log_path, "ab")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
 

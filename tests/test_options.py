@@ -31,13 +31,13 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
-        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "ZRE_")):
+        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "ZRE_", "DBP_")):
             monkeypatch.delenv(name)
 
 
 def test_defaults_run_the_event_bus_alone_with_http_on() -> None:
     options = parse()
-    assert options["services"] == ("eventbus", "zre")
+    assert options["services"] == ("eventbus", "dbp", "zre")
     assert options["http-port"] == tap.DEFAULT_HTTP_PORT
     config = options["service-options"]["eventbus"]["eventbus-config"]
     assert (config.bind, config.port, str(config.data_dir)) == ("127.0.0.1", 5556, "eventbus-data")
@@ -105,7 +105,7 @@ def test_spark_bridge_alone_reads_its_own_table(tmp_path: Path) -> None:
         (["--spark-bridge-journl", "x"], "did you mean --spark-bridge-journal-dir"),
         (
             ["--services", "eventbus,emqpp"],
-            "no service named 'emqpp'; valid: eventbus, zre, spark-bridge",
+            "no service named 'emqpp'; valid: eventbus, dbp, zre, spark-bridge",
         ),
         (
             ["--spark-bridge-roll-events", "3"],
@@ -127,7 +127,10 @@ def test_bad_options_are_usage_errors_naming_the_valid_ones(args: list[str], mes
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[emqp]\nport = 1\n", "unknown table [emqp]; valid tables: eventbus, spark-bridge, zre"),
+        (
+            "[emqp]\nport = 1\n",
+            "unknown table [emqp]; valid tables: dbp, eventbus, spark-bridge, zre",
+        ),
         ("[eventbus]\nprot = 1\n", "[eventbus] has no option 'prot'"),
         ("[spark-bridge]\njournal = 1\n", "[spark-bridge] has no option 'journal'"),
         ("port = 1\n", "'port' is not a table"),
@@ -177,9 +180,17 @@ def test_durations() -> None:
 def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "bus.toml"
     options = parse("--config", str(example))
-    assert options["services"] == ("eventbus", "zre", "spark-bridge")
+    assert options["services"] == ("eventbus", "dbp", "zre", "spark-bridge")
     zre = options["service-options"]["zre"]["zre-config"]
     assert (zre.interface, zre.port, zre.groups, zre.expired) == ("lo", 5670, ["GLOBAL"], 30.0)
+    dbp = options["service-options"]["dbp"]["dbp-config"]
+    assert (dbp.bind, dbp.port, dbp.beacon_port, dbp.liveness, dbp.grace) == (
+        "127.0.0.1",
+        5246,
+        5245,
+        3,
+        60.0,
+    )
     bus = options["service-options"]["eventbus"]["eventbus-config"]
     assert bus.retention.max_age == 30 * 86400
     assert (
@@ -227,3 +238,19 @@ def test_bad_zre_options_are_usage_errors(args: list[str], message: str) -> None
     with pytest.raises(usage.UsageError) as raised:
         parse(*args)
     assert message in str(raised.value)
+
+
+def test_dbp_options_and_allow_file(tmp_path: Path) -> None:
+    allow = tmp_path / "allow.txt"
+    allow.write_text("# services\nthermo\nvault  s3cr3t\n")
+    options = parse("--dbp-allow", str(allow), "--dbp-liveness", "5", "--dbp-grace", "2m")
+    config = options["service-options"]["dbp"]["dbp-config"]
+    assert config.allow == {"thermo": None, "vault": "s3cr3t"}
+    assert (config.liveness, config.grace) == (5, 120.0)
+    allow.write_text("one two three\n")
+    with pytest.raises(usage.UsageError, match="want NAME"):
+        parse("--dbp-allow", str(allow))
+    with pytest.raises(usage.UsageError, match="--dbp-allow"):
+        parse("--dbp-allow", str(tmp_path / "missing"))
+    with pytest.raises(usage.UsageError, match="--dbp-liveness must be at least 1"):
+        parse("--dbp-liveness", "0")

@@ -31,8 +31,10 @@ def free_port() -> int:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EVENTBUS_", "SPARK_BRIDGE_"))}
-    env.update(PYTHONUNBUFFERED="1", **extra)
+    prefixes = ("EVENTBUS_", "SPARK_BRIDGE_", "DBP_", "ZRE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    # The composed DBP catalog on a free port (its registry goes to the working directory).
+    env.update(PYTHONUNBUFFERED="1", DBP_PORT="0", **extra)
     return env
 
 
@@ -171,7 +173,7 @@ def test_composed_product_with_config_file_environment_and_command_line(tmp_path
         (["--prot", "5556"], "twistd eventbus: unknown option --prot; did you mean --port?"),
         (
             ["--services", "eventbus,zree"],
-            "no service named 'zree'; valid: eventbus, zre, spark-bridge",
+            "no service named 'zree'; valid: eventbus, dbp, zre, spark-bridge",
         ),
     ],
 )
