@@ -373,3 +373,32 @@ def test_the_beacon_finds_the_catalog_and_dbp_cli_lists_services(
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert missing.returncode == 1 and json.loads(missing.stdout)["inactive"] == "nobody"
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_library_registers_again_on_a_new_socket_after_disconnect() -> Any:
+    """A raw ROUTER as the catalog: it approves, then says DISCONNECT; the service must
+    register again, from a new socket (a new identity)."""
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+
+    factory = SocketFactory(reactor_of(None))
+    received: list[list[bytes]] = []
+    router = factory.socket(zmq.ROUTER, received.extend, SocketOptions(linger_ms=0))
+    endpoint = router.bind("tcp://127.0.0.1:*")
+    service = ServiceRegistration(endpoint, registration("phoenix", 0))
+    try:
+        service.startService()
+        yield wait_until(lambda: received, what="UwU")
+        first = received[0]
+        assert codec.parse(first[1:]).command == codec.REGISTER
+        router.send_frames([first[0], *codec.encode(codec.APPROVED, 0.0, [b"{}"])])
+        yield service.registered
+        router.send_frames([first[0], *codec.encode(codec.DISCONNECT, 0.0)])
+        yield wait_until(lambda: len(received) >= 2, what="a second UwU")
+        second = received[1]
+        assert codec.parse(second[1:]).command == codec.REGISTER
+        assert second[0] != first[0]  # a new socket
+        assert service.reregistrations == 1 and service.state == "registering"
+    finally:
+        yield service.stopService()
+        factory.shutdown()

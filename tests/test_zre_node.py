@@ -108,6 +108,16 @@ def test_silent_peer_is_evasive_pinged_silent_then_expired(make_node: NodeMaker)
         mailbox.close()
 
 
+class Recorded:
+    """An ActivitySink that records what a node publishes."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def publish(self, topic: str, value: object) -> None:
+        self.events.append((topic, value))
+
+
 class _RawMailbox:
     """A ROUTER bound on 127.0.0.1 that records what a node's DEALER sends it."""
 
@@ -204,7 +214,10 @@ def test_20zre_nodes_talk_and_ignore_36zre_nodes(make_node: NodeMaker) -> Any:
 @pytest_twisted.inlineCallbacks
 def test_zrelog_records_reach_the_log_service(make_node: NodeMaker) -> Any:
     port = free_udp_port()
-    collector, _ = make_node(fast_config(port, version=VERSION_20, name="collector"))
+    activity = Recorded()
+    collector, _ = make_node(
+        fast_config(port, version=VERSION_20, name="collector"), activity=activity
+    )
     sender, _ = make_node(fast_config(port, version=VERSION_20, name="sender"))
     yield wait_until(ready(sender, collector), what="ENTER")
     assert collector.log_endpoint.startswith("tcp://127.0.0.1:")
@@ -218,6 +231,14 @@ def test_zrelog_records_reach_the_log_service(make_node: NodeMaker) -> Any:
 
     yield wait_until(joined_and_logged, interval=0.05, what="a ZRE/LOG record")
     assert sender.log_records_sent > 0
+    # Received records are published on the bus (here a recording sink).
+    [(topic, record), *_] = [(t, v) for t, v in activity.events if t.startswith("/zre/log/")]
+    assert topic == f"/zre/log/{codec.node_hash(sender.uuid):04x}/"
+    assert (record["level"], record["event"]) == ("INFO", "JOIN")
+    assert record["data"].startswith("JOIN collector g")
+    assert record["peer"] == codec.node_hash(collector.uuid)
+    # And the collector's own view of the network, as membership events.
+    assert f"/zre/peers/{sender.uuid_hex}/enter/" in [t for t, _ in activity.events]
 
 
 def test_missing_interface_is_a_startup_error() -> None:
