@@ -283,7 +283,7 @@ def test_a_silent_service_expires_then_is_removed(
     make_catalog: CatalogMaker, stoppers: list[Any]
 ) -> Any:
     activity = Activity()
-    catalog = make_catalog(activity=activity, grace=0.5)
+    catalog = make_catalog(activity=activity, grace=2.0)
     peer = RawPeer.dealer(catalog.endpoint)
     stoppers.append(peer)
     peer.send(request(codec.REGISTER, [codec.json_frame(registration("quiet", free_udp_port()))]))

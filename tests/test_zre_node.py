@@ -89,7 +89,7 @@ def test_leaving_beacon_makes_peers_exit_at_once(make_node: NodeMaker) -> Any:
 def test_silent_peer_is_evasive_pinged_silent_then_expired(make_node: NodeMaker) -> Any:
     """A raw peer that greets, answers nothing and sends no beacon: EVASIVE (with a PING
     sent to it), SILENT, then EXIT."""
-    node, events = make_node(fast_config(0, evasive=0.2, expired=0.8))
+    node, events = make_node(fast_config(0, evasive=0.3, expired=3.0))
     peer_uuid = b"\x42" * 16
     mailbox = _RawMailbox()
     dealer = RawPeer(zmq.DEALER, node.endpoint, identity=codec.identity_of(peer_uuid))
@@ -97,7 +97,7 @@ def test_silent_peer_is_evasive_pinged_silent_then_expired(make_node: NodeMaker)
         hello = codec.Hello(1, mailbox.endpoint, (), 0, "raw", {})
         dealer.send(codec.encode(hello))
         yield wait_until(lambda: events.of("ENTER", peer_uuid), what="ENTER")
-        yield wait_until(lambda: events.of("EXIT", peer_uuid), what="EXIT", timeout=5)
+        yield wait_until(lambda: events.of("EXIT", peer_uuid), what="EXIT", timeout=10)
         assert events.types(peer_uuid) == ["ENTER", "EVASIVE", "SILENT", "EXIT"]
         commands = [codec.parse(m[1:]) for m in mailbox.peer.messages]
         assert isinstance(commands[0], codec.Hello)
