@@ -51,6 +51,15 @@ class NamespacePair:
             _ip("-n", ns, "addr", "add", f"{addr}/24", "broadcast", self.broadcast, "dev", iface)
             _ip("-n", ns, "link", "set", iface, "up")
 
+    def block_udp(self, ns: str, port: int) -> None:
+        """Lose every UDP datagram ``ns`` sends to ``port`` (policy routing into a blackhole:
+        TCP to the same address goes on)."""
+        _ip("-n", ns, "route", "replace", "blackhole", "default", "table", "100")
+        _ip("-n", ns, "rule", "add", "ipproto", "udp", "dport", str(port), "table", "100")
+
+    def unblock_udp(self, ns: str, port: int) -> None:
+        _ip("-n", ns, "rule", "del", "ipproto", "udp", "dport", str(port), "table", "100")
+
     def delete(self) -> None:
         for ns in self.created:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)

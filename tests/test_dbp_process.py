@@ -34,7 +34,7 @@ def namespace_environment() -> dict[str, str]:
 
 
 @pytest.mark.netns
-def test_catalog_in_a_namespace_found_by_beacon_udp_heartbeats_and_expiry(
+def test_catalog_in_a_namespace_beacon_udp_heartbeats_fallback_and_expiry(
     netns_pair: NamespacePair, tmp_path: Path
 ) -> None:
     pair = netns_pair
