@@ -54,6 +54,7 @@ def test_two_nodes_discover_each_other_by_beacon_and_exchange_whisper_and_shout(
     enter = b_events.of("ENTER", a.uuid)[0]
     assert (enter.name, enter.endpoint, enter.headers["K"]) == ("alpha", a.endpoint, "v")
     assert enter.endpoint.startswith("tcp://127.0.0.1:")
+    assert int(a.endpoint.rpartition(":")[2]) >= 0xC000  # ZRE's ephemeral range
     assert [e.group for e in b_events.of("JOIN", a.uuid)] == ["G"]
     b.join("G")
     yield wait_until(lambda: a_events.of("JOIN", b.uuid), what="JOIN at a")
@@ -221,6 +222,7 @@ def test_zrelog_records_reach_the_log_service(make_node: NodeMaker) -> Any:
     sender, _ = make_node(fast_config(port, version=VERSION_20, name="sender"))
     yield wait_until(ready(sender, collector), what="ENTER")
     assert collector.log_endpoint.startswith("tcp://127.0.0.1:")
+    assert int(collector.log_endpoint.rpartition(":")[2]) >= 0xC000
     # PUB/SUB: records sent before the subscription arrives are lost; keep acting until
     # one arrives (the collector's JOINs are what the sender sees and logs).
     groups = iter(range(1000))
