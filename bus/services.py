@@ -21,6 +21,8 @@ class ServiceEntry:
 SERVICES: tuple[ServiceEntry, ...] = (
     ServiceEntry("eventbus", "bus.eventbus.tap", default=True),
     ServiceEntry("mc0", "bus.mc0.tap", default=True),
+    ServiceEntry("dbp", "bus.dbp.tap", default=True),
+    ServiceEntry("zre", "bus.zre.tap", default=True),
     ServiceEntry("spark-bridge", "bus.spark.tap", default=False),
 )
 

@@ -53,9 +53,17 @@ class ServerProcess(TwistdProcess):
         self.data_dir = data_dir
         self.status_path = data_dir / "status.json"
         self.status_path.unlink(missing_ok=True)  # a killed server's last word
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        # The product composes mc0 by default: a free port and a key directory of its own.
-        env.update(MC0_PORT="0", MC0_DATA_DIR=str(data_dir.parent / f"{data_dir.name}-mc0"))
+        log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
+        # The product composes mc0 and a DBP catalog by default: free ports, and their data
+        # beside the server's log (off the data directory's disk, which a test may fill).
+        env = dict(
+            os.environ,
+            PYTHONUNBUFFERED="1",
+            MC0_PORT="0",
+            MC0_DATA_DIR=str(log_path.parent / f"{data_dir.name}-mc0"),
+            DBP_PORT="0",
+            DBP_DATA_DIR=str(log_path.parent / f"{data_dir.name}-dbp"),
+        )
         if tac:
             env.update(
                 EVENTBUS_PORT=str(port),
@@ -70,7 +78,7 @@ class ServerProcess(TwistdProcess):
                 "--data-dir", str(data_dir), "--stats-interval", "0.1s",
                 "--heartbeat-interval", "0.1s", *args,
             ]  # fmt: skip
-        super().__init__(command, log_path or data_dir.parent / f"{data_dir.name}.log", env)
+        super().__init__(command, log_path, env)
 
     def status(self) -> dict[str, Any]:
         try:

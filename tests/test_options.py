@@ -12,6 +12,7 @@ from twisted.python import usage
 from bus import tap
 from bus.mc0 import tap as mc0_tap
 from bus.options import parse_duration
+from bus.services import SERVICE_NAMES, SERVICES
 from bus.spark import tap as spark_tap
 
 
@@ -32,13 +33,13 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
-        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "MC0_")):
+        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "MC0_", "ZRE_", "DBP_")):
             monkeypatch.delenv(name)
 
 
 def test_defaults_run_the_protocols_with_http_on() -> None:
     options = parse()
-    assert options["services"] == ("eventbus", "mc0")
+    assert options["services"] == tuple(e.name for e in SERVICES if e.default)
     assert options["http-port"] == tap.DEFAULT_HTTP_PORT
     config = options["service-options"]["eventbus"]["eventbus-config"]
     assert (config.bind, config.port, str(config.data_dir)) == ("127.0.0.1", 5556, "eventbus-data")
@@ -113,7 +114,7 @@ def test_spark_bridge_alone_reads_its_own_table(tmp_path: Path) -> None:
         (["--spark-bridge-journl", "x"], "did you mean --spark-bridge-journal-dir"),
         (
             ["--services", "eventbus,emqpp"],
-            "no service named 'emqpp'; valid: eventbus, mc0, spark-bridge",
+            f"no service named 'emqpp'; valid: {', '.join(SERVICE_NAMES)}",
         ),
         (
             ["--spark-bridge-roll-events", "3"],
@@ -136,7 +137,10 @@ def test_bad_options_are_usage_errors_naming_the_valid_ones(args: list[str], mes
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[emqp]\nport = 1\n", "unknown table [emqp]; valid tables: eventbus, mc0, spark-bridge"),
+        (
+            "[nosuch]\nport = 1\n",
+            f"unknown table [nosuch]; valid tables: {', '.join(sorted(SERVICE_NAMES))}",
+        ),
         ("[eventbus]\nprot = 1\n", "[eventbus] has no option 'prot'"),
         ("[spark-bridge]\njournal = 1\n", "[spark-bridge] has no option 'journal'"),
         ("port = 1\n", "'port' is not a table"),
@@ -188,7 +192,17 @@ def test_durations() -> None:
 def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "bus.toml"
     options = parse("--config", str(example))
-    assert options["services"] == ("eventbus", "mc0", "spark-bridge")
+    assert options["services"] == ("eventbus", "mc0", "dbp", "zre", "spark-bridge")
+    zre = options["service-options"]["zre"]["zre-config"]
+    assert (zre.interface, zre.port, zre.groups, zre.expired) == ("lo", 5670, ["GLOBAL"], 30.0)
+    dbp = options["service-options"]["dbp"]["dbp-config"]
+    assert (dbp.bind, dbp.port, dbp.beacon_port, dbp.liveness, dbp.grace) == (
+        "127.0.0.1",
+        5246,
+        5245,
+        3,
+        60.0,
+    )
     bus = options["service-options"]["eventbus"]["eventbus-config"]
     assert bus.retention.max_age == 30 * 86400
     mc0 = options["service-options"]["mc0"]["mc0-config"]
@@ -196,3 +210,61 @@ def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -
     assert (
         options["service-options"]["spark-bridge"]["bridge-config"].retention_max_age == 90 * 86400
     )
+
+
+def test_zre_options_composed_prefixed_from_file_environment_and_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = write(
+        tmp_path,
+        """
+        [zre]
+        name = "from-file"
+        group = ["A", "B"]
+        header = ["K=v"]
+        evasive = "2s"
+        """,
+    )
+    monkeypatch.setenv("ZRE_EXPIRED", "20s")
+    options = parse("--config", config, "--zre-name", "cli", "--zre-peer", "tcp://10.1.2.3:50000")
+    zre = options["service-options"]["zre"]["zre-config"]
+    assert zre.name == "cli"
+    assert (zre.groups, zre.headers, zre.evasive, zre.expired) == (
+        ["A", "B"],
+        {"K": "v"},
+        2.0,
+        20.0,
+    )
+    assert zre.peers == ["tcp://10.1.2.3:50000"]
+    assert (zre.interface, zre.port, zre.version) == ("lo", 5670, 2)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--zre-version", "3"], "--zre-version must be 2 (36/ZRE) or 1 (20/ZRE)"),
+        (["--zre-header", "novalue"], "--zre-header wants KEY=VALUE"),
+        (["--zre-peer", "10.0.0.1:5"], "--zre-peer wants tcp://HOST:PORT"),
+        (["--zre-evasive", "40s"], "--zre-evasive must be above 0 and below --zre-expired"),
+    ],
+)
+def test_bad_zre_options_are_usage_errors(args: list[str], message: str) -> None:
+    with pytest.raises(usage.UsageError) as raised:
+        parse(*args)
+    assert message in str(raised.value)
+
+
+def test_dbp_options_and_allow_file(tmp_path: Path) -> None:
+    allow = tmp_path / "allow.txt"
+    allow.write_text("# services\nthermo\nvault  s3cr3t\n")
+    options = parse("--dbp-allow", str(allow), "--dbp-liveness", "5", "--dbp-grace", "2m")
+    config = options["service-options"]["dbp"]["dbp-config"]
+    assert config.allow == {"thermo": None, "vault": "s3cr3t"}
+    assert (config.liveness, config.grace) == (5, 120.0)
+    allow.write_text("one two three\n")
+    with pytest.raises(usage.UsageError, match="want NAME"):
+        parse("--dbp-allow", str(allow))
+    with pytest.raises(usage.UsageError, match="--dbp-allow"):
+        parse("--dbp-allow", str(tmp_path / "missing"))
+    with pytest.raises(usage.UsageError, match="--dbp-liveness must be at least 1"):
+        parse("--dbp-liveness", "0")

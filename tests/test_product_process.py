@@ -16,6 +16,7 @@ import pytest
 import pytest_twisted
 
 from bus.eventbus.client import EventBusPublisher
+from bus.services import SERVICE_NAMES
 from bus.testing import wait_until
 
 from .processes import CLEAN_EXIT, TWISTD, TwistdProcess
@@ -30,12 +31,10 @@ def free_port() -> int:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "MC0_"))
-    }
-    env.update(PYTHONUNBUFFERED="1", **extra)
+    prefixes = ("EVENTBUS_", "SPARK_BRIDGE_", "MC0_", "DBP_", "ZRE_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+    # The composed mc0 broker and DBP catalog on free ports (their data in the working directory).
+    env.update(PYTHONUNBUFFERED="1", MC0_PORT="0", DBP_PORT="0", **extra)
     return env
 
 
@@ -156,7 +155,7 @@ def test_composed_product_with_config_file_environment_and_command_line(tmp_path
         (["--prot", "5556"], "twistd eventbus: unknown option --prot; did you mean --port?"),
         (
             ["--services", "eventbus,zree"],
-            "no service named 'zree'; valid: eventbus, mc0, spark-bridge",
+            f"no service named 'zree'; valid: {', '.join(SERVICE_NAMES)}",
         ),
     ],
 )

@@ -1,0 +1,41 @@
+"""The catalog's settings and its allow file (no transport import: used at option-parsing time)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PORT = 5246
+DEFAULT_BEACON_PORT = 5245
+
+
+@dataclass(slots=True)
+class CatalogConfig:
+    bind: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    beacon_interface: str = "lo"
+    #: 0: no beacon.
+    beacon_port: int = DEFAULT_BEACON_PORT
+    beacon_interval: float = 1.0
+    heartbeat_interval: float = 1.0
+    liveness: int = 3
+    grace: float = 60.0
+    allow: Mapping[str, str | None] | None = None
+    data_dir: str = "dbp-data"
+
+
+def read_allow_file(path: str | Path) -> dict[str, str | None]:
+    """One allowed service name a line, optionally followed by whitespace and its shared
+    token; blank lines and lines starting with ``#`` are ignored. Raises ValueError."""
+    allowed: dict[str, str | None] = {}
+    text = Path(path).read_text(encoding="utf-8")
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) > 2:
+            raise ValueError(f"{path}:{number}: want NAME [TOKEN], got {line!r}")
+        allowed[parts[0]] = parts[1] if len(parts) == 2 else None
+    return allowed

@@ -1,0 +1,352 @@
+"""The catalog's state machine: decoded commands, UDP heartbeats and time in; replies,
+heartbeats to send and activity out. No sockets; the clock is injected.
+
+Heartbeats (the text describes them, the original never built them): every
+``heartbeat_interval`` the catalog sends each active service a UDP ``<3``; a service sends its
+own every ``heartbeat`` seconds (its registration says how often). When a service's UDP beats
+go missing for two of its intervals, the catalog also beats it over its ZeroMQ connection (the
+text's TCP fallback); a service that receives ZeroMQ beats, or misses the catalog's UDP ones,
+beats over ZeroMQ too. Both go back to UDP alone once UDP beats arrive again. Any command a
+service sends counts as a beat. A service silent on both paths for ``liveness`` of its
+intervals expires (inactive); it is removed ``grace`` seconds later unless it beats again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bus.dbp import codec
+from bus.dbp.codec import DbpError, DbpMessage, Invalid
+
+#: kind ("registered", "updated", "expired", "active", "disconnected", "removed"), name, value
+ActivityHandler = Callable[[str, str, dict[str, Any]], None]
+DropHandler = Callable[[str, str, bytes], None]
+
+
+@dataclass(slots=True)
+class CatalogSettings:
+    heartbeat_interval: float = 1.0
+    liveness: int = 3
+    grace: float = 60.0
+    #: Allowed service names -> shared token (None: no token needed); None: all allowed.
+    allow: Mapping[str, str | None] | None = None
+    #: The UDP port services send heartbeats to (told them in OwO).
+    udp_port: int = 0
+    #: Names this run of the catalog in its heartbeats (and OwO), so that a service notices
+    #: a restart and registers again.
+    catalog_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+@dataclass(slots=True)
+class Entry:
+    name: str
+    info: dict[str, Any]
+    registered_at: float
+    identity: bytes | None = None
+    time_size: int = codec.TIME_DOUBLE
+    active: bool = True
+    last_udp: float = 0.0
+    last_zmq: float = 0.0
+    expired_at: float | None = None
+    #: "udp", or "zmq" while the service's UDP beats are missing.
+    path: str = "udp"
+
+    @property
+    def last_heard(self) -> float:
+        return max(self.last_udp, self.last_zmq)
+
+    def public(self) -> dict[str, Any]:
+        return {
+            **self.info,
+            "active": self.active,
+            "heartbeat_path": self.path,
+            "last_heard": self.last_heard or None,
+            "registered_at": self.registered_at,
+        }
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """What one tick sends: UDP datagrams and ROUTER messages."""
+
+    datagrams: list[tuple[bytes, tuple[str, int]]] = field(default_factory=list)
+    messages: list[list[bytes]] = field(default_factory=list)
+
+
+class CatalogCore:
+    def __init__(
+        self,
+        settings: CatalogSettings,
+        clock: Callable[[], float],
+        activity: ActivityHandler,
+        drop: DropHandler,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.activity = activity
+        self.drop = drop
+        self.entries: dict[str, Entry] = {}
+        self.by_identity: dict[bytes, str] = {}
+        #: Peers that sent an invalid message (bounded): dropped from then on.
+        self.invalid: dict[bytes, float] = {}
+        self.counts: dict[str, int] = {}
+        #: Set whenever the registry changes (not on beats): the service then saves it.
+        self.dirty = False
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    # -- the ROUTER --------------------------------------------------------------------------
+
+    def on_message(self, identity: bytes, frames: list[bytes]) -> list[list[bytes]]:
+        """Replies (each starting with the identity) to one message from a peer."""
+        if identity in self.invalid:
+            self.drop("invalid-peer", "a peer that sent an invalid message", identity)
+            return []
+        try:
+            message = codec.parse(frames)
+        except DbpError as error:
+            self._mark_invalid(identity)
+            self.drop(error.reason, str(error), identity)
+            return []
+        command = message.command
+        self._count(command.decode())
+        name = self.by_identity.get(identity)
+        if name is not None and name in self.entries and command != codec.DISCONNECT:
+            self._heard(self.entries[name], "zmq")
+        try:
+            if command == codec.INFO_REQUEST:
+                return [self._reply(identity, message, codec.INFO_REPLY, self._info(message))]
+            if command == codec.REGISTER:
+                return [self._register(identity, message)]
+            if command == codec.UPDATE:
+                return [self._update(identity, message)]
+            if command == codec.HEARTBEAT:
+                return self._heartbeat(identity, message)
+            if command == codec.DISCONNECT:
+                self._disconnect(identity)
+                return []
+        except DbpError as error:
+            self._mark_invalid(identity)
+            self.drop(error.reason, str(error), identity)
+            return []
+        # Valid DBP, but a command only the catalog sends.
+        self.drop("unexpected", f"{command.decode()} sent to the catalog", identity)
+        return [self._disconnect_peer(identity, message)]
+
+    def _mark_invalid(self, identity: bytes) -> None:
+        if len(self.invalid) >= 10_000:
+            self.invalid.pop(next(iter(self.invalid)))
+        self.invalid[identity] = self.clock()
+
+    def _reply(
+        self, identity: bytes, message: DbpMessage, command: bytes, body: Any = None
+    ) -> list[bytes]:
+        frames = (
+            [] if body is None else [body if isinstance(body, bytes) else codec.json_frame(body)]
+        )
+        return [identity, *codec.encode(command, self.clock(), frames, message.time_size)]
+
+    def _denied(self, identity: bytes, message: DbpMessage, reasons: list[str]) -> list[bytes]:
+        self._count("denied")
+        # The original's clients (4-octet time) know DENIED as OmO; the text says (O_O).
+        command = codec.DENIED_ORIGINAL if message.time_size == 4 else codec.DENIED
+        return self._reply(identity, message, command, {"denied": reasons})
+
+    def _disconnect_peer(self, identity: bytes, message: DbpMessage) -> list[bytes]:
+        self._count("disconnect_sent")
+        return self._reply(identity, message, codec.DISCONNECT)
+
+    def _info(self, message: DbpMessage) -> dict[str, Any]:
+        name = message.text
+        if not name:
+            return {n: e.public() for n, e in sorted(self.entries.items()) if e.active}
+        entry = self.entries.get(name)
+        if entry is None or not entry.active:
+            state = "expired" if entry is not None else "unknown"
+            return {"Error": f"No active service named {name}", "inactive": name, "state": state}
+        return {name: entry.public()}
+
+    def _register(self, identity: bytes, message: DbpMessage) -> list[bytes]:
+        if not message.body:
+            return self._denied(identity, message, ["no service information"])
+        try:
+            value = codec.json_object(message.body[0])
+            info = codec.registration(value)
+        except DbpError as error:
+            return self._denied(identity, message, [str(error)])
+        except Invalid as error:
+            return self._denied(identity, message, error.reasons)
+        refusal = self._refused(info["name"], value.get("token"))
+        if refusal:
+            return self._denied(identity, message, [refusal])
+        now = self.clock()
+        old = self.entries.get(info["name"])
+        if old is not None and old.identity is not None and old.identity != identity:
+            self.by_identity.pop(old.identity, None)
+        previous = self.by_identity.get(identity)
+        if previous is not None and previous != info["name"]:
+            self._remove(previous, "disconnected")
+        # Both windows start now: UDP beats are missing only after two intervals without.
+        entry = Entry(
+            info["name"], info, now, identity, message.time_size, last_udp=now, last_zmq=now
+        )
+        self.entries[entry.name] = entry
+        self.by_identity[identity] = entry.name
+        self.dirty = True
+        self.activity("registered", entry.name, entry.public())
+        configuration = {
+            "heartbeat_interval": self.settings.heartbeat_interval,
+            "liveness": self.settings.liveness,
+            "udp_port": self.settings.udp_port,
+            "catalog_id": self.settings.catalog_id,
+        }
+        return self._reply(identity, message, codec.APPROVED, configuration)
+
+    def _refused(self, name: str, token: Any) -> str:
+        allow = self.settings.allow
+        if allow is None:
+            return ""
+        if name not in allow:
+            return f"service {name!r} is not allowed here"
+        wanted = allow[name]
+        if wanted is not None and token != wanted:
+            return f"service {name!r} needs its token"
+        return ""
+
+    def _update(self, identity: bytes, message: DbpMessage) -> list[bytes]:
+        if not message.body:
+            return self._denied(identity, message, ["no values to update"])
+        try:
+            value = codec.json_object(message.body[0])
+        except DbpError as error:
+            return self._denied(identity, message, [str(error)])
+        name = self.by_identity.get(identity) or value.get("name")
+        entry = self.entries.get(name) if isinstance(name, str) else None
+        if entry is None or entry.identity != identity:
+            return self._denied(identity, message, ["not registered: register (UwU) first"])
+        if value.get("name", entry.name) != entry.name:
+            return self._denied(identity, message, ["a service cannot change its name"])
+        try:
+            entry.info = codec.merged(entry.info, value)
+        except Invalid as error:
+            return self._denied(identity, message, error.reasons)
+        self.dirty = True
+        self.activity("updated", entry.name, entry.public())
+        return self._reply(identity, message, codec.ACKNOWLEDGED)
+
+    def _heartbeat(self, identity: bytes, message: DbpMessage) -> list[list[bytes]]:
+        name = self.by_identity.get(identity)
+        if name is None or name not in self.entries:
+            # A beat from a peer we do not know (we restarted, or it never registered):
+            # DISCONNECT tells it to register again.
+            self.drop("unexpected", "heartbeat from an unregistered peer", identity)
+            return [self._disconnect_peer(identity, message)]
+        return []
+
+    def _disconnect(self, identity: bytes) -> None:
+        name = self.by_identity.pop(identity, None)
+        if name is not None and name in self.entries:
+            self._remove(name, "disconnected")
+
+    def _remove(self, name: str, why: str) -> None:
+        entry = self.entries.pop(name, None)
+        if entry is None:
+            return
+        if entry.identity is not None and self.by_identity.get(entry.identity) == name:
+            del self.by_identity[entry.identity]
+        self.dirty = True
+        self.activity(why, name, entry.public())
+
+    # -- UDP ---------------------------------------------------------------------------------
+
+    def on_udp_heartbeat(self, data: bytes, host: str) -> None:
+        try:
+            _, name = codec.parse_udp_heartbeat(data)
+        except DbpError as error:
+            self.drop(error.reason, str(error), host.encode())
+            return
+        entry = self.entries.get(name)
+        if entry is None:
+            self.drop("udp-unknown", f"UDP heartbeat for unknown service {name!r}", host.encode())
+            return
+        if entry.info.get("address") not in (host, "0.0.0.0", "*") and not _local(host, entry):
+            self.drop("udp-address", f"heartbeat for {name!r} from {host}", host.encode())
+            return
+        self._heard(entry, "udp")
+
+    def _heard(self, entry: Entry, path: str) -> None:
+        now = self.clock()
+        if path == "udp":
+            entry.last_udp = now
+            entry.path = "udp"
+        else:
+            entry.last_zmq = now
+        if not entry.active:
+            entry.active = True
+            entry.expired_at = None
+            self.activity("active", entry.name, entry.public())
+
+    # -- time --------------------------------------------------------------------------------
+
+    def tick(self) -> Outgoing:
+        """Every heartbeat interval: beat every active service, expire and remove."""
+        now = self.clock()
+        out = Outgoing()
+        settings = self.settings
+        beat = codec.encode_udp_heartbeat(settings.catalog_id, now)
+        for entry in list(self.entries.values()):
+            interval = float(entry.info["heartbeat"])
+            if not entry.active:
+                if entry.expired_at is not None and now - entry.expired_at >= settings.grace:
+                    self._remove(entry.name, "removed")
+                continue
+            if now - entry.last_heard >= settings.liveness * interval:
+                entry.active = False
+                entry.expired_at = now
+                self.dirty = True
+                self.activity("expired", entry.name, entry.public())
+                continue
+            port = int(entry.info.get("heartbeat_port") or entry.info["port"])
+            if port:
+                out.datagrams.append((beat, (str(entry.info["address"]), port)))
+            if now - entry.last_udp >= 2 * interval:
+                if entry.path != "zmq":
+                    entry.path = "zmq"
+                    self._count("fallbacks")
+                if entry.identity is not None:
+                    body = [settings.catalog_id.encode()]
+                    out.messages.append(
+                        [entry.identity, *codec.encode(codec.HEARTBEAT, now, body, entry.time_size)]
+                    )
+        return out
+
+    # -- the registry on disk ----------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            name: {"info": entry.info, "registered_at": entry.registered_at}
+            for name, entry in self.entries.items()
+        }
+
+    def restore(self, saved: Mapping[str, Any]) -> int:
+        """Services saved before a restart: inactive until they beat (or register) again."""
+        now = self.clock()
+        restored = 0
+        for name, record in saved.items():
+            try:
+                info = codec.registration(record["info"])
+                registered_at = float(record.get("registered_at", now))
+            except (Invalid, KeyError, TypeError, ValueError):
+                continue
+            self.entries[name] = Entry(name, info, registered_at, active=False, expired_at=now)
+            restored += 1
+        return restored
+
+
+def _local(host: str, entry: Entry) -> bool:
+    """A service registered as 127.0.0.1 or localhost beats from some loopback address."""
+    return host.startswith("127.") and str(entry.info.get("address")) in ("localhost", "127.0.0.1")

@@ -1,0 +1,326 @@
+"""The Core Catalog Service as a Twisted service: the ROUTER on ``--port``, UDP heartbeats on the
+same port number, the ``SHALOM`` beacon, the registry in the data directory.
+
+The state machine is :class:`bus.dbp.core.CatalogCore`; here are its sockets and timers. The
+registry is saved (atomically, as JSON) whenever it changes, so it survives a restart; with the
+Event BUS composed, every change is published under ``/dbp/services/<name>/<what>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import zmq
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.dbp import codec
+from bus.dbp.config import CatalogConfig
+from bus.dbp.core import CatalogCore, CatalogSettings
+from bus.droplog import DropCounter
+from bus.errors import StartupError
+from bus.metrics import Metric, counter, counters_by, gauge
+from bus.periodic import Periodic
+from bus.transport.udp import BeaconSender, InterfaceError, UdpPort, interface_address
+from bus.transport.zmqsocket import (
+    PeerUnreachable,
+    SocketFactory,
+    SocketOptions,
+    ZmqSocket,
+    reactor_of,
+)
+
+log = Logger(namespace="bus.dbp")
+
+REGISTRY_FILE = "dbp-registry.json"
+
+
+class CatalogService(Service):
+    def __init__(
+        self, config: CatalogConfig, reactor: Any = None, activity: ActivitySink = NO_ACTIVITY
+    ) -> None:
+        self.config = config
+        self.reactor = reactor_of(reactor)
+        self.activity_sink = activity
+        self.drops = DropCounter(log, "DBP input", self.reactor.seconds)
+        self.core = CatalogCore(
+            CatalogSettings(
+                heartbeat_interval=config.heartbeat_interval,
+                liveness=config.liveness,
+                grace=config.grace,
+                allow=config.allow,
+            ),
+            self.reactor.seconds,
+            self._activity,
+            self.drops.drop,
+        )
+        self._factory: SocketFactory | None = None
+        self.router: ZmqSocket | None = None
+        self.udp: UdpPort | None = None
+        self.beacon_port: UdpPort | None = None
+        self.beacon: BeaconSender | None = None
+        self.port = 0
+        self.endpoint = ""
+        self._periodic = Periodic(self.reactor, log)
+        self._stopping: defer.Deferred[None] | None = None
+        self.messages = 0
+        self.udp_heartbeats = 0
+        self.heartbeats_sent_udp = 0
+        self.heartbeats_sent_zmq = 0
+        self.activity_errors = 0
+        self.save_errors = 0
+        self.restored = 0
+
+    @property
+    def registry_path(self) -> Path:
+        return Path(self.config.data_dir) / REGISTRY_FILE
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        config = self.config
+        try:
+            Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+            saved = self._load()
+        except (OSError, ValueError) as error:
+            raise StartupError("data-dir", f"cannot use the registry: {error}") from None
+        try:
+            interface = interface_address(config.beacon_interface)
+        except InterfaceError as error:
+            raise StartupError("beacon-interface", str(error)) from None
+        self._factory = SocketFactory(self.reactor)
+        try:
+            self._open(interface.broadcast)
+        except BaseException:
+            self._close()
+            raise
+        self.restored = self.core.restore(saved)
+        Service.startService(self)
+        self._periodic.every(config.heartbeat_interval, self._tick)
+        log.info(
+            "DBP catalog on {endpoint} (UDP heartbeats on {port}), beacon SHALOM to {beacon}; "
+            "{restored} services restored (inactive until they beat)",
+            endpoint=self.endpoint,
+            port=self.port,
+            beacon=f"{interface.broadcast}:{config.beacon_port}",
+            restored=self.restored,
+        )
+
+    def _open(self, broadcast: str) -> None:
+        config = self.config
+        assert self._factory is not None
+        self.router = self._factory.socket(
+            zmq.ROUTER,
+            self._on_messages,
+            SocketOptions(
+                router_mandatory=True,
+                max_message_size=codec.MAX_BODY_BYTES * 4,
+                receive_hwm=10_000,
+                send_hwm=10_000,
+                linger_ms=0,
+            ),
+            name="dbp-router",
+        )
+        try:
+            self.endpoint = self.router.bind(f"tcp://{config.bind}:{config.port}")
+        except zmq.ZMQError as error:
+            raise StartupError(
+                "port", f"cannot bind {config.bind}:{config.port}: {error}"
+            ) from None
+        self.port = int(self.endpoint.rpartition(":")[2])
+        self.core.settings.udp_port = self.port
+        self.udp = UdpPort(self.reactor, self._on_datagram)
+        try:
+            self.udp.listen(config.bind, self.port)
+        except OSError as error:
+            raise StartupError(
+                "port", f"cannot listen on UDP {self.port}: {error.strerror}"
+            ) from None
+        if config.beacon_port:
+            self.beacon_port = UdpPort(self.reactor, lambda data, address: None)
+            self.beacon_port.listen("0.0.0.0", 0)
+            beacon = codec.encode_beacon(self.port)
+            self.beacon = BeaconSender(
+                self.reactor,
+                self.beacon_port,
+                (broadcast, config.beacon_port),
+                lambda: beacon,
+                config.beacon_interval,
+            )
+            self.beacon.start()
+
+    # -- input -------------------------------------------------------------------------------
+
+    def _on_messages(self, batch: list[list[bytes]]) -> None:
+        router = self.router
+        if router is None:
+            return
+        for frames in batch:
+            self.messages += 1
+            replies = self.core.on_message(frames[0], frames[1:])
+            for reply in replies:
+                self._send(reply)
+        self._save_if_changed()
+
+    def _on_datagram(self, data: bytes, address: tuple[str, int]) -> None:
+        self.udp_heartbeats += 1
+        self.core.on_udp_heartbeat(data, address[0])
+
+    def _send(self, frames: list[bytes]) -> bool:
+        router = self.router
+        if router is None:
+            return False
+        try:
+            if router.send_frames(frames):
+                return True
+            self.drops.drop("reply-blocked", "a peer's queue is full", frames[0])
+        except PeerUnreachable:
+            self.drops.drop("peer-gone", "the peer disconnected before its reply", frames[0])
+        return False
+
+    def _tick(self) -> None:
+        out = self.core.tick()
+        if self.udp is not None:
+            for datagram, address in out.datagrams:
+                if self.udp.send(datagram, address):
+                    self.heartbeats_sent_udp += 1
+        for frames in out.messages:
+            if self._send(frames):
+                self.heartbeats_sent_zmq += 1
+        self._save_if_changed()
+
+    def _activity(self, kind: str, name: str, value: dict[str, Any]) -> None:
+        topic = f"/dbp/services/{quote(name, safe='')}/{kind}/"
+        try:
+            self.activity_sink.publish(topic, {"event": kind, "name": name, **value})
+        except ValueError as error:
+            self.activity_errors += 1
+            log.warn("cannot publish DBP activity: {error}", error=error)
+
+    # -- the registry on disk ----------------------------------------------------------------
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            text = self.registry_path.read_text()
+        except FileNotFoundError:
+            return {}
+        saved = json.loads(text)
+        if not isinstance(saved, dict):
+            raise ValueError(f"{self.registry_path} does not hold a JSON object")
+        return saved
+
+    def _save_if_changed(self) -> None:
+        if not self.core.dirty:
+            return
+        self.core.dirty = False
+        path = self.registry_path
+        temporary = path.with_suffix(".tmp")
+        try:
+            temporary.write_text(json.dumps(self.core.snapshot(), sort_keys=True))
+            os.replace(temporary, path)
+        except OSError as error:
+            self.save_errors += 1
+            self.core.dirty = True  # try again at the next change or tick
+            log.error("cannot save the DBP registry: {error}", error=error)
+
+    # -- the UDP heartbeat port, for maintenance --------------------------------------------
+
+    def suspend_udp(self) -> defer.Deferred[None]:
+        """Close the UDP heartbeat port: services' UDP beats are lost (the kernel drops them)
+        and the catalog falls back to ZeroMQ heartbeats for each of them."""
+        udp, self.udp = self.udp, None
+        return udp.close() if udp is not None else defer.succeed(None)
+
+    def resume_udp(self) -> None:
+        """Open the UDP heartbeat port again; services go back to UDP heartbeats."""
+        if self.udp is None and self.running:
+            self.udp = UdpPort(self.reactor, self._on_datagram)
+            self.udp.listen(self.config.bind, self.port)
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def stopService(self) -> defer.Deferred[None]:
+        if self._stopping is None:
+            Service.stopService(self)
+            self._periodic.stop_all()
+            self._save_if_changed()
+            self._stopping = self._close()
+        return self._stopping
+
+    def _close(self) -> defer.Deferred[None]:
+        if self.beacon is not None:
+            self.beacon.stop()
+            self.beacon = None
+        if self.router is not None:
+            self.router.shutdown()
+            self.router = None
+        if self._factory is not None:
+            self._factory.shutdown()
+            self._factory = None
+        closing = [port.close() for port in (self.udp, self.beacon_port) if port is not None]
+        self.udp = self.beacon_port = None
+        return defer.gatherResults(closing).addCallback(lambda _: None)
+
+    # -- what it does ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        entries = self.core.entries.values()
+        return {
+            "endpoint": self.endpoint,
+            "udp_port": self.port,
+            "beacon": (f"{self.beacon.target[0]}:{self.beacon.target[1]}" if self.beacon else None),
+            "services": sum(1 for e in entries if e.active),
+            "services_inactive": sum(1 for e in entries if not e.active),
+            "services_on_zmq_heartbeats": sum(1 for e in entries if e.active and e.path == "zmq"),
+            "restored": self.restored,
+            "messages": self.messages,
+            "commands": dict(self.core.counts),
+            "udp_heartbeats_received": self.udp_heartbeats,
+            "heartbeats_sent_udp": self.heartbeats_sent_udp,
+            "heartbeats_sent_zmq": self.heartbeats_sent_zmq,
+            "beacons_sent": self.beacon.sent if self.beacon else 0,
+            "save_errors": self.save_errors,
+            "dropped": dict(self.drops.counts),
+        }
+
+    def metrics(self) -> list[Metric]:
+        status = self.status()
+        return [
+            gauge("dbp_services", "Active services", status["services"]),
+            gauge(
+                "dbp_services_inactive",
+                "Expired services in their grace period",
+                status["services_inactive"],
+            ),
+            gauge(
+                "dbp_services_zmq_heartbeats",
+                "Services heartbeating over ZeroMQ (UDP lost)",
+                status["services_on_zmq_heartbeats"],
+            ),
+            counter("dbp_messages", "Messages read on the ROUTER", self.messages),
+            counters_by(
+                "dbp_commands",
+                "Commands received and replies of note",
+                "command",
+                status["commands"],
+            ),
+            counter(
+                "dbp_udp_heartbeats_received",
+                "UDP datagrams received on the heartbeat port",
+                self.udp_heartbeats,
+            ),
+            counter(
+                "dbp_heartbeats_sent_udp", "Heartbeats sent over UDP", self.heartbeats_sent_udp
+            ),
+            counter(
+                "dbp_heartbeats_sent_zmq", "Heartbeats sent over ZeroMQ", self.heartbeats_sent_zmq
+            ),
+            counter("dbp_beacons_sent", "SHALOM beacons sent", status["beacons_sent"]),
+            counters_by("dbp_dropped", "Bad input dropped, by reason", "reason", status["dropped"]),
+        ]

@@ -1,0 +1,86 @@
+"""``twistd -n dbp``: the Core Catalog Service; composed, the ``dbp`` service of
+``twistd -n eventbus`` (options prefixed ``--dbp-``), publishing the catalog's changes on the
+bus under ``/dbp/services/<name>/``. Options also come from ``DBP_<OPTION>`` variables and the
+``[dbp]`` table of a ``--config`` file."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.python import usage
+
+from bus.dbp.config import DEFAULT_BEACON_PORT, DEFAULT_PORT, CatalogConfig, read_allow_file
+from bus.options import ServiceOptions, parse_duration
+
+if TYPE_CHECKING:
+    from bus.composition import Composition, ProductService
+    from bus.dbp.server import CatalogService
+
+
+class Options(ServiceOptions):
+    service = "dbp"
+    env_prefix = "DBP"
+    synopsis = "[--bind 127.0.0.1] [--port 5246] [--allow FILE] [--data-dir DIR]"
+    longdesc = (
+        "Serve the DBP Core Catalog: registrations, updates and info requests on a ROUTER, "
+        "UDP heartbeats on the same port number (with a ZeroMQ fallback), and a SHALOM "
+        "beacon on the beacon interface's broadcast address (loopback by default)."
+    )
+    optParameters = [
+        ["bind", None, "127.0.0.1", "Address of the ROUTER and the UDP heartbeat port."],
+        ["port", None, DEFAULT_PORT, "ROUTER port, and UDP heartbeat port (0: pick one).", int],
+        ["beacon-interface", None, "lo", "Interface whose broadcast address gets the beacon."],
+        ["beacon-port", None, DEFAULT_BEACON_PORT, "UDP port of the SHALOM beacon (0: off).", int],
+        ["beacon-interval", None, "1s", "Time between beacons."],
+        ["heartbeat-interval", None, "1s", "Time between the catalog's heartbeats."],
+        ["liveness", None, 3, "Heartbeat intervals a service may miss before it expires.", int],
+        ["grace", None, "60s", "How long an expired service stays listed as inactive."],
+        ["allow", None, None, "File of allowed service names, each with an optional token."],
+        ["data-dir", None, "dbp-data", "Directory of the registry (survives restarts)."],
+    ]
+
+    def postOptions(self) -> None:
+        self["dbp-config"] = catalog_config(self)
+
+
+def catalog_config(options: usage.Options | dict[str, Any]) -> CatalogConfig:
+    allow = None
+    if options.get("allow"):
+        try:
+            allow = read_allow_file(options["allow"])
+        except (OSError, ValueError) as error:
+            raise usage.UsageError(f"--allow {options['allow']}: {error}") from None
+    for name in ("port", "beacon-port"):
+        if not 0 <= int(options[name]) <= 65535:
+            raise usage.UsageError(f"--{name} must be 0-65535")
+    liveness = int(options["liveness"])
+    if liveness < 1:
+        raise usage.UsageError("--liveness must be at least 1")
+    config = CatalogConfig(
+        bind=options["bind"],
+        port=int(options["port"]),
+        beacon_interface=options["beacon-interface"],
+        beacon_port=int(options["beacon-port"]),
+        beacon_interval=parse_duration(options["beacon-interval"]),
+        heartbeat_interval=parse_duration(options["heartbeat-interval"]),
+        liveness=liveness,
+        grace=parse_duration(options["grace"]),
+        allow=allow,
+        data_dir=options["data-dir"],
+    )
+    if config.beacon_interval <= 0 or config.heartbeat_interval <= 0:
+        raise usage.UsageError("--beacon-interval and --heartbeat-interval must be above 0")
+    return config
+
+
+def build(options: usage.Options | dict[str, Any], composition: Composition) -> CatalogService:
+    from bus.dbp.server import CatalogService
+
+    config = options.get("dbp-config") or catalog_config(options)
+    return CatalogService(config, activity=composition.activity("dbp"))
+
+
+def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    from bus.composition import standalone
+
+    return standalone("dbp", build, options)

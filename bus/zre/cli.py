@@ -1,0 +1,123 @@
+"""``zre-ping``: join a group, shout a line every interval, greet every peer that enters,
+and print every event as one JSON line on stdout (like zyre's zpinger).
+
+The first line is ``{"event": "READY", "peer": <own uuid>, "name": ..., "endpoint": ...}``;
+then one line per event with ``event``, ``peer`` (32 hex digits), ``name`` and, where they
+apply, ``group``, ``content`` (one item per frame: the text when it is UTF-8, else
+``{"base64": ...}``), ``headers`` and ``endpoint``. SIGTERM or Ctrl-C leaves cleanly (a
+36/ZRE node sends its leaving beacon).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from bus.zre.codec import VERSION_20, VERSION_36
+from bus.zre.config import DEFAULT_PORT, ZreConfig
+from bus.zre.core import ZreEvent
+
+
+def content_json(content: Sequence[bytes]) -> list[Any]:
+    items: list[Any] = []
+    for frame in content:
+        try:
+            items.append(frame.decode("utf-8"))
+        except UnicodeDecodeError:
+            items.append({"base64": base64.b64encode(frame).decode("ascii")})
+    return items
+
+
+def event_json(event: ZreEvent) -> dict[str, Any]:
+    line: dict[str, Any] = {"event": event.type, "peer": event.peer_hex, "name": event.name}
+    if event.group is not None:
+        line["group"] = event.group
+    if event.type in ("WHISPER", "SHOUT"):
+        line["content"] = content_json(event.content)
+    if event.type == "ENTER":
+        line["headers"] = dict(event.headers)
+    if event.endpoint:
+        line["endpoint"] = event.endpoint
+    return line
+
+
+def emit(line: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def parser() -> argparse.ArgumentParser:
+    from bus.options import parse_duration
+
+    p = argparse.ArgumentParser(prog="zre-ping", description=__doc__.split("\n\n")[0])
+    p.add_argument("--interface", default="lo", help="network interface (default lo)")
+    p.add_argument("--group", default="GLOBAL", help="group to join and shout to")
+    p.add_argument("--name", default="", help="this node's name")
+    p.add_argument("--version", choices=["1", "2"], default="2", help="2: 36/ZRE, 1: 20/ZRE")
+    p.add_argument("--peer", action="append", default=[], help="tcp://HOST:PORT to greet")
+    p.add_argument("--interval", type=parse_duration, default=1.0, help="between shouts")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="UDP beacon port (0: off)")
+    p.add_argument("--evasive", type=parse_duration, default=5.0)
+    p.add_argument("--expired", type=parse_duration, default=30.0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from twisted.internet import reactor as global_reactor
+
+    from bus.errors import StartupError
+    from bus.periodic import Periodic
+    from bus.zre.node import ZreNode, log
+
+    config = ZreConfig(
+        name=args.name,
+        interface=args.interface,
+        port=args.port,
+        groups=[args.group],
+        version=VERSION_20 if args.version == "1" else VERSION_36,
+        peers=list(args.peer),
+        evasive=args.evasive,
+        expired=args.expired,
+    )
+    reactor: Any = global_reactor
+    node = ZreNode(config, reactor=reactor)
+    shouts = 0
+
+    def on_event(event: ZreEvent) -> None:
+        emit(event_json(event))
+        if event.type == "ENTER":
+            node.whisper(event.peer, [f"hello from {node.node_name}".encode()])
+
+    def shout() -> None:
+        nonlocal shouts
+        shouts += 1
+        node.shout(args.group, [f"ping {shouts} from {node.node_name}".encode()])
+
+    node.add_listener(on_event)
+    try:
+        node.startService()
+    except StartupError as error:
+        sys.stderr.write(f"zre-ping: {error}\n")
+        return 2
+    emit(
+        {"event": "READY", "peer": node.uuid_hex, "name": node.node_name, "endpoint": node.endpoint}
+    )
+    periodic = Periodic(reactor, log)
+    periodic.every(args.interval, shout)
+
+    def stop() -> Any:
+        periodic.stop_all()
+        return node.stopService()
+
+    reactor.addSystemEventTrigger("before", "shutdown", stop)
+    reactor.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

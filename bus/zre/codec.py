@@ -1,0 +1,512 @@
+"""ZRE wire format, sans I/O: beacons, the two message dialects, and ZRE/LOG records.
+
+* Beacon (both versions): ``Z R E 0x01``, the 16-octet UUID, the mailbox port (network
+  order). 36/ZRE reads port 0 as "leaving"; 20/ZRE calls such a beacon invalid.
+* 36/ZRE (what zyre and pyre speak; version 2): frame 0 is ``AA A1 id 0x02 sequence(2)``
+  then the body; further frames are the content of WHISPER and SHOUT (one or more).
+  Strings have a one-octet length, long strings a four-octet one; a list of strings is a
+  four-octet count of long strings; headers are a four-octet count of (string key, long
+  string value).
+* 20/ZRE (the specification's grammar; version 1): frame 0 is ``AA A1 sequence(2) id``
+  then the body; HELLO carries the IP address and the mailbox port apart, lists have a
+  one-octet count and headers are ``name=value`` strings; content is exactly one frame.
+* ZRE/LOG: ``AA A2 0x01 level event node(2) peer(2) time(8, ms) data(string)``.
+
+Every malformed input raises :class:`ZreError` (a ``ProtocolError``) with a ``reason``.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from bus.errors import ProtocolError
+
+BEACON_SIZE: Final = 22
+BEACON_HEADER: Final = b"ZRE\x01"
+SIGNATURE: Final = b"\xaa\xa1"
+LOG_SIGNATURE: Final = b"\xaa\xa2"
+VERSION_36: Final = 2
+VERSION_20: Final = 1
+
+HELLO: Final = 1
+WHISPER: Final = 2
+SHOUT: Final = 3
+JOIN: Final = 4
+LEAVE: Final = 5
+PING: Final = 6
+PING_OK: Final = 7
+COMMAND_NAMES: Final = {
+    HELLO: "HELLO",
+    WHISPER: "WHISPER",
+    SHOUT: "SHOUT",
+    JOIN: "JOIN",
+    LEAVE: "LEAVE",
+    PING: "PING",
+    PING_OK: "PING-OK",
+}
+
+#: A ZeroMQ identity may not start with a zero octet: the DEALER identity is 0x01 + UUID.
+IDENTITY_PREFIX: Final = b"\x01"
+
+LOG_LEVELS: Final = {1: "ERROR", 2: "WARNING", 3: "INFO"}
+LOG_EVENTS: Final = {1: "JOIN", 2: "LEAVE", 3: "ENTER", 4: "EXIT"}
+
+_BEACON = struct.Struct(">4s16sH")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_LOG_HEAD = struct.Struct(">2sBBBHHQ")
+
+
+class ZreError(ProtocolError):
+    """A beacon, message or log record that ZRE does not allow."""
+
+
+# -- beacons ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Beacon:
+    uuid: bytes
+    port: int
+
+    @property
+    def leaving(self) -> bool:
+        return self.port == 0
+
+
+def encode_beacon(node: bytes, port: int) -> bytes:
+    return _BEACON.pack(BEACON_HEADER, node, port)
+
+
+def parse_beacon(data: bytes, version: int = VERSION_36) -> Beacon:
+    if len(data) != BEACON_SIZE:
+        raise ZreError(f"beacon of {len(data)} octets (not 22)", "beacon-size")
+    header, node, port = _BEACON.unpack(data)
+    if header != BEACON_HEADER:
+        raise ZreError("beacon header is not ZRE 0x01", "beacon-header")
+    if port == 0 and version == VERSION_20:
+        raise ZreError("20/ZRE beacon with port 0", "beacon-port")
+    return Beacon(node, port)
+
+
+def identity_of(node: bytes) -> bytes:
+    return IDENTITY_PREFIX + node
+
+
+def uuid_of_identity(identity: bytes) -> bytes:
+    """The peer's UUID from a ROUTER identity: 0x01 + UUID (17 octets), or a bare UUID."""
+    if len(identity) == 17 and identity[:1] == IDENTITY_PREFIX:
+        return identity[1:]
+    if len(identity) == 16:
+        return identity
+    raise ZreError(f"identity of {len(identity)} octets is not a ZRE node", "bad-identity")
+
+
+# -- messages --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    sequence: int
+    endpoint: str
+    groups: tuple[str, ...]
+    status: int
+    name: str
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Whisper:
+    sequence: int
+    content: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Shout:
+    sequence: int
+    group: str
+    content: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Join:
+    sequence: int
+    group: str
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class Leave:
+    sequence: int
+    group: str
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class PingOk:
+    sequence: int
+
+
+Message = Hello | Whisper | Shout | Join | Leave | Ping | PingOk
+
+
+def command_name(message: Message) -> str:
+    return {
+        Hello: "HELLO",
+        Whisper: "WHISPER",
+        Shout: "SHOUT",
+        Join: "JOIN",
+        Leave: "LEAVE",
+        Ping: "PING",
+        PingOk: "PING-OK",
+    }[type(message)]
+
+
+class _Reader:
+    """Reads fields from one frame; running past its end is a ZreError."""
+
+    __slots__ = ("data", "offset")
+
+    def __init__(self, data: bytes, offset: int) -> None:
+        self.data = data
+        self.offset = offset
+
+    def take(self, size: int) -> bytes:
+        end = self.offset + size
+        if end > len(self.data):
+            raise ZreError("message ends inside a field", "truncated")
+        chunk = self.data[self.offset : end]
+        self.offset = end
+        return chunk
+
+    def u8(self) -> int:
+        return self.take(1)[0]
+
+    def u16(self) -> int:
+        value: int = _U16.unpack(self.take(2))[0]
+        return value
+
+    def u32(self) -> int:
+        value: int = _U32.unpack(self.take(4))[0]
+        return value
+
+    def text(self, size: int) -> str:
+        try:
+            return self.take(size).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ZreError("string is not UTF-8", "bad-string") from None
+
+    def string(self) -> str:
+        return self.text(self.u8())
+
+    def long_string(self) -> str:
+        return self.text(self.u32())
+
+    def end(self) -> None:
+        if self.offset != len(self.data):
+            raise ZreError("octets after the last field", "trailing")
+
+
+def _string(value: str) -> bytes:
+    data = value.encode("utf-8")
+    if len(data) > 255:
+        raise ValueError(f"string longer than 255 octets: {value[:20]!r}...")
+    return bytes((len(data),)) + data
+
+
+def _long_string(value: str) -> bytes:
+    data = value.encode("utf-8")
+    return _U32.pack(len(data)) + data
+
+
+def _check_content(content: Sequence[bytes], version: int) -> tuple[bytes, ...]:
+    if not content:
+        raise ZreError("WHISPER or SHOUT without content", "no-content")
+    if version == VERSION_20 and len(content) != 1:
+        raise ZreError("20/ZRE content is exactly one frame", "content-frames")
+    return tuple(content)
+
+
+def _split_endpoint(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    return host, int(port)
+
+
+# 36/ZRE ---------------------------------------------------------------------------------
+
+
+def encode(message: Message, version: int = VERSION_36) -> list[bytes]:
+    """Frames of ``message`` in the given dialect (content frames after frame 0)."""
+    if version == VERSION_20:
+        return _encode_20(message)
+    match message:
+        case Hello():
+            headers = b"".join(
+                _string(key) + _long_string(value) for key, value in message.headers.items()
+            )
+            body = (
+                _string(message.endpoint)
+                + _U32.pack(len(message.groups))
+                + b"".join(_long_string(group) for group in message.groups)
+                + bytes((message.status & 0xFF,))
+                + _string(message.name)
+                + _U32.pack(len(message.headers))
+                + headers
+            )
+            return [_head36(HELLO, message.sequence) + body]
+        case Whisper():
+            return [_head36(WHISPER, message.sequence), *_check_content(message.content, 2)]
+        case Shout():
+            frame = _head36(SHOUT, message.sequence) + _string(message.group)
+            return [frame, *_check_content(message.content, 2)]
+        case Join():
+            frame = _head36(JOIN, message.sequence) + _string(message.group)
+            return [frame + bytes((message.status & 0xFF,))]
+        case Leave():
+            frame = _head36(LEAVE, message.sequence) + _string(message.group)
+            return [frame + bytes((message.status & 0xFF,))]
+        case Ping():
+            return [_head36(PING, message.sequence)]
+        case PingOk():
+            return [_head36(PING_OK, message.sequence)]
+    raise TypeError(f"not a ZRE message: {message!r}")
+
+
+def _head36(command: int, sequence: int) -> bytes:
+    return SIGNATURE + bytes((command, VERSION_36)) + _U16.pack(sequence & 0xFFFF)
+
+
+def _head20(command: int, sequence: int) -> bytes:
+    return SIGNATURE + _U16.pack(sequence & 0xFFFF) + bytes((command,))
+
+
+def parse(frames: Sequence[bytes], version: int = VERSION_36) -> Message:
+    """The message in ``frames`` (without the ROUTER identity), in the given dialect."""
+    if not frames:
+        raise ZreError("no frames", "empty")
+    frame = frames[0]
+    if frame[:2] != SIGNATURE:
+        raise ZreError("no ZRE signature AA A1", "signature")
+    if version == VERSION_20:
+        return _parse_20(frames)
+    if len(frame) < 6:
+        raise ZreError("frame 0 shorter than the header", "truncated")
+    command, frame_version = frame[2], frame[3]
+    if frame_version != VERSION_36:
+        raise ZreError(f"36/ZRE version octet is {frame_version}", "version")
+    reader = _Reader(frame, 4)
+    sequence = reader.u16()
+    content = tuple(frames[1:])
+    if command == HELLO:
+        endpoint = reader.string()
+        groups = tuple(reader.long_string() for _ in range(_count(reader)))
+        status = reader.u8()
+        name = reader.string()
+        headers = {}
+        for _ in range(_count(reader)):
+            key = reader.string()
+            headers[key] = reader.long_string()
+        reader.end()
+        _no_content(content)
+        return Hello(sequence, endpoint, groups, status, name, headers)
+    if command == WHISPER:
+        reader.end()
+        return Whisper(sequence, _check_content(content, VERSION_36))
+    if command == SHOUT:
+        group = reader.string()
+        reader.end()
+        return Shout(sequence, group, _check_content(content, VERSION_36))
+    if command in (JOIN, LEAVE):
+        group = reader.string()
+        status = reader.u8()
+        reader.end()
+        _no_content(content)
+        return (Join if command == JOIN else Leave)(sequence, group, status)
+    if command in (PING, PING_OK):
+        reader.end()
+        _no_content(content)
+        return (Ping if command == PING else PingOk)(sequence)
+    raise ZreError(f"unknown command {command}", "command")
+
+
+def _count(reader: _Reader) -> int:
+    count = reader.u32()
+    # Each item takes at least one octet: a count beyond the frame is a lie.
+    if count > len(reader.data) - reader.offset:
+        raise ZreError(f"count {count} exceeds the frame", "truncated")
+    return count
+
+
+def _no_content(content: tuple[bytes, ...]) -> None:
+    if content:
+        raise ZreError("content frames on a command without content", "extra-frames")
+
+
+# 20/ZRE ---------------------------------------------------------------------------------
+
+
+def _encode_20(message: Message) -> list[bytes]:
+    match message:
+        case Hello():
+            host, port = _split_endpoint(message.endpoint)
+            headers = [f"{key}={value}" for key, value in message.headers.items()]
+            if len(message.groups) > 255 or len(headers) > 255:
+                raise ValueError("20/ZRE lists hold at most 255 items")
+            body = (
+                _string(host)
+                + _U16.pack(port)
+                + bytes((len(message.groups),))
+                + b"".join(_string(group) for group in message.groups)
+                + bytes((message.status & 0xFF,))
+                + bytes((len(headers),))
+                + b"".join(_string(header) for header in headers)
+            )
+            return [_head20(HELLO, message.sequence) + body]
+        case Whisper():
+            return [_head20(WHISPER, message.sequence), *_check_content(message.content, 1)]
+        case Shout():
+            frame = _head20(SHOUT, message.sequence) + _string(message.group)
+            return [frame, *_check_content(message.content, 1)]
+        case Join():
+            frame = _head20(JOIN, message.sequence) + _string(message.group)
+            return [frame + bytes((message.status & 0xFF,))]
+        case Leave():
+            frame = _head20(LEAVE, message.sequence) + _string(message.group)
+            return [frame + bytes((message.status & 0xFF,))]
+        case Ping():
+            return [_head20(PING, message.sequence)]
+        case PingOk():
+            return [_head20(PING_OK, message.sequence)]
+    raise TypeError(f"not a ZRE message: {message!r}")
+
+
+def _parse_20(frames: Sequence[bytes]) -> Message:
+    frame = frames[0]
+    if len(frame) < 5:
+        raise ZreError("frame 0 shorter than the header", "truncated")
+    reader = _Reader(frame, 2)
+    sequence = reader.u16()
+    command = reader.u8()
+    content = tuple(frames[1:])
+    if command == HELLO:
+        host = reader.string()
+        port = reader.u16()
+        groups = tuple(reader.string() for _ in range(reader.u8()))
+        status = reader.u8()
+        headers: dict[str, str] = {}
+        for _ in range(reader.u8()):
+            key, sep, value = reader.string().partition("=")
+            if not sep:
+                raise ZreError("20/ZRE header without '='", "bad-header")
+            headers[key] = value
+        reader.end()
+        _no_content(content)
+        if not host or port == 0:
+            raise ZreError("20/ZRE HELLO without address or mailbox", "bad-hello")
+        # 20/ZRE has no name field: the peer is named by its address.
+        return Hello(sequence, f"tcp://{host}:{port}", groups, status, "", headers)
+    if command == WHISPER:
+        reader.end()
+        return Whisper(sequence, _check_content(content, VERSION_20))
+    if command == SHOUT:
+        group = reader.string()
+        reader.end()
+        return Shout(sequence, group, _check_content(content, VERSION_20))
+    if command in (JOIN, LEAVE):
+        group = reader.string()
+        status = reader.u8()
+        reader.end()
+        _no_content(content)
+        return (Join if command == JOIN else Leave)(sequence, group, status)
+    if command in (PING, PING_OK):
+        reader.end()
+        _no_content(content)
+        return (Ping if command == PING else PingOk)(sequence)
+    raise ZreError(f"unknown command {command}", "command")
+
+
+def sniff_version(frame: bytes) -> int | None:
+    """Which dialect frame 0 looks like: 36/ZRE has a command (1-7) then the version
+    octet 2 at offsets 2-3. Used by a 20/ZRE node to recognise a 36/ZRE peer (which it must
+    never send 20/ZRE frames to), not to decode."""
+    if len(frame) < 5 or frame[:2] != SIGNATURE:
+        return None
+    if frame[2] in COMMAND_NAMES and frame[3] == VERSION_36:
+        return VERSION_36
+    return VERSION_20
+
+
+# -- ZRE/LOG ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    level: int
+    event: int
+    node: int
+    peer: int
+    time_ms: int
+    data: str
+
+    @property
+    def level_name(self) -> str:
+        return LOG_LEVELS.get(self.level, str(self.level))
+
+    @property
+    def event_name(self) -> str:
+        return LOG_EVENTS.get(self.event, str(self.event))
+
+
+def node_hash(node: bytes) -> int:
+    """The two-octet "hash of node UUID" of ZRE/LOG: the UUID's 16-bit words XOR-ed."""
+    value = 0
+    for index in range(0, len(node), 2):
+        value ^= int.from_bytes(node[index : index + 2], "big")
+    return value
+
+
+def encode_log(record: LogRecord) -> bytes:
+    head = _LOG_HEAD.pack(
+        LOG_SIGNATURE,
+        1,
+        record.level,
+        record.event,
+        record.node,
+        record.peer,
+        record.time_ms,
+    )
+    return head + _string(record.data)
+
+
+def parse_log(frames: Sequence[bytes]) -> LogRecord:
+    if len(frames) != 1:
+        raise ZreError("a ZRE/LOG record is one frame", "log-frames")
+    frame = frames[0]
+    if frame[:2] != LOG_SIGNATURE:
+        raise ZreError("no ZRE/LOG signature AA A2", "signature")
+    if len(frame) < _LOG_HEAD.size + 1:
+        raise ZreError("log record shorter than its header", "truncated")
+    _, command, level, event, node, peer, time_ms = _LOG_HEAD.unpack_from(frame)
+    if command != 1:
+        raise ZreError(f"unknown ZRE/LOG command {command}", "command")
+    if level not in LOG_LEVELS:
+        raise ZreError(f"unknown log level {level}", "log-level")
+    if event not in LOG_EVENTS:
+        raise ZreError(f"unknown log event {event}", "log-event")
+    reader = _Reader(frame, _LOG_HEAD.size)
+    data = reader.string()
+    reader.end()
+    return LogRecord(level, event, node, peer, time_ms, data)
+
+
+def uuid_hex(node: bytes) -> str:
+    return uuid.UUID(bytes=node).hex

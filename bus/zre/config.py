@@ -1,0 +1,27 @@
+"""A ZRE node's settings (no transport import: tap modules use it at option-parsing time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bus.zre.codec import VERSION_36
+
+DEFAULT_PORT = 5670
+
+
+@dataclass(slots=True)
+class ZreConfig:
+    name: str = ""
+    interface: str = "lo"
+    #: UDP beacon port; 0: no beacon (discovery through ``peers`` only).
+    port: int = DEFAULT_PORT
+    groups: list[str] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+    version: int = VERSION_36
+    peers: list[str] = field(default_factory=list)
+    evasive: float = 5.0
+    expired: float = 30.0
+    beacon_interval: float = 1.0
+    reap_interval: float = 1.0
+    #: 20/ZRE: run the ZRE/LOG service (a SUB socket announced as X-ZRELOG).
+    log_service: bool = True

@@ -1,0 +1,555 @@
+"""The ZRE node's state machine: beacons, messages, API calls and time in; links, frames
+and events out. No sockets here: :class:`Links` is whatever carries frames (the Twisted
+node's DEALER sockets, or a fake in unit tests), the clock is injected.
+
+Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it):
+
+* a peer is known by its UUID; it is *ready* once its HELLO arrived (ENTER), and anything
+  else it sends before that is dropped;
+* our messages to a peer carry a sequence starting at 1 with HELLO and rising by one; a
+  peer's messages must do the same, else the peer is dropped (EXIT);
+* our group status rises by one per JOIN or LEAVE and each JOIN/LEAVE carries the new value
+  (a wrong value kills pyre and aborts zyre); a peer's wrong value is counted and followed;
+* a second HELLO from a ready peer is EXIT then ENTER;
+* silent for ``evasive``: EVASIVE and a PING; for twice that, SILENT; for ``expired``: EXIT;
+* a 20/ZRE node waits ``hello_wait`` before greeting a peer found by beacon: a 36/ZRE peer
+  greets first (as zyre and pyre do at once), is recognised, and is never sent a 20/ZRE
+  frame (it cannot parse them).
+"""
+
+from __future__ import annotations
+
+import uuid as uuidlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from bus.zre import codec
+from bus.zre.codec import (
+    VERSION_20,
+    VERSION_36,
+    Hello,
+    Join,
+    Leave,
+    Message,
+    Ping,
+    PingOk,
+    Shout,
+    Whisper,
+    ZreError,
+)
+
+#: HELLO header with the endpoints of the peers a node knows, so that a node that found
+#: one peer through ``--peer`` finds the rest (networks without broadcast).
+PEERS_HEADER = "X-ZRE-PEERS"
+#: HELLO header of the ZRE/LOG service (20/ZRE).
+LOG_HEADER = "X-ZRELOG"
+#: 20/ZRE's HELLO has no name field: our 20/ZRE nodes send it as this header.
+NAME_HEADER = "X-ZRE-NAME"
+
+EVENT_TYPES = ("ENTER", "EXIT", "JOIN", "LEAVE", "WHISPER", "SHOUT", "EVASIVE", "SILENT")
+
+
+@dataclass(frozen=True, slots=True)
+class ZreEvent:
+    type: str
+    peer: bytes
+    name: str
+    group: str | None = None
+    content: tuple[bytes, ...] = ()
+    headers: Mapping[str, str] = field(default_factory=dict)
+    endpoint: str = ""
+
+    @property
+    def peer_hex(self) -> str:
+        return uuidlib.UUID(bytes=self.peer).hex
+
+
+class Links(Protocol):
+    """Outgoing connections, one per peer (a DEALER with our identity), named by key."""
+
+    def connect(self, key: str, endpoint: str) -> None: ...
+
+    def send(self, key: str, frames: list[bytes]) -> bool: ...
+
+    def close(self, key: str) -> None: ...
+
+    def rekey(self, old: str, new: str) -> None: ...
+
+
+@dataclass(slots=True)
+class ZreSettings:
+    uuid: bytes
+    name: str
+    endpoint: str
+    version: int = VERSION_36
+    headers: dict[str, str] = field(default_factory=dict)
+    evasive: float = 5.0
+    expired: float = 30.0
+    #: 20/ZRE only: how long to wait for a peer found by beacon to greet first.
+    hello_wait: float = 2.0
+
+
+@dataclass(slots=True)
+class Peer:
+    uuid: bytes
+    key: str
+    endpoint: str
+    discovered_at: float
+    last_seen: float
+    name: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    groups: set[str] = field(default_factory=set)
+    status: int = 0
+    ready: bool = False
+    want_sequence: int = 0
+    sent_sequence: int = 0
+    hello_sent: bool = False
+    hello_due: float = 0.0
+    #: 20/ZRE node: this peer speaks 36/ZRE; never send it anything.
+    foreign: bool = False
+    evasive: bool = False
+    silent: bool = False
+
+    @property
+    def hex(self) -> str:
+        return uuidlib.UUID(bytes=self.uuid).hex
+
+
+@dataclass(slots=True)
+class PendingLink:
+    """A link opened to an endpoint before the UUID behind it is known (``--peer``)."""
+
+    endpoint: str
+    opened_at: float
+    sent_sequence: int = 0
+    hello_sent: bool = False
+    seed: bool = False
+
+
+DropHandler = Callable[[str, str, bytes], None]
+EventHandler = Callable[[ZreEvent], None]
+
+
+class ZreCore:
+    def __init__(
+        self,
+        settings: ZreSettings,
+        links: Links,
+        clock: Callable[[], float],
+        emit: EventHandler,
+        drop: DropHandler,
+    ) -> None:
+        self.settings = settings
+        self.links = links
+        self.clock = clock
+        self.emit = emit
+        self.drop = drop
+        self.peers: dict[bytes, Peer] = {}
+        self.pending: dict[str, PendingLink] = {}
+        self.own_groups: list[str] = []
+        self.peer_groups: dict[str, set[bytes]] = {}
+        self.status = 0
+        self.seeds: set[str] = set()
+        #: UUIDs that greeted a 20/ZRE node in 36/ZRE (bounded).
+        self.foreign: dict[bytes, float] = {}
+        self.status_mismatches = 0
+        self.sequence_gaps = 0
+        self.sent = 0
+
+    @property
+    def version(self) -> int:
+        return self.settings.version
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def on_beacon(self, beacon: codec.Beacon, host: str) -> None:
+        if beacon.uuid == self.settings.uuid:
+            return
+        peer = self.peers.get(beacon.uuid)
+        if beacon.leaving:
+            if peer is not None:
+                self.remove_peer(peer)
+            return
+        if peer is not None:
+            peer.last_seen = self.clock()
+            return
+        self.require_peer(beacon.uuid, f"tcp://{host}:{beacon.port}", by_beacon=True)
+
+    def require_peer(self, node: bytes, endpoint: str, by_beacon: bool = False) -> Peer:
+        peer = self.peers.get(node)
+        if peer is not None:
+            return peer
+        # A node restarted on the same endpoint with a new UUID replaces the old one.
+        for other in list(self.peers.values()):
+            if other.endpoint == endpoint:
+                self.remove_peer(other)
+        now = self.clock()
+        key = uuidlib.UUID(bytes=node).hex
+        peer = Peer(node, key, endpoint, now, now)
+        self.peers[node] = peer
+        pending = self.pending.pop(endpoint, None)
+        if pending is not None:
+            # The link opened to this endpoint becomes the peer's.
+            self.links.rekey(_pending_key(endpoint), key)
+            peer.sent_sequence = pending.sent_sequence
+            peer.hello_sent = pending.hello_sent
+            peer.hello_due = pending.opened_at + self.settings.hello_wait
+        else:
+            self.links.connect(key, endpoint)
+            if node in self.foreign:
+                peer.foreign = True
+            elif self.version == VERSION_20 and by_beacon:
+                peer.hello_due = now + self.settings.hello_wait
+            else:
+                self._send_hello(peer)
+        return peer
+
+    def connect_endpoint(self, endpoint: str, seed: bool = False) -> None:
+        """Open a link to ``endpoint`` and greet whoever is there (``--peer``)."""
+        if seed:
+            self.seeds.add(endpoint)
+        if endpoint == self.settings.endpoint or endpoint in self.pending:
+            return
+        if endpoint in self._endpoints():
+            return
+        now = self.clock()
+        link = PendingLink(endpoint, now, seed=endpoint in self.seeds)
+        self.pending[endpoint] = link
+        self.links.connect(_pending_key(endpoint), endpoint)
+        link.sent_sequence = 1
+        link.hello_sent = True
+        self._send(_pending_key(endpoint), self._hello(1))
+
+    def _endpoints(self) -> set[str]:
+        return {peer.endpoint for peer in self.peers.values()}
+
+    # -- messages from peers -----------------------------------------------------------------
+
+    def on_message(self, identity: bytes, frames: Sequence[bytes]) -> None:
+        try:
+            node = codec.uuid_of_identity(identity)
+        except ZreError as error:
+            self.drop(error.reason, str(error), identity)
+            return
+        if self.version == VERSION_20 and frames and codec.sniff_version(frames[0]) == 2:
+            self._foreign_peer(node)
+            self.drop("dialect-36", "36/ZRE message to a 20/ZRE node", identity)
+            return
+        try:
+            message = codec.parse(frames, self.version)
+        except ZreError as error:
+            self.drop(error.reason, str(error), identity)
+            return
+        peer = self.peers.get(node)
+        if isinstance(message, Hello):
+            self._on_hello(node, message, identity)
+            return
+        if peer is None:
+            self.drop("unknown-peer", f"{codec.command_name(message)} before HELLO", identity)
+            return
+        if not peer.ready:
+            self.drop("not-ready", f"{codec.command_name(message)} before HELLO", identity)
+            return
+        if not self._in_sequence(peer, message.sequence):
+            self.sequence_gaps += 1
+            self.drop(
+                "sequence",
+                f"expected {(peer.want_sequence + 1) & 0xFFFF}, got {message.sequence}",
+                identity,
+            )
+            self.remove_peer(peer)
+            return
+        self._refresh(peer)
+        if isinstance(message, Whisper):
+            self.emit(ZreEvent("WHISPER", node, peer.name, content=message.content))
+        elif isinstance(message, Shout):
+            self.emit(
+                ZreEvent("SHOUT", node, peer.name, group=message.group, content=message.content)
+            )
+        elif isinstance(message, Join | Leave):
+            self._on_membership(peer, message, identity)
+        elif isinstance(message, Ping):
+            self._send_to(peer, PingOk(0))
+
+    def _on_hello(self, node: bytes, hello: Hello, identity: bytes) -> None:
+        if node == self.settings.uuid:
+            self.drop("own-hello", "a HELLO with our own UUID", identity)
+            return
+        if hello.sequence != 1:
+            self.drop("sequence", f"HELLO with sequence {hello.sequence}", identity)
+            return
+        peer = self.peers.get(node)
+        if peer is not None and peer.ready:
+            # The peer restarted its conversation: it leaves, then enters anew.
+            self.remove_peer(peer)
+            peer = None
+        if peer is None:
+            peer = self.require_peer(node, hello.endpoint)
+        peer.ready = True
+        peer.foreign = False
+        peer.want_sequence = 1
+        peer.endpoint = hello.endpoint
+        peer.headers = dict(hello.headers)
+        peer.name = hello.name or peer.headers.get(NAME_HEADER, "") or hello.endpoint
+        self._refresh(peer)
+        if not peer.hello_sent:
+            self._send_hello(peer)
+        self.emit(
+            ZreEvent("ENTER", node, peer.name, headers=dict(peer.headers), endpoint=peer.endpoint)
+        )
+        for group in hello.groups:
+            self._peer_joins(peer, group)
+        peer.status = hello.status
+        told = _told_endpoints(peer.headers.get(PEERS_HEADER, ""))
+        if told:
+            known = self._endpoints()
+            for endpoint in told:
+                if endpoint not in known:
+                    self.connect_endpoint(endpoint)
+
+    def _on_membership(self, peer: Peer, message: Join | Leave, identity: bytes) -> None:
+        expected = (peer.status + 1) & 0xFF
+        if message.status != expected:
+            self.status_mismatches += 1
+            self.drop(
+                "status",
+                f"{codec.command_name(message)} {message.group!r} with status "
+                f"{message.status}, expected {expected}",
+                identity,
+            )
+        peer.status = message.status
+        if isinstance(message, Join):
+            self._peer_joins(peer, message.group)
+        else:
+            self._peer_leaves(peer, message.group)
+
+    def _peer_joins(self, peer: Peer, group: str) -> None:
+        if group in peer.groups:
+            return
+        peer.groups.add(group)
+        self.peer_groups.setdefault(group, set()).add(peer.uuid)
+        self.emit(ZreEvent("JOIN", peer.uuid, peer.name, group=group))
+
+    def _peer_leaves(self, peer: Peer, group: str) -> None:
+        if group not in peer.groups:
+            return
+        peer.groups.discard(group)
+        members = self.peer_groups.get(group)
+        if members is not None:
+            members.discard(peer.uuid)
+            if not members:
+                del self.peer_groups[group]
+        self.emit(ZreEvent("LEAVE", peer.uuid, peer.name, group=group))
+
+    def _in_sequence(self, peer: Peer, sequence: int) -> bool:
+        expected = (peer.want_sequence + 1) & 0xFFFF
+        # pyre wraps after 65534 (modulo 65535), zyre after 65535: both are in order.
+        if sequence == expected or (peer.want_sequence == 65534 and sequence == 0):
+            peer.want_sequence = sequence
+            return True
+        return False
+
+    def _refresh(self, peer: Peer) -> None:
+        peer.last_seen = self.clock()
+        peer.evasive = peer.silent = False
+
+    def _foreign_peer(self, node: bytes) -> None:
+        peer = self.peers.get(node)
+        if peer is not None and not peer.hello_sent:
+            peer.foreign = True
+        if len(self.foreign) >= 10_000:
+            self.foreign.pop(next(iter(self.foreign)))
+        self.foreign[node] = self.clock()
+
+    # -- leaving -----------------------------------------------------------------------------
+
+    def remove_peer(self, peer: Peer) -> None:
+        if self.peers.get(peer.uuid) is not peer:
+            return
+        del self.peers[peer.uuid]
+        self.links.close(peer.key)
+        for group in list(peer.groups):
+            members = self.peer_groups.get(group)
+            if members is not None:
+                members.discard(peer.uuid)
+                if not members:
+                    del self.peer_groups[group]
+        if peer.ready:
+            self.emit(ZreEvent("EXIT", peer.uuid, peer.name, endpoint=peer.endpoint))
+        if peer.endpoint in self.seeds:
+            # A seed we lost is greeted again, so the node finds its way back.
+            self.connect_endpoint(peer.endpoint)
+
+    # -- time --------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Once a second or so: greet, ping, expire."""
+        now = self.clock()
+        settings = self.settings
+        for peer in list(self.peers.values()):
+            if not peer.hello_sent and not peer.foreign and now >= peer.hello_due:
+                self._send_hello(peer)
+            if not peer.ready:
+                if now - peer.discovered_at >= settings.expired:
+                    # Never greeted us: forget it; its next beacon starts over.
+                    self.drop("no-hello", f"no HELLO from {peer.endpoint}", peer.uuid)
+                    self.remove_peer(peer)
+                continue
+            idle = now - peer.last_seen
+            if idle >= settings.expired:
+                self.remove_peer(peer)
+            elif idle >= 2 * settings.evasive and not peer.silent:
+                peer.silent = True
+                self.emit(ZreEvent("SILENT", peer.uuid, peer.name))
+            elif idle >= settings.evasive and not peer.evasive:
+                peer.evasive = True
+                self.emit(ZreEvent("EVASIVE", peer.uuid, peer.name))
+                self._send_to(peer, Ping(0))
+        for endpoint, link in list(self.pending.items()):
+            if now - link.opened_at >= settings.expired:
+                del self.pending[endpoint]
+                self.links.close(_pending_key(endpoint))
+                if link.seed:
+                    self.connect_endpoint(endpoint)
+
+    # -- our own API -------------------------------------------------------------------------
+
+    def join(self, group: str) -> None:
+        if group in self.own_groups:
+            return
+        self.own_groups.append(group)
+        self.status = (self.status + 1) & 0xFF
+        for peer in self._greeted():
+            self._send_to(peer, Join(0, group, self.status))
+
+    def leave(self, group: str) -> None:
+        if group not in self.own_groups:
+            return
+        self.own_groups.remove(group)
+        self.status = (self.status + 1) & 0xFF
+        for peer in self._greeted():
+            self._send_to(peer, Leave(0, group, self.status))
+
+    def whisper(self, node: bytes, content: Sequence[bytes]) -> bool:
+        """Send ``content`` (one or more frames) to one peer; False if it is not ready."""
+        self._check_content(content)
+        peer = self.peers.get(node)
+        if peer is None or not peer.ready or not peer.hello_sent:
+            return False
+        return self._send_to(peer, Whisper(0, tuple(content)))
+
+    def shout(self, group: str, content: Sequence[bytes]) -> int:
+        """Send ``content`` to every ready peer in ``group``; returns how many."""
+        self._check_content(content)
+        sent = 0
+        for node in list(self.peer_groups.get(group, ())):
+            peer = self.peers.get(node)
+            if (
+                peer is not None
+                and peer.ready
+                and peer.hello_sent
+                and self._send_to(peer, Shout(0, group, tuple(content)))
+            ):
+                sent += 1
+        return sent
+
+    def _check_content(self, content: Sequence[bytes]) -> None:
+        # pyre dies on a WHISPER without content; 20/ZRE content is exactly one frame.
+        if not content:
+            raise ValueError("content needs at least one frame")
+        if self.version == VERSION_20 and len(content) != 1:
+            raise ValueError("20/ZRE content is exactly one frame")
+
+    def _greeted(self) -> list[Peer]:
+        return [peer for peer in self.peers.values() if peer.hello_sent]
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def _hello(self, sequence: int) -> Hello:
+        settings = self.settings
+        headers = dict(settings.headers)
+        known = [p.endpoint for p in self.peers.values() if p.ready]
+        if known:
+            headers[PEERS_HEADER] = ",".join(sorted(known))
+        if self.version == VERSION_20:
+            headers[NAME_HEADER] = settings.name
+            # A 20/ZRE header is one string of at most 255 octets.
+            headers = {k: v for k, v in headers.items() if len(f"{k}={v}".encode()) <= 255}
+        return Hello(
+            sequence, settings.endpoint, tuple(self.own_groups), self.status, settings.name, headers
+        )
+
+    def _send_hello(self, peer: Peer) -> None:
+        if peer.foreign:
+            return
+        peer.hello_sent = True
+        peer.sent_sequence = 0
+        self._send_to(peer, self._hello(0))
+
+    def _send_to(self, peer: Peer, message: Message) -> bool:
+        if peer.foreign or (not peer.hello_sent and not isinstance(message, Hello)):
+            return False
+        peer.sent_sequence = (peer.sent_sequence + 1) & 0xFFFF
+        return self._send(peer.key, _with_sequence(message, peer.sent_sequence))
+
+    def _send(self, key: str, message: Message) -> bool:
+        self.sent += 1
+        return self.links.send(key, codec.encode(message, self.version))
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for peer in list(self.peers.values()):
+            self.links.close(peer.key)
+        for endpoint in list(self.pending):
+            self.links.close(_pending_key(endpoint))
+        self.peers.clear()
+        self.pending.clear()
+        self.peer_groups.clear()
+
+
+def _pending_key(endpoint: str) -> str:
+    return f"endpoint:{endpoint}"
+
+
+def _told_endpoints(value: str) -> list[str]:
+    return [part for part in (p.strip() for p in value.split(",")) if part.startswith("tcp://")]
+
+
+def _with_sequence(message: Message, sequence: int) -> Message:
+    match message:
+        case Hello():
+            return Hello(
+                sequence,
+                message.endpoint,
+                message.groups,
+                message.status,
+                message.name,
+                message.headers,
+            )
+        case Whisper():
+            return Whisper(sequence, message.content)
+        case Shout():
+            return Shout(sequence, message.group, message.content)
+        case Join():
+            return Join(sequence, message.group, message.status)
+        case Leave():
+            return Leave(sequence, message.group, message.status)
+        case Ping():
+            return Ping(sequence)
+        case PingOk():
+            return PingOk(sequence)
+    raise TypeError(message)
+
+
+__all__ = [
+    "EVENT_TYPES",
+    "VERSION_20",
+    "VERSION_36",
+    "Links",
+    "Peer",
+    "ZreCore",
+    "ZreEvent",
+    "ZreSettings",
+]

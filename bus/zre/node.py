@@ -1,0 +1,498 @@
+"""A ZRE node as a Twisted service: the UDP beacon, the ROUTER mailbox, a DEALER per peer,
+and (20/ZRE) the ZRE/LOG service and sender.
+
+The state machine is :class:`bus.zre.core.ZreCore`; this module owns its sockets and timers,
+turns its events into listener calls and, when the Event BUS runs in the same process, into
+``/zre/...`` events on the bus. Many nodes can share one process (and one
+:class:`SocketFactory`) for simulation: each has its own UDP socket on the shared port.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import zmq
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.droplog import DropCounter
+from bus.errors import StartupError
+from bus.metrics import Metric, counter, counters_by, gauge
+from bus.periodic import Periodic
+from bus.transport.udp import (
+    BeaconSender,
+    InterfaceAddress,
+    InterfaceError,
+    UdpListener,
+    interface_address,
+    listen_shared,
+)
+from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.zre import codec
+from bus.zre.codec import VERSION_20, VERSION_36, LogRecord, ZreError
+from bus.zre.config import ZreConfig
+from bus.zre.core import LOG_HEADER, Peer, ZreCore, ZreEvent, ZreSettings
+
+log = Logger(namespace="bus.zre")
+
+
+def bind_ephemeral(sock: ZmqSocket, host: str) -> str:
+    """Bind to a random free port of ZRE's ephemeral range %xC000-%xFFFF (pyzmq leaves the
+    choice to the OS, outside that range, when given its default bounds: 65535, not 65536)."""
+    port = sock.socket.bind_to_random_port(f"tcp://{host}", 0xC000, 0xFFFF, 500)
+    return f"tcp://{host}:{port}"
+
+
+_LOG_LEVEL = {"ENTER": 3, "EXIT": 3, "JOIN": 3, "LEAVE": 3}
+_LOG_EVENT = {"JOIN": 1, "LEAVE": 2, "ENTER": 3, "EXIT": 4}
+
+EventListener = Callable[[ZreEvent], None]
+
+
+class ZreNode(Service):
+    """One ZRE node. ``whisper``, ``shout``, ``join``, ``leave``; events go to listeners."""
+
+    def __init__(
+        self,
+        config: ZreConfig,
+        reactor: Any = None,
+        activity: ActivitySink = NO_ACTIVITY,
+        socket_factory: SocketFactory | None = None,
+        node_uuid: bytes | None = None,
+    ) -> None:
+        self.config = config
+        self.reactor = reactor_of(reactor)
+        self.activity = activity
+        self.uuid = node_uuid or uuidlib.uuid4().bytes
+        self.node_name = config.name or uuidlib.UUID(bytes=self.uuid).hex[:6]
+        self._shared_factory = socket_factory
+        self._factory: SocketFactory | None = None
+        self.interface: InterfaceAddress | None = None
+        self.endpoint = ""
+        self.mailbox: ZmqSocket | None = None
+        self.udp: UdpListener | None = None
+        self.beacon: BeaconSender | None = None
+        self.log_socket: ZmqSocket | None = None
+        self.log_endpoint = ""
+        self._log_senders: dict[bytes, ZmqSocket] = {}
+        self._dealers: dict[str, ZmqSocket] = {}
+        self.core: ZreCore | None = None
+        self.listeners: list[EventListener] = []
+        self.drops = DropCounter(log, "ZRE input", self.reactor.seconds)
+        self._periodic = Periodic(self.reactor, log)
+        #: Beacon source address -> on our interface's subnet (asked once per address).
+        self._hosts: dict[str, bool] = {}
+        #: Beacon datagram -> (the peer it came from, its address), for the fast path.
+        self._beacons: dict[bytes, tuple[Peer, str]] = {}
+        self._stopping: defer.Deferred[None] | None = None
+        self.events_by_type: dict[str, int] = {}
+        self.messages_received = 0
+        self.beacons_received = 0
+        self.log_records = 0
+        self.log_records_sent = 0
+        self.send_blocked = 0
+        self.activity_errors = 0
+
+    # -- the API -----------------------------------------------------------------------------
+
+    @property
+    def uuid_hex(self) -> str:
+        return uuidlib.UUID(bytes=self.uuid).hex
+
+    def add_listener(self, listener: EventListener) -> None:
+        self.listeners.append(listener)
+
+    def join(self, group: str) -> None:
+        self._running_core().join(group)
+
+    def leave(self, group: str) -> None:
+        self._running_core().leave(group)
+
+    def whisper(self, peer: bytes, content: Sequence[bytes]) -> bool:
+        return self._running_core().whisper(peer, content)
+
+    def shout(self, group: str, content: Sequence[bytes]) -> int:
+        return self._running_core().shout(group, content)
+
+    def peers(self) -> list[bytes]:
+        core = self.core
+        return [p.uuid for p in core.peers.values() if p.ready] if core else []
+
+    def _running_core(self) -> ZreCore:
+        if self.core is None:
+            raise RuntimeError("the ZRE node is not running")
+        return self.core
+
+    # -- starting ----------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        config = self.config
+        try:
+            self.interface = interface_address(config.interface)
+        except InterfaceError as error:
+            raise StartupError("interface", str(error)) from None
+        self._factory = self._shared_factory or SocketFactory(self.reactor)
+        try:
+            self._open(config)
+        except BaseException:
+            self._close_all()
+            raise
+        Service.startService(self)
+
+    def _open(self, config: ZreConfig) -> None:
+        assert self._factory is not None and self.interface is not None
+        host = self.interface.address
+        self.mailbox = self._factory.socket(
+            zmq.ROUTER,
+            self._on_mailbox,
+            SocketOptions(receive_hwm=10_000, linger_ms=0),
+            read_budget=256,
+            name=f"zre-mailbox-{self.node_name}",
+        )
+        # A peer that restarts with the same UUID takes its identity over at once.
+        self.mailbox.socket.set(zmq.ROUTER_HANDOVER, 1)
+        try:
+            self.endpoint = bind_ephemeral(self.mailbox, host)
+        except (zmq.ZMQError, zmq.ZMQBindError) as error:
+            raise StartupError("interface", f"cannot bind a mailbox on {host}: {error}") from None
+        headers = dict(config.headers)
+        if config.version == VERSION_20 and config.log_service:
+            self.log_socket = self._factory.socket(
+                zmq.SUB,
+                self._on_log_records,
+                SocketOptions(linger_ms=0, receive_hwm=10_000),
+                name=f"zre-log-{self.node_name}",
+            )
+            self.log_socket.subscribe(b"")
+            self.log_endpoint = bind_ephemeral(self.log_socket, host)
+            headers[LOG_HEADER] = self.log_endpoint
+        settings = ZreSettings(
+            uuid=self.uuid,
+            name=self.node_name,
+            endpoint=self.endpoint,
+            version=config.version,
+            headers=headers,
+            evasive=config.evasive,
+            expired=config.expired,
+            hello_wait=2 * config.beacon_interval,
+        )
+        self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
+        if config.port:
+            try:
+                self.udp = listen_shared(self.reactor, "0.0.0.0", config.port, self._on_datagram)
+            except OSError as error:
+                raise StartupError(
+                    "port", f"cannot listen on UDP {config.port}: {error.strerror}"
+                ) from None
+            mailbox_port = int(self.endpoint.rpartition(":")[2])
+            beacon = codec.encode_beacon(self.uuid, mailbox_port)
+            self.beacon = BeaconSender(
+                self.reactor,
+                self.udp,
+                (self.interface.broadcast, config.port),
+                lambda: beacon,
+                config.beacon_interval,
+            )
+            self.beacon.start()
+        for group in config.groups:
+            self.core.join(group)
+        for endpoint in config.peers:
+            self.core.connect_endpoint(endpoint, seed=True)
+        self._periodic.every(config.reap_interval, self._tick)
+        log.info(
+            "ZRE node {name} {uuid} ({dialect}) on {endpoint}, beacon {beacon}",
+            name=self.node_name,
+            uuid=self.uuid_hex,
+            dialect="36/ZRE" if config.version == VERSION_36 else "20/ZRE",
+            endpoint=self.endpoint,
+            beacon=f"{self.interface.broadcast}:{config.port}" if config.port else "off",
+        )
+
+    # -- input -------------------------------------------------------------------------------
+
+    def _on_datagram(self, data: bytes, address: tuple[str, int]) -> None:
+        core, interface = self.core, self.interface
+        if core is None or interface is None:
+            return
+        host = address[0]
+        # Fast path: the same beacon again from a peer we know (every peer, every second).
+        known = self._beacons.get(data)
+        if known is not None and known[1] == host and core.peers.get(known[0].uuid) is known[0]:
+            known[0].last_seen = self.reactor.seconds()
+            self.beacons_received += 1
+            return
+        try:
+            beacon = codec.parse_beacon(data, self.config.version)
+        except ZreError as error:
+            self.drops.drop(error.reason, str(error), host.encode())
+            return
+        if beacon.uuid == self.uuid:
+            return
+        on_subnet = self._hosts.get(host)
+        if on_subnet is None:
+            on_subnet = self._hosts[host] = interface.contains(host)
+            if len(self._hosts) > 4096:
+                self._hosts.clear()
+        if not on_subnet:
+            self.drops.drop("foreign-subnet", f"beacon from {host}", host.encode())
+            return
+        self.beacons_received += 1
+        core.on_beacon(beacon, host)
+        peer = core.peers.get(beacon.uuid)
+        if peer is not None and not beacon.leaving:
+            if len(self._beacons) > 4 * len(core.peers) + 64:
+                self._beacons.clear()
+            self._beacons[data] = (peer, host)
+
+    def _on_mailbox(self, batch: list[list[bytes]]) -> None:
+        core = self.core
+        if core is None:
+            return
+        for frames in batch:
+            self.messages_received += 1
+            if len(frames) < 2:
+                self.drops.drop("no-identity", "message without identity and body")
+                continue
+            core.on_message(frames[0], frames[1:])
+
+    def _on_log_records(self, batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            try:
+                record = codec.parse_log(frames)
+            except ZreError as error:
+                self.drops.drop(error.reason, str(error), b"zrelog")
+                continue
+            self.log_records += 1
+            self._publish(
+                f"/zre/log/{record.node:04x}/",
+                {
+                    "level": record.level_name,
+                    "event": record.event_name,
+                    "node": record.node,
+                    "peer": record.peer,
+                    "time_ms": record.time_ms,
+                    "data": record.data,
+                    "collector": self.uuid_hex,
+                },
+            )
+
+    def _drop(self, reason: str, detail: str, peer: bytes) -> None:
+        self.drops.drop(reason, detail, peer)
+
+    def _tick(self) -> None:
+        if self.core is not None:
+            self.core.tick()
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _emit(self, event: ZreEvent) -> None:
+        self.events_by_type[event.type] = self.events_by_type.get(event.type, 0) + 1
+        if event.type in ("ENTER", "EXIT", "JOIN", "LEAVE"):
+            self._publish_membership(event)
+            self._log_sender(event)
+        for listener in list(self.listeners):
+            try:
+                listener(event)
+            except Exception:
+                log.failure("ZRE event listener failed on {type}", type=event.type)
+
+    def _publish_membership(self, event: ZreEvent) -> None:
+        value: dict[str, Any] = {
+            "event": event.type,
+            "node": self.uuid_hex,
+            "node_name": self.node_name,
+            "peer": event.peer_hex,
+            "name": event.name,
+        }
+        if event.type in ("ENTER", "EXIT"):
+            value["endpoint"] = event.endpoint
+            if event.type == "ENTER":
+                value["headers"] = dict(event.headers)
+            topic = f"/zre/peers/{event.peer_hex}/{event.type.lower()}/"
+        else:
+            value["group"] = event.group
+            topic = f"/zre/groups/{quote(event.group or '', safe='')}/{event.type.lower()}/"
+        self._publish(topic, value)
+
+    def _publish(self, topic: str, value: dict[str, Any]) -> None:
+        try:
+            self.activity.publish(topic, value)
+        except ValueError as error:
+            self.activity_errors += 1
+            log.warn("cannot publish ZRE activity: {error}", error=error)
+
+    def _log_sender(self, event: ZreEvent) -> None:
+        """20/ZRE: connect to the ZRE/LOG service a peer announces, and log what we see."""
+        if self.config.version != VERSION_20 or self._factory is None:
+            return
+        if event.type == "ENTER" and LOG_HEADER in event.headers:
+            sender = self._factory.socket(
+                zmq.PUB, None, SocketOptions(linger_ms=0), name=f"zre-logsend-{self.node_name}"
+            )
+            sender.connect(event.headers[LOG_HEADER])
+            old: ZmqSocket | None = self._log_senders.pop(event.peer, None)
+            if old is not None:
+                old.shutdown()
+            self._log_senders[event.peer] = sender
+        if event.type == "EXIT":
+            gone: ZmqSocket | None = self._log_senders.pop(event.peer, None)
+            if gone is not None:
+                gone.shutdown()
+        if not self._log_senders:
+            return
+        data = f"{event.type} {event.name}" + (f" {event.group}" if event.group else "")
+        record = LogRecord(
+            level=_LOG_LEVEL[event.type],
+            event=_LOG_EVENT[event.type],
+            node=codec.node_hash(self.uuid),
+            peer=codec.node_hash(event.peer),
+            time_ms=int(time.time() * 1000),
+            data=data.encode("utf-8")[:255].decode("utf-8", "ignore"),
+        )
+        frame = codec.encode_log(record)
+        for sender in self._log_senders.values():
+            if sender.send_frames([frame]):
+                self.log_records_sent += 1
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def stopService(self) -> defer.Deferred[None]:
+        if self._stopping is not None:
+            return self._stopping
+        Service.stopService(self)
+        self._periodic.stop_all()
+        if self.beacon is not None:
+            self.beacon.stop()
+            if self.config.version == VERSION_36 and self.udp is not None:
+                # 36/ZRE: port 0 says we are leaving, so peers drop us at once.
+                self.udp.send(
+                    codec.encode_beacon(self.uuid, 0), (self.beacon.target[0], self.config.port)
+                )
+        self._stopping = self._close_all()
+        return self._stopping
+
+    def _close_all(self) -> defer.Deferred[None]:
+        if self.core is not None:
+            self.core.close()
+            self.core = None
+        for sock in [*self._dealers.values(), *self._log_senders.values()]:
+            sock.shutdown()
+        self._dealers.clear()
+        self._log_senders.clear()
+        for own in (self.mailbox, self.log_socket):
+            if own is not None:
+                own.shutdown()
+        self.mailbox = self.log_socket = None
+        if self._factory is not None and self._factory is not self._shared_factory:
+            self._factory.shutdown()
+        self._factory = None
+        udp, self.udp = self.udp, None
+        return udp.close() if udp is not None else defer.succeed(None)
+
+    # -- what it does ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        core = self.core
+        peers = list(core.peers.values()) if core else []
+        return {
+            "uuid": self.uuid_hex,
+            "name": self.node_name,
+            "version": "36/ZRE" if self.config.version == VERSION_36 else "20/ZRE",
+            "endpoint": self.endpoint,
+            "beacon": (
+                f"{self.interface.broadcast}:{self.config.port}"
+                if self.interface and self.config.port
+                else None
+            ),
+            "log_service": self.log_endpoint or None,
+            "peers": sum(1 for p in peers if p.ready),
+            "peers_foreign": sum(1 for p in peers if p.foreign),
+            "peers_pending": sum(1 for p in peers if not p.ready)
+            + len(core.pending if core else ()),
+            "groups": list(core.own_groups) if core else [],
+            "peer_groups": {g: len(m) for g, m in core.peer_groups.items()} if core else {},
+            "events": dict(self.events_by_type),
+            "messages_received": self.messages_received,
+            "messages_sent": core.sent if core else 0,
+            "beacons_received": self.beacons_received,
+            "beacons_sent": self.beacon.sent if self.beacon else 0,
+            "log_records": self.log_records,
+            "log_records_sent": self.log_records_sent,
+            "send_blocked": self.send_blocked,
+            "dropped": dict(self.drops.counts),
+        }
+
+    def metrics(self) -> list[Metric]:
+        status = self.status()
+        return [
+            gauge("zre_peers", "Peers that said HELLO", status["peers"]),
+            gauge("zre_peers_pending", "Peers found but not greeted yet", status["peers_pending"]),
+            counters_by("zre_events", "Events by type", "type", status["events"]),
+            counter(
+                "zre_messages_received", "Messages read from the mailbox", self.messages_received
+            ),
+            counter("zre_messages_sent", "Messages sent to peers", status["messages_sent"]),
+            counter(
+                "zre_beacons_received", "Valid beacons from other nodes", self.beacons_received
+            ),
+            counter("zre_beacons_sent", "Beacons sent", status["beacons_sent"]),
+            counter("zre_log_records", "ZRE/LOG records received", self.log_records),
+            counter("zre_send_blocked", "Sends refused by a full peer queue", self.send_blocked),
+            counters_by("zre_dropped", "Bad input dropped, by reason", "reason", status["dropped"]),
+        ]
+
+
+class _Dealers:
+    """:class:`bus.zre.core.Links` as one DEALER per peer, with our identity."""
+
+    def __init__(self, node: ZreNode) -> None:
+        self.node = node
+
+    def connect(self, key: str, endpoint: str) -> None:
+        node = self.node
+        if node._factory is None:
+            return
+        old: ZmqSocket | None = node._dealers.pop(key, None)
+        if old is not None:
+            old.shutdown()
+        dealer = node._factory.socket(
+            zmq.DEALER,
+            None,
+            # zyre's HWM: 100 messages a second for the 30 s a peer may be silent.
+            SocketOptions(
+                identity=codec.identity_of(node.uuid), send_hwm=3000, linger_ms=0, receive_hwm=10
+            ),
+            name=f"zre-peer-{key[:12]}",
+        )
+        try:
+            dealer.connect(endpoint)
+        except zmq.ZMQError as error:
+            dealer.shutdown()
+            node.drops.drop("bad-endpoint", f"cannot connect to {endpoint!r}: {error}")
+            return
+        node._dealers[key] = dealer
+
+    def send(self, key: str, frames: list[bytes]) -> bool:
+        dealer = self.node._dealers.get(key)
+        if dealer is None:
+            return False
+        if not dealer.send_frames(frames):
+            self.node.send_blocked += 1
+            return False
+        return True
+
+    def close(self, key: str) -> None:
+        dealer: ZmqSocket | None = self.node._dealers.pop(key, None)
+        if dealer is not None:
+            dealer.shutdown()
+
+    def rekey(self, old: str, new: str) -> None:
+        dealer: ZmqSocket | None = self.node._dealers.pop(old, None)
+        if dealer is not None:
+            self.node._dealers[new] = dealer

@@ -1,0 +1,108 @@
+"""``twistd -n zre``: one ZRE node; composed, the ``zre`` service of ``twistd -n eventbus``
+(options prefixed ``--zre-``), publishing the network's membership on the bus under
+``/zre/...``. Options also come from ``ZRE_<OPTION>`` variables and the ``[zre]`` table of
+a ``--config`` file."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.python import usage
+
+from bus.options import ServiceOptions, parse_duration
+
+if TYPE_CHECKING:
+    from bus.composition import Composition, ProductService
+    from bus.zre.config import ZreConfig
+    from bus.zre.node import ZreNode
+
+from bus.zre.config import DEFAULT_PORT
+
+
+class Options(ServiceOptions):
+    service = "zre"
+    env_prefix = "ZRE"
+    synopsis = "[--name NAME] [--interface lo] [--group G]... [--peer tcp://HOST:PORT]..."
+    longdesc = (
+        "Run a ZRE node: a UDP beacon on the interface's broadcast address (loopback by "
+        "default), a mailbox on an ephemeral port, groups, WHISPER and SHOUT. 36/ZRE (zyre, "
+        "pyre) by default; --version 1 speaks the 20/ZRE draft with its ZRE/LOG service."
+    )
+    optParameters = [
+        ["name", None, "", "The node's name (default: the first 6 hex digits of its UUID)."],
+        ["interface", None, "lo", "Network interface for beacons and the mailbox."],
+        ["port", None, DEFAULT_PORT, "UDP beacon port (0: no beacon, --peer only).", int],
+        ["version", None, "2", "2: 36/ZRE (zyre, pyre); 1: the 20/ZRE draft with ZRE/LOG."],
+        ["evasive", None, "5s", "Silence after which a peer is pinged (EVASIVE)."],
+        ["expired", None, "30s", "Silence after which a peer is gone (EXIT)."],
+        ["beacon-interval", None, "1s", "Time between beacons."],
+    ]
+    optMulti = [
+        ["group", None, "Group to join."],
+        ["header", None, "HELLO header as KEY=VALUE."],
+        ["peer", None, "Mailbox endpoint tcp://HOST:PORT of a peer to greet without UDP."],
+    ]
+
+    def opt_version(self, value: str) -> None:  # type: ignore[override]
+        """2: 36/ZRE (zyre, pyre); 1: the 20/ZRE draft with ZRE/LOG."""
+        # Replaces usage.Options' --version (which prints Twisted's): the issue's spelling.
+        self["version"] = value
+
+    def postOptions(self) -> None:
+        self["zre-config"] = zre_config(self)
+
+
+def zre_config(options: usage.Options | dict[str, Any]) -> ZreConfig:
+    from bus.zre.config import ZreConfig
+
+    version = str(options["version"]).strip()
+    if version not in ("1", "2"):
+        raise usage.UsageError("--version must be 2 (36/ZRE) or 1 (20/ZRE)")
+    port = int(options["port"])
+    if not 0 <= port <= 65535:
+        raise usage.UsageError("--port must be 0-65535")
+    headers: dict[str, str] = {}
+    for item in options.get("header") or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise usage.UsageError(f"--header wants KEY=VALUE, not {item!r}")
+        headers[key] = value
+    for endpoint in options.get("peer") or []:
+        host, _, number = endpoint.removeprefix("tcp://").rpartition(":")
+        if not endpoint.startswith("tcp://") or not host or not number.isdigit():
+            raise usage.UsageError(f"--peer wants tcp://HOST:PORT, not {endpoint!r}")
+    name = options.get("name") or ""
+    if len(name.encode()) > 255:
+        raise usage.UsageError("--name is at most 255 octets")
+    evasive = parse_duration(options["evasive"])
+    expired = parse_duration(options["expired"])
+    if not 0 < evasive < expired:
+        raise usage.UsageError("--evasive must be above 0 and below --expired")
+    interval = parse_duration(options["beacon-interval"])
+    if interval <= 0:
+        raise usage.UsageError("--beacon-interval must be above 0")
+    return ZreConfig(
+        name=name,
+        interface=options["interface"],
+        port=port,
+        groups=list(options.get("group") or []),
+        headers=headers,
+        version=int(version),
+        peers=list(options.get("peer") or []),
+        evasive=evasive,
+        expired=expired,
+        beacon_interval=interval,
+    )
+
+
+def build(options: usage.Options | dict[str, Any], composition: Composition) -> ZreNode:
+    from bus.zre.node import ZreNode
+
+    config = options.get("zre-config") or zre_config(options)
+    return ZreNode(config, activity=composition.activity("zre"))
+
+
+def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    from bus.composition import standalone
+
+    return standalone("zre", build, options)

@@ -1,0 +1,178 @@
+"""Network namespaces a test creates for UDP broadcast, and JSON-line peer processes in them.
+
+Two namespaces joined by a veth pair, each end with its own 10.x address: broadcasts stay
+on that pair, never on the machine's real interfaces. Deleting the namespaces deletes the
+pair. Where namespaces cannot be made (no root, no iproute2) the tests skip with the reason,
+except under CI, where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import pytest
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
+
+
+class NamespacePair:
+    """Namespaces ``a`` and ``b``; ``a`` has ``iface_a`` = ``addr_a``, ``b`` the other end."""
+
+    def __init__(self) -> None:
+        tag = secrets.token_hex(3)
+        self.a, self.b = f"zre-a-{tag}", f"zre-b-{tag}"
+        self.iface_a, self.iface_b = f"zva{tag}", f"zvb{tag}"
+        subnet = f"10.{100 + secrets.randbelow(150)}.{secrets.randbelow(250)}"
+        self.addr_a, self.addr_b = f"{subnet}.1", f"{subnet}.2"
+        self.broadcast = f"{subnet}.255"
+        self.created: list[str] = []
+
+    def create(self) -> None:
+        for ns in (self.a, self.b):
+            _ip("netns", "add", ns)
+            self.created.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", self.a, "link", "add", self.iface_a, "type", "veth", "peer", "name", self.iface_b)
+        _ip("-n", self.a, "link", "set", self.iface_b, "netns", self.b)
+        for ns, iface, addr in (
+            (self.a, self.iface_a, self.addr_a),
+            (self.b, self.iface_b, self.addr_b),
+        ):
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "broadcast", self.broadcast, "dev", iface)
+            _ip("-n", ns, "link", "set", iface, "up")
+
+    def block_udp(self, ns: str, port: int) -> None:
+        """Lose every UDP datagram ``ns`` sends to ``port`` (policy routing into a blackhole:
+        TCP to the same address goes on)."""
+        _ip("-n", ns, "route", "replace", "blackhole", "default", "table", "100")
+        _ip("-n", ns, "rule", "add", "ipproto", "udp", "dport", str(port), "table", "100")
+
+    def unblock_udp(self, ns: str, port: int) -> None:
+        _ip("-n", ns, "rule", "del", "ipproto", "udp", "dport", str(port), "table", "100")
+
+    def delete(self) -> None:
+        for ns in self.created:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        self.created.clear()
+
+
+@pytest.fixture
+def netns_pair() -> Iterator[NamespacePair]:
+    pair = NamespacePair()
+    try:
+        pair.create()
+    except (OSError, subprocess.CalledProcessError) as error:
+        pair.delete()
+        detail = getattr(error, "stderr", "") or str(error)
+        reason = f"cannot create a network namespace here: {detail.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    try:
+        yield pair
+    finally:
+        pair.delete()
+
+
+def poll_until(predicate: Callable[[], object], timeout: float = 15.0, what: str = "") -> None:
+    """Poll ``predicate`` every 10 ms until it holds; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(0.01)
+
+
+class LinePeer:
+    """A process that prints one JSON object a line and reads JSON commands a line."""
+
+    def __init__(self, argv: list[str], log_path: Path, netns: str | None = None) -> None:
+        command = ["ip", "netns", "exec", netns, *argv] if netns else argv
+        self.log_path = log_path
+        self._log: TextIO = open(log_path, "w")
+        self.process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self.lines: list[dict[str, Any]] = []
+        #: When each line arrived here (time.monotonic()), for latency measurements.
+        self.arrived: list[float] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            line = line.strip()
+            if line:
+                self.arrived.append(time.monotonic())
+                self.lines.append(json.loads(line))
+
+    def send(self, command: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+
+    def events(self, kind: str, peer: str | None = None) -> list[dict[str, Any]]:
+        return [
+            line
+            for line in list(self.lines)
+            if line["event"] == kind and (peer is None or line["peer"] == peer)
+        ]
+
+    def wait_for(
+        self, kind: str, peer: str | None = None, timeout: float = 15.0, **fields: Any
+    ) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            for line in self.events(kind, peer):
+                if all(line.get(k) == v for k, v in fields.items()):
+                    return line
+            return None
+
+        poll_until(
+            lambda: found() is not None or self.process.poll() is not None,
+            timeout,
+            f"{kind} {fields}",
+        )
+        line = found()
+        if line is None:
+            raise AssertionError(
+                f"peer exited ({self.process.returncode}) before {kind} {fields}; "
+                f"log: {self.log_path.read_text()[-2000:]}"
+            )
+        return line
+
+    def arrival(self, line: dict[str, Any]) -> float:
+        return self.arrived[next(i for i, seen in enumerate(self.lines) if seen is line)]
+
+    @property
+    def ready(self) -> dict[str, Any]:
+        return self.wait_for("READY")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()

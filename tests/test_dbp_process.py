@@ -1,0 +1,145 @@
+"""``twistd -n dbp`` as operators run it: alone inside a network namespace (beacon and UDP
+heartbeats across a veth pair), and composed into ``twistd -n eventbus`` with its activity on
+the bus."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+
+from bus.dbp.client import ServiceRegistration
+from bus.testing import wait_until
+from tests.netns import LinePeer, NamespacePair, netns_pair, poll_until
+from tests.test_product_process import CLEAN_EXIT, CLI, TWISTD, Product, environment
+from tests.zre_helpers import free_udp_port
+
+__all__ = ["netns_pair"]
+
+DBP_CLI = str(Path(sys.executable).with_name("dbp-cli"))
+SERVICE = Path(__file__).parent / "dbp_peers" / "service_peer.py"
+
+
+def namespace_environment() -> dict[str, str]:
+    """Defaults as shipped: in a namespace of its own, the catalog has 5246 and 5245 to itself."""
+    env = environment()
+    env.pop("DBP_PORT", None)
+    return env
+
+
+@pytest.mark.netns
+def test_catalog_in_a_namespace_beacon_udp_heartbeats_fallback_and_expiry(
+    netns_pair: NamespacePair, tmp_path: Path
+) -> None:
+    pair = netns_pair
+    log = open(tmp_path / "dbp.log", "ab")
+    catalog = subprocess.Popen(
+        ["ip", "netns", "exec", pair.a, TWISTD, "-n", "--pidfile=", "dbp",
+         "--bind", pair.addr_a, "--beacon-interface", pair.iface_a,
+         "--data-dir", str(tmp_path / "data"), "--heartbeat-interval", "200ms",
+         "--beacon-interval", "200ms", "--grace", "60s"],
+        stdout=log, stderr=subprocess.STDOUT, env=namespace_environment(),
+    )  # fmt: skip
+    service = LinePeer(
+        [sys.executable, str(SERVICE), "sensor", pair.addr_b, "7100"], tmp_path / "svc.log", pair.b
+    )
+    try:
+        found = service.wait_for("FOUND", timeout=30)
+        assert found["endpoint"] == f"tcp://{pair.addr_a}:5246"  # the beacon crossed the veth
+        registered = service.wait_for("REGISTERED", timeout=30)
+        assert registered["config"]["udp_port"] == 5246
+
+        def status() -> dict[str, Any]:
+            count = len(service.events("STATUS"))
+            service.send({"status": True})
+            poll_until(lambda: len(service.events("STATUS")) > count, 10, "STATUS")
+            return service.events("STATUS")[-1]
+
+        poll_until(
+            lambda: status()["catalog_udp_seen"] and status()["sent_udp"] >= 5, 20, "UDP beats"
+        )
+        assert status()["path"] == "udp" and status()["sent_zmq"] == 0
+
+        def ask(*args: str) -> Any:
+            run = subprocess.run(
+                ["ip", "netns", "exec", pair.b, DBP_CLI, "services", *args],
+                capture_output=True, text=True, timeout=60, env=environment(),
+            )  # fmt: skip
+            return json.loads(run.stdout) if run.stdout else run.stderr
+
+        listed = ask()
+        assert (
+            listed["sensor"]["address"] == pair.addr_b
+            and listed["sensor"]["heartbeat_path"] == "udp"
+        )
+        service.kill()  # no DISCONNECT: the catalog must notice the silence
+        poll_until(lambda: ask("sensor").get("state") == "expired", 30, "expiry")
+    finally:
+        service.stop()
+        catalog.send_signal(signal.SIGTERM)
+        assert catalog.wait(30) in CLEAN_EXIT
+        log.close()
+    registry = json.loads((tmp_path / "data" / "dbp-registry.json").read_text())
+    assert "sensor" in registry  # kept through its grace period, on disk
+
+
+@pytest_twisted.inlineCallbacks
+def test_composed_catalog_publishes_the_catalog_history_on_the_bus(tmp_path: Path) -> Any:
+    beacon = free_udp_port()
+    product = Product(
+        tmp_path, "--port", "0", "--services", "eventbus,dbp",
+        "--dbp-beacon-port", str(beacon), "--dbp-heartbeat-interval", "100ms",
+        env=environment(),
+    )  # fmt: skip
+    service = None
+    try:
+        yield wait_until(product.ready, timeout=60, what="product started")
+        status = product.status()
+        catalog = status["services"]["dbp"]
+        assert catalog["beacon"] == f"127.255.255.255:{beacon}"
+        service = ServiceRegistration(
+            catalog["endpoint"],
+            {
+                "name": "billing",
+                "address": "127.0.0.1",
+                "port": free_udp_port(),
+                "function": "f",
+                "heartbeat": 0.1,
+            },
+        )
+        service.startService()
+        yield service.registered
+        yield service.update({"function": "invoices"})
+        yield service.stopService()
+        service = None
+        server = status["services"]["eventbus"]["endpoints"]["snapshot"].removeprefix("tcp://")
+
+        def stored() -> list[dict[str, Any]]:
+            run = subprocess.run(
+                [CLI, "snapshot", "/dbp/", "--server", server],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            return [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+
+        yield wait_until(lambda: len(stored()) >= 3, timeout=20, what="activity stored")
+        events = stored()
+        assert [e["topic"] for e in events] == [
+            "/dbp/services/billing/registered/",
+            "/dbp/services/billing/updated/",
+            "/dbp/services/billing/disconnected/",
+        ]
+        assert events[1]["value"]["function"] == "invoices"
+        assert "dbp_services 0.0" in product.get("/metrics")
+    finally:
+        if service is not None:
+            yield service.stopService()
+        code = product.stop()
+    assert code in CLEAN_EXIT, product.output()

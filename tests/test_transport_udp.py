@@ -1,0 +1,73 @@
+"""bus.transport.udp: interface addresses from psutil, shared UDP ports on loopback, beacons."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+
+from bus.testing import wait_until
+from bus.transport.udp import (
+    BeaconSender,
+    InterfaceError,
+    UdpPort,
+    interface_address,
+    listen_shared,
+    shared_udp_socket,
+)
+from tests.zre_helpers import free_udp_port
+
+
+def test_loopback_address_and_its_broadcast() -> None:
+    lo = interface_address("lo")
+    assert (lo.address, lo.netmask, lo.broadcast) == ("127.0.0.1", "255.0.0.0", "127.255.255.255")
+    assert lo.contains("127.1.2.3") and not lo.contains("10.0.0.1") and not lo.contains("junk")
+    with pytest.raises(InterfaceError, match="no interface named"):
+        interface_address("no-such-if0")
+
+
+@pytest_twisted.inlineCallbacks
+def test_listeners_of_one_process_share_a_socket_and_other_sockets_still_hear() -> Any:
+    port = free_udp_port()
+    heard: dict[str, list[bytes]] = {"a": [], "b": []}
+    a = listen_shared(reactor, "0.0.0.0", port, lambda data, _: heard["a"].append(data))
+    b = listen_shared(reactor, "0.0.0.0", port, lambda data, _: heard["b"].append(data))
+    # Another process's socket on the same port (SO_REUSEPORT) gets every broadcast too.
+    other = shared_udp_socket("0.0.0.0", port)
+    other.setblocking(True)
+    other.settimeout(5)
+    beacon = BeaconSender(reactor, b, ("127.255.255.255", port), lambda: b"beacon", 0.05)
+    try:
+        beacon.start()
+        yield wait_until(lambda: len(heard["a"]) >= 3 and len(heard["b"]) >= 3, what="beacons")
+        assert other.recv(64) == b"beacon"
+        assert a.port == b.port == port
+        yield a.close()
+        count = len(heard["a"])
+        yield wait_until(lambda: len(heard["b"]) >= count + 3, what="b still hears")
+        assert len(heard["a"]) == count  # a left: no more datagrams
+        assert not b.closed
+    finally:
+        beacon.stop()
+        yield a.close()
+        yield b.close()
+        other.close()
+    # Every listener gone: the port is closed, so a plain bind without reuse succeeds.
+    plain = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    plain.bind(("0.0.0.0", port))
+    plain.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_send_errors_are_counted_not_raised() -> Any:
+    udp = UdpPort(reactor, lambda data, address: None)
+    udp.listen("127.0.0.1", 0)
+    try:
+        assert udp.send(b"x" * 70_000, ("127.0.0.1", 9)) is False  # too big for a datagram
+        assert udp.send_errors == 1
+        assert udp.send(b"x", ("127.0.0.1", 9)) is True
+    finally:
+        yield udp.close()

@@ -1,0 +1,237 @@
+"""The ZRE state machine alone: a fake link layer records frames, a Clock drives time."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from twisted.internet.task import Clock
+
+from bus.zre import codec
+from bus.zre.codec import VERSION_20, VERSION_36, Hello, Join, Leave, Ping, PingOk, Shout, Whisper
+from bus.zre.core import PEERS_HEADER, ZreCore, ZreEvent, ZreSettings
+
+OWN = b"\x10" * 16
+PEER = b"\x20" * 16
+OTHER = b"\x30" * 16
+
+
+class FakeLinks:
+    def __init__(self, version: int = VERSION_36) -> None:
+        self.version = version
+        self.connected: dict[str, str] = {}
+        self.closed: list[str] = []
+        self.sent: dict[str, list[codec.Message]] = {}
+
+    def connect(self, key: str, endpoint: str) -> None:
+        self.connected[key] = endpoint
+
+    def send(self, key: str, frames: list[bytes]) -> bool:
+        self.sent.setdefault(key, []).append(codec.parse(frames, self.version))
+        return True
+
+    def close(self, key: str) -> None:
+        self.closed.append(key)
+        self.connected.pop(key, None)
+
+    def rekey(self, old: str, new: str) -> None:
+        self.connected[new] = self.connected.pop(old)
+        self.sent[new] = self.sent.pop(old, [])
+
+
+class Harness:
+    def __init__(self, version: int = VERSION_36, **settings: object) -> None:
+        self.clock = Clock()
+        self.links = FakeLinks(version)
+        self.events: list[ZreEvent] = []
+        self.drops: Counter[str] = Counter()
+        config = ZreSettings(OWN, "own", "tcp://127.0.0.1:50000", version, **settings)  # type: ignore[arg-type]
+        self.core = ZreCore(
+            config,
+            self.links,
+            self.clock.seconds,
+            self.events.append,
+            lambda reason, detail, peer: self.drops.update([reason]),
+        )
+
+    def hello_from(
+        self,
+        node: bytes,
+        sequence: int = 1,
+        groups: tuple[str, ...] = (),
+        status: int = 0,
+        **headers: str,
+    ) -> None:
+        hello = Hello(
+            sequence, f"tcp://127.0.0.1:{node[0] + 50000}", groups, status, f"n{node[0]}", headers
+        )
+        self.core.on_message(codec.identity_of(node), codec.encode(hello, self.core.version))
+
+    def message_from(self, node: bytes, message: codec.Message) -> None:
+        self.core.on_message(codec.identity_of(node), codec.encode(message, self.core.version))
+
+    def sent_to(self, node: bytes) -> list[codec.Message]:
+        return self.links.sent.get(node.hex(), [])
+
+    def types(self) -> list[str]:
+        return [event.type for event in self.events]
+
+
+def test_join_and_leave_carry_our_counter_plus_one_to_every_greeted_peer() -> None:
+    h = Harness()
+    h.hello_from(PEER)
+    h.hello_from(OTHER)
+    h.core.join("A")
+    h.core.join("A")  # already in: nothing sent, no increment
+    h.core.join("B")
+    h.core.leave("A")
+    h.core.leave("Z")  # not in: nothing
+    for node in (PEER, OTHER):
+        sent = h.sent_to(node)
+        assert isinstance(sent[0], Hello) and sent[0].status == 0
+        assert [(type(m).__name__, m.group, m.status) for m in sent[1:]] == [  # type: ignore[union-attr]
+            ("Join", "A", 1),
+            ("Join", "B", 2),
+            ("Leave", "A", 3),
+        ]
+        assert [m.sequence for m in sent] == [1, 2, 3, 4]
+    # A newcomer's HELLO carries the current groups and status.
+    h.hello_from(b"\x40" * 16)
+    hello = h.sent_to(b"\x40" * 16)[0]
+    assert isinstance(hello, Hello) and (hello.groups, hello.status) == (("B",), 3)
+
+
+def test_peer_membership_status_is_followed_and_mismatches_counted() -> None:
+    h = Harness()
+    h.hello_from(PEER, groups=("A",), status=5)
+    h.message_from(PEER, Join(2, "B", 6))
+    h.message_from(PEER, Leave(3, "A", 9))  # should be 7: counted, followed
+    h.message_from(PEER, Join(4, "C", 10))
+    assert h.drops["status"] == 1 and h.core.status_mismatches == 1
+    assert h.core.peers[PEER].status == 10
+    assert h.core.peers[PEER].groups == {"B", "C"}
+    assert h.types() == ["ENTER", "JOIN", "JOIN", "LEAVE", "JOIN"]
+    assert h.core.shout("C", [b"x"]) == 1 and h.core.shout("A", [b"x"]) == 0
+
+
+def test_evasive_ping_silent_then_expired_on_the_clock() -> None:
+    h = Harness(evasive=5.0, expired=30.0)
+    h.hello_from(PEER)
+    for second in range(1, 31):
+        h.clock.advance(1)
+        h.core.tick()
+        if second == 4:
+            assert h.types() == ["ENTER"]
+        if second == 5:
+            assert h.types() == ["ENTER", "EVASIVE"]
+            assert isinstance(h.sent_to(PEER)[-1], Ping)
+        if second == 10:
+            assert h.types() == ["ENTER", "EVASIVE", "SILENT"]
+    assert h.types() == ["ENTER", "EVASIVE", "SILENT", "EXIT"]
+    assert PEER.hex() in h.links.closed
+
+
+def test_ping_ok_or_any_message_resets_the_timers() -> None:
+    h = Harness(evasive=5.0, expired=30.0)
+    h.hello_from(PEER)
+    h.clock.advance(6)
+    h.core.tick()
+    h.message_from(PEER, PingOk(2))
+    h.clock.advance(4)
+    h.core.tick()
+    assert h.types() == ["ENTER", "EVASIVE"]
+    h.message_from(PEER, Ping(3))
+    assert isinstance(h.sent_to(PEER)[-1], PingOk)
+
+
+def test_a_peer_found_by_beacon_that_never_says_hello_is_forgotten() -> None:
+    h = Harness(expired=30.0)
+    h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")
+    assert isinstance(h.sent_to(PEER)[0], Hello)
+    for _ in range(30):
+        h.clock.advance(1)
+        h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")  # beacons keep coming
+        h.core.tick()
+    assert PEER not in h.core.peers and h.drops["no-hello"] == 1
+    assert h.events == []  # never entered, so no EXIT either
+    h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")  # starts over
+    assert PEER in h.core.peers
+
+
+def test_sequences_pyre_wrap_and_gaps() -> None:
+    h = Harness()
+    h.hello_from(PEER)
+    h.core.peers[PEER].want_sequence = 65533
+    h.message_from(PEER, Whisper(65534, (b"a",)))
+    h.message_from(PEER, Whisper(0, (b"b",)))  # pyre wraps modulo 65535
+    h.message_from(PEER, Whisper(1, (b"c",)))
+    assert [e.content for e in h.events if e.type == "WHISPER"] == [(b"a",), (b"b",), (b"c",)]
+    h.message_from(PEER, Whisper(3, (b"gap",)))
+    assert h.types()[-1] == "EXIT" and h.drops["sequence"] == 1
+
+
+def test_20zre_node_waits_for_a_beacon_found_peer_to_greet_first() -> None:
+    h = Harness(VERSION_20, hello_wait=2.0)
+    # A 36/ZRE peer (pyre, zyre) greets at once: recognised, never sent a 20/ZRE frame.
+    h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")
+    hello36 = codec.encode(Hello(1, "tcp://127.0.0.1:51000", (), 0, "pyre", {}), VERSION_36)
+    h.core.on_message(codec.identity_of(PEER), hello36)
+    # A 20/ZRE peer's HELLO is answered at once.
+    h.core.on_beacon(codec.Beacon(OTHER, 52000), "127.0.0.1")
+    h.hello_from(OTHER, X_ZRE_NAME="ignored")
+    assert isinstance(h.sent_to(OTHER)[0], Hello)
+    # A silent one is greeted once the wait is over.
+    third = b"\x50" * 16
+    h.core.on_beacon(codec.Beacon(third, 53000), "127.0.0.1")
+    h.core.join("G")
+    assert h.sent_to(third) == []
+    h.clock.advance(2.5)
+    h.core.tick()
+    [hello] = h.sent_to(third)
+    assert isinstance(hello, Hello) and hello.groups == ("G",) and hello.status == 1
+    assert h.sent_to(PEER) == [] and h.core.peers[PEER].foreign
+    assert h.drops["dialect-36"] == 1
+    assert h.core.whisper(PEER, [b"x"]) is False
+
+
+def test_peer_endpoints_gossip_and_seed_links_are_adopted_and_retried() -> None:
+    h = Harness()
+    seed = "tcp://127.0.0.1:50032"  # PEER's endpoint in hello_from
+    h.core.connect_endpoint(seed, seed=True)
+    assert h.links.connected == {f"endpoint:{seed}": seed}
+    h.hello_from(PEER, **{PEERS_HEADER: "tcp://127.0.0.1:50048,tcp://127.0.0.1:50000"})
+    # The pending link became PEER's (sequence continues at 2); the told-about endpoint
+    # (not our own) got a link of its own.
+    assert h.links.connected[PEER.hex()] == seed
+    assert "endpoint:tcp://127.0.0.1:50048" in h.links.connected
+    assert "endpoint:tcp://127.0.0.1:50000" not in h.links.connected
+    h.core.join("G")
+    assert [m.sequence for m in h.sent_to(PEER)] == [1, 2]
+    # Losing the seed peer greets its endpoint again.
+    h.message_from(PEER, Whisper(5, (b"gap",)))
+    assert f"endpoint:{seed}" in h.links.connected
+
+
+def test_api_refuses_empty_content_and_unready_peers() -> None:
+    h = Harness()
+    for call in (lambda: h.core.whisper(PEER, []), lambda: h.core.shout("G", [])):
+        try:
+            call()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("empty content accepted")
+    assert h.core.whisper(PEER, [b"x"]) is False
+    h.hello_from(PEER, groups=("G",))
+    assert h.core.whisper(PEER, [b"a", b"b"]) is True
+    assert h.core.shout("G", [b"c"]) == 1
+    assert [type(m) for m in h.sent_to(PEER)] == [Hello, Whisper, Shout]
+
+
+def test_leaving_beacon_exits_and_own_beacons_are_ignored() -> None:
+    h = Harness()
+    h.core.on_beacon(codec.Beacon(OWN, 50000), "127.0.0.1")
+    assert not h.core.peers
+    h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")
+    h.hello_from(PEER)
+    h.core.on_beacon(codec.Beacon(PEER, 0), "127.0.0.1")
+    assert h.types() == ["ENTER", "EXIT"]

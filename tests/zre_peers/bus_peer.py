@@ -1,0 +1,66 @@
+"""This project's ZRE node driven over stdin/stdout like tests/zre_peers/pyre_peer.py, so the
+interop tests drive both the same way inside a network namespace.
+
+Usage: ``bus_peer.py NAME PORT INTERFACE [options as JSON] [GROUP...]``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from twisted.internet import reactor, stdio
+from twisted.protocols.basic import LineReceiver
+
+from bus.zre.cli import emit, event_json
+from bus.zre.config import ZreConfig
+from bus.zre.node import ZreNode
+
+
+class Commands(LineReceiver):
+    delimiter = b"\n"
+
+    def __init__(self, node: ZreNode) -> None:
+        self.node = node
+
+    def lineReceived(self, line: bytes) -> None:
+        command = json.loads(line)
+        content = [part.encode() for part in command.get("content", [])]
+        node = self.node
+        if "join" in command:
+            node.join(command["join"])
+        elif "leave" in command:
+            node.leave(command["leave"])
+        elif "shout" in command:
+            node.shout(command["shout"], content)
+        elif "whisper" in command:
+            node.whisper(bytes.fromhex(command["whisper"]), content)
+        elif "status" in command:
+            emit(
+                {"event": "STATUS", "peer": node.uuid_hex, "name": node.node_name, **node.status()}
+            )
+        elif "stop" in command:
+            reactor.stop()  # type: ignore[attr-defined]
+
+    def connectionLost(self, reason: Any = None) -> None:
+        if reactor.running:  # type: ignore[attr-defined]
+            reactor.stop()  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    name, port, interface = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    settings = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    config = ZreConfig(name=name, port=port, interface=interface, groups=sys.argv[5:], **settings)
+    node = ZreNode(config, reactor=reactor)
+    node.add_listener(lambda event: emit(event_json(event)))
+    node.startService()
+    emit({"event": "READY", "peer": node.uuid_hex, "name": name, "endpoint": node.endpoint})
+    stdio.StandardIO(Commands(node))
+    reactor.addSystemEventTrigger("before", "shutdown", node.stopService)  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+    emit({"event": "STOPPED", "peer": node.uuid_hex, "name": name})
+
+
+if __name__ == "__main__":
+    main()
