@@ -7,6 +7,9 @@ the service, the option and the cause (and a non-zero exit status), never a bare
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,9 +128,10 @@ class ProductService(MultiService):
         self._settle(StartFailed(line))
         if not self.exit_on_failure:
             return
-        if not self.reactor.running:
-            raise SystemExit(1)  # the line above is the message (twistd -n logs to stdout)
-        stopping.addBoth(lambda _: _exit_after_shutdown(self.reactor, 1))
+        # The started services stop (awaited, which needs the reactor running), then the
+        # process ends with status 1; the critical line above is the message.
+        atexit.register(_exit_with, 1)
+        self.reactor.callWhenRunning(lambda: stopping.addBoth(lambda _: self.reactor.stop()))
 
     def when_started(self) -> defer.Deferred[None]:
         """Fires once every service has started, or fails with :class:`StartFailed`."""
@@ -182,11 +186,15 @@ def describe_start_failure(entry: Composed, error: BaseException) -> str:
     return f"{what}: {type(error).__name__}: {error}"
 
 
-def _exit_after_shutdown(reactor: Any, status: int) -> None:
+def _exit_with(status: int) -> None:
+    """Leave with ``status`` once twistd has finished (pid file, log) and Python is exiting:
+    twistd itself always exits 0 after a reactor stop."""
     import os
 
-    reactor.addSystemEventTrigger("after", "shutdown", os._exit, status)
-    reactor.stop()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def standalone(
