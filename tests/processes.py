@@ -59,6 +59,7 @@ class ServerProcess(TwistdProcess):
         env = dict(
             os.environ,
             PYTHONUNBUFFERED="1",
+            EVENTBUS_HTTP_PORT="0",  # parallel tests: no fixed HTTP port
             MC0_PORT="0",
             MC0_DATA_DIR=str(log_path.parent / f"{data_dir.name}-mc0"),
             DBP_PORT="0",

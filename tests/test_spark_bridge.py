@@ -195,7 +195,7 @@ def test_twistd_eventbus_with_spark_bridge_composes_both(tmp_path: Path) -> Any:
     command = [
         TWISTD, "-n", "--pidfile=", "eventbus", "--port", "0", "--data-dir", str(data),
         "--stats-interval", "0.1s", "--spark-bridge", "--journal-dir", str(journal),
-        "--mc0-port", "0", "--mc0-data-dir", str(tmp_path / "mc0"),
+        "--services", "eventbus", "--http-port", "0",
     ]  # fmt: skip
     log = open(tmp_path / "composed.log", "ab")
     child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
