@@ -38,7 +38,7 @@ def wait_until(
             result.callback(None)
         elif time.monotonic() > deadline:
             result.errback(
-                ConditionTimeout(f"timed out after {timeout}s waiting for {what or predicate}")
+                ConditionTimeout(f"timed out after {timeout:g}s waiting for {what or predicate}")
             )
         else:
             clock.callLater(interval, check)

@@ -22,9 +22,10 @@ from typing import Any
 
 from twisted.internet import defer, task
 
-from bus.eventbus.codec import Event
+from bus.eventbus.codec import Dialect, Event
 
 DEFAULT_SERVER = os.environ.get("EVENTBUS_SERVER", "127.0.0.1:5556")
+DEFAULT_DIALECT = os.environ.get("EVENTBUS_DIALECT", "spec")
 
 
 def _jsonable(value: Any) -> Any:
@@ -72,6 +73,107 @@ def _err(line: str) -> None:
     sys.stderr.flush()
 
 
+class SnapshotQuery:
+    """One SYNCSTART on a fresh DEALER, its SYNCs handed to ``on_event``; fires with the
+    SYNCEND's sequence, or fails with one line naming what it waited for and from where."""
+
+    def __init__(self, reactor: Any, factory: Any, server: Any, dialect: Dialect) -> None:
+        self.reactor = reactor
+        self.factory = factory
+        self.server = server
+        self.dialect = dialect
+
+    def ask(
+        self,
+        subtrees: list[bytes],
+        since: int,
+        timeout: float,
+        on_event: Any = lambda event: None,
+    ) -> defer.Deferred[int]:
+        import uuid
+
+        import zmq
+
+        from bus.eventbus import codec
+        from bus.polling import ConditionTimeout
+        from bus.transport.zmqsocket import SocketOptions
+
+        done: defer.Deferred[int] = defer.Deferred()
+
+        def on_replies(batch: list[list[bytes]]) -> None:
+            for frames in batch:
+                reply = codec.parse_snapshot_reply(frames)
+                if isinstance(reply, Event):
+                    on_event(reply)
+                elif not done.called:
+                    done.callback(reply.sequence)
+
+        identity = None if self.dialect is Dialect.SPEC else str(uuid.uuid4()).encode()
+        dealer = self.factory.socket(
+            zmq.DEALER, on_replies, SocketOptions(receive_hwm=0, linger_ms=0, identity=identity)
+        )
+        dealer.connect(self.server.snapshot)
+        dealer.send_frames(self.dialect.sync_start(subtrees, since))
+
+        def expired() -> None:
+            if not done.called:
+                done.errback(
+                    ConditionTimeout(
+                        f"timed out after {timeout:g}s waiting for SYNCEND from {self.server}"
+                    )
+                )
+
+        timer = self.reactor.callLater(timeout, expired)
+
+        def close(result: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            dealer.shutdown()
+            return result
+
+        return done.addBoth(close)
+
+
+@defer.inlineCallbacks
+def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
+    """Wait for ``waiting``; if it times out with the default dialect and the server
+    answers like the original Node.js implementation, say so in the same line."""
+    from bus.eventbus.client import ServerAddress
+    from bus.polling import ConditionTimeout
+
+    try:
+        result = yield waiting
+    except ConditionTimeout as error:
+        server = ServerAddress.parse(args.server)
+        if Dialect(args.dialect) is Dialect.SPEC and (
+            yield _answers_like_the_original(reactor, server)
+        ):
+            raise ConditionTimeout(
+                f"{error}; {server} answers like the original Node.js Event BUS (decimal "
+                "sequences, no heartbeat): try --dialect original"
+            ) from None
+        raise
+    return result
+
+
+@defer.inlineCallbacks
+def _answers_like_the_original(reactor: Any, server: Any) -> Any:
+    from bus.eventbus import codec
+    from bus.eventbus.codec import EventBusError
+    from bus.polling import ConditionTimeout
+    from bus.transport.zmqsocket import SocketFactory
+
+    factory = SocketFactory(reactor)
+    query = SnapshotQuery(reactor, factory, server, Dialect.ORIGINAL)
+    try:
+        yield query.ask([codec.PROBE_SUBTREE], 0, timeout=2.0)
+    except (ConditionTimeout, EventBusError):
+        return False
+    finally:
+        factory.shutdown()
+    return True
+
+
 @defer.inlineCallbacks
 def publish(reactor: Any, args: argparse.Namespace) -> Any:
     import zmq
@@ -82,91 +184,133 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.transport.zmqsocket import SocketFactory, SocketOptions
 
     factory = SocketFactory(reactor)
+    dialect = Dialect(args.dialect)
+    server = ServerAddress.parse(args.server)
     confirmations: list[list[bytes]] = []
     try:
-        if args.confirm:
+        query = SnapshotQuery(reactor, factory, server, dialect)
+        if args.confirm and dialect.has_heartbeats:
             # Listen first, so the broadcast of our event (sent only once stored) is seen.
-            server = ServerAddress.parse(args.server)
             listener = factory.socket(zmq.SUB, confirmations.extend, SocketOptions(linger_ms=0))
             listener.subscribe(codec.HEARTBEAT_TOPIC)
             listener.subscribe(args.topic.encode())
             listener.connect(server.publisher)
-            yield wait_until(
+            heard = wait_until(
                 lambda: any(m[0] == codec.HEARTBEAT_TOPIC for m in confirmations),
                 timeout=args.timeout,
                 reactor=reactor,
                 what=f"a heartbeat from {server}",
             )
-        publisher = EventBusPublisher(args.server, args.producer, reactor=reactor, factory=factory)
+            yield _with_hint(reactor, args, heard)
+        elif args.confirm:
+            # No heartbeat to say the server lives, nor that a SUB is heard: ask its log.
+            since = yield query.ask([codec.PROBE_SUBTREE], 0, args.timeout)
+        publisher = EventBusPublisher(
+            server, args.producer, reactor=reactor, factory=factory, dialect=dialect
+        )
         event_id = publisher.publish(args.topic, _parse_value(args.value))
         yield publisher.flush()
-        if args.confirm:
+        if not args.confirm:
+            _out(json.dumps({"uuid": event_id}))
+            return
+        if dialect.has_heartbeats:
             yield wait_until(
                 lambda: any(len(m) == 6 and m[4] == event_id.encode() for m in confirmations),
                 timeout=args.timeout,
                 reactor=reactor,
-                what="the event's broadcast",
+                what=f"the event's broadcast from {server}",
             )
             stored = next(m for m in confirmations if len(m) == 6 and m[4] == event_id.encode())
             sequence, _ = codec.decode_sequence(stored[1])
-            _out(json.dumps({"uuid": event_id, "seq": sequence}))
         else:
-            _out(json.dumps({"uuid": event_id}))
+            sequence = yield _find_in_log(reactor, query, args, event_id, since)
+        _out(json.dumps({"uuid": event_id, "seq": sequence}))
     finally:
         factory.shutdown()
 
 
 @defer.inlineCallbacks
-def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
-    import zmq
+def _find_in_log(
+    reactor: Any, query: SnapshotQuery, args: argparse.Namespace, event_id: str, since: int
+) -> Any:
+    """The sequence the server stored ``event_id`` under, asked of its log until found."""
+    from bus.polling import ConditionTimeout
 
-    from bus.eventbus import codec
+    deadline = reactor.seconds() + args.timeout
+    found: list[int] = []
+    wanted = event_id.encode()
+    while not found:
+        left = deadline - reactor.seconds()
+        if left <= 0:
+            raise ConditionTimeout(
+                f"timed out after {args.timeout:g}s waiting for the event in {query.server}'s "
+                "log (it was sent)"
+            )
+        yield query.ask(
+            [args.topic.encode()],
+            since,
+            left,
+            lambda event: found.append(event.sequence) if event.uuid == wanted else None,
+        )
+        if not found:
+            yield task.deferLater(reactor, min(0.1, max(left, 0)), lambda: None)
+    return found[0]
+
+
+@defer.inlineCallbacks
+def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.eventbus.client import ServerAddress
-    from bus.polling import wait_until
-    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+    from bus.transport.zmqsocket import SocketFactory
 
     factory = SocketFactory(reactor)
-    state = {"count": 0, "end": None}
+    count = 0
 
-    def on_replies(batch: list[list[bytes]]) -> None:
-        for frames in batch:
-            reply = codec.parse_snapshot_reply(frames)
-            if isinstance(reply, Event):
-                state["count"] = int(state["count"] or 0) + 1
-                _out(event_json(reply))
-            else:
-                state["end"] = reply.sequence
+    def on_event(event: Event) -> None:
+        nonlocal count
+        count += 1
+        _out(event_json(event))
 
     try:
-        dealer = factory.socket(zmq.DEALER, on_replies, SocketOptions(receive_hwm=0, linger_ms=0))
-        dealer.connect(ServerAddress.parse(args.server).snapshot)
-        dealer.send_frames(codec.sync_start_frames([s.encode() for s in args.subtrees], args.since))
-        yield wait_until(
-            lambda: state["end"] is not None,
-            timeout=args.timeout,
-            reactor=reactor,
-            what="SYNCEND",
-        )
-        _err(f"{state['count']} events, snapshot complete at sequence {state['end']}")
+        server = ServerAddress.parse(args.server)
+        query = SnapshotQuery(reactor, factory, server, Dialect(args.dialect))
+        asked = query.ask([s.encode() for s in args.subtrees], args.since, args.timeout, on_event)
+        end = yield _with_hint(reactor, args, asked)
+        _err(f"{count} events, snapshot complete at sequence {end}")
     finally:
         factory.shutdown()
 
 
-def tail(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+@defer.inlineCallbacks
+def tail(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.eventbus.client import EventBusSubscriber, FileCursor
+    from bus.polling import wait_until
 
+    servers = args.server_list or [DEFAULT_SERVER]
     subscriber = EventBusSubscriber(
-        args.server_list or [DEFAULT_SERVER],
+        servers,
         args.subtrees,
         lambda event: _out(event_json(event)),
         since=args.since,
         cursor=FileCursor(args.cursor) if args.cursor else None,
         reactor=reactor,
+        dialect=args.dialect,
     )
     subscriber.startService()
-    done: defer.Deferred[None] = defer.Deferred()
     reactor.addSystemEventTrigger("before", "shutdown", subscriber.stopService)
-    return done  # runs until interrupted
+    # Until the first snapshot is in, a server that does not answer is an error, not a wait.
+    args.server = servers[0]
+    caught_up = wait_until(
+        lambda: subscriber.core.stats.snapshots > 0 and not subscriber.core.syncing,
+        timeout=args.timeout,
+        reactor=reactor,
+        what=f"the first snapshot from {', '.join(map(str, servers))}",
+    )
+    try:
+        yield _with_hint(reactor, args, caught_up)
+    except Exception:
+        yield subscriber.stopService()
+        raise
+    yield defer.Deferred()  # live events until interrupted
 
 
 @defer.inlineCallbacks
@@ -207,6 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
             "--server", default=DEFAULT_SERVER, help="host:port of the bus (base port P)"
         )
 
+    def dialect_option(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--dialect",
+            choices=[d.value for d in Dialect],
+            default=DEFAULT_DIALECT,
+            help="spec (default) or original: the Node.js server (decimal sequences, no heartbeat)",
+        )
+
     p = commands.add_parser("publish", help="publish one event")
     server_option(p)
     p.add_argument("topic", help="topic, e.g. /orders/42/")
@@ -219,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not wait for the bus to broadcast the event back",
     )
     p.add_argument("--timeout", type=float, default=10.0)
+    dialect_option(p)
     p.set_defaults(run=publish)
 
     p = commands.add_parser("tail", help="print events of subtrees as they come")
@@ -231,6 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--since", type=int, default=None, help="start above this sequence")
     p.add_argument("--cursor", help="file that keeps the last sequence, to resume")
+    p.add_argument("--timeout", type=float, default=10.0, help="for the first snapshot (seconds)")
+    dialect_option(p)
     p.set_defaults(run=tail)
 
     p = commands.add_parser("snapshot", help="dump the stored events of subtrees and exit")
@@ -238,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("subtrees", nargs="*")
     p.add_argument("--since", type=int, default=0)
     p.add_argument("--timeout", type=float, default=60.0)
+    dialect_option(p)
     p.set_defaults(run=snapshot)
 
     p = commands.add_parser(

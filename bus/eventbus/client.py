@@ -28,7 +28,7 @@ from twisted.logger import Logger
 
 from bus.droplog import DropCounter
 from bus.eventbus import codec
-from bus.eventbus.codec import Event, EventBusError, Heartbeat, SequenceEncoding
+from bus.eventbus.codec import Dialect, Event, EventBusError, Heartbeat, SnapshotEnd
 from bus.eventbus.subscriber import SubscriberCore, snapshot_patience
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
@@ -125,6 +125,12 @@ class EventBusSubscriber(Service):
     ``heartbeat_timeout``: seconds without any message before failing over to the next
     server (None: never, for servers with heartbeats off). ``wait_for_heartbeat``: ask
     for the snapshot only once the server's first heartbeat named its log.
+
+    ``dialect="original"`` speaks to the original Node.js server (see
+    :class:`~bus.eventbus.codec.Dialect`). It sends no heartbeat, so an idle connection is
+    probed: every ``heartbeat_timeout / 3`` of silence a SYNCSTART for no topic goes to the
+    snapshot port, and its SYNCEND (the server's current sequence) stands for a heartbeat:
+    it shows the server alive and, one probe later, reveals lost tail events.
     """
 
     def __init__(
@@ -142,6 +148,7 @@ class EventBusSubscriber(Service):
         factory: SocketFactory | None = None,
         cursor_save_interval: float = 1.0,
         wait_for_heartbeat: bool = False,
+        dialect: Dialect | str = Dialect.SPEC,
     ) -> None:
         if not servers:
             raise ValueError("at least one server address is needed")
@@ -156,6 +163,7 @@ class EventBusSubscriber(Service):
         self.receive_hwm = receive_hwm
         self.cursor_save_interval = cursor_save_interval
         self.wait_for_heartbeat = wait_for_heartbeat and heartbeat_timeout is not None
+        self.dialect = Dialect(dialect)
         self._io = _Sockets(reactor, factory)
         self.reactor: Any = self._io.reactor
         self.core = SubscriberCore(
@@ -179,6 +187,12 @@ class EventBusSubscriber(Service):
         self._periodic = Periodic(self.reactor, log)
         self._waiters: list[tuple[int, defer.Deferred[int]]] = []
         self._saved = start
+        self._probe: ZmqSocket | None = None
+        self._probe_sent = 0.0
+        self._probe_floor = 0
+        self._heartbeat_seen = False
+        self._decimal_seen = False
+        self._hinted = False
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -221,6 +235,16 @@ class EventBusSubscriber(Service):
             self._sub.subscribe(codec.HEARTBEAT_TOPIC)
         self._sub.connect(server.publisher)
         self._last_heard = self._connected_at = self.reactor.seconds()
+        if not self.dialect.has_heartbeats and self.heartbeat_timeout is not None:
+            self._probe = factory.socket(
+                zmq.DEALER,
+                self._on_probe_reply,
+                SocketOptions(linger_ms=0, identity=self._identity()),
+                name="probe",
+            )
+            self._probe.connect(server.snapshot)
+            self._probe_floor = 0
+            self._send_probe(self._connected_at)
         log.info(
             "subscribing to {server} above sequence {since}",
             server=server,
@@ -238,16 +262,21 @@ class EventBusSubscriber(Service):
         self._snapshot = self._io.factory.socket(
             zmq.DEALER,
             self._on_snapshot_reply,
-            SocketOptions(receive_hwm=0, linger_ms=0),
+            SocketOptions(receive_hwm=0, linger_ms=0, identity=self._identity()),
             name="snapshot-client",
         )
         self._snapshot.connect(self.server.snapshot)
 
+    def _identity(self) -> bytes | None:
+        """The original server answers only identities that survive a trip through a
+        string: a UUID, as its own client uses. The text's servers take libzmq's own."""
+        return None if self.dialect is Dialect.SPEC else str(uuid.uuid4()).encode()
+
     def _disconnect(self) -> None:
-        for sock in (self._sub, self._snapshot):
+        for sock in (self._sub, self._snapshot, self._probe):
             if sock is not None:
                 sock.shutdown()
-        self._sub = self._snapshot = None
+        self._sub = self._snapshot = self._probe = None
 
     def pause(self) -> None:
         """Stop reading live events (e.g. while a slow consumer catches up). Whatever
@@ -268,8 +297,13 @@ class EventBusSubscriber(Service):
             return  # silence is ours, not the server's
         now = self.reactor.seconds()
         silent = now - self._last_heard
+        if self._probe is not None and min(silent, now - self._probe_sent) >= (
+            self.heartbeat_timeout / 3
+        ):
+            self._send_probe(now)
         if silent <= self.heartbeat_timeout:
             if self.core.awaiting_heartbeat and now - self._connected_at > self.heartbeat_timeout:
+                self._hint_original()
                 log.warn("no heartbeat from {server}: are its heartbeats off?", server=self.server)
                 self.core.proceed_without_heartbeat()
             elif (
@@ -280,6 +314,7 @@ class EventBusSubscriber(Service):
                 # The request or its answer was lost (e.g. the server restarted), or a busy
                 # server refused or abandoned it: ask again, later each time, on a fresh
                 # socket so a late answer to the old one cannot interleave.
+                self._hint_original()
                 log.warn(
                     "snapshot from {server} timed out after {patience:.1f}s: asking again",
                     server=self.server,
@@ -287,6 +322,7 @@ class EventBusSubscriber(Service):
                 )
                 self.core.retry_snapshot()
             return
+        self._hint_original()
         previous = self.server
         self.server_index = (self.server_index + 1) % len(self.servers)
         self.failovers += 1
@@ -322,8 +358,41 @@ class EventBusSubscriber(Service):
                 self.heartbeat_timeout, self.core.snapshot_retries
             ) * random.uniform(1.0, 1.25)
         if self._snapshot is not None:
-            self._snapshot.send_frames(
-                codec.sync_start_frames(self.subtrees, since, SequenceEncoding.BINARY)
+            self._snapshot.send_frames(self.dialect.sync_start(self.subtrees, since))
+
+    # -- liveness of a server without heartbeats (the original dialect) -------------------
+
+    def _send_probe(self, now: float) -> None:
+        if self._probe is not None:
+            self._probe_sent = now
+            self._probe.send_frames(self.dialect.sync_start([codec.PROBE_SUBTREE], self.core.last))
+
+    def _on_probe_reply(self, batch: list[list[bytes]]) -> None:
+        now = self._last_heard = self.reactor.seconds()
+        for frames in batch:
+            try:
+                end = codec.parse_snapshot_reply(frames)
+            except EventBusError as error:
+                self.drops.drop(error.reason, str(error))
+                continue
+            if not isinstance(end, SnapshotEnd):
+                continue
+            # The SYNCEND raced the broadcasts in flight on the other socket: what the
+            # previous probe announced is what we must hold by now.
+            announced, self._probe_floor = min(end.sequence, self._probe_floor), end.sequence
+            self.core.on_heartbeat(Heartbeat(announced, self.core.store_id or ""), now)
+
+    def _hint_original(self) -> None:
+        """With the default dialect, a server that never beats but numbers in decimal is
+        most likely the original implementation: say so, once."""
+        if self._hinted or self._heartbeat_seen or not self._decimal_seen:
+            return
+        if self.dialect is Dialect.SPEC:
+            self._hinted = True
+            log.warn(
+                "{server} sends decimal sequences and no heartbeat: it looks like the original "
+                "Node.js Event BUS; use dialect='original' (--dialect original)",
+                server=self.server,
             )
 
     def _deliver(self, event: Event) -> None:
@@ -344,8 +413,11 @@ class EventBusSubscriber(Service):
                 self.drops.drop(error.reason, str(error))
                 continue
             if isinstance(message, Heartbeat):
+                self._heartbeat_seen = True
                 core.on_heartbeat(message, self._last_heard)
             else:
+                if not self._heartbeat_seen and frames[1].isdigit():
+                    self._decimal_seen = True
                 core.on_broadcast(message)
 
     def _on_snapshot_reply(self, batch: list[list[bytes]]) -> None:
@@ -390,9 +462,11 @@ class EventBusPublisher:
         factory: SocketFactory | None = None,
         send_hwm: int = 10_000,
         linger_ms: int = 5000,
+        dialect: Dialect | str = Dialect.SPEC,
     ) -> None:
         self.server = ServerAddress.parse(server)
         self.producer = producer_id.encode("utf-8")
+        self._frames = Dialect(dialect).pub
         self._io = _Sockets(reactor, factory)
         self.reactor: Any = self._io.reactor
         self._socket = self._io.factory.socket(
@@ -417,7 +491,7 @@ class EventBusPublisher:
     ) -> str:
         """Queue one event; returns its UUID."""
         identifier = event_id or str(uuid.uuid4())
-        frames = codec.pub_frames(
+        frames = self._frames(
             topic.encode("utf-8"),
             self.producer,
             timestamp.encode("ascii") if timestamp else codec.iso_timestamp(),

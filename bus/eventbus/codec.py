@@ -41,6 +41,9 @@ SYNCEND: Final = b"SYNCEND"
 #: Topic of the server heartbeat on the PUB socket. Topics starting with ``$``
 #: are reserved for the server: a PUB to one is refused.
 HEARTBEAT_TOPIC: Final = b"$heartbeat"
+#: A subtree no topic is in: a SYNCSTART for it is answered by a lone SYNCEND (a liveness
+#: probe for servers without heartbeats).
+PROBE_SUBTREE: Final = b"$probe/"
 RESERVED_PREFIX: Final = b"$"
 
 MAX_TOPIC_BYTES: Final = 4096
@@ -329,12 +332,48 @@ def pub_frames(
     return [topic, SEQUENCE.pack(0), producer, timestamp, uuid, data]
 
 
+class Dialect(enum.Enum):
+    """How a client speaks to a server.
+
+    ``spec``: the text (8-byte sequences, ``;`` between subtrees, heartbeats on PUB).
+    ``original``: the Node.js implementation (event-bus-zeromq 3.x): it reads SYNCSTART's
+    sequence as decimal text and splits subtrees on ``,``; its publisher sends ``null`` as a
+    new event's sequence; it sends no heartbeat; and it routes snapshot answers back only to
+    a client whose socket identity is valid UTF-8 (it turns the identity into a string)."""
+
+    SPEC = "spec"
+    ORIGINAL = "original"
+
+    @property
+    def encoding(self) -> SequenceEncoding:
+        return SequenceEncoding.BINARY if self is Dialect.SPEC else SequenceEncoding.TEXT
+
+    @property
+    def separator(self) -> bytes:
+        return b";" if self is Dialect.SPEC else b","
+
+    @property
+    def has_heartbeats(self) -> bool:
+        return self is Dialect.SPEC
+
+    def sync_start(self, subtrees: tuple[bytes, ...] | list[bytes], since: int) -> list[bytes]:
+        return sync_start_frames(subtrees, since, self.encoding, self.separator)
+
+    def pub(
+        self, topic: bytes, producer: bytes, timestamp: bytes, uuid: bytes, data: bytes
+    ) -> list[bytes]:
+        if self is Dialect.SPEC:
+            return pub_frames(topic, producer, timestamp, uuid, data)
+        return [topic, b"null", producer, timestamp, uuid, data]
+
+
 def sync_start_frames(
     subtrees: tuple[bytes, ...] | list[bytes],
     since: int,
     encoding: SequenceEncoding = SequenceEncoding.BINARY,
+    separator: bytes = b";",
 ) -> list[bytes]:
-    return [SYNCSTART, b";".join(subtrees), encode_sequence(since, encoding)]
+    return [SYNCSTART, separator.join(subtrees), encode_sequence(since, encoding)]
 
 
 def _event(frames: list[bytes]) -> Event:

@@ -63,6 +63,8 @@ class BridgeConfig:
     retention_max_bytes: int | None = None
     retention_interval: float = 60.0
     heartbeat_timeout: float = 3.5
+    #: How the bus speaks: "spec", or "original" for the Node.js server (no heartbeats).
+    dialect: str = "spec"
     fsync: bool = True
     #: Events held in memory for the writer before the bridge stops reading the bus
     #: (ZeroMQ then drops at the HWM and the gap is healed from the bus's log later).
@@ -143,6 +145,7 @@ class SparkBridgeService(Service):
             reactor=self.reactor,
             # The journal belongs to one bus log: know which before taking any event.
             wait_for_heartbeat=True,
+            dialect=config.dialect,
         )
         Service.startService(self)
         self.subscriber.startService()

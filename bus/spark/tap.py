@@ -37,6 +37,12 @@ class Options(ServiceOptions):
             "Longest wait between attempts to write when the journal's disk refuses.",
         ],
         [
+            "dialect",
+            None,
+            "spec",
+            "spec, or original for the original Node.js server (no heartbeats: probed).",
+        ],
+        [
             "heartbeat-timeout",
             None,
             "3.5s",
@@ -60,6 +66,8 @@ def bridge_config(options: usage.Options | dict[str, Any]) -> BridgeConfig:
     from bus.spark.bridge import BridgeConfig
 
     max_bytes = options.get("retention-max-bytes")
+    if (options.get("dialect") or "spec") not in ("spec", "original"):
+        raise usage.UsageError("--dialect must be spec or original")
     return BridgeConfig(
         journal_dir=Path(options["journal-dir"]),
         roll_events=int(options["roll-events"]),
@@ -68,6 +76,7 @@ def bridge_config(options: usage.Options | dict[str, Any]) -> BridgeConfig:
         retention_max_bytes=None if not max_bytes else int(max_bytes),
         heartbeat_timeout=parse_duration(options["heartbeat-timeout"]),
         storage_retry_max=parse_duration(options.get("storage-retry-max", "5s")),
+        dialect=options.get("dialect") or "spec",
     )
 
 
