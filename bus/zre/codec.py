@@ -318,24 +318,7 @@ def parse(frames: Sequence[bytes], version: int = VERSION_36) -> Message:
         reader.end()
         _no_content(content)
         return Hello(sequence, endpoint, groups, status, name, headers)
-    if command == WHISPER:
-        reader.end()
-        return Whisper(sequence, _check_content(content, VERSION_36))
-    if command == SHOUT:
-        group = reader.string()
-        reader.end()
-        return Shout(sequence, group, _check_content(content, VERSION_36))
-    if command in (JOIN, LEAVE):
-        group = reader.string()
-        status = reader.u8()
-        reader.end()
-        _no_content(content)
-        return (Join if command == JOIN else Leave)(sequence, group, status)
-    if command in (PING, PING_OK):
-        reader.end()
-        _no_content(content)
-        return (Ping if command == PING else PingOk)(sequence)
-    raise ZreError(f"unknown command {command}", "command")
+    return _parse_common(command, sequence, reader, content, VERSION_36)
 
 
 def _count(reader: _Reader) -> int:
@@ -414,13 +397,20 @@ def _parse_20(frames: Sequence[bytes]) -> Message:
             raise ZreError("20/ZRE HELLO without address or mailbox", "bad-hello")
         # 20/ZRE has no name field: the peer is named by its address.
         return Hello(sequence, f"tcp://{host}:{port}", groups, status, "", headers)
+    return _parse_common(command, sequence, reader, content, VERSION_20)
+
+
+def _parse_common(
+    command: int, sequence: int, reader: _Reader, content: tuple[bytes, ...], version: int
+) -> Message:
+    """The commands both versions lay out alike (all but HELLO)."""
     if command == WHISPER:
         reader.end()
-        return Whisper(sequence, _check_content(content, VERSION_20))
+        return Whisper(sequence, _check_content(content, version))
     if command == SHOUT:
         group = reader.string()
         reader.end()
-        return Shout(sequence, group, _check_content(content, VERSION_20))
+        return Shout(sequence, group, _check_content(content, version))
     if command in (JOIN, LEAVE):
         group = reader.string()
         status = reader.u8()
