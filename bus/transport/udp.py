@@ -99,6 +99,8 @@ class UdpPort(DatagramProtocol):
     heartbeats are best effort, and their receivers time out on their own.
     """
 
+    noisy = False  # the service logs its ports itself, once
+
     def __init__(self, reactor: Any, on_datagram: DatagramHandler) -> None:
         self.reactor = reactor
         self.on_datagram = on_datagram
