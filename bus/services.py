@@ -20,6 +20,7 @@ class ServiceEntry:
 
 SERVICES: tuple[ServiceEntry, ...] = (
     ServiceEntry("eventbus", "bus.eventbus.tap", default=True),
+    ServiceEntry("emqp", "bus.emqp.tap", default=True),
     ServiceEntry("spark-bridge", "bus.spark.tap", default=False),
 )
 
