@@ -112,7 +112,7 @@ def test_malformed_input_has_a_reason(message: list[bytes], reason: str) -> None
 
 
 COMMANDS = [c for c in codec._PARSERS] + [b"", b"NOPE"]
-texty = st.sampled_from([b"", b"q", b"[]", b"[[1, \"a\"]]", b"{}", b"null", b"1", b"\xff", b"a,b"])
+texty = st.sampled_from([b"", b"q", b"[]", b'[[1, "a"]]', b"{}", b"null", b"1", b"\xff", b"a,b"])
 
 
 @settings(max_examples=3000)

@@ -206,8 +206,10 @@ def test_broker_survives_garbage_and_accounts_for_every_message(
         lambda: fuzzed.client.results(probe) == [{"value": -fuzzed.examples}], what="the probe"
     )
     yield wait_until(
-        lambda: len([m for m in fuzzed.admin.messages if m[2] == codec.REPLY])
-        == admin_answers + expected_admin_answers,
+        lambda: (
+            len([m for m in fuzzed.admin.messages if m[2] == codec.REPLY])
+            == admin_answers + expected_admin_answers
+        ),
         what="an answer to every STATUS and SCHEDULE on the admin port",
     )
     yield wait_until(

@@ -10,6 +10,7 @@ import pytest
 from twisted.python import usage
 
 from bus import tap
+from bus.emqp import tap as emqp_tap
 from bus.options import parse_duration
 from bus.spark import tap as spark_tap
 
@@ -31,16 +32,37 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
-        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_")):
+        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "EMQP_")):
             monkeypatch.delenv(name)
 
 
-def test_defaults_run_the_event_bus_alone_with_http_on() -> None:
+def test_defaults_run_every_protocol_with_http_on() -> None:
     options = parse()
-    assert options["services"] == ("eventbus",)
+    assert options["services"] == ("eventbus", "emqp")
     assert options["http-port"] == tap.DEFAULT_HTTP_PORT
     config = options["service-options"]["eventbus"]["eventbus-config"]
     assert (config.bind, config.port, str(config.data_dir)) == ("127.0.0.1", 5556, "eventbus-data")
+    emqp = options["service-options"]["emqp"]["emqp-config"]
+    assert (emqp.bind, emqp.worker_port, emqp.client_port, emqp.admin_port) == (
+        "127.0.0.1", 47290, 47291, 47293,
+    )  # fmt: skip
+    assert str(emqp.data_dir) == "emqp-data"
+
+
+def test_emqp_options_from_every_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(
+        tmp_path, '[emqp]\nqueue-limit = 7\nheartbeat-interval = "2s"\nworker-port = 1\n'
+    )
+    monkeypatch.setenv("EMQP_HEARTBEAT_INTERVAL", "500ms")
+    options = parse("--config", config, "--emqp-worker-port", "5000")
+    emqp = options["service-options"]["emqp"]["emqp-config"]
+    assert emqp.broker.queue_limit == 7  # file
+    assert emqp.broker.heartbeat_interval == 0.5  # environment over file
+    assert emqp.worker_port == 5000  # command line over file
+    with pytest.raises(usage.UsageError, match="--emqp-durability must be normal or full"):
+        parse("--emqp-durability", "maybe")
+    with pytest.raises(usage.UsageError, match="--emqp-worker-port, --emqp-client-port and"):
+        parse("--emqp-client-port", "47290")
 
 
 def test_each_layer_overrides_the_one_below(
@@ -105,7 +127,7 @@ def test_spark_bridge_alone_reads_its_own_table(tmp_path: Path) -> None:
         (["--spark-bridge-journl", "x"], "did you mean --spark-bridge-journal-dir"),
         (
             ["--services", "eventbus,emqpp"],
-            "no service named 'emqpp'; valid: eventbus, spark-bridge",
+            "no service named 'emqpp'; valid: eventbus, emqp, spark-bridge",
         ),
         (
             ["--spark-bridge-roll-events", "3"],
@@ -127,7 +149,7 @@ def test_bad_options_are_usage_errors_naming_the_valid_ones(args: list[str], mes
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[emqp]\nport = 1\n", "unknown table [emqp]; valid tables: eventbus, spark-bridge"),
+        ("[mc00]\nport = 1\n", "unknown table [mc00]; valid tables: emqp, eventbus, spark-bridge"),
         ("[eventbus]\nprot = 1\n", "[eventbus] has no option 'prot'"),
         ("[spark-bridge]\njournal = 1\n", "[spark-bridge] has no option 'journal'"),
         ("port = 1\n", "'port' is not a table"),
@@ -157,6 +179,8 @@ def test_every_service_option_is_offered_with_its_prefix() -> None:
     product = {name.rstrip("=") for name in tap.Options().longOpt}
     for spec in spark_tap.Options.option_specs():
         assert f"spark-bridge-{spec.name}" in product
+    for spec in emqp_tap.Options.option_specs():
+        assert f"emqp-{spec.name}" in product
     for name in ("port", "bind", "data-dir", "dialect", "services", "http-port", "config"):
         assert name in product
 
@@ -177,7 +201,11 @@ def test_durations() -> None:
 def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "bus.toml"
     options = parse("--config", str(example))
-    assert options["services"] == ("eventbus", "spark-bridge")
+    assert options["services"] == ("eventbus", "emqp", "spark-bridge")
+    emqp = options["service-options"]["emqp"]["emqp-config"]
+    assert (emqp.worker_port, str(emqp.data_dir), emqp.broker.queue_limit) == (
+        47290, "emqp-data", 10_000,
+    )  # fmt: skip
     bus = options["service-options"]["eventbus"]["eventbus-config"]
     assert bus.retention.max_age == 30 * 86400
     assert (

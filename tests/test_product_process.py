@@ -169,7 +169,10 @@ def test_composed_product_with_config_file_environment_and_command_line(tmp_path
     ("args", "expected"),
     [
         (["--prot", "5556"], "twistd eventbus: unknown option --prot; did you mean --port?"),
-        (["--services", "eventbus,zree"], "no service named 'zree'; valid: eventbus, spark-bridge"),
+        (
+            ["--services", "eventbus,zree"],
+            "no service named 'zree'; valid: eventbus, emqp, spark-bridge",
+        ),
     ],
 )
 def test_bad_options_give_one_clear_line_and_a_failure_status(
