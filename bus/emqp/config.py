@@ -35,4 +35,6 @@ class EmqpConfig:
     #: How often expired ``timeout:N`` requests are looked for.
     timeout_check: float = 0.05
     stats_interval: float = 10.0
+    #: How long an answer waits for its client to (re)connect before it is dropped.
+    reply_linger: float = 10.0
     tcp_keepalive_idle: int | None = 60

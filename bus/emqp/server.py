@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 from twisted.application.service import Service
 from twisted.internet import defer
+from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
 from bus.activity import NO_ACTIVITY, ActivitySink
@@ -64,6 +65,8 @@ class EmqpService(Service):
         self._stopping: defer.Deferred[None] | None = None
         self._started_at = 0.0
         self._heartbeat_due = 0.0
+        self._held: list[tuple[float, ZmqSocket, list[bytes]]] = []
+        self._held_retry: DelayedCall | None = None
         #: How late the latest heartbeat rounds went out, at most (timer lag under load).
         self.max_heartbeat_lag = 0.0
         self.client_send_failures = 0
@@ -161,6 +164,10 @@ class EmqpService(Service):
             return self._stopping
         Service.stopService(self)
         self._periodic.stop_all()
+        if self._held_retry is not None and self._held_retry.active():
+            self._held_retry.cancel()
+        self.client_send_failures += len(self._held)
+        self._held = []
         if self.broker is not None:
             for sock in (self.worker_socket, self.client_socket, self.admin_socket):
                 if sock is not None:  # what has arrived is handled (and stored) first
@@ -244,8 +251,50 @@ class EmqpService(Service):
                 messages = getattr(broker, name)
                 if messages:
                     setattr(broker, name, [])
-                    self.client_send_failures += len(self._send_all(sock, messages))
+                    unsent = self._send_each(sock, messages)
+                    if unsent:
+                        self._hold(sock, unsent)
         self._commit()
+
+    def _hold(self, sock: ZmqSocket | None, messages: list[list[bytes]]) -> None:
+        """Answers whose client is not connected (yet: its socket reconnects after a broker
+        restart) are tried again for ``reply_linger`` seconds, then dropped and counted."""
+        if sock is None:
+            return
+        deadline = self.reactor.seconds() + self.config.reply_linger
+        self._held.extend((deadline, sock, frames) for frames in messages)
+        if self._held_retry is None or not self._held_retry.active():
+            self._held_retry = self.reactor.callLater(0.05, self._send_held)
+
+    def _send_held(self) -> None:
+        self._held_retry = None
+        held, self._held = self._held, []
+        now = self.reactor.seconds()
+        for deadline, sock, frames in held:
+            if sock.closed:
+                continue
+            if self._send_each(sock, [frames]):
+                if now < deadline:
+                    self._held.append((deadline, sock, frames))
+                else:
+                    self.client_send_failures += 1
+        if self._held:
+            self._held_retry = self.reactor.callLater(0.05, self._send_held)
+
+    @staticmethod
+    def _send_each(sock: ZmqSocket | None, messages: list[list[bytes]]) -> list[list[bytes]]:
+        """Send each message; those that could not be sent."""
+        if sock is None or sock.closed:
+            return messages
+        unsent = []
+        send = sock.send_frames
+        for frames in messages:
+            try:
+                if not send(frames):
+                    unsent.append(frames)
+            except PeerUnreachable:
+                unsent.append(frames)
+        return unsent
 
     @staticmethod
     def _send_all(sock: ZmqSocket | None, messages: list[list[bytes]]) -> set[bytes]:
@@ -300,6 +349,7 @@ class EmqpService(Service):
             "storage_errors": self.storage_errors,
             "storage_error": self.storage_error,
             "client_send_failures": self.client_send_failures,
+            "answers_held": len(self._held),
             "worker_send_failures": self.worker_send_failures,
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "config": {k: str(v) for k, v in asdict(self.config).items()},

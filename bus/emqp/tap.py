@@ -63,6 +63,12 @@ class Options(ServiceOptions):
             "normal (survives kill -9) or full (fsync: survives power loss).",
         ],
         ["max-message-size", None, 1024 * 1024, "Largest message a peer may send.", int],
+        [
+            "reply-linger",
+            None,
+            "10s",
+            "How long an answer waits for its client to (re)connect before it is dropped.",
+        ],
         ["stats-interval", None, "10s", "How often status is logged and status.json written."],
     ]
 
@@ -106,6 +112,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
         ),
         max_message_size=int(options["max-message-size"]),
         stats_interval=parse_duration(options["stats-interval"]),
+        reply_linger=parse_duration(options.get("reply-linger", "10s")),
     )
 
 

@@ -32,6 +32,7 @@ from bus.emqp import codec
 from bus.emqp.codec import EmqpError
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.workers import worker_pool
 
 log = Logger(namespace="bus.emqp.worker")
 
@@ -111,7 +112,8 @@ class EmqpWorker(Service):
         Service.startService(self)
         self._factory = SocketFactory(self.reactor)
         if self.pool_kind == "thread":
-            self._threads = ThreadPool(minthreads=0, maxthreads=self.slots, name="emqp-worker")
+            # Daemon threads: a handler that never returns does not keep the process alive.
+            self._threads = worker_pool("emqp-worker", self.slots)
             self._threads.start()
         else:
             self._processes = ProcessPoolExecutor(max_workers=self.slots)
