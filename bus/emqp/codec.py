@@ -14,7 +14,9 @@ acknowledgement to a client; one of 6 frames carries a result (worker -> broker 
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any, Final
@@ -397,8 +399,14 @@ def parse(frames: list[bytes]) -> Command:
 # -- building -----------------------------------------------------------------------------------
 
 
+# A random UUID4 per process whose last 48 bits count up: still UUID4-shaped and unique
+# (2^48 ids per process), at a tenth of uuid4()'s cost, which a broker pays twice per job.
+_MSGID_PREFIX = str(uuid.uuid4())[:24].encode("ascii")
+_msgid_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
+
+
 def new_msgid() -> bytes:
-    return str(uuid.uuid4()).encode("ascii")
+    return b"%s%012x" % (_MSGID_PREFIX, next(_msgid_counter) & 0xFFFFFFFFFFFF)
 
 
 def message(command: bytes, *fields: bytes, msgid: bytes | None = None) -> list[bytes]:

@@ -31,7 +31,6 @@ from bus.errors import StartupError
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
-    PeerUnreachable,
     SocketFactory,
     SocketOptions,
     ZmqSocket,
@@ -39,6 +38,9 @@ from bus.transport.zmqsocket import (
 )
 
 log = Logger(namespace="bus.emqp")
+
+_NOBLOCK = zmq.NOBLOCK
+_MORE = zmq.NOBLOCK | zmq.SNDMORE
 
 
 class EmqpService(Service):
@@ -242,7 +244,7 @@ class EmqpService(Service):
             self._commit()
             if broker.to_workers:
                 messages, broker.to_workers = broker.to_workers, []
-                lost = self._send_all(self.worker_socket, messages)
+                lost = {frames[0] for frames in self._send_each(self.worker_socket, messages)}
                 if lost:
                     self.worker_send_failures += len(lost)
                     for identity in lost:
@@ -283,33 +285,25 @@ class EmqpService(Service):
 
     @staticmethod
     def _send_each(sock: ZmqSocket | None, messages: list[list[bytes]]) -> list[list[bytes]]:
-        """Send each message; those that could not be sent."""
+        """Send each message; those that could not be sent (the peer is gone, or its pipe
+        is full: a ROUTER refuses at the identity frame, so nothing of them went out)."""
         if sock is None or sock.closed:
             return messages
         unsent = []
-        send = sock.send_frames
+        send = sock.raw_send
         for frames in messages:
             try:
-                if not send(frames):
-                    unsent.append(frames)
-            except PeerUnreachable:
+                for frame in frames[:-1]:
+                    send(frame, _MORE)
+                send(frames[-1], _NOBLOCK)
+            except zmq.Again:
                 unsent.append(frames)
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                unsent.append(frames)
+        sock.look_for_input()
         return unsent
-
-    @staticmethod
-    def _send_all(sock: ZmqSocket | None, messages: list[list[bytes]]) -> set[bytes]:
-        """Send each message; the identities that could not be reached."""
-        failed: set[bytes] = set()
-        if sock is None or sock.closed:
-            return {frames[0] for frames in messages}
-        send = sock.send_frames
-        for frames in messages:
-            try:
-                if not send(frames):
-                    failed.add(frames[0])
-            except PeerUnreachable:
-                failed.add(frames[0])
-        return failed
 
     # -- timers ------------------------------------------------------------------------------------
 
