@@ -89,8 +89,7 @@ def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
         stuck.ready()
         client = EmqpClient(endpoints["client"])
         results = [
-            client.submit("default", ["add", {"a": i, "b": 100}], guarantee=True)
-            for i in range(20)
+            client.submit("default", ["add", {"a": i, "b": 100}], guarantee=True) for i in range(20)
         ]
         yield wait_until(lambda: stuck.requests(), what="one request in flight")
         yield wait_until(
@@ -172,9 +171,7 @@ def test_composed_into_the_product_its_job_life_is_on_the_bus(tmp_path: Path) ->
 
 
 def run_cli(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    return subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest_twisted.inlineCallbacks
