@@ -215,3 +215,43 @@ def test_a_guaranteed_job_outlives_a_killed_job_manager(
     value = yield result
     assert value == "ok"
     yield wait_until(lambda: broker.store.count() == 0)
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_real_scheduler_gets_schedule_and_unschedule_through_the_broker(
+    tmp_path: Path, processes: list[InteropProcess], cleanup: list[Any]
+) -> Any:
+    broker = start_broker(tmp_path / "emqp")
+    cleanup.append(broker)
+    # One slot: the scheduler's requests run in the order it sends them.
+    worker = EmqpWorker(broker.endpoints["worker"], slots=1)
+    worker.startService()
+    cleanup.append(worker)
+    scheduler = InteropProcess("scheduler.py", broker.endpoints["client"], log=tmp_path / "s.log")
+    processes.append(scheduler)
+    yield wait_until(lambda: broker.status()["schedulers"], timeout=30, what="its INFORM")
+    record = tmp_path / "record.txt"
+
+    def lines(word: str) -> int:
+        text = record.read_text() if record.exists() else ""
+        return sum(line.split()[0] == word for line in text.splitlines())
+
+    def real_schedule(word: str, *unschedule: str) -> Any:
+        sender = InteropProcess(
+            "schedule.py", broker.endpoints["client"], f"{JOBS}.record",
+            json.dumps([str(record), word]), "1", *unschedule, log=tmp_path / "schedule.log",
+        )  # fmt: skip
+        processes.append(sender)
+        return wait_until(sender.finished, timeout=30, what="the SCHEDULE sent")
+
+    yield real_schedule("tick")
+    # Run at once ("haste"), then every second: the scheduler's REQUESTs reach our worker.
+    yield wait_until(lambda: lines("tick") >= 2, timeout=30, what="two scheduled runs")
+    yield real_schedule("tick", "unschedule")
+    yield wait_until(lambda: broker.broker.schedules_forwarded == 2, what="UNSCHEDULE forwarded")
+    yield real_schedule("tock")
+    yield wait_until(lambda: lines("tock") >= 1, timeout=30, what="the second schedule")
+    ticks = lines("tick")  # every tick sent before the UNSCHEDULE has run by now
+    yield wait_until(lambda: lines("tock") >= 3, timeout=30, what="two more tocks")
+    assert lines("tick") == ticks
+    assert broker.broker.drops.total == 0
