@@ -2,12 +2,13 @@
 
 Roles:
 
-``worker ENDPOINT SLOTS``
-    A DEALER that INFORMs (queue ``default``), waits for the ACK, sends SLOTS READYs and
-    prints ``READY``; then answers every REQUEST with a REPLY (``{"value": body}``) and a
-    READY, as the original job manager does, and records when each broker HEARTBEAT
-    arrives. ``REPORT`` on stdin prints a JSON line (requests served, the largest gap
-    between two HEARTBEATs since the last report) and starts a new window; EOF ends it.
+``workers ENDPOINT COUNT SLOTS``
+    COUNT workers in one process, each a DEALER that INFORMs (queue ``default``), waits
+    for the ACK and sends SLOTS READYs; then ``READY`` is printed. Each answers every
+    REQUEST with a REPLY (``{"value": body}``) and a READY, as the original job manager
+    does, and records when each broker HEARTBEAT arrives. ``REPORT`` on stdin prints a JSON
+    line (requests served by each, the largest gap between two HEARTBEATs at any of them
+    since the last report) and starts a new window; EOF ends it.
 ``relay CLIENT_PORT WORKER_PORT``
     The baseline: a raw pyzmq ROUTER relay doing the broker's hops for the same frames
     (client REQUEST -> least recently ready worker with the client's msgid -> dispatch
@@ -84,57 +85,72 @@ def stdin_lines() -> list[str] | None:
     return lines
 
 
-def worker(endpoint: str, slots: str) -> None:
+class BenchWorker:
+    """One eMQP worker (a DEALER): answers REQUESTs, times the broker's HEARTBEATs."""
+
+    def __init__(self, context: zmq.Context, endpoint: str, slots: int) -> None:
+        self.sock = sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, msgid())
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(endpoint)
+        sock.send_multipart([b"", PROTOCOL, b"INFORM", msgid(), b'[[10, "default"]]', b"worker"])
+        while sock.recv_multipart()[2] != b"ACK":
+            pass
+        for _ in range(slots):
+            sock.send_multipart([b"", PROTOCOL, b"READY", msgid()])
+        self.send, self.recv, self.ids = sender(sock), receiver(sock), itertools.cycle(POOL)
+        self.served = 0
+        self.last_beat: float | None = None
+        self.worst_gap = 0.0
+
+    def drain(self) -> None:
+        send, recv, ids = self.send, self.recv, self.ids
+        for _ in range(1000):
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            command = frames[2]
+            if command == b"REQUEST":
+                self.served += 1
+                result = b'{"value": ' + frames[6] + b"}"
+                send([b"", PROTOCOL, b"REPLY", next(ids), result, frames[3]])
+                send([b"", PROTOCOL, b"READY", next(ids)])
+            elif command == b"HEARTBEAT":
+                now = time.monotonic()
+                if self.last_beat is not None:
+                    self.worst_gap = max(self.worst_gap, now - self.last_beat)
+                self.last_beat = now
+
+
+def workers(endpoint: str, count: str, slots: str) -> None:
+    """COUNT workers in one process: fewer process wake-ups than one process each, so the
+    load generators leave more of the two cores to what they measure."""
     context = zmq.Context()
-    sock = context.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, msgid())
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.connect(endpoint)
-    sock.send_multipart([b"", PROTOCOL, b"INFORM", msgid(), b'[[10, "default"]]', b"worker"])
-    while True:
-        frames = sock.recv_multipart()
-        if frames[2] == b"ACK":
-            break
-    for _ in range(int(slots)):
-        sock.send_multipart([b"", PROTOCOL, b"READY", msgid()])
+    team = [BenchWorker(context, endpoint, int(slots)) for _ in range(int(count))]
     print("READY", flush=True)
-    served = 0
-    last_beat = None
-    worst_gap = 0.0
     poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
+    for member in team:
+        poller.register(member.sock, zmq.POLLIN)
     poller.register(sys.stdin, zmq.POLLIN)
-    send, recv, ids = sender(sock), receiver(sock), itertools.cycle(POOL)
+    by_socket = {member.sock: member for member in team}
     while True:
         events = dict(poller.poll(1000))
-        if sock in events:
-            for _ in range(1000):
-                try:
-                    frames = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                command = frames[2]
-                if command == b"REQUEST":
-                    served += 1
-                    result = b'{"value": ' + frames[6] + b"}"
-                    send([b"", PROTOCOL, b"REPLY", next(ids), result, frames[3]])
-                    send([b"", PROTOCOL, b"READY", next(ids)])
-                elif command == b"HEARTBEAT":
-                    now = time.monotonic()
-                    if last_beat is not None:
-                        worst_gap = max(worst_gap, now - last_beat)
-                    last_beat = now
+        for sock, member in by_socket.items():
+            if sock in events:
+                member.drain()
         if sys.stdin.fileno() in events or sys.stdin in events:
             lines = stdin_lines()
             if lines is None:
                 return
-            for line in lines:
-                if line == "REPORT":
-                    print(json.dumps({"served": served, "worst_heartbeat_gap_s": worst_gap}),
-                          flush=True)  # fmt: skip
-                    worst_gap = 0.0
-                    last_beat = None
+            if "REPORT" in lines:  # the window since the last one; a new window starts
+                print(json.dumps({
+                    "served": [m.served for m in team],
+                    "worst_heartbeat_gap_s": max(m.worst_gap for m in team),
+                }), flush=True)  # fmt: skip
+                for member in team:
+                    member.worst_gap, member.last_beat = 0.0, None
 
 
 def relay(client_port: str, worker_port: str) -> None:
@@ -250,7 +266,7 @@ def client(endpoint: str, jobs: str, window: str, headers: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    roles = {"worker": worker, "relay": relay, "client": client}
+    roles = {"workers": workers, "relay": relay, "client": client}
     roles[argv[0]](*argv[1:])
 
 
