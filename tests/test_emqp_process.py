@@ -127,6 +127,36 @@ def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
 
 
 @pytest_twisted.inlineCallbacks
+def test_our_worker_informs_again_after_a_kill_9_of_the_broker(tmp_path: Path) -> Any:
+    data = tmp_path / "emqp"
+    broker = BrokerProcess(data)
+    restarted = client = worker = None
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        endpoints, ports = broker.endpoints, broker.ports()
+        worker = EmqpWorker(endpoints["worker"], handlers={"add": add}, heartbeat_interval=0.2)
+        worker.startService()
+        yield wait_until(lambda: worker.registered, what="the worker's ACK")
+        assert broker.stop(signal.SIGKILL) == -signal.SIGKILL  # no KBYE: it just vanishes
+        restarted = BrokerProcess(data, ports)
+        yield wait_until(restarted.ready, timeout=30, what="the broker again")
+        # The new broker answers the worker's HEARTBEAT with KBYE (or the worker notices
+        # the silence); either way it INFORMs again and serves.
+        yield wait_until(lambda: worker.informs >= 2 and worker.registered, what="re-INFORM")
+        client = EmqpClient(endpoints["client"])
+        assert (yield client.submit("default", ["add", {"a": 5, "b": 6}])) == 11
+    finally:
+        if client is not None:
+            client.close()
+        if worker is not None:
+            yield worker.stopService()
+        if broker.process.poll() is None:
+            broker.stop()
+        if restarted is not None:
+            assert restarted.stop() in CLEAN_EXIT, restarted.log_path.read_text()
+
+
+@pytest_twisted.inlineCallbacks
 def test_composed_into_the_product_its_job_life_is_on_the_bus(tmp_path: Path) -> Any:
     product = Product(
         tmp_path, "--port", "0", "--data-dir", "bus-data", "--emqp-data-dir", "emqp-data",

@@ -378,7 +378,16 @@ class EmqpService(Service):
                 {n.decode("utf-8", "replace"): len(q.waiting) for n, q in broker.queues.items()},
             ),
             gauge("emqp_workers", "Workers connected", len(broker.workers)),
-            gauge("emqp_in_flight", "Requests dispatched and not yet replied", len(broker.jobs)),
+            gauge(
+                "emqp_requests_open",
+                "Requests accepted and not yet answered (waiting or dispatched)",
+                len(broker.jobs),
+            ),
+            gauge(
+                "emqp_in_flight",
+                "Requests dispatched and not yet replied",
+                sum(len(w.inflight) for w in broker.workers.values()),
+            ),
             counter("emqp_storage_errors", "Job store commits refused", self.storage_errors),
             counter(
                 "emqp_client_send_failures",
