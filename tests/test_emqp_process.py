@@ -244,3 +244,30 @@ def test_emqp_cli_submit_and_status(tmp_path: Path) -> Any:
         if worker is not None:
             yield worker.stopService()
         assert broker.stop() in CLEAN_EXIT, broker.log_path.read_text()
+
+
+def test_a_busy_port_stops_the_product_with_one_line_naming_the_emqp_option(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        run = subprocess.run(
+            [
+                TWISTD, "-n", "--pidfile=", "eventbus", "--port", "0", "--http-port", "0",
+                "--data-dir", str(tmp_path / "bus"), "--emqp-admin-port", str(port),
+            ],
+            capture_output=True, text=True, cwd=tmp_path, env=environment(), timeout=60,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    [line] = [line for line in output.splitlines() if "cannot start" in line]
+    assert f"cannot start emqp: --emqp-admin-port {port}: cannot bind" in line
+    assert "in use" in line and "Traceback" not in output
