@@ -369,3 +369,30 @@ def test_a_busy_port_names_its_option(tmp_path: Path) -> None:
         assert "in use" in error.value.cause
     finally:
         taken.close(0)
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_answer_waits_for_its_client_to_come_back(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup, reply_linger=1.0)
+    worker = RawWorker(broker.endpoints["worker"])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="ACK")
+    worker.ready(2)
+    first = RawClient(broker.endpoints["client"], identity=b"comes-back")
+    msgid = first.request("default", 1)
+    yield wait_until(lambda: first.acks(msgid), what="dispatched")
+    first.close()  # gone before its result
+    worker.reply(worker.requests()[0], "late but delivered")
+    yield wait_until(lambda: broker.status()["answers_held"] == 1, what="the answer held")
+    again = RawClient(broker.endpoints["client"], identity=b"comes-back")
+    cleanup.append(again)
+    yield wait_until(lambda: again.results(msgid), what="the held answer")
+    assert again.results(msgid) == [{"value": "late but delivered"}]
+    # A client that never comes back: its answer is dropped after --reply-linger, counted.
+    gone = RawClient(broker.endpoints["client"], identity=b"never-again")
+    other = gone.request("default", 2)
+    yield wait_until(lambda: gone.acks(other), what="dispatched")
+    gone.close()
+    worker.reply(worker.requests()[1], "nobody listens")
+    yield wait_until(lambda: broker.client_send_failures == 1, what="the answer dropped")
+    assert broker.status()["answers_held"] == 0

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from collections import deque
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,22 @@ from bus.transport.zmqsocket import (
 log = Logger(namespace="bus.emqp")
 
 _NOBLOCK = zmq.NOBLOCK
+#: Clients with answers waiting for them at most, and how often the waiting are looked at.
+_MAX_HELD_CLIENTS = 10_000
+_HELD_TICK = 0.05
+
+
+@dataclass(slots=True)
+class _HeldAnswers:
+    """Answers for one client that was not reachable, oldest first."""
+
+    sock: ZmqSocket
+    deadline: float
+    next_try: float
+    delay: float = _HELD_TICK
+    messages: deque[list[bytes]] = field(default_factory=deque)
+
+
 _MORE = zmq.NOBLOCK | zmq.SNDMORE
 
 
@@ -67,7 +84,7 @@ class EmqpService(Service):
         self._stopping: defer.Deferred[None] | None = None
         self._started_at = 0.0
         self._heartbeat_due = 0.0
-        self._held: list[tuple[float, ZmqSocket, list[bytes]]] = []
+        self._held: dict[tuple[int, bytes], _HeldAnswers] = {}
         self._held_retry: DelayedCall | None = None
         #: How late the latest heartbeat rounds went out, at most (timer lag under load).
         self.max_heartbeat_lag = 0.0
@@ -168,8 +185,8 @@ class EmqpService(Service):
         self._periodic.stop_all()
         if self._held_retry is not None and self._held_retry.active():
             self._held_retry.cancel()
-        self.client_send_failures += len(self._held)
-        self._held = []
+        self.client_send_failures += sum(len(h.messages) for h in self._held.values())
+        self._held = {}
         if self.broker is not None:
             for sock in (self.worker_socket, self.client_socket, self.admin_socket):
                 if sock is not None:  # what has arrived is handled (and stored) first
@@ -260,28 +277,46 @@ class EmqpService(Service):
 
     def _hold(self, sock: ZmqSocket | None, messages: list[list[bytes]]) -> None:
         """Answers whose client is not connected (yet: its socket reconnects after a broker
-        restart) are tried again for ``reply_linger`` seconds, then dropped and counted."""
+        restart) are tried again, with a backoff per client, for ``reply_linger`` seconds,
+        then dropped and counted. The backoff keeps one-shot clients that are gone for good
+        (the original's ``Sender``) cheap: a few tries each."""
         if sock is None:
+            self.client_send_failures += len(messages)
             return
-        deadline = self.reactor.seconds() + self.config.reply_linger
-        self._held.extend((deadline, sock, frames) for frames in messages)
-        if self._held_retry is None or not self._held_retry.active():
-            self._held_retry = self.reactor.callLater(0.05, self._send_held)
+        now = self.reactor.seconds()
+        for frames in messages:
+            key = (id(sock), frames[0])
+            held = self._held.get(key)
+            if held is None:
+                if len(self._held) >= _MAX_HELD_CLIENTS:
+                    self.client_send_failures += 1
+                    continue
+                held = self._held[key] = _HeldAnswers(sock, now + self.config.reply_linger, now)
+            held.messages.append(frames)
+        if self._held and (self._held_retry is None or not self._held_retry.active()):
+            self._held_retry = self.reactor.callLater(_HELD_TICK, self._send_held)
 
     def _send_held(self) -> None:
         self._held_retry = None
-        held, self._held = self._held, []
         now = self.reactor.seconds()
-        for deadline, sock, frames in held:
-            if sock.closed:
+        for key, held in list(self._held.items()):
+            if held.sock.closed:
+                del self._held[key]
                 continue
-            if self._send_each(sock, [frames]):
-                if now < deadline:
-                    self._held.append((deadline, sock, frames))
-                else:
-                    self.client_send_failures += 1
+            if held.next_try > now:
+                continue
+            while held.messages and not self._send_each(held.sock, [held.messages[0]]):
+                held.messages.popleft()
+            if not held.messages:
+                del self._held[key]
+            elif now >= held.deadline:
+                self.client_send_failures += len(held.messages)
+                del self._held[key]
+            else:
+                held.delay = min(held.delay * 2, 1.0)
+                held.next_try = now + held.delay
         if self._held:
-            self._held_retry = self.reactor.callLater(0.05, self._send_held)
+            self._held_retry = self.reactor.callLater(_HELD_TICK, self._send_held)
 
     @staticmethod
     def _send_each(sock: ZmqSocket | None, messages: list[list[bytes]]) -> list[list[bytes]]:
@@ -343,7 +378,7 @@ class EmqpService(Service):
             "storage_errors": self.storage_errors,
             "storage_error": self.storage_error,
             "client_send_failures": self.client_send_failures,
-            "answers_held": len(self._held),
+            "answers_held": sum(len(h.messages) for h in self._held.values()),
             "worker_send_failures": self.worker_send_failures,
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "config": {k: str(v) for k, v in asdict(self.config).items()},
