@@ -19,7 +19,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from bus.errors import ProtocolError
 
@@ -88,13 +88,13 @@ class Ack:
     acked: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Ready:
+# The commands a broker handles for every job are named tuples: immutable like the frozen
+# dataclasses of the others, and about three times cheaper to build.
+class Ready(NamedTuple):
     msgid: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Request:
+class Request(NamedTuple):
     msgid: bytes
     queue: bytes
     headers: Headers
@@ -108,8 +108,7 @@ class Request:
         return json.loads(self.body)
 
 
-@dataclass(frozen=True, slots=True)
-class Reply:
+class Reply(NamedTuple):
     """A result: from a worker to the broker, or forwarded by the broker to the client."""
 
     msgid: bytes
@@ -120,16 +119,14 @@ class Reply:
         return json.loads(self.result)
 
 
-@dataclass(frozen=True, slots=True)
-class DispatchAck:
+class DispatchAck(NamedTuple):
     """The broker tells a client its request went to a worker (a 5-frame REPLY)."""
 
     msgid: bytes
     request_msgid: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(NamedTuple):
     msgid: bytes
     #: The sender's ``time.time()`` as text (the original's), or empty (the text's).
     sent_at: bytes
@@ -267,10 +264,25 @@ def _header_number(name: str, text: str, largest: int) -> int:
     return number
 
 
+_HEADERS_SEEN: dict[bytes, Headers] = {}
+
+
 def parse_headers(frame: bytes) -> Headers:
     """``reply-requested,guarantee,retry-count:N,timeout:N`` (any order; unknown names kept)."""
     if not frame:
         return NO_HEADERS
+    # Clients send a handful of distinct header strings: each is parsed once.
+    seen = _HEADERS_SEEN.get(frame)
+    if seen is not None:
+        return seen
+    headers = _parse_headers(frame)
+    if len(_HEADERS_SEEN) >= 1024:
+        _HEADERS_SEEN.clear()
+    _HEADERS_SEEN[frame] = headers
+    return headers
+
+
+def _parse_headers(frame: bytes) -> Headers:
     if len(frame) > MAX_HEADERS_BYTES:
         raise EmqpError(f"headers over {MAX_HEADERS_BYTES} bytes", "bad-header")
     reply = guarantee = False
