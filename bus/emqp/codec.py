@@ -195,10 +195,14 @@ def _msgid(frame: bytes) -> bytes:
     return frame
 
 
+_decode_json = json.JSONDecoder().decode
+
+
 def _json(frame: bytes, what: str) -> Any:
-    _check_text(frame, what)
+    # Decoded here: json.loads(bytes) would first guess the encoding, at every message.
+    text = _text(frame, what)
     try:
-        return json.loads(frame)
+        return _decode_json(text)
     except (ValueError, RecursionError):
         raise EmqpError(f"{what} is not JSON", "bad-json") from None
 
