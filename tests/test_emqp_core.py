@@ -223,3 +223,23 @@ def test_bad_peers_are_counted() -> None:
         "unexpected-command": 1,
         "duplicate-msgid": 1,
     }
+
+
+def test_the_store_checkpoints_off_the_committing_connection(tmp_path: Path) -> None:
+    from bus.emqp.store import StoredJob
+
+    store = JobStore(tmp_path)
+    for n in range(200):
+        msgid = b"job-%d" % n
+        store.put(StoredJob(msgid, store.next_position(), b"c", b"q", b"", b"1", 0.0, 0, 1))
+        store.commit()
+        store.remove(msgid)
+        store.commit()
+    wal = tmp_path / "emqp.sqlite3-wal"
+    assert wal.stat().st_size > 0  # no automatic checkpoint inside the commits
+    assert store.checkpoint() > 0
+    store.close()
+    assert not wal.exists() or wal.stat().st_size == 0
+    again = JobStore(tmp_path)
+    assert again.load() == [] and again.next_position() == 1
+    again.close()

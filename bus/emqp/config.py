@@ -35,6 +35,8 @@ class EmqpConfig:
     #: How often expired ``timeout:N`` requests are looked for.
     timeout_check: float = 0.05
     stats_interval: float = 10.0
+    #: How often the WAL is moved into the database, on a worker thread.
+    checkpoint_interval: float = 1.0
     #: How long an answer waits for its client to (re)connect before it is dropped.
     reply_linger: float = 10.0
     tcp_keepalive_idle: int | None = 60

@@ -19,9 +19,10 @@ from typing import Any
 
 import zmq
 from twisted.application.service import Service
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import RateLimit
@@ -37,6 +38,7 @@ from bus.transport.zmqsocket import (
     ZmqSocket,
     reactor_of,
 )
+from bus.workers import worker_pool
 
 log = Logger(namespace="bus.emqp")
 
@@ -86,6 +88,8 @@ class EmqpService(Service):
         self._heartbeat_due = 0.0
         self._held: dict[tuple[int, bytes], _HeldAnswers] = {}
         self._held_retry: DelayedCall | None = None
+        self._checkpoints = worker_pool("emqp-checkpoint")
+        self._checkpointing: defer.Deferred[Any] | None = None
         #: How late the latest heartbeat rounds went out, at most (timer lag under load).
         self.max_heartbeat_lag = 0.0
         self.client_send_failures = 0
@@ -118,6 +122,8 @@ class EmqpService(Service):
         every = self._periodic.every
         every(interval, self._heartbeat)
         every(config.timeout_check, self._expire)
+        self._checkpoints.start()
+        every(config.checkpoint_interval, self._checkpoint)
         if config.stats_interval > 0:
             every(config.stats_interval, self._report)
         self._write_status()
@@ -194,6 +200,16 @@ class EmqpService(Service):
             self.broker.shutdown()
             self._flush()
         self._close_sockets()
+        # The store closes once a checkpoint running in its thread is done.
+        running = self._checkpointing or defer.succeed(None)
+        self._stopping = defer.Deferred()
+        running.addBoth(lambda _: self._close_store())
+        return self._stopping
+
+    def _close_store(self) -> None:
+        assert self._stopping is not None
+        if self._checkpoints.started:
+            self._checkpoints.stop()
         if self.store is not None:
             try:
                 self.store.close()
@@ -201,7 +217,7 @@ class EmqpService(Service):
                 log.error("job store closed with unsaved changes: {error}", error=str(error))
         self._write_status()
         log.info("eMQP broker stopped")
-        return self._stopping
+        self._stopping.callback(None)
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -349,6 +365,24 @@ class EmqpService(Service):
         self._heartbeat_due = now + self.config.broker.heartbeat_interval
         self.broker.heartbeat()
         self._flush()
+
+    def _checkpoint(self) -> None:
+        """Move the WAL into the database on a worker thread (SQLite releases the GIL)."""
+        if self._checkpointing is not None or self.store is None:
+            return
+        store = self.store
+        self._checkpointing = threads.deferToThreadPool(
+            self.reactor, self._checkpoints, store.checkpoint
+        )
+
+        def done(result: Any) -> None:
+            self._checkpointing = None
+            if isinstance(result, Failure):
+                self.storage_errors += 1
+                if self._faults.due("checkpoint") is not None:
+                    log.error("job store checkpoint failed: {error}", error=str(result.value))
+
+        self._checkpointing.addBoth(done)
 
     def _expire(self) -> None:
         broker = self.broker

@@ -67,6 +67,9 @@ class JobStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             synchronous = "FULL" if durability == "full" else "NORMAL"
             self._db.execute(f"PRAGMA synchronous={synchronous}")
+            # An automatic checkpoint would run inside a commit, on the reactor thread: the
+            # owner calls checkpoint() from a worker thread instead.
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT max(position) FROM jobs").fetchone()
         except sqlite3.Error as error:
@@ -75,6 +78,7 @@ class JobStore:
         self._next_position = (row[0] or 0) + 1
         #: msgid -> the row to write, or None to delete it; applied by commit().
         self._pending: dict[bytes, StoredJob | None] = {}
+        self._checkpointer: sqlite3.Connection | None = None
         self.stored = 0
         self.commits = 0
         self._closed = False
@@ -142,11 +146,31 @@ class JobStore:
     def count(self) -> int:
         return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
+    def checkpoint(self) -> int:
+        """Copy committed WAL pages into the database without blocking the writer (PASSIVE,
+        on a connection of its own): safe from one worker thread while the owner commits.
+        Returns the pages copied; raises :class:`StorageError` when SQLite cannot."""
+        try:
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
+            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as error:
+            raise StorageError(str(error)) from error
+        return int(row[2])
+
     def close(self) -> None:
+        """Commit what is pending, empty the WAL and close (call it once no checkpoint()
+        runs). Raises :class:`StorageError` when the last commit fails; closed anyway."""
         if self._closed:
             return
         self._closed = True
         try:
             self.commit()
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
             self._db.close()
