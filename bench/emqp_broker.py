@@ -34,6 +34,7 @@ from _common import (
     HOST,
     Cleanup,
     CpuAccount,
+    RunQueueSampler,
     TwistdProcess,
     Worker,
     add_common_arguments,
@@ -140,9 +141,14 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             client = peer(stack, "client", f"tcp://{HOST}:{client_port}", jobs, window, headers)
             client.wait_ready()
             account = CpuAccount(live=[pid, team.proc.pid])
+            # How long the forwarder's (main) thread waited for a CPU: a late heartbeat on
+            # a shared machine is often a thread that was not given one.
+            sampler = RunQueueSampler(pid).start()
             client.go()
             result = client.result()
             result["foreign_cores"] = account.stop()
+            sampler.stop()
+            result["run_queue_worst_100ms_ms"] = round(sampler.worst_wait() * 1000, 1)
             result["worst_heartbeat_gap_s"] = team.report()["worst_heartbeat_gap_s"]
             if kind == "broker":
                 # The broker's own view: how late its heartbeat timer fired (so far).
@@ -181,6 +187,11 @@ def main() -> None:
         for mode in ("pipelined", "guaranteed")
     )
     timer_ms = max(run["guaranteed"]["broker_timer_lag_ms"] for run in runs["broker"])
+    starved_ms = max(
+        run[mode]["run_queue_worst_100ms_ms"]
+        for run in runs["broker"]
+        for mode in ("pipelined", "guaranteed")
+    )
     ratio = rate / base_rate
     verdict = (
         rate >= TARGET_RATE and ratio >= TARGET_RATIO and p50 < TARGET_P50_US
@@ -194,7 +205,8 @@ def main() -> None:
             f"{fmt_rate(rate)} jobs/s pipelined (4 workers); round trip p50 {p50:.0f} us, "
             f"p99 {p99:.0f} us; guaranteed {fmt_rate(guaranteed)} jobs/s; heartbeats at most "
             f"{late_ms:.1f} ms late while saturated (at the workers; the broker's timer at "
-            f"most {timer_ms:.1f} ms)"
+            f"most {timer_ms:.1f} ms; its thread waited up to {starved_ms:.0f} ms for a CPU "
+            "within 100 ms)"
         ),
         baseline=(
             f"raw pyzmq ROUTER relay: {fmt_rate(base_rate)} jobs/s pipelined; p50 "
