@@ -354,6 +354,8 @@ def test_process_pool_and_run_bodies(tmp_path: Path, cleanup: list[Any]) -> Any:
     body = ["run", {"path": "collections:Counter", "callable": "most_common",
                     "class_args": ["abracadabra"], "args": [1]}]  # fmt: skip
     assert (yield client.submit("default", body)) == [["a", 5]]
+    body = ["run", {"path": "os.path:join", "args": ["x", "y"]}]
+    assert (yield client.submit("default", body)) == "x/y"
 
 
 def test_a_busy_port_names_its_option(tmp_path: Path) -> None:

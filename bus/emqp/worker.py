@@ -45,15 +45,20 @@ class NoHandler(Exception):
 
 def run_callable(params: dict[str, Any]) -> Any:
     """The original's ``run`` subcommand: import ``path`` (``pkg.mod`` or ``pkg.mod:Class``),
-    instantiate the class if one is named, call ``callable`` with ``args``/``kwargs``."""
+    instantiate the class if one is named, call ``callable`` with ``args``/``kwargs``; a
+    ``path`` of ``pkg.mod:function`` without ``callable`` names the function itself."""
     if not isinstance(params, dict):
         raise TypeError("run wants an object with path and callable")
-    module_name, _, class_name = str(params["path"]).partition(":")
+    module_name, _, after = str(params["path"]).partition(":")
     target: Any = importlib.import_module(module_name)
-    if class_name:
-        cls = getattr(target, class_name)
-        target = cls(*params.get("class_args") or (), **params.get("class_kwargs") or {})
-    function = getattr(target, str(params["callable"]))
+    if "callable" in params:
+        if after:  # pkg.mod:Class, the original's form for a method
+            cls = getattr(target, after)
+            target = cls(*params.get("class_args") or (), **params.get("class_kwargs") or {})
+        name = str(params["callable"])
+    else:  # pkg.mod:function
+        name = after
+    function = getattr(target, name)
     return function(*params.get("args") or (), **params.get("kwargs") or {})
 
 
