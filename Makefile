@@ -1,6 +1,7 @@
 # Two commands for a fresh machine (Python 3.11, make):
 #   make run    set up .venv and run `twistd -n eventbus` (127.0.0.1:5556-5558, log in ./eventbus-data)
-#   make test   set up .venv with test and Spark extras and run the whole test suite
+#   make test   set up .venv with test and Spark extras (and .venv-interop with the real
+#               eventmq) and run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
@@ -20,10 +21,20 @@ $(VENV)/.test-deps: setup.cfg pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark]"
 	touch $@ $(VENV)/.run-deps
 
+# The real eventmq 0.3.13 for the eMQP interoperability tests, in its own venv: it pins
+# pyzmq 18.1.0, which does not build on this Python, so it goes in without its pins.
+INTEROP ?= .venv-interop
+$(INTEROP)/.installed: Makefile
+	$(PYTHON) -m venv $(INTEROP)
+	$(INTEROP)/bin/python -m pip install --quiet --no-deps eventmq==0.3.13
+	$(INTEROP)/bin/python -m pip install --quiet "pyzmq>=25,<28" "six>=1.14,<2" monotonic==0.4 \
+		croniter==0.3.10 psutil "future>=0.18.3"
+	touch $@
+
 run: $(VENV)/.run-deps
 	$(BIN)/twistd -n eventbus $(ARGS)
 
-test: $(VENV)/.test-deps
+test: $(VENV)/.test-deps $(INTEROP)/.installed
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(VENV)/.test-deps
@@ -35,4 +46,4 @@ bench: $(VENV)/.run-deps
 	@echo "see bench/README.md"
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(INTEROP) build *.egg-info

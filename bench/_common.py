@@ -573,10 +573,10 @@ class Worker:
     """One ``_workers.py ROLE`` process: it prints ``READY`` when set up, reads ``GO`` on
     stdin when it must wait for one, and prints one JSON line with its result."""
 
-    def __init__(self, role: str, *args: object) -> None:
+    def __init__(self, role: str, *args: object, script: Path = WORKERS) -> None:
         self.role = role
         self.proc = subprocess.Popen(
-            [PYTHON, str(WORKERS), role, *map(str, args)],
+            [PYTHON, str(script), role, *map(str, args)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -18,9 +18,10 @@ from bus.eventbus.config import EventBusConfig
 from bus.polling import ConditionTimeout, wait_until
 
 if TYPE_CHECKING:
+    from bus.emqp.server import EmqpService
     from bus.eventbus.server import EventBusService
 
-__all__ = ["ConditionTimeout", "RawPeer", "start_bus", "wait_until"]
+__all__ = ["ConditionTimeout", "RawPeer", "start_broker", "start_bus", "wait_until"]
 
 
 def start_bus(data_dir: Path | str, reactor: Any = None, **settings: Any) -> EventBusService:
@@ -34,6 +35,27 @@ def start_bus(data_dir: Path | str, reactor: Any = None, **settings: Any) -> Eve
         **settings,
     )
     service = EventBusService(config, reactor=reactor)
+    service.startService()
+    return service
+
+
+def start_broker(
+    data_dir: Path | str, reactor: Any = None, activity: Any = None, **settings: Any
+) -> EmqpService:
+    """Start an eMQP broker on free ports of 127.0.0.1 with its store in ``data_dir``;
+    ``settings`` override :class:`~bus.emqp.core.BrokerSettings` fields (or, for those it
+    lacks, :class:`~bus.emqp.config.EmqpConfig` fields). Its ``endpoints`` name the ports."""
+    from bus.activity import NO_ACTIVITY
+    from bus.emqp.config import EmqpConfig
+    from bus.emqp.core import BrokerSettings
+    from bus.emqp.server import EmqpService
+
+    broker_fields = set(BrokerSettings.__dataclass_fields__)
+    broker = BrokerSettings(**{k: v for k, v in settings.items() if k in broker_fields})
+    fields: dict[str, Any] = {"worker_port": 0, "client_port": 0, "admin_port": 0}
+    fields.update((k, v) for k, v in settings.items() if k not in broker_fields)
+    config = EmqpConfig(data_dir=Path(data_dir), stats_interval=0, broker=broker, **fields)
+    service = EmqpService(config, activity or NO_ACTIVITY, reactor=reactor)
     service.startService()
     return service
 

@@ -18,9 +18,9 @@ class _DaemonThread(threading.Thread):
         super().__init__(*args, daemon=True, **kwargs)
 
 
-def worker_pool(name: str) -> ThreadPool:
-    """A one-thread pool of daemon threads; ``start()`` it, ``stop()`` it once its work
-    is done (stop joins the thread)."""
-    pool = ThreadPool(minthreads=1, maxthreads=1, name=name)
+def worker_pool(name: str, threads: int = 1) -> ThreadPool:
+    """A pool of ``threads`` daemon threads (one by default: work stays in order);
+    ``start()`` it, ``stop()`` it once its work is done (stop joins the threads)."""
+    pool = ThreadPool(minthreads=min(1, threads), maxthreads=threads, name=name)
     pool.threadFactory = _DaemonThread
     return pool

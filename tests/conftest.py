@@ -3,12 +3,26 @@ global reactor before pytest-twisted installs its own)."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
+
+# `twistd -n eventbus` composes the eMQP broker by default, on the original's fixed ports
+# (47290, 47291, 47293) and ./emqp-data: the products these tests start (and inherit this
+# environment) take free ports and a directory of this session instead, so that they never
+# collide with each other or with a broker running on this machine.
+_EMQP_DATA = tempfile.mkdtemp(prefix="tests-emqp-")
+atexit.register(shutil.rmtree, _EMQP_DATA, True)
+for _name in ("EMQP_WORKER_PORT", "EMQP_CLIENT_PORT", "EMQP_ADMIN_PORT"):
+    os.environ.setdefault(_name, "0")
+os.environ.setdefault("EMQP_DATA_DIR", _EMQP_DATA)
 
 
 @pytest.fixture

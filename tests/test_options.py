@@ -10,6 +10,7 @@ import pytest
 from twisted.python import usage
 
 from bus import tap
+from bus.emqp import tap as emqp_tap
 from bus.mc0 import tap as mc0_tap
 from bus.options import parse_duration
 from bus.services import SERVICE_NAMES, SERVICES
@@ -33,7 +34,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
     for name in list(os.environ):
-        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "MC0_", "ZRE_", "DBP_")):
+        if name.startswith(("EVENTBUS_", "SPARK_BRIDGE_", "EMQP_", "MC0_", "ZRE_", "DBP_")):
             monkeypatch.delenv(name)
 
 
@@ -50,6 +51,27 @@ def test_defaults_run_the_protocols_with_http_on() -> None:
         "mc0-data",
         False,
     )
+    emqp = options["service-options"]["emqp"]["emqp-config"]
+    assert (emqp.bind, emqp.worker_port, emqp.client_port, emqp.admin_port) == (
+        "127.0.0.1", 47290, 47291, 47293,
+    )  # fmt: skip
+    assert str(emqp.data_dir) == "emqp-data"
+
+
+def test_emqp_options_from_every_layer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(
+        tmp_path, '[emqp]\nqueue-limit = 7\nheartbeat-interval = "2s"\nworker-port = 1\n'
+    )
+    monkeypatch.setenv("EMQP_HEARTBEAT_INTERVAL", "500ms")
+    options = parse("--config", config, "--emqp-worker-port", "5000")
+    emqp = options["service-options"]["emqp"]["emqp-config"]
+    assert emqp.broker.queue_limit == 7  # file
+    assert emqp.broker.heartbeat_interval == 0.5  # environment over file
+    assert emqp.worker_port == 5000  # command line over file
+    with pytest.raises(usage.UsageError, match="--emqp-durability must be normal or full"):
+        parse("--emqp-durability", "maybe")
+    with pytest.raises(usage.UsageError, match="--emqp-worker-port, --emqp-client-port and"):
+        parse("--emqp-client-port", "47290")
 
 
 def test_each_layer_overrides_the_one_below(
@@ -172,6 +194,8 @@ def test_every_service_option_is_offered_with_its_prefix() -> None:
         assert f"spark-bridge-{spec.name}" in product
     for spec in mc0_tap.Options.option_specs():
         assert f"mc0-{spec.name}" in product
+    for spec in emqp_tap.Options.option_specs():
+        assert f"emqp-{spec.name}" in product
     for name in ("port", "bind", "data-dir", "dialect", "services", "http-port", "config"):
         assert name in product
 
@@ -192,7 +216,7 @@ def test_durations() -> None:
 def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "bus.toml"
     options = parse("--config", str(example))
-    assert options["services"] == ("eventbus", "mc0", "dbp", "zre", "spark-bridge")
+    assert options["services"] == ("eventbus", "emqp", "mc0", "dbp", "zre", "spark-bridge")
     zre = options["service-options"]["zre"]["zre-config"]
     assert (zre.interface, zre.port, zre.groups, zre.expired) == ("lo", 5670, ["GLOBAL"], 30.0)
     dbp = options["service-options"]["dbp"]["dbp-config"]
@@ -203,6 +227,10 @@ def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -
         3,
         60.0,
     )
+    emqp = options["service-options"]["emqp"]["emqp-config"]
+    assert (emqp.worker_port, str(emqp.data_dir), emqp.broker.queue_limit) == (
+        47290, "emqp-data", 10_000,
+    )  # fmt: skip
     bus = options["service-options"]["eventbus"]["eventbus-config"]
     assert bus.retention.max_age == 30 * 86400
     mc0 = options["service-options"]["mc0"]["mc0-config"]

@@ -306,6 +306,11 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             self._schedule_read()
         return True
 
+    def look_for_input(self) -> None:
+        """Read on the next reactor turn: for callers that sent through :attr:`raw_send`
+        (ZeroMQ may not signal readable again after a send touched the socket)."""
+        self._schedule_read()
+
     def send_many(self, messages: Sequence[Sequence[bytes]]) -> int:
         """Send messages in order until one would block; return how many were sent."""
         send = self.raw_send

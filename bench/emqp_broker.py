@@ -1,0 +1,229 @@
+"""eMQP broker: client -> broker -> worker -> broker -> client, against a raw pyzmq relay.
+
+The broker under test is ``twistd -n emqp`` (heartbeats every 100 ms, so that their
+punctuality under load is measured). Four raw pyzmq workers (16 READY slots each, one
+process for the four: the load generators share the two cores with what they measure)
+answer every REQUEST with a REPLY and a READY, as the original job manager does, and
+record when each broker HEARTBEAT arrives. One raw pyzmq client process sends requests
+with ``reply-requested`` and times each one to its result:
+
+* latency: one request at a time (3,000): p50 and p99 of the round trip;
+* pipelined: up to 1,000 outstanding (60,000 jobs): jobs/s, and the largest gap between
+  two HEARTBEATs at the workers meanwhile (lateness = gap - 100 ms);
+* guaranteed: the same with ``guarantee`` (each request committed to SQLite before it is
+  dispatched and deleted once replied; durability normal).
+
+Baseline, same run: a raw pyzmq ROUTER relay process (``_emqp_peers.py relay``) doing
+the same hops with the same frames (dispatch acknowledgement included) between the same
+workers and client. Runs alternate baseline/broker ``--repeat`` times; medians reported.
+
+    python bench/emqp_broker.py [--repeat 3] [--jobs 60000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    HERE,
+    HOST,
+    Cleanup,
+    CpuAccount,
+    RunQueueSampler,
+    TwistdProcess,
+    Worker,
+    add_common_arguments,
+    fmt_rate,
+    free_ports,
+    machine,
+    median,
+    noise_line,
+    server_prefix,
+    summary,
+    terminate_on_sigterm,
+    wait_for_quiet,
+    wait_until,
+    workdir,
+)
+
+PEERS = HERE / "_emqp_peers.py"
+WORKERS = 4
+SLOTS = 16
+HEARTBEAT = 0.1
+TARGET_RATE = 20_000
+TARGET_RATIO = 0.5
+TARGET_P50_US = 300
+TARGET_LATE_MS = 50
+TARGET_GUARANTEED = 5_000
+
+
+@dataclass
+class Broker(TwistdProcess):
+    workdir: Path
+    prefix: list[str] = field(default_factory=list)
+    port: int = 0
+    proc: Any = None
+    label = "broker"
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.workdir / "data"
+        self.log_path = self.workdir / "twistd.log"
+        self.stdout_path = self.workdir / "stdout.txt"
+
+    def start(self) -> Broker:
+        self.port = free_ports(3)
+        argv = self._twistd_argv(
+            [
+                "emqp", "--bind", HOST, "--worker-port", str(self.port),
+                "--client-port", str(self.port + 1), "--admin-port", str(self.port + 2),
+                "--data-dir", str(self.data_dir), "--stats-interval", "0.5s",
+                "--heartbeat-interval", f"{HEARTBEAT}s", "--heartbeat-liveness", "1000",
+                "--queue-limit", "100000",
+            ]
+        )
+        self._spawn(argv, "EMQP_")
+        wait_until(
+            lambda: (self.data_dir / "status.json").exists(), 60, "the broker", self.check_alive
+        )
+        return self
+
+
+class Peer(Worker):
+    """A ``_emqp_peers.py ROLE`` process; workers report their heartbeat gaps on demand."""
+
+    def __init__(self, role: str, *args: object) -> None:
+        super().__init__(role, *args, script=PEERS)
+
+    def report(self) -> dict[str, Any]:
+        """The window since the last report (and a new window starts)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("REPORT\n")
+        self.proc.stdin.flush()
+        return self.result(30)
+
+
+def peer(stack: Cleanup, role: str, *args: object) -> Peer:
+    started = Peer(role, *args)
+    stack.callback(started.stop)
+    return started
+
+
+def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
+    """One target (relay or broker) with its workers; every mode's client in turn."""
+    results: dict[str, Any] = {}
+    with Cleanup() as stack:
+        if kind == "broker":
+            broker = Broker(root / f"broker-{index}", server_prefix(args.server_prefix))
+            stack.callback(broker.stop)
+            broker.start()
+            pid = broker.pid
+            worker_port, client_port = broker.port, broker.port + 1
+        else:
+            worker_port = free_ports(2)
+            client_port = worker_port + 1
+            relay = peer(stack, "relay", client_port, worker_port)
+            relay.wait_ready()
+            pid = relay.proc.pid
+        team = peer(stack, "workers", f"tcp://{HOST}:{worker_port}", WORKERS, SLOTS)
+        team.wait_ready()
+        modes = [("latency", 3_000, 1, "reply-requested"),
+                 ("pipelined", args.jobs, 1_000, "reply-requested")]  # fmt: skip
+        if kind == "broker":
+            modes.append(("guaranteed", args.jobs // 2, 1_000, "reply-requested,guarantee"))
+        for mode, jobs, window, headers in modes:
+            wait_for_quiet(args.wait_idle)
+            team.report()  # a new heartbeat window starts
+            client = peer(stack, "client", f"tcp://{HOST}:{client_port}", jobs, window, headers)
+            client.wait_ready()
+            account = CpuAccount(live=[pid, team.proc.pid])
+            # How long the forwarder's (main) thread waited for a CPU: a late heartbeat on
+            # a shared machine is often a thread that was not given one.
+            sampler = RunQueueSampler(pid).start()
+            client.go()
+            result = client.result()
+            result["foreign_cores"] = account.stop()
+            sampler.stop()
+            result["run_queue_worst_100ms_ms"] = round(sampler.worst_wait() * 1000, 1)
+            result["worst_heartbeat_gap_s"] = team.report()["worst_heartbeat_gap_s"]
+            if kind == "broker":
+                # The broker's own view: how late its heartbeat timer fired (so far).
+                status = json.loads((broker.data_dir / "status.json").read_text())
+                result["broker_timer_lag_ms"] = status["max_heartbeat_lag_ms"]
+            results[mode] = result
+            print(f"  {kind} {mode}: {fmt_rate(result['rate'])} jobs/s, p50 "
+                  f"{result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us", file=sys.stderr)  # fmt: skip
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=60_000)
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    terminate_on_sigterm()
+    info = machine()
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "broker": []}
+    with workdir("emqp-bench-", args.keep) as root:
+        for index in range(args.repeat):
+            for kind in ("baseline", "broker"):
+                runs[kind].append(run_target(kind, root, index, args))
+
+    def med(kind: str, mode: str, key: str) -> float:
+        return median([run[mode][key] for run in runs[kind]])
+
+    rate, base_rate = med("broker", "pipelined", "rate"), med("baseline", "pipelined", "rate")
+    p50, base_p50 = med("broker", "latency", "p50_us"), med("baseline", "latency", "p50_us")
+    p99, base_p99 = med("broker", "latency", "p99_us"), med("baseline", "latency", "p99_us")
+    guaranteed = med("broker", "guaranteed", "rate")
+    late_ms = max(
+        (run[mode]["worst_heartbeat_gap_s"] - HEARTBEAT) * 1000
+        for run in runs["broker"]
+        for mode in ("pipelined", "guaranteed")
+    )
+    timer_ms = max(run["guaranteed"]["broker_timer_lag_ms"] for run in runs["broker"])
+    starved_ms = max(
+        run[mode]["run_queue_worst_100ms_ms"]
+        for run in runs["broker"]
+        for mode in ("pipelined", "guaranteed")
+    )
+    ratio = rate / base_rate
+    verdict = (
+        rate >= TARGET_RATE and ratio >= TARGET_RATIO and p50 < TARGET_P50_US
+        and late_ms <= TARGET_LATE_MS and guaranteed >= TARGET_GUARANTEED
+    )  # fmt: skip
+    all_runs = [run[mode] for kind in runs for run in runs[kind] for mode in run]
+    summary(
+        "eMQP broker round trips",
+        info,
+        measured=(
+            f"{fmt_rate(rate)} jobs/s pipelined (4 workers); round trip p50 {p50:.0f} us, "
+            f"p99 {p99:.0f} us; guaranteed {fmt_rate(guaranteed)} jobs/s; heartbeats at most "
+            f"{late_ms:.1f} ms late while saturated (at the workers; the broker's timer at "
+            f"most {timer_ms:.1f} ms; its thread waited up to {starved_ms:.0f} ms for a CPU "
+            "within 100 ms)"
+        ),
+        baseline=(
+            f"raw pyzmq ROUTER relay: {fmt_rate(base_rate)} jobs/s pipelined; p50 "
+            f"{base_p50:.0f} us, p99 {base_p99:.0f} us"
+        ),
+        ratio=f"{ratio:.2f} of the relay's rate; p50 {p50 / base_p50:.2f}x the relay's",
+        target=(
+            f">= {fmt_rate(TARGET_RATE)} jobs/s and >= {TARGET_RATIO} of the relay, p50 < "
+            f"{TARGET_P50_US} us, heartbeats <= {TARGET_LATE_MS} ms late, guaranteed >= "
+            f"{fmt_rate(TARGET_GUARANTEED)}/s"
+        ),
+        verdict=verdict,
+        details=[noise_line(all_runs)],
+        json_path=args.json,
+        record={"runs": runs},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""eMQP broker settings (plain data: no sockets, no reactor)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bus.emqp.core import BrokerSettings
+from bus.emqp.store import Durability
+
+DEFAULT_BIND = "127.0.0.1"
+#: The original's ports: workers, clients, administration.
+DEFAULT_WORKER_PORT = 47290
+DEFAULT_CLIENT_PORT = 47291
+DEFAULT_ADMIN_PORT = 47293
+DEFAULT_DATA_DIR = "emqp-data"
+
+
+@dataclass(frozen=True, slots=True)
+class EmqpConfig:
+    """Where and how the broker serves. A port of 0 picks a free one (tests)."""
+
+    bind: str = DEFAULT_BIND
+    worker_port: int = DEFAULT_WORKER_PORT
+    client_port: int = DEFAULT_CLIENT_PORT
+    admin_port: int = DEFAULT_ADMIN_PORT
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    durability: Durability = "normal"
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    #: Largest message a peer may send; libzmq drops the connection of one that sends more.
+    max_message_size: int = 1024 * 1024
+    #: Messages queued per peer (both directions) before ZeroMQ pushes back.
+    hwm: int = 100_000
+    read_budget: int = 256
+    #: How often expired ``timeout:N`` requests are looked for.
+    timeout_check: float = 0.05
+    stats_interval: float = 10.0
+    #: How often the WAL is moved into the database, on a worker thread.
+    checkpoint_interval: float = 1.0
+    #: How long an answer waits for its client to (re)connect before it is dropped.
+    reply_linger: float = 10.0
+    tcp_keepalive_idle: int | None = 60

@@ -1,0 +1,706 @@
+"""The broker's state machine: decoded messages and time in, frames out.
+
+No sockets and no reactor here: :class:`Broker` takes each message with the ROUTER identity
+it came from, updates its queues, workers and jobs, and appends what to send to three
+outboxes (one per socket). The service sends them after committing the job store, so a
+guaranteed request is on disk before any worker sees it. The clock is injected
+(``twisted.internet.task.Clock().seconds`` in unit tests).
+
+Routing. A worker INFORMs with weighted queues and then sends one READY per free slot. A
+REQUEST goes to a worker of its queue with a free slot: the highest weight that worker gave
+the queue, then the least recently used. With no free slot it waits in the queue's bounded
+buffer (full: an error reply to the client). A READY takes the oldest waiting request of
+the worker's heaviest queue that has one.
+
+Beyond the original broker: every request is forwarded with ``reply-requested`` so the
+broker learns when it ends; the worker's REPLY reaches the client when the client asked for
+it; ``guarantee`` requests are stored until replied; a request whose worker dies, leaves or
+exceeds ``timeout:N`` is re-dispatched while it has retries left (``retry-count:N``, or
+``guarantee_retries`` for a guaranteed one), else the client gets an error reply.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.logger import Logger
+
+from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.droplog import DropCounter
+from bus.emqp import codec
+from bus.emqp.codec import PROTOCOL, EmqpError, Headers
+from bus.emqp.store import JobStore, StoredJob
+
+_HEARTBEAT = codec.HEARTBEAT
+_REQUEST = codec.REQUEST
+_REPLY = codec.REPLY
+_KBYE = codec.KBYE
+_new_msgid = codec.new_msgid
+
+Message = list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    heartbeat_interval: float = 3.0
+    heartbeat_liveness: int = 3
+    #: Requests waiting per queue for a free worker slot; past it: an error reply.
+    queue_limit: int = 10_000
+    #: Queues known at once (each REQUEST may name a new one).
+    max_queues: int = 1_000
+    #: Re-dispatches of a guaranteed request without ``retry-count``.
+    guarantee_retries: int = 5
+    #: Requests given up on (timeout, dead worker) remembered to tell a late REPLY.
+    late_memory: int = 100_000
+
+    @property
+    def worker_expiry(self) -> float:
+        return self.heartbeat_interval * self.heartbeat_liveness
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    msgid: bytes
+    client: bytes
+    queue: bytes
+    headers: Headers
+    body: bytes
+    received: float
+    retries_left: int
+    stored: bool
+    position: int = 0
+    attempts: int = 0
+    worker: bytes | None = None
+    dispatched_at: float = 0.0
+
+
+@dataclass(slots=True, eq=False)
+class WorkerState:
+    identity: bytes
+    #: (weight, queue) heaviest first.
+    queues: tuple[tuple[int, bytes], ...]
+    last_seen: float
+    joined: float
+    free_slots: int = 0
+    inflight: dict[bytes, Job] = field(default_factory=dict)
+    dispatched: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class QueueState:
+    name: bytes
+    waiting: deque[Job] = field(default_factory=deque)
+    #: identity -> the weight that worker gave this queue, least recently used first.
+    workers: dict[bytes, int] = field(default_factory=dict)
+    dispatched: int = 0
+    rejected: int = 0
+
+
+def peer_name(identity: bytes) -> str:
+    """A ROUTER identity for people: its text when it is UTF-8 (the original's UUIDs)."""
+    try:
+        text = identity.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + identity.hex()
+    return text if text.isprintable() else "0x" + identity.hex()
+
+
+class Broker:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        clock: Callable[[], float],
+        log: Logger,
+        store: JobStore | None = None,
+        activity: ActivitySink = NO_ACTIVITY,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.log = log
+        self.store = store
+        self.activity = activity
+        self._publishing = activity is not NO_ACTIVITY
+        self.drops = DropCounter(log, "eMQP message", clock)
+        self.to_workers: list[Message] = []
+        self.to_clients: list[Message] = []
+        self.to_admin: list[Message] = []
+        self.workers: dict[bytes, WorkerState] = {}
+        self.queues: dict[bytes, QueueState] = {}
+        self.schedulers: dict[bytes, float] = {}
+        self._scheduler_turn = 0
+        self.jobs: dict[bytes, Job] = {}
+        self._deadlines: list[tuple[float, bytes, int]] = []
+        self._given_up: OrderedDict[bytes, None] = OrderedDict()
+        # Counters, kept as work happens.
+        self.requests = 0
+        self.dispatched = 0
+        self.replied = 0
+        self.forwarded_replies = 0
+        self.retried = 0
+        self.failed = 0
+        self.rejected = 0
+        self.timed_out = 0
+        self.late_replies = 0
+        self.workers_joined = 0
+        self.workers_lost = 0
+        self.schedules_forwarded = 0
+        self.restored = 0
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def on_worker_message(self, identity: bytes, frames: Message) -> None:
+        try:
+            command = codec.parse(frames)
+        except EmqpError as error:
+            self.drops.drop(error.reason, str(error), identity)
+            return
+        worker = self.workers.get(identity)
+        now = self.clock()
+        if worker is None:
+            if isinstance(command, codec.Inform):
+                self._inform_worker(identity, command, now)
+            else:
+                self.drops.drop("not-informed", "a worker that never sent INFORM", identity)
+                if not isinstance(command, codec.Kbye) and not isinstance(
+                    command, codec.Disconnect
+                ):
+                    # Our worker library re-INFORMs on KBYE (e.g. after a broker restart).
+                    self.to_workers.append([identity, b"", PROTOCOL, _KBYE, _new_msgid()])
+            return
+        worker.last_seen = now
+        if isinstance(command, codec.Ready):
+            worker.free_slots += 1
+            self._feed(worker, now)
+        elif isinstance(command, codec.Reply):
+            self._on_reply(worker, command, now)
+        elif isinstance(command, codec.Heartbeat):
+            pass
+        elif isinstance(command, (codec.Kbye, codec.Disconnect)):
+            self._forget_worker(identity, "worker-left")
+        elif isinstance(command, codec.Inform):
+            # A worker that reconnected: what it ran before is lost to us.
+            self._forget_worker(identity, "worker-lost")
+            self._inform_worker(identity, command, now)
+        else:
+            self.drops.drop(
+                "unexpected-command", f"{type(command).__name__} from a worker", identity
+            )
+
+    def on_client_message(self, identity: bytes, frames: Message) -> None:
+        try:
+            command = codec.parse(frames)
+        except EmqpError as error:
+            self.drops.drop(error.reason, str(error), identity)
+            return
+        if isinstance(command, codec.Request):
+            self._on_request(identity, command, self.clock())
+            return
+        if identity in self.schedulers:
+            self.schedulers[identity] = self.clock()
+        if isinstance(command, codec.Schedule):
+            self._forward_schedule(identity, command, self.to_clients)
+        elif isinstance(command, codec.Inform):
+            self._inform_scheduler(identity, command)
+        elif identity in self.schedulers and isinstance(command, codec.Heartbeat):
+            pass
+        elif identity in self.schedulers and (isinstance(command, (codec.Kbye, codec.Disconnect))):
+            del self.schedulers[identity]
+            self._publish("/emqp/scheduler/left/", {"scheduler": peer_name(identity)})
+        else:
+            self.drops.drop(
+                "unexpected-command", f"{type(command).__name__} from a client", identity
+            )
+
+    def on_admin_message(self, identity: bytes, frames: Message) -> None:
+        try:
+            command = codec.parse(frames)
+        except EmqpError as error:
+            self.drops.drop(error.reason, str(error), identity)
+            return
+        if type(command) is codec.Status:
+            status = json.dumps(self.status(), sort_keys=True).encode()
+            self.to_admin.append(
+                [identity, b"", PROTOCOL, _REPLY, _new_msgid(), status, command.msgid]
+            )
+        elif type(command) is codec.Schedule:
+            self._forward_schedule(identity, command, self.to_admin)
+        else:
+            name = type(command).__name__
+            self.drops.drop("unexpected-command", f"{name} on the admin port", identity)
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _inform_worker(self, identity: bytes, inform: codec.Inform, now: float) -> None:
+        if inform.peer_type != codec.WORKER:
+            self.drops.drop("bad-peer", "a scheduler INFORM on the worker port", identity)
+            return
+        queues = tuple(
+            sorted(((w, n.encode("utf-8")) for w, n in inform.queues), key=lambda q: -q[0])
+        )
+        worker = WorkerState(identity, queues, last_seen=now, joined=now)
+        self.workers[identity] = worker
+        for weight, name in queues:
+            queue = self._queue(name, force=True)
+            assert queue is not None
+            queue.workers[identity] = weight
+        self.workers_joined += 1
+        self.to_workers.append([identity, *codec.ack(inform.msgid)])
+        # The original job manager starts its workers at the broker's first HEARTBEAT.
+        self.to_workers.append([identity, *codec.heartbeat(now)])
+        self._publish(
+            "/emqp/worker/joined/",
+            {"worker": peer_name(identity), "queues": [[w, n] for w, n in inform.queues]},
+        )
+
+    def _forget_worker(self, identity: bytes, reason: str) -> None:
+        worker = self.workers.pop(identity, None)
+        if worker is None:
+            return
+        for _, name in worker.queues:
+            queue = self.queues.get(name)
+            if queue is not None:
+                queue.workers.pop(identity, None)
+                self._drop_queue_if_idle(queue)
+        if reason != "worker-left":
+            self.workers_lost += 1
+        self._publish(
+            "/emqp/worker/left/",
+            {"worker": peer_name(identity), "reason": reason, "in_flight": len(worker.inflight)},
+        )
+        for job in list(worker.inflight.values()):
+            self._remember_given_up(job.msgid)
+            self._retry_or_fail(job, reason)
+
+    def worker_unreachable(self, identity: bytes) -> None:
+        """The service could not send to this worker (gone, or its pipe is full)."""
+        self._forget_worker(identity, "worker-lost")
+
+    def heartbeat(self) -> None:
+        """Send HEARTBEAT to every worker and scheduler; forget those silent too long."""
+        now = self.clock()
+        expiry = self.settings.worker_expiry
+        beat = repr(now).encode()
+        for identity, worker in list(self.workers.items()):
+            if now - worker.last_seen > expiry:
+                self.log.warn(
+                    "worker {worker} silent for {silent:.1f}s: forgotten, {jobs} in flight",
+                    worker=peer_name(identity),
+                    silent=now - worker.last_seen,
+                    jobs=len(worker.inflight),
+                )
+                self._forget_worker(identity, "worker-lost")
+            else:
+                self.to_workers.append([identity, b"", PROTOCOL, _HEARTBEAT, _new_msgid(), beat])
+        for identity, seen in list(self.schedulers.items()):
+            if now - seen > expiry:
+                del self.schedulers[identity]
+                self._publish("/emqp/scheduler/left/", {"scheduler": peer_name(identity)})
+            else:
+                self.to_clients.append([identity, b"", PROTOCOL, _HEARTBEAT, _new_msgid(), beat])
+
+    def shutdown(self) -> None:
+        """KBYE to every worker and scheduler (the broker is stopping)."""
+        for identity in self.workers:
+            self.to_workers.append([identity, *codec.kbye()])
+        for identity in self.schedulers:
+            self.to_clients.append([identity, *codec.kbye()])
+
+    # -- schedulers ------------------------------------------------------------------------------
+
+    def _inform_scheduler(self, identity: bytes, inform: codec.Inform) -> None:
+        if inform.peer_type != codec.SCHEDULER:
+            self.drops.drop("bad-peer", "a worker INFORM on the client port", identity)
+            return
+        new = identity not in self.schedulers
+        self.schedulers[identity] = self.clock()
+        self.to_clients.append([identity, *codec.ack(inform.msgid)])
+        self.to_clients.append([identity, *codec.heartbeat(self.clock())])
+        if new:
+            self._publish("/emqp/scheduler/joined/", {"scheduler": peer_name(identity)})
+
+    def _forward_schedule(
+        self, origin: bytes, command: codec.Schedule, answer: list[Message]
+    ) -> None:
+        """SCHEDULE goes to one scheduler (in turn), UNSCHEDULE to all, as the original does."""
+        if not self.schedulers:
+            self.rejected += 1
+            result = codec.error_result("no-scheduler", "no scheduler is connected")
+            answer.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, command.msgid])
+            return
+        frames = [b"", PROTOCOL, command.command, command.msgid, *command.fields]
+        targets = list(self.schedulers)
+        if command.command == codec.SCHEDULE:
+            self._scheduler_turn = (self._scheduler_turn + 1) % len(targets)
+            targets = [targets[self._scheduler_turn]]
+        for target in targets:
+            self.to_clients.append([target, *frames])
+        self.schedules_forwarded += 1
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _queue(self, name: bytes, force: bool = False) -> QueueState | None:
+        queue = self.queues.get(name)
+        if queue is None:
+            if not force and len(self.queues) >= self.settings.max_queues:
+                return None
+            queue = self.queues[name] = QueueState(name)
+        return queue
+
+    def _drop_queue_if_idle(self, queue: QueueState) -> None:
+        if not queue.waiting and not queue.workers:
+            self.queues.pop(queue.name, None)
+
+    def _error(self, client: bytes, msgid: bytes, reason: str, text: str) -> None:
+        result = codec.error_result(reason, text)
+        self.to_clients.append([client, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+
+    def _on_request(self, client: bytes, request: codec.Request, now: float) -> None:
+        self.requests += 1
+        msgid = request.msgid
+        if msgid in self.jobs:
+            self.drops.drop("duplicate-msgid", "a request id already in progress", client)
+            self._error(client, msgid, "duplicate-msgid", "this message id is already in progress")
+            return
+        queue = self._queue(request.queue)
+        if queue is None:
+            self.rejected += 1
+            self._error(client, msgid, "too-many-queues", "the broker knows too many queues")
+            return
+        worker = self._pick(queue) if not queue.waiting else None
+        if worker is None and len(queue.waiting) >= self.settings.queue_limit:
+            self.rejected += 1
+            queue.rejected += 1
+            self._error(client, msgid, "queue-full", "the queue's buffer is full")
+            self._publish_job("rejected", msgid, request.queue, reason="queue-full")
+            return
+        headers = request.headers
+        guaranteed = headers.guarantee and self.store is not None
+        if headers.retry_count is not None:
+            retries = headers.retry_count
+        else:
+            retries = self.settings.guarantee_retries if headers.guarantee else 0
+        job = Job(msgid, client, request.queue, headers, request.body, now, retries, guaranteed)
+        self.jobs[msgid] = job
+        if guaranteed:
+            assert self.store is not None
+            job.position = self.store.next_position()
+            self.store.put(self._stored(job))
+        if self._publishing:
+            self._publish_job("queued", msgid, request.queue, guaranteed=guaranteed)
+        if worker is not None:
+            self._dispatch(job, worker, queue, now)
+        else:
+            queue.waiting.append(job)
+
+    def _pick(self, queue: QueueState) -> WorkerState | None:
+        """The worker of this queue with a free slot: heaviest, then least recently used."""
+        workers = self.workers
+        best: WorkerState | None = None
+        best_weight = -1
+        for identity, weight in queue.workers.items():
+            if weight > best_weight:
+                candidate = workers[identity]
+                if candidate.free_slots > 0:
+                    best, best_weight = candidate, weight
+        if best is not None:
+            order = queue.workers
+            del order[best.identity]
+            order[best.identity] = best_weight
+        return best
+
+    def _feed(self, worker: WorkerState, now: float) -> None:
+        """Give a worker with free slots the oldest request of its heaviest waiting queue."""
+        queues = self.queues
+        while worker.free_slots > 0:
+            chosen: QueueState | None = None
+            chosen_weight = -1
+            for weight, name in worker.queues:
+                queue = queues.get(name)
+                if queue is None or not queue.waiting:
+                    continue
+                if (
+                    chosen is None
+                    or weight > chosen_weight
+                    or (
+                        weight == chosen_weight
+                        and queue.waiting[0].received < chosen.waiting[0].received
+                    )
+                ):
+                    chosen, chosen_weight = queue, weight
+            if chosen is None:
+                return
+            job = chosen.waiting.popleft()
+            order = chosen.workers
+            if worker.identity in order:
+                del order[worker.identity]
+                order[worker.identity] = chosen_weight
+            self._dispatch(job, worker, chosen, now)
+
+    def _dispatch(self, job: Job, worker: WorkerState, queue: QueueState, now: float) -> None:
+        worker.free_slots -= 1
+        worker.dispatched += 1
+        worker.inflight[job.msgid] = job
+        queue.dispatched += 1
+        self.dispatched += 1
+        job.worker = worker.identity
+        job.attempts += 1
+        job.dispatched_at = now
+        headers = job.headers
+        self.to_workers.append(
+            [
+                worker.identity,
+                b"",
+                PROTOCOL,
+                _REQUEST,
+                job.msgid,
+                job.queue,
+                codec.with_reply_requested(headers),
+                job.body,
+            ]
+        )
+        # The original broker's acknowledgement: the request went to a worker.
+        ack = [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), job.msgid]
+        self.to_clients.append(ack)
+        if headers.timeout is not None:
+            heapq.heappush(self._deadlines, (now + headers.timeout, job.msgid, job.attempts))
+        if self._publishing:
+            self._publish_job(
+                "dispatched",
+                job.msgid,
+                job.queue,
+                worker=peer_name(worker.identity),
+                attempt=job.attempts,
+            )
+
+    def _on_reply(self, worker: WorkerState, reply: codec.Reply, now: float) -> None:
+        msgid = reply.request_msgid
+        job = worker.inflight.pop(msgid, None)
+        if job is None:
+            if msgid in self._given_up:
+                self.late_replies += 1
+                self.drops.drop("late-reply", "a REPLY after the broker gave up", worker.identity)
+            else:
+                self.drops.drop("unknown-request", "a REPLY for no request", worker.identity)
+            return
+        del self.jobs[msgid]
+        self.replied += 1
+        if job.stored and self.store is not None:
+            self.store.remove(msgid)
+        if job.headers.reply_requested:
+            self.forwarded_replies += 1
+            self.to_clients.append(
+                [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), reply.result, msgid]
+            )
+        if self._publishing:
+            self._publish_job(
+                "replied",
+                msgid,
+                job.queue,
+                worker=peer_name(worker.identity),
+                seconds=round(now - job.dispatched_at, 6),
+            )
+
+    def _retry_or_fail(self, job: Job, reason: str) -> None:
+        job.worker = None
+        if job.retries_left <= 0:
+            self._fail(job, reason)
+            return
+        job.retries_left -= 1
+        self.retried += 1
+        if job.stored and self.store is not None:
+            self.store.put(self._stored(job))
+        self._publish_job(
+            "retried", job.msgid, job.queue, reason=reason, retries_left=job.retries_left
+        )
+        self._requeue(job)
+
+    def _requeue(self, job: Job) -> None:
+        """Back at the head of its queue (it was accepted: the buffer's bound does not apply)."""
+        queue = self._queue(job.queue, force=True)
+        assert queue is not None
+        worker = self._pick(queue) if not queue.waiting else None
+        if worker is not None:
+            self._dispatch(job, worker, queue, self.clock())
+        else:
+            queue.waiting.appendleft(job)
+
+    def _fail(self, job: Job, reason: str) -> None:
+        self.jobs.pop(job.msgid, None)
+        self.failed += 1
+        if job.stored and self.store is not None:
+            self.store.remove(job.msgid)
+        self._error(job.client, job.msgid, reason, _REASONS.get(reason, reason))
+        self._publish_job("failed", job.msgid, job.queue, reason=reason, attempts=job.attempts)
+
+    def _remember_given_up(self, msgid: bytes) -> None:
+        given_up = self._given_up
+        given_up[msgid] = None
+        given_up.move_to_end(msgid)
+        while len(given_up) > self.settings.late_memory:
+            given_up.popitem(last=False)
+
+    def expire(self) -> None:
+        """Give up on dispatched requests past their ``timeout``."""
+        deadlines = self._deadlines
+        if not deadlines:
+            return
+        now = self.clock()
+        while deadlines and deadlines[0][0] <= now:
+            _, msgid, attempt = heapq.heappop(deadlines)
+            job = self.jobs.get(msgid)
+            if job is None or job.attempts != attempt or job.worker is None:
+                continue  # answered, or already given up on and re-dispatched
+            worker = self.workers.get(job.worker)
+            if worker is not None:
+                worker.inflight.pop(msgid, None)
+            self.timed_out += 1
+            self._remember_given_up(msgid)
+            self._retry_or_fail(job, "timeout")
+
+    @property
+    def next_deadline(self) -> float | None:
+        return self._deadlines[0][0] if self._deadlines else None
+
+    # -- storage -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _stored(job: Job) -> StoredJob:
+        return StoredJob(
+            job.msgid,
+            job.position,
+            job.client,
+            job.queue,
+            job.headers.raw,
+            job.body,
+            job.received,
+            job.attempts,
+            job.retries_left,
+        )
+
+    def restore(self) -> int:
+        """Queue again every guaranteed request the store holds (after a restart or a crash):
+        each is dispatched once a worker is free, in the order they were received."""
+        if self.store is None:
+            return 0
+        count = 0
+        for stored in self.store.load():
+            if stored.msgid in self.jobs:
+                continue
+            try:
+                headers = codec.parse_headers(stored.headers)
+            except EmqpError:
+                headers = codec.NO_HEADERS
+            job = Job(
+                stored.msgid,
+                stored.client,
+                stored.queue,
+                headers,
+                stored.body,
+                stored.received,
+                stored.retries_left,
+                True,
+                stored.position,
+                stored.attempts,
+            )
+            self.jobs[job.msgid] = job
+            queue = self._queue(job.queue, force=True)
+            assert queue is not None
+            queue.waiting.append(job)
+            count += 1
+        self.restored += count
+        return count
+
+    # -- activity and status ----------------------------------------------------------------------
+
+    def _publish(self, topic: str, value: dict[str, Any]) -> None:
+        if self._publishing:
+            try:
+                self.activity.publish(topic, value)
+            except ValueError as error:
+                self.log.warn("activity not published: {error}", error=str(error))
+
+    def _publish_job(self, state: str, msgid: bytes, queue: bytes, **fields: Any) -> None:
+        if self._publishing:
+            value = {"msgid": peer_name(msgid), "queue": queue.decode("utf-8", "replace")}
+            value.update(fields)
+            self._publish(f"/emqp/job/{state}/", value)
+
+    def status(self, in_flight_limit: int = 1000) -> dict[str, Any]:
+        now = self.clock()
+        expiry = self.settings.worker_expiry
+        queues = {
+            name.decode("utf-8", "replace"): {
+                "depth": len(queue.waiting),
+                "workers": len(queue.workers),
+                "free_slots": sum(self.workers[w].free_slots for w in queue.workers),
+                "dispatched": queue.dispatched,
+                "rejected": queue.rejected,
+            }
+            for name, queue in self.queues.items()
+        }
+        workers = [
+            {
+                "id": peer_name(identity),
+                "queues": [[w, n.decode("utf-8", "replace")] for w, n in worker.queues],
+                "free_slots": worker.free_slots,
+                "in_flight": len(worker.inflight),
+                "dispatched": worker.dispatched,
+                "last_seen_s": round(now - worker.last_seen, 3),
+                "expires_in_s": round(expiry - (now - worker.last_seen), 3),
+            }
+            for identity, worker in self.workers.items()
+        ]
+        in_flight: list[dict[str, Any]] = []
+        for worker in self.workers.values():
+            for job in worker.inflight.values():
+                if len(in_flight) >= in_flight_limit:
+                    break
+                in_flight.append(
+                    {
+                        "msgid": peer_name(job.msgid),
+                        "queue": job.queue.decode("utf-8", "replace"),
+                        "worker": peer_name(worker.identity),
+                        "attempt": job.attempts,
+                        "age_s": round(now - job.dispatched_at, 3),
+                        "guaranteed": job.stored,
+                    }
+                )
+        return {
+            "queues": queues,
+            "workers": workers,
+            "schedulers": [peer_name(s) for s in self.schedulers],
+            "in_flight": in_flight,
+            "in_flight_count": sum(len(w.inflight) for w in self.workers.values()),
+            "waiting": sum(len(q.waiting) for q in self.queues.values()),
+            "counters": self.counters(),
+        }
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "requests": self.requests,
+            "dispatched": self.dispatched,
+            "replied": self.replied,
+            "forwarded_replies": self.forwarded_replies,
+            "retried": self.retried,
+            "failed": self.failed,
+            "rejected": self.rejected,
+            "timed_out": self.timed_out,
+            "late_replies": self.late_replies,
+            "workers_joined": self.workers_joined,
+            "workers_lost": self.workers_lost,
+            "schedules_forwarded": self.schedules_forwarded,
+            "restored": self.restored,
+            "dropped": self.drops.total,
+        }
+
+
+_REASONS = {
+    "timeout": "the request's timeout passed before its worker replied",
+    "worker-lost": "its worker died or went silent",
+    "worker-left": "its worker left (KBYE)",
+}

@@ -1,0 +1,494 @@
+"""The eMQP broker service: worker ROUTER, client ROUTER and admin ROUTER around a
+:class:`~bus.emqp.core.Broker`.
+
+Each socket's reads come in budgeted batches; the broker handles the batch, then
+:meth:`EmqpService._flush` commits the job store and only then sends what the batch produced,
+so a guaranteed request is on disk before a worker sees it (group commit per batch).
+A worker the broker cannot send to (gone: ROUTER_MANDATORY; or its pipe full) is forgotten
+and its requests re-dispatched or failed; a client that cannot be sent to is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zmq
+from twisted.application.service import Service
+from twisted.internet import defer, threads
+from twisted.internet.base import DelayedCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.droplog import RateLimit
+from bus.emqp.config import EmqpConfig
+from bus.emqp.core import Broker
+from bus.emqp.store import JobStore, StorageError
+from bus.errors import StartupError
+from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
+from bus.periodic import Periodic
+from bus.transport.zmqsocket import (
+    SocketFactory,
+    SocketOptions,
+    ZmqSocket,
+    reactor_of,
+)
+from bus.workers import worker_pool
+
+log = Logger(namespace="bus.emqp")
+
+_NOBLOCK = zmq.NOBLOCK
+#: Clients with answers waiting for them at most, and how often the waiting are looked at.
+_MAX_HELD_CLIENTS = 10_000
+_HELD_TICK = 0.05
+
+
+@dataclass(slots=True)
+class _HeldAnswers:
+    """Answers for one client that was not reachable, oldest first."""
+
+    sock: ZmqSocket
+    deadline: float
+    next_try: float
+    delay: float = _HELD_TICK
+    messages: deque[list[bytes]] = field(default_factory=deque)
+
+
+_MORE = zmq.NOBLOCK | zmq.SNDMORE
+
+
+class EmqpService(Service):
+    name = "emqp"
+
+    def __init__(
+        self,
+        config: EmqpConfig,
+        activity: ActivitySink = NO_ACTIVITY,
+        reactor: Any = None,
+    ) -> None:
+        self.config = config
+        self.reactor: Any = reactor_of(reactor)
+        self.activity = activity
+        self.store: JobStore | None = None
+        self.broker: Broker | None = None
+        self.endpoints: dict[str, str] = {}
+        self.worker_socket: ZmqSocket | None = None
+        self.client_socket: ZmqSocket | None = None
+        self.admin_socket: ZmqSocket | None = None
+        self._factory: SocketFactory | None = None
+        self._periodic = Periodic(self.reactor, log)
+        self._faults = RateLimit(self.reactor.seconds)
+        self._stopping: defer.Deferred[None] | None = None
+        self._started_at = 0.0
+        self._heartbeat_due = 0.0
+        self._held: dict[tuple[int, bytes], _HeldAnswers] = {}
+        self._held_retry: DelayedCall | None = None
+        self._checkpoints = worker_pool("emqp-checkpoint")
+        self._checkpointing: defer.Deferred[Any] | None = None
+        #: How late the latest heartbeat rounds went out, at most (timer lag under load).
+        self.max_heartbeat_lag = 0.0
+        self.client_send_failures = 0
+        self.worker_send_failures = 0
+        self.storage_errors = 0
+        self.storage_error: str | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        config = self.config
+        try:
+            self.store = JobStore(config.data_dir, config.durability)
+        except StorageError as error:
+            raise StartupError("data-dir", f"cannot open the job store: {error}") from None
+        broker = Broker(config.broker, self.reactor.seconds, log, self.store, self.activity)
+        self.broker = broker
+        try:
+            self._factory = SocketFactory(self.reactor)
+            self._bind_all()
+        except BaseException:
+            self._close_sockets()
+            self.store.close()
+            raise
+        Service.startService(self)
+        self._started_at = self.reactor.seconds()
+        restored = broker.restore()
+        interval = config.broker.heartbeat_interval
+        self._heartbeat_due = self.reactor.seconds() + interval
+        every = self._periodic.every
+        every(interval, self._heartbeat)
+        every(config.timeout_check, self._expire)
+        self._checkpoints.start()
+        every(config.checkpoint_interval, self._checkpoint)
+        if config.stats_interval > 0:
+            every(config.stats_interval, self._report)
+        self._write_status()
+        log.info(
+            "eMQP broker serving workers {worker}, clients {client}, admin {admin}; job store "
+            "{path} ({restored} guaranteed requests restored)",
+            worker=self.endpoints["worker"],
+            client=self.endpoints["client"],
+            admin=self.endpoints["admin"],
+            path=str(self.store.path),
+            restored=restored,
+        )
+
+    def _bind_all(self) -> None:
+        assert self._factory is not None
+        config = self.config
+        options = SocketOptions(
+            send_hwm=config.hwm,
+            receive_hwm=config.hwm,
+            router_mandatory=True,
+            tcp_keepalive_idle=config.tcp_keepalive_idle,
+            max_message_size=config.max_message_size,
+            linger_ms=200,  # time for the KBYEs of a stop to leave
+        )
+        budget = config.read_budget
+        factory = self._factory
+        self.worker_socket = factory.socket(
+            zmq.ROUTER, self._on_workers, options, read_budget=budget, name="emqp-workers"
+        )
+        self.client_socket = factory.socket(
+            zmq.ROUTER, self._on_clients, options, read_budget=budget, name="emqp-clients"
+        )
+        self.admin_socket = factory.socket(
+            zmq.ROUTER, self._on_admin, options, read_budget=budget, name="emqp-admin"
+        )
+        for name, sock, port in (
+            ("worker", self.worker_socket, config.worker_port),
+            ("client", self.client_socket, config.client_port),
+            ("admin", self.admin_socket, config.admin_port),
+        ):
+            address = f"tcp://{config.bind}:{port or '*'}"
+            try:
+                self.endpoints[name] = sock.bind(address)
+            except zmq.ZMQError as error:
+                option = f"{name}-port" if error.errno == zmq.EADDRINUSE else "bind"
+                raise StartupError(option, f"cannot bind {address}: {error.strerror}") from None
+            sock.watch_connections()
+
+    def _close_sockets(self) -> None:
+        for sock in (self.worker_socket, self.client_socket, self.admin_socket):
+            if sock is not None:
+                sock.shutdown()
+        self.worker_socket = self.client_socket = self.admin_socket = None
+        if self._factory is not None:
+            self._factory.shutdown()
+            self._factory = None
+
+    def stopService(self) -> defer.Deferred[None]:
+        if self._stopping is not None:
+            return self._stopping
+        self._stopping = defer.succeed(None)
+        if not self.running:
+            return self._stopping
+        Service.stopService(self)
+        self._periodic.stop_all()
+        if self._held_retry is not None and self._held_retry.active():
+            self._held_retry.cancel()
+        self.client_send_failures += sum(len(h.messages) for h in self._held.values())
+        self._held = {}
+        if self.broker is not None:
+            for sock in (self.worker_socket, self.client_socket, self.admin_socket):
+                if sock is not None:  # what has arrived is handled (and stored) first
+                    sock.doRead()
+            self.broker.shutdown()
+            self._flush()
+        self._close_sockets()
+        # The store closes once a checkpoint running in its thread is done.
+        running = self._checkpointing or defer.succeed(None)
+        self._stopping = defer.Deferred()
+        running.addBoth(lambda _: self._close_store())
+        return self._stopping
+
+    def _close_store(self) -> None:
+        assert self._stopping is not None
+        if self._checkpoints.started:
+            self._checkpoints.stop()
+        if self.store is not None:
+            try:
+                self.store.close()
+            except StorageError as error:
+                log.error("job store closed with unsaved changes: {error}", error=str(error))
+        self._write_status()
+        log.info("eMQP broker stopped")
+        self._stopping.callback(None)
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    def _on_workers(self, batch: list[list[bytes]]) -> None:
+        assert self.broker is not None
+        handle = self.broker.on_worker_message
+        for frames in batch:
+            handle(frames[0], frames[1:])
+        self._flush()
+
+    def _on_clients(self, batch: list[list[bytes]]) -> None:
+        assert self.broker is not None
+        handle = self.broker.on_client_message
+        for frames in batch:
+            handle(frames[0], frames[1:])
+        self._flush()
+
+    def _on_admin(self, batch: list[list[bytes]]) -> None:
+        assert self.broker is not None
+        handle = self.broker.on_admin_message
+        for frames in batch:
+            handle(frames[0], frames[1:])
+        self._flush()
+
+    # -- writing -----------------------------------------------------------------------------------
+
+    def _commit(self) -> None:
+        store = self.store
+        if store is None or not store.dirty:
+            return
+        try:
+            store.commit()
+        except StorageError as error:
+            # The changes stay pending and are written by the next commit that succeeds.
+            self.storage_errors += 1
+            self.storage_error = str(error)
+            failures = self._faults.due("commit")
+            if failures is not None:
+                log.error(
+                    "job store refused a commit ({error}; {failures} since the last report): "
+                    "guaranteed requests are kept in memory until it accepts",
+                    error=str(error),
+                    failures=failures,
+                )
+        else:
+            if self.storage_error is not None:
+                log.info("job store writes again")
+                self._faults.reset("commit")
+            self.storage_error = None
+
+    def _flush(self) -> None:
+        """Commit the store, then send everything the broker produced."""
+        broker = self.broker
+        if broker is None:
+            return
+        while broker.to_workers or broker.to_clients or broker.to_admin:
+            self._commit()
+            if broker.to_workers:
+                messages, broker.to_workers = broker.to_workers, []
+                lost = {frames[0] for frames in self._send_each(self.worker_socket, messages)}
+                if lost:
+                    self.worker_send_failures += len(lost)
+                    for identity in lost:
+                        broker.worker_unreachable(identity)
+            for sock, name in ((self.client_socket, "to_clients"), (self.admin_socket, "to_admin")):
+                messages = getattr(broker, name)
+                if messages:
+                    setattr(broker, name, [])
+                    unsent = self._send_each(sock, messages)
+                    if unsent:
+                        self._hold(sock, unsent)
+        self._commit()
+
+    def _hold(self, sock: ZmqSocket | None, messages: list[list[bytes]]) -> None:
+        """Answers whose client is not connected (yet: its socket reconnects after a broker
+        restart) are tried again, with a backoff per client, for ``reply_linger`` seconds,
+        then dropped and counted. The backoff keeps one-shot clients that are gone for good
+        (the original's ``Sender``) cheap: a few tries each."""
+        if sock is None:
+            self.client_send_failures += len(messages)
+            return
+        now = self.reactor.seconds()
+        for frames in messages:
+            key = (id(sock), frames[0])
+            held = self._held.get(key)
+            if held is None:
+                if len(self._held) >= _MAX_HELD_CLIENTS:
+                    self.client_send_failures += 1
+                    continue
+                held = self._held[key] = _HeldAnswers(sock, now + self.config.reply_linger, now)
+            held.messages.append(frames)
+        if self._held and (self._held_retry is None or not self._held_retry.active()):
+            self._held_retry = self.reactor.callLater(_HELD_TICK, self._send_held)
+
+    def _send_held(self) -> None:
+        self._held_retry = None
+        now = self.reactor.seconds()
+        for key, held in list(self._held.items()):
+            if held.sock.closed:
+                del self._held[key]
+                continue
+            if held.next_try > now:
+                continue
+            while held.messages and not self._send_each(held.sock, [held.messages[0]]):
+                held.messages.popleft()
+            if not held.messages:
+                del self._held[key]
+            elif now >= held.deadline:
+                self.client_send_failures += len(held.messages)
+                del self._held[key]
+            else:
+                held.delay = min(held.delay * 2, 1.0)
+                held.next_try = now + held.delay
+        if self._held:
+            self._held_retry = self.reactor.callLater(_HELD_TICK, self._send_held)
+
+    @staticmethod
+    def _send_each(sock: ZmqSocket | None, messages: list[list[bytes]]) -> list[list[bytes]]:
+        """Send each message; those that could not be sent (the peer is gone, or its pipe
+        is full: a ROUTER refuses at the identity frame, so nothing of them went out)."""
+        if sock is None or sock.closed:
+            return messages
+        unsent = []
+        send = sock.raw_send
+        for frames in messages:
+            try:
+                for frame in frames[:-1]:
+                    send(frame, _MORE)
+                send(frames[-1], _NOBLOCK)
+            except zmq.Again:
+                unsent.append(frames)
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                unsent.append(frames)
+        sock.look_for_input()
+        return unsent
+
+    # -- timers ------------------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        assert self.broker is not None
+        now = self.reactor.seconds()
+        self.max_heartbeat_lag = max(self.max_heartbeat_lag, now - self._heartbeat_due)
+        self._heartbeat_due = now + self.config.broker.heartbeat_interval
+        self.broker.heartbeat()
+        self._flush()
+
+    def _checkpoint(self) -> None:
+        """Move the WAL into the database on a worker thread (SQLite releases the GIL)."""
+        if self._checkpointing is not None or self.store is None:
+            return
+        store = self.store
+        self._checkpointing = threads.deferToThreadPool(
+            self.reactor, self._checkpoints, store.checkpoint
+        )
+
+        def done(result: Any) -> None:
+            self._checkpointing = None
+            if isinstance(result, Failure):
+                self.storage_errors += 1
+                if self._faults.due("checkpoint") is not None:
+                    log.error("job store checkpoint failed: {error}", error=str(result.value))
+
+        self._checkpointing.addBoth(done)
+
+    def _expire(self) -> None:
+        broker = self.broker
+        assert broker is not None
+        due = broker.next_deadline
+        if due is not None and due <= self.reactor.seconds():
+            broker.expire()
+            self._flush()
+
+    # -- status ------------------------------------------------------------------------------------
+
+    def connections(self) -> dict[str, int]:
+        sockets = (
+            ("worker", self.worker_socket),
+            ("client", self.client_socket),
+            ("admin", self.admin_socket),
+        )
+        return {name: sock.connections for name, sock in sockets if sock is not None}
+
+    def status(self) -> dict[str, Any]:
+        broker = self.broker
+        described: dict[str, Any] = {
+            "endpoints": self.endpoints,
+            "uptime_s": round(self.reactor.seconds() - self._started_at, 3),
+            "connections": self.connections(),
+            "stored": self.store.count() if self.store is not None and self.running else None,
+            "storage_errors": self.storage_errors,
+            "storage_error": self.storage_error,
+            "client_send_failures": self.client_send_failures,
+            "answers_held": sum(len(h.messages) for h in self._held.values()),
+            "worker_send_failures": self.worker_send_failures,
+            "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
+            "config": {k: str(v) for k, v in asdict(self.config).items()},
+        }
+        if broker is not None:
+            summary = broker.status(in_flight_limit=100)
+            described.update(summary)
+            described["dropped"] = dict(broker.drops.counts)
+        return described
+
+    def metrics(self) -> list[Metric]:
+        broker = self.broker
+        if broker is None:
+            return []
+        counters = broker.counters()
+        families = [
+            counter(f"emqp_{name}", f"eMQP broker: {name.replace('_', ' ')}", value)
+            for name, value in counters.items()
+            if name != "dropped"
+        ]
+        families += [
+            counters_by(
+                "emqp_messages_dropped",
+                "Bad messages dropped, by reason",
+                "reason",
+                broker.drops.counts,
+            ),
+            gauges_by(
+                "emqp_queue_depth",
+                "Requests waiting for a worker, by queue",
+                "queue",
+                {n.decode("utf-8", "replace"): len(q.waiting) for n, q in broker.queues.items()},
+            ),
+            gauge("emqp_workers", "Workers connected", len(broker.workers)),
+            gauge(
+                "emqp_requests_open",
+                "Requests accepted and not yet answered (waiting or dispatched)",
+                len(broker.jobs),
+            ),
+            gauge(
+                "emqp_in_flight",
+                "Requests dispatched and not yet replied",
+                sum(len(w.inflight) for w in broker.workers.values()),
+            ),
+            counter("emqp_storage_errors", "Job store commits refused", self.storage_errors),
+            counter(
+                "emqp_client_send_failures",
+                "Replies a client could not be sent",
+                self.client_send_failures,
+            ),
+        ]
+        return families
+
+    def _report(self) -> None:
+        broker = self.broker
+        assert broker is not None
+        counters = broker.counters()
+        log.info(
+            "requests {requests}; dispatched {dispatched}; replied {replied}; retried "
+            "{retried}; failed {failed}; rejected {rejected}; dropped {dropped}; workers "
+            "{workers}; waiting {waiting}; heartbeat lag {lag} ms",
+            workers=len(broker.workers),
+            waiting=sum(len(q.waiting) for q in broker.queues.values()),
+            lag=round(self.max_heartbeat_lag * 1000, 1),
+            **counters,
+        )
+        self._write_status()
+
+    def _write_status(self) -> None:
+        path = Path(self.config.data_dir) / "status.json"
+        temporary = path.with_suffix(".tmp")
+        try:
+            temporary.write_text(json.dumps(self.status(), indent=1, sort_keys=True))
+            os.replace(temporary, path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            failures = self._faults.due("status")
+            if failures is not None:
+                log.warn("cannot write status.json: {error}", error=str(error))

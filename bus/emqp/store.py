@@ -1,0 +1,176 @@
+"""Guaranteed requests on disk: SQLite in WAL mode in the broker's data directory.
+
+A request with the ``guarantee`` header is put here when the broker accepts it and removed
+once its worker replies or the broker gives up on it. Changes made while handling one batch
+of messages are collected (the last change per request wins) and committed in one
+transaction by :meth:`JobStore.commit`, which the service calls before it sends anything
+that batch produced: a guaranteed request is on disk before any worker sees it. With
+``synchronous=NORMAL`` a commit survives ``kill -9`` of the broker; ``durability="full"``
+also survives a power loss (one fsync per commit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Durability = Literal["normal", "full"]
+DB_NAME = "emqp.sqlite3"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    msgid BLOB PRIMARY KEY,
+    position INTEGER NOT NULL,
+    client BLOB NOT NULL,
+    queue BLOB NOT NULL,
+    headers BLOB NOT NULL,
+    body BLOB NOT NULL,
+    received REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    retries_left INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+_PUT = "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_DELETE = "DELETE FROM jobs WHERE msgid = ?"
+
+
+class StorageError(Exception):
+    """SQLite refused a write or the open; the message is SQLite's own."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredJob:
+    msgid: bytes
+    position: int
+    client: bytes
+    queue: bytes
+    headers: bytes
+    body: bytes
+    received: float
+    attempts: int
+    retries_left: int
+
+
+class JobStore:
+    def __init__(self, directory: Path | str, durability: Durability = "normal") -> None:
+        self.directory = Path(directory)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.path = self.directory / DB_NAME
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as error:
+            raise StorageError(str(error)) from error
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            synchronous = "FULL" if durability == "full" else "NORMAL"
+            self._db.execute(f"PRAGMA synchronous={synchronous}")
+            # An automatic checkpoint would run inside a commit, on the reactor thread: the
+            # owner calls checkpoint() from a worker thread instead.
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
+            self._db.executescript(_SCHEMA)
+            row = self._db.execute("SELECT max(position) FROM jobs").fetchone()
+        except sqlite3.Error as error:
+            self._db.close()
+            raise StorageError(str(error)) from error
+        self._next_position = (row[0] or 0) + 1
+        #: msgid -> the row to write, or None to delete it; applied by commit().
+        self._pending: dict[bytes, StoredJob | None] = {}
+        self._checkpointer: sqlite3.Connection | None = None
+        self.stored = 0
+        self.commits = 0
+        self._closed = False
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending)
+
+    def next_position(self) -> int:
+        position = self._next_position
+        self._next_position += 1
+        return position
+
+    def put(self, job: StoredJob) -> None:
+        self._pending[job.msgid] = job
+
+    def remove(self, msgid: bytes) -> None:
+        self._pending[msgid] = None
+
+    def commit(self) -> None:
+        """Write every pending change in one transaction. On failure nothing is written,
+        the changes stay pending for the next call, and :class:`StorageError` is raised."""
+        if not self._pending:
+            return
+        puts = [
+            (
+                j.msgid,
+                j.position,
+                j.client,
+                j.queue,
+                j.headers,
+                j.body,
+                j.received,
+                j.attempts,
+                j.retries_left,
+            )
+            for j in self._pending.values()
+            if j is not None
+        ]
+        deletes = [(msgid,) for msgid, job in self._pending.items() if job is None]
+        db = self._db
+        try:
+            db.execute("BEGIN")
+            if puts:
+                db.executemany(_PUT, puts)
+            if deletes:
+                db.executemany(_DELETE, deletes)
+            db.execute("COMMIT")
+        except sqlite3.Error as error:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise StorageError(str(error)) from error
+        self._pending.clear()
+        self.commits += 1
+
+    def load(self) -> list[StoredJob]:
+        """Every stored request, oldest first."""
+        rows = self._db.execute(
+            "SELECT msgid, position, client, queue, headers, body, received, attempts, "
+            "retries_left FROM jobs ORDER BY position"
+        ).fetchall()
+        return [StoredJob(*row) for row in rows]
+
+    def count(self) -> int:
+        return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
+
+    def checkpoint(self) -> int:
+        """Copy committed WAL pages into the database without blocking the writer (PASSIVE,
+        on a connection of its own): safe from one worker thread while the owner commits.
+        Returns the pages copied; raises :class:`StorageError` when SQLite cannot."""
+        try:
+            if self._checkpointer is None:
+                self._checkpointer = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
+            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as error:
+            raise StorageError(str(error)) from error
+        return int(row[2])
+
+    def close(self) -> None:
+        """Commit what is pending, empty the WAL and close (call it once no checkpoint()
+        runs). Raises :class:`StorageError` when the last commit fails; closed anyway."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.commit()
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+            self._db.close()

@@ -1,0 +1,130 @@
+"""``twistd -n emqp``: the eMQP broker alone; composed into ``twistd -n eventbus`` as the
+``emqp`` service (options prefixed ``--emqp-``). Options also come from ``EMQP_<OPTION>``
+variables and the ``[emqp]`` table of a ``--config`` file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from twisted.python import usage
+
+from bus.emqp.config import (
+    DEFAULT_ADMIN_PORT,
+    DEFAULT_BIND,
+    DEFAULT_CLIENT_PORT,
+    DEFAULT_DATA_DIR,
+    DEFAULT_WORKER_PORT,
+    EmqpConfig,
+)
+from bus.emqp.core import BrokerSettings
+from bus.options import ServiceOptions, parse_duration
+
+if TYPE_CHECKING:
+    from bus.composition import Composition, ProductService
+    from bus.emqp.server import EmqpService
+
+
+class Options(ServiceOptions):
+    service = "emqp"
+    env_prefix = "EMQP"
+    synopsis = "[options]"
+    longdesc = (
+        "Serve the eMQP job broker: workers on --worker-port, clients on --client-port, "
+        "STATUS and SCHEDULE on --admin-port; guaranteed requests kept in DATA-DIR."
+    )
+    optParameters = [
+        ["bind", "b", DEFAULT_BIND, "Address to bind."],
+        ["worker-port", None, DEFAULT_WORKER_PORT, "Port of the workers (0: a free one).", int],
+        ["client-port", None, DEFAULT_CLIENT_PORT, "Port of the clients (0: a free one).", int],
+        ["admin-port", None, DEFAULT_ADMIN_PORT, "Port of STATUS/SCHEDULE (0: a free one).", int],
+        ["data-dir", "d", DEFAULT_DATA_DIR, "Directory of the guaranteed-request store."],
+        ["heartbeat-interval", None, "3s", "HEARTBEAT period to workers and schedulers."],
+        [
+            "heartbeat-liveness",
+            None,
+            3,
+            "Heartbeat periods of silence after which a worker is forgotten.",
+            int,
+        ],
+        ["queue-limit", None, 10_000, "Requests waiting per queue; past it: an error reply.", int],
+        ["max-queues", None, 1_000, "Queues known at once.", int],
+        [
+            "guarantee-retries",
+            None,
+            5,
+            "Re-dispatches of a guaranteed request that has no retry-count header.",
+            int,
+        ],
+        [
+            "durability",
+            None,
+            "normal",
+            "normal (survives kill -9) or full (fsync: survives power loss).",
+        ],
+        ["max-message-size", None, 1024 * 1024, "Largest message a peer may send.", int],
+        [
+            "reply-linger",
+            None,
+            "10s",
+            "How long an answer waits for its client to (re)connect before it is dropped.",
+        ],
+        ["stats-interval", None, "10s", "How often status is logged and status.json written."],
+    ]
+
+    def postOptions(self) -> None:
+        self["emqp-config"] = config_from_options(self)
+
+
+def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
+    durability = options["durability"]
+    if durability not in ("normal", "full"):
+        raise usage.UsageError("--durability must be normal or full")
+    for name in ("worker-port", "client-port", "admin-port"):
+        if not 0 <= int(options[name]) <= 65535:
+            raise usage.UsageError(f"--{name} must be a port number (0 picks a free one)")
+    ports = [int(options[n]) for n in ("worker-port", "client-port", "admin-port")]
+    chosen = [p for p in ports if p]
+    if len(chosen) != len(set(chosen)):
+        raise usage.UsageError("--worker-port, --client-port and --admin-port must differ")
+    interval = parse_duration(options["heartbeat-interval"])
+    if interval <= 0:
+        raise usage.UsageError("--heartbeat-interval must be above 0")
+    positive = ("heartbeat-liveness", "queue-limit", "max-queues", "max-message-size")
+    for name in positive:
+        if int(options[name]) < 1:
+            raise usage.UsageError(f"--{name} must be at least 1")
+    if int(options["guarantee-retries"]) < 0:
+        raise usage.UsageError("--guarantee-retries must be 0 or more")
+    return EmqpConfig(
+        bind=options["bind"],
+        worker_port=ports[0],
+        client_port=ports[1],
+        admin_port=ports[2],
+        data_dir=Path(options["data-dir"]),
+        durability=durability,
+        broker=BrokerSettings(
+            heartbeat_interval=interval,
+            heartbeat_liveness=int(options["heartbeat-liveness"]),
+            queue_limit=int(options["queue-limit"]),
+            max_queues=int(options["max-queues"]),
+            guarantee_retries=int(options["guarantee-retries"]),
+        ),
+        max_message_size=int(options["max-message-size"]),
+        stats_interval=parse_duration(options["stats-interval"]),
+        reply_linger=parse_duration(options.get("reply-linger", "10s")),
+    )
+
+
+def build(options: usage.Options | dict[str, Any], composition: Composition) -> EmqpService:
+    """The broker; composed with the Event BUS, its job life goes onto the bus."""
+    from bus.emqp.server import EmqpService
+
+    config = options.get("emqp-config") or config_from_options(options)
+    return EmqpService(config, activity=composition.activity("emqp"))
+
+
+def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    from bus.composition import standalone
+
+    return standalone("emqp", build, options)

@@ -1,0 +1,34 @@
+"""Job functions named by ``["run", {"path": "tests.emqp_interop.jobs", ...}]`` bodies."""
+
+import os
+import time
+
+
+def add(a, b):
+    return a + b
+
+
+def record(path, text, seconds=0):
+    """Append ``text`` and this process's id to ``path`` (after ``seconds``), return ``text``."""
+    if seconds:
+        time.sleep(seconds)
+    with open(path, "a") as out:
+        out.write(f"{text} {os.getpid()}\n")
+    return text
+
+
+class Greeter:
+    def __init__(self, greeting):
+        self.greeting = greeting
+
+    def greet(self, name):
+        return f"{self.greeting}, {name}"
+
+
+def slow_the_first_time(marker, text):
+    """The first call (no ``marker`` file yet) creates it and hangs; later calls return."""
+    if not os.path.exists(marker):
+        with open(marker, "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(120)
+    return text

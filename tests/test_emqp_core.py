@@ -1,0 +1,245 @@
+"""The broker's state machine with a fake clock: routing, slots, buffers, heartbeats,
+timeouts, retries and the store, without sockets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.logger import Logger
+
+from bus.emqp import codec
+from bus.emqp.core import Broker, BrokerSettings
+from bus.emqp.store import JobStore
+
+log = Logger(namespace="test.emqp")
+
+
+class Harness:
+    def __init__(self, store: JobStore | None = None, **settings: Any) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_000)
+        self.broker = Broker(BrokerSettings(**settings), self.clock.seconds, log, store)
+
+    def inform(self, worker: bytes, queues: list[list[Any]], slots: int = 0) -> None:
+        self.broker.on_worker_message(worker, codec.inform([tuple(q) for q in queues], "worker"))
+        for _ in range(slots):
+            self.ready(worker)
+
+    def ready(self, worker: bytes) -> None:
+        self.broker.on_worker_message(worker, codec.ready())
+
+    def request(self, queue: str, body: Any = 0, headers: bytes = b"reply-requested") -> bytes:
+        frames = codec.request(queue, json.dumps(body).encode(), headers)
+        self.broker.on_client_message(b"client", frames)
+        return frames[3]
+
+    def reply(self, worker: bytes, msgid: bytes, value: Any = "ok") -> None:
+        result = json.dumps({"value": value}).encode()
+        self.broker.on_worker_message(worker, codec.reply(result, msgid))
+
+    def sent_to_workers(self, command: bytes = codec.REQUEST) -> list[tuple[bytes, bytes]]:
+        """(worker, msgid) of each message of ``command`` sent since last asked."""
+        sent = [(m[0], m[4]) for m in self.broker.to_workers if m[3] == command]
+        self.broker.to_workers.clear()
+        return sent
+
+    def client_results(self) -> list[tuple[bytes, Any]]:
+        results = [(m[6], json.loads(m[5])) for m in self.broker.to_clients if len(m) == 7]
+        self.broker.to_clients.clear()
+        return results
+
+
+def test_weight_then_least_recently_used() -> None:
+    h = Harness()
+    h.inform(b"light", [[5, "q"]], slots=10)
+    h.inform(b"a", [[20, "q"]], slots=2)
+    h.inform(b"b", [[20, "q"]], slots=2)
+    h.sent_to_workers()
+    ids = [h.request("q", i) for i in range(5)]
+    assert [w for w, _ in h.sent_to_workers()] == [b"a", b"b", b"a", b"b", b"light"]
+    assert {m for m in h.broker.jobs} == set(ids)
+
+
+def test_ready_takes_the_heaviest_waiting_queue_then_the_oldest() -> None:
+    h = Harness()
+    low = h.request("low")
+    h.clock.advance(1)
+    high_1 = h.request("high")
+    h.clock.advance(1)
+    high_2 = h.request("high")
+    h.inform(b"w", [[1, "low"], [9, "high"]])
+    assert h.sent_to_workers() == []
+    for _ in range(3):
+        h.ready(b"w")
+    assert [m for _, m in h.sent_to_workers()] == [high_1, high_2, low]
+    assert h.broker.workers[b"w"].free_slots == 0
+
+
+def test_a_full_buffer_answers_queue_full_and_too_many_queues() -> None:
+    h = Harness(queue_limit=2, max_queues=2)
+    ids = [h.request("q", i) for i in range(3)]
+    assert h.client_results() == [
+        (ids[2], {"error": "queue-full", "message": "the queue's buffer is full"})
+    ]
+    h.request("r")
+    third = h.request("s")
+    assert h.client_results()[0][1]["error"] == "too-many-queues"
+    assert h.broker.rejected == 2 and third not in h.broker.jobs
+
+
+def test_replies_reach_the_client_only_when_asked() -> None:
+    h = Harness()
+    h.inform(b"w", [[10, "q"]], slots=2)
+    asked = h.request("q")
+    quiet = h.request("q", headers=b"")
+    requests = [m for m in h.broker.to_workers if m[3] == codec.REQUEST]
+    assert [m[4] for m in requests] == [asked, quiet]
+    # Both forwarded with reply-requested: the broker must learn when each ends.
+    assert [m[6] for m in requests] == [b"reply-requested", b"reply-requested"]
+    acks = [m for m in h.broker.to_clients if len(m) == 6]
+    assert [m[5] for m in acks] == [asked, quiet]  # dispatch acknowledgements
+    h.broker.to_clients.clear()
+    h.reply(b"w", asked, 1)
+    h.reply(b"w", quiet, 2)
+    assert h.client_results() == [(asked, {"value": 1})]
+    assert h.broker.replied == 2 and h.broker.forwarded_replies == 1 and not h.broker.jobs
+
+
+def test_silent_workers_are_forgotten_and_their_requests_retried_or_failed() -> None:
+    h = Harness(heartbeat_interval=3, heartbeat_liveness=3)
+    h.inform(b"dies", [[10, "q"]], slots=2)
+    plain = h.request("q")
+    retried = h.request("q", headers=b"retry-count:1")
+    assert len(h.sent_to_workers()) == 2
+    h.clock.advance(3)
+    h.broker.heartbeat()
+    assert [w for w, _ in h.sent_to_workers(codec.HEARTBEAT)] == [b"dies"]
+    h.clock.advance(6.5)  # 9.5 s of silence > 3 x 3 s
+    h.broker.heartbeat()
+    assert b"dies" not in h.broker.workers
+    assert h.client_results() == [
+        (plain, {"error": "worker-lost", "message": "its worker died or went silent"})
+    ]
+    assert h.broker.queues[b"q"].waiting[0].msgid == retried
+    h.inform(b"fresh", [[10, "q"]], slots=1)
+    assert [m for w, m in h.sent_to_workers() if w == b"fresh"] == [retried]
+
+
+def test_heartbeats_go_to_every_live_worker() -> None:
+    h = Harness(heartbeat_interval=1, heartbeat_liveness=3)
+    h.inform(b"a", [[10, "q"]])
+    h.inform(b"b", [[10, "q"]])
+    h.broker.to_workers.clear()
+    h.clock.advance(1)
+    h.broker.on_worker_message(b"a", codec.heartbeat(0))
+    h.clock.advance(2.5)
+    h.broker.heartbeat()
+    assert [w for w, _ in h.sent_to_workers(codec.HEARTBEAT)] == [b"a"]
+    assert set(h.broker.workers) == {b"a"}
+
+
+def test_timeout_gives_up_and_a_late_reply_is_dropped() -> None:
+    h = Harness()
+    h.inform(b"w", [[10, "q"]], slots=1)
+    msgid = h.request("q", headers=b"reply-requested,timeout:5")
+    h.clock.advance(4.9)
+    h.broker.expire()
+    assert h.broker.timed_out == 0
+    h.clock.advance(0.2)
+    h.broker.expire()
+    results = h.client_results()
+    assert results[-1][0] == msgid and results[-1][1]["error"] == "timeout"
+    assert msgid not in h.broker.jobs and h.broker.workers[b"w"].inflight == {}
+    h.reply(b"w", msgid)
+    assert h.broker.late_replies == 1 and h.broker.replied == 0
+    assert h.client_results() == []
+
+
+def test_guaranteed_requests_are_stored_until_replied_and_restored(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    h = Harness(store, guarantee_retries=2)
+    h.inform(b"w", [[10, "q"]], slots=1)
+    done = h.request("q", "first", b"guarantee")
+    waiting = h.request("q", "second", b"guarantee,reply-requested")
+    plain = h.request("q", "third", b"")
+    store.commit()
+    assert [j.msgid for j in store.load()] == [done, waiting]
+    h.reply(b"w", done)
+    store.commit()
+    assert [j.msgid for j in store.load()] == [waiting]
+    store.close()
+    # After a crash: a new broker on the same store queues it again, in order.
+    store = JobStore(tmp_path)
+    again = Harness(store)
+    assert again.broker.restore() == 1
+    job = again.broker.queues[b"q"].waiting[0]
+    assert (job.msgid, job.body, job.headers.reply_requested) == (waiting, b'"second"', True)
+    assert job.retries_left == 2
+    again.inform(b"w2", [[10, "q"]], slots=1)
+    assert again.sent_to_workers() == [(b"w2", waiting)]
+    assert plain not in again.broker.jobs
+    store.close()
+
+
+def test_retries_are_stored_and_bounded(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    h = Harness(store)
+    h.inform(b"w", [[10, "q"]], slots=3)
+    msgid = h.request("q", headers=b"guarantee,retry-count:1,timeout:1")
+    h.clock.advance(1.01)
+    h.broker.expire()
+    store.commit()
+    assert store.load()[0].retries_left == 0
+    h.clock.advance(1.01)
+    h.broker.expire()
+    store.commit()
+    assert store.load() == []
+    assert [m for _, m in h.sent_to_workers()] == [msgid, msgid]
+    assert h.client_results()[-1][1]["error"] == "timeout"
+    assert (h.broker.retried, h.broker.failed, h.broker.timed_out) == (1, 1, 2)
+    # Both attempts' REPLYs are late now.
+    h.reply(b"w", msgid)
+    assert h.broker.late_replies == 1 and h.broker.drops.counts["late-reply"] == 1
+    store.close()
+
+
+def test_bad_peers_are_counted() -> None:
+    h = Harness()
+    h.broker.on_worker_message(b"stranger", codec.ready())
+    assert [w for w, _ in h.sent_to_workers(codec.KBYE)] == [b"stranger"]
+    h.broker.on_worker_message(b"stranger", [b"", b"eMQP/1.0", b"READY", b"\xff"])
+    h.inform(b"w", [[10, "q"]])
+    h.reply(b"w", b"nobody")
+    h.broker.on_client_message(b"c", codec.ready())
+    msgid = h.request("q")
+    h.broker.on_client_message(b"client", codec.request("q", b"1", b"", msgid=msgid))
+    assert dict(h.broker.drops.counts) == {
+        "not-informed": 1,
+        "not-utf8": 1,
+        "unknown-request": 1,
+        "unexpected-command": 1,
+        "duplicate-msgid": 1,
+    }
+
+
+def test_the_store_checkpoints_off_the_committing_connection(tmp_path: Path) -> None:
+    from bus.emqp.store import StoredJob
+
+    store = JobStore(tmp_path)
+    for n in range(200):
+        msgid = b"job-%d" % n
+        store.put(StoredJob(msgid, store.next_position(), b"c", b"q", b"", b"1", 0.0, 0, 1))
+        store.commit()
+        store.remove(msgid)
+        store.commit()
+    wal = tmp_path / "emqp.sqlite3-wal"
+    assert wal.stat().st_size > 0  # no automatic checkpoint inside the commits
+    assert store.checkpoint() > 0
+    store.close()
+    assert not wal.exists() or wal.stat().st_size == 0
+    again = JobStore(tmp_path)
+    assert again.load() == [] and again.next_position() == 1
+    again.close()

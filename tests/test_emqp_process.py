@@ -1,0 +1,273 @@
+"""The eMQP broker as operators run it: ``twistd -n emqp`` killed with -9 and restarted,
+composed into ``twistd -n eventbus``, and ``emqp-cli``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest_twisted
+from twisted.internet import defer
+
+from bus.emqp.client import EmqpClient
+from bus.emqp.worker import EmqpWorker
+from bus.testing import RawPeer, wait_until
+from tests.emqp_helpers import RawWorker
+from tests.test_product_process import Product, environment, metric_samples
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+CLI = str(Path(sys.executable).with_name("emqp-cli"))
+CLEAN_EXIT = (0, -signal.SIGTERM)
+
+
+def add(params: dict[str, int]) -> int:
+    return params["a"] + params["b"]
+
+
+class BrokerProcess:
+    """``twistd -n emqp`` in a child process; its endpoints come from its status.json."""
+
+    def __init__(self, data_dir: Path, ports: dict[str, int] | None = None) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / "status.json").unlink(missing_ok=True)
+        ports = ports or {"worker": 0, "client": 0, "admin": 0}
+        command = [
+            TWISTD, "-n", "--pidfile=", "emqp", "--data-dir", str(data_dir),
+            "--worker-port", str(ports["worker"]), "--client-port", str(ports["client"]),
+            "--admin-port", str(ports["admin"]), "--stats-interval", "0.1s",
+            "--heartbeat-interval", "0.2s",
+        ]  # fmt: skip
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ)
+        )
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.data_dir / "status.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"exited: {self.log_path.read_text()}")
+        return bool(self.status().get("endpoints"))
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        return dict(self.status()["endpoints"])
+
+    def ports(self) -> dict[str, int]:
+        return {name: int(address.rsplit(":", 1)[1]) for name, address in self.endpoints.items()}
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=30)
+        self.log.close()
+        return code
+
+
+@pytest_twisted.inlineCallbacks
+def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
+    data = tmp_path / "emqp"
+    broker = BrokerProcess(data)
+    restarted = client = worker = stuck = None
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        endpoints, ports = broker.endpoints, broker.ports()
+        stuck = RawWorker(endpoints["worker"])  # takes one request and never answers
+        yield wait_until(stuck.acked, what="ACK")
+        stuck.ready()
+        client = EmqpClient(endpoints["client"])
+        results = [
+            client.submit("default", ["add", {"a": i, "b": 100}], guarantee=True) for i in range(20)
+        ]
+        yield wait_until(lambda: stuck.requests(), what="one request in flight")
+        yield wait_until(
+            lambda: broker.status().get("stored") == 20 and broker.status().get("waiting") == 19,
+            what="all 20 stored, 19 waiting for a worker",
+        )
+        assert broker.stop(signal.SIGKILL) == -signal.SIGKILL
+        stuck.close()
+        restarted = BrokerProcess(data, ports)
+        yield wait_until(restarted.ready, timeout=30, what="the broker again")
+        assert restarted.status()["counters"]["restored"] == 20
+        assert restarted.status()["stored"] == 20
+        # Our client's socket reconnects by itself, with the same identity.
+        worker = EmqpWorker(
+            endpoints["worker"], slots=4, handlers={"add": add}, heartbeat_interval=0.2
+        )
+        worker.startService()
+        values = yield defer.gatherResults(results)
+        assert values == [i + 100 for i in range(20)]
+        yield wait_until(lambda: restarted.status().get("stored") == 0, what="the store emptied")
+        status = restarted.status()
+        assert status["counters"]["workers_lost"] == 0 and status["dropped"] == {}
+        assert status["client_send_failures"] == 0
+    finally:
+        for thing in (client, stuck):
+            if thing is not None:
+                thing.close()
+        if worker is not None:
+            yield worker.stopService()
+        if broker.process.poll() is None:
+            broker.stop()
+        if restarted is not None:
+            assert restarted.stop() in CLEAN_EXIT, restarted.log_path.read_text()
+    assert "eMQP broker stopped" in restarted.log_path.read_text()
+
+
+@pytest_twisted.inlineCallbacks
+def test_our_worker_informs_again_after_a_kill_9_of_the_broker(tmp_path: Path) -> Any:
+    data = tmp_path / "emqp"
+    broker = BrokerProcess(data)
+    restarted = client = worker = None
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        endpoints, ports = broker.endpoints, broker.ports()
+        worker = EmqpWorker(endpoints["worker"], handlers={"add": add}, heartbeat_interval=0.2)
+        worker.startService()
+        yield wait_until(lambda: worker.registered, what="the worker's ACK")
+        assert broker.stop(signal.SIGKILL) == -signal.SIGKILL  # no KBYE: it just vanishes
+        restarted = BrokerProcess(data, ports)
+        yield wait_until(restarted.ready, timeout=30, what="the broker again")
+        # The new broker answers the worker's HEARTBEAT with KBYE (or the worker notices
+        # the silence); either way it INFORMs again and serves.
+        yield wait_until(lambda: worker.informs >= 2 and worker.registered, what="re-INFORM")
+        client = EmqpClient(endpoints["client"])
+        assert (yield client.submit("default", ["add", {"a": 5, "b": 6}])) == 11
+    finally:
+        if client is not None:
+            client.close()
+        if worker is not None:
+            yield worker.stopService()
+        if broker.process.poll() is None:
+            broker.stop()
+        if restarted is not None:
+            assert restarted.stop() in CLEAN_EXIT, restarted.log_path.read_text()
+
+
+@pytest_twisted.inlineCallbacks
+def test_composed_into_the_product_its_job_life_is_on_the_bus(tmp_path: Path) -> Any:
+    product = Product(
+        tmp_path, "--port", "0", "--data-dir", "bus-data", "--emqp-data-dir", "emqp-data",
+        env=environment(),
+    )  # fmt: skip
+    subscriber = client = worker = None
+    try:
+        yield wait_until(product.ready, timeout=60, what="the product")
+        status = product.status()["services"]
+        assert set(status) == {"eventbus", "emqp"}
+        emqp = status["emqp"]["endpoints"]
+        subscriber = RawPeer.sub(status["eventbus"]["endpoints"]["publisher"], (b"/emqp/",))
+        worker = EmqpWorker(emqp["worker"], handlers={"add": add})
+        worker.startService()
+        yield wait_until(lambda: subscriber.messages, what="/emqp/worker/joined/ on the bus")
+        client = EmqpClient(emqp["client"])
+        assert (yield client.submit("default", ["add", {"a": 1, "b": 2}], guarantee=True)) == 3
+        yield wait_until(
+            lambda: any(m[0] == b"/emqp/job/replied/" for m in subscriber.messages),
+            what="the job's life on the bus",
+        )
+        topics = [m[0] for m in subscriber.messages]
+        assert topics == [
+            b"/emqp/worker/joined/", b"/emqp/job/queued/", b"/emqp/job/dispatched/",
+            b"/emqp/job/replied/",
+        ]  # fmt: skip
+        queued = msgpack.unpackb(subscriber.messages[1][-1])
+        assert queued["queue"] == "default" and queued["guaranteed"] is True
+        samples = metric_samples(product.get("/metrics"))
+        assert samples["emqp_replied_total"] == 1
+        assert samples["emqp_workers"] == 1
+        assert samples["bus_service_up{service=emqp}"] == 1
+        assert (tmp_path / "emqp-data" / "emqp.sqlite3").exists()
+    finally:
+        for thing in (client, subscriber):
+            if thing is not None:
+                thing.close()
+        if worker is not None:
+            yield worker.stopService()
+        code = product.stop()
+    assert code in CLEAN_EXIT, product.output()
+
+
+def run_cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest_twisted.inlineCallbacks
+def test_emqp_cli_submit_and_status(tmp_path: Path) -> Any:
+    broker = BrokerProcess(tmp_path / "emqp")
+    worker = None
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        endpoints = broker.endpoints
+        worker = EmqpWorker(
+            endpoints["worker"], slots=2, handlers={"add": add}, heartbeat_interval=0.2
+        )
+        worker.startService()
+        yield wait_until(lambda: worker.registered)
+        # The CLI runs its own reactor in a child; ours keeps serving the worker meanwhile.
+        submit = run_cli(
+            "submit", "default", '["add", {"a": 40, "b": 2}]', "--broker", endpoints["client"],
+            "--guarantee", "--retries", "1", "--timeout", "30", "--wait", "30",
+        )  # fmt: skip
+        yield wait_until(lambda: submit.poll() is not None, timeout=60, what="emqp-cli submit")
+        out, err = submit.communicate()
+        assert submit.returncode == 0, err
+        assert json.loads(out) == 42
+        nobody = run_cli(
+            "submit", "nobody", "1", "--broker", endpoints["client"], "--timeout", "1",
+            "--wait", "1",
+        )  # fmt: skip
+        yield wait_until(lambda: nobody.poll() is not None, timeout=60, what="a failing submit")
+        out, err = nobody.communicate()
+        assert nobody.returncode == 1 and "no answer" in err
+        status = run_cli("status", "--admin", endpoints["admin"])
+        yield wait_until(lambda: status.poll() is not None, timeout=60, what="emqp-cli status")
+        out, err = status.communicate()
+        assert status.returncode == 0, err
+        answer = json.loads(out)
+        assert answer["counters"]["replied"] == 1
+        assert answer["queues"]["nobody"]["depth"] == 1
+        assert answer["workers"][0]["queues"] == [[10, "default"]]
+    finally:
+        if worker is not None:
+            yield worker.stopService()
+        assert broker.stop() in CLEAN_EXIT, broker.log_path.read_text()
+
+
+def test_a_busy_port_stops_the_product_with_one_line_naming_the_emqp_option(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        run = subprocess.run(
+            [
+                TWISTD, "-n", "--pidfile=", "eventbus", "--port", "0", "--http-port", "0",
+                "--data-dir", str(tmp_path / "bus"), "--emqp-admin-port", str(port),
+            ],
+            capture_output=True, text=True, cwd=tmp_path, env=environment(), timeout=60,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    [line] = [line for line in output.splitlines() if "cannot start" in line]
+    assert f"cannot start emqp: --emqp-admin-port {port}: cannot bind" in line
+    assert "in use" in line and "Traceback" not in output

@@ -1,0 +1,400 @@
+"""The eMQP broker through real sockets on 127.0.0.1: our client and worker libraries, and
+raw peers that take a job and die, stay silent or reply late."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import pytest_twisted
+import zmq
+from twisted.internet import defer
+
+from bus.emqp import codec
+from bus.emqp.client import EmqpClient, JobFailed, query_status
+from bus.emqp.worker import EmqpWorker
+from bus.testing import RawPeer, start_broker, start_bus, wait_until
+from tests.emqp_helpers import RawClient, RawWorker
+
+
+def add(params: dict[str, int]) -> int:
+    return params["a"] + params["b"]
+
+
+def fail(params: Any) -> None:
+    raise ValueError("no such thing")
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[Any]]:
+    """Things with close() or stopService() a test made, closed after it (reverse order)."""
+    made: list[Any] = []
+    yield made
+    for thing in reversed(made):
+        if hasattr(thing, "stopService"):
+            pytest_twisted.blockon(thing.stopService())
+        else:
+            thing.close()
+
+
+def broker_in(tmp_path: Path, cleanup: list[Any], **settings: Any) -> Any:
+    broker = start_broker(tmp_path / "emqp", **settings)
+    cleanup.append(broker)
+    return broker
+
+
+def worker_for(broker: Any, cleanup: list[Any], **options: Any) -> EmqpWorker:
+    options.setdefault("handlers", {"add": add, "fail": fail})
+    worker = EmqpWorker(broker.endpoints["worker"], **options)
+    worker.startService()
+    cleanup.append(worker)
+    return worker
+
+
+def client_for(broker: Any, cleanup: list[Any]) -> EmqpClient:
+    client = EmqpClient(broker.endpoints["client"])
+    cleanup.append(client)
+    return client
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_reply_reaches_the_client_that_asked(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    worker = worker_for(broker, cleanup, slots=2)
+    client = client_for(broker, cleanup)
+    yield wait_until(lambda: worker.registered, what="the worker's ACK")
+    submitted = [client.submit("default", ["add", {"a": i, "b": 1}]) for i in range(20)]
+    results = yield defer.gatherResults(submitted)
+    assert results == [i + 1 for i in range(20)]
+    # The failure of a handler comes back as an error.
+    with pytest.raises(JobFailed) as failed:
+        yield client.submit("default", ["fail", {}])
+    assert failed.value.reason == "handler-failed"
+    assert "ValueError: no such thing" in failed.value.message
+    # Without reply the Deferred fires on dispatch with the request's id.
+    msgid = yield client.submit("default", ["add", {"a": 1, "b": 1}], reply=False)
+    assert isinstance(msgid, str) and len(msgid) == 36
+    yield wait_until(lambda: broker.broker.replied == 22, what="every reply")
+    assert broker.broker.forwarded_replies == 21  # the reply=False one was not forwarded
+    assert broker.broker.drops.total == 0
+    assert broker.status()["workers"][0]["free_slots"] == 2
+
+
+@pytest_twisted.inlineCallbacks
+def test_dispatch_ack_then_result_as_the_original_client_sees_them(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    worker = RawWorker(broker.endpoints["worker"], [[10, "jobs"]])
+    client = RawClient(broker.endpoints["client"])
+    cleanup += [worker, client]
+    yield wait_until(worker.acked, what="ACK")
+    # The original job manager starts its workers at the broker's first HEARTBEAT.
+    assert worker.commands(codec.HEARTBEAT)
+    worker.ready()
+    msgid = client.request("jobs", ["run", {"path": "os.path", "callable": "join"}], b"")
+    yield wait_until(lambda: worker.requests(), what="the REQUEST at the worker")
+    request = worker.requests()[0]
+    # Forwarded with the client's msgid and body; reply-requested added for the broker.
+    assert request[3] == msgid and request[4] == b"jobs"
+    assert request[5] == b"reply-requested"
+    assert json.loads(request[6]) == ["run", {"path": "os.path", "callable": "join"}]
+    yield wait_until(lambda: client.acks(msgid), what="the dispatch acknowledgement")
+    worker.reply(request, "done")
+    yield wait_until(lambda: broker.broker.replied == 1, what="the REPLY")
+    assert client.results(msgid) == []  # not asked for: not forwarded
+    msgid = client.request("jobs", {"x": 1}, b"reply-requested,timeout:30")
+    worker.ready()
+    yield wait_until(lambda: len(worker.requests()) == 2, what="the second REQUEST")
+    worker.reply(worker.requests()[1], [1, 2])
+    yield wait_until(lambda: client.results(msgid), what="the forwarded result")
+    assert client.results(msgid) == [{"value": [1, 2]}]
+
+
+@pytest_twisted.inlineCallbacks
+def test_full_buffer_answers_an_error_and_waiting_requests_go_out_on_ready(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup, queue_limit=2)
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    ids = [client.request("q", i) for i in range(3)]
+    yield wait_until(lambda: client.results(ids[2]), what="the error reply")
+    assert client.results(ids[2]) == [
+        {"error": "queue-full", "message": "the queue's buffer is full"}
+    ]
+    status = yield query_status(broker.endpoints["admin"])
+    assert status["queues"]["q"]["depth"] == 2 and status["queues"]["q"]["rejected"] == 1
+    worker = RawWorker(broker.endpoints["worker"], [[10, "q"]])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="ACK")
+    worker.ready(5)
+    yield wait_until(lambda: len(worker.requests()) == 2, what="the waiting requests")
+    assert [json.loads(r[6]) for r in worker.requests()] == [0, 1]  # oldest first
+    yield wait_until(lambda: broker.status()["workers"][0]["free_slots"] == 3)
+
+
+@pytest_twisted.inlineCallbacks
+def test_weighted_queues_then_least_recently_used(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    light = RawWorker(broker.endpoints["worker"], [[5, "q"]])
+    heavy_a = RawWorker(broker.endpoints["worker"], [[20, "q"]])
+    heavy_b = RawWorker(broker.endpoints["worker"], [[20, "q"]])
+    client = RawClient(broker.endpoints["client"])
+    cleanup += [light, heavy_a, heavy_b, client]
+    for worker in (light, heavy_a, heavy_b):
+        yield wait_until(worker.acked, what="ACK")
+        worker.ready(3)
+    yield wait_until(lambda: sum(w["free_slots"] for w in broker.status()["workers"]) == 9)
+    for i in range(6):
+        client.request("q", i)
+    yield wait_until(lambda: broker.broker.dispatched == 6)
+    # The two heavier workers take everything, alternating (least recently used first).
+    assert len(heavy_a.requests()) == 3 and len(heavy_b.requests()) == 3
+    assert light.requests() == []
+    first = [json.loads(r[6]) for r in heavy_a.requests()]
+    second = [json.loads(r[6]) for r in heavy_b.requests()]
+    assert sorted([first, second]) == [[0, 2, 4], [1, 3, 5]]
+    client.request("q", 6)
+    yield wait_until(lambda: light.requests(), what="the light worker's turn")
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_guaranteed_request_outlives_its_dead_worker(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup, heartbeat_interval=0.1, heartbeat_liveness=3)
+    doomed = RawWorker(broker.endpoints["worker"])
+    client = client_for(broker, cleanup)
+    cleanup.append(doomed)
+    yield wait_until(doomed.acked, what="ACK")
+    doomed.ready()
+    result = client.submit("default", ["add", {"a": 2, "b": 3}], guarantee=True)
+    yield wait_until(lambda: doomed.requests(), what="the first dispatch")
+    assert broker.store.count() == 1  # stored before the worker saw it
+    doomed.close()  # dies without a word: the broker notices the silence
+    yield wait_until(lambda: broker.broker.workers_lost == 1, what="the dead worker forgotten")
+    assert broker.broker.retried == 1
+    assert broker.status()["queues"]["default"]["depth"] == 1
+    worker_for(broker, cleanup, heartbeat_interval=0.1)
+    value = yield result
+    assert value == 5
+    yield wait_until(lambda: broker.store.count() == 0, what="the store emptied")
+
+
+@pytest_twisted.inlineCallbacks
+def test_timeout_answers_an_error_and_a_late_reply_is_dropped(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    slow = RawWorker(broker.endpoints["worker"])
+    client = client_for(broker, cleanup)
+    cleanup.append(slow)
+    yield wait_until(slow.acked, what="ACK")
+    slow.ready()
+    with pytest.raises(JobFailed) as failed:
+        yield client.submit("default", ["add", {"a": 1, "b": 1}], timeout=1)
+    assert failed.value.reason == "timeout"
+    assert broker.broker.timed_out == 1
+    slow.reply(slow.requests()[0], 2)
+    yield wait_until(lambda: broker.broker.late_replies == 1, what="the late reply")
+    assert broker.broker.drops.counts["late-reply"] == 1
+    assert broker.broker.replied == 0
+
+
+@pytest_twisted.inlineCallbacks
+def test_retry_count_bounds_the_redispatches(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    silent = RawWorker(broker.endpoints["worker"])
+    client = client_for(broker, cleanup)
+    cleanup.append(silent)
+    yield wait_until(silent.acked, what="ACK")
+    silent.ready(5)
+    with pytest.raises(JobFailed) as failed:
+        yield client.submit("default", 1, guarantee=True, retries=2, timeout=1)
+    assert failed.value.reason == "timeout"
+    # One dispatch and two re-dispatches, each timed out; then the store forgot it.
+    assert len(silent.requests()) == 3
+    assert len({r[3] for r in silent.requests()}) == 1
+    assert broker.broker.retried == 2 and broker.broker.failed == 1
+    yield wait_until(lambda: broker.store.count() == 0)
+
+
+@pytest_twisted.inlineCallbacks
+def test_status_and_schedule_forwarding(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    admin = RawPeer.dealer(broker.endpoints["admin"])
+    client = RawClient(broker.endpoints["client"])
+    cleanup += [admin, client]
+    schedule = codec.message(
+        codec.SCHEDULE, b"default", b"guarantee", b"60", json.dumps(["run", {}]).encode(), b""
+    )
+    client.peer.send(schedule)
+    yield wait_until(lambda: client.results(schedule[3]), what="the no-scheduler error")
+    assert client.results(schedule[3])[0]["error"] == "no-scheduler"
+    # libzmq's default binary identity: the original router crashed on it.
+    scheduler = RawPeer.dealer(broker.endpoints["client"])
+    cleanup.append(scheduler)
+    scheduler.send(codec.inform([], codec.SCHEDULER))
+    yield wait_until(lambda: any(m[2] == codec.ACK for m in scheduler.messages), what="ACK")
+    client.peer.send(schedule)
+    unschedule = [*schedule[:2], codec.UNSCHEDULE, codec.new_msgid(), *schedule[4:]]
+    admin.send(unschedule)
+
+    def forwarded() -> list[list[bytes]]:
+        return [m for m in scheduler.messages if m[2] in (codec.SCHEDULE, codec.UNSCHEDULE)]
+
+    yield wait_until(lambda: len(forwarded()) == 2, what="both forwarded")
+    assert sorted(forwarded()) == sorted([schedule, unschedule])
+    status_request = codec.message(codec.STATUS)
+    admin.send(status_request)
+    yield wait_until(lambda: any(m[2] == codec.REPLY for m in admin.messages), what="STATUS")
+    reply = next(m for m in admin.messages if m[2] == codec.REPLY)
+    assert reply[5] == status_request[3]
+    status = json.loads(reply[4])
+    assert len(status["schedulers"]) == 1 and status["schedulers"][0].startswith("0x00")
+    assert status["counters"]["schedules_forwarded"] == 2
+    assert set(status) >= {"queues", "workers", "in_flight", "counters"}
+
+
+@pytest_twisted.inlineCallbacks
+def test_heartbeats_both_ways(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup, heartbeat_interval=0.1, heartbeat_liveness=3)
+    silent = RawWorker(broker.endpoints["worker"], identity=b"silent")
+    talker = worker_for(broker, cleanup, heartbeat_interval=0.1)
+    cleanup.append(silent)
+    yield wait_until(lambda: talker.registered and silent.acked(), what="both ACKed")
+    yield wait_until(lambda: len(silent.commands(codec.HEARTBEAT)) >= 3, what="heartbeats")
+    beat = silent.commands(codec.HEARTBEAT)[-1]
+    assert float(beat[4]) > 1e9  # the sender's time.time(), as the original sends it
+    yield wait_until(lambda: broker.broker.workers_lost == 1, what="the silent one forgotten")
+    assert [w["id"] for w in broker.status()["workers"]] != ["silent"]
+    assert len(broker.status()["workers"]) == 1
+    count = talker.heartbeats_received
+    yield wait_until(lambda: talker.heartbeats_received > count + 3, what="more heartbeats")
+    assert broker.broker.workers_lost == 1  # the worker that heartbeats stays
+    # A forgotten worker's messages are dropped, and it is told KBYE.
+    silent.ready()
+    yield wait_until(lambda: silent.commands(codec.KBYE), what="KBYE")
+    assert broker.broker.drops.counts["not-informed"] == 1
+
+
+@pytest_twisted.inlineCallbacks
+def test_kbye_on_stop_and_the_worker_informs_the_next_broker(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    first = start_broker(tmp_path / "emqp")
+    watcher = RawWorker(first.endpoints["worker"])
+    cleanup.append(watcher)
+    worker = EmqpWorker(first.endpoints["worker"], handlers={"add": add})
+    worker.startService()
+    cleanup.append(worker)
+    yield wait_until(lambda: worker.registered and watcher.acked())
+    yield first.stopService()
+    yield wait_until(lambda: watcher.commands(codec.KBYE), what="the broker's KBYE")
+    yield wait_until(lambda: worker.informs == 2, what="the worker starting over")
+    ports = {name: int(address.rsplit(":", 1)[1]) for name, address in first.endpoints.items()}
+    second = start_broker(
+        tmp_path / "emqp",
+        worker_port=ports["worker"],
+        client_port=ports["client"],
+        admin_port=ports["admin"],
+    )
+    cleanup.append(second)
+    client = client_for(second, cleanup)
+    value = yield client.submit("default", ["add", {"a": 20, "b": 22}])
+    assert value == 42
+    assert second.broker.drops.total == 0
+
+
+@pytest_twisted.inlineCallbacks
+def test_job_life_is_published_on_the_bus(tmp_path: Path, cleanup: list[Any]) -> Any:
+    bus = start_bus(tmp_path / "bus")
+    cleanup.append(bus)
+    subscriber = RawPeer.sub(bus.endpoints["publisher"])
+    cleanup.append(subscriber)
+    yield wait_until(lambda: subscriber.messages, what="the bus heartbeat")
+    broker = broker_in(tmp_path, cleanup, activity=bus.activity_sink("emqp"))
+    worker = worker_for(broker, cleanup, slots=1)
+    client = client_for(broker, cleanup)
+    yield wait_until(lambda: worker.registered)
+    assert (yield client.submit("default", ["add", {"a": 1, "b": 2}])) == 3
+    with pytest.raises(JobFailed):
+        yield client.submit("default", ["fail", {}])
+
+    def topics() -> list[bytes]:
+        return [m[0] for m in subscriber.messages if m[0].startswith(b"/emqp/")]
+
+    yield wait_until(lambda: topics().count(b"/emqp/job/replied/") == 2, what="activity")
+    assert topics()[:4] == [
+        b"/emqp/worker/joined/",
+        b"/emqp/job/queued/",
+        b"/emqp/job/dispatched/",
+        b"/emqp/job/replied/",
+    ]
+    replied = next(m for m in subscriber.messages if m[0] == b"/emqp/job/replied/")
+    value = msgpack.unpackb(replied[-1])
+    assert value["queue"] == "default" and value["worker"] and value["seconds"] >= 0
+    # Stored in the bus's own log too, so a snapshot (and the Spark bridge) sees them.
+    assert any(e.topic == b"/emqp/job/queued/" for e in bus.store.read(0))
+
+
+@pytest_twisted.inlineCallbacks
+def test_process_pool_and_run_bodies(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    worker = worker_for(broker, cleanup, slots=2, pool="process")
+    client = client_for(broker, cleanup)
+    yield wait_until(lambda: worker.registered)
+    value = yield client.submit("default", ["add", {"a": 4, "b": 5}])
+    assert value == 9
+    body = ["run", {"path": "os.path", "callable": "join", "args": ["a", "b"]}]
+    assert (yield client.submit("default", body)) == "a/b"
+    body = ["run", {"path": "collections:Counter", "callable": "most_common",
+                    "class_args": ["abracadabra"], "args": [1]}]  # fmt: skip
+    assert (yield client.submit("default", body)) == [["a", 5]]
+    body = ["run", {"path": "os.path:join", "args": ["x", "y"]}]
+    assert (yield client.submit("default", body)) == "x/y"
+
+
+def test_a_busy_port_names_its_option(tmp_path: Path) -> None:
+    from bus.errors import StartupError
+
+    context = zmq.Context.instance()
+    taken = context.socket(zmq.ROUTER)
+    port = taken.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with pytest.raises(StartupError) as error:
+            start_broker(tmp_path, client_port=port)
+        assert error.value.option == "client-port"
+        assert "in use" in error.value.cause
+    finally:
+        taken.close(0)
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_answer_waits_for_its_client_to_come_back(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup, reply_linger=1.0)
+    worker = RawWorker(broker.endpoints["worker"])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="ACK")
+    worker.ready(2)
+    first = RawClient(broker.endpoints["client"], identity=b"comes-back")
+    msgid = first.request("default", 1)
+    yield wait_until(lambda: first.acks(msgid), what="dispatched")
+    first.close()  # gone before its result
+    worker.reply(worker.requests()[0], "late but delivered")
+    yield wait_until(lambda: broker.status()["answers_held"] == 1, what="the answer held")
+    again = RawClient(broker.endpoints["client"], identity=b"comes-back")
+    cleanup.append(again)
+    yield wait_until(lambda: again.results(msgid), what="the held answer")
+    assert again.results(msgid) == [{"value": "late but delivered"}]
+    # A client that never comes back: its answer is dropped after --reply-linger, counted.
+    gone = RawClient(broker.endpoints["client"], identity=b"never-again")
+    other = gone.request("default", 2)
+    yield wait_until(lambda: gone.acks(other), what="dispatched")
+    gone.close()
+    worker.reply(worker.requests()[1], "nobody listens")
+    yield wait_until(lambda: broker.client_send_failures == 1, what="the answer dropped")
+    assert broker.status()["answers_held"] == 0
