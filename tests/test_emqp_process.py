@@ -160,7 +160,7 @@ def test_our_worker_informs_again_after_a_kill_9_of_the_broker(tmp_path: Path) -
 def test_composed_into_the_product_its_job_life_is_on_the_bus(tmp_path: Path) -> Any:
     product = Product(
         tmp_path, "--port", "0", "--data-dir", "bus-data", "--emqp-data-dir", "emqp-data",
-        env=environment(),
+        "--services", "eventbus,emqp", env=environment(),
     )  # fmt: skip
     subscriber = client = worker = None
     try:
