@@ -70,6 +70,9 @@ class SocketOptions:
     #: The kernel's send buffer per connection in bytes (SO_SNDBUF); -1: the OS default,
     #: which Linux grows up to tcp_wmem's maximum (4 MiB) for a peer that reads slowly.
     send_buffer: int = -1
+    #: ZMQ_IMMEDIATE: queue messages only to completed connections, so that nothing
+    #: waits in a pipe to a peer that is not there (sends fail instead).
+    immediate: bool = False
 
 
 class SocketFactory:
@@ -161,6 +164,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             sock.set(zmq.SNDBUF, options.send_buffer)
         if options.max_message_size >= 0:
             sock.set(zmq.MAXMSGSIZE, options.max_message_size)
+        if options.immediate:
+            sock.set(zmq.IMMEDIATE, 1)
         if options.router_mandatory and socket_type == zmq.ROUTER:
             sock.set(zmq.ROUTER_MANDATORY, 1)
         if options.tcp_keepalive_idle is not None:
