@@ -377,35 +377,79 @@ class EventBusSubscriber(Service):
 class EventBusPublisher:
     """Publishes events to a bus's collector. ``publish`` never blocks: when ZeroMQ's
     queue is full the event waits in a local queue, drained as the socket frees up;
-    ``flush()`` fires when everything was handed to ZeroMQ."""
+    ``flush()`` fires when everything was handed to ZeroMQ.
+
+    Given several servers (the two halves of a pair), it sends to one at a time and moves
+    to the next once it has had no connection for ``failover_after`` seconds; meanwhile
+    events wait in the local queue (ZMQ_IMMEDIATE: none wait in a pipe to a server that
+    is gone). A pair's passive hands what it receives to its active."""
 
     RETRY_DELAY = 0.005
 
     def __init__(
         self,
-        server: str | ServerAddress,
+        server: str | ServerAddress | Sequence[str | ServerAddress],
         producer_id: str,
         *,
         reactor: Any = None,
         factory: SocketFactory | None = None,
         send_hwm: int = 10_000,
         linger_ms: int = 5000,
+        failover_after: float = 1.0,
     ) -> None:
-        self.server = ServerAddress.parse(server)
+        servers = [server] if isinstance(server, str | ServerAddress) else list(server)
+        if not servers:
+            raise ValueError("at least one server address is needed")
+        self.servers = [ServerAddress.parse(s) for s in servers]
+        self.server = self.servers[0]
+        self.failovers = 0
         self.producer = producer_id.encode("utf-8")
         self._io = _Sockets(reactor, factory)
         self.reactor: Any = self._io.reactor
-        self._socket = self._io.factory.socket(
-            zmq.DEALER,
-            None,
-            SocketOptions(send_hwm=send_hwm, linger_ms=linger_ms),
-            name="publisher",
+        self._socket_options = SocketOptions(
+            send_hwm=send_hwm, linger_ms=linger_ms, immediate=len(self.servers) > 1
         )
-        self._socket.connect(self.server.collector)
+        self._socket = self._open()
+        self._failover_after = failover_after
+        self._down_since: float | None = None
+        self._periodic = Periodic(self.reactor, log)
+        if len(self.servers) > 1:
+            self._periodic.every(max(failover_after / 4, 0.05), self._check_connected)
         self._queue: deque[list[bytes]] = deque()
         self._retry: DelayedCall | None = None
         self._flushes: list[defer.Deferred[None]] = []
         self.published = 0
+
+    def _open(self) -> ZmqSocket:
+        sock = self._io.factory.socket(zmq.DEALER, None, self._socket_options, name="publisher")
+        if len(self.servers) > 1:
+            sock.watch_connections()
+        sock.connect(self.server.collector)
+        return sock
+
+    def _check_connected(self) -> None:
+        if self._socket.connections:
+            self._down_since = None
+            return
+        now = self.reactor.seconds()
+        if self._down_since is None:
+            self._down_since = now
+        elif now - self._down_since >= self._failover_after:
+            previous = self.server
+            self.server = self.servers[(self.servers.index(previous) + 1) % len(self.servers)]
+            self.failovers += 1
+            self._down_since = now
+            log.warn(
+                "publisher: no connection to {previous} for {seconds:.1f}s: switching to "
+                "{server} ({pending} events queued)",
+                previous=previous,
+                seconds=self._failover_after,
+                server=self.server,
+                pending=len(self._queue),
+            )
+            self._socket.shutdown()
+            self._socket = self._open()
+            self._schedule()
 
     def publish(
         self,
@@ -467,6 +511,7 @@ class EventBusPublisher:
 
     def close(self) -> None:
         """Close the socket; ZeroMQ keeps trying to deliver for ``linger_ms``."""
+        self._periodic.stop_all()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
