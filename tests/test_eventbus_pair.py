@@ -276,8 +276,15 @@ def test_the_old_primary_rejoins_drops_what_it_alone_held_and_becomes_a_backup(
         # Its 7 own events, and maybe a few agreed ones just below (marks are 1, 2, 4...
         # apart): those come back from the active.
         assert 7 <= rejoined.pair.truncated <= 14
+        # The events only it held come back through the active, under new sequences;
+        # those the active already had do not come twice.
+        yield wait_until(lambda: backup.store.last_sequence == 1507, what="handed over")
+        yield wait_until(lambda: rejoined.store.last_sequence == 1507, what="mirrored")
+        assert rejoined.pair.republished == 7
         assert log_of(rejoined) == log_of(backup)
-        assert all(e.topic != b"/lost/" for e in log_of(rejoined))
+        lost = [e for e in log_of(backup) if e.topic == b"/lost/"]
+        assert [e.sequence for e in lost] == list(range(1501, 1508))
+        assert len({e.uuid for e in log_of(backup)}) == 1507
         assert rejoined.pair.core.term == backup.pair.core.term == 2
         # And it is a correct backup: it takes over again when needed.
         yield pair.stop("backup")
@@ -285,7 +292,7 @@ def test_the_old_primary_rejoins_drops_what_it_alone_held_and_becomes_a_backup(
         voter.send(sync_start_frames((), 0))
         yield wait_until(lambda: rejoined.pair.state == "active", timeout=10, what="back")
         voter.close()
-        assert rejoined.store.last_sequence == 1500 and rejoined.pair.core.term == 3
+        assert rejoined.store.last_sequence == 1507 and rejoined.pair.core.term == 3
     finally:
         publisher.close()
     assert primary.store is not None

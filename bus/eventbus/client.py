@@ -406,8 +406,16 @@ class EventBusPublisher:
         self.producer = producer_id.encode("utf-8")
         self._io = _Sockets(reactor, factory)
         self.reactor: Any = self._io.reactor
+        several = len(self.servers) > 1
+        # With several servers, ZMTP heartbeats also drop a connection to a server whose
+        # process stopped (TCP alone would keep it up), so the publisher moves on.
+        beat_ms = max(int(failover_after * 1000 / 4), 50)
         self._socket_options = SocketOptions(
-            send_hwm=send_hwm, linger_ms=linger_ms, immediate=len(self.servers) > 1
+            send_hwm=send_hwm,
+            linger_ms=linger_ms,
+            immediate=several,
+            heartbeat_ms=beat_ms if several else 0,
+            heartbeat_timeout_ms=int(failover_after * 1000) if several else 0,
         )
         self._socket = self._open()
         self._failover_after = failover_after

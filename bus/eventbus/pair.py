@@ -46,6 +46,8 @@ CATCHUP_CHUNK = 1000
 #: Marks (sequence, UUID) a joining passive sends: its last sequence, then 1, 2, 4...
 #: below it, so the active finds where the logs agree in one round trip.
 JOIN_MARKS = 48
+#: Events a rejoining server keeps from the tail it drops, to hand them to the active.
+MAX_ORPHANS = 100_000
 #: How often a server that goes on alone repeats it in the log.
 ALONE_REMINDER = 10.0
 
@@ -132,6 +134,9 @@ class Pair:
         self._events_at = 0.0
         #: Events publishers handed to this (non-active) server, waiting to be forwarded.
         self.held: list[EventFields] = []
+        #: The tail dropped when rejoining (events this server stored, never released),
+        #: handed to the active once caught up, unless the active had them: (above, events).
+        self._orphans: tuple[int, list[EventFields]] | None = None
         # -- counters --
         self.events_sent = 0
         self.events_replicated = 0
@@ -140,6 +145,7 @@ class Pair:
         self.rewinds = 0
         self.truncated = 0
         self.forwarded = 0
+        self.republished = 0
         self.forwards_received = 0
         self.went_alone = 0
         self.healed = 0
@@ -336,6 +342,8 @@ class Pair:
         change = self.core.heard(state, self.reactor.seconds())
         if change is not None:
             self._changed(change)
+        if self._orphans is not None and self.core.state == "passive" and self.core.in_sync:
+            self._republish()
         if self.core.state in ("active", "doubt") and state.state == "waiting" and self.joined:
             # The passive restarted: it will JOIN again.
             if self.paired:
@@ -531,6 +539,7 @@ class Pair:
                 else:
                     store.adopt_store_id(rewind.store_id)
                 store = self.host.store
+            tail = store.read(rewind.common, limit=MAX_ORPHANS)
             dropped = store.truncate_after(rewind.common)
             store.set_meta("ha_term", str(rewind.term))
         except StorageError as error:
@@ -541,11 +550,15 @@ class Pair:
         self.truncated += dropped
         if dropped:
             log.warn(
-                "pair: rejoining: dropped the {count} events above {common} that the active "
-                "does not hold (never released by a pair in sync)",
+                "pair: rejoining: took out the {count} events above {common}; those the "
+                "active lacks are handed to it once this server has caught up",
                 count=dropped,
                 common=rewind.common,
             )
+            orphans = [(e.topic, e.producer, e.timestamp, e.uuid, e.data) for e in tail]
+            if self._orphans is not None and self._orphans[0] >= rewind.common:
+                orphans = self._orphans[1] + orphans  # an earlier rejoin's, not yet handed
+            self._orphans = (rewind.common, orphans[:MAX_ORPHANS])
         self.rewound = True
         self._events_at = self.reactor.seconds()
         self._send(pair_codec.ack_frames(store.last_sequence))
@@ -578,9 +591,17 @@ class Pair:
     def forward(self, fields: list[EventFields]) -> None:
         """Hand events a publisher sent here to the active (or hold them for whoever
         becomes active); the collector pauses while too many are held."""
-        if not self.held and self._active_peer() and self._send(pair_codec.forward_frames(fields)):
-            self.forwarded += len(fields)
-            return
+        if not self.held and self._active_peer():
+            sent = 0
+            while sent < len(fields):
+                chunk = fields[sent : sent + 512]
+                if not self._send(pair_codec.forward_frames(chunk)):
+                    break
+                sent += len(chunk)
+            self.forwarded += sent
+            fields = fields[sent:]
+            if not fields:
+                return
         self.held.extend(fields)
         if len(self.held) >= self.hold_limit:
             self.host.pause_collector()
@@ -603,6 +624,24 @@ class Pair:
             del self.held[:512]
             self.forwarded += len(chunk)
         self.host.resume_collector()
+
+    def _republish(self) -> None:
+        """Caught up after a rejoin: hand the active the dropped events it does not hold
+        (publishers' events this server took in but never released, e.g. while stopped)."""
+        assert self._orphans is not None
+        above, orphans = self._orphans
+        self._orphans = None
+        present = self.host.store.ids_present(above, (fields[3] for fields in orphans))
+        missing = [fields for fields in orphans if fields[3] not in present]
+        if missing:
+            self.republished += len(missing)
+            log.warn(
+                "pair: handing the active {count} events this server stored but never "
+                "released ({had} it already holds)",
+                count=len(missing),
+                had=len(orphans) - len(missing),
+            )
+            self.forward(missing)
 
     def take_held(self) -> list[EventFields]:
         held, self.held = self.held, []
@@ -679,6 +718,7 @@ class Pair:
             "rewinds": self.rewinds,
             "truncated": self.truncated,
             "forwarded": self.forwarded,
+            "republished": self.republished,
             "forwards_received": self.forwards_received,
             "held": len(self.held),
             "went_alone": self.went_alone,

@@ -270,6 +270,19 @@ class EventStore:
 
     # -- reading -------------------------------------------------------------------------
 
+    def ids_present(self, after: int, ids: Iterable[bytes]) -> set[bytes]:
+        """Which of ``ids`` (event UUIDs) the log holds above sequence ``after``."""
+        wanted = list(set(ids))
+        found: set[bytes] = set()
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            marks = ",".join("?" * len(part))
+            rows = self._db.execute(
+                f"SELECT uuid FROM events WHERE seq > ? AND uuid IN ({marks})", [after, *part]
+            )
+            found.update(bytes(uuid) for (uuid,) in rows)
+        return found
+
     def event_ids(self, sequences: Iterable[int]) -> dict[int, bytes]:
         """The UUIDs of the events held at ``sequences`` (missing ones left out)."""
         wanted = sorted(set(sequences))
