@@ -417,8 +417,8 @@ class EventBusPublisher:
             heartbeat_ms=beat_ms if several else 0,
             heartbeat_timeout_ms=int(failover_after * 1000) if several else 0,
         )
-        self._socket = self._open()
         self._failover_after = failover_after
+        self._socket = self._open()
         self._down_since: float | None = None
         self._periodic = Periodic(self.reactor, log)
         if len(self.servers) > 1:
@@ -430,13 +430,22 @@ class EventBusPublisher:
 
     def _open(self) -> ZmqSocket:
         sock = self._io.factory.socket(zmq.DEALER, None, self._socket_options, name="publisher")
+        self._up = False
         if len(self.servers) > 1:
-            sock.watch_connections()
+            # Up once the ZMTP handshake is done: a stopped process still accepts TCP.
+            sock.socket.set(zmq.HANDSHAKE_IVL, max(int(self._failover_after * 1000), 100))
+            sock.watch_connections(zmq.EVENT_HANDSHAKE_SUCCEEDED, self._connection_event)
         sock.connect(self.server.collector)
         return sock
 
+    def _connection_event(self, event: int) -> None:
+        if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._up = True
+        elif event & zmq.EVENT_DISCONNECTED:
+            self._up = False
+
     def _check_connected(self) -> None:
-        if self._socket.connections:
+        if self._up:
             self._down_since = None
             return
         now = self.reactor.seconds()
