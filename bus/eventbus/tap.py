@@ -216,10 +216,14 @@ def _pair_config(options: usage.Options | dict[str, Any], port: int) -> PairConf
             replication="async" if replication == "async" else "sync",
             failover_timeout=parse_duration(options.get("ha-failover-timeout") or "1s"),
             alone_timeout=parse_duration(options.get("ha-alone-timeout") or "1s"),
-            async_window=int(options.get("ha-async-window") or 10_000),
+            async_window=int(_given(options.get("ha-async-window"), 10_000)),
         )
     except ValueError as error:
         raise usage.UsageError(str(error).replace("_", "-")) from None
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value in (None, "") else value
 
 
 def _config(options: usage.Options | dict[str, Any], max_count: Any) -> EventBusConfig:
