@@ -12,8 +12,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +31,7 @@ from bus.eventbus.store import EventStore
 from bus.testing import wait_until
 from tests.processes import CLEAN_EXIT, ServerProcess
 
+CLI = str(Path(sys.executable).with_name("eventbus-cli"))
 TIMEOUT = "2s"  # --ha-failover-timeout and --ha-alone-timeout: generous on shared CPUs
 
 
@@ -338,3 +343,62 @@ def test_a_stopped_passive_leaves_the_active_alone_then_the_pair_heals(tmp_path:
     assert [e.sequence for e in received] == list(range(1, len(received) + 1))
     final = log_of(primary.data)
     assert log_of(backup.data) == final
+
+
+def cli_sequences(path: Path) -> list[int]:
+    sequences = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            sequences.append(int(json.loads(line)["seq"]))
+    return sequences
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_spark_bridge_and_eventbus_cli_continue_across_a_failover(tmp_path: Path) -> Any:
+    from bus.spark.bridge import BridgeConfig, SparkBridgeService
+    from bus.spark.journal import JournalReader
+
+    primary, backup = start_pair(tmp_path)
+    addresses = [primary.address, backup.address]
+    journal = tmp_path / "journal"
+    bridge = SparkBridgeService(
+        addresses, BridgeConfig(journal_dir=journal, roll_seconds=0.05, heartbeat_timeout=1.5)
+    )
+    output = tmp_path / "tail.jsonl"
+    cli: subprocess.Popen[bytes] | None = None
+    publisher = EventBusPublisher(addresses, producer_id="clients", failover_after=0.5)
+    try:
+        yield wait_until(lambda: formed(primary, backup), timeout=60, what="pair formed")
+        bridge.startService()
+        with open(output, "wb") as out:
+            cli = subprocess.Popen(
+                [CLI, "tail", "--server", addresses[0], "--server", addresses[1]],
+                stdout=out,
+                stderr=subprocess.DEVNULL,
+            )
+        # The CLI is subscribed once a first event reaches it.
+        publisher.publish("/clients/", -1)
+        yield wait_until(lambda: len(cli_sequences(output)) >= 1, timeout=30, what="cli tails")
+        for i in range(1000):
+            publisher.publish("/clients/", i)
+        yield wait_until(lambda: bridge.journaled >= 1001 and len(cli_sequences(output)) >= 1001,
+                         timeout=30, what="before")  # fmt: skip
+        primary.stop(signal.SIGKILL)
+        yield wait_until(lambda: backup.state() == "active", timeout=30, what="takeover")
+        for i in range(1000, 2000):
+            publisher.publish("/clients/", i)
+        yield wait_until(lambda: bridge.journaled >= 2001 and len(cli_sequences(output)) >= 2001,
+                         timeout=60, what="after")  # fmt: skip
+    finally:
+        publisher.close()
+        if bridge.running:
+            yield bridge.stopService()
+        if cli is not None:
+            cli.send_signal(signal.SIGINT)
+            cli.wait(30)
+        codes = [half.stop() for half in (primary, backup) if half.process is not None]
+    assert all(code in CLEAN_EXIT for code in codes), codes
+    reader = JournalReader(journal)
+    table = reader.read(0, reader.latest_sequence(), fail_on_data_loss=False)
+    assert [int(s) for s in table.column("seq").to_pylist()] == list(range(1, 2002))
+    assert cli_sequences(output) == list(range(1, 2002))
