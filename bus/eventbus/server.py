@@ -527,7 +527,8 @@ class EventBusService(Service):
     def replace_store(self, store_id: str) -> None:
         """A passive whose log is another bus's: keep it aside, start an empty one."""
         old = self.store
-        old.close()
+        # A checkpoint may be running on the old store's thread: it keeps its connection.
+        old.close(checkpoint_running=self._checkpointing is not None)
         aside = f"{DB_NAME}.replaced-{old.store_id}"
         for suffix in ("", "-wal", "-shm"):
             path = old.directory / f"{DB_NAME}{suffix}"
