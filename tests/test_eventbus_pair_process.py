@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -61,13 +63,15 @@ def free_base_port() -> int:
 class Half:
     """One server of the pair, restartable on the same ports and data directory."""
 
-    def __init__(self, root: Path, role: str, port: int, peer_port: int) -> None:
+    def __init__(
+        self, root: Path, role: str, port: int, peer_port: int, http_port: int = 0
+    ) -> None:
         self.role = role
         self.port = port
         self.data = root / role
         self.data.mkdir(parents=True, exist_ok=True)
         self.args = [
-            "--services", "eventbus", "--http-port", "0", "--ha-role", role,
+            "--services", "eventbus", "--http-port", str(http_port), "--ha-role", role,
             "--ha-peer", f"127.0.0.1:{peer_port + 3}",
             "--ha-failover-timeout", TIMEOUT, "--ha-alone-timeout", TIMEOUT,
         ]  # fmt: skip
@@ -101,11 +105,11 @@ class Half:
         return code
 
 
-def make_pair(root: Path) -> tuple[Half, Half]:
+def make_pair(root: Path, http_port: int = 0) -> tuple[Half, Half]:
     first, second = free_base_port(), free_base_port()
     while abs(first - second) < 4:
         second = free_base_port()
-    return Half(root, "primary", first, second), Half(root, "backup", second, first)
+    return Half(root, "primary", first, second, http_port), Half(root, "backup", second, first)
 
 
 def formed(active: Half, passive: Half) -> bool:
@@ -161,8 +165,8 @@ class Load:
         self.publisher.close()
 
 
-def start_pair(root: Path) -> Any:
-    primary, backup = make_pair(root)
+def start_pair(root: Path, http_port: int = 0) -> Any:
+    primary, backup = make_pair(root, http_port)
     primary.start()
     backup.start()
     return primary, backup
@@ -304,7 +308,8 @@ def test_a_stopped_active_never_makes_two_actives_and_rejoins(tmp_path: Path) ->
 
 @pytest_twisted.inlineCallbacks
 def test_a_stopped_passive_leaves_the_active_alone_then_the_pair_heals(tmp_path: Path) -> Any:
-    primary, backup = start_pair(tmp_path)
+    http_port = free_base_port()
+    primary, backup = start_pair(tmp_path, http_port)
     addresses = [primary.address, backup.address]
     received: list[Event] = []
     subscriber = EventBusSubscriber(addresses, [], received.append, heartbeat_timeout=1.5)
@@ -328,6 +333,19 @@ def test_a_stopped_passive_leaves_the_active_alone_then_the_pair_heals(tmp_path:
         assert status["went_alone"] >= 1 and status["healed"] >= 1
         assert primary.process is not None
         assert "going on ALONE" in primary.process.output()
+        # The same on the primary's /status and /metrics.
+        base = f"http://127.0.0.1:{http_port}"
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        assert 'eventbus_ha_state{state="active"} 1.0' in metrics
+        assert re.search(r"^eventbus_ha_went_alone_total [1-9]", metrics, re.M), metrics
+        assert re.search(r"^eventbus_ha_healed_total [1-9]", metrics, re.M)
+        assert "eventbus_ha_paired 1.0" in metrics
+        with urllib.request.urlopen(f"{base}/status", timeout=10) as response:
+            served = json.loads(response.read())
+        ha = served["services"]["eventbus"]["ha"]
+        assert ha["state"] == "active" and ha["went_alone"] >= 1 and ha["healed"] >= 1
+        assert any("active" in change["reason"] for change in ha["changes"])
         load.stop()
         load = None
         yield wait_until(lambda: settled(primary, backup, received), timeout=30, what="settled")
