@@ -602,6 +602,12 @@ class Pair:
             fields = fields[sent:]
             if not fields:
                 return
+        room = 4 * self.hold_limit - len(self.held)
+        if room < len(fields):
+            # The collector is paused; only in-process activity still comes: bounded.
+            for _ in range(len(fields) - max(room, 0)):
+                self.drops.drop("held-overflow", "no active to hand events to; queue full")
+            fields = fields[: max(room, 0)]
         self.held.extend(fields)
         if len(self.held) >= self.hold_limit:
             self.host.pause_collector()
@@ -672,7 +678,15 @@ class Pair:
 
     def _storage_fault(self, what: str, error: StorageError) -> None:
         self.storage_errors += 1
-        log.error("pair: {what} failed: {error}", what=what, error=str(error))
+        failures = self._alerts.due(f"storage {what}")
+        if failures is not None:
+            log.error(
+                "pair: {what} failed: {error} ({failures} failures since the last report); "
+                "the passive joins again later",
+                what=what,
+                error=str(error),
+                failures=failures,
+            )
 
     def behind(self) -> int | None:
         """Events the passive lacks: seen from the active, or from the passive."""
