@@ -195,3 +195,23 @@ def test_two_actives_the_older_log_yields() -> None:
     # The old active comes back believing it is active: its term is older, it yields.
     assert new.heard(peer("active", role="primary", term=1, sequence=500, beat=3), 1.6) is None
     assert new.state == "active"
+
+
+def test_two_servers_in_doubt_let_the_newer_log_go_on() -> None:
+    newer = core("primary", term=2, sequence=100)
+    older = core("backup", term=1, sequence=500)
+    for pair in (newer, older):
+        pair.heard(peer("waiting", role="backup" if pair is newer else "primary",
+                        term=0, sequence=0), 0.0)  # fmt: skip
+        pair.tick(3.0)
+        assert pair.state == "doubt"
+    beat_newer, beat_older = newer.next_beat(), older.next_beat()
+    change = newer.heard(peer("doubt", role="backup", term=older.term, sequence=500,
+                              echo=beat_newer), 3.1)  # fmt: skip
+    assert change is not None and change.new == "active"
+    assert older.heard(peer("doubt", role="primary", term=newer.term, sequence=100,
+                            echo=beat_older), 3.1) is None  # fmt: skip
+    assert older.state == "doubt"
+    change = older.heard(peer("active", role="primary", term=newer.term, sequence=100,
+                              echo=beat_older), 3.3)  # fmt: skip
+    assert change is not None and change.new == "passive"

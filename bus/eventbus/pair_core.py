@@ -165,6 +165,10 @@ class PairCore:
             if idle_peer:
                 return self._become("active", now, f"after the pause the peer is {peer.state}: "
                                     "still the active")  # fmt: skip
+            if peer.state == "doubt" and self.leads(peer):
+                # Both paused: one of them must go on, the newer log.
+                return self._become("active", now, "both in doubt after a pause and this log "
+                                    f"is newer ({self._describe(peer)})")  # fmt: skip
         return None
 
     def _timers(self, now: float) -> Change | None:
