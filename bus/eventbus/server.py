@@ -2,7 +2,10 @@
 
 Flow of an event: COLLECTOR reads a batch (budgeted) -> codec validates each PUB ->
 the store assigns sequences and commits the batch (group commit per reactor turn) ->
-the PUB socket broadcasts them. Nothing is broadcast before it is committed.
+the PUB socket broadcasts them. Nothing is broadcast before it is committed. Half of a
+primary/backup pair (``config.pair``, :mod:`bus.eventbus.pair`), the bus releases a stored
+batch (broadcast, snapshots, heartbeats all stop at ``released``) only as the pair allows,
+and serves nobody while it is not the active.
 
 When the store cannot write (a full disk), the batch it refused waits in memory (one read
 batch), the collector stops reading (ZeroMQ queues up to its receive HWM, then publishers
