@@ -33,6 +33,7 @@ from bus.eventbus.store import EventStore
 from bus.testing import wait_until
 from tests.processes import CLEAN_EXIT, ServerProcess
 
+END = b"/load/end/"
 CLI = str(Path(sys.executable).with_name("eventbus-cli"))
 TIMEOUT = "2s"  # --ha-failover-timeout and --ha-alone-timeout: generous on shared CPUs
 
@@ -124,8 +125,11 @@ def formed(active: Half, passive: Half) -> bool:
 
 
 def settled(active: Half, passive: Half, received: list[Event]) -> bool:
-    """Load stopped: both logs end at the last event the subscriber received."""
+    """Load finished: the subscriber got the end marker (after every other event of the
+    publisher's) and both logs end there."""
     if active.process is None or passive.process is None or not received:
+        return False
+    if received[-1].topic != END:
         return False
     last = received[-1].sequence
     return (
@@ -158,6 +162,12 @@ class Load:
             parity = "odd" if self.sent % 2 else "even"
             self.publisher.publish(f"/load/{parity}/", self.sent)
             self.sent += 1
+
+    def finish(self) -> None:
+        """Stop, and send the end marker behind everything sent."""
+        if self.loop.running:
+            self.loop.stop()
+        self.publisher.publish(END.decode(), "end")
 
     def stop(self) -> None:
         if self.loop.running:
@@ -209,8 +219,7 @@ def test_kill_9_of_the_active_under_load_in_rounds(tmp_path: Path) -> Any:
                              what="rejoined as passive")  # fmt: skip
             active, passive = passive, active
         yield wait_until(lambda: formed(active, passive), timeout=60, what="final pair")
-        load.stop()
-        load = None
+        load.finish()
         yield wait_until(lambda: settled(active, passive, full), timeout=30, what="settled")
     finally:
         if load is not None:
@@ -287,8 +296,7 @@ def test_a_stopped_active_never_makes_two_actives_and_rejoins(tmp_path: Path) ->
         changes = [c["to"] for c in primary.ha()["changes"]]
         assert changes[-2:] == ["doubt", "passive"], changes
         yield wait_until(lambda: formed(backup, primary), timeout=60, what="caught up")
-        load.stop()
-        load = None
+        load.finish()
         yield wait_until(lambda: settled(backup, primary, received), timeout=30, what="settled")
     finally:
         if loop.running:
@@ -347,8 +355,7 @@ def test_a_stopped_passive_leaves_the_active_alone_then_the_pair_heals(tmp_path:
         assert ha["state"] == "active" and ha["went_alone"] >= 1 and ha["healed"] >= 1
         assert ha["transitions"] == {"active": 1}
         assert ha["changes"][-1]["to"] == "active" and "log is newer" in ha["changes"][-1]["reason"]
-        load.stop()
-        load = None
+        load.finish()
         yield wait_until(lambda: settled(primary, backup, received), timeout=30, what="settled")
     finally:
         if loop.running:
