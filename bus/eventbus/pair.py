@@ -488,6 +488,9 @@ class Pair:
             "passive until it catches up",
             why=why,
         )
+        # The passive hears it before anything unreplicated is released: it no longer
+        # counts itself in sync, so it will not take over without those events.
+        self._send_state()
         self.host.release()
 
     def release_limit(self) -> int:
