@@ -21,6 +21,12 @@ Roles:
     each time); checks it got EVENTS contiguous SYNCs.
 ``twisted-snapshot HOST:PORT EVENTS``
     The project's ``bus.eventbus.client.EventBusSubscriber`` timing the same snapshot.
+``paced-publish ENDPOINT RATE SECONDS``
+    A DEALER sending RATE events a second for SECONDS, each carrying its send time
+    (``{"t": <monotonic ns>, "pad": <bin>}``, 100 bytes), after ``GO``.
+``latency-subscribe ENDPOINT EVENTS``
+    A SUB that reads the send time out of each BROADCAST and reports latency percentiles
+    (CLOCK_MONOTONIC is the same clock in every process of the machine).
 ``stuck-snapshot ENDPOINT CLIENTS``
     CLIENTS raw DEALERs (default options) that each send SYNCSTART for everything and
     never read. Prints ``READY`` once all have asked; closes them all when a line (or
@@ -440,8 +446,110 @@ def stuck_snapshot(endpoint: str, clients: int) -> None:
     _emit({"clients": clients})
 
 
+_TIMED_HEAD = b"\x82\xa1t\xcf"  # fixmap(2), "t", uint64
+_TIMED_PAD = b"x" * (PAYLOAD_BYTES - len(_TIMED_HEAD) - 8 - len(_PAD_HEAD) - 1)
+_TIMED_TAIL = _PAD_HEAD + bytes([len(_TIMED_PAD)]) + _TIMED_PAD
+
+
+def paced_publish(endpoint: str, rate: float, seconds: float) -> None:
+    import zmq
+
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.sndhwm = 100_000
+    dealer.linger = -1
+    dealer.connect(endpoint)
+    uuid_format = _uuid_format()
+    count = int(rate * seconds)
+    uuids = [uuid_format % n for n in range(count)]
+    _ready()
+    _wait_go()
+    more = zmq.SNDMORE
+    send = dealer.send
+    clock = time.monotonic_ns
+    started = time.monotonic()
+    late = 0
+    for n in range(count):
+        due = started + n / rate
+        pause = due - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        elif pause < -0.001:
+            late += 1
+        send(TOPICS[n & 15], more)
+        send(ZERO_SEQUENCE, more)
+        send(PRODUCER, more)
+        send(TIMESTAMP, more)
+        send(uuids[n], more)
+        send(_TIMED_HEAD + clock().to_bytes(8, "big") + _TIMED_TAIL)
+    dealer.close()
+    context.term()
+    _emit({"sent": count, "late": late, "seconds": time.monotonic() - started})
+
+
+def latency_subscribe(endpoint: str, events: int, warmup: int = 200) -> None:
+    import zmq
+
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.rcvhwm = 0
+    sub.linger = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    sub.rcvtimeo = 30_000
+    sub.recv_multipart()  # a heartbeat: subscribed
+    _ready()
+    clock = time.monotonic_ns
+    latencies: list[int] = []
+    count = 0
+    previous = -1
+    gaps = 0
+    sub.rcvtimeo = 120_000
+    offset = len(_TIMED_HEAD)
+    try:
+        while count < events:
+            frames = sub.recv_multipart()
+            now = clock()
+            if frames[0] == HEARTBEAT or len(frames) != 6:
+                continue
+            sequence = int.from_bytes(frames[1], "big")
+            if previous >= 0 and sequence != previous + 1:
+                gaps += 1
+            previous = sequence
+            count += 1
+            if count > warmup:
+                latencies.append(now - int.from_bytes(frames[5][offset : offset + 8], "big"))
+            sub.rcvtimeo = 10_000
+    except zmq.Again:
+        pass
+    sub.close()
+    context.term()
+    latencies.sort()
+
+    def pick(q: float) -> float:
+        return latencies[min(int(q * len(latencies)), len(latencies) - 1)] / 1e6 if latencies else 0.0
+
+    _emit(
+        {
+            "received": count,
+            "gaps": gaps,
+            "p50_ms": pick(0.5),
+            "p90_ms": pick(0.9),
+            "p99_ms": pick(0.99),
+            "p999_ms": pick(0.999),
+            "max_ms": latencies[-1] / 1e6 if latencies else 0.0,
+        }
+    )
+
+
 def main(argv: list[str]) -> None:
     role, *args = argv
+    if role == "paced-publish":
+        paced_publish(args[0], float(args[1]), float(args[2]))
+        return
+    if role == "latency-subscribe":
+        latency_subscribe(args[0], int(args[1]))
+        return
     if role == "publish":
         publish(args[0], int(args[1]))
     elif role == "subscribe":

@@ -449,13 +449,18 @@ class EventBusSubscriber(Service):
 class EventBusPublisher:
     """Publishes events to a bus's collector. ``publish`` never blocks: when ZeroMQ's
     queue is full the event waits in a local queue, drained as the socket frees up;
-    ``flush()`` fires when everything was handed to ZeroMQ."""
+    ``flush()`` fires when everything was handed to ZeroMQ.
+
+    Given several servers (the two halves of a pair), it sends to one at a time and moves
+    to the next once it has had no connection for ``failover_after`` seconds; meanwhile
+    events wait in the local queue (ZMQ_IMMEDIATE: none wait in a pipe to a server that
+    is gone). A pair's passive hands what it receives to its active."""
 
     RETRY_DELAY = 0.005
 
     def __init__(
         self,
-        server: str | ServerAddress,
+        server: str | ServerAddress | Sequence[str | ServerAddress],
         producer_id: str,
         *,
         reactor: Any = None,
@@ -463,23 +468,79 @@ class EventBusPublisher:
         send_hwm: int = 10_000,
         linger_ms: int = 5000,
         dialect: Dialect | str = Dialect.SPEC,
+        failover_after: float = 1.0,
     ) -> None:
-        self.server = ServerAddress.parse(server)
+        servers = [server] if isinstance(server, str | ServerAddress) else list(server)
+        if not servers:
+            raise ValueError("at least one server address is needed")
+        self.servers = [ServerAddress.parse(s) for s in servers]
+        self.server = self.servers[0]
+        self.failovers = 0
         self.producer = producer_id.encode("utf-8")
         self._frames = Dialect(dialect).pub
         self._io = _Sockets(reactor, factory)
         self.reactor: Any = self._io.reactor
-        self._socket = self._io.factory.socket(
-            zmq.DEALER,
-            None,
-            SocketOptions(send_hwm=send_hwm, linger_ms=linger_ms),
-            name="publisher",
+        several = len(self.servers) > 1
+        # With several servers, ZMTP heartbeats also drop a connection to a server whose
+        # process stopped (TCP alone would keep it up), so the publisher moves on.
+        beat_ms = max(int(failover_after * 1000 / 4), 50)
+        self._socket_options = SocketOptions(
+            send_hwm=send_hwm,
+            linger_ms=linger_ms,
+            immediate=several,
+            heartbeat_ms=beat_ms if several else 0,
+            heartbeat_timeout_ms=int(failover_after * 1000) if several else 0,
         )
-        self._socket.connect(self.server.collector)
+        self._failover_after = failover_after
+        self._socket = self._open()
+        self._down_since: float | None = None
+        self._periodic = Periodic(self.reactor, log)
+        if len(self.servers) > 1:
+            self._periodic.every(max(failover_after / 4, 0.05), self._check_connected)
         self._queue: deque[list[bytes]] = deque()
         self._retry: DelayedCall | None = None
         self._flushes: list[defer.Deferred[None]] = []
         self.published = 0
+
+    def _open(self) -> ZmqSocket:
+        sock = self._io.factory.socket(zmq.DEALER, None, self._socket_options, name="publisher")
+        self._up = False
+        if len(self.servers) > 1:
+            # Up once the ZMTP handshake is done: a stopped process still accepts TCP.
+            sock.socket.set(zmq.HANDSHAKE_IVL, max(int(self._failover_after * 1000), 100))
+            sock.watch_connections(zmq.EVENT_HANDSHAKE_SUCCEEDED, self._connection_event)
+        sock.connect(self.server.collector)
+        return sock
+
+    def _connection_event(self, event: int) -> None:
+        if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._up = True
+        elif event & zmq.EVENT_DISCONNECTED:
+            self._up = False
+
+    def _check_connected(self) -> None:
+        if self._up:
+            self._down_since = None
+            return
+        now = self.reactor.seconds()
+        if self._down_since is None:
+            self._down_since = now
+        elif now - self._down_since >= self._failover_after:
+            previous = self.server
+            self.server = self.servers[(self.servers.index(previous) + 1) % len(self.servers)]
+            self.failovers += 1
+            self._down_since = now
+            log.warn(
+                "publisher: no connection to {previous} for {seconds:.1f}s: switching to "
+                "{server} ({pending} events queued)",
+                previous=previous,
+                seconds=self._failover_after,
+                server=self.server,
+                pending=len(self._queue),
+            )
+            self._socket.shutdown()
+            self._socket = self._open()
+            self._schedule()
 
     def publish(
         self,
@@ -541,6 +602,7 @@ class EventBusPublisher:
 
     def close(self) -> None:
         """Close the socket; ZeroMQ keeps trying to deliver for ``linger_ms``."""
+        self._periodic.stop_all()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None

@@ -10,10 +10,45 @@ from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
 from bus.eventbus.store import Durability, Retention
 
 SyncEndSequence = Literal["highest", "current"]
+Replication = Literal["sync", "async"]
 
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_PORT = 5556
 DEFAULT_DATA_DIR = "eventbus-data"
+
+
+@dataclass(frozen=True, slots=True)
+class PairConfig:
+    """One half of a primary/backup pair (see docs/eventbus.md, "A primary/backup pair")."""
+
+    role: Literal["primary", "backup"]
+    #: The peer's link endpoint, host:port (its ``--ha-port``).
+    peer: str
+    #: Our link port (0: the base port + 3).
+    port: int = 0
+    replication: Replication = "sync"
+    #: A passive takes over once the active was silent this long and a client turned to it.
+    failover_timeout: float = 1.0
+    #: An active whose passive takes no event for this long goes on without it.
+    alone_timeout: float = 1.0
+    #: async: events the active may broadcast ahead of the passive's acknowledgement (the
+    #: loss window at a failover); a new active steps its sequence over it.
+    async_window: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.failover_timeout <= 0 or self.alone_timeout <= 0:
+            raise ValueError("ha_failover_timeout and ha_alone_timeout must be positive")
+        if self.async_window < 1:
+            raise ValueError("ha_async_window must be at least 1")
+
+    @property
+    def window(self) -> int:
+        """Events broadcast ahead of the passive at most, while paired."""
+        return self.async_window if self.replication == "async" else 0
+
+    @property
+    def beat_interval(self) -> float:
+        return min(self.failover_timeout, self.alone_timeout) / 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +103,8 @@ class EventBusConfig:
     #: How long a stop waits for a WAL checkpoint still running on its thread before
     #: closing the store without it (the WAL is kept; nothing committed is lost).
     stop_timeout: float = 3.0
+    #: Half of a primary/backup pair, or None for a server alone.
+    pair: PairConfig | None = None
 
     def __post_init__(self) -> None:
         if self.snapshot_hwm < 1 or self.snapshot_chunk < 1:

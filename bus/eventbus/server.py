@@ -2,7 +2,10 @@
 
 Flow of an event: COLLECTOR reads a batch (budgeted) -> codec validates each PUB ->
 the store assigns sequences and commits the batch (group commit per reactor turn) ->
-the PUB socket broadcasts them. Nothing is broadcast before it is committed.
+the PUB socket broadcasts them. Nothing is broadcast before it is committed. Half of a
+primary/backup pair (``config.pair``, :mod:`bus.eventbus.pair`), the bus releases a stored
+batch (broadcast, snapshots, heartbeats all stop at ``released``) only as the pair allows,
+and serves nobody while it is not the active.
 
 When the store cannot write (a full disk), the batch it refused waits in memory (one read
 batch), the collector stops reading (ZeroMQ queues up to its receive HWM, then publishers
@@ -19,6 +22,7 @@ import os
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -35,10 +39,13 @@ from twisted.python.failure import Failure
 from bus.droplog import DropCounter, RateLimit
 from bus.errors import StartupError
 from bus.eventbus import codec
-from bus.eventbus.codec import EventBusError
+from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
+from bus.eventbus.pair import Pair
+from bus.eventbus.pair_core import Change
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
-from bus.eventbus.store import EventStore, StorageError
+from bus.eventbus.store import DB_NAME, EventStore, StorageError
+from bus.memory import freeze_startup_objects
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
@@ -104,6 +111,14 @@ class EventBusService(Service):
         self._retry: DelayedCall | None = None
         self._retry_delay = config.storage_retry_min
         self._faults = RateLimit(clock)
+        #: Half of a primary/backup pair (None: a server alone).
+        self.pair: Pair | None = None
+        #: The highest sequence clients may see (broadcast, in snapshots, in heartbeats):
+        #: in a pair with sync replication, only what the passive has stored.
+        self.released = 0
+        self._unreleased: deque[tuple[int, list[codec.EventFields]]] = deque()
+        #: SYNCSTARTs that reached a server that is not active: answered if it takes over.
+        self._held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(maxlen=1024)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -117,13 +132,22 @@ class EventBusService(Service):
             )
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
+        self.released = self.store.last_sequence
         self.snapshots = SnapshotScheduler(
-            self.reactor, self.store, config, lambda: self.snapshot_socket
+            self.reactor,
+            self.store,
+            config,
+            lambda: self.snapshot_socket,
+            released=lambda: self.released,
         )
         try:
             self._factory = SocketFactory(self.reactor)
             self._bind_all()
+            if config.pair is not None:
+                self._start_pair()
         except BaseException:
+            if self.pair is not None:
+                self.pair.stop()
             self._close_sockets()
             self.store.close()
             raise
@@ -141,6 +165,8 @@ class EventBusService(Service):
         every(config.checkpoint_interval, self._checkpoint)
         self._lag_expected = self.reactor.seconds() + 0.01
         every(0.01, self._measure_lag)
+        # Once every composed service has started: startup's objects leave the GC's scans.
+        self.reactor.callLater(0, freeze_startup_objects)
         log.info(
             "event bus serving snapshot {snapshot}, publisher {publisher}, collector "
             "{collector}; store {path} at sequence {sequence}",
@@ -150,6 +176,29 @@ class EventBusService(Service):
             path=str(self.store.path),
             sequence=self.store.last_sequence,
         )
+
+    def _start_pair(self) -> None:
+        assert self._factory is not None and self.config.pair is not None
+        self.pair = Pair(
+            self,
+            self.config.pair,
+            bind=self.config.bind,
+            base_port=self.port,
+            reactor=self.reactor,
+            factory=self._factory,
+            max_data_bytes=self.config.max_data_bytes,
+            hold_limit=self.config.collector_hwm,
+            clock=self.clock,
+        )
+        try:
+            self.pair.start()
+        except zmq.ZMQError as error:
+            port = self.config.pair.port or self.port + 3
+            raise StartupError(
+                "ha-port", f"cannot bind the pair link on {self.config.bind}:{port}: "
+                f"{error.strerror}"
+            ) from None  # fmt: skip
+        self.endpoints["pair"] = self.pair.endpoint
 
     def _bind_all(self) -> None:
         assert self._factory is not None
@@ -224,8 +273,13 @@ class EventBusService(Service):
         self.snapshot_socket.on_signal = self.snapshots.writable
         # A snapshot client gone frees the memory of its pipe: the scheduler hears of it.
         self.snapshot_socket.watch_connections(zmq.EVENT_DISCONNECTED, self._snapshot_event)
-        self.publisher_socket.watch_connections()
+        self.publisher_socket.watch_connections(zmq.EVENT_ACCEPTED, self._subscriber_event)
         self.collector_socket.watch_connections()
+
+    def _subscriber_event(self, event: int) -> None:
+        # A subscriber connecting to a server that is not active turned to it: a vote.
+        if event & zmq.EVENT_ACCEPTED and self.pair is not None:
+            self.pair.vote()
 
     def _snapshot_event(self, event: int) -> None:
         if event & zmq.EVENT_DISCONNECTED:
@@ -254,6 +308,8 @@ class EventBusService(Service):
             return self._stopping
         Service.stopService(self)
         self._periodic.stop_all()
+        if self.pair is not None:
+            self.pair.tick()
         if self._retention_task is not None:
             self._retention_task.stop()
             self._retention_task = None
@@ -273,6 +329,8 @@ class EventBusService(Service):
                 count=len(self._waiting),
                 error=self.storage_error,
             )
+        if self.pair is not None:
+            self.pair.stop()
         self._close_sockets()
         self._stopping = defer.Deferred()
         # The store closes once a checkpoint running in its thread is done, or once
@@ -368,6 +426,12 @@ class EventBusService(Service):
     def _accept(self, accepted: list[codec.EventFields]) -> None:
         """Store then broadcast; when the store refuses, the events wait (in order) and
         the collector pauses until they are stored."""
+        pair = self.pair
+        if pair is not None:
+            pair.tick()
+            if not pair.stores:
+                pair.forward(accepted)  # to the active, or held for whoever becomes it
+                return
         if self._waiting:
             # Read before the pause took effect: behind the refused ones, in order.
             self._waiting.extend(accepted)
@@ -389,9 +453,105 @@ class EventBusService(Service):
         first = self.store.append_fields(fields, self.clock())
         self.accepted += len(fields)
         self.bytes_accepted += sum(len(event[4]) for event in fields)
+        pair = self.pair
+        if pair is None:
+            self.released = first + len(fields) - 1
+            pub = self.publisher_socket
+            if pub is not None:
+                pub.send_many(
+                    codec.broadcast_messages(first, fields, self.config.sequence_encoding)
+                )
+            return
+        # In a pair the passive gets the batch first; it is released once it may be.
+        pair.appended(first, fields)
+        self._unreleased.append((first, fields))
+        self.release()
+
+    def release(self) -> None:
+        """Broadcast what the pair allows now (everything, alone or unpaired; what the
+        passive acknowledged, paired with sync replication)."""
+        pair = self.pair
+        unreleased = self._unreleased
+        if pair is None or not unreleased:
+            return
+        limit = pair.release_limit()
         pub = self.publisher_socket
-        if pub is not None:
-            pub.send_many(codec.broadcast_messages(first, fields, self.config.sequence_encoding))
+        encoding = self.config.sequence_encoding
+        while unreleased:
+            first, fields = unreleased[0]
+            count = min(len(fields), limit - first + 1)
+            if count <= 0:
+                break
+            if count < len(fields):
+                unreleased[0] = (first + count, fields[count:])
+                fields = fields[:count]
+            else:
+                unreleased.popleft()
+            if pub is not None:
+                pub.send_many(codec.broadcast_messages(first, fields, encoding))
+            self.released = first + count - 1
+
+    # -- the pair's hooks (see bus.eventbus.pair.PairHost) -------------------------------------
+
+    def pair_changed(self, change: Change) -> None:
+        """Serve, or stop serving, as the pair's state changed."""
+        if change.new == "active":
+            if change.old != "doubt":
+                self._unreleased.clear()
+                self.released = self.store.last_sequence
+            self._heartbeat()
+            assert self.pair is not None
+            held = self.pair.take_held()
+            if held:
+                self._accept(held)
+            self.resume_collector()
+            now = self.reactor.seconds()
+            requests, self._held_requests = self._held_requests, deque(maxlen=1024)
+            for at, identity, request in requests:
+                if now - at <= self.config.pair.failover_timeout * 2:  # type: ignore[union-attr]
+                    self.snapshots.request(identity, request)
+        elif change.new == "passive":
+            # What was stored but not released may be dropped when rejoining; streams
+            # in progress end (their clients ask the active).
+            self._unreleased.clear()
+            self.snapshots.abandon_all()
+
+    def accept_forwarded(self, fields: list[codec.EventFields]) -> None:
+        self._accept(fields)
+
+    def pause_collector(self) -> None:
+        if self.collector_socket is not None:
+            self.collector_socket.pause_reading()
+
+    def resume_collector(self) -> None:
+        if self.collector_socket is not None and not self._waiting:
+            self.collector_socket.resume_reading()
+
+    def replace_store(self, store_id: str) -> None:
+        """A passive whose log is another bus's: keep it aside, start an empty one."""
+        old = self.store
+        # A checkpoint may be running on the old store's thread: it keeps its connection.
+        old.close(checkpoint_running=self._checkpointing is not None)
+        aside = f"{DB_NAME}.replaced-{old.store_id}"
+        for suffix in ("", "-wal", "-shm"):
+            path = old.directory / f"{DB_NAME}{suffix}"
+            if path.exists():
+                path.rename(old.directory / f"{aside}{suffix}")
+        log.warn(
+            "pair: this log ({old}) is not the active's ({new}): kept aside as {aside}; "
+            "copying the active's log into a new one",
+            old=old.store_id,
+            new=store_id,
+            aside=aside,
+        )
+        config = self.config
+        self.store = EventStore(
+            config.data_dir,
+            durability=config.durability,
+            topic_index=config.retention.latest_per_topic,
+        )
+        self.store.adopt_store_id(store_id)
+        self.snapshots.store = self.store
 
     # -- when the store cannot write ---------------------------------------------------------
 
@@ -490,11 +650,17 @@ class EventBusService(Service):
     # -- the snapshot port: SYNCSTART in, SYNC... SYNCEND out ------------------------------
 
     def _on_snapshot_requests(self, batch: list[list[bytes]]) -> None:
+        pair = self.pair
         for frames in batch:
             try:
                 request = codec.parse_sync_start(frames[1:])
             except EventBusError as error:
                 self.drops.drop(error.reason, str(error), frames[0])
+                continue
+            if pair is not None and not pair.serves:
+                # A client turned here: a vote; answered only if this server takes over.
+                self._held_requests.append((self.reactor.seconds(), frames[0], request))
+                pair.vote()
                 continue
             self.snapshots.request(frames[0], request)
 
@@ -514,11 +680,13 @@ class EventBusService(Service):
     # -- periodic work ---------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
+        if self.pair is not None and not self.pair.serves:
+            return  # silence tells clients to try the other server
         pub = self.publisher_socket
         if pub is not None and not pub.closed:
             pub.send_frames(
                 codec.heartbeat_frames(
-                    self.store.last_sequence, self.store.store_id, self.config.sequence_encoding
+                    self.released, self.store.store_id, self.config.sequence_encoding
                 )
             )
 
@@ -544,6 +712,8 @@ class EventBusService(Service):
         now = self.reactor.seconds()
         self.max_lag = max(self.max_lag, now - self._lag_expected)
         self._lag_expected = now + 0.01
+        if self.pair is not None:
+            self.pair.tick()
 
     def _start_retention(self) -> None:
         if self._retention_task is not None:
@@ -583,9 +753,13 @@ class EventBusService(Service):
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
         snapshots = self.snapshots
+        if self.pair is not None:
+            self.pair.tick()
         return {
             "store_id": self.store.store_id,
             "sequence": self.store.last_sequence,
+            "released": self.released,
+            "ha": None if self.pair is None else self.pair.status(),
             "accepted": self.accepted,
             "accepted_bytes": self.bytes_accepted,
             "accepted_local": self.local_accepted,
@@ -689,6 +863,12 @@ class EventBusService(Service):
                 self.max_lag,
             ),
             gauge("eventbus_uptime_seconds", "Seconds since the bus started", self._uptime()),
+            gauge(
+                "eventbus_released_sequence",
+                "Highest sequence clients may see (in a pair: what the passive holds)",
+                self.released,
+            ),
+            *(self.pair.metrics() if self.pair is not None else []),
         ]
 
     def _uptime(self) -> float:

@@ -225,9 +225,12 @@ class SnapshotScheduler:
         store: EventStore,
         config: EventBusConfig,
         socket: Callable[[], ZmqSocket | None],
+        released: Callable[[], int] | None = None,
     ) -> None:
         self.reactor = reactor
         self.store = store
+        #: The highest sequence a snapshot may include (in a pair: what the passive holds).
+        self._released = released or (lambda: self.store.last_sequence)
         self.config = config
         self._socket = socket
         self.streams: set[SnapshotStream] = set()
@@ -320,7 +323,7 @@ class SnapshotScheduler:
         stream = SnapshotStream(
             identity,
             request,
-            self.store.last_sequence,
+            self._released(),
             request.encoding or self.config.sequence_encoding,
             self.reactor.seconds(),
         )
@@ -488,6 +491,19 @@ class SnapshotScheduler:
         release_free_memory()
 
     # -- lifecycle ---------------------------------------------------------------------------
+
+    def abandon_all(self) -> None:
+        """End every stream and forget queued requests (a server that stopped being the
+        active of its pair): their clients see no SYNCEND and ask again elsewhere."""
+        self.aborted += len(self.streams)
+        for stream in self.streams:
+            stream.done = True
+        self.streams.clear()
+        self.per_client.clear()
+        self.waiting.clear()
+        self._ready.clear()
+        self._blocked.clear()
+        self._hot.clear()
 
     def stop(self) -> None:
         self._stopped = True

@@ -183,7 +183,116 @@ class EventStore:
         self._last_received = received
         return first
 
+    def append_at(self, events: Sequence[tuple[int, EventFields]], received: float) -> None:
+        """Commit events under the sequences given (a pair's passive copies its active's
+        log): each above the last one held, in increasing order. Nothing is written
+        when they are not."""
+        if not events:
+            return
+        previous = self._last
+        for sequence, _ in events:
+            if sequence <= previous:
+                raise ValueError(f"sequence {sequence} does not follow {previous}")
+            previous = sequence
+        received = max(received, self._last_received)
+        rows = [(seq, *fields, received) for seq, fields in events]
+        db = self._db
+        _write(db, lambda: db.executemany(_INSERT, rows))
+        self._last = previous
+        self._last_received = received
+
+    def truncate_after(self, sequence: int) -> int:
+        """Delete every event above ``sequence`` and make it the last one: a server that
+        rejoins its pair drops the tail its new active never had. Returns how many."""
+        if sequence >= self._last:
+            return 0
+        db = self._db
+        deleted = 0
+
+        def truncate() -> None:
+            nonlocal deleted
+            deleted = db.execute("DELETE FROM events WHERE seq > ?", (sequence,)).rowcount
+            db.execute(
+                "INSERT INTO meta VALUES ('high_water', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (sequence,),
+            )
+
+        _write(db, truncate)
+        self._last = sequence
+        newest = db.execute("SELECT received FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        self._last_received = 0.0 if newest is None else float(newest[0])
+        return int(deleted)
+
+    def skip_to(self, sequence: int) -> None:
+        """Make ``sequence`` the last one assigned without an event: the next event gets
+        the one after (a new active in an async pair steps over what it may have missed)."""
+        if sequence <= self._last:
+            return
+        previous, self._last = self._last, sequence
+        try:
+            _write(self._db, self._save_high_water)
+        except StorageError:
+            self._last = previous
+            raise
+
+    def adopt_store_id(self, store_id: str) -> None:
+        """Take another log's identity: only for an empty log (a new passive)."""
+        if self.count():
+            raise ValueError("a log holding events keeps its identity")
+        db = self._db
+
+        def adopt() -> None:
+            db.execute(
+                "INSERT INTO meta VALUES ('store_id', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (store_id,),
+            )
+
+        _write(db, adopt)
+        self.store_id = store_id
+
+    def meta(self, key: str) -> str | None:
+        """A value kept beside the log (e.g. the pair's term)."""
+        return self._meta(key)
+
+    def set_meta(self, key: str, value: str) -> None:
+        db = self._db
+
+        def write() -> None:
+            db.execute(
+                "INSERT INTO meta VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+        _write(db, write)
+
     # -- reading -------------------------------------------------------------------------
+
+    def ids_present(self, after: int, ids: Iterable[bytes]) -> set[bytes]:
+        """Which of ``ids`` (event UUIDs) the log holds above sequence ``after``."""
+        wanted = list(set(ids))
+        found: set[bytes] = set()
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            marks = ",".join("?" * len(part))
+            rows = self._db.execute(
+                f"SELECT uuid FROM events WHERE seq > ? AND uuid IN ({marks})", [after, *part]
+            )
+            found.update(bytes(uuid) for (uuid,) in rows)
+        return found
+
+    def event_ids(self, sequences: Iterable[int]) -> dict[int, bytes]:
+        """The UUIDs of the events held at ``sequences`` (missing ones left out)."""
+        wanted = sorted(set(sequences))
+        found: dict[int, bytes] = {}
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            marks = ",".join("?" * len(part))
+            rows = self._db.execute(f"SELECT seq, uuid FROM events WHERE seq IN ({marks})", part)
+            found.update((int(seq), bytes(uuid)) for seq, uuid in rows)
+        return found
 
     def read(
         self,

@@ -19,6 +19,7 @@ from bus.eventbus.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_PORT,
     EventBusConfig,
+    PairConfig,
     original_dialect,
 )
 from bus.eventbus.store import Retention
@@ -118,6 +119,41 @@ class Options(ServiceOptions):
             "10s",
             "How often status is logged and status.json written (0: off).",
         ],
+        [
+            "ha-role",
+            None,
+            None,
+            "primary or backup: run as half of a pair that fails over (needs --ha-peer).",
+        ],
+        ["ha-peer", None, None, "The other half's peer link, HOST:PORT (its --ha-port)."],
+        ["ha-port", None, 0, "This server's peer-link port (0: the base port + 3).", int],
+        [
+            "ha-replication",
+            None,
+            "sync",
+            "sync (broadcast only what the passive stored) or async (broadcast first; up to "
+            "--ha-async-window events may be lost at a failover).",
+        ],
+        [
+            "ha-failover-timeout",
+            None,
+            "1s",
+            "The passive takes over once the active was silent this long and a client "
+            "turned to it.",
+        ],
+        [
+            "ha-alone-timeout",
+            None,
+            "1s",
+            "The active goes on without a passive that took nothing for this long.",
+        ],
+        [
+            "ha-async-window",
+            None,
+            10_000,
+            "async: events broadcast ahead of the passive at most.",
+            int,
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -137,6 +173,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
         raise usage.UsageError("--durability must be normal or full")
     if not 0 <= config.port <= 65533:
         raise usage.UsageError("--port must leave room for PORT+2")
+    config = replace(config, pair=_pair_config(options, config.port))
     if dialect == "original":
         config = original_dialect(config)
     encoding = options.get("sequence-encoding")
@@ -151,6 +188,42 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
             raise usage.UsageError("--syncend must be highest or current")
         config = replace(config, syncend=syncend)
     return config
+
+
+def _pair_config(options: usage.Options | dict[str, Any], port: int) -> PairConfig | None:
+    role = options.get("ha-role") or None
+    peer = options.get("ha-peer") or None
+    if role is None and peer is None:
+        return None
+    if role not in ("primary", "backup"):
+        raise usage.UsageError("--ha-role must be primary or backup")
+    if peer is None:
+        raise usage.UsageError("--ha-role needs --ha-peer HOST:PORT (the other half's --ha-port)")
+    host, _, peer_port = str(peer).removeprefix("tcp://").rpartition(":")
+    if not host or not peer_port.isdigit() or not 0 < int(peer_port) < 65536:
+        raise usage.UsageError(f"--ha-peer must be HOST:PORT, not {peer!r}")
+    replication = options.get("ha-replication") or "sync"
+    if replication not in ("sync", "async"):
+        raise usage.UsageError("--ha-replication must be sync or async")
+    ha_port = int(options.get("ha-port") or 0)
+    if not 0 <= ha_port < 65536 or (ha_port == 0 and port > 65532):
+        raise usage.UsageError("--ha-port must be a port (or 0 with --port at most 65532)")
+    try:
+        return PairConfig(
+            role=role,
+            peer=f"{host}:{peer_port}",
+            port=ha_port,
+            replication="async" if replication == "async" else "sync",
+            failover_timeout=parse_duration(options.get("ha-failover-timeout") or "1s"),
+            alone_timeout=parse_duration(options.get("ha-alone-timeout") or "1s"),
+            async_window=int(_given(options.get("ha-async-window"), 10_000)),
+        )
+    except ValueError as error:
+        raise usage.UsageError(str(error).replace("_", "-")) from None
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value in (None, "") else value
 
 
 def _config(options: usage.Options | dict[str, Any], max_count: Any) -> EventBusConfig:

@@ -70,6 +70,14 @@ class SocketOptions:
     #: The kernel's send buffer per connection in bytes (SO_SNDBUF); -1: the OS default,
     #: which Linux grows up to tcp_wmem's maximum (4 MiB) for a peer that reads slowly.
     send_buffer: int = -1
+    #: ZMQ_IMMEDIATE: queue messages only to completed connections, so that nothing
+    #: waits in a pipe to a peer that is not there (sends fail instead).
+    immediate: bool = False
+    #: ZMTP heartbeats (libzmq's own PING/PONG, no protocol change): a peer whose process
+    #: stopped answering (SIGSTOP, a hang: TCP alone keeps such a connection up) is
+    #: disconnected after ``heartbeat_timeout_ms``. 0: off.
+    heartbeat_ms: int = 0
+    heartbeat_timeout_ms: int = 0
 
 
 class SocketFactory:
@@ -161,6 +169,13 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             sock.set(zmq.SNDBUF, options.send_buffer)
         if options.max_message_size >= 0:
             sock.set(zmq.MAXMSGSIZE, options.max_message_size)
+        if options.immediate:
+            sock.set(zmq.IMMEDIATE, 1)
+        if options.heartbeat_ms > 0:
+            sock.set(zmq.HEARTBEAT_IVL, options.heartbeat_ms)
+            sock.set(
+                zmq.HEARTBEAT_TIMEOUT, options.heartbeat_timeout_ms or 3 * options.heartbeat_ms
+            )
         if options.router_mandatory and socket_type == zmq.ROUTER:
             sock.set(zmq.ROUTER_MANDATORY, 1)
         if options.tcp_keepalive_idle is not None:
