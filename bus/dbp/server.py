@@ -9,7 +9,6 @@ Event BUS composed, every change is published under ``/dbp/services/<name>/<what
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -25,6 +24,7 @@ from bus.dbp.config import CatalogConfig
 from bus.dbp.core import CatalogCore, CatalogSettings
 from bus.droplog import DropCounter
 from bus.errors import StartupError
+from bus.files import replace_atomically
 from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
 from bus.transport.udp import BeaconSender, InterfaceError, UdpPort, interface_address
@@ -219,11 +219,8 @@ class CatalogService(Service):
         if not self.core.dirty:
             return
         self.core.dirty = False
-        path = self.registry_path
-        temporary = path.with_suffix(".tmp")
         try:
-            temporary.write_text(json.dumps(self.core.snapshot(), sort_keys=True))
-            os.replace(temporary, path)
+            replace_atomically(self.registry_path, json.dumps(self.core.snapshot(), sort_keys=True))
         except OSError as error:
             self.save_errors += 1
             self.core.dirty = True  # try again at the next change or tick

@@ -10,8 +10,6 @@ and its requests re-dispatched or failed; a client that cannot be sent to is cou
 
 from __future__ import annotations
 
-import json
-import os
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from bus.emqp.config import EmqpConfig
 from bus.emqp.core import Broker
 from bus.emqp.store import JobStore, StorageError
 from bus.errors import StartupError
+from bus.files import write_status_json
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import (
@@ -482,13 +481,9 @@ class EmqpService(Service):
         self._write_status()
 
     def _write_status(self) -> None:
-        path = Path(self.config.data_dir) / "status.json"
-        temporary = path.with_suffix(".tmp")
         try:
-            temporary.write_text(json.dumps(self.status(), indent=1, sort_keys=True))
-            os.replace(temporary, path)
+            write_status_json(Path(self.config.data_dir) / "status.json", self.status())
         except OSError as error:
-            temporary.unlink(missing_ok=True)
             failures = self._faults.due("status")
             if failures is not None:
                 log.warn("cannot write status.json: {error}", error=str(error))

@@ -9,7 +9,6 @@ publisher.publish("/orders/42/", {"total": 12.5})
 
 from __future__ import annotations
 
-import os
 import random
 import time
 import uuid
@@ -30,6 +29,7 @@ from bus.droplog import DropCounter
 from bus.eventbus import codec
 from bus.eventbus.codec import Dialect, Event, EventBusError, Heartbeat, SnapshotEnd
 from bus.eventbus.subscriber import SubscriberCore, snapshot_patience
+from bus.files import replace_atomically
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 
@@ -88,12 +88,7 @@ class FileCursor:
         return self.load_position()[0]
 
     def save(self, sequence: int, store_id: str | None = None) -> None:
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        with open(temporary, "w") as out:
-            out.write(f"{sequence} {store_id or ''}".rstrip() + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, self.path)
+        replace_atomically(self.path, f"{sequence} {store_id or ''}".rstrip() + "\n", fsync=True)
 
 
 class _Sockets:

@@ -16,9 +16,6 @@ recovers, and ``refused_storage`` counts the events that had to wait.
 
 from __future__ import annotations
 
-import errno
-import json
-import os
 import random
 import time
 import uuid
@@ -45,6 +42,7 @@ from bus.eventbus.pair import Pair
 from bus.eventbus.pair_core import Change
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import DB_NAME, EventStore, StorageError
+from bus.files import write_status_json
 from bus.memory import freeze_startup_objects
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
@@ -887,9 +885,7 @@ class EventBusService(Service):
 
     def _write_status(self, status: dict[str, Any] | None = None) -> None:
         try:
-            write_json_atomically(
-                Path(self.config.data_dir) / "status.json", status or self.status()
-            )
+            write_status_json(Path(self.config.data_dir) / "status.json", status or self.status())
         except OSError as error:
             failures = self._faults.due("status")
             if failures is not None:
@@ -918,24 +914,3 @@ class LocalPublisher:
             raise ValueError(f"cannot publish to {topic!r}: {error}") from None
         event_id = str(uuid.uuid4()).encode("ascii")
         self._bus.publish_local((topic_bytes, self.producer, codec.iso_timestamp(), event_id, data))
-
-
-def write_json_atomically(path: Path, value: Any) -> None:
-    """Replace ``path`` with ``value`` as JSON through a temporary file and a rename.
-
-    On a full disk (no room for the temporary file) the existing file is rewritten in
-    place instead, which needs no new blocks while the text is not longer: the status is
-    most wanted exactly then, and a reader may at worst see a torn file once."""
-    text = json.dumps(value, indent=1, sort_keys=True)
-    temporary = path.with_suffix(".tmp")
-    try:
-        with open(temporary, "w") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    except OSError as error:
-        temporary.unlink(missing_ok=True)  # a half-written file only takes space
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT) or not path.exists():
-            raise
-        with open(path, "r+") as out:
-            out.write(text)
-            out.truncate()

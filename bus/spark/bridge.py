@@ -25,7 +25,6 @@ succeeds; then the bridge reads the bus again and catches up by itself.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from twisted.logger import Logger
 from bus.droplog import RateLimit
 from bus.errors import StartupError
 from bus.eventbus.codec import Event
+from bus.files import replace_atomically
 from bus.metrics import Metric, counter, gauge
 from bus.periodic import Periodic
 from bus.spark.journal import JournalError, JournalWriter
@@ -424,13 +424,7 @@ class SparkBridgeService(Service):
             return {}
 
     def _write_state(self, state: dict[str, Any]) -> None:
-        path = self.config.journal_dir / BRIDGE_STATE
-        temporary = path.with_name(path.name + ".tmp")
-        with open(temporary, "w") as out:
-            json.dump(state, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
+        replace_atomically(self.config.journal_dir / BRIDGE_STATE, json.dumps(state), fsync=True)
 
     def status(self) -> dict[str, Any]:
         return {
