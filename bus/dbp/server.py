@@ -33,6 +33,7 @@ from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
     ZmqSocket,
+    bind_failure,
     reactor_of,
 )
 
@@ -130,9 +131,7 @@ class CatalogService(Service):
         try:
             self.endpoint = self.router.bind(f"tcp://{config.bind}:{config.port}")
         except zmq.ZMQError as error:
-            raise StartupError(
-                "port", f"cannot bind {config.bind}:{config.port}: {error}"
-            ) from None
+            raise bind_failure(error, "port", f"{config.bind}:{config.port}") from None
         self.port = int(self.endpoint.rpartition(":")[2])
         self.core.settings.udp_port = self.port
         self.udp = UdpPort(self.reactor, self._on_datagram)

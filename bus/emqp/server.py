@@ -35,6 +35,7 @@ from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
     ZmqSocket,
+    bind_failure,
     reactor_of,
 )
 from bus.workers import worker_pool
@@ -167,8 +168,7 @@ class EmqpService(Service):
             try:
                 self.endpoints[name] = sock.bind(address)
             except zmq.ZMQError as error:
-                option = f"{name}-port" if error.errno == zmq.EADDRINUSE else "bind"
-                raise StartupError(option, f"cannot bind {address}: {error.strerror}") from None
+                raise bind_failure(error, f"{name}-port", address) from None
             sock.watch_connections()
 
     def _close_sockets(self) -> None:

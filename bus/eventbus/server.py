@@ -50,6 +50,7 @@ from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
     ZmqSocket,
+    bind_failure,
     reactor_of,
 )
 from bus.workers import worker_pool
@@ -192,10 +193,8 @@ class EventBusService(Service):
             self.pair.start()
         except zmq.ZMQError as error:
             port = self.config.pair.port or self.port + 3
-            raise StartupError(
-                "ha-port", f"cannot bind the pair link on {self.config.bind}:{port}: "
-                f"{error.strerror}"
-            ) from None  # fmt: skip
+            what = f"the pair link on {self.config.bind}:{port}"
+            raise bind_failure(error, "ha-port", what) from None
         self.endpoints["pair"] = self.pair.endpoint
 
     def _bind_all(self) -> None:
@@ -205,12 +204,8 @@ class EventBusService(Service):
             try:
                 self._open_sockets(config.port)
             except zmq.ZMQError as error:
-                option = "port" if error.errno == zmq.EADDRINUSE else "bind"
-                raise StartupError(
-                    option,
-                    f"cannot bind {config.bind}, ports {config.port}-{config.port + 2}: "
-                    f"{error.strerror}",
-                ) from None
+                what = f"{config.bind}, ports {config.port}-{config.port + 2}"
+                raise bind_failure(error, "port", what) from None
             return
         rng = random.Random()
         for _ in range(_BIND_ATTEMPTS):

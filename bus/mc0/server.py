@@ -43,6 +43,7 @@ from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
     ZmqSocket,
+    bind_failure,
     reactor_of,
 )
 
@@ -198,10 +199,7 @@ class Mc0Service(Service):
         try:
             self.endpoint = sock.bind(f"tcp://{config.bind}:{port}")
         except zmq.ZMQError as error:
-            option = "port" if error.errno == zmq.EADDRINUSE else "bind"
-            raise StartupError(
-                option, f"cannot bind {config.bind}:{config.port}: {error.strerror}"
-            ) from None
+            raise bind_failure(error, "port", f"{config.bind}:{config.port}") from None
         sock.watch_connections(_HANDSHAKE_EVENTS, self._on_socket_event)
 
     def _log_security(self) -> None:

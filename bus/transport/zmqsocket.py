@@ -29,6 +29,8 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from txzmq import ZmqConnection, ZmqEndpoint, ZmqEndpointType, ZmqFactory
 
+from bus.errors import StartupError
+
 log = Logger()
 
 _NOBLOCK = zmq.NOBLOCK
@@ -384,6 +386,13 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 self.socket.disable_monitor()
             monitor.shutdown()
         ZmqConnection.shutdown(self)
+
+
+def bind_failure(error: zmq.ZMQError, port_option: str, what: str) -> StartupError:
+    """A failed bind, told as the setting to blame: the port when it is in use, else the
+    address to bind (no such interface or address here)."""
+    option = port_option if error.errno == zmq.EADDRINUSE else "bind"
+    return StartupError(option, f"cannot bind {what}: {error.strerror}")
 
 
 def reactor_of(reactor: Any | None) -> Any:
