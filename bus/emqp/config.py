@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.emqp.core import BrokerSettings
-from bus.emqp.store import Durability
+from bus.sqlitewal import Durability
 
 DEFAULT_BIND = "127.0.0.1"
 #: The original's ports: workers, clients, administration.

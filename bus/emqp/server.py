@@ -26,11 +26,12 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import RateLimit
 from bus.emqp.config import EmqpConfig
 from bus.emqp.core import Broker
-from bus.emqp.store import JobStore, StorageError
+from bus.emqp.store import JobStore
 from bus.errors import StartupError
 from bus.files import write_status_json
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
+from bus.sqlitewal import StorageError
 from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,

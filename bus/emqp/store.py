@@ -15,9 +15,9 @@ import contextlib
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-Durability = Literal["normal", "full"]
+from bus.sqlitewal import Checkpointer, Durability, StorageError, final_checkpoint, open_wal
+
 DB_NAME = "emqp.sqlite3"
 
 _SCHEMA = """
@@ -37,10 +37,6 @@ _PUT = "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _DELETE = "DELETE FROM jobs WHERE msgid = ?"
 
 
-class StorageError(Exception):
-    """SQLite refused a write or the open; the message is SQLite's own."""
-
-
 @dataclass(frozen=True, slots=True)
 class StoredJob:
     msgid: bytes
@@ -57,28 +53,18 @@ class StoredJob:
 class JobStore:
     def __init__(self, directory: Path | str, durability: Durability = "normal") -> None:
         self.directory = Path(directory)
+        self.path = self.directory / DB_NAME
+        self._db = open_wal(self.path, durability)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self.path = self.directory / DB_NAME
-            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        except (OSError, sqlite3.Error) as error:
-            raise StorageError(str(error)) from error
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            synchronous = "FULL" if durability == "full" else "NORMAL"
-            self._db.execute(f"PRAGMA synchronous={synchronous}")
-            # An automatic checkpoint would run inside a commit, on the reactor thread: the
-            # owner calls checkpoint() from a worker thread instead.
-            self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT max(position) FROM jobs").fetchone()
         except sqlite3.Error as error:
             self._db.close()
-            raise StorageError(str(error)) from error
+            raise StorageError(error) from error
         self._next_position = (row[0] or 0) + 1
         #: msgid -> the row to write, or None to delete it; applied by commit().
         self._pending: dict[bytes, StoredJob | None] = {}
-        self._checkpointer: sqlite3.Connection | None = None
+        self._checkpointer = Checkpointer(self.path)
         self.stored = 0
         self.commits = 0
         self._closed = False
@@ -131,7 +117,7 @@ class JobStore:
             if db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
-            raise StorageError(str(error)) from error
+            raise StorageError(error) from error
         self._pending.clear()
         self.commits += 1
 
@@ -150,15 +136,7 @@ class JobStore:
         """Copy committed WAL pages into the database without blocking the writer (PASSIVE,
         on a connection of its own): safe from one worker thread while the owner commits.
         Returns the pages copied; raises :class:`StorageError` when SQLite cannot."""
-        try:
-            if self._checkpointer is None:
-                self._checkpointer = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False
-                )
-            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as error:
-            raise StorageError(str(error)) from error
-        return int(row[2])
+        return self._checkpointer.run()[1]
 
     def close(self) -> None:
         """Commit what is pending, empty the WAL and close (call it once no checkpoint()
@@ -168,9 +146,8 @@ class JobStore:
         self._closed = True
         try:
             self.commit()
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            with contextlib.suppress(StorageError):
+                final_checkpoint(self._db)
         finally:
-            if self._checkpointer is not None:
-                self._checkpointer.close()
+            self._checkpointer.close()
             self._db.close()

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Literal
 
 from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
-from bus.eventbus.store import Durability, Retention
+from bus.eventbus.store import Retention
+from bus.sqlitewal import Durability
 
 SyncEndSequence = Literal["highest", "current"]
 Replication = Literal["sync", "async"]

@@ -32,9 +32,10 @@ from bus.eventbus.codec import EventBusError, EventFields
 from bus.eventbus.config import PairConfig
 from bus.eventbus.pair_codec import Ack, Events, Forward, Join, PairError, PeerState, Rewind
 from bus.eventbus.pair_core import Change, PairCore
-from bus.eventbus.store import EventStore, StorageError
+from bus.eventbus.store import EventStore
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
+from bus.sqlitewal import StorageError
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket
 
 log = Logger(namespace="bus.eventbus.pair")

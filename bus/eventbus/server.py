@@ -41,11 +41,12 @@ from bus.eventbus.config import EventBusConfig
 from bus.eventbus.pair import Pair
 from bus.eventbus.pair_core import Change
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
-from bus.eventbus.store import DB_NAME, EventStore, StorageError
+from bus.eventbus.store import DB_NAME, EventStore
 from bus.files import write_status_json
 from bus.memory import freeze_startup_objects
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
+from bus.sqlitewal import StorageError
 from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,

@@ -23,11 +23,16 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from bus.eventbus.codec import Event, EventFields
+from bus.sqlitewal import (
+    Checkpointer,
+    Durability,
+    StorageError,
+    final_checkpoint,
+    open_wal,
+)
 
-Durability = Literal["normal", "full"]
 DB_NAME = "events.sqlite3"
 
 _SCHEMA = """
@@ -52,17 +57,6 @@ def prefix_upper_bound(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes([stripped[-1] + 1])
-
-
-class StorageError(Exception):
-    """The event log could not do a write (or open): SQLite's error is ``cause``.
-
-    The message is SQLite's own (e.g. "database or disk is full"), so it reads well in
-    one log line; nothing was changed by the failed call."""
-
-    def __init__(self, cause: sqlite3.Error) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 def _rollback(db: sqlite3.Connection) -> None:
@@ -113,24 +107,18 @@ class EventStore:
         topic_index: bool = False,
     ) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / DB_NAME
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db = open_wal(self.path, durability)
+        self._checkpointer = Checkpointer(self.path)
         try:
-            self._open(durability, topic_index)
+            self._open(topic_index)
         except sqlite3.Error as error:
             self._db.close()
             raise StorageError(error) from error
         self._compact_from = 0
         self._closed = False
 
-    def _open(self, durability: Durability, topic_index: bool) -> None:
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if durability == 'full' else 'NORMAL'}")
-        # An automatic checkpoint would run inside a commit on the reactor thread (10-90 ms
-        # stalls measured); the owner calls checkpoint() from a worker thread instead.
-        self._db.execute("PRAGMA wal_autocheckpoint=0")
-        self._checkpointer: sqlite3.Connection | None = None
+    def _open(self, topic_index: bool) -> None:
         self._db.executescript(_SCHEMA)
         if topic_index:
             # Needed by latest-per-topic compaction; costs some insert speed.
@@ -420,15 +408,7 @@ class EventStore:
 
         A checkpoint that cannot write (the database file cannot grow on a full disk)
         raises :class:`StorageError`; the WAL keeps every commit, so nothing is lost."""
-        try:
-            if self._checkpointer is None:
-                self._checkpointer = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False
-                )
-            row = self._checkpointer.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as error:
-            raise StorageError(error) from error
-        return int(row[1]), int(row[2])
+        return self._checkpointer.run()
 
     def close(self, checkpoint_running: bool = False) -> None:
         """Close, after a last checkpoint that empties the WAL.
@@ -446,10 +426,7 @@ class EventStore:
         try:
             if checkpoint_running:
                 return
-            if self._checkpointer is not None:
-                self._checkpointer.close()
-            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        except sqlite3.Error as error:
-            raise StorageError(error) from error
+            self._checkpointer.close()
+            final_checkpoint(self._db)
         finally:
             self._db.close()
