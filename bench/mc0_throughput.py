@@ -20,21 +20,17 @@ medians are reported.
 from __future__ import annotations
 
 import argparse
-import queue
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from _common import (
-    PYTHON,
     Cleanup,
     CpuAccount,
     TwistdProcess,
     Worker,
-    _die_with_parent,
     add_common_arguments,
     cpu_seconds,
     fmt_rate,
@@ -57,23 +53,9 @@ TARGET_FANOUT = 50_000
 TOPIC = "mcollective.bench"
 
 
-class Mc0Worker(Worker):
+def Mc0Worker(role: str, *args: object) -> Worker:
     """A ``_mc0_workers.py ROLE`` process (the same READY/GO/JSON protocol as Worker)."""
-
-    def __init__(self, role: str, *args: object) -> None:
-        self.role = role
-        self.proc = subprocess.Popen(
-            [PYTHON, str(MC0_WORKERS), role, *map(str, args)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=_die_with_parent,
-        )
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._stderr: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+    return Worker(role, *args, script=MC0_WORKERS)
 
 
 @dataclass
@@ -99,8 +81,9 @@ class Mc0Server(TwistdProcess):
         args = ["mc0", "--port", str(self.port), "--data-dir", str(self.workdir / "keys")]
         self._spawn(self._twistd_argv(args), "MC0_")
         wait_until(
-            lambda: (self.workdir / "keys" / "server.key").exists()
-            and "started mc0" in self.log_tail(),
+            lambda: (
+                (self.workdir / "keys" / "server.key").exists() and "started mc0" in self.log_tail()
+            ),
             60,
             "twistd mc0 to start",
             self.check_alive,
