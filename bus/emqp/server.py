@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 from twisted.application.service import Service
-from twisted.internet import defer, threads
+from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -39,7 +39,7 @@ from bus.transport.zmqsocket import (
     bind_failure,
     reactor_of,
 )
-from bus.workers import worker_pool
+from bus.workers import SerialWork
 
 log = Logger(namespace="bus.emqp")
 
@@ -89,8 +89,7 @@ class EmqpService(Service):
         self._heartbeat_due = 0.0
         self._held: dict[tuple[int, bytes], _HeldAnswers] = {}
         self._held_retry: DelayedCall | None = None
-        self._checkpoints = worker_pool("emqp-checkpoint")
-        self._checkpointing: defer.Deferred[Any] | None = None
+        self._checkpoints = SerialWork(self.reactor, "emqp-checkpoint", self._checkpoint_failed)
         #: How late the latest heartbeat rounds went out, at most (timer lag under load).
         self.max_heartbeat_lag = 0.0
         self.client_send_failures = 0
@@ -201,15 +200,13 @@ class EmqpService(Service):
             self._flush()
         self._close_sockets()
         # The store closes once a checkpoint running in its thread is done.
-        running = self._checkpointing or defer.succeed(None)
         self._stopping = defer.Deferred()
-        running.addBoth(lambda _: self._close_store())
+        self._checkpoints.idle().addBoth(lambda _: self._close_store())
         return self._stopping
 
     def _close_store(self) -> None:
         assert self._stopping is not None
-        if self._checkpoints.started:
-            self._checkpoints.stop()
+        self._checkpoints.stop()
         if self.store is not None:
             try:
                 self.store.close()
@@ -368,21 +365,13 @@ class EmqpService(Service):
 
     def _checkpoint(self) -> None:
         """Move the WAL into the database on a worker thread (SQLite releases the GIL)."""
-        if self._checkpointing is not None or self.store is None:
-            return
-        store = self.store
-        self._checkpointing = threads.deferToThreadPool(
-            self.reactor, self._checkpoints, store.checkpoint
-        )
+        if self.store is not None:
+            self._checkpoints.run(self.store.checkpoint)
 
-        def done(result: Any) -> None:
-            self._checkpointing = None
-            if isinstance(result, Failure):
-                self.storage_errors += 1
-                if self._faults.due("checkpoint") is not None:
-                    log.error("job store checkpoint failed: {error}", error=str(result.value))
-
-        self._checkpointing.addBoth(done)
+    def _checkpoint_failed(self, failure: Failure) -> None:
+        self.storage_errors += 1
+        if self._faults.due("checkpoint") is not None:
+            log.error("job store checkpoint failed: {error}", error=str(failure.value))
 
     def _expire(self) -> None:
         broker = self.broker

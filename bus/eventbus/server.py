@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 import zmq
 from twisted.application.service import Service
-from twisted.internet import defer, threads
+from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -54,7 +54,7 @@ from bus.transport.zmqsocket import (
     bind_failure,
     reactor_of,
 )
-from bus.workers import worker_pool
+from bus.workers import SerialWork
 
 log = Logger(namespace="bus.eventbus")
 
@@ -96,8 +96,7 @@ class EventBusService(Service):
         self._retention_task: Any = None
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
-        self._checkpointing: defer.Deferred[Any] | None = None
-        self._checkpoints = worker_pool("eventbus-checkpoint")
+        self._checkpoints = SerialWork(self.reactor, "eventbus-checkpoint", self._checkpoint_failed)
         #: Events that arrived while the store could not write them, each counted once
         #: however many retries it took (they are stored and broadcast once it can).
         self.refused_storage = 0
@@ -329,31 +328,8 @@ class EventBusService(Service):
         self._stopping = defer.Deferred()
         # The store closes once a checkpoint running in its thread is done, or once
         # stop_timeout says it will not be soon: a stop never hangs on the disk.
-        self._checkpoint_finished().addCallback(self._close_store)
+        self._checkpoints.idle(self.config.stop_timeout).addCallback(self._close_store)
         return self._stopping
-
-    def _checkpoint_finished(self) -> defer.Deferred[bool]:
-        """Fires True once no checkpoint runs, or False if one still runs after
-        ``stop_timeout`` seconds."""
-        running = self._checkpointing
-        if running is None:
-            return defer.succeed(True)
-        finished: defer.Deferred[bool] = defer.Deferred()
-
-        def settle(value: bool) -> None:
-            if not finished.called:
-                finished.callback(value)
-
-        timer = self.reactor.callLater(self.config.stop_timeout, settle, False)
-
-        def ended(result: Any) -> Any:
-            if timer.active():
-                timer.cancel()
-            settle(True)
-            return result
-
-        running.addBoth(ended)
-        return finished
 
     def _close_store(self, checkpoint_finished: bool) -> None:
         try:
@@ -525,7 +501,7 @@ class EventBusService(Service):
         """A passive whose log is another bus's: keep it aside, start an empty one."""
         old = self.store
         # A checkpoint may be running on the old store's thread: it keeps its connection.
-        old.close(checkpoint_running=self._checkpointing is not None)
+        old.close(checkpoint_running=self._checkpoints.running)
         aside = f"{DB_NAME}.replaced-{old.store_id}"
         for suffix in ("", "-wal", "-shm"):
             path = old.directory / f"{DB_NAME}{suffix}"
@@ -686,21 +662,13 @@ class EventBusService(Service):
 
     def _checkpoint(self) -> None:
         """Move the WAL into the database on a worker thread (SQLite releases the GIL)."""
-        if self._checkpointing is not None:
-            return
+        self._checkpoints.run(self.store.checkpoint)
 
-        def done(result: Any) -> None:
-            self._checkpointing = None
-            if isinstance(result, Failure):
-                if isinstance(result.value, StorageError):
-                    self._storage_fault("WAL checkpoint", result.value)
-                else:
-                    log.failure("WAL checkpoint failed", result)
-
-        self._checkpointing = threads.deferToThreadPool(
-            self.reactor, self._checkpoints, self.store.checkpoint
-        )
-        self._checkpointing.addBoth(done)
+    def _checkpoint_failed(self, failure: Failure) -> None:
+        if isinstance(failure.value, StorageError):
+            self._storage_fault("WAL checkpoint", failure.value)
+        else:
+            log.failure("WAL checkpoint failed", failure)
 
     def _measure_lag(self) -> None:
         now = self.reactor.seconds()
