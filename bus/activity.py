@@ -9,7 +9,7 @@ Spark pipeline sees the whole system's activity. Without a local bus the sink is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 
@@ -34,6 +34,3 @@ class _NoActivity:
 
 
 NO_ACTIVITY: ActivitySink = _NoActivity()
-
-#: What composition gives a service's builder: ``activity("emqp")`` is its sink.
-ActivityFactory = Callable[[str], ActivitySink]
