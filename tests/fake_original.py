@@ -31,11 +31,23 @@ def parse_int(frame: bytes) -> int | None:
 
 class FakeOriginalBus:
     def __init__(self, reactor: Any) -> None:
-        self.factory = SocketFactory(reactor)
         self.events: list[tuple[bytes, int, bytes, bytes, bytes, bytes]] = []
         self.log: list[str] = []
         #: Sequences stored but not broadcast (to show that clients heal lost tails).
         self.lose_broadcasts: set[int] = set()
+        # P, P+1 and P+2 must all be free: another test may hold P+1 or P+2.
+        for _ in range(50):
+            try:
+                self._bind_ports(reactor)
+                return
+            except zmq.ZMQError as error:
+                self.factory.shutdown()
+                if error.errno != zmq.EADDRINUSE:
+                    raise
+        raise RuntimeError("no free port triple for the fake original bus")
+
+    def _bind_ports(self, reactor: Any) -> None:
+        self.factory = SocketFactory(reactor)
         self.snapshot = self.factory.socket(
             zmq.ROUTER, self._on_snapshot, SocketOptions(linger_ms=0), name="fake-snapshot"
         )

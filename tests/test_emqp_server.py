@@ -384,6 +384,8 @@ def test_an_answer_waits_for_its_client_to_come_back(tmp_path: Path, cleanup: li
     msgid = first.request("default", 1)
     yield wait_until(lambda: first.acks(msgid), what="dispatched")
     first.close()  # gone before its result
+    # The dispatch acknowledgement can reach the client before the request reaches the worker.
+    yield wait_until(worker.requests, what="the request at the worker")
     worker.reply(worker.requests()[0], "late but delivered")
     yield wait_until(lambda: broker.status()["answers_held"] == 1, what="the answer held")
     again = RawClient(broker.endpoints["client"], identity=b"comes-back")

@@ -361,7 +361,7 @@ def test_a_backup_holding_another_log_keeps_it_aside(pair: Pair) -> Any:
     primary = pair.start("primary")
     voter = RawPeer.dealer(primary.endpoints["snapshot"])
     voter.send(sync_start_frames((), 0))
-    yield wait_until(lambda: primary.pair.state == "active", what="primary active")
+    yield wait_until(lambda: primary.pair.state == "active", timeout=30, what="primary active")
     voter.close()
     publisher = EventBusPublisher(pair.address("primary"), producer_id="fresh")
     for i in range(10):
