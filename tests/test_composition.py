@@ -17,6 +17,7 @@ from twisted.internet import defer, reactor
 from bus.composition import Composition, ProductService, StartFailed
 from bus.errors import StartupError
 from bus.testing import RawPeer, start_bus, wait_until
+from tests.ports import free_port
 
 
 class Recorder(Service):
@@ -201,12 +202,6 @@ def test_a_busy_http_port_is_a_startup_error_naming_the_option() -> None:
         assert "in use" in raised.value.cause
     finally:
         holder.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _value(frames: list[bytes]) -> Any:

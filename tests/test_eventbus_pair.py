@@ -3,7 +3,6 @@ failover with clients given both addresses, going on alone and healing, rejoinin
 
 from __future__ import annotations
 
-import socket
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,14 +18,9 @@ from bus.eventbus.codec import Event, sync_start_frames
 from bus.eventbus.config import PairConfig
 from bus.eventbus.store import EventStore
 from bus.testing import RawPeer, start_bus, wait_until
+from tests.ports import free_port
 
 TIMEOUT = 1.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Pair:
@@ -205,6 +199,41 @@ def test_a_passive_without_a_client_turning_to_it_stays_passive(pair: Pair) -> A
         yield wait_until(lambda: any(m[0] == b"SYNCEND" for m in client.messages), what="answer")
     finally:
         client.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_active_back_from_a_pause_judges_it_before_announcing_or_serving(
+    pair: Pair,
+) -> Any:
+    """After a pause the reactor hands over I/O before it runs timers: the heartbeat and
+    a snapshot request that come first must already see the pause (doubt), not serve as
+    an active that the peer may have replaced meanwhile."""
+    primary = pair.start("primary")
+    pair.start("backup")
+    yield wait_until(lambda: formed(pair), what="pair formed")
+    sent: list[list[bytes]] = []
+    publisher = primary.publisher_socket
+    real_send = publisher.send_frames
+
+    def recording(frames: list[bytes]) -> bool:
+        sent.append(list(frames))
+        return bool(real_send(frames))
+
+    publisher.send_frames = recording
+    try:
+        # What a pause looks like from inside: no timer ran for 5 s.
+        primary.pair.core._last_tick -= 5.0
+        primary._heartbeat()
+        assert primary.pair.state == "doubt"
+        assert sent == []
+        request = [b"client", *sync_start_frames((), 0)]
+        primary._on_snapshot_requests([request])
+        assert [held[1] for held in primary._held_requests] == [b"client"]
+        assert primary.snapshots.streams == set()
+    finally:
+        publisher.send_frames = real_send
+    # The peer answers that it is still passive: active again, and heartbeats resume.
+    yield wait_until(lambda: primary.pair.state == "active", what="active again")
 
 
 @pytest_twisted.inlineCallbacks

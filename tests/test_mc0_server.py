@@ -15,6 +15,7 @@ import pytest_twisted
 from bus.errors import StartupError
 from bus.testing import wait_until
 from tests.mc0_helpers import RawMc0Peer, settings, start_broker
+from tests.ports import free_port
 
 
 @pytest.fixture
@@ -211,12 +212,6 @@ def test_the_connector_keeps_its_session_alive(broker: Any, closing: list[Any]) 
 
 
 # -- reconnect ------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest_twisted.inlineCallbacks

@@ -18,16 +18,11 @@ import pytest_twisted
 from bus.eventbus.client import EventBusPublisher
 from bus.services import SERVICE_NAMES
 from bus.testing import wait_until
+from tests.ports import free_port
 
 from .processes import CLEAN_EXIT, TWISTD, TwistdProcess
 
 CLI = str(Path(sys.executable).with_name("eventbus-cli"))
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def environment(**extra: str) -> dict[str, str]:

@@ -3,7 +3,6 @@ messages on SUB, backpressure on HWM, ROUTER_MANDATORY, idempotent shutdown."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,6 +12,7 @@ import zmq
 from twisted.internet import reactor
 
 from bus.testing import wait_until
+from tests.ports import free_port
 
 # bus.transport.zmqsocket imports txzmq, which imports the global reactor: import it only
 # once pytest-twisted has installed its reactor, i.e. inside fixtures and tests.
@@ -34,12 +34,6 @@ def factory() -> Iterator[Any]:
     made = transport().SocketFactory(reactor)
     yield made
     made.shutdown()
-
-
-def free_tcp_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def flat(batches: list[list[list[bytes]]]) -> list[list[bytes]]:
@@ -206,7 +200,7 @@ def test_dealer_without_any_peer_reports_backpressure(factory: Any) -> None:
 @pytest_twisted.inlineCallbacks
 def test_send_frames_returns_false_at_hwm_and_nothing_partial_is_sent(factory: Any) -> Any:
     hwm = 5
-    address = f"tcp://127.0.0.1:{free_tcp_port()}"
+    address = f"tcp://127.0.0.1:{free_port()}"
     dealer = factory.socket(zmq.DEALER, None, options(send_hwm=hwm, receive_hwm=hwm))
     dealer.connect(address)  # nobody listens yet: messages queue until the HWM
     accepted = []
@@ -236,7 +230,7 @@ def test_send_frames_returns_false_at_hwm_and_nothing_partial_is_sent(factory: A
 
 def test_send_many_stops_at_the_first_message_that_would_block(factory: Any) -> None:
     dealer = factory.socket(zmq.DEALER, None, options(send_hwm=3))
-    dealer.connect(f"tcp://127.0.0.1:{free_tcp_port()}")
+    dealer.connect(f"tcp://127.0.0.1:{free_port()}")
     sent = dealer.send_many([[b"m", b"%d" % i] for i in range(50)])
     assert 1 <= sent <= 3
     assert dealer.send_many([[b"more"]]) == 0
@@ -332,7 +326,7 @@ def test_router_signals_when_a_full_pipe_to_a_peer_drains(factory: Any) -> Any:
 
 def test_socket_shutdown_is_idempotent_and_cancels_a_scheduled_read(factory: Any) -> None:
     sock = factory.socket(zmq.DEALER, None, options())
-    sock.connect(f"tcp://127.0.0.1:{free_tcp_port()}")
+    sock.connect(f"tcp://127.0.0.1:{free_port()}")
     sock.send_frames([b"x"])  # schedules a read on the next turn
     scheduled = sock.read_scheduled
     assert scheduled is not None and scheduled.active()

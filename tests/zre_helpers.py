@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from bus.zre.config import ZreConfig
 from bus.zre.core import ZreEvent
+from tests.ports import free_ports
 
 
 def free_udp_port() -> int:
     """A UDP port no one on this machine listens on now (the tests' private beacon port:
     127.255.255.255 reaches every process of the machine on that port)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)
 
 
 class EventLog:

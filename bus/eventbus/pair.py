@@ -739,6 +739,7 @@ class Pair:
             "republished": self.republished,
             "forwards_received": self.forwards_received,
             "held": len(self.held),
+            "orphans": 0 if self._orphans is None else len(self._orphans[1]),
             "went_alone": self.went_alone,
             "healed": self.healed,
             "gaps": self.gaps,

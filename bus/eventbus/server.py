@@ -621,6 +621,8 @@ class EventBusService(Service):
 
     def _on_snapshot_requests(self, batch: list[list[bytes]]) -> None:
         pair = self.pair
+        if pair is not None:
+            pair.tick()  # after a pause, I/O comes before timers: judge the pause first
         for frames in batch:
             try:
                 request = codec.parse_sync_start(frames[1:])
@@ -650,8 +652,10 @@ class EventBusService(Service):
     # -- periodic work ---------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        if self.pair is not None and not self.pair.serves:
-            return  # silence tells clients to try the other server
+        if self.pair is not None:
+            self.pair.tick()  # a pause ends in doubt before anything is announced
+            if not self.pair.serves:
+                return  # silence tells clients to try the other server
         pub = self.publisher_socket
         if pub is not None and not pub.closed:
             pub.send_frames(
@@ -742,6 +746,7 @@ class EventBusService(Service):
             "snapshot_messages_sent": snapshots.messages_sent,
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": self._uptime(),
+            "time": round(self.clock(), 3),
             "endpoints": self.endpoints,
             "config": {k: str(v) for k, v in asdict(self.config).items()},
         }
