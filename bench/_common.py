@@ -721,6 +721,32 @@ def add_common_arguments(parser: Any) -> None:
     parser.add_argument(
         "--keep", action="store_true", help="keep the temporary directory (prints its path)"
     )
+    parser.add_argument(
+        "--cpu-latency-us",
+        type=int,
+        default=None,
+        help="hold the CPUs' wake-up latency at this bound (Linux PM QoS) for the whole run, "
+        "baseline and target alike, and start the server with the same option (needs root)",
+    )
+
+
+@contextlib.contextmanager
+def cpu_latency(microseconds: int | None) -> Iterator[list[tuple[str, str]]]:
+    """Hold a PM QoS CPU latency request (as ``--cpu-latency-us`` does in the product) for
+    the whole run, so that the baseline gets the same machine as the server; yields the
+    summary's line that says so (none when off)."""
+    if microseconds is None:
+        yield []
+        return
+    import struct
+
+    fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+    try:
+        os.write(fd, struct.pack("<i", microseconds))
+        text = f"wake-up latency held at {microseconds} us (PM QoS) for baseline and server alike"
+        yield [("cpus", text)]
+    finally:
+        os.close(fd)
 
 
 def server_prefix(text: str) -> list[str]:

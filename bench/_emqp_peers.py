@@ -249,6 +249,7 @@ def client(endpoint: str, jobs: str, window: str, headers: str) -> None:
     total, limit = int(jobs), int(window)
     times: list[float] = []
     started = time.perf_counter()
+    cpu_started = time.process_time()
     sent = 0
     while len(times) < total:
         while sent < total and len(sent_at) < limit:
@@ -258,9 +259,10 @@ def client(endpoint: str, jobs: str, window: str, headers: str) -> None:
         if elapsed is not None:
             times.append(elapsed)
     seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     times.sort()
     print(json.dumps({
-        "jobs": total, "seconds": seconds, "rate": total / seconds,
+        "jobs": total, "seconds": seconds, "rate": total / seconds, "cpu_s": cpu,
         "p50_us": times[len(times) // 2] * 1e6, "p99_us": times[int(len(times) * 0.99)] * 1e6,
     }), flush=True)  # fmt: skip
 

@@ -1,6 +1,7 @@
 """eMQP broker: client -> broker -> worker -> broker -> client, against a raw pyzmq relay.
 
-The broker under test is ``twistd -n emqp`` (heartbeats every 100 ms, so that their
+The broker under test is ``twistd -n eventbus --services emqp`` (the product with the
+broker alone; heartbeats every 100 ms, so that their
 punctuality under load is measured). Four raw pyzmq workers (16 READY slots each, one
 process for the four: the load generators share the two cores with what they measure)
 answer every REQUEST with a REPLY and a READY, as the original job manager does, and
@@ -17,7 +18,11 @@ Baseline, same run: a raw pyzmq ROUTER relay process (``_emqp_peers.py relay``) 
 the same hops with the same frames (dispatch acknowledgement included) between the same
 workers and client. Runs alternate baseline/broker ``--repeat`` times; medians reported.
 
-    python bench/emqp_broker.py [--repeat 3] [--jobs 60000]
+    python bench/emqp_broker.py [--repeat 3] [--jobs 60000] [--cpu-latency-us 0]
+
+``--cpu-latency-us 0`` holds the CPUs out of their idle states for the whole run (baseline
+and broker alike) and starts the broker with the product's option of that name: on a VM,
+waking an idle CPU costs more than the broker's pass (see bus/cpulatency.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ from _common import (
     TwistdProcess,
     Worker,
     add_common_arguments,
+    cpu_latency,
+    cpu_seconds,
     fmt_rate,
     free_ports,
     machine,
@@ -75,17 +82,21 @@ class Broker(TwistdProcess):
         self.log_path = self.workdir / "twistd.log"
         self.stdout_path = self.workdir / "stdout.txt"
 
-    def start(self) -> Broker:
+    def start(self, cpu_latency_us: int | None = None) -> Broker:
         self.port = free_ports(3)
+        # The product with the broker alone, as `twistd -n eventbus` runs it.
+        product = ["eventbus", "--services", "emqp", "--http-port", "0"]
+        if cpu_latency_us is not None:
+            product += ["--cpu-latency-us", str(cpu_latency_us)]
         argv = self._twistd_argv(
             [
-                "emqp", "--bind", HOST, "--worker-port", str(self.port),
-                "--client-port", str(self.port + 1), "--admin-port", str(self.port + 2),
-                "--data-dir", str(self.data_dir), "--stats-interval", "0.5s",
-                "--heartbeat-interval", f"{HEARTBEAT}s", "--heartbeat-liveness", "1000",
-                "--queue-limit", "100000",
+                *product, "--emqp-bind", HOST, "--emqp-worker-port", str(self.port),
+                "--emqp-client-port", str(self.port + 1),
+                "--emqp-admin-port", str(self.port + 2), "--emqp-data-dir", str(self.data_dir),
+                "--emqp-stats-interval", "0.5s", "--emqp-heartbeat-interval", f"{HEARTBEAT}s",
+                "--emqp-heartbeat-liveness", "1000", "--emqp-queue-limit", "100000",
             ]
-        )
+        )  # fmt: skip
         self._spawn(argv, "EMQP_")
         wait_until(
             lambda: (self.data_dir / "status.json").exists(), 60, "the broker", self.check_alive
@@ -120,7 +131,7 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
         if kind == "broker":
             broker = Broker(root / f"broker-{index}", server_prefix(args.server_prefix))
             stack.callback(broker.stop)
-            broker.start()
+            broker.start(args.cpu_latency_us)
             pid = broker.pid
             worker_port, client_port = broker.port, broker.port + 1
         else:
@@ -144,9 +155,19 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             # How long the forwarder's (main) thread waited for a CPU: a late heartbeat on
             # a shared machine is often a thread that was not given one.
             sampler = RunQueueSampler(pid).start()
+            processes = [pid, team.proc.pid]
+            cpu_before = [cpu_seconds(process) for process in processes]
             client.go()
             result = client.result()
             result["foreign_cores"] = account.stop()
+            # CPU per job of each process: where the two cores went.
+            spent = [cpu_seconds(p) - b for p, b in zip(processes, cpu_before, strict=True)]
+            spent.append(result["cpu_s"])
+            names = (kind, "workers", "client")
+            result["cpu_us_per_job"] = {
+                name: round(seconds / jobs * 1e6, 1)
+                for name, seconds in zip(names, spent, strict=True)
+            }
             sampler.stop()
             result["run_queue_worst_100ms_ms"] = round(sampler.worst_wait() * 1000, 1)
             result["worst_heartbeat_gap_s"] = team.report()["worst_heartbeat_gap_s"]
@@ -155,8 +176,10 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
                 status = json.loads((broker.data_dir / "status.json").read_text())
                 result["broker_timer_lag_ms"] = status["max_heartbeat_lag_ms"]
             results[mode] = result
+            cpu = ", ".join(f"{k} {v:.0f}" for k, v in result["cpu_us_per_job"].items())
             print(f"  {kind} {mode}: {fmt_rate(result['rate'])} jobs/s, p50 "
-                  f"{result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us", file=sys.stderr)  # fmt: skip
+                  f"{result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us; CPU us/job: "
+                  f"{cpu}", file=sys.stderr)  # fmt: skip
     return results
 
 
@@ -169,7 +192,7 @@ def main() -> None:
     terminate_on_sigterm()
     info = machine()
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "broker": []}
-    with workdir("emqp-bench-", args.keep) as root:
+    with workdir("emqp-bench-", args.keep) as root, cpu_latency(args.cpu_latency_us) as held:
         for index in range(args.repeat):
             for kind in ("baseline", "broker"):
                 runs[kind].append(run_target(kind, root, index, args))
@@ -219,7 +242,7 @@ def main() -> None:
             f"{fmt_rate(TARGET_GUARANTEED)}/s"
         ),
         verdict=verdict,
-        details=[noise_line(all_runs)],
+        details=[noise_line(all_runs), *held],
         json_path=args.json,
         record={"runs": runs},
     )

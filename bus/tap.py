@@ -43,6 +43,13 @@ def service_list(value: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(name for name in SERVICE_NAMES if name in chosen)
 
 
+def _microseconds(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("a number of microseconds, 0 or more")
+    return value
+
+
 def _prefix(service: str) -> str:
     """How a service's options are spelled in the product: the Event BUS's bare."""
     return "" if service == "eventbus" else f"{service}-"
@@ -81,6 +88,15 @@ class _ProductOptions(ServiceOptions):
             int,
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
+        [
+            "cpu-latency-us",
+            None,
+            None,
+            "Hold the CPUs' wake-up latency at most this many microseconds while running "
+            "(Linux PM QoS through /dev/cpu_dma_latency; 0 keeps idle CPUs polling): shorter "
+            "round trips for more power and CPU. Needs write access to that file. Off by default.",
+            _microseconds,
+        ],
     ]
     #: service -> Options class, for the options offered with its prefix.
     service_options: dict[str, type[ServiceOptions]] = {}
@@ -195,6 +211,12 @@ def compose(
     """The product as one ProductService, from parsed :data:`Options` (tac files use it too)."""
     product = ProductService(exit_on_failure=exit_on_failure, reactor=reactor)
     composition = Composition()
+    if options.get("cpu-latency-us") is not None:
+        from bus.cpulatency import CpuLatencyService
+
+        # First: held before any service serves, released after the last one stopped.
+        latency = CpuLatencyService(int(options["cpu-latency-us"]))
+        product.add("cpu-latency", latency, "", options)
     for name, sub in options["service-options"].items():
         build = importlib.import_module(entry(name).tap).build
         product.add(name, build(sub, composition), _prefix(name), sub)
