@@ -27,6 +27,7 @@ from _common import (
     Cleanup,
     CpuAccount,
     add_common_arguments,
+    cpu_latency,
     fmt_rate,
     free_ports,
     machine,
@@ -115,7 +116,9 @@ def main() -> int:
     info = machine()
     prefix = server_prefix(args.server_prefix)
     verdict = True
-    with workdir("bus-bench-latency-", args.keep) as root:
+    if args.cpu_latency_us is not None:
+        args.server_arg += ["--cpu-latency-us", str(args.cpu_latency_us)]
+    with workdir("bus-bench-latency-", args.keep) as root, cpu_latency(args.cpu_latency_us) as held:
         if args.only in (None, "latency"):
             runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "server": []}
             for index in range(args.repeat):
@@ -147,7 +150,7 @@ def main() -> int:
                 f"p99 {p99 / base:.2f}x the forwarder's",
                 f"p99 <= {TARGET_P99_MS} ms, no gap",
                 ok,
-                [noise],
+                [noise, *held],
                 args.json,
                 {"runs": runs},
             )
@@ -178,7 +181,7 @@ def main() -> int:
                 f"{ratio:.2f}",
                 f">= {TARGET_FANOUT_RATIO} x the forwarder, none lost",
                 ok,
-                [noise],
+                [noise, *held],
                 None,
                 {"runs": fan},
             )

@@ -21,6 +21,7 @@ from twisted.python.failure import Failure
 
 from bus.activity import NO_ACTIVITY, ActivitySink, LocalBus
 from bus.errors import StartupError
+from bus.memory import freeze_startup_objects
 
 log = Logger(namespace="bus")
 
@@ -114,6 +115,8 @@ class ProductService(MultiService):
                 return
             index += 1
         log.info("started {services}", services=", ".join(entry.name for entry in self.composed))
+        # Every service has started: what startup made leaves the GC's scans (bus.memory).
+        self.reactor.callLater(0, freeze_startup_objects)
         self._settle(True)
 
     def _start_failed(self, entry: Composed, failure: Failure, started: bool = False) -> None:

@@ -43,7 +43,6 @@ from bus.eventbus.pair_core import Change
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import DB_NAME, EventStore
 from bus.files import write_status_json
-from bus.memory import freeze_startup_objects
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.sqlitewal import StorageError
@@ -164,8 +163,6 @@ class EventBusService(Service):
         every(config.checkpoint_interval, self._checkpoint)
         self._lag_expected = self.reactor.seconds() + 0.01
         every(0.01, self._measure_lag)
-        # Once every composed service has started: startup's objects leave the GC's scans.
-        self.reactor.callLater(0, freeze_startup_objects)
         log.info(
             "event bus serving snapshot {snapshot}, publisher {publisher}, collector "
             "{collector}; store {path} at sequence {sequence}",
