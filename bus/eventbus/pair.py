@@ -217,13 +217,17 @@ class Pair:
     def state(self) -> str:
         return self.core.state
 
-    @property
+    # After a pause (SIGSTOP, starvation) the reactor hands over I/O before it runs timers:
+    # whoever asks these judges the pause first, so a replaced active never acts as one.
+
     def stores(self) -> bool:
         """This server stores what publishers send (active, or active in doubt)."""
+        self.tick()
         return self.core.state in ("active", "doubt")
 
-    @property
     def serves(self) -> bool:
+        """This server serves clients: broadcasts, heartbeats, snapshots."""
+        self.tick()
         return self.core.state == "active"
 
     def tick(self) -> None:

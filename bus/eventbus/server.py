@@ -394,11 +394,9 @@ class EventBusService(Service):
         """Store then broadcast; when the store refuses, the events wait (in order) and
         the collector pauses until they are stored."""
         pair = self.pair
-        if pair is not None:
-            pair.tick()
-            if not pair.stores:
-                pair.forward(accepted)  # to the active, or held for whoever becomes it
-                return
+        if pair is not None and not pair.stores():
+            pair.forward(accepted)  # to the active, or held for whoever becomes it
+            return
         if self._waiting:
             # Read before the pause took effect: behind the refused ones, in order.
             self._waiting.extend(accepted)
@@ -618,15 +616,13 @@ class EventBusService(Service):
 
     def _on_snapshot_requests(self, batch: list[list[bytes]]) -> None:
         pair = self.pair
-        if pair is not None:
-            pair.tick()  # after a pause, I/O comes before timers: judge the pause first
         for frames in batch:
             try:
                 request = codec.parse_sync_start(frames[1:])
             except EventBusError as error:
                 self.drops.drop(error.reason, str(error), frames[0])
                 continue
-            if pair is not None and not pair.serves:
+            if pair is not None and not pair.serves():
                 # A client turned here: a vote; answered only if this server takes over.
                 self._held_requests.append((self.reactor.seconds(), frames[0], request))
                 pair.vote()
@@ -649,10 +645,8 @@ class EventBusService(Service):
     # -- periodic work ---------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        if self.pair is not None:
-            self.pair.tick()  # a pause ends in doubt before anything is announced
-            if not self.pair.serves:
-                return  # silence tells clients to try the other server
+        if self.pair is not None and not self.pair.serves():
+            return  # silence tells clients to try the other server
         pub = self.publisher_socket
         if pub is not None and not pub.closed:
             pub.send_frames(
