@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest_twisted
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber
 from bus.eventbus.codec import Event
@@ -131,6 +131,34 @@ def log_of(data: Path) -> list[Event]:
         store.close()
 
 
+@defer.inlineCallbacks
+def wind_down(
+    loop: Any, load: Load | None, subscribers: list[EventBusSubscriber], halves: list[Half]
+) -> Any:
+    """The end of a pair test, however it went: the sampler, the load, the clients, then
+    both servers; returns the servers' exit codes."""
+    if loop.running:
+        loop.stop()
+    if load is not None:
+        load.stop()
+    for subscriber in subscribers:
+        yield subscriber.stopService()
+    return [half.stop() for half in halves if half.process is not None]
+
+
+def one_history(
+    violations: list[str], codes: list[int], received: list[Event], survivor: Half, other: Half
+) -> list[Event]:
+    """Never two actives, clean exits, every sequence received once in order (no duplicate,
+    no hole), and the two logs equal; returns the survivor's log."""
+    assert violations == [], violations[:3]
+    assert all(code in CLEAN_EXIT for code in codes), codes
+    assert [e.sequence for e in received] == list(range(1, len(received) + 1))
+    final = log_of(survivor.data)
+    assert log_of(other.data) == final
+    return final
+
+
 class Load:
     """Publishes ``rate`` events a second to both addresses until stopped."""
 
@@ -208,28 +236,17 @@ def test_kill_9_of_the_active_under_load_in_rounds(tmp_path: Path) -> Any:
         load.finish()
         yield wait_until(lambda: settled(active, passive, full), timeout=30, what="settled")
     finally:
-        if loop.running:
-            loop.stop()
-        if load is not None:
-            load.stop()
-        for subscriber in subscribers:
-            yield subscriber.stopService()
-        codes = [half.stop() for half in halves if half.process is not None]
-    assert violations == [], violations[:3]
-    assert all(code in CLEAN_EXIT for code in codes), codes
+        codes = yield wind_down(loop, load, subscribers, halves)
     print(f"takeover times: {', '.join(f'{t:.2f}s' for t in takeovers)}")
-    final = log_of(active.data)
-    mirror = log_of(passive.data)
-    # No duplicate, no hole: every sequence once, in order.
-    assert [e.sequence for e in full] == list(range(1, len(full) + 1))
+    # The backup is a correct copy.
+    final = one_history(violations, codes, full, active, passive)
     # Everything any subscriber received is in the surviving log, same sequence, same content.
     by_sequence = {e.sequence: e for e in final}
     assert all(by_sequence.get(e.sequence) == e for e in full)
     assert all(by_sequence.get(e.sequence) == e for e in odd)
     assert [e.sequence for e in odd] == [e.sequence for e in full if e.topic == b"/load/odd/"]
-    # No sequence was ever given to two events, and the backup is a correct copy.
+    # No sequence was ever given to two events.
     assert len({e.uuid for e in final}) == len(final)
-    assert mirror == final
     assert len(full) > 6000 and full[-1].sequence == final[-1].sequence
 
 
@@ -292,17 +309,8 @@ def test_a_stopped_active_never_makes_two_actives_and_rejoins(tmp_path: Path) ->
         load.finish()
         yield wait_until(lambda: settled(backup, primary, received), timeout=30, what="settled")
     finally:
-        if loop.running:
-            loop.stop()
-        if load is not None:
-            load.stop()
-        yield subscriber.stopService()
-        codes = [half.stop() for half in (primary, backup) if half.process is not None]
-    assert violations == [], violations[:3]
-    assert all(code in CLEAN_EXIT for code in codes), codes
-    assert [e.sequence for e in received] == list(range(1, len(received) + 1))
-    final = log_of(backup.data)
-    assert log_of(primary.data) == final
+        codes = yield wind_down(loop, load, [subscriber], [primary, backup])
+    final = one_history(violations, codes, received, backup, primary)
     by_sequence = {e.sequence: e for e in final}
     assert all(by_sequence.get(e.sequence) == e for e in received)
 
@@ -351,17 +359,8 @@ def test_a_stopped_passive_leaves_the_active_alone_then_the_pair_heals(tmp_path:
         load.finish()
         yield wait_until(lambda: settled(primary, backup, received), timeout=30, what="settled")
     finally:
-        if loop.running:
-            loop.stop()
-        if load is not None:
-            load.stop()
-        yield subscriber.stopService()
-        codes = [half.stop() for half in (primary, backup) if half.process is not None]
-    assert violations == [], violations[:3]
-    assert all(code in CLEAN_EXIT for code in codes), codes
-    assert [e.sequence for e in received] == list(range(1, len(received) + 1))
-    final = log_of(primary.data)
-    assert log_of(backup.data) == final
+        codes = yield wind_down(loop, load, [subscriber], [primary, backup])
+    one_history(violations, codes, received, primary, backup)
 
 
 def cli_sequences(path: Path) -> list[int]:
