@@ -738,15 +738,15 @@ def cpu_latency(microseconds: int | None) -> Iterator[list[tuple[str, str]]]:
     if microseconds is None:
         yield []
         return
-    import struct
+    from bus.cpulatency import CpuLatencyService
 
-    fd = os.open("/dev/cpu_dma_latency", os.O_WRONLY)
+    request = CpuLatencyService(microseconds)
+    request.startService()
     try:
-        os.write(fd, struct.pack("<i", microseconds))
         text = f"wake-up latency held at {microseconds} us (PM QoS) for baseline and server alike"
         yield [("cpus", text)]
     finally:
-        os.close(fd)
+        request.stopService()
 
 
 def server_prefix(text: str) -> list[str]:
