@@ -48,6 +48,9 @@ def test_bridge_journals_every_event_once_through_a_lossy_feed(tmp_path: Path) -
     bridge.startService()
     publisher = EventBusPublisher(f"127.0.0.1:{server.port}", producer_id="bridge-test")
     try:
+        # Live first: the flood must go through the lossy feed, not into the first snapshot.
+        core = bridge.subscriber.core
+        yield wait_until(lambda: core.stats.snapshots >= 1 and not core.syncing, what="live")
         for i in range(20_000):
             publisher.publish(f"/load/{i % 5}/", {"i": i})
         yield publisher.flush()
