@@ -92,6 +92,10 @@ def test_built_messages_parse_back() -> None:
         (frames(b"READY", b"extra"), "extra-frames"),
         (frames(b"REQUEST", b"q", b""), "truncated"),
         (frames(b"REQUEST", b"q", b"", b"{not json"), "bad-json"),
+        (frames(b"REQUEST", b"q", b"", b'{"a": 1} x'), "bad-json"),
+        (frames(b"REQUEST", b"q", b"", b"1 2"), "bad-json"),
+        (frames(b"REQUEST", b"q", b"", b"   "), "bad-json"),
+        (frames(b"REPLY", b"[1,", MSGID), "bad-json"),
         (frames(b"REQUEST", b"q", b"", b"\xff"), "not-utf8"),
         (frames(b"REQUEST", b"", b"", b"1"), "bad-queue"),
         (frames(b"REQUEST", b"q", b"retry-count:x", b"1"), "bad-header"),
@@ -109,6 +113,39 @@ def test_malformed_input_has_a_reason(message: list[bytes], reason: str) -> None
     with pytest.raises(EmqpError) as error:
         codec.parse(message)
     assert error.value.reason == reason
+
+
+json_texts = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3)
+    ),
+    max_leaves=6,
+).map(json.dumps)
+
+
+@settings(max_examples=2000)
+@given(
+    text=json_texts | st.text(alphabet=' \t\n{}[]",:0123456789.eE+-truefalsnNI', max_size=16),
+    before=st.sampled_from(["", " ", "\n\t"]),
+    after=st.sampled_from(["", " ", "\n", " x", ",", "]"]),
+)
+def test_request_bodies_are_judged_as_json_loads_judges_them(
+    text: str, before: str, after: str
+) -> None:
+    body = (before + text + after).encode()
+    try:
+        json.loads(body)
+    except ValueError:
+        valid = False
+    else:
+        valid = True
+    try:
+        codec.parse(frames(b"REQUEST", b"q", b"", body))
+    except EmqpError as error:
+        assert not valid and error.reason == "bad-json"
+    else:
+        assert valid
 
 
 COMMANDS = [c for c in codec._PARSERS] + [b"", b"NOPE"]
