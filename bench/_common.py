@@ -573,10 +573,14 @@ class Worker:
     """One ``_workers.py ROLE`` process: it prints ``READY`` when set up, reads ``GO`` on
     stdin when it must wait for one, and prints one JSON line with its result."""
 
-    def __init__(self, role: str, *args: object, script: Path = WORKERS) -> None:
+    def __init__(
+        self, role: str, *args: object, script: Path = WORKERS, program: Path | None = None
+    ) -> None:
+        """``program``: an executable taking the role and arguments, instead of ``script``."""
         self.role = role
+        command = [str(program)] if program is not None else [PYTHON, str(script)]
         self.proc = subprocess.Popen(
-            [PYTHON, str(script), role, *map(str, args)],
+            [*command, role, *map(str, args)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

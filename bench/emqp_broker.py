@@ -2,11 +2,10 @@
 
 The broker under test is ``twistd -n eventbus --services emqp`` (the product with the
 broker alone; heartbeats every 100 ms, so that their
-punctuality under load is measured). Four raw pyzmq workers (16 READY slots each, one
-process for the four: the load generators share the two cores with what they measure)
-answer every REQUEST with a REPLY and a READY, as the original job manager does, and
-record when each broker HEARTBEAT arrives. One raw pyzmq client process sends requests
-with ``reply-requested`` and times each one to its result:
+punctuality under load is measured). Four workers (16 READY slots each, one process for
+the four) answer every REQUEST with a REPLY and a READY, as the original job manager does,
+and record when each broker HEARTBEAT arrives. One client process sends requests with
+``reply-requested`` and times each one to its result:
 
 * latency: one request at a time (3,000): p50 and p99 of the round trip;
 * pipelined: up to 1,000 outstanding (60,000 jobs): jobs/s, and the largest gap between
@@ -18,7 +17,13 @@ Baseline, same run: a raw pyzmq ROUTER relay process (``_emqp_peers.py relay``) 
 the same hops with the same frames (dispatch acknowledgement included) between the same
 workers and client. Runs alternate baseline/broker ``--repeat`` times; medians reported.
 
+The load generators share the two cores with what they measure, so by default they are
+the C ones of ``emqp_peers.c`` (built here with ``cc`` against the libzmq pyzmq loads):
+about 3 us of CPU per job for the client, where the raw pyzmq client of
+``_emqp_peers.py`` (``--peers python``) takes 17 us, as much as half the broker's.
+
     python bench/emqp_broker.py [--repeat 3] [--jobs 60000] [--cpu-latency-us 0]
+                                [--peers c|python]
 
 ``--cpu-latency-us 0`` holds the CPUs out of their idle states for the whole run (baseline
 and broker alike) and starts the broker with the product's option of that name: on a VM,
@@ -29,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +66,7 @@ from _common import (
 )
 
 PEERS = HERE / "_emqp_peers.py"
+C_PEERS = HERE / "emqp_peers.c"
 WORKERS = 4
 SLOTS = 16
 HEARTBEAT = 0.1
@@ -104,11 +112,33 @@ class Broker(TwistdProcess):
         return self
 
 
-class Peer(Worker):
-    """A ``_emqp_peers.py ROLE`` process; workers report their heartbeat gaps on demand."""
+def build_c_peers(root: Path) -> Path:
+    """``emqp_peers.c`` compiled against the libzmq that pyzmq loads: the copy in its wheel,
+    else (pyzmq built against the system's) ``-lzmq``."""
+    import zmq
 
-    def __init__(self, role: str, *args: object) -> None:
-        super().__init__(role, *args, script=PEERS)
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise SystemExit(f"no C compiler (cc) to build {C_PEERS.name}: run with --peers python")
+    bundled = sorted((Path(zmq.__file__).resolve().parent.parent / "pyzmq.libs").glob("libzmq*"))
+    link = [str(bundled[0]), f"-Wl,-rpath,{bundled[0].parent}"] if bundled else ["-lzmq"]
+    program = root / "emqp_peers"
+    built = subprocess.run(
+        [compiler, "-O2", "-o", str(program), str(C_PEERS), *link], capture_output=True, text=True
+    )
+    if built.returncode != 0:
+        raise SystemExit(
+            f"cannot build {C_PEERS.name} (or run with --peers python):\n{built.stderr}"
+        )
+    return program
+
+
+class Peer(Worker):
+    """A load generator or relay process; workers report their heartbeat gaps on demand.
+    ``program``: the C load generators' executable (roles ``workers`` and ``client``)."""
+
+    def __init__(self, role: str, *args: object, program: Path | None = None) -> None:
+        super().__init__(role, *args, script=PEERS, program=program)
 
     def report(self) -> dict[str, Any]:
         """The window since the last report (and a new window starts)."""
@@ -118,8 +148,8 @@ class Peer(Worker):
         return self.result(30)
 
 
-def peer(stack: Cleanup, role: str, *args: object) -> Peer:
-    started = Peer(role, *args)
+def peer(stack: Cleanup, role: str, *args: object, program: Path | None = None) -> Peer:
+    started = Peer(role, *args, program=program)
     stack.callback(started.stop)
     return started
 
@@ -140,7 +170,9 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             relay = peer(stack, "relay", client_port, worker_port)
             relay.wait_ready()
             pid = relay.proc.pid
-        team = peer(stack, "workers", f"tcp://{HOST}:{worker_port}", WORKERS, SLOTS)
+        team = peer(
+            stack, "workers", f"tcp://{HOST}:{worker_port}", WORKERS, SLOTS, program=args.program
+        )
         team.wait_ready()
         modes = [("latency", 3_000, 1, "reply-requested"),
                  ("pipelined", args.jobs, 1_000, "reply-requested")]  # fmt: skip
@@ -149,7 +181,10 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
         for mode, jobs, window, headers in modes:
             wait_for_quiet(args.wait_idle)
             team.report()  # a new heartbeat window starts
-            client = peer(stack, "client", f"tcp://{HOST}:{client_port}", jobs, window, headers)
+            client = peer(
+                stack, "client", f"tcp://{HOST}:{client_port}", jobs, window, headers,
+                program=args.program,
+            )  # fmt: skip
             client.wait_ready()
             account = CpuAccount(live=[pid, team.proc.pid])
             # How long the forwarder's (main) thread waited for a CPU: a late heartbeat on
@@ -187,12 +222,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=60_000)
+    parser.add_argument(
+        "--peers",
+        choices=("c", "python"),
+        default="c",
+        help="load generators: C over libzmq (default) or raw pyzmq",
+    )
     add_common_arguments(parser)
     args = parser.parse_args()
     terminate_on_sigterm()
     info = machine()
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "broker": []}
     with workdir("emqp-bench-", args.keep) as root, cpu_latency(args.cpu_latency_us) as held:
+        args.program = build_c_peers(root) if args.peers == "c" else None
         for index in range(args.repeat):
             for kind in ("baseline", "broker"):
                 runs[kind].append(run_target(kind, root, index, args))
@@ -221,6 +263,11 @@ def main() -> None:
         and late_ms <= TARGET_LATE_MS and guaranteed >= TARGET_GUARANTEED
     )  # fmt: skip
     all_runs = [run[mode] for kind in runs for run in runs[kind] for mode in run]
+    peers = (
+        "C load generators (bench/emqp_peers.c)"
+        if args.peers == "c"
+        else "raw pyzmq load generators (bench/_emqp_peers.py)"
+    )
     summary(
         "eMQP broker round trips",
         info,
@@ -242,7 +289,7 @@ def main() -> None:
             f"{fmt_rate(TARGET_GUARANTEED)}/s"
         ),
         verdict=verdict,
-        details=[noise_line(all_runs), *held],
+        details=[("peers", peers), noise_line(all_runs), *held],
         json_path=args.json,
         record={"runs": runs},
     )

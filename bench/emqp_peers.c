@@ -1,0 +1,351 @@
+/* Lean eMQP load generators for bench/emqp_broker.py, in C over libzmq.
+
+   The roles "workers" and "client" of _emqp_peers.py, with the same arguments, the same
+   frames on the wire and the same lines on stdin and stdout, at a small fraction of their
+   CPU: on a 2-core machine the load generators share the cores with what they measure,
+   and the Python ones took as much CPU per job as the broker itself. The baseline (the
+   raw pyzmq relay) is driven by the same generators in the same run.
+
+   Built by bench/emqp_broker.py against the libzmq that pyzmq loads; only
+   libzmq's stable public API is used, declared below.
+
+   workers ENDPOINT COUNT SLOTS
+       COUNT DEALERs in one process; each INFORMs (queue "default"), waits for the ACK and
+       sends SLOTS READYs; then "READY" is printed. Each REQUEST is answered with a REPLY
+       ({"value": body}) and a READY; each broker HEARTBEAT's arrival is timed. "REPORT" on
+       stdin prints {"served": [...], "worst_heartbeat_gap_s": ...} and starts a new
+       window; EOF ends the process.
+   client ENDPOINT JOBS WINDOW HEADERS
+       One DEALER: one warm-up job, "READY", waits for a line (GO), then keeps at most
+       WINDOW requests outstanding until JOBS results (6-frame REPLYs) came back; prints
+       {"jobs", "seconds", "rate", "cpu_s", "p50_us", "p99_us"}. */
+
+#define _GNU_SOURCE /* memmem */
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* libzmq's public API (zmq.h, stable since 4.x): the calls and constants used here. */
+typedef struct {
+    void *socket;
+    int fd;
+    short events;
+    short revents;
+} zmq_pollitem_t;
+void *zmq_ctx_new(void);
+void *zmq_socket(void *context, int type);
+int zmq_setsockopt(void *socket, int option, const void *value, size_t length);
+int zmq_getsockopt(void *socket, int option, void *value, size_t *length);
+int zmq_connect(void *socket, const char *endpoint);
+int zmq_send(void *socket, const void *buffer, size_t length, int flags);
+int zmq_recv(void *socket, void *buffer, size_t length, int flags);
+int zmq_poll(zmq_pollitem_t *items, int count, long timeout_ms);
+int zmq_errno(void);
+const char *zmq_strerror(int errnum);
+enum {
+    ZMQ_DEALER = 5,
+    ZMQ_ROUTING_ID = 5,
+    ZMQ_RCVMORE = 13,
+    ZMQ_SNDHWM = 23,
+    ZMQ_RCVHWM = 24,
+    ZMQ_DONTWAIT = 1,
+    ZMQ_SNDMORE = 2,
+    ZMQ_POLLIN = 1,
+    ZMQ_POLLERR = 4,
+};
+
+#define MAX_FRAMES 16
+#define FRAME_BYTES 4096
+#define ID_BYTES 36
+#define POOL 4096
+
+static const char PROTOCOL[] = "eMQP/1.0";
+
+typedef struct {
+    int count;
+    size_t size[MAX_FRAMES];
+    char data[MAX_FRAMES][FRAME_BYTES];
+} message_t;
+
+static void die(const char *what) {
+    fprintf(stderr, "%s: %s\n", what, zmq_strerror(zmq_errno()));
+    exit(1);
+}
+
+static double now_s(clockid_t clock) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A random UUID4 text whose last 12 hex digits are `counter` (ids must differ, not be
+   secret: the random part keeps two processes' ids apart). */
+static void make_id(char *out, uint64_t counter) {
+    static unsigned char random_part[10];
+    static int seeded;
+    if (!seeded) {
+        int fd = open("/dev/urandom", O_RDONLY);
+        if (fd < 0 || read(fd, random_part, sizeof random_part) != sizeof random_part) {
+            perror("/dev/urandom");
+            exit(1);
+        }
+        close(fd);
+        seeded = 1;
+    }
+    const unsigned char *r = random_part;
+    snprintf(out, ID_BYTES + 1, "%02x%02x%02x%02x-%02x%02x-4%01x%02x-%01x%01x%02x-%012llx",
+             r[0], r[1], r[2], r[3], r[4], r[5], r[6] & 0x0f, r[7], 8 | (r[8] & 0x3),
+             r[8] >> 4, r[9], (unsigned long long)(counter & 0xffffffffffffULL));
+}
+
+/* One whole message; 0 when none is waiting (flags ZMQ_DONTWAIT). */
+static int receive(void *sock, message_t *msg, int flags) {
+    msg->count = 0;
+    for (;;) {
+        if (msg->count == MAX_FRAMES) {
+            fprintf(stderr, "a message of more than %d frames\n", MAX_FRAMES);
+            exit(1);
+        }
+        int size = zmq_recv(sock, msg->data[msg->count], FRAME_BYTES, flags);
+        if (size < 0) {
+            if (zmq_errno() == EAGAIN && msg->count == 0) return 0;
+            if (zmq_errno() == EINTR) continue;
+            die("zmq_recv");
+        }
+        if (size > FRAME_BYTES) {
+            fprintf(stderr, "a frame of %d bytes, over %d\n", size, FRAME_BYTES);
+            exit(1);
+        }
+        msg->size[msg->count++] = (size_t)size;
+        int more = 0;
+        size_t length = sizeof more;
+        zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &length);
+        if (!more) return 1;
+        flags = 0; /* the rest of a message is already there */
+    }
+}
+
+static int frame_is(const message_t *msg, int index, const char *text) {
+    size_t length = strlen(text);
+    return msg->count > index && msg->size[index] == length &&
+           memcmp(msg->data[index], text, length) == 0;
+}
+
+static void send_frame(void *sock, const void *data, size_t size, int more) {
+    while (zmq_send(sock, data, size, more ? ZMQ_SNDMORE : 0) < 0) {
+        if (zmq_errno() != EINTR) die("zmq_send");
+    }
+}
+
+#define SEND_TEXT(sock, text, more) send_frame(sock, text, strlen(text), more)
+
+static void *dealer(void *context, const char *endpoint) {
+    void *sock = zmq_socket(context, ZMQ_DEALER);
+    if (sock == NULL) die("zmq_socket");
+    char identity[ID_BYTES + 1];
+    make_id(identity, (uint64_t)rand());
+    int unlimited = 0;
+    zmq_setsockopt(sock, ZMQ_ROUTING_ID, identity, ID_BYTES);
+    zmq_setsockopt(sock, ZMQ_SNDHWM, &unlimited, sizeof unlimited);
+    zmq_setsockopt(sock, ZMQ_RCVHWM, &unlimited, sizeof unlimited);
+    if (zmq_connect(sock, endpoint) != 0) die("zmq_connect");
+    return sock;
+}
+
+/* A message's first four frames; `more` when frames follow the message id. */
+static void header(void *sock, const char *command, const char *id, int more) {
+    send_frame(sock, "", 0, 1);
+    SEND_TEXT(sock, PROTOCOL, 1);
+    SEND_TEXT(sock, command, 1);
+    send_frame(sock, id, ID_BYTES, more);
+}
+
+/* Lines on stdin: 1 when one was read into `line`, 0 at EOF. */
+static int read_line(char *line, size_t size) {
+    if (fgets(line, (int)size, stdin) == NULL) return 0;
+    return 1;
+}
+
+/* -- workers -------------------------------------------------------------------------- */
+
+typedef struct {
+    void *sock;
+    long served;
+    double last_beat;
+    double worst_gap;
+} worker_t;
+
+static char pool[POOL][ID_BYTES + 1];
+static unsigned pool_next;
+
+static const char *pool_id(void) { return pool[pool_next++ % POOL]; }
+
+static void serve(worker_t *worker, message_t *msg) {
+    void *sock = worker->sock;
+    for (int n = 0; n < 1000; n++) {
+        if (!receive(sock, msg, ZMQ_DONTWAIT)) return;
+        if (frame_is(msg, 2, "REQUEST") && msg->count == 7) {
+            worker->served++;
+            char result[FRAME_BYTES + 16];
+            int size = snprintf(result, sizeof result, "{\"value\": %.*s}",
+                                (int)msg->size[6], msg->data[6]);
+            header(sock, "REPLY", pool_id(), 1);
+            send_frame(sock, result, (size_t)size, 1);
+            send_frame(sock, msg->data[3], msg->size[3], 0);
+            header(sock, "READY", pool_id(), 0);
+        } else if (frame_is(msg, 2, "HEARTBEAT")) {
+            double now = now_s(CLOCK_MONOTONIC);
+            if (worker->last_beat > 0 && now - worker->last_beat > worker->worst_gap)
+                worker->worst_gap = now - worker->last_beat;
+            worker->last_beat = now;
+        }
+    }
+}
+
+static int workers(const char *endpoint, int count, int slots) {
+    void *context = zmq_ctx_new();
+    worker_t *team = calloc((size_t)count, sizeof *team);
+    message_t *msg = malloc(sizeof *msg);
+    zmq_pollitem_t *items = calloc((size_t)count + 1, sizeof *items);
+    for (int i = 0; i < POOL; i++) make_id(pool[i], (uint64_t)i);
+    for (int i = 0; i < count; i++) {
+        void *sock = team[i].sock = dealer(context, endpoint);
+        header(sock, "INFORM", pool_id(), 1);
+        SEND_TEXT(sock, "[[10, \"default\"]]", 1);
+        SEND_TEXT(sock, "worker", 0);
+        do receive(sock, msg, 0);
+        while (!frame_is(msg, 2, "ACK"));
+        for (int s = 0; s < slots; s++) header(sock, "READY", pool_id(), 0);
+        items[i].socket = sock;
+        items[i].events = ZMQ_POLLIN;
+    }
+    items[count].fd = 0;
+    items[count].events = ZMQ_POLLIN;
+    printf("READY\n");
+    fflush(stdout);
+    char line[256];
+    for (;;) {
+        if (zmq_poll(items, count + 1, 1000) < 0) {
+            if (zmq_errno() == EINTR) continue;
+            die("zmq_poll");
+        }
+        for (int i = 0; i < count; i++)
+            if (items[i].revents & ZMQ_POLLIN) serve(&team[i], msg);
+        if (items[count].revents & (ZMQ_POLLIN | ZMQ_POLLERR)) { /* a line, or EOF */
+            if (!read_line(line, sizeof line)) return 0;
+            if (strncmp(line, "REPORT", 6) == 0) {
+                double worst = 0;
+                printf("{\"served\": [");
+                for (int i = 0; i < count; i++) {
+                    printf("%s%ld", i ? ", " : "", team[i].served);
+                    if (team[i].worst_gap > worst) worst = team[i].worst_gap;
+                    team[i].worst_gap = 0;
+                    team[i].last_beat = 0;
+                }
+                printf("], \"worst_heartbeat_gap_s\": %.6f}\n", worst);
+                fflush(stdout);
+            }
+        }
+    }
+}
+
+/* -- client --------------------------------------------------------------------------- */
+
+static int compare(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static uint64_t id_number(const char *id, size_t size) {
+    uint64_t number = 0;
+    for (size_t i = size > 12 ? size - 12 : 0; i < size; i++) {
+        char c = id[i];
+        number = number * 16 + (uint64_t)(c <= '9' ? c - '0' : c - 'a' + 10);
+    }
+    return number;
+}
+
+static int client(const char *endpoint, long jobs, long window, const char *headers) {
+    void *context = zmq_ctx_new();
+    void *sock = dealer(context, endpoint);
+    message_t *msg = malloc(sizeof *msg);
+    char (*ids)[ID_BYTES + 1] = malloc((size_t)(jobs + 1) * sizeof *ids);
+    double *sent_at = calloc((size_t)jobs + 1, sizeof *sent_at);
+    double *times = malloc((size_t)jobs * sizeof *times);
+    static const char body[] = "[\"bench\", {\"n\": 1}]";
+    for (long i = 0; i <= jobs; i++) make_id(ids[i], (uint64_t)i);
+    long next = 0, outstanding = 0, done = 0;
+
+#define SEND_ONE()                                                   \
+    do {                                                             \
+        sent_at[next] = now_s(CLOCK_MONOTONIC);                      \
+        header(sock, "REQUEST", ids[next], 1);                       \
+        SEND_TEXT(sock, "default", 1);                               \
+        SEND_TEXT(sock, headers, 1);                                 \
+        send_frame(sock, body, sizeof body - 1, 0);                  \
+        next++;                                                      \
+        outstanding++;                                               \
+    } while (0)
+
+    /* A result: its round trip in seconds; < 0 for a dispatch acknowledgement. */
+    double elapsed;
+#define RECEIVE_ONE()                                                                  \
+    do {                                                                               \
+        receive(sock, msg, 0);                                                         \
+        elapsed = -1;                                                                  \
+        if (msg->count == 6 && frame_is(msg, 2, "REPLY")) {                            \
+            if (memmem(msg->data[4], msg->size[4], "error", 5) != NULL) {              \
+                fprintf(stderr, "%.*s\n", (int)msg->size[4], msg->data[4]);            \
+                exit(1);                                                               \
+            }                                                                          \
+            uint64_t number = id_number(msg->data[5], msg->size[5]);                   \
+            if (number > (uint64_t)jobs) {                                             \
+                fprintf(stderr, "a REPLY for an id never sent\n");                     \
+                exit(1);                                                               \
+            }                                                                          \
+            elapsed = now_s(CLOCK_MONOTONIC) - sent_at[number];                        \
+            outstanding--;                                                             \
+        }                                                                              \
+    } while (0)
+
+    SEND_ONE(); /* warm-up: the whole path works */
+    do RECEIVE_ONE();
+    while (elapsed < 0);
+    printf("READY\n");
+    fflush(stdout);
+    char line[256];
+    read_line(line, sizeof line);
+    double started = now_s(CLOCK_MONOTONIC), cpu_started = now_s(CLOCK_PROCESS_CPUTIME_ID);
+    while (done < jobs) {
+        while (next <= jobs && outstanding < window) SEND_ONE();
+        RECEIVE_ONE();
+        if (elapsed >= 0) times[done++] = elapsed;
+    }
+    double seconds = now_s(CLOCK_MONOTONIC) - started;
+    double cpu = now_s(CLOCK_PROCESS_CPUTIME_ID) - cpu_started;
+    qsort(times, (size_t)jobs, sizeof *times, compare);
+    printf("{\"jobs\": %ld, \"seconds\": %.6f, \"rate\": %.3f, \"cpu_s\": %.6f, "
+           "\"p50_us\": %.3f, \"p99_us\": %.3f}\n",
+           jobs, seconds, (double)jobs / seconds, cpu, times[jobs / 2] * 1e6,
+           times[(long)((double)jobs * 0.99)] * 1e6);
+    fflush(stdout);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    srand((unsigned)getpid() ^ (unsigned)time(NULL));
+    if (argc == 5 && strcmp(argv[1], "workers") == 0)
+        return workers(argv[2], atoi(argv[3]), atoi(argv[4]));
+    if (argc == 6 && strcmp(argv[1], "client") == 0)
+        return client(argv[2], atol(argv[3]), atol(argv[4]), argv[5]);
+    fprintf(stderr,
+            "usage: %s workers ENDPOINT COUNT SLOTS | client ENDPOINT JOBS WINDOW HEADERS\n",
+            argv[0]);
+    return 2;
+}
