@@ -208,5 +208,16 @@ def standalone(
     """One service as its own process (``twistd -n spark-bridge``), with the same start and
     stop rules as the whole product."""
     product = ProductService(exit_on_failure=True)
+    hold_cpu_latency(product, options)
     product.add(name, build(options, Composition()), "", options)
     return product
+
+
+def hold_cpu_latency(product: ProductService, options: Mapping[str, Any]) -> None:
+    """``--cpu-latency-us``, when given: added first, so that it is held before any service
+    serves and released after the last one stopped."""
+    if options.get("cpu-latency-us") is None:
+        return
+    from bus.cpulatency import CpuLatencyService
+
+    product.add("cpu-latency", CpuLatencyService(int(options["cpu-latency-us"])), "", options)

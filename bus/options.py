@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from twisted.python import usage
+from twisted.python import reflect, usage
 
 from bus.services import SERVICE_NAMES
 
@@ -84,6 +84,16 @@ def config_path_in(args: Sequence[str]) -> str | None:
     return None
 
 
+def microseconds(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("a number of microseconds, 0 or more")
+    return value
+
+
+microseconds.wants = "a number of microseconds, 0 or more"  # type: ignore[attr-defined]
+
+
 class OptionSpec:
     """One option of a :class:`ServiceOptions` class, as composition sees it."""
 
@@ -118,12 +128,25 @@ class ServiceOptions(usage.Options):
     service: ClassVar[str] = ""
     #: Environment variables are ``<env_prefix>_<OPTION>``.
     env_prefix: ClassVar[str] = ""
-    optParameters: ClassVar[list[list[Any]]] = []
     optFlags: ClassVar[list[list[Any]]] = []
     #: Repeatable options: ``[name, short, doc]``; the value is a list.
     optMulti: ClassVar[list[list[Any]]] = []
     #: The tables a config file may hold: one per service the product knows.
     known_tables: ClassVar[frozenset[str]] = frozenset(SERVICE_NAMES)
+    #: Options of the whole process, inherited by every subclass (Twisted gathers
+    #: ``optParameters`` along the classes): taken by the product and by a plugin run alone
+    #: (``twistd -n emqp``), never handed to one service inside the product.
+    optParameters: ClassVar[list[list[Any]]] = [
+        [
+            "cpu-latency-us",
+            None,
+            None,
+            "Hold the CPUs' wake-up latency at most this many microseconds while running "
+            "(Linux PM QoS through /dev/cpu_dma_latency; 0 keeps idle CPUs polling): shorter "
+            "round trips for more power and CPU. Needs write access to that file. Off by default.",
+            microseconds,
+        ],
+    ]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -149,8 +172,11 @@ class ServiceOptions(usage.Options):
 
     @classmethod
     def option_specs(cls) -> list[OptionSpec]:
+        """Every option of this class, the process's (:data:`PROCESS_OPTION_NAMES`) included."""
         specs = []
-        for entry in getattr(cls, "optParameters", []):
+        parameters: list[list[Any]] = []
+        reflect.accumulateClassList(cls, "optParameters", parameters)
+        for entry in parameters:
             name, short, default, doc, *rest = entry
             specs.append(OptionSpec("parameter", name, short, default, doc, *rest[:1]))
         for name, short, doc in getattr(cls, "optFlags", []):
@@ -271,7 +297,7 @@ def _named_coercion(entry: list[Any]) -> list[Any]:
         try:
             return coerce(value)
         except (ValueError, TypeError):
-            kind = "a whole number" if coerce is int else "a valid value"
+            kind = "a whole number" if coerce is int else getattr(coerce, "wants", "a valid value")
             raise ValueError(f"--{name} wants {kind}, not {value!r}") from None
 
     coerced.names_option = True  # type: ignore[attr-defined]
@@ -286,3 +312,8 @@ def _multi_handler(name: str, doc: str) -> Callable[[ServiceOptions, str], None]
 
     handler.__doc__ = f"{doc} (repeatable)"
     return handler
+
+
+ServiceOptions.optParameters = [_named_coercion(e) for e in ServiceOptions.optParameters]
+#: The options of the whole process (see :attr:`ServiceOptions.optParameters`).
+PROCESS_OPTION_NAMES = frozenset(entry[0] for entry in ServiceOptions.optParameters)

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.composition import Composition, ProductService
+from bus.composition import Composition, ProductService, hold_cpu_latency
 from bus.eventbus.tap import Options as EventBusOptions
-from bus.options import OptionSpec, ServiceOptions
+from bus.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
 from bus.services import SERVICE_NAMES, SERVICES, entry
 
 if TYPE_CHECKING:
@@ -41,13 +41,6 @@ def service_list(value: str | Sequence[str]) -> tuple[str, ...]:
     if not chosen:
         raise usage.UsageError(f"--services: name at least one of {', '.join(SERVICE_NAMES)}")
     return tuple(name for name in SERVICE_NAMES if name in chosen)
-
-
-def _microseconds(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError("a number of microseconds, 0 or more")
-    return value
 
 
 def _prefix(service: str) -> str:
@@ -88,15 +81,6 @@ class _ProductOptions(ServiceOptions):
             int,
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
-        [
-            "cpu-latency-us",
-            None,
-            None,
-            "Hold the CPUs' wake-up latency at most this many microseconds while running "
-            "(Linux PM QoS through /dev/cpu_dma_latency; 0 keeps idle CPUs polling): shorter "
-            "round trips for more power and CPU. Needs write access to that file. Off by default.",
-            _microseconds,
-        ],
     ]
     #: service -> Options class, for the options offered with its prefix.
     service_options: dict[str, type[ServiceOptions]] = {}
@@ -156,6 +140,13 @@ class _ProductOptions(ServiceOptions):
                 if _prefix(name):
                     message = message.replace("--", f"--{_prefix(name)}")
                 raise usage.UsageError(message) from None
+            for option in PROCESS_OPTION_NAMES:
+                if sub.get(option) is not None:  # from its table or its environment
+                    raise usage.UsageError(
+                        f"{option} is an option of the whole process, not of {name}: set it "
+                        f"as --{option}, EVENTBUS_{option.upper().replace('-', '_')} or in the "
+                        "[eventbus] table"
+                    )
             parsed[name] = sub
         self["service-options"] = parsed
 
@@ -193,6 +184,8 @@ def _product_options_class() -> type[_ProductOptions]:
         options_class = importlib.import_module(service.tap).Options
         namespace["service_options"][service.name] = options_class
         for spec in options_class.option_specs():
+            if spec.name in PROCESS_OPTION_NAMES:
+                continue  # the product's own, not one service's
             method = _forwarder(service.name, spec)
             namespace["opt_" + (_prefix(service.name) + spec.name).replace("-", "_")] = method
             if spec.short and not _prefix(service.name):
@@ -211,12 +204,7 @@ def compose(
     """The product as one ProductService, from parsed :data:`Options` (tac files use it too)."""
     product = ProductService(exit_on_failure=exit_on_failure, reactor=reactor)
     composition = Composition()
-    if options.get("cpu-latency-us") is not None:
-        from bus.cpulatency import CpuLatencyService
-
-        # First: held before any service serves, released after the last one stopped.
-        latency = CpuLatencyService(int(options["cpu-latency-us"]))
-        product.add("cpu-latency", latency, "", options)
+    hold_cpu_latency(product, options)
     for name, sub in options["service-options"].items():
         build = importlib.import_module(entry(name).tap).build
         product.add(name, build(sub, composition), _prefix(name), sub)

@@ -1,5 +1,5 @@
-"""``--cpu-latency-us``: the product holds a PM QoS request on /dev/cpu_dma_latency from
-before its first service starts until after its last one stopped."""
+"""``--cpu-latency-us``: the product, or a plugin run alone, holds a PM QoS request on
+/dev/cpu_dma_latency from before its first service starts until after its last one stopped."""
 
 from __future__ import annotations
 
@@ -29,16 +29,24 @@ writable = pytest.mark.skipif(
 
 class Broker(TwistdProcess):
     """``twistd -n eventbus --services emqp --cpu-latency-us N``: the product's option
-    around the service that wants it most."""
+    around the service that wants it most; ``alone``: ``twistd -n emqp --cpu-latency-us N``,
+    the plugin by itself."""
 
-    def __init__(self, workdir: Path, *args: str) -> None:
+    def __init__(self, workdir: Path, *args: str, alone: bool = False) -> None:
         port = free_ports(3)
-        command = [
-            TWISTD, "-n", "--pidfile=", "eventbus", "--services", "emqp", "--http-port", "0",
-            "--emqp-worker-port", str(port), "--emqp-client-port", str(port + 1),
-            "--emqp-admin-port", str(port + 2), "--emqp-data-dir", str(workdir / "emqp"),
-            *args,
-        ]  # fmt: skip
+        if alone:
+            command = [
+                TWISTD, "-n", "--pidfile=", "emqp", "--worker-port", str(port),
+                "--client-port", str(port + 1), "--admin-port", str(port + 2),
+                "--data-dir", str(workdir / "emqp"), *args,
+            ]  # fmt: skip
+        else:
+            command = [
+                TWISTD, "-n", "--pidfile=", "eventbus", "--services", "emqp", "--http-port", "0",
+                "--emqp-worker-port", str(port), "--emqp-client-port", str(port + 1),
+                "--emqp-admin-port", str(port + 2), "--emqp-data-dir", str(workdir / "emqp"),
+                *args,
+            ]  # fmt: skip
         super().__init__(command, workdir / "twistd.log", environment(), workdir)
 
     def ready(self) -> bool:
@@ -48,12 +56,13 @@ class Broker(TwistdProcess):
 
 
 @writable
+@pytest.mark.parametrize("alone", [False, True], ids=["product", "plugin-alone"])
 @pytest_twisted.inlineCallbacks
 def test_the_product_holds_the_bound_while_it_runs_and_lets_go_when_it_stops(
-    tmp_path: Path,
+    tmp_path: Path, alone: bool
 ) -> Any:
     assert current() > BOUND
-    broker = Broker(tmp_path, "--cpu-latency-us", str(BOUND))
+    broker = Broker(tmp_path, "--cpu-latency-us", str(BOUND), alone=alone)
     try:
         yield wait_until(broker.ready, timeout=30, what="the broker")
         assert current() == BOUND
@@ -74,6 +83,17 @@ def test_it_is_off_unless_asked_for_and_then_held_first() -> None:
     options = Options()
     options.parseOptions(["--services", "emqp", "--http-port", "0", "--cpu-latency-us", "0"])
     assert [c.name for c in compose(options).composed] == ["cpu-latency", "emqp"]
+
+
+def test_a_plugin_alone_holds_it_first_when_asked() -> None:
+    from bus.emqp import tap as emqp_tap
+
+    for argv, names in (([], ["emqp"]), (["--cpu-latency-us", "0"], ["cpu-latency", "emqp"])):
+        options = emqp_tap.Options()
+        options.parseOptions(
+            ["--worker-port", "0", "--client-port", "0", "--admin-port", "0", *argv]
+        )
+        assert [c.name for c in emqp_tap.makeService(options).composed] == names
 
 
 def test_a_negative_bound_is_a_usage_error() -> None:

@@ -12,8 +12,9 @@ from twisted.python import usage
 from bus import tap
 from bus.emqp import tap as emqp_tap
 from bus.mc0 import tap as mc0_tap
-from bus.options import parse_duration
+from bus.options import PROCESS_OPTION_NAMES, parse_duration
 from bus.services import SERVICE_NAMES, SERVICES
+from bus.services import entry as entry_of
 from bus.spark import tap as spark_tap
 
 
@@ -190,12 +191,15 @@ def test_bad_environment_values_name_the_variable(monkeypatch: pytest.MonkeyPatc
 
 def test_every_service_option_is_offered_with_its_prefix() -> None:
     product = {name.rstrip("=") for name in tap.Options().longOpt}
-    for spec in spark_tap.Options.option_specs():
-        assert f"spark-bridge-{spec.name}" in product
-    for spec in mc0_tap.Options.option_specs():
-        assert f"mc0-{spec.name}" in product
-    for spec in emqp_tap.Options.option_specs():
-        assert f"emqp-{spec.name}" in product
+    for prefix, options in (
+        ("spark-bridge", spark_tap.Options),
+        ("mc0", mc0_tap.Options),
+        ("emqp", emqp_tap.Options),
+    ):
+        specs = [s for s in options.option_specs() if s.name not in PROCESS_OPTION_NAMES]
+        assert len(specs) > 5
+        for spec in specs:
+            assert f"{prefix}-{spec.name}" in product
     for name in ("port", "bind", "data-dir", "dialect", "services", "http-port", "config"):
         assert name in product
 
@@ -296,3 +300,35 @@ def test_dbp_options_and_allow_file(tmp_path: Path) -> None:
         parse("--dbp-allow", str(tmp_path / "missing"))
     with pytest.raises(usage.UsageError, match="--dbp-liveness must be at least 1"):
         parse("--dbp-liveness", "0")
+
+
+@pytest.mark.parametrize("name", SERVICE_NAMES)
+def test_the_process_options_are_every_plugins_and_the_products_bare(name: str) -> None:
+    """``--cpu-latency-us`` belongs to a process: each plugin run alone takes it, the product
+    takes it once, bare, and never hands it to one of its services."""
+    import importlib
+
+    assert "cpu-latency-us" in PROCESS_OPTION_NAMES
+    alone = importlib.import_module(entry_of(name).tap).Options()
+    alone.parse_layered(["--cpu-latency-us", "5"])
+    assert alone["cpu-latency-us"] == 5
+    product = {option.rstrip("=") for option in tap.Options().longOpt}
+    assert "cpu-latency-us" in product
+    assert f"{name}-cpu-latency-us" not in product
+
+
+def test_a_process_option_in_a_services_table_or_environment_is_refused_by_the_product(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "bus.toml"
+    config.write_text("[emqp]\ncpu-latency-us = 0\n")
+    with pytest.raises(usage.UsageError, match="option of the whole process, not of emqp"):
+        tap.Options().parseOptions(["--services", "emqp", "--config", str(config)])
+    monkeypatch.setenv("EMQP_CPU_LATENCY_US", "0")
+    with pytest.raises(usage.UsageError, match="--cpu-latency-us, EVENTBUS_CPU_LATENCY_US"):
+        tap.Options().parseOptions(["--services", "emqp"])
+    monkeypatch.delenv("EMQP_CPU_LATENCY_US")
+    monkeypatch.setenv("EVENTBUS_CPU_LATENCY_US", "3")
+    options = tap.Options()
+    options.parseOptions(["--services", "emqp"])
+    assert options["cpu-latency-us"] == 3
