@@ -39,7 +39,7 @@ test: $(VENV)/.test-deps $(INTEROP)/.installed
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench
-	$(BIN)/ruff format --check bus
+	$(BIN)/ruff format --check bus tests bench
 	$(BIN)/mypy bus
 
 bench: $(VENV)/.run-deps

@@ -32,7 +32,9 @@ import zmq
 DELIMITER = b""
 
 
-def _socket(context: zmq.Context[zmq.Socket[bytes]], endpoint: str, server_key: bytes) -> zmq.Socket[bytes]:
+def _socket(
+    context: zmq.Context[zmq.Socket[bytes]], endpoint: str, server_key: bytes
+) -> zmq.Socket[bytes]:
     public, secret = zmq.curve_keypair()
     sock = context.socket(zmq.DEALER)
     sock.curve_serverkey = server_key
@@ -179,7 +181,9 @@ def putter(endpoint: str, server_key: str, topic: str, count: str, window: str, 
     while acked < total:
         while sent < total and len(waiting) < limit:
             message_id = b"%d" % sent
-            sock.send_multipart([DELIMITER, b"PUT", b"TOPIC", topic.encode(), b"ID", message_id, DELIMITER, body])
+            sock.send_multipart(
+                [DELIMITER, b"PUT", b"TOPIC", topic.encode(), b"ID", message_id, DELIMITER, body]
+            )
             waiting.add(message_id)
             sent += 1
         if not sock.poll(30_000):
@@ -228,8 +232,15 @@ def echo(endpoint: str, secret_key: str) -> None:
             for topic in positionals:
                 topics.setdefault(topic, []).append(identity)
         elif verb == b"PUT":
-            topic = next((headers[k + 1] for k in range(0, len(headers), 2) if headers[k] == b"TOPIC"), b"")
-            kept = [h for k in range(0, len(headers), 2) if headers[k] != b"ID" for h in headers[k : k + 2]]
+            topic = next(
+                (headers[k + 1] for k in range(0, len(headers), 2) if headers[k] == b"TOPIC"), b""
+            )
+            kept = [
+                h
+                for k in range(0, len(headers), 2)
+                if headers[k] != b"ID"
+                for h in headers[k : k + 2]
+            ]
             message = [DELIMITER, b"MESSAGE", *kept, DELIMITER, *positionals]
             for subscriber in topics.get(topic, ()):
                 router.send_multipart([subscriber, *message])

@@ -527,7 +527,9 @@ def latency_subscribe(endpoint: str, events: int, warmup: int = 200) -> None:
     latencies.sort()
 
     def pick(q: float) -> float:
-        return latencies[min(int(q * len(latencies)), len(latencies) - 1)] / 1e6 if latencies else 0.0
+        return (
+            latencies[min(int(q * len(latencies)), len(latencies) - 1)] / 1e6 if latencies else 0.0
+        )
 
     _emit(
         {

@@ -144,7 +144,9 @@ def info_load(endpoint: str, count: int, name: bytes) -> float:
     return count / elapsed
 
 
-def heartbeat_load(endpoint: str, udp_port: int, services: int, seconds: float, pid: int) -> dict[str, float]:
+def heartbeat_load(
+    endpoint: str, udp_port: int, services: int, seconds: float, pid: int
+) -> dict[str, float]:
     """Register ``services`` (one DEALER each), then beat each once a second over UDP for
     ``seconds``; return the server's CPU share and the beats it sent back."""
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -187,7 +189,11 @@ def heartbeat_load(endpoint: str, udp_port: int, services: int, seconds: float, 
     context.term()
     receiver.close()
     sender.close()
-    return {"cores": used / seconds, "beats_back_per_s": received / seconds, "sent_per_s": n / seconds}
+    return {
+        "cores": used / seconds,
+        "beats_back_per_s": received / seconds,
+        "sent_per_s": n / seconds,
+    }
 
 
 def main() -> int:
@@ -213,7 +219,9 @@ def main() -> int:
         udp_echo = start([PYTHON, "-c", UDP_ECHO, str(udp_port)])
         try:
             wait_line(udp_echo, "ready")
-            results["echo_udp"] = heartbeat_load("", udp_port, args.services, args.seconds, udp_echo.pid)
+            results["echo_udp"] = heartbeat_load(
+                "", udp_port, args.services, args.seconds, udp_echo.pid
+            )
         finally:
             stop_process(udp_echo)
 
@@ -234,7 +242,9 @@ def main() -> int:
             endpoint = f"tcp://127.0.0.1:{port}"
             results["register"] = register_load(endpoint, args.requests, "r")
             results["info"] = info_load(endpoint, args.requests, b"r1")
-            results["heartbeats"] = heartbeat_load(endpoint, port, args.services, args.seconds, catalog.pid)
+            results["heartbeats"] = heartbeat_load(
+                endpoint, port, args.services, args.seconds, catalog.pid
+            )
         finally:
             stop_process(catalog)
     hb, base_hb = results["heartbeats"], results["echo_udp"]

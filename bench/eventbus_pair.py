@@ -49,7 +49,10 @@ HEARTBEAT = b"$heartbeat"
 
 
 def pair_servers(
-    stack: Cleanup, root: Path, prefix: list[str], extra: list[str] = ()  # type: ignore[assignment]
+    stack: Cleanup,
+    root: Path,
+    prefix: list[str],
+    extra: list[str] = (),  # type: ignore[assignment]
 ) -> tuple[BusServer, BusServer]:
     ports = [free_ports(4), free_ports(4)]
     while abs(ports[0] - ports[1]) < 4:

@@ -63,7 +63,12 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     info = machine()
-    results: dict[str, list[float]] = {"bus->pyre": [], "pyre->bus": [], "pyre->pyre": [], "bus->bus": []}
+    results: dict[str, list[float]] = {
+        "bus->pyre": [],
+        "pyre->bus": [],
+        "pyre->pyre": [],
+        "bus->bus": [],
+    }
     pair = NamespacePair()
     pair.create()
     try:
