@@ -87,10 +87,11 @@ def config_path_in(args: Sequence[str]) -> str | None:
 def microseconds(text: str) -> int:
     value = int(text)
     if value < 0:
-        raise ValueError("a number of microseconds, 0 or more")
+        raise ValueError(microseconds.wants)  # type: ignore[attr-defined]
     return value
 
 
+#: What the option wants, for the usage error (see :func:`_named_coercion`).
 microseconds.wants = "a number of microseconds, 0 or more"  # type: ignore[attr-defined]
 
 

@@ -34,19 +34,13 @@ class Broker(TwistdProcess):
 
     def __init__(self, workdir: Path, *args: str, alone: bool = False) -> None:
         port = free_ports(3)
-        if alone:
-            command = [
-                TWISTD, "-n", "--pidfile=", "emqp", "--worker-port", str(port),
-                "--client-port", str(port + 1), "--admin-port", str(port + 2),
-                "--data-dir", str(workdir / "emqp"), *args,
-            ]  # fmt: skip
-        else:
-            command = [
-                TWISTD, "-n", "--pidfile=", "eventbus", "--services", "emqp", "--http-port", "0",
-                "--emqp-worker-port", str(port), "--emqp-client-port", str(port + 1),
-                "--emqp-admin-port", str(port + 2), "--emqp-data-dir", str(workdir / "emqp"),
-                *args,
-            ]  # fmt: skip
+        plugin = ["emqp"] if alone else ["eventbus", "--services", "emqp", "--http-port", "0"]
+        flag = "--" if alone else "--emqp-"  # the broker's options, prefixed in the product
+        command = [
+            TWISTD, "-n", "--pidfile=", *plugin,
+            f"{flag}worker-port", str(port), f"{flag}client-port", str(port + 1),
+            f"{flag}admin-port", str(port + 2), f"{flag}data-dir", str(workdir / "emqp"), *args,
+        ]  # fmt: skip
         super().__init__(command, workdir / "twistd.log", environment(), workdir)
 
     def ready(self) -> bool:

@@ -3,6 +3,7 @@ the same for the Event BUS's bare options and every other service's prefixed one
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,7 @@ from bus import tap
 from bus.emqp import tap as emqp_tap
 from bus.mc0 import tap as mc0_tap
 from bus.options import PROCESS_OPTION_NAMES, parse_duration
-from bus.services import SERVICE_NAMES, SERVICES
-from bus.services import entry as entry_of
+from bus.services import SERVICE_NAMES, SERVICES, entry
 from bus.spark import tap as spark_tap
 
 
@@ -306,10 +306,8 @@ def test_dbp_options_and_allow_file(tmp_path: Path) -> None:
 def test_the_process_options_are_every_plugins_and_the_products_bare(name: str) -> None:
     """``--cpu-latency-us`` belongs to a process: each plugin run alone takes it, the product
     takes it once, bare, and never hands it to one of its services."""
-    import importlib
-
     assert "cpu-latency-us" in PROCESS_OPTION_NAMES
-    alone = importlib.import_module(entry_of(name).tap).Options()
+    alone = importlib.import_module(entry(name).tap).Options()
     alone.parse_layered(["--cpu-latency-us", "5"])
     assert alone["cpu-latency-us"] == 5
     product = {option.rstrip("=") for option in tap.Options().longOpt}
