@@ -95,3 +95,55 @@ class ServerProcess(TwistdProcess):
     @property
     def address(self) -> str:
         return self.status()["endpoints"]["snapshot"].removeprefix("tcp://")
+
+
+class BrokerProcess:
+    """``twistd -n emqp`` in a child process; its endpoints come from its status.json."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        ports: dict[str, int] | None = None,
+        *args: str,
+        log_path: Path | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        (data_dir / "status.json").unlink(missing_ok=True)
+        ports = ports or {"worker": 0, "client": 0, "admin": 0}
+        command = [
+            TWISTD, "-n", "--pidfile=", "emqp", "--data-dir", str(data_dir),
+            "--worker-port", str(ports["worker"]), "--client-port", str(ports["client"]),
+            "--admin-port", str(ports["admin"]), "--stats-interval", "0.1s",
+            "--heartbeat-interval", "0.2s", *args,
+        ]  # fmt: skip
+        self.log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
+        self.log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            command, stdout=self.log, stderr=subprocess.STDOUT, env=dict(os.environ)
+        )
+
+    def status(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.data_dir / "status.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"exited: {self.log_path.read_text()}")
+        return bool(self.status().get("endpoints"))
+
+    @property
+    def endpoints(self) -> dict[str, str]:
+        return dict(self.status()["endpoints"])
+
+    def ports(self) -> dict[str, int]:
+        return {name: int(address.rsplit(":", 1)[1]) for name, address in self.endpoints.items()}
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        code = self.process.wait(timeout=30)
+        self.log.close()
+        return code

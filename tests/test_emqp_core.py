@@ -206,6 +206,25 @@ def test_retries_are_stored_and_bounded(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_stranger_is_told_kbye_once_until_it_informs() -> None:
+    h = Harness()
+    for _ in range(5):  # e.g. eventmq's job manager heartbeating a restarted broker
+        h.broker.on_worker_message(b"stranger", codec.heartbeat(1.0))
+    assert [w for w, _ in h.sent_to_workers(codec.KBYE)] == [b"stranger"]
+    assert h.broker.drops.counts["not-informed"] == 5
+    h.inform(b"stranger", [[10, "q"]])
+    assert b"stranger" in h.broker.workers
+    h.sent_to_workers(codec.ACK)
+    # Forgotten again (silent too long): its next message is told KBYE once more.
+    h.clock.advance(h.broker.settings.worker_expiry + 1)
+    h.broker.heartbeat()
+    assert b"stranger" not in h.broker.workers
+    h.sent_to_workers(codec.HEARTBEAT)
+    h.broker.on_worker_message(b"stranger", codec.ready())
+    h.broker.on_worker_message(b"stranger", codec.ready())
+    assert [w for w, _ in h.sent_to_workers(codec.KBYE)] == [b"stranger"]
+
+
 def test_bad_peers_are_counted() -> None:
     h = Harness()
     h.broker.on_worker_message(b"stranger", codec.ready())

@@ -19,10 +19,13 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 
 from bus.emqp.client import EmqpClient
 from bus.emqp.worker import EmqpWorker
 from bus.testing import start_broker, wait_until
+from tests.ports import free_ports
+from tests.processes import CLEAN_EXIT, BrokerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
@@ -255,3 +258,46 @@ def test_the_real_scheduler_gets_schedule_and_unschedule_through_the_broker(
     yield wait_until(lambda: lines("tock") >= 3, timeout=30, what="two more tocks")
     assert lines("tick") == ticks
     assert broker.broker.drops.total == 0
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_real_job_manager_serves_again_after_the_broker_restarts(
+    tmp_path: Path, processes: list[InteropProcess]
+) -> Any:
+    """A restarted broker tells the job manager's heartbeats KBYE once, then stays silent:
+    the job manager (which ignores KBYE) sees the silence, INFORMs again and serves."""
+    first = free_ports(3)
+    ports = {"worker": first, "client": first + 1, "admin": first + 2}
+    data = tmp_path / "emqp"
+    brokers: list[BrokerProcess] = []
+    client = None
+    try:
+        brokers.append(BrokerProcess(data, ports))
+        yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+        # Its defaults (heartbeat every 3 s, silence judged per 5 s, liveness 3) scaled down
+        # to 1 s and 2 s: it notices silence after about 6 s instead of 15.
+        job_manager(
+            brokers[-1], processes, tmp_path, jobs=1, HEARTBEAT_INTERVAL="1", HEARTBEAT_TIMEOUT="2"
+        )
+        client = EmqpClient(brokers[-1].endpoints["client"])
+        body = ["run", {"path": JOBS, "callable": "add", "args": [2, 3]}]
+        assert (yield client.submit("default", body)) == 5
+        for stop in (signal.SIGKILL, signal.SIGTERM):
+            code = brokers[-1].stop(stop)
+            assert code == -signal.SIGKILL if stop == signal.SIGKILL else code in CLEAN_EXIT
+            brokers.append(BrokerProcess(data, ports))
+            yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+            # Our client reconnects by itself; the job waits for the job manager's INFORM.
+            assert (yield client.submit("default", body).addTimeout(60, reactor)) == 5
+            yield wait_until(
+                lambda: brokers[-1].status()["counters"]["replied"] == 1, what="status"
+            )
+            status = brokers[-1].status()
+            assert status["counters"]["workers_joined"] == 1
+            assert status["dropped"].get("not-informed", 0) >= 1
+    finally:
+        if client is not None:
+            client.close()
+        for broker in brokers:
+            if broker.process.poll() is None:
+                broker.stop()

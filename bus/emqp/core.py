@@ -136,6 +136,8 @@ class Broker:
         self.jobs: dict[bytes, Job] = {}
         self._deadlines: list[tuple[float, bytes, int]] = []
         self._given_up: OrderedDict[bytes, None] = OrderedDict()
+        #: Strangers on the worker port told KBYE once, oldest first.
+        self._told_to_leave: OrderedDict[bytes, None] = OrderedDict()
         # Counters, kept as work happens.
         self.requests = 0
         self.dispatched = 0
@@ -163,14 +165,11 @@ class Broker:
         now = self.clock()
         if worker is None:
             if isinstance(command, codec.Inform):
+                self._told_to_leave.pop(identity, None)
                 self._inform_worker(identity, command, now)
             else:
                 self.drops.drop("not-informed", "a worker that never sent INFORM", identity)
-                if not isinstance(command, codec.Kbye) and not isinstance(
-                    command, codec.Disconnect
-                ):
-                    # Our worker library re-INFORMs on KBYE (e.g. after a broker restart).
-                    self.to_workers.append([identity, b"", PROTOCOL, _KBYE, _new_msgid()])
+                self._tell_stranger_to_leave(identity, command)
             return
         worker.last_seen = now
         if isinstance(command, codec.Ready):
@@ -256,6 +255,22 @@ class Broker:
             "/emqp/worker/joined/",
             {"worker": peer_name(identity), "queues": [[w, n] for w, n in inform.queues]},
         )
+
+    def _tell_stranger_to_leave(self, identity: bytes, command: codec.Command) -> None:
+        """KBYE once to a worker the broker does not know (one it forgot, or one of a broker
+        before a restart), then silence until it INFORMs. Our worker INFORMs again at the
+        KBYE; eventmq's job manager ignores KBYE, counts any message as a heartbeat and
+        INFORMs again only after about 15 s in which nothing arrived: an answer to each of
+        its heartbeats would keep it away for ever."""
+        if isinstance(command, (codec.Kbye, codec.Disconnect)):
+            return
+        told = self._told_to_leave
+        if identity in told:
+            return
+        told[identity] = None
+        if len(told) > self.settings.late_memory:
+            told.popitem(last=False)
+        self.to_workers.append([identity, b"", PROTOCOL, _KBYE, _new_msgid()])
 
     def _forget_worker(self, identity: bytes, reason: str) -> None:
         worker = self.workers.pop(identity, None)
