@@ -36,6 +36,12 @@ class Harness:
         self.broker.on_client_message(b"client", frames)
         return frames[3]
 
+    def commit(self) -> None:
+        """What the service does after each batch: commit, then route what was stored."""
+        assert self.broker.store is not None
+        self.broker.store.commit()
+        self.broker.release_stored()
+
     def reply(self, worker: bytes, msgid: bytes, value: Any = "ok") -> None:
         result = json.dumps({"value": value}).encode()
         self.broker.on_worker_message(worker, codec.reply(result, msgid))
@@ -164,11 +170,14 @@ def test_guaranteed_requests_are_stored_until_replied_and_restored(tmp_path: Pat
     h.inform(b"w", [[10, "q"]], slots=1)
     done = h.request("q", "first", b"guarantee")
     waiting = h.request("q", "second", b"guarantee,reply-requested")
-    plain = h.request("q", "third", b"")
-    store.commit()
+    # Nobody hears of a guaranteed request before it is committed.
+    assert h.sent_to_workers() == [] and h.broker.to_clients == []
+    h.commit()
     assert [j.msgid for j in store.load()] == [done, waiting]
+    assert h.sent_to_workers() == [(b"w", done)]
+    plain = h.request("q", "third", b"")
     h.reply(b"w", done)
-    store.commit()
+    h.commit()
     assert [j.msgid for j in store.load()] == [waiting]
     store.close()
     # After a crash: a new broker on the same store queues it again, in order.
@@ -189,13 +198,14 @@ def test_retries_are_stored_and_bounded(tmp_path: Path) -> None:
     h = Harness(store)
     h.inform(b"w", [[10, "q"]], slots=3)
     msgid = h.request("q", headers=b"guarantee,retry-count:1,timeout:1")
+    h.commit()
     h.clock.advance(1.01)
     h.broker.expire()
-    store.commit()
+    h.commit()
     assert store.load()[0].retries_left == 0
     h.clock.advance(1.01)
     h.broker.expire()
-    store.commit()
+    h.commit()
     assert store.load() == []
     assert [m for _, m in h.sent_to_workers()] == [msgid, msgid]
     assert h.client_results()[-1][1]["error"] == "timeout"
@@ -203,6 +213,24 @@ def test_retries_are_stored_and_bounded(tmp_path: Path) -> None:
     # Both attempts' REPLYs are late now.
     h.reply(b"w", msgid)
     assert h.broker.late_replies == 1 and h.broker.drops.counts["late-reply"] == 1
+    store.close()
+
+
+def test_guaranteed_requests_the_store_refused_are_refused_and_never_stored(
+    tmp_path: Path,
+) -> None:
+    store = JobStore(tmp_path)
+    h = Harness(store)
+    h.inform(b"w", [[10, "q"]], slots=2)
+    refused = h.request("q", "a", b"guarantee,reply-requested")
+    plain = h.request("q", "b", b"")  # not guaranteed: goes on
+    assert h.sent_to_workers() == [(b"w", plain)]
+    assert h.broker.refuse_unstored("storage-error", "the job store cannot write") == 1
+    results = h.client_results()
+    assert [(m, r["error"]) for m, r in results] == [(refused, "storage-error")]
+    assert refused not in h.broker.jobs and h.broker.refused_unstored == 1
+    h.commit()  # a later commit does not store what was refused
+    assert store.load() == [] and h.sent_to_workers() == []
     store.close()
 
 

@@ -134,6 +134,9 @@ class Broker:
         self.schedulers: dict[bytes, float] = {}
         self._scheduler_turn = 0
         self.jobs: dict[bytes, Job] = {}
+        #: Guaranteed requests accepted but not yet committed: nobody hears of them (no
+        #: dispatch, no acknowledgement) until :meth:`release_stored` after the commit.
+        self.unstored: list[Job] = []
         self._deadlines: list[tuple[float, bytes, int]] = []
         self._given_up: OrderedDict[bytes, None] = OrderedDict()
         #: Strangers on the worker port told KBYE once, oldest first.
@@ -152,6 +155,7 @@ class Broker:
         self.workers_lost = 0
         self.schedules_forwarded = 0
         self.restored = 0
+        self.refused_unstored = 0
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -386,8 +390,7 @@ class Broker:
             self.rejected += 1
             self._error(client, msgid, "too-many-queues", "the broker knows too many queues")
             return
-        worker = self._pick(queue) if not queue.waiting else None
-        if worker is None and len(queue.waiting) >= self.settings.queue_limit:
+        if len(queue.waiting) >= self.settings.queue_limit:
             self.rejected += 1
             queue.rejected += 1
             self._error(client, msgid, "queue-full", "the queue's buffer is full")
@@ -401,16 +404,38 @@ class Broker:
             retries = self.settings.guarantee_retries if headers.guarantee else 0
         job = Job(msgid, client, request.queue, headers, request.body, now, retries, guaranteed)
         self.jobs[msgid] = job
+        if self._publishing:
+            self._publish_job("queued", msgid, request.queue, guaranteed=guaranteed)
         if guaranteed:
             assert self.store is not None
             job.position = self.store.next_position()
             self.store.put(self._stored(job))
-        if self._publishing:
-            self._publish_job("queued", msgid, request.queue, guaranteed=guaranteed)
-        if worker is not None:
-            self._dispatch(job, worker, queue, now)
+            self.unstored.append(job)  # routed once the commit succeeded
         else:
-            queue.waiting.append(job)
+            self._requeue(job, now, at_head=False)
+
+    def release_stored(self) -> None:
+        """The store committed: route the guaranteed requests that waited for it."""
+        unstored, self.unstored = self.unstored, []
+        now = self.clock()
+        for job in unstored:
+            if self.jobs.get(job.msgid) is job:
+                self._requeue(job, now, at_head=False)
+
+    def refuse_unstored(self, reason: str, text: str) -> int:
+        """The store cannot take them: guaranteed requests not yet committed are forgotten
+        (their pending rows too) and their clients told why. Returns how many."""
+        unstored, self.unstored = self.unstored, []
+        for job in unstored:
+            if self.jobs.get(job.msgid) is not job:
+                continue
+            del self.jobs[job.msgid]
+            if self.store is not None:
+                self.store.discard(job.msgid)
+            self.refused_unstored += 1
+            self._error(job.client, job.msgid, reason, text)
+            self._publish_job("rejected", job.msgid, job.queue, reason=reason)
+        return len(unstored)
 
     def _pick(self, queue: QueueState) -> WorkerState | None:
         """The worker of this queue with a free slot: heaviest, then least recently used."""
@@ -532,17 +557,20 @@ class Broker:
         self._publish_job(
             "retried", job.msgid, job.queue, reason=reason, retries_left=job.retries_left
         )
-        self._requeue(job)
+        self._requeue(job, self.clock())
 
-    def _requeue(self, job: Job) -> None:
-        """Back at the head of its queue (it was accepted: the buffer's bound does not apply)."""
-        queue = self._queue(job.queue, force=True)
+    def _requeue(self, job: Job, now: float, at_head: bool = True) -> None:
+        """To a free worker, else back in its queue (at the head for a retry): it was
+        accepted, so the buffer's bound does not apply."""
+        queue = self.queues.get(job.queue) or self._queue(job.queue, force=True)
         assert queue is not None
         worker = self._pick(queue) if not queue.waiting else None
         if worker is not None:
-            self._dispatch(job, worker, queue, self.clock())
-        else:
+            self._dispatch(job, worker, queue, now)
+        elif at_head:
             queue.waiting.appendleft(job)
+        else:
+            queue.waiting.append(job)
 
     def _fail(self, job: Job, reason: str) -> None:
         self.jobs.pop(job.msgid, None)
@@ -710,6 +738,7 @@ class Broker:
             "workers_lost": self.workers_lost,
             "schedules_forwarded": self.schedules_forwarded,
             "restored": self.restored,
+            "refused_unstored": self.refused_unstored,
             "dropped": self.drops.total,
         }
 

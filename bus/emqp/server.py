@@ -47,6 +47,9 @@ _NOBLOCK = zmq.NOBLOCK
 #: Clients with answers waiting for them at most, and how often the waiting are looked at.
 _MAX_HELD_CLIENTS = 10_000
 _HELD_TICK = 0.05
+#: Retries of a refused commit: after this many seconds, doubling up to the maximum.
+_STORAGE_RETRY_MIN = 0.25
+_STORAGE_RETRY_MAX = 2.0
 
 
 @dataclass(slots=True)
@@ -96,6 +99,10 @@ class EmqpService(Service):
         self.worker_send_failures = 0
         self.storage_errors = 0
         self.storage_error: str | None = None
+        #: Since when guaranteed requests wait for a store that refuses them (None: not).
+        self._storage_blocked_since: float | None = None
+        self._storage_retry: DelayedCall | None = None
+        self._storage_delay = _STORAGE_RETRY_MIN
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -188,8 +195,9 @@ class EmqpService(Service):
             return self._stopping
         Service.stopService(self)
         self._periodic.stop_all()
-        if self._held_retry is not None and self._held_retry.active():
-            self._held_retry.cancel()
+        for timer in (self._held_retry, self._storage_retry):
+            if timer is not None and timer.active():
+                timer.cancel()
         self.client_send_failures += sum(len(h.messages) for h in self._held.values())
         self._held = {}
         if self.broker is not None:
@@ -198,6 +206,12 @@ class EmqpService(Service):
                     sock.doRead()
             self.broker.shutdown()
             self._flush()
+            if self.broker.unstored:
+                # The store still refuses them: their clients hear so, rather than nothing.
+                self.broker.refuse_unstored(
+                    "storage-error", "the broker stopped while its job store could not write"
+                )
+                self._flush()
         self._close_sockets()
         # The store closes once a checkpoint running in its thread is done.
         self._stopping = defer.Deferred()
@@ -241,37 +255,51 @@ class EmqpService(Service):
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def _commit(self) -> None:
+    def _commit(self) -> bool:
+        """Commit what the batch changed. False while the store refuses: the changes stay
+        pending and are written by the next commit that succeeds."""
         store = self.store
         if store is None or not store.dirty:
-            return
+            return True
         try:
             store.commit()
         except StorageError as error:
-            # The changes stay pending and are written by the next commit that succeeds.
             self.storage_errors += 1
             self.storage_error = str(error)
             failures = self._faults.due("commit")
             if failures is not None:
+                held = len(self.broker.unstored) if self.broker is not None else 0
                 log.error(
                     "job store refused a commit ({error}; {failures} since the last report): "
-                    "guaranteed requests are kept in memory until it accepts",
+                    "{held} guaranteed requests held unannounced, client port paused; retrying",
                     error=str(error),
                     failures=failures,
+                    held=held,
                 )
-        else:
-            if self.storage_error is not None:
-                log.info("job store writes again")
-                self._faults.reset("commit")
+            return False
+        if self.storage_error is not None:
+            self._faults.reset("commit")
             self.storage_error = None
+        return True
 
     def _flush(self) -> None:
-        """Commit the store, then send everything the broker produced."""
+        """Commit the store, route the guaranteed requests it took, then send everything
+        the broker produced. A guaranteed request is acknowledged or dispatched only once
+        its commit succeeded; while the store refuses, they wait (:meth:`_storage_blocked`)."""
         broker = self.broker
         if broker is None:
             return
-        while broker.to_workers or broker.to_clients or broker.to_admin:
-            self._commit()
+        while True:
+            stored = self._commit()
+            if stored:
+                if broker.unstored:
+                    broker.release_stored()
+                if self._storage_blocked_since is not None:
+                    self._storage_unblocked()
+            elif broker.unstored:
+                self._storage_blocked()
+            if not (broker.to_workers or broker.to_clients or broker.to_admin):
+                break
             if broker.to_workers:
                 messages, broker.to_workers = broker.to_workers, []
                 lost = {frames[0] for frames in self._send_each(self.worker_socket, messages)}
@@ -286,7 +314,29 @@ class EmqpService(Service):
                     unsent = self._send_each(sock, messages)
                     if unsent:
                         self._hold(sock, unsent)
-        self._commit()
+
+    def _storage_blocked(self) -> None:
+        """The store refused guaranteed requests: they wait, unannounced, and the client
+        port is not read (clients feel ZeroMQ's backpressure) until a retry stores them."""
+        if self._storage_blocked_since is None:
+            self._storage_blocked_since = self.reactor.seconds()
+            if self.client_socket is not None:
+                self.client_socket.pause_reading()
+        if self.running and (self._storage_retry is None or not self._storage_retry.active()):
+            self._storage_retry = self.reactor.callLater(self._storage_delay, self._flush)
+            self._storage_delay = min(self._storage_delay * 2, _STORAGE_RETRY_MAX)
+
+    def _storage_unblocked(self) -> None:
+        assert self._storage_blocked_since is not None
+        log.info(
+            "job store writes again after {seconds:.1f}s: held guaranteed requests routed, "
+            "client port read again",
+            seconds=self.reactor.seconds() - self._storage_blocked_since,
+        )
+        self._storage_blocked_since = None
+        self._storage_delay = _STORAGE_RETRY_MIN
+        if self.client_socket is not None:
+            self.client_socket.resume_reading()
 
     def _hold(self, sock: ZmqSocket | None, messages: list[list[bytes]]) -> None:
         """Answers whose client is not connected (yet: its socket reconnects after a broker
@@ -400,6 +450,8 @@ class EmqpService(Service):
             "stored": self.store.count() if self.store is not None and self.running else None,
             "storage_errors": self.storage_errors,
             "storage_error": self.storage_error,
+            "client_port_paused": self._storage_blocked_since is not None,
+            "held_unstored": len(broker.unstored) if broker is not None else 0,
             "client_send_failures": self.client_send_failures,
             "answers_held": sum(len(h.messages) for h in self._held.values()),
             "worker_send_failures": self.worker_send_failures,
@@ -447,6 +499,11 @@ class EmqpService(Service):
                 sum(len(w.inflight) for w in broker.workers.values()),
             ),
             counter("emqp_storage_errors", "Job store commits refused", self.storage_errors),
+            gauge(
+                "emqp_client_port_paused",
+                "1 while guaranteed requests wait for the job store (client port not read)",
+                float(self._storage_blocked_since is not None),
+            ),
             counter(
                 "emqp_client_send_failures",
                 "Replies a client could not be sent",

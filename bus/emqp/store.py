@@ -84,6 +84,10 @@ class JobStore:
     def remove(self, msgid: bytes) -> None:
         self._pending[msgid] = None
 
+    def discard(self, msgid: bytes) -> None:
+        """Forget a pending change not yet committed (a request refused before it was)."""
+        self._pending.pop(msgid, None)
+
     def commit(self) -> None:
         """Write every pending change in one transaction. On failure nothing is written,
         the changes stay pending for the next call, and :class:`StorageError` is raised."""

@@ -1,0 +1,109 @@
+"""The eMQP broker on a real full disk (a small tmpfs the test mounts, fills and frees),
+run as operators run it (``twistd -n emqp``), killed and restarted.
+
+Every guaranteed request a client was told is dispatched is on disk: while the job store
+refuses, guaranteed requests are neither acknowledged nor dispatched (the client port
+pauses), they go out once space returns, a SIGTERM on a full disk stops the broker in
+bounded time and tells the held ones' clients why, and a restart finds every
+acknowledged request and none that was refused.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest_twisted
+
+from bus.testing import wait_until
+from tests.emqp_helpers import RawClient, RawWorker
+from tests.ports import free_ports
+from tests.processes import CLEAN_EXIT, BrokerProcess
+from tests.small_disk import fill, small_tmpfs
+
+HEADERS = b"reply-requested,guarantee"
+BODY = ["work", "x" * 4000]  # a few pages each: no commit fits in what the WAL has
+# The raw worker never heartbeats: the broker must not forget it during the test.
+SLOW_HEARTBEAT = ("--heartbeat-interval", "60s")
+
+
+def acknowledged(client: RawClient, ids: list[bytes]) -> set[bytes]:
+    return {msgid for msgid in ids if client.acks(msgid)}
+
+
+def refused(client: RawClient, ids: list[bytes]) -> set[bytes]:
+    return {
+        msgid
+        for msgid in ids
+        if any(r.get("error") == "storage-error" for r in client.results(msgid))
+    }
+
+
+def paused(broker: BrokerProcess) -> bool:
+    return bool(broker.status().get("client_port_paused"))
+
+
+@pytest_twisted.inlineCallbacks
+def test_acknowledged_guaranteed_requests_survive_a_full_disk(tmp_path: Path) -> Any:
+    first = free_ports(3)
+    ports = {"worker": first, "client": first + 1, "admin": first + 2}
+    with small_tmpfs(tmp_path / "disk", "8m") as disk:
+        data = disk / "emqp"
+        logs = iter(tmp_path / f"broker-{n}.log" for n in range(10))  # off the small disk
+        brokers = [BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs))]
+        client = worker = None
+        try:
+            yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+            worker = RawWorker(brokers[-1].endpoints["worker"], [[10, "q"]])  # never replies
+            yield wait_until(worker.acked, what="the worker's ACK")
+            worker.ready(1000)
+            client = RawClient(brokers[-1].endpoints["client"])
+
+            # Full: held unannounced, the client port paused; space returns: all go out.
+            filler = fill(disk)
+            held = [client.request("q", BODY, HEADERS) for _ in range(300)]
+            yield wait_until(lambda: paused(brokers[-1]), timeout=30, what="paused")
+            assert "job store refused a commit" in brokers[-1].log_path.read_text()
+            assert acknowledged(client, held) == set() and worker.requests() == []
+            filler.unlink()
+            yield wait_until(
+                lambda: acknowledged(client, held) == set(held), timeout=60, what="all acked"
+            )
+            yield wait_until(lambda: len(worker.requests()) == 300, what="all dispatched")
+            yield wait_until(lambda: not paused(brokers[-1]), what="the client port read again")
+            assert brokers[-1].status()["stored"] == 300
+            assert "job store writes again" in brokers[-1].log_path.read_text()
+
+            # Full again, then SIGTERM: bounded, and the held ones' clients are told.
+            filler = fill(disk)
+            late = [client.request("q", BODY, HEADERS) for _ in range(100)]
+            yield wait_until(lambda: paused(brokers[-1]), timeout=30, what="paused again")
+            assert brokers[-1].stop() in CLEAN_EXIT
+            yield wait_until(lambda: refused(client, late), what="storage-error replies")
+            assert acknowledged(client, late) == set()
+
+            # kill -9 on a full disk too: nothing acknowledged is lost there either.
+            filler.unlink()
+            brokers.append(BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs)))
+            yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+            assert brokers[-1].status()["counters"]["restored"] == 300
+            filler = fill(disk)
+            killed = [client.request("q", BODY, HEADERS) for _ in range(50)]
+            yield wait_until(lambda: paused(brokers[-1]), timeout=30, what="paused, restarted")
+            assert brokers[-1].stop(signal.SIGKILL) == -signal.SIGKILL
+            filler.unlink()
+            brokers.append(BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs)))
+            yield wait_until(brokers[-1].ready, timeout=30, what="the broker a third time")
+            # Exactly what was acknowledged: the first 300, and none of those refused or
+            # never acknowledged.
+            status = brokers[-1].status()
+            assert status["counters"]["restored"] == 300 and status["stored"] == 300
+            assert acknowledged(client, killed) == set()
+        finally:
+            for peer in (client, worker):
+                if peer is not None:
+                    peer.close()
+            for broker in brokers:
+                if broker.process.poll() is None:
+                    broker.stop(signal.SIGKILL)
