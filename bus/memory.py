@@ -43,6 +43,34 @@ def release_free_memory() -> bool:
     return bool(trim(0))
 
 
+class MemoryRelease:
+    """Hands free memory back a little later, at most once per ``delay``: after peers left
+    (their ZeroMQ pipes are freed in libzmq's I/O thread, a moment after we hear of it) or
+    after a burst of held messages was dropped. Many such events cost one trim."""
+
+    def __init__(self, reactor: Any, delay: float = 5.0) -> None:
+        self.reactor = reactor
+        self.delay = delay
+        self._call: Any = None
+        self._stopped = False
+        self.releases = 0
+
+    def soon(self) -> None:
+        if self._call is None and not self._stopped:
+            self._call = self.reactor.callLater(self.delay, self._release)
+
+    def _release(self) -> None:
+        self._call = None
+        self.releases += 1
+        release_free_memory()
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+
+
 def freeze_startup_objects() -> None:
     """Move every object alive now out of the cyclic garbage collector's sight.
 

@@ -37,6 +37,18 @@ def parse_duration(text: str | float) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+_SIZE = re.compile(r"^\s*(\d+)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from ``1048576``, ``512k``, ``16MiB`` or ``1g`` (powers of 1024)."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise usage.UsageError(f"not a size: {text!r} (try 65536, 512k, 16MiB)")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)[:1].lower()]
+
+
 def optional_duration(value: Any) -> float | None:
     return None if value in (None, "") else parse_duration(value)
 

@@ -72,7 +72,7 @@ def test_acknowledged_guaranteed_requests_survive_a_full_disk(tmp_path: Path) ->
             )
             yield wait_until(lambda: len(worker.requests()) == 300, what="all dispatched")
             yield wait_until(lambda: not paused(brokers[-1]), what="the client port read again")
-            assert brokers[-1].status()["stored"] == 300
+            yield wait_until(lambda: brokers[-1].status()["stored"] == 300, what="300 stored")
             assert "job store writes again" in brokers[-1].log_path.read_text()
 
             # Full again, then SIGTERM: bounded, and the held ones' clients are told.

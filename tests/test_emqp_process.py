@@ -14,6 +14,7 @@ import msgpack
 import pytest_twisted
 from twisted.internet import defer
 
+from bus.emqp import codec
 from bus.emqp.client import EmqpClient
 from bus.emqp.worker import EmqpWorker
 from bus.testing import RawPeer, wait_until
@@ -225,3 +226,61 @@ def test_a_busy_port_stops_the_product_with_one_line_naming_the_emqp_option(
     [line] = [line for line in output.splitlines() if "cannot start" in line]
     assert f"cannot start emqp: --emqp-admin-port {port}: cannot bind" in line
     assert "in use" in line and "Traceback" not in output
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_client_that_never_reads_costs_bounded_memory_given_back_when_it_goes(
+    tmp_path: Path,
+) -> Any:
+    import psutil
+    import zmq
+
+    broker = BrokerProcess(
+        tmp_path / "emqp", None, "--client-queue-bytes", "8MiB", "--reply-linger", "1s",
+        "--heartbeat-interval", "60s",  # the raw worker does not heartbeat
+    )  # fmt: skip
+    context = zmq.Context()
+    worker = None
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        rss = psutil.Process(broker.process.pid).memory_info
+        worker = RawWorker(broker.endpoints["worker"])
+        yield wait_until(worker.acked, what="ACK")
+        worker.ready(2000)
+        # A client that sends and never reads (its own queue kept tiny, so that what it
+        # does not read stays on the broker's side).
+        client = context.socket(zmq.DEALER)
+        client.set(zmq.RCVHWM, 10)
+        client.set(zmq.LINGER, 0)
+        client.connect(broker.endpoints["client"])
+        for _ in range(2000):
+            client.send_multipart(codec.request("default", b"1", b"reply-requested"))
+        yield wait_until(lambda: len(worker.requests()) == 2000, timeout=60, what="dispatched")
+        before = rss().rss
+        value = "x" * 100_000
+        for request in worker.requests():
+            worker.reply(request, value)
+        yield wait_until(
+            lambda: broker.status().get("counters", {}).get("replied") == 2000,
+            timeout=60,
+            what="2000 replies of 100 kB",
+        )
+        status = broker.status()
+        grown = rss().rss - before
+        # 200 MB of answers: what waits for the client is bounded (8 MiB in its outbox,
+        # 100 messages in libzmq's pipe, the kernel's socket buffer), the rest dropped.
+        assert grown < 60 * 2**20, f"grew by {grown / 2**20:.0f} MiB"
+        assert status["answers_held_bytes"] <= 8 * 2**20
+        assert status["answers_dropped"]["queue-full"] > 1000
+        client.close()
+        yield wait_until(
+            lambda: broker.status().get("answers_held") == 0, timeout=30, what="dropped, gone"
+        )
+        yield wait_until(
+            lambda: rss().rss - before < 25 * 2**20, timeout=30, what="memory given back"
+        )
+    finally:
+        if worker is not None:
+            worker.close()
+        context.destroy(linger=0)  # closes the client too, if an assertion left it open
+        assert broker.stop() in CLEAN_EXIT, broker.log_path.read_text()

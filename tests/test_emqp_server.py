@@ -398,5 +398,5 @@ def test_an_answer_waits_for_its_client_to_come_back(tmp_path: Path, cleanup: li
     yield wait_until(lambda: gone.acks(other), what="dispatched")
     gone.close()
     worker.reply(worker.requests()[1], "nobody listens")
-    yield wait_until(lambda: broker.client_send_failures == 1, what="the answer dropped")
+    yield wait_until(lambda: broker.answers.dropped["gone"] == 1, what="the answer dropped")
     assert broker.status()["answers_held"] == 0

@@ -370,3 +370,40 @@ def test_watch_connections_counts_peers_as_they_come_and_go(factory: Any) -> Any
     yield wait_until(lambda: router.connections == 2, what="one peer gone")
     router.shutdown()  # the monitor goes with it
     assert router.closed
+
+
+@pytest_twisted.inlineCallbacks
+def test_peer_outboxes_hold_in_order_bound_by_bytes_and_deliver_when_read(factory: Any) -> Any:
+    from twisted.logger import Logger
+
+    from bus.testing import RawPeer
+    from bus.transport.outbox import PeerOutboxes
+
+    got: list[list[bytes]] = []
+    router = factory.socket(
+        zmq.ROUTER, lambda batch: got.extend(batch), options(send_hwm=2, router_mandatory=True)
+    )
+    endpoint = router.bind("tcp://127.0.0.1:*")
+    outboxes = PeerOutboxes(reactor, Logger(), linger=30, max_bytes=8 << 20, max_messages=10**6)
+    router.on_signal = lambda: outboxes.signalled(router)
+    reader = RawPeer.dealer(endpoint, identity=b"slow", receive_hwm=2)
+    try:
+        reader.send([b"hello"])
+        yield wait_until(lambda: got == [[b"slow", b"hello"]], what="the client connected")
+        reader.socket.pause_reading()  # a client that stops reading
+        chunk = b"x" * 65536
+        outboxes.send(router, [[b"slow", b"%d" % n, chunk] for n in range(400)])
+        # 26 MB for a client that reads nothing: some went to its pipe and the kernel,
+        # then up to 8 MiB waits in order, the rest is dropped and counted.
+        assert outboxes.held_bytes <= 8 << 20 and outboxes.dropped["queue-full"] > 0
+        waiting = outboxes.held_messages
+        assert waiting > 0
+        reader.socket.resume_reading()
+        expected = 400 - outboxes.dropped["queue-full"]
+        yield wait_until(lambda: len(reader.messages) == expected, timeout=30, what="drained")
+        numbers = [int(m[0]) for m in reader.messages]
+        assert numbers == sorted(numbers) and numbers[0] == 0  # in order, the oldest first
+        assert outboxes.peers == 0 and outboxes.held_bytes == 0
+    finally:
+        outboxes.stop()
+        reader.close()

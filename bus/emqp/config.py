@@ -37,6 +37,12 @@ class EmqpConfig:
     stats_interval: float = 10.0
     #: How often the WAL is moved into the database, on a worker thread.
     checkpoint_interval: float = 1.0
-    #: How long an answer waits for its client to (re)connect before it is dropped.
+    #: How long answers wait for a client that takes none (not connected, or not reading)
+    #: before they are dropped.
     reply_linger: float = 10.0
+    #: Messages libzmq queues per client (its send HWM on the client and admin ports); past
+    #: it answers wait in the broker's outbox for that client, bounded by the two below.
+    client_hwm: int = 100
+    client_queue_bytes: int = 16 * 1024 * 1024
+    client_queue_messages: int = 10_000
     tcp_keepalive_idle: int | None = 60

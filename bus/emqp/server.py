@@ -10,8 +10,7 @@ and its requests re-dispatched or failed; a client that cannot be sent to is cou
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,11 @@ from bus.emqp.core import Broker
 from bus.emqp.store import JobStore
 from bus.errors import StartupError
 from bus.files import write_status_json
+from bus.memory import MemoryRelease
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.sqlitewal import StorageError
+from bus.transport.outbox import PeerOutboxes
 from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
@@ -44,23 +45,13 @@ from bus.workers import SerialWork
 log = Logger(namespace="bus.emqp")
 
 _NOBLOCK = zmq.NOBLOCK
-#: Clients with answers waiting for them at most, and how often the waiting are looked at.
+#: Clients with answers waiting for them at most.
 _MAX_HELD_CLIENTS = 10_000
-_HELD_TICK = 0.05
 #: Retries of a refused commit: after this many seconds, doubling up to the maximum.
 _STORAGE_RETRY_MIN = 0.25
 _STORAGE_RETRY_MAX = 2.0
-
-
-@dataclass(slots=True)
-class _HeldAnswers:
-    """Answers for one client that was not reachable, oldest first."""
-
-    sock: ZmqSocket
-    deadline: float
-    next_try: float
-    delay: float = _HELD_TICK
-    messages: deque[list[bytes]] = field(default_factory=deque)
+#: Clients that left free their ZeroMQ pipes: memory is handed back this much later.
+_MEMORY_RELEASE_DELAY = 1.0
 
 
 _MORE = zmq.NOBLOCK | zmq.SNDMORE
@@ -90,12 +81,20 @@ class EmqpService(Service):
         self._stopping: defer.Deferred[None] | None = None
         self._started_at = 0.0
         self._heartbeat_due = 0.0
-        self._held: dict[tuple[int, bytes], _HeldAnswers] = {}
-        self._held_retry: DelayedCall | None = None
+        self._memory = MemoryRelease(self.reactor, _MEMORY_RELEASE_DELAY)
+        #: Answers to clients (and admins) that ZeroMQ would not take yet, bounded per client.
+        self.answers = PeerOutboxes(
+            self.reactor,
+            log,
+            linger=config.reply_linger,
+            max_bytes=config.client_queue_bytes,
+            max_messages=config.client_queue_messages,
+            max_peers=_MAX_HELD_CLIENTS,
+            memory=self._memory,
+        )
         self._checkpoints = SerialWork(self.reactor, "emqp-checkpoint", self._checkpoint_failed)
         #: How late the latest heartbeat rounds went out, at most (timer lag under load).
         self.max_heartbeat_lag = 0.0
-        self.client_send_failures = 0
         self.worker_send_failures = 0
         self.storage_errors = 0
         self.storage_error: str | None = None
@@ -155,17 +154,22 @@ class EmqpService(Service):
             max_message_size=config.max_message_size,
             linger_ms=200,  # time for the KBYEs of a stop to leave
         )
+        # What libzmq queues per client is bounded by count only: kept small, so that the
+        # byte bound of the answers' outboxes is what a client that does not read costs.
+        answering = replace(options, send_hwm=config.client_hwm)
         budget = config.read_budget
         factory = self._factory
         self.worker_socket = factory.socket(
             zmq.ROUTER, self._on_workers, options, read_budget=budget, name="emqp-workers"
         )
         self.client_socket = factory.socket(
-            zmq.ROUTER, self._on_clients, options, read_budget=budget, name="emqp-clients"
+            zmq.ROUTER, self._on_clients, answering, read_budget=budget, name="emqp-clients"
         )
         self.admin_socket = factory.socket(
-            zmq.ROUTER, self._on_admin, options, read_budget=budget, name="emqp-admin"
+            zmq.ROUTER, self._on_admin, answering, read_budget=budget, name="emqp-admin"
         )
+        for sock in (self.client_socket, self.admin_socket):
+            sock.on_signal = lambda sock=sock: self.answers.signalled(sock)
         for name, sock, port in (
             ("worker", self.worker_socket, config.worker_port),
             ("client", self.client_socket, config.client_port),
@@ -176,7 +180,12 @@ class EmqpService(Service):
                 self.endpoints[name] = sock.bind(address)
             except zmq.ZMQError as error:
                 raise bind_failure(error, f"{name}-port", address) from None
-            sock.watch_connections()
+            sock.watch_connections(on_event=self._connection_event)
+
+    def _connection_event(self, event: int) -> None:
+        # A peer that left frees its pipe (in libzmq's I/O thread): hand the memory back.
+        if event & zmq.EVENT_DISCONNECTED:
+            self._memory.soon()
 
     def _close_sockets(self) -> None:
         for sock in (self.worker_socket, self.client_socket, self.admin_socket):
@@ -195,11 +204,8 @@ class EmqpService(Service):
             return self._stopping
         Service.stopService(self)
         self._periodic.stop_all()
-        for timer in (self._held_retry, self._storage_retry):
-            if timer is not None and timer.active():
-                timer.cancel()
-        self.client_send_failures += sum(len(h.messages) for h in self._held.values())
-        self._held = {}
+        if self._storage_retry is not None and self._storage_retry.active():
+            self._storage_retry.cancel()
         if self.broker is not None:
             for sock in (self.worker_socket, self.client_socket, self.admin_socket):
                 if sock is not None:  # what has arrived is handled (and stored) first
@@ -212,6 +218,8 @@ class EmqpService(Service):
                     "storage-error", "the broker stopped while its job store could not write"
                 )
                 self._flush()
+        self.answers.stop()
+        self._memory.stop()
         self._close_sockets()
         # The store closes once a checkpoint running in its thread is done.
         self._stopping = defer.Deferred()
@@ -307,13 +315,14 @@ class EmqpService(Service):
                     self.worker_send_failures += len(lost)
                     for identity in lost:
                         broker.worker_unreachable(identity)
-            for sock, name in ((self.client_socket, "to_clients"), (self.admin_socket, "to_admin")):
-                messages = getattr(broker, name)
-                if messages:
-                    setattr(broker, name, [])
-                    unsent = self._send_each(sock, messages)
-                    if unsent:
-                        self._hold(sock, unsent)
+            # Answers to a client not connected (yet: its socket reconnects after a broker
+            # restart) or not reading wait in its outbox, in order and bounded.
+            if broker.to_clients:
+                messages, broker.to_clients = broker.to_clients, []
+                self.answers.send(self.client_socket, messages)
+            if broker.to_admin:
+                messages, broker.to_admin = broker.to_admin, []
+                self.answers.send(self.admin_socket, messages)
 
     def _storage_blocked(self) -> None:
         """The store refused guaranteed requests: they wait, unannounced, and the client
@@ -338,53 +347,10 @@ class EmqpService(Service):
         if self.client_socket is not None:
             self.client_socket.resume_reading()
 
-    def _hold(self, sock: ZmqSocket | None, messages: list[list[bytes]]) -> None:
-        """Answers whose client is not connected (yet: its socket reconnects after a broker
-        restart) are tried again, with a backoff per client, for ``reply_linger`` seconds,
-        then dropped and counted. The backoff keeps one-shot clients that are gone for good
-        (the original's ``Sender``) cheap: a few tries each."""
-        if sock is None:
-            self.client_send_failures += len(messages)
-            return
-        now = self.reactor.seconds()
-        for frames in messages:
-            key = (id(sock), frames[0])
-            held = self._held.get(key)
-            if held is None:
-                if len(self._held) >= _MAX_HELD_CLIENTS:
-                    self.client_send_failures += 1
-                    continue
-                held = self._held[key] = _HeldAnswers(sock, now + self.config.reply_linger, now)
-            held.messages.append(frames)
-        if self._held and (self._held_retry is None or not self._held_retry.active()):
-            self._held_retry = self.reactor.callLater(_HELD_TICK, self._send_held)
-
-    def _send_held(self) -> None:
-        self._held_retry = None
-        now = self.reactor.seconds()
-        for key, held in list(self._held.items()):
-            if held.sock.closed:
-                del self._held[key]
-                continue
-            if held.next_try > now:
-                continue
-            while held.messages and not self._send_each(held.sock, [held.messages[0]]):
-                held.messages.popleft()
-            if not held.messages:
-                del self._held[key]
-            elif now >= held.deadline:
-                self.client_send_failures += len(held.messages)
-                del self._held[key]
-            else:
-                held.delay = min(held.delay * 2, 1.0)
-                held.next_try = now + held.delay
-        if self._held:
-            self._held_retry = self.reactor.callLater(_HELD_TICK, self._send_held)
-
     @staticmethod
     def _send_each(sock: ZmqSocket | None, messages: list[list[bytes]]) -> list[list[bytes]]:
-        """Send each message; those that could not be sent (the peer is gone, or its pipe
-        is full: a ROUTER refuses at the identity frame, so nothing of them went out)."""
+        """Send each message to a worker; those that could not be sent (the peer is gone,
+        or its pipe is full: a ROUTER refuses at the identity frame, so nothing went out)."""
         if sock is None or sock.closed:
             return messages
         unsent = []
@@ -452,8 +418,10 @@ class EmqpService(Service):
             "storage_error": self.storage_error,
             "client_port_paused": self._storage_blocked_since is not None,
             "held_unstored": len(broker.unstored) if broker is not None else 0,
-            "client_send_failures": self.client_send_failures,
-            "answers_held": sum(len(h.messages) for h in self._held.values()),
+            "client_send_failures": sum(self.answers.dropped.values()),
+            "answers_held": self.answers.held_messages,
+            "answers_held_bytes": self.answers.held_bytes,
+            "answers_dropped": dict(self.answers.dropped),
             "worker_send_failures": self.worker_send_failures,
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "config": {k: str(v) for k, v in asdict(self.config).items()},
@@ -507,7 +475,18 @@ class EmqpService(Service):
             counter(
                 "emqp_client_send_failures",
                 "Replies a client could not be sent",
-                self.client_send_failures,
+                sum(self.answers.dropped.values()),
+            ),
+            counters_by(
+                "emqp_answers_dropped",
+                "Answers to clients dropped, by reason",
+                "reason",
+                self.answers.dropped,
+            ),
+            gauge(
+                "emqp_answers_held_bytes",
+                "Bytes of answers waiting for their clients",
+                self.answers.held_bytes,
             ),
         ]
         return families

@@ -18,7 +18,7 @@ from bus.emqp.config import (
     EmqpConfig,
 )
 from bus.emqp.core import BrokerSettings
-from bus.options import ServiceOptions, parse_duration
+from bus.options import ServiceOptions, parse_duration, parse_size
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -67,8 +67,22 @@ class Options(ServiceOptions):
             "reply-linger",
             None,
             "10s",
-            "How long an answer waits for its client to (re)connect before it is dropped.",
+            "How long answers wait for a client that takes none (gone, or not reading).",
         ],
+        [
+            "client-queue-bytes",
+            None,
+            "16MiB",
+            "Answers waiting per client at most, in bytes; past it they are dropped.",
+        ],
+        [
+            "client-queue-messages",
+            None,
+            10_000,
+            "Answers waiting per client at most, in messages; past it they are dropped.",
+            int,
+        ],
+        ["client-hwm", None, 100, "Messages ZeroMQ itself queues per client.", int],
         ["stats-interval", None, "10s", "How often status is logged and status.json written."],
     ]
 
@@ -90,7 +104,14 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
     interval = parse_duration(options["heartbeat-interval"])
     if interval <= 0:
         raise usage.UsageError("--heartbeat-interval must be above 0")
-    positive = ("heartbeat-liveness", "queue-limit", "max-queues", "max-message-size")
+    positive = (
+        "heartbeat-liveness",
+        "queue-limit",
+        "max-queues",
+        "max-message-size",
+        "client-queue-messages",
+        "client-hwm",
+    )
     for name in positive:
         if int(options[name]) < 1:
             raise usage.UsageError(f"--{name} must be at least 1")
@@ -113,6 +134,9 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
         max_message_size=int(options["max-message-size"]),
         stats_interval=parse_duration(options["stats-interval"]),
         reply_linger=parse_duration(options.get("reply-linger", "10s")),
+        client_hwm=int(options["client-hwm"]),
+        client_queue_bytes=parse_size(options["client-queue-bytes"]),
+        client_queue_messages=int(options["client-queue-messages"]),
     )
 
 

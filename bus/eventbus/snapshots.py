@@ -44,7 +44,7 @@ from twisted.logger import Logger
 from bus.eventbus import codec
 from bus.eventbus.codec import SnapshotRequest
 from bus.eventbus.config import EventBusConfig
-from bus.memory import release_free_memory
+from bus.memory import MemoryRelease
 from bus.transport.zmqsocket import PeerUnreachable
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class SnapshotScheduler:
         self._run_call: DelayedCall | None = None
         self._retry_call: DelayedCall | None = None
         self._retry_at = 0.0
-        self._release_call: DelayedCall | None = None
+        self._memory = MemoryRelease(reactor, RELEASE_INTERVAL)
         self._notice = _Notice()
         self._stopped = False
 
@@ -479,16 +479,11 @@ class SnapshotScheduler:
     def _release_memory_soon(self) -> None:
         """Streams that ended early leave freed pipes and chunks behind: hand the free
         memory back to the system (glibc keeps it otherwise), at most every few seconds."""
-        if self._release_call is None and not self._stopped:
-            self._release_call = self.reactor.callLater(RELEASE_INTERVAL, self._release_memory)
+        self._memory.soon()
 
     def client_left(self) -> None:
         """A snapshot client disconnected: its pipe's memory is free now."""
         self._release_memory_soon()
-
-    def _release_memory(self) -> None:
-        self._release_call = None
-        release_free_memory()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -507,10 +502,11 @@ class SnapshotScheduler:
 
     def stop(self) -> None:
         self._stopped = True
-        for call in (self._run_call, self._retry_call, self._release_call):
+        for call in (self._run_call, self._retry_call):
             if call is not None and call.active():
                 call.cancel()
-        self._run_call = self._retry_call = self._release_call = None
+        self._run_call = self._retry_call = None
+        self._memory.stop()
         for stream in self.streams:
             stream.done = True
         self.streams.clear()

@@ -1,0 +1,233 @@
+"""What a ROUTER could not send yet, per peer, in order, bounded by bytes and by count.
+
+A ROUTER with ROUTER_MANDATORY refuses a message at its identity frame when the peer's pipe
+is full (``zmq.Again``: the peer reads slowly, or not at all) or when the peer is not
+connected (``EHOSTUNREACH``: it has not reconnected yet after a restart, or it left). Such
+messages wait here, behind nothing and ahead of everything later for the same peer:
+
+* they are tried again when the socket signals (libzmq does when a full pipe drained to its
+  low-water mark), and on a short timer, with a backoff per peer that makes no progress;
+* a peer that takes nothing for ``linger`` seconds loses what waits for it (counted);
+* what waits per peer is bounded by ``max_bytes`` and ``max_messages``: past either, the new
+  message is dropped and counted, so a client that never reads costs a bounded amount of
+  memory (the socket's own send HWM bounds what libzmq holds for it);
+* memory that dropped messages and departed peers leave behind is handed back to the
+  system (:class:`bus.memory.MemoryRelease`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from twisted.internet.base import DelayedCall
+from twisted.logger import Logger
+
+from bus.droplog import RateLimit
+from bus.memory import MemoryRelease
+from bus.transport.zmqsocket import ZmqSocket
+
+_NOBLOCK = zmq.NOBLOCK
+_MORE = zmq.NOBLOCK | zmq.SNDMORE
+#: How often peers with waiting messages are looked at, and the backoff's first step.
+_TICK = 0.05
+_BACKOFF_MAX = 1.0
+#: Dropping at least this much at once is worth handing memory back for.
+_RELEASE_BYTES = 1 << 20
+
+Message = list[bytes]
+
+
+@dataclass(slots=True, eq=False)
+class _PeerBox:
+    sock: ZmqSocket
+    peer: bytes
+    #: When what waits is dropped, unless something is taken before (then it moves on).
+    deadline: float
+    next_try: float
+    delay: float = _TICK
+    #: The last refusal was "not connected" (back off) rather than "pipe full" (retry on
+    #: the socket's signal).
+    unreachable: bool = False
+    messages: deque[Message] = field(default_factory=deque)
+    size: int = 0
+
+
+class PeerOutboxes:
+    def __init__(
+        self,
+        reactor: Any,
+        log: Logger,
+        linger: float,
+        max_bytes: int,
+        max_messages: int,
+        max_peers: int = 10_000,
+        memory: MemoryRelease | None = None,
+    ) -> None:
+        self.reactor = reactor
+        self.log = log
+        self.linger = linger
+        self.max_bytes = max_bytes
+        self.max_messages = max_messages
+        self.max_peers = max_peers
+        self.memory = memory
+        self._boxes: dict[tuple[int, bytes], _PeerBox] = {}
+        self._timer: DelayedCall | None = None
+        self._reports = RateLimit(reactor.seconds)
+        #: Messages dropped, by reason: ``queue-full`` (a peer's bound), ``gone`` (nothing
+        #: taken for ``linger`` seconds), ``too-many-peers``, ``stopped``.
+        self.dropped: Counter[str] = Counter()
+
+    # -- sending -------------------------------------------------------------------------
+
+    def send(self, sock: ZmqSocket | None, messages: Iterable[Message]) -> None:
+        """Send each message, or keep it behind what already waits for its peer."""
+        if sock is None or sock.closed:
+            self._drop("stopped", sum(1 for _ in messages), 0, b"")
+            return
+        boxes = self._boxes
+        sock_id = id(sock)
+        send = sock.raw_send
+        for frames in messages:
+            if boxes:
+                box = boxes.get((sock_id, frames[0]))
+                if box is not None:
+                    self._append(box, frames)
+                    continue
+            try:
+                for frame in frames[:-1]:
+                    send(frame, _MORE)
+                send(frames[-1], _NOBLOCK)
+            except zmq.Again:
+                self._hold(sock, frames, unreachable=False)
+            except zmq.ZMQError as error:
+                if error.errno != zmq.EHOSTUNREACH:
+                    raise
+                self._hold(sock, frames, unreachable=True)
+        sock.look_for_input()
+
+    def _hold(self, sock: ZmqSocket, frames: Message, unreachable: bool) -> None:
+        if len(self._boxes) >= self.max_peers:
+            self._drop("too-many-peers", 1, _size(frames), frames[0])
+            return
+        now = self.reactor.seconds()
+        box = _PeerBox(sock, frames[0], now + self.linger, now, unreachable=unreachable)
+        self._boxes[(id(sock), frames[0])] = box
+        self._append(box, frames)
+        if self._timer is None or not self._timer.active():
+            self._timer = self.reactor.callLater(_TICK, self.retry)
+
+    def _append(self, box: _PeerBox, frames: Message) -> None:
+        size = _size(frames)
+        if box.messages and (
+            len(box.messages) >= self.max_messages or box.size + size > self.max_bytes
+        ):
+            self._drop("queue-full", 1, size, box.peer)
+            return
+        box.messages.append(frames)
+        box.size += size
+
+    # -- retrying ------------------------------------------------------------------------
+
+    def signalled(self, sock: ZmqSocket) -> None:
+        """The socket signalled (a full pipe may have drained): try its full peers now."""
+        if self._boxes:
+            self._try(lambda box: box.sock is sock and not box.unreachable)
+
+    def retry(self) -> None:
+        self._timer = None
+        now = self.reactor.seconds()
+        self._try(lambda box: box.next_try <= now)
+        if self._boxes:
+            self._timer = self.reactor.callLater(_TICK, self.retry)
+
+    def _try(self, due: Callable[[_PeerBox], bool]) -> None:
+        now = self.reactor.seconds()
+        for key, box in list(self._boxes.items()):
+            if box.sock.closed:
+                del self._boxes[key]
+                self._drop("stopped", len(box.messages), box.size, box.peer)
+                continue
+            if not due(box):
+                continue
+            moved = self._send_from(box)
+            if not box.messages:
+                del self._boxes[key]
+            elif moved:
+                box.deadline = now + self.linger
+                box.delay = _TICK
+                box.next_try = now
+            elif now >= box.deadline:
+                del self._boxes[key]
+                self._drop("gone", len(box.messages), box.size, box.peer)
+            else:
+                box.delay = min(box.delay * 2, _BACKOFF_MAX)
+                box.next_try = now + box.delay
+
+    @staticmethod
+    def _send_from(box: _PeerBox) -> int:
+        send = box.sock.raw_send
+        messages = box.messages
+        moved = 0
+        try:
+            while messages:
+                frames = messages[0]
+                for frame in frames[:-1]:
+                    send(frame, _MORE)
+                send(frames[-1], _NOBLOCK)
+                messages.popleft()
+                box.size -= _size(frames)
+                moved += 1
+        except zmq.Again:
+            box.unreachable = False
+        except zmq.ZMQError as error:
+            if error.errno != zmq.EHOSTUNREACH:
+                raise
+            box.unreachable = True
+        box.sock.look_for_input()
+        return moved
+
+    # -- accounting ----------------------------------------------------------------------
+
+    def _drop(self, reason: str, count: int, size: int, peer: bytes) -> None:
+        if not count:
+            return
+        self.dropped[reason] += count
+        if self.memory is not None and size >= _RELEASE_BYTES:
+            self.memory.soon()
+        if reason != "stopped" and self._reports.due(reason) is not None:
+            self.log.warn(
+                "dropped {count} answers for peer {peer} ({reason}; {total} so far)",
+                count=count,
+                peer=peer.hex()[:40],
+                reason=reason,
+                total=self.dropped[reason],
+            )
+
+    @property
+    def held_messages(self) -> int:
+        return sum(len(box.messages) for box in self._boxes.values())
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(box.size for box in self._boxes.values())
+
+    @property
+    def peers(self) -> int:
+        return len(self._boxes)
+
+    def stop(self) -> None:
+        """Forget everything that waits (counted as ``stopped``)."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        for box in self._boxes.values():
+            self._drop("stopped", len(box.messages), 0, box.peer)
+        self._boxes = {}
+
+
+def _size(frames: Message) -> int:
+    return sum(map(len, frames))
