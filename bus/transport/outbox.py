@@ -6,7 +6,9 @@ connected (``EHOSTUNREACH``: it has not reconnected yet after a restart, or it l
 messages wait here, behind nothing and ahead of everything later for the same peer:
 
 * they are tried again when the socket signals (libzmq does when a full pipe drained to its
-  low-water mark), and on a short timer, with a backoff per peer that makes no progress;
+  low-water mark, though not always: a send may consume the signal), and on a timer: a
+  millisecond after a try that moved some (the peer reads: keep up with it), backing off
+  while a peer takes nothing (to 50 ms while it is connected, to 1 s while it is not);
 * a peer that takes nothing for ``linger`` seconds loses what waits for it (counted);
 * what waits per peer is bounded by ``max_bytes`` and ``max_messages``: past either, the new
   message is dropped and counted, so a client that never reads costs a bounded amount of
@@ -32,9 +34,11 @@ from bus.transport.zmqsocket import ZmqSocket
 
 _NOBLOCK = zmq.NOBLOCK
 _MORE = zmq.NOBLOCK | zmq.SNDMORE
-#: How often peers with waiting messages are looked at, and the backoff's first step.
-_TICK = 0.05
-_BACKOFF_MAX = 1.0
+#: The next try after one that moved messages (the peer reads), and the backoffs' limits
+#: for a peer that took nothing: connected (its pipe full) and not connected.
+_SOON = 0.001
+_FULL_BACKOFF_MAX = 0.05
+_UNREACHABLE_BACKOFF_MAX = 1.0
 #: Dropping at least this much at once is worth handing memory back for.
 _RELEASE_BYTES = 1 << 20
 
@@ -48,7 +52,7 @@ class _PeerBox:
     #: When what waits is dropped, unless something is taken before (then it moves on).
     deadline: float
     next_try: float
-    delay: float = _TICK
+    delay: float = _SOON
     #: The last refusal was "not connected" (back off) rather than "pipe full" (retry on
     #: the socket's signal).
     unreachable: bool = False
@@ -114,11 +118,18 @@ class PeerOutboxes:
             self._drop("too-many-peers", 1, _size(frames), frames[0])
             return
         now = self.reactor.seconds()
-        box = _PeerBox(sock, frames[0], now + self.linger, now, unreachable=unreachable)
+        box = _PeerBox(sock, frames[0], now + self.linger, now + _SOON, unreachable=unreachable)
         self._boxes[(id(sock), frames[0])] = box
         self._append(box, frames)
-        if self._timer is None or not self._timer.active():
-            self._timer = self.reactor.callLater(_TICK, self.retry)
+        self._arm(box.next_try)
+
+    def _arm(self, when: float) -> None:
+        timer = self._timer
+        if timer is not None and timer.active():
+            if timer.getTime() <= when:
+                return
+            timer.cancel()
+        self._timer = self.reactor.callLater(max(0.0, when - self.reactor.seconds()), self.retry)
 
     def _append(self, box: _PeerBox, frames: Message) -> None:
         size = _size(frames)
@@ -141,8 +152,6 @@ class PeerOutboxes:
         self._timer = None
         now = self.reactor.seconds()
         self._try(lambda box: box.next_try <= now)
-        if self._boxes:
-            self._timer = self.reactor.callLater(_TICK, self.retry)
 
     def _try(self, due: Callable[[_PeerBox], bool]) -> None:
         now = self.reactor.seconds()
@@ -158,14 +167,17 @@ class PeerOutboxes:
                 del self._boxes[key]
             elif moved:
                 box.deadline = now + self.linger
-                box.delay = _TICK
-                box.next_try = now
+                box.delay = _SOON
+                box.next_try = now + _SOON
             elif now >= box.deadline:
                 del self._boxes[key]
                 self._drop("gone", len(box.messages), box.size, box.peer)
             else:
-                box.delay = min(box.delay * 2, _BACKOFF_MAX)
+                limit = _UNREACHABLE_BACKOFF_MAX if box.unreachable else _FULL_BACKOFF_MAX
+                box.delay = min(box.delay * 2, limit)
                 box.next_try = now + box.delay
+        if self._boxes:
+            self._arm(min(box.next_try for box in self._boxes.values()))
 
     @staticmethod
     def _send_from(box: _PeerBox) -> int:
