@@ -290,3 +290,74 @@ def test_the_store_checkpoints_off_the_committing_connection(tmp_path: Path) -> 
     again = JobStore(tmp_path)
     assert again.load() == [] and again.next_position() == 1
     again.close()
+
+
+def test_the_brokers_scheduler_fires_requests_stores_its_runs_and_catches_up_once(
+    tmp_path: Path,
+) -> None:
+    store = JobStore(tmp_path)
+    h = Harness(store)
+    h.inform(b"w", [[10, "q"]], slots=10)
+    h.sent_to_workers(codec.ACK)
+    body = json.dumps(["run", {"path": "m", "callable": "f", "args": [1]}]).encode()
+    schedule = codec.schedule("q", body, b"guarantee", 10, None)
+    h.broker.on_admin_message(b"admin", schedule)
+    [answer] = h.broker.to_admin
+    value = json.loads(answer[5])["value"]
+    assert answer[6] == schedule[3] and value["replaced"] is False and value["next_run_in"] == 0
+    schedule_id = value["schedule"]
+    h.commit()
+    assert [row[0] for row in store.load_schedules()] == [schedule_id]
+    # Due at once (eventmq's haste): a guaranteed request, dispatched once committed.
+    assert h.broker.fire_schedules() == 1
+    assert h.sent_to_workers() == [] and store.count() == 0
+    h.commit()
+    [(worker, first)] = h.sent_to_workers()
+    assert worker == b"w" and store.count() == 1
+    assert h.broker.to_clients == []  # nobody to acknowledge
+    h.reply(b"w", first)
+    h.commit()
+    assert store.count() == 0 and h.broker.to_clients == []
+    h.clock.advance(9.9)
+    assert h.broker.fire_schedules() == 0
+    h.clock.advance(0.1)
+    assert h.broker.fire_schedules() == 1
+    h.commit()
+    assert len(h.sent_to_workers()) == 1
+    assert store.load_schedules()[0][8] == 2  # runs
+    store.close()
+
+    # Down for 95 s: after the restart it runs once, not nine times, then every 10 s again.
+    store = JobStore(tmp_path)
+    again = Harness(store)
+    again.clock.advance(95)
+    assert again.broker.restore_schedules() == 1
+    again.inform(b"w2", [[10, "q"]], slots=10)
+    assert again.broker.fire_schedules() == 1
+    again.commit()
+    assert len(again.sent_to_workers()) == 1
+    assert again.broker.fire_schedules() == 0
+    again.clock.advance(10)
+    assert again.broker.fire_schedules() == 1
+    # UNSCHEDULE by id (or by eventmq's frames): gone from the book and the store.
+    again.broker.on_client_message(b"client", codec.unschedule(schedule_id))
+    assert json.loads(again.broker.to_clients[-1][5])["value"]["removed"] is True
+    again.commit()
+    assert store.load_schedules() == []
+    again.clock.advance(100)
+    assert again.broker.fire_schedules() == 0
+    store.close()
+
+
+def test_a_bad_schedule_is_refused_and_an_external_scheduler_gets_them_forwarded() -> None:
+    h = Harness()
+    bad = codec.schedule("q", b"[1]", b"", None, "not a cron line")
+    h.broker.on_client_message(b"client", bad)
+    assert json.loads(h.broker.to_clients[-1][5])["error"] == "bad-schedule"
+    assert h.broker.drops.counts["bad-schedule"] == 1
+    external = Harness(scheduler="external")
+    external.broker.on_client_message(b"sched", codec.inform([], codec.SCHEDULER))
+    external.broker.to_clients.clear()
+    external.broker.on_client_message(b"client", codec.schedule("q", b"[1]", b"", 5, None))
+    assert [m[0] for m in external.broker.to_clients] == [b"sched"]
+    assert external.broker.schedules is None and external.broker.schedules_forwarded == 1

@@ -224,7 +224,7 @@ def test_retry_count_bounds_the_redispatches(tmp_path: Path, cleanup: list[Any])
 
 @pytest_twisted.inlineCallbacks
 def test_status_and_schedule_forwarding(tmp_path: Path, cleanup: list[Any]) -> Any:
-    broker = broker_in(tmp_path, cleanup)
+    broker = broker_in(tmp_path, cleanup, scheduler="external")
     admin = RawPeer.dealer(broker.endpoints["admin"])
     client = RawClient(broker.endpoints["client"])
     cleanup += [admin, client]

@@ -36,6 +36,7 @@ DISCONNECT: Final = b"DISCONNECT"
 SCHEDULE: Final = b"SCHEDULE"
 UNSCHEDULE: Final = b"UNSCHEDULE"
 STATUS: Final = b"STATUS"
+SCHEDULES: Final = b"SCHEDULES"
 
 WORKER: Final = "worker"
 SCHEDULER: Final = "scheduler"
@@ -144,15 +145,28 @@ class Disconnect:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """SCHEDULE or UNSCHEDULE: queue, headers, interval, body, cron; forwarded as is."""
+    """SCHEDULE or UNSCHEDULE: queue, headers, interval, body, cron (eventmq's frames);
+    or, beyond it, UNSCHEDULE with one field: the id of the schedule to remove."""
 
     command: bytes
     msgid: bytes
     fields: tuple[bytes, ...]
 
+    @property
+    def schedule_id(self) -> str | None:
+        """The id an UNSCHEDULE names directly (None: it gives eventmq's frames)."""
+        return self.fields[0].decode("ascii") if len(self.fields) == 1 else None
+
 
 @dataclass(frozen=True, slots=True)
 class Status:
+    msgid: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Schedules:
+    """The admin asks for every schedule the broker keeps."""
+
     msgid: bytes
 
 
@@ -168,6 +182,7 @@ Command = (
     | Disconnect
     | Schedule
     | Status
+    | Schedules
 )
 
 
@@ -383,6 +398,11 @@ def _disconnect(msgid: bytes, frames: list[bytes]) -> Disconnect:
 
 def _schedule(command: bytes) -> Any:
     def parse(msgid: bytes, frames: list[bytes]) -> Schedule:
+        if command == UNSCHEDULE and len(frames) == 5:
+            schedule_id = frames[4]
+            if not 0 < len(schedule_id) <= MAX_MSGID_BYTES or not schedule_id.isascii():
+                raise EmqpError("a schedule id is short ASCII text", "bad-schedule")
+            return Schedule(command, msgid, (schedule_id,))
         _count(frames, 5, command)
         queue, headers, interval, body, cron = frames[4:]
         queue_name(queue)
@@ -400,6 +420,11 @@ def _status(msgid: bytes, frames: list[bytes]) -> Status:
     return Status(msgid)
 
 
+def _schedules(msgid: bytes, frames: list[bytes]) -> Schedules:
+    _count(frames, 0, SCHEDULES)
+    return Schedules(msgid)
+
+
 _PARSERS: Final[dict[bytes, Any]] = {
     REQUEST: _request,
     REPLY: _reply,
@@ -412,6 +437,7 @@ _PARSERS: Final[dict[bytes, Any]] = {
     SCHEDULE: _schedule(SCHEDULE),
     UNSCHEDULE: _schedule(UNSCHEDULE),
     STATUS: _status,
+    SCHEDULES: _schedules,
 }
 
 
@@ -510,6 +536,19 @@ def request(queue: str, body: bytes, headers: bytes, msgid: bytes | None = None)
 
 def reply(result: bytes, request_msgid: bytes) -> list[bytes]:
     return message(REPLY, result, request_msgid)
+
+
+def schedule(
+    queue: str, body: bytes, headers: bytes, interval: float | None, cron: str | None
+) -> list[bytes]:
+    """SCHEDULE in eventmq's frames: interval in seconds as text (-1 with a cron line)."""
+    every = b"-1" if interval is None else repr(interval).removesuffix(".0").encode()
+    return message(SCHEDULE, queue.encode("utf-8"), headers, every, body, (cron or "").encode())
+
+
+def unschedule(schedule_id: str) -> list[bytes]:
+    """UNSCHEDULE naming the schedule by its id (eventmq's form repeats the SCHEDULE)."""
+    return message(UNSCHEDULE, schedule_id.encode("ascii"))
 
 
 def dispatch_ack(request_msgid: bytes) -> list[bytes]:

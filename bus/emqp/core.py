@@ -34,6 +34,7 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import DropCounter
 from bus.emqp import codec
 from bus.emqp.codec import PROTOCOL, EmqpError, Headers
+from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, unschedule_id
 from bus.emqp.store import JobStore, StoredJob
 
 _HEARTBEAT = codec.HEARTBEAT
@@ -57,6 +58,10 @@ class BrokerSettings:
     guarantee_retries: int = 5
     #: Requests given up on (timeout, dead worker) remembered to tell a late REPLY.
     late_memory: int = 100_000
+    #: ``builtin``: the broker keeps SCHEDULEs (in its store) and fires them; ``external``:
+    #: it forwards them to a connected eventmq scheduler peer, as the original router does.
+    scheduler: str = "builtin"
+    max_schedules: int = 100_000
 
     @property
     def worker_expiry(self) -> float:
@@ -132,6 +137,9 @@ class Broker:
         self.workers: dict[bytes, WorkerState] = {}
         self.queues: dict[bytes, QueueState] = {}
         self.schedulers: dict[bytes, float] = {}
+        self.schedules = (
+            ScheduleBook(settings.max_schedules) if settings.scheduler == "builtin" else None
+        )
         self._scheduler_turn = 0
         self.jobs: dict[bytes, Job] = {}
         #: Guaranteed requests accepted but not yet committed: nobody hears of them (no
@@ -154,6 +162,9 @@ class Broker:
         self.workers_joined = 0
         self.workers_lost = 0
         self.schedules_forwarded = 0
+        self.schedules_added = 0
+        self.schedules_removed = 0
+        self.schedules_fired = 0
         self.restored = 0
         self.refused_unstored = 0
 
@@ -206,7 +217,7 @@ class Broker:
         if identity in self.schedulers:
             self.schedulers[identity] = self.clock()
         if isinstance(command, codec.Schedule):
-            self._forward_schedule(identity, command, self.to_clients)
+            self._on_schedule(identity, command, self.to_clients)
         elif isinstance(command, codec.Inform):
             self._inform_scheduler(identity, command)
         elif identity in self.schedulers and isinstance(command, codec.Heartbeat):
@@ -231,7 +242,10 @@ class Broker:
                 [identity, b"", PROTOCOL, _REPLY, _new_msgid(), status, command.msgid]
             )
         elif type(command) is codec.Schedule:
-            self._forward_schedule(identity, command, self.to_admin)
+            self._on_schedule(identity, command, self.to_admin)
+        elif type(command) is codec.Schedules:
+            listing = self.schedules.listing(self.clock()) if self.schedules is not None else []
+            self._answer(identity, command.msgid, {"value": listing}, self.to_admin)
         else:
             name = type(command).__name__
             self.drops.drop("unexpected-command", f"{name} on the admin port", identity)
@@ -342,6 +356,108 @@ class Broker:
         if new:
             self._publish("/emqp/scheduler/joined/", {"scheduler": peer_name(identity)})
 
+    # -- schedules ---------------------------------------------------------------------------------
+
+    def _answer(self, origin: bytes, msgid: bytes, value: Any, outbox: list[Message]) -> None:
+        result = json.dumps(value).encode()
+        outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+
+    def _on_schedule(self, origin: bytes, command: codec.Schedule, answer: list[Message]) -> None:
+        book = self.schedules
+        if book is None:
+            self._forward_schedule(origin, command, answer)
+            return
+        now = self.clock()
+        try:
+            if command.command == codec.UNSCHEDULE:
+                schedule_id = command.schedule_id or unschedule_id(command.fields)
+                removed = book.remove(schedule_id)
+                if removed:
+                    self._schedule_gone(schedule_id, "unscheduled")
+                value = {"schedule": schedule_id, "removed": removed}
+            else:
+                spec = ScheduleSpec.from_frames(command.fields)
+                schedule, replaced = book.add(spec, now)
+                self.schedules_added += 1
+                if self.store is not None:
+                    self.store.put_schedule(schedule.to_row())
+                value = {
+                    "schedule": schedule.id,
+                    "replaced": replaced,
+                    "next_run_in": round(schedule.next_due - now, 3),
+                }
+                self._publish("/emqp/schedule/added/", self._described(schedule, now))
+        except EmqpError as error:
+            self.drops.drop(error.reason, str(error), origin)
+            result = codec.error_result(error.reason, str(error))
+            answer.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, command.msgid])
+            return
+        self._answer(origin, command.msgid, {"value": value}, answer)
+
+    def _schedule_gone(self, schedule_id: str, reason: str) -> None:
+        self.schedules_removed += 1
+        if self.store is not None:
+            self.store.remove_schedule(schedule_id)
+        self._publish("/emqp/schedule/removed/", {"schedule": schedule_id, "reason": reason})
+
+    @staticmethod
+    def _described(schedule: Schedule, now: float) -> dict[str, Any]:
+        spec = schedule.spec
+        return {
+            "schedule": schedule.id,
+            "queue": spec.queue.decode("utf-8", "replace"),
+            "interval": spec.interval,
+            "cron": spec.cron,
+            "next_run_in": round(schedule.next_due - now, 3),
+            "runs": schedule.runs,
+        }
+
+    @property
+    def next_schedule_due(self) -> float | None:
+        return self.schedules.next_due if self.schedules is not None else None
+
+    def fire_schedules(self) -> int:
+        """Every schedule due now becomes a request on its queue (guaranteed when its
+        headers say so), as if a client had sent it; its run is stored."""
+        book = self.schedules
+        if book is None:
+            return 0
+        now = self.clock()
+        due = book.due(now)
+        store = self.store
+        for schedule in due:
+            spec = schedule.spec
+            msgid = _new_msgid()
+            self.schedules_fired += 1
+            if store is not None:
+                if schedule.finished:
+                    store.remove_schedule(schedule.id)
+                else:
+                    store.put_schedule(schedule.to_row())
+            if self._publishing:
+                self._publish(
+                    "/emqp/schedule/fired/",
+                    {"schedule": schedule.id, "msgid": peer_name(msgid), "run": schedule.runs},
+                )
+            if schedule.finished:
+                self._schedule_gone(schedule.id, "run-count")
+            try:
+                headers = codec.parse_headers(spec.headers)
+            except EmqpError:
+                headers = codec.NO_HEADERS  # checked when it was scheduled
+            self._on_request(b"", codec.Request(msgid, spec.queue, headers, spec.body), now)
+        return len(due)
+
+    def restore_schedules(self) -> int:
+        """Load the stored schedules (after a restart): each that missed runs while the
+        broker was down runs once at the next :meth:`fire_schedules`."""
+        if self.schedules is None or self.store is None:
+            return 0
+        errors = self.schedules.restore(self.store.load_schedules(), self.clock())
+        for error in errors:
+            self.log.error("a stored schedule is not loaded: {error}", error=str(error))
+        return len(self.schedules)
+
     def _forward_schedule(
         self, origin: bytes, command: codec.Schedule, answer: list[Message]
     ) -> None:
@@ -375,6 +491,8 @@ class Broker:
             self.queues.pop(queue.name, None)
 
     def _error(self, client: bytes, msgid: bytes, reason: str, text: str) -> None:
+        if not client:
+            return  # a scheduled run: nobody to tell (its life is on the bus and counted)
         result = codec.error_result(reason, text)
         self.to_clients.append([client, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
 
@@ -504,8 +622,8 @@ class Broker:
             ]
         )
         # The original broker's acknowledgement: the request went to a worker.
-        ack = [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), job.msgid]
-        self.to_clients.append(ack)
+        if job.client:
+            self.to_clients.append([job.client, b"", PROTOCOL, _REPLY, _new_msgid(), job.msgid])
         if headers.timeout is not None:
             heapq.heappush(self._deadlines, (now + headers.timeout, job.msgid, job.attempts))
         if self._publishing:
@@ -531,7 +649,7 @@ class Broker:
         self.replied += 1
         if job.stored and self.store is not None:
             self.store.remove(msgid)
-        if job.headers.reply_requested:
+        if job.headers.reply_requested and job.client:
             self.forwarded_replies += 1
             self.to_clients.append(
                 [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), reply.result, msgid]
@@ -717,10 +835,29 @@ class Broker:
             "queues": queues,
             "workers": workers,
             "schedulers": [peer_name(s) for s in self.schedulers],
+            "scheduler": self.settings.scheduler,
+            "schedule_lateness_ms": self._lateness_ms(),
+            "schedules_count": len(self.schedules) if self.schedules is not None else 0,
+            "schedules": (
+                self.schedules.listing(now, limit=in_flight_limit)
+                if self.schedules is not None
+                else []
+            ),
             "in_flight": in_flight,
             "in_flight_count": sum(len(w.inflight) for w in self.workers.values()),
             "waiting": sum(len(q.waiting) for q in self.queues.values()),
             "counters": self.counters(),
+        }
+
+    def _lateness_ms(self) -> dict[str, float]:
+        """How late the most recent scheduled runs left (their due time to their firing)."""
+        if self.schedules is None or not self.schedules.lateness:
+            return {}
+        late = sorted(self.schedules.lateness)
+        return {
+            "p50": round(late[len(late) // 2] * 1000, 3),
+            "p99": round(late[min(len(late) - 1, len(late) * 99 // 100)] * 1000, 3),
+            "max": round(late[-1] * 1000, 3),
         }
 
     def counters(self) -> dict[str, int]:
@@ -737,6 +874,9 @@ class Broker:
             "workers_joined": self.workers_joined,
             "workers_lost": self.workers_lost,
             "schedules_forwarded": self.schedules_forwarded,
+            "schedules_added": self.schedules_added,
+            "schedules_removed": self.schedules_removed,
+            "schedules_fired": self.schedules_fired,
             "restored": self.restored,
             "refused_unstored": self.refused_unstored,
             "dropped": self.drops.total,

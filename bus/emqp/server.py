@@ -101,6 +101,7 @@ class EmqpService(Service):
         #: Since when guaranteed requests wait for a store that refuses them (None: not).
         self._storage_blocked_since: float | None = None
         self._storage_retry: DelayedCall | None = None
+        self._schedule_timer: DelayedCall | None = None
         self._storage_delay = _STORAGE_RETRY_MIN
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class EmqpService(Service):
         Service.startService(self)
         self._started_at = self.reactor.seconds()
         restored = broker.restore()
+        schedules = broker.restore_schedules()
         interval = config.broker.heartbeat_interval
         self._heartbeat_due = self.reactor.seconds() + interval
         every = self._periodic.every
@@ -135,13 +137,17 @@ class EmqpService(Service):
         self._write_status()
         log.info(
             "eMQP broker serving workers {worker}, clients {client}, admin {admin}; job store "
-            "{path} ({restored} guaranteed requests restored)",
+            "{path} ({restored} guaranteed requests restored); scheduler {scheduler} "
+            "({schedules} schedules)",
             worker=self.endpoints["worker"],
             client=self.endpoints["client"],
             admin=self.endpoints["admin"],
             path=str(self.store.path),
             restored=restored,
+            scheduler=config.broker.scheduler,
+            schedules=schedules,
         )
+        self._arm_schedules()
 
     def _bind_all(self) -> None:
         assert self._factory is not None
@@ -204,8 +210,9 @@ class EmqpService(Service):
             return self._stopping
         Service.stopService(self)
         self._periodic.stop_all()
-        if self._storage_retry is not None and self._storage_retry.active():
-            self._storage_retry.cancel()
+        for timer in (self._storage_retry, self._schedule_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
         if self.broker is not None:
             for sock in (self.worker_socket, self.client_socket, self.admin_socket):
                 if sock is not None:  # what has arrived is handled (and stored) first
@@ -248,11 +255,14 @@ class EmqpService(Service):
         self._flush()
 
     def _on_clients(self, batch: list[list[bytes]]) -> None:
-        assert self.broker is not None
-        handle = self.broker.on_client_message
+        broker = self.broker
+        assert broker is not None
+        handle = broker.on_client_message
         for frames in batch:
             handle(frames[0], frames[1:])
         self._flush()
+        if broker.schedules is not None:  # a SCHEDULE may have come
+            self._arm_schedules()
 
     def _on_admin(self, batch: list[list[bytes]]) -> None:
         assert self.broker is not None
@@ -260,6 +270,30 @@ class EmqpService(Service):
         for frames in batch:
             handle(frames[0], frames[1:])
         self._flush()
+        self._arm_schedules()
+
+    # -- schedules ---------------------------------------------------------------------------------
+
+    def _arm_schedules(self) -> None:
+        """One timer, at the earliest schedule's time."""
+        broker = self.broker
+        due = broker.next_schedule_due if broker is not None and self.running else None
+        timer = self._schedule_timer
+        if timer is not None and timer.active():
+            if due is not None and timer.getTime() <= due:
+                return
+            timer.cancel()
+        self._schedule_timer = None
+        if due is not None:
+            delay = max(0.0, due - self.reactor.seconds())
+            self._schedule_timer = self.reactor.callLater(delay, self._fire_schedules)
+
+    def _fire_schedules(self) -> None:
+        self._schedule_timer = None
+        assert self.broker is not None
+        self.broker.fire_schedules()
+        self._flush()
+        self._arm_schedules()
 
     # -- writing -----------------------------------------------------------------------------------
 

@@ -1,5 +1,8 @@
 """Guaranteed requests on disk: SQLite in WAL mode in the broker's data directory.
 
+The broker's schedules live here too (table ``schedules``, one row per
+:class:`~bus.emqp.schedules.Schedule`), changed and committed the same way.
+
 A request with the ``guarantee`` header is put here when the broker accepts it and removed
 once its worker replies or the broker gives up on it. Changes made while handling one batch
 of messages are collected (the last change per request wins) and committed in one
@@ -32,9 +35,27 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempts INTEGER NOT NULL,
     retries_left INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS schedules (
+    id TEXT PRIMARY KEY,
+    queue BLOB NOT NULL,
+    headers BLOB NOT NULL,
+    interval REAL,
+    cron TEXT,
+    body BLOB NOT NULL,
+    created REAL NOT NULL,
+    next_due REAL NOT NULL,
+    runs INTEGER NOT NULL,
+    last_run REAL
+) WITHOUT ROWID;
 """
 _PUT = "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _DELETE = "DELETE FROM jobs WHERE msgid = ?"
+_PUT_SCHEDULE = "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+_DELETE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
+#: A schedule as the store keeps it: the values of :class:`bus.emqp.schedules.ScheduleRow`.
+ScheduleValues = tuple[
+    str, bytes, bytes, float | None, str | None, bytes, float, float, int, float | None
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +85,8 @@ class JobStore:
         self._next_position = (row[0] or 0) + 1
         #: msgid -> the row to write, or None to delete it; applied by commit().
         self._pending: dict[bytes, StoredJob | None] = {}
+        #: schedule id -> its row to write, or None to delete it.
+        self._pending_schedules: dict[str, ScheduleValues | None] = {}
         self._checkpointer = Checkpointer(self.path)
         self.stored = 0
         self.commits = 0
@@ -71,7 +94,7 @@ class JobStore:
 
     @property
     def dirty(self) -> bool:
-        return bool(self._pending)
+        return bool(self._pending or self._pending_schedules)
 
     def next_position(self) -> int:
         position = self._next_position
@@ -84,6 +107,15 @@ class JobStore:
     def remove(self, msgid: bytes) -> None:
         self._pending[msgid] = None
 
+    def put_schedule(self, row: ScheduleValues) -> None:
+        self._pending_schedules[row[0]] = row
+
+    def remove_schedule(self, schedule_id: str) -> None:
+        self._pending_schedules[schedule_id] = None
+
+    def load_schedules(self) -> list[ScheduleValues]:
+        return list(self._db.execute("SELECT * FROM schedules ORDER BY next_due").fetchall())
+
     def discard(self, msgid: bytes) -> None:
         """Forget a pending change not yet committed (a request refused before it was)."""
         self._pending.pop(msgid, None)
@@ -91,7 +123,7 @@ class JobStore:
     def commit(self) -> None:
         """Write every pending change in one transaction. On failure nothing is written,
         the changes stay pending for the next call, and :class:`StorageError` is raised."""
-        if not self._pending:
+        if not self.dirty:
             return
         puts = [
             (
@@ -109,6 +141,7 @@ class JobStore:
             if j is not None
         ]
         deletes = [(msgid,) for msgid, job in self._pending.items() if job is None]
+        schedules = self._pending_schedules
         db = self._db
         try:
             db.execute("BEGIN")
@@ -116,6 +149,9 @@ class JobStore:
                 db.executemany(_PUT, puts)
             if deletes:
                 db.executemany(_DELETE, deletes)
+            if schedules:
+                db.executemany(_PUT_SCHEDULE, [r for r in schedules.values() if r is not None])
+                db.executemany(_DELETE_SCHEDULE, [(i,) for i, r in schedules.items() if r is None])
             db.execute("COMMIT")
         except sqlite3.Error as error:
             if db.in_transaction:
@@ -123,6 +159,7 @@ class JobStore:
                     db.execute("ROLLBACK")
             raise StorageError(error) from error
         self._pending.clear()
+        schedules.clear()
         self.commits += 1
 
     def load(self) -> list[StoredJob]:

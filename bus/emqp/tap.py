@@ -84,6 +84,14 @@ class Options(ServiceOptions):
         ],
         ["client-hwm", None, 100, "Messages ZeroMQ itself queues per client.", int],
         ["stats-interval", None, "10s", "How often status is logged and status.json written."],
+        [
+            "scheduler",
+            None,
+            "builtin",
+            "builtin: the broker keeps SCHEDULEs in its store and fires them; external: "
+            "it forwards them to a connected eventmq scheduler peer.",
+        ],
+        ["max-schedules", None, 100_000, "Schedules kept at once.", int],
     ]
 
     def postOptions(self) -> None:
@@ -111,10 +119,13 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
         "max-message-size",
         "client-queue-messages",
         "client-hwm",
+        "max-schedules",
     )
     for name in positive:
         if int(options[name]) < 1:
             raise usage.UsageError(f"--{name} must be at least 1")
+    if options["scheduler"] not in ("builtin", "external"):
+        raise usage.UsageError("--scheduler must be builtin or external")
     if int(options["guarantee-retries"]) < 0:
         raise usage.UsageError("--guarantee-retries must be 0 or more")
     return EmqpConfig(
@@ -130,6 +141,8 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
             queue_limit=int(options["queue-limit"]),
             max_queues=int(options["max-queues"]),
             guarantee_retries=int(options["guarantee-retries"]),
+            scheduler=options["scheduler"],
+            max_schedules=int(options["max-schedules"]),
         ),
         max_message_size=int(options["max-message-size"]),
         stats_interval=parse_duration(options["stats-interval"]),

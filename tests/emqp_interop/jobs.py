@@ -32,3 +32,10 @@ def slow_the_first_time(marker, text):
             out.write(str(os.getpid()))
         time.sleep(120)
     return text
+
+
+def stamp(path):
+    """Append the time of this run to ``path`` (scheduled jobs record when they ran)."""
+    with open(path, "a") as out:
+        out.write(f"{time.time()!r} {os.getpid()}\n")
+    return True
