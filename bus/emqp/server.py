@@ -491,6 +491,11 @@ class EmqpService(Service):
             ),
             gauge("emqp_workers", "Workers connected", len(broker.workers)),
             gauge(
+                "emqp_schedules",
+                "Schedules the broker keeps and fires",
+                len(broker.schedules) if broker.schedules is not None else 0,
+            ),
+            gauge(
                 "emqp_requests_open",
                 "Requests accepted and not yet answered (waiting or dispatched)",
                 len(broker.jobs),
