@@ -12,58 +12,117 @@ A body ``["run", {"path": "pkg.mod" or "pkg.mod:Class", "callable": name, "args"
 goes back as the original job manager sends it, ``{"value": result}``, when the request
 asks for ``reply-requested``; a handler that raises answers ``{"error": "handler-failed",
 "message": ...}``.
+
+``pool="process"`` runs each slot's jobs in a process of its own, started by a fork server
+(a clean process, not a fork of this one with its reactor, sockets and threads): a job that
+kills its process (``os._exit``, a segfault) answers ``handler-failed`` and only that
+process is replaced. Handlers must then be picklable (module-level functions).
+
+``stopService()`` with a ``grace_period`` stops taking jobs (no more READY), lets the running
+ones finish and REPLY, then says KBYE; once the grace period is over, or at
+:meth:`force_stop`, running jobs are ended (their processes killed) and the broker retries
+them or tells their clients ``worker-left``. With the default grace period of 0 it says
+KBYE at once.
 """
 
 from __future__ import annotations
 
-import importlib
+import contextlib
+import multiprocessing
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import zmq
 from twisted.application.service import Service
 from twisted.internet import defer, threads
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from bus.droplog import DropCounter
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
+from bus.emqp.worker_process import (
+    NO_HOOKS,
+    Handler,
+    JobHooks,
+    nothing,
+    run_callable,
+    run_job,
+    run_setup,
+    start_job_process,
+)
+from bus.errors import StartupError
 from bus.periodic import Periodic
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.workers import worker_pool
 
 log = Logger(namespace="bus.emqp.worker")
 
-Handler = Callable[[Any], Any]
+#: How long the last KBYE may wait in the socket for the broker when the worker stops.
+GOODBYE_LINGER_MS = 1000
 
 
 class NoHandler(Exception):
     pass
 
 
-def run_callable(params: dict[str, Any]) -> Any:
-    """The original's ``run`` subcommand: import ``path`` (``pkg.mod`` or ``pkg.mod:Class``),
-    instantiate the class if one is named, call ``callable`` with ``args``/``kwargs``; a
-    ``path`` of ``pkg.mod:function`` without ``callable`` names the function itself."""
-    if not isinstance(params, dict):
-        raise TypeError("run wants an object with path and callable")
-    module_name, _, after = str(params["path"]).partition(":")
-    target: Any = importlib.import_module(module_name)
-    if "callable" in params:
-        if after:  # pkg.mod:Class, the original's form for a method
-            cls = getattr(target, after)
-            target = cls(*params.get("class_args") or (), **params.get("class_kwargs") or {})
-        name = str(params["callable"])
-    else:  # pkg.mod:function
-        name = after
-    function = getattr(target, name)
-    return function(*params.get("args") or (), **params.get("kwargs") or {})
+def format_queues(queues: Iterable[tuple[int, str]]) -> str:
+    """``10:default,5:mail``, as ``--queues`` takes them."""
+    return ",".join(f"{weight}:{name}" for weight, name in queues)
 
 
-def _call(handler: Handler, params: Any) -> Any:
-    return handler(params)
+class _JobProcess:
+    """One slot of the process pool: a pool of a single process, so that a job that kills
+    its process breaks that pool alone and no other job fails with it."""
+
+    def __init__(self, hooks: JobHooks, context: Any) -> None:
+        self._hooks = hooks
+        self._context = context
+        self.executor = self._new()
+        self.busy = False
+        #: Jobs given to the current process.
+        self.jobs = 0
+
+    def _new(self) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=self._context,
+            initializer=start_job_process,
+            initargs=(self._hooks,),
+        )
+
+    def start(self) -> None:
+        """Start the process now (and run its setup hook) rather than at the first job."""
+        self.executor.submit(nothing)
+
+    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        self.jobs += 1
+        try:
+            return self.executor.submit(function, *args)
+        except BrokenProcessPool:  # its process died between two jobs
+            self.replace()
+            self.jobs += 1
+            return self.executor.submit(function, *args)
+
+    def replace(self) -> None:
+        old, self.executor = self.executor, self._new()
+        self.jobs = 0
+        old.shutdown(wait=False, cancel_futures=True)
+
+    def kill(self) -> None:
+        # ProcessPoolExecutor has no public way to end a running job before Python 3.14
+        # (kill_workers): its process table is the only handle on the process.
+        processes = getattr(self.executor, "_processes", None) or {}
+        for process in list(processes.values()):
+            with contextlib.suppress(Exception):
+                process.kill()
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
 
 class EmqpWorker(Service):
@@ -77,8 +136,17 @@ class EmqpWorker(Service):
         allow_run: bool = True,
         heartbeat_interval: float = 3.0,
         heartbeat_liveness: int = 3,
+        grace_period: float | None = 0.0,
+        hooks: JobHooks = NO_HOOKS,
+        max_jobs_per_process: int = 0,
+        stats_interval: float = 0.0,
         reactor: Any = None,
     ) -> None:
+        """``grace_period``: seconds :meth:`stopService` lets running jobs finish (None: as
+        long as they take). ``hooks``: eventmq's setup, entry and exit callables.
+        ``max_jobs_per_process``: a job process is replaced after so many jobs (0: never).
+        ``stats_interval``: seconds between lines of jobs run and failed, when they changed
+        (0: none)."""
         if pool not in ("thread", "process"):
             raise ValueError("pool must be thread or process")
         self.endpoint = endpoint
@@ -90,22 +158,38 @@ class EmqpWorker(Service):
         self.pool_kind = pool
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_liveness = heartbeat_liveness
+        self.grace_period = grace_period
+        self.hooks = hooks
+        self.max_jobs_per_process = max_jobs_per_process
+        self.stats_interval = stats_interval
         self.reactor: Any = reactor_of(reactor)
         self._factory: SocketFactory | None = None
         self._socket: ZmqSocket | None = None
         self._threads: ThreadPool | None = None
-        self._processes: ProcessPoolExecutor | None = None
+        self._job_processes: list[_JobProcess] = []
+        #: Requests beyond the free processes (a broker that sent more than our READYs).
+        self._waiting_jobs: deque[tuple[defer.Deferred[Any], Handler, Any]] = deque()
         self._periodic = Periodic(self.reactor, log)
         self.drops = DropCounter(log, "broker message", self.reactor.seconds)
         #: Incremented at every (re)connection: results of an older session get no REPLY.
         self.session = 0
         self.registered = False
+        #: Stopping: no more READY; running jobs finish and REPLY, then KBYE.
+        self.draining = False
+        #: KBYE said and the socket closed (the pools may still be ending).
+        self._finished_stopping = False
+        #: Everything ended: stopService's Deferreds have fired.
+        self._stopped = False
+        self._stop_waiters: list[defer.Deferred[None]] | None = None
+        self._grace_timer: Any = None
         self.running_jobs = 0
         self.completed = 0
         self.failed = 0
+        self.processes_replaced = 0
         self.informs = 0
         self.heartbeats_received = 0
         self._last_heard = 0.0
+        self._stats_logged = (0, 0)
 
     def register(self, name: str, handler: Handler) -> None:
         """Run ``handler(params)`` for bodies ``[name, params]``."""
@@ -115,34 +199,135 @@ class EmqpWorker(Service):
 
     def startService(self) -> None:
         Service.startService(self)
+        self.draining = False
+        self._finished_stopping = self._stopped = False
+        self._stop_waiters = None
         self._factory = SocketFactory(self.reactor)
         if self.pool_kind == "thread":
             # Daemon threads: a handler that never returns does not keep the process alive.
             self._threads = worker_pool("emqp-worker", self.slots)
             self._threads.start()
+            if self.hooks.setup:  # the threads' process is this one: set it up once
+                try:
+                    run_setup(self.hooks)
+                except Exception:
+                    log.failure("setup {setup} failed", setup=self.hooks.setup)
         else:
-            self._processes = ProcessPoolExecutor(max_workers=self.slots)
-        self._connect()
+            context = multiprocessing.get_context("forkserver")
+            self._job_processes = [_JobProcess(self.hooks, context) for _ in range(self.slots)]
+            for job_process in self._job_processes:
+                job_process.start()
+        try:
+            self._connect()
+        except zmq.ZMQError as error:
+            raise StartupError("broker", f"{error} ({self.endpoint})") from None
         self._periodic.every(self.heartbeat_interval, self._tick)
+        if self.stats_interval > 0:
+            self._periodic.every(self.stats_interval, self._log_stats)
+        log.info(
+            "eMQP worker: broker {broker}, queues {queues}, slots {slots}, pool {pool}",
+            broker=self.endpoint,
+            queues=format_queues(self.queues),
+            slots=self.slots,
+            pool=self.pool_kind,
+        )
 
     def stopService(self) -> defer.Deferred[None]:
+        """Take no more jobs; fires once the running ones have finished (or were ended when
+        the grace period ran out), KBYE was sent and the socket is closed."""
+        if self._stop_waiters is not None:
+            return self._when_stopped()
         if not self.running:
             return defer.succeed(None)
         Service.stopService(self)
+        self.draining = True
+        self._stop_waiters = []
+        stopped = self._when_stopped()
+        grace = self.grace_period
+        if self.running_jobs and (grace is None or grace > 0):
+            log.info(
+                "stopping: no more jobs taken; waiting for {running} running job(s) "
+                "{limit} before they are ended",
+                running=self.running_jobs,
+                limit="with no limit" if grace is None else f"at most {grace:g}s",
+            )
+            if grace is not None:
+                self._grace_timer = self.reactor.callLater(grace, self._grace_over)
+        else:
+            self._goodbye(kill=True, join_threads=True)
+        return stopped
+
+    def force_stop(self) -> None:
+        """End the running jobs now (a second SIGTERM): KBYE, so that the broker retries
+        them or tells their clients ``worker-left``, then kill their processes (threads
+        cannot be killed: they are daemons, left to the process's exit)."""
+        if self._finished_stopping or not (self.running or self.draining):
+            return
+        if not self.draining:
+            self.stopService()
+            if self._finished_stopping:
+                return
+        log.warn("ending {running} running job(s) now", running=self.running_jobs)
+        self._goodbye(kill=True, join_threads=False)
+
+    def _grace_over(self) -> None:
+        self._grace_timer = None
+        log.warn("grace period of {grace:g}s over", grace=self.grace_period)
+        self.force_stop()
+
+    def _when_stopped(self) -> defer.Deferred[None]:
+        waiter: defer.Deferred[None] = defer.Deferred()
+        if self._stop_waiters is None or self._stopped:
+            waiter.callback(None)
+        else:
+            self._stop_waiters.append(waiter)
+        return waiter
+
+    def _goodbye(self, kill: bool, join_threads: bool) -> None:
+        """KBYE, close the socket, end the pools; then fire the stop waiters."""
+        if self._finished_stopping:
+            return
+        self._finished_stopping = True
+        if self._grace_timer is not None and self._grace_timer.active():
+            self._grace_timer.cancel()
+        self._grace_timer = None
         self._periodic.stop_all()
-        if self._socket is not None and self.registered:
-            self._socket.send_frames(codec.kbye())
+        socket, self._socket = self._socket, None
+        if socket is not None and not socket.closed:
+            if self.registered:
+                socket.send_frames(codec.kbye())
+            # The worker's socket never lingers (a reconnection must not send stale
+            # messages); the KBYE must leave before the socket closes.
+            with contextlib.suppress(zmq.ZMQError):
+                socket.socket.set(zmq.LINGER, GOODBYE_LINGER_MS)
+        self.registered = False
         if self._factory is not None:
             self._factory.shutdown()
-        self._socket = None
-        self.registered = False
-        if self._processes is not None:
-            self._processes.shutdown(wait=False, cancel_futures=True)
-            self._processes = None
+        for job_process in self._job_processes:
+            if kill:
+                job_process.kill()
+            job_process.shutdown()
+        self._job_processes = []
+        waiting, self._waiting_jobs = self._waiting_jobs, deque()
+        for deferred, _, _ in waiting:
+            deferred.errback(defer.CancelledError("the worker stopped"))
+        log.info(
+            "eMQP worker stopped: {completed} jobs run, {failed} failed",
+            completed=self.completed,
+            failed=self.failed,
+        )
         threads_pool, self._threads = self._threads, None
-        if threads_pool is not None:
-            return threads.deferToThread(threads_pool.stop)
-        return defer.succeed(None)
+        if threads_pool is not None and join_threads:
+            joined = threads.deferToThread(threads_pool.stop)
+            joined.addBoth(lambda _: self._fire_stop_waiters())
+        else:
+            self._fire_stop_waiters()
+
+    def _fire_stop_waiters(self) -> None:
+        self._stopped = True
+        waiters, self._stop_waiters = self._stop_waiters or [], []
+        for waiter in waiters:
+            waiter.callback(None)
 
     def _connect(self) -> None:
         """A fresh socket (nothing stale queued in it) and an INFORM."""
@@ -164,12 +349,23 @@ class EmqpWorker(Service):
 
     def _tick(self) -> None:
         silent = self.reactor.seconds() - self._last_heard
-        if silent > self.heartbeat_interval * self.heartbeat_liveness:
+        if not self.draining and silent > self.heartbeat_interval * self.heartbeat_liveness:
             log.warn("broker silent for {silent:.1f}s: connecting again", silent=silent)
             self._connect()
             return
-        if self._socket is not None:
-            self._socket.send_frames(codec.heartbeat(self.reactor.seconds()))
+        # Draining, heartbeats go on: a broker that forgot us would retry our running jobs.
+        self._send(codec.heartbeat(self.reactor.seconds()))
+
+    def _log_stats(self) -> None:
+        now = (self.completed, self.failed)
+        if now != self._stats_logged:
+            self._stats_logged = now
+            log.info(
+                "jobs: {completed} run, {failed} failed, {running} running",
+                completed=self.completed,
+                failed=self.failed,
+                running=self.running_jobs,
+            )
 
     # -- messages ----------------------------------------------------------------------------------
 
@@ -182,16 +378,19 @@ class EmqpWorker(Service):
                 self.drops.drop(error.reason, str(error))
                 continue
             if isinstance(command, codec.Request):
+                # Also while draining: the broker sent it against a READY it had.
                 self._run(command)
             elif isinstance(command, codec.Heartbeat):
                 self.heartbeats_received += 1
             elif isinstance(command, codec.Ack):
-                if not self.registered:
+                if not self.registered and not self.draining:
                     self.registered = True
                     for _ in range(self.slots - self.running_jobs):
                         self._send(codec.ready())
             elif isinstance(command, codec.Kbye | codec.Disconnect):
-                if self.registered:  # the broker forgot us (stopped, restarted): start over
+                if self.draining:  # forgotten while leaving: nobody to answer any more
+                    self.registered = False
+                elif self.registered:  # the broker forgot us (stopped, restarted): start over
                     self._connect()
                     return
             else:
@@ -223,24 +422,73 @@ class EmqpWorker(Service):
         handler = self.handlers.get(name) or self.handlers.get("")
         if handler is None:
             raise NoHandler(f"no handler for {name!r}")
-        if self._processes is not None:
-            return _from_future(self.reactor, self._processes.submit(_call, handler, params))
-        assert self._threads is not None
-        return threads.deferToThreadPool(self.reactor, self._threads, handler, params)
+        if self.pool_kind == "process":
+            return self._in_process(handler, params)
+        if self._threads is None:
+            return defer.fail(defer.CancelledError("the worker stopped"))
+        return threads.deferToThreadPool(
+            self.reactor, self._threads, run_job, self.hooks, handler, params
+        )
 
-    def _failure_result(self, failure: Any) -> bytes:
+    def _in_process(self, handler: Handler, params: Any) -> defer.Deferred[Any]:
+        if self._finished_stopping:
+            return defer.fail(defer.CancelledError("the worker stopped"))
+        for job_process in self._job_processes:
+            if not job_process.busy:
+                return self._run_in(job_process, handler, params)
+        waiting: defer.Deferred[Any] = defer.Deferred()
+        self._waiting_jobs.append((waiting, handler, params))
+        return waiting
+
+    def _run_in(
+        self, job_process: _JobProcess, handler: Handler, params: Any
+    ) -> defer.Deferred[Any]:
+        job_process.busy = True
+        try:
+            future = job_process.submit(run_job, self.hooks, handler, params)
+        except Exception as error:
+            job_process.busy = False
+            return defer.fail(error)
+        deferred = _from_future(self.reactor, future)
+        deferred.addBoth(self._process_free, job_process)
+        return deferred
+
+    def _process_free(self, result: Any, job_process: _JobProcess) -> Any:
+        job_process.busy = False
+        if self._finished_stopping:
+            return result
+        if isinstance(result, Failure) and result.check(BrokenProcessPool):
+            log.warn("a job ended its process: starting another")
+            self.processes_replaced += 1
+            job_process.replace()
+        elif 0 < self.max_jobs_per_process <= job_process.jobs:
+            job_process.replace()  # eventmq's MAX_JOB_COUNT: a fresh process now and then
+        if self._waiting_jobs:
+            waiting, handler, params = self._waiting_jobs.popleft()
+            self._run_in(job_process, handler, params).chainDeferred(waiting)
+        return result
+
+    def _failure_result(self, failure: Failure) -> bytes:
         self.failed += 1
         error = failure.value
-        return codec.error_result("handler-failed", f"{type(error).__name__}: {error}")
+        if failure.check(BrokenProcessPool):
+            text = "the job's process died (a signal, os._exit or a crash): it was replaced"
+        else:
+            text = f"{type(error).__name__}: {error}"
+        return codec.error_result("handler-failed", text)
 
     def _finished(self, result: bytes, request: codec.Request, session: int) -> None:
         self.running_jobs -= 1
         self.completed += 1
-        if not self.running or not self.registered:
+        if self._finished_stopping:
             return
-        if session == self.session and request.headers.reply_requested:
+        if self.registered and session == self.session and request.headers.reply_requested:
             self._send(codec.reply(result, request.msgid))
-        self._send(codec.ready())
+        if self.draining:
+            if self.running_jobs == 0:
+                self._goodbye(kill=False, join_threads=True)
+        elif self.registered:
+            self._send(codec.ready())
 
 
 def _from_future(reactor: Any, future: Future[Any]) -> defer.Deferred[Any]:
@@ -260,4 +508,4 @@ def _from_future(reactor: Any, future: Future[Any]) -> defer.Deferred[Any]:
     return deferred
 
 
-__all__ = ["EmqpWorker", "Handler", "run_callable"]
+__all__ = ["EmqpWorker", "Handler", "JobHooks", "format_queues", "run_callable"]

@@ -1,0 +1,367 @@
+"""``emqp-worker`` and ``twistd -n emqp-worker``: an eMQP worker you run rather than write,
+in place of eventmq's ``emq-jobmanager`` (``emqp-worker -C /etc/eventmq.conf``).
+
+It serves ``["run", {...}]`` bodies and the handlers of ``--handlers`` registries in a pool of
+processes (or threads). Where each option's value comes from, strongest first: the command
+line, ``EMQP_WORKER_<OPTION>`` variables, the ``[emqp-worker]`` table of the ``--config``
+TOML file, then eventmq's own settings (``EVENTMQ_<NAME>`` variables over its INI file's
+``[jobmanager]`` over ``[global]``; see :mod:`bus.emqp.eventmq_settings`), then the defaults.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from twisted.logger import Logger
+from twisted.python import usage
+
+from bus.emqp import codec
+from bus.emqp.eventmq_settings import EventmqSettings, read_eventmq_settings
+from bus.emqp.worker_process import JobHooks
+from bus.options import ConfigTables, ServiceOptions, parse_duration
+from bus.services import SERVICE_NAMES
+
+if TYPE_CHECKING:
+    from bus.composition import Composition, ProductService
+    from bus.emqp.worker import EmqpWorker
+
+log = Logger(namespace="bus.emqp.worker")
+
+NAME = "emqp-worker"
+#: The broker's worker port on this machine, as eventmq's WORKER_ADDR.
+DEFAULT_BROKER = "tcp://127.0.0.1:47290"
+DEFAULT_WEIGHT = codec.DEFAULT_WEIGHT
+
+
+def queue_list(value: Any) -> tuple[tuple[int, str], ...]:
+    """``10:default,5:mail`` (a bare name weighs 10), eventmq's JSON ``[[10, "default"]]``,
+    or a TOML list of either form -> ``((10, "default"), (5, "mail"))``."""
+    if isinstance(value, str):
+        text = value.strip()
+        items: list[Any] = json.loads(text) if text.startswith("[") else text.split(",")
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        raise TypeError(f"not a list of queues: {value!r}")
+    queues: list[tuple[int, str]] = []
+    for item in items:
+        if isinstance(item, str):
+            head, colon, tail = item.strip().partition(":")
+            if colon and head.strip().isdigit():
+                weight, name = int(head), tail.strip()
+            else:  # a bare name (which may hold colons)
+                weight, name = DEFAULT_WEIGHT, item.strip()
+        elif isinstance(item, list | tuple) and len(item) == 2:
+            weight, name = int(item[0]), str(item[1])
+        else:
+            raise ValueError(f"not a queue: {item!r}")
+        # What the broker would drop as a bad INFORM is refused here, where it is clear.
+        if not name or len(name.encode()) > codec.MAX_QUEUE_NAME_BYTES:
+            raise ValueError(f"not a queue name: {name!r}")
+        if not 0 <= weight <= codec.MAX_WEIGHT:
+            raise ValueError(f"queue weight {weight} out of range")
+        queues.append((weight, name))
+    if not 0 < len(queues) <= codec.MAX_QUEUES_PER_WORKER:
+        raise ValueError(f"name 1 to {codec.MAX_QUEUES_PER_WORKER} queues")
+    return tuple(queues)
+
+
+queue_list.wants = 'weight:name,... (a bare name weighs 10) or [[weight, "name"], ...]'  # type: ignore[attr-defined]
+
+
+def seconds(value: Any) -> float:
+    try:
+        return parse_duration(value)
+    except usage.UsageError as error:
+        raise ValueError(str(error)) from None
+
+
+seconds.wants = "a duration (30s, 250ms, 10m)"  # type: ignore[attr-defined]
+
+
+def load_handlers(specs: Sequence[str]) -> dict[str, Any]:
+    """The union of ``pkg.mod:NAME`` registries (``pkg.mod`` alone: ``pkg.mod:HANDLERS``),
+    each a dict of body name -> callable; a later registry's name wins."""
+    handlers: dict[str, Any] = {}
+    for spec in specs:
+        module_name, _, attribute = spec.partition(":")
+        attribute = attribute or "HANDLERS"
+        try:
+            registry = getattr(importlib.import_module(module_name), attribute)
+        except Exception as error:
+            raise usage.UsageError(f"--handlers {spec}: {type(error).__name__}: {error}") from None
+        if not isinstance(registry, Mapping):
+            raise usage.UsageError(f"--handlers {spec}: not a dict of name -> callable")
+        for name, handler in registry.items():
+            if not isinstance(name, str) or not callable(handler):
+                raise usage.UsageError(f"--handlers {spec}: {name!r} is not a name -> callable")
+            handlers[name] = handler
+    return handlers
+
+
+def _value_in(args: Sequence[str], long: str, short: str) -> str | None:
+    """The value of ``--long X``, ``--long=X``, ``-s X`` or ``-sX`` in a command line."""
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg in (long, short) and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(long + "="):
+            return arg.partition("=")[2]
+        if arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
+            return arg[len(short) :]
+    return None
+
+
+class Options(ServiceOptions):
+    service = NAME
+    env_prefix = "EMQP_WORKER"
+    # A TOML file shared with the product may hold the product's tables too.
+    known_tables = frozenset({*SERVICE_NAMES, NAME})
+    synopsis = "[options]"
+    longdesc = (
+        'Serve an eMQP broker\'s jobs: INFORM the --queues, run ["run", {...}] bodies and '
+        "the --handlers registries' handlers in --slots processes (or threads), REPLY, "
+        "heartbeat. Reads eventmq's settings too (-C FILE, EVENTMQ_* variables), under its "
+        "own options. SIGTERM: running jobs finish, then KBYE; a second one ends them."
+    )
+    optFlags = [
+        ["no-run", None, 'Refuse ["run", {...}] bodies: serve the --handlers only.'],
+    ]
+    optMulti = [
+        [
+            "handlers",
+            None,
+            "pkg.mod:NAME, a dict of body name -> callable: a body [name, params] runs "
+            "callable(params) (pkg.mod alone: pkg.mod:HANDLERS). Module-level functions, "
+            "picklable for the process pool.",
+        ],
+    ]
+    optParameters = [
+        ["broker", "B", DEFAULT_BROKER, "The broker's worker endpoint (eventmq: WORKER_ADDR)."],
+        [
+            "queues",
+            "Q",
+            f"{DEFAULT_WEIGHT}:default",
+            'Queues served, weight:name comma-separated (a bare name weighs 10) or JSON [[10, "default"]] '
+            "(eventmq: QUEUES).",
+            queue_list,
+        ],
+        ["slots", "J", 4, "Jobs run at once (eventmq: CONCURRENT_JOBS).", int],
+        ["pool", None, "process", "process (a process per slot) or thread."],
+        [
+            "heartbeat-interval",
+            None,
+            "3s",
+            "HEARTBEAT period (eventmq: HEARTBEAT_INTERVAL).",
+            seconds,
+        ],
+        [
+            "heartbeat-liveness",
+            None,
+            3,
+            "Heartbeat periods of broker silence before connecting again "
+            "(eventmq: HEARTBEAT_LIVENESS).",
+            int,
+        ],
+        [
+            "grace-period",
+            None,
+            "300s",
+            "After SIGTERM, how long running jobs may finish before they are ended "
+            "(0: at once; eventmq: KILL_GRACE_PERIOD).",
+            seconds,
+        ],
+        [
+            "setup-func",
+            None,
+            None,
+            "pkg.mod.function called once in each job process as it starts "
+            "(eventmq: SUBPROCESS_SETUP_FUNC).",
+        ],
+        [
+            "job-entry-func",
+            None,
+            None,
+            "pkg.mod.function called before every job (eventmq: JOB_ENTRY_FUNC).",
+        ],
+        [
+            "job-exit-func",
+            None,
+            None,
+            "pkg.mod.function called after every job (eventmq: JOB_EXIT_FUNC).",
+        ],
+        [
+            "max-jobs-per-process",
+            None,
+            0,
+            "A job process is replaced after this many jobs (0: never; eventmq: MAX_JOB_COUNT).",
+            int,
+        ],
+        [
+            "stats-interval",
+            None,
+            "10s",
+            "How often a line of jobs run and failed is logged, when they changed (0: never).",
+            seconds,
+        ],
+        [
+            "eventmq-config",
+            "C",
+            None,
+            "eventmq's INI file, read in [global] then [jobmanager] (default: "
+            "$EVENTMQ_CONFIG_FILE, else /etc/eventmq.conf when it exists).",
+        ],
+    ]
+
+    def __init__(self) -> None:
+        ServiceOptions.__init__(self)
+        self.eventmq = EventmqSettings()
+        self._args: list[str] = []
+
+    def parse_layered(self, options: Sequence[str] | None = None) -> None:
+        self._args = list(sys.argv[1:] if options is None else options)
+        ServiceOptions.parse_layered(self, self._args)
+
+    def apply_defaults(
+        self,
+        tables: ConfigTables,
+        environ: Mapping[str, str],
+        path: str = "",
+        also_known: Any = (),
+    ) -> None:
+        """eventmq's settings first, as defaults; the TOML table and EMQP_WORKER_* over
+        them (then the command line, parsed after this)."""
+        eventmq_path = (
+            _value_in(self._args, "--eventmq-config", "-C")
+            or environ.get(f"{self.env_prefix}_EVENTMQ_CONFIG")
+            or tables.get(self.service, {}).get("eventmq-config")
+            or None
+        )
+        self.eventmq = read_eventmq_settings(
+            None if eventmq_path is None else str(eventmq_path), environ
+        )
+        specs = {spec.name: spec for spec in self.option_specs()}
+        for name, (value, source) in self.eventmq.options().items():
+            self[name] = self._coerced(specs[name], value, source)
+        ServiceOptions.apply_defaults(self, tables, environ, path, also_known)
+
+    def postOptions(self) -> None:
+        try:
+            self["queues"] = queue_list(self["queues"])
+        except (ValueError, TypeError) as error:
+            raise usage.UsageError(f"--queues: {error}") from None
+        if self["pool"] not in ("process", "thread"):
+            raise usage.UsageError("--pool must be process or thread")
+        for name in ("slots", "heartbeat-liveness"):
+            if int(self[name]) < 1:
+                raise usage.UsageError(f"--{name} must be at least 1")
+        if int(self["max-jobs-per-process"]) < 0:
+            raise usage.UsageError("--max-jobs-per-process must be 0 or more")
+        for name in ("heartbeat-interval", "grace-period", "stats-interval"):
+            self[name] = parse_duration(self[name])
+        if self["heartbeat-interval"] <= 0:
+            raise usage.UsageError("--heartbeat-interval must be above 0")
+        for name in ("setup-func", "job-entry-func", "job-exit-func"):
+            function = str(self[name] or "")
+            if function and not (":" in function or "." in function.strip(".")):
+                raise usage.UsageError(f"--{name} {function}: write pkg.mod.function")
+        self["hooks"] = JobHooks(
+            str(self["setup-func"] or ""),
+            str(self["job-entry-func"] or ""),
+            str(self["job-exit-func"] or ""),
+        )
+        self["handler-table"] = load_handlers(self["handlers"])
+
+
+def build(options: usage.Options | Mapping[str, Any], composition: Composition) -> EmqpWorker:
+    """The worker; the eventmq settings it read are logged, and once the reactor runs a
+    second SIGTERM or SIGINT ends the running jobs."""
+    from bus.emqp.worker import EmqpWorker
+
+    settings: EventmqSettings = getattr(options, "eventmq", EventmqSettings())
+    if settings.path is not None:
+        log.info("eventmq settings read from {path}", path=settings.path)
+    for line in settings.not_honoured():
+        log.warn("{line}", line=line)
+    handlers = dict(options["handler-table"])
+    if options["no-run"]:
+        handlers.pop("run", None)
+    worker = EmqpWorker(
+        options["broker"],
+        queues=options["queues"],
+        slots=int(options["slots"]),
+        handlers=handlers,
+        pool=options["pool"],
+        allow_run=not options["no-run"],
+        heartbeat_interval=float(options["heartbeat-interval"]),
+        heartbeat_liveness=int(options["heartbeat-liveness"]),
+        grace_period=float(options["grace-period"]),
+        hooks=options["hooks"],
+        max_jobs_per_process=int(options["max-jobs-per-process"]),
+        stats_interval=float(options["stats-interval"]),
+    )
+    # Once running: the reactor has installed its handlers by then, and ours wrap them.
+    worker.reactor.callWhenRunning(end_jobs_at_second_signal, worker)
+    return worker
+
+
+def end_jobs_at_second_signal(worker: EmqpWorker) -> None:
+    """The first SIGTERM or SIGINT goes to the reactor's handler (a gentle stop: running
+    jobs finish); one more while the worker drains ends the running jobs at once."""
+
+    def wrap(number: int, previous: Any) -> None:
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if worker.draining:
+                worker.reactor.callFromThread(second_signal, signum)
+            else:
+                previous(signum, frame)
+
+        signal.signal(number, handle)
+
+    def second_signal(number: int) -> None:
+        log.warn("{signal} again: ending the running jobs", signal=signal.Signals(number).name)
+        worker.force_stop()
+
+    for number in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(number)
+        if callable(previous):
+            wrap(number, previous)
+
+
+def makeService(options: usage.Options | Mapping[str, Any]) -> ProductService:
+    from bus.composition import standalone
+
+    return standalone(NAME, build, options)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``emqp-worker [options]``: the worker in the foreground, its log on stderr; exits 0
+    once stopped by SIGTERM or SIGINT, 1 when it cannot start, 2 on a usage error."""
+    options = Options()
+    options.synopsis = f"Usage: {NAME} [options]"
+    try:
+        options.parseOptions(list(sys.argv[1:] if argv is None else argv))
+    except usage.UsageError as error:
+        print(f"{NAME}: {error}\n({NAME} --help lists its options)", file=sys.stderr)
+        return 2
+    from twisted.internet import reactor as global_reactor
+    from twisted.logger import ILogObserver, globalLogBeginner, textFileLogObserver
+
+    observer = ILogObserver(textFileLogObserver(sys.stderr))
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+    reactor: Any = global_reactor
+    service = makeService(options)
+    reactor.callWhenRunning(service.startService)
+    reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+    reactor.run()
+    return 0
+
+
+__all__ = ["Options", "build", "load_handlers", "main", "makeService", "queue_list"]
