@@ -237,10 +237,7 @@ class Broker:
             self.drops.drop(error.reason, str(error), identity)
             return
         if type(command) is codec.Status:
-            status = json.dumps(self.status(), sort_keys=True).encode()
-            self.to_admin.append(
-                [identity, b"", PROTOCOL, _REPLY, _new_msgid(), status, command.msgid]
-            )
+            self._answer(identity, command.msgid, self.status(), self.to_admin)
         elif type(command) is codec.Schedule:
             self._on_schedule(identity, command, self.to_admin)
         elif type(command) is codec.Schedules:
@@ -359,7 +356,8 @@ class Broker:
     # -- schedules ---------------------------------------------------------------------------------
 
     def _answer(self, origin: bytes, msgid: bytes, value: Any, outbox: list[Message]) -> None:
-        result = json.dumps(value).encode()
+        """A 6-frame REPLY carrying ``value`` as JSON, answering the request ``msgid``."""
+        result = json.dumps(value, sort_keys=True).encode()
         outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
 
     def _on_schedule(self, origin: bytes, command: codec.Schedule, answer: list[Message]) -> None:
