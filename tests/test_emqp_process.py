@@ -182,11 +182,11 @@ def test_emqp_cli_submit_and_status(tmp_path: Path) -> Any:
         assert json.loads(out) == 42
         nobody = run_cli(
             "submit", "nobody", "1", "--broker", endpoints["client"], "--timeout", "1",
-            "--wait", "1",
+            "--wait", "1", "--admin", endpoints["admin"],
         )  # fmt: skip
         yield wait_until(lambda: nobody.poll() is not None, timeout=60, what="a failing submit")
         out, err = nobody.communicate()
-        assert nobody.returncode == 1 and "no answer" in err
+        assert nobody.returncode == 1 and "no worker serves queue 'nobody'" in err
         status = run_cli("status", "--admin", endpoints["admin"])
         yield wait_until(lambda: status.poll() is not None, timeout=60, what="emqp-cli status")
         out, err = status.communicate()

@@ -5,97 +5,588 @@
     emqp-cli status
 
 ``submit`` prints the worker's value as JSON (or, with ``--no-reply``, the request's id once a
-worker has it) and exits 1 with the broker's reason when the request failed.
+worker has it) and exits 0. Anything else ends with one sentence on stderr and exit status 1:
+the broker's reason when it failed the request, or, when ``--wait`` ran out, what the broker's
+admin port says it waits for (no worker serves the queue, its workers are all busy, a worker
+has the request and has not replied, or nothing answered at all).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
+import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+from types import FrameType
 
-from twisted.internet import defer, task
+
+def _interrupted_early(number: int, frame: FrameType | None) -> None:
+    sys.stderr.write("emqp-cli: interrupted\n")
+    sys.stderr.flush()
+    # Nothing is open yet; an exception raised here could land inside the import
+    # machinery, which reports it and carries on.
+    os._exit(1)
+
+
+# Ctrl-C while modules load or input is checked, before the reactor handles it: one
+# sentence, not a KeyboardInterrupt traceback out of an import. Only when this module is
+# the program: a process that merely imports it keeps its own SIGINT handling.
+_PROGRAM = os.path.basename(sys.argv[0]) if sys.argv else ""
+_AS_PROGRAM = __name__ == "__main__" or _PROGRAM == "emqp-cli"
+if _AS_PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_early)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+from collections.abc import Callable, Generator, Sequence  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any, Literal  # noqa: E402
+
+from twisted.internet import defer, error, protocol  # noqa: E402
+from twisted.python.failure import Failure  # noqa: E402
 
 DEFAULT_BROKER = os.environ.get("EMQP_BROKER", "tcp://127.0.0.1:47291")
 DEFAULT_ADMIN = os.environ.get("EMQP_ADMIN", "tcp://127.0.0.1:47293")
+#: An interactive default: long enough for most jobs, short enough that a request nobody
+#: serves ends with an explanation rather than a silent terminal.
+DEFAULT_SUBMIT_WAIT = 30.0
+DEFAULT_STATUS_WAIT = 5.0
+#: How long the admin port and the probe of a silent port get to explain a wait that ran out.
+EXPLAIN_WAIT = 2.0
+#: What ``--wait 0`` (never give up) hands to APIs that want a number of seconds.
+FOREVER = 365 * 86_400.0
 
 
-def _endpoint(text: str) -> str:
-    return text if "://" in text else f"tcp://{text}"
+class CliError(Exception):
+    """Ends the command: its message is the one line on stderr, exit status 1."""
+
+
+def _seconds(value: float) -> str:
+    return f"{round(value, 1):g} s"
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+# -- input, checked before anything is sent --------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A ZeroMQ endpoint to connect to; ``host`` and ``port`` for tcp:// ones."""
+
+    text: str
+    url: str
+    host: str | None = None
+    port: int | None = None
+
+
+def endpoint_of(text: str, what: str) -> Endpoint:
+    """``HOST:PORT`` or a ZeroMQ endpoint. libzmq takes any tcp:// text at connect and then
+    retries in silence (an unknown host, no port), so those are refused here."""
+    url = text.strip() if "://" in text else f"tcp://{text.strip()}"
+    scheme, _, address = url.partition("://")
+    if scheme != "tcp":
+        return Endpoint(text, url)  # ipc://, inproc://...: libzmq judges them at connect
+    host, colon, port = address.rpartition(":")
+    host = host.rpartition(";")[2]  # after a source address, if one was given
+    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CliError(f"the {what} endpoint {text!r} is not valid: write tcp://HOST:PORT")
+    name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        socket.getaddrinfo(name, int(port), type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as problem:
+        reason = getattr(problem, "strerror", None) or str(problem)
+        raise CliError(
+            f"the {what} endpoint {text!r} is not valid: host {name!r} cannot be resolved"
+            f" ({reason})"
+        ) from None
+    return Endpoint(text, url, name, int(port))
+
+
+def _body_of(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as problem:
+        raise CliError(f"the request body is not valid JSON ({problem})") from None
+
+
+def _check_submit(args: argparse.Namespace) -> None:
+    from bus.emqp import codec
+
+    try:
+        codec.queue_name(args.queue.encode("utf-8", "surrogateescape"))
+    except codec.EmqpError as problem:
+        raise CliError(f"the queue name {args.queue!r} is not valid ({problem})") from None
+    if not 0 <= args.retries <= codec.MAX_RETRIES:
+        raise CliError(f"--retries must be between 0 and {codec.MAX_RETRIES}")
+    if not 0 <= args.timeout <= codec.MAX_TIMEOUT:
+        raise CliError(f"--timeout must be between 0 and {codec.MAX_TIMEOUT} seconds")
+    args.body = _body_of(args.body)
+    args.broker = endpoint_of(args.broker, "broker")
+    args.admin = endpoint_of(args.admin, "admin")
+    if args.broker.url == args.admin.url:
+        raise CliError(
+            f"--broker and --admin both name {args.broker.url}: the broker's client port"
+            " and its admin port are two ports"
+        )
+
+
+def _check_status(args: argparse.Namespace) -> None:
+    args.admin = endpoint_of(args.admin, "admin")
+
+
+def _connected(make: Callable[[], Any], endpoint: Endpoint, what: str) -> Any:
+    import zmq
+
+    try:
+        return make()
+    except zmq.ZMQError as problem:
+        reason = zmq.strerror(problem.errno or 0)
+        raise CliError(f"the {what} endpoint {endpoint.text!r} is not valid ({reason})") from None
+
+
+# -- one run on the reactor -------------------------------------------------------------------
+
+
+class Run:
+    """One command on the reactor: its exit status, and an interruption (Ctrl-C, SIGTERM)
+    turned into the end of whatever it waits for, so that it still says why it stopped."""
+
+    def __init__(self, reactor: Any, args: argparse.Namespace) -> None:
+        self.reactor = reactor
+        self.args = args
+        self.started = reactor.seconds()
+        self.code = 1
+        self._reported = False
+        self._on_interrupt: list[Callable[[], None]] = []
+        self._stopping = False
+
+    def elapsed(self) -> str:
+        return _seconds(self.reactor.seconds() - self.started)
+
+    def say(self, sentence: str) -> None:
+        if not self._reported:
+            self._reported = True
+            sys.stderr.write(f"emqp-cli {self.args.command}: {sentence}\n")
+
+    def start(self) -> None:
+        self.reactor.addSystemEventTrigger("before", "shutdown", self._shutting_down)
+        self.started = self.reactor.seconds()
+        finished: defer.Deferred[None] = defer.maybeDeferred(self.args.run, self)
+        finished.addCallbacks(self._succeeded, self._failed)
+        finished.addBoth(self._stop)
+
+    def when_interrupted(self, listener: Callable[[], None]) -> None:
+        self._on_interrupt.append(listener)
+
+    def _succeeded(self, _: object) -> None:
+        self.code = 0
+        self._reported = True
+
+    def _failed(self, failure: Failure) -> None:
+        if failure.check(CliError):
+            self.say(str(failure.value))
+        else:  # a defect of this tool: still one line, never a traceback
+            value = failure.value
+            self.say(f"unexpected {type(value).__name__} ({value}): please report it")
+
+    def _stop(self, _: object) -> None:
+        if not self._stopping:
+            self._stopping = True
+            self.reactor.stop()
+
+    def _shutting_down(self) -> None:
+        self._stopping = True
+        if self._reported:
+            return
+        listeners, self._on_interrupt = self._on_interrupt, []
+        for listener in listeners:
+            listener()  # what was waited for ends now, and the command says so
+        self.say(f"interrupted after {self.elapsed()}")
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    how: Literal["answered", "out-of-time", "interrupted"]
+    #: The awaited value, or its Failure, when ``how`` is ``answered``.
+    result: Any = None
+
+
+def wait_for(run: Run, awaited: defer.Deferred[Any], seconds: float) -> defer.Deferred[Ended]:
+    """A Deferred of its own that ends once: with ``awaited``'s result, after ``seconds``
+    (0: never), or at an interruption; it never fails. A command yields on this one, not on
+    ``awaited``: cleaning up afterwards (a client's close() fails what it still has pending)
+    then cannot fire the Deferred its generator is suspended on and re-enter it."""
+    ended: defer.Deferred[Ended] = defer.Deferred()
+    done = False
+
+    def end(how: Literal["answered", "out-of-time", "interrupted"], result: Any = None) -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        if timer is not None and timer.active():
+            timer.cancel()
+        if how != "answered":
+            awaited.cancel()  # lets its owner release what it holds (sockets, timers)
+        ended.callback(Ended(how, result))
+
+    def answered(result: Any) -> None:
+        end("answered", result)  # a Failure is handled: it is the caller's to judge
+
+    timer = run.reactor.callLater(seconds, end, "out-of-time") if seconds > 0 else None
+    awaited.addBoth(answered)
+    run.when_interrupted(lambda: end("interrupted"))
+    return ended
+
+
+# -- what listens at a port that did not answer -----------------------------------------------
+
+Listener = Literal["nothing", "unreachable", "zeromq", "other", "silent", "unknown"]
+
+
+class _Greeting(protocol.Protocol):
+    """The first bytes a server sends: a ZeroMQ peer (ZMTP 2 and 3) opens with 0xFF, eight
+    bytes and 0x7F, without waiting for the client."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.heard: defer.Deferred[bytes] = defer.Deferred()
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        if len(self.received) >= 10:
+            self._done()
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        self._done()
+
+    def _done(self) -> None:
+        if not self.heard.called:
+            self.heard.callback(self.received)
+            if self.transport is not None:
+                self.transport.abortConnection()
+
+
+def probe(reactor: Any, endpoint: Endpoint, seconds: float) -> defer.Deferred[Listener]:
+    """What listens at a tcp:// endpoint, judged by a plain TCP connection."""
+    from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
+
+    if endpoint.host is None or endpoint.port is None:
+        return defer.succeed("unknown")
+    target = HostnameEndpoint(reactor, endpoint.host, endpoint.port, timeout=seconds)
+    outcome: defer.Deferred[Listener] = defer.Deferred()
+
+    def connected(greeting: _Greeting) -> None:
+        timer = reactor.callLater(seconds, greeting._done)
+        greeting.heard.addCallback(judged, timer)
+
+    def judged(first: bytes, timer: Any) -> None:
+        if timer.active():
+            timer.cancel()
+        if len(first) >= 10 and first[0] == 0xFF and first[9] == 0x7F:
+            outcome.callback("zeromq")
+        else:
+            outcome.callback("other" if first else "silent")
+
+    def refused(failure: Failure) -> None:
+        outcome.callback(
+            "nothing" if failure.check(error.ConnectionRefusedError) else "unreachable"
+        )
+
+    connectProtocol(target, _Greeting()).addCallbacks(connected, refused)
+    return outcome
+
+
+def _port_said(listener: Listener, endpoint: Endpoint, role: str, silence: str) -> str:
+    """A clause about a port that gave no eMQP answer; ``silence`` says what it did not do."""
+    url = endpoint.url
+    return {
+        "nothing": f"nothing listens at {url}",
+        "unreachable": f"{url} cannot be reached",
+        "zeromq": f"{url} speaks ZeroMQ but {silence} (is it the broker's {role} port?)",
+        "other": f"{url} is not an eMQP broker's {role} port (it does not speak ZeroMQ)",
+        "silent": f"{url} accepts connections but is not an eMQP broker's {role} port",
+        "unknown": f"{url} {silence}",
+    }[listener]
+
+
+def _print(answer: str) -> None:
+    try:
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python would complain again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise CliError("the output was closed before the answer was written") from None
+
+
+def _quietly(deferred: defer.Deferred[Any]) -> defer.Deferred[Any]:
+    """The value, or None for a failure (an explanation is best effort)."""
+    return deferred.addErrback(lambda _: None)
+
+
+# -- submit -------------------------------------------------------------------------------------
+
+
+_REFUSALS = {
+    "queue-full": "the broker refused the request: the buffer of queue {queue!r} is full",
+    "too-many-queues": "the broker refused the request: it has too many queues to open {queue!r}",
+    "duplicate-msgid": "the broker refused the request: its id is already in progress",
+    "timeout": "no reply came within the request's --timeout of {timeout}",
+    "worker-lost": "the request's worker died or went silent before it replied",
+    "worker-left": "the request's worker left before it replied",
+    "handler-failed": "the worker's handler failed: {message}",
+}
+
+
+def failure_sentence(failed: Any, args: argparse.Namespace) -> str:
+    """A :class:`~bus.emqp.client.JobFailed`, told as a sentence."""
+    message = " ".join(str(failed.message).split())
+    template = _REFUSALS.get(failed.reason, "the request failed: {message}")
+    sentence = template.format(
+        queue=args.queue, timeout=_seconds(args.timeout), message=message or failed.reason
+    )
+    retried = failed.reason in ("timeout", "worker-lost", "worker-left")
+    if retried and (args.retries > 0 or args.guarantee):
+        sentence += ", and its retries are spent"
+    return f"{sentence} ({failed.reason})"
 
 
 @defer.inlineCallbacks
-def submit(reactor: Any, args: argparse.Namespace) -> Any:
+def submit(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    from bus.emqp import codec
     from bus.emqp.client import EmqpClient, JobFailed
 
-    try:
-        body = json.loads(args.body)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"BODY is not JSON: {error}") from None
-    client = EmqpClient(_endpoint(args.broker), reactor)
+    args = run.args
+    client = _connected(lambda: EmqpClient(args.broker.url, run.reactor), args.broker, "broker")
+    msgid = codec.new_msgid()
     submitted = client.submit(
         args.queue,
-        body,
+        args.body,
         reply=not args.no_reply,
         guarantee=args.guarantee,
         retries=args.retries,
         timeout=args.timeout,
+        msgid=msgid,
     )
-    waiting = reactor.callLater(args.wait, submitted.cancel) if args.wait > 0 else None
-    try:
-        value = yield submitted
-    except JobFailed as failed:
-        reason = f"{failed.reason}: {failed.message}"
-        raise ValueError(f"request {failed.msgid} failed: {reason}") from None
-    except defer.CancelledError:
-        raise TimeoutError(f"no answer from {args.broker} within {args.wait}s") from None
-    finally:
-        if waiting is not None and waiting.active():
-            waiting.cancel()
+    waited = wait_for(run, submitted, args.wait)
+    dispatched = told_to_leave = False
+
+    def close(ended: Ended) -> Ended:
+        nonlocal dispatched, told_to_leave
+        dispatched, told_to_leave = client.dispatched > 0, client.kbyes > 0
         client.close()
-    sys.stdout.write(json.dumps(value) + "\n")
+        return ended
+
+    ended = yield waited.addCallback(close)
+    if ended.how == "answered":
+        result = ended.result
+        if isinstance(result, Failure):
+            if result.check(JobFailed):
+                raise CliError(failure_sentence(result.value, args))
+            result.raiseException()
+        _print(json.dumps(result))
+        return
+    if ended.how == "interrupted":
+        if dispatched:
+            raise CliError(
+                f"interrupted after {run.elapsed()}: request {msgid.decode()} went to a worker,"
+                " which has not replied yet"
+            )
+        raise CliError(
+            f"interrupted after {run.elapsed()}, before the broker at {args.broker.url}"
+            " dispatched the request"
+        )
+    if told_to_leave and not dispatched:
+        raise CliError(
+            f"{args.broker.url} answered KBYE: it is an eMQP broker's worker port, not its"
+            " client port"
+        )
+    explained = yield wait_for(run, _why_no_answer(run, msgid, dispatched), 0)
+    if explained.how == "interrupted":
+        raise CliError(f"interrupted after {run.elapsed()}, while asking why no answer came")
+    raise CliError(f"{explained.result}; gave up after {_seconds(args.wait)}")
 
 
 @defer.inlineCallbacks
-def status(reactor: Any, args: argparse.Namespace) -> Any:
+def _why_no_answer(run: Run, msgid: bytes, dispatched: bool) -> Generator[Any, Any, str]:
+    """Why the wait ran out, from the broker's admin port and a look at the client port."""
     from bus.emqp.client import query_status
 
-    value = yield query_status(_endpoint(args.admin), reactor, timeout=args.wait)
-    sys.stdout.write(json.dumps(value, indent=1, sort_keys=True) + "\n")
+    args = run.args
+    asked = _quietly(
+        defer.maybeDeferred(query_status, args.admin.url, run.reactor, timeout=EXPLAIN_WAIT)
+    )
+    looked = _quietly(probe(run.reactor, args.broker, EXPLAIN_WAIT))
+    status, listener = yield defer.gatherResults([asked, looked])
+    status = status if isinstance(status, dict) else None
+    if dispatched:
+        worker = next(
+            (
+                job.get("worker")
+                for job in (status or {}).get("in_flight", [])
+                if isinstance(job, dict) and job.get("msgid") == msgid.decode()
+            ),
+            None,
+        )
+        by = f" ({worker})" if worker else ""
+        return f"request {msgid.decode()} went to a worker{by}, which has not replied"
+    queue = (status or {}).get("queues", {}).get(args.queue)
+    if listener in ("zeromq", "unknown") and isinstance(queue, dict) and queue.get("depth"):
+        return _queue_said(status or {}, args.queue, queue)
+    client_said = _port_said(
+        listener or "unknown", args.broker, "client", "did not acknowledge the request"
+    )
+    if status is None:
+        admin_said = f"the admin port {args.admin.url} did not answer STATUS either"
+    elif queue is None or not queue.get("depth"):
+        admin_said = (
+            f"the broker at {args.admin.url} has no request waiting in queue {args.queue!r}"
+        )
+    else:
+        admin_said = (
+            f"the broker at {args.admin.url} says: {_queue_said(status, args.queue, queue)}"
+        )
+    return f"{client_said}, and {admin_said}"
+
+
+def _queue_said(status: dict[str, Any], name: str, queue: dict[str, Any]) -> str:
+    workers = int(queue.get("workers", 0))
+    waiting = int(queue.get("depth", 0))
+    if workers == 0:
+        return f"no worker serves queue {name!r} (the request waits in its buffer)"
+    running = sum(
+        1
+        for job in status.get("in_flight", [])
+        if isinstance(job, dict) and job.get("queue") == name
+    )
+    busy = f"{_plural(running, 'request')} in flight, {waiting} waiting, this one included"
+    if int(queue.get("free_slots", 0)) == 0:
+        if workers == 1:
+            return f"the one worker of queue {name!r} is busy ({busy})"
+        return f"all {workers} workers of queue {name!r} are busy ({busy})"
+    served = f"queue {name!r} has {_plural(workers, 'worker')}"
+    return f"{served} but has not dispatched the request ({busy})"
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+@defer.inlineCallbacks
+def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    from bus.emqp.client import query_status
+
+    args = run.args
+    timeout = args.wait if args.wait > 0 else FOREVER
+    asked = _connected(
+        lambda: query_status(args.admin.url, run.reactor, timeout=timeout), args.admin, "admin"
+    )
+    ended = yield wait_for(run, asked, 0)  # query_status keeps the time itself
+    if ended.how == "interrupted":
+        raise CliError(
+            f"interrupted after {run.elapsed()}, before {args.admin.url} answered STATUS"
+        )
+    result = ended.result
+    if not isinstance(result, Failure):
+        _print(json.dumps(result, indent=1, sort_keys=True))
+        return
+    if not result.check(TimeoutError):
+        result.raiseException()
+    looked = yield wait_for(run, probe(run.reactor, args.admin, EXPLAIN_WAIT), 0)
+    if looked.how == "interrupted":
+        raise CliError(
+            f"interrupted after {run.elapsed()}: {args.admin.url} did not answer STATUS within"
+            f" {_seconds(args.wait)}"
+        )
+    listener: Listener = looked.result
+    said = _port_said(listener, args.admin, "admin", "did not answer STATUS")
+    raise CliError(f"{said}; gave up after {_seconds(args.wait)}")
+
+
+# -- the command line ---------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="emqp-cli", description=__doc__.split("\n")[0])
+    exit_status = "Exit status: 0 on success, 1 with one sentence on stderr otherwise."
+    parser = argparse.ArgumentParser(
+        prog="emqp-cli", description=(__doc__ or "").split("\n")[0], epilog=exit_status
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    sub = commands.add_parser("submit", help="send a REQUEST and print its result")
+    sub = commands.add_parser(
+        "submit",
+        help="send a REQUEST and print its result",
+        description=(
+            "Send a REQUEST and print the worker's value as JSON (with --no-reply: the"
+            " request's id once a worker has it). When --wait runs out, the broker's admin"
+            " port is asked why, and the answer is the error message."
+        ),
+        epilog=exit_status,
+    )
     sub.add_argument("queue")
     sub.add_argument("body", help="the request body, JSON")
     sub.add_argument("--broker", default=DEFAULT_BROKER, help="client port [%(default)s]")
+    sub.add_argument(
+        "--admin", default=DEFAULT_ADMIN, help="admin port, asked why no answer came [%(default)s]"
+    )
     sub.add_argument("--no-reply", action="store_true", help="only wait for the dispatch")
     sub.add_argument("--guarantee", action="store_true", help="stored until its worker replies")
     sub.add_argument("--retries", type=int, default=0, help="re-dispatches allowed")
     sub.add_argument("--timeout", type=int, default=0, help="seconds a worker has (0: none)")
-    sub.add_argument("--wait", type=float, default=0, help="give up after this long (0: never)")
-    sub.set_defaults(run=submit)
-    sub = commands.add_parser("status", help="print the broker's STATUS as JSON")
+    sub.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_SUBMIT_WAIT,
+        metavar="SECONDS",
+        help="give up after this long without the answer (0: wait forever) [%(default)g]",
+    )
+    sub.set_defaults(run=submit, check=_check_submit)
+    sub = commands.add_parser(
+        "status", help="print the broker's STATUS as JSON", epilog=exit_status
+    )
     sub.add_argument("--admin", default=DEFAULT_ADMIN, help="admin port [%(default)s]")
-    sub.add_argument("--wait", type=float, default=5.0, help="give up after this long")
-    sub.set_defaults(run=status)
+    sub.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_STATUS_WAIT,
+        metavar="SECONDS",
+        help="give up after this long (0: wait forever) [%(default)g]",
+    )
+    sub.set_defaults(run=status, check=_check_status)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    try:
+        if args.wait < 0:
+            raise CliError("--wait must be 0 (wait forever) or more seconds")
+        args.check(args)
+        code = _run(args)
+    except CliError as problem:
+        sys.stderr.write(f"emqp-cli {args.command}: {problem}\n")
+        code = 1
+    except KeyboardInterrupt:  # before the reactor took over the signal
+        sys.stderr.write(f"emqp-cli {args.command}: interrupted\n")
+        code = 1
+    raise SystemExit(code)
 
-    def explain(failure: Any) -> None:
-        failure.trap(ValueError, OSError, TimeoutError)
-        sys.stderr.write(f"emqp-cli {args.command}: {failure.value}\n")
-        raise SystemExit(1)
 
-    task.react(lambda reactor: args.run(reactor, args).addErrback(explain))
+def _run(args: argparse.Namespace) -> int:
+    from twisted.internet import reactor as global_reactor
+
+    reactor: Any = global_reactor
+    run = Run(reactor, args)
+    if signal.getsignal(signal.SIGINT) is _interrupted_early:
+        # Twisted installs its own SIGINT handler only over the default one.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Started once the reactor runs (and handles SIGINT and SIGTERM), so that an
+    # interruption always finds the Run ready to end what it waits for.
+    reactor.callWhenRunning(run.start)
+    reactor.run()
+    return run.code
 
 
 if __name__ == "__main__":

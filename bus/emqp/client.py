@@ -60,13 +60,20 @@ class EmqpClient:
             SocketOptions(identity=self.identity, send_hwm=hwm, receive_hwm=hwm, linger_ms=0),
             name="emqp-client",
         )
-        self._socket.connect(endpoint)
+        try:
+            self._socket.connect(endpoint)
+        except zmq.ZMQError:
+            self._factory.shutdown()  # an invalid endpoint: no context left behind
+            raise
         #: msgid -> (Deferred, whether it waits for the result).
         self._pending: dict[bytes, tuple[defer.Deferred[Any], bool]] = {}
         self._backlog: deque[list[bytes]] = deque()
         self._retry: DelayedCall | None = None
         self.drops = DropCounter(log, "broker message", self.reactor.seconds)
         self.dispatched = 0
+        #: KBYEs received: a broker's worker port tells a peer that never sent INFORM to
+        #: leave, so a client sees one when it was pointed at the worker port.
+        self.kbyes = 0
 
     def submit(
         self,
@@ -126,7 +133,9 @@ class EmqpClient:
                     entry[0].callback(command.request_msgid.decode())
             elif isinstance(command, codec.Reply):
                 self._on_result(command)
-            elif isinstance(command, codec.Heartbeat | codec.Kbye):
+            elif isinstance(command, codec.Kbye):
+                self.kbyes += 1
+            elif isinstance(command, codec.Heartbeat):
                 pass
             else:
                 self.drops.drop("unexpected-command", type(command).__name__)
@@ -176,7 +185,11 @@ def query_status(
                 result.callback(command.value())
 
     sock = factory.socket(zmq.DEALER, answered, SocketOptions(linger_ms=0), name="emqp-admin")
-    sock.connect(endpoint)
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError:
+        factory.shutdown()
+        raise
     sock.send_frames(request)
 
     def give_up() -> None:

@@ -1,0 +1,302 @@
+"""emqp-cli as a child process against a broker in this process (real sockets): every way a
+command ends is one sentence on stderr and exit status 1, or the answer and exit status 0."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer, protocol, reactor
+
+from bus.emqp.worker import EmqpWorker
+from bus.testing import start_broker, wait_until
+from tests.emqp_helpers import RawClient, RawWorker
+from tests.ports import free_ports
+
+CLI = str(Path(sys.executable).with_name("emqp-cli"))
+ADD = '["add", {"a": 1, "b": 2}]'
+
+
+def add(params: dict[str, int]) -> int:
+    return params["a"] + params["b"]
+
+
+def fail(params: Any) -> None:
+    raise ValueError("no such thing")
+
+
+class Cli:
+    """emqp-cli in a child process, its output in files (a pipe could fill and block it)."""
+
+    def __init__(self, *args: str) -> None:
+        self.stdout = tempfile.TemporaryFile("w+")
+        self.stderr = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen([CLI, *args], stdout=self.stdout, stderr=self.stderr)
+
+    @staticmethod
+    def _read(stream: Any) -> str:
+        stream.seek(0)
+        return str(stream.read())
+
+    @property
+    def out(self) -> str:
+        return self._read(self.stdout)
+
+    @property
+    def err(self) -> str:
+        return self._read(self.stderr)
+
+    @property
+    def code(self) -> int | None:
+        return self.process.poll()
+
+    def finished(self) -> bool:
+        return self.process.poll() is not None
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.stdout.close()
+        self.stderr.close()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[Any]]:
+    """What a test started (brokers, workers, peers, child processes), closed after it."""
+    made: list[Any] = []
+    yield made
+    for thing in reversed(made):
+        if hasattr(thing, "stopService"):
+            pytest_twisted.blockon(thing.stopService())
+        else:
+            thing.close()
+
+
+@defer.inlineCallbacks
+def ran(cleanup: list[Any], *args: str) -> Any:
+    """The finished command, waited for on the reactor (the broker keeps answering)."""
+    command = Cli(*args)
+    cleanup.append(command)
+    yield wait_until(command.finished, timeout=30, what=f"emqp-cli {' '.join(args)}")
+    return command
+
+
+def broker_in(tmp_path: Path, cleanup: list[Any], **settings: Any) -> Any:
+    broker = start_broker(tmp_path / "emqp", **settings)
+    cleanup.append(broker)
+    return broker
+
+
+def ports(broker: Any) -> list[str]:
+    return ["--broker", broker.endpoints["client"], "--admin", broker.endpoints["admin"]]
+
+
+def one_failure(command: Cli) -> str:
+    """The single line a failed command wrote, checked to be no traceback."""
+    assert command.code == 1, command.err
+    assert command.out == ""
+    assert command.err.count("\n") == 1, command.err
+    assert "Traceback" not in command.err and "generator" not in command.err
+    return command.err.rstrip("\n")
+
+
+@pytest_twisted.inlineCallbacks
+def test_no_worker_for_the_queue_names_the_queue_and_the_wait(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    command = yield ran(cleanup, "submit", "default", ADD, *ports(broker), "--wait", "1")
+    assert one_failure(command) == (
+        "emqp-cli submit: no worker serves queue 'default' (the request waits in its buffer);"
+        " gave up after 1 s"
+    )
+    assert broker.status()["queues"]["default"]["depth"] == 1  # it really waits there
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_worker_that_never_replies_and_one_that_is_busy(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    worker = RawWorker(broker.endpoints["worker"])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="the worker's ACK")
+    worker.ready()
+    command = yield ran(cleanup, "submit", "default", ADD, *ports(broker), "--wait", "1")
+    [request] = worker.requests()
+    assert one_failure(command) == (
+        f"emqp-cli submit: request {request[3].decode()} went to a worker"
+        f" ({worker.identity.decode()}), which has not replied; gave up after 1 s"
+    )
+    # Its one slot is taken: the next request waits behind another one.
+    worker.heartbeat()  # it stays known to the broker while the test runs on
+    other = RawClient(broker.endpoints["client"])
+    cleanup.append(other)
+    other.request("default", ADD)
+    yield wait_until(lambda: broker.status()["waiting"] == 1, what="a request waiting")
+    command = yield ran(cleanup, "submit", "default", ADD, *ports(broker), "--wait", "1")
+    assert one_failure(command) == (
+        "emqp-cli submit: the one worker of queue 'default' is busy (1 request in flight,"
+        " 2 waiting, this one included); gave up after 1 s"
+    )
+
+
+@pytest_twisted.inlineCallbacks
+def test_results_of_a_worker_and_the_status(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    worker = EmqpWorker(broker.endpoints["worker"], handlers={"add": add, "fail": fail}, slots=3)
+    worker.startService()
+    cleanup.append(worker)
+    yield wait_until(lambda: worker.registered, what="the worker's ACK")
+    commands = [
+        Cli("submit", "default", ADD, *ports(broker), "--wait", "20"),
+        Cli("submit", "default", ADD, *ports(broker), "--no-reply", "--guarantee"),
+        Cli("submit", "default", '["fail", {}]', *ports(broker), "--wait", "20"),
+    ]
+    cleanup.extend(commands)
+    yield wait_until(lambda: all(c.finished() for c in commands), timeout=30, what="the CLIs")
+    value, dispatched, failed = commands
+    assert (value.code, value.out, value.err) == (0, "3\n", "")
+    assert (dispatched.code, dispatched.err) == (0, "")
+    assert re.fullmatch(r'"[0-9a-f-]{36}"\n', dispatched.out)
+    assert one_failure(failed) == (
+        "emqp-cli submit: the worker's handler failed: ValueError: no such thing (handler-failed)"
+    )
+    command = yield ran(cleanup, "status", "--admin", broker.endpoints["admin"])
+    assert (command.code, command.err) == (0, "")
+    assert json.loads(command.out)["counters"]["requests"] == 3
+
+
+@pytest_twisted.inlineCallbacks
+def test_errors_the_broker_answers(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup, queue_limit=1)
+    waiting = RawClient(broker.endpoints["client"])
+    cleanup.append(waiting)
+    waiting.request("full", ADD)
+    yield wait_until(lambda: broker.status()["waiting"] == 1, what="the queue full")
+    command = yield ran(cleanup, "submit", "full", ADD, *ports(broker), "--wait", "20")
+    assert one_failure(command) == (
+        "emqp-cli submit: the broker refused the request: the buffer of queue 'full' is full"
+        " (queue-full)"
+    )
+    worker = RawWorker(broker.endpoints["worker"])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="the worker's ACK")
+    worker.ready()
+    args = ["submit", "default", ADD, *ports(broker), "--timeout", "1", "--wait", "20"]
+    command = yield ran(cleanup, *args)
+    assert worker.requests()  # it had the request, and said nothing
+    assert one_failure(command) == (
+        "emqp-cli submit: no reply came within the request's --timeout of 1 s (timeout)"
+    )
+
+
+@pytest_twisted.inlineCallbacks
+def test_nothing_listening(cleanup: list[Any]) -> Any:
+    port = free_ports(2)
+    client, admin = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}"
+    args = ["submit", "default", ADD, "--broker", client, "--admin", admin, "--wait", "1"]
+    submitted = yield ran(cleanup, *args)
+    assert one_failure(submitted) == (
+        f"emqp-cli submit: nothing listens at {client}, and the admin port {admin} did not"
+        " answer STATUS either; gave up after 1 s"
+    )
+    asked = yield ran(cleanup, "status", "--admin", admin, "--wait", "1")
+    assert one_failure(asked) == f"emqp-cli status: nothing listens at {admin}; gave up after 1 s"
+
+
+class _NotZeroMQ(protocol.Protocol):
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        self.transport.loseConnection()
+
+
+@pytest_twisted.inlineCallbacks
+def test_ports_that_are_not_an_emqp_broker(tmp_path: Path, cleanup: list[Any]) -> Any:
+    listening = reactor.listenTCP(  # type: ignore[attr-defined]
+        0, protocol.Factory.forProtocol(_NotZeroMQ), interface="127.0.0.1"
+    )
+    try:
+        http = f"tcp://127.0.0.1:{listening.getHost().port}"
+        nowhere = f"tcp://127.0.0.1:{free_ports(1)}"
+        asked = yield ran(cleanup, "status", "--admin", http, "--wait", "1")
+        assert one_failure(asked) == (
+            f"emqp-cli status: {http} is not an eMQP broker's admin port (it does not speak"
+            " ZeroMQ); gave up after 1 s"
+        )
+        args = ["submit", "default", ADD, "--broker", http, "--admin", nowhere, "--wait", "1"]
+        submitted = yield ran(cleanup, *args)
+        assert one_failure(submitted) == (
+            f"emqp-cli submit: {http} is not an eMQP broker's client port (it does not speak"
+            f" ZeroMQ), and the admin port {nowhere} did not answer STATUS either;"
+            " gave up after 1 s"
+        )
+    finally:
+        yield listening.stopListening()
+    # The broker's other ports, mistaken for the admin and the client port.
+    broker = broker_in(tmp_path, cleanup)
+    client, workers = broker.endpoints["client"], broker.endpoints["worker"]
+    asked = yield ran(cleanup, "status", "--admin", client, "--wait", "1")
+    assert one_failure(asked) == (
+        f"emqp-cli status: {client} speaks ZeroMQ but did not answer STATUS (is it the"
+        " broker's admin port?); gave up after 1 s"
+    )
+    args = ["submit", "default", ADD, "--broker", workers, "--admin", broker.endpoints["admin"]]
+    submitted = yield ran(cleanup, *args, "--wait", "1")
+    assert one_failure(submitted) == (
+        f"emqp-cli submit: {workers} answered KBYE: it is an eMQP broker's worker port, not"
+        " its client port"
+    )
+
+
+@pytest_twisted.inlineCallbacks
+def test_bad_input_is_refused_before_anything_is_sent(cleanup: list[Any]) -> Any:
+    port = free_ports(2)
+    nowhere = ["--broker", f"127.0.0.1:{port}", "--admin", f"127.0.0.1:{port + 1}"]
+    cases = [
+        (["default", ADD, "--broker", "foo"], "the broker endpoint 'foo' is not valid: write"),
+        (
+            ["default", ADD, "--broker", "tcp://nohost.invalid:1"],
+            "the broker endpoint 'tcp://nohost.invalid:1' is not valid: host 'nohost.invalid'"
+            " cannot be resolved",
+        ),
+        (["default", ADD, "--broker", "bogus://x"], "the broker endpoint 'bogus://x' is not"),
+        (["default", ADD, *nowhere, "--admin", "127.0.0.1:x"], "the admin endpoint"),
+        (["default", "[1,", *nowhere], "the request body is not valid JSON"),
+        (["", ADD, *nowhere], "the queue name '' is not valid (empty queue name)"),
+        (["q" * 300, ADD, *nowhere], "the queue name 'qqq"),
+        (["default", ADD, *nowhere, "--wait", "-1"], "--wait must be 0 (wait forever) or"),
+        (["default", ADD, *nowhere, "--retries", "-1"], "--retries must be between 0 and"),
+    ]
+    commands = [Cli("submit", *args) for args, _ in cases]
+    cleanup.extend(commands)
+    yield wait_until(lambda: all(c.finished() for c in commands), timeout=30, what="the CLIs")
+    for command, (args, expected) in zip(commands, cases, strict=True):
+        assert one_failure(command).startswith(f"emqp-cli submit: {expected}"), args
+
+
+@pytest_twisted.inlineCallbacks
+def test_ctrl_c_says_what_was_waited_for(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    command = Cli("submit", "default", ADD, *ports(broker), "--wait", "0")
+    cleanup.append(command)
+    # The request leaves once the CLI's reactor runs, so its SIGINT handler is in place.
+    yield wait_until(lambda: broker.broker.requests == 1, timeout=30, what="the request")
+    command.process.send_signal(signal.SIGINT)
+    yield wait_until(command.finished, timeout=30, what="the CLI to stop")
+    assert re.fullmatch(
+        r"emqp-cli submit: interrupted after [0-9.]+ s, before the broker at"
+        f" {re.escape(broker.endpoints['client'])} dispatched the request",
+        one_failure(command),
+    )
