@@ -2,19 +2,29 @@
 
 Roles:
 
-``workers ENDPOINT COUNT SLOTS``
+``workers ENDPOINT COUNT SLOTS [STAMPS]``
     COUNT workers in one process, each a DEALER that INFORMs (queue ``default``), waits
     for the ACK and sends SLOTS READYs; then ``READY`` is printed. Each answers every
     REQUEST with a REPLY (``{"value": body}``) and a READY, as the original job manager
     does, and records when each broker HEARTBEAT arrives. ``REPORT`` on stdin prints a JSON
     line (requests served by each, the largest gap between two HEARTBEATs at any of them
-    since the last report) and starts a new window; EOF ends it.
+    since the last report) and starts a new window; EOF ends it. With STAMPS (a file
+    path) each worker also notes when every REQUEST arrived (``time.time()``) and the
+    number N of its body ``["tick", N]``; ``DUMP`` on stdin writes them all to STAMPS
+    (every number as int64, then every time as float64, native byte order), forgets them
+    and prints a JSON line ``{"stamps": count}``.
 ``relay CLIENT_PORT WORKER_PORT``
     The baseline: a raw pyzmq ROUTER relay doing the broker's hops for the same frames
     (client REQUEST -> least recently ready worker with the client's msgid -> dispatch
     acknowledgement to the client; worker REPLY -> the client that asked; READY -> the
     worker's slot back), with a dict and a deque instead of the broker's queues, and no
     store, headers, timeouts or activity. Runs until EOF on stdin.
+``paced-client ENDPOINT RATE SECONDS``
+    A DEALER that prints ``READY`` after one warm-up request (``["tick", -1]``, no
+    headers: the broker answers its dispatch acknowledgement only), waits for ``GO``, then
+    sends REQUEST N (body ``["tick", N]``) at ``t0 + N / RATE`` (``time.time()``) for
+    SECONDS, reading the acknowledgements meanwhile; prints a JSON line (``t0``, requests
+    sent, acknowledgements and error replies received, how late its sends were at worst).
 ``client ENDPOINT JOBS WINDOW HEADERS``
     A DEALER that prints ``READY`` after one warm-up job, waits for ``GO``, then keeps at
     most WINDOW requests outstanding until JOBS results came back, timing each request to
@@ -29,6 +39,7 @@ import select
 import sys
 import time
 import uuid
+from array import array
 from collections import deque
 from typing import Any
 
@@ -124,11 +135,57 @@ class BenchWorker:
                 self.last_beat = now
 
 
-def workers(endpoint: str, count: str, slots: str) -> None:
+class StampingWorker(BenchWorker):
+    """A BenchWorker that notes when each REQUEST arrived and the number N of its body
+    ``["tick", N]`` (-1 for any other body)."""
+
+    def __init__(self, context: zmq.Context, endpoint: str, slots: int) -> None:
+        super().__init__(context, endpoint, slots)
+        self.numbers = array("q")
+        self.arrivals = array("d")
+
+    def drain(self) -> None:
+        send, recv, ids = self.send, self.recv, self.ids
+        note_number, note_arrival, now = self.numbers.append, self.arrivals.append, time.time
+        for _ in range(1000):
+            try:
+                frames = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            command = frames[2]
+            if command == b"REQUEST":
+                note_arrival(now())
+                body = frames[6]
+                note_number(int(body[9:-1]) if body.startswith(b'["tick", ') else -1)
+                self.served += 1
+                send([b"", PROTOCOL, b"REPLY", next(ids), b'{"value": ' + body + b"}", frames[3]])
+                send([b"", PROTOCOL, b"READY", next(ids)])
+            elif command == b"HEARTBEAT":
+                moment = time.monotonic()
+                if self.last_beat is not None:
+                    self.worst_gap = max(self.worst_gap, moment - self.last_beat)
+                self.last_beat = moment
+
+
+def dump_stamps(team: list[Any], path: str) -> int:
+    """Every arrival the team noted, to ``path`` (numbers, then times); then forget them."""
+    numbers, arrivals = array("q"), array("d")
+    for member in team:
+        numbers.extend(member.numbers)
+        arrivals.extend(member.arrivals)
+        member.numbers, member.arrivals = array("q"), array("d")
+    with open(path, "wb") as out:
+        numbers.tofile(out)
+        arrivals.tofile(out)
+    return len(numbers)
+
+
+def workers(endpoint: str, count: str, slots: str, stamps: str = "") -> None:
     """COUNT workers in one process: fewer process wake-ups than one process each, so the
     load generators leave more of the two cores to what they measure."""
     context = zmq.Context()
-    team = [BenchWorker(context, endpoint, int(slots)) for _ in range(int(count))]
+    kind = StampingWorker if stamps else BenchWorker
+    team = [kind(context, endpoint, int(slots)) for _ in range(int(count))]
     print("READY", flush=True)
     poller = zmq.Poller()
     for member in team:
@@ -151,6 +208,8 @@ def workers(endpoint: str, count: str, slots: str) -> None:
                 }), flush=True)  # fmt: skip
                 for member in team:
                     member.worst_gap, member.last_beat = 0.0, None
+            if "DUMP" in lines and stamps:
+                print(json.dumps({"stamps": dump_stamps(team, stamps)}), flush=True)
 
 
 def relay(client_port: str, worker_port: str) -> None:
@@ -267,8 +326,68 @@ def client(endpoint: str, jobs: str, window: str, headers: str) -> None:
     }), flush=True)  # fmt: skip
 
 
+def paced_client(endpoint: str, rate: str, seconds: str) -> None:
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, msgid())
+    sock.setsockopt(zmq.RCVHWM, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.connect(endpoint)
+    send_frames, recv_frames = sender(sock), receiver(sock)
+    per_second = float(rate)
+    total = int(per_second * float(seconds))
+    # Everything a send needs is made before the clock runs.
+    request_ids = [msgid() for _ in range(total)]
+    bodies = [b'["tick", %d]' % number for number in range(total)]
+    send_frames([b"", PROTOCOL, b"REQUEST", msgid(), b"default", b"", b'["tick", -1]'])
+    while len(recv_frames()) != 5:  # the warm-up's dispatch acknowledgement
+        pass
+    print("READY", flush=True)
+    sys.stdin.readline()
+    acks = errors = 0
+
+    def read_answers() -> None:
+        nonlocal acks, errors
+        while True:
+            try:
+                frames = recv_frames(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if frames[2] == b"REPLY" and len(frames) == 5:
+                acks += 1
+            elif frames[2] == b"REPLY" and b'"error"' in frames[4]:
+                errors += 1
+
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    t0 = time.time() + 0.01
+    sent = 0
+    worst_lag = 0.0
+    while sent < total:
+        now = time.time()
+        due = min(total, int((now - t0) * per_second) + 1) if now >= t0 else 0
+        if due > sent:
+            worst_lag = max(worst_lag, now - (t0 + sent / per_second))
+        while sent < due:
+            send_frames([b"", PROTOCOL, b"REQUEST", request_ids[sent], b"default", b"",
+                         bodies[sent]])  # fmt: skip
+            sent += 1
+        read_answers()
+        wait = t0 + sent / per_second - time.time()
+        if wait > 0:
+            poller.poll(max(1, int(wait * 1000)))
+    deadline = time.time() + 5
+    while acks + errors < total and time.time() < deadline:
+        poller.poll(100)
+        read_answers()
+    print(json.dumps({
+        "t0": t0, "rate": per_second, "sent": sent, "acks": acks, "errors": errors,
+        "worst_send_lag_s": worst_lag,
+    }), flush=True)  # fmt: skip
+
+
 def main(argv: list[str]) -> None:
-    roles = {"workers": workers, "relay": relay, "client": client}
+    roles = {"workers": workers, "relay": relay, "client": client, "paced-client": paced_client}
     roles[argv[0]](*argv[1:])
 
 
