@@ -300,3 +300,39 @@ def test_ctrl_c_says_what_was_waited_for(tmp_path: Path, cleanup: list[Any]) -> 
         f" {re.escape(broker.endpoints['client'])} dispatched the request",
         one_failure(command),
     )
+
+
+@pytest_twisted.inlineCallbacks
+def test_schedule_list_and_unschedule_through_the_admin_port(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    seen: list[Any] = []
+    worker = EmqpWorker(broker.endpoints["worker"], handlers={"tick": seen.append}, slots=2)
+    worker.startService()
+    cleanup.append(worker)
+    admin = ["--admin", broker.endpoints["admin"]]
+    added = yield ran(cleanup, "schedule", "default", '["tick", 7]', "--every", "1s", *admin)
+    assert added.code == 0, added.err
+    answer = json.loads(added.out)
+    assert answer["replaced"] is False and answer["next_run_in"] == 0
+    yield wait_until(lambda: len(seen) >= 2, timeout=10, what="two runs a second apart")
+    assert seen[:2] == [7, 7]
+    listed = yield ran(cleanup, "schedules", *admin)
+    assert listed.code == 0, listed.err
+    [entry] = [json.loads(line) for line in listed.out.splitlines()]
+    assert entry["id"] == answer["schedule"] and entry["interval"] == 1.0
+    removed = yield ran(cleanup, "unschedule", answer["schedule"], *admin)
+    assert removed.code == 0 and json.loads(removed.out)["removed"] is True
+    assert broker.broker.schedules is not None and len(broker.broker.schedules) == 0
+    again = yield ran(cleanup, "unschedule", answer["schedule"], *admin)
+    assert (
+        one_failure(again)
+        == f"emqp-cli unschedule: the broker keeps no schedule {answer['schedule']!r}"
+    )
+    bad = yield ran(cleanup, "schedule", "default", "1", "--cron", "every day", *admin)
+    line = one_failure(bad)
+    assert line.startswith("emqp-cli schedule: the broker refused the SCHEDULE: ")
+    assert line.endswith("(bad-schedule)")
+    neither = yield ran(cleanup, "schedule", "default", "1", *admin)
+    assert "name one of --every" in one_failure(neither)

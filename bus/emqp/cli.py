@@ -1,8 +1,12 @@
-"""``emqp-cli``: submit a request to an eMQP broker, or show its status.
+"""``emqp-cli``: submit a request to an eMQP broker, show its status, manage its schedules.
 
     emqp-cli submit default '["run", {"path": "os.path", "callable": "join", "args": ["a", "b"]}]'
     emqp-cli submit emails '{"to": "x"}' --no-reply --guarantee --retries 3
     emqp-cli status
+    emqp-cli schedule maint '["run", {"path": "app.jobs:cleanup"}]' --every 1h --guarantee
+    emqp-cli schedule reports '["report", {}]' --cron '30 6 * * 1-5'
+    emqp-cli schedules
+    emqp-cli unschedule 3f2a...
 
 ``submit`` prints the worker's value as JSON (or, with ``--no-reply``, the request's id once a
 worker has it) and exits 0. Anything else ends with one sentence on stderr and exit status 1:
@@ -476,34 +480,113 @@ def _queue_said(status: dict[str, Any], name: str, queue: dict[str, Any]) -> str
 
 
 @defer.inlineCallbacks
-def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
-    from bus.emqp.client import query_status
-
+def _ask_admin(
+    run: Run, ask: Callable[[float], defer.Deferred[Any]], what: str
+) -> Generator[defer.Deferred[Any], Any, Any]:
+    """One request to the admin port: its answer, or a sentence (CliError) saying why none
+    came. ``ask(timeout)`` sends it; ``what`` names it (``STATUS``, ``SCHEDULE``...)."""
     args = run.args
     timeout = args.wait if args.wait > 0 else FOREVER
-    asked = _connected(
-        lambda: query_status(args.admin.url, run.reactor, timeout=timeout), args.admin, "admin"
-    )
-    ended = yield wait_for(run, asked, 0)  # query_status keeps the time itself
+    asked = _connected(lambda: ask(timeout), args.admin, "admin")
+    ended = yield wait_for(run, asked, 0)  # the request keeps the time itself
     if ended.how == "interrupted":
         raise CliError(
-            f"interrupted after {run.elapsed()}, before {args.admin.url} answered STATUS"
+            f"interrupted after {run.elapsed()}, before {args.admin.url} answered {what}"
         )
     result = ended.result
     if not isinstance(result, Failure):
-        _print(json.dumps(result, indent=1, sort_keys=True))
-        return
+        return result
+    from bus.emqp.client import JobFailed
+
+    failed = result.value
+    if isinstance(failed, JobFailed):
+        message = " ".join(str(failed.message).split()) or failed.reason
+        raise CliError(f"the broker refused the {what}: {message} ({failed.reason})")
     if not result.check(TimeoutError):
         result.raiseException()
     looked = yield wait_for(run, probe(run.reactor, args.admin, EXPLAIN_WAIT), 0)
     if looked.how == "interrupted":
         raise CliError(
-            f"interrupted after {run.elapsed()}: {args.admin.url} did not answer STATUS within"
+            f"interrupted after {run.elapsed()}: {args.admin.url} did not answer {what} within"
             f" {_seconds(args.wait)}"
         )
     listener: Listener = looked.result
-    said = _port_said(listener, args.admin, "admin", "did not answer STATUS")
+    said = _port_said(listener, args.admin, "admin", f"did not answer {what}")
     raise CliError(f"{said}; gave up after {_seconds(args.wait)}")
+
+
+@defer.inlineCallbacks
+def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    from bus.emqp.client import query_status
+
+    url = run.args.admin.url
+    answer = yield _ask_admin(run, lambda t: query_status(url, run.reactor, timeout=t), "STATUS")
+    _print(json.dumps(answer, indent=1, sort_keys=True))
+
+
+@defer.inlineCallbacks
+def schedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    from bus.emqp.client import add_schedule
+
+    args = run.args
+    url = args.admin.url
+
+    def ask(timeout: float) -> defer.Deferred[Any]:
+        return add_schedule(
+            url, args.queue, args.body, interval=args.every, cron=args.cron,
+            guarantee=args.guarantee, haste=not args.no_haste, runs=args.runs,
+            reactor=run.reactor, timeout=timeout,
+        )  # fmt: skip
+
+    answer = yield _ask_admin(run, ask, "SCHEDULE")
+    _print(json.dumps(answer, sort_keys=True))
+
+
+@defer.inlineCallbacks
+def unschedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    from bus.emqp.client import remove_schedule
+
+    args = run.args
+    url = args.admin.url
+    answer = yield _ask_admin(
+        run, lambda t: remove_schedule(url, args.id, run.reactor, timeout=t), "UNSCHEDULE"
+    )
+    if not answer.get("removed"):
+        raise CliError(f"the broker keeps no schedule {args.id!r}")
+    _print(json.dumps(answer, sort_keys=True))
+
+
+@defer.inlineCallbacks
+def schedules(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    from bus.emqp.client import list_schedules
+
+    url = run.args.admin.url
+    answer = yield _ask_admin(
+        run, lambda t: list_schedules(url, run.reactor, timeout=t), "SCHEDULES"
+    )
+    for entry in answer:
+        _print(json.dumps(entry, sort_keys=True))
+
+
+def _check_schedule(args: argparse.Namespace) -> None:
+    from bus.emqp import codec
+    from bus.options import parse_duration
+
+    try:
+        codec.queue_name(args.queue.encode("utf-8", "surrogateescape"))
+    except codec.EmqpError as problem:
+        raise CliError(f"the queue name {args.queue!r} is not valid ({problem})") from None
+    if (args.every is None) == (args.cron is None):
+        raise CliError("name one of --every (an interval such as 30s or 1h) and --cron")
+    if args.every is not None:
+        try:
+            args.every = parse_duration(args.every)
+        except Exception as problem:
+            raise CliError(f"--every: {problem}") from None
+    if args.runs is not None and args.runs < 1:
+        raise CliError("--runs must be 1 or more")
+    args.body = _body_of(args.body)
+    _check_status(args)
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -555,6 +638,45 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up after this long (0: wait forever) [%(default)g]",
     )
     sub.set_defaults(run=status, check=_check_status)
+
+    def admin_options(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--admin", default=DEFAULT_ADMIN, help="admin port [%(default)s]")
+        sub.add_argument(
+            "--wait",
+            type=float,
+            default=DEFAULT_STATUS_WAIT,
+            metavar="SECONDS",
+            help="give up after this long (0: wait forever) [%(default)g]",
+        )
+
+    sub = commands.add_parser(
+        "schedule",
+        help="have the broker send BODY to QUEUE every interval or at cron times",
+        description=(
+            "Add (or replace: the same body is the same schedule) a schedule in the broker's"
+            " scheduler, and print its id. An interval schedule runs at once, then every"
+            " interval; after a broker restart a schedule that missed runs runs once."
+        ),
+        epilog=exit_status,
+    )
+    sub.add_argument("queue")
+    sub.add_argument("body", help='the request body, JSON (eventmq\'s ["run", {...}] too)')
+    sub.add_argument("--every", metavar="DURATION", help="interval: 30s, 5m, 1h, 1d")
+    sub.add_argument("--cron", metavar="LINE", help="five cron fields, in the broker's zone")
+    sub.add_argument("--guarantee", action="store_true", help="each run stored until replied")
+    sub.add_argument("--no-haste", action="store_true", help="first run after one interval")
+    sub.add_argument("--runs", type=int, help="end the schedule after this many runs")
+    admin_options(sub)
+    sub.set_defaults(run=schedule, check=_check_schedule)
+    sub = commands.add_parser("unschedule", help="remove a schedule by its id", epilog=exit_status)
+    sub.add_argument("id", help="the id `schedule` printed (or `schedules` lists)")
+    admin_options(sub)
+    sub.set_defaults(run=unschedule, check=_check_status)
+    sub = commands.add_parser(
+        "schedules", help="list the broker's schedules, one JSON line each", epilog=exit_status
+    )
+    admin_options(sub)
+    sub.set_defaults(run=schedules, check=_check_status)
     return parser
 
 

@@ -168,10 +168,65 @@ def query_status(
     endpoint: str, reactor: Any = None, timeout: float = 5.0
 ) -> defer.Deferred[dict[str, Any]]:
     """The broker's STATUS, from its admin port, as a dict."""
+    return admin_request(endpoint, codec.message(codec.STATUS), reactor, timeout)
+
+
+def add_schedule(
+    endpoint: str,
+    queue: str,
+    body: Any,
+    interval: float | None = None,
+    cron: str | None = None,
+    guarantee: bool = False,
+    haste: bool = True,
+    runs: int | None = None,
+    reactor: Any = None,
+    timeout: float = 5.0,
+) -> defer.Deferred[dict[str, Any]]:
+    """Ask the broker's scheduler (on its admin or client port) to send ``body`` to
+    ``queue`` every ``interval`` seconds or at the times of a ``cron`` line. Fires with
+    ``{"schedule": id, "replaced": bool, "next_run_in": seconds}``; fails with
+    :class:`JobFailed` (``bad-schedule``, ``no-scheduler``...)."""
+    headers = [b"guarantee"] if guarantee else []
+    if not haste:
+        headers.append(b"nohaste")
+    if runs is not None:
+        headers.append(b"run_count:%d" % runs)
+    frames = codec.schedule(queue, json.dumps(body).encode(), b",".join(headers), interval, cron)
+    return admin_request(endpoint, frames, reactor, timeout).addCallback(_value_of)
+
+
+def remove_schedule(
+    endpoint: str, schedule_id: str, reactor: Any = None, timeout: float = 5.0
+) -> defer.Deferred[dict[str, Any]]:
+    """UNSCHEDULE by id; fires with ``{"schedule": id, "removed": bool}``."""
+    frames = codec.unschedule(schedule_id)
+    return admin_request(endpoint, frames, reactor, timeout).addCallback(_value_of)
+
+
+def list_schedules(
+    endpoint: str, reactor: Any = None, timeout: float = 5.0
+) -> defer.Deferred[list[dict[str, Any]]]:
+    """Every schedule the broker keeps (SCHEDULES on its admin port), soonest first."""
+    frames = codec.message(codec.SCHEDULES)
+    return admin_request(endpoint, frames, reactor, timeout).addCallback(_value_of)
+
+
+def _value_of(answer: Any) -> Any:
+    if isinstance(answer, dict) and "error" in answer:
+        raise JobFailed("", str(answer["error"]), str(answer.get("message", "")))
+    return answer.get("value") if isinstance(answer, dict) else answer
+
+
+def admin_request(
+    endpoint: str, request: list[bytes], reactor: Any = None, timeout: float = 5.0
+) -> defer.Deferred[Any]:
+    """Send one message on a fresh DEALER and fire with the decoded result of the REPLY
+    that answers it; fails with TimeoutError when none comes within ``timeout``."""
     reactor = reactor_of(reactor)
     factory = SocketFactory(reactor)
-    result: defer.Deferred[dict[str, Any]] = defer.Deferred()
-    request = codec.message(codec.STATUS)
+    result: defer.Deferred[Any] = defer.Deferred()
+    what = request[2].decode()
 
     def answered(batch: list[list[bytes]]) -> None:
         for frames in batch:
@@ -194,7 +249,7 @@ def query_status(
 
     def give_up() -> None:
         if not result.called:
-            result.errback(TimeoutError(f"no STATUS answer from {endpoint} in {timeout}s"))
+            result.errback(TimeoutError(f"no {what} answer from {endpoint} in {timeout}s"))
 
     timer = reactor.callLater(timeout, give_up)
 
