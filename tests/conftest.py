@@ -42,3 +42,16 @@ def peers() -> Iterator[list[Any]]:
     yield made
     for peer in made:
         peer.close()
+
+
+@pytest.fixture
+def cleanup() -> Iterator[list[Any]]:
+    """What a test started (services, peers, clients, child processes): closed after it,
+    the last made first; services are stopped, the rest closed."""
+    made: list[Any] = []
+    yield made
+    for thing in reversed(made):
+        if hasattr(thing, "stopService"):
+            pytest_twisted.blockon(thing.stopService())
+        else:
+            thing.close()

@@ -4,10 +4,18 @@ themselves, so that tests can make a worker take a job and die, stay silent, or 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from bus.emqp import codec
-from bus.testing import RawPeer
+from bus.testing import RawPeer, start_broker
+
+
+def broker_in(tmp_path: Path, cleanup: list[Any], **settings: Any) -> Any:
+    """A broker on free ports with its store in ``tmp_path``, stopped after the test."""
+    broker = start_broker(tmp_path / "emqp", **settings)
+    cleanup.append(broker)
+    return broker
 
 
 class RawWorker:

@@ -9,17 +9,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import pytest_twisted
 from twisted.internet import defer, protocol, reactor
 
 from bus.emqp.worker import EmqpWorker
-from bus.testing import start_broker, wait_until
-from tests.emqp_helpers import RawClient, RawWorker
+from bus.testing import wait_until
+from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
 
 CLI = str(Path(sys.executable).with_name("emqp-cli"))
@@ -70,18 +68,6 @@ class Cli:
         self.stderr.close()
 
 
-@pytest.fixture
-def cleanup() -> Iterator[list[Any]]:
-    """What a test started (brokers, workers, peers, child processes), closed after it."""
-    made: list[Any] = []
-    yield made
-    for thing in reversed(made):
-        if hasattr(thing, "stopService"):
-            pytest_twisted.blockon(thing.stopService())
-        else:
-            thing.close()
-
-
 @defer.inlineCallbacks
 def ran(cleanup: list[Any], *args: str) -> Any:
     """The finished command, waited for on the reactor (the broker keeps answering)."""
@@ -89,12 +75,6 @@ def ran(cleanup: list[Any], *args: str) -> Any:
     cleanup.append(command)
     yield wait_until(command.finished, timeout=30, what=f"emqp-cli {' '.join(args)}")
     return command
-
-
-def broker_in(tmp_path: Path, cleanup: list[Any], **settings: Any) -> Any:
-    broker = start_broker(tmp_path / "emqp", **settings)
-    cleanup.append(broker)
-    return broker
 
 
 def ports(broker: Any) -> list[str]:

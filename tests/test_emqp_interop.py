@@ -80,17 +80,6 @@ def processes() -> Iterator[list[InteropProcess]]:
         process.stop()
 
 
-@pytest.fixture
-def cleanup() -> Iterator[list[Any]]:
-    made: list[Any] = []
-    yield made
-    for thing in reversed(made):
-        if hasattr(thing, "stopService"):
-            pytest_twisted.blockon(thing.stopService())
-        else:
-            thing.close()
-
-
 def job_manager(
     broker: Any, processes: list[InteropProcess], tmp_path: Path, jobs: int = 2, **env: str
 ) -> InteropProcess:

@@ -4,7 +4,6 @@ raw peers that take a job and die, stay silent or reply late."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from bus.emqp import codec
 from bus.emqp.client import EmqpClient, JobFailed, query_status
 from bus.emqp.worker import EmqpWorker
 from bus.testing import RawPeer, start_broker, start_bus, wait_until
-from tests.emqp_helpers import RawClient, RawWorker
+from tests.emqp_helpers import RawClient, RawWorker, broker_in
 
 
 def add(params: dict[str, int]) -> int:
@@ -27,24 +26,6 @@ def add(params: dict[str, int]) -> int:
 
 def fail(params: Any) -> None:
     raise ValueError("no such thing")
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[Any]]:
-    """Things with close() or stopService() a test made, closed after it (reverse order)."""
-    made: list[Any] = []
-    yield made
-    for thing in reversed(made):
-        if hasattr(thing, "stopService"):
-            pytest_twisted.blockon(thing.stopService())
-        else:
-            thing.close()
-
-
-def broker_in(tmp_path: Path, cleanup: list[Any], **settings: Any) -> Any:
-    broker = start_broker(tmp_path / "emqp", **settings)
-    cleanup.append(broker)
-    return broker
 
 
 def worker_for(broker: Any, cleanup: list[Any], **options: Any) -> EmqpWorker:

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ import pytest_twisted
 from twisted.python import usage
 
 from bus.emqp.client import EmqpClient, JobFailed
-from bus.testing import start_broker, wait_until
+from bus.testing import wait_until
+from tests.emqp_helpers import broker_in
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -122,23 +122,6 @@ class Activity:
 
     def left(self) -> list[Any]:
         return [value for topic, value in self.events if topic == "/emqp/worker/left/"]
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[Any]]:
-    made: list[Any] = []
-    yield made
-    for thing in reversed(made):
-        if hasattr(thing, "stopService"):
-            pytest_twisted.blockon(thing.stopService())
-        else:
-            thing.close()
-
-
-def broker_in(tmp_path: Path, cleanup: list[Any], **settings: Any) -> Any:
-    broker = start_broker(tmp_path / "emqp", **settings)
-    cleanup.append(broker)
-    return broker
 
 
 def client_of(broker: Any, cleanup: list[Any]) -> EmqpClient:
