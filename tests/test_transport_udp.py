@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import pytest_twisted
@@ -71,3 +71,53 @@ def test_send_errors_are_counted_not_raised() -> Any:
         assert udp.send(b"x", ("127.0.0.1", 9)) is True
     finally:
         yield udp.close()
+
+
+def _fake_interfaces(monkeypatch: pytest.MonkeyPatch, **entries: list[Any]) -> None:
+    """psutil.net_if_addrs() answering ``entries`` (psutil's snicaddr tuples)."""
+    import psutil
+
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: entries)
+
+
+class _Snicaddr(NamedTuple):
+    """The fields of psutil's ``snicaddr``."""
+
+    family: int
+    address: str
+    netmask: str | None
+    broadcast: str | None
+    ptp: str | None
+
+
+def _inet(address: str, netmask: str, broadcast: str | None, ptp: str | None = None) -> Any:
+    return _Snicaddr(socket.AF_INET, address, netmask, broadcast, ptp)
+
+
+def test_broadcast_computed_when_missing_or_reported_as_the_address_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `ip addr add 10.78.0.1/24 dev X` without `brd`: psutil says broadcast = the address.
+    _fake_interfaces(
+        monkeypatch,
+        nobrd=[_inet("10.78.0.1", "255.255.255.0", "10.78.0.1")],
+        missing=[_inet("10.79.0.7", "255.255.0.0", None)],
+        explicit=[_inet("10.80.0.1", "255.255.255.0", "10.80.0.255")],
+    )
+    assert interface_address("nobrd").broadcast == "10.78.0.255"
+    assert interface_address("missing").broadcast == "10.79.255.255"
+    assert interface_address("explicit").broadcast == "10.80.0.255"
+
+
+def test_a_host_route_or_point_to_point_interface_has_no_broadcast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_interfaces(
+        monkeypatch,
+        host=[_inet("10.78.0.1", "255.255.255.255", "10.78.0.1")],
+        ptp=[_inet("10.78.0.1", "255.255.255.0", None, ptp="10.78.0.2")],
+    )
+    with pytest.raises(InterfaceError, match=r"10\.78\.0\.1/32.*no broadcast"):
+        interface_address("host")
+    with pytest.raises(InterfaceError, match=r"point-to-point.*no broadcast"):
+        interface_address("ptp")

@@ -4,8 +4,9 @@ ZRE and DBP both announce themselves by UDP broadcast and listen on a well-known
 that several processes (and several nodes of one process) share. Here:
 
 * :func:`interface_address` asks psutil for an interface's IPv4 address and netmask and
-  derives its directed broadcast address (loopback: 127.0.0.1, 127.255.255.255), so the
-  default configuration never broadcasts beyond this machine;
+  derives its directed broadcast address when the kernel reports none, or reports the
+  address itself (loopback: 127.0.0.1, 127.255.255.255), so the default configuration
+  never broadcasts beyond this machine;
 * :class:`UdpPort` is a :class:`DatagramProtocol` on a socket bound with SO_REUSEADDR,
   SO_REUSEPORT and SO_BROADCAST, so every process listening on the port gets each
   broadcast; :func:`listen_shared` shares one such socket among the listeners of a process;
@@ -59,8 +60,12 @@ class InterfaceAddress:
 
 
 def interface_address(name: str = LOOPBACK) -> InterfaceAddress:
-    """The first IPv4 address of interface ``name`` (psutil), with its broadcast address
-    (the one the kernel reports, else the subnet's highest address: loopback has none)."""
+    """The first IPv4 address of interface ``name`` (psutil), with its broadcast address.
+
+    psutil reports an address added without ``brd`` (``ip addr add 10.0.0.1/24 dev X``) with
+    the address itself as its broadcast, and loopback with none: then the broadcast is the
+    subnet's highest address, as zyre computes it. A /32 (or /31) address or a
+    point-to-point interface has no broadcast address: InterfaceError says so."""
     import psutil
 
     addresses = psutil.net_if_addrs().get(name)
@@ -71,7 +76,19 @@ def interface_address(name: str = LOOPBACK) -> InterfaceAddress:
         if entry.family != socket.AF_INET or not entry.netmask:
             continue
         network = ipaddress.IPv4Network(f"{entry.address}/{entry.netmask}", strict=False)
-        broadcast = entry.broadcast or str(network.broadcast_address)
+        broadcast = entry.broadcast
+        if not broadcast or broadcast == entry.address:
+            if getattr(entry, "ptp", None):
+                raise InterfaceError(
+                    f"interface {name!r} ({entry.address}) is point-to-point "
+                    f"(peer {entry.ptp}): it has no broadcast address"
+                )
+            if network.prefixlen >= 31:
+                raise InterfaceError(
+                    f"interface {name!r} has {entry.address}/{network.prefixlen}: "
+                    "a subnet without hosts to reach has no broadcast address"
+                )
+            broadcast = str(network.broadcast_address)
         return InterfaceAddress(name, entry.address, entry.netmask, broadcast)
     raise InterfaceError(f"interface {name!r} has no IPv4 address")
 
