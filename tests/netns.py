@@ -176,3 +176,10 @@ class LinePeer:
     def kill(self) -> None:
         self.process.kill()
         self.process.wait()
+
+
+def readdress_without_broadcast(ns: str, iface: str, addr: str) -> None:
+    """Give ``iface`` in ``ns`` its address again as ``ip addr add ADDR/24 dev IF`` (no
+    ``brd``): psutil then reports the address itself as the interface's broadcast."""
+    _ip("-n", ns, "addr", "del", f"{addr}/24", "dev", iface)
+    _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", iface)

@@ -16,7 +16,13 @@ import pytest_twisted
 
 from bus.dbp.client import ServiceRegistration
 from bus.testing import wait_until
-from tests.netns import LinePeer, NamespacePair, netns_pair, poll_until
+from tests.netns import (
+    LinePeer,
+    NamespacePair,
+    netns_pair,
+    poll_until,
+    readdress_without_broadcast,
+)
 from tests.test_product_process import CLEAN_EXIT, CLI, TWISTD, Product, environment
 from tests.zre_helpers import free_udp_port
 
@@ -24,6 +30,8 @@ __all__ = ["netns_pair"]
 
 DBP_CLI = str(Path(sys.executable).with_name("dbp-cli"))
 SERVICE = Path(__file__).parent / "dbp_peers" / "service_peer.py"
+LISTENER = Path(__file__).parent / "dbp_peers" / "beacon_listener.py"
+HERMES_SERVICE = Path(__file__).parent / "dbp_peers" / "hermes_service.py"
 
 
 def namespace_environment() -> dict[str, str]:
@@ -87,6 +95,50 @@ def test_catalog_in_a_namespace_beacon_udp_heartbeats_fallback_and_expiry(
         log.close()
     registry = json.loads((tmp_path / "data" / "dbp-registry.json").read_text())
     assert "sensor" in registry  # kept through its grace period, on disk
+
+
+@pytest.mark.netns
+def test_beacon_on_an_address_added_without_brd_and_a_hermes_service_from_the_peer(
+    netns_pair: NamespacePair, tmp_path: Path
+) -> None:
+    """`ip addr add A/24 dev X` (no brd): psutil reports the broadcast as A itself; the
+    beacon must still reach the subnet. A Hermes service in the other namespace advertises
+    127.0.0.1: the catalog lists the address its connection came from."""
+    pair = netns_pair
+    readdress_without_broadcast(pair.a, pair.iface_a, pair.addr_a)
+    listener = LinePeer([sys.executable, str(LISTENER), "5245"], tmp_path / "listen.log", pair.b)
+    log = open(tmp_path / "dbp.log", "ab")
+    catalog = subprocess.Popen(
+        ["ip", "netns", "exec", pair.a, TWISTD, "-n", "--pidfile=", "dbp",
+         "--bind", pair.addr_a, "--beacon-interface", pair.iface_a,
+         "--data-dir", str(tmp_path / "data"), "--beacon-interval", "200ms"],
+        stdout=log, stderr=subprocess.STDOUT, env=namespace_environment(),
+    )  # fmt: skip
+    endpoint = f"tcp://{pair.addr_a}:5246"
+    hermes = None
+    try:
+        listener.wait_for("READY")
+        heard = listener.wait_for("HEARD", timeout=30)
+        assert (heard["data"], heard["from"]) == ("SHALOM 5246", pair.addr_a)
+        hermes = LinePeer(
+            [sys.executable, str(HERMES_SERVICE), endpoint, "Rohan"], tmp_path / "h.log", pair.b
+        )
+        reply = hermes.wait_for("REPLY", timeout=30)
+        assert (reply["command"], reply["time_size"]) == ("OwO", 4)
+        run = subprocess.run(
+            ["ip", "netns", "exec", pair.b, DBP_CLI, "services", "Rohan", "--catalog", endpoint],
+            capture_output=True, text=True, timeout=60, env=environment(),
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        listed = json.loads(run.stdout)["Rohan"]
+        assert (listed["address"], listed["port"]) == (pair.addr_b, 5246)
+    finally:
+        if hermes is not None:
+            hermes.stop()
+        listener.stop()
+        catalog.send_signal(signal.SIGTERM)
+        assert catalog.wait(30) in CLEAN_EXIT
+        log.close()
 
 
 @pytest_twisted.inlineCallbacks

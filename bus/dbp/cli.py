@@ -1,5 +1,7 @@
 """``dbp-cli services [NAME]``: ask the catalog (found by its SHALOM beacon unless
-``--catalog`` names it) for every active service, or one, and print the answer as JSON."""
+``--catalog`` names it) for every active service, or one, and print the answer as JSON.
+
+``--dialect hermes`` asks Hermes' own catalog, which reads only 4-octet (float32) times."""
 
 from __future__ import annotations
 
@@ -20,6 +22,12 @@ def parser() -> argparse.ArgumentParser:
     services.add_argument("--catalog", default="", help="tcp://HOST:PORT (default: by beacon)")
     services.add_argument("--beacon-port", type=int, default=DEFAULT_BEACON_PORT)
     services.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    services.add_argument(
+        "--dialect",
+        choices=("spec", "hermes"),
+        default="spec",
+        help="spec: 8-octet times (default); hermes: Hermes' catalog (4-octet times)",
+    )
     return p
 
 
@@ -40,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except TimeoutError as error:
                 result["error"] = str(error)
                 return
-        client = CatalogClient(endpoint, reactor)
+        client = CatalogClient(endpoint, reactor, dialect=args.dialect)
         try:
             answer = client.services(args.name)
             timer = reactor.callLater(args.timeout, answer.cancel)

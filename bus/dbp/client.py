@@ -9,6 +9,10 @@ the catalog for services, and discovery of the catalog by its ``SHALOM`` beacon.
     yield registration.registered                      # OwO (DENIED: errback with Denied)
     yield registration.update({"function": "humidity"})
     services = yield CatalogClient(endpoint).services()
+
+``dialect="hermes"`` speaks to Hermes' own catalog, which reads exactly 4 octets of time
+(``struct.pack('f')``; its reactor dies on any other size): float32 times, Hermes'
+registration form, and none of what it cannot take (heartbeats, DISCONNECT).
 """
 
 from __future__ import annotations
@@ -76,15 +80,29 @@ def find_catalog(
     return found.addBoth(done)
 
 
+def _time_size(dialect: str, time_size: int | None) -> int:
+    if dialect not in codec.DIALECTS:
+        raise ValueError(f"dialect must be one of {', '.join(codec.DIALECTS)}, not {dialect!r}")
+    if time_size is not None:
+        return time_size
+    return codec.TIME_FLOAT32 if dialect == codec.HERMES else codec.TIME_DOUBLE
+
+
 class CatalogClient:
     """Info requests over one DEALER (the explicit empty frame first); replies come back in
-    the order asked. ``time_size=4`` speaks the original's float32 time."""
+    the order asked. ``dialect="hermes"`` (or ``time_size=4``) speaks the original's
+    float32 time."""
 
     def __init__(
-        self, endpoint: str, reactor: Any = None, time_size: int = codec.TIME_DOUBLE
+        self,
+        endpoint: str,
+        reactor: Any = None,
+        time_size: int | None = None,
+        dialect: str = codec.SPEC,
     ) -> None:
         self.reactor = reactor_of(reactor)
-        self.time_size = time_size
+        self.dialect = dialect
+        self.time_size = _time_size(dialect, time_size)
         self._factory = SocketFactory(self.reactor)
         self._waiting: deque[defer.Deferred[dict[str, Any]]] = deque()
         self.socket = self._factory.socket(
@@ -129,7 +147,11 @@ class ServiceRegistration(Service):
     is gone), and says DISCONNECT when stopped.
 
     It receives the catalog's UDP heartbeats on its registered port number (or
-    ``heartbeat_port``) over UDP, on its registered address."""
+    ``heartbeat_port``) over UDP, on its registered address.
+
+    ``dialect="hermes"`` registers as Hermes' Service does (float32 time, ``interfaces``
+    form from ``address`` and ``port``) and, as Hermes' catalog can take neither, never
+    heartbeats and never says DISCONNECT."""
 
     def __init__(
         self,
@@ -137,14 +159,16 @@ class ServiceRegistration(Service):
         info: dict[str, Any],
         reactor: Any = None,
         token: str | None = None,
-        time_size: int = codec.TIME_DOUBLE,
+        time_size: int | None = None,
+        dialect: str = codec.SPEC,
     ) -> None:
         self.catalog = catalog
+        self.dialect = dialect
+        self.time_size = _time_size(dialect, time_size)
         self.info = dict(info)
         if token is not None:
             self.info["token"] = token
         self.reactor = reactor_of(reactor)
-        self.time_size = time_size
         self.registered: defer.Deferred[dict[str, Any]] = defer.Deferred()
         self.state = "new"
         self.registrations = 0
@@ -162,6 +186,7 @@ class ServiceRegistration(Service):
         self.sent_udp = 0
         self.sent_zmq = 0
         self.path = "udp"
+        self.ticks = 0
         self._factory: SocketFactory | None = None
         self.socket: ZmqSocket | None = None
         self.udp: UdpPort | None = None
@@ -178,7 +203,7 @@ class ServiceRegistration(Service):
         Service.startService(self)
         self._factory = SocketFactory(self.reactor)
         port = int(self.info.get("heartbeat_port") or self.info.get("port") or 0)
-        if port:
+        if port and self.dialect == codec.SPEC:
             self.udp = UdpPort(self.reactor, self._on_datagram)
             self.udp.listen(str(self.info.get("address", "0.0.0.0")), port)
         self._register()
@@ -197,7 +222,20 @@ class ServiceRegistration(Service):
         self._new_socket()
         self.state = "registering"
         self.last_catalog_any = self.reactor.seconds()
-        self._send(codec.REGISTER, [codec.json_frame(self.info)])
+        self._send(codec.REGISTER, [codec.json_frame(self._registration())])
+
+    def _registration(self) -> dict[str, Any]:
+        if self.dialect == codec.SPEC:
+            return self.info
+        info = self.info
+        router = {"ip": info.get("address", "127.0.0.1"), "port": info.get("port", 0)}
+        body = {k: v for k, v in info.items() if k not in ("address", "port", "heartbeat")}
+        return {
+            **body,
+            "interfaces": {"router": router},
+            "reg_time": self.reactor.seconds(),
+            "topics": info.get("topics"),
+        }
 
     def _send(self, command: bytes, body: list[bytes] | None = None) -> bool:
         if self.socket is None:
@@ -216,7 +254,7 @@ class ServiceRegistration(Service):
     def stopService(self) -> defer.Deferred[None]:
         Service.stopService(self)
         self._periodic.stop_all()
-        if self.state == "registered":
+        if self.state == "registered" and self.dialect == codec.SPEC:
             self._send(codec.DISCONNECT)
         self.state = "stopped"
         # Let the DISCONNECT leave before the socket closes (linger 0 would drop it).
@@ -308,7 +346,8 @@ class ServiceRegistration(Service):
     # -- heartbeats --------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        if self.state == "denied" or self.state == "stopped":
+        self.ticks += 1
+        if self.state == "denied" or self.state == "stopped" or self.dialect != codec.SPEC:
             return
         now = self.reactor.seconds()
         silent = now - self.last_catalog_any

@@ -61,6 +61,13 @@ _F64 = struct.Struct("<d")
 MAX_BODY_BYTES: Final = 64 * 1024
 MAX_NAME_BYTES: Final = 255
 
+#: Registration forms (and client dialects): the spec's keys, or Hermes' ``interfaces``.
+SPEC: Final = "spec"
+HERMES: Final = "hermes"
+DIALECTS: Final = (SPEC, HERMES)
+#: The heartbeat assumed for a service registered in Hermes' form (it never beats), seconds.
+HERMES_HEARTBEAT: Final = 10.0
+
 UDP_HEARTBEAT: Final = b"<3"
 BEACON_PREFIX: Final = b"SHALOM "
 
@@ -157,11 +164,30 @@ def service_name(value: Any) -> str:
     return value
 
 
-def registration(value: Mapping[str, Any]) -> dict[str, Any]:
+def registration_form(value: Mapping[str, Any]) -> str:
+    """:data:`HERMES` for the form Hermes' Service sends (``interfaces``, no address), else
+    :data:`SPEC` (which includes the older ``ip_addr``/``liveliness`` keys)."""
+    if "interfaces" in value and "address" not in value and "ip_addr" not in value:
+        return HERMES
+    return SPEC
+
+
+def registration(
+    value: Mapping[str, Any],
+    peer_address: str | None = None,
+    hermes_heartbeat: float = HERMES_HEARTBEAT,
+) -> dict[str, Any]:
     """The stored form of a registration: ``name``, ``address``, ``port``, ``function`` and
     ``heartbeat`` (seconds), plus every other key as sent (except ``token``). The original's
     keys are accepted where they differ: ``ip_addr`` for ``address``, ``liveliness`` (ms) for
-    ``heartbeat``; with them ``function`` may be missing (the original has none)."""
+    ``heartbeat``; with them ``function`` may be missing (the original has none).
+
+    Hermes' form, ``{"name", "interfaces": {"router": {"ip", "port"}}, "reg_time", "topics"}``,
+    gives address and port from ``interfaces.router``; it always says 127.0.0.1, so a loopback
+    address there is replaced by ``peer_address`` (the connection's) when known. Its missing
+    ``function`` is ``""`` and its missing ``heartbeat`` is ``hermes_heartbeat``."""
+    if registration_form(value) == HERMES:
+        value = _from_hermes(value, peer_address, hermes_heartbeat)
     reasons: list[str] = []
     info = {k: v for k, v in value.items() if k != "token"}
     try:
@@ -197,11 +223,45 @@ def registration(value: Mapping[str, Any]) -> dict[str, Any]:
     return info
 
 
+def _hermes_router(value: Mapping[str, Any]) -> tuple[Any, Any]:
+    interfaces = value.get("interfaces")
+    router = interfaces.get("router") if isinstance(interfaces, dict) else None
+    if not isinstance(router, dict):
+        return None, None
+    return router.get("ip"), router.get("port")
+
+
+def _from_hermes(
+    value: Mapping[str, Any], peer_address: str | None, heartbeat: float
+) -> dict[str, Any]:
+    address, port = _hermes_router(value)
+    if peer_address and _loopback(address):
+        address = peer_address
+    return {
+        **value,
+        "address": address,
+        "port": port,
+        "function": value.get("function", ""),
+        "heartbeat": value.get("heartbeat", heartbeat),
+    }
+
+
+def _loopback(address: Any) -> bool:
+    return isinstance(address, str) and (address == "localhost" or address.startswith("127."))
+
+
 def merged(info: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """An update's fields merged into a registration, checked as a registration."""
+    """An update's fields merged into a registration, checked as a registration. A new
+    ``interfaces.router`` (Hermes' form) moves the port, and the address unless loopback."""
     changes = dict(update)
     if "ip_addr" in changes and "address" not in changes:
         changes["address"] = changes.pop("ip_addr")
+    if "interfaces" in update:
+        address, port = _hermes_router(update)
+        if port is not None:
+            changes.setdefault("port", port)
+        if address is not None and not _loopback(address):
+            changes.setdefault("address", address)
     return registration({**info, **changes})
 
 

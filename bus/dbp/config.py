@@ -8,6 +8,9 @@ from pathlib import Path
 
 DEFAULT_PORT = 5246
 DEFAULT_BEACON_PORT = 5245
+#: Assumed heartbeat of services registered in Hermes' form (bus.dbp.codec.HERMES_HEARTBEAT).
+DEFAULT_HERMES_HEARTBEAT = 10.0
+HERMES_SERVICES = ("expire", "keep")
 
 
 @dataclass(slots=True)
@@ -23,6 +26,11 @@ class CatalogConfig:
     grace: float = 60.0
     allow: Mapping[str, str | None] | None = None
     data_dir: str = "dbp-data"
+    #: Services registered in Hermes' form: "expire" like any silent service, or "keep"
+    #: until they unregister (their updates then accepted by name from any connection).
+    hermes_services: str = "expire"
+    hermes_heartbeat: float = DEFAULT_HERMES_HEARTBEAT
+    max_services: int = 10_000
 
 
 def read_allow_file(path: str | Path) -> dict[str, str | None]:

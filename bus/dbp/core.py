@@ -9,6 +9,14 @@ text's TCP fallback); a service that receives ZeroMQ beats, or misses the catalo
 beats over ZeroMQ too. Both go back to UDP alone once UDP beats arrive again. Any command a
 service sends counts as a beat. A service silent on both paths for ``liveness`` of its
 intervals expires (inactive); it is removed ``grace`` seconds later unless it beats again.
+
+A service registered in Hermes' form never beats and closes its connection after ``OwO``:
+it is never beaten; with ``hermes_services="expire"`` it expires after ``liveness`` of its
+assumed heartbeat like any silent service, with ``"keep"`` it stays until it unregisters
+(``</3`` naming it) and its updates are accepted by name from any connection.
+
+The registry holds at most ``max_services``: a registration of a new name past that takes
+the place of the service that expired first, or is DENIED (counted ``registry-full``).
 """
 
 from __future__ import annotations
@@ -38,6 +46,12 @@ class CatalogSettings:
     #: Names this run of the catalog in its heartbeats (and OwO), so that a service notices
     #: a restart and registers again.
     catalog_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: Services registered in Hermes' form: "expire" (like any silent service) or "keep".
+    hermes_services: str = "expire"
+    #: Their assumed heartbeat (they never send one), seconds.
+    hermes_heartbeat: float = codec.HERMES_HEARTBEAT
+    #: Most services listed (active or inactive): what strangers can make is bounded.
+    max_services: int = 10_000
 
 
 @dataclass(slots=True)
@@ -53,6 +67,8 @@ class Entry:
     expired_at: float | None = None
     #: "udp", or "zmq" while the service's UDP beats are missing.
     path: str = "udp"
+    #: The registration's form: codec.SPEC, or codec.HERMES (never beaten).
+    form: str = codec.SPEC
 
     @property
     def last_heard(self) -> float:
@@ -93,6 +109,9 @@ class CatalogCore:
         #: Peers that sent an invalid message (bounded): dropped from then on.
         self.invalid: dict[bytes, float] = {}
         self.counts: dict[str, int] = {}
+        #: Names of inactive services, the first expired first (who makes room when full).
+        self.expired: dict[str, None] = {}
+        self.ticks = 0
         #: Set whenever the registry changes (not on beats): the service then saves it.
         self.dirty = False
 
@@ -101,8 +120,11 @@ class CatalogCore:
 
     # -- the ROUTER --------------------------------------------------------------------------
 
-    def on_message(self, identity: bytes, frames: list[bytes]) -> list[list[bytes]]:
-        """Replies (each starting with the identity) to one message from a peer."""
+    def on_message(
+        self, identity: bytes, frames: list[bytes], peer_address: str | None = None
+    ) -> list[list[bytes]]:
+        """Replies (each starting with the identity) to one message from a peer;
+        ``peer_address`` is the connection's IP address, when the transport knows it."""
         if identity in self.invalid:
             self.drop("invalid-peer", "a peer that sent an invalid message", identity)
             return []
@@ -121,13 +143,13 @@ class CatalogCore:
             if command == codec.INFO_REQUEST:
                 return [self._reply(identity, message, codec.INFO_REPLY, self._info(message))]
             if command == codec.REGISTER:
-                return [self._register(identity, message)]
+                return [self._register(identity, message, peer_address)]
             if command == codec.UPDATE:
                 return [self._update(identity, message)]
             if command == codec.HEARTBEAT:
                 return self._heartbeat(identity, message)
             if command == codec.DISCONNECT:
-                self._disconnect(identity)
+                self._disconnect(identity, message)
                 return []
         except DbpError as error:
             self._mark_invalid(identity)
@@ -170,12 +192,14 @@ class CatalogCore:
             return {"Error": f"No active service named {name}", "inactive": name, "state": state}
         return {name: entry.public()}
 
-    def _register(self, identity: bytes, message: DbpMessage) -> list[bytes]:
+    def _register(
+        self, identity: bytes, message: DbpMessage, peer_address: str | None
+    ) -> list[bytes]:
         if not message.body:
             return self._denied(identity, message, ["no service information"])
         try:
             value = codec.json_object(message.body[0])
-            info = codec.registration(value)
+            info = codec.registration(value, peer_address, self.settings.hermes_heartbeat)
         except DbpError as error:
             return self._denied(identity, message, [str(error)])
         except Invalid as error:
@@ -183,6 +207,10 @@ class CatalogCore:
         refusal = self._refused(info["name"], value.get("token"))
         if refusal:
             return self._denied(identity, message, [refusal])
+        if info["name"] not in self.entries and not self._make_room():
+            self.drop("registry-full", f"{info['name']!r} past --max-services", identity)
+            limit = self.settings.max_services
+            return self._denied(identity, message, [f"the catalog is full ({limit} services)"])
         now = self.clock()
         old = self.entries.get(info["name"])
         if old is not None and old.identity is not None and old.identity != identity:
@@ -194,7 +222,9 @@ class CatalogCore:
         entry = Entry(
             info["name"], info, now, identity, message.time_size, last_udp=now, last_zmq=now
         )
+        entry.form = codec.registration_form(value)
         self.entries[entry.name] = entry
+        self.expired.pop(entry.name, None)
         self.by_identity[identity] = entry.name
         self.dirty = True
         self.activity("registered", entry.name, entry.public())
@@ -205,6 +235,19 @@ class CatalogCore:
             "catalog_id": self.settings.catalog_id,
         }
         return self._reply(identity, message, codec.APPROVED, configuration)
+
+    def _make_room(self) -> bool:
+        """Whether a new name fits, after removing the service that expired first if full."""
+        if len(self.entries) < self.settings.max_services:
+            return True
+        if not self.expired:
+            return False
+        self._count("evicted")
+        self._remove(next(iter(self.expired)), "removed")
+        return True
+
+    def _keeps_hermes(self, entry: Entry) -> bool:
+        return entry.form == codec.HERMES and self.settings.hermes_services == "keep"
 
     def _refused(self, name: str, token: Any) -> str:
         allow = self.settings.allow
@@ -226,8 +269,17 @@ class CatalogCore:
             return self._denied(identity, message, [str(error)])
         name = self.by_identity.get(identity) or value.get("name")
         entry = self.entries.get(name) if isinstance(name, str) else None
-        if entry is None or entry.identity != identity:
+        if entry is None:
             return self._denied(identity, message, ["not registered: register (UwU) first"])
+        if entry.identity != identity:
+            # Hermes sends each request from a new connection: with "keep", a Hermes
+            # service's update is taken by its name (and its token, if --allow has one).
+            if not self._keeps_hermes(entry):
+                return self._denied(identity, message, ["not registered: register (UwU) first"])
+            refusal = self._refused(entry.name, value.get("token"))
+            if refusal:
+                return self._denied(identity, message, [refusal])
+            value = {k: v for k, v in value.items() if k != "token"}
         if value.get("name", entry.name) != entry.name:
             return self._denied(identity, message, ["a service cannot change its name"])
         try:
@@ -247,10 +299,17 @@ class CatalogCore:
             return [self._disconnect_peer(identity, message)]
         return []
 
-    def _disconnect(self, identity: bytes) -> None:
+    def _disconnect(self, identity: bytes, message: DbpMessage) -> None:
         name = self.by_identity.pop(identity, None)
         if name is not None and name in self.entries:
             self._remove(name, "disconnected")
+            return
+        # A kept Hermes service unregisters from a new connection: </3 naming it.
+        if self.settings.hermes_services != "keep" or not message.body:
+            return
+        entry = self.entries.get(message.text)
+        if entry is not None and self._keeps_hermes(entry):
+            self._remove(entry.name, "disconnected")
 
     def _remove(self, name: str, why: str) -> None:
         entry = self.entries.pop(name, None)
@@ -258,6 +317,7 @@ class CatalogCore:
             return
         if entry.identity is not None and self.by_identity.get(entry.identity) == name:
             del self.by_identity[entry.identity]
+        self.expired.pop(name, None)
         self.dirty = True
         self.activity(why, name, entry.public())
 
@@ -288,6 +348,7 @@ class CatalogCore:
         if not entry.active:
             entry.active = True
             entry.expired_at = None
+            self.expired.pop(entry.name, None)
             self.activity("active", entry.name, entry.public())
 
     # -- time --------------------------------------------------------------------------------
@@ -297,6 +358,7 @@ class CatalogCore:
         now = self.clock()
         out = Outgoing()
         settings = self.settings
+        self.ticks += 1
         beat = codec.encode_udp_heartbeat(settings.catalog_id, now)
         for entry in list(self.entries.values()):
             interval = float(entry.info["heartbeat"])
@@ -304,12 +366,17 @@ class CatalogCore:
                 if entry.expired_at is not None and now - entry.expired_at >= settings.grace:
                     self._remove(entry.name, "removed")
                 continue
+            if self._keeps_hermes(entry):
+                continue
             if now - entry.last_heard >= settings.liveness * interval:
                 entry.active = False
                 entry.expired_at = now
+                self.expired[entry.name] = None
                 self.dirty = True
                 self.activity("expired", entry.name, entry.public())
                 continue
+            if entry.form == codec.HERMES:
+                continue  # its service neither listens for beats nor keeps its connection
             port = int(entry.info.get("heartbeat_port") or entry.info["port"])
             if port:
                 out.datagrams.append((beat, (str(entry.info["address"]), port)))
@@ -328,7 +395,7 @@ class CatalogCore:
 
     def snapshot(self) -> dict[str, Any]:
         return {
-            name: {"info": entry.info, "registered_at": entry.registered_at}
+            name: {"info": entry.info, "registered_at": entry.registered_at, "form": entry.form}
             for name, entry in self.entries.items()
         }
 
@@ -337,12 +404,20 @@ class CatalogCore:
         now = self.clock()
         restored = 0
         for name, record in saved.items():
+            if len(self.entries) >= self.settings.max_services:
+                break
             try:
                 info = codec.registration(record["info"])
                 registered_at = float(record.get("registered_at", now))
-            except (Invalid, KeyError, TypeError, ValueError):
+                form = codec.HERMES if record.get("form") == codec.HERMES else codec.SPEC
+            except (Invalid, KeyError, TypeError, ValueError, AttributeError):
                 continue
-            self.entries[name] = Entry(name, info, registered_at, active=False, expired_at=now)
+            entry = Entry(name, info, registered_at, active=False, expired_at=now, form=form)
+            self.entries[name] = entry
+            if self._keeps_hermes(entry):
+                entry.active, entry.expired_at = True, None  # kept until it unregisters
+            else:
+                self.expired[name] = None
             restored += 1
         return restored
 

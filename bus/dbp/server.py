@@ -39,6 +39,62 @@ from bus.transport.zmqsocket import (
 
 log = Logger(namespace="bus.dbp")
 
+
+class PeerAddressRouter(ZmqSocket):
+    """The catalog's ROUTER: reads like :class:`ZmqSocket` (budgeted, whole messages, one
+    batch per turn) and also keeps each message's ``Peer-Address`` (libzmq's metadata of
+    the TCP connection it came on; None for other transports), in
+    :attr:`peer_addresses`, parallel to the batch being handed over.
+
+    Hermes' Service advertises 127.0.0.1 whatever its address: the connection's is the
+    honest one. ZmqSocket hands over bytes only, so this reader is its own."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.peer_addresses: list[str | None] = []
+        super().__init__(*args, **kwargs)
+
+    def _read(self) -> None:
+        self.read_scheduled = None
+        sock = self.socket
+        if sock is None or self.reading_paused:
+            return
+        batch: list[list[bytes]] = []
+        addresses: list[str | None] = []
+        exhausted = False
+        try:
+            for _ in range(self.read_budget):
+                frame = sock.recv(zmq.NOBLOCK, copy=False)
+                addresses.append(_peer_address(frame))
+                parts = [frame.bytes]
+                while frame.more:
+                    frame = sock.recv(zmq.NOBLOCK, copy=False)
+                    parts.append(frame.bytes)
+                batch.append(parts)
+        except zmq.Again:
+            exhausted = True
+        except zmq.ZMQError:
+            exhausted = True
+            if self.socket is not None:
+                log.failure("read failed on {name}", name=self.name)
+        if batch:
+            self.messages_received += len(batch)
+            self.peer_addresses = addresses
+            try:
+                self._deliver(batch)
+            finally:
+                self.peer_addresses = []
+        if not exhausted:
+            self._schedule_read()
+
+
+def _peer_address(frame: zmq.Frame) -> str | None:
+    try:
+        address = frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return None  # not a TCP connection, or a libzmq without message properties
+    return address if isinstance(address, str) and address else None
+
+
 REGISTRY_FILE = "dbp-registry.json"
 
 
@@ -56,13 +112,16 @@ class CatalogService(Service):
                 liveness=config.liveness,
                 grace=config.grace,
                 allow=config.allow,
+                hermes_services=config.hermes_services,
+                hermes_heartbeat=config.hermes_heartbeat,
+                max_services=config.max_services,
             ),
             self.reactor.seconds,
             self._activity,
             self.drops.drop,
         )
         self._factory: SocketFactory | None = None
-        self.router: ZmqSocket | None = None
+        self.router: PeerAddressRouter | None = None
         self.udp: UdpPort | None = None
         self.beacon_port: UdpPort | None = None
         self.beacon: BeaconSender | None = None
@@ -116,7 +175,8 @@ class CatalogService(Service):
     def _open(self, broadcast: str) -> None:
         config = self.config
         assert self._factory is not None
-        self.router = self._factory.socket(
+        self.router = PeerAddressRouter(
+            self._factory,
             zmq.ROUTER,
             self._on_messages,
             SocketOptions(
@@ -126,7 +186,8 @@ class CatalogService(Service):
                 send_hwm=10_000,
                 linger_ms=0,
             ),
-            name="dbp-router",
+            256,
+            "dbp-router",
         )
         try:
             self.endpoint = self.router.bind(f"tcp://{config.bind}:{config.port}")
@@ -160,9 +221,11 @@ class CatalogService(Service):
         router = self.router
         if router is None:
             return
-        for frames in batch:
+        addresses = router.peer_addresses
+        for index, frames in enumerate(batch):
             self.messages += 1
-            replies = self.core.on_message(frames[0], frames[1:])
+            peer = addresses[index] if index < len(addresses) else None
+            replies = self.core.on_message(frames[0], frames[1:], peer)
             for reply in replies:
                 self._send(reply)
         self._save_if_changed()

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.dbp.config import DEFAULT_BEACON_PORT, DEFAULT_PORT, CatalogConfig, read_allow_file
+from bus.dbp.config import (
+    DEFAULT_BEACON_PORT,
+    DEFAULT_PORT,
+    HERMES_SERVICES,
+    CatalogConfig,
+    read_allow_file,
+)
 from bus.options import ServiceOptions, parse_duration
 
 if TYPE_CHECKING:
@@ -37,6 +43,15 @@ class Options(ServiceOptions):
         ["grace", None, "60s", "How long an expired service stays listed as inactive."],
         ["allow", None, None, "File of allowed service names, each with an optional token."],
         ["data-dir", None, "dbp-data", "Directory of the registry (survives restarts)."],
+        ["max-services", None, 10_000, "Most services listed (active or expired).", int],
+        [
+            "hermes-services",
+            None,
+            "expire",
+            "Services registered in Hermes' form (they never beat): expire, or keep "
+            "until they unregister (their updates accepted by name).",
+        ],
+        ["hermes-heartbeat", None, "10s", "Heartbeat assumed for Hermes-form services."],
     ]
 
     def postOptions(self) -> None:
@@ -56,6 +71,13 @@ def catalog_config(options: usage.Options | dict[str, Any]) -> CatalogConfig:
     liveness = int(options["liveness"])
     if liveness < 1:
         raise usage.UsageError("--liveness must be at least 1")
+    if int(options["max-services"]) < 1:
+        raise usage.UsageError("--max-services must be at least 1")
+    if options["hermes-services"] not in HERMES_SERVICES:
+        raise usage.UsageError(f"--hermes-services must be one of {', '.join(HERMES_SERVICES)}")
+    hermes_heartbeat = parse_duration(options["hermes-heartbeat"])
+    if not 0.05 <= hermes_heartbeat <= 3600:
+        raise usage.UsageError("--hermes-heartbeat must be between 50ms and 3600s")
     config = CatalogConfig(
         bind=options["bind"],
         port=int(options["port"]),
@@ -67,6 +89,9 @@ def catalog_config(options: usage.Options | dict[str, Any]) -> CatalogConfig:
         grace=parse_duration(options["grace"]),
         allow=allow,
         data_dir=options["data-dir"],
+        max_services=int(options["max-services"]),
+        hermes_services=options["hermes-services"],
+        hermes_heartbeat=hermes_heartbeat,
     )
     if config.beacon_interval <= 0 or config.heartbeat_interval <= 0:
         raise usage.UsageError("--beacon-interval and --heartbeat-interval must be above 0")
