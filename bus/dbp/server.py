@@ -40,61 +40,6 @@ from bus.transport.zmqsocket import (
 log = Logger(namespace="bus.dbp")
 
 
-class PeerAddressRouter(ZmqSocket):
-    """The catalog's ROUTER: reads like :class:`ZmqSocket` (budgeted, whole messages, one
-    batch per turn) and also keeps each message's ``Peer-Address`` (libzmq's metadata of
-    the TCP connection it came on; None for other transports), in
-    :attr:`peer_addresses`, parallel to the batch being handed over.
-
-    Hermes' Service advertises 127.0.0.1 whatever its address: the connection's is the
-    honest one. ZmqSocket hands over bytes only, so this reader is its own."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.peer_addresses: list[str | None] = []
-        super().__init__(*args, **kwargs)
-
-    def _read(self) -> None:
-        self.read_scheduled = None
-        sock = self.socket
-        if sock is None or self.reading_paused:
-            return
-        batch: list[list[bytes]] = []
-        addresses: list[str | None] = []
-        exhausted = False
-        try:
-            for _ in range(self.read_budget):
-                frame = sock.recv(zmq.NOBLOCK, copy=False)
-                addresses.append(_peer_address(frame))
-                parts = [frame.bytes]
-                while frame.more:
-                    frame = sock.recv(zmq.NOBLOCK, copy=False)
-                    parts.append(frame.bytes)
-                batch.append(parts)
-        except zmq.Again:
-            exhausted = True
-        except zmq.ZMQError:
-            exhausted = True
-            if self.socket is not None:
-                log.failure("read failed on {name}", name=self.name)
-        if batch:
-            self.messages_received += len(batch)
-            self.peer_addresses = addresses
-            try:
-                self._deliver(batch)
-            finally:
-                self.peer_addresses = []
-        if not exhausted:
-            self._schedule_read()
-
-
-def _peer_address(frame: zmq.Frame) -> str | None:
-    try:
-        address = frame.get("Peer-Address")
-    except (zmq.ZMQError, AttributeError, TypeError):
-        return None  # not a TCP connection, or a libzmq without message properties
-    return address if isinstance(address, str) and address else None
-
-
 REGISTRY_FILE = "dbp-registry.json"
 
 
@@ -121,7 +66,7 @@ class CatalogService(Service):
             self.drops.drop,
         )
         self._factory: SocketFactory | None = None
-        self.router: PeerAddressRouter | None = None
+        self.router: ZmqSocket | None = None
         self.udp: UdpPort | None = None
         self.beacon_port: UdpPort | None = None
         self.beacon: BeaconSender | None = None
@@ -175,8 +120,9 @@ class CatalogService(Service):
     def _open(self, broadcast: str) -> None:
         config = self.config
         assert self._factory is not None
-        self.router = PeerAddressRouter(
-            self._factory,
+        # Peer addresses: Hermes' Service advertises 127.0.0.1 whatever its address, and the
+        # connection's is the honest one.
+        self.router = self._factory.socket(
             zmq.ROUTER,
             self._on_messages,
             SocketOptions(
@@ -185,9 +131,10 @@ class CatalogService(Service):
                 receive_hwm=10_000,
                 send_hwm=10_000,
                 linger_ms=0,
+                peer_addresses=True,
             ),
-            256,
-            "dbp-router",
+            read_budget=256,
+            name="dbp-router",
         )
         try:
             self.endpoint = self.router.bind(f"tcp://{config.bind}:{config.port}")

@@ -80,6 +80,9 @@ class SocketOptions:
     #: disconnected after ``heartbeat_timeout_ms``. 0: off.
     heartbeat_ms: int = 0
     heartbeat_timeout_ms: int = 0
+    #: Keep each message's ``Peer-Address`` (libzmq's metadata of the TCP connection it
+    #: came on) in :attr:`ZmqSocket.peer_addresses` while its batch is handed over.
+    peer_addresses: bool = False
 
 
 class SocketFactory:
@@ -153,6 +156,10 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self._monitor: ZmqSocket | None = None
         self._on_event: Callable[[int], None] | None = None
         self.messages_received = 0
+        #: With ``SocketOptions.peer_addresses``: the batch being handed over's peer
+        #: addresses, one per message (None where the transport has none).
+        self.peer_addresses: list[str | None] = []
+        self._keep_peer_addresses = options.peer_addresses
         self.reading_paused = False
         self.read_scheduled: DelayedCall | None = None
         #: Called after the reactor saw the socket's descriptor signal. libzmq signals it
@@ -259,10 +266,13 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         # getsockopt(RCVMORE) through a Python wrapper after every frame.
         recv = sock.recv
         batch: list[list[bytes]] = []
+        addresses: list[str | None] | None = [] if self._keep_peer_addresses else None
         exhausted = False
         try:
             for _ in range(self.read_budget):
                 frame = recv(_NOBLOCK, copy=False)
+                if addresses is not None:
+                    addresses.append(_peer_address(frame))
                 parts = [frame.bytes]
                 while frame.more:
                     frame = recv(_NOBLOCK, copy=False)
@@ -277,7 +287,14 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 log.failure("read failed on {name}", name=self.name)
         if batch:
             self.messages_received += len(batch)
-            self._deliver(batch)
+            if addresses is None:
+                self._deliver(batch)
+            else:
+                self.peer_addresses = addresses
+                try:
+                    self._deliver(batch)
+                finally:
+                    self.peer_addresses = []
         if not exhausted:
             self._schedule_read()
 
@@ -386,6 +403,14 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 self.socket.disable_monitor()
             monitor.shutdown()
         ZmqConnection.shutdown(self)
+
+
+def _peer_address(frame: zmq.Frame) -> str | None:
+    try:
+        address = frame.get("Peer-Address")
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return None  # not a TCP connection, or a libzmq without message properties
+    return address if isinstance(address, str) and address else None
 
 
 def bind_failure(error: zmq.ZMQError, port_option: str, what: str) -> StartupError:
