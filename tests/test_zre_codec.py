@@ -14,13 +14,17 @@ from bus.zre import codec
 from bus.zre.codec import (
     VERSION_20,
     VERSION_36,
+    Elect,
+    Goodbye,
     Hello,
     Join,
+    Leader,
     Leave,
     LogRecord,
     Ping,
     PingOk,
     Shout,
+    Unknown,
     Whisper,
     ZreError,
 )
@@ -146,13 +150,55 @@ def test_each_dialect_rejects_the_others_frames() -> None:
         codec.parse(hello36, VERSION_20)
 
 
+#: zyre's extensions (not pyre's: it dies on them), with their exact frames.
+ZYRE_EXTENSIONS: list[tuple[codec.Message, list[bytes]]] = [
+    (Elect(8, "G", "0123ABCD"), [b"\xaa\xa1\x08\x02\x00\x08\x01G\x080123ABCD"]),
+    (Leader(9, "GROUP", "L"), [b"\xaa\xa1\x09\x02\x00\x09\x05GROUP\x01L"]),
+    (Goodbye(65535), [b"\xaa\xa1\x0a\x02\xff\xff"]),
+    (Unknown(3, 42), [b"\xaa\xa1\x2a\x02\x00\x03"]),
+    (Unknown(4, 0, b"\x01body", (b"c1", b"")), [b"\xaa\xa1\x00\x02\x00\x04\x01body", b"c1", b""]),
+]
+
+
+@pytest.mark.parametrize(("message", "frames"), ZYRE_EXTENSIONS, ids=lambda m: type(m).__name__)
+def test_zyre_extensions_and_unknown_commands_round_trip(
+    message: codec.Message, frames: list[bytes]
+) -> None:
+    assert codec.encode(message, VERSION_36) == frames
+    assert codec.parse(frames, VERSION_36) == message
+    known = not isinstance(message, Unknown)
+    assert codec.sniff_version(frames[0]) == (VERSION_36 if known else VERSION_20)
+
+
+def test_extensions_are_36zre_only_and_unknown_never_hides_a_known_command() -> None:
+    for message, _ in ZYRE_EXTENSIONS:
+        with pytest.raises(ValueError):
+            codec.encode(message, VERSION_20)
+    with pytest.raises(ValueError):
+        codec.encode(Unknown(1, codec.WHISPER), VERSION_36)
+    # 20/ZRE (the draft) knows commands 1-7 only: anything else is still an error there.
+    with pytest.raises(ZreError) as error:
+        codec.parse([b"\xaa\xa1\x00\x02\x08\x01G\x01C"], VERSION_20)
+    assert error.value.reason == "command"
+    assert codec.command_name(Unknown(1, 42)) == "command 42"
+    assert codec.command_name(Leader(1, "G", "x")) == "LEADER"
+
+
 @pytest.mark.parametrize(
     ("frames", "reason"),
     [
         ([], "empty"),
         ([b"\xaa\xa2\x01\x02\x00\x01"], "signature"),
         ([b"\xaa\xa1\x02\x01\x00\x01", b"x"], "version"),
-        ([b"\xaa\xa1\x09\x02\x00\x01"], "command"),
+        ([b"\xaa\xa1\x08\x02\x00\x01\x01G"], "truncated"),  # ELECT without challenger
+        ([b"\xaa\xa1\x09\x02\x00\x01"], "truncated"),  # LEADER without fields
+        ([b"\xaa\xa1\x09\x02\x00\x01\x01G\x01L\x00"], "trailing"),
+        ([b"\xaa\xa1\x08\x02\x00\x01\x01G\x01C", b"x"], "extra-frames"),
+        ([b"\xaa\xa1\x09\x02\x00\x01\x01\xff\x01L"], "bad-string"),
+        ([b"\xaa\xa1\x0a\x02\x00\x01\x00"], "trailing"),  # GOODBYE has no fields
+        ([b"\xaa\xa1\x0a\x02\x00\x01", b"x"], "extra-frames"),
+        ([b"\xaa\xa1\x2a\x02\x00"], "truncated"),  # unknown, but the header is cut
+        ([b"\xaa\xa1\x2a\x01\x00\x01"], "version"),
         ([b"\xaa\xa1\x02\x02\x00\x01"], "no-content"),
         ([b"\xaa\xa1\x06\x02\x00\x01", b"extra"], "extra-frames"),
         ([b"\xaa\xa1\x06\x02\x00\x01\x00"], "trailing"),
@@ -209,7 +255,10 @@ frames_strategy = st.lists(st.binary(max_size=64), max_size=4)
 def near_valid(draw: st.DrawFn) -> tuple[list[bytes], int]:
     """A valid message in one dialect with one octet of frame 0 changed, or cut short."""
     version = draw(st.sampled_from([VERSION_36, VERSION_20]))
-    message = draw(st.sampled_from(MESSAGES_36 if version == VERSION_36 else MESSAGES_20))
+    extensions = [message for message, _ in ZYRE_EXTENSIONS]
+    message = draw(
+        st.sampled_from(MESSAGES_36 + extensions if version == VERSION_36 else MESSAGES_20)
+    )
     frames = codec.encode(message, version)
     head = bytearray(frames[0])
     if draw(st.booleans()):

@@ -18,12 +18,19 @@ OTHER = b"\x30" * 16
 class FakeLinks:
     def __init__(self, version: int = VERSION_36) -> None:
         self.version = version
+        #: Links open at once, at most (a descriptor budget); every link ever opened.
+        self.capacity = 1_000_000
+        self.opened = 0
         self.connected: dict[str, str] = {}
         self.closed: list[str] = []
         self.sent: dict[str, list[codec.Message]] = {}
 
-    def connect(self, key: str, endpoint: str) -> None:
+    def connect(self, key: str, endpoint: str) -> bool:
+        if len(self.connected) >= self.capacity:
+            return False
         self.connected[key] = endpoint
+        self.opened += 1
+        return True
 
     def send(self, key: str, frames: list[bytes]) -> bool:
         self.sent.setdefault(key, []).append(codec.parse(frames, self.version))
@@ -144,17 +151,18 @@ def test_ping_ok_or_any_message_resets_the_timers() -> None:
 
 
 def test_a_peer_found_by_beacon_that_never_says_hello_is_forgotten() -> None:
-    h = Harness(expired=30.0)
+    h = Harness(expired=30.0, pending_expired=5.0)
     h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")
     assert isinstance(h.sent_to(PEER)[0], Hello)
-    for _ in range(30):
+    for _ in range(5):
         h.clock.advance(1)
         h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")  # beacons keep coming
         h.core.tick()
+    # Forgotten after pending_expired, not after expired (which is for greeted peers).
     assert PEER not in h.core.peers and h.drops["no-hello"] == 1
-    assert h.events == []  # never entered, so no EXIT either
+    assert h.events == [] and h.links.closed == [PEER.hex()]  # never entered: no EXIT
     h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")  # starts over
-    assert PEER in h.core.peers
+    assert PEER in h.core.peers and h.links.opened == 2
 
 
 def test_sequences_pyre_wrap_and_gaps() -> None:
@@ -235,3 +243,145 @@ def test_leaving_beacon_exits_and_own_beacons_are_ignored() -> None:
     h.hello_from(PEER)
     h.core.on_beacon(codec.Beacon(PEER, 0), "127.0.0.1")
     assert h.types() == ["ENTER", "EXIT"]
+
+
+# -- zyre's extensions -------------------------------------------------------------------------
+
+
+def test_elect_and_unknown_commands_count_in_the_sequence_and_keep_the_link() -> None:
+    """zyre's ELECT (and any well-framed command we do not serve) is accepted: the WHISPER
+    after it is in sequence, the peer stays; nothing is sent back for it."""
+    h = Harness()
+    h.hello_from(PEER)
+    h.message_from(PEER, codec.Elect(2, "G", "20202020202020202020202020202020"))
+    h.message_from(PEER, codec.Unknown(3, 42, b"\x01x"))
+    h.message_from(PEER, Whisper(4, (b"after",)))
+    assert h.types() == ["ENTER", "WHISPER"]
+    assert h.events[-1].content == (b"after",)
+    assert h.core.ignored == {"elect": 1, "unknown-command": 1}
+    assert h.drops == {} and h.core.sequence_gaps == 0
+    assert [type(m) for m in h.sent_to(PEER)] == [Hello]  # no answer to ELECT
+    # Still a sequence: a gap after them is a gap.
+    h.message_from(PEER, codec.Elect(6, "G", "x"))
+    assert h.types()[-1] == "EXIT" and h.drops["sequence"] == 1
+
+
+def test_leader_is_an_event_of_the_group() -> None:
+    h = Harness()
+    h.hello_from(PEER, groups=("G",))
+    h.message_from(PEER, codec.Leader(2, "G", "30303030303030303030303030303030"))
+    h.message_from(PEER, Shout(3, "G", (b"s",)))
+    assert h.types() == ["ENTER", "JOIN", "LEADER", "SHOUT"]
+    leader = h.events[2]
+    assert (leader.peer, leader.group, leader.leader) == (
+        PEER,
+        "G",
+        "30303030303030303030303030303030",
+    )
+
+
+def test_goodbye_is_exit_at_once() -> None:
+    h = Harness(expired=30.0)
+    h.hello_from(PEER, groups=("G",))
+    h.message_from(PEER, codec.Goodbye(2))
+    assert h.types() == ["ENTER", "JOIN", "EXIT"]  # no clock advanced: at once
+    assert PEER not in h.core.peers and PEER.hex() in h.links.closed
+    assert "G" not in h.core.peer_groups and h.core.shout("G", [b"x"]) == 0
+    assert h.drops == {}
+
+
+def test_goodbye_before_hello_is_dropped_not_acted_on() -> None:
+    h = Harness()
+    h.message_from(PEER, codec.Goodbye(1))
+    assert h.drops["unknown-peer"] == 1 and h.events == []
+
+
+# -- forged beacons ------------------------------------------------------------------------------
+
+
+def forged(index: int) -> codec.Beacon:
+    return codec.Beacon(index.to_bytes(4, "big") + b"\xf0" * 12, 1024 + index % 60000)
+
+
+def test_forged_beacon_flood_is_bounded_counted_and_expires_oldest_first() -> None:
+    h = Harness(max_pending=100, pending_expired=5.0)
+    for index in range(5_000):
+        h.core.on_beacon(forged(index), "127.0.0.1")
+    # At most the bound holds a link; the rest cost a counter each.
+    assert len(h.core.unready) == len(h.links.connected) == 100
+    assert h.drops["pending-full"] == 4_900
+    first = list(h.core.unready)
+    assert first == [forged(i).uuid for i in range(100)]  # oldest first
+    h.clock.advance(3)
+    for index in range(5_000, 5_050):
+        h.core.on_beacon(forged(index), "127.0.0.1")  # still full: refused
+    h.core.tick()
+    assert len(h.core.unready) == 100 and h.drops["no-hello"] == 0
+    h.clock.advance(2.5)
+    h.core.tick()
+    # The first 100 waited 5.5 s without a HELLO: gone, links closed, oldest first.
+    assert h.drops["no-hello"] == 100 and h.core.unready == {}
+    assert h.links.closed == [uuid.hex() for uuid in first]
+    assert h.links.connected == {}
+    for index in range(5_050, 10_000):
+        h.core.on_beacon(forged(index), "127.0.0.1")
+    assert len(h.core.unready) == len(h.links.connected) == 100
+    assert h.links.opened == 200
+    assert h.drops["pending-full"] == 4_950 + 4_850
+    # A real peer that greets us over TCP still gets in while the flood fills the bound.
+    h.hello_from(PEER)
+    assert PEER in h.core.peers and h.core.peers[PEER].ready and h.types() == ["ENTER"]
+
+
+def test_a_greeting_peer_leaves_the_pending_set() -> None:
+    h = Harness(max_pending=1)
+    h.core.on_beacon(codec.Beacon(PEER, 50032), "127.0.0.1")
+    h.core.on_beacon(codec.Beacon(OTHER, 50048), "127.0.0.1")
+    assert h.drops["pending-full"] == 1 and OTHER not in h.core.peers
+    h.hello_from(PEER)  # greets: no longer pending, so room for the next one
+    assert h.core.unready == {}
+    h.core.on_beacon(codec.Beacon(OTHER, 50048), "127.0.0.1")
+    assert OTHER in h.core.unready
+    h.clock.advance(6)
+    h.core.tick()
+    # The pending one is forgotten; the greeted one is not (it has until ``expired``).
+    assert OTHER not in h.core.peers and h.drops["no-hello"] == 1
+    assert h.core.peers[PEER].ready and "EXIT" not in h.types()
+
+
+def test_own_and_known_beacons_open_no_second_link() -> None:
+    h = Harness()
+    h.core.on_beacon(codec.Beacon(OWN, 50000), "127.0.0.1")  # our own UUID
+    h.core.on_beacon(codec.Beacon(OTHER, 50000), "127.0.0.1")  # names our own mailbox
+    assert h.links.opened == 0 and h.drops["own-endpoint"] == 1
+    h.hello_from(PEER)
+    for _ in range(3):
+        h.core.on_beacon(codec.Beacon(PEER, 50032), "127.0.0.1")
+    h.core.on_beacon(codec.Beacon(PEER, 50033), "127.0.0.1")  # same UUID, other port
+    assert h.links.opened == 1
+
+
+def test_a_link_that_cannot_be_opened_leaves_no_peer_behind() -> None:
+    h = Harness()
+    h.links.capacity = 0
+    h.core.on_beacon(codec.Beacon(PEER, 50032), "127.0.0.1")
+    h.core.connect_endpoint("tcp://127.0.0.1:50099")
+    assert h.core.peers == {} and h.core.unready == {} and h.core.pending == {}
+    h.hello_from(OTHER)  # a HELLO whose link back cannot be opened: no half peer
+    assert h.core.peers == {} and h.events == []
+    h.links.capacity = 10
+    h.core.on_beacon(codec.Beacon(PEER, 50032), "127.0.0.1")
+    assert PEER in h.core.unready
+
+
+def test_20zre_node_opens_no_link_for_a_known_36zre_peer() -> None:
+    h = Harness(VERSION_20, hello_wait=2.0, pending_expired=5.0)
+    h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")
+    hello36 = codec.encode(Hello(1, "tcp://127.0.0.1:51000", (), 0, "zyre", {}), VERSION_36)
+    h.core.on_message(codec.identity_of(PEER), hello36)
+    h.clock.advance(10)
+    h.core.tick()  # never greeted us in 20/ZRE: its link is closed
+    assert PEER not in h.core.peers and h.links.connected == {}
+    for _ in range(5):
+        h.core.on_beacon(codec.Beacon(PEER, 51000), "127.0.0.1")
+    assert h.links.opened == 1 and PEER not in h.core.peers

@@ -2,11 +2,13 @@
 
 Hypothesis generates batches mixing garbage mailbox messages (random frames, near-valid 36/ZRE
 and 20/ZRE messages, valid commands from peers that never said HELLO, non-ZRE identities),
-garbage UDP datagrams to the beacon port, and valid in-sequence WHISPERs from a peer that
-did greet. After every example the node must still answer (a PING from the greeted peer
-gets its PING-OK), every valid WHISPER must be delivered once and in order, and the drop
-counters must hold exactly the reasons the codec gives for every bad input. The oracle is
-the codec (unit-tested in test_zre_codec.py).
+garbage UDP datagrams to the beacon port, and valid in-sequence WHISPERs, zyre's ELECT and
+LEADER and commands no one defined (ids 0 and 11-255) from a peer that did greet. After
+every example the node must still answer (a PING from the greeted peer gets its PING-OK),
+every valid WHISPER and LEADER must be delivered once and in order (ELECT and unknown
+commands counted as ignored, their sequence numbers counted), and the drop counters must
+hold exactly the reasons the codec gives for every bad input. The oracle is the codec
+(unit-tested in test_zre_codec.py).
 """
 
 from __future__ import annotations
@@ -58,19 +60,22 @@ def udp_outcome(data: bytes) -> str | None:
 @st.composite
 def near_valid_frames(draw: st.DrawFn) -> list[bytes]:
     version = draw(st.sampled_from([VERSION_36, VERSION_20]))
-    message = draw(
-        st.sampled_from(
-            [
-                Whisper(1, (b"w",)),
-                codec.Shout(2, "G", (b"s",)),
-                codec.Join(3, "G", 1),
-                codec.Leave(4, "G", 2),
-                Ping(5),
-                PingOk(6),
-                Hello(1, "tcp://127.0.0.1:1", (), 0, "x", {}),
-            ]
-        )
-    )
+    common: list[codec.Message] = [
+        Whisper(1, (b"w",)),
+        codec.Shout(2, "G", (b"s",)),
+        codec.Join(3, "G", 1),
+        codec.Leave(4, "G", 2),
+        Ping(5),
+        PingOk(6),
+        Hello(1, "tcp://127.0.0.1:1", (), 0, "x", {}),
+    ]
+    zyre_only: list[codec.Message] = [
+        codec.Elect(7, "G", "C"),
+        codec.Leader(8, "G", "L"),
+        codec.Goodbye(9),
+        codec.Unknown(10, 11, b"\x01x", (b"c",)),
+    ]
+    message = draw(st.sampled_from(common + zyre_only if version == VERSION_36 else common))
     frames = codec.encode(message, version)
     head = bytearray(frames[0])
     how = draw(st.sampled_from(["as-is", "flip", "cut", "extra"]))
@@ -94,11 +99,19 @@ udp_garbage = st.one_of(
     st.binary(min_size=18, max_size=18).map(lambda rest: b"ZRE\x02" + rest),
 ).filter(lambda data: udp_outcome(data) is not None)
 
+short_text = st.text(max_size=40)  # at most 160 octets: fits a one-octet length
+unknown_command = st.one_of(st.just(0), st.integers(11, 255))
+
 batches = st.lists(
     st.one_of(
         mailbox_garbage.map(lambda case: ("mailbox", case)),
         udp_garbage.map(lambda data: ("udp", data)),
         st.lists(st.binary(max_size=30), min_size=1, max_size=3).map(lambda c: ("whisper", c)),
+        st.tuples(short_text, short_text).map(lambda fields: ("elect", fields)),
+        st.tuples(short_text, short_text).map(lambda fields: ("leader", fields)),
+        st.tuples(unknown_command, st.binary(max_size=20), st.lists(st.binary(max_size=8))).map(
+            lambda fields: ("unknown", fields)
+        ),
     ),
     min_size=1,
     max_size=15,
@@ -166,9 +179,12 @@ def test_node_survives_garbage_and_accounts_for_every_input(
     drops_before = Counter(node.drops.counts)
     received_before = node.messages_received
     datagrams_before = node.udp.received if node.udp else 0
-    whispers_before = len(f.events.of("WHISPER"))
+    events_before = len(f.events.events)
+    assert node.core is not None
+    ignored_before = Counter(node.core.ignored)
     expected_drops: Counter[str] = Counter()
-    expected_whispers: list[tuple[bytes, ...]] = []
+    expected_ignored: Counter[str] = Counter()
+    expected_events: list[tuple[str, Any]] = []
     mailbox_sent = datagrams_sent = 0
     for kind, item in batch:
         if kind == "mailbox":
@@ -182,8 +198,21 @@ def test_node_survives_garbage_and_accounts_for_every_input(
             datagrams_sent += 1
         else:
             f.sequence += 1
-            f.good.send_frames(codec.encode(Whisper(f.sequence, tuple(item))))
-            expected_whispers.append(tuple(item))
+            message: codec.Message
+            if kind == "whisper":
+                message = Whisper(f.sequence, tuple(item))
+                expected_events.append(("WHISPER", tuple(item)))
+            elif kind == "elect":
+                message = codec.Elect(f.sequence, *item)
+                expected_ignored["elect"] += 1
+            elif kind == "leader":
+                message = codec.Leader(f.sequence, *item)
+                expected_events.append(("LEADER", tuple(item)))
+            else:
+                command, body, content = item
+                message = codec.Unknown(f.sequence, command, body, tuple(content))
+                expected_ignored["unknown-command"] += 1
+            f.good.send_frames(codec.encode(message))
             mailbox_sent += 1
     # The probe: the greeted peer's PING, answered with PING-OK once all before it is handled.
     f.sequence += 1
@@ -201,7 +230,13 @@ def test_node_survives_garbage_and_accounts_for_every_input(
         ),
         what="every message and datagram read",
     )
-    assert [e.content for e in f.events.of("WHISPER")[whispers_before:]] == expected_whispers
+    delivered = [
+        (e.type, e.content if e.type == "WHISPER" else (e.group, e.leader))
+        for e in f.events.events[events_before:]
+    ]
+    assert delivered == expected_events
     assert Counter(node.drops.counts) - drops_before == expected_drops
+    assert node.core is not None
+    assert Counter(node.core.ignored) - ignored_before == expected_ignored
     assert node.peers() == [GOOD]
-    assert f.events.types() == ["ENTER"] + ["WHISPER"] * len(f.events.of("WHISPER"))
+    assert f.events.types(GOOD).count("ENTER") == 1 and "EXIT" not in f.events.types()

@@ -4,7 +4,8 @@ and print every event as one JSON line on stdout (like zyre's zpinger).
 The first line is ``{"event": "READY", "peer": <own uuid>, "name": ..., "endpoint": ...}``;
 then one line per event with ``event``, ``peer`` (32 hex digits), ``name`` and, where they
 apply, ``group``, ``content`` (one item per frame: the text when it is UTF-8, else
-``{"base64": ...}``), ``headers`` and ``endpoint``. SIGTERM or Ctrl-C leaves cleanly (a
+``{"base64": ...}``), ``headers``, ``endpoint`` and (LEADER, from zyre's elections)
+``leader``. SIGTERM or Ctrl-C leaves cleanly (a
 36/ZRE node sends its leaving beacon).
 """
 
@@ -42,6 +43,8 @@ def event_json(event: ZreEvent) -> dict[str, Any]:
         line["headers"] = dict(event.headers)
     if event.endpoint:
         line["endpoint"] = event.endpoint
+    if event.type == "LEADER":
+        line["leader"] = event.leader
     return line
 
 

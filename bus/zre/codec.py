@@ -4,6 +4,8 @@
   order). 36/ZRE reads port 0 as "leaving"; 20/ZRE calls such a beacon invalid.
 * 36/ZRE (what zyre and pyre speak; version 2): frame 0 is ``AA A1 id 0x02 sequence(2)``
   then the body; further frames are the content of WHISPER and SHOUT (one or more).
+  zyre adds ELECT (8), LEADER (9) and GOODBYE (10); any other command in a well-framed
+  message parses as :class:`Unknown`, so that its sequence number still counts.
   Strings have a one-octet length, long strings a four-octet one; a list of strings is a
   four-octet count of long strings; headers are a four-octet count of (string key, long
   string value).
@@ -39,6 +41,10 @@ JOIN: Final = 4
 LEAVE: Final = 5
 PING: Final = 6
 PING_OK: Final = 7
+#: zyre's extensions (its git master): leader election and gossip mode's farewell.
+ELECT: Final = 8
+LEADER: Final = 9
+GOODBYE: Final = 10
 COMMAND_NAMES: Final = {
     HELLO: "HELLO",
     WHISPER: "WHISPER",
@@ -47,6 +53,9 @@ COMMAND_NAMES: Final = {
     LEAVE: "LEAVE",
     PING: "PING",
     PING_OK: "PING-OK",
+    ELECT: "ELECT",
+    LEADER: "LEADER",
+    GOODBYE: "GOODBYE",
 }
 
 #: A ZeroMQ identity may not start with a zero octet: the DEALER identity is 0x01 + UUID.
@@ -156,19 +165,64 @@ class PingOk:
     sequence: int
 
 
-Message = Hello | Whisper | Shout | Join | Leave | Ping | PingOk
+@dataclass(frozen=True, slots=True)
+class Elect:
+    """zyre: ``challenger`` (its UUID as text) contests the leadership of ``group``."""
+
+    sequence: int
+    group: str
+    challenger: str
+
+
+@dataclass(frozen=True, slots=True)
+class Leader:
+    """zyre: ``leader`` (a UUID as text) won the election in ``group``."""
+
+    sequence: int
+    group: str
+    leader: str
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye:
+    """zyre (gossip mode): the sender is leaving now."""
+
+    sequence: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    """A well-framed 36/ZRE message of a command this codec does not know: kept whole (body
+    after the header, content frames) so that it re-encodes exactly; its sequence counts."""
+
+    sequence: int
+    command: int
+    body: bytes = b""
+    content: tuple[bytes, ...] = ()
+
+
+Message = (
+    Hello | Whisper | Shout | Join | Leave | Ping | PingOk | Elect | Leader | Goodbye | Unknown
+)
+
+_NAMES: Final[dict[type, str]] = {
+    Hello: "HELLO",
+    Whisper: "WHISPER",
+    Shout: "SHOUT",
+    Join: "JOIN",
+    Leave: "LEAVE",
+    Ping: "PING",
+    PingOk: "PING-OK",
+    Elect: "ELECT",
+    Leader: "LEADER",
+    Goodbye: "GOODBYE",
+}
 
 
 def command_name(message: Message) -> str:
-    return {
-        Hello: "HELLO",
-        Whisper: "WHISPER",
-        Shout: "SHOUT",
-        Join: "JOIN",
-        Leave: "LEAVE",
-        Ping: "PING",
-        PingOk: "PING-OK",
-    }[type(message)]
+    if isinstance(message, Unknown):
+        return f"command {message.command}"
+    return _NAMES[type(message)]
 
 
 class _Reader:
@@ -278,6 +332,18 @@ def encode(message: Message, version: int = VERSION_36) -> list[bytes]:
             return [_head36(PING, message.sequence)]
         case PingOk():
             return [_head36(PING_OK, message.sequence)]
+        case Elect():
+            frame = _head36(ELECT, message.sequence) + _string(message.group)
+            return [frame + _string(message.challenger)]
+        case Leader():
+            frame = _head36(LEADER, message.sequence) + _string(message.group)
+            return [frame + _string(message.leader)]
+        case Goodbye():
+            return [_head36(GOODBYE, message.sequence)]
+        case Unknown():
+            if message.command in COMMAND_NAMES:
+                raise ValueError(f"command {message.command} is known: not an Unknown")
+            return [_head36(message.command, message.sequence) + message.body, *message.content]
     raise TypeError(f"not a ZRE message: {message!r}")
 
 
@@ -318,6 +384,20 @@ def parse(frames: Sequence[bytes], version: int = VERSION_36) -> Message:
         reader.end()
         _no_content(content)
         return Hello(sequence, endpoint, groups, status, name, headers)
+    if command in (ELECT, LEADER):
+        group = reader.string()
+        who = reader.string()
+        reader.end()
+        _no_content(content)
+        return (Elect if command == ELECT else Leader)(sequence, group, who)
+    if command == GOODBYE:
+        reader.end()
+        _no_content(content)
+        return Goodbye(sequence)
+    if command not in COMMAND_NAMES:
+        # Framed as 36/ZRE says, but a command we do not serve: the sender counted it in
+        # its sequence, so must we (zyre's next message would otherwise look like a gap).
+        return Unknown(sequence, command, frame[reader.offset :], content)
     return _parse_common(command, sequence, reader, content, VERSION_36)
 
 
@@ -369,6 +449,8 @@ def _encode_20(message: Message) -> list[bytes]:
             return [_head20(PING, message.sequence)]
         case PingOk():
             return [_head20(PING_OK, message.sequence)]
+        case Elect() | Leader() | Goodbye() | Unknown():
+            raise ValueError(f"20/ZRE has no {command_name(message)}")
     raise TypeError(f"not a ZRE message: {message!r}")
 
 
@@ -425,7 +507,7 @@ def _parse_common(
 
 
 def sniff_version(frame: bytes) -> int | None:
-    """Which dialect frame 0 looks like: 36/ZRE has a command (1-7) then the version
+    """Which dialect frame 0 looks like: 36/ZRE has a command (1-10) then the version
     octet 2 at offsets 2-3. Used by a 20/ZRE node to recognise a 36/ZRE peer (which it must
     never send 20/ZRE frames to), not to decode."""
     if len(frame) < 5 or frame[:2] != SIGNATURE:

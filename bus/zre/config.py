@@ -25,3 +25,9 @@ class ZreConfig:
     reap_interval: float = 1.0
     #: 20/ZRE: run the ZRE/LOG service (a SUB socket announced as X-ZRELOG).
     log_service: bool = True
+    #: Peers found by beacon and not greeted yet, at most (anyone can forge a beacon).
+    max_pending_peers: int = 100
+    #: A peer found by beacon that sends no HELLO this long after our greeting is dropped.
+    pending_expired: float = 5.0
+    #: Share of the process's descriptor limit the node's per-peer sockets may hold.
+    descriptor_share: float = 0.25

@@ -11,6 +11,11 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
 * our group status rises by one per JOIN or LEAVE and each JOIN/LEAVE carries the new value
   (a wrong value kills pyre and aborts zyre); a peer's wrong value is counted and followed;
 * a second HELLO from a ready peer is EXIT then ENTER;
+* zyre's extensions count in the sequence like any message: LEADER is an event, GOODBYE
+  is EXIT at once, ELECT and any well-framed unknown command are counted (``ignored``) and
+  otherwise not acted on; we never send any of them (pyre dies on unknown commands);
+* peers found by beacon and not greeted yet are bounded (``max_pending``; a forged beacon
+  flood is refused and counted) and forgotten after ``pending_expired`` without a HELLO;
 * silent for ``evasive``: EVASIVE and a PING; for twice that, SILENT; for ``expired``: EXIT;
 * a 20/ZRE node waits ``hello_wait`` before greeting a peer found by beacon: a 36/ZRE peer
   greets first (as zyre and pyre do at once), is recognised, and is never sent a 20/ZRE
@@ -20,6 +25,7 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
 from __future__ import annotations
 
 import uuid as uuidlib
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -28,13 +34,17 @@ from bus.zre import codec
 from bus.zre.codec import (
     VERSION_20,
     VERSION_36,
+    Elect,
+    Goodbye,
     Hello,
     Join,
+    Leader,
     Leave,
     Message,
     Ping,
     PingOk,
     Shout,
+    Unknown,
     Whisper,
     ZreError,
 )
@@ -47,7 +57,17 @@ LOG_HEADER = "X-ZRELOG"
 #: 20/ZRE's HELLO has no name field: our 20/ZRE nodes send it as this header.
 NAME_HEADER = "X-ZRE-NAME"
 
-EVENT_TYPES = ("ENTER", "EXIT", "JOIN", "LEAVE", "WHISPER", "SHOUT", "EVASIVE", "SILENT")
+EVENT_TYPES = (
+    "ENTER",
+    "EXIT",
+    "JOIN",
+    "LEAVE",
+    "WHISPER",
+    "SHOUT",
+    "EVASIVE",
+    "SILENT",
+    "LEADER",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +79,8 @@ class ZreEvent:
     content: tuple[bytes, ...] = ()
     headers: Mapping[str, str] = field(default_factory=dict)
     endpoint: str = ""
+    #: LEADER: the elected node of ``group``, as the peer wrote it (zyre: its UUID as text).
+    leader: str = ""
 
     @property
     def peer_hex(self) -> str:
@@ -68,7 +90,9 @@ class ZreEvent:
 class Links(Protocol):
     """Outgoing connections, one per peer (a DEALER with our identity), named by key."""
 
-    def connect(self, key: str, endpoint: str) -> None: ...
+    def connect(self, key: str, endpoint: str) -> bool:
+        """Open the link; False when it cannot be opened (no descriptors to spare)."""
+        ...
 
     def send(self, key: str, frames: list[bytes]) -> bool: ...
 
@@ -88,6 +112,11 @@ class ZreSettings:
     expired: float = 30.0
     #: 20/ZRE only: how long to wait for a peer found by beacon to greet first.
     hello_wait: float = 2.0
+    #: Peers found by beacon that have not said HELLO yet, at most (each holds a link).
+    max_pending: int = 100
+    #: A peer found by beacon that says no HELLO this long after we could greet it is
+    #: forgotten (zyre and pyre answer at once); its next beacon starts over.
+    pending_expired: float = 5.0
 
 
 @dataclass(slots=True)
@@ -156,6 +185,10 @@ class ZreCore:
         self.status_mismatches = 0
         self.sequence_gaps = 0
         self.sent = 0
+        #: Valid messages accepted (their sequence counted) but not acted on, by reason.
+        self.ignored: Counter[str] = Counter()
+        #: Peers found by beacon, not greeted yet, oldest first (a subset of ``peers``).
+        self.unready: dict[bytes, Peer] = {}
 
     @property
     def version(self) -> int:
@@ -174,9 +207,23 @@ class ZreCore:
         if peer is not None:
             peer.last_seen = self.clock()
             return
-        self.require_peer(beacon.uuid, f"tcp://{host}:{beacon.port}", by_beacon=True)
+        if beacon.uuid in self.foreign:
+            # A 36/ZRE peer of a 20/ZRE node: we never talk to it, so hold no link for it.
+            self.foreign[beacon.uuid] = self.clock()
+            return
+        endpoint = f"tcp://{host}:{beacon.port}"
+        if endpoint == self.settings.endpoint:
+            self.drop("own-endpoint", f"beacon naming our own mailbox {endpoint}", beacon.uuid)
+            return
+        if len(self.unready) >= self.settings.max_pending:
+            # A forged flood costs a counter, never a socket (zyre and pyre greet us over
+            # TCP on our own beacon too, so a real peer still gets in).
+            self.drop("pending-full", f"{len(self.unready)} peers not greeted yet", beacon.uuid)
+            return
+        self.require_peer(beacon.uuid, endpoint, by_beacon=True)
 
-    def require_peer(self, node: bytes, endpoint: str, by_beacon: bool = False) -> Peer:
+    def require_peer(self, node: bytes, endpoint: str, by_beacon: bool = False) -> Peer | None:
+        """The peer ``node``, found now at ``endpoint`` (None: no link could be opened)."""
         peer = self.peers.get(node)
         if peer is not None:
             return peer
@@ -187,7 +234,6 @@ class ZreCore:
         now = self.clock()
         key = uuidlib.UUID(bytes=node).hex
         peer = Peer(node, key, endpoint, now, now)
-        self.peers[node] = peer
         pending = self.pending.pop(endpoint, None)
         if pending is not None:
             # The link opened to this endpoint becomes the peer's.
@@ -195,14 +241,19 @@ class ZreCore:
             peer.sent_sequence = pending.sent_sequence
             peer.hello_sent = pending.hello_sent
             peer.hello_due = pending.opened_at + self.settings.hello_wait
+            self.peers[node] = peer
         else:
-            self.links.connect(key, endpoint)
+            if not self.links.connect(key, endpoint):
+                return None  # the link layer counted why
+            self.peers[node] = peer
             if node in self.foreign:
                 peer.foreign = True
             elif self.version == VERSION_20 and by_beacon:
                 peer.hello_due = now + self.settings.hello_wait
             else:
                 self._send_hello(peer)
+        if by_beacon:
+            self.unready[node] = peer
         return peer
 
     def connect_endpoint(self, endpoint: str, seed: bool = False) -> None:
@@ -215,8 +266,9 @@ class ZreCore:
             return
         now = self.clock()
         link = PendingLink(endpoint, now, seed=endpoint in self.seeds)
+        if not self.links.connect(_pending_key(endpoint), endpoint):
+            return  # the link layer counted why
         self.pending[endpoint] = link
-        self.links.connect(_pending_key(endpoint), endpoint)
         link.sent_sequence = 1
         link.hello_sent = True
         self._send(_pending_key(endpoint), self._hello(1))
@@ -263,6 +315,18 @@ class ZreCore:
         self._refresh(peer)
         if isinstance(message, Whisper):
             self.emit(ZreEvent("WHISPER", node, peer.name, content=message.content))
+        elif isinstance(message, Leader):
+            self.emit(
+                ZreEvent("LEADER", node, peer.name, group=message.group, leader=message.leader)
+            )
+        elif isinstance(message, Goodbye):
+            # zyre in gossip mode says it is leaving: gone now, as zyre itself does.
+            self.remove_peer(peer)
+        elif isinstance(message, Elect):
+            # We never contest an election: counted, nothing sent back.
+            self.ignored["elect"] += 1
+        elif isinstance(message, Unknown):
+            self.ignored["unknown-command"] += 1
         elif isinstance(message, Shout):
             self.emit(
                 ZreEvent("SHOUT", node, peer.name, group=message.group, content=message.content)
@@ -286,6 +350,9 @@ class ZreCore:
             peer = None
         if peer is None:
             peer = self.require_peer(node, hello.endpoint)
+            if peer is None:
+                return
+        self.unready.pop(node, None)
         peer.ready = True
         peer.foreign = False
         peer.want_sequence = 1
@@ -305,6 +372,10 @@ class ZreCore:
         if told:
             known = self._endpoints()
             for endpoint in told:
+                if len(self.pending) >= self.settings.max_pending:
+                    # A HELLO may name any number of endpoints: each would hold a link.
+                    self.drop("pending-full", "endpoints told in X-ZRE-PEERS", identity)
+                    break
                 if endpoint not in known:
                     self.connect_endpoint(endpoint)
 
@@ -354,6 +425,12 @@ class ZreCore:
         peer.last_seen = self.clock()
         peer.evasive = peer.silent = False
 
+    def foreign_count(self) -> int:
+        """36/ZRE peers of a 20/ZRE node heard from within ``expired`` (we hold no link to
+        them once their greeting has expired: their beacons only refresh this)."""
+        now = self.clock()
+        return sum(1 for seen in self.foreign.values() if now - seen < self.settings.expired)
+
     def _foreign_peer(self, node: bytes) -> None:
         peer = self.peers.get(node)
         if peer is not None and not peer.hello_sent:
@@ -368,6 +445,7 @@ class ZreCore:
         if self.peers.get(peer.uuid) is not peer:
             return
         del self.peers[peer.uuid]
+        self.unready.pop(peer.uuid, None)
         self.links.close(peer.key)
         for group in list(peer.groups):
             members = self.peer_groups.get(group)
@@ -387,6 +465,13 @@ class ZreCore:
         """Once a second or so: greet, ping, expire."""
         now = self.clock()
         settings = self.settings
+        # Oldest first, and only until the first one still young: the flood-bounded set.
+        for peer in list(self.unready.values()):
+            greeted_at = max(peer.discovered_at, peer.hello_due)
+            if now - greeted_at < settings.pending_expired:
+                break
+            self.drop("no-hello", f"no HELLO from {peer.endpoint}", peer.uuid)
+            self.remove_peer(peer)
         for peer in list(self.peers.values()):
             if not peer.hello_sent and not peer.foreign and now >= peer.hello_due:
                 self._send_hello(peer)
@@ -505,6 +590,7 @@ class ZreCore:
         for endpoint in list(self.pending):
             self.links.close(_pending_key(endpoint))
         self.peers.clear()
+        self.unready.clear()
         self.pending.clear()
         self.peer_groups.clear()
 

@@ -25,6 +25,7 @@ from bus.droplog import DropCounter
 from bus.errors import StartupError
 from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
+from bus.transport.fdbudget import DescriptorBudget
 from bus.transport.udp import (
     BeaconSender,
     InterfaceAddress,
@@ -82,6 +83,8 @@ class ZreNode(Service):
         self.log_endpoint = ""
         self._log_senders: dict[bytes, ZmqSocket] = {}
         self._dealers: dict[str, ZmqSocket] = {}
+        #: Per-peer sockets (DEALERs, ZRE/LOG senders) come out of this share.
+        self.budget = DescriptorBudget(config.descriptor_share)
         self.core: ZreCore | None = None
         self.listeners: list[EventListener] = []
         self.drops = DropCounter(log, "ZRE input", self.reactor.seconds)
@@ -181,6 +184,8 @@ class ZreNode(Service):
             evasive=config.evasive,
             expired=config.expired,
             hello_wait=2 * config.beacon_interval,
+            max_pending=config.max_pending_peers,
+            pending_expired=config.pending_expired,
         )
         self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
         if config.port:
@@ -296,6 +301,8 @@ class ZreNode(Service):
         if event.type in ("ENTER", "EXIT", "JOIN", "LEAVE"):
             self._publish_membership(event)
             self._log_sender(event)
+        elif event.type == "LEADER":
+            self._publish_membership(event)
         for listener in list(self.listeners):
             try:
                 listener(event)
@@ -317,6 +324,8 @@ class ZreNode(Service):
             topic = f"/zre/peers/{event.peer_hex}/{event.type.lower()}/"
         else:
             value["group"] = event.group
+            if event.type == "LEADER":
+                value["leader"] = event.leader
             topic = f"/zre/groups/{quote(event.group or '', safe='')}/{event.type.lower()}/"
         self._publish(topic, value)
 
@@ -332,18 +341,23 @@ class ZreNode(Service):
         if self.config.version != VERSION_20 or self._factory is None:
             return
         if event.type == "ENTER" and LOG_HEADER in event.headers:
-            sender = self._factory.socket(
-                zmq.PUB, None, SocketOptions(linger_ms=0), name=f"zre-logsend-{self.node_name}"
-            )
-            sender.connect(event.headers[LOG_HEADER])
             old: ZmqSocket | None = self._log_senders.pop(event.peer, None)
             if old is not None:
                 old.shutdown()
-            self._log_senders[event.peer] = sender
+                self.budget.release()
+            sender = self._peer_socket(zmq.PUB, SocketOptions(linger_ms=0), "logsend")
+            if sender is not None:
+                try:
+                    sender.connect(event.headers[LOG_HEADER])
+                except zmq.ZMQError as error:
+                    self._close_peer_socket(sender)
+                    self.drops.drop("bad-endpoint", f"ZRE/LOG endpoint: {error}", event.peer)
+                else:
+                    self._log_senders[event.peer] = sender
         if event.type == "EXIT":
             gone: ZmqSocket | None = self._log_senders.pop(event.peer, None)
             if gone is not None:
-                gone.shutdown()
+                self._close_peer_socket(gone)
         if not self._log_senders:
             return
         data = f"{event.type} {event.name}" + (f" {event.group}" if event.group else "")
@@ -359,6 +373,30 @@ class ZreNode(Service):
         for sender in self._log_senders.values():
             if sender.send_frames([frame]):
                 self.log_records_sent += 1
+
+    def _peer_socket(self, kind: int, options: SocketOptions, what: str) -> ZmqSocket | None:
+        """A socket on a peer's behalf, out of the descriptor budget; None (counted, no
+        traceback: a flood must cost a counter, not a log line per datagram) when the
+        budget or the process has none to spare."""
+        if self._factory is None:
+            return None
+        if not self.budget.acquire():
+            self.drops.drop(
+                "descriptor-budget",
+                f"{self.budget.in_use} peer sockets: the node's share of the descriptors is used",
+            )
+            return None
+        try:
+            return self._factory.socket(kind, None, options, name=f"zre-{what}-{self.node_name}")
+        except zmq.ZMQError as error:
+            self.budget.release()
+            self.drops.drop("socket-error", f"cannot open a peer socket: {error}")
+            return None
+
+    def _close_peer_socket(self, sock: ZmqSocket) -> None:
+        if not sock.closed:
+            sock.shutdown()
+            self.budget.release()
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -382,7 +420,7 @@ class ZreNode(Service):
             self.core.close()
             self.core = None
         for sock in [*self._dealers.values(), *self._log_senders.values()]:
-            sock.shutdown()
+            self._close_peer_socket(sock)
         self._dealers.clear()
         self._log_senders.clear()
         for own in (self.mailbox, self.log_socket):
@@ -412,9 +450,12 @@ class ZreNode(Service):
             ),
             "log_service": self.log_endpoint or None,
             "peers": sum(1 for p in peers if p.ready),
-            "peers_foreign": sum(1 for p in peers if p.foreign),
+            "peers_foreign": core.foreign_count() if core else 0,
             "peers_pending": sum(1 for p in peers if not p.ready)
             + len(core.pending if core else ()),
+            "peer_sockets": self.budget.in_use,
+            "peer_sockets_capacity": self.budget.capacity,
+            "ignored": dict(core.ignored) if core else {},
             "groups": list(core.own_groups) if core else [],
             "peer_groups": {g: len(m) for g, m in core.peer_groups.items()} if core else {},
             "events": dict(self.events_by_type),
@@ -445,6 +486,13 @@ class ZreNode(Service):
             counter("zre_log_records", "ZRE/LOG records received", self.log_records),
             counter("zre_send_blocked", "Sends refused by a full peer queue", self.send_blocked),
             counters_by("zre_dropped", "Bad input dropped, by reason", "reason", status["dropped"]),
+            counters_by(
+                "zre_ignored",
+                "Valid messages accepted but not acted on (ELECT, unknown commands)",
+                "reason",
+                status["ignored"],
+            ),
+            gauge("zre_peer_sockets", "Sockets held on peers' behalf", status["peer_sockets"]),
         ]
 
 
@@ -454,29 +502,29 @@ class _Dealers:
     def __init__(self, node: ZreNode) -> None:
         self.node = node
 
-    def connect(self, key: str, endpoint: str) -> None:
+    def connect(self, key: str, endpoint: str) -> bool:
         node = self.node
-        if node._factory is None:
-            return
         old: ZmqSocket | None = node._dealers.pop(key, None)
         if old is not None:
-            old.shutdown()
-        dealer = node._factory.socket(
+            node._close_peer_socket(old)
+        dealer = node._peer_socket(
             zmq.DEALER,
-            None,
             # zyre's HWM: 100 messages a second for the 30 s a peer may be silent.
             SocketOptions(
                 identity=codec.identity_of(node.uuid), send_hwm=3000, linger_ms=0, receive_hwm=10
             ),
-            name=f"zre-peer-{key[:12]}",
+            "peer",
         )
+        if dealer is None:
+            return False
         try:
             dealer.connect(endpoint)
         except zmq.ZMQError as error:
-            dealer.shutdown()
+            node._close_peer_socket(dealer)
             node.drops.drop("bad-endpoint", f"cannot connect to {endpoint!r}: {error}")
-            return
+            return False
         node._dealers[key] = dealer
+        return True
 
     def send(self, key: str, frames: list[bytes]) -> bool:
         dealer = self.node._dealers.get(key)
@@ -490,7 +538,7 @@ class _Dealers:
     def close(self, key: str) -> None:
         dealer: ZmqSocket | None = self.node._dealers.pop(key, None)
         if dealer is not None:
-            dealer.shutdown()
+            self.node._close_peer_socket(dealer)
 
     def rekey(self, old: str, new: str) -> None:
         dealer: ZmqSocket | None = self.node._dealers.pop(old, None)

@@ -36,6 +36,14 @@ class Options(ServiceOptions):
         ["evasive", None, "5s", "Silence after which a peer is pinged (EVASIVE)."],
         ["expired", None, "30s", "Silence after which a peer is gone (EXIT)."],
         ["beacon-interval", None, "1s", "Time between beacons."],
+        [
+            "max-pending-peers",
+            None,
+            100,
+            "Peers found by beacon and not greeted yet, at most (more are refused, counted).",
+            int,
+        ],
+        ["pending-expired", None, "5s", "A peer found by beacon without HELLO this long: gone."],
     ]
     optMulti = [
         ["group", None, "Group to join."],
@@ -81,6 +89,12 @@ def zre_config(options: usage.Options | dict[str, Any]) -> ZreConfig:
     interval = parse_duration(options["beacon-interval"])
     if interval <= 0:
         raise usage.UsageError("--beacon-interval must be above 0")
+    max_pending = int(options.get("max-pending-peers", 100))
+    if max_pending < 1:
+        raise usage.UsageError("--max-pending-peers must be at least 1")
+    pending_expired = parse_duration(options.get("pending-expired", "5s"))
+    if pending_expired <= 0:
+        raise usage.UsageError("--pending-expired must be above 0")
     return ZreConfig(
         name=name,
         interface=options["interface"],
@@ -92,6 +106,8 @@ def zre_config(options: usage.Options | dict[str, Any]) -> ZreConfig:
         evasive=evasive,
         expired=expired,
         beacon_interval=interval,
+        max_pending_peers=max_pending,
+        pending_expired=pending_expired,
     )
 
 

@@ -1,0 +1,65 @@
+"""Our node against a fake of zyre (tests/zre_peers/zyre_fake.py) through real sockets on
+loopback: zyre's ELECT, LEADER and GOODBYE must not cut the link."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest_twisted
+
+from bus.testing import wait_until
+from bus.zre import codec
+from bus.zre.node import ZreNode
+from tests.zre_helpers import EventLog, fast_config, free_udp_port
+from tests.zre_peers.zyre_fake import FakeZyre
+
+#: What our node may ever send a peer: never zyre's extensions (pyre dies on them).
+SENDABLE = (codec.Hello, codec.Whisper, codec.Shout, codec.Join, codec.Leave, codec.Ping)
+
+
+@pytest_twisted.inlineCallbacks
+def test_zyre_contesting_a_group_keeps_its_link_and_goodbye_ends_it_at_once() -> Any:
+    port = free_udp_port()
+    # Long timers: an EXIT below can only come from GOODBYE.
+    node = ZreNode(fast_config(port, name="bus", groups=["CONTEST"], evasive=30.0, expired=60.0))
+    events = EventLog()
+    node.add_listener(events)
+    node.startService()
+    zyre = FakeZyre(port, groups=["GLOBAL"])
+    try:
+        # Found by its beacon, greeted by us, greeted back.
+        yield wait_until(lambda: zyre.uuid in node.peers(), what="ENTER of zyre")
+        zyre.join("CONTEST")
+        zyre.contest("CONTEST")
+        zyre.shout("CONTEST", [b"shout", b"two frames"])
+        zyre.whisper([b"whisper"])
+        yield wait_until(lambda: events.of("WHISPER", zyre.uuid), what="zyre's WHISPER")
+        assert events.types(zyre.uuid) == ["ENTER", "JOIN", "JOIN", "LEADER", "SHOUT", "WHISPER"]
+        [leader] = events.of("LEADER")
+        assert (leader.group, leader.leader) == ("CONTEST", zyre.uuid_text)
+        [shout] = events.of("SHOUT")
+        assert (shout.group, shout.content) == ("CONTEST", (b"shout", b"two frames"))
+        assert node.core is not None and node.core.ignored["elect"] == 1
+        # No flapping: beacons keep coming, the link holds, nothing was out of sequence.
+        beacons = node.beacons_received
+        yield wait_until(lambda: node.beacons_received >= beacons + 5, what="more beacons")
+        assert len(events.of("ENTER", zyre.uuid)) == 1 and not events.of("EXIT")
+        assert node.drops.counts["sequence"] == 0 and node.drops.total == 0
+        # Both ways: our SHOUT and WHISPER reach zyre's mailbox.
+        assert node.shout("CONTEST", [b"back"]) == 1
+        assert node.whisper(zyre.uuid, [b"to zyre"])
+        yield wait_until(
+            lambda: any(isinstance(m, codec.Whisper) for _, m in zyre.received), what="to zyre"
+        )
+        sent = [m for identity, m in zyre.received if identity == codec.identity_of(node.uuid)]
+        assert all(isinstance(m, SENDABLE) for m in sent)
+        assert [m.sequence for m in sent] == list(range(1, len(sent) + 1))
+        # GOODBYE: EXIT at once (60 s before expiry would say so).
+        zyre.goodbye()
+        yield wait_until(lambda: events.of("EXIT", zyre.uuid), timeout=10, what="EXIT")
+        assert zyre.uuid not in node.peers()
+        assert events.types(zyre.uuid)[-1] == "EXIT"
+        assert node.status()["ignored"] == {"elect": 1}
+    finally:
+        zyre.close()
+        yield node.stopService()

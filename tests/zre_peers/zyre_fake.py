@@ -1,0 +1,120 @@
+"""A fake of zyre (C, its git master) written from what it is known to do on the wire
+(shared/specs/README.md, "ZRE"), not from its code: zyre is not on PyPI nor in Debian.
+
+Like zyre it has a ROUTER mailbox (its "inbox") on an ephemeral port, sends 22-octet
+beacons, and, when a node it does not know says HELLO, connects a DEALER (identity 0x01 +
+its UUID) to the HELLO's endpoint and greets back. Every message it sends on that DEALER is
+a 36/ZRE frame carrying the next sequence number, including its extensions: ELECT and LEADER
+(``zyre_set_contest_in_group``) and GOODBYE (gossip mode, on leaving). It answers PING with
+PING-OK and records everything its mailbox receives.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid as uuidlib
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+from twisted.internet.task import LoopingCall
+
+from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.zre import codec
+
+
+class FakeZyre:
+    def __init__(
+        self,
+        beacon_port: int,
+        name: str = "zyre",
+        groups: Sequence[str] = (),
+        beacon_interval: float = 0.1,
+    ) -> None:
+        self.uuid = uuidlib.uuid4().bytes
+        #: zyre writes a UUID as text in ELECT and LEADER (32 upper-case hex digits).
+        self.uuid_text = self.uuid.hex().upper()
+        self.name = name
+        self.groups = list(groups)
+        self.status = len(self.groups)
+        self.reactor = reactor_of(None)
+        self.factory = SocketFactory(self.reactor)
+        #: Every message the mailbox received: (sender identity, parsed message).
+        self.received: list[tuple[bytes, codec.Message]] = []
+        self.mailbox = self.factory.socket(
+            zmq.ROUTER, self._on_mailbox, SocketOptions(linger_ms=0), name="zyre-inbox"
+        )
+        self.endpoint = self.mailbox.bind("tcp://127.0.0.1:*")
+        self.dealer: ZmqSocket | None = None
+        self.sequence = 0
+        self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        port = int(self.endpoint.rpartition(":")[2])
+        self._beacon = codec.encode_beacon(self.uuid, port)
+        self._beacon_target = ("127.0.0.1", beacon_port)
+        self._beacons = LoopingCall(self.send_beacon)
+        self._beacons.clock = self.reactor
+        self._beacons.start(beacon_interval)
+
+    def send_beacon(self) -> None:
+        self._udp.sendto(self._beacon, self._beacon_target)
+
+    def stop_beacons(self) -> None:
+        if self._beacons.running:
+            self._beacons.stop()
+
+    # -- zyre's side of the conversation --------------------------------------------------
+
+    def _on_mailbox(self, batch: list[list[bytes]]) -> None:
+        for identity, *frames in batch:
+            message = codec.parse(frames)
+            self.received.append((identity, message))
+            if isinstance(message, codec.Hello) and self.dealer is None:
+                # zyre requires the peer on its HELLO: connect to it and greet back.
+                self.dealer = self.factory.socket(
+                    zmq.DEALER,
+                    None,
+                    SocketOptions(identity=codec.identity_of(self.uuid), linger_ms=0),
+                    name="zyre-peer",
+                )
+                self.dealer.connect(message.endpoint)
+                self.send(codec.Hello(0, self.endpoint, tuple(self.groups), self.status, self.name))
+            elif isinstance(message, codec.Ping):
+                self.send(codec.PingOk(0))
+
+    def send(self, message: codec.Message) -> None:
+        """Send ``message`` on the DEALER with the next sequence number."""
+        assert self.dealer is not None, "no peer has greeted this fake yet"
+        self.sequence = (self.sequence + 1) & 0xFFFF
+        frames = codec.encode(message, codec.VERSION_36)
+        head = bytearray(frames[0])
+        head[4:6] = self.sequence.to_bytes(2, "big")
+        assert self.dealer.send_frames([bytes(head), *frames[1:]])
+
+    @property
+    def greeted(self) -> bool:
+        return self.dealer is not None
+
+    def join(self, group: str) -> None:
+        self.groups.append(group)
+        self.status = (self.status + 1) & 0xFF
+        self.send(codec.Join(0, group, self.status))
+
+    def contest(self, group: str) -> None:
+        """What ``zyre_set_contest_in_group`` leads to when this node wins: ELECT, LEADER."""
+        self.send(codec.Elect(0, group, self.uuid_text))
+        self.send(codec.Leader(0, group, self.uuid_text))
+
+    def shout(self, group: str, content: Sequence[bytes]) -> None:
+        self.send(codec.Shout(0, group, tuple(content)))
+
+    def whisper(self, content: Sequence[bytes]) -> None:
+        self.send(codec.Whisper(0, tuple(content)))
+
+    def goodbye(self) -> None:
+        self.stop_beacons()
+        self.send(codec.Goodbye(0))
+
+    def close(self) -> Any:
+        self.stop_beacons()
+        self._udp.close()
+        self.factory.shutdown()
