@@ -37,6 +37,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,7 @@ class Broker(TwistdProcess):
         self.log_path = self.workdir / "twistd.log"
         self.stdout_path = self.workdir / "stdout.txt"
 
-    def start(self, cpu_latency_us: int | None = None) -> Broker:
+    def start(self, cpu_latency_us: int | None = None, extra: Sequence[str] = ()) -> Broker:
         self.port = free_ports(3)
         # The product with the broker alone, as `twistd -n eventbus` runs it.
         product = ["eventbus", "--services", "emqp", "--http-port", "0"]
@@ -102,7 +103,7 @@ class Broker(TwistdProcess):
                 "--emqp-client-port", str(self.port + 1),
                 "--emqp-admin-port", str(self.port + 2), "--emqp-data-dir", str(self.data_dir),
                 "--emqp-stats-interval", "0.5s", "--emqp-heartbeat-interval", f"{HEARTBEAT}s",
-                "--emqp-heartbeat-liveness", "1000", "--emqp-queue-limit", "100000",
+                "--emqp-heartbeat-liveness", "1000", "--emqp-queue-limit", "100000", *extra,
             ]
         )  # fmt: skip
         self._spawn(argv, "EMQP_")
@@ -161,7 +162,7 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
         if kind == "broker":
             broker = Broker(root / f"broker-{index}", server_prefix(args.server_prefix))
             stack.callback(broker.stop)
-            broker.start(args.cpu_latency_us)
+            broker.start(args.cpu_latency_us, args.broker_option)
             pid = broker.pid
             worker_port, client_port = broker.port, broker.port + 1
         else:
@@ -221,6 +222,14 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--broker-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="one more option for the broker's command line (repeat it), e.g. "
+        "--broker-option=--emqp-client-hwm=1000",
+    )
     parser.add_argument("--jobs", type=int, default=60_000)
     parser.add_argument(
         "--peers",

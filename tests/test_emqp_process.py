@@ -236,7 +236,10 @@ def test_a_client_that_never_reads_costs_bounded_memory_given_back_when_it_goes(
     import zmq
 
     broker = BrokerProcess(
-        tmp_path / "emqp", None, "--client-queue-bytes", "8MiB", "--reply-linger", "1s",
+        # 100 kB answers: libzmq's own queue per client kept to 100 of them (the default
+        # 1000 would let it hold 100 MB; docs/emqp.md, "Clients that do not read").
+        tmp_path / "emqp", None, "--client-queue-bytes", "8MiB", "--client-hwm", "100",
+        "--reply-linger", "1s",
         "--heartbeat-interval", "60s",  # the raw worker does not heartbeat
     )  # fmt: skip
     context = zmq.Context()

@@ -42,7 +42,7 @@ class EmqpConfig:
     reply_linger: float = 10.0
     #: Messages libzmq queues per client (its send HWM on the client and admin ports); past
     #: it answers wait in the broker's outbox for that client, bounded by the two below.
-    client_hwm: int = 100
+    client_hwm: int = 1000
     client_queue_bytes: int = 16 * 1024 * 1024
     client_queue_messages: int = 10_000
     tcp_keepalive_idle: int | None = 60

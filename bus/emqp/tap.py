@@ -82,7 +82,7 @@ class Options(ServiceOptions):
             "Answers waiting per client at most, in messages; past it they are dropped.",
             int,
         ],
-        ["client-hwm", None, 100, "Messages ZeroMQ itself queues per client.", int],
+        ["client-hwm", None, 1000, "Messages ZeroMQ itself queues per client.", int],
         ["stats-interval", None, "10s", "How often status is logged and status.json written."],
         [
             "scheduler",
