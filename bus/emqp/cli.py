@@ -626,18 +626,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="give up after this long without the answer (0: wait forever) [%(default)g]",
     )
     sub.set_defaults(run=submit, check=_check_submit)
-    sub = commands.add_parser(
-        "status", help="print the broker's STATUS as JSON", epilog=exit_status
-    )
-    sub.add_argument("--admin", default=DEFAULT_ADMIN, help="admin port [%(default)s]")
-    sub.add_argument(
-        "--wait",
-        type=float,
-        default=DEFAULT_STATUS_WAIT,
-        metavar="SECONDS",
-        help="give up after this long (0: wait forever) [%(default)g]",
-    )
-    sub.set_defaults(run=status, check=_check_status)
 
     def admin_options(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--admin", default=DEFAULT_ADMIN, help="admin port [%(default)s]")
@@ -648,6 +636,12 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="SECONDS",
             help="give up after this long (0: wait forever) [%(default)g]",
         )
+
+    sub = commands.add_parser(
+        "status", help="print the broker's STATUS as JSON", epilog=exit_status
+    )
+    admin_options(sub)
+    sub.set_defaults(run=status, check=_check_status)
 
     sub = commands.add_parser(
         "schedule",
