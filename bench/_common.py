@@ -370,6 +370,16 @@ class LagReport:
     lag_ms: float
 
 
+def emqp_args(port: int, data_dir: Path, cpu_latency_us: int | None = None) -> list[str]:
+    """``twistd -n emqp``'s arguments for the broker alone on ``port`` (workers), ``port + 1``
+    (clients) and ``port + 2`` (admin) of HOST, its store in ``data_dir``."""
+    extra = [] if cpu_latency_us is None else ["--cpu-latency-us", str(cpu_latency_us)]
+    return [
+        "emqp", "--bind", HOST, "--worker-port", str(port), "--client-port", str(port + 1),
+        "--admin-port", str(port + 2), "--data-dir", str(data_dir), *extra,
+    ]  # fmt: skip
+
+
 class TwistdProcess:
     """What the benchmarks' twistd children share. Subclasses are dataclasses with
     ``workdir``, ``prefix``, ``proc``, ``log_path`` and ``stdout_path``, and a ``label``."""

@@ -58,6 +58,7 @@ from _common import (
     add_common_arguments,
     cpu_latency,
     cpu_seconds,
+    emqp_args,
     free_ports,
     machine,
     median,
@@ -104,14 +105,7 @@ class Broker(TwistdProcess):
         status = self.data_dir / "status.json"
         status.unlink(missing_ok=True)  # a killed broker's last word
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        extra = [] if cpu_latency_us is None else ["--cpu-latency-us", str(cpu_latency_us)]
-        argv = self._twistd_argv(
-            [
-                "emqp", "--bind", HOST, "--worker-port", str(self.port),
-                "--client-port", str(self.port + 1), "--admin-port", str(self.port + 2),
-                "--data-dir", str(self.data_dir), *extra,
-            ]
-        )  # fmt: skip
+        argv = self._twistd_argv(emqp_args(self.port, self.data_dir, cpu_latency_us))
         started = time.monotonic()
         self._spawn(argv, "EMQP_")
         return started

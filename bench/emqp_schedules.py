@@ -62,6 +62,7 @@ from _common import (
     add_common_arguments,
     cpu_latency,
     cpu_seconds,
+    emqp_args,
     fmt_rate,
     free_ports,
     machine,
@@ -103,14 +104,7 @@ class Broker(TwistdProcess):
 
     def start(self, cpu_latency_us: int | None = None) -> Broker:
         self.port = free_ports(3)
-        extra = [] if cpu_latency_us is None else ["--cpu-latency-us", str(cpu_latency_us)]
-        argv = self._twistd_argv(
-            [
-                "emqp", "--bind", HOST, "--worker-port", str(self.port),
-                "--client-port", str(self.port + 1), "--admin-port", str(self.port + 2),
-                "--data-dir", str(self.data_dir), *extra,
-            ]
-        )  # fmt: skip
+        argv = self._twistd_argv(emqp_args(self.port, self.data_dir, cpu_latency_us))
         self._spawn(argv, "EMQP_")
         wait_until(
             lambda: (self.data_dir / "status.json").exists(), 60, "the broker", self.check_alive
