@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import msgpack
 import pytest
 import pytest_twisted
 import zmq
-from twisted.internet import defer
+from twisted.internet import defer, reactor
 
 from bus.emqp import codec
 from bus.emqp.client import EmqpClient, JobFailed, query_status
@@ -381,3 +382,32 @@ def test_an_answer_waits_for_its_client_to_come_back(tmp_path: Path, cleanup: li
     worker.reply(worker.requests()[1], "nobody listens")
     yield wait_until(lambda: broker.answers.dropped["gone"] == 1, what="the answer dropped")
     assert broker.status()["answers_held"] == 0
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_worker_whose_inform_was_lost_informs_again_at_the_kbye(cleanup: list[Any]) -> Any:
+    """Its INFORM went to a broker that was stopping; the next one knows nothing of it and
+    says KBYE once (to its heartbeat): it must INFORM again then, not wait for silence."""
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+
+    factory = SocketFactory(reactor)
+    cleanup.append(SimpleNamespace(close=factory.shutdown))
+    heard: list[list[bytes]] = []
+
+    def broker_that_lost_the_inform(batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            heard.append(frames)
+            if frames[3] == codec.HEARTBEAT:
+                router.send_frames([frames[0], *codec.kbye()])
+
+    router = factory.socket(
+        zmq.ROUTER, broker_that_lost_the_inform, SocketOptions(linger_ms=0, router_mandatory=True)
+    )
+    endpoint = router.bind("tcp://127.0.0.1:*")
+    worker = EmqpWorker(endpoint, heartbeat_interval=0.2, heartbeat_liveness=50)
+    worker.startService()
+    cleanup.append(worker)
+    informs = lambda: [f for f in heard if f[3] == codec.INFORM]  # noqa: E731
+    yield wait_until(lambda: len(informs()) >= 2, timeout=5, what="a second INFORM")
+    assert len({f[0] for f in informs()}) >= 2  # from a fresh socket (a new identity)
+    assert not worker.registered

@@ -390,7 +390,9 @@ class EmqpWorker(Service):
             elif isinstance(command, codec.Kbye | codec.Disconnect):
                 if self.draining:  # forgotten while leaving: nobody to answer any more
                     self.registered = False
-                elif self.registered:  # the broker forgot us (stopped, restarted): start over
+                else:
+                    # The broker forgot us (stopped, restarted), or never heard our INFORM
+                    # (sent to a broker that was stopping): start over. It says KBYE once.
                     self._connect()
                     return
             else:
