@@ -3,8 +3,10 @@ trips, and property-based fuzzing: any input parses or raises ZreError, nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import uuid
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -298,3 +300,42 @@ def test_fuzz_beacons_and_log_records(data: bytes) -> None:
             parse(data)
         except ZreError as error:
             assert error.reason
+
+
+@st.composite
+def data_path_frames(draw: st.DrawFn) -> list[bytes]:
+    """36/ZRE SHOUT and WHISPER frames, well formed or nearly: the parser's shortcut."""
+    command = draw(st.sampled_from([codec.SHOUT, codec.WHISPER]))
+    group = draw(st.one_of(st.text(max_size=6).map(str.encode), st.binary(max_size=6)))
+    head = bytearray(codec.SIGNATURE + bytes((command, VERSION_36)))
+    head += draw(st.binary(min_size=2, max_size=2))
+    if command == codec.SHOUT:
+        head += bytes((draw(st.integers(0, 8)),)) + group
+    elif draw(st.booleans()):
+        head += group
+    if draw(st.booleans()):
+        head[draw(st.integers(0, len(head) - 1))] = draw(st.integers(0, 255))
+    content = draw(st.lists(st.binary(max_size=4), max_size=3))
+    return [bytes(head), *content]
+
+
+@given(data_path_frames())
+def test_the_data_path_shortcut_reads_as_the_full_parser(frames: list[bytes]) -> None:
+    def outcome(parse: Callable[[], codec.Message]) -> object:
+        try:
+            return parse()
+        except ZreError as error:
+            return error.reason
+
+    assert outcome(lambda: codec.parse(frames)) == outcome(lambda: codec._parse(frames, 2))
+
+
+@pytest.mark.parametrize("version", [VERSION_36, VERSION_20])
+@pytest.mark.parametrize("sequence", [0, 1, 255, 256, 65535])
+def test_a_message_encoded_once_takes_each_peers_sequence(version: int, sequence: int) -> None:
+    for message in MESSAGES_36 if version == VERSION_36 else MESSAGES_20:
+        once = codec.encode(message, version)
+        renumbered = [codec.with_sequence(once[0], sequence, version), *once[1:]]
+        assert codec.parse(renumbered, version) == dataclasses.replace(
+            codec.parse(once, version), sequence=sequence
+        )

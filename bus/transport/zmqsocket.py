@@ -336,8 +336,11 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 raise PeerUnreachable(frames[0]) from None
             raise
         finally:
-            # ZeroMQ may not signal readable again after a send touched the socket.
-            self._schedule_read()
+            # ZeroMQ may not signal readable again after a send touched the socket; a
+            # socket without a reader (a ZRE peer's DEALER) has nothing to miss, and its
+            # descriptor's signals are still read.
+            if self.on_messages is not None or self.socketType in _SEND_ONLY:
+                self._schedule_read()
         return True
 
     def look_for_input(self) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import uuid as uuidlib
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -70,8 +70,12 @@ EVENT_TYPES = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ZreEvent:
+    """What a node tells its listeners. Every listener gets the same object: read it, do not
+    change it (not frozen: a frozen dataclass costs four times as much to build, one per
+    delivery)."""
+
     type: str
     peer: bytes
     name: str
@@ -156,6 +160,10 @@ class PendingLink:
     seed: bool = False
 
 
+#: Identities remembered by the mailbox's reader before it starts over (a flood of made-up
+#: ones costs a reset, not memory).
+_MAX_IDENTITIES = 4096
+
 DropHandler = Callable[[str, str, bytes], None]
 EventHandler = Callable[[ZreEvent], None]
 
@@ -189,6 +197,8 @@ class ZreCore:
         self.ignored: Counter[str] = Counter()
         #: Peers found by beacon, not greeted yet, oldest first (a subset of ``peers``).
         self.unready: dict[bytes, Peer] = {}
+        #: ROUTER identity -> UUID, as read before (bounded).
+        self._nodes: dict[bytes, bytes] = {}
 
     @property
     def version(self) -> int:
@@ -278,43 +288,67 @@ class ZreCore:
 
     # -- messages from peers -----------------------------------------------------------------
 
+    def on_messages(self, batch: Iterable[Sequence[bytes]]) -> None:
+        """Messages read from the mailbox together, each the ROUTER identity then the
+        message's frames (one clock reading for them all)."""
+        now = self.clock()
+        on_message = self._on_message
+        for frames in batch:
+            if len(frames) < 2:
+                self.drop("no-identity", "message without identity and body", b"")
+                continue
+            on_message(frames[0], frames[1:], now)
+
     def on_message(self, identity: bytes, frames: Sequence[bytes]) -> None:
-        try:
-            node = codec.uuid_of_identity(identity)
-        except ZreError as error:
-            self.drop(error.reason, str(error), identity)
-            return
-        if self.version == VERSION_20 and frames and codec.sniff_version(frames[0]) == 2:
+        self._on_message(identity, frames, self.clock())
+
+    def _on_message(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
+        node = self._nodes.get(identity)
+        if node is None:
+            try:
+                node = codec.uuid_of_identity(identity)
+            except ZreError as error:
+                self.drop(error.reason, str(error), identity)
+                return
+            if len(self._nodes) >= _MAX_IDENTITIES:
+                self._nodes.clear()
+            self._nodes[identity] = node
+        version = self.settings.version
+        if version == VERSION_20 and frames and codec.sniff_version(frames[0]) == 2:
             self._foreign_peer(node)
             self.drop("dialect-36", "36/ZRE message to a 20/ZRE node", identity)
             return
         try:
-            message = codec.parse(frames, self.version)
+            message = codec.parse(frames, version)
         except ZreError as error:
             self.drop(error.reason, str(error), identity)
             return
-        peer = self.peers.get(node)
         if isinstance(message, Hello):
             self._on_hello(node, message, identity)
             return
+        peer = self.peers.get(node)
         if peer is None:
             self.drop("unknown-peer", f"{codec.command_name(message)} before HELLO", identity)
             return
         if not peer.ready:
             self.drop("not-ready", f"{codec.command_name(message)} before HELLO", identity)
             return
-        if not self._in_sequence(peer, message.sequence):
+        sequence, want = message.sequence, peer.want_sequence
+        # pyre wraps after 65534 (modulo 65535), zyre after 65535: both are in order.
+        if sequence == ((want + 1) & 0xFFFF) or (want == 65534 and sequence == 0):
+            peer.want_sequence = sequence
+        else:
             self.sequence_gaps += 1
-            self.drop(
-                "sequence",
-                f"expected {(peer.want_sequence + 1) & 0xFFFF}, got {message.sequence}",
-                identity,
-            )
+            self.drop("sequence", f"expected {(want + 1) & 0xFFFF}, got {sequence}", identity)
             self.remove_peer(peer)
             return
-        self._refresh(peer)
-        if isinstance(message, Whisper):
-            self.emit(ZreEvent("WHISPER", node, peer.name, content=message.content))
+        peer.last_seen = now
+        peer.evasive = peer.silent = False
+        # The data path first.
+        if isinstance(message, Shout):
+            self.emit(ZreEvent("SHOUT", node, peer.name, message.group, message.content))
+        elif isinstance(message, Whisper):
+            self.emit(ZreEvent("WHISPER", node, peer.name, None, message.content))
         elif isinstance(message, Leader):
             self.emit(
                 ZreEvent("LEADER", node, peer.name, group=message.group, leader=message.leader)
@@ -327,10 +361,6 @@ class ZreCore:
             self.ignored["elect"] += 1
         elif isinstance(message, Unknown):
             self.ignored["unknown-command"] += 1
-        elif isinstance(message, Shout):
-            self.emit(
-                ZreEvent("SHOUT", node, peer.name, group=message.group, content=message.content)
-            )
         elif isinstance(message, Join | Leave):
             self._on_membership(peer, message, identity)
         elif isinstance(message, Ping):
@@ -412,14 +442,6 @@ class ZreCore:
             if not members:
                 del self.peer_groups[group]
         self.emit(ZreEvent("LEAVE", peer.uuid, peer.name, group=group))
-
-    def _in_sequence(self, peer: Peer, sequence: int) -> bool:
-        expected = (peer.want_sequence + 1) & 0xFFFF
-        # pyre wraps after 65534 (modulo 65535), zyre after 65535: both are in order.
-        if sequence == expected or (peer.want_sequence == 65534 and sequence == 0):
-            peer.want_sequence = sequence
-            return True
-        return False
 
     def _refresh(self, peer: Peer) -> None:
         peer.last_seen = self.clock()
@@ -527,16 +549,23 @@ class ZreCore:
     def shout(self, group: str, content: Sequence[bytes]) -> int:
         """Send ``content`` to every ready peer in ``group``; returns how many."""
         self._check_content(content)
-        sent = 0
-        for node in list(self.peer_groups.get(group, ())):
-            peer = self.peers.get(node)
-            if (
-                peer is not None
-                and peer.ready
-                and peer.hello_sent
-                and self._send_to(peer, Shout(0, group, tuple(content)))
-            ):
+        members = self.peer_groups.get(group)
+        if not members:
+            return 0
+        # Encoded once; each peer's copy differs only in its sequence number.
+        head, *rest = codec.encode(Shout(0, group, tuple(content)), self.version)
+        before, after = codec.around_sequence(head, self.version)
+        peers, send, octets = self.peers, self.links.send, codec.sequence_octets
+        tried = sent = 0
+        for node in list(members):
+            peer = peers.get(node)
+            if peer is None or not peer.ready or not peer.hello_sent or peer.foreign:
+                continue
+            peer.sent_sequence = sequence = (peer.sent_sequence + 1) & 0xFFFF
+            tried += 1
+            if send(peer.key, [before + octets(sequence) + after, *rest]):
                 sent += 1
+        self.sent += tried
         return sent
 
     def _check_content(self, content: Sequence[bytes]) -> None:
@@ -575,8 +604,11 @@ class ZreCore:
     def _send_to(self, peer: Peer, message: Message) -> bool:
         if peer.foreign or (not peer.hello_sent and not isinstance(message, Hello)):
             return False
-        peer.sent_sequence = (peer.sent_sequence + 1) & 0xFFFF
-        return self._send(peer.key, _with_sequence(message, peer.sent_sequence))
+        peer.sent_sequence = sequence = (peer.sent_sequence + 1) & 0xFFFF
+        self.sent += 1
+        frames = codec.encode(message, self.version)
+        frames[0] = codec.with_sequence(frames[0], sequence, self.version)
+        return self.links.send(peer.key, frames)
 
     def _send(self, key: str, message: Message) -> bool:
         self.sent += 1
@@ -601,32 +633,6 @@ def _pending_key(endpoint: str) -> str:
 
 def _told_endpoints(value: str) -> list[str]:
     return [part for part in (p.strip() for p in value.split(",")) if part.startswith("tcp://")]
-
-
-def _with_sequence(message: Message, sequence: int) -> Message:
-    match message:
-        case Hello():
-            return Hello(
-                sequence,
-                message.endpoint,
-                message.groups,
-                message.status,
-                message.name,
-                message.headers,
-            )
-        case Whisper():
-            return Whisper(sequence, message.content)
-        case Shout():
-            return Shout(sequence, message.group, message.content)
-        case Join():
-            return Join(sequence, message.group, message.status)
-        case Leave():
-            return Leave(sequence, message.group, message.status)
-        case Ping():
-            return Ping(sequence)
-        case PingOk():
-            return PingOk(sequence)
-    raise TypeError(message)
 
 
 __all__ = [

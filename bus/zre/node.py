@@ -52,6 +52,8 @@ def bind_ephemeral(sock: ZmqSocket, host: str) -> str:
 
 _LOG_LEVEL = {"ENTER": 3, "EXIT": 3, "JOIN": 3, "LEAVE": 3}
 _LOG_EVENT = {"JOIN": 1, "LEAVE": 2, "ENTER": 3, "EXIT": 4}
+#: Events published on the bus (LEADER is not logged to ZRE/LOG: it has no event code).
+_MEMBERSHIP = frozenset(("ENTER", "EXIT", "JOIN", "LEAVE", "LEADER"))
 
 EventListener = Callable[[ZreEvent], None]
 
@@ -86,7 +88,8 @@ class ZreNode(Service):
         #: Per-peer sockets (DEALERs, ZRE/LOG senders) come out of this share.
         self.budget = DescriptorBudget(config.descriptor_share)
         self.core: ZreCore | None = None
-        self.listeners: list[EventListener] = []
+        #: Replaced, never changed in place: a listener may add one while being called.
+        self.listeners: tuple[EventListener, ...] = ()
         self.drops = DropCounter(log, "ZRE input", self.reactor.seconds)
         self._periodic = Periodic(self.reactor, log)
         #: Beacon source address -> on our interface's subnet (asked once per address).
@@ -109,7 +112,7 @@ class ZreNode(Service):
         return uuidlib.UUID(bytes=self.uuid).hex
 
     def add_listener(self, listener: EventListener) -> None:
-        self.listeners.append(listener)
+        self.listeners = (*self.listeners, listener)
 
     def join(self, group: str) -> None:
         self._running_core().join(group)
@@ -259,12 +262,8 @@ class ZreNode(Service):
         core = self.core
         if core is None:
             return
-        for frames in batch:
-            self.messages_received += 1
-            if len(frames) < 2:
-                self.drops.drop("no-identity", "message without identity and body")
-                continue
-            core.on_message(frames[0], frames[1:])
+        self.messages_received += len(batch)
+        core.on_messages(batch)
 
     def _on_log_records(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
@@ -297,13 +296,14 @@ class ZreNode(Service):
     # -- output ------------------------------------------------------------------------------
 
     def _emit(self, event: ZreEvent) -> None:
-        self.events_by_type[event.type] = self.events_by_type.get(event.type, 0) + 1
-        if event.type in ("ENTER", "EXIT", "JOIN", "LEAVE"):
+        kind = event.type
+        counts = self.events_by_type
+        counts[kind] = counts.get(kind, 0) + 1
+        if kind in _MEMBERSHIP:
             self._publish_membership(event)
-            self._log_sender(event)
-        elif event.type == "LEADER":
-            self._publish_membership(event)
-        for listener in list(self.listeners):
+            if kind != "LEADER":
+                self._log_sender(event)
+        for listener in self.listeners:
             try:
                 listener(event)
             except Exception:
@@ -501,6 +501,7 @@ class _Dealers:
 
     def __init__(self, node: ZreNode) -> None:
         self.node = node
+        self.sockets = node._dealers
 
     def connect(self, key: str, endpoint: str) -> bool:
         node = self.node
@@ -527,7 +528,7 @@ class _Dealers:
         return True
 
     def send(self, key: str, frames: list[bytes]) -> bool:
-        dealer = self.node._dealers.get(key)
+        dealer = self.sockets.get(key)
         if dealer is None:
             return False
         if not dealer.send_frames(frames):
