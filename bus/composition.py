@@ -31,6 +31,9 @@ class Composition:
 
     def __init__(self) -> None:
         self.local_bus: LocalBus | None = None
+        #: ``host:port`` of the product's ``/status``, once it listens (services record it
+        #: in their status.json, so that a CLI given a data directory finds its process).
+        self.status_address: str | None = None
 
     def activity(self, producer: str) -> ActivitySink:
         """The sink a service publishes its activity into (the local bus, when composed)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from twisted.application.service import Service
@@ -109,7 +109,12 @@ class StatusWebService(Service):
     """Serves ``/status`` and ``/metrics`` about ``services`` on ``interface:port``."""
 
     def __init__(
-        self, services: Named, port: int, interface: str = "127.0.0.1", reactor: Any = None
+        self,
+        services: Named,
+        port: int,
+        interface: str = "127.0.0.1",
+        reactor: Any = None,
+        on_listening: Callable[[str], None] | None = None,
     ) -> None:
         from bus.transport.zmqsocket import reactor_of
 
@@ -119,6 +124,8 @@ class StatusWebService(Service):
         self.reactor: Any = reactor_of(reactor)
         self.port = 0
         self._listening: Any = None
+        #: Told ``host:port`` (as a client on this machine reaches it) once listening.
+        self.on_listening = on_listening
 
     def startService(self) -> None:
         from prometheus_client import CollectorRegistry
@@ -142,6 +149,9 @@ class StatusWebService(Service):
                 "http-port", f"cannot listen on {self.interface}: {error.socketError}"
             ) from None
         self.port = self._listening.getHost().port
+        if self.on_listening is not None:
+            host = "127.0.0.1" if self.interface == "0.0.0.0" else self.interface
+            self.on_listening(f"{host}:{self.port}")
         Service.startService(self)
         log.info(
             "status on http://{host}:{port}/status, metrics on /metrics",

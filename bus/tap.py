@@ -215,7 +215,11 @@ def compose(
         services: list[tuple[str, Service]] = [(c.name, c.service) for c in product.composed]
         bus_options = options["service-options"].get("eventbus")
         bind = bus_options["bind"] if bus_options is not None else "127.0.0.1"
-        product.add("http", StatusWebService(services, port, bind, reactor), "", options)
+        def listening(address: str) -> None:
+            composition.status_address = address
+
+        web = StatusWebService(services, port, bind, reactor, on_listening=listening)
+        product.add("http", web, "", options)
     return product
 
 

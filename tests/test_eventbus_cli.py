@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest_twisted
 
-from bus.testing import wait_until
+from bus.testing import start_bus, wait_until
+from tests.ports import free_port
 
 CLI = str(Path(sys.executable).with_name("eventbus-cli"))
 
@@ -85,3 +87,58 @@ def test_publish_to_a_dead_server_fails_clearly(tmp_path: Path) -> Any:
     yield wait_until(missing.finished, timeout=30)
     assert missing.process.returncode == 1
     assert "no " in missing.err
+
+
+def _status_file(data_dir: Path) -> dict[str, Any]:
+    try:
+        value: dict[str, Any] = json.loads((data_dir / "status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return value
+
+
+@pytest_twisted.inlineCallbacks
+def test_status_shows_the_server_that_keeps_the_named_data_directory(tmp_path: Path) -> Any:
+    from bus.tap import Options, compose
+
+    # "x": the product, serving /status on a port of its own; "y": a bus serving none.
+    x_dir, y_dir = tmp_path / "x", tmp_path / "y"
+    options = Options()
+    options.parseOptions(
+        ["--services", "eventbus", "--port", "0", "--http-port", str(free_port()),
+         "--data-dir", str(x_dir), "--stats-interval", "0.1s"]
+    )  # fmt: skip
+    product = compose(options)
+    product.startService()
+    y = start_bus(y_dir, stats_interval=0.1)
+    try:
+        yield product.when_started()
+        yield wait_until(lambda: _status_file(x_dir).get("http") and _status_file(y_dir))
+        x_http = _status_file(x_dir)["http"]
+        x_store = _status_file(x_dir)["store_id"]
+
+        # Named: y's own file, even with --http pointing at another live server.
+        shown = Command("status", "--data-dir", str(y_dir), "--http", x_http)
+        yield wait_until(shown.finished, timeout=30)
+        assert shown.process.returncode == 0, shown.err
+        assert json.loads(shown.out)["store_id"] == y.store.store_id != x_store
+        assert "serves no /status" in shown.err
+
+        # Named, and its process serves /status: the live answer, from this process.
+        live = Command("status", "--data-dir", str(x_dir))
+        yield wait_until(live.finished, timeout=30)
+        assert live.process.returncode == 0, live.err
+        answer = json.loads(live.out)
+        assert answer["pid"] == os.getpid()
+        assert answer["services"]["eventbus"]["store_id"] == x_store
+    finally:
+        yield y.stopService()
+        yield product.stopService()
+
+    # Stopped: what its file last said, and why.
+    stale = Command("status", "--data-dir", str(x_dir))
+    yield wait_until(stale.finished, timeout=30)
+    assert stale.process.returncode == 0, stale.err
+    assert json.loads(stale.out)["store_id"] == x_store
+    [line] = stale.err.strip().splitlines()
+    assert f"no answer about {x_dir} from http://{x_http}/status" in line and "ago" in line

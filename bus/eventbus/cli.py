@@ -4,6 +4,7 @@
     eventbus-cli tail /orders/ --since 100
     eventbus-cli snapshot /orders/ /users/ > snapshot.jsonl
     eventbus-cli status --http 127.0.0.1:8642
+    eventbus-cli status --data-dir /var/lib/eventbus
 
 Events are printed as JSON lines: seq, topic, producer, timestamp, uuid and the
 msgpack data decoded (bytes as ``{"$base64": ...}``).
@@ -16,6 +17,7 @@ import base64
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 from twisted.internet import defer, task
 
 from bus.eventbus.codec import Dialect, Event
+from bus.eventbus.config import DEFAULT_DATA_DIR
 
 DEFAULT_SERVER = os.environ.get("EVENTBUS_SERVER", "127.0.0.1:5556")
 DEFAULT_DIALECT = os.environ.get("EVENTBUS_DIALECT", "spec")
@@ -314,32 +317,98 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 @defer.inlineCallbacks
-def status(reactor: Any, args: argparse.Namespace) -> Any:
-    """A running server's ``/status`` (any host); without an answer, a local status.json."""
+def _fetch_status(reactor: Any, address: str, timeout: float) -> Any:
+    """``/status`` of the process serving it on ``address`` (host:port), as JSON."""
     from twisted.web.client import Agent, readBody
 
-    url = f"http://{args.http}/status"
+    agent = Agent(reactor, connectTimeout=timeout)
+    url = f"http://{address}/status"
+    response = yield agent.request(b"GET", url.encode()).addTimeout(timeout, reactor)
+    body = yield readBody(response)
+    if response.code != 200:
+        raise OSError(f"HTTP {response.code}")
+    return json.loads(body)
+
+
+def _reason(error: Exception) -> str:
+    return str(error) or type(error).__name__
+
+
+def _read_status_file(path: Path) -> dict[str, Any] | None:
     try:
-        agent = Agent(reactor, connectTimeout=args.timeout)
-        response = yield agent.request(b"GET", url.encode()).addTimeout(args.timeout, reactor)
-        body = yield readBody(response)
-        if response.code != 200:
-            raise OSError(f"HTTP {response.code}")
-        _out(json.dumps(json.loads(body), indent=2, sort_keys=True))
-        return
-    except Exception as error:  # refused, timed out, not ours: say so, then try the file
-        reason = str(error) or type(error).__name__
-    path = Path(args.data_dir) / "status.json"
-    try:
-        text = path.read_text()
+        value = json.loads(path.read_text())
     except FileNotFoundError:
+        return None
+    except ValueError as error:
+        raise ValueError(f"{path} is not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is not a status file")
+    return value
+
+
+def _written_ago(recorded: dict[str, Any]) -> str:
+    written = recorded.get("time")
+    if not isinstance(written, int | float):
+        return ""
+    return f", written {max(0.0, time.time() - written):.1f} s ago"
+
+
+@defer.inlineCallbacks
+def status(reactor: Any, args: argparse.Namespace) -> Any:
+    """The status of the server whose data directory is named; else of the one answering
+    on ``--http``, falling back to the default data directory's status.json."""
+    if args.data_dir is not None:
+        yield _status_of(reactor, Path(args.data_dir), args.timeout)
+        return
+    try:
+        live = yield _fetch_status(reactor, args.http, args.timeout)
+    except Exception as error:  # refused, timed out, not ours: say so, then try the file
+        reason = _reason(error)
+    else:
+        _out(json.dumps(live, indent=2, sort_keys=True))
+        return
+    path = Path(DEFAULT_DATA_DIR) / "status.json"
+    recorded = _read_status_file(path)
+    if recorded is None:
         _err(
-            f"eventbus-cli status: no answer from {url} ({reason}) and no {path}: is a "
-            "server running (--http-port, or --data-dir with --stats-interval > 0)?"
+            f"eventbus-cli status: no answer from http://{args.http}/status ({reason}) and no "
+            f"{path}: is a server running (--http-port, or --data-dir with --stats-interval > 0)?"
         )
-        raise SystemExit(1) from None
-    _err(f"no answer from {url} ({reason}); showing {path}")
-    _out(json.dumps(json.loads(text), indent=2, sort_keys=True))
+        raise SystemExit(1)
+    _err(f"no answer from http://{args.http}/status ({reason}); showing {path}")
+    _out(json.dumps(recorded, indent=2, sort_keys=True))
+
+
+@defer.inlineCallbacks
+def _status_of(reactor: Any, data_dir: Path, timeout: float) -> Any:
+    """The server that keeps ``data_dir``: its live ``/status`` when its status.json says
+    where that is and the bus there is the same store, else the file itself."""
+    path = data_dir / "status.json"
+    recorded = _read_status_file(path)
+    if recorded is None:
+        _err(
+            f"eventbus-cli status: no {path}: is a server running with --data-dir {data_dir} "
+            "(and --stats-interval > 0)?"
+        )
+        raise SystemExit(1)
+    address = recorded.get("http")
+    if not address:
+        _err(f"showing {path}{_written_ago(recorded)} (that server serves no /status)")
+        _out(json.dumps(recorded, indent=2, sort_keys=True))
+        return
+    try:
+        live = yield _fetch_status(reactor, address, timeout)
+    except Exception as error:
+        reason = _reason(error)
+    else:
+        bus = live.get("services", {}).get("eventbus", {})
+        if bus.get("store_id") == recorded.get("store_id"):
+            _out(json.dumps(live, indent=2, sort_keys=True))
+            return
+        reason = f"the bus there keeps another store, not {data_dir}'s"
+    _err(f"no answer about {data_dir} from http://{address}/status ({reason}); showing {path}"
+         f"{_written_ago(recorded)}")  # fmt: skip
+    _out(json.dumps(recorded, indent=2, sort_keys=True))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -404,7 +473,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("EVENTBUS_HTTP", "127.0.0.1:8642"),
         help="host:port of the server's --http-port (default %(default)s)",
     )
-    p.add_argument("--data-dir", default=os.environ.get("EVENTBUS_DATA_DIR", "eventbus-data"))
+    p.add_argument(
+        "--data-dir",
+        default=os.environ.get("EVENTBUS_DATA_DIR"),
+        help="show the server that keeps this data directory (its /status, else its "
+        f"status.json); without it, the server on --http, else {DEFAULT_DATA_DIR}/status.json",
+    )
     p.add_argument("--timeout", type=float, default=3.0)
     p.set_defaults(run=status)
     return parser

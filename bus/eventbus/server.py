@@ -96,6 +96,9 @@ class EventBusService(Service):
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
         self._checkpoints = SerialWork(self.reactor, "eventbus-checkpoint", self._checkpoint_failed)
+        #: Where the product serves ``/status`` (``host:port``), if it does: recorded in
+        #: status.json, so that ``eventbus-cli status --data-dir`` finds this process.
+        self.status_address: Callable[[], str | None] = lambda: None
         #: Events that arrived while the store could not write them, each counted once
         #: however many retries it took (they are stored and broadcast once it can).
         self.refused_storage = 0
@@ -738,6 +741,7 @@ class EventBusService(Service):
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": self._uptime(),
             "time": round(self.clock(), 3),
+            "http": self.status_address(),
             "endpoints": self.endpoints,
             "config": {k: str(v) for k, v in asdict(self.config).items()},
         }

@@ -258,6 +258,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
     config = options.get("eventbus-config") or config_from_options(options)
     bus = EventBusService(config)
+    bus.status_address = lambda: composition.status_address
     composition.local_bus = bus
     return bus
 
