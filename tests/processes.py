@@ -7,8 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.ports import free_port
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,8 +52,11 @@ class ServerProcess(TwistdProcess):
         tac: bool = False,
         port: int = 0,
         log_path: Path | None = None,
+        http: bool = False,
     ) -> None:
         self.data_dir = data_dir
+        #: With ``http``: the port of its /status, read by :meth:`live_status`.
+        self.http_port = free_port() if http else 0
         self.status_path = data_dir / "status.json"
         self.status_path.unlink(missing_ok=True)  # a killed server's last word
         log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
@@ -59,7 +65,7 @@ class ServerProcess(TwistdProcess):
         env = dict(
             os.environ,
             PYTHONUNBUFFERED="1",
-            EVENTBUS_HTTP_PORT="0",  # parallel tests: no fixed HTTP port
+            EVENTBUS_HTTP_PORT=str(self.http_port),  # parallel tests: no fixed HTTP port
             MC0_PORT="0",
             MC0_DATA_DIR=str(log_path.parent / f"{data_dir.name}-mc0"),
             DBP_PORT="0",
@@ -85,6 +91,16 @@ class ServerProcess(TwistdProcess):
         try:
             return dict(json.loads(self.status_path.read_text()))
         except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def live_status(self) -> dict[str, Any]:
+        """The bus's /status over HTTP (``http=True``): unlike status.json, it needs no disk
+        space, so it is current while the data directory's disk is full."""
+        url = f"http://127.0.0.1:{self.http_port}/status"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return dict(json.loads(response.read())["services"]["eventbus"])
+        except (OSError, ValueError, KeyError):
             return {}
 
     def ready(self) -> bool:

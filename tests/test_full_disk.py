@@ -36,7 +36,7 @@ def test_server_on_a_full_disk_pauses_catches_up_and_stops_on_sigterm(tmp_path: 
         data = disk / "data"
         data.mkdir()
         log = tmp_path / "server.log"  # off the small disk, so that it is complete
-        server = ServerProcess(data, log_path=log)
+        server = ServerProcess(data, log_path=log, http=True)
         received: list[Any] = []
         subscriber = publisher = None
         try:
@@ -51,13 +51,13 @@ def test_server_on_a_full_disk_pauses_catches_up_and_stops_on_sigterm(tmp_path: 
             payload = os.urandom(150).hex()
             for i in range(6000):
                 publisher.publish("/disk/", [i, payload])
+            # /status, not log lines, says when: the log's storage lines are rate-limited
+            # (and status.json is on the full disk).
             yield wait_until(
-                lambda: log_lines(log, "cannot write"), timeout=30, what="the full-disk line"
+                lambda: server.live_status().get("collector_paused"), timeout=30, what="paused"
             )
-            yield wait_until(
-                lambda: server.status().get("collector_paused"), timeout=30, what="paused"
-            )
-            paused = server.status()
+            paused = server.live_status()
+            assert log_lines(log, "cannot write")
             assert paused["refused_storage"] > 0
             assert "full" in paused["storage_error"]
             assert paused["sequence"] < 6000
@@ -66,8 +66,8 @@ def test_server_on_a_full_disk_pauses_catches_up_and_stops_on_sigterm(tmp_path: 
             yield wait_until(lambda: len(received) == 6000, timeout=60, what="caught up")
             yield wait_until(
                 lambda: (
-                    server.status().get("sequence") == 6000
-                    and not server.status().get("collector_paused")
+                    server.live_status().get("sequence") == 6000
+                    and not server.live_status().get("collector_paused")
                 ),
                 timeout=30,
                 what="status after recovery",
@@ -75,14 +75,18 @@ def test_server_on_a_full_disk_pauses_catches_up_and_stops_on_sigterm(tmp_path: 
             assert log_lines(log, "writes again")
             assert [e.sequence for e in received] == list(range(1, 6001))
             assert [e.value()[0] for e in received] == list(range(6000))
+            refused = server.live_status()["refused_storage"]
 
             # Full again, and SIGTERM while full.
             fill(disk, leave=64 * 1024)
             for i in range(6000, 9000):
                 publisher.publish("/disk/", [i, payload])
-            yield wait_until(
-                lambda: len(log_lines(log, "cannot write")) >= 2, timeout=30, what="full again"
-            )
+
+            def full_again() -> bool:
+                status = server.live_status()
+                return bool(status.get("collector_paused")) and status["refused_storage"] > refused
+
+            yield wait_until(full_again, timeout=30, what="full again")
         finally:
             if subscriber is not None:
                 yield subscriber.stopService()
