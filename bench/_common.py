@@ -35,6 +35,13 @@ HERE = Path(__file__).resolve().parent
 WORKERS = HERE / "_workers.py"
 PYTHON = sys.executable
 HOST = "127.0.0.1"
+#: The code under test: this checkout, or the tree of another revision that bench/ab.py
+#: names in BENCH_CODE. It comes first on the path of this process (benches that run the
+#: code in-process) and of every server started here; the load generators (raw pyzmq
+#: workers) stay the same for both sides of an A/B.
+CODE = Path(os.environ.get("BENCH_CODE") or HERE.parent).resolve()
+if sys.path[:1] != [str(CODE)]:
+    sys.path.insert(0, str(CODE))
 
 
 # -- process hygiene -------------------------------------------------------------------
@@ -347,6 +354,14 @@ def noise_line(runs: Sequence[dict[str, Any]]) -> tuple[str, str]:
     )
 
 
+def code_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) for a process of the code under test: CODE first
+    on its path."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CODE), env.get("PYTHONPATH")]))
+    return env
+
+
 def twistd_command() -> list[str]:
     local = Path(PYTHON).parent / "twistd"
     if local.exists():
@@ -406,7 +421,7 @@ class TwistdProcess:
         """Start ``argv`` in ``workdir`` without the plugin's own settings variables, so
         the command line alone decides."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(drop_env_prefix)}
+        env = code_env({k: v for k, v in os.environ.items() if not k.startswith(drop_env_prefix)})
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
@@ -673,6 +688,16 @@ def fmt_rate(value: float) -> str:
     return f"{value:,.0f}"
 
 
+@dataclass(frozen=True)
+class Figure:
+    """One number a benchmark measured, as bench/ab.py compares it between revisions."""
+
+    value: float
+    unit: str
+    #: "higher" or "lower": which way is better.
+    better: str = "higher"
+
+
 def summary(
     name: str,
     info: dict[str, Any],
@@ -684,7 +709,10 @@ def summary(
     details: Sequence[tuple[str, str]] = (),
     json_path: str | None = None,
     record: dict[str, Any] | None = None,
+    figures: dict[str, Figure] | None = None,
 ) -> None:
+    """Print the SUMMARY block; with ``json_path``, also write it, with ``figures`` (the
+    numbers bench/ab.py compares: the measured ones and their ratios to the baseline)."""
     width = 78
     lines = [
         ("command", command_line()),
@@ -712,6 +740,11 @@ def summary(
             "ratio": ratio,
             "target": target,
             "pass": verdict,
+            "code": str(CODE),
+            "figures": {
+                key: {"value": f.value, "unit": f.unit, "better": f.better}
+                for key, f in (figures or {}).items()
+            },
             **(record or {}),
         }
         Path(json_path).write_text(json.dumps(payload, indent=1, default=str) + "\n")

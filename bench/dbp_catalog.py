@@ -28,14 +28,14 @@ import json
 import socket
 import struct
 import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import zmq
 from _common import (
     PYTHON,
+    Figure,
+    code_env,
     cpu_seconds,
     free_ports,
     machine,
@@ -44,8 +44,6 @@ from _common import (
     temporary_directory,
     twistd_command,
 )
-
-ROOT = Path(__file__).resolve().parent.parent
 
 ECHO = r"""
 import sys, zmq
@@ -231,7 +229,7 @@ def main() -> int:
             "--port", str(port), "--beacon-port", "0", "--data-dir", str(tmp / "data"),
             "--heartbeat-interval", "1s", "--liveness", "5",
         ]  # fmt: skip
-        catalog = subprocess.Popen(command, cwd=tmp)
+        catalog = subprocess.Popen(command, cwd=tmp, env=code_env())
         try:
             deadline = time.monotonic() + 30
             log = tmp / "dbp.log"
@@ -270,10 +268,14 @@ def main() -> int:
         verdict=verdict,
         json_path=args.json,
         record=results,
+        figures={
+            "registrations": Figure(results["register"], "/s"),
+            "info_requests": Figure(results["info"], "/s"),
+            "heartbeat_cpu": Figure(hb["cores"], "cores", better="lower"),
+        },
     )
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     raise SystemExit(main())

@@ -47,6 +47,7 @@ from _common import (
     HOST,
     Cleanup,
     CpuAccount,
+    Figure,
     RunQueueSampler,
     TwistdProcess,
     Worker,
@@ -301,6 +302,12 @@ def main() -> None:
         details=[("peers", peers), noise_line(all_runs), *held],
         json_path=args.json,
         record={"runs": runs},
+        figures={
+            "pipelined": Figure(rate, "jobs/s"),
+            "pipelined_vs_relay": Figure(ratio, "x raw"),
+            "p50": Figure(p50, "us", better="lower"),
+            "guaranteed": Figure(guaranteed, "jobs/s"),
+        },
     )
 
 

@@ -56,6 +56,7 @@ from _common import (
     _children,
     _die_with_parent,
     add_common_arguments,
+    code_env,
     cpu_latency,
     cpu_seconds,
     emqp_args,
@@ -145,6 +146,8 @@ class WorkerProcess:
             argv = [str(INTEROP_PYTHON), str(JOBMANAGER), endpoint, '[[10, "default"]]', "1"]
             drop = ("EVENTMQ_",)
         env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+        if kind == "ours":
+            env = code_env(env)
         env.update(PYTHONUNBUFFERED="1", EVENTMQ_CONFIG_FILE=os.devnull)
         self.log = open(log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(

@@ -25,6 +25,7 @@ from _common import (
     BusServer,
     Cleanup,
     CpuAccount,
+    Figure,
     add_common_arguments,
     free_ports,
     machine,
@@ -144,6 +145,10 @@ def main() -> int:
         details=details,
         json_path=args.json,
         record={"raw": raw, "baseline": base, "twisted": twisted},
+        figures={
+            "snapshot": Figure(server_seconds, "s", better="lower"),
+            "snapshot_vs_raw_router": Figure(base_seconds / server_seconds, "x raw"),
+        },
     )
     return 0 if verdict else 1
 

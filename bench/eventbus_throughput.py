@@ -26,6 +26,7 @@ from _common import (
     BusServer,
     Cleanup,
     CpuAccount,
+    Figure,
     add_common_arguments,
     cpu_seconds,
     fmt_rate,
@@ -191,6 +192,10 @@ def main() -> int:
         ],
         json_path=args.json,
         record={"runs": runs},
+        figures={
+            "delivered": Figure(server_rate, "events/s"),
+            "delivered_vs_forwarder": Figure(ratio, "x raw"),
+        },
     )
     return 0 if verdict else 1
 

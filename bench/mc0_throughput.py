@@ -29,6 +29,7 @@ from typing import Any
 from _common import (
     Cleanup,
     CpuAccount,
+    Figure,
     TwistdProcess,
     Worker,
     add_common_arguments,
@@ -239,6 +240,12 @@ def main() -> None:
         ],
         json_path=args.json,
         record={"runs": runs},
+        figures={
+            "acks": Figure(acks["server"], "acks/s"),
+            "acks_vs_raw": Figure(acks["server"] / acks["baseline"], "x raw"),
+            "fanout": Figure(fanout["server"], "messages/s"),
+            "fanout_vs_raw": Figure(fanout["server"] / fanout["baseline"], "x raw"),
+        },
     )
 
 
