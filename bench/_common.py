@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -362,6 +363,20 @@ def code_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+@functools.cache
+def plugin_options(plugin: str) -> frozenset[str]:
+    """The long options ``twistd PLUGIN`` of the code under test takes: an older revision
+    under bench/ab.py may not know an option added since."""
+    done = subprocess.run(
+        [*twistd_command(), plugin, "--help"],
+        env=code_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return frozenset(re.findall(r"--([a-z][a-z0-9-]*)", done.stdout))
+
+
 def twistd_command() -> list[str]:
     local = Path(PYTHON).parent / "twistd"
     if local.exists():
@@ -496,9 +511,9 @@ class BusServer(TwistdProcess):
         return self._twistd_argv(
             [
                 "eventbus",
-                # The bus alone: the protocols composed by default (mc0 on 61616) stay out.
-                "--services",
-                "eventbus",
+                # The bus alone: the protocols composed by default (mc0 on 61616) stay out
+                # (an older revision under bench/ab.py may serve only the bus anyway).
+                *(["--services", "eventbus"] if "services" in plugin_options("eventbus") else []),
                 "--bind",
                 HOST,
                 "--port",

@@ -111,7 +111,8 @@ def run_once(side: Side, bench: Path, args: list[str], work: Path, index: int) -
             check=False,
         ).returncode
     noise = account.stop()
-    if code != 0 or not out.exists():
+    # A benchmark exits 1 on a MISS against its target: still a measurement.
+    if not out.exists():
         tail = "".join(log.read_text(errors="replace").splitlines(True)[-30:])
         raise SystemExit(f"ab: {side.describe()} run {index} failed (exit {code}):\n{tail}")
     result: dict[str, Any] = json.loads(out.read_text())
@@ -119,6 +120,7 @@ def run_once(side: Side, bench: Path, args: list[str], work: Path, index: int) -
         raise SystemExit(f"ab: {bench.name} reports no figures (summary(figures=...))")
     if Path(result.get("code", "")).resolve() != side.tree.resolve():
         raise SystemExit(f"ab: {bench.name} ran {result.get('code')}, not {side.tree}")
+    result["exit_code"] = code
     result["noise_cores"] = noise
     result["wall_s"] = account.wall
     return result

@@ -16,7 +16,7 @@ then the CPU the idle mesh costs.
   *Baseline*: the same beacon traffic in raw Python (N UDP sockets sending a 22-byte beacon
   a second to 127.255.255.255 and reading every one, with selectors), no ZRE logic.
 
-    python bench/zre_mesh.py [--nodes 50] [--shouts 2000] [--rounds 5] [--idle 10]
+    python bench/zre_mesh.py [--nodes 50] [--shouts 2000] [--rounds 5] [--idle 10] [--zyre BIN]
 
 Targets (issue 10): full mesh of 50 under 5 s; 50 idle peers under 2% of a core. Issue 19:
 SHOUT fan-out at least 0.8 of raw pyzmq.
@@ -25,11 +25,13 @@ SHOUT fan-out at least 0.8 of raw pyzmq.
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import selectors
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import time
 import uuid
@@ -163,6 +165,25 @@ def baseline_idle(nodes: int, seconds: float) -> float:
     return used / seconds
 
 
+def zyre_shout(binary: str, nodes: int, shouts: int) -> float:
+    """zyre's own fan-out, same nodes and shouts: bench/zre_zyre_shout.c, built against a
+    zyre of your own (its README says how); it connects its nodes by gossip on loopback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run(
+        [binary, str(port), str(nodes), str(shouts)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{binary} failed: {done.stderr.strip()}")
+    rate: float = json.loads(done.stdout.strip().splitlines()[-1])["rate"]
+    return rate
+
+
 # -- the project's nodes ----------------------------------------------------------------------
 
 
@@ -212,7 +233,7 @@ def run_nodes(args: argparse.Namespace) -> dict[str, Any]:
             what="joins",
         )
         total = len(receivers) * args.shouts
-        rates, base_rates = [], []
+        rates, base_rates, zyre_rates = [], [], []
         for _ in range(args.rounds):
             # Interleaved with ours, in this process: both see the same machine.
             base_rates.append(baseline_shout(len(receivers), args.shouts))
@@ -229,7 +250,11 @@ def run_nodes(args: argparse.Namespace) -> dict[str, Any]:
                 lambda: delivered[0] >= total, timeout=120, reactor=reactor, what="shouts"
             )
             rates.append(total / (time.perf_counter() - started))
+            if args.zyre:
+                zyre_rates.append(zyre_shout(args.zyre, args.nodes, args.shouts))
         results["shout_rates"], results["base_shout_rates"] = rates, base_rates
+        if zyre_rates:
+            results["zyre_shout_rates"] = zyre_rates
         results["shout_rate"] = statistics.median(rates)
         results["base_shout_rate"] = statistics.median(base_rates)
         results["shout_blocked"] = sum(node.send_blocked for node in nodes)
@@ -266,6 +291,12 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=10.0)
     parser.add_argument(
         "--rounds", type=int, default=5, help="SHOUT rounds, each beside a baseline round"
+    )
+    parser.add_argument(
+        "--zyre",
+        default=None,
+        metavar="BINARY",
+        help="also run zyre's own fan-out each round: bench/zre_zyre_shout.c, built",
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -308,6 +339,19 @@ def main() -> int:
                     f"{a / 1000:.0f}k/{b / 1000:.0f}k"
                     for a, b in zip(ours["shout_rates"], ours["base_shout_rates"], strict=True)
                 ),
+            ),
+            *(
+                [
+                    (
+                        "zyre (C) fan-out",
+                        f"{statistics.median(ours['zyre_shout_rates']):,.0f} deliveries/s "
+                        "(median; rounds "
+                        + ", ".join(f"{r / 1000:.0f}k" for r in ours["zyre_shout_rates"])
+                        + "; its nodes connected by gossip, one thread each)",
+                    )
+                ]
+                if "zyre_shout_rates" in ours
+                else []
             ),
             ("shout sends refused (HWM)", str(ours["shout_blocked"])),
             ("peers after idle", f"{ours['peers_after_idle']} of {args.nodes - 1}"),
