@@ -215,6 +215,7 @@ def compose(
         services: list[tuple[str, Service]] = [(c.name, c.service) for c in product.composed]
         bus_options = options["service-options"].get("eventbus")
         bind = bus_options["bind"] if bus_options is not None else "127.0.0.1"
+
         def listening(address: str) -> None:
             composition.status_address = address
 

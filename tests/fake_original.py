@@ -1,9 +1,13 @@
 """A stand-in for the original Node.js Event BUS (micro-toolkit/event-bus-zeromq 3.0.4), as
-its lib/bus.js behaves on the wire (learned from its behaviour, not its code):
+its lib/bus.js behaves on the wire (learned from its behaviour, not its code; run and probed
+at commit 3eb44e5 on 2026-11-23, with its in-memory test store and with MongoDB's casts):
 
 * no heartbeat at all;
 * SYNCSTART's sequence frame is read with JavaScript's parseInt of the frame as a string:
-  8 binary bytes parse as NaN, and then it logs ``Sending snapshot=NaN`` and answers nothing;
+  8 binary bytes parse as NaN, and then it logs ``Sending snapshot=NaN``. With its MongoDB
+  store (as deployed) it answers nothing (the driver refuses to cast NaN); with its in-memory
+  store it answers at once with a SYNCEND carrying its current sequence and no SYNC
+  (``nan_answers=True``);
 * subtrees are split on ``,`` and matched as plain string prefixes (empty: everything);
 * it turns the snapshot client's ROUTER identity into a string and back, so only an identity
   that is valid UTF-8 gets its answers routed back;
@@ -30,7 +34,9 @@ def parse_int(frame: bytes) -> int | None:
 
 
 class FakeOriginalBus:
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any, nan_answers: bool = False) -> None:
+        #: Its in-memory store's behaviour for a NaN sequence: a SYNCEND at once.
+        self.nan_answers = nan_answers
         self.events: list[tuple[bytes, int, bytes, bytes, bytes, bytes]] = []
         self.log: list[str] = []
         #: Sequences stored but not broadcast (to show that clients heal lost tails).
@@ -86,12 +92,14 @@ class FakeOriginalBus:
                 continue
             since = parse_int(sequence_frame)
             self.log.append(f"Sending snapshot={'NaN' if since is None else since}")
-            if since is None:
+            if since is None and not self.nan_answers:
                 continue
             # Through a string and back: a binary identity no longer names the peer.
             routed = identity.decode("utf-8", "replace").encode("utf-8")
             prefixes = [p for p in spec.split(b",") if p]
             for topic, sequence, producer, timestamp, uuid, data in self.events:
+                if since is None:
+                    break  # nothing compares above NaN
                 if sequence > since and (not prefixes or topic.startswith(tuple(prefixes))):
                     self.snapshot.send_frames(
                         [routed, b"SYNC", topic, str(sequence).encode(), producer, timestamp,

@@ -192,3 +192,30 @@ def test_cli_against_nothing_ends_with_one_line_naming_the_server() -> Any:
         assert command.process.returncode == 1
         [line] = command.err.strip().splitlines()
         assert dead in line and "timed out" in line and "original" not in line.split(":")[-1]
+
+
+@pytest_twisted.inlineCallbacks
+def test_cli_recognises_the_originals_answer_as_it_arrives() -> Any:
+    # With its in-memory store the original answers our binary SYNCSTART at once, with a
+    # decimal SYNCEND: snapshot (60 s timeout) and publish (10 s) say so then, not after.
+    original = FakeOriginalBus(reactor, nan_answers=True)
+    try:
+        publisher = publish(original, 1, 2)
+        yield wait_until(lambda: original.sequence == 2, what="stored by the original")
+        publisher.close()
+        server = original.address
+        commands = [
+            Command("snapshot", "--server", server),
+            Command("publish", "--server", server, "/a/", "1"),
+        ]
+        for command in commands:
+            yield wait_until(command.finished, timeout=90)
+        for command in commands:
+            assert command.process.returncode == 1, command.err
+            [line] = command.err.strip().splitlines()
+            assert f"{server} answers like the original Node.js Event BUS" in line, line
+            assert "try --dialect original" in line and "timed out" not in line, line
+            assert not command.out  # no half-truth: no events, no "complete at sequence 2"
+        assert original.log.count("Sending snapshot=NaN") == 2
+    finally:
+        original.close()

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from twisted.internet import defer, task
+from twisted.python.failure import Failure
 
 from bus.eventbus.codec import Dialect, Event
 from bus.eventbus.config import DEFAULT_DATA_DIR
@@ -76,9 +77,24 @@ def _err(line: str) -> None:
     sys.stderr.flush()
 
 
+class DialectMismatch(ValueError):
+    """The server answered, in the other dialect."""
+
+
+def _original_hint(server: Any) -> str:
+    return (
+        f"{server} answers like the original Node.js Event BUS (decimal sequences, no "
+        "heartbeat): try --dialect original"
+    )
+
+
 class SnapshotQuery:
     """One SYNCSTART on a fresh DEALER, its SYNCs handed to ``on_event``; fires with the
-    SYNCEND's sequence, or fails with one line naming what it waited for and from where."""
+    SYNCEND's sequence, or fails with one line naming what it waited for and from where.
+
+    In the spec dialect it recognises the original server's answer as it arrives: a
+    decimal sequence where ours would be 8 octets (the original reads our binary sequence
+    as NaN and, with its in-memory store, answers at once with a SYNCEND)."""
 
     def __init__(self, reactor: Any, factory: Any, server: Any, dialect: Dialect) -> None:
         self.reactor = reactor
@@ -103,15 +119,28 @@ class SnapshotQuery:
 
         done: defer.Deferred[int] = defer.Deferred()
 
+        spec = self.dialect is Dialect.SPEC
+
         def on_replies(batch: list[list[bytes]]) -> None:
             for frames in batch:
-                reply = codec.parse_snapshot_reply(frames)
+                if done.called:
+                    return
+                if spec and len(frames) >= 3 and frames[2].isdigit():
+                    done.errback(DialectMismatch(_original_hint(self.server)))
+                    return
+                try:
+                    reply = codec.parse_snapshot_reply(frames)
+                except codec.EventBusError as error:
+                    done.errback(ValueError(f"{self.server} sent a bad snapshot reply: {error}"))
+                    return
                 if isinstance(reply, Event):
                     on_event(reply)
-                elif not done.called:
+                else:
                     done.callback(reply.sequence)
 
-        identity = None if self.dialect is Dialect.SPEC else str(uuid.uuid4()).encode()
+        # A UUID as identity in both dialects: the original routes answers back only to a
+        # client whose identity is valid UTF-8, and its answer is how we recognise it.
+        identity = str(uuid.uuid4()).encode()
         dealer = self.factory.socket(
             zmq.DEALER, on_replies, SocketOptions(receive_hwm=0, linger_ms=0, identity=identity)
         )
@@ -137,6 +166,32 @@ class SnapshotQuery:
         return done.addBoth(close)
 
 
+def _first(*waits: defer.Deferred[Any]) -> defer.Deferred[Any]:
+    """Fires as the first of ``waits`` fires, with its result or failure."""
+    first: defer.Deferred[Any] = defer.Deferred()
+
+    def settle(outcome: Any) -> None:
+        if first.called:
+            return
+        if isinstance(outcome, Failure):
+            first.errback(outcome)
+        else:
+            first.callback(outcome)
+
+    for wait in waits:
+        wait.addBoth(settle)
+    return first
+
+
+def _mismatch_only(probe: defer.Deferred[Any]) -> defer.Deferred[Any]:
+    """``probe``'s DialectMismatch; any other outcome never fires."""
+
+    def failed(failure: Failure) -> Any:
+        return failure if failure.check(DialectMismatch) else defer.Deferred()
+
+    return probe.addCallbacks(lambda _: defer.Deferred(), failed)
+
+
 @defer.inlineCallbacks
 def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
     """Wait for ``waiting``; if it times out with the default dialect and the server
@@ -151,10 +206,7 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
         if Dialect(args.dialect) is Dialect.SPEC and (
             yield _answers_like_the_original(reactor, server)
         ):
-            raise ConditionTimeout(
-                f"{error}; {server} answers like the original Node.js Event BUS (decimal "
-                "sequences, no heartbeat): try --dialect original"
-            ) from None
+            raise ConditionTimeout(f"{error}; {_original_hint(server)}") from None
         raise
     return result
 
@@ -204,7 +256,9 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
                 reactor=reactor,
                 what=f"a heartbeat from {server}",
             )
-            yield _with_hint(reactor, args, heard)
+            # The original never heartbeats, but may answer a snapshot probe at once.
+            probe = query.ask([codec.PROBE_SUBTREE], 0, args.timeout)
+            yield _with_hint(reactor, args, _first(heard, _mismatch_only(probe)))
         elif args.confirm:
             # No heartbeat to say the server lives, nor that a SUB is heard: ask its log.
             since = yield query.ask([codec.PROBE_SUBTREE], 0, args.timeout)
