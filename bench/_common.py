@@ -255,6 +255,25 @@ def background_load(seconds: float = 1.0) -> float:
     return account.stop()
 
 
+@contextlib.contextmanager
+def cpu_load(processes: int) -> Iterator[None]:
+    """``processes`` busy loops (one process each) for the block: the busy machine, since a
+    real server is rarely alone on its own. Runs under it count them as noise."""
+    burners = [
+        subprocess.Popen(
+            [PYTHON, "-c", "while True: pass"],
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        for _ in range(processes)
+    ]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            stop_process(burner, timeout=5)
+
+
 def wait_for_quiet(limit: float, threshold: float = 0.3) -> float:
     """Wait up to ``limit`` seconds for other processes to use less than ``threshold``
     cores (this machine is shared); return the background load last seen."""
