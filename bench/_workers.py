@@ -295,7 +295,7 @@ def snapshot_server(endpoint: str, events: int) -> None:
 
     context = zmq.Context()
     router = context.socket(zmq.ROUTER)
-    router.sndhwm = 250  # the server's snapshot HWM (EventBusConfig.snapshot_hwm)
+    router.sndhwm = 500  # the server's snapshot HWM (bus.eventbus.config.DEFAULT_SNAPSHOT_HWM)
     router.router_mandatory = 1  # block rather than drop at the HWM
     router.linger = 0
     router.bind(endpoint)

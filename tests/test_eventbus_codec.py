@@ -819,3 +819,22 @@ def test_binary_sequence_decodes_by_the_ambiguity_rule_over_the_whole_range(n: i
         assert codec.decode_sequence(frame) == (int(frame), TEXT)
     else:
         assert codec.decode_sequence(frame) == (n, BINARY)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, codec.MAX_SEQUENCE),
+            *(st.binary(max_size=12) for _ in range(5)),
+        ),
+        max_size=5,
+    ),
+    st.sampled_from(list(codec.SequenceEncoding)),
+)
+def test_sync_messages_from_rows_are_sync_frames_of_their_events(
+    rows: list[tuple[int, bytes, bytes, bytes, bytes, bytes]], encoding: Any
+) -> None:
+    events = [codec.Event(t, s, p, ts, u, d) for s, t, p, ts, u, d in rows]
+    assert codec.sync_messages(b"peer", rows, encoding) == [
+        [b"peer", *codec.sync_frames(event, encoding)] for event in events
+    ]

@@ -314,6 +314,19 @@ def sync_frames(event: Event, encoding: SequenceEncoding) -> list[bytes]:
     return [SYNC, *broadcast_frames(event, encoding)]
 
 
+def sync_messages(
+    identity: bytes,
+    rows: list[tuple[int, bytes, bytes, bytes, bytes, bytes]],
+    encoding: SequenceEncoding,
+) -> list[list[bytes]]:
+    """SYNC messages for a ROUTER (``identity`` first) straight from the store's rows
+    ``(seq, topic, producer, timestamp, uuid, data)``: the snapshot's hot path."""
+    if encoding is SequenceEncoding.TEXT:
+        return [[identity, SYNC, t, b"%d" % s, p, ts, u, d] for s, t, p, ts, u, d in rows]
+    pack = SEQUENCE.pack
+    return [[identity, SYNC, t, pack(s), p, ts, u, d] for s, t, p, ts, u, d in rows]
+
+
 def sync_end_frames(spec: bytes, sequence: int, encoding: SequenceEncoding) -> list[bytes]:
     return [SYNCEND, spec, encode_sequence(sequence, encoding)]
 

@@ -11,12 +11,16 @@ so waiting streams are retried by one shared scheduler:
   on a timer (measured: a 1 ms retry made a 100k-event snapshot 50 % slower with a
   250-message pipe);
 * libzmq signals the ROUTER's descriptor when a client's full pipe has drained to half
-  (its low-water mark): on that signal, streams that were moving a moment ago (their
-  delay is at most :data:`HOT_DELAY`) try again at once;
-* a blocked stream is retried after a delay that doubles while it makes no progress
-  (1 ms up to :data:`MAX_RETRY_DELAY`), so a client that stopped reading costs one
-  failed send per second; a stream blocked for a while also gives back its prepared
-  chunk (the store is read again when it moves);
+  (its low-water mark): on that signal, blocked streams whose client took something in
+  the last :data:`HOT_WINDOW` try again at once;
+* a blocked stream is otherwise retried after a delay proportional to how long its
+  client has taken nothing (:data:`BACKOFF` of it, 1 ms to :data:`MAX_RETRY_DELAY`): a
+  reading client that the machine's load kept from reading for a while is tried again
+  soon, while one that stopped reading costs one failed send per second; a stream whose
+  client took nothing for :data:`SHRINK_AFTER` gives back its prepared chunk (the store
+  is read again when it moves). (The delay used to double per failed attempt: on a busy
+  machine a healthy client not scheduled for a few milliseconds pushed its stream out of
+  the signal's reach and onto 30-60 ms timers, and its snapshot took up to twice as long.)
 * a stream whose client has not taken a message for ``snapshot_stall_timeout``
   seconds is abandoned (``stalled``); its client sees no SYNCEND and asks again;
 * at most ``max_snapshots`` streams run at once, and ``max_snapshots_per_client`` per
@@ -53,21 +57,23 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="bus.eventbus.snapshots")
 
-#: First retry delay of a blocked stream; it doubles while the stream makes no progress.
+#: The shortest and longest a blocked stream waits between two attempts.
 RETRY_DELAY = 0.001
-#: The longest a blocked stream waits between two attempts.
 MAX_RETRY_DELAY = 1.0
+#: A blocked stream waits this fraction of the time its client has taken nothing.
+BACKOFF = 0.5
 #: Messages all streams together send per reactor turn (a few milliseconds of work).
 MESSAGES_PER_TURN = 2000
-#: Blocked streams whose delay is at most this are woken by the socket's signal.
-HOT_DELAY = 0.004
+#: Blocked streams whose client took something this recently are woken by the signal.
+HOT_WINDOW = 0.1
 #: A stream that sent at least this many messages before its pipe filled tries again on
 #: the next reactor turn rather than after a timer (a slow reader never gets there).
 FAST_RETRY_MESSAGES = 32
 #: Blocked streams retried per reactor turn at most (the rest on the next turn).
 RETRIES_PER_TURN = 256
-#: A stream blocked at least this long keeps only KEEP_WHEN_BLOCKED prepared messages.
-SHRINK_AFTER_DELAY = 0.032
+#: A stream whose client took nothing this long keeps only KEEP_WHEN_BLOCKED prepared
+#: messages.
+SHRINK_AFTER = 0.25
 KEEP_WHEN_BLOCKED = 8
 #: Messages read and encoded ahead, by all streams together (~0.7 KiB each): the
 #: store is read in smaller chunks when many streams run at once.
@@ -137,12 +143,12 @@ class SnapshotStream:
 
     def _refill(self, store: EventStore, chunk: int, syncend_current: bool) -> None:
         self.chunk = chunk = min(self.chunk * 2, chunk) if self.chunk else chunk
-        events = store.read(self.position, self.upto, self.request.subtrees, chunk)
+        rows = store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
         identity, encoding = self.identity, self.encoding
-        if events:
-            self.position = self.highest_sent = events[-1].sequence
-            self._pending = [[identity, *codec.sync_frames(e, encoding)] for e in events]
-            self._sequences = [e.sequence for e in events]
+        if rows:
+            self.position = self.highest_sent = rows[-1][0]
+            self._pending = codec.sync_messages(identity, rows, encoding)
+            self._sequences = [row[0] for row in rows]
             return
         end = self.upto if syncend_current or self.highest_sent == 0 else self.highest_sent
         self._pending = [[identity, *codec.sync_end_frames(self.request.spec, end, encoding)]]
@@ -399,7 +405,6 @@ class SnapshotScheduler:
             self.messages_sent += sent
             if sent:
                 stream.last_progress = self.reactor.seconds()
-                stream.delay = RETRY_DELAY
             if outcome == "more":
                 ready.append(stream)
             elif outcome == "blocked":
@@ -408,7 +413,7 @@ class SnapshotScheduler:
                     # next reactor turn.
                     ready.append(stream)
                 else:
-                    self._block(stream, progressed=bool(sent))
+                    self._block(stream)
             elif outcome == "finished":
                 self._end(stream, "served")
             else:
@@ -416,21 +421,22 @@ class SnapshotScheduler:
         if ready:
             self._schedule_run()
 
-    def _block(self, stream: SnapshotStream, progressed: bool) -> None:
-        if not progressed:
-            stream.delay = min(stream.delay * 2, MAX_RETRY_DELAY)
-            if stream.delay >= SHRINK_AFTER_DELAY:
-                stream.shrink(KEEP_WHEN_BLOCKED)
-        stream.due = due = self.reactor.seconds() + stream.delay
+    def _block(self, stream: SnapshotStream) -> None:
+        now = self.reactor.seconds()
+        idle = now - stream.last_progress
+        stream.delay = min(max(idle * BACKOFF, RETRY_DELAY), MAX_RETRY_DELAY)
+        if idle >= SHRINK_AFTER:
+            stream.shrink(KEEP_WHEN_BLOCKED)
+        stream.due = due = now + stream.delay
         heapq.heappush(self._blocked, (due, next(self._order), stream))
-        if stream.delay <= HOT_DELAY:
+        if idle <= HOT_WINDOW:
             self._hot.add(stream)
         self._schedule_retry(due)
 
     def writable(self) -> None:
         """The ROUTER's descriptor signalled, as it does when a client's full pipe
-        drained to half: streams that were moving a moment ago try again now, without
-        waiting for their timer (those stuck for longer keep their backoff)."""
+        drained to half: streams whose client took something in the last HOT_WINDOW try
+        again now, without waiting for their timer (those stuck for longer keep it)."""
         hot = self._hot
         if not hot:
             return

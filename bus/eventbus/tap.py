@@ -18,6 +18,7 @@ from bus.eventbus.config import (
     DEFAULT_BIND,
     DEFAULT_DATA_DIR,
     DEFAULT_PORT,
+    DEFAULT_SNAPSHOT_HWM,
     EventBusConfig,
     PairConfig,
     original_dialect,
@@ -97,7 +98,7 @@ class Options(ServiceOptions):
         [
             "snapshot-hwm",
             None,
-            250,
+            DEFAULT_SNAPSHOT_HWM,
             "Messages queued per snapshot client: what a client that stopped reading costs.",
             int,
         ],
@@ -247,7 +248,7 @@ def _config(options: usage.Options | dict[str, Any], max_count: Any) -> EventBus
         max_snapshots=int(options.get("max-snapshots", 256)),
         max_snapshots_per_client=int(options.get("max-snapshots-per-client", 4)),
         snapshot_queue=int(options.get("snapshot-queue", 1024)),
-        snapshot_hwm=int(options.get("snapshot-hwm", 250)),
+        snapshot_hwm=int(options.get("snapshot-hwm", DEFAULT_SNAPSHOT_HWM)),
         stop_timeout=parse_duration(options.get("stop-timeout", "3s")),
     )
 
