@@ -28,6 +28,7 @@ from _common import (
     CpuAccount,
     Figure,
     add_common_arguments,
+    cpu_load,
     cpu_seconds,
     fmt_rate,
     free_ports,
@@ -46,11 +47,18 @@ TARGET_RATIO = 0.6
 
 
 def run_once(
-    kind: str, events: int, root: Path, index: int, prefix: list[str], wait_idle: float
+    kind: str,
+    events: int,
+    root: Path,
+    index: int,
+    prefix: list[str],
+    wait_idle: float,
+    load: int = 0,
 ) -> dict[str, Any]:
     wait_for_quiet(wait_idle)
     account = CpuAccount()
     with Cleanup() as stack:
+        stack.enter_context(cpu_load(load))
         server: BusServer | None = None
         if kind == "server":
             server = stack.server(BusServer(root / f"server-{index}", prefix=prefix))
@@ -138,6 +146,12 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--server-only", action="store_true", help="skip the baseline")
+    parser.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="busy loops running beside each run (2 on this machine: a busy machine)",
+    )
     add_common_arguments(parser)
     args = parser.parse_args()
     terminate_on_sigterm()
@@ -148,7 +162,7 @@ def main() -> int:
         for index in range(args.repeat):
             kinds = ["server"] if args.server_only else ["baseline", "server"]
             for kind in kinds:
-                run = run_once(kind, args.events, root, index, prefix, args.wait_idle)
+                run = run_once(kind, args.events, root, index, prefix, args.wait_idle, args.load)
                 runs[kind].append(run)
                 print(f"run {index + 1}/{args.repeat} {describe(run)}", flush=True)
 
@@ -195,6 +209,9 @@ def main() -> int:
         figures={
             "delivered": Figure(server_rate, "events/s"),
             "delivered_vs_forwarder": Figure(ratio, "x raw"),
+            "server_cpu_per_event": Figure(
+                median([r["cpu_us_per_event"] for r in runs["server"]]), "us", better="lower"
+            ),
         },
     )
     return 0 if verdict else 1
