@@ -1,5 +1,6 @@
 """Our node against a fake of zyre (tests/zre_peers/zyre_fake.py) through real sockets on
-loopback: zyre's ELECT, LEADER and GOODBYE must not cut the link."""
+loopback: zyre's ELECT, LEADER and GOODBYE must not cut the link, and zyre's election must
+finish with our node in the group (it answers ELECT and LEADER, to zyre only)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from bus.zre.node import ZreNode
 from tests.zre_helpers import EventLog, fast_config, free_udp_port
 from tests.zre_peers.zyre_fake import FakeZyre
 
-#: What our node may ever send a peer: never zyre's extensions (pyre dies on them).
+#: What our node may send a peer that never spoke zyre's extensions (pyre dies on them).
 SENDABLE = (codec.Hello, codec.Whisper, codec.Shout, codec.Join, codec.Leave, codec.Ping)
 
 
@@ -26,11 +27,17 @@ def test_zyre_contesting_a_group_keeps_its_link_and_goodbye_ends_it_at_once() ->
     node.add_listener(events)
     node.startService()
     zyre = FakeZyre(port, groups=["GLOBAL"])
+    # A member that never speaks elections (as pyre): it must never be sent one.
+    quiet = FakeZyre(port, name="pyre-like", groups=["CONTEST"])
     try:
         # Found by its beacon, greeted by us, greeted back.
-        yield wait_until(lambda: zyre.uuid in node.peers(), what="ENTER of zyre")
+        yield wait_until(lambda: {zyre.uuid, quiet.uuid} <= set(node.peers()), what="ENTERs")
         zyre.join("CONTEST")
         zyre.contest("CONTEST")
+        # zyre sends LEADER only once we echoed its ELECT, and reports it once we passed
+        # its LEADER on: the election finishes.
+        yield wait_until(lambda: zyre.elected, what="zyre's election to finish")
+        assert zyre.elected == [zyre.uuid_text]
         zyre.shout("CONTEST", [b"shout", b"two frames"])
         zyre.whisper([b"whisper"])
         yield wait_until(lambda: events.of("WHISPER", zyre.uuid), what="zyre's WHISPER")
@@ -39,27 +46,34 @@ def test_zyre_contesting_a_group_keeps_its_link_and_goodbye_ends_it_at_once() ->
         assert (leader.group, leader.leader) == ("CONTEST", zyre.uuid_text)
         [shout] = events.of("SHOUT")
         assert (shout.group, shout.content) == ("CONTEST", (b"shout", b"two frames"))
-        assert node.core is not None and node.core.ignored["elect"] == 1
+        assert node.core is not None and node.core.elections.waves() == {"CONTEST": zyre.uuid_text}
         # No flapping: beacons keep coming, the link holds, nothing was out of sequence.
         beacons = node.beacons_received
         yield wait_until(lambda: node.beacons_received >= beacons + 5, what="more beacons")
         assert len(events.of("ENTER", zyre.uuid)) == 1 and not events.of("EXIT")
         assert node.drops.counts["sequence"] == 0 and node.drops.total == 0
         # Both ways: our SHOUT and WHISPER reach zyre's mailbox.
-        assert node.shout("CONTEST", [b"back"]) == 1
+        assert node.shout("CONTEST", [b"back"]) == 2  # zyre and the quiet member
         assert node.whisper(zyre.uuid, [b"to zyre"])
         yield wait_until(
             lambda: any(isinstance(m, codec.Whisper) for _, m in zyre.received), what="to zyre"
         )
         sent = [m for identity, m in zyre.received if identity == codec.identity_of(node.uuid)]
-        assert all(isinstance(m, SENDABLE) for m in sent)
+        # To zyre: one ELECT (the echo) and one LEADER, numbered with the rest.
+        assert [type(m) for m in sent if not isinstance(m, SENDABLE)] == [
+            codec.Elect,
+            codec.Leader,
+        ]
         assert [m.sequence for m in sent] == list(range(1, len(sent) + 1))
+        to_quiet = [m for i, m in quiet.received if i == codec.identity_of(node.uuid)]
+        assert to_quiet and all(isinstance(m, SENDABLE) for m in to_quiet)
         # GOODBYE: EXIT at once (60 s before expiry would say so).
         zyre.goodbye()
         yield wait_until(lambda: events.of("EXIT", zyre.uuid), timeout=10, what="EXIT")
         assert zyre.uuid not in node.peers()
         assert events.types(zyre.uuid)[-1] == "EXIT"
-        assert node.status()["ignored"] == {"elect": 1}
+        assert node.status()["ignored"] == {}
     finally:
+        quiet.close()
         zyre.close()
         yield node.stopService()

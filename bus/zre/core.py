@@ -11,9 +11,11 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
 * our group status rises by one per JOIN or LEAVE and each JOIN/LEAVE carries the new value
   (a wrong value kills pyre and aborts zyre); a peer's wrong value is counted and followed;
 * a second HELLO from a ready peer is EXIT then ENTER;
-* zyre's extensions count in the sequence like any message: LEADER is an event, GOODBYE
-  is EXIT at once, ELECT and any well-framed unknown command are counted (``ignored``) and
-  otherwise not acted on; we never send any of them (pyre dies on unknown commands);
+* zyre's extensions count in the sequence like any message: GOODBYE is EXIT at once;
+  ELECT and LEADER are answered as a member of zyre's election that never contests
+  (:mod:`bus.zre.election`), only to peers that sent them (pyre dies on unknown commands),
+  and the first LEADER of an election is an event; any well-framed unknown command is
+  counted (``ignored``) and otherwise not acted on;
 * peers found by beacon and not greeted yet are bounded (``max_pending``; a forged beacon
   flood is refused and counted) and forgotten after ``pending_expired`` without a HELLO;
 * silent for ``evasive``: EVASIVE and a PING; for twice that, SILENT; for ``expired``: EXIT;
@@ -48,6 +50,7 @@ from bus.zre.codec import (
     Whisper,
     ZreError,
 )
+from bus.zre.election import Elections
 
 #: HELLO header with the endpoints of the peers a node knows, so that a node that found
 #: one peer through ``--peer`` finds the rest (networks without broadcast).
@@ -199,6 +202,14 @@ class ZreCore:
         self.unready: dict[bytes, Peer] = {}
         #: ROUTER identity -> UUID, as read before (bounded).
         self._nodes: dict[bytes, bytes] = {}
+        self.elections = Elections(
+            lambda group: [
+                node
+                for node in self.peer_groups.get(group, ())
+                if (peer := self.peers.get(node)) is not None and peer.ready
+            ],
+            lambda group: group in self.own_groups,
+        )
 
     @property
     def version(self) -> int:
@@ -350,15 +361,21 @@ class ZreCore:
         elif isinstance(message, Whisper):
             self.emit(ZreEvent("WHISPER", node, peer.name, None, message.content))
         elif isinstance(message, Leader):
-            self.emit(
-                ZreEvent("LEADER", node, peer.name, group=message.group, leader=message.leader)
-            )
+            news, sends = self.elections.on_leader(node, message.group, message.leader)
+            if news:
+                self.emit(
+                    ZreEvent("LEADER", node, peer.name, group=message.group, leader=message.leader)
+                )
+            self._answer(sends)
         elif isinstance(message, Goodbye):
             # zyre in gossip mode says it is leaving: gone now, as zyre itself does.
             self.remove_peer(peer)
         elif isinstance(message, Elect):
-            # We never contest an election: counted, nothing sent back.
-            self.ignored["elect"] += 1
+            answers = self.elections.on_elect(node, message.group, message.challenger)
+            if answers is None:
+                self.ignored["elect"] += 1  # not our group, or a challenger zyre ignores too
+            else:
+                self._answer(answers)
         elif isinstance(message, Unknown):
             self.ignored["unknown-command"] += 1
         elif isinstance(message, Join | Leave):
@@ -425,11 +442,18 @@ class ZreCore:
         else:
             self._peer_leaves(peer, message.group)
 
+    def _answer(self, sends: list[tuple[bytes, Elect | Leader]]) -> None:
+        for node, message in sends:
+            peer = self.peers.get(node)
+            if peer is not None and peer.ready:
+                self._send_to(peer, message)
+
     def _peer_joins(self, peer: Peer, group: str) -> None:
         if group in peer.groups:
             return
         peer.groups.add(group)
         self.peer_groups.setdefault(group, set()).add(peer.uuid)
+        self.elections.membership_changed(group)
         self.emit(ZreEvent("JOIN", peer.uuid, peer.name, group=group))
 
     def _peer_leaves(self, peer: Peer, group: str) -> None:
@@ -441,6 +465,7 @@ class ZreCore:
             members.discard(peer.uuid)
             if not members:
                 del self.peer_groups[group]
+        self.elections.membership_changed(group)
         self.emit(ZreEvent("LEAVE", peer.uuid, peer.name, group=group))
 
     def _refresh(self, peer: Peer) -> None:
@@ -475,6 +500,8 @@ class ZreCore:
                 members.discard(peer.uuid)
                 if not members:
                     del self.peer_groups[group]
+            self.elections.membership_changed(group)
+        self.elections.forget(peer.uuid)
         if peer.ready:
             self.emit(ZreEvent("EXIT", peer.uuid, peer.name, endpoint=peer.endpoint))
         if peer.endpoint in self.seeds:
@@ -534,6 +561,7 @@ class ZreCore:
         if group not in self.own_groups:
             return
         self.own_groups.remove(group)
+        self.elections.left(group)
         self.status = (self.status + 1) & 0xFF
         for peer in self._greeted():
             self._send_to(peer, Leave(0, group, self.status))

@@ -7,6 +7,12 @@ its UUID) to the HELLO's endpoint and greets back. Every message it sends on tha
 a 36/ZRE frame carrying the next sequence number, including its extensions: ELECT and LEADER
 (``zyre_set_contest_in_group``) and GOODBYE (gossip mode, on leaving). It answers PING with
 PING-OK and records everything its mailbox receives.
+
+Its election is zyre's as tried against zyre's git master (d8370f7) on 2026-11-23: a
+contester sends ELECT(itself) to the group's members and sends LEADER(itself) only once
+every member has sent ELECT(it) back; it reports the leader (``elected``) only once every
+member has sent it LEADER too. A member that stays silent stalls it for ever. This fake has
+one member, the node under test.
 """
 
 from __future__ import annotations
@@ -47,6 +53,11 @@ class FakeZyre:
         self.endpoint = self.mailbox.bind("tcp://127.0.0.1:*")
         self.dealer: ZmqSocket | None = None
         self.sequence = 0
+        self.contesting: set[str] = set()
+        self.leader_sent = False
+        #: The leader named by each LEADER that came back after ours: zyre reports the
+        #: leader to its application once every member sent one.
+        self.elected: list[str] = []
         self._udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         port = int(self.endpoint.rpartition(":")[2])
         self._beacon = codec.encode_beacon(self.uuid, port)
@@ -80,6 +91,13 @@ class FakeZyre:
                 self.send(codec.Hello(0, self.endpoint, tuple(self.groups), self.status, self.name))
             elif isinstance(message, codec.Ping):
                 self.send(codec.PingOk(0))
+            elif isinstance(message, codec.Elect) and message.group in self.contesting:
+                if message.challenger == self.uuid_text and not self.leader_sent:
+                    # Our one member echoed our challenge: the wave is complete.
+                    self.leader_sent = True
+                    self.send(codec.Leader(0, message.group, self.uuid_text))
+            elif isinstance(message, codec.Leader) and self.leader_sent:
+                self.elected.append(message.leader)
 
     def send(self, message: codec.Message) -> None:
         """Send ``message`` on the DEALER with the next sequence number."""
@@ -100,9 +118,11 @@ class FakeZyre:
         self.send(codec.Join(0, group, self.status))
 
     def contest(self, group: str) -> None:
-        """What ``zyre_set_contest_in_group`` leads to when this node wins: ELECT, LEADER."""
+        """What ``zyre_set_contest_in_group`` leads to: ELECT(itself) to the group's members,
+        and LEADER(itself) once they have all sent the ELECT back."""
+        self.contesting.add(group)
+        self.leader_sent = False
         self.send(codec.Elect(0, group, self.uuid_text))
-        self.send(codec.Leader(0, group, self.uuid_text))
 
     def shout(self, group: str, content: Sequence[bytes]) -> None:
         self.send(codec.Shout(0, group, tuple(content)))
