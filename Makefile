@@ -17,8 +17,11 @@ $(VENV)/.run-deps: setup.cfg pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
-$(VENV)/.test-deps: setup.cfg pyproject.toml | $(BIN)/python
+# The tests also run a third-party service, examples/echo-service, installed as its own
+# distribution (it declares itself in the bus.services entry point group).
+$(VENV)/.test-deps: setup.cfg pyproject.toml examples/echo-service/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark]"
+	$(BIN)/python -m pip install --quiet --no-deps -e examples/echo-service
 	touch $@ $(VENV)/.run-deps
 
 # The real eventmq 0.3.13 for the eMQP interoperability tests, in its own venv: it pins
@@ -38,9 +41,10 @@ test: $(VENV)/.test-deps $(INTEROP)/.installed
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(VENV)/.test-deps
-	$(BIN)/ruff check bus tests bench
-	$(BIN)/ruff format --check bus tests bench
+	$(BIN)/ruff check bus tests bench examples
+	$(BIN)/ruff format --check bus tests bench examples
 	$(BIN)/mypy bus
+	$(BIN)/mypy examples/echo-service/echo_service
 
 bench: $(VENV)/.run-deps
 	@echo "see bench/README.md"

@@ -1,13 +1,28 @@
-"""The services the product knows, in the order they start (and stop in reverse).
+"""The services the product knows, in the order they start (and stop in reverse): the built-in
+ones, then those other distributions declare in the entry point group ``bus.services``.
 
 Each entry's ``tap`` module holds its twistd ``Options`` (a :class:`bus.options.ServiceOptions`),
-``build(options, composition)`` and ``makeService(options)`` for running it alone. Nothing
-here imports a tap module: the plugin files and ``--help`` stay cheap.
+``build(options, composition)`` and ``makeService(options)`` for running it alone (see
+docs/extending.md). A third-party distribution declares one in its ``pyproject.toml``::
+
+    [project.entry-points."bus.services"]
+    echo = "echo_service.tap"
+
+Nothing here imports a tap module: the plugin files and ``--help`` stay cheap. Reading the
+entry points is: a bad one (a name that clashes, or that is not a module) is left out with one
+line in :data:`DISCOVERY_PROBLEMS`, naming its distribution.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from importlib import metadata
+
+#: The entry point group third-party services are declared in.
+ENTRY_POINT_GROUP = "bus.services"
+
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,9 +31,11 @@ class ServiceEntry:
     tap: str
     #: Part of the default ``--services`` (the protocols; the bridge is asked for).
     default: bool
+    #: The distribution that declared it; empty for the built-in services.
+    distribution: str = ""
 
 
-SERVICES: tuple[ServiceEntry, ...] = (
+BUILTIN_SERVICES: tuple[ServiceEntry, ...] = (
     ServiceEntry("eventbus", "bus.eventbus.tap", default=True),
     ServiceEntry("emqp", "bus.emqp.tap", default=True),
     ServiceEntry("mc0", "bus.mc0.tap", default=True),
@@ -26,6 +43,38 @@ SERVICES: tuple[ServiceEntry, ...] = (
     ServiceEntry("zre", "bus.zre.tap", default=True),
     ServiceEntry("spark-bridge", "bus.spark.tap", default=False),
 )
+
+#: Names a service may not take: the product's own sections and the CLI's.
+_RESERVED = frozenset({"http", "cpu-latency", "emqp-worker"})
+
+
+def _declared() -> tuple[tuple[ServiceEntry, ...], tuple[str, ...]]:
+    """Third-party services from the entry points, and one line per one left out."""
+    try:
+        points = metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except Exception as error:  # a broken installed distribution must not stop the product
+        return (), (f"cannot read the {ENTRY_POINT_GROUP!r} entry points: {error}",)
+    taken = {entry.name for entry in BUILTIN_SERVICES} | _RESERVED
+    found: list[ServiceEntry] = []
+    problems: list[str] = []
+    for point in sorted(points, key=lambda p: (p.name, p.value)):
+        distribution = point.dist.name if point.dist is not None else "an unknown distribution"
+        where = f"service {point.name!r} of {distribution}"
+        if not _NAME.fullmatch(point.name):
+            problems.append(f"{where}: a name is 1-32 lower-case letters, digits and dashes")
+        elif point.name in taken:
+            problems.append(f"{where}: the name is taken (built-in or declared twice)")
+        elif point.attr:
+            problems.append(f"{where}: {point.value!r} must name a module (its tap), not an object")
+        else:
+            taken.add(point.name)
+            found.append(ServiceEntry(point.name, point.module, False, distribution))
+    return tuple(found), tuple(problems)
+
+
+DECLARED_SERVICES, DISCOVERY_PROBLEMS = _declared()
+
+SERVICES: tuple[ServiceEntry, ...] = BUILTIN_SERVICES + DECLARED_SERVICES
 
 SERVICE_NAMES: tuple[str, ...] = tuple(entry.name for entry in SERVICES)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,7 @@ from twisted.python import usage
 from bus.composition import Composition, ProductService, hold_cpu_latency
 from bus.eventbus.tap import Options as EventBusOptions
 from bus.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
-from bus.services import SERVICE_NAMES, SERVICES, entry
+from bus.services import DISCOVERY_PROBLEMS, SERVICES, ServiceEntry, entry
 
 if TYPE_CHECKING:
     from twisted.application.service import Service
@@ -29,18 +30,69 @@ DEFAULT_HTTP_PORT = 8642
 DEFAULT_SERVICES = tuple(service.name for service in SERVICES if service.default)
 
 
+def _load_services() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], dict[str, str]]:
+    """Each service's Options class, the names in start order, and why a declared (third-
+    party) service was left out: one line each, naming its distribution, never a traceback.
+    Built-in services come first, in their order; declared ones follow, each after the
+    services its tap names in ``AFTER``."""
+    options: dict[str, type[ServiceOptions]] = {}
+    left_out: dict[str, str] = {}
+    after: dict[str, tuple[str, ...]] = {}
+    for service in SERVICES:
+        if not service.distribution:
+            options[service.name] = importlib.import_module(service.tap).Options
+            continue
+        try:
+            options[service.name], after[service.name] = _declared_tap(service)
+        except Exception as error:  # anything a third-party module may raise on import
+            left_out[service.name] = (
+                f"service {service.name!r} of {service.distribution} left out: "
+                f"{type(error).__name__}: {error}"
+            )
+    order = [s.name for s in SERVICES if not s.distribution]
+    pending = sorted(after)
+    while pending:
+        ready = [n for n in pending if all(d in order or d not in pending for d in after[n])]
+        if not ready:  # a cycle: say so, start them by name
+            for name in pending:
+                left_out[name] = f"service {name!r}: AFTER makes a cycle with {', '.join(pending)}"
+                options.pop(name, None)
+            break
+        order.append(ready[0])
+        pending.remove(ready[0])
+    return options, tuple(order), left_out
+
+
+def _declared_tap(service: ServiceEntry) -> tuple[type[ServiceOptions], tuple[str, ...]]:
+    module = importlib.import_module(service.tap)
+    options_class = getattr(module, "Options", None)
+    if not (isinstance(options_class, type) and issubclass(options_class, ServiceOptions)):
+        raise TypeError(f"{service.tap}.Options is not a bus.options.ServiceOptions subclass")
+    if not callable(getattr(module, "build", None)):
+        raise TypeError(f"{service.tap} has no build(options, composition)")
+    options_class.option_specs()  # a malformed options table fails here, not in --help
+    after = tuple(str(name) for name in getattr(module, "AFTER", ()))
+    return options_class, after
+
+
+SERVICE_OPTIONS, SERVICE_ORDER, LEFT_OUT = _load_services()
+#: One line per third-party service that could not join, for --help and the log.
+SERVICE_PROBLEMS: tuple[str, ...] = (*DISCOVERY_PROBLEMS, *LEFT_OUT.values())
+
+
 def service_list(value: str | Sequence[str]) -> tuple[str, ...]:
     """``eventbus,spark-bridge`` (or a TOML list) -> names, checked, in start order."""
     names = [part.strip() for part in value.split(",")] if isinstance(value, str) else value
     chosen = {str(name) for name in names if str(name)}
-    unknown = sorted(chosen - set(SERVICE_NAMES))
-    if unknown:
+    for name in sorted(chosen - set(SERVICE_ORDER)):
+        if name in LEFT_OUT:
+            raise usage.UsageError(f"--services: {LEFT_OUT[name]}")
         raise usage.UsageError(
-            f"--services: no service named {unknown[0]!r}; valid: {', '.join(SERVICE_NAMES)}"
+            f"--services: no service named {name!r}; valid: {', '.join(SERVICE_ORDER)}"
         )
     if not chosen:
-        raise usage.UsageError(f"--services: name at least one of {', '.join(SERVICE_NAMES)}")
-    return tuple(name for name in SERVICE_NAMES if name in chosen)
+        raise usage.UsageError(f"--services: name at least one of {', '.join(SERVICE_ORDER)}")
+    return tuple(name for name in SERVICE_ORDER if name in chosen)
 
 
 def _prefix(service: str) -> str:
@@ -70,7 +122,7 @@ class _ProductOptions(ServiceOptions):
             "services",
             None,
             ",".join(DEFAULT_SERVICES),
-            f"Services to run, comma-separated, of: {', '.join(SERVICE_NAMES)}.",
+            f"Services to run, comma-separated, of: {', '.join(SERVICE_ORDER)}.",
             service_list,
         ],
         [
@@ -87,7 +139,7 @@ class _ProductOptions(ServiceOptions):
 
     def __init__(self) -> None:
         ServiceOptions.__init__(self)
-        self.forwarded: dict[str, list[str]] = {name: [] for name in SERVICE_NAMES}
+        self.forwarded: dict[str, list[str]] = {name: [] for name in SERVICE_ORDER}
         self._tables: dict[str, dict[str, Any]] = {}
         self._path = ""
 
@@ -107,7 +159,7 @@ class _ProductOptions(ServiceOptions):
         ServiceOptions.apply_defaults(self, tables, environ, path, also_known=own)
 
     def no_match_hint(self) -> str:
-        prefixes = ", ".join(f"--{_prefix(name)}..." for name in SERVICE_NAMES if _prefix(name))
+        prefixes = ", ".join(f"--{_prefix(name)}..." for name in SERVICE_ORDER if _prefix(name))
         return f"the Event BUS's options are bare, the others' prefixed: {prefixes}"
 
     def postOptions(self) -> None:
@@ -122,7 +174,7 @@ class _ProductOptions(ServiceOptions):
                     f"{args[0].replace('--', '--' + _prefix(name), 1)} is an option of {name}, "
                     f"which is not among --services ({', '.join(chosen)})"
                 )
-        self["services"] = tuple(name for name in SERVICE_NAMES if name in chosen)
+        self["services"] = tuple(name for name in SERVICE_ORDER if name in chosen)
         parsed: dict[str, ServiceOptions] = {}
         for name in self["services"]:
             sub = self.service_options[name]()
@@ -179,17 +231,24 @@ def _forwarder(service: str, spec: OptionSpec) -> Callable[..., None]:
 
 def _product_options_class() -> type[_ProductOptions]:
     """The product's Options: its own, plus each service's, by one mechanism."""
-    namespace: dict[str, Any] = {"service_options": {}}
-    for service in SERVICES:
-        options_class = importlib.import_module(service.tap).Options
-        namespace["service_options"][service.name] = options_class
-        for spec in options_class.option_specs():
+    namespace: dict[str, Any] = {"service_options": dict(SERVICE_OPTIONS)}
+    for name in SERVICE_ORDER:
+        for spec in SERVICE_OPTIONS[name].option_specs():
             if spec.name in PROCESS_OPTION_NAMES:
                 continue  # the product's own, not one service's
-            method = _forwarder(service.name, spec)
-            namespace["opt_" + (_prefix(service.name) + spec.name).replace("-", "_")] = method
-            if spec.short and not _prefix(service.name):
+            method = _forwarder(name, spec)
+            attribute = "opt_" + (_prefix(name) + spec.name).replace("-", "_")
+            if attribute in namespace:
+                continue  # e.g. a declared service "x" with --y beside one "x-y": first wins
+            namespace[attribute] = method
+            if spec.short and not _prefix(name):
                 namespace["opt_" + spec.short] = method
+    if SERVICE_PROBLEMS:
+        namespace["longdesc"] = (
+            _ProductOptions.longdesc + " Not available: " + "; ".join(SERVICE_PROBLEMS) + "."
+        )
+        for line in SERVICE_PROBLEMS:
+            sys.stderr.write(f"eventbus: {line}\n")
     return type("Options", (_ProductOptions,), namespace)
 
 

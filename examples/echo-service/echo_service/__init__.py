@@ -1,0 +1,1 @@
+"""A ZeroMQ echo service for the bus product: the worked example of docs/extending.md."""

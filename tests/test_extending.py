@@ -1,0 +1,142 @@
+"""A third-party service in the product: examples/echo-service, installed as its own
+distribution (``make test`` installs it), found through the ``bus.services`` entry points.
+Through real sockets: its prefixed options from the command line and its environment, start
+order after the Event BUS and reverse stop, /status, /metrics, its activity on the bus, and
+``twistd -n echo`` alone. A broken declaration is one line naming its distribution."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest_twisted
+from twisted.internet import reactor, task
+
+from bus.testing import RawPeer, wait_until
+from tests.ports import free_port
+
+from .processes import CLEAN_EXIT, TWISTD, TwistdProcess
+from .test_product_process import Product, environment
+
+
+def echo_environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in environment(**extra).items() if not k.startswith("ECHO_")}
+    env.update({k: v for k, v in extra.items() if k.startswith("ECHO_")})
+    return env
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_declared_service_runs_in_the_product_like_a_built_in_one(tmp_path: Path) -> Any:
+    product = Product(
+        tmp_path,
+        "--services", "echo,eventbus", "--port", "0", "--data-dir", str(tmp_path / "data"),
+        "--echo-port", "0",
+        env=echo_environment(ECHO_MAX_BYTES="8"),  # its own variable, as for built-in ones
+    )  # fmt: skip
+    peers: list[RawPeer] = []
+    try:
+        yield wait_until(product.ready, timeout=30, what="the product")
+        services = product.status()["services"]
+        assert list(services) == ["eventbus", "echo"]  # after what it needs (its AFTER)
+        feed = RawPeer.sub(services["eventbus"]["endpoints"]["publisher"], (b"/echo/",))
+        client = RawPeer.dealer(services["echo"]["endpoint"])
+        peers += [feed, client]
+        # Echo until the bus's feed shows one: then the SUB has joined (no slow-joiner loss).
+        warmups = 0
+        while not feed.messages:
+            client.send([b"ECHO", b"warm"])
+            warmups += 1
+            yield task.deferLater(reactor, 0.1, lambda: None)
+        yield wait_until(lambda: len(client.messages) == warmups, what="the warm-up answers")
+        del client.messages[:], feed.messages[:]
+        client.send([b"ECHO", b"hello"])
+        client.send([b"ECHO", b"123456789"])  # over ECHO_MAX_BYTES
+        client.send([b"NOPE"])
+        yield wait_until(lambda: len(client.messages) == 3, what="three answers")
+        assert client.messages == [
+            [b"ECHO-OK", b"hello"],
+            [b"ERROR", b"oversized"],
+            [b"ERROR", b"unknown-command"],
+        ]
+        status = product.status()["services"]["echo"]
+        refused = {"oversized": 1, "unknown-command": 1}
+        assert (status["echoed"], status["refused"]) == (warmups + 1, refused)
+        metrics = product.get("/metrics")
+        assert f"echo_requests_total {warmups + 1}.0" in metrics
+        assert 'echo_refused_total{reason="oversized"} 1.0' in metrics
+        # Its activity on the bus, as the built-in services publish theirs.
+        yield wait_until(lambda: feed.messages, what="the echo's event on the bus")
+        topic, _, producer, _, _, data = feed.messages[0]
+        assert (topic, producer) == (b"/echo/requests/", b"echo")
+        assert msgpack.unpackb(data) == {"bytes": 5}
+    finally:
+        for peer in peers:
+            peer.close()
+        code = product.stop()
+    assert code in CLEAN_EXIT, product.output()
+    log = product.output()
+    assert "started eventbus, echo" in log
+    assert log.index("stopped echo") < log.index("stopped eventbus")
+    assert "Traceback" not in log
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_declared_service_runs_alone_as_its_own_twistd_plugin(tmp_path: Path) -> Any:
+    port = free_port()
+    alone = TwistdProcess(
+        [TWISTD, "-n", "--pidfile=", "echo", "--port", str(port)],
+        tmp_path / "echo.log",
+        echo_environment(),
+        tmp_path,
+    )
+    client = None
+    try:
+        yield wait_until(lambda: "echo service on" in alone.output(), timeout=30, what="echo")
+        client = RawPeer.dealer(f"tcp://127.0.0.1:{port}")
+        client.send([b"ECHO", b"alone"])
+        yield wait_until(lambda: client.messages, what="the answer")
+        assert client.messages == [[b"ECHO-OK", b"alone"]]
+    finally:
+        if client is not None:
+            client.close()
+        code = alone.stop(signal.SIGTERM)
+    assert code in CLEAN_EXIT, alone.output()
+
+
+def test_a_broken_declaration_is_one_line_and_the_rest_is_offered(tmp_path: Path) -> None:
+    # A distribution declaring a service whose module is missing, and one named like a
+    # built-in: found through PYTHONPATH as any installed distribution would be.
+    info = tmp_path / "broken_dist-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-dist\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[bus.services]\nbroken = no_such_module_anywhere\neventbus = bus.eventbus.tap\n"
+    )
+    env = echo_environment(PYTHONPATH=str(tmp_path))
+    shown = subprocess.run(
+        [TWISTD, "-n", "eventbus", "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    problems = [line for line in shown.stderr.splitlines() if "broken-dist" in line]
+    assert len(problems) == 2, shown.stderr
+    assert "service 'broken' of broken-dist left out: ModuleNotFoundError" in problems[1]
+    assert "service 'eventbus' of broken-dist: the name is taken" in problems[0]
+    assert "Traceback" not in shown.stderr + shown.stdout
+    for name in ("--port", "--emqp-", "--zre-", "--echo-port"):
+        assert name in shown.stdout  # the built-in services and the working one are offered
+    asked = subprocess.run(
+        [TWISTD, "-n", "eventbus", "--services", "eventbus,broken"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert asked.returncode != 0
+    assert "--services: service 'broken' of broken-dist left out" in asked.stdout + asked.stderr
+    assert "Traceback" not in asked.stdout + asked.stderr
+    assert os.listdir(tmp_path) == [info.name]  # nothing started, nothing written
