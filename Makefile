@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint docs bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,13 @@ lint: $(VENV)/.test-deps
 	$(BIN)/ruff format --check bus tests bench examples
 	$(BIN)/mypy bus
 	$(BIN)/mypy examples/echo-service/echo_service
+
+# The API reference in build/apidocs (index.html); a broken cross-reference or a docstring
+# that does not parse fails it.
+docs: $(VENV)/.test-deps
+	$(BIN)/pydoctor --quiet --warnings-as-errors --project-name=bus \
+		--docformat=restructuredtext \
+		--html-output=build/apidocs bus
 
 bench: $(VENV)/.run-deps
 	@echo "see bench/README.md"

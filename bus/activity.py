@@ -14,6 +14,8 @@ from typing import Protocol
 
 
 class ActivitySink(Protocol):
+    """Where a service publishes its activity (``Composition.activity``)."""
+
     def publish(self, topic: str, value: object) -> None:
         """Queue one event (``topic`` starts and ends with ``/``; ``value`` is anything
         msgpack encodes). Never blocks; a bad topic or value raises ``ValueError``."""
@@ -22,7 +24,8 @@ class ActivitySink(Protocol):
 class LocalBus(Protocol):
     """What an Event BUS in the same process offers the other services."""
 
-    def activity_sink(self, producer: str) -> ActivitySink: ...
+    def activity_sink(self, producer: str) -> ActivitySink:
+        """The sink for ``producer``'s activity, published on this bus."""
 
     def client_addresses(self) -> Sequence[str]:
         """``host:port`` a client in this process connects to (for the Spark bridge)."""

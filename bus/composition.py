@@ -89,6 +89,7 @@ class ProductService(MultiService):
         option_prefix: str = "",
         options: Mapping[str, Any] | None = None,
     ) -> None:
+        """Compose ``service`` under ``name``; it starts after those added before it."""
         service.setName(name)
         self.composed.append(Composed(name, service, option_prefix, options or {}))
         self.addService(service)  # type: ignore[no-untyped-call]
@@ -96,6 +97,7 @@ class ProductService(MultiService):
     # -- starting --------------------------------------------------------------------------------
 
     def startService(self) -> None:
+        """Start the services in order; :meth:`when_started` tells how it went."""
         Service.startService(self)
         self._stopping = None
         self._start_result = None
@@ -163,6 +165,7 @@ class ProductService(MultiService):
     # -- stopping --------------------------------------------------------------------------------
 
     def stopService(self) -> defer.Deferred[None]:
+        """Stop the running services in reverse order, each stop awaited."""
         if self._stopping is None:
             Service.stopService(self)
             self._stopping = self._stop_running()

@@ -15,14 +15,17 @@ __all__ = ["Metric", "counter", "counters_by", "gauge", "gauges_by"]
 
 
 def counter(name: str, documentation: str, value: float) -> Metric:
+    """A Prometheus counter family with one sample."""
     return CounterMetricFamily(name, documentation, value=value)
 
 
 def gauge(name: str, documentation: str, value: float) -> Metric:
+    """A Prometheus gauge family with one sample."""
     return GaugeMetricFamily(name, documentation, value=value)
 
 
 def counters_by(name: str, documentation: str, label: str, values: Mapping[str, float]) -> Metric:
+    """A Prometheus counter family, one sample per ``label`` value."""
     family = CounterMetricFamily(name, documentation, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)
@@ -30,6 +33,7 @@ def counters_by(name: str, documentation: str, label: str, values: Mapping[str, 
 
 
 def gauges_by(name: str, documentation: str, label: str, values: Mapping[str, float]) -> Metric:
+    """A Prometheus gauge family, one sample per ``label`` value."""
     family = GaugeMetricFamily(name, documentation, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)

@@ -50,10 +50,12 @@ def parse_size(text: str | int) -> int:
 
 
 def optional_duration(value: Any) -> float | None:
+    """A duration (:func:`parse_duration`), or None for an empty value."""
     return None if value in (None, "") else parse_duration(value)
 
 
 def parse_bool(text: str | bool) -> bool:
+    """``true/yes/on/1`` or ``false/no/off/0/''`` (any case) as a bool; ValueError otherwise."""
     if isinstance(text, bool):
         return text
     lowered = text.strip().lower()
@@ -97,6 +99,7 @@ def config_path_in(args: Sequence[str]) -> str | None:
 
 
 def microseconds(text: str) -> int:
+    """A whole number of microseconds, 0 or more; ValueError otherwise."""
     value = int(text)
     if value < 0:
         raise ValueError(microseconds.wants)  # type: ignore[attr-defined]
@@ -219,6 +222,7 @@ class ServiceOptions(usage.Options):
             raise usage.UsageError(self.explain(str(error))) from None
 
     def parseOptions(self, options: Sequence[str] | None = None) -> None:
+        """Parse the command line over the layered defaults; a usage error is one line."""
         try:
             self.parse_layered(options)
         except usage.UsageError as error:
@@ -230,6 +234,7 @@ class ServiceOptions(usage.Options):
             ) from None
 
     def explain(self, message: str) -> str:
+        """Twisted's usage error ``message``, reworded for operators (with the closest option)."""
         match = re.match(r"option (-\S+) not recognized", message)
         if match is None:
             return message.replace("Parameter type enforcement failed: ", "")
@@ -242,6 +247,7 @@ class ServiceOptions(usage.Options):
         return f"unknown option --{given}; {hint}"
 
     def no_match_hint(self) -> str:
+        """What to say when an unknown option is close to none of ours."""
         return f"{self.service or 'this command'} has no such option"
 
     def apply_defaults(

@@ -80,6 +80,7 @@ SERVICE_NAMES: tuple[str, ...] = tuple(entry.name for entry in SERVICES)
 
 
 def entry(name: str) -> ServiceEntry:
+    """The declared or built-in service named ``name``; KeyError if none is."""
     for candidate in SERVICES:
         if candidate.name == name:
             return candidate

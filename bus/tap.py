@@ -1,4 +1,4 @@
-"""``twistd -n eventbus``: the whole product, one :class:`~bus.composition.ProductService`
+"""``twistd -n eventbus``: the whole product, one :class:`bus.composition.ProductService`
 holding a service per protocol, plus ``/status`` and ``/metrics`` over HTTP.
 
 ``--services`` chooses the services (default: every protocol). The Event BUS's own options are

@@ -25,7 +25,7 @@ __all__ = ["ConditionTimeout", "RawPeer", "start_broker", "start_bus", "wait_unt
 
 
 def start_bus(data_dir: Path | str, reactor: Any = None, **settings: Any) -> EventBusService:
-    """Start an :class:`~bus.eventbus.server.EventBusService` on free ports of 127.0.0.1
+    """Start an :class:`bus.eventbus.server.EventBusService` on free ports of 127.0.0.1
     (``settings`` override :class:`EventBusConfig` fields). Stop it with
     ``stopService()``."""
     from bus.eventbus.server import EventBusService
@@ -43,8 +43,8 @@ def start_broker(
     data_dir: Path | str, reactor: Any = None, activity: Any = None, **settings: Any
 ) -> EmqpService:
     """Start an eMQP broker on free ports of 127.0.0.1 with its store in ``data_dir``;
-    ``settings`` override :class:`~bus.emqp.core.BrokerSettings` fields (or, for those it
-    lacks, :class:`~bus.emqp.config.EmqpConfig` fields). Its ``endpoints`` name the ports."""
+    ``settings`` override :class:`bus.emqp.core.BrokerSettings` fields (or, for those it
+    lacks, :class:`bus.emqp.config.EmqpConfig` fields). Its ``endpoints`` name the ports."""
     from bus.activity import NO_ACTIVITY
     from bus.emqp.config import EmqpConfig
     from bus.emqp.core import BrokerSettings
@@ -93,8 +93,10 @@ class RawPeer:
         return cls(zmq.DEALER, endpoint, **options)
 
     def send(self, frames: list[bytes]) -> None:
+        """Send one multipart message (queued, never refused: tests send bursts)."""
         if not self.socket.send_frames(frames):
             raise RuntimeError("raw peer would block")
 
     def close(self) -> None:
+        """Close the socket and its context."""
         self.factory.shutdown()

@@ -1,5 +1,5 @@
 """Twisted libraries for DBP peers: a service that registers and heartbeats, a client that asks
-the catalog for services, and discovery of the catalog by its ``SHALOM`` beacon.
+the catalog for services, and discovery of the catalog by its ``SHALOM`` beacon::
 
     endpoint = yield find_catalog()                    # tcp://127.0.0.1:5246, from the beacon
     registration = ServiceRegistration(endpoint, {"name": "thermo", "address": "127.0.0.1",

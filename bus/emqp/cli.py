@@ -347,7 +347,7 @@ _REFUSALS = {
 
 
 def failure_sentence(failed: Any, args: argparse.Namespace) -> str:
-    """A :class:`~bus.emqp.client.JobFailed`, told as a sentence."""
+    """A :class:`bus.emqp.client.JobFailed`, told as a sentence."""
     message = " ".join(str(failed.message).split())
     template = _REFUSALS.get(failed.reason, "the request failed: {message}")
     sentence = template.format(

@@ -1,5 +1,5 @@
 """The eMQP broker service: worker ROUTER, client ROUTER and admin ROUTER around a
-:class:`~bus.emqp.core.Broker`.
+:class:`bus.emqp.core.Broker`.
 
 Each socket's reads come in budgeted batches; the broker handles the batch, then
 :meth:`EmqpService._flush` commits the job store and only then sends what the batch produced,

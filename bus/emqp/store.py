@@ -1,7 +1,7 @@
 """Guaranteed requests on disk: SQLite in WAL mode in the broker's data directory.
 
 The broker's schedules live here too (table ``schedules``, one row per
-:class:`~bus.emqp.schedules.Schedule`), changed and committed the same way.
+:class:`bus.emqp.schedules.Schedule`), changed and committed the same way.
 
 A request with the ``guarantee`` header is put here when the broker accepts it and removed
 once its worker replies or the broker gives up on it. Changes made while handling one batch

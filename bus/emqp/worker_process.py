@@ -1,4 +1,4 @@
-"""What runs where the jobs run: inside an :class:`~bus.emqp.worker.EmqpWorker`'s job
+"""What runs where the jobs run: inside an :class:`bus.emqp.worker.EmqpWorker`'s job
 processes (or its threads), so nothing here imports Twisted or ZeroMQ and a job process
 stays light.
 

@@ -122,7 +122,7 @@ class EventBusSubscriber(Service):
     for the snapshot only once the server's first heartbeat named its log.
 
     ``dialect="original"`` speaks to the original Node.js server (see
-    :class:`~bus.eventbus.codec.Dialect`). It sends no heartbeat, so an idle connection is
+    :class:`bus.eventbus.codec.Dialect`). It sends no heartbeat, so an idle connection is
     probed: every ``heartbeat_timeout / 3`` of silence a SYNCSTART for no topic goes to the
     snapshot port, and its SYNCEND (the server's current sequence) stands for a heartbeat:
     it shows the server alive and, one probe later, reveals lost tail events.

@@ -861,7 +861,7 @@ class EventBusService(Service):
 
 
 class LocalPublisher:
-    """An :class:`~bus.activity.ActivitySink` on a bus of the same process: events go into
+    """An :class:`bus.activity.ActivitySink` on a bus of the same process: events go into
     its log under the next sequences, with no socket between."""
 
     def __init__(self, bus: EventBusService, producer: str) -> None:

@@ -1,6 +1,6 @@
 """The Spark bridge: a Twisted service that journals a bus's PUB feed for PySpark.
 
-It subscribes to everything (a full-feed :class:`~bus.eventbus.client.EventBusSubscriber`,
+It subscribes to everything (a full-feed :class:`bus.eventbus.client.EventBusSubscriber`,
 so every sequence jump and every heartbeat ahead of it is a gap, healed at once by a
 SYNCSTART from the last sequence held) and appends to a :class:`JournalWriter` in
 strictly increasing sequence. Disk work (Parquet encoding, fsync, renames, retention)

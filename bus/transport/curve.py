@@ -7,7 +7,7 @@ C++ mc0d's format); its public key is derived from it.
 
 ZAP (RFC 27) authenticates clients: :class:`ZapHandler` binds ``inproc://zeromq.zap.01`` in
 the context of the sockets it guards, reads requests on the reactor like any other socket,
-and lets pyzmq's :class:`zmq.auth.Authenticator` decide (an allow-list directory of client
+and lets pyzmq's ``zmq.auth.Authenticator`` decide (an allow-list directory of client
 ``*.key`` files, or any key). No ZAP frame is parsed here, and no thread is started.
 """
 
@@ -193,11 +193,11 @@ class _ReplyChannel:
 class ReactorAuthenticator(zmq.auth.Authenticator):
     """pyzmq's authenticator, fed by :class:`ZapHandler` instead of its own REP socket."""
 
-    def start(self) -> None:  # the handler owns the socket
-        pass
+    def start(self) -> None:
+        """Nothing to start: the ZapHandler owns the socket (pyzmq's would start a thread)."""
 
     def stop(self) -> None:
-        pass
+        """Nothing to stop: the ZapHandler closes the socket."""
 
 
 class ZapHandler:
@@ -240,6 +240,7 @@ class ZapHandler:
         self.socket.bind(ZAP_ENDPOINT)
 
     def configure(self) -> None:
+        """Set the allow-list (a directory of client ``*.key`` files) or allow any key."""
         if self.allowed_dir is None:
             self.authenticator.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
             return
@@ -315,4 +316,5 @@ class ZapHandler:
         self.socket.send_frames([*envelope, *reply])
 
     def shutdown(self) -> None:
+        """Close the ZAP socket and stop authenticating."""
         self.socket.shutdown()

@@ -44,6 +44,7 @@ class DescriptorBudget:
         self.refused = 0
 
     def acquire(self) -> bool:
+        """Take one descriptor from the share; False when none is left."""
         if self.in_use >= self.capacity:
             self.refused += 1
             return False
@@ -51,6 +52,7 @@ class DescriptorBudget:
         return True
 
     def release(self) -> None:
+        """Give one descriptor back to the share."""
         self.in_use = max(0, self.in_use - 1)
 
     @property

@@ -7,7 +7,7 @@ that several processes (and several nodes of one process) share. Here:
   derives its directed broadcast address when the kernel reports none, or reports the
   address itself (loopback: 127.0.0.1, 127.255.255.255), so the default configuration
   never broadcasts beyond this machine;
-* :class:`UdpPort` is a :class:`DatagramProtocol` on a socket bound with SO_REUSEADDR,
+* :class:`UdpPort` is a Twisted ``DatagramProtocol`` on a socket bound with SO_REUSEADDR,
   SO_REUSEPORT and SO_BROADCAST, so every process listening on the port gets each
   broadcast; :func:`listen_shared` shares one such socket among the listeners of a process;
 * :class:`BeaconSender` sends a payload to a target at a fixed interval (at once on start).
@@ -141,6 +141,7 @@ class UdpPort(DatagramProtocol):
         return self.port
 
     def datagramReceived(self, datagram: bytes, addr: Any) -> None:
+        """Hand one datagram to the handler; a handler error is logged, not raised."""
         self.received += 1
         try:
             self.on_datagram(datagram, (addr[0], addr[1]))
@@ -149,6 +150,7 @@ class UdpPort(DatagramProtocol):
             log.failure("datagram handler failed")
 
     def send(self, datagram: bytes, address: tuple[str, int]) -> bool:
+        """Send ``datagram`` to ``address``; False (counted) when the OS refuses it."""
         transport: Any = self.transport
         if transport is None:
             return False
@@ -190,6 +192,7 @@ class UdpListener:
         self.received = 0
 
     def send(self, datagram: bytes, address: tuple[str, int]) -> bool:
+        """Send ``datagram`` to ``address`` from the shared port; False when it cannot."""
         return self._shared.port.send(datagram, address) if self._shared else False
 
     @property
@@ -267,15 +270,18 @@ class BeaconSender:
         self._loop.clock = reactor
 
     def start(self) -> None:
+        """Send a beacon now and then every interval."""
         if not self._loop.running:
             self._loop.start(self.interval, now=True).addErrback(
                 lambda failure: log.failure("beacon failed", failure)
             )
 
     def send_now(self) -> None:
+        """Send one beacon at once (a leaving beacon, say)."""
         if self.port.send(self.payload(), self.target):
             self.sent += 1
 
     def stop(self) -> None:
+        """Stop sending beacons."""
         if self._loop.running:
             self._loop.stop()

@@ -113,6 +113,8 @@ class SocketFactory:
         read_budget: int = 256,
         name: str = "",
     ) -> ZmqSocket:
+        """A :class:`ZmqSocket` of ``socket_type``; batches of whole messages go to
+        ``on_messages``."""
         if self._closed:
             raise RuntimeError("socket factory is shut down")
         return ZmqSocket(
@@ -202,14 +204,17 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         return endpoint.decode()
 
     def connect(self, address: str) -> None:
+        """Connect to ``address`` (and look for input: the descriptor may not signal)."""
         self.addEndpoints([ZmqEndpoint(ZmqEndpointType.connect, address)])
         # The socket's edge-triggered descriptor may have fired while connecting: look.
         self._schedule_read()
 
     def subscribe(self, prefix: bytes) -> None:
+        """SUB: receive messages starting with ``prefix``."""
         self.socket.set(zmq.SUBSCRIBE, prefix)
 
     def unsubscribe(self, prefix: bytes) -> None:
+        """SUB: stop receiving messages starting with ``prefix``."""
         self.socket.set(zmq.UNSUBSCRIBE, prefix)
 
     def watch_connections(
@@ -312,7 +317,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         if self.read_scheduled is None and self.socket is not None:
             self.read_scheduled = self.reactor.callLater(0, self._read)
 
-    def messageReceived(self, message: list[bytes]) -> None:  # txzmq API, unused here
+    def messageReceived(self, message: list[bytes]) -> None:
+        """txzmq's per-message callback (unused here): handed over as a batch of one."""
         self._deliver([message])
 
     # -- writing -------------------------------------------------------------------------
@@ -369,6 +375,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         return sent
 
     def send(self, message: Any) -> None:  # txzmq API: route through the injected reactor
+        """txzmq's send: one message, through :meth:`send_frames` (raises at the HWM)."""
         frames = [message] if isinstance(message, bytes) else list(message)
         if not self.send_frames(frames):
             raise zmq.Again()
@@ -382,6 +389,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             self.reactor.removeReader(self)
 
     def resume_reading(self) -> None:
+        """Read again after :meth:`pause_reading` (at once: messages may be waiting)."""
         if self.socket is not None and self.reading_paused:
             self.reading_paused = False
             self.reactor.addReader(self)
