@@ -19,7 +19,7 @@ from twisted.internet import reactor, task
 from bus.testing import RawPeer, wait_until
 from tests.ports import free_port
 
-from .processes import CLEAN_EXIT, TWISTD, TwistdProcess
+from .processes import CLEAN_EXIT, ROOT, TWISTD, TwistdProcess
 from .test_product_process import Product, environment
 
 
@@ -140,3 +140,33 @@ def test_a_broken_declaration_is_one_line_and_the_rest_is_offered(tmp_path: Path
     assert "--services: service 'broken' of broken-dist left out" in asked.stdout + asked.stderr
     assert "Traceback" not in asked.stdout + asked.stderr
     assert os.listdir(tmp_path) == [info.name]  # nothing started, nothing written
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_declared_service_runs_from_the_tac_file(tmp_path: Path) -> Any:
+    port = free_port()
+    env = echo_environment(
+        EVENTBUS_SERVICES="eventbus,echo",
+        EVENTBUS_PORT="0",
+        EVENTBUS_HTTP_PORT="0",
+        EVENTBUS_DATA_DIR=str(tmp_path / "data"),
+        ECHO_PORT=str(port),
+    )
+    tac = TwistdProcess(
+        [TWISTD, "-n", "--pidfile=", "-y", str(ROOT / "examples" / "eventbus.tac")],
+        tmp_path / "tac.log",
+        env,
+        tmp_path,
+    )
+    client = None
+    try:
+        yield wait_until(lambda: "started eventbus, echo" in tac.output(), timeout=30, what="tac")
+        client = RawPeer.dealer(f"tcp://127.0.0.1:{port}")
+        client.send([b"ECHO", b"tac"])
+        yield wait_until(lambda: client.messages, what="the answer")
+        assert client.messages == [[b"ECHO-OK", b"tac"]]
+    finally:
+        if client is not None:
+            client.close()
+        code = tac.stop(signal.SIGTERM)
+    assert code in CLEAN_EXIT, tac.output()
