@@ -170,3 +170,49 @@ def test_a_declared_service_runs_from_the_tac_file(tmp_path: Path) -> Any:
             client.close()
         code = tac.stop(signal.SIGTERM)
     assert code in CLEAN_EXIT, tac.output()
+
+
+def test_a_declared_services_table_of_the_config_file_is_read(tmp_path: Path) -> None:
+    from bus.tap import Options
+
+    config = tmp_path / "bus.toml"
+    config.write_text("[echo]\nmax-bytes = 3\nport = 5999\n")
+    options = Options()
+    options.parseOptions(
+        ["--services", "eventbus,echo", "--config", str(config), "--echo-port", "0"]
+    )
+    echo = options["service-options"]["echo"]
+    assert (echo["max-bytes"], echo["port"]) == (3, 0)  # the table, then the command line
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_declared_service_that_cannot_start_is_one_line_naming_its_option(
+    tmp_path: Path,
+) -> Any:
+    import socket
+
+    from bus.composition import StartFailed
+    from bus.tap import Options, compose
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    busy = holder.getsockname()[1]
+    options = Options()
+    options.parseOptions(
+        ["--services", "eventbus,echo", "--port", "0", "--http-port", "0",
+         "--data-dir", str(tmp_path / "data"), "--echo-port", str(busy)]
+    )  # fmt: skip
+    product = compose(options)
+    product.startService()
+    try:
+        failure = None
+        try:
+            yield product.when_started()
+        except StartFailed as error:
+            failure = error
+        assert failure is not None
+        assert str(failure).startswith(f"cannot start echo: --echo-port {busy}: cannot bind")
+    finally:
+        yield product.stopService()
+        holder.close()
