@@ -27,13 +27,29 @@ log = Logger(namespace="bus")
 
 
 class Composition:
-    """What a service being built may use of the others in the same process."""
+    """What the product hands a service it builds (``build(options, composition)``): the
+    reactor and clock it runs on, the sink for its activity, where ``/status`` is served.
+    A service keeps its state under a ``--data-dir`` option of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, reactor: Any = None) -> None:
+        self._reactor = reactor
         self.local_bus: LocalBus | None = None
         #: ``host:port`` of the product's ``/status``, once it listens (services record it
         #: in their status.json, so that a CLI given a data directory finds its process).
         self.status_address: str | None = None
+
+    @property
+    def reactor(self) -> Any:
+        """The reactor every composed service runs on (the one twistd installed)."""
+        if self._reactor is None:
+            from twisted.internet import reactor
+
+            return reactor
+        return self._reactor
+
+    def clock(self) -> float:
+        """Now, by the reactor's clock (seconds): what cores are given as their clock."""
+        return float(self.reactor.seconds())
 
     def activity(self, producer: str) -> ActivitySink:
         """The sink a service publishes its activity into (the local bus, when composed)."""

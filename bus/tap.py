@@ -262,7 +262,7 @@ def compose(
 ) -> ProductService:
     """The product as one ProductService, from parsed :data:`Options` (tac files use it too)."""
     product = ProductService(exit_on_failure=exit_on_failure, reactor=reactor)
-    composition = Composition()
+    composition = Composition(reactor)
     hold_cpu_latency(product, options)
     for name, sub in options["service-options"].items():
         build = importlib.import_module(entry(name).tap).build

@@ -44,6 +44,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
         int(options["port"]),
         int(options["max-bytes"]),
         activity=composition.activity("echo"),
+        reactor=composition.reactor,
     )
 
 
