@@ -237,3 +237,22 @@ def test_fuzz_datagrams(data: bytes) -> None:
             parse(data)
         except DbpError as error:
             assert error.reason
+
+
+def test_hermes_form_takes_the_connections_address_where_hermes_clients_look_too() -> None:
+    sent = {
+        "name": "Rohan",
+        "interfaces": {"router": {"ip": "127.0.0.1", "port": 5246}, "pub": {"port": 1}},
+        "reg_time": "Mon Nov 23 22:57:47 2026",
+        "topics": None,
+    }
+    info = codec.registration(sent, peer_address="10.231.77.2")
+    # address for our clients, interfaces.router.ip for Hermes' Client (it connects there)
+    assert info["address"] == "10.231.77.2"
+    assert info["interfaces"] == {
+        "router": {"ip": "10.231.77.2", "port": 5246},
+        "pub": {"port": 1},
+    }
+    assert sent["interfaces"]["router"]["ip"] == "127.0.0.1"  # what it sent is not changed
+    # Without the connection's address (or a real one advertised), nothing is rewritten.
+    assert codec.registration(sent)["interfaces"]["router"]["ip"] == "127.0.0.1"

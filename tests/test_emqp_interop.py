@@ -340,9 +340,9 @@ def test_the_real_schedule_call_runs_on_our_scheduler_and_goes_on_after_a_restar
         yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
         yield wait_until(lambda: len(runs()) >= before + 3, timeout=30, what="runs again")
         after = runs()[before:]
-        # Missed runs are not made up: one catch-up run, then its rhythm (whose next point
-        # may come soon after), never the three missed at once.
-        assert sum(1 for at in after if at - after[0] < 0.9) <= 2
+        # That the three missed runs are not made up at once is the scheduler's rule, tested
+        # on its own clock (test_restore_after_a_downtime_runs_each_once_then_keeps_the_phase):
+        # the times jobs ran at here are the loaded worker's, not the scheduler's.
         assert after[0] - killed_at >= 3.0
         yield wait_until(
             lambda: brokers[-1].status()["counters"]["schedules_fired"] >= 3, what="its status"

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor, task
 from twisted.logger import LogEvent, formatEvent, globalLogPublisher
 
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber
@@ -77,16 +78,22 @@ def test_server_on_a_full_disk_pauses_catches_up_and_stops_on_sigterm(tmp_path: 
             assert [e.value()[0] for e in received] == list(range(6000))
             refused = server.live_status()["refused_storage"]
 
-            # Full again, and SIGTERM while full.
+            # Full again, and SIGTERM while full. SQLite reuses its write-ahead log's space
+            # once checkpointed, so it may take that much before a write fails: publish
+            # until the store refuses.
             fill(disk, leave=64 * 1024)
-            for i in range(6000, 9000):
-                publisher.publish("/disk/", [i, payload])
 
             def full_again() -> bool:
                 status = server.live_status()
                 return bool(status.get("collector_paused")) and status["refused_storage"] > refused
 
-            yield wait_until(full_again, timeout=30, what="full again")
+            published = 6000
+            while not full_again():
+                assert published < 60_000, "the store never refused on a full disk"
+                for i in range(published, published + 1000):
+                    publisher.publish("/disk/", [i, payload])
+                published += 1000
+                yield task.deferLater(reactor, 0.5, lambda: None)
         finally:
             if subscriber is not None:
                 yield subscriber.stopService()

@@ -184,7 +184,8 @@ def registration(
 
     Hermes' form, ``{"name", "interfaces": {"router": {"ip", "port"}}, "reg_time", "topics"}``,
     gives address and port from ``interfaces.router``; it always says 127.0.0.1, so a loopback
-    address there is replaced by ``peer_address`` (the connection's) when known. Its missing
+    address there is replaced by ``peer_address`` (the connection's) when known, in ``address``
+    and in ``interfaces.router.ip`` (where Hermes' Client connects). Its missing
     ``function`` is ``""`` and its missing ``heartbeat`` is ``hermes_heartbeat``."""
     if registration_form(value) == HERMES:
         value = _from_hermes(value, peer_address, hermes_heartbeat)
@@ -235,10 +236,15 @@ def _from_hermes(
     value: Mapping[str, Any], peer_address: str | None, heartbeat: float
 ) -> dict[str, Any]:
     address, port = _hermes_router(value)
+    fields = dict(value)
     if peer_address and _loopback(address):
         address = peer_address
+        # Hermes' Client connects to interfaces.router.ip, not to address: a client on
+        # another host must be sent where the service really is (the connection's).
+        interfaces = fields["interfaces"]
+        fields["interfaces"] = {**interfaces, "router": {**interfaces["router"], "ip": address}}
     return {
-        **value,
+        **fields,
         "address": address,
         "port": port,
         "function": value.get("function", ""),

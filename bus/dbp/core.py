@@ -167,9 +167,11 @@ class CatalogCore:
     def _reply(
         self, identity: bytes, message: DbpMessage, command: bytes, body: Any = None
     ) -> list[bytes]:
-        frames = (
-            [] if body is None else [body if isinstance(body, bytes) else codec.json_frame(body)]
-        )
+        # Every DBP message has a body frame, empty when it says nothing more (u.u, </3):
+        # Hermes drops a reply without one as an invalid envelope, and so would our codec.
+        frames = [
+            b"" if body is None else body if isinstance(body, bytes) else codec.json_frame(body)
+        ]
         return [identity, *codec.encode(command, self.clock(), frames, message.time_size)]
 
     def _denied(self, identity: bytes, message: DbpMessage, reasons: list[str]) -> list[bytes]:
