@@ -14,7 +14,7 @@ from typing import Any
 
 import msgpack
 import pytest_twisted
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 
 from bus.testing import RawPeer, wait_until
 from tests.ports import free_port
@@ -27,6 +27,24 @@ def echo_environment(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in environment(**extra).items() if not k.startswith("ECHO_")}
     env.update({k: v for k, v in extra.items() if k.startswith("ECHO_")})
     return env
+
+
+@defer.inlineCallbacks
+def echoes_then_stops(process: TwistdProcess, ready_line: str, port: int, payload: bytes) -> Any:
+    """Once ``process`` logged ``ready_line``, its echo service on ``port`` answers; then it
+    stops cleanly on SIGTERM."""
+    client = None
+    try:
+        yield wait_until(lambda: ready_line in process.output(), timeout=30, what=ready_line)
+        client = RawPeer.dealer(f"tcp://127.0.0.1:{port}")
+        client.send([b"ECHO", payload])
+        yield wait_until(lambda: client.messages, what="the answer")
+        assert client.messages == [[b"ECHO-OK", payload]]
+    finally:
+        if client is not None:
+            client.close()
+        code = process.stop(signal.SIGTERM)
+    assert code in CLEAN_EXIT, process.output()
 
 
 @pytest_twisted.inlineCallbacks
@@ -93,18 +111,7 @@ def test_a_declared_service_runs_alone_as_its_own_twistd_plugin(tmp_path: Path) 
         echo_environment(),
         tmp_path,
     )
-    client = None
-    try:
-        yield wait_until(lambda: "echo service on" in alone.output(), timeout=30, what="echo")
-        client = RawPeer.dealer(f"tcp://127.0.0.1:{port}")
-        client.send([b"ECHO", b"alone"])
-        yield wait_until(lambda: client.messages, what="the answer")
-        assert client.messages == [[b"ECHO-OK", b"alone"]]
-    finally:
-        if client is not None:
-            client.close()
-        code = alone.stop(signal.SIGTERM)
-    assert code in CLEAN_EXIT, alone.output()
+    yield echoes_then_stops(alone, "echo service on", port, b"alone")
 
 
 def test_a_broken_declaration_is_one_line_and_the_rest_is_offered(tmp_path: Path) -> None:
@@ -158,18 +165,7 @@ def test_a_declared_service_runs_from_the_tac_file(tmp_path: Path) -> Any:
         env,
         tmp_path,
     )
-    client = None
-    try:
-        yield wait_until(lambda: "started eventbus, echo" in tac.output(), timeout=30, what="tac")
-        client = RawPeer.dealer(f"tcp://127.0.0.1:{port}")
-        client.send([b"ECHO", b"tac"])
-        yield wait_until(lambda: client.messages, what="the answer")
-        assert client.messages == [[b"ECHO-OK", b"tac"]]
-    finally:
-        if client is not None:
-            client.close()
-        code = tac.stop(signal.SIGTERM)
-    assert code in CLEAN_EXIT, tac.output()
+    yield echoes_then_stops(tac, "started eventbus, echo", port, b"tac")
 
 
 def test_a_declared_services_table_of_the_config_file_is_read(tmp_path: Path) -> None:
