@@ -202,12 +202,9 @@ class ZreCore:
         self.unready: dict[bytes, Peer] = {}
         #: ROUTER identity -> UUID, as read before (bounded).
         self._nodes: dict[bytes, bytes] = {}
+        # A group's members are ready peers (a HELLO or a JOIN made them members).
         self.elections = Elections(
-            lambda group: [
-                node
-                for node in self.peer_groups.get(group, ())
-                if (peer := self.peers.get(node)) is not None and peer.ready
-            ],
+            lambda group: self.peer_groups.get(group, ()),
             lambda group: group in self.own_groups,
         )
 
@@ -335,7 +332,7 @@ class ZreCore:
             self.drop(error.reason, str(error), identity)
             return
         if isinstance(message, Hello):
-            self._on_hello(node, message, identity)
+            self._on_hello(node, message, identity, now)
             return
         peer = self.peers.get(node)
         if peer is None:
@@ -353,8 +350,7 @@ class ZreCore:
             self.drop("sequence", f"expected {(want + 1) & 0xFFFF}, got {sequence}", identity)
             self.remove_peer(peer)
             return
-        peer.last_seen = now
-        peer.evasive = peer.silent = False
+        self._refresh(peer, now)
         # The data path first.
         if isinstance(message, Shout):
             self.emit(ZreEvent("SHOUT", node, peer.name, message.group, message.content))
@@ -383,7 +379,7 @@ class ZreCore:
         elif isinstance(message, Ping):
             self._send_to(peer, PingOk(0))
 
-    def _on_hello(self, node: bytes, hello: Hello, identity: bytes) -> None:
+    def _on_hello(self, node: bytes, hello: Hello, identity: bytes, now: float) -> None:
         if node == self.settings.uuid:
             self.drop("own-hello", "a HELLO with our own UUID", identity)
             return
@@ -406,7 +402,7 @@ class ZreCore:
         peer.endpoint = hello.endpoint
         peer.headers = dict(hello.headers)
         peer.name = hello.name or peer.headers.get(NAME_HEADER, "") or hello.endpoint
-        self._refresh(peer)
+        self._refresh(peer, now)
         if not peer.hello_sent:
             self._send_hello(peer)
         self.emit(
@@ -468,8 +464,8 @@ class ZreCore:
         self.elections.membership_changed(group)
         self.emit(ZreEvent("LEAVE", peer.uuid, peer.name, group=group))
 
-    def _refresh(self, peer: Peer) -> None:
-        peer.last_seen = self.clock()
+    def _refresh(self, peer: Peer, now: float) -> None:
+        peer.last_seen = now
         peer.evasive = peer.silent = False
 
     def foreign_count(self) -> int:
