@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,54 @@ TWISTD = str(Path(sys.executable).with_name("twistd"))
 ROOT = Path(__file__).resolve().parent.parent
 # twistd re-raises the signal that stopped the reactor once shutdown is complete.
 CLEAN_EXIT = (0, -signal.SIGTERM)
+
+
+class CommandProcess:
+    """A command-line tool of the venv (``program``, set by a subclass) in a child process,
+    its output in files so that a test can read it while the command runs (a pipe could fill
+    up and block it)."""
+
+    program = ""
+
+    def __init__(self, *args: str) -> None:
+        self.stdout = tempfile.TemporaryFile("w+")
+        self.stderr = tempfile.TemporaryFile("w+")
+        self.process = subprocess.Popen(
+            [str(Path(sys.executable).with_name(self.program)), *args],
+            stdout=self.stdout,
+            stderr=self.stderr,
+        )
+
+    @staticmethod
+    def _read(stream: Any) -> str:
+        stream.seek(0)
+        return str(stream.read())
+
+    @property
+    def out(self) -> str:
+        return self._read(self.stdout)
+
+    @property
+    def err(self) -> str:
+        return self._read(self.stderr)
+
+    @property
+    def code(self) -> int | None:
+        return self.process.poll()
+
+    def finished(self) -> bool:
+        return self.process.poll() is not None
+
+    def lines(self) -> list[dict[str, Any]]:
+        """Its standard output as JSON lines."""
+        return [json.loads(line) for line in self.out.splitlines()]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.stdout.close()
+        self.stderr.close()
 
 
 class TwistdProcess:

@@ -6,9 +6,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +16,8 @@ from bus.emqp.worker import EmqpWorker
 from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
+from tests.processes import CommandProcess
 
-CLI = str(Path(sys.executable).with_name("emqp-cli"))
 ADD = '["add", {"a": 1, "b": 2}]'
 
 
@@ -32,40 +29,10 @@ def fail(params: Any) -> None:
     raise ValueError("no such thing")
 
 
-class Cli:
-    """emqp-cli in a child process, its output in files (a pipe could fill and block it)."""
+class Cli(CommandProcess):
+    """emqp-cli in a child process."""
 
-    def __init__(self, *args: str) -> None:
-        self.stdout = tempfile.TemporaryFile("w+")
-        self.stderr = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen([CLI, *args], stdout=self.stdout, stderr=self.stderr)
-
-    @staticmethod
-    def _read(stream: Any) -> str:
-        stream.seek(0)
-        return str(stream.read())
-
-    @property
-    def out(self) -> str:
-        return self._read(self.stdout)
-
-    @property
-    def err(self) -> str:
-        return self._read(self.stderr)
-
-    @property
-    def code(self) -> int | None:
-        return self.process.poll()
-
-    def finished(self) -> bool:
-        return self.process.poll() is not None
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self.stdout.close()
-        self.stderr.close()
+    program = "emqp-cli"
 
 
 @defer.inlineCallbacks

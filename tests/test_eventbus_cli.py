@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,36 +12,13 @@ import pytest_twisted
 
 from bus.testing import start_bus, wait_until
 from tests.ports import free_port
+from tests.processes import CommandProcess
 
-CLI = str(Path(sys.executable).with_name("eventbus-cli"))
 
+class Command(CommandProcess):
+    """eventbus-cli in a child process."""
 
-class Command:
-    """The CLI in a child process, its output in files so the test can read it while
-    the command runs (a pipe could fill up and block it)."""
-
-    def __init__(self, *args: str) -> None:
-        self.stdout = tempfile.TemporaryFile("w+")
-        self.stderr = tempfile.TemporaryFile("w+")
-        self.process = subprocess.Popen([CLI, *args], stdout=self.stdout, stderr=self.stderr)
-
-    def _read(self, stream: Any) -> str:
-        stream.seek(0)
-        return str(stream.read())
-
-    @property
-    def out(self) -> str:
-        return self._read(self.stdout)
-
-    @property
-    def err(self) -> str:
-        return self._read(self.stderr)
-
-    def finished(self) -> bool:
-        return self.process.poll() is not None
-
-    def lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.out.splitlines()]
+    program = "eventbus-cli"
 
 
 @pytest_twisted.inlineCallbacks
