@@ -502,6 +502,35 @@ class TwistdProcess:
 
 
 @dataclass
+class EmqpBroker(TwistdProcess):
+    """A broker of the code under test on three free ports of HOST (``port``: workers, then
+    clients, then admin), its data, log and output under ``workdir``."""
+
+    workdir: Path
+    prefix: list[str] = field(default_factory=list)
+    port: int = 0
+    proc: Any = None
+    label = "broker"
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.workdir / "data"
+        self.log_path = self.workdir / "twistd.log"
+        self.stdout_path = self.workdir / "stdout.txt"
+
+    def launch(self, plugin_args: Callable[[int], Sequence[str]]) -> None:
+        """Start ``twistd -n PLUGIN_ARGS(port)`` on free ports; return once it wrote its
+        status.json."""
+        self.port = free_ports(3)
+        self._spawn(self._twistd_argv(plugin_args(self.port)), "EMQP_")
+        wait_until(
+            lambda: (self.data_dir / "status.json").exists(), 60, "the broker", self.check_alive
+        )
+
+    def endpoint(self, offset: int) -> str:
+        return f"tcp://{HOST}:{self.port + offset}"
+
+
+@dataclass
 class BusServer(TwistdProcess):
     """``twistd -n eventbus`` on 127.0.0.1 with its data directory under ``workdir``.
 

@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +46,9 @@ from _common import (
     HOST,
     Cleanup,
     CpuAccount,
+    EmqpBroker,
     Figure,
     RunQueueSampler,
-    TwistdProcess,
     Worker,
     add_common_arguments,
     cpu_latency,
@@ -63,7 +62,6 @@ from _common import (
     summary,
     terminate_on_sigterm,
     wait_for_quiet,
-    wait_until,
     workdir,
 )
 
@@ -79,38 +77,22 @@ TARGET_LATE_MS = 50
 TARGET_GUARANTEED = 5_000
 
 
-@dataclass
-class Broker(TwistdProcess):
-    workdir: Path
-    prefix: list[str] = field(default_factory=list)
-    port: int = 0
-    proc: Any = None
-    label = "broker"
-
-    def __post_init__(self) -> None:
-        self.data_dir = self.workdir / "data"
-        self.log_path = self.workdir / "twistd.log"
-        self.stdout_path = self.workdir / "stdout.txt"
+class Broker(EmqpBroker):
+    """The product with the broker alone, as `twistd -n eventbus` runs it."""
 
     def start(self, cpu_latency_us: int | None = None, extra: Sequence[str] = ()) -> Broker:
-        self.port = free_ports(3)
-        # The product with the broker alone, as `twistd -n eventbus` runs it.
         product = ["eventbus", "--services", "emqp", "--http-port", "0"]
         if cpu_latency_us is not None:
             product += ["--cpu-latency-us", str(cpu_latency_us)]
-        argv = self._twistd_argv(
-            [
-                *product, "--emqp-bind", HOST, "--emqp-worker-port", str(self.port),
-                "--emqp-client-port", str(self.port + 1),
-                "--emqp-admin-port", str(self.port + 2), "--emqp-data-dir", str(self.data_dir),
+        self.launch(
+            lambda port: [
+                *product, "--emqp-bind", HOST, "--emqp-worker-port", str(port),
+                "--emqp-client-port", str(port + 1),
+                "--emqp-admin-port", str(port + 2), "--emqp-data-dir", str(self.data_dir),
                 "--emqp-stats-interval", "0.5s", "--emqp-heartbeat-interval", f"{HEARTBEAT}s",
                 "--emqp-heartbeat-liveness", "1000", "--emqp-queue-limit", "100000", *extra,
             ]
         )  # fmt: skip
-        self._spawn(argv, "EMQP_")
-        wait_until(
-            lambda: (self.data_dir / "status.json").exists(), 60, "the broker", self.check_alive
-        )
         return self
 
 

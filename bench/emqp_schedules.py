@@ -46,25 +46,22 @@ import sys
 import threading
 import time
 from array import array
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zmq
 from _common import (
     HERE,
-    HOST,
     Cleanup,
     CpuAccount,
+    EmqpBroker,
     RunQueueSampler,
-    TwistdProcess,
     Worker,
     add_common_arguments,
     cpu_latency,
     cpu_seconds,
     emqp_args,
     fmt_rate,
-    free_ports,
     machine,
     median,
     noise_line,
@@ -73,7 +70,6 @@ from _common import (
     summary,
     terminate_on_sigterm,
     wait_for_quiet,
-    wait_until,
     workdir,
 )
 
@@ -87,32 +83,12 @@ TAIL = 2.0  # seconds after the measured period for the runs due in it to arrive
 TARGET_P99_MS = 100.0
 
 
-@dataclass
-class Broker(TwistdProcess):
-    """``twistd -n emqp`` on free ports of 127.0.0.1, its data under ``workdir``."""
-
-    workdir: Path
-    prefix: list[str] = field(default_factory=list)
-    port: int = 0
-    proc: Any = None
-    label = "broker"
-
-    def __post_init__(self) -> None:
-        self.data_dir = self.workdir / "data"
-        self.log_path = self.workdir / "twistd.log"
-        self.stdout_path = self.workdir / "stdout.txt"
+class Broker(EmqpBroker):
+    """``twistd -n emqp`` alone on free ports of 127.0.0.1, its data under ``workdir``."""
 
     def start(self, cpu_latency_us: int | None = None) -> Broker:
-        self.port = free_ports(3)
-        argv = self._twistd_argv(emqp_args(self.port, self.data_dir, cpu_latency_us))
-        self._spawn(argv, "EMQP_")
-        wait_until(
-            lambda: (self.data_dir / "status.json").exists(), 60, "the broker", self.check_alive
-        )
+        self.launch(lambda port: emqp_args(port, self.data_dir, cpu_latency_us))
         return self
-
-    def endpoint(self, offset: int) -> str:
-        return f"tcp://{HOST}:{self.port + offset}"
 
 
 class Peer(Worker):
