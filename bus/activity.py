@@ -10,7 +10,7 @@ Spark pipeline sees the whole system's activity. Without a local bus the sink is
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ActivitySink(Protocol):
@@ -29,6 +29,10 @@ class LocalBus(Protocol):
 
     def client_addresses(self) -> Sequence[str]:
         """``host:port`` a client in this process connects to (for the Spark bridge)."""
+
+    def client_curve(self) -> Any:
+        """The ``ClientCurve`` such a client connects with, or None (plain text); known
+        once the bus has started."""
 
 
 class _NoActivity:

@@ -64,8 +64,16 @@ class RawPeer:
     """A raw ZeroMQ socket on the reactor that records every message it receives."""
 
     def __init__(
-        self, socket_type: int, endpoint: str, reactor: Any = None, **options: Any
+        self,
+        socket_type: int,
+        endpoint: str,
+        reactor: Any = None,
+        curve: tuple[bytes, Any] | None = None,
+        **options: Any,
     ) -> None:
+        """``curve``: (the server's Z85 public key, this peer's ``CurveKeyPair``) to
+        connect as a CURVE client."""
+        from bus.transport.curve import make_curve_client
         from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
 
         self.factory = SocketFactory(reactor_of(reactor))
@@ -75,6 +83,8 @@ class RawPeer:
         self.socket = self.factory.socket(
             socket_type, self.messages.extend, SocketOptions(linger_ms=0, **options)
         )
+        if curve is not None:
+            make_curve_client(self.socket, *curve)
         self.socket.connect(endpoint)
 
     @classmethod

@@ -7,14 +7,16 @@ C++ mc0d's format); its public key is derived from it.
 
 ZAP (RFC 27) authenticates clients: :class:`ZapHandler` binds ``inproc://zeromq.zap.01`` in
 the context of the sockets it guards, reads requests on the reactor like any other socket,
-and lets pyzmq's ``zmq.auth.Authenticator`` decide (an allow-list directory of client
-``*.key`` files, or any key). No ZAP frame is parsed here, and no thread is started.
+and lets pyzmq's ``zmq.auth.Authenticator`` speak ZAP, deciding each key itself: against an
+allow-list directory of client ``*.key`` certificates (their metadata says what each key may
+do, :mod:`bus.transport.certs`) and a service's policy per socket, or any key. No ZAP frame is
+parsed here, and no thread is started.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ log = Logger(namespace="bus.transport.curve")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _Z85_KEY_LENGTH = 40
+_NO_METADATA: Mapping[str, str] = {}
 
 
 class KeyFileError(Exception):
@@ -59,22 +62,18 @@ def _check_key(key: bytes, what: str, path: Path) -> bytes:
     return key
 
 
-def create_key_pair(directory: Path | str, name: str) -> tuple[Path, Path]:
+def create_key_pair(
+    directory: Path | str, name: str, metadata: Mapping[str, str] | None = None
+) -> tuple[Path, Path]:
     """Write ``NAME.key`` and ``NAME.key_secret`` (readable by its owner only) in
-    ``directory``, creating it; refuse to overwrite an existing pair."""
-    directory = Path(directory)
-    public, secret = directory / f"{name}.key", directory / f"{name}.key_secret"
-    for path in (public, secret):
-        if path.exists():
-            raise KeyFileError(f"{path} exists: not overwriting a key")
-    directory.mkdir(parents=True, exist_ok=True)
-    old_umask = os.umask(0o077)  # the secret file is never readable by others, even briefly
-    try:
-        made_public, made_secret = zmq.auth.create_certificates(str(directory), name)
-    finally:
-        os.umask(old_umask)
-    os.chmod(made_public, 0o644)
-    return Path(made_public), Path(made_secret)
+    ``directory``, creating it, with ``metadata`` in both; refuse to overwrite a key. The
+    public key never begins with a zero byte (zyre would ignore such a node's beacons)."""
+    from bus.transport.certs import generate_key_pair, write_certificate
+
+    public, secret = generate_key_pair()
+    public_path, secret_path = write_certificate(directory, name, public, secret, metadata or {})
+    assert secret_path is not None
+    return public_path, secret_path
 
 
 def load_key_pair(path: Path | str) -> CurveKeyPair:
@@ -133,17 +132,22 @@ def server_key_pair(data_dir: Path, name: str = "server") -> tuple[CurveKeyPair,
 
 def public_keys_in(directory: Path) -> list[bytes]:
     """The public keys of the ``*.key`` certificates in ``directory``."""
-    return sorted(zmq.auth.load_certificates(str(directory)))
+    from bus.transport.certs import certificates_in
+
+    return sorted(certificates_in(directory))
 
 
 # -- sockets ----------------------------------------------------------------------------------
 
 
-def make_curve_server(sock: Any, keys: CurveKeyPair) -> None:
-    """Make a socket a CURVE server; call before bind."""
+def make_curve_server(sock: Any, keys: CurveKeyPair, zap_domain: str = "") -> None:
+    """Make a socket a CURVE server; call before bind. ``zap_domain`` names the socket to
+    the ZAP handler's policy (its ``add_domain`` must know it)."""
     if keys.secret is None:
         raise ValueError("a CURVE server needs its secret key")
     raw = sock.socket
+    if zap_domain:
+        raw.zap_domain = zap_domain.encode("ascii")
     raw.curve_server = True
     raw.curve_secretkey = keys.secret
     raw.curve_publickey = keys.public
@@ -157,6 +161,30 @@ def make_curve_client(sock: Any, server_public: bytes, keys: CurveKeyPair) -> No
     raw.curve_serverkey = server_public
     raw.curve_publickey = keys.public
     raw.curve_secretkey = keys.secret
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCurve:
+    """What a client needs to speak CURVE to a server: its public key and our key pair."""
+
+    server_key: bytes
+    keys: CurveKeyPair
+
+    def apply(self, sock: Any) -> None:
+        """Make ``sock`` a CURVE client of the server; call before connect."""
+        make_curve_client(sock, self.server_key, self.keys)
+
+
+def client_curve(server_key: str | Path | None, cert: str | Path | None) -> ClientCurve | None:
+    """CURVE for a client given ``--server-key`` (40 Z85 characters or a ``.key`` file) and
+    ``--cert`` (its secret certificate; without one a fresh key, which only a server without
+    an allow-list accepts); None without a server key (plain text). Raises KeyFileError."""
+    if not server_key:
+        if cert:
+            raise KeyFileError("--cert needs --server-key (the server's public key)")
+        return None
+    keys = load_key_pair(cert) if cert else CurveKeyPair.generate()
+    return ClientCurve(load_public_key(server_key), keys)
 
 
 # -- ZAP --------------------------------------------------------------------------------------
@@ -200,12 +228,31 @@ class ReactorAuthenticator(zmq.auth.Authenticator):
         """Nothing to stop: the ZapHandler closes the socket."""
 
 
+#: Decides, after the allow-list, whether a key may use a socket of a ZAP domain: None lets
+#: it in, a short reason (``"role"``) refuses it. Gets the domain, the Z85 key and the
+#: metadata of the key's certificate (empty without an allow-list).
+ZapPolicy = Callable[[str, bytes, Mapping[str, str]], "str | None"]
+
+
+class _KeyCheck:
+    """The credentials provider zmq.auth calls for every CURVE handshake of a domain."""
+
+    def __init__(self, handler: ZapHandler) -> None:
+        self._handler = handler
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return self._handler._decide(domain, key)
+
+
 class ZapHandler:
     """ZAP on the reactor for the sockets of one context (one ``SocketFactory``).
 
     ``allowed_dir`` None accepts any CURVE client key; otherwise only keys of the ``*.key``
-    certificates in it (re-read by :meth:`reload`). Decisions are counted in
-    :attr:`accepted` and :attr:`denied`; denials are logged, rate-limited.
+    certificates in it (re-read by :meth:`reload`), whose metadata (:attr:`certificates`)
+    says what each key may do. ``policy`` may refuse a key per ZAP domain (each socket's
+    ``zap_domain``, see :func:`make_curve_server`). Decisions are counted in
+    :attr:`accepted`, :attr:`denied` and :attr:`refusals` (by reason); denials are logged,
+    rate-limited, with the key.
     """
 
     def __init__(
@@ -214,13 +261,24 @@ class ZapHandler:
         allowed_dir: Path | None,
         clock: Callable[[], float],
         on_decision: Callable[[bool, bytes], None] | None = None,
+        policy: ZapPolicy | None = None,
+        trusted: bytes | None = None,
     ) -> None:
         from bus.transport.zmqsocket import SocketOptions
 
         self.allowed_dir = allowed_dir
         self.accepted = 0
         self.denied = 0
+        self.refusals: Counter[str] = Counter()
         self.allowed_keys = 0
+        #: Z85 public key -> its certificate's metadata, from the allow-list.
+        self.certificates: dict[bytes, Mapping[str, str]] = {}
+        self._policy = policy
+        #: A key let in everywhere with every right: the server's own (whoever holds it
+        #: holds the server's secret), for clients in the server's own process.
+        self._trusted = trusted
+        self._domains: set[str] = {"*"}
+        self._refusal = ""
         self._on_decision = on_decision
         self._limit = RateLimit(clock, 10.0)
         self._envelope: list[bytes] | None = None
@@ -239,14 +297,51 @@ class ZapHandler:
         )
         self.socket.bind(ZAP_ENDPOINT)
 
-    def configure(self) -> None:
+    def add_domain(self, domain: str) -> None:
+        """Decide handshakes of sockets whose ``zap_domain`` is ``domain`` too."""
+        self._domains.add(domain)
+        self.configure(reread=False)
+
+    def configure(self, reread: bool = True) -> None:
         """Set the allow-list (a directory of client ``*.key`` files) or allow any key."""
-        if self.allowed_dir is None:
-            self.authenticator.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
+        auth = self.authenticator
+        if self.allowed_dir is None and self._policy is None:
+            auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
             return
-        self._signature = self._directory_signature()
-        self.authenticator.configure_curve(domain="*", location=str(self.allowed_dir))
-        self.allowed_keys = len(self.authenticator.certs.get("*", {}))
+        if self.allowed_dir is not None and reread:
+            from bus.transport.certs import certificates_in
+
+            self._signature = self._directory_signature()
+            self.certificates = {
+                key: cert.metadata for key, cert in certificates_in(self.allowed_dir).items()
+            }
+            self.allowed_keys = len(self.certificates)
+        check = _KeyCheck(self)
+        for domain in self._domains:
+            auth.configure_curve_callback(domain=domain, credentials_provider=check)
+
+    def _decide(self, domain: str, key: bytes) -> bool:
+        if key == self._trusted:
+            return True
+        if self.allowed_dir is None:
+            metadata: Mapping[str, str] = {}
+        else:
+            found = self.certificates.get(key)
+            if found is None:
+                self._refusal = "unknown-key"
+                return False
+            metadata = found
+        if self._policy is not None:
+            refusal = self._policy(domain, key, metadata)
+            if refusal is not None:
+                self._refusal = refusal
+                return False
+        return True
+
+    def metadata(self, user_id: str) -> Mapping[str, str]:
+        """The metadata of the certificate of the key ZAP accepted as ``user_id`` (a
+        message's ``User-Id``): empty without an allow-list or for a key removed since."""
+        return self.certificates.get(user_id.encode("ascii", "replace"), _NO_METADATA)
 
     def _directory_signature(self) -> tuple[tuple[str, float], ...]:
         assert self.allowed_dir is not None
@@ -279,6 +374,7 @@ class ZapHandler:
                 continue
             self._envelope = frames[: split + 1]
             self._request = frames[split + 1 :]
+            self._refusal = ""
             decision = self.authenticator.handle_zap_message(self._request)
             try:
                 decision.send(None)
@@ -300,12 +396,16 @@ class ZapHandler:
             self.accepted += 1
         else:
             self.denied += 1
+            why = self._refusal or (
+                reply[3].decode("utf-8", "replace") if len(reply) > 3 else "refused"
+            )
+            self.refusals[why] += 1
             count = self._limit.due("denied")
             if count is not None:
                 log.warn(
                     "refused {count} CURVE client(s) ({why}); latest key {key} from {address}",
                     count=count,
-                    why=reply[3].decode("utf-8", "replace") if len(reply) > 3 else "",
+                    why=why,
                     key=z85.encode(key).decode("ascii") if len(key) == 32 else key.hex(),
                     address=self._request[3].decode("utf-8", "replace")
                     if len(self._request) > 3

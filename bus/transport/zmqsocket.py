@@ -44,6 +44,15 @@ _BACKEND_SEND = zmq.backend.Socket.send
 _MONITOR_EVENT = struct.Struct("=H")
 _CONNECTED = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
 _CONNECTION_EVENTS = _CONNECTED | zmq.EVENT_DISCONNECTED
+#: What a socket monitor reports: connections, and handshakes (CURVE refusals among them).
+#: One monitor per socket serves every listener, so it watches all of them at once.
+WATCHED_EVENTS = (
+    _CONNECTION_EVENTS
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
 
 _MONITOR_NUMBERS = itertools.count(1)
 
@@ -83,13 +92,20 @@ class SocketOptions:
     #: Keep each message's ``Peer-Address`` (libzmq's metadata of the TCP connection it
     #: came on) in :attr:`ZmqSocket.peer_addresses` while its batch is handed over.
     peer_addresses: bool = False
+    #: Keep each message's ``User-Id`` (the Z85 public key ZAP accepted on a CURVE socket)
+    #: in :attr:`ZmqSocket.peer_user_ids` while its batch is handed over.
+    peer_user_ids: bool = False
 
 
 class SocketFactory:
-    """Owns one ZeroMQ context; the reactor is injected and shutdown is idempotent."""
+    """Owns one ZeroMQ context; the reactor is injected and shutdown is idempotent.
 
-    def __init__(self, reactor: Any, io_threads: int = 1) -> None:
+    ``curve`` (a :class:`bus.transport.curve.ClientCurve`): every socket made here connects
+    as a CURVE client of that server (a client's sockets all go to one server or pair)."""
+
+    def __init__(self, reactor: Any, io_threads: int = 1, curve: Any = None) -> None:
         self.reactor = reactor
+        self.curve = curve
         self._factory = ZmqFactory()
         self._factory.reactor = reactor
         self._factory.lingerPeriod = 1000
@@ -112,14 +128,18 @@ class SocketFactory:
         options: SocketOptions | None = None,
         read_budget: int = 256,
         name: str = "",
+        secure: bool = True,
     ) -> ZmqSocket:
         """A :class:`ZmqSocket` of ``socket_type``; batches of whole messages go to
-        ``on_messages``."""
+        ``on_messages``. ``secure`` False: never a CURVE client (in-process sockets)."""
         if self._closed:
             raise RuntimeError("socket factory is shut down")
-        return ZmqSocket(
+        sock = ZmqSocket(
             self, socket_type, on_messages, options or SocketOptions(), read_budget, name
         )
+        if secure and self.curve is not None:
+            self.curve.apply(sock)
+        return sock
 
     def shutdown(self) -> None:
         """Close every socket (each lingers up to its linger period) and the context."""
@@ -156,12 +176,16 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         #: TCP peers connected now, once :meth:`watch_connections` was called.
         self.connections = 0
         self._monitor: ZmqSocket | None = None
-        self._on_event: Callable[[int], None] | None = None
+        self._listeners: list[Callable[[int], None]] = []
         self.messages_received = 0
         #: With ``SocketOptions.peer_addresses``: the batch being handed over's peer
         #: addresses, one per message (None where the transport has none).
         self.peer_addresses: list[str | None] = []
         self._keep_peer_addresses = options.peer_addresses
+        #: With ``SocketOptions.peer_user_ids``: the batch's User-Ids, one per message
+        #: ("" where ZAP set none: a socket without CURVE).
+        self.peer_user_ids: list[str] = []
+        self._keep_user_ids = options.peer_user_ids
         self.reading_paused = False
         self.read_scheduled: DelayedCall | None = None
         #: Called after the reactor saw the socket's descriptor signal. libzmq signals it
@@ -221,28 +245,35 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self, events: int = 0, on_event: Callable[[int], None] | None = None
     ) -> None:
         """Keep :attr:`connections` current: a ZeroMQ socket monitor, read in the reactor,
-        reports each peer accepted or connected, and each one gone. ``on_event`` is also
-        told of every event in ``events`` (e.g. CURVE handshake failures); call once."""
+        reports each peer accepted or connected, and each one gone. ``on_event`` is told of
+        every monitored event (:data:`WATCHED_EVENTS`: connections and handshakes, CURVE
+        refusals among them); each call adds a listener to the one monitor."""
+        if events & ~WATCHED_EVENTS:
+            raise ValueError(f"socket monitors report only WATCHED_EVENTS, not {events:#x}")
+        if on_event is not None:
+            self._listeners.append(on_event)
         if self._monitor is not None or self.socket is None:
             return
-        self._on_event = on_event
         # Not id(self): a socket closed a moment ago may still hold its monitor's address
         # (libzmq reaps it later) while a new object reuses the id.
         address = f"inproc://monitor-{next(_MONITOR_NUMBERS)}"
-        self.socket.monitor(address, _CONNECTION_EVENTS | events)
+        self.socket.monitor(address, WATCHED_EVENTS)
         self._monitor = self.owner.socket(
             zmq.PAIR,
             self._on_monitor_events,
             SocketOptions(linger_ms=0, tcp_keepalive_idle=None, receive_hwm=100_000),
             name=f"{self.name}-monitor",
+            secure=False,
         )
         self._monitor.connect(address)
 
     def _on_monitor_events(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
             event = _MONITOR_EVENT.unpack_from(frames[0])[0] if len(frames[0]) >= 2 else 0
-            if self._on_event is not None and event:
-                self._on_event(event)
+            if not event:
+                continue
+            for listener in self._listeners:
+                listener(event)
             if event & _CONNECTED:
                 self.connections += 1
             elif event & zmq.EVENT_DISCONNECTED:
@@ -264,7 +295,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         sock = self.socket
         if sock is None or self.reading_paused:
             return
-        if self.socketType in _SEND_ONLY:
+        if self.socketType in _SEND_ONLY and self.on_messages is None:
+            # An XPUB with a handler reads its subscriptions; otherwise nothing is read.
             sock.get(zmq.EVENTS)  # lets libzmq process pending commands (subscriptions)
             return
         # Frame by frame with copy=False: Frame.more is free, where recv_multipart asks
@@ -272,12 +304,15 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         recv = sock.recv
         batch: list[list[bytes]] = []
         addresses: list[str | None] | None = [] if self._keep_peer_addresses else None
+        user_ids: list[str] | None = [] if self._keep_user_ids else None
         exhausted = False
         try:
             for _ in range(self.read_budget):
                 frame = recv(_NOBLOCK, copy=False)
                 if addresses is not None:
                     addresses.append(_peer_address(frame))
+                if user_ids is not None:
+                    user_ids.append(_user_id(frame))
                 parts = [frame.bytes]
                 while frame.more:
                     frame = recv(_NOBLOCK, copy=False)
@@ -292,14 +327,16 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 log.failure("read failed on {name}", name=self.name)
         if batch:
             self.messages_received += len(batch)
-            if addresses is None:
+            if addresses is None and user_ids is None:
                 self._deliver(batch)
             else:
-                self.peer_addresses = addresses
+                self.peer_addresses = addresses or []
+                self.peer_user_ids = user_ids or []
                 try:
                     self._deliver(batch)
                 finally:
                     self.peer_addresses = []
+                    self.peer_user_ids = []
         if not exhausted:
             self._schedule_read()
 
@@ -422,6 +459,14 @@ def _peer_address(frame: zmq.Frame) -> str | None:
     except (zmq.ZMQError, AttributeError, TypeError):
         return None  # not a TCP connection, or a libzmq without message properties
     return address if isinstance(address, str) and address else None
+
+
+def _user_id(frame: zmq.Frame) -> str:
+    try:
+        user_id = frame.get("User-Id")
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return ""  # no ZAP handler decided this connection (no CURVE)
+    return user_id if isinstance(user_id, str) else ""
 
 
 def bind_failure(error: zmq.ZMQError, port_option: str, what: str) -> StartupError:

@@ -1,0 +1,229 @@
+"""CURVE on a service's server sockets, one way for every service: options, keys, ZAP, counts.
+
+A service that serves ZeroMQ ports takes :data:`bus.transport.curve_settings.CURVE_OPTIONS`
+(``--server-cert FILE``: CURVE on; ``--client-certs DIR``: only the keys of the ``*.key``
+certificates in DIR, re-read when they change), builds its
+:class:`~bus.transport.curve_settings.CurveSettings`, and gives each
+server socket to :meth:`ServerCurve.secure` before binding it. What a key may do is in the
+metadata of its certificate in DIR (see docs/security.md); a service reads it for a message
+with :meth:`ServerCurve.metadata` of the message's ``User-Id`` (``SocketOptions.peer_user_ids``)
+and may refuse a key per socket at the handshake with a ZAP policy.
+
+Refusals are counted by reason: ``unknown-key`` (not in the allow-list), a policy's reason
+(``role``), and handshakes that failed before ZAP was asked (``handshake``: a wrong server
+key, a plain-text client, a broken CURVE hello).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import zmq
+from twisted.logger import Logger
+
+from bus.errors import StartupError
+from bus.metrics import Metric, counters_by, gauge
+from bus.transport.curve import (
+    ClientCurve,
+    CurveKeyPair,
+    KeyFileError,
+    ZapHandler,
+    ZapPolicy,
+    load_key_pair,
+    make_curve_server,
+    public_keys_in,
+)
+from bus.transport.curve_settings import CurveSettings
+
+log = Logger(namespace="bus.transport.security")
+
+# Handshakes that failed before ZAP was asked; ZAP's own refusals (FAILED_AUTH) are
+# counted by the ZAP handler, with their reason.
+_FAILED_HANDSHAKE = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+
+
+class ServerCurve:
+    """The CURVE side of one service: its key pair, the ZAP handler of its sockets' context,
+    the allow-list's reloads, and the refusals, for ``status()`` and ``metrics()``.
+
+    ``service`` names the metrics (``<service>_curve_refusals``) and log lines. With
+    settings that are not :attr:`CurveSettings.enabled` everything is a no-op and
+    :meth:`secure` leaves sockets in plain text.
+    """
+
+    def __init__(
+        self,
+        service: str,
+        settings: CurveSettings,
+        clock: Callable[[], float],
+        policy: ZapPolicy | None = None,
+    ) -> None:
+        self.service = service
+        self.settings = settings
+        self._clock = clock
+        self._policy = policy
+        self.keys: CurveKeyPair | None = None
+        self.zap: ZapHandler | None = None
+        self.handshake_failures = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.enabled
+
+    def load(self) -> None:
+        """Read the server's key pair and check the allow-list: a StartupError naming the
+        option at fault. Call before :meth:`start`."""
+        settings = self.settings
+        if settings.server_cert is None:
+            return
+        try:
+            self.keys = load_key_pair(settings.server_cert)
+        except KeyFileError as error:
+            raise StartupError("server-cert", str(error)) from None
+        directory = settings.client_certs
+        if directory is None:
+            return
+        if not directory.is_dir():
+            raise StartupError("client-certs", f"{directory} is not a directory")
+        if not public_keys_in(directory):
+            log.warn(
+                "{service}: --client-certs {directory} holds no *.key certificate: no client "
+                "can connect until one is added",
+                service=self.service,
+                directory=str(directory),
+            )
+
+    def start(self, factory: Any, periodic: Any) -> None:
+        """Bind the ZAP handler in ``factory``'s context (before any secured socket binds)
+        and re-read the allow-list every ``reload_interval`` through ``periodic``."""
+        if self.keys is None:
+            return
+        self.zap = ZapHandler(
+            factory,
+            self.settings.client_certs,
+            self._clock,
+            policy=self._policy,
+            trusted=self.keys.public,
+        )
+        if self.settings.client_certs is not None:
+            periodic.every(self.settings.reload_interval, self.zap.reload)
+
+    def own_client(self) -> ClientCurve | None:
+        """CURVE for a client in this process (the composed Spark bridge): the server's
+        own key pair, which ZAP lets in with every right; None when CURVE is off."""
+        if self.keys is None:
+            return None
+        return ClientCurve(self.keys.public, self.keys)
+
+    def secure(self, sock: Any, domain: str) -> None:
+        """Make ``sock`` a CURVE server whose handshakes ZAP decides as ``domain``, and
+        count its failed handshakes; call before binding it. Plain text when CURVE is off."""
+        if self.keys is None:
+            return
+        assert self.zap is not None, "start() binds ZAP before sockets are secured"
+        self.zap.add_domain(domain)
+        make_curve_server(sock, self.keys, zap_domain=domain)
+        sock.watch_connections(on_event=self._on_event)
+
+    def _on_event(self, event: int) -> None:
+        if event & _FAILED_HANDSHAKE:
+            self.handshake_failures += 1
+
+    def metadata(self, user_id: str) -> Mapping[str, str]:
+        """What the certificate of the key behind ``user_id`` (a message's User-Id) says;
+        empty without an allow-list (the key may do everything)."""
+        if self.zap is None or not user_id:
+            return {}
+        return self.zap.metadata(user_id)
+
+    @property
+    def refusals(self) -> dict[str, int]:
+        """Refused peers by reason (see the module's docstring)."""
+        counts: Counter[str] = Counter(self.zap.refusals if self.zap is not None else {})
+        if self.handshake_failures:
+            counts["handshake"] += self.handshake_failures
+        return dict(counts)
+
+    def log_security(self, endpoints: Sequence[str]) -> None:
+        """What a started service's operator should know: its public key (what clients
+        need as ``--server-key``) and whom it lets in."""
+        if self.keys is None:
+            return
+        log.info(
+            "{service} on {endpoints} speaks CURVE; server public key {public}",
+            service=self.service,
+            endpoints=", ".join(endpoints),
+            public=self.keys.public.decode("ascii"),
+        )
+        if self.zap is None or self.zap.allowed_dir is None:
+            log.warn(
+                "{service}: any CURVE client key is accepted (no --client-certs allow-list); "
+                "traffic is still encrypted",
+                service=self.service,
+            )
+        else:
+            log.info(
+                "{service}: only the {count} client keys in {directory} are accepted",
+                service=self.service,
+                count=self.zap.allowed_keys,
+                directory=str(self.zap.allowed_dir),
+            )
+
+    def warn_if_open(self, bind: str, ports: Sequence[str]) -> None:
+        """One warning line when ``bind`` is not a loopback address and CURVE is off."""
+        if self.keys is not None or _is_loopback(bind):
+            return
+        log.warn(
+            "{service}: {ports} on {bind} WITHOUT CURVE: open to anyone who can reach them "
+            "(give --server-cert and --client-certs)",
+            service=self.service,
+            ports=", ".join(ports),
+            bind=bind,
+        )
+
+    def status(self) -> dict[str, Any]:
+        zap = self.zap
+        return {
+            "security": "curve" if self.keys is not None else "plain",
+            "server_public_key": self.keys.public.decode() if self.keys is not None else None,
+            "allow_list": str(self.settings.client_certs) if self.settings.client_certs else None,
+            "allowed_keys": zap.allowed_keys if zap is not None and zap.allowed_dir else None,
+            "accepted": zap.accepted if zap is not None else 0,
+            "refused": self.refusals,
+        }
+
+    def metrics(self) -> list[Metric]:
+        service = self.service.replace("-", "_")
+        return [
+            gauge(
+                f"{service}_curve",
+                "1 when the service's ports speak CURVE",
+                float(self.keys is not None),
+            ),
+            counters_by(
+                f"{service}_curve_refusals",
+                "Peers refused at the CURVE handshake, by reason (unknown-key, role, "
+                "handshake: a wrong server key or plain text)",
+                "reason",
+                self.refusals,
+            ),
+        ]
+
+    def stop(self) -> None:
+        """Close the ZAP socket (the factory closes the rest)."""
+        if self.zap is not None:
+            self.zap.shutdown()
+            self.zap = None
+
+
+def _is_loopback(bind: str) -> bool:
+    host = bind.strip("[]")
+    if host in ("localhost", "lo"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # an interface name or "*": assume reachable from elsewhere
