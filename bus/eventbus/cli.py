@@ -27,6 +27,7 @@ from twisted.python.failure import Failure
 
 from bus.eventbus.codec import Dialect, Event
 from bus.eventbus.config import DEFAULT_DATA_DIR
+from bus.transport.curve_settings import add_client_curve_arguments
 
 DEFAULT_SERVER = os.environ.get("EVENTBUS_SERVER", "127.0.0.1:5556")
 DEFAULT_DIALECT = os.environ.get("EVENTBUS_DIALECT", "spec")
@@ -166,6 +167,17 @@ class SnapshotQuery:
         return done.addBoth(close)
 
 
+def _curve(args: argparse.Namespace) -> Any:
+    """CURVE to the server (``--server-key``, ``--cert``), or None; ValueError names a bad
+    key file."""
+    from bus.transport.curve import KeyFileError, client_curve
+
+    try:
+        return client_curve(args.server_key, args.cert)
+    except KeyFileError as error:
+        raise ValueError(str(error)) from None
+
+
 def _first(*waits: defer.Deferred[Any]) -> defer.Deferred[Any]:
     """Fires as the first of ``waits`` fires, with its result or failure."""
     first: defer.Deferred[Any] = defer.Deferred()
@@ -204,7 +216,7 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
     except ConditionTimeout as error:
         server = ServerAddress.parse(args.server)
         if Dialect(args.dialect) is Dialect.SPEC and (
-            yield _answers_like_the_original(reactor, server)
+            yield _answers_like_the_original(reactor, server, _curve(args))
         ):
             raise ConditionTimeout(f"{error}; {_original_hint(server)}") from None
         raise
@@ -212,13 +224,13 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
 
 
 @defer.inlineCallbacks
-def _answers_like_the_original(reactor: Any, server: Any) -> Any:
+def _answers_like_the_original(reactor: Any, server: Any, curve: Any = None) -> Any:
     from bus.eventbus import codec
     from bus.eventbus.codec import EventBusError
     from bus.polling import ConditionTimeout
     from bus.transport.zmqsocket import SocketFactory
 
-    factory = SocketFactory(reactor)
+    factory = SocketFactory(reactor, curve=curve)
     query = SnapshotQuery(reactor, factory, server, Dialect.ORIGINAL)
     try:
         yield query.ask([codec.PROBE_SUBTREE], 0, timeout=2.0)
@@ -238,7 +250,7 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.polling import wait_until
     from bus.transport.zmqsocket import SocketFactory, SocketOptions
 
-    factory = SocketFactory(reactor)
+    factory = SocketFactory(reactor, curve=_curve(args))
     dialect = Dialect(args.dialect)
     server = ServerAddress.parse(args.server)
     confirmations: list[list[bytes]] = []
@@ -319,7 +331,7 @@ def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.eventbus.client import ServerAddress
     from bus.transport.zmqsocket import SocketFactory
 
-    factory = SocketFactory(reactor)
+    factory = SocketFactory(reactor, curve=_curve(args))
     count = 0
 
     def on_event(event: Event) -> None:
@@ -351,6 +363,7 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
         cursor=FileCursor(args.cursor) if args.cursor else None,
         reactor=reactor,
         dialect=args.dialect,
+        curve=_curve(args),
     )
     subscriber.startService()
     reactor.addSystemEventTrigger("before", "shutdown", subscriber.stopService)
@@ -475,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     def dialect_option(p: argparse.ArgumentParser) -> None:
+        add_client_curve_arguments(p)  # every command that speaks ZeroMQ to the bus
         p.add_argument(
             "--dialect",
             choices=[d.value for d in Dialect],

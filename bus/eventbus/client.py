@@ -31,6 +31,7 @@ from bus.eventbus.codec import Dialect, Event, EventBusError, Heartbeat, Snapsho
 from bus.eventbus.subscriber import SubscriberCore, snapshot_patience
 from bus.files import replace_atomically
 from bus.periodic import Periodic
+from bus.transport.curve import ClientCurve
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 
 log = Logger(namespace="bus.eventbus.client")
@@ -95,10 +96,27 @@ class _Sockets:
     """Owns a socket factory unless one was given; an owned one is made anew after
     ``close`` so that a stopped service can be started again."""
 
-    def __init__(self, reactor: Any, factory: SocketFactory | None) -> None:
+    def __init__(
+        self, reactor: Any, factory: SocketFactory | None, curve: ClientCurve | None = None
+    ) -> None:
         self.reactor = reactor_of(reactor)
         self._own = factory is None
         self._factory = factory
+        self.curve = curve
+
+    def socket(
+        self,
+        socket_type: int,
+        on_messages: Callable[[list[list[bytes]]], None] | None,
+        options: SocketOptions,
+        name: str,
+    ) -> ZmqSocket:
+        """A socket of the factory, a CURVE client when ``curve`` is given here (a given
+        factory may carry its own, see :class:`SocketFactory`)."""
+        sock = self.factory.socket(socket_type, on_messages, options, name=name)
+        if self.curve is not None and self.factory.curve is None:
+            self.curve.apply(sock)
+        return sock
 
     @property
     def factory(self) -> SocketFactory:
@@ -126,6 +144,8 @@ class EventBusSubscriber(Service):
     probed: every ``heartbeat_timeout / 3`` of silence a SYNCSTART for no topic goes to the
     snapshot port, and its SYNCEND (the server's current sequence) stands for a heartbeat:
     it shows the server alive and, one probe later, reveals lost tail events.
+
+    ``curve``: connect as a CURVE client (servers run with ``--server-cert``).
     """
 
     def __init__(
@@ -144,6 +164,7 @@ class EventBusSubscriber(Service):
         cursor_save_interval: float = 1.0,
         wait_for_heartbeat: bool = False,
         dialect: Dialect | str = Dialect.SPEC,
+        curve: ClientCurve | None = None,
     ) -> None:
         if not servers:
             raise ValueError("at least one server address is needed")
@@ -159,7 +180,7 @@ class EventBusSubscriber(Service):
         self.cursor_save_interval = cursor_save_interval
         self.wait_for_heartbeat = wait_for_heartbeat and heartbeat_timeout is not None
         self.dialect = Dialect(dialect)
-        self._io = _Sockets(reactor, factory)
+        self._io = _Sockets(reactor, factory, curve)
         self.reactor: Any = self._io.reactor
         self.core = SubscriberCore(
             deliver=self._deliver,
@@ -217,8 +238,7 @@ class EventBusSubscriber(Service):
 
     def _connect(self) -> None:
         server = self.server
-        factory = self._io.factory
-        self._sub = factory.socket(
+        self._sub = self._io.socket(
             zmq.SUB,
             self._on_published,
             SocketOptions(receive_hwm=self.receive_hwm, linger_ms=0),
@@ -231,7 +251,7 @@ class EventBusSubscriber(Service):
         self._sub.connect(server.publisher)
         self._last_heard = self._connected_at = self.reactor.seconds()
         if not self.dialect.has_heartbeats and self.heartbeat_timeout is not None:
-            self._probe = factory.socket(
+            self._probe = self._io.socket(
                 zmq.DEALER,
                 self._on_probe_reply,
                 SocketOptions(linger_ms=0, identity=self._identity()),
@@ -254,7 +274,7 @@ class EventBusSubscriber(Service):
         if self._snapshot is not None:
             self._snapshot.shutdown()
         # Unbounded receive queue: a snapshot is never cut short on our side.
-        self._snapshot = self._io.factory.socket(
+        self._snapshot = self._io.socket(
             zmq.DEALER,
             self._on_snapshot_reply,
             SocketOptions(receive_hwm=0, linger_ms=0, identity=self._identity()),
@@ -449,7 +469,8 @@ class EventBusPublisher:
     Given several servers (the two halves of a pair), it sends to one at a time and moves
     to the next once it has had no connection for ``failover_after`` seconds; meanwhile
     events wait in the local queue (ZMQ_IMMEDIATE: none wait in a pipe to a server that
-    is gone). A pair's passive hands what it receives to its active."""
+    is gone). A pair's passive hands what it receives to its active. ``curve``: connect
+    as a CURVE client (servers run with ``--server-cert``)."""
 
     RETRY_DELAY = 0.005
 
@@ -464,6 +485,7 @@ class EventBusPublisher:
         linger_ms: int = 5000,
         dialect: Dialect | str = Dialect.SPEC,
         failover_after: float = 1.0,
+        curve: ClientCurve | None = None,
     ) -> None:
         servers = [server] if isinstance(server, str | ServerAddress) else list(server)
         if not servers:
@@ -473,7 +495,7 @@ class EventBusPublisher:
         self.failovers = 0
         self.producer = producer_id.encode("utf-8")
         self._frames = Dialect(dialect).pub
-        self._io = _Sockets(reactor, factory)
+        self._io = _Sockets(reactor, factory, curve)
         self.reactor: Any = self._io.reactor
         several = len(self.servers) > 1
         # With several servers, ZMTP heartbeats also drop a connection to a server whose
@@ -498,7 +520,7 @@ class EventBusPublisher:
         self.published = 0
 
     def _open(self) -> ZmqSocket:
-        sock = self._io.factory.socket(zmq.DEALER, None, self._socket_options, name="publisher")
+        sock = self._io.socket(zmq.DEALER, None, self._socket_options, name="publisher")
         self._up = False
         if len(self.servers) > 1:
             # Up once the ZMTP handshake is done: a stopped process still accepts TCP.

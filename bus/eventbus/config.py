@@ -9,6 +9,7 @@ from typing import Literal
 from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
 from bus.eventbus.store import Retention
 from bus.sqlitewal import Durability
+from bus.transport.curve_settings import CurveSettings
 
 SyncEndSequence = Literal["highest", "current"]
 Replication = Literal["sync", "async"]
@@ -37,6 +38,9 @@ class PairConfig:
     #: async: events the active may broadcast ahead of the passive's acknowledgement (the
     #: loss window at a failover); a new active steps its sequence over it.
     async_window: int = 10_000
+    #: The other half's public key (Z85) when the link speaks CURVE; None: the same key
+    #: pair as this server's (both halves given one --server-cert).
+    peer_key: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.failover_timeout <= 0 or self.alone_timeout <= 0:
@@ -109,6 +113,8 @@ class EventBusConfig:
     stop_timeout: float = 3.0
     #: Half of a primary/backup pair, or None for a server alone.
     pair: PairConfig | None = None
+    #: CURVE on every port and the pair link, and the allow-list of client keys.
+    curve: CurveSettings = field(default_factory=CurveSettings)
 
     def __post_init__(self) -> None:
         if self.snapshot_hwm < 1 or self.snapshot_chunk < 1:

@@ -36,6 +36,8 @@ from bus.eventbus.store import EventStore
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.sqlitewal import StorageError
+from bus.transport.curve import make_curve_client
+from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket
 
 log = Logger(namespace="bus.eventbus.pair")
@@ -99,8 +101,10 @@ class Pair:
         max_data_bytes: int,
         hold_limit: int,
         clock: Callable[[], float] = time.time,
+        curve: ServerCurve | None = None,
     ) -> None:
         self.host = host
+        self.curve = curve
         self.config = config
         self.bind_host = bind
         self.base_port = base_port
@@ -153,6 +157,14 @@ class Pair:
         self.gaps = 0
         self.storage_errors = 0
 
+    def peer_key(self) -> bytes:
+        """The other half's public key (Z85): ``--ha-peer-key``, or this server's own when
+        both halves share one key pair."""
+        if self.config.peer_key is not None:
+            return self.config.peer_key
+        assert self.curve is not None and self.curve.keys is not None
+        return self.curve.keys.public
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -178,6 +190,9 @@ class Pair:
             name="pair-link",
         )
         port = config.port or self.base_port + 3
+        curve = self.curve
+        if curve is not None:
+            curve.secure(self.router, "eventbus-pair")
         self.endpoint = self.router.bind(f"tcp://{self.bind_host}:{port}")
         self.dealer = self.factory.socket(
             zmq.DEALER,
@@ -192,6 +207,8 @@ class Pair:
             ),
             name="pair-peer",
         )
+        if curve is not None and curve.keys is not None:
+            make_curve_client(self.dealer, self.peer_key(), curve.keys)
         self.dealer.connect(f"tcp://{config.peer}")
         self._periodic.every(config.beat_interval, self._beat, now=True)
         log.info(

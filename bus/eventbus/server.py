@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ from twisted.python.failure import Failure
 
 from bus.droplog import DropCounter, RateLimit
 from bus.errors import StartupError
-from bus.eventbus import codec
+from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.pair import Pair
@@ -46,6 +46,8 @@ from bus.files import write_status_json
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.sqlitewal import StorageError
+from bus.transport.curve import ClientCurve
+from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
@@ -117,6 +119,15 @@ class EventBusService(Service):
         #: The highest sequence clients may see (broadcast, in snapshots, in heartbeats):
         #: in a pair with sync replication, only what the passive has stored.
         self.released = 0
+        #: CURVE on the three ports and the pair link (``--server-cert``), and what each
+        #: client key may publish and receive (``--client-certs``, :mod:`.rights`).
+        self.curve = ServerCurve("eventbus", config.curve, clock, policy=self._may_connect)
+        self._rights = config.curve.client_certs is not None
+        self._publish_rights: dict[str, rights.Subtrees] = {}
+        #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
+        self.narrowed_subscriptions = 0
+        self.narrowed_snapshots = 0
+        self._rights_of: object = None
         self._unreleased: deque[tuple[int, list[codec.EventFields]]] = deque()
         #: SYNCSTARTs that reached a server that is not active: answered if it takes over.
         self._held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(maxlen=1024)
@@ -142,17 +153,22 @@ class EventBusService(Service):
             released=lambda: self.released,
         )
         try:
+            self.curve.load()
             self._factory = SocketFactory(self.reactor)
+            self.curve.start(self._factory, self._periodic)
             self._bind_all()
             if config.pair is not None:
                 self._start_pair()
         except BaseException:
             if self.pair is not None:
                 self.pair.stop()
+            self.curve.stop()
             self._close_sockets()
             self.store.close()
             raise
         Service.startService(self)
+        self.curve.warn_if_open(config.bind, sorted(self.endpoints.values()))
+        self.curve.log_security(sorted(self.endpoints.values()))
         self._checkpoints.start()
         self._started_at = self.clock()
         every = self._periodic.every
@@ -188,6 +204,7 @@ class EventBusService(Service):
             max_data_bytes=self.config.max_data_bytes,
             hold_limit=self.config.collector_hwm,
             clock=self.clock,
+            curve=self.curve,
         )
         try:
             self.pair.start()
@@ -224,6 +241,7 @@ class EventBusService(Service):
         config = self.config
         keepalive = config.tcp_keepalive_idle
         host = config.bind
+        rights_on = self._rights
         self.snapshot_socket = self._factory.socket(
             zmq.ROUTER,
             self._on_snapshot_requests,
@@ -235,16 +253,26 @@ class EventBusService(Service):
                 tcp_keepalive_idle=keepalive,
                 max_message_size=codec.MAX_SUBTREE_SPEC_BYTES + 1024,
                 linger_ms=0,
+                peer_user_ids=rights_on,
             ),
             read_budget=config.read_budget,
             name="snapshot",
         )
+        # With an allow-list, subscriptions are the server's to apply (XPUB_MANUAL): one at
+        # a time (read_budget 1), since libzmq applies ours to the pipe last read from.
         self.publisher_socket = self._factory.socket(
-            zmq.PUB,
-            None,
-            SocketOptions(send_hwm=config.publish_hwm, tcp_keepalive_idle=keepalive),
+            zmq.XPUB if rights_on else zmq.PUB,
+            self._on_subscriptions if rights_on else None,
+            SocketOptions(
+                send_hwm=config.publish_hwm,
+                tcp_keepalive_idle=keepalive,
+                peer_user_ids=rights_on,
+            ),
+            read_budget=1,
             name="publisher",
         )
+        if rights_on:
+            self.publisher_socket.socket.set(zmq.XPUB_MANUAL, 1)
         self.collector_socket = self._factory.socket(
             zmq.ROUTER,
             self._on_collected,
@@ -253,10 +281,15 @@ class EventBusService(Service):
                 tcp_keepalive_idle=keepalive,
                 max_message_size=config.max_data_bytes + codec.MAX_TOPIC_BYTES + 4096,
                 linger_ms=0,
+                peer_user_ids=rights_on,
             ),
             read_budget=config.read_budget,
             name="collector",
         )
+        secure = self.curve.secure
+        secure(self.snapshot_socket, "eventbus-snapshot")
+        secure(self.publisher_socket, "eventbus-publisher")
+        secure(self.collector_socket, "eventbus-collector")
         self.endpoints = {
             "snapshot": self.snapshot_socket.bind(f"tcp://{host}:{port}"),
             "publisher": self.publisher_socket.bind(f"tcp://{host}:{port + 1}"),
@@ -268,6 +301,45 @@ class EventBusService(Service):
         self.snapshot_socket.watch_connections(zmq.EVENT_DISCONNECTED, self._snapshot_event)
         self.publisher_socket.watch_connections(zmq.EVENT_ACCEPTED, self._subscriber_event)
         self.collector_socket.watch_connections()
+
+    # -- what a client key may do (CURVE with --client-certs) -------------------------------
+
+    def _may_connect(self, domain: str, key: bytes, metadata: Any) -> str | None:
+        # The pair link takes only the other half's key; the client ports take the
+        # allow-list's keys (or any key without one), whose rights apply per message.
+        if domain == "eventbus-pair":
+            return None if self.pair is not None and key == self.pair.peer_key() else "not-peer"
+        return None
+
+    def _publish_subtrees(self, user_id: str) -> rights.Subtrees:
+        certificates = self.curve.zap.certificates if self.curve.zap is not None else None
+        if certificates is not self._rights_of:  # the allow-list was re-read
+            self._publish_rights = {}
+            self._rights_of = certificates
+        try:
+            return self._publish_rights[user_id]
+        except KeyError:
+            allowed = rights.subtrees(self.curve.metadata(user_id), "publish")
+            self._publish_rights[user_id] = allowed
+            return allowed
+
+    def _on_subscriptions(self, batch: list[list[bytes]]) -> None:
+        sock = self.publisher_socket
+        if sock is None or sock.socket is None:
+            return
+        user_ids = sock.peer_user_ids
+        for index, frames in enumerate(batch):
+            message = frames[0]
+            if not message or message[0] not in (0, 1):
+                continue
+            user_id = user_ids[index] if index < len(user_ids) else ""
+            allowed = rights.subtrees(self.curve.metadata(user_id), "subscribe")
+            prefixes = rights.narrow(message[1:], allowed)
+            if prefixes != [message[1:]]:
+                self.narrowed_subscriptions += 1
+            apply = sock.socket.subscribe if message[0] == 1 else sock.socket.unsubscribe
+            for prefix in prefixes:
+                apply(prefix)
 
     def _subscriber_event(self, event: int) -> None:
         # A subscriber connecting to a server that is not active turned to it: a vote.
@@ -324,6 +396,7 @@ class EventBusService(Service):
             )
         if self.pair is not None:
             self.pair.stop()
+        self.curve.stop()
         self._close_sockets()
         self._stopping = defer.Deferred()
         # The store closes once a checkpoint running in its thread is done, or once
@@ -379,6 +452,8 @@ class EventBusService(Service):
     # -- the collector: PUB in, store, BROADCAST out ------------------------------------------
 
     def _on_collected(self, batch: list[list[bytes]]) -> None:
+        if self._rights:
+            batch = self._permitted(batch)
         parse = codec.parse_pub_fields
         max_data = self.config.max_data_bytes
         accepted: list[codec.EventFields] = []
@@ -392,6 +467,28 @@ class EventBusService(Service):
                 self.drops.drop(error.reason, str(error), frames[0])
         if accepted:
             self._accept(accepted)
+
+    def _permitted(self, batch: list[list[bytes]]) -> list[list[bytes]]:
+        """The PUBs of ``batch`` whose keys may publish their topics; the others dropped
+        and counted (the spec gives the collector no answer to tell the publisher)."""
+        sock = self.collector_socket
+        user_ids = sock.peer_user_ids if sock is not None else []
+        permitted = []
+        for index, frames in enumerate(batch):
+            user_id = user_ids[index] if index < len(user_ids) else ""
+            allowed = self._publish_subtrees(user_id)
+            if allowed is not None:
+                body = frames[1:]
+                topic = body[1] if len(body) == 7 and not body[0] else body[0] if body else b""
+                if not rights.may_publish(topic, allowed):
+                    self.drops.drop(
+                        "forbidden-topic",
+                        f"key {user_id} may not publish {topic[:80]!r}",
+                        frames[0],
+                    )
+                    continue
+            permitted.append(frames)
+        return permitted
 
     def _accept(self, accepted: list[codec.EventFields]) -> None:
         """Store then broadcast; when the store refuses, the events wait (in order) and
@@ -591,6 +688,10 @@ class EventBusService(Service):
         """What composition hands another service of this process (see bus.activity)."""
         return LocalPublisher(self, producer)
 
+    def client_curve(self) -> ClientCurve | None:
+        """How a client in this process connects: with the bus's own key pair."""
+        return self.curve.own_client()
+
     def client_addresses(self) -> list[str]:
         host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "*") else self.config.bind
         return [f"{host}:{self.port}"]
@@ -619,18 +720,30 @@ class EventBusService(Service):
 
     def _on_snapshot_requests(self, batch: list[list[bytes]]) -> None:
         pair = self.pair
-        for frames in batch:
+        sock = self.snapshot_socket
+        user_ids = sock.peer_user_ids if sock is not None else []
+        for index, frames in enumerate(batch):
             try:
                 request = codec.parse_sync_start(frames[1:])
             except EventBusError as error:
                 self.drops.drop(error.reason, str(error), frames[0])
                 continue
+            if user_ids:
+                request = self._narrowed(request, user_ids[index])
             if pair is not None and not pair.serves():
                 # A client turned here: a vote; answered only if this server takes over.
                 self._held_requests.append((self.reactor.seconds(), frames[0], request))
                 pair.vote()
                 continue
             self.snapshots.request(frames[0], request)
+
+    def _narrowed(self, request: SnapshotRequest, user_id: str) -> SnapshotRequest:
+        allowed = rights.subtrees(self.curve.metadata(user_id), "subscribe")
+        subtrees = rights.narrow_snapshot(request.subtrees, allowed)
+        if subtrees == request.subtrees:
+            return request
+        self.narrowed_snapshots += 1
+        return replace(request, subtrees=subtrees)
 
     @property
     def streams(self) -> set[SnapshotStream]:
@@ -742,6 +855,11 @@ class EventBusService(Service):
             "uptime_s": self._uptime(),
             "time": round(self.clock(), 3),
             "http": self.status_address(),
+            "curve": {
+                **self.curve.status(),
+                "narrowed_subscriptions": self.narrowed_subscriptions,
+                "narrowed_snapshots": self.narrowed_snapshots,
+            },
             "endpoints": self.endpoints,
             "config": {k: str(v) for k, v in asdict(self.config).items()},
         }
@@ -750,6 +868,7 @@ class EventBusService(Service):
         """Prometheus families of the counters above (see bus.statusweb)."""
         store = self.store
         return [
+            *self.curve.metrics(),
             gauge("eventbus_sequence", "Highest sequence in the event log", store.last_sequence),
             counter("eventbus_events_accepted", "Events stored and broadcast", self.accepted),
             counter(

@@ -25,6 +25,7 @@ from bus.eventbus.config import (
 )
 from bus.eventbus.store import Retention
 from bus.options import ServiceOptions, optional_duration, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -129,6 +130,13 @@ class Options(ServiceOptions):
         ["ha-peer", None, None, "The other half's peer link, HOST:PORT (its --ha-port)."],
         ["ha-port", None, 0, "This server's peer-link port (0: the base port + 3).", int],
         [
+            "ha-peer-key",
+            None,
+            None,
+            "With --server-cert: the other half's public key (Z85, or its .key file); by "
+            "default this server's own (both halves given the same --server-cert).",
+        ],
+        [
             "ha-replication",
             None,
             "sync",
@@ -155,6 +163,7 @@ class Options(ServiceOptions):
             "async: events broadcast ahead of the passive at most.",
             int,
         ],
+        *CURVE_OPTIONS,
     ]
 
     def postOptions(self) -> None:
@@ -174,7 +183,11 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
         raise usage.UsageError("--durability must be normal or full")
     if not 0 <= config.port <= 65533:
         raise usage.UsageError("--port must leave room for PORT+2")
-    config = replace(config, pair=_pair_config(options, config.port))
+    config = replace(config, pair=_pair_config(options, config.port), curve=curve_settings(options))
+    if config.pair is not None and options.get("ha-peer-key"):
+        if not config.curve.enabled:
+            raise usage.UsageError("--ha-peer-key needs --server-cert (CURVE)")
+        config = replace(config, pair=replace(config.pair, peer_key=_public_key(options)))
     if dialect == "original":
         config = original_dialect(config)
     encoding = options.get("sequence-encoding")
@@ -221,6 +234,15 @@ def _pair_config(options: usage.Options | dict[str, Any], port: int) -> PairConf
         )
     except ValueError as error:
         raise usage.UsageError(str(error).replace("_", "-")) from None
+
+
+def _public_key(options: usage.Options | dict[str, Any]) -> bytes:
+    from bus.transport.curve import KeyFileError, load_public_key
+
+    try:
+        return load_public_key(options["ha-peer-key"])
+    except KeyFileError as error:
+        raise usage.UsageError(f"--ha-peer-key: {error}") from None
 
 
 def _given(value: Any, default: Any) -> Any:
