@@ -49,6 +49,8 @@ from typing import Any, Literal  # noqa: E402
 from twisted.internet import defer, error, protocol  # noqa: E402
 from twisted.python.failure import Failure  # noqa: E402
 
+from bus.transport.curve_settings import add_client_curve_arguments  # noqa: E402
+
 DEFAULT_BROKER = os.environ.get("EMQP_BROKER", "tcp://127.0.0.1:47291")
 DEFAULT_ADMIN = os.environ.get("EMQP_ADMIN", "tcp://127.0.0.1:47293")
 #: An interactive default: long enough for most jobs, short enough that a request nobody
@@ -161,6 +163,8 @@ class Run:
     def __init__(self, reactor: Any, args: argparse.Namespace) -> None:
         self.reactor = reactor
         self.args = args
+        #: CURVE to the broker (``--server-key``, ``--cert``), or None.
+        self.curve = args.curve
         self.started = reactor.seconds()
         self.code = 1
         self._reported = False
@@ -339,6 +343,8 @@ _REFUSALS = {
     "queue-full": "the broker refused the request: the buffer of queue {queue!r} is full",
     "too-many-queues": "the broker refused the request: it has too many queues to open {queue!r}",
     "duplicate-msgid": "the broker refused the request: its id is already in progress",
+    "forbidden-queue": "the broker refused the request: this client's key (--cert) may not "
+    "use queue {queue!r}",
     "timeout": "no reply came within the request's --timeout of {timeout}",
     "worker-lost": "the request's worker died or went silent before it replied",
     "worker-left": "the request's worker left before it replied",
@@ -365,7 +371,9 @@ def submit(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
     from bus.emqp.client import EmqpClient, JobFailed
 
     args = run.args
-    client = _connected(lambda: EmqpClient(args.broker.url, run.reactor), args.broker, "broker")
+    client = _connected(
+        lambda: EmqpClient(args.broker.url, run.reactor, curve=run.curve), args.broker, "broker"
+    )
     msgid = codec.new_msgid()
     submitted = client.submit(
         args.queue,
@@ -422,7 +430,9 @@ def _why_no_answer(run: Run, msgid: bytes, dispatched: bool) -> Generator[Any, A
 
     args = run.args
     asked = _quietly(
-        defer.maybeDeferred(query_status, args.admin.url, run.reactor, timeout=EXPLAIN_WAIT)
+        defer.maybeDeferred(
+            query_status, args.admin.url, run.reactor, timeout=EXPLAIN_WAIT, curve=run.curve
+        )
     )
     looked = _quietly(probe(run.reactor, args.broker, EXPLAIN_WAIT))
     status, listener = yield defer.gatherResults([asked, looked])
@@ -520,7 +530,9 @@ def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
     from bus.emqp.client import query_status
 
     url = run.args.admin.url
-    answer = yield _ask_admin(run, lambda t: query_status(url, run.reactor, timeout=t), "STATUS")
+    answer = yield _ask_admin(
+        run, lambda t: query_status(url, run.reactor, timeout=t, curve=run.curve), "STATUS"
+    )
     _print(json.dumps(answer, indent=1, sort_keys=True))
 
 
@@ -535,7 +547,7 @@ def schedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
         return add_schedule(
             url, args.queue, args.body, interval=args.every, cron=args.cron,
             guarantee=args.guarantee, haste=not args.no_haste, runs=args.runs,
-            reactor=run.reactor, timeout=timeout,
+            reactor=run.reactor, timeout=timeout, curve=run.curve,
         )  # fmt: skip
 
     answer = yield _ask_admin(run, ask, "SCHEDULE")
@@ -549,7 +561,9 @@ def unschedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
     args = run.args
     url = args.admin.url
     answer = yield _ask_admin(
-        run, lambda t: remove_schedule(url, args.id, run.reactor, timeout=t), "UNSCHEDULE"
+        run,
+        lambda t: remove_schedule(url, args.id, run.reactor, timeout=t, curve=run.curve),
+        "UNSCHEDULE",
     )
     if not answer.get("removed"):
         raise CliError(f"the broker keeps no schedule {args.id!r}")
@@ -562,7 +576,7 @@ def schedules(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
 
     url = run.args.admin.url
     answer = yield _ask_admin(
-        run, lambda t: list_schedules(url, run.reactor, timeout=t), "SCHEDULES"
+        run, lambda t: list_schedules(url, run.reactor, timeout=t, curve=run.curve), "SCHEDULES"
     )
     for entry in answer:
         _print(json.dumps(entry, sort_keys=True))
@@ -625,10 +639,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up after this long without the answer (0: wait forever) [%(default)g]",
     )
+    add_client_curve_arguments(sub)
     sub.set_defaults(run=submit, check=_check_submit)
 
     def admin_options(sub: argparse.ArgumentParser) -> None:
         sub.add_argument("--admin", default=DEFAULT_ADMIN, help="admin port [%(default)s]")
+        add_client_curve_arguments(sub)
         sub.add_argument(
             "--wait",
             type=float,
@@ -680,6 +696,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.wait < 0:
             raise CliError("--wait must be 0 (wait forever) or more seconds")
         args.check(args)
+        args.curve = _curve(args)
         code = _run(args)
     except CliError as problem:
         sys.stderr.write(f"emqp-cli {args.command}: {problem}\n")
@@ -688,6 +705,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stderr.write(f"emqp-cli {args.command}: interrupted\n")
         code = 1
     raise SystemExit(code)
+
+
+def _curve(args: argparse.Namespace) -> Any:
+    from bus.transport.curve import KeyFileError, client_curve
+
+    try:
+        return client_curve(args.server_key, args.cert)
+    except KeyFileError as problem:
+        raise CliError(str(problem)) from None
 
 
 def _run(args: argparse.Namespace) -> int:

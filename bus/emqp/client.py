@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from bus.droplog import DropCounter
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
+from bus.transport.curve import ClientCurve
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
 
 log = Logger(namespace="bus.emqp.client")
@@ -50,10 +51,12 @@ class EmqpClient:
         reactor: Any = None,
         identity: bytes | None = None,
         hwm: int = 100_000,
+        curve: ClientCurve | None = None,
     ) -> None:
+        """``curve``: connect as a CURVE client (a broker run with ``--server-cert``)."""
         self.reactor: Any = reactor_of(reactor)
         self.identity = identity or codec.new_msgid()
-        self._factory = SocketFactory(self.reactor)
+        self._factory = SocketFactory(self.reactor, curve=curve)
         self._socket = self._factory.socket(
             zmq.DEALER,
             self._on_messages,
@@ -165,10 +168,10 @@ class EmqpClient:
 
 
 def query_status(
-    endpoint: str, reactor: Any = None, timeout: float = 5.0
+    endpoint: str, reactor: Any = None, timeout: float = 5.0, curve: ClientCurve | None = None
 ) -> defer.Deferred[dict[str, Any]]:
     """The broker's STATUS, from its admin port, as a dict."""
-    return admin_request(endpoint, codec.message(codec.STATUS), reactor, timeout)
+    return admin_request(endpoint, codec.message(codec.STATUS), reactor, timeout, curve)
 
 
 def add_schedule(
@@ -182,6 +185,7 @@ def add_schedule(
     runs: int | None = None,
     reactor: Any = None,
     timeout: float = 5.0,
+    curve: ClientCurve | None = None,
 ) -> defer.Deferred[dict[str, Any]]:
     """Ask the broker's scheduler (on its admin or client port) to send ``body`` to
     ``queue`` every ``interval`` seconds or at the times of a ``cron`` line. Fires with
@@ -193,23 +197,27 @@ def add_schedule(
     if runs is not None:
         headers.append(b"run_count:%d" % runs)
     frames = codec.schedule(queue, json.dumps(body).encode(), b",".join(headers), interval, cron)
-    return admin_request(endpoint, frames, reactor, timeout).addCallback(_value_of)
+    return admin_request(endpoint, frames, reactor, timeout, curve).addCallback(_value_of)
 
 
 def remove_schedule(
-    endpoint: str, schedule_id: str, reactor: Any = None, timeout: float = 5.0
+    endpoint: str,
+    schedule_id: str,
+    reactor: Any = None,
+    timeout: float = 5.0,
+    curve: ClientCurve | None = None,
 ) -> defer.Deferred[dict[str, Any]]:
     """UNSCHEDULE by id; fires with ``{"schedule": id, "removed": bool}``."""
     frames = codec.unschedule(schedule_id)
-    return admin_request(endpoint, frames, reactor, timeout).addCallback(_value_of)
+    return admin_request(endpoint, frames, reactor, timeout, curve).addCallback(_value_of)
 
 
 def list_schedules(
-    endpoint: str, reactor: Any = None, timeout: float = 5.0
+    endpoint: str, reactor: Any = None, timeout: float = 5.0, curve: ClientCurve | None = None
 ) -> defer.Deferred[list[dict[str, Any]]]:
     """Every schedule the broker keeps (SCHEDULES on its admin port), soonest first."""
     frames = codec.message(codec.SCHEDULES)
-    return admin_request(endpoint, frames, reactor, timeout).addCallback(_value_of)
+    return admin_request(endpoint, frames, reactor, timeout, curve).addCallback(_value_of)
 
 
 def _value_of(answer: Any) -> Any:
@@ -219,12 +227,16 @@ def _value_of(answer: Any) -> Any:
 
 
 def admin_request(
-    endpoint: str, request: list[bytes], reactor: Any = None, timeout: float = 5.0
+    endpoint: str,
+    request: list[bytes],
+    reactor: Any = None,
+    timeout: float = 5.0,
+    curve: ClientCurve | None = None,
 ) -> defer.Deferred[Any]:
     """Send one message on a fresh DEALER and fire with the decoded result of the REPLY
     that answers it; fails with TimeoutError when none comes within ``timeout``."""
     reactor = reactor_of(reactor)
-    factory = SocketFactory(reactor)
+    factory = SocketFactory(reactor, curve=curve)
     result: defer.Deferred[Any] = defer.Deferred()
     what = request[2].decode()
 

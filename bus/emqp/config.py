@@ -7,6 +7,7 @@ from pathlib import Path
 
 from bus.emqp.core import BrokerSettings
 from bus.sqlitewal import Durability
+from bus.transport.curve_settings import CurveSettings
 
 DEFAULT_BIND = "127.0.0.1"
 #: The original's ports: workers, clients, administration.
@@ -46,3 +47,5 @@ class EmqpConfig:
     client_queue_bytes: int = 16 * 1024 * 1024
     client_queue_messages: int = 10_000
     tcp_keepalive_idle: int | None = 60
+    #: CURVE on the three ports, the allow-list, and the rights (role, queues) of its keys.
+    curve: CurveSettings = field(default_factory=CurveSettings)

@@ -44,6 +44,9 @@ _KBYE = codec.KBYE
 _new_msgid = codec.new_msgid
 
 Message = list[bytes]
+#: The queues a peer's CURVE key may use (the ``queues`` of its certificate), or None: all.
+Queues = frozenset[bytes] | None
+EVERY_QUEUE: Queues = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +107,13 @@ class QueueState:
     workers: dict[bytes, int] = field(default_factory=dict)
     dispatched: int = 0
     rejected: int = 0
+
+
+def _schedule_queue(command: codec.Schedule) -> bytes | None:
+    try:
+        return ScheduleSpec.from_frames(command.fields).queue
+    except EmqpError:
+        return None  # malformed: refused as such where it is parsed again
 
 
 def peer_name(identity: bytes) -> str:
@@ -170,7 +180,10 @@ class Broker:
 
     # -- input -----------------------------------------------------------------------------------
 
-    def on_worker_message(self, identity: bytes, frames: Message) -> None:
+    def on_worker_message(
+        self, identity: bytes, frames: Message, queues: Queues = EVERY_QUEUE
+    ) -> None:
+        """A worker's message; ``queues``: the queues its CURVE key may serve (None: all)."""
         try:
             command = codec.parse(frames)
         except EmqpError as error:
@@ -181,7 +194,7 @@ class Broker:
         if worker is None:
             if isinstance(command, codec.Inform):
                 self._told_to_leave.pop(identity, None)
-                self._inform_worker(identity, command, now)
+                self._inform_worker(identity, command, now, queues)
             else:
                 self.drops.drop("not-informed", "a worker that never sent INFORM", identity)
                 self._tell_stranger_to_leave(identity, command)
@@ -199,25 +212,31 @@ class Broker:
         elif isinstance(command, codec.Inform):
             # A worker that reconnected: what it ran before is lost to us.
             self._forget_worker(identity, "worker-lost")
-            self._inform_worker(identity, command, now)
+            self._inform_worker(identity, command, now, queues)
         else:
             self.drops.drop(
                 "unexpected-command", f"{type(command).__name__} from a worker", identity
             )
 
-    def on_client_message(self, identity: bytes, frames: Message) -> None:
+    def on_client_message(
+        self, identity: bytes, frames: Message, queues: Queues = EVERY_QUEUE
+    ) -> None:
+        """A client's message; ``queues``: the queues its CURVE key may use (None: all)."""
         try:
             command = codec.parse(frames)
         except EmqpError as error:
             self.drops.drop(error.reason, str(error), identity)
             return
         if isinstance(command, codec.Request):
+            if queues is not None and command.queue not in queues:
+                self._forbidden(identity, command.msgid, command.queue)
+                return
             self._on_request(identity, command, self.clock())
             return
         if identity in self.schedulers:
             self.schedulers[identity] = self.clock()
         if isinstance(command, codec.Schedule):
-            self._on_schedule(identity, command, self.to_clients)
+            self._on_schedule(identity, command, self.to_clients, queues)
         elif isinstance(command, codec.Inform):
             self._inform_scheduler(identity, command)
         elif identity in self.schedulers and isinstance(command, codec.Heartbeat):
@@ -230,7 +249,10 @@ class Broker:
                 "unexpected-command", f"{type(command).__name__} from a client", identity
             )
 
-    def on_admin_message(self, identity: bytes, frames: Message) -> None:
+    def on_admin_message(
+        self, identity: bytes, frames: Message, queues: Queues = EVERY_QUEUE
+    ) -> None:
+        """An admin's message; ``queues``: the queues its CURVE key may schedule (None: all)."""
         try:
             command = codec.parse(frames)
         except EmqpError as error:
@@ -239,7 +261,7 @@ class Broker:
         if type(command) is codec.Status:
             self._answer(identity, command.msgid, self.status(), self.to_admin)
         elif type(command) is codec.Schedule:
-            self._on_schedule(identity, command, self.to_admin)
+            self._on_schedule(identity, command, self.to_admin, queues)
         elif type(command) is codec.Schedules:
             listing = self.schedules.listing(self.clock()) if self.schedules is not None else []
             self._answer(identity, command.msgid, {"value": listing}, self.to_admin)
@@ -249,13 +271,24 @@ class Broker:
 
     # -- workers ---------------------------------------------------------------------------------
 
-    def _inform_worker(self, identity: bytes, inform: codec.Inform, now: float) -> None:
+    def _inform_worker(
+        self, identity: bytes, inform: codec.Inform, now: float, allowed: Queues = EVERY_QUEUE
+    ) -> None:
         if inform.peer_type != codec.WORKER:
             self.drops.drop("bad-peer", "a scheduler INFORM on the worker port", identity)
             return
         queues = tuple(
             sorted(((w, n.encode("utf-8")) for w, n in inform.queues), key=lambda q: -q[0])
         )
+        if allowed is not None:
+            # Served for the queues its key allows; the others are refused, counted.
+            permitted = tuple(q for q in queues if q[1] in allowed)
+            if len(permitted) < len(queues):
+                names = b",".join(q[1] for q in queues if q[1] not in allowed)
+                self.drops.drop("forbidden-queue", f"worker may not serve {names!r}", identity)
+            if not permitted:
+                return
+            queues = permitted
         worker = WorkerState(identity, queues, last_seen=now, joined=now)
         self.workers[identity] = worker
         for weight, name in queues:
@@ -360,7 +393,18 @@ class Broker:
         result = json.dumps(value, sort_keys=True).encode()
         outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
 
-    def _on_schedule(self, origin: bytes, command: codec.Schedule, answer: list[Message]) -> None:
+    def _on_schedule(
+        self,
+        origin: bytes,
+        command: codec.Schedule,
+        answer: list[Message],
+        allowed: Queues = EVERY_QUEUE,
+    ) -> None:
+        if allowed is not None and command.command != codec.UNSCHEDULE:
+            queue = _schedule_queue(command)
+            if queue is not None and queue not in allowed:
+                self._forbidden(origin, command.msgid, queue, answer)
+                return
         book = self.schedules
         if book is None:
             self._forward_schedule(origin, command, answer)
@@ -487,6 +531,16 @@ class Broker:
     def _drop_queue_if_idle(self, queue: QueueState) -> None:
         if not queue.waiting and not queue.workers:
             self.queues.pop(queue.name, None)
+
+    def _forbidden(
+        self, client: bytes, msgid: bytes, queue: bytes, answer: list[Message] | None = None
+    ) -> None:
+        """A request or schedule for a queue the client's key may not use: refused, told."""
+        self.rejected += 1
+        self.drops.drop("forbidden-queue", f"key may not use queue {queue!r}", client)
+        result = codec.error_result("forbidden-queue", "this key may not use that queue")
+        target = self.to_clients if answer is None else answer
+        target.append([client, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
 
     def _error(self, client: bytes, msgid: bytes, reason: str, text: str) -> None:
         if not client:

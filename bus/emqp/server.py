@@ -10,6 +10,7 @@ and its requests re-dispatched or failed; a client that cannot be sent to is cou
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from twisted.python.failure import Failure
 from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import RateLimit
 from bus.emqp.config import EmqpConfig
-from bus.emqp.core import Broker
+from bus.emqp.core import EVERY_QUEUE, Broker, Queues
 from bus.emqp.store import JobStore
 from bus.errors import StartupError
 from bus.files import write_status_json
@@ -33,6 +34,7 @@ from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.sqlitewal import StorageError
 from bus.transport.outbox import PeerOutboxes
+from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
@@ -55,6 +57,28 @@ _MEMORY_RELEASE_DELAY = 1.0
 
 
 _MORE = zmq.NOBLOCK | zmq.SNDMORE
+
+
+#: The ports a key may connect to, by the ``role`` of its certificate (comma-separated).
+_ROLE_OF_DOMAIN = {"emqp-worker": "worker", "emqp-client": "client", "emqp-admin": "admin"}
+
+
+def _role_policy(domain: str, key: bytes, metadata: Mapping[str, str]) -> str | None:
+    """A key whose certificate names roles connects only to their ports (refused at the
+    CURVE handshake, as ``role``); a key without ``role`` to every port."""
+    roles = metadata.get("role")
+    if roles is None:
+        return None
+    wanted = _ROLE_OF_DOMAIN.get(domain)
+    allowed = {part.strip() for part in roles.split(",")}
+    return None if wanted is None or wanted in allowed else "role"
+
+
+def _queues(metadata: Mapping[str, str]) -> Queues:
+    names = metadata.get("queues")
+    if names is None:
+        return EVERY_QUEUE
+    return frozenset(part.strip().encode("utf-8") for part in names.split(",") if part.strip())
 
 
 class EmqpService(Service):
@@ -103,6 +127,10 @@ class EmqpService(Service):
         self._storage_retry: DelayedCall | None = None
         self._schedule_timer: DelayedCall | None = None
         self._storage_delay = _STORAGE_RETRY_MIN
+        #: CURVE on the three ports; with an allow-list, a key's ``role`` says which ports
+        #: it may connect to and its ``queues`` which queues it may serve or use.
+        self.curve = ServerCurve("emqp", config.curve, self.reactor.seconds, policy=_role_policy)
+        self._rights = config.curve.client_certs is not None
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -115,13 +143,18 @@ class EmqpService(Service):
         broker = Broker(config.broker, self.reactor.seconds, log, self.store, self.activity)
         self.broker = broker
         try:
+            self.curve.load()
             self._factory = SocketFactory(self.reactor)
+            self.curve.start(self._factory, self._periodic)
             self._bind_all()
         except BaseException:
+            self.curve.stop()
             self._close_sockets()
             self.store.close()
             raise
         Service.startService(self)
+        self.curve.warn_if_open(config.bind, sorted(self.endpoints.values()))
+        self.curve.log_security(sorted(self.endpoints.values()))
         self._started_at = self.reactor.seconds()
         restored = broker.restore()
         schedules = broker.restore_schedules()
@@ -159,6 +192,7 @@ class EmqpService(Service):
             tcp_keepalive_idle=config.tcp_keepalive_idle,
             max_message_size=config.max_message_size,
             linger_ms=200,  # time for the KBYEs of a stop to leave
+            peer_user_ids=self._rights,
         )
         # What libzmq queues per client is bounded by count only: kept small, so that the
         # byte bound of the answers' outboxes is what a client that does not read costs.
@@ -182,6 +216,7 @@ class EmqpService(Service):
             ("admin", self.admin_socket, config.admin_port),
         ):
             address = f"tcp://{config.bind}:{port or '*'}"
+            self.curve.secure(sock, f"emqp-{name}")
             try:
                 self.endpoints[name] = sock.bind(address)
             except zmq.ZMQError as error:
@@ -227,6 +262,7 @@ class EmqpService(Service):
                 self._flush()
         self.answers.stop()
         self._memory.stop()
+        self.curve.stop()
         self._close_sockets()
         # The store closes once a checkpoint running in its thread is done.
         self._stopping = defer.Deferred()
@@ -250,27 +286,43 @@ class EmqpService(Service):
     def _on_workers(self, batch: list[list[bytes]]) -> None:
         assert self.broker is not None
         handle = self.broker.on_worker_message
-        for frames in batch:
-            handle(frames[0], frames[1:])
+        if self._rights:
+            self._handle_with_rights(handle, batch, self.worker_socket)
+        else:
+            for frames in batch:
+                handle(frames[0], frames[1:])
         self._flush()
 
     def _on_clients(self, batch: list[list[bytes]]) -> None:
         broker = self.broker
         assert broker is not None
         handle = broker.on_client_message
-        for frames in batch:
-            handle(frames[0], frames[1:])
+        if self._rights:
+            self._handle_with_rights(handle, batch, self.client_socket)
+        else:
+            for frames in batch:
+                handle(frames[0], frames[1:])
         self._flush()
         if broker.schedules is not None:  # a SCHEDULE may have come
             self._arm_schedules()
 
     def _on_admin(self, batch: list[list[bytes]]) -> None:
         assert self.broker is not None
-        handle = self.broker.on_admin_message
-        for frames in batch:
-            handle(frames[0], frames[1:])
+        self._handle_with_rights(self.broker.on_admin_message, batch, self.admin_socket)
         self._flush()
         self._arm_schedules()
+
+    def _handle_with_rights(
+        self,
+        handle: Callable[[bytes, list[bytes], Queues], None],
+        batch: list[list[bytes]],
+        sock: ZmqSocket | None,
+    ) -> None:
+        """Each message with the queues its sender's key may use (all without rights)."""
+        user_ids = sock.peer_user_ids if sock is not None else []
+        for index, frames in enumerate(batch):
+            user_id = user_ids[index] if index < len(user_ids) else ""
+            handle(frames[0], frames[1:], _queues(self.curve.metadata(user_id)))
 
     # -- schedules ---------------------------------------------------------------------------------
 
@@ -458,6 +510,7 @@ class EmqpService(Service):
             "answers_dropped": dict(self.answers.dropped),
             "worker_send_failures": self.worker_send_failures,
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
+            "curve": self.curve.status(),
             "config": {k: str(v) for k, v in asdict(self.config).items()},
         }
         if broker is not None:
@@ -471,7 +524,8 @@ class EmqpService(Service):
         if broker is None:
             return []
         counters = broker.counters()
-        families = [
+        families = self.curve.metrics()
+        families += [
             counter(f"emqp_{name}", f"eMQP broker: {name.replace('_', ' ')}", value)
             for name, value in counters.items()
             if name != "dropped"

@@ -19,6 +19,7 @@ from bus.emqp.config import (
 )
 from bus.emqp.core import BrokerSettings
 from bus.options import ServiceOptions, parse_duration, parse_size
+from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -92,6 +93,7 @@ class Options(ServiceOptions):
             "it forwards them to a connected eventmq scheduler peer.",
         ],
         ["max-schedules", None, 100_000, "Schedules kept at once.", int],
+        *CURVE_OPTIONS,
     ]
 
     def postOptions(self) -> None:
@@ -129,6 +131,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
     if int(options["guarantee-retries"]) < 0:
         raise usage.UsageError("--guarantee-retries must be 0 or more")
     return EmqpConfig(
+        curve=curve_settings(options),
         bind=options["bind"],
         worker_port=ports[0],
         client_port=ports[1],

@@ -57,6 +57,7 @@ from bus.emqp.worker_process import (
 )
 from bus.errors import StartupError
 from bus.periodic import Periodic
+from bus.transport.curve import ClientCurve
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.workers import worker_pool
 
@@ -141,12 +142,14 @@ class EmqpWorker(Service):
         max_jobs_per_process: int = 0,
         stats_interval: float = 0.0,
         reactor: Any = None,
+        curve: ClientCurve | None = None,
     ) -> None:
         """``grace_period``: seconds :meth:`stopService` lets running jobs finish (None: as
         long as they take). ``hooks``: eventmq's setup, entry and exit callables.
         ``max_jobs_per_process``: a job process is replaced after so many jobs (0: never).
         ``stats_interval``: seconds between lines of jobs run and failed, when they changed
-        (0: none)."""
+        (0: none). ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
+        self.curve = curve
         if pool not in ("thread", "process"):
             raise ValueError("pool must be thread or process")
         self.endpoint = endpoint
@@ -202,7 +205,7 @@ class EmqpWorker(Service):
         self.draining = False
         self._finished_stopping = self._stopped = False
         self._stop_waiters = None
-        self._factory = SocketFactory(self.reactor)
+        self._factory = SocketFactory(self.reactor, curve=self.curve)
         if self.pool_kind == "thread":
             # Daemon threads: a handler that never returns does not keep the process alive.
             self._threads = worker_pool("emqp-worker", self.slots)

@@ -26,6 +26,7 @@ from bus.emqp.eventmq_settings import EventmqSettings, read_eventmq_settings
 from bus.emqp.worker_process import JobHooks
 from bus.options import ConfigTables, ServiceOptions, parse_duration
 from bus.services import SERVICE_NAMES
+from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -154,6 +155,7 @@ class Options(ServiceOptions):
             queue_list,
         ],
         ["slots", "J", 4, "Jobs run at once (eventmq: CONCURRENT_JOBS).", int],
+        *CLIENT_CURVE_OPTIONS,
         ["pool", None, "process", "process (a process per slot) or thread."],
         [
             "heartbeat-interval",
@@ -306,6 +308,7 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
         hooks=options["hooks"],
         max_jobs_per_process=int(options["max-jobs-per-process"]),
         stats_interval=float(options["stats-interval"]),
+        curve=client_curve_from(options),
     )
     # Once running: the reactor has installed its handlers by then, and ours wrap them.
     worker.reactor.callWhenRunning(end_jobs_at_second_signal, worker)
