@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bus.dbp.config import DEFAULT_BEACON_PORT
+from bus.transport.curve_settings import add_client_curve_arguments
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,6 +29,7 @@ def parser() -> argparse.ArgumentParser:
         default="spec",
         help="spec: 8-octet times (default); hermes: Hermes' catalog (4-octet times)",
     )
+    add_client_curve_arguments(services)
     return p
 
 
@@ -36,8 +38,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from twisted.internet import defer
 
     from bus.dbp.client import CatalogClient, find_catalog
+    from bus.transport.curve import KeyFileError, client_curve
 
     result: dict[str, Any] = {}
+    try:
+        curve = client_curve(args.server_key, args.cert)
+    except KeyFileError as error:
+        sys.stderr.write(f"dbp-cli: {error}\n")
+        return 1
 
     @defer.inlineCallbacks
     def run(reactor: Any) -> Any:
@@ -48,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except TimeoutError as error:
                 result["error"] = str(error)
                 return
-        client = CatalogClient(endpoint, reactor, dialect=args.dialect)
+        client = CatalogClient(endpoint, reactor, dialect=args.dialect, curve=curve)
         try:
             answer = client.services(args.name)
             timer = reactor.callLater(args.timeout, answer.cancel)

@@ -29,6 +29,7 @@ from twisted.logger import Logger
 from bus.dbp import codec
 from bus.dbp.codec import DbpError, DbpMessage
 from bus.periodic import Periodic
+from bus.transport.curve import ClientCurve
 from bus.transport.udp import UdpListener, UdpPort, listen_shared
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 
@@ -99,11 +100,12 @@ class CatalogClient:
         reactor: Any = None,
         time_size: int | None = None,
         dialect: str = codec.SPEC,
+        curve: ClientCurve | None = None,
     ) -> None:
         self.reactor = reactor_of(reactor)
         self.dialect = dialect
         self.time_size = _time_size(dialect, time_size)
-        self._factory = SocketFactory(self.reactor)
+        self._factory = SocketFactory(self.reactor, curve=curve)
         self._waiting: deque[defer.Deferred[dict[str, Any]]] = deque()
         self.socket = self._factory.socket(
             zmq.DEALER, self._on_replies, SocketOptions(linger_ms=0), name="dbp-client"
@@ -161,8 +163,10 @@ class ServiceRegistration(Service):
         token: str | None = None,
         time_size: int | None = None,
         dialect: str = codec.SPEC,
+        curve: ClientCurve | None = None,
     ) -> None:
         self.catalog = catalog
+        self.curve = curve
         self.dialect = dialect
         self.time_size = _time_size(dialect, time_size)
         self.info = dict(info)
@@ -201,7 +205,7 @@ class ServiceRegistration(Service):
 
     def startService(self) -> None:
         Service.startService(self)
-        self._factory = SocketFactory(self.reactor)
+        self._factory = SocketFactory(self.reactor, curve=self.curve)
         port = int(self.info.get("heartbeat_port") or self.info.get("port") or 0)
         if port and self.dialect == codec.SPEC:
             self.udp = UdpPort(self.reactor, self._on_datagram)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from bus.transport.curve_settings import CurveSettings
 
 DEFAULT_PORT = 5246
 DEFAULT_BEACON_PORT = 5245
@@ -31,6 +33,8 @@ class CatalogConfig:
     hermes_services: str = "expire"
     hermes_heartbeat: float = DEFAULT_HERMES_HEARTBEAT
     max_services: int = 10_000
+    #: CURVE on the ROUTER, the allow-list, and the names each key may register.
+    curve: CurveSettings = field(default_factory=CurveSettings)
 
 
 def read_allow_file(path: str | Path) -> dict[str, str | None]:

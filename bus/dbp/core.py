@@ -121,10 +121,15 @@ class CatalogCore:
     # -- the ROUTER --------------------------------------------------------------------------
 
     def on_message(
-        self, identity: bytes, frames: list[bytes], peer_address: str | None = None
+        self,
+        identity: bytes,
+        frames: list[bytes],
+        peer_address: str | None = None,
+        names: frozenset[str] | None = None,
     ) -> list[list[bytes]]:
         """Replies (each starting with the identity) to one message from a peer;
-        ``peer_address`` is the connection's IP address, when the transport knows it."""
+        ``peer_address`` is the connection's IP address, when the transport knows it;
+        ``names`` the service names its CURVE key may register (None: any)."""
         if identity in self.invalid:
             self.drop("invalid-peer", "a peer that sent an invalid message", identity)
             return []
@@ -143,9 +148,9 @@ class CatalogCore:
             if command == codec.INFO_REQUEST:
                 return [self._reply(identity, message, codec.INFO_REPLY, self._info(message))]
             if command == codec.REGISTER:
-                return [self._register(identity, message, peer_address)]
+                return [self._register(identity, message, peer_address, names)]
             if command == codec.UPDATE:
-                return [self._update(identity, message)]
+                return [self._update(identity, message, names)]
             if command == codec.HEARTBEAT:
                 return self._heartbeat(identity, message)
             if command == codec.DISCONNECT:
@@ -195,7 +200,11 @@ class CatalogCore:
         return {name: entry.public()}
 
     def _register(
-        self, identity: bytes, message: DbpMessage, peer_address: str | None
+        self,
+        identity: bytes,
+        message: DbpMessage,
+        peer_address: str | None,
+        names: frozenset[str] | None = None,
     ) -> list[bytes]:
         if not message.body:
             return self._denied(identity, message, ["no service information"])
@@ -206,7 +215,7 @@ class CatalogCore:
             return self._denied(identity, message, [str(error)])
         except Invalid as error:
             return self._denied(identity, message, error.reasons)
-        refusal = self._refused(info["name"], value.get("token"))
+        refusal = self._refused(info["name"], value.get("token"), names)
         if refusal:
             return self._denied(identity, message, [refusal])
         if info["name"] not in self.entries and not self._make_room():
@@ -251,7 +260,10 @@ class CatalogCore:
     def _keeps_hermes(self, entry: Entry) -> bool:
         return entry.form == codec.HERMES and self.settings.hermes_services == "keep"
 
-    def _refused(self, name: str, token: Any) -> str:
+    def _refused(self, name: str, token: Any, names: frozenset[str] | None = None) -> str:
+        if names is not None and name not in names:
+            self._count("forbidden-name")
+            return f"this key may not register {name!r}"
         allow = self.settings.allow
         if allow is None:
             return ""
@@ -262,7 +274,9 @@ class CatalogCore:
             return f"service {name!r} needs its token"
         return ""
 
-    def _update(self, identity: bytes, message: DbpMessage) -> list[bytes]:
+    def _update(
+        self, identity: bytes, message: DbpMessage, names: frozenset[str] | None = None
+    ) -> list[bytes]:
         if not message.body:
             return self._denied(identity, message, ["no values to update"])
         try:
@@ -278,7 +292,7 @@ class CatalogCore:
             # service's update is taken by its name (and its token, if --allow has one).
             if not self._keeps_hermes(entry):
                 return self._denied(identity, message, ["not registered: register (UwU) first"])
-            refusal = self._refused(entry.name, value.get("token"))
+            refusal = self._refused(entry.name, value.get("token"), names)
             if refusal:
                 return self._denied(identity, message, [refusal])
             value = {k: v for k, v in value.items() if k != "token"}

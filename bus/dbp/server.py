@@ -9,6 +9,7 @@ Event BUS composed, every change is published under ``/dbp/services/<name>/<what
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -27,6 +28,7 @@ from bus.errors import StartupError
 from bus.files import replace_atomically
 from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
+from bus.transport.security import ServerCurve
 from bus.transport.udp import BeaconSender, InterfaceError, UdpPort, interface_address
 from bus.transport.zmqsocket import (
     PeerUnreachable,
@@ -41,6 +43,14 @@ log = Logger(namespace="bus.dbp")
 
 
 REGISTRY_FILE = "dbp-registry.json"
+
+
+def _names(metadata: Mapping[str, str]) -> frozenset[str] | None:
+    """The service names a key's certificate lets it register (None: any)."""
+    names = metadata.get("names")
+    if names is None:
+        return None
+    return frozenset(part.strip() for part in names.split(",") if part.strip())
 
 
 class CatalogService(Service):
@@ -81,6 +91,10 @@ class CatalogService(Service):
         self.activity_errors = 0
         self.save_errors = 0
         self.restored = 0
+        #: CURVE on the ROUTER; with an allow-list, a key's ``names`` are the services it
+        #: may register. (UDP heartbeats carry no key: only a port number.)
+        self.curve = ServerCurve("dbp", config.curve, self.reactor.seconds)
+        self._rights = config.curve.client_certs is not None
 
     @property
     def registry_path(self) -> Path:
@@ -99,14 +113,18 @@ class CatalogService(Service):
             interface = interface_address(config.beacon_interface)
         except InterfaceError as error:
             raise StartupError("beacon-interface", str(error)) from None
-        self._factory = SocketFactory(self.reactor)
         try:
+            self.curve.load()
+            self._factory = SocketFactory(self.reactor)
+            self.curve.start(self._factory, self._periodic)
             self._open(interface.broadcast)
         except BaseException:
             self._close()
             raise
         self.restored = self.core.restore(saved)
         Service.startService(self)
+        self.curve.warn_if_open(config.bind, [self.endpoint])
+        self.curve.log_security([self.endpoint])
         self._periodic.every(config.heartbeat_interval, self._tick)
         log.info(
             "DBP catalog on {endpoint} (UDP heartbeats on {port}), beacon SHALOM to {beacon}; "
@@ -132,10 +150,12 @@ class CatalogService(Service):
                 send_hwm=10_000,
                 linger_ms=0,
                 peer_addresses=True,
+                peer_user_ids=self._rights,
             ),
             read_budget=256,
             name="dbp-router",
         )
+        self.curve.secure(self.router, "dbp")
         try:
             self.endpoint = self.router.bind(f"tcp://{config.bind}:{config.port}")
         except zmq.ZMQError as error:
@@ -169,10 +189,12 @@ class CatalogService(Service):
         if router is None:
             return
         addresses = router.peer_addresses
+        user_ids = router.peer_user_ids
         for index, frames in enumerate(batch):
             self.messages += 1
             peer = addresses[index] if index < len(addresses) else None
-            replies = self.core.on_message(frames[0], frames[1:], peer)
+            names = _names(self.curve.metadata(user_ids[index])) if user_ids else None
+            replies = self.core.on_message(frames[0], frames[1:], peer, names)
             for reply in replies:
                 self._send(reply)
         self._save_if_changed()
@@ -266,6 +288,7 @@ class CatalogService(Service):
         if self.router is not None:
             self.router.shutdown()
             self.router = None
+        self.curve.stop()
         if self._factory is not None:
             self._factory.shutdown()
             self._factory = None
@@ -293,11 +316,13 @@ class CatalogService(Service):
             "beacons_sent": self.beacon.sent if self.beacon else 0,
             "save_errors": self.save_errors,
             "dropped": dict(self.drops.counts),
+            "curve": self.curve.status(),
         }
 
     def metrics(self) -> list[Metric]:
         status = self.status()
         return [
+            *self.curve.metrics(),
             gauge("dbp_services", "Active services", status["services"]),
             gauge(
                 "dbp_services_inactive",

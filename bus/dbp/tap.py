@@ -17,6 +17,7 @@ from bus.dbp.config import (
     read_allow_file,
 )
 from bus.options import ServiceOptions, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -52,6 +53,7 @@ class Options(ServiceOptions):
             "until they unregister (their updates accepted by name).",
         ],
         ["hermes-heartbeat", None, "10s", "Heartbeat assumed for Hermes-form services."],
+        *CURVE_OPTIONS,
     ]
 
     def postOptions(self) -> None:
@@ -92,6 +94,7 @@ def catalog_config(options: usage.Options | dict[str, Any]) -> CatalogConfig:
         max_services=int(options["max-services"]),
         hermes_services=options["hermes-services"],
         hermes_heartbeat=hermes_heartbeat,
+        curve=curve_settings(options),
     )
     if config.beacon_interval <= 0 or config.heartbeat_interval <= 0:
         raise usage.UsageError("--beacon-interval and --heartbeat-interval must be above 0")
