@@ -29,15 +29,9 @@ from bus.mc0 import codec
 from bus.mc0.core import Broker, BrokerSettings, Client, SendResult
 from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
-from bus.transport.curve import (
-    CurveKeyPair,
-    KeyFileError,
-    ZapHandler,
-    load_key_pair,
-    make_curve_server,
-    public_keys_in,
-    server_key_pair,
-)
+from bus.transport.curve import CurveKeyPair, KeyFileError, ZapHandler, server_key_pair
+from bus.transport.curve_settings import CurveSettings
+from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import (
     PeerUnreachable,
     SocketFactory,
@@ -93,11 +87,11 @@ class Mc0Service(Service):
         self.activity = activity
         self.reactor: Any = reactor_of(reactor)
         self.clock = clock
-        self.keys: CurveKeyPair | None = None
+        #: CURVE (plain-text until started, and with ``--plain``).
+        self.curve = ServerCurve("mc0", CurveSettings(), clock)
         self.endpoint = ""
         self.broker: Broker | None = None
         self.socket: ZmqSocket | None = None
-        self.zap: ZapHandler | None = None
         self._factory: SocketFactory | None = None
         self._periodic = Periodic(self.reactor, log)
         self._stopped: defer.Deferred[None] | None = None
@@ -116,10 +110,17 @@ class Mc0Service(Service):
         except OSError as error:
             raise StartupError("data-dir", f"cannot create {config.data_dir}: {error}") from None
         if not config.plain:
-            self.keys = self._server_keys()
-            self._check_client_certs()
+            self.curve = ServerCurve(
+                "mc0",
+                CurveSettings(
+                    self._server_cert(), config.client_certs, config.certs_reload_interval
+                ),
+                self.clock,
+            )
+            self.curve.load()
         self._factory = SocketFactory(self.reactor)
         try:
+            self.curve.start(self._factory, self._periodic)
             self._open_sockets()
         except BaseException:
             self._close()
@@ -133,17 +134,23 @@ class Mc0Service(Service):
         Service.startService(self)
         self._stopped = None
         self._started_at = self.clock()
-        if self.zap is not None and config.client_certs is not None:
-            self._periodic.every(config.certs_reload_interval, self.zap.reload)
         self._log_security()
 
-    def _server_keys(self) -> CurveKeyPair:
+    @property
+    def keys(self) -> CurveKeyPair | None:
+        """The server's key pair (None with ``--plain``)."""
+        return self.curve.keys
+
+    @property
+    def zap(self) -> ZapHandler | None:
+        return self.curve.zap
+
+    def _server_cert(self) -> Path:
+        """``--server-cert``, or the key pair kept in the data directory (made on first
+        start: mc0 speaks CURVE unless told ``--plain``)."""
         config = self.config
         if config.server_cert is not None:
-            try:
-                return load_key_pair(config.server_cert)
-            except KeyFileError as error:
-                raise StartupError("server-cert", str(error)) from None
+            return config.server_cert
         try:
             keys, created = server_key_pair(config.data_dir)
         except (KeyFileError, OSError) as error:
@@ -154,28 +161,11 @@ class Mc0Service(Service):
                 path=str(config.data_dir / "server"),
                 public=keys.public.decode("ascii"),
             )
-        return keys
-
-    def _check_client_certs(self) -> None:
-        directory = self.config.client_certs
-        if directory is None:
-            return
-        if not directory.is_dir():
-            raise StartupError("client-certs", f"{directory} is not a directory")
-        if not public_keys_in(directory):
-            log.warn(
-                "--client-certs {directory} holds no *.key certificate: no client can connect "
-                "until one is added (the directory is re-read every {interval}s)",
-                directory=str(directory),
-                interval=self.config.certs_reload_interval,
-            )
+        return config.data_dir / "server.key_secret"
 
     def _open_sockets(self) -> None:
         assert self._factory is not None
         config = self.config
-        if self.keys is not None:
-            # Bound before the ROUTER: a CURVE handshake is never decided without it.
-            self.zap = ZapHandler(self._factory, config.client_certs, self.clock)
         limits = config.broker
         sock = self._factory.socket(
             zmq.ROUTER,
@@ -193,8 +183,7 @@ class Mc0Service(Service):
             name="mc0",
         )
         self.socket = sock
-        if self.keys is not None:
-            make_curve_server(sock, self.keys)
+        self.curve.secure(sock, "mc0")
         port = "*" if config.port == 0 else str(config.port)
         try:
             self.endpoint = sock.bind(f"tcp://{config.bind}:{port}")
@@ -213,23 +202,7 @@ class Mc0Service(Service):
                 endpoint=self.endpoint,
             )
             return
-        log.info(
-            "mc0 broker on {endpoint}, CURVE server public key {public}",
-            endpoint=self.endpoint,
-            public=self.keys.public.decode("ascii"),
-        )
-        if config.client_certs is None:
-            log.warn(
-                "mc0: any CURVE client key is accepted (no --client-certs allow-list); "
-                "traffic is still encrypted"
-            )
-        else:
-            assert self.zap is not None
-            log.info(
-                "mc0: only the {count} client keys in {directory} are accepted",
-                count=self.zap.allowed_keys,
-                directory=str(config.client_certs),
-            )
+        self.curve.log_security([self.endpoint])
 
     def stopService(self) -> defer.Deferred[None]:
         if self._stopped is not None:
@@ -246,11 +219,10 @@ class Mc0Service(Service):
     def _close(self) -> None:
         if self.socket is not None:
             self.socket.shutdown()
-        if self.zap is not None:
-            self.zap.shutdown()
+        self.curve.stop()
         if self._factory is not None:
             self._factory.shutdown()
-        self.socket = self.zap = self._factory = None
+        self.socket = self._factory = None
 
     # -- traffic -------------------------------------------------------------------------------
 
