@@ -87,10 +87,14 @@ class SparkBridgeService(Service):
         servers: Sequence[str] | Callable[[], Sequence[str]],
         config: BridgeConfig,
         reactor: Any = None,
+        curve: Any = None,
     ) -> None:
+        """``curve``: a ClientCurve, or a callable giving one (or None) at start: the bus
+        speaks CURVE."""
         from bus.transport.zmqsocket import reactor_of
 
         self._servers = servers
+        self._curve = curve
         self.config = config
         self.reactor: Any = reactor_of(reactor)
         self.writer: JournalWriter | None = None
@@ -146,6 +150,7 @@ class SparkBridgeService(Service):
             # The journal belongs to one bus log: know which before taking any event.
             wait_for_heartbeat=True,
             dialect=config.dialect,
+            curve=self._curve() if callable(self._curve) else self._curve,
         )
         Service.startService(self)
         self.subscriber.startService()

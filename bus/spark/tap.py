@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from bus.options import ServiceOptions, optional_duration, parse_duration
+from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -48,6 +49,7 @@ class Options(ServiceOptions):
             "3.5s",
             "Fail over after this long without word from the bus.",
         ],
+        *CLIENT_CURVE_OPTIONS,
     ]
     optMulti = [
         [
@@ -85,11 +87,13 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
     config = options.get("bridge-config") or bridge_config(options)
     servers = list(options.get("server") or [])
+    curve = client_curve_from(options)
     local = composition.local_bus
     if not servers and local is not None:
-        # Composed: journal this process's bus, whose port is known once it has bound.
-        return SparkBridgeService(local.client_addresses, config)
-    return SparkBridgeService(servers or [DEFAULT_SERVER], config)
+        # Composed: journal this process's bus, whose port is known once it has bound;
+        # over CURVE with the bus's own key pair unless given one (see ServerCurve).
+        return SparkBridgeService(local.client_addresses, config, curve=curve or local.client_curve)
+    return SparkBridgeService(servers or [DEFAULT_SERVER], config, curve=curve)
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:

@@ -1,0 +1,155 @@
+"""The command-line tools over CURVE (``--server-key``, ``--cert``), as child processes
+against servers in this process that speak CURVE and keep an allow-list with rights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer
+
+from bus.dbp.client import ServiceRegistration
+from bus.dbp.config import CatalogConfig
+from bus.dbp.server import CatalogService
+from bus.emqp.worker import EmqpWorker
+from bus.testing import start_broker, wait_until
+from tests.curve_helpers import Keys
+from tests.processes import CommandProcess
+from tests.zre_helpers import free_udp_port
+
+
+class Command(CommandProcess):
+    """One of the tools, named by its first argument."""
+
+    def __init__(self, program: str, *args: str) -> None:
+        self.program = program
+        super().__init__(*args)
+
+
+@defer.inlineCallbacks
+def ran(cleanup: list[Any], program: str, *args: str) -> Any:
+    command = Command(program, *args)
+    cleanup.append(command)
+    yield wait_until(command.finished, timeout=30, what=f"{program} {' '.join(args)}")
+    return command
+
+
+def echo(params: Any) -> Any:
+    return params
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Keys:
+    return Keys(tmp_path / "keys")
+
+
+@pytest_twisted.inlineCallbacks
+def test_emqp_cli_submits_and_asks_status_over_curve(
+    tmp_path: Path, keys: Keys, cleanup: list[Any]
+) -> Any:
+    web = str(keys.secret_file("web", role="client", queues="jobs"))
+    ops = str(keys.secret_file("ops", role="admin"))
+    broker = start_broker(tmp_path / "emqp", curve=keys.settings())
+    cleanup.append(broker)
+    worker = EmqpWorker(
+        broker.endpoints["worker"], queues=[(10, "jobs")], handlers={"echo": echo},
+        curve=keys.curve("worker", role="worker"),
+    )  # fmt: skip
+    worker.startService()
+    cleanup.append(worker)
+    yield wait_until(lambda: worker.registered, what="the worker over CURVE")
+    server_key = str(keys.server_key)
+    submitted = yield ran(
+        cleanup, "emqp-cli", "submit", "jobs", '["echo", {"n": 7}]',
+        "--broker", broker.endpoints["client"], "--admin", broker.endpoints["admin"],
+        "--server-key", server_key, "--cert", web,
+    )  # fmt: skip
+    assert submitted.code == 0, submitted.err
+    assert json.loads(submitted.out) == {"n": 7}
+    refused = yield ran(
+        cleanup, "emqp-cli", "submit", "other", "[]", "--broker", broker.endpoints["client"],
+        "--admin", broker.endpoints["admin"], "--server-key", server_key, "--cert", web,
+    )  # fmt: skip
+    assert refused.code == 1
+    assert "forbidden-queue" in refused.err
+    status = yield ran(
+        cleanup, "emqp-cli", "status", "--admin", broker.endpoints["admin"],
+        "--server-key", server_key, "--cert", ops,
+    )  # fmt: skip
+    assert status.code == 0, status.err
+    assert "jobs" in json.loads(status.out)["queues"]
+
+
+@pytest_twisted.inlineCallbacks
+def test_dbp_cli_lists_services_over_curve(tmp_path: Path, keys: Keys, cleanup: list[Any]) -> Any:
+    reader = str(keys.secret_file("reader", names=""))
+    config = CatalogConfig(
+        port=0, beacon_port=0, data_dir=str(tmp_path / "dbp"), curve=keys.settings()
+    )
+    catalog = CatalogService(config)
+    catalog.startService()
+    cleanup.append(catalog)
+    service = ServiceRegistration(
+        catalog.endpoint,
+        {
+            "name": "pump",
+            "address": "127.0.0.1",
+            "port": free_udp_port(),
+            "function": "test",
+            "heartbeat": 0.5,
+        },
+        curve=keys.curve("pump", names="pump"),
+    )
+    service.startService()
+    cleanup.append(service)
+    yield service.registered
+    listed = yield ran(
+        cleanup, "dbp-cli", "services", "--catalog", catalog.endpoint,
+        "--server-key", str(keys.server_key), "--cert", reader,
+    )  # fmt: skip
+    assert listed.code == 0, listed.err
+    assert list(json.loads(listed.out)) == ["pump"]
+    plain = yield ran(
+        cleanup, "dbp-cli", "services", "--catalog", catalog.endpoint, "--timeout", "1"
+    )
+    assert plain.code == 1
+    assert "no answer" in plain.err
+
+
+@pytest_twisted.inlineCallbacks
+def test_eventbus_cli_publishes_and_reads_its_subtrees_over_curve(
+    tmp_path: Path, keys: Keys, cleanup: list[Any]
+) -> Any:
+    from bus.testing import start_bus
+
+    orders = str(keys.secret_file("orders", publish="/orders/", subscribe="/orders/"))
+    bus = start_bus(tmp_path / "bus", curve=keys.settings())
+    cleanup.append(bus)
+    server = f"127.0.0.1:{bus.port}"
+    curve = ("--server-key", str(keys.server_key), "--cert", orders)
+    for topic in ("/orders/1/", "/billing/1/"):
+        published = yield ran(
+            cleanup, "eventbus-cli", "publish", topic, "1", "--server", server, "--no-confirm",
+            *curve,
+        )  # fmt: skip
+        assert published.code == 0, published.err
+    confirmed = yield ran(
+        cleanup, "eventbus-cli", "publish", "/orders/2/", "2", "--server", server, *curve
+    )
+    assert confirmed.code == 0, confirmed.err
+    assert json.loads(confirmed.out)["seq"] == 2  # /billing/1/ was dropped, not stored
+    assert bus.drops.counts["forbidden-topic"] == 1
+    dumped = yield ran(cleanup, "eventbus-cli", "snapshot", "--server", server, *curve)
+    assert dumped.code == 0, dumped.err
+    assert [json.loads(line)["topic"] for line in dumped.out.splitlines()] == [
+        "/orders/1/",
+        "/orders/2/",
+    ]
+    missing = yield ran(
+        cleanup, "eventbus-cli", "snapshot", "--server", server, "--cert", orders
+    )
+    assert missing.code == 1
+    assert "--cert needs --server-key" in missing.err
