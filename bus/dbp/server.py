@@ -193,7 +193,7 @@ class CatalogService(Service):
         for index, frames in enumerate(batch):
             self.messages += 1
             peer = addresses[index] if index < len(addresses) else None
-            names = _names(self.curve.metadata(user_ids[index])) if user_ids else None
+            names = self.curve.rights(user_ids[index], _names) if user_ids else None
             replies = self.core.on_message(frames[0], frames[1:], peer, names)
             for reply in replies:
                 self._send(reply)

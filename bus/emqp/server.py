@@ -322,7 +322,7 @@ class EmqpService(Service):
         user_ids = sock.peer_user_ids if sock is not None else []
         for index, frames in enumerate(batch):
             user_id = user_ids[index] if index < len(user_ids) else ""
-            handle(frames[0], frames[1:], _queues(self.curve.metadata(user_id)))
+            handle(frames[0], frames[1:], self.curve.rights(user_id, _queues))
 
     # -- schedules ---------------------------------------------------------------------------------
 

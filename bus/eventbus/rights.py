@@ -28,6 +28,14 @@ def subtrees(metadata: Mapping[str, str], right: str) -> Subtrees:
     return tuple(part.strip().encode("utf-8") for part in value.split(",") if part.strip())
 
 
+def publish_subtrees(metadata: Mapping[str, str]) -> Subtrees:
+    return subtrees(metadata, "publish")
+
+
+def subscribe_subtrees(metadata: Mapping[str, str]) -> Subtrees:
+    return subtrees(metadata, "subscribe")
+
+
 def may_publish(topic: bytes, allowed: Subtrees) -> bool:
     return allowed is None or topic.startswith(allowed)
 

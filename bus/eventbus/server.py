@@ -123,11 +123,9 @@ class EventBusService(Service):
         #: client key may publish and receive (``--client-certs``, :mod:`.rights`).
         self.curve = ServerCurve("eventbus", config.curve, clock, policy=self._may_connect)
         self._rights = config.curve.client_certs is not None
-        self._publish_rights: dict[str, rights.Subtrees] = {}
         #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
         self.narrowed_subscriptions = 0
         self.narrowed_snapshots = 0
-        self._rights_of: object = None
         self._unreleased: deque[tuple[int, list[codec.EventFields]]] = deque()
         #: SYNCSTARTs that reached a server that is not active: answered if it takes over.
         self._held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(maxlen=1024)
@@ -311,18 +309,6 @@ class EventBusService(Service):
             return None if self.pair is not None and key == self.pair.peer_key() else "not-peer"
         return None
 
-    def _publish_subtrees(self, user_id: str) -> rights.Subtrees:
-        certificates = self.curve.zap.certificates if self.curve.zap is not None else None
-        if certificates is not self._rights_of:  # the allow-list was re-read
-            self._publish_rights = {}
-            self._rights_of = certificates
-        try:
-            return self._publish_rights[user_id]
-        except KeyError:
-            allowed = rights.subtrees(self.curve.metadata(user_id), "publish")
-            self._publish_rights[user_id] = allowed
-            return allowed
-
     def _on_subscriptions(self, batch: list[list[bytes]]) -> None:
         sock = self.publisher_socket
         if sock is None or sock.socket is None:
@@ -333,7 +319,7 @@ class EventBusService(Service):
             if not message or message[0] not in (0, 1):
                 continue
             user_id = user_ids[index] if index < len(user_ids) else ""
-            allowed = rights.subtrees(self.curve.metadata(user_id), "subscribe")
+            allowed = self.curve.rights(user_id, rights.subscribe_subtrees)
             prefixes = rights.narrow(message[1:], allowed)
             if prefixes != [message[1:]]:
                 self.narrowed_subscriptions += 1
@@ -476,7 +462,7 @@ class EventBusService(Service):
         permitted = []
         for index, frames in enumerate(batch):
             user_id = user_ids[index] if index < len(user_ids) else ""
-            allowed = self._publish_subtrees(user_id)
+            allowed = self.curve.rights(user_id, rights.publish_subtrees)
             if allowed is not None:
                 body = frames[1:]
                 topic = body[1] if len(body) == 7 and not body[0] else body[0] if body else b""
@@ -738,7 +724,7 @@ class EventBusService(Service):
             self.snapshots.request(frames[0], request)
 
     def _narrowed(self, request: SnapshotRequest, user_id: str) -> SnapshotRequest:
-        allowed = rights.subtrees(self.curve.metadata(user_id), "subscribe")
+        allowed = self.curve.rights(user_id, rights.subscribe_subtrees)
         subtrees = rights.narrow_snapshot(request.subtrees, allowed)
         if subtrees == request.subtrees:
             return request

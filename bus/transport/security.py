@@ -19,7 +19,7 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 from twisted.logger import Logger
@@ -39,6 +39,8 @@ from bus.transport.curve import (
 from bus.transport.curve_settings import CurveSettings
 
 log = Logger(namespace="bus.transport.security")
+
+T = TypeVar("T")
 
 # Handshakes that failed before ZAP was asked; ZAP's own refusals (FAILED_AUTH) are
 # counted by the ZAP handler, with their reason.
@@ -68,6 +70,8 @@ class ServerCurve:
         self.keys: CurveKeyPair | None = None
         self.zap: ZapHandler | None = None
         self.handshake_failures = 0
+        self._rights: dict[tuple[Callable[[Mapping[str, str]], Any], str], Any] = {}
+        self._rights_of: object = None
 
     @property
     def enabled(self) -> bool:
@@ -138,6 +142,19 @@ class ServerCurve:
         if self.zap is None or not user_id:
             return {}
         return self.zap.metadata(user_id)
+
+    def rights(self, user_id: str, read: Callable[[Mapping[str, str]], T]) -> T:
+        """``read(metadata)`` of the key behind ``user_id``, kept until the allow-list is
+        re-read: a service's per-message check is then one dictionary lookup."""
+        certificates = self.zap.certificates if self.zap is not None else None
+        if certificates is not self._rights_of:
+            self._rights.clear()
+            self._rights_of = certificates
+        try:
+            return self._rights[read, user_id]  # type: ignore[no-any-return]
+        except KeyError:
+            value = self._rights[read, user_id] = read(self.metadata(user_id))
+            return value
 
     @property
     def refusals(self) -> dict[str, int]:
