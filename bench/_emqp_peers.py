@@ -44,6 +44,7 @@ from collections import deque
 from typing import Any
 
 import zmq
+from _curve import secure
 
 PROTOCOL = b"eMQP/1.0"
 
@@ -104,6 +105,7 @@ class BenchWorker:
         sock.setsockopt(zmq.IDENTITY, msgid())
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.SNDHWM, 0)
+        secure(sock)
         sock.connect(endpoint)
         sock.send_multipart([b"", PROTOCOL, b"INFORM", msgid(), b'[[10, "default"]]', b"worker"])
         while sock.recv_multipart()[2] != b"ACK":
@@ -280,6 +282,7 @@ def client(endpoint: str, jobs: str, window: str, headers: str) -> None:
     sock.setsockopt(zmq.IDENTITY, msgid())
     sock.setsockopt(zmq.RCVHWM, 0)
     sock.setsockopt(zmq.SNDHWM, 0)
+    secure(sock)
     sock.connect(endpoint)
     header = headers.encode()
     body = b'["bench", {"n": 1}]'

@@ -27,6 +27,10 @@ Roles:
 ``latency-subscribe ENDPOINT EVENTS``
     A SUB that reads the send time out of each BROADCAST and reports latency percentiles
     (CLOCK_MONOTONIC is the same clock in every process of the machine).
+``connect-churn ENDPOINT CONNECTIONS``
+    After ``GO``, CONNECTIONS DEALERs one after the other: each connects, waits for its
+    handshake to succeed (a socket monitor), and closes; prints a JSON line (connections
+    per second, and any handshake that failed). The cost of a new connection to a server.
 ``stuck-snapshot ENDPOINT CLIENTS``
     CLIENTS raw DEALERs (default options) that each send SYNCSTART for everything and
     never read. Prints ``READY`` once all have asked; closes them all when a line (or
@@ -43,6 +47,8 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+
+from _curve import secure
 
 HEARTBEAT = b"$heartbeat"
 PRODUCER = b"bench-publisher"
@@ -117,6 +123,7 @@ def publish(endpoint: str, events: int, prebuild_limit: int = 400_000) -> None:
     dealer = context.socket(zmq.DEALER)
     dealer.sndhwm = 1000
     dealer.linger = -1  # close() waits until everything was handed to TCP
+    secure(dealer)
     dealer.connect(endpoint)
     uuid_format = _uuid_format()
     chunk = events if events <= prebuild_limit else 100_000
@@ -160,6 +167,7 @@ def subscribe(endpoint: str, events: int, idle_timeout: float = 10.0) -> None:
     sub.rcvhwm = 0
     sub.linger = 0
     sub.setsockopt(zmq.SUBSCRIBE, b"")
+    secure(sub)
     sub.connect(endpoint)
     sub.rcvtimeo = 30_000
     frames = sub.recv_multipart()  # raises zmq.Again if the PUB side is silent for 30 s
@@ -544,6 +552,34 @@ def latency_subscribe(endpoint: str, events: int, warmup: int = 200) -> None:
     )
 
 
+def connect_churn(endpoint: str, connections: int) -> None:
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    context = zmq.Context()
+    _ready()
+    _wait_go()
+    failed = 0
+    started = time.monotonic()
+    for _ in range(connections):
+        dealer = context.socket(zmq.DEALER)
+        dealer.linger = 0
+        secure(dealer)
+        monitor = dealer.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )  # fmt: skip
+        dealer.connect(endpoint)
+        event = recv_monitor_message(monitor)["event"]
+        failed += event != zmq.EVENT_HANDSHAKE_SUCCEEDED
+        dealer.disable_monitor()
+        monitor.close()
+        dealer.close()
+    elapsed = time.monotonic() - started
+    context.term()
+    _emit({"connections": connections, "failed": failed, "rate": connections / elapsed})
+
+
 def main(argv: list[str]) -> None:
     role, *args = argv
     if role == "paced-publish":
@@ -564,6 +600,8 @@ def main(argv: list[str]) -> None:
         snapshot_client(args[0], int(args[1]), int(args[2]))
     elif role == "twisted-snapshot":
         twisted_snapshot(args[0], int(args[1]))
+    elif role == "connect-churn":
+        connect_churn(args[0], int(args[1]))
     elif role == "stuck-snapshot":
         stuck_snapshot(args[0], int(args[1]))
     else:

@@ -58,6 +58,9 @@ enum {
     ZMQ_SNDMORE = 2,
     ZMQ_POLLIN = 1,
     ZMQ_POLLERR = 4,
+    ZMQ_CURVE_PUBLICKEY = 48,
+    ZMQ_CURVE_SECRETKEY = 49,
+    ZMQ_CURVE_SERVERKEY = 50,
 };
 
 #define MAX_FRAMES 16
@@ -145,6 +148,17 @@ static void send_frame(void *sock, const void *data, size_t size, int more) {
 
 #define SEND_TEXT(sock, text, more) send_frame(sock, text, strlen(text), more)
 
+/* BENCH_CURVE="SERVER_PUBLIC CLIENT_PUBLIC CLIENT_SECRET" (Z85, as bench/_curve.py reads
+   it): connect as a CURVE client, so the same generator measures a CURVE server. */
+static void curve_client(void *sock) {
+    const char *keys = getenv("BENCH_CURVE");
+    char server[41], public[41], secret[41];
+    if (keys == NULL || sscanf(keys, "%40s %40s %40s", server, public, secret) != 3) return;
+    zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server, 40);
+    zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, public, 40);
+    zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, secret, 40);
+}
+
 static void *dealer(void *context, const char *endpoint) {
     void *sock = zmq_socket(context, ZMQ_DEALER);
     if (sock == NULL) die("zmq_socket");
@@ -154,6 +168,7 @@ static void *dealer(void *context, const char *endpoint) {
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, identity, ID_BYTES);
     zmq_setsockopt(sock, ZMQ_SNDHWM, &unlimited, sizeof unlimited);
     zmq_setsockopt(sock, ZMQ_RCVHWM, &unlimited, sizeof unlimited);
+    curve_client(sock);
     if (zmq_connect(sock, endpoint) != 0) die("zmq_connect");
     return sock;
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +55,18 @@ def run_once(
     prefix: list[str],
     wait_idle: float,
     load: int = 0,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
+    """One run of ``kind`` (``server`` or ``baseline``); ``extra``: the server's options."""
     wait_for_quiet(wait_idle)
     account = CpuAccount()
     with Cleanup() as stack:
         stack.enter_context(cpu_load(load))
         server: BusServer | None = None
         if kind == "server":
-            server = stack.server(BusServer(root / f"server-{index}", prefix=prefix))
+            server = stack.server(
+                BusServer(root / f"server-{index}", prefix=prefix, extra=tuple(extra))
+            )
             publisher_endpoint, collector_endpoint = server.publisher, server.collector
             pid = server.pid
         else:

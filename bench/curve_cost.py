@@ -1,0 +1,247 @@
+"""What CURVE costs, same run: Event BUS delivery and eMQP's pipelined rate with CURVE on
+against plain text, and what a new connection costs the server (handshake and ZAP).
+
+* Event BUS: eventbus_throughput's run (a raw pyzmq publisher -> COLLECTOR -> store -> PUB
+  -> a raw pyzmq subscriber, 6-frame events), the server plain, then with --server-cert and
+  --client-certs (an allow-list of ALLOWED keys, every message checked against its key's
+  rights), the generators then CURVE clients; alternating --repeat times.
+* eMQP: emqp_broker's pipelined mode (C load generators, 4 workers, 1,000 outstanding), the
+  broker plain, then with --emqp-server-cert and --emqp-client-certs.
+* New connections: CONNECTIONS DEALERs, one after the other, connect to the collector,
+  complete the handshake and close: the server's CPU per connection, plain, CURVE with any
+  key (ZAP allow-any), and CURVE with the allow-list.
+
+The load generators pay for their own encryption on the same two cores: the figures are
+what a deployment on one machine sees.
+
+    python bench/curve_cost.py [--repeat 3] [--events 200000] [--jobs 30000]
+                               [--connections 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import emqp_broker
+import eventbus_throughput
+import zmq
+import zmq.auth
+from _common import (
+    BusServer,
+    Cleanup,
+    Figure,
+    add_common_arguments,
+    cpu_seconds,
+    fmt_rate,
+    machine,
+    median,
+    noise_line,
+    summary,
+    terminate_on_sigterm,
+    wait_for_quiet,
+    workdir,
+)
+from _curve import ENV
+
+TARGET_RATIO = 0.7
+ALLOWED = 1000
+
+
+class Keys:
+    """The server's key pair, the load generators' key pair, and an allow-list holding the
+    generators' public key among ALLOWED keys."""
+
+    def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        _public, self.server_cert = zmq.auth.create_certificates(str(root), "server")
+        self.allowed = root / "allowed"
+        self.allowed.mkdir()
+        _client_public, client_secret = zmq.auth.create_certificates(str(self.allowed), "bench")
+        for number in range(ALLOWED - 1):
+            zmq.auth.create_certificates(str(self.allowed), f"other-{number}")
+        server_public, _ = zmq.auth.load_certificate(self.server_cert)
+        public, secret = zmq.auth.load_certificate(client_secret)
+        assert secret is not None
+        for path in self.allowed.glob("*.key_secret"):
+            path.unlink()  # an allow-list holds public certificates only
+        self.client_env = b" ".join((server_public, public, secret)).decode("ascii")
+
+    def options(self, prefix: str = "", allow_list: bool = True) -> list[str]:
+        options = [f"--{prefix}server-cert", str(self.server_cert)]
+        if allow_list:
+            options += [f"--{prefix}client-certs", str(self.allowed)]
+        return options
+
+
+@contextmanager
+def generators_over_curve(keys: Keys | None) -> Iterator[None]:
+    """Load generators started inside speak CURVE with the bench's key (None: plain)."""
+    if keys is None:
+        yield
+        return
+    os.environ[ENV] = keys.client_env
+    try:
+        yield
+    finally:
+        del os.environ[ENV]
+
+
+def bus_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "curve": []}
+    for index in range(args.repeat):
+        for kind in ("plain", "curve"):
+            extra = keys.options() if kind == "curve" else []
+            with generators_over_curve(keys if kind == "curve" else None):
+                run = eventbus_throughput.run_once(
+                    "server", args.events, root / kind, index, [], args.wait_idle, extra=extra
+                )
+            runs[kind].append(run)
+            print(f"bus {index + 1}/{args.repeat} {kind:<5} {fmt_rate(run['rate'])} ev/s, "
+                  f"lost {run['lost']}, server CPU {run['cpu_us_per_event']:.1f} us/event, "
+                  f"publisher {run['publisher_cpu_us_per_event']:.1f}, subscriber "
+                  f"{run['subscriber_cpu_us_per_event']:.1f}", flush=True)  # fmt: skip
+    return runs
+
+
+def broker_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "curve": []}
+    root.mkdir(parents=True, exist_ok=True)
+    program = emqp_broker.build_c_peers(root)
+    for index in range(args.repeat):
+        for kind in ("plain", "curve"):
+            options = argparse.Namespace(
+                server_prefix="",
+                cpu_latency_us=None,
+                broker_option=keys.options("emqp-") if kind == "curve" else [],
+                program=program,
+                jobs=args.jobs,
+                wait_idle=args.wait_idle,
+            )
+            with generators_over_curve(keys if kind == "curve" else None):
+                results = emqp_broker.run_target("broker", root / kind, index, options)
+            run = results["pipelined"]
+            runs[kind].append(run)
+            print(f"eMQP {index + 1}/{args.repeat} {kind:<5} {fmt_rate(run['rate'])} jobs/s "
+                  f"pipelined, CPU us/job {run['cpu_us_per_job']}", flush=True)  # fmt: skip
+    return runs
+
+
+def connection_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]]]:
+    modes: dict[str, tuple[list[str], Keys | None]] = {
+        "plain": ([], None),
+        "curve": (keys.options(allow_list=False), keys),
+        "curve-allow-list": (keys.options(), keys),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
+    for index in range(args.repeat):
+        for mode, (extra, client_keys) in modes.items():
+            wait_for_quiet(args.wait_idle)
+            with Cleanup() as stack, generators_over_curve(client_keys):
+                server = stack.server(BusServer(root / f"churn-{mode}-{index}", extra=tuple(extra)))
+                churn = stack.worker("connect-churn", server.collector, args.connections)
+                churn.wait_ready()
+                before = cpu_seconds(server.pid)
+                churn.go()
+                result = churn.result()
+                spent = cpu_seconds(server.pid) - before
+                status = server.status()
+            run = {
+                "rate": result["rate"],
+                "failed": result["failed"],
+                "server_us_per_connection": spent / args.connections * 1e6,
+                "accepted_by_zap": (status.get("curve") or {}).get("accepted", 0),
+            }
+            runs[mode].append(run)
+            print(f"connections {index + 1}/{args.repeat} {mode:<16} "
+                  f"{run['rate']:,.0f}/s, server {run['server_us_per_connection']:.0f} us each, "
+                  f"{run['failed']} failed", flush=True)  # fmt: skip
+    return runs
+
+
+def _median(runs: Sequence[dict[str, Any]], key: str) -> float:
+    return median([run[key] for run in runs])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--jobs", type=int, default=30_000)
+    parser.add_argument("--connections", type=int, default=2_000)
+    parser.add_argument(
+        "--only", choices=("bus", "emqp", "connections"), help="measure one of the three"
+    )
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    terminate_on_sigterm()
+    info = machine()
+    with workdir("curve-cost-", args.keep) as root:
+        keys = Keys(root / "keys")
+        bus = bus_runs(args, root / "bus", keys) if args.only in (None, "bus") else None
+        broker = broker_runs(args, root / "emqp", keys) if args.only in (None, "emqp") else None
+        churn = (
+            connection_runs(args, root / "churn", keys)
+            if args.only in (None, "connections")
+            else None
+        )
+
+    figures: dict[str, Figure] = {}
+    measured, baseline, ratios = [], [], []
+    verdict = True
+    all_runs: list[dict[str, Any]] = []
+    if bus is not None:
+        curve, plain = _median(bus["curve"], "rate"), _median(bus["plain"], "rate")
+        lost = sum(r["lost"] for r in bus["curve"] + bus["plain"])
+        measured.append(f"Event BUS over CURVE {fmt_rate(curve)} events/s delivered")
+        baseline.append(f"plain {fmt_rate(plain)} events/s")
+        ratios.append(f"bus {curve / plain:.2f}")
+        verdict &= curve / plain >= TARGET_RATIO and lost == 0
+        figures["bus_curve"] = Figure(curve, "events/s")
+        figures["bus_curve_vs_plain"] = Figure(curve / plain, "x plain")
+        all_runs += bus["curve"] + bus["plain"]
+    if broker is not None:
+        curve, plain = _median(broker["curve"], "rate"), _median(broker["plain"], "rate")
+        measured.append(f"eMQP over CURVE {fmt_rate(curve)} jobs/s pipelined")
+        baseline.append(f"plain {fmt_rate(plain)} jobs/s")
+        ratios.append(f"eMQP {curve / plain:.2f}")
+        verdict &= curve / plain >= TARGET_RATIO
+        figures["emqp_curve"] = Figure(curve, "jobs/s")
+        figures["emqp_curve_vs_plain"] = Figure(curve / plain, "x plain")
+        all_runs += broker["curve"] + broker["plain"]
+    if churn is not None:
+        cost = {mode: _median(runs, "server_us_per_connection") for mode, runs in churn.items()}
+        failed = sum(r["failed"] for runs in churn.values() for r in runs)
+        measured.append(
+            f"a new connection costs the server {cost['curve']:.0f} us over CURVE, "
+            f"{cost['curve-allow-list']:.0f} us with a {ALLOWED}-key allow-list"
+        )
+        baseline.append(f"{cost['plain']:.0f} us plain")
+        ratios.append(
+            f"CURVE and ZAP add {cost['curve-allow-list'] - cost['plain']:.0f} us per connection"
+        )
+        verdict &= failed == 0
+        figures["connection_curve_us"] = Figure(cost["curve-allow-list"], "us", better="lower")
+    summary(
+        "what CURVE costs",
+        info,
+        measured="; ".join(measured),
+        baseline="; ".join(baseline) + " (same run, same generators without CURVE)",
+        ratio="; ".join(ratios) + " (CURVE / plain)",
+        target=f"Event BUS and eMQP over CURVE >= {TARGET_RATIO} x plain; no refused handshake",
+        verdict=verdict,
+        details=[noise_line(all_runs)] if all_runs else [],
+        json_path=args.json,
+        record={"bus": bus, "emqp": broker, "connections": churn},
+        figures=figures,
+    )
+    return 0 if verdict else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
