@@ -1,7 +1,7 @@
-"""``mc0-cli``: put a message, follow topics, or time round trips against an mc0 broker;
-``mc0-keys``: make a CURVE key pair.
+"""``mc0-cli``: put a message, follow topics, or time round trips against an mc0 broker
+(``mc0-keys``, now ``bus-keys``, makes a CURVE key pair: :mod:`bus.keys_cli`).
 
-    mc0-keys alice ./mc0-clients            # alice.key (public) + alice.key_secret
+    bus-keys alice ./mc0-clients            # alice.key (public) + alice.key_secret
     mc0-cli --cert ./mc0-clients/alice.key_secret sub mcollective.discovery
     mc0-cli put mcollective.discovery 'hello' --header X-reply-to=me
     mc0-cli ping --count 100
@@ -220,29 +220,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(1)
 
     task.react(lambda reactor: args.run(reactor, args).addErrback(explain))
-
-
-def keys_main(argv: Sequence[str] | None = None) -> None:
-    """``mc0-keys NAME DIR``: write DIR/NAME.key and DIR/NAME.key_secret."""
-    from bus.transport.curve import KeyFileError, create_key_pair, load_key_pair
-
-    parser = argparse.ArgumentParser(
-        prog="mc0-keys",
-        description="Make a CURVE key pair in the zcert format (zmq.auth, CZMQ): NAME.key "
-        "(public: give it to brokers' --client-certs or clients' --server-key) and "
-        "NAME.key_secret (keep it private).",
-    )
-    parser.add_argument("name")
-    parser.add_argument("directory")
-    args = parser.parse_args(argv)
-    try:
-        public, secret = create_key_pair(Path(args.directory), args.name)
-        keys = load_key_pair(secret)
-    except (KeyFileError, OSError) as error:
-        _err(f"mc0-keys: {error}")
-        raise SystemExit(1) from None
-    _err(f"wrote {public} and {secret}")
-    _out(keys.public.decode("ascii"))
 
 
 if __name__ == "__main__":
