@@ -153,3 +153,45 @@ def test_eventbus_cli_publishes_and_reads_its_subtrees_over_curve(
     )
     assert missing.code == 1
     assert "--cert needs --server-key" in missing.err
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_tool_without_the_key_is_told_the_port_speaks_curve(
+    tmp_path: Path, keys: Keys, cleanup: list[Any]
+) -> Any:
+    web = str(keys.secret_file("web", role="client"))
+    broker = start_broker(tmp_path / "emqp", curve=keys.settings())
+    cleanup.append(broker)
+    plain = yield ran(
+        cleanup, "emqp-cli", "status", "--admin", broker.endpoints["admin"], "--wait", "1"
+    )
+    assert plain.code == 1
+    assert plain.err.strip().endswith(
+        "speaks CURVE and did not answer STATUS: give --server-key (and --cert); gave up "
+        "after 1 s"
+    ), plain.err
+    refused = yield ran(
+        cleanup, "emqp-cli", "status", "--admin", broker.endpoints["admin"], "--wait", "1",
+        "--server-key", str(keys.server_key), "--cert", web,
+    )  # fmt: skip
+    assert refused.code == 1
+    assert "without the admin role, gets no answer at all" in refused.err
+    assert broker.curve.refusals["role"] >= 1
+
+
+@pytest_twisted.inlineCallbacks
+def test_eventbus_cli_without_the_key_is_told_the_bus_speaks_curve(
+    tmp_path: Path, keys: Keys, cleanup: list[Any]
+) -> Any:
+    from bus.testing import start_bus
+
+    bus = start_bus(tmp_path / "bus", curve=keys.settings())
+    cleanup.append(bus)
+    plain = yield ran(
+        cleanup, "eventbus-cli", "publish", "/a/", "1", "--server", f"127.0.0.1:{bus.port}",
+        "--timeout", "1",
+    )  # fmt: skip
+    assert plain.code == 1
+    assert plain.err.strip().endswith(
+        f"127.0.0.1:{bus.port} speaks CURVE: give --server-key (and --cert)"
+    ), plain.err

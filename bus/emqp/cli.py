@@ -46,10 +46,11 @@ from collections.abc import Callable, Generator, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Literal  # noqa: E402
 
-from twisted.internet import defer, error, protocol  # noqa: E402
+from twisted.internet import defer  # noqa: E402
 from twisted.python.failure import Failure  # noqa: E402
 
 from bus.transport.curve_settings import add_client_curve_arguments  # noqa: E402
+from bus.transport.probe import Listener, probe_port  # noqa: E402
 
 DEFAULT_BROKER = os.environ.get("EMQP_BROKER", "tcp://127.0.0.1:47291")
 DEFAULT_ADMIN = os.environ.get("EMQP_ADMIN", "tcp://127.0.0.1:47293")
@@ -252,65 +253,27 @@ def wait_for(run: Run, awaited: defer.Deferred[Any], seconds: float) -> defer.De
 
 # -- what listens at a port that did not answer -----------------------------------------------
 
-Listener = Literal["nothing", "unreachable", "zeromq", "other", "silent", "unknown"]
-
-
-class _Greeting(protocol.Protocol):
-    """The first bytes a server sends: a ZeroMQ peer (ZMTP 2 and 3) opens with 0xFF, eight
-    bytes and 0x7F, without waiting for the client."""
-
-    def __init__(self) -> None:
-        self.received = b""
-        self.heard: defer.Deferred[bytes] = defer.Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.received += data
-        if len(self.received) >= 10:
-            self._done()
-
-    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self._done()
-
-    def _done(self) -> None:
-        if not self.heard.called:
-            self.heard.callback(self.received)
-            if self.transport is not None:
-                self.transport.abortConnection()
-
 
 def probe(reactor: Any, endpoint: Endpoint, seconds: float) -> defer.Deferred[Listener]:
     """What listens at a tcp:// endpoint, judged by a plain TCP connection."""
-    from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
-
     if endpoint.host is None or endpoint.port is None:
         return defer.succeed("unknown")
-    target = HostnameEndpoint(reactor, endpoint.host, endpoint.port, timeout=seconds)
-    outcome: defer.Deferred[Listener] = defer.Deferred()
-
-    def connected(greeting: _Greeting) -> None:
-        timer = reactor.callLater(seconds, greeting._done)
-        greeting.heard.addCallback(judged, timer)
-
-    def judged(first: bytes, timer: Any) -> None:
-        if timer.active():
-            timer.cancel()
-        if len(first) >= 10 and first[0] == 0xFF and first[9] == 0x7F:
-            outcome.callback("zeromq")
-        else:
-            outcome.callback("other" if first else "silent")
-
-    def refused(failure: Failure) -> None:
-        outcome.callback(
-            "nothing" if failure.check(error.ConnectionRefusedError) else "unreachable"
-        )
-
-    connectProtocol(target, _Greeting()).addCallbacks(connected, refused)
-    return outcome
+    return probe_port(reactor, endpoint.host, endpoint.port, seconds)
 
 
-def _port_said(listener: Listener, endpoint: Endpoint, role: str, silence: str) -> str:
-    """A clause about a port that gave no eMQP answer; ``silence`` says what it did not do."""
+def _port_said(
+    listener: Listener, endpoint: Endpoint, role: str, silence: str, curve: Any = None
+) -> str:
+    """A clause about a port that gave no eMQP answer; ``silence`` says what it did not do;
+    ``curve``: whether this command spoke CURVE (``--server-key``)."""
     url = endpoint.url
+    if listener == "curve":
+        if curve is None:
+            return f"{url} speaks CURVE and {silence}: give --server-key (and --cert)"
+        return (
+            f"{url} speaks CURVE and {silence} (a key it refuses, not on its allow-list or "
+            f"without the {role} role, gets no answer at all)"
+        )
     return {
         "nothing": f"nothing listens at {url}",
         "unreachable": f"{url} cannot be reached",
@@ -449,13 +412,19 @@ def _why_no_answer(run: Run, msgid: bytes, dispatched: bool) -> Generator[Any, A
         by = f" ({worker})" if worker else ""
         return f"request {msgid.decode()} went to a worker{by}, which has not replied"
     queue = (status or {}).get("queues", {}).get(args.queue)
-    if listener in ("zeromq", "unknown") and isinstance(queue, dict) and queue.get("depth"):
+    if (
+        listener in ("zeromq", "curve", "unknown")
+        and isinstance(queue, dict)
+        and queue.get("depth")
+    ):
         return _queue_said(status or {}, args.queue, queue)
     client_said = _port_said(
-        listener or "unknown", args.broker, "client", "did not acknowledge the request"
+        listener or "unknown", args.broker, "client", "did not acknowledge the request", run.curve
     )
     if status is None:
         admin_said = f"the admin port {args.admin.url} did not answer STATUS either"
+        if run.curve is not None:
+            admin_said += " (over CURVE, to a key without the admin role it never does)"
     elif queue is None or not queue.get("depth"):
         admin_said = (
             f"the broker at {args.admin.url} has no request waiting in queue {args.queue!r}"
@@ -521,7 +490,7 @@ def _ask_admin(
             f" {_seconds(args.wait)}"
         )
     listener: Listener = looked.result
-    said = _port_said(listener, args.admin, "admin", f"did not answer {what}")
+    said = _port_said(listener, args.admin, "admin", f"did not answer {what}", run.curve)
     raise CliError(f"{said}; gave up after {_seconds(args.wait)}")
 
 

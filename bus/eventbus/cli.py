@@ -206,15 +206,23 @@ def _mismatch_only(probe: defer.Deferred[Any]) -> defer.Deferred[Any]:
 
 @defer.inlineCallbacks
 def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
-    """Wait for ``waiting``; if it times out with the default dialect and the server
-    answers like the original Node.js implementation, say so in the same line."""
+    """Wait for ``waiting``; if it times out and the server speaks CURVE to a command given
+    no key, or answers like the original Node.js implementation, say so in the same line."""
     from bus.eventbus.client import ServerAddress
     from bus.polling import ConditionTimeout
+    from bus.transport.probe import probe_port
 
     try:
         result = yield waiting
     except ConditionTimeout as error:
         server = ServerAddress.parse(args.server)
+        if (
+            _curve(args) is None
+            and (yield probe_port(reactor, server.host, server.port, 2.0)) == "curve"
+        ):
+            raise ConditionTimeout(
+                f"{error}; {server} speaks CURVE: give --server-key (and --cert)"
+            ) from None
         if Dialect(args.dialect) is Dialect.SPEC and (
             yield _answers_like_the_original(reactor, server, _curve(args))
         ):
@@ -283,11 +291,12 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
             _out(json.dumps({"uuid": event_id}))
             return
         if dialect.has_heartbeats:
+            rights = " (over CURVE the server drops a PUB outside its key's publish subtrees)"
             yield wait_until(
                 lambda: any(len(m) == 6 and m[4] == event_id.encode() for m in confirmations),
                 timeout=args.timeout,
                 reactor=reactor,
-                what=f"the event's broadcast from {server}",
+                what=f"the event's broadcast from {server}{rights if args.cert else ''}",
             )
             stored = next(m for m in confirmations if len(m) == 6 and m[4] == event_id.encode())
             sequence, _ = codec.decode_sequence(stored[1])
