@@ -12,6 +12,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from twisted.application.service import Service
@@ -20,6 +21,7 @@ from twisted.logger import Logger
 from twisted.web import resource, server
 
 from bus.errors import StartupError
+from bus.transport.security import is_loopback
 
 log = Logger(namespace="bus.statusweb")
 
@@ -115,10 +117,18 @@ class StatusWebService(Service):
         interface: str = "127.0.0.1",
         reactor: Any = None,
         on_listening: Callable[[str], None] | None = None,
+        token_file: Path | None = None,
+        metrics_open: bool = False,
     ) -> None:
+        """``token_file``: every request must bear its token (see :mod:`bus.webauth`),
+        ``/metrics`` excepted with ``metrics_open``."""
         from bus.transport.zmqsocket import reactor_of
 
         self.services = services
+        self.token_file = token_file
+        self.metrics_open = metrics_open
+        #: The guard of the whole site when a token is required (its refusals counted).
+        self.guard: Any = None
         self.requested_port = port
         self.interface = "0.0.0.0" if interface == "*" else interface
         self.reactor: Any = reactor_of(reactor)
@@ -139,7 +149,8 @@ class StatusWebService(Service):
         root = _Index()  # type: ignore[no-untyped-call]
         root.putChild(b"status", _Status(self.services, started))  # type: ignore[arg-type]
         root.putChild(b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call,arg-type]
-        site = _QuietSite(root)  # type: ignore[no-untyped-call]
+        root.putChild(b"", root)  # type: ignore[arg-type]  # "/" (a postpath of one empty segment)
+        site = _QuietSite(self._guarded(root))  # type: ignore[no-untyped-call]
         try:
             self._listening = self.reactor.listenTCP(
                 self.requested_port, site, interface=self.interface
@@ -154,10 +165,30 @@ class StatusWebService(Service):
             self.on_listening(f"{host}:{self.port}")
         Service.startService(self)
         log.info(
-            "status on http://{host}:{port}/status, metrics on /metrics",
+            "status on http://{host}:{port}/status, metrics on /metrics{token}",
             host=self.interface,
             port=self.port,
+            token=""
+            if self.guard is None
+            else " (bearer token required" + (", /metrics open)" if self.metrics_open else ")"),
         )
+        if self.guard is None and not is_loopback(self.interface):
+            log.warn(
+                "/status and /metrics on {host}:{port} are open to anyone who can reach it "
+                "(give --http-token-file, or --http-bind 127.0.0.1)",
+                host=self.interface,
+                port=self.port,
+            )
+
+    def _guarded(self, root: resource.Resource) -> resource.Resource:
+        """Every resource of the site behind the bearer token, when one is required."""
+        if self.token_file is None:
+            return root
+        from bus.webauth import BearerGuard, TokenFile
+
+        opened = [b"metrics"] if self.metrics_open else []
+        self.guard = BearerGuard(root, TokenFile(self.token_file), opened)
+        return self.guard  # type: ignore[no-any-return]
 
     def stopService(self) -> Any:
         Service.stopService(self)
@@ -165,4 +196,23 @@ class StatusWebService(Service):
         return None if listening is None else listening.stopListening()
 
     def status(self) -> dict[str, Any]:
-        return {"endpoint": f"http://{self.interface}:{self.port}/"}
+        guard = self.guard
+        return {
+            "endpoint": f"http://{self.interface}:{self.port}/",
+            "token_required": guard is not None,
+            "metrics_open": self.metrics_open or guard is None,
+            "refused": dict(guard.refusals) if guard is not None else {},
+        }
+
+    def metrics(self) -> list[Any]:
+        from bus.metrics import counters_by
+
+        refused = dict(self.guard.refusals) if self.guard is not None else {}
+        return [
+            counters_by(
+                "bus_http_refusals",
+                "HTTP requests refused for want of the bearer token, by reason",
+                "reason",
+                refused,
+            )
+        ]

@@ -14,6 +14,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
@@ -116,6 +117,11 @@ class _ProductOptions(ServiceOptions):
             None,
             "Also journal this bus's feed for PySpark (adds spark-bridge to --services).",
         ],
+        [
+            "http-metrics-open",
+            None,
+            "With --http-token-file: leave /metrics open (a Prometheus without the token).",
+        ],
     ]
     optParameters = [
         [
@@ -129,8 +135,21 @@ class _ProductOptions(ServiceOptions):
             "http-port",
             None,
             DEFAULT_HTTP_PORT,
-            "Port of /status and /metrics, on the Event BUS's --bind address (0: off).",
+            "Port of /status and /metrics (0: off).",
             int,
+        ],
+        [
+            "http-bind",
+            None,
+            "127.0.0.1",
+            "Address of the HTTP port; beyond loopback, give --http-token-file.",
+        ],
+        [
+            "http-token-file",
+            None,
+            None,
+            "File of a bearer token every HTTP request must carry (Authorization: Bearer "
+            "TOKEN); re-read when it changes.",
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
     ]
@@ -272,13 +291,21 @@ def compose(
         from bus.statusweb import StatusWebService
 
         services: list[tuple[str, Service]] = [(c.name, c.service) for c in product.composed]
-        bus_options = options["service-options"].get("eventbus")
-        bind = bus_options["bind"] if bus_options is not None else "127.0.0.1"
 
         def listening(address: str) -> None:
             composition.status_address = address
 
-        web = StatusWebService(services, port, bind, reactor, on_listening=listening)
+        token = options.get("http-token-file")
+        web = StatusWebService(
+            services,
+            port,
+            options.get("http-bind") or "127.0.0.1",
+            reactor,
+            on_listening=listening,
+            token_file=Path(token) if token else None,
+            metrics_open=bool(options.get("http-metrics-open")),
+        )
+        services.append(("http", web))  # its refusals in /status and /metrics too
         product.add("http", web, "", options)
     return product
 

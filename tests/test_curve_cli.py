@@ -148,9 +148,7 @@ def test_eventbus_cli_publishes_and_reads_its_subtrees_over_curve(
         "/orders/1/",
         "/orders/2/",
     ]
-    missing = yield ran(
-        cleanup, "eventbus-cli", "snapshot", "--server", server, "--cert", orders
-    )
+    missing = yield ran(cleanup, "eventbus-cli", "snapshot", "--server", server, "--cert", orders)
     assert missing.code == 1
     assert "--cert needs --server-key" in missing.err
 
@@ -167,8 +165,7 @@ def test_a_tool_without_the_key_is_told_the_port_speaks_curve(
     )
     assert plain.code == 1
     assert plain.err.strip().endswith(
-        "speaks CURVE and did not answer STATUS: give --server-key (and --cert); gave up "
-        "after 1 s"
+        "speaks CURVE and did not answer STATUS: give --server-key (and --cert); gave up after 1 s"
     ), plain.err
     refused = yield ran(
         cleanup, "emqp-cli", "status", "--admin", broker.endpoints["admin"], "--wait", "1",

@@ -59,7 +59,7 @@ def test_a_declared_service_runs_in_the_product_like_a_built_in_one(tmp_path: Pa
     try:
         yield wait_until(product.ready, timeout=30, what="the product")
         services = product.status()["services"]
-        assert list(services) == ["eventbus", "echo"]  # after what it needs (its AFTER)
+        assert list(services) == ["eventbus", "echo", "http"]  # after what it needs (its AFTER)
         feed = RawPeer.sub(services["eventbus"]["endpoints"]["publisher"], (b"/echo/",))
         client = RawPeer.dealer(services["echo"]["endpoint"])
         peers += [feed, client]

@@ -97,7 +97,7 @@ def test_composed_product_with_config_file_environment_and_command_line(tmp_path
     try:
         yield wait_until(product.ready, timeout=60, what="product started")
         status = product.status()
-        assert set(status["services"]) == {"eventbus", "spark-bridge"}
+        assert set(status["services"]) == {"eventbus", "spark-bridge", "http"}
         bus = status["services"]["eventbus"]
         assert bus["config"]["publish_hwm"] == "4321"  # from the file
         assert bus["config"]["heartbeat_interval"] == "0.2"  # environment over file

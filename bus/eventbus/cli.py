@@ -393,17 +393,38 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 @defer.inlineCallbacks
-def _fetch_status(reactor: Any, address: str, timeout: float) -> Any:
-    """``/status`` of the process serving it on ``address`` (host:port), as JSON."""
+def _fetch_status(reactor: Any, address: str, timeout: float, token: bytes | None = None) -> Any:
+    """``/status`` of the process serving it on ``address`` (host:port), as JSON;
+    ``token``: the bearer token its --http-token-file holds."""
     from twisted.web.client import Agent, readBody
+    from twisted.web.http_headers import Headers
 
     agent = Agent(reactor, connectTimeout=timeout)
     url = f"http://{address}/status"
-    response = yield agent.request(b"GET", url.encode()).addTimeout(timeout, reactor)
+    headers = Headers({b"authorization": [b"Bearer " + token]} if token else {})
+    response = yield agent.request(b"GET", url.encode(), headers).addTimeout(timeout, reactor)
     body = yield readBody(response)
+    if response.code == 401:
+        raise OSError(
+            "HTTP 401: it wants a bearer token (--token-file)"
+            if token is None
+            else "HTTP 401: the server refused the token of --token-file"
+        )
     if response.code != 200:
         raise OSError(f"HTTP {response.code}")
     return json.loads(body)
+
+
+def _token(args: argparse.Namespace) -> bytes | None:
+    if not args.token_file:
+        return None
+    try:
+        token = Path(args.token_file).read_bytes().strip()
+    except OSError as error:
+        raise ValueError(f"--token-file {args.token_file}: {error.strerror}") from None
+    if not token:
+        raise ValueError(f"--token-file {args.token_file} is empty")
+    return token
 
 
 def _reason(error: Exception) -> str:
@@ -433,11 +454,12 @@ def _written_ago(recorded: dict[str, Any]) -> str:
 def status(reactor: Any, args: argparse.Namespace) -> Any:
     """The status of the server whose data directory is named; else of the one answering
     on ``--http``, falling back to the default data directory's status.json."""
+    token = _token(args)
     if args.data_dir is not None:
-        yield _status_of(reactor, Path(args.data_dir), args.timeout)
+        yield _status_of(reactor, Path(args.data_dir), args.timeout, token)
         return
     try:
-        live = yield _fetch_status(reactor, args.http, args.timeout)
+        live = yield _fetch_status(reactor, args.http, args.timeout, token)
     except Exception as error:  # refused, timed out, not ours: say so, then try the file
         reason = _reason(error)
     else:
@@ -456,7 +478,7 @@ def status(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 @defer.inlineCallbacks
-def _status_of(reactor: Any, data_dir: Path, timeout: float) -> Any:
+def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None) -> Any:
     """The server that keeps ``data_dir``: its live ``/status`` when its status.json says
     where that is and the bus there is the same store, else the file itself."""
     path = data_dir / "status.json"
@@ -473,7 +495,7 @@ def _status_of(reactor: Any, data_dir: Path, timeout: float) -> Any:
         _out(json.dumps(recorded, indent=2, sort_keys=True))
         return
     try:
-        live = yield _fetch_status(reactor, address, timeout)
+        live = yield _fetch_status(reactor, address, timeout, token)
     except Exception as error:
         reason = _reason(error)
     else:
@@ -555,6 +577,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("EVENTBUS_DATA_DIR"),
         help="show the server that keeps this data directory (its /status, else its "
         f"status.json); without it, the server on --http, else {DEFAULT_DATA_DIR}/status.json",
+    )
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get("EVENTBUS_HTTP_TOKEN_FILE"),
+        help="file of the bearer token the server's --http-token-file holds",
     )
     p.add_argument("--timeout", type=float, default=3.0)
     p.set_defaults(run=status)

@@ -191,7 +191,7 @@ class ServerCurve:
 
     def warn_if_open(self, bind: str, ports: Sequence[str]) -> None:
         """One warning line when ``bind`` is not a loopback address and CURVE is off."""
-        if self.keys is not None or _is_loopback(bind):
+        if self.keys is not None or is_loopback(bind):
             return
         log.warn(
             "{service}: {ports} on {bind} WITHOUT CURVE: open to anyone who can reach them "
@@ -236,7 +236,8 @@ class ServerCurve:
             self.zap = None
 
 
-def _is_loopback(bind: str) -> bool:
+def is_loopback(bind: str) -> bool:
+    """Whether ``bind`` (an address, ``localhost`` or an interface name) is loopback only."""
     host = bind.strip("[]")
     if host in ("localhost", "lo"):
         return True
