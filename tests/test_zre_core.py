@@ -24,11 +24,13 @@ class FakeLinks:
         self.connected: dict[str, str] = {}
         self.closed: list[str] = []
         self.sent: dict[str, list[codec.Message]] = {}
+        self.server_keys: dict[str, bytes | None] = {}
 
-    def connect(self, key: str, endpoint: str) -> bool:
+    def connect(self, key: str, endpoint: str, server_key: bytes | None = None) -> bool:
         if len(self.connected) >= self.capacity:
             return False
         self.connected[key] = endpoint
+        self.server_keys[key] = server_key
         self.opened += 1
         return True
 

@@ -62,8 +62,11 @@ class ServerCurve:
         settings: CurveSettings,
         clock: Callable[[], float],
         policy: ZapPolicy | None = None,
+        options: tuple[str, str] = ("server-cert", "client-certs"),
     ) -> None:
+        """``options``: how the service spells its two options, for start-up errors."""
         self.service = service
+        self._options = options
         self.settings = settings
         self._clock = clock
         self._policy = policy
@@ -86,12 +89,12 @@ class ServerCurve:
         try:
             self.keys = load_key_pair(settings.server_cert)
         except KeyFileError as error:
-            raise StartupError("server-cert", str(error)) from None
+            raise StartupError(self._options[0], str(error)) from None
         directory = settings.client_certs
         if directory is None:
             return
         if not directory.is_dir():
-            raise StartupError("client-certs", f"{directory} is not a directory")
+            raise StartupError(self._options[1], f"{directory} is not a directory")
         if not public_keys_in(directory):
             log.warn(
                 "{service}: --client-certs {directory} holds no *.key certificate: no client "

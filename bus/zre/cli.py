@@ -16,6 +16,7 @@ import base64
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bus.zre.codec import VERSION_20, VERSION_36
@@ -61,7 +62,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--group", default="GLOBAL", help="group to join and shout to")
     p.add_argument("--name", default="", help="this node's name")
     p.add_argument("--version", choices=["1", "2"], default="2", help="2: 36/ZRE, 1: 20/ZRE")
-    p.add_argument("--peer", action="append", default=[], help="tcp://HOST:PORT to greet")
+    p.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        help="tcp://HOST:PORT to greet (with --cert: tcp://HOST:PORT|KEY)",
+    )
+    p.add_argument(
+        "--cert",
+        type=Path,
+        default=None,
+        help="speak CURVE with this secret key (NAME.key_secret), as zyre with a certificate",
+    )
+    p.add_argument(
+        "--peer-certs",
+        type=Path,
+        default=None,
+        help="with --cert: meet only peers whose keys are in this directory's *.key files",
+    )
     p.add_argument("--interval", type=parse_duration, default=1.0, help="between shouts")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="UDP beacon port (0: off)")
     p.add_argument("--evasive", type=parse_duration, default=5.0)
@@ -86,7 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         peers=list(args.peer),
         evasive=args.evasive,
         expired=args.expired,
+        cert=args.cert,
+        peer_certs=args.peer_certs,
     )
+    if args.peer_certs and not args.cert:
+        sys.stderr.write("zre-ping: --peer-certs needs --cert\n")
+        return 2
     reactor: Any = global_reactor
     node = ZreNode(config, reactor=reactor)
     shouts = 0

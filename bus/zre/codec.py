@@ -29,6 +29,12 @@ from bus.errors import ProtocolError
 
 BEACON_SIZE: Final = 22
 BEACON_HEADER: Final = b"ZRE\x01"
+#: zyre's beacon of a node with a CURVE certificate (zyre_set_zcert): version 3, the node's
+#: 32-octet public key after the port.
+CURVE_BEACON_SIZE: Final = 54
+CURVE_BEACON_HEADER: Final = b"ZRE\x03"
+#: HELLO header with the node's Z85 public key (zyre); a CURVE node ignores a HELLO without.
+PUBLIC_KEY_HEADER: Final = "X-PUBLICKEY"
 SIGNATURE: Final = b"\xaa\xa1"
 LOG_SIGNATURE: Final = b"\xaa\xa2"
 VERSION_36: Final = 2
@@ -83,22 +89,36 @@ class ZreError(ProtocolError):
 class Beacon:
     uuid: bytes
     port: int
+    #: The node's CURVE public key (32 octets) in a version 3 beacon; None in version 1.
+    public_key: bytes | None = None
 
     @property
     def leaving(self) -> bool:
         return self.port == 0
 
 
-def encode_beacon(node: bytes, port: int) -> bytes:
-    return _BEACON.pack(BEACON_HEADER, node, port)
+def encode_beacon(node: bytes, port: int, public_key: bytes | None = None) -> bytes:
+    """Version 1 (22 octets), or version 3 with the 32-octet ``public_key`` (54)."""
+    if public_key is None:
+        return _BEACON.pack(BEACON_HEADER, node, port)
+    if len(public_key) != 32:
+        raise ValueError("a beacon's public key is 32 octets")
+    return _BEACON.pack(CURVE_BEACON_HEADER, node, port) + public_key
 
 
 def parse_beacon(data: bytes, version: int = VERSION_36) -> Beacon:
+    if len(data) == CURVE_BEACON_SIZE and data[:4] == CURVE_BEACON_HEADER:
+        # zyre drops a key whose first octet is zero (it reads that as "no key"): 1 key in
+        # 256 is a real key, so it is taken here.
+        _header, node, port = _BEACON.unpack_from(data)
+        if version == VERSION_20:
+            raise ZreError("20/ZRE has no CURVE beacon", "beacon-header")
+        return Beacon(node, port, data[BEACON_SIZE:])
     if len(data) != BEACON_SIZE:
-        raise ZreError(f"beacon of {len(data)} octets (not 22)", "beacon-size")
+        raise ZreError(f"beacon of {len(data)} octets (not 22 or 54)", "beacon-size")
     header, node, port = _BEACON.unpack(data)
     if header != BEACON_HEADER:
-        raise ZreError("beacon header is not ZRE 0x01", "beacon-header")
+        raise ZreError("beacon header is not ZRE 0x01 (nor 0x03)", "beacon-header")
     if port == 0 and version == VERSION_20:
         raise ZreError("20/ZRE beacon with port 0", "beacon-port")
     return Beacon(node, port)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bus.zre.codec import VERSION_36
 
@@ -31,3 +32,9 @@ class ZreConfig:
     pending_expired: float = 5.0
     #: Share of the process's descriptor limit the node's per-peer sockets may hold.
     descriptor_share: float = 0.25
+    #: The node's CURVE secret key (``NAME.key_secret``): it then speaks CURVE as zyre with
+    #: a certificate does, and meets only nodes that do.
+    cert: Path | None = None
+    #: With ``cert``: only peers whose public keys are in this directory's ``*.key`` files
+    #: (re-read when it changes); None: any key, as zyre.
+    peer_certs: Path | None = None

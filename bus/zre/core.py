@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from zmq.utils import z85
+
 from bus.zre import codec
 from bus.zre.codec import (
     VERSION_20,
@@ -97,8 +99,9 @@ class ZreEvent:
 class Links(Protocol):
     """Outgoing connections, one per peer (a DEALER with our identity), named by key."""
 
-    def connect(self, key: str, endpoint: str) -> bool:
-        """Open the link; False when it cannot be opened (no descriptors to spare)."""
+    def connect(self, key: str, endpoint: str, server_key: bytes | None = None) -> bool:
+        """Open the link (a CURVE client of ``server_key``, a Z85 public key, when given);
+        False when it cannot be opened (no descriptors to spare)."""
         ...
 
     def send(self, key: str, frames: list[bytes]) -> bool: ...
@@ -124,6 +127,12 @@ class ZreSettings:
     #: A peer found by beacon that says no HELLO this long after we could greet it is
     #: forgotten (zyre and pyre answer at once); its next beacon starts over.
     pending_expired: float = 5.0
+    #: Our CURVE public key (Z85) when the node speaks CURVE, as zyre with a certificate:
+    #: then only peers that announce a key (a version 3 beacon, an X-PUBLICKEY header) are
+    #: met, and each link is a CURVE client of its peer's key.
+    public_key: bytes | None = None
+    #: With CURVE: whether a peer's key (Z85) may be met (an allow-list; None: any key).
+    key_allowed: Callable[[bytes], bool] | None = None
 
 
 @dataclass(slots=True)
@@ -144,6 +153,8 @@ class Peer:
     hello_due: float = 0.0
     #: 20/ZRE node: this peer speaks 36/ZRE; never send it anything.
     foreign: bool = False
+    #: Its CURVE public key (Z85), when the node speaks CURVE.
+    public_key: bytes | None = None
     evasive: bool = False
     silent: bool = False
 
@@ -225,6 +236,9 @@ class ZreCore:
         if peer is not None:
             peer.last_seen = self.clock()
             return
+        met, server_key = self._beacon_key(beacon)
+        if not met:
+            return
         if beacon.uuid in self.foreign:
             # A 36/ZRE peer of a 20/ZRE node: we never talk to it, so hold no link for it.
             self.foreign[beacon.uuid] = self.clock()
@@ -238,10 +252,38 @@ class ZreCore:
             # TCP on our own beacon too, so a real peer still gets in).
             self.drop("pending-full", f"{len(self.unready)} peers not greeted yet", beacon.uuid)
             return
-        self.require_peer(beacon.uuid, endpoint, by_beacon=True)
+        self.require_peer(beacon.uuid, endpoint, by_beacon=True, public_key=server_key)
 
-    def require_peer(self, node: bytes, endpoint: str, by_beacon: bool = False) -> Peer | None:
-        """The peer ``node``, found now at ``endpoint`` (None: no link could be opened)."""
+    def _beacon_key(self, beacon: codec.Beacon) -> tuple[bool, bytes | None]:
+        """Whether a beacon's node is ours to meet (a CURVE node and a plain one never meet;
+        a refused key is counted), and the Z85 key it announces (None without CURVE)."""
+        if self.settings.public_key is None:
+            if beacon.public_key is not None:
+                self.drop("curve-beacon", "a CURVE node's beacon (we speak plain)", beacon.uuid)
+                return False, None
+            return True, None
+        if beacon.public_key is None:
+            self.drop("plain-beacon", "a plain node's beacon (we speak CURVE)", beacon.uuid)
+            return False, None
+        key = z85.encode(beacon.public_key)
+        return self._key_allowed(key, beacon.uuid), key
+
+    def _key_allowed(self, key: bytes, node: bytes) -> bool:
+        allowed = self.settings.key_allowed
+        if allowed is None or allowed(key):
+            return True
+        self.drop("refused-key", f"peer key {key.decode('ascii')} is not on the list", node)
+        return False
+
+    def require_peer(
+        self,
+        node: bytes,
+        endpoint: str,
+        by_beacon: bool = False,
+        public_key: bytes | None = None,
+    ) -> Peer | None:
+        """The peer ``node``, found now at ``endpoint`` (None: no link could be opened);
+        ``public_key``: its Z85 key, to which the link is a CURVE client."""
         peer = self.peers.get(node)
         if peer is not None:
             return peer
@@ -251,7 +293,7 @@ class ZreCore:
                 self.remove_peer(other)
         now = self.clock()
         key = uuidlib.UUID(bytes=node).hex
-        peer = Peer(node, key, endpoint, now, now)
+        peer = Peer(node, key, endpoint, now, now, public_key=public_key)
         pending = self.pending.pop(endpoint, None)
         if pending is not None:
             # The link opened to this endpoint becomes the peer's.
@@ -261,7 +303,7 @@ class ZreCore:
             peer.hello_due = pending.opened_at + self.settings.hello_wait
             self.peers[node] = peer
         else:
-            if not self.links.connect(key, endpoint):
+            if not self.links.connect(key, endpoint, public_key):
                 return None  # the link layer counted why
             self.peers[node] = peer
             if node in self.foreign:
@@ -275,7 +317,18 @@ class ZreCore:
         return peer
 
     def connect_endpoint(self, endpoint: str, seed: bool = False) -> None:
-        """Open a link to ``endpoint`` and greet whoever is there (``--peer``)."""
+        """Open a link to ``endpoint`` and greet whoever is there (``--peer``). A node that
+        speaks CURVE needs the peer's key: ``tcp://host:port|KEY`` (zyre's gossip form)."""
+        endpoint, _, key = endpoint.partition("|")
+        server_key = key.encode("ascii", "replace") if key else None
+        if self.settings.public_key is not None:
+            if server_key is None or len(server_key) != 40:
+                self.drop("no-public-key", f"{endpoint}: a CURVE node needs endpoint|KEY", b"")
+                return
+            if not self._key_allowed(server_key, b""):
+                return
+        else:
+            server_key = None
         if seed:
             self.seeds.add(endpoint)
         if endpoint == self.settings.endpoint or endpoint in self.pending:
@@ -284,7 +337,7 @@ class ZreCore:
             return
         now = self.clock()
         link = PendingLink(endpoint, now, seed=endpoint in self.seeds)
-        if not self.links.connect(_pending_key(endpoint), endpoint):
+        if not self.links.connect(_pending_key(endpoint), endpoint, server_key):
             return  # the link layer counted why
         self.pending[endpoint] = link
         link.sent_sequence = 1
@@ -386,15 +439,28 @@ class ZreCore:
         if hello.sequence != 1:
             self.drop("sequence", f"HELLO with sequence {hello.sequence}", identity)
             return
+        public_key: bytes | None = None
+        if self.settings.public_key is not None:
+            # As zyre: a HELLO without a key would downgrade the link; a key not on the
+            # list is refused.
+            announced = dict(hello.headers).get(codec.PUBLIC_KEY_HEADER, "")
+            if len(announced) != 40:
+                self.drop("no-public-key", "a HELLO without X-PUBLICKEY (we speak CURVE)", node)
+                return
+            public_key = announced.encode("ascii", "replace")
+            if not self._key_allowed(public_key, node):
+                return
         peer = self.peers.get(node)
         if peer is not None and peer.ready:
             # The peer restarted its conversation: it leaves, then enters anew.
             self.remove_peer(peer)
             peer = None
         if peer is None:
-            peer = self.require_peer(node, hello.endpoint)
+            peer = self.require_peer(node, hello.endpoint, public_key=public_key)
             if peer is None:
                 return
+        if public_key is not None:
+            peer.public_key = public_key
         self.unready.pop(node, None)
         peer.ready = True
         peer.foreign = False
@@ -607,7 +673,13 @@ class ZreCore:
     def _hello(self, sequence: int) -> Hello:
         settings = self.settings
         headers = dict(settings.headers)
-        known = [p.endpoint for p in self.peers.values() if p.ready]
+        known = [
+            p.endpoint if p.public_key is None else f"{p.endpoint}|{p.public_key.decode()}"
+            for p in self.peers.values()
+            if p.ready
+        ]
+        if settings.public_key is not None:
+            headers[codec.PUBLIC_KEY_HEADER] = settings.public_key.decode("ascii")
         if known:
             headers[PEERS_HEADER] = ",".join(sorted(known))
         if self.version == VERSION_20:
@@ -656,6 +728,7 @@ def _pending_key(endpoint: str) -> str:
 
 
 def _told_endpoints(value: str) -> list[str]:
+    """The endpoints of X-ZRE-PEERS (``tcp://...``, with ``|KEY`` between CURVE nodes)."""
     return [part for part in (p.strip() for p in value.split(",")) if part.startswith("tcp://")]
 
 

@@ -19,13 +19,17 @@ import zmq
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
+from zmq.utils import z85
 
 from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import DropCounter
 from bus.errors import StartupError
 from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
+from bus.transport.curve import make_curve_client
+from bus.transport.curve_settings import CurveSettings
 from bus.transport.fdbudget import DescriptorBudget
+from bus.transport.security import ServerCurve
 from bus.transport.udp import (
     BeaconSender,
     InterfaceAddress,
@@ -104,6 +108,13 @@ class ZreNode(Service):
         self.log_records_sent = 0
         self.send_blocked = 0
         self.activity_errors = 0
+        #: CURVE (``config.cert``): the mailbox a CURVE server, ZAP with the peer allow-list.
+        self.curve = ServerCurve(
+            "zre",
+            CurveSettings(config.cert, config.peer_certs),
+            self.reactor.seconds,
+            options=("cert", "peer-certs"),
+        )
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -143,8 +154,12 @@ class ZreNode(Service):
             self.interface = interface_address(config.interface)
         except InterfaceError as error:
             raise StartupError("interface", str(error)) from None
-        self._factory = self._shared_factory or SocketFactory(self.reactor)
+        self.curve.load()
+        # ZAP has one handler per context: a CURVE node keeps a context of its own.
+        shared = self._shared_factory if self.curve.keys is None else None
+        self._factory = shared or SocketFactory(self.reactor)
         try:
+            self.curve.start(self._factory, self._periodic)
             self._open(config)
         except BaseException:
             self._close_all()
@@ -163,6 +178,7 @@ class ZreNode(Service):
         )
         # A peer that restarts with the same UUID takes its identity over at once.
         self.mailbox.socket.set(zmq.ROUTER_HANDOVER, 1)
+        self.curve.secure(self.mailbox, "zre")
         try:
             self.endpoint = bind_ephemeral(self.mailbox, host)
         except (zmq.ZMQError, zmq.ZMQBindError) as error:
@@ -189,6 +205,8 @@ class ZreNode(Service):
             hello_wait=2 * config.beacon_interval,
             max_pending=config.max_pending_peers,
             pending_expired=config.pending_expired,
+            public_key=self.curve.keys.public if self.curve.keys else None,
+            key_allowed=self._key_allowed if config.peer_certs else None,
         )
         self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
         if config.port:
@@ -199,7 +217,7 @@ class ZreNode(Service):
                     "port", f"cannot listen on UDP {config.port}: {error.strerror}"
                 ) from None
             mailbox_port = int(self.endpoint.rpartition(":")[2])
-            beacon = codec.encode_beacon(self.uuid, mailbox_port)
+            beacon = codec.encode_beacon(self.uuid, mailbox_port, self._raw_public_key())
             self.beacon = BeaconSender(
                 self.reactor,
                 self.udp,
@@ -221,6 +239,14 @@ class ZreNode(Service):
             endpoint=self.endpoint,
             beacon=f"{self.interface.broadcast}:{config.port}" if config.port else "off",
         )
+
+    def _raw_public_key(self) -> bytes | None:
+        keys = self.curve.keys
+        return None if keys is None else z85.decode(keys.public)
+
+    def _key_allowed(self, key: bytes) -> bool:
+        zap = self.curve.zap
+        return zap is not None and key in zap.certificates
 
     # -- input -------------------------------------------------------------------------------
 
@@ -410,7 +436,8 @@ class ZreNode(Service):
             if self.config.version == VERSION_36 and self.udp is not None:
                 # 36/ZRE: port 0 says we are leaving, so peers drop us at once.
                 self.udp.send(
-                    codec.encode_beacon(self.uuid, 0), (self.beacon.target[0], self.config.port)
+                    codec.encode_beacon(self.uuid, 0, self._raw_public_key()),
+                    (self.beacon.target[0], self.config.port),
                 )
         self._stopping = self._close_all()
         return self._stopping
@@ -427,6 +454,7 @@ class ZreNode(Service):
             if own is not None:
                 own.shutdown()
         self.mailbox = self.log_socket = None
+        self.curve.stop()
         if self._factory is not None and self._factory is not self._shared_factory:
             self._factory.shutdown()
         self._factory = None
@@ -467,11 +495,13 @@ class ZreNode(Service):
             "log_records_sent": self.log_records_sent,
             "send_blocked": self.send_blocked,
             "dropped": dict(self.drops.counts),
+            "curve": self.curve.status(),
         }
 
     def metrics(self) -> list[Metric]:
         status = self.status()
         return [
+            *self.curve.metrics(),
             gauge("zre_peers", "Peers that said HELLO", status["peers"]),
             gauge("zre_peers_pending", "Peers found but not greeted yet", status["peers_pending"]),
             counters_by("zre_events", "Events by type", "type", status["events"]),
@@ -503,7 +533,7 @@ class _Dealers:
         self.node = node
         self.sockets = node._dealers
 
-    def connect(self, key: str, endpoint: str) -> bool:
+    def connect(self, key: str, endpoint: str, server_key: bytes | None = None) -> bool:
         node = self.node
         old: ZmqSocket | None = node._dealers.pop(key, None)
         if old is not None:
@@ -518,6 +548,9 @@ class _Dealers:
         )
         if dealer is None:
             return False
+        keys = node.curve.keys
+        if server_key is not None and keys is not None:
+            make_curve_client(dealer, server_key, keys)
         try:
             dealer.connect(endpoint)
         except zmq.ZMQError as error:

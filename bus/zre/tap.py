@@ -5,6 +5,7 @@ a ``--config`` file."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
@@ -44,11 +45,30 @@ class Options(ServiceOptions):
             int,
         ],
         ["pending-expired", None, "5s", "A peer found by beacon without HELLO this long: gone."],
+        [
+            "cert",
+            None,
+            None,
+            "Speak CURVE with this secret key (NAME.key_secret), as zyre with a certificate: "
+            "beacon version 3 with the public key, meeting only nodes that do the same.",
+        ],
+        [
+            "peer-certs",
+            None,
+            None,
+            "With --cert: meet only peers whose public keys are in this directory's *.key "
+            "files (re-read when it changes).",
+        ],
     ]
     optMulti = [
         ["group", None, "Group to join."],
         ["header", None, "HELLO header as KEY=VALUE."],
-        ["peer", None, "Mailbox endpoint tcp://HOST:PORT of a peer to greet without UDP."],
+        [
+            "peer",
+            None,
+            "Mailbox endpoint tcp://HOST:PORT of a peer to greet without UDP (with --cert: "
+            "tcp://HOST:PORT|KEY, the peer's Z85 public key).",
+        ],
     ]
 
     def opt_version(self, value: str) -> None:  # type: ignore[override]
@@ -75,10 +95,17 @@ def zre_config(options: usage.Options | dict[str, Any]) -> ZreConfig:
         if not sep or not key:
             raise usage.UsageError(f"--header wants KEY=VALUE, not {item!r}")
         headers[key] = value
-    for endpoint in options.get("peer") or []:
+    cert = options.get("cert") or None
+    certs = options.get("peer-certs") or None
+    if certs and not cert:
+        raise usage.UsageError("--peer-certs needs --cert (CURVE)")
+    for given in options.get("peer") or []:
+        endpoint, _, key = given.partition("|")
         host, _, number = endpoint.removeprefix("tcp://").rpartition(":")
         if not endpoint.startswith("tcp://") or not host or not number.isdigit():
-            raise usage.UsageError(f"--peer wants tcp://HOST:PORT, not {endpoint!r}")
+            raise usage.UsageError(f"--peer wants tcp://HOST:PORT, not {given!r}")
+        if cert and len(key) != 40:
+            raise usage.UsageError(f"--peer with --cert wants tcp://HOST:PORT|KEY, not {given!r}")
     name = options.get("name") or ""
     if len(name.encode()) > 255:
         raise usage.UsageError("--name is at most 255 octets")
@@ -108,6 +135,8 @@ def zre_config(options: usage.Options | dict[str, Any]) -> ZreConfig:
         beacon_interval=interval,
         max_pending_peers=max_pending,
         pending_expired=pending_expired,
+        cert=Path(cert) if cert else None,
+        peer_certs=Path(certs) if certs else None,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from twisted.internet import reactor, stdio
@@ -51,6 +52,9 @@ class Commands(LineReceiver):
 def main() -> None:
     name, port, interface = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     settings = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
+    for path in ("cert", "peer_certs"):
+        if settings.get(path):
+            settings[path] = Path(settings[path])
     config = ZreConfig(name=name, port=port, interface=interface, groups=sys.argv[5:], **settings)
     node = ZreNode(config, reactor=reactor)
     node.add_listener(lambda event: emit(event_json(event)))
