@@ -121,7 +121,7 @@ def test_composed_into_the_product_its_job_life_is_on_the_bus(tmp_path: Path) ->
     try:
         yield wait_until(product.ready, timeout=60, what="the product")
         status = product.status()["services"]
-        assert set(status) == {"eventbus", "emqp"}
+        assert set(status) == {"eventbus", "emqp", "http"}
         emqp = status["emqp"]["endpoints"]
         subscriber = RawPeer.sub(status["eventbus"]["endpoints"]["publisher"], (b"/emqp/",))
         worker = EmqpWorker(emqp["worker"], handlers={"add": add})
