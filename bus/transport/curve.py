@@ -48,18 +48,17 @@ class CurveKeyPair:
 
     @classmethod
     def generate(cls) -> CurveKeyPair:
-        public, secret = zmq.curve_keypair()
+        """A new key pair (its public key never begins with a zero octet: zyre-safe)."""
+        from bus.transport.certs import generate_key_pair
+
+        public, secret = generate_key_pair()
         return cls(public, secret)
 
 
 def _check_key(key: bytes, what: str, path: Path) -> bytes:
-    if len(key) != _Z85_KEY_LENGTH:
-        raise KeyFileError(f"{path}: {what} is not a 40-character Z85 CURVE key")
-    try:
-        z85.decode(key)
-    except (ValueError, KeyError, TypeError):
-        raise KeyFileError(f"{path}: {what} is not valid Z85") from None
-    return key
+    from bus.transport.certs import check_key
+
+    return check_key(key, what, path)
 
 
 def create_key_pair(
