@@ -55,3 +55,34 @@ def cleanup() -> Iterator[list[Any]]:
             pytest_twisted.blockon(thing.stopService())
         else:
             thing.close()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> Any:
+    """A CURVE server key pair and an allow-list of client certificates
+    (:class:`tests.curve_helpers.Keys`) in tmp_path."""
+    from tests.curve_helpers import Keys
+
+    return Keys(tmp_path / "keys")
+
+
+@pytest.fixture
+def make_node() -> Iterator[Any]:
+    """Starts ZRE nodes (``make_node(config, **kwargs)``: the node and its
+    ``tests.zre_helpers.EventLog``) and stops those still running afterwards."""
+    from bus.zre.node import ZreNode
+    from tests.zre_helpers import EventLog
+
+    made: list[ZreNode] = []
+
+    def make(config: Any, **kwargs: Any) -> tuple[ZreNode, EventLog]:
+        node = ZreNode(config, **kwargs)
+        events = EventLog()
+        node.add_listener(events)
+        node.startService()
+        made.append(node)
+        return node, events
+
+    yield make
+    for node in made:
+        pytest_twisted.blockon(node.stopService())

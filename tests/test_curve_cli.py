@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
 import pytest_twisted
 from twisted.internet import defer
 
@@ -39,11 +38,6 @@ def ran(cleanup: list[Any], program: str, *args: str) -> Any:
 
 def echo(params: Any) -> Any:
     return params
-
-
-@pytest.fixture
-def keys(tmp_path: Path) -> Keys:
-    return Keys(tmp_path / "keys")
 
 
 @pytest_twisted.inlineCallbacks

@@ -25,11 +25,6 @@ def registration(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def keys(tmp_path: Path) -> Keys:
-    return Keys(tmp_path / "keys")
-
-
-@pytest.fixture
 def catalog(tmp_path: Path, keys: Keys, cleanup: list[Any]) -> CatalogService:
     config = CatalogConfig(
         port=0, beacon_port=0, heartbeat_interval=0.1, data_dir=str(tmp_path / "dbp"),

@@ -20,11 +20,6 @@ def echo(params: Any) -> Any:
 
 
 @pytest.fixture
-def keys(tmp_path: Path) -> Keys:
-    return Keys(tmp_path / "keys")
-
-
-@pytest.fixture
 def broker(tmp_path: Path, keys: Keys, cleanup: list[Any]) -> Any:
     broker = start_broker(tmp_path / "emqp", curve=keys.settings())
     cleanup.append(broker)

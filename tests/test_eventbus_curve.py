@@ -9,19 +9,14 @@ from typing import Any
 import pytest
 import pytest_twisted
 import zmq
-from bus.transport.certs import write_certificate
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC, SEQUENCE
 from bus.testing import RawPeer, start_bus, wait_until
+from bus.transport.certs import write_certificate
 from bus.transport.curve import CurveKeyPair
 from bus.transport.curve_settings import CurveSettings
 from tests.curve_helpers import Keys
 from tests.eventbus_helpers import pub
-
-
-@pytest.fixture
-def keys(tmp_path: Path) -> Keys:
-    return Keys(tmp_path / "keys")
 
 
 @pytest.fixture

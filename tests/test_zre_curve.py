@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,6 @@ from zmq.utils import z85
 from bus.testing import wait_until
 from bus.transport.certs import write_certificate
 from bus.zre import codec
-from bus.zre.config import ZreConfig
 from bus.zre.node import ZreNode
 from tests.netns import LinePeer, NamespacePair, netns_pair, poll_until
 from tests.zre_helpers import EventLog, fast_config, free_udp_port
@@ -29,23 +28,6 @@ from tests.zre_helpers import EventLog, fast_config, free_udp_port
 __all__ = ["netns_pair"]
 
 NodeMaker = Callable[..., tuple[ZreNode, EventLog]]
-
-
-@pytest.fixture
-def make_node() -> Iterator[NodeMaker]:
-    made: list[ZreNode] = []
-
-    def make(config: ZreConfig) -> tuple[ZreNode, EventLog]:
-        node = ZreNode(config)
-        events = EventLog()
-        node.add_listener(events)
-        node.startService()
-        made.append(node)
-        return node, events
-
-    yield make
-    for node in made:
-        pytest_twisted.blockon(node.stopService())
 
 
 def cert(directory: Path, name: str, zero_first: bool = False) -> tuple[Path, bytes]:

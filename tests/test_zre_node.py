@@ -3,7 +3,7 @@ beacons to 127.255.255.255 on a private port, ROUTER mailboxes and DEALERs on 12
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,24 +19,6 @@ from bus.zre.node import ZreNode
 from tests.zre_helpers import EventLog, fast_config, free_udp_port
 
 NodeMaker = Callable[..., tuple[ZreNode, EventLog]]
-
-
-@pytest.fixture
-def make_node() -> Iterator[NodeMaker]:
-    """Starts nodes (with an event log each) and stops those still running afterwards."""
-    made: list[ZreNode] = []
-
-    def make(config: ZreConfig, **kwargs: Any) -> tuple[ZreNode, EventLog]:
-        node = ZreNode(config, **kwargs)
-        events = EventLog()
-        node.add_listener(events)
-        node.startService()
-        made.append(node)
-        return node, events
-
-    yield make
-    for node in made:
-        pytest_twisted.blockon(node.stopService())
 
 
 def ready(node: ZreNode, *others: ZreNode) -> Callable[[], bool]:
