@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from bus.transport.certs import write_certificate
-
 from bus.transport.curve import ClientCurve, CurveKeyPair
 from bus.transport.curve_settings import CurveSettings
 
