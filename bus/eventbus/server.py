@@ -120,7 +120,7 @@ class EventBusService(Service):
         #: in a pair with sync replication, only what the passive has stored.
         self.released = 0
         #: CURVE on the three ports and the pair link (``--server-cert``), and what each
-        #: client key may publish and receive (``--client-certs``, :mod:`.rights`).
+        #: client key may publish and receive (``--client-certs``, :mod:`bus.eventbus.rights`).
         self.curve = ServerCurve("eventbus", config.curve, clock, policy=self._may_connect)
         self._rights = config.curve.client_certs is not None
         #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.

@@ -13,7 +13,7 @@ metadata of its public certificate in the allow-list (see docs/security.md), so 
 here puts the metadata in both files.
 
 Nothing here is evaluated: a file is scanned line by line, and anything else is a
-:class:`~bus.transport.curve.KeyFileError` naming the file and the line.
+:class:`bus.transport.curve.KeyFileError` naming the file and the line.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A service that serves ZeroMQ ports takes :data:`bus.transport.curve_settings.CURVE_OPTIONS`
 (``--server-cert FILE``: CURVE on; ``--client-certs DIR``: only the keys of the ``*.key``
 certificates in DIR, re-read when they change), builds its
-:class:`~bus.transport.curve_settings.CurveSettings`, and gives each
+:class:`bus.transport.curve_settings.CurveSettings`, and gives each
 server socket to :meth:`ServerCurve.secure` before binding it. What a key may do is in the
 metadata of its certificate in DIR (see docs/security.md); a service reads it for a message
 with :meth:`ServerCurve.metadata` of the message's ``User-Id`` (``SocketOptions.peer_user_ids``)
