@@ -44,7 +44,7 @@ from collections import deque
 from typing import Any
 
 import zmq
-from _curve import secure
+from _curve import secure, serve
 
 PROTOCOL = b"eMQP/1.0"
 
@@ -222,6 +222,7 @@ def relay(client_port: str, worker_port: str) -> None:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.RCVHWM, 100_000)
+        serve(sock)
         sock.bind(f"tcp://127.0.0.1:{port}")
     ready: deque[bytes] = deque()  # one entry per free slot, least recently ready first
     waiting: deque[list[bytes]] = deque()

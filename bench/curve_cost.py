@@ -6,7 +6,10 @@ against plain text, and what a new connection costs the server (handshake and ZA
   --client-certs (an allow-list of ALLOWED keys, every message checked against its key's
   rights), the generators then CURVE clients; alternating --repeat times.
 * eMQP: emqp_broker's pipelined mode (C load generators, 4 workers, 1,000 outstanding), the
-  broker plain, then with --emqp-server-cert and --emqp-client-certs.
+  broker plain, with --emqp-server-cert alone (any key: CURVE's own cost), and with
+  --emqp-client-certs too (every message checked against its key's queues); beside it the
+  raw pyzmq relay plain and as a CURVE server, which tells how much of the loss is
+  libzmq's encryption of every frame on these two cores, whatever the broker does.
 * New connections: CONNECTIONS DEALERs, one after the other, connect to the collector,
   complete the handshake and close: the server's CPU per connection, plain, CURVE with any
   key (ZAP allow-any), and CURVE with the allow-list.
@@ -47,7 +50,7 @@ from _common import (
     wait_for_quiet,
     workdir,
 )
-from _curve import ENV
+from _curve import ENV, SERVER_ENV
 
 TARGET_RATIO = 0.7
 ALLOWED = 1000
@@ -65,7 +68,9 @@ class Keys:
         _client_public, client_secret = zmq.auth.create_certificates(str(self.allowed), "bench")
         for number in range(ALLOWED - 1):
             zmq.auth.create_certificates(str(self.allowed), f"other-{number}")
-        server_public, _ = zmq.auth.load_certificate(self.server_cert)
+        server_public, server_secret = zmq.auth.load_certificate(self.server_cert)
+        assert server_secret is not None
+        self.server_secret = server_secret.decode("ascii")
         public, secret = zmq.auth.load_certificate(client_secret)
         assert secret is not None
         for path in self.allowed.glob("*.key_secret"):
@@ -86,10 +91,11 @@ def generators_over_curve(keys: Keys | None) -> Iterator[None]:
         yield
         return
     os.environ[ENV] = keys.client_env
+    os.environ[SERVER_ENV] = keys.server_secret  # for a raw baseline's server sockets
     try:
         yield
     finally:
-        del os.environ[ENV]
+        del os.environ[ENV], os.environ[SERVER_ENV]
 
 
 def bus_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]]]:
@@ -109,25 +115,41 @@ def bus_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]
     return runs
 
 
+#: eMQP's modes: (target, broker options, CURVE on): the raw relay and the broker, plain and
+#: over CURVE; the broker over CURVE with any key, then with the allow-list and rights.
+EMQP_MODES: dict[str, tuple[str, str | None, bool]] = {
+    "relay-plain": ("relay", None, False),
+    "relay-curve": ("relay", None, True),
+    "plain": ("broker", None, False),
+    "curve-any-key": ("broker", "any", True),
+    "curve": ("broker", "allow-list", True),
+}
+
+
 def broker_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]]]:
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "curve": []}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in EMQP_MODES}
     root.mkdir(parents=True, exist_ok=True)
     program = emqp_broker.build_c_peers(root)
     for index in range(args.repeat):
-        for kind in ("plain", "curve"):
+        for mode, (target, broker_curve, curve_on) in EMQP_MODES.items():
+            broker_option = (
+                keys.options("emqp-", allow_list=broker_curve == "allow-list")
+                if broker_curve
+                else []
+            )
             options = argparse.Namespace(
                 server_prefix="",
                 cpu_latency_us=None,
-                broker_option=keys.options("emqp-") if kind == "curve" else [],
+                broker_option=broker_option,
                 program=program,
                 jobs=args.jobs,
                 wait_idle=args.wait_idle,
             )
-            with generators_over_curve(keys if kind == "curve" else None):
-                results = emqp_broker.run_target("broker", root / kind, index, options)
+            with generators_over_curve(keys if curve_on else None):
+                results = emqp_broker.run_target(target, root / mode, index, options)
             run = results["pipelined"]
-            runs[kind].append(run)
-            print(f"eMQP {index + 1}/{args.repeat} {kind:<5} {fmt_rate(run['rate'])} jobs/s "
+            runs[mode].append(run)
+            print(f"eMQP {index + 1}/{args.repeat} {mode:<13} {fmt_rate(run['rate'])} jobs/s "
                   f"pipelined, CPU us/job {run['cpu_us_per_job']}", flush=True)  # fmt: skip
     return runs
 
@@ -206,14 +228,26 @@ def main() -> int:
         figures["bus_curve_vs_plain"] = Figure(curve / plain, "x plain")
         all_runs += bus["curve"] + bus["plain"]
     if broker is not None:
-        curve, plain = _median(broker["curve"], "rate"), _median(broker["plain"], "rate")
-        measured.append(f"eMQP over CURVE {fmt_rate(curve)} jobs/s pipelined")
-        baseline.append(f"plain {fmt_rate(plain)} jobs/s")
-        ratios.append(f"eMQP {curve / plain:.2f}")
+        rate = {mode: _median(runs, "rate") for mode, runs in broker.items()}
+        curve, plain = rate["curve"], rate["plain"]
+        relay = rate["relay-curve"] / rate["relay-plain"]
+        measured.append(
+            f"eMQP over CURVE {fmt_rate(curve)} jobs/s pipelined "
+            f"({fmt_rate(rate['curve-any-key'])} with any key, no rights checked)"
+        )
+        baseline.append(
+            f"plain {fmt_rate(plain)} jobs/s; the raw relay {fmt_rate(rate['relay-plain'])} "
+            f"plain, {fmt_rate(rate['relay-curve'])} over CURVE"
+        )
+        ratios.append(
+            f"eMQP {curve / plain:.2f} ({rate['curve-any-key'] / plain:.2f} any key; "
+            f"the raw relay keeps {relay:.2f})"
+        )
         verdict &= curve / plain >= TARGET_RATIO
         figures["emqp_curve"] = Figure(curve, "jobs/s")
         figures["emqp_curve_vs_plain"] = Figure(curve / plain, "x plain")
-        all_runs += broker["curve"] + broker["plain"]
+        figures["emqp_relay_curve_vs_plain"] = Figure(relay, "x plain")
+        all_runs += [run for runs in broker.values() for run in runs]
     if churn is not None:
         cost = {mode: _median(runs, "server_us_per_connection") for mode, runs in churn.items()}
         failed = sum(r["failed"] for runs in churn.values() for r in runs)
