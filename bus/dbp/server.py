@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -318,6 +319,27 @@ class CatalogService(Service):
             "dropped": dict(self.drops.counts),
             "curve": self.curve.status(),
         }
+
+    #: The console's charts (see :mod:`bus.console.view`).
+    console_rates = {"messages": "messages", "heartbeats": "udp_heartbeats_received"}
+
+    def details(self, limit: int = 100) -> dict[str, Any]:
+        """The catalog as the console lists it (at most ``limit`` services)."""
+        now = self.reactor.seconds()
+        catalog = []
+        for entry in islice(self.core.entries.values(), limit):
+            catalog.append(
+                {
+                    "name": entry.name,
+                    "active": entry.active,
+                    "heartbeat_path": entry.path,
+                    "form": entry.form,
+                    "last_heard_s": round(now - entry.last_heard, 3) if entry.last_heard else None,
+                    "registered_s": round(now - entry.registered_at, 3),
+                    "info": {k: v for k, v in entry.info.items() if isinstance(k, str)},
+                }
+            )
+        return {"catalog": catalog}
 
     def metrics(self) -> list[Metric]:
         status = self.status()

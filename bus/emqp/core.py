@@ -36,6 +36,7 @@ from bus.emqp import codec
 from bus.emqp.codec import PROTOCOL, EmqpError, Headers
 from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, unschedule_id
 from bus.emqp.store import JobStore, StoredJob
+from bus.transport.names import peer_name
 
 _HEARTBEAT = codec.HEARTBEAT
 _REQUEST = codec.REQUEST
@@ -114,15 +115,6 @@ def _schedule_queue(command: codec.Schedule) -> bytes | None:
         return ScheduleSpec.from_frames(command.fields).queue
     except EmqpError:
         return None  # malformed: refused as such where it is parsed again
-
-
-def peer_name(identity: bytes) -> str:
-    """A ROUTER identity for people: its text when it is UTF-8 (the original's UUIDs)."""
-    try:
-        text = identity.decode("utf-8")
-    except UnicodeDecodeError:
-        return "0x" + identity.hex()
-    return text if text.isprintable() else "0x" + identity.hex()
 
 
 class Broker:

@@ -493,6 +493,9 @@ class EmqpService(Service):
         )
         return {name: sock.connections for name, sock in sockets if sock is not None}
 
+    #: The console's charts (see :mod:`bus.console.view`).
+    console_rates = {"jobs": "counters.replied", "requests": "counters.requests"}
+
     def status(self) -> dict[str, Any]:
         broker = self.broker
         described: dict[str, Any] = {

@@ -809,6 +809,9 @@ class EventBusService(Service):
         if deleted:
             log.info("retention removed {deleted} events", deleted=deleted)
 
+    #: The console's charts (see :mod:`bus.console.view`): events stored, snapshot traffic.
+    console_rates = {"events": "sequence", "snapshot messages": "snapshot_messages_sent"}
+
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
         snapshots = self.snapshots

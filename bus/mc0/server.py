@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
 from bus.transport.curve import CurveKeyPair, KeyFileError, ZapHandler, server_key_pair
 from bus.transport.curve_settings import CurveSettings
+from bus.transport.names import peer_name
 from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import (
     PeerUnreachable,
@@ -287,6 +289,7 @@ class Mc0Service(Service):
                 "denied": zap.denied if zap else 0,
                 "allow_list": str(self.config.client_certs) if self.config.client_certs else None,
                 "allowed_keys": zap.allowed_keys if zap else None,
+                "refused_keys": self.curve.refused_keys(),
             },
             "mirror": self.config.mirror,
             "mirrored": self.mirrored,
@@ -294,6 +297,31 @@ class Mc0Service(Service):
             "uptime_s": round(self.clock() - self._started_at, 3),
             "config": {k: str(v) for k, v in asdict(self.config).items()},
         }
+
+    #: The console's charts (see :mod:`bus.console.view`).
+    console_rates = {"messages": "puts", "delivered": "delivered"}
+
+    def details(self, limit: int = 100) -> dict[str, Any]:
+        """What the console lists beyond the counts: clients and topics (at most ``limit``)."""
+        broker = self.broker
+        if broker is None:
+            return {}
+        now = self.clock()
+        clients = [
+            {
+                "id": peer_name(client.identity),
+                "topics": sorted(t.decode("utf-8", "replace") for t in client.topics)[:limit],
+                "ttl_s": client.ttl,
+                "last_heard_s": round(now - client.last_heard, 3),
+                "connected_s": round(now - client.connected_at, 3),
+            }
+            for client in islice(broker.clients.values(), limit)
+        ]
+        topics = {
+            topic.decode("utf-8", "replace"): len(subscribers)
+            for topic, subscribers in islice(broker.topics.items(), limit)
+        }
+        return {"client_list": clients, "topic_list": topics}
 
     def metrics(self) -> list[Metric]:
         broker = self.broker

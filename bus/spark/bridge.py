@@ -431,6 +431,9 @@ class SparkBridgeService(Service):
     def _write_state(self, state: dict[str, Any]) -> None:
         replace_atomically(self.config.journal_dir / BRIDGE_STATE, json.dumps(state), fsync=True)
 
+    #: The console's charts (see :mod:`bus.console.view`).
+    console_rates = {"journaled": "journaled"}
+
     def status(self) -> dict[str, Any]:
         return {
             "sequence": self._last,

@@ -15,7 +15,7 @@ parsed here, and no thread is started.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,9 @@ from bus.droplog import RateLimit
 log = Logger(namespace="bus.transport.curve")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+
+#: How many recently refused keys a ZAP handler remembers (for /status and the console).
+RECENT_REFUSALS = 20
 _Z85_KEY_LENGTH = 40
 _NO_METADATA: Mapping[str, str] = {}
 
@@ -270,6 +273,10 @@ class ZapHandler:
         self.denied = 0
         self.refusals: Counter[str] = Counter()
         self.allowed_keys = 0
+        #: The keys refused most recently (Z85 -> times, reason, when, from where), at most
+        #: :data:`RECENT_REFUSALS`, the latest last: what an operator looks for first.
+        self.recent_refusals: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._clock = clock
         #: Z85 public key -> its certificate's metadata, from the allow-list.
         self.certificates: dict[bytes, Mapping[str, str]] = {}
         self._policy = policy
@@ -399,20 +406,29 @@ class ZapHandler:
                 reply[3].decode("utf-8", "replace") if len(reply) > 3 else "refused"
             )
             self.refusals[why] += 1
+            shown = z85.encode(key).decode("ascii") if len(key) == 32 else key.hex()
+            address = self._request[3].decode("utf-8", "replace") if len(self._request) > 3 else ""
+            self._remember_refusal(shown, why, address)
             count = self._limit.due("denied")
             if count is not None:
                 log.warn(
                     "refused {count} CURVE client(s) ({why}); latest key {key} from {address}",
                     count=count,
                     why=why,
-                    key=z85.encode(key).decode("ascii") if len(key) == 32 else key.hex(),
-                    address=self._request[3].decode("utf-8", "replace")
-                    if len(self._request) > 3
-                    else "",
+                    key=shown,
+                    address=address,
                 )
         if self._on_decision is not None:
             self._on_decision(accepted, key)
         self.socket.send_frames([*envelope, *reply])
+
+    def _remember_refusal(self, key: str, why: str, address: str) -> None:
+        recent = self.recent_refusals
+        entry = recent.pop(key, None) or {"key": key, "times": 0}
+        entry.update(times=entry["times"] + 1, reason=why, address=address, at=self._clock())
+        recent[key] = entry
+        while len(recent) > RECENT_REFUSALS:
+            recent.popitem(last=False)
 
     def shutdown(self) -> None:
         """Close the ZAP socket and stop authenticating."""

@@ -213,7 +213,14 @@ class ServerCurve:
             "allowed_keys": zap.allowed_keys if zap is not None and zap.allowed_dir else None,
             "accepted": zap.accepted if zap is not None else 0,
             "refused": self.refusals,
+            "refused_keys": self.refused_keys(),
         }
+
+    def refused_keys(self) -> list[dict[str, Any]]:
+        """The keys refused most recently, the latest first."""
+        if self.zap is None:
+            return []
+        return [dict(entry) for entry in reversed(self.zap.recent_refusals.values())]
 
     def metrics(self) -> list[Metric]:
         service = self.service.replace("-", "_")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
+from itertools import islice
 from typing import Any
 from urllib.parse import quote
 
@@ -497,6 +498,36 @@ class ZreNode(Service):
             "dropped": dict(self.drops.counts),
             "curve": self.curve.status(),
         }
+
+    #: The console's charts (see :mod:`bus.console.view`).
+    console_rates = {"messages": "messages_received", "beacons": "beacons_received"}
+
+    def details(self, limit: int = 100) -> dict[str, Any]:
+        """The peers as the console lists them (at most ``limit``), and who is evasive or
+        silent."""
+        core = self.core
+        if core is None:
+            return {}
+        now = self.reactor.seconds()
+        peers = [
+            {
+                "uuid": peer.hex,
+                "name": peer.name,
+                "endpoint": peer.endpoint,
+                "groups": sorted(peer.groups)[:limit],
+                "state": "silent"
+                if peer.silent
+                else "evasive"
+                if peer.evasive
+                else "ready"
+                if peer.ready
+                else "pending",
+                "last_seen_s": round(now - peer.last_seen, 3),
+                "foreign": peer.foreign,
+            }
+            for peer in islice(core.peers.values(), limit)
+        ]
+        return {"peer_list": peers}
 
     def metrics(self) -> list[Metric]:
         status = self.status()
