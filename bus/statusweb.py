@@ -1,4 +1,5 @@
-"""``/status`` (JSON) and ``/metrics`` (Prometheus text) for every composed service, over HTTP.
+"""``/status`` (JSON), ``/metrics`` (Prometheus text) and the console (``/``, see
+:mod:`bus.console`) for every composed service, over HTTP.
 
 One port for operators (``--http-port``, default 8642). ``/metrics`` is prometheus_client's
 Twisted resource over a registry of our own: the services' counters, read on the reactor
@@ -20,6 +21,8 @@ from twisted.internet import error as internet_error
 from twisted.logger import Logger
 from twisted.web import resource, server
 
+from bus.console.api import OPEN_SEGMENTS, Console, put
+from bus.console.tail import Source
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
 
@@ -92,12 +95,6 @@ class _Status(resource.Resource):
         return body.encode() + b"\n"
 
 
-class _Index(resource.Resource):
-    def render_GET(self, request: Any) -> bytes:
-        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-        return b"bus: /status (JSON) and /metrics (Prometheus)\n"
-
-
 class _QuietSite(server.Site):
     """No access log line per request: a scraper every few seconds would drown the log."""
 
@@ -108,7 +105,8 @@ class _QuietSite(server.Site):
 
 
 class StatusWebService(Service):
-    """Serves ``/status`` and ``/metrics`` about ``services`` on ``interface:port``."""
+    """Serves ``/status``, ``/metrics`` and the console about ``services`` on
+    ``interface:port``."""
 
     def __init__(
         self,
@@ -119,9 +117,11 @@ class StatusWebService(Service):
         on_listening: Callable[[str], None] | None = None,
         token_file: Path | None = None,
         metrics_open: bool = False,
+        tail_source: Source | None = None,
     ) -> None:
         """``token_file``: every request must bear its token (see :mod:`bus.webauth`),
-        ``/metrics`` excepted with ``metrics_open``."""
+        ``/metrics`` excepted with ``metrics_open``. ``tail_source``: where the console's
+        topic tail reads the Event BUS (see :mod:`bus.console.tail`)."""
         from bus.transport.zmqsocket import reactor_of
 
         self.services = services
@@ -134,6 +134,9 @@ class StatusWebService(Service):
         self.reactor: Any = reactor_of(reactor)
         self.port = 0
         self._listening: Any = None
+        self.tail_source: Source = tail_source or (lambda: None)
+        #: The console (once started).
+        self.console: Console | None = None
         #: Told ``host:port`` (as a client on this machine reaches it) once listening.
         self.on_listening = on_listening
 
@@ -146,10 +149,11 @@ class StatusWebService(Service):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_ServicesCollector(self.services, self.reactor))
         ProcessCollector(registry=registry)
-        root = _Index()  # type: ignore[no-untyped-call]
-        root.putChild(b"status", _Status(self.services, started))  # type: ignore[arg-type]
-        root.putChild(b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call,arg-type]
-        root.putChild(b"", root)  # type: ignore[arg-type]  # "/" (a postpath of one empty segment)
+        root = resource.Resource()
+        put(root, b"status", _Status(self.services, started))
+        put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]
+        self.console = Console(self.services, self.reactor, started, self.tail_source)
+        self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
         site = _QuietSite(self._guarded(root))  # type: ignore[no-untyped-call]
         try:
             self._listening = self.reactor.listenTCP(
@@ -165,7 +169,7 @@ class StatusWebService(Service):
             self.on_listening(f"{host}:{self.port}")
         Service.startService(self)
         log.info(
-            "status on http://{host}:{port}/status, metrics on /metrics{token}",
+            "console on http://{host}:{port}/, status on /status, metrics on /metrics{token}",
             host=self.interface,
             port=self.port,
             token=""
@@ -186,12 +190,14 @@ class StatusWebService(Service):
             return root
         from bus.webauth import BearerGuard, TokenFile
 
-        opened = [b"metrics"] if self.metrics_open else []
+        opened = [*OPEN_SEGMENTS, b"metrics"] if self.metrics_open else list(OPEN_SEGMENTS)
         self.guard = BearerGuard(root, TokenFile(self.token_file), opened)
         return self.guard  # type: ignore[no-any-return]
 
     def stopService(self) -> Any:
         Service.stopService(self)
+        if self.console is not None:
+            self.console.stop()
         listening, self._listening = self._listening, None
         return None if listening is None else listening.stopListening()
 
@@ -202,6 +208,7 @@ class StatusWebService(Service):
             "token_required": guard is not None,
             "metrics_open": self.metrics_open or guard is None,
             "refused": dict(guard.refusals) if guard is not None else {},
+            "console": self.console.status() if self.console is not None else None,
         }
 
     def metrics(self) -> list[Any]:

@@ -295,6 +295,12 @@ def compose(
         def listening(address: str) -> None:
             composition.status_address = address
 
+        def tail_source() -> tuple[str, Any] | None:
+            # The console's topic tail reads the bus of this process, as its own client.
+            local = composition.local_bus
+            addresses = local.client_addresses() if local is not None else []
+            return (addresses[0], local.client_curve()) if local and addresses else None
+
         token = options.get("http-token-file")
         web = StatusWebService(
             services,
@@ -304,6 +310,7 @@ def compose(
             on_listening=listening,
             token_file=Path(token) if token else None,
             metrics_open=bool(options.get("http-metrics-open")),
+            tail_source=tail_source,
         )
         services.append(("http", web))  # its refusals in /status and /metrics too
         product.add("http", web, "", options)

@@ -1,0 +1,405 @@
+// The bus console: one stream of the whole system's state (/api/v1/stream), drawn as it
+// comes; no page reloads, no libraries. Streams are read with fetch() so that the bearer
+// token (when the server wants one) travels in the Authorization header.
+"use strict";
+
+const HISTORY = 300;      // points per chart (one a second: five minutes)
+const TAIL_ROWS = 200;    // rows the tail keeps on the page
+const TOKEN_KEY = "bus-console-token";
+const NAMES = {eventbus: "Event BUS", emqp: "eMQP", mc0: "mc0", dbp: "DBP catalog",
+               zre: "ZRE", "spark-bridge": "Spark bridge", http: "HTTP"};
+const KNOWN_VIEWS = new Set(["eventbus", "emqp", "mc0", "dbp", "zre", "spark-bridge"]);
+
+const $ = (id) => document.getElementById(id);
+const history = {};       // service -> label -> [[t, rate], ...]
+let stateStream = null;
+let tailStream = null;
+
+function headers() {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  return token ? {Authorization: "Bearer " + token} : {};
+}
+
+// Reads Server-Sent Events from `path`, calling onEvent(name, data) for each; resolves
+// when the stream ends. Rejects with {status} when the server refuses.
+async function stream(path, onEvent, controller) {
+  const response = await fetch(path, {headers: headers(), signal: controller.signal, cache: "no-store"});
+  if (!response.ok) {
+    let detail = "";
+    try { detail = (await response.json()).error || ""; } catch (e) { /* not JSON */ }
+    throw {status: response.status, detail};
+  }
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, {stream: true});
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      let name = "message", data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event: ")) name = line.slice(7);
+        else if (line.startsWith("data: ")) data += line.slice(6);
+      }
+      if (data) onEvent(name, JSON.parse(data));
+    }
+  }
+}
+
+// -- the state stream -------------------------------------------------------------------
+
+function connect() {
+  const controller = new AbortController();
+  stateStream = controller;
+  stream("/api/v1/stream", onStateEvent, controller)
+    .then(() => lost("the server ended the stream"))
+    .catch((error) => {
+      if (controller.signal.aborted) return;
+      if (error && error.status === 401) return askToken("the token was refused");
+      lost(error && error.status ? "HTTP " + error.status : "cannot reach the server");
+    });
+}
+
+function lost(why) {
+  const link = $("link");
+  link.textContent = "disconnected: " + why + "; retrying";
+  link.className = "link down";
+  setTimeout(connect, 2000);
+}
+
+function askToken(why) {
+  $("console").hidden = true;
+  $("token-form").hidden = false;
+  $("token-error").textContent = sessionStorage.getItem(TOKEN_KEY) ? why : "";
+  $("link").textContent = "token needed";
+  $("link").className = "link down";
+}
+
+function onStateEvent(name, data) {
+  if (name === "history") {
+    for (const sample of data) addRates(sample.t, sample.rates);
+  } else if (name === "state") {
+    $("token-form").hidden = true;
+    $("console").hidden = false;
+    $("link").textContent = "live";
+    $("link").className = "link up";
+    if (data.t !== undefined) {
+      const rates = {};
+      for (const s of data.services) rates[s.name] = s.rates;
+      addRates(data.t, rates);
+    }
+    render(data);
+  }
+}
+
+function addRates(t, rates) {
+  for (const [service, values] of Object.entries(rates)) {
+    const labels = history[service] || (history[service] = {});
+    for (const [label, value] of Object.entries(values)) {
+      const points = labels[label] || (labels[label] = []);
+      if (points.length && points[points.length - 1][0] >= t) continue;
+      points.push([t, value]);
+      if (points.length > HISTORY) points.splice(0, points.length - HISTORY);
+    }
+  }
+}
+
+// -- drawing ----------------------------------------------------------------------------
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") node.className = v; else node.setAttribute(k, v);
+  }
+  for (const child of children) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function rate(value) {
+  if (value === undefined || value === null) return "–";
+  if (value >= 10000) return Math.round(value / 1000) + "k/s";
+  if (value >= 100) return Math.round(value) + "/s";
+  return (Math.round(value * 10) / 10) + "/s";
+}
+
+function duration(seconds) {
+  if (seconds === undefined || seconds === null) return "–";
+  seconds = Math.max(0, seconds);
+  if (seconds < 60) return seconds.toFixed(seconds < 10 ? 1 : 0) + " s";
+  if (seconds < 3600) return Math.floor(seconds / 60) + " min " + Math.floor(seconds % 60) + " s";
+  if (seconds < 86400) return Math.floor(seconds / 3600) + " h " + Math.floor(seconds % 3600 / 60) + " min";
+  return Math.floor(seconds / 86400) + " d " + Math.floor(seconds % 86400 / 3600) + " h";
+}
+
+function spark(points, cls, now) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("class", "spark");
+  svg.setAttribute("viewBox", "0 0 300 34");
+  svg.setAttribute("preserveAspectRatio", "none");
+  if (!points || !points.length) return svg;
+  // The x axis spans the minutes watched so far (at most HISTORY seconds), ending now.
+  const start = Math.max(now - HISTORY, points[0][0]);
+  const shown = points.filter((p) => p[0] >= start);
+  const span = Math.max(1, now - start);
+  const max = Math.max(1, ...shown.map((p) => p[1]));
+  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  line.setAttribute("points", shown
+    .map((p) => (300 * (p[0] - start) / span).toFixed(1) + "," + (32 - 30 * p[1] / max).toFixed(1)).join(" "));
+  const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+  title.textContent = "peak " + rate(Math.max(...shown.map((p) => p[1]))) + " over the last " + duration(span);
+  svg.append(title);
+  if (cls) line.setAttribute("class", cls);
+  svg.append(line);
+  return svg;
+}
+
+function problems(s) {
+  const status = s.status || {};
+  const out = [];
+  if (status.storage_error) out.push("storage: " + status.storage_error);
+  if (status.collector_paused) out.push("collector paused (storage)");
+  if (status.client_port_paused) out.push("client port paused (storage)");
+  if (status.journal_error) out.push("journal: " + status.journal_error);
+  if (status.journal_blocked) out.push("journal blocked");
+  if (status.failed) out.push("failed: " + status.failed);
+  if (s.status_error) out.push("status: " + s.status_error);
+  return out;
+}
+
+function drops(status) {
+  const dropped = status.dropped || {};
+  const reasons = Object.entries(dropped).filter(([k, v]) => typeof v === "number" && v > 0);
+  if (!reasons.length) return null;
+  return "drops: " + reasons.map(([k, v]) => k + " " + v).join(", ");
+}
+
+function card(s, now) {
+  const status = s.status || {};
+  const charts = history[s.name] || {};
+  const node = el("article", {class: "card", id: "card-" + s.name, "data-service": s.name},
+    el("h2", {}, NAMES[s.name] || s.name,
+      el("span", {class: "state " + (s.running ? "up" : "down")}, s.running ? "up" : "down")),
+    el("div", {class: "line"}, s.running ? "up " + duration(s.uptime_s)
+                                         : "down since " + new Date(s.since * 1000).toLocaleTimeString()));
+  for (const [label, points] of Object.entries(charts)) {
+    if (label === "dropped") continue;
+    const last = points.length ? points[points.length - 1][1] : undefined;
+    node.append(el("div", {class: "line"}, label + " " + rate(last)), spark(points, "", now));
+  }
+  if (charts.dropped && charts.dropped.some((p) => p[1] > 0)) {
+    node.append(el("div", {class: "line"}, "drops " + rate(charts.dropped[charts.dropped.length - 1][1])),
+                spark(charts.dropped, "drops", now));
+  }
+  const dropLine = drops(status);
+  if (dropLine) node.append(el("div", {class: "line"}, dropLine));
+  for (const problem of problems(s)) node.append(el("div", {class: "line alarm"}, problem));
+  node.addEventListener("click", () => {
+    const view = $(s.name + "-view") || $("other-" + s.name);
+    if (view) view.scrollIntoView({behavior: "smooth"});
+  });
+  return node;
+}
+
+function facts(id, pairs) {
+  const box = $(id);
+  box.replaceChildren(...pairs.filter((p) => p[1] !== undefined && p[1] !== null)
+    .map(([k, v, cls]) => el("span", {class: cls || ""}, k + " ", el("b", {}, v))));
+}
+
+function rows(id, items, make, empty) {
+  const body = $(id);
+  const made = (items || []).map(make);
+  if (!made.length && empty) made.push(el("tr", {}, el("td", {colspan: 9, class: "dim"}, empty)));
+  body.replaceChildren(...made);
+}
+
+function cells(...values) {
+  return values.map((v) => el("td", {}, v));
+}
+
+function omitted(status, key) {
+  const n = status[key + "_omitted"];
+  return n ? " (and " + n + " more)" : "";
+}
+
+const VIEWS = {
+  eventbus(status) {
+    const clients = status.clients || {};
+    const ha = status.ha || null;
+    facts("eventbus-facts", [
+      ["sequence", status.sequence],
+      ["released", status.released !== status.sequence ? status.released : undefined],
+      ...Object.entries(clients).map(([k, v]) => ["clients on " + k, typeof v === "object" ? JSON.stringify(v) : v]),
+      ["snapshots running", status.snapshots_active],
+      ["stalled", status.snapshots_stalled, status.snapshots_stalled ? "warn" : ""],
+      ["waiting", status.snapshots_waiting],
+      ["pair", ha ? (ha.role || ha.state || "?") + (ha.peer ? " with " + ha.peer : "") : "alone"],
+      ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
+      ["security", (status.curve || {}).security],
+    ]);
+  },
+  emqp(status) {
+    facts("emqp-facts", [
+      ["waiting", status.waiting],
+      ["in flight", status.in_flight_count],
+      ["workers", (status.workers || []).length + omitted(status, "workers")],
+      ["schedules", status.schedules_count],
+      ["stored", status.stored],
+      ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
+    ]);
+    rows("emqp-queues", Object.entries(status.queues || {}).filter(([k]) => k !== "_omitted"),
+      ([name, q]) => el("tr", {"data-queue": name}, ...cells(name, q.depth, q.workers, q.free_slots, q.dispatched, q.rejected)),
+      "no queue yet");
+    rows("emqp-workers", status.workers,
+      (w) => el("tr", {"data-worker": w.id}, ...cells(w.id, (w.queues || []).map((q) => q[1]).join(", "),
+        w.free_slots, w.in_flight, w.dispatched, duration(w.last_seen_s) + " ago", duration(w.expires_in_s))),
+      "no worker connected");
+    rows("emqp-schedules", status.schedules,
+      (s) => el("tr", {"data-schedule": s.id}, ...cells(s.id, s.queue, s.cron || ("every " + duration(s.interval)),
+        "in " + duration(s.next_run_in), s.runs)),
+      "no schedule");
+  },
+  mc0(status) {
+    const auth = status.auth || {};
+    facts("mc0-facts", [
+      ["clients", status.clients], ["topics", status.topics], ["connections", status.connections],
+      ["security", status.security], ["accepted keys", auth.accepted], ["refused", auth.denied, auth.denied ? "warn" : ""],
+    ]);
+    rows("mc0-clients", status.client_list,
+      (c) => el("tr", {"data-client": c.id}, ...cells(c.id, (c.topics || []).join(", "), duration(c.last_heard_s) + " ago", duration(c.connected_s))),
+      "no client");
+    rows("mc0-refused", auth.refused_keys,
+      (k) => el("tr", {}, ...cells(k.key, k.times, k.reason, k.address)), "none refused");
+  },
+  dbp(status) {
+    facts("dbp-facts", [
+      ["active", status.services], ["inactive", status.services_inactive],
+      ["beacon", status.beacon || "off"], ["UDP port", status.udp_port],
+    ]);
+    rows("dbp-catalog", status.catalog,
+      (e) => el("tr", {"data-entry": e.name}, ...cells(e.name, e.active ? "active" : "inactive", e.heartbeat_path,
+        e.last_heard_s === null ? "never" : duration(e.last_heard_s) + " ago", duration(e.registered_s) + " ago")),
+      "the catalog is empty");
+  },
+  zre(status) {
+    const peers = status.peer_list || [];
+    facts("zre-facts", [
+      ["name", status.name], ["peers", status.peers], ["pending", status.peers_pending],
+      ["evasive", peers.filter((p) => p.state === "evasive").length, "warn"],
+      ["silent", peers.filter((p) => p.state === "silent").length, "bad"],
+      ["own groups", (status.groups || []).join(", ") || "none"],
+      ["groups seen", Object.entries(status.peer_groups || {}).map(([g, n]) => g + " (" + n + ")").join(", ") || "none"],
+    ]);
+    rows("zre-peers", peers,
+      (p) => el("tr", {"data-peer": p.uuid, class: p.state}, ...cells(p.uuid.slice(0, 8), p.name, p.state,
+        (p.groups || []).join(", "), p.endpoint, duration(p.last_seen_s) + " ago")),
+      "no peer");
+  },
+  "spark-bridge"(status) {
+    facts("spark-bridge-facts", [
+      ["journal position", status.sequence], ["bus sequence", status.bus_sequence],
+      ["lag", status.journal_lag, status.journal_lag > 1000 ? "warn" : ""],
+      ["journaled", status.journaled], ["pending", status.pending],
+      ["gaps", status.gaps_recorded, status.gaps_recorded ? "warn" : ""],
+    ]);
+  },
+};
+
+function otherView(s) {
+  // A service the console has no view of (a third party's): its numbers, as they come.
+  const id = "other-" + s.name;
+  let view = $(id);
+  if (!view) {
+    view = el("section", {class: "view", id}, el("h2", {}, NAMES[s.name] || s.name), el("div", {class: "facts"}));
+    $("other-views").append(view);
+  }
+  const pairs = Object.entries(s.status || {}).filter(([k, v]) => typeof v !== "object" || v === null);
+  view.querySelector(".facts").replaceChildren(
+    ...pairs.map(([k, v]) => el("span", {}, k.replaceAll("_", " ") + " ", el("b", {}, v))));
+}
+
+function render(state) {
+  const now = state.t || state.time;
+  $("process").textContent = "pid " + state.pid + ", up " + duration(state.uptime_s);
+  $("services").replaceChildren(...state.services.map((s) => card(s, now)));
+  for (const s of state.services) {
+    if (s.name === "http") continue;
+    const view = $(s.name + "-view");
+    if (view) {
+      view.hidden = false;
+      if (s.running) VIEWS[s.name](s.status || {});
+    } else if (!KNOWN_VIEWS.has(s.name)) {
+      otherView(s);
+    }
+  }
+}
+
+// -- the topic tail ---------------------------------------------------------------------
+
+function startTail(event) {
+  event.preventDefault();
+  stopTail();
+  const topic = $("tail-topic").value || "/";
+  const controller = new AbortController();
+  tailStream = controller;
+  $("tail-rows").replaceChildren();
+  $("tail-start").disabled = true;
+  $("tail-stop").disabled = false;
+  $("tail-state").textContent = "connecting";
+  stream("/api/v1/tail?topic=" + encodeURIComponent(topic), onTailEvent, controller)
+    .then(() => endTail("the server ended the tail"))
+    .catch((error) => {
+      if (!controller.signal.aborted) endTail(error && error.detail ? error.detail : "the tail was cut");
+    });
+}
+
+function onTailEvent(name, data) {
+  const body = $("tail-rows");
+  if (name === "tail") {
+    $("tail-state").textContent = "tailing " + data.topic;
+    return;
+  }
+  let row;
+  if (name === "event") {
+    row = el("tr", {"data-seq": data.sequence}, ...cells(data.sequence, data.topic, data.producer, data.timestamp));
+    row.append(el("td", {class: "value"}, data.value));
+  } else if (name === "skipped") {
+    row = el("tr", {class: "skipped"}, el("td", {colspan: 5}, data.events + " more events not shown (at most 20 a second)"));
+  } else {
+    return;
+  }
+  body.prepend(row);
+  while (body.childElementCount > TAIL_ROWS) body.lastElementChild.remove();
+}
+
+function stopTail() {
+  if (tailStream) tailStream.abort();
+  tailStream = null;
+  $("tail-start").disabled = false;
+  $("tail-stop").disabled = true;
+  $("tail-state").textContent = "";
+}
+
+function endTail(why) {
+  stopTail();
+  $("tail-state").textContent = why;
+}
+
+// -- start ------------------------------------------------------------------------------
+
+$("token-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
+  if (stateStream) stateStream.abort();
+  connect();
+});
+$("tail-form").addEventListener("submit", startTail);
+$("tail-stop").addEventListener("click", stopTail);
+connect();
