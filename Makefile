@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint docs bench clean
+.PHONY: run test lint docs bench clean browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,10 +34,22 @@ $(INTEROP)/.installed: Makefile
 		croniter==0.3.10 psutil "future>=0.18.3"
 	touch $@
 
+# The console's browser tests drive Debian's Chromium and its driver: installed here when
+# missing, where this user may (root, apt-get); elsewhere a note says what to install.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's chromium and chromium-driver for the browser tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q chromium chromium-driver >/dev/null; }; \
+	else echo "note: the browser tests need chromium and chromium-driver (apt-get install" \
+		"chromium chromium-driver); without them they are skipped"; fi
+
 run: $(VENV)/.run-deps
 	$(BIN)/twistd -n eventbus $(ARGS)
 
-test: $(VENV)/.test-deps $(INTEROP)/.installed
+test: $(VENV)/.test-deps $(INTEROP)/.installed browser
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(VENV)/.test-deps

@@ -86,3 +86,12 @@ def make_node() -> Iterator[Any]:
     yield make
     for node in made:
         pytest_twisted.blockon(node.stopService())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Each phase's report kept on the item (``item.report_call``), so that a fixture's
+    teardown knows whether its test failed (the browser tests save a screenshot then)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report

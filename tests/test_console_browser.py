@@ -1,0 +1,181 @@
+"""The operator's console in a real browser (Debian's Chromium, headless, under selenium),
+against the product as operators run it: ``twistd -n eventbus``, and the same composition
+from a tac file for a service that stops while the console watches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser import chromium, save_failure
+from tests.ports import free_port
+from tests.processes import CLEAN_EXIT, ROOT, TWISTD
+from tests.test_product_process import Product, environment
+
+BIN = Path(sys.executable).parent
+FREE_PORTS = (
+    "--port", "0", "--emqp-worker-port", "0", "--emqp-client-port", "0",
+    "--emqp-admin-port", "0",
+)  # fmt: skip
+
+
+def poll(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.1)
+
+
+def answers(url: str, process: subprocess.Popen[bytes]) -> bool:
+    assert process.poll() is None, f"exited with {process.returncode}"
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    driver = chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def page(browser: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The browser, its page saved under test-artifacts/ when the test failed."""
+    yield browser
+    report = getattr(request.node, "report_call", None)
+    if report is None or report.failed:
+        print(f"page saved: {save_failure(browser, request.node.name)}")
+
+
+@pytest.fixture(scope="module")
+def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
+    workdir = tmp_path_factory.mktemp("console")
+    running = Product(workdir, *FREE_PORTS, "--data-dir", str(workdir / "bus"))
+    try:
+        poll(running.ready, what="the product started")
+        yield running
+    finally:
+        code = running.stop()
+        assert code in CLEAN_EXIT, running.output()
+
+
+def card_state(driver: Any, service: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(driver.find_element("css selector", f"#card-{service} .state").text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def wait(driver: Any, check: Callable[[Any], Any], timeout: float = 15) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(check)
+
+
+def test_the_console_shows_every_composed_service_live(product: Product, page: Any) -> None:
+    page.get(f"http://127.0.0.1:{product.http_port}/")
+    services = ("eventbus", "emqp", "mc0", "dbp", "zre", "http")
+    wait(page, lambda d: all(card_state(d, name) == "up" for name in services))
+    assert page.find_element("id", "link").text == "live"
+    # The charts draw from rates the stream brings each second.
+    wait(page, lambda d: d.find_elements("css selector", "#card-eventbus svg.spark polyline"))
+    sequence = page.find_element("id", "eventbus-facts").text
+    assert "sequence" in sequence and "clients on collector" in sequence
+    assert "no worker connected" in page.find_element("id", "emqp-workers").text
+    assert "the catalog is empty" in page.find_element("id", "dbp-catalog").text
+
+
+def test_a_publish_appears_in_the_live_tail(product: Product, page: Any) -> None:
+    page.get(f"http://127.0.0.1:{product.http_port}/")
+    wait(page, lambda d: card_state(d, "eventbus") == "up")
+    topic = page.find_element("id", "tail-topic")
+    topic.clear()
+    topic.send_keys("/console/orders/")
+    page.find_element("id", "tail-start").click()
+    wait(page, lambda d: "tailing /console/orders/" in d.find_element("id", "tail-state").text)
+    address = product.status()["services"]["eventbus"]["endpoints"]["snapshot"]
+    server = address.removeprefix("tcp://")
+    for topic_name, value in (("/console/other/", {"n": 0}), ("/console/orders/42/", {"n": 1})):
+        published = subprocess.run(
+            [BIN / "eventbus-cli", "publish", "--server", server, topic_name, json.dumps(value)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert published.returncode == 0, published.stderr
+    row = wait(page, lambda d: d.find_elements("css selector", "#tail-rows tr[data-seq]"))
+    cells = [cell.text for cell in row[0].find_elements("css selector", "td")]
+    assert cells[1] == "/console/orders/42/"  # the other subtree is not tailed
+    assert json.loads(cells[4]) == {"n": 1}
+    assert len(page.find_elements("css selector", "#tail-rows tr[data-seq]")) == 1
+    page.find_element("id", "tail-stop").click()
+
+
+def test_a_worker_joining_appears_in_the_emqp_view(product: Product, page: Any) -> None:
+    page.get(f"http://127.0.0.1:{product.http_port}/")
+    wait(page, lambda d: card_state(d, "emqp") == "up")
+    endpoint = product.status()["services"]["emqp"]["endpoints"]["worker"]
+    log = open(product.log_path.parent / "worker.log", "ab")
+    worker = subprocess.Popen(
+        [BIN / "emqp-worker", "--broker", endpoint, "--queues", "10:console", "--slots", "3"],
+        stdout=log, stderr=subprocess.STDOUT, env=environment(), start_new_session=True,
+    )  # fmt: skip
+    try:
+        row = wait(page, lambda d: d.find_elements("css selector", "#emqp-workers tr[data-worker]"))
+        cells = [cell.text for cell in row[0].find_elements("css selector", "td")]
+        assert cells[1] == "console" and cells[2] == "3"
+        queue = wait(
+            page, lambda d: d.find_elements("css selector", '#emqp-queues tr[data-queue="console"]')
+        )
+        assert queue[0].find_elements("css selector", "td")[2].text == "1"  # one worker
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=30)
+        log.close()
+    # Gone from the view when the broker lets it go (a worker's DISCONNECT on SIGTERM).
+    wait(page, lambda d: not d.find_elements("css selector", "#emqp-workers tr[data-worker]"), 30)
+
+
+def test_a_stopped_service_shows_as_down(tmp_path: Path, page: Any) -> None:
+    http = free_port()
+    env = environment(
+        EVENTBUS_PORT="0", EVENTBUS_DATA_DIR=str(tmp_path / "bus"), EVENTBUS_HTTP_PORT=str(http),
+        EMQP_WORKER_PORT="0", EMQP_CLIENT_PORT="0", EMQP_ADMIN_PORT="0",
+        EMQP_DATA_DIR=str(tmp_path / "emqp"), STOP_ON_USR1="dbp",
+    )  # fmt: skip
+    log = open(tmp_path / "twistd.log", "ab")
+    command = [TWISTD, "-n", "--pidfile=", "-y", str(ROOT / "tests" / "console_stoppable.tac")]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        poll(lambda: answers(f"http://127.0.0.1:{http}/status", process), what="the HTTP port")
+        page.get(f"http://127.0.0.1:{http}/")
+        wait(page, lambda d: card_state(d, "dbp") == "up")
+        process.send_signal(signal.SIGUSR1)
+        wait(page, lambda d: card_state(d, "dbp") == "down")
+        assert "down since" in page.find_element("id", "card-dbp").text
+        assert card_state(page, "eventbus") == "up"  # the others go on
+    finally:
+        process.terminate()
+        code = process.wait(timeout=30)
+        log.close()
+    assert code in CLEAN_EXIT, (tmp_path / "twistd.log").read_text()
