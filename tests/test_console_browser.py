@@ -88,6 +88,18 @@ def card_state(driver: Any, service: str) -> str:
         return ""
 
 
+def row_cells(driver: Any, selector: str) -> list[str]:
+    """The cells of the first row ``selector`` finds (none: an empty list); the page
+    redraws its tables every second, so a row is read in one go."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        rows = driver.find_elements("css selector", selector)
+        return [cell.text for cell in rows[0].find_elements("css selector", "td")] if rows else []
+    except StaleElementReferenceException:  # redrawn meanwhile
+        return []
+
+
 def wait(driver: Any, check: Callable[[Any], Any], timeout: float = 15) -> Any:
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -141,13 +153,11 @@ def test_a_worker_joining_appears_in_the_emqp_view(product: Product, page: Any) 
         stdout=log, stderr=subprocess.STDOUT, env=environment(), start_new_session=True,
     )  # fmt: skip
     try:
-        row = wait(page, lambda d: d.find_elements("css selector", "#emqp-workers tr[data-worker]"))
-        cells = [cell.text for cell in row[0].find_elements("css selector", "td")]
-        assert cells[1] == "console" and cells[2] == "3"
-        queue = wait(
-            page, lambda d: d.find_elements("css selector", '#emqp-queues tr[data-queue="console"]')
-        )
-        assert queue[0].find_elements("css selector", "td")[2].text == "1"  # one worker
+        # Its row, then its three slots (its READYs follow its INFORM).
+        workers = "#emqp-workers tr[data-worker]"
+        wait(page, lambda d: row_cells(d, workers)[1:3] == ["console", "3"])
+        queue = '#emqp-queues tr[data-queue="console"]'
+        wait(page, lambda d: row_cells(d, queue)[:3] == ["console", "0", "1"])  # one worker
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=30)

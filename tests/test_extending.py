@@ -6,6 +6,7 @@ order after the Event BUS and reverse stop, /status, /metrics, its activity on t
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -86,6 +87,10 @@ def test_a_declared_service_runs_in_the_product_like_a_built_in_one(tmp_path: Pa
         metrics = product.get("/metrics")
         assert f"echo_requests_total {warmups + 1}.0" in metrics
         assert 'echo_refused_total{reason="oversized"} 1.0' in metrics
+        # The console charts what it names in console_rates, beside the drops it counts.
+        console = {s["name"]: s for s in json.loads(product.get("/api/v1/state"))["services"]}
+        assert console["echo"]["running"]
+        assert console["echo"]["counters"] == {"echoes": warmups + 1}
         # Its activity on the bus, as the built-in services publish theirs.
         yield wait_until(lambda: feed.messages, what="the echo's event on the bus")
         topic, _, producer, _, _, data = feed.messages[0]

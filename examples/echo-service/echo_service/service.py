@@ -63,6 +63,9 @@ class EchoService(Service):
             self._factory.shutdown()
             self._factory = self._router = None
 
+    #: What the console charts, as rates per second (a path into status()).
+    console_rates = {"echoes": "echoed"}
+
     def status(self) -> dict[str, Any]:
         return {
             "endpoint": self.endpoint,
