@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import selectors
 import socket
 import sys
@@ -47,7 +46,6 @@ from _common import (
 )
 
 TARGET_CORES = 0.05
-_T = re.compile(r'"t": (\d+)')
 
 
 class Consoles:
@@ -92,9 +90,11 @@ class Consoles:
                         self.frames += 1
                     elif block.startswith(b"event: event"):
                         self.events += 1
-                        found = _T.search(block.decode("utf-8", "replace"))
-                        if found:
-                            self.latencies.append((now - int(found[1])) / 1e6)
+                        # The paced publisher's send time, in the event's value.
+                        event = json.loads(block.split(b"data: ", 1)[1])
+                        sent = json.loads(event["value"]).get("t")
+                        if isinstance(sent, int):
+                            self.latencies.append((now - sent) / 1e6)
                     elif block.startswith(b"event: skipped"):
                         self.skipped += json.loads(block.split(b"data: ", 1)[1])["events"]
 

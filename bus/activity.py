@@ -9,7 +9,7 @@ Spark pipeline sees the whole system's activity. Without a local bus the sink is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 
@@ -33,6 +33,10 @@ class LocalBus(Protocol):
     def client_curve(self) -> Any:
         """The ``ClientCurve`` such a client connects with, or None (plain text); known
         once the bus has started."""
+
+    def watch(self, watcher: Callable[[int, list[Any]], None]) -> Callable[[], None]:
+        """Call ``watcher(first_sequence, fields)`` with each batch as it is broadcast
+        (fields: topic, producer, timestamp, uuid, data); returns what stops it."""
 
 
 class _NoActivity:

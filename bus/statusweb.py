@@ -120,8 +120,8 @@ class StatusWebService(Service):
         tail_source: Source | None = None,
     ) -> None:
         """``token_file``: every request must bear its token (see :mod:`bus.webauth`),
-        ``/metrics`` excepted with ``metrics_open``. ``tail_source``: where the console's
-        topic tail reads the Event BUS (see :mod:`bus.console.tail`)."""
+        ``/metrics`` excepted with ``metrics_open``. ``tail_source``: the Event BUS the
+        console's topic tail watches (see :mod:`bus.console.tail`)."""
         from bus.transport.zmqsocket import reactor_of
 
         self.services = services

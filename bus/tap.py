@@ -295,11 +295,8 @@ def compose(
         def listening(address: str) -> None:
             composition.status_address = address
 
-        def tail_source() -> tuple[str, Any] | None:
-            # The console's topic tail reads the bus of this process, as its own client.
-            local = composition.local_bus
-            addresses = local.client_addresses() if local is not None else []
-            return (addresses[0], local.client_curve()) if local and addresses else None
+        def tail_source() -> Any:
+            return composition.local_bus  # the console's topic tail watches this bus
 
         token = options.get("http-token-file")
         web = StatusWebService(

@@ -87,7 +87,7 @@ def system(tmp_path: Path) -> Iterator[dict[str, Any]]:
     web = StatusWebService(
         [("eventbus", bus), ("emqp", broker)],
         0,
-        tail_source=lambda: (bus.client_addresses()[0], None),
+        tail_source=lambda: bus,
     )
     web.startService()
     yield {"bus": bus, "broker": broker, "web": web}
@@ -147,10 +147,9 @@ def test_the_tail_sends_its_subtree_at_most_twenty_a_second_and_says_what_it_ski
     tail = yield open_stream(web.port, "/api/v1/tail?topic=/console/orders/")
     yield wait_until(lambda: tail.named("tail"), what="the tail opened")
     assert tail.named("tail") == [{"topic": "/console/orders/"}]
-    yield wait_until(lambda: web.console.tails._sock is not None)
+    assert web.console.tails.watching
     publisher = EventBusPublisher(f"127.0.0.1:{bus.port}", producer_id="console")
     try:
-        yield wait_until(lambda: bus.connections()["publisher"] == 1)
         for n in range(200):
             publisher.publish("/console/orders/" if n % 2 else "/console/users/", {"n": n})
         yield publisher.flush()
@@ -160,6 +159,7 @@ def test_the_tail_sends_its_subtree_at_most_twenty_a_second_and_says_what_it_ski
             return len(tail.named("event")) + sum(s["events"] for s in tail.named("skipped"))
 
         yield wait_until(lambda: accounted() == 100, timeout=10, what="every event accounted")
+        assert web.console.tails.status()["watched"] == 200
     finally:
         publisher.close()
     shown_events = tail.named("event")
@@ -169,7 +169,8 @@ def test_the_tail_sends_its_subtree_at_most_twenty_a_second_and_says_what_it_ski
     sequences = [e["sequence"] for e in shown_events]
     assert sequences == sorted(sequences)
     tail.transport.loseConnection()
-    yield wait_until(lambda: web.console.tails._sock is None, what="the tail's socket closed")
+    yield wait_until(lambda: not web.console.tails.watching, what="the tail stopped watching")
+    assert bus._watchers == []  # nothing left on the broadcast path
 
 
 @pytest_twisted.inlineCallbacks

@@ -1,32 +1,26 @@
 """A live tail of an Event BUS subtree for the console, bounded at every step.
 
-One SUB socket on the bus's PUB port serves every open tail (subscribed to the union of
-their subtrees, each prefix counted), and exists only while a tail is open. It reads at
-most ``read_budget`` events every ``pause`` seconds: a fire-hose subtree is sampled, the
-rest dropped by ZeroMQ at its receive high-water mark, never queued here. Each tail sends
-its browser at most ``rate`` events a second and then says how many it skipped.
+The tail watches the bus of this process as it broadcasts (``LocalBus.watch``: no socket,
+no queue, nothing old), and only while a tail is open. Tails of one subtree form a group:
+an event is encoded once for all of them, at most ``rate`` events a second go to each
+console, and once every console of the group has had its share the next events only add
+to one count, told to each console as ``skipped`` when the second ends. Under a fire-hose
+bus an open tail costs a prefix test per event and group, and nothing when none is open.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import task
-from twisted.logger import Logger
 
 from bus.console.stream import Stream, sse
-from bus.droplog import DropCounter
 from bus.eventbus import codec
-from bus.eventbus.client import ServerAddress
 
-log = Logger(namespace="bus.console")
-
-#: Where the tail reads from: the bus's ``host:port`` and the ClientCurve to connect with
-#: (None: plain), or None when no Event BUS runs in this process.
-Source = Callable[[], tuple[str, Any] | None]
+#: The Event BUS of this process (a ``bus.activity.LocalBus``), or None when none runs.
+Source = Callable[[], Any]
 
 #: The most characters of an event's value sent to the browser.
 VALUE_CHARS = 2000
@@ -50,161 +44,146 @@ def shown(event: codec.Event) -> dict[str, Any]:
 
 
 class Tail:
-    """One console's tail of the subtree ``prefix``."""
+    """One console's tail: what it may still be sent this second, and what it missed."""
 
-    def __init__(self, prefix: bytes, stream: Stream, rate: int) -> None:
-        self.prefix = prefix
+    def __init__(self, stream: Stream, rate: int) -> None:
         self.stream = stream
-        self.rate = rate
         self.allowance = rate
         self.sent = 0
         self.skipped = 0  # since the last "skipped" event
 
-    def offer(self, event: codec.Event) -> None:
-        if self.allowance > 0 and self.stream.send(sse("event", shown(event))):
-            self.allowance -= 1
-            self.sent += 1
-        else:
-            self.skipped += 1
+
+class Group:
+    """The tails of one subtree."""
+
+    def __init__(self, prefix: bytes, rate: int) -> None:
+        self.prefix = prefix
+        self.rate = rate
+        self.tails: list[Tail] = []
+        #: Tails with allowance left this second.
+        self.open = 0
+        #: Events none of them could be sent this second.
+        self.skipped = 0
+
+    def offer(self, frame: bytes) -> None:
+        for tail in self.tails:
+            if tail.allowance > 0 and tail.stream.send(frame):
+                tail.allowance -= 1
+                tail.sent += 1
+                if tail.allowance == 0:
+                    self.open -= 1
+            else:
+                tail.skipped += 1
 
     def refill(self) -> None:
-        if self.skipped and self.stream.send(sse("skipped", {"events": self.skipped})):
-            self.skipped = 0
-        self.allowance = self.rate
+        for tail in self.tails:
+            tail.skipped += self.skipped
+            if tail.skipped and tail.stream.send(sse("skipped", {"events": tail.skipped})):
+                tail.skipped = 0
+            tail.allowance = self.rate
+        self.skipped = 0
+        self.open = len(self.tails)
 
 
 class TailHub:
-    """Every open tail, and the one SUB socket they share."""
+    """Every open tail, and the one watch of the bus they share."""
 
-    def __init__(
-        self,
-        reactor: Any,
-        source: Source,
-        rate: int = 20,
-        limit: int = 100,
-        read_budget: int = 200,
-        pause: float = 0.05,
-    ) -> None:
+    def __init__(self, reactor: Any, source: Source, rate: int = 20, limit: int = 100) -> None:
         self.reactor = reactor
         self.source = source
         self.rate = rate
         self.limit = limit
-        self.read_budget = read_budget
-        self.pause = pause
-        self.tails: list[Tail] = []
-        self.received = 0
+        self.groups: dict[bytes, Group] = {}
+        self.watched = 0
         self.refused = 0
-        self.drops = DropCounter(log, "event on the console's tail", reactor.seconds)
-        self._prefixes: Counter[bytes] = Counter()
-        self._factory: Any = None
-        self._sock: Any = None
-        self._resume: Any = None
+        self._unwatch: Callable[[], None] | None = None
         self._loop: task.LoopingCall | None = None
+
+    @property
+    def tails(self) -> list[Tail]:
+        return [tail for group in self.groups.values() for tail in group.tails]
+
+    @property
+    def watching(self) -> bool:
+        return self._unwatch is not None
 
     def open(self, request: Any, prefix: bytes) -> str | None:
         """Answer ``request`` with a tail of ``prefix``; else why not (the status is set)."""
-        source = self.source()
-        if source is None:
+        bus = self.source()
+        if bus is None:
             request.setResponseCode(404)
             return "no Event BUS runs in this process"
-        if len(self.tails) >= self.limit:
+        if sum(len(group.tails) for group in self.groups.values()) >= self.limit:
             self.refused += 1
             request.setResponseCode(503)
             return f"{self.limit} tails are open already"
-        if self._sock is None:
-            self._connect(*source)
-        tail = Tail(prefix, Stream(request, lambda stream: self._closed(tail)), self.rate)
+        if self._unwatch is None:
+            self._unwatch = bus.watch(self._on_batch)
+            self._loop = task.LoopingCall(self._refill)
+            self._loop.clock = self.reactor
+            self._loop.start(1.0, now=False)
+        group = self.groups.get(prefix)
+        if group is None:
+            group = self.groups[prefix] = Group(prefix, self.rate)
+        tail = Tail(Stream(request, lambda stream: self._closed(group, tail)), self.rate)
         tail.stream.send(sse("tail", {"topic": prefix.decode("utf-8", "replace")}))
-        self.tails.append(tail)
-        self._prefixes[prefix] += 1
-        if self._prefixes[prefix] == 1:
-            self._sock.subscribe(prefix)
+        group.tails.append(tail)
+        group.open += 1
         return None
 
-    def _connect(self, address: str, curve: Any) -> None:
-        import zmq
-
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions
-
-        self._factory = SocketFactory(self.reactor, curve=curve)
-        # A small receive queue: what the console cannot show is dropped by ZeroMQ.
-        options = SocketOptions(receive_hwm=self.read_budget * 2, linger_ms=0)
-        self._sock = self._factory.socket(
-            zmq.SUB,
-            self._on_messages,
-            options,
-            read_budget=self.read_budget,
-            name="console-tail",
-        )
-        self._sock.connect(ServerAddress.parse(address).publisher)
-        self._loop = task.LoopingCall(self._refill)
-        self._loop.clock = self.reactor
-        self._loop.start(1.0, now=False)
-
-    def _on_messages(self, batch: list[list[bytes]]) -> None:
-        self.received += len(batch)
-        for frames in batch:
-            try:
-                message = codec.parse_published(frames)
-            except codec.EventBusError as error:
-                self.drops.drop(error.reason, str(error))
+    def _on_batch(self, first: int, fields: list[codec.EventFields]) -> None:
+        self.watched += len(fields)
+        for group in self.groups.values():
+            prefix = group.prefix
+            if not group.open:  # every console had its share: count, nothing more
+                if prefix == b"/":
+                    group.skipped += len(fields)
+                else:
+                    group.skipped += sum(1 for event in fields if event[0].startswith(prefix))
                 continue
-            if isinstance(message, codec.Heartbeat):
-                continue
-            for tail in self.tails:
-                if message.topic.startswith(tail.prefix):
-                    tail.offer(message)
-        # Sample, never chase: the next read waits a little.
-        sock = self._sock
-        if sock is not None and self._resume is None:
-            sock.pause_reading()
-            self._resume = self.reactor.callLater(self.pause, self._read_again)
-
-    def _read_again(self) -> None:
-        self._resume = None
-        if self._sock is not None:
-            self._sock.resume_reading()
+            for index, event in enumerate(fields):
+                if not event[0].startswith(prefix):
+                    continue
+                if not group.open:
+                    group.skipped += 1
+                    continue
+                # Encoded once for every console of the group.
+                group.offer(sse("event", shown(codec.Event(event[0], first + index, *event[1:]))))
 
     def _refill(self) -> None:
-        for tail in self.tails:
-            tail.refill()
+        for group in self.groups.values():
+            group.refill()
 
-    def _closed(self, tail: Tail) -> None:
-        if tail not in self.tails:
+    def _closed(self, group: Group, tail: Tail) -> None:
+        if tail not in group.tails:
             return
-        self.tails.remove(tail)
-        self._prefixes[tail.prefix] -= 1
-        if self._prefixes[tail.prefix] == 0:
-            del self._prefixes[tail.prefix]
-            if self._sock is not None:
-                self._sock.unsubscribe(tail.prefix)
-        if not self.tails:
+        group.tails.remove(tail)
+        group.open = sum(1 for t in group.tails if t.allowance > 0)
+        if not group.tails:
+            del self.groups[group.prefix]
+        if not self.groups:
             self.close()
 
     def close(self) -> None:
-        """Close every tail and the socket (the last tail closed, or the server stops)."""
-        tails, self.tails = self.tails, []
-        self._prefixes.clear()
-        for tail in tails:
-            tail.stream.close()
-        if self._resume is not None and self._resume.active():
-            self._resume.cancel()
-        self._resume = None
+        """Close every tail and stop watching (the last tail closed, or the server stops)."""
+        groups, self.groups = self.groups, {}
+        for group in groups.values():
+            tails, group.tails = group.tails, []
+            for tail in tails:
+                tail.stream.close()
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        sock, self._sock = self._sock, None
-        factory, self._factory = self._factory, None
-        if sock is not None:
-            sock.shutdown()
-        if factory is not None:
-            factory.shutdown()
+        unwatch, self._unwatch = self._unwatch, None
+        if unwatch is not None:
+            unwatch()
 
     def status(self) -> dict[str, Any]:
+        tails = self.tails
         return {
-            "tails": len(self.tails),
-            "received": self.received,
-            "sent": sum(t.sent for t in self.tails),
+            "tails": len(tails),
+            "subtrees": len(self.groups),
+            "watched": self.watched,
+            "sent": sum(t.sent for t in tails),
             "refused": self.refused,
-            "dropped": dict(self.drops.counts),
         }

@@ -59,6 +59,9 @@ from bus.workers import SerialWork
 
 log = Logger(namespace="bus.eventbus")
 
+#: Told each batch of events as it is broadcast: its first sequence and the events' fields.
+Watcher = Callable[[int, list[codec.EventFields]], None]
+
 _BIND_ATTEMPTS = 50
 
 
@@ -127,6 +130,8 @@ class EventBusService(Service):
         self.narrowed_subscriptions = 0
         self.narrowed_snapshots = 0
         self._unreleased: deque[tuple[int, list[codec.EventFields]]] = deque()
+        #: Told every batch broadcast (see :meth:`watch`).
+        self._watchers: list[Watcher] = []
         #: SYNCSTARTs that reached a server that is not active: answered if it takes over.
         self._held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(maxlen=1024)
 
@@ -512,6 +517,8 @@ class EventBusService(Service):
                 pub.send_many(
                     codec.broadcast_messages(first, fields, self.config.sequence_encoding)
                 )
+            if self._watchers:
+                self._tell_watchers(first, fields)
             return
         # In a pair the passive gets the batch first; it is released once it may be.
         pair.appended(first, fields)
@@ -540,7 +547,28 @@ class EventBusService(Service):
                 unreleased.popleft()
             if pub is not None:
                 pub.send_many(codec.broadcast_messages(first, fields, encoding))
+            if self._watchers:
+                self._tell_watchers(first, fields)
             self.released = first + count - 1
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call ``watcher(first_sequence, fields)`` with every batch as it is broadcast
+        (in this process, with no socket: the console's topic tail); returns the function
+        that stops it. A watcher must be quick: it runs on the broadcast path."""
+        self._watchers.append(watcher)
+
+        def unwatch() -> None:
+            if watcher in self._watchers:
+                self._watchers.remove(watcher)
+
+        return unwatch
+
+    def _tell_watchers(self, first: int, fields: list[codec.EventFields]) -> None:
+        for watcher in list(self._watchers):
+            try:
+                watcher(first, fields)
+            except Exception:  # a watcher's bug must not stop the broadcast
+                log.failure("a watcher of the broadcast failed")
 
     # -- the pair's hooks (see bus.eventbus.pair.PairHost) -------------------------------------
 

@@ -371,7 +371,9 @@ function onTailEvent(name, data) {
     row = el("tr", {"data-seq": data.sequence}, ...cells(data.sequence, data.topic, data.producer, data.timestamp));
     row.append(el("td", {class: "value"}, data.value));
   } else if (name === "skipped") {
-    row = el("tr", {class: "skipped"}, el("td", {colspan: 5}, data.events + " more events not shown (at most 20 a second)"));
+    const why = data.sampled ? "at most 20 a second; the subtree goes faster than the console samples, so more went by"
+                             : "at most 20 a second";
+    row = el("tr", {class: "skipped"}, el("td", {colspan: 5}, data.events + " more events not shown (" + why + ")"));
   } else {
     return;
   }
