@@ -189,3 +189,53 @@ def test_a_stopped_service_shows_as_down(tmp_path: Path, page: Any) -> None:
         code = process.wait(timeout=30)
         log.close()
     assert code in CLEAN_EXIT, (tmp_path / "twistd.log").read_text()
+
+
+def test_the_console_asks_for_the_token_when_the_server_wants_one(
+    tmp_path: Path, page: Any
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("console-secret\n")
+    running = Product(
+        tmp_path, "--services", "eventbus", "--port", "0", "--data-dir", str(tmp_path / "bus"),
+        "--http-token-file", str(token),
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{running.http_port}"
+    try:
+
+        def started() -> bool:
+            assert running.process.poll() is None, running.output()
+            request = urllib.request.Request(
+                f"{url}/status", headers={"Authorization": "Bearer console-secret"}
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=5):
+                    return True
+            except OSError:
+                return False
+
+        poll(started, what="the product started")
+        page.get(f"{url}/")
+        wait(page, lambda d: d.find_element("id", "token-form").is_displayed())
+        assert not page.find_element("id", "console").is_displayed()
+        field = page.find_element("id", "token")
+        field.send_keys("wrong")
+        field.submit()
+        wait(page, lambda d: "refused" in d.find_element("id", "token-error").text)
+        field.clear()
+        field.send_keys("console-secret")
+        field.submit()
+        wait(page, lambda d: card_state(d, "eventbus") == "up")
+        page.refresh()  # kept for the tab: no question again
+        wait(page, lambda d: card_state(d, "eventbus") == "up")
+        assert not page.find_element("id", "token-form").is_displayed()
+        request = urllib.request.Request(
+            f"{url}/status", headers={"Authorization": "Bearer console-secret"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            refused = json.loads(response.read())["services"]["http"]["refused"]
+        assert refused.get("wrong-token", 0) >= 1 and refused.get("no-token", 0) >= 1
+    finally:
+        page.execute_script("sessionStorage.clear()")
+        code = running.stop()
+    assert code in CLEAN_EXIT, running.output()

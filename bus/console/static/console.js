@@ -240,7 +240,10 @@ const VIEWS = {
       ["snapshots running", status.snapshots_active],
       ["stalled", status.snapshots_stalled, status.snapshots_stalled ? "warn" : ""],
       ["waiting", status.snapshots_waiting],
-      ["pair", ha ? (ha.role || ha.state || "?") + (ha.peer ? " with " + ha.peer : "") : "alone"],
+      ["pair", ha ? ha.role + ", " + ha.state : "none (one server)"],
+      ["peer", ha ? (ha.peer ? ha.peer_address + " (" + ha.peer.state + ", heard " + duration(ha.peer.heard_s_ago) + " ago)"
+                             : ha.peer_address + " (not heard)") : undefined, ha && !ha.peer ? "warn" : ""],
+      ["behind", ha && ha.behind ? ha.behind : undefined, "warn"],
       ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
       ["security", (status.curve || {}).security],
     ]);
