@@ -6,8 +6,8 @@ against plain text, and what a new connection costs the server (handshake and ZA
   --client-certs (an allow-list of ALLOWED keys, every message checked against its key's
   rights), the generators then CURVE clients; alternating --repeat times.
 * eMQP: emqp_broker's pipelined mode (C load generators, 4 workers, 1,000 outstanding), the
-  broker plain, with --emqp-server-cert alone (any key: CURVE's own cost), and with
-  --emqp-client-certs too (every message checked against its key's queues); beside it the
+  broker plain, with --emqp-server-cert and --emqp-client-certs (the allow-list), and with
+  the bench key's queues written in its certificate (every message checked); beside it the
   raw pyzmq relay plain and as a CURVE server, which tells how much of the loss is
   libzmq's encryption of every frame on these two cores, whatever the broker does.
 * New connections: CONNECTIONS DEALERs, one after the other, connect to the collector,
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -76,11 +77,21 @@ class Keys:
         for path in self.allowed.glob("*.key_secret"):
             path.unlink()  # an allow-list holds public certificates only
         self.client_env = b" ".join((server_public, public, secret)).decode("ascii")
+        # The same list where the bench key's certificate names its queues (eMQP then
+        # checks every message against them).
+        from bus.transport.certs import set_metadata
 
-    def options(self, prefix: str = "", allow_list: bool = True) -> list[str]:
+        self.allowed_queues = root / "allowed-queues"
+        shutil.copytree(self.allowed, self.allowed_queues)
+        set_metadata(self.allowed_queues / "bench.key", {"queues": "default"})
+
+    def options(self, prefix: str = "", allow_list: str | None = "keys") -> list[str]:
+        """``allow_list``: None (any key), "keys" (the list, no rights written) or
+        "queues" (the bench key's certificate names its queues)."""
         options = [f"--{prefix}server-cert", str(self.server_cert)]
-        if allow_list:
-            options += [f"--{prefix}client-certs", str(self.allowed)]
+        if allow_list is not None:
+            folder = self.allowed_queues if allow_list == "queues" else self.allowed
+            options += [f"--{prefix}client-certs", str(folder)]
         return options
 
 
@@ -115,14 +126,15 @@ def bus_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]
     return runs
 
 
-#: eMQP's modes: (target, broker options, CURVE on): the raw relay and the broker, plain and
-#: over CURVE; the broker over CURVE with any key, then with the allow-list and rights.
+#: eMQP's modes: (target, broker's allow-list, CURVE on): the raw relay and the broker,
+#: plain and over CURVE; the broker with the allow-list ("keys"), and with the bench key's
+#: queues written in its certificate ("queues": every message checked against them).
 EMQP_MODES: dict[str, tuple[str, str | None, bool]] = {
     "relay-plain": ("relay", None, False),
     "relay-curve": ("relay", None, True),
     "plain": ("broker", None, False),
-    "curve-any-key": ("broker", "any", True),
-    "curve": ("broker", "allow-list", True),
+    "curve": ("broker", "keys", True),
+    "curve-queues": ("broker", "queues", True),
 }
 
 
@@ -131,11 +143,9 @@ def broker_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, A
     root.mkdir(parents=True, exist_ok=True)
     program = emqp_broker.build_c_peers(root)
     for index in range(args.repeat):
-        for mode, (target, broker_curve, curve_on) in EMQP_MODES.items():
+        for mode, (target, allow_list, curve_on) in EMQP_MODES.items():
             broker_option = (
-                keys.options("emqp-", allow_list=broker_curve == "allow-list")
-                if broker_curve
-                else []
+                keys.options("emqp-", allow_list) if target == "broker" and curve_on else []
             )
             options = argparse.Namespace(
                 server_prefix="",
@@ -157,7 +167,7 @@ def broker_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, A
 def connection_runs(args: Any, root: Path, keys: Keys) -> dict[str, list[dict[str, Any]]]:
     modes: dict[str, tuple[list[str], Keys | None]] = {
         "plain": ([], None),
-        "curve": (keys.options(allow_list=False), keys),
+        "curve": (keys.options(allow_list=None), keys),
         "curve-allow-list": (keys.options(), keys),
     }
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
@@ -233,14 +243,15 @@ def main() -> int:
         relay = rate["relay-curve"] / rate["relay-plain"]
         measured.append(
             f"eMQP over CURVE {fmt_rate(curve)} jobs/s pipelined "
-            f"({fmt_rate(rate['curve-any-key'])} with any key, no rights checked)"
+            f"({fmt_rate(rate['curve-queues'])} with every message checked against its "
+            "key's queues)"
         )
         baseline.append(
             f"plain {fmt_rate(plain)} jobs/s; the raw relay {fmt_rate(rate['relay-plain'])} "
             f"plain, {fmt_rate(rate['relay-curve'])} over CURVE"
         )
         ratios.append(
-            f"eMQP {curve / plain:.2f} ({rate['curve-any-key'] / plain:.2f} any key; "
+            f"eMQP {curve / plain:.2f} ({rate['curve-queues'] / plain:.2f} with queues; "
             f"the raw relay keeps {relay:.2f})"
         )
         verdict &= curve / plain >= TARGET_RATIO

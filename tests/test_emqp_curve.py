@@ -12,6 +12,8 @@ import pytest_twisted
 from bus.emqp.client import EmqpClient, JobFailed, query_status
 from bus.emqp.worker import EmqpWorker
 from bus.testing import start_broker, wait_until
+from bus.transport.certs import set_metadata
+from bus.transport.curve import ClientCurve
 from tests.curve_helpers import Keys
 
 
@@ -68,6 +70,26 @@ def test_roles_and_queues_of_each_key(broker: Any, keys: Keys, cleanup: list[Any
     # A key without queues may use every queue.
     anyone = client(broker, cleanup, any_key)
     assert (yield anyone.submit("jobs", ["echo", 2])) == 2
+
+
+@pytest_twisted.inlineCallbacks
+def test_queues_are_checked_from_the_moment_a_certificate_names_them(
+    broker: Any, keys: Keys, cleanup: list[Any]
+) -> Any:
+    pair = keys.client("c")  # no rights written: every queue
+    yield listed(broker, 1)
+    assert not broker._rights  # no certificate names queues: no message is looked up
+    worker(broker, cleanup, keys.curve("w"), [(10, "jobs"), (10, "secrets")])
+    user = client(broker, cleanup, ClientCurve(keys.server.public, pair))
+    assert (yield user.submit("secrets", ["echo", 1])) == 1
+    # The same key's certificate now names its queues: checked from the re-read on.
+    set_metadata(keys.allowed / "c.key", {"queues": "jobs"})  # as bus-keys set does
+    yield wait_until(lambda: broker._rights, what="the allow-list re-read")
+    assert broker.client_socket.keep_user_ids
+    assert (yield user.submit("jobs", ["echo", 2])) == 2
+    with pytest.raises(JobFailed) as failed:
+        yield user.submit("secrets", ["echo", 3])
+    assert failed.value.reason == "forbidden-queue"
 
 
 @pytest_twisted.inlineCallbacks

@@ -185,7 +185,9 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         #: With ``SocketOptions.peer_user_ids``: the batch's User-Ids, one per message
         #: ("" where ZAP set none: a socket without CURVE).
         self.peer_user_ids: list[str] = []
-        self._keep_user_ids = options.peer_user_ids
+        #: Keep the User-Ids of the next batches (``SocketOptions.peer_user_ids``; a
+        #: service may turn it on and off between batches).
+        self.keep_user_ids = options.peer_user_ids
         self.reading_paused = False
         self.read_scheduled: DelayedCall | None = None
         #: Called after the reactor saw the socket's descriptor signal. libzmq signals it
@@ -304,7 +306,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         recv = sock.recv
         batch: list[list[bytes]] = []
         addresses: list[str | None] | None = [] if self._keep_peer_addresses else None
-        user_ids: list[str] | None = [] if self._keep_user_ids else None
+        user_ids: list[str] | None = [] if self.keep_user_ids else None
         exhausted = False
         try:
             for _ in range(self.read_budget):
