@@ -258,6 +258,13 @@ def main() -> int:
         figures["emqp_curve"] = Figure(curve, "jobs/s")
         figures["emqp_curve_vs_plain"] = Figure(curve / plain, "x plain")
         figures["emqp_relay_curve_vs_plain"] = Figure(relay, "x plain")
+        pairs = [
+            c["rate"] / p["rate"] for c, p in zip(broker["curve"], broker["plain"], strict=True)
+        ]
+        measured.append(
+            "eMQP run by run (curve / plain, back to back): "
+            + ", ".join(f"{ratio:.2f}" for ratio in pairs)
+        )
         all_runs += [run for runs in broker.values() for run in runs]
     if churn is not None:
         cost = {mode: _median(runs, "server_us_per_connection") for mode, runs in churn.items()}
