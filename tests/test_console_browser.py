@@ -140,6 +140,16 @@ def test_a_publish_appears_in_the_live_tail(product: Product, page: Any) -> None
     assert cells[1] == "/console/orders/42/"  # the other subtree is not tailed
     assert json.loads(cells[4]) == {"n": 1}
     assert len(page.find_elements("css selector", "#tail-rows tr[data-seq]")) == 1
+    # The topic browser offers the subtrees shown: one click widens the tail to a parent.
+    chip = '#tail-topics button[data-subtree="/console/"]'
+    wait(page, lambda d: d.find_elements("css selector", chip))
+    subtrees = {
+        b.get_attribute("data-subtree")
+        for b in page.find_elements("css selector", "#tail-topics button")
+    }
+    assert subtrees == {"/console/", "/console/orders/", "/console/orders/42/"}
+    page.find_element("css selector", chip).click()
+    wait(page, lambda d: d.find_element("id", "tail-state").text == "tailing /console/")
     page.find_element("id", "tail-stop").click()
 
 

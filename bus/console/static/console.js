@@ -363,6 +363,36 @@ function startTail(event) {
     });
 }
 
+// The topic browser: the subtrees the tail has shown, busiest first; one click narrows the
+// tail to that subtree (or widens it to a parent).
+const topicsSeen = new Map();
+
+function noteTopic(topic) {
+  const parts = topic.split("/").filter(Boolean);
+  for (let depth = 1; depth <= parts.length; depth++) {
+    const subtree = "/" + parts.slice(0, depth).join("/") + "/";
+    topicsSeen.set(subtree, (topicsSeen.get(subtree) || 0) + 1);
+  }
+  if (topicsSeen.size > 500) {  // bounded: the least seen go
+    const kept = [...topicsSeen].sort((a, b) => b[1] - a[1]).slice(0, 250);
+    topicsSeen.clear();
+    for (const [k, v] of kept) topicsSeen.set(k, v);
+  }
+}
+
+function drawTopics() {
+  const busiest = [...topicsSeen].sort((a, b) => b[1] - a[1]).slice(0, 20);
+  $("tail-topics").replaceChildren(...busiest.map(([subtree, count]) => {
+    const chip = el("button", {type: "button", "data-subtree": subtree, title: count + " events shown"}, subtree);
+    chip.addEventListener("click", () => {
+      $("tail-topic").value = subtree;
+      $("tail-form").requestSubmit();
+    });
+    return chip;
+  }));
+}
+setInterval(() => { if (tailStream) drawTopics(); }, 1000);
+
 function onTailEvent(name, data) {
   const body = $("tail-rows");
   if (name === "tail") {
@@ -371,6 +401,7 @@ function onTailEvent(name, data) {
   }
   let row;
   if (name === "event") {
+    noteTopic(data.topic);
     row = el("tr", {"data-seq": data.sequence}, ...cells(data.sequence, data.topic, data.producer, data.timestamp));
     row.append(el("td", {class: "value"}, data.value));
   } else if (name === "skipped") {
