@@ -8,16 +8,34 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.ports import free_port
+
+T = TypeVar("T")
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 ROOT = Path(__file__).resolve().parent.parent
 # twistd re-raises the signal that stopped the reactor once shutdown is complete.
 CLEAN_EXIT = (0, -signal.SIGTERM)
+
+
+def wait_for(
+    condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.05, what: str = ""
+) -> T:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(interval)
 
 
 class CommandProcess:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ import pytest
 
 from tests.browser import chromium, save_failure
 from tests.ports import free_port
-from tests.processes import CLEAN_EXIT, ROOT, TWISTD
+from tests.processes import CLEAN_EXIT, ROOT, TWISTD, wait_for
 from tests.test_product_process import Product, environment
 
 BIN = Path(sys.executable).parent
@@ -27,17 +26,6 @@ FREE_PORTS = (
     "--port", "0", "--emqp-worker-port", "0", "--emqp-client-port", "0",
     "--emqp-admin-port", "0",
 )  # fmt: skip
-
-
-def poll(check: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        time.sleep(0.1)
 
 
 def answers(url: str, process: subprocess.Popen[bytes]) -> bool:
@@ -72,7 +60,7 @@ def product(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Product]:
     workdir = tmp_path_factory.mktemp("console")
     running = Product(workdir, *FREE_PORTS, "--data-dir", str(workdir / "bus"))
     try:
-        poll(running.ready, what="the product started")
+        wait_for(running.ready, what="the product started")
         yield running
     finally:
         code = running.stop()
@@ -187,7 +175,7 @@ def test_a_stopped_service_shows_as_down(tmp_path: Path, page: Any) -> None:
     command = [TWISTD, "-n", "--pidfile=", "-y", str(ROOT / "tests" / "console_stoppable.tac")]
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
     try:
-        poll(lambda: answers(f"http://127.0.0.1:{http}/status", process), what="the HTTP port")
+        wait_for(lambda: answers(f"http://127.0.0.1:{http}/status", process), what="the HTTP port")
         page.get(f"http://127.0.0.1:{http}/")
         wait(page, lambda d: card_state(d, "dbp") == "up")
         process.send_signal(signal.SIGUSR1)
@@ -224,7 +212,7 @@ def test_the_console_asks_for_the_token_when_the_server_wants_one(
             except OSError:
                 return False
 
-        poll(started, what="the product started")
+        wait_for(started, what="the product started")
         page.get(f"{url}/")
         wait(page, lambda d: d.find_element("id", "token-form").is_displayed())
         assert not page.find_element("id", "console").is_displayed()

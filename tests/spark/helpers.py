@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from tests.processes import wait_for
 
-
-def wait_for(
-    condition: Callable[[], T], timeout: float = 60.0, interval: float = 0.05, what: str = ""
-) -> T:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(interval)
+__all__ = ["end_seq", "wait_for"]
 
 
 def end_seq(query: Any) -> int | None:
