@@ -1,15 +1,13 @@
 """The console's resources on the HTTP port: the page and its API.
 
-==========================  ==========================================================
-``GET /``                   the console (HTML, CSS and JavaScript shipped as package
-                            data: no build step, no CDN, works offline)
-``GET /api/v1/state``       every composed service as the console shows it (JSON)
-``GET /api/v1/stream``      Server-Sent Events: ``history`` (the rates of the last
-                            minutes) once, then ``state`` every second
-``GET /api/v1/tail?topic=``  Server-Sent Events: ``tail``, then ``event`` for each event
-                            of the subtree (at most 20 a second) and ``skipped`` (how
-                            many were not sent) each second it had to skip
-==========================  ==========================================================
+* ``GET /``: the console (HTML, CSS and JavaScript shipped as package data: no build step,
+  no CDN, works offline);
+* ``GET /api/v1/state``: every composed service as the console shows it (JSON);
+* ``GET /api/v1/stream``: Server-Sent Events, ``history`` (the rates of the minutes
+  watched) once, then ``state`` every second;
+* ``GET /api/v1/tail?topic=/orders/``: Server-Sent Events, ``tail``, then ``event`` for
+  each event of the subtree (at most 20 a second) and ``skipped`` (how many were not sent)
+  each second some were.
 
 With ``--http-token-file`` the API wants the token as every resource does; the page and
 its static files hold no data and are served to anyone (the page asks for the token).
