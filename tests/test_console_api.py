@@ -208,6 +208,8 @@ def test_the_page_is_open_and_the_api_wants_the_token(tmp_path: Path) -> Any:
         code, headers, body = yield get(web.port, "/")
         assert code == 200 and b"<title>bus console</title>" in body
         assert headers.getRawHeaders(b"content-type") == [b"text/html; charset=utf-8"]
+        (policy,) = headers.getRawHeaders(b"content-security-policy")
+        assert b"default-src 'self'" in policy and b"frame-ancestors 'none'" in policy
         for name in ("console.js", "console.css"):
             assert (yield get(web.port, f"/static/{name}"))[0] == 200
         assert (yield get(web.port, "/static/nothing.js"))[0] == 404

@@ -33,6 +33,12 @@ STATIC = {
     "console.css": b"text/css; charset=utf-8",
 }
 
+#: What the page may load: its own files, the API, and nothing from anywhere else.
+CSP = (
+    b"default-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    b"frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+)
+
 #: The first path segments served without the token (no data in them).
 OPEN_SEGMENTS = (b"", b"static")
 
@@ -157,6 +163,11 @@ class _File(resource.Resource):
     def render_GET(self, request: Any) -> bytes:
         request.setHeader(b"content-type", self.kind)
         request.setHeader(b"cache-control", b"no-cache")
+        # The page runs its own script and nothing else, and is never framed: what a
+        # publisher put in a topic or a value can only ever be text on it.
+        request.setHeader(b"content-security-policy", CSP)
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.setHeader(b"x-frame-options", b"DENY")
         return self.body
 
 
