@@ -12,7 +12,7 @@ import zmq
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC, SEQUENCE
 from bus.testing import RawPeer, start_bus, wait_until
-from bus.transport.certs import write_certificate
+from bus.transport.certs import set_metadata, write_certificate
 from bus.transport.curve import CurveKeyPair
 from bus.transport.curve_settings import CurveSettings
 from tests.curve_helpers import Keys
@@ -236,3 +236,50 @@ def test_a_pair_over_curve_replicates_and_its_link_takes_only_the_peer(
     cleanup.append(intruder)
     intruder.send([b"HELLO"])
     yield wait_until(lambda: primary.curve.refusals.get("not-peer", 0) >= 1, what="refused")
+
+
+@pytest_twisted.inlineCallbacks
+def test_publish_rights_are_checked_from_the_moment_a_certificate_names_them(
+    curve_bus: Any, keys: Keys, cleanup: list[Any]
+) -> Any:
+    pair = keys.client("p")  # no rights written: every topic
+    yield listed(curve_bus, 1)
+    assert not curve_bus._publish_rights  # no certificate names publish: no lookup
+    publisher = RawPeer.dealer(curve_bus.endpoints["collector"], curve=(keys.server.public, pair))
+    cleanup.append(publisher)
+    publisher.send(pub("/billing/1/"))
+    yield wait_until(lambda: curve_bus.store.last_sequence == 1, what="the first event")
+    set_metadata(keys.allowed / "p.key", {"publish": "/orders/"})  # as bus-keys set does
+    yield wait_until(lambda: curve_bus._publish_rights, what="the allow-list re-read")
+    assert curve_bus.collector_socket.keep_user_ids
+    publisher.send(pub("/billing/2/"))
+    publisher.send(pub("/orders/3/"))
+    yield wait_until(lambda: curve_bus.store.last_sequence == 2, what="the allowed event")
+    assert curve_bus.drops.counts["forbidden-topic"] == 1
+    assert [e.topic for e in curve_bus.store.read(0)] == [b"/billing/1/", b"/orders/3/"]
+
+
+@pytest_twisted.inlineCallbacks
+def test_what_a_stop_drains_from_the_collector_is_checked_against_rights_too(
+    curve_bus: Any, keys: Keys, cleanup: list[Any]
+) -> Any:
+    orders_key = keys.client("orders", publish="/orders/")
+    yield listed(curve_bus, 1)
+    yield wait_until(lambda: curve_bus._publish_rights)
+    publisher = RawPeer.dealer(
+        curve_bus.endpoints["collector"], curve=(keys.server.public, orders_key)
+    )
+    cleanup.append(publisher)
+    publisher.send(pub("/orders/0/"))
+    yield wait_until(lambda: curve_bus.store.last_sequence == 1, what="connected and heard")
+    curve_bus.collector_socket.pause_reading()  # only the stop's drain reads from now on
+    publisher.send(pub("/billing/1/"))
+    publisher.send(pub("/orders/2/"))
+
+    def drained() -> bool:
+        curve_bus._drain_collector()
+        return bool(curve_bus.store.last_sequence == 2)
+
+    yield wait_until(drained, what="the drain read both")
+    assert curve_bus.drops.counts["forbidden-topic"] == 1
+    assert [e.topic for e in curve_bus.store.read(0)] == [b"/orders/0/", b"/orders/2/"]

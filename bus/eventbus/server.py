@@ -53,6 +53,7 @@ from bus.transport.zmqsocket import (
     SocketOptions,
     ZmqSocket,
     bind_failure,
+    message_user_id,
     reactor_of,
 )
 from bus.workers import SerialWork
@@ -126,6 +127,11 @@ class EventBusService(Service):
         #: client key may publish and receive (``--client-certs``, :mod:`bus.eventbus.rights`).
         self.curve = ServerCurve("eventbus", config.curve, clock, policy=self._may_connect)
         self._rights = config.curve.client_certs is not None
+        #: Whether PUBs are checked against their key's publish subtrees: only while some
+        #: certificate of the allow-list names ``publish`` (reading each message's User-Id
+        #: and looking its rights up is a cost on the collector's hot path).
+        self._publish_rights = False
+        self.curve.on_reload.append(self._rights_changed)
         #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
         self.narrowed_subscriptions = 0
         self.narrowed_snapshots = 0
@@ -159,6 +165,7 @@ class EventBusService(Service):
             self.curve.load()
             self._factory = SocketFactory(self.reactor)
             self.curve.start(self._factory, self._periodic)
+            self._publish_rights = self.curve.uses("publish")
             self._bind_all()
             if config.pair is not None:
                 self._start_pair()
@@ -284,7 +291,7 @@ class EventBusService(Service):
                 tcp_keepalive_idle=keepalive,
                 max_message_size=config.max_data_bytes + codec.MAX_TOPIC_BYTES + 4096,
                 linger_ms=0,
-                peer_user_ids=rights_on,
+                peer_user_ids=self._publish_rights,
             ),
             read_budget=config.read_budget,
             name="collector",
@@ -426,25 +433,35 @@ class EventBusService(Service):
         sock = self.collector_socket
         if sock is None or sock.closed:
             return
-        recv = sock.socket.recv_multipart
+        recv = sock.socket.recv
         drained = 0
         # Once the store refuses a batch, reading more would only pile it up in memory.
         while drained < limit and not self._waiting:
             batch: list[list[bytes]] = []
+            user_ids: list[str] = []  # each PUB's key, checked against its rights
             try:
                 while len(batch) < self.config.read_budget:
-                    batch.append(recv(zmq.NOBLOCK))
+                    frame = recv(zmq.NOBLOCK, copy=False)
+                    user_ids.append(message_user_id(frame))
+                    parts = [frame.bytes]
+                    while frame.more:
+                        frame = recv(zmq.NOBLOCK, copy=False)
+                        parts.append(frame.bytes)
+                    batch.append(parts)
             except zmq.Again:
-                self._on_collected(batch)
+                self._on_collected(batch, user_ids)
                 return
-            self._on_collected(batch)
+            self._on_collected(batch, user_ids)
             drained += len(batch)
 
     # -- the collector: PUB in, store, BROADCAST out ------------------------------------------
 
-    def _on_collected(self, batch: list[list[bytes]]) -> None:
-        if self._rights:
-            batch = self._permitted(batch)
+    def _on_collected(self, batch: list[list[bytes]], user_ids: list[str] | None = None) -> None:
+        if self._publish_rights:
+            sock = self.collector_socket
+            if user_ids is None:
+                user_ids = sock.peer_user_ids if sock is not None else []
+            batch = self._permitted(batch, user_ids)
         parse = codec.parse_pub_fields
         max_data = self.config.max_data_bytes
         accepted: list[codec.EventFields] = []
@@ -459,14 +476,23 @@ class EventBusService(Service):
         if accepted:
             self._accept(accepted)
 
-    def _permitted(self, batch: list[list[bytes]]) -> list[list[bytes]]:
-        """The PUBs of ``batch`` whose keys may publish their topics; the others dropped
-        and counted (the spec gives the collector no answer to tell the publisher)."""
-        sock = self.collector_socket
-        user_ids = sock.peer_user_ids if sock is not None else []
+    def _rights_changed(self) -> None:
+        """The allow-list was re-read: check PUBs against subtrees if a certificate names
+        some now (between two reactor turns: no batch is half handled)."""
+        self._publish_rights = self.curve.uses("publish")
+        if self.collector_socket is not None:
+            self.collector_socket.keep_user_ids = self._publish_rights
+
+    def _permitted(self, batch: list[list[bytes]], user_ids: list[str]) -> list[list[bytes]]:
+        """The PUBs of ``batch`` whose keys (``user_ids``, one per PUB) may publish their
+        topics; the others dropped and counted (the spec gives the collector no answer to
+        tell the publisher). A PUB whose key is not known is not let through."""
         permitted = []
         for index, frames in enumerate(batch):
             user_id = user_ids[index] if index < len(user_ids) else ""
+            if not user_id:
+                self.drops.drop("forbidden-topic", "a PUB without a key", frames[0])
+                continue
             allowed = self.curve.rights(user_id, rights.publish_subtrees)
             if allowed is not None:
                 body = frames[1:]
