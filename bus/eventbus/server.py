@@ -53,7 +53,6 @@ from bus.transport.zmqsocket import (
     SocketOptions,
     ZmqSocket,
     bind_failure,
-    message_user_id,
     reactor_of,
 )
 from bus.workers import SerialWork
@@ -433,35 +432,15 @@ class EventBusService(Service):
         sock = self.collector_socket
         if sock is None or sock.closed:
             return
-        recv = sock.socket.recv
-        drained = 0
-        # Once the store refuses a batch, reading more would only pile it up in memory.
-        while drained < limit and not self._waiting:
-            batch: list[list[bytes]] = []
-            user_ids: list[str] = []  # each PUB's key, checked against its rights
-            try:
-                while len(batch) < self.config.read_budget:
-                    frame = recv(zmq.NOBLOCK, copy=False)
-                    user_ids.append(message_user_id(frame))
-                    parts = [frame.bytes]
-                    while frame.more:
-                        frame = recv(zmq.NOBLOCK, copy=False)
-                        parts.append(frame.bytes)
-                    batch.append(parts)
-            except zmq.Again:
-                self._on_collected(batch, user_ids)
-                return
-            self._on_collected(batch, user_ids)
-            drained += len(batch)
+        # Read as the socket reads (each PUB's key with it, for its rights); once the store
+        # refuses a batch, reading more would only pile it up in memory.
+        sock.drain(limit, lambda: not self._waiting)
 
     # -- the collector: PUB in, store, BROADCAST out ------------------------------------------
 
-    def _on_collected(self, batch: list[list[bytes]], user_ids: list[str] | None = None) -> None:
+    def _on_collected(self, batch: list[list[bytes]]) -> None:
         if self._publish_rights:
-            sock = self.collector_socket
-            if user_ids is None:
-                user_ids = sock.peer_user_ids if sock is not None else []
-            batch = self._permitted(batch, user_ids)
+            batch = self._permitted(batch)
         parse = codec.parse_pub_fields
         max_data = self.config.max_data_bytes
         accepted: list[codec.EventFields] = []
@@ -483,10 +462,12 @@ class EventBusService(Service):
         if self.collector_socket is not None:
             self.collector_socket.keep_user_ids = self._publish_rights
 
-    def _permitted(self, batch: list[list[bytes]], user_ids: list[str]) -> list[list[bytes]]:
-        """The PUBs of ``batch`` whose keys (``user_ids``, one per PUB) may publish their
-        topics; the others dropped and counted (the spec gives the collector no answer to
-        tell the publisher). A PUB whose key is not known is not let through."""
+    def _permitted(self, batch: list[list[bytes]]) -> list[list[bytes]]:
+        """The PUBs of ``batch`` whose keys may publish their topics; the others dropped
+        and counted (the spec gives the collector no answer to tell the publisher). A PUB
+        whose key is not known is not let through."""
+        sock = self.collector_socket
+        user_ids = sock.peer_user_ids if sock is not None else []
         permitted = []
         for index, frames in enumerate(batch):
             user_id = user_ids[index] if index < len(user_ids) else ""

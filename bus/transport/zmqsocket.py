@@ -301,6 +301,25 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             # An XPUB with a handler reads its subscriptions; otherwise nothing is read.
             sock.get(zmq.EVENTS)  # lets libzmq process pending commands (subscriptions)
             return
+        if not self._read_batch(sock):
+            self._schedule_read()
+
+    def drain(self, limit: int, go_on: Callable[[], bool] = lambda: True) -> int:
+        """Hand over what the socket holds now, batch by batch as reading does (paused or
+        not, with the same User-Ids and addresses), at most about ``limit`` messages and
+        while ``go_on()``: what a clean stop still takes in. The number handed over."""
+        handed = 0
+        while self.socket is not None and handed < limit and go_on():
+            before = self.messages_received
+            exhausted = self._read_batch(self.socket)
+            handed += self.messages_received - before
+            if exhausted:
+                break
+        return handed
+
+    def _read_batch(self, sock: Any) -> bool:
+        """Read at most ``read_budget`` whole messages and hand them over as one batch;
+        True when the socket had no more."""
         # Frame by frame with copy=False: Frame.more is free, where recv_multipart asks
         # getsockopt(RCVMORE) through a Python wrapper after every frame.
         recv = sock.recv
@@ -314,7 +333,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 if addresses is not None:
                     addresses.append(_peer_address(frame))
                 if user_ids is not None:
-                    user_ids.append(message_user_id(frame))
+                    user_ids.append(_user_id(frame))
                 parts = [frame.bytes]
                 while frame.more:
                     frame = recv(_NOBLOCK, copy=False)
@@ -339,8 +358,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 finally:
                     self.peer_addresses = []
                     self.peer_user_ids = []
-        if not exhausted:
-            self._schedule_read()
+        return exhausted
 
     def _deliver(self, batch: list[list[bytes]]) -> None:
         handler = self.on_messages
@@ -463,9 +481,7 @@ def _peer_address(frame: zmq.Frame) -> str | None:
     return address if isinstance(address, str) and address else None
 
 
-def message_user_id(frame: zmq.Frame) -> str:
-    """The ``User-Id`` of the message whose first frame is ``frame`` (the Z85 key ZAP
-    accepted on a CURVE socket); empty where no ZAP handler decided."""
+def _user_id(frame: zmq.Frame) -> str:
     try:
         user_id = frame.get("User-Id")
     except (zmq.ZMQError, AttributeError, TypeError):
