@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,25 +23,21 @@ from twisted.web import resource, server
 
 from bus.console.api import OPEN_SEGMENTS, Console, put
 from bus.console.tail import Source
+from bus.console.view import Named, read_status
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
 
 log = Logger(namespace="bus.statusweb")
-
-Named = Sequence[tuple[str, Service]]
 
 
 def service_status(services: Named, started: float) -> dict[str, Any]:
     """What ``/status`` answers: each service's ``status()`` (or whether it runs)."""
     described: dict[str, Any] = {}
     for name, service in services:
-        status = getattr(service, "status", None)
-        entry: dict[str, Any] = {"running": bool(service.running)}
-        if status is not None and service.running:
-            try:
-                entry.update(status())
-            except Exception as error:  # a status bug must not take the page down
-                entry["status_error"] = repr(error)
+        status, error = read_status(service)
+        entry: dict[str, Any] = {"running": bool(service.running), **status}
+        if error:
+            entry["status_error"] = error
         described[name] = entry
     return {
         "pid": os.getpid(),

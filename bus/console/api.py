@@ -99,10 +99,11 @@ class Console:
         if samples and self.reactor.seconds() - samples[-1]["t"] <= 3 * self.period:
             # Sampled a moment ago: consoles opening together must not make rates of a
             # millisecond's difference.
-            return sse("history", self.history.recent()) + sse("state", self.state())
-        # The first console in a while: this sample starts a run, the next tick's rates
-        # are measured from it.
-        state = self._sample()
+            state = self.state()
+        else:
+            # The first console in a while: this sample starts a run, the next tick's
+            # rates are measured from it (taken before the history is sent).
+            state = self._sample()
         return sse("history", self.history.recent()) + sse("state", state)
 
     def status(self) -> dict[str, Any]:

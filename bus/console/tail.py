@@ -113,7 +113,7 @@ class TailHub:
         if bus is None:
             request.setResponseCode(404)
             return "no Event BUS runs in this process"
-        if sum(len(group.tails) for group in self.groups.values()) >= self.limit:
+        if len(self.tails) >= self.limit:
             self.refused += 1
             request.setResponseCode(503)
             return f"{self.limit} tails are open already"

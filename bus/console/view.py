@@ -73,18 +73,29 @@ def counters(service: Service, status: Mapping[str, Any]) -> dict[str, float]:
     return found
 
 
+def read_status(service: Service, parts: Sequence[str] = ("status",)) -> tuple[dict[str, Any], str]:
+    """What a running service's methods named in ``parts`` (``status``, ``details``)
+    return, merged, and the repr of the error one raised ("" if none): a status bug must
+    not take a page down. Empty for a stopped service."""
+    found: dict[str, Any] = {}
+    if not service.running:
+        return found, ""
+    try:
+        for part in parts:
+            method = getattr(service, part, None)
+            if method is not None:
+                found.update(method())
+    except Exception as error:
+        return found, repr(error)
+    return found, ""
+
+
 def describe(name: str, service: Service) -> tuple[dict[str, Any], dict[str, float]]:
     """One service as the console shows it, and its counters."""
     entry: dict[str, Any] = {"name": name, "running": bool(service.running)}
-    status: dict[str, Any] = {}
-    if service.running:
-        try:
-            status = dict(getattr(service, "status", dict)())
-            details = getattr(service, "details", None)
-            if details is not None:
-                status.update(details())
-        except Exception as error:  # a status bug must not take the console down
-            entry["status_error"] = repr(error)
+    status, error = read_status(service, ("status", "details"))
+    if error:
+        entry["status_error"] = error
     status.pop("config", None)  # the same every second; /status has it
     entry["status"] = bounded(status)
     return entry, counters(service, status)
