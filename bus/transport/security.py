@@ -75,8 +75,6 @@ class ServerCurve:
         self.handshake_failures = 0
         self._rights: dict[tuple[Callable[[Mapping[str, str]], Any], str], Any] = {}
         self._rights_of: object = None
-        self._entries: dict[str, bool] = {}
-        self._entries_of: object = None
         #: Called after the allow-list was re-read (a service may look at its rights anew).
         self.on_reload: list[Callable[[], None]] = []
 
@@ -128,18 +126,10 @@ class ServerCurve:
                 callback()
 
     def uses(self, entry: str) -> bool:
-        """Whether a certificate of the allow-list has ``entry`` in its metadata (kept
-        until the list is re-read): where none has, no message needs its key's rights."""
-        certificates = self.zap.certificates if self.zap is not None else None
-        if not certificates:
-            return False
-        if certificates is not self._entries_of:
-            self._entries.clear()
-            self._entries_of = certificates
-        found = self._entries.get(entry)
-        if found is None:
-            found = self._entries[entry] = any(entry in m for m in certificates.values())
-        return found
+        """Whether a certificate of the allow-list has ``entry`` in its metadata: where
+        none has, no message needs its key's rights. Asked at start and after a re-read."""
+        certificates = self.zap.certificates if self.zap is not None else {}
+        return any(entry in metadata for metadata in certificates.values())
 
     def own_client(self) -> ClientCurve | None:
         """CURVE for a client in this process (the composed Spark bridge): the server's
