@@ -21,7 +21,7 @@ from twisted.internet import error as internet_error
 from twisted.logger import Logger
 from twisted.web import resource, server
 
-from bus.console.api import OPEN_SEGMENTS, Console, put
+from bus.console.api import OPEN_SEGMENTS, Console, folder, put
 from bus.console.tail import Source
 from bus.console.view import Named, read_status
 from bus.errors import StartupError
@@ -145,7 +145,7 @@ class StatusWebService(Service):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_ServicesCollector(self.services, self.reactor))
         ProcessCollector(registry=registry)
-        root = resource.Resource()
+        root = folder()
         put(root, b"status", _Status(self.services, started))
         put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]
         self.console = Console(self.services, self.reactor, started, self.tail_source)

@@ -121,14 +121,14 @@ class Console:
 
     def mount(self, root: resource.Resource) -> None:
         """Put the page at ``/`` and the API under ``/api/v1`` of ``root``."""
-        api, version = _node(), _node()
+        api, version = folder(), folder()
         put(api, b"v1", version)
         put(version, b"state", _State(self))
         put(version, b"stream", _Stream(self))
         put(version, b"tail", _Tail(self))
         put(root, b"api", api)
         files = {name: _read(name) for name in STATIC}
-        static = _node()
+        static = folder()
         for name, kind in STATIC.items():
             put(static, name.encode(), _File(files[name], kind))
         put(root, b"static", static)
@@ -142,10 +142,12 @@ def put(parent: Any, name: bytes, child: Any) -> None:
 
 class _Folder(resource.Resource):
     def getChild(self, path: bytes, request: Any) -> Any:
+        # Resource's own default is a deprecated page that does not escape the path.
         return pages.notFound()
 
 
-def _node() -> Any:
+def folder() -> Any:
+    """A resource of children only, answering 404 (escaped) for any other path."""
     return _Folder()  # type: ignore[no-untyped-call]
 
 
