@@ -13,6 +13,7 @@ from bus.dbp.client import CatalogClient, Denied, ServiceRegistration
 from bus.dbp.config import CatalogConfig
 from bus.dbp.server import CatalogService
 from bus.testing import wait_until
+from bus.transport.certs import set_metadata
 from tests.curve_helpers import Keys
 from tests.zre_helpers import free_udp_port
 
@@ -60,6 +61,24 @@ def test_a_key_registers_only_its_names(catalog: Any, keys: Keys, cleanup: list[
     cleanup.append(reader)
     listing = yield reader.services()
     assert sorted(listing) == ["pump-1", "valve"]
+
+
+@pytest_twisted.inlineCallbacks
+def test_names_are_checked_from_the_moment_a_certificate_names_them(
+    catalog: Any, keys: Keys, cleanup: list[Any]
+) -> Any:
+    ops = keys.curve("ops")  # no names written: any name
+    yield wait_until(lambda: catalog.curve.zap.allowed_keys == 1, what="the key listed")
+    yield registered(catalog, cleanup, "pump-1", ops).registered
+    assert not catalog._rights and not catalog.router.keep_user_ids  # no key read per message
+    # The same key's certificate now names its services: checked from the re-read on.
+    set_metadata(keys.allowed / "ops.key", {"names": "pump-1"})  # as bus-keys set does
+    yield wait_until(lambda: catalog._rights, what="the allow-list re-read")
+    assert catalog.router.keep_user_ids
+    refused = registered(catalog, cleanup, "valve", ops)
+    with pytest.raises(Denied, match="may not register 'valve'"):
+        yield refused.registered
+    assert sorted(catalog.core.entries) == ["pump-1"]
 
 
 @pytest_twisted.inlineCallbacks

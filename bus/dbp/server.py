@@ -95,7 +95,9 @@ class CatalogService(Service):
         #: CURVE on the ROUTER; with an allow-list, a key's ``names`` are the services it
         #: may register. (UDP heartbeats carry no key: only a port number.)
         self.curve = ServerCurve("dbp", config.curve, self.reactor.seconds)
-        self._rights = config.curve.client_certs is not None
+        #: Whether some certificate names ``names`` (each message's key read only then).
+        self._rights = False
+        self.curve.on_reload.append(self._rights_changed)
 
     @property
     def registry_path(self) -> Path:
@@ -118,22 +120,26 @@ class CatalogService(Service):
             self.curve.load()
             self._factory = SocketFactory(self.reactor)
             self.curve.start(self._factory, self._periodic)
+            self._rights = self.curve.uses("names")
             self._open(interface.broadcast)
         except BaseException:
             self._close()
             raise
         self.restored = self.core.restore(saved)
+        kept = sum(entry.active for entry in self.core.entries.values())
         Service.startService(self)
         self.curve.warn_if_open(config.bind, [self.endpoint])
         self.curve.log_security([self.endpoint])
         self._periodic.every(config.heartbeat_interval, self._tick)
         log.info(
             "DBP catalog on {endpoint} (UDP heartbeats on {port}), beacon SHALOM to {beacon}; "
-            "{restored} services restored (inactive until they beat)",
+            "{restored} services restored ({kept} kept active, the others inactive until they "
+            "beat)",
             endpoint=self.endpoint,
             port=self.port,
             beacon=f"{interface.broadcast}:{config.beacon_port}",
             restored=self.restored,
+            kept=kept,
         )
 
     def _open(self, broadcast: str) -> None:
@@ -182,6 +188,13 @@ class CatalogService(Service):
                 config.beacon_interval,
             )
             self.beacon.start()
+
+    def _rights_changed(self) -> None:
+        """The allow-list was re-read: read each message's key if a certificate names
+        services now (between two reactor turns: no batch is half handled)."""
+        self._rights = self.curve.uses("names")
+        if self.router is not None:
+            self.router.keep_user_ids = self._rights
 
     # -- input -------------------------------------------------------------------------------
 
@@ -332,7 +345,7 @@ class CatalogService(Service):
                 {
                     "name": entry.name,
                     "active": entry.active,
-                    "heartbeat_path": entry.path,
+                    "heartbeat_path": entry.heartbeat_path,
                     "form": entry.form,
                     "last_heard_s": round(now - entry.last_heard, 3) if entry.last_heard else None,
                     "registered_s": round(now - entry.registered_at, 3),
