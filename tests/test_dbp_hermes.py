@@ -86,6 +86,7 @@ def test_a_hermes_service_registers_then_updates_from_another_connection(
     assert info["heartbeat"] == catalog.config.hermes_heartbeat
     assert info["interfaces"] == {"router": {"ip": "127.0.0.1", "port": 5246}}
     assert entry.form == "hermes"
+    assert entry.public()["heartbeat_path"] == "none"  # it never beats
     # Its update comes from a socket that never registered: accepted by name (keep mode).
     update = json.dumps({"name": "Rohan", "topics": ["weather"]}).encode()
     reply = yield hermes_request(catalog.endpoint, codec.UPDATE, update)
@@ -190,6 +191,7 @@ def test_dbp_cli_speaks_hermes_to_its_catalog_and_the_spec_by_default(
     # The default is the spec's 8-octet time: Hermes' catalog cannot answer it ...
     run = yield run_cli("--catalog", fake.endpoint, "--timeout", "1")
     assert run.returncode == 1 and "no answer" in run.stderr
+    assert "--dialect hermes" in run.stderr  # the way out, named
     assert len(fake.received[-1][3]) == 8
     # ... and our catalog can.
     catalog = make_catalog()

@@ -64,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result["answer"] = yield answer
             except defer.CancelledError:
                 result["error"] = f"no answer from {endpoint} in {args.timeout}s"
+                if args.dialect == "spec":
+                    # Hermes' own catalog stops answering at the spec's 8-octet time.
+                    result["error"] += " (if it is Hermes' own catalog: --dialect hermes)"
             else:
                 timer.cancel()
         finally:

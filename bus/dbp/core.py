@@ -74,11 +74,16 @@ class Entry:
     def last_heard(self) -> float:
         return max(self.last_udp, self.last_zmq)
 
+    @property
+    def heartbeat_path(self) -> str:
+        """How it is heard: "udp", "zmq", or "none" for a Hermes service (it never beats)."""
+        return "none" if self.form == codec.HERMES else self.path
+
     def public(self) -> dict[str, Any]:
         return {
             **self.info,
             "active": self.active,
-            "heartbeat_path": self.path,
+            "heartbeat_path": self.heartbeat_path,
             "last_heard": self.last_heard or None,
             "registered_at": self.registered_at,
         }
