@@ -245,8 +245,8 @@ def receive_variants(
         return [recv(NOBLOCK), recv(), recv(), recv(), recv(), recv(), recv()]
 
     variants = {
-        "recv_multipart(NOBLOCK)  [what ZmqSocket.doRead uses]": multipart,
-        "recv(copy=False) + Frame.more + Frame.bytes": frames_with_more,
+        "recv_multipart(NOBLOCK)  [the forwarder's read]": multipart,
+        "recv(copy=False) + Frame.more + Frame.bytes  [ZmqSocket's read]": frames_with_more,
         "7 x recv() without RCVMORE checks [lower bound, unsafe]": seven_unchecked,
     }
     costs: dict[str, float] = {}
@@ -319,8 +319,8 @@ def send_variants(
             pub.send_multipart(frames, NOBLOCK)
 
     variants = {
-        "6 x Socket.send (pyzmq's Python wrapper)  [what ZmqSocket.send_many uses]": sugar_loop,
-        "6 x zmq.backend.Socket.send (the Cython method, no wrapper)": cython_loop,
+        "6 x Socket.send (pyzmq's Python wrapper)  [the forwarder's send]": sugar_loop,
+        "6 x zmq.backend.Socket.send (the Cython method)  [ZmqSocket.send_many's]": cython_loop,
         "send_multipart": multipart,
     }
     costs: dict[str, float] = {}
@@ -404,8 +404,8 @@ def main() -> int:
         print(f"  {label}: {text}")
 
     baseline = (
-        receive["recv_multipart(NOBLOCK)  [what ZmqSocket.doRead uses]"]
-        + send["6 x Socket.send (pyzmq's Python wrapper)  [what ZmqSocket.send_many uses]"]
+        receive["recv_multipart(NOBLOCK)  [the forwarder's read]"]
+        + send["6 x Socket.send (pyzmq's Python wrapper)  [the forwarder's send]"]
     )
     summary(
         "eventbus_costs",
