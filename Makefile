@@ -13,13 +13,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(VENV)/.run-deps: setup.cfg pyproject.toml | $(BIN)/python
+# setup.py builds the transport's optional C helper (bus/transport/_frames.c) in place.
+$(VENV)/.run-deps: setup.cfg setup.py pyproject.toml bus/transport/_frames.c | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
 # The tests also run a third-party service, examples/echo-service, installed as its own
 # distribution (it declares itself in the bus.services entry point group).
-$(VENV)/.test-deps: setup.cfg pyproject.toml examples/echo-service/pyproject.toml | $(BIN)/python
+$(VENV)/.test-deps: setup.cfg setup.py pyproject.toml bus/transport/_frames.c \
+		examples/echo-service/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark]"
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/echo-service
 	touch $@ $(VENV)/.run-deps

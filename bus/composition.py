@@ -135,7 +135,13 @@ class ProductService(MultiService):
                 )
                 return
             index += 1
-        log.info("started {services}", services=", ".join(entry.name for entry in self.composed))
+        from bus.transport.frames import native as native_frames
+
+        log.info(
+            "started {services} (ZeroMQ messages read and sent {how})",
+            services=", ".join(entry.name for entry in self.composed),
+            how="by the compiled helper" if native_frames is not None else "through pyzmq",
+        )
         # Every service has started: what startup made leaves the GC's scans (bus.memory).
         self.reactor.callLater(0, freeze_startup_objects)
         self._settle(True)

@@ -18,6 +18,7 @@ import pytest_twisted
 from twisted.internet import defer, reactor, task
 
 from bus.testing import RawPeer, wait_until
+from bus.transport import frames
 from tests.ports import free_port
 
 from .processes import CLEAN_EXIT, ROOT, TWISTD, TwistdProcess
@@ -103,6 +104,9 @@ def test_a_declared_service_runs_in_the_product_like_a_built_in_one(tmp_path: Pa
     assert code in CLEAN_EXIT, product.output()
     log = product.output()
     assert "started eventbus, echo" in log
+    # Which way ZeroMQ messages go, as the transport decided (bus.transport.frames).
+    how = "by the compiled helper" if frames.native is not None else "through pyzmq"
+    assert f"(ZeroMQ messages read and sent {how})" in log
     assert log.index("stopped echo") < log.index("stopped eventbus")
     assert "Traceback" not in log
 

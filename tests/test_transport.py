@@ -1,5 +1,6 @@
 """The txzmq-based socket layer (bus.transport.zmqsocket): budgeted reads, whole multipart
-messages on SUB, backpressure on HWM, ROUTER_MANDATORY, idempotent shutdown."""
+messages on SUB, backpressure on HWM, ROUTER_MANDATORY, idempotent shutdown; each through
+the compiled helper (bus.transport.frames) and through pyzmq alone."""
 
 from __future__ import annotations
 
@@ -29,9 +30,16 @@ def options(**settings: Any) -> Any:
     return transport().SocketOptions(**settings)
 
 
-@pytest.fixture
-def factory() -> Iterator[Any]:
-    made = transport().SocketFactory(reactor)
+@pytest.fixture(params=["native", "pyzmq"])
+def factory(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Sockets that read and send through the compiled helper, then through pyzmq alone:
+    every test here holds for both."""
+    zmqsocket = transport()
+    if request.param == "pyzmq":
+        monkeypatch.setattr(zmqsocket, "_native_frames", None)
+    elif zmqsocket._native_frames is None:
+        pytest.skip("bus.transport._frames was not built here (see test_transport_frames)")
+    made = zmqsocket.SocketFactory(reactor)
     yield made
     made.shutdown()
 

@@ -30,6 +30,8 @@ from twisted.logger import Logger
 from txzmq import ZmqConnection, ZmqEndpoint, ZmqEndpointType, ZmqFactory
 
 from bus.errors import StartupError
+from bus.transport.frames import Frames
+from bus.transport.frames import native as _native_frames
 
 log = Logger()
 
@@ -195,10 +197,16 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         #: (its low-water mark): the nearest thing to per-peer writability a ROUTER has.
         self.on_signal: Callable[[], None] | None = None
         self._options = options
+        # txzmq's constructor reads once: through pyzmq, before the handle is known.
+        self._native: Frames | None = None
+        self._handle = 0
         ZmqConnection.__init__(self, factory.txzmq_factory, identity=options.identity)
         sock = self.socket
         #: ``raw_send(frame, flags)``: the socket's Cython send, for hot paths.
         self.raw_send: Callable[[bytes, int], Any] = _BACKEND_SEND.__get__(sock)
+        #: Whole messages a batch per call (bus.transport.frames), when it was built.
+        self._native = _native_frames
+        self._handle = sock.underlying if self._native is not None else 0
         sock.set(zmq.SNDHWM, options.send_hwm)
         sock.set(zmq.RCVHWM, options.receive_hwm)
         sock.set(zmq.LINGER, options.linger_ms)
@@ -320,6 +328,20 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
     def _read_batch(self, sock: Any) -> bool:
         """Read at most ``read_budget`` whole messages and hand them over as one batch;
         True when the socket had no more."""
+        native = self._native
+        if native is None or sock.closed:
+            return self._read_batch_frames(sock)
+        batch, error, addresses, user_ids = native.read(
+            self._handle, self.read_budget, self._keep_peer_addresses, self.keep_user_ids
+        )
+        if error and error != zmq.EAGAIN and self.socket is not None:
+            log.error("read failed on {name}: {error}", name=self.name, error=zmq.strerror(error))
+        if batch:
+            self._hand_over(batch, addresses, user_ids)
+        return error != 0
+
+    def _read_batch_frames(self, sock: Any) -> bool:
+        """:meth:`_read_batch` through pyzmq, frame by frame."""
         # Frame by frame with copy=False: Frame.more is free, where recv_multipart asks
         # getsockopt(RCVMORE) through a Python wrapper after every frame.
         recv = sock.recv
@@ -347,18 +369,28 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             if self.socket is not None:
                 log.failure("read failed on {name}", name=self.name)
         if batch:
-            self.messages_received += len(batch)
-            if addresses is None and user_ids is None:
-                self._deliver(batch)
-            else:
-                self.peer_addresses = addresses or []
-                self.peer_user_ids = user_ids or []
-                try:
-                    self._deliver(batch)
-                finally:
-                    self.peer_addresses = []
-                    self.peer_user_ids = []
+            self._hand_over(batch, addresses, user_ids)
         return exhausted
+
+    def _hand_over(
+        self,
+        batch: list[list[bytes]],
+        addresses: list[str | None] | None,
+        user_ids: list[str] | None,
+    ) -> None:
+        """Give a batch to the handler, with its peers' addresses and User-Ids (each
+        None unless kept) readable while it runs."""
+        self.messages_received += len(batch)
+        if addresses is None and user_ids is None:
+            self._deliver(batch)
+            return
+        self.peer_addresses = addresses or []
+        self.peer_user_ids = user_ids or []
+        try:
+            self._deliver(batch)
+        finally:
+            self.peer_addresses = []
+            self.peer_user_ids = []
 
     def _deliver(self, batch: list[list[bytes]]) -> None:
         handler = self.on_messages
@@ -413,6 +445,21 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
 
     def send_many(self, messages: Sequence[Sequence[bytes]]) -> int:
         """Send messages in order until one would block; return how many were sent."""
+        native, sock = self._native, self.socket
+        if native is None or sock is None or sock.closed:
+            return self._send_many_frames(messages)
+        try:
+            sent, error = native.send(self._handle, messages)
+        finally:
+            self._schedule_read()
+        if error and error != zmq.EAGAIN:
+            if error == zmq.EHOSTUNREACH:
+                raise PeerUnreachable(messages[sent][0])
+            raise zmq.ZMQError(error)
+        return sent
+
+    def _send_many_frames(self, messages: Sequence[Sequence[bytes]]) -> int:
+        """:meth:`send_many` through pyzmq, frame by frame."""
         send = self.raw_send
         sent = 0
         try:

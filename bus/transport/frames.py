@@ -1,0 +1,44 @@
+"""Whole ZeroMQ messages a batch per call, in compiled code when it was built.
+
+pyzmq costs about a microsecond per frame in Python objects: a ``Frame`` to learn whether
+more frames follow, or an enum conversion in every ``getsockopt(RCVMORE)``. The Event
+BUS's collector reads 7 frames per event and sends 6, so that cost is most of its reactor
+thread's time. ``bus.transport._frames`` (C, built at install time when a compiler is
+there) makes the same libzmq calls as pyzmq, a batch per call, through the libzmq that
+pyzmq loaded. :data:`native` is that module, or None: not built, another pyzmq backend,
+or ``BUS_NATIVE_FRAMES=0`` in the environment; :class:`bus.transport.zmqsocket.ZmqSocket`
+then reads and sends through pyzmq, with the same results.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+
+class Frames(Protocol):
+    """What ``bus.transport._frames`` offers (see its C source)."""
+
+    def read(
+        self, handle: int, budget: int, addresses: bool, user_ids: bool
+    ) -> tuple[list[list[bytes]], int, list[str | None] | None, list[str] | None]: ...
+
+    def send(self, handle: int, messages: Any) -> tuple[int, int]: ...
+
+
+def _load() -> Frames | None:
+    if os.environ.get("BUS_NATIVE_FRAMES", "1") == "0":
+        return None
+    try:
+        import zmq.backend.cython._zmq as backend
+
+        from bus.transport import _frames  # type: ignore[attr-defined]
+
+        _frames.bind(backend.__file__)
+    except (ImportError, AttributeError, OSError):
+        return None
+    return _frames  # type: ignore[no-any-return]
+
+
+#: The compiled helper, bound to pyzmq's libzmq; None where it is not available.
+native: Frames | None = _load()
