@@ -26,6 +26,7 @@ from _common import (
     BusServer,
     Cleanup,
     CpuAccount,
+    Figure,
     add_common_arguments,
     cpu_latency,
     fmt_rate,
@@ -119,6 +120,7 @@ def main() -> int:
     if args.cpu_latency_us is not None:
         args.server_arg += ["--cpu-latency-us", str(args.cpu_latency_us)]
     with workdir("bus-bench-latency-", args.keep) as root, cpu_latency(args.cpu_latency_us) as held:
+        figures: dict[str, Figure] = {}  # for bench/ab.py: latency's, then fan-out's too
         if args.only in (None, "latency"):
             runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "server": []}
             for index in range(args.repeat):
@@ -137,6 +139,12 @@ def main() -> int:
                 return median([r[key] for r in runs[kind]])
 
             p99, base = med("server", "p99_ms"), med("baseline", "p99_ms")
+            latency_figures = {
+                "p50": Figure(med("server", "p50_ms"), "ms", better="lower"),
+                "p99": Figure(p99, "ms", better="lower"),
+                "p99_vs_forwarder": Figure(p99 / base, "x raw", better="lower"),
+            }
+            figures.update(latency_figures)
             ok = p99 <= TARGET_P99_MS and all(r["gaps"] == 0 for r in runs["server"])
             verdict = verdict and ok
             noise = noise_line(runs["baseline"] + runs["server"])
@@ -151,8 +159,9 @@ def main() -> int:
                 f"p99 <= {TARGET_P99_MS} ms, no gap",
                 ok,
                 [noise, *held],
-                args.json,
+                args.json if args.only == "latency" else None,  # else once, with the fan-out
                 {"runs": runs},
+                figures=dict(figures),
             )
         if args.only in (None, "fanout"):
             fan: dict[str, list[dict[str, Any]]] = {"baseline": [], "server": []}
@@ -182,8 +191,13 @@ def main() -> int:
                 f">= {TARGET_FANOUT_RATIO} x the forwarder, none lost",
                 ok,
                 [noise, *held],
-                None,
+                args.json,
                 {"runs": fan},
+                figures=figures
+                | {
+                    "fanout_slowest": Figure(slowest, "events/s"),
+                    "fanout_vs_forwarder": Figure(ratio, "x raw"),
+                },
             )
     return 0 if verdict else 1
 
