@@ -31,6 +31,7 @@ from _common import (
     BusServer,
     Cleanup,
     CpuAccount,
+    Figure,
     add_common_arguments,
     cpu_seconds,
     machine,
@@ -237,6 +238,12 @@ def main() -> int:
         details=details,
         json_path=args.json,
         record={"idle": idle, "stuck": during, "alone": alone, "meanwhile": meanwhile},
+        figures={
+            "extra_cpu": Figure(above_cpu, "cores", better="lower"),
+            "extra_rss": Figure(above_rss, "MiB", better="lower"),
+            "healthy_alone": Figure(alone_s, "s", better="lower"),
+            "healthy_meanwhile_vs_alone": Figure(slowdown, "x", better="lower"),
+        },
     )
     return 0 if verdict else 1
 
