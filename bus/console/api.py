@@ -174,39 +174,31 @@ class _File(resource.Resource):
         return self.body
 
 
-class _State(resource.Resource):
+class _ConsoleLeaf(resource.Resource):
+    """One path of the console's API, answered from ``console``."""
+
     isLeaf = True
 
     def __init__(self, console: Console) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.console = console
 
+
+class _State(_ConsoleLeaf):
     def render_GET(self, request: Any) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
         return json.dumps(self.console.state(), default=str).encode() + b"\n"
 
 
-class _Stream(resource.Resource):
-    isLeaf = True
-
-    def __init__(self, console: Console) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.console = console
-
+class _Stream(_ConsoleLeaf):
     def render_GET(self, request: Any) -> Any:
         if not self.console.streams.open(request):
             return _error(request, "too many consoles are open")
         return server.NOT_DONE_YET
 
 
-class _Tail(resource.Resource):
-    isLeaf = True
-
-    def __init__(self, console: Console) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.console = console
-
+class _Tail(_ConsoleLeaf):
     def render_GET(self, request: Any) -> Any:
         prefix = (request.args.get(b"topic") or [b"/"])[0]
         if not prefix.startswith(b"/") or len(prefix) > 255:
