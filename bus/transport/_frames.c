@@ -71,14 +71,32 @@ static int check_bound(void) {
     return bound;
 }
 
-/* A message property as text: None (or "") where libzmq has none. */
-static PyObject *property(zmq_msg_t *msg, const char *name, int none) {
+/* Append a message property to ``list`` as text, None (or "") where libzmq has none;
+ * -1 with a Python exception set when that fails. */
+static int append_property(PyObject *list, zmq_msg_t *msg, const char *name, int none) {
     const char *value = msg_gets(msg, name);
+    PyObject *text;
     if (value == NULL || value[0] == '\0') {
-        if (none) Py_RETURN_NONE;
-        return PyUnicode_FromStringAndSize("", 0);
+        text = none ? (Py_INCREF(Py_None), Py_None) : PyUnicode_FromStringAndSize("", 0);
+    } else {
+        text = PyUnicode_DecodeUTF8(value, (Py_ssize_t)strlen(value), "replace");
     }
-    return PyUnicode_DecodeUTF8(value, (Py_ssize_t)strlen(value), "replace");
+    if (text == NULL) return -1;
+    int appended = PyList_Append(list, text);
+    Py_DECREF(text);
+    return appended;
+}
+
+/* The next frame into ``msg`` (initialised here) without blocking, again when a signal
+ * interrupted it: 0, or the errno (``msg`` is then closed). */
+static int receive(zmq_msg_t *msg, void *handle) {
+    for (;;) {
+        msg_init(msg);
+        if (msg_recv(msg, handle, ZMQ_DONTWAIT) >= 0) return 0;
+        int failed = zmq_errno_();
+        msg_close(msg);
+        if (failed != EINTR) return failed;
+    }
 }
 
 /* read(handle, budget, addresses, user_ids) -> (batch, error, addresses, user_ids)
@@ -110,27 +128,15 @@ static PyObject *frames_read(PyObject *self, PyObject *args) {
         int first = 1;
         more = 0;
         for (;;) {
-            msg_init(&msg);
-            if (msg_recv(&msg, handle, ZMQ_DONTWAIT) < 0) {
-                int failed = zmq_errno_();
-                msg_close(&msg);
-                if (failed == EINTR) continue;
-                error = failed;
-                break;
-            }
+            error = receive(&msg, handle);
+            if (error) break;
             if (first) {
                 first = 0;
-                if (want_addresses) {
-                    PyObject *address = property(&msg, "Peer-Address", 1);
-                    int appended = address == NULL ? -1 : PyList_Append(addresses, address);
-                    Py_XDECREF(address);
-                    if (appended < 0) { more = msg_more(&msg); msg_close(&msg); goto discard; }
-                }
-                if (want_user_ids) {
-                    PyObject *user_id = property(&msg, "User-Id", 0);
-                    int appended = user_id == NULL ? -1 : PyList_Append(user_ids, user_id);
-                    Py_XDECREF(user_id);
-                    if (appended < 0) { more = msg_more(&msg); msg_close(&msg); goto discard; }
+                if ((want_addresses && append_property(addresses, &msg, "Peer-Address", 1) < 0) ||
+                    (want_user_ids && append_property(user_ids, &msg, "User-Id", 0) < 0)) {
+                    more = msg_more(&msg);
+                    msg_close(&msg);
+                    goto discard;
                 }
             }
             PyObject *frame =
@@ -161,14 +167,7 @@ static PyObject *frames_read(PyObject *self, PyObject *args) {
 discard:
     /* Out of memory in the middle of a message: the rest of it is read and dropped, so
      * that the next read starts at a message's first frame. */
-    while (more) {
-        msg_init(&msg);
-        if (msg_recv(&msg, handle, ZMQ_DONTWAIT) < 0) {
-            int failed = zmq_errno_();
-            msg_close(&msg);
-            if (failed == EINTR) continue;
-            break;
-        }
+    while (more && receive(&msg, handle) == 0) {
         more = msg_more(&msg);
         msg_close(&msg);
     }
