@@ -17,6 +17,8 @@
   runs whose noise is near 0.
 * Both sides use this interpreter's packages unless ``--venvs``: then each revision gets a
   venv of its own (``pip install -e`` of its tree), for when their dependencies differ.
+  Either way each side's compiled code (the transport's C helper) is built in its tree
+  first, as an install would build it.
 
 For each figure the benchmark reports (bench/_common.py ``summary(figures=...)``) it prints
 each side's median and range, head/base, and whether the ranges are apart ("head better",
@@ -76,6 +78,24 @@ def worktree(revision: str, where: Path) -> Iterator[Path]:
 def describe_revision(revision: str) -> str:
     short = git("rev-parse", "--short", revision)
     return short if revision.startswith(short) else f"{short} ({revision})"
+
+
+def build_in_place(side: Side) -> None:
+    """Build the side's compiled code in its tree (the transport's C helper), as its install
+    would: a worktree has only the sources, and a side without its helper would measure
+    the pure-Python fallback. A revision without setup.py has nothing to build; where
+    nothing can be built (no compiler), both sides run without it."""
+    if not (side.tree / "setup.py").is_file():
+        return
+    done = subprocess.run(
+        [side.python, "setup.py", "--quiet", "build_ext", "--inplace"],
+        cwd=side.tree,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:  # no compiler here: then neither side has it
+        print(f"ab: {side.describe()} runs without its C helper (build_ext failed)", flush=True)
 
 
 def build_venv(side: Side, where: Path) -> None:
@@ -241,6 +261,8 @@ def main() -> int:
             build_venv(base, work / "venv-base")
             build_venv(head, work / "venv-head")
         sides = (base, head)
+        for side in sides:
+            build_in_place(side)
         plan = order(options.runs)
         started = time.monotonic()
         for index, which in enumerate(plan, 1):
