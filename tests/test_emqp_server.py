@@ -379,6 +379,8 @@ def test_an_answer_waits_for_its_client_to_come_back(tmp_path: Path, cleanup: li
     other = gone.request("default", 2)
     yield wait_until(lambda: gone.acks(other), what="dispatched")
     gone.close()
+    # As above: its acknowledgement can come before the request reaches the worker.
+    yield wait_until(lambda: len(worker.requests()) == 2, what="the second request at the worker")
     worker.reply(worker.requests()[1], "nobody listens")
     yield wait_until(lambda: broker.answers.dropped["gone"] == 1, what="the answer dropped")
     assert broker.status()["answers_held"] == 0
