@@ -302,11 +302,11 @@ def test_the_brokers_scheduler_fires_requests_stores_its_runs_and_catches_up_onc
     body = json.dumps(["run", {"path": "m", "callable": "f", "args": [1]}]).encode()
     schedule = codec.schedule("q", body, b"guarantee", 10, None)
     h.broker.on_admin_message(b"admin", schedule)
+    h.commit()  # answered once stored
     [answer] = h.broker.to_admin
     value = json.loads(answer[5])["value"]
     assert answer[6] == schedule[3] and value["replaced"] is False and value["next_run_in"] == 0
     schedule_id = value["schedule"]
-    h.commit()
     assert [row[0] for row in store.load_schedules()] == [schedule_id]
     # Due at once (eventmq's haste): a guaranteed request, dispatched once committed.
     assert h.broker.fire_schedules() == 1
@@ -341,8 +341,8 @@ def test_the_brokers_scheduler_fires_requests_stores_its_runs_and_catches_up_onc
     assert again.broker.fire_schedules() == 1
     # UNSCHEDULE by id (or by eventmq's frames): gone from the book and the store.
     again.broker.on_client_message(b"client", codec.unschedule(schedule_id))
-    assert json.loads(again.broker.to_clients[-1][5])["value"]["removed"] is True
     again.commit()
+    assert json.loads(again.broker.to_clients[-1][5])["value"]["removed"] is True
     assert store.load_schedules() == []
     again.clock.advance(100)
     assert again.broker.fire_schedules() == 0
@@ -361,3 +361,34 @@ def test_a_bad_schedule_is_refused_and_an_external_scheduler_gets_them_forwarded
     external.broker.on_client_message(b"client", codec.schedule("q", b"[1]", b"", 5, None))
     assert [m[0] for m in external.broker.to_clients] == [b"sched"]
     assert external.broker.schedules is None and external.broker.schedules_forwarded == 1
+
+
+def test_schedule_changes_are_answered_only_after_their_commit(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    h = Harness(store)
+    add = codec.schedule("q", b'["a"]', b"", 60, None)
+    h.broker.on_admin_message(b"admin", add)
+    h.broker.on_client_message(b"client", codec.schedule("q", b'["b"]', b"", 60, None))
+    # Nobody hears of either before the commit, on either port.
+    assert h.broker.to_admin == [] and h.client_results() == []
+    assert h.broker.awaiting_commit and len(h.broker.unstored_answers) == 2
+    h.commit()
+    [answer] = h.broker.to_admin
+    schedule_id = json.loads(answer[5])["value"]["schedule"]
+    assert answer[6] == add[3] and [r["value"]["replaced"] for _, r in h.client_results()] == [
+        False
+    ]
+    # UNSCHEDULE likewise; one of nothing stored is answered at once.
+    h.broker.on_client_message(b"client", codec.unschedule(schedule_id))
+    assert h.client_results() == []
+    h.commit()
+    assert [r["value"]["removed"] for _, r in h.client_results()] == [True]
+    h.broker.on_client_message(b"client", codec.unschedule("0" * 40))
+    assert [r["value"]["removed"] for _, r in h.client_results()] == [False]
+    # A store that never takes it (the broker stops): the client is told, not answered.
+    late = codec.schedule("q", b'["c"]', b"", 60, None)
+    h.broker.on_client_message(b"client", late)
+    assert h.broker.refuse_unstored("storage-error", "the job store cannot write") == 1
+    assert [(m, r["error"]) for m, r in h.client_results()] == [(late[3], "storage-error")]
+    assert not h.broker.awaiting_commit
+    store.close()

@@ -72,6 +72,14 @@ class BrokerSettings:
         return self.heartbeat_interval * self.heartbeat_liveness
 
 
+@dataclass(frozen=True, slots=True)
+class HeldAnswer:
+    """An answer waiting for the commit of what it tells of, and the outbox it goes to."""
+
+    outbox: list[Message]
+    message: Message
+
+
 @dataclass(slots=True, eq=False)
 class Job:
     msgid: bytes
@@ -147,6 +155,9 @@ class Broker:
         #: Guaranteed requests accepted but not yet committed: nobody hears of them (no
         #: dispatch, no acknowledgement) until :meth:`release_stored` after the commit.
         self.unstored: list[Job] = []
+        #: Answers to SCHEDULE and UNSCHEDULE whose change is not yet committed: they go out
+        #: at :meth:`release_stored`, never before (an answered schedule survives kill -9).
+        self.unstored_answers: list[HeldAnswer] = []
         self._deadlines: list[tuple[float, bytes, int]] = []
         self._given_up: OrderedDict[bytes, None] = OrderedDict()
         #: Strangers on the worker port told KBYE once, oldest first.
@@ -426,7 +437,24 @@ class Broker:
             result = codec.error_result(error.reason, str(error))
             answer.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, command.msgid])
             return
-        self._answer(origin, command.msgid, {"value": value}, answer)
+        self._answer_once_stored(origin, command.msgid, {"value": value}, answer)
+
+    def _answer_once_stored(
+        self, origin: bytes, msgid: bytes, value: Any, outbox: list[Message]
+    ) -> None:
+        """Answer now if the store has nothing pending, else after the commit that stores
+        what this answer tells of."""
+        if self.store is None or not self.store.dirty:
+            self._answer(origin, msgid, value, outbox)
+            return
+        result = json.dumps(value, sort_keys=True).encode()
+        message = [origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid]
+        self.unstored_answers.append(HeldAnswer(outbox, message))
+
+    @property
+    def awaiting_commit(self) -> bool:
+        """Something accepted is told to nobody until the store commits it."""
+        return bool(self.unstored or self.unstored_answers)
 
     def _schedule_gone(self, schedule_id: str, reason: str) -> None:
         self.schedules_removed += 1
@@ -577,7 +605,11 @@ class Broker:
             self._requeue(job, now, at_head=False)
 
     def release_stored(self) -> None:
-        """The store committed: route the guaranteed requests that waited for it."""
+        """The store committed: route the guaranteed requests and send the answers that
+        waited for it."""
+        answers, self.unstored_answers = self.unstored_answers, []
+        for held in answers:
+            held.outbox.append(held.message)
         unstored, self.unstored = self.unstored, []
         now = self.clock()
         for job in unstored:
@@ -586,7 +618,14 @@ class Broker:
 
     def refuse_unstored(self, reason: str, text: str) -> int:
         """The store cannot take them: guaranteed requests not yet committed are forgotten
-        (their pending rows too) and their clients told why. Returns how many."""
+        (their pending rows too) and their clients told why, as are those whose schedule
+        changes wait. Returns how many."""
+        answers, self.unstored_answers = self.unstored_answers, []
+        for held in answers:
+            origin, msgid = held.message[0], held.message[-1]
+            result = codec.error_result(reason, text)
+            held.outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+            self.refused_unstored += 1
         unstored, self.unstored = self.unstored, []
         for job in unstored:
             if self.jobs.get(job.msgid) is not job:
@@ -597,7 +636,7 @@ class Broker:
             self.refused_unstored += 1
             self._error(job.client, job.msgid, reason, text)
             self._publish_job("rejected", job.msgid, job.queue, reason=reason)
-        return len(unstored)
+        return len(unstored) + len(answers)
 
     def _pick(self, queue: QueueState) -> WorkerState | None:
         """The worker of this queue with a free slot: heaviest, then least recently used."""

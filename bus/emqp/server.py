@@ -124,6 +124,8 @@ class EmqpService(Service):
         self.storage_error: str | None = None
         #: Since when guaranteed requests wait for a store that refuses them (None: not).
         self._storage_blocked_since: float | None = None
+        #: The sockets not read while the store refuses (see :meth:`_storage_blocked`).
+        self._paused: list[ZmqSocket] = []
         self._storage_retry: DelayedCall | None = None
         self._schedule_timer: DelayedCall | None = None
         self._storage_delay = _STORAGE_RETRY_MIN
@@ -259,7 +261,7 @@ class EmqpService(Service):
                     sock.doRead()
             self.broker.shutdown()
             self._flush()
-            if self.broker.unstored:
+            if self.broker.awaiting_commit:
                 # The store still refuses them: their clients hear so, rather than nothing.
                 self.broker.refuse_unstored(
                     "storage-error", "the broker stopped while its job store could not write"
@@ -375,13 +377,18 @@ class EmqpService(Service):
             self.storage_error = str(error)
             failures = self._faults.due("commit")
             if failures is not None:
-                held = len(self.broker.unstored) if self.broker is not None else 0
+                broker = self.broker
+                held = len(broker.unstored) if broker is not None else 0
+                answers = len(broker.unstored_answers) if broker is not None else 0
                 log.error(
                     "job store refused a commit ({error}; {failures} since the last report): "
-                    "{held} guaranteed requests held unannounced, client port paused; retrying",
+                    "{held} guaranteed requests and {answers} schedule changes held "
+                    "unanswered, {ports} not read until it writes; retrying",
                     error=str(error),
                     failures=failures,
                     held=held,
+                    answers=answers,
+                    ports=" and ".join(f"{p} port" for p in self._ports_to_pause()) or "no port",
                 )
             return False
         if self.storage_error is not None:
@@ -399,11 +406,11 @@ class EmqpService(Service):
         while True:
             stored = self._commit()
             if stored:
-                if broker.unstored:
+                if broker.awaiting_commit:
                     broker.release_stored()
                 if self._storage_blocked_since is not None:
                     self._storage_unblocked()
-            elif broker.unstored:
+            elif broker.awaiting_commit:
                 self._storage_blocked()
             if not (broker.to_workers or broker.to_clients or broker.to_admin):
                 break
@@ -423,13 +430,29 @@ class EmqpService(Service):
                 messages, broker.to_admin = broker.to_admin, []
                 self.answers.send(self.admin_socket, messages)
 
+    def _ports_to_pause(self) -> list[str]:
+        """While the store refuses: the client port, and the admin port once an admin's
+        schedule change waits (it goes on answering STATUS until then)."""
+        broker = self.broker
+        ports = ["client"]
+        if broker is not None and any(h.outbox is broker.to_admin for h in broker.unstored_answers):
+            ports.append("admin")
+        return ports
+
+    def _paused_sockets(self) -> list[ZmqSocket]:
+        named = {"client": self.client_socket, "admin": self.admin_socket}
+        return [s for p in self._ports_to_pause() if (s := named[p]) is not None]
+
     def _storage_blocked(self) -> None:
-        """The store refused guaranteed requests: they wait, unannounced, and the client
-        port is not read (clients feel ZeroMQ's backpressure) until a retry stores them."""
+        """The store refused guaranteed requests or schedule changes: they wait, unanswered,
+        and the ports they came from are not read (peers feel ZeroMQ's backpressure) until a
+        retry stores them."""
         if self._storage_blocked_since is None:
             self._storage_blocked_since = self.reactor.seconds()
-            if self.client_socket is not None:
-                self.client_socket.pause_reading()
+        for sock in self._paused_sockets():
+            if sock not in self._paused:
+                sock.pause_reading()
+                self._paused.append(sock)
         if self.running and (self._storage_retry is None or not self._storage_retry.active()):
             self._storage_retry = self.reactor.callLater(self._storage_delay, self._flush)
             self._storage_delay = min(self._storage_delay * 2, _STORAGE_RETRY_MAX)
@@ -438,13 +461,14 @@ class EmqpService(Service):
         assert self._storage_blocked_since is not None
         log.info(
             "job store writes again after {seconds:.1f}s: held guaranteed requests routed, "
-            "client port read again",
+            "schedule changes answered, ports read again",
             seconds=self.reactor.seconds() - self._storage_blocked_since,
         )
         self._storage_blocked_since = None
         self._storage_delay = _STORAGE_RETRY_MIN
-        if self.client_socket is not None:
-            self.client_socket.resume_reading()
+        paused, self._paused = self._paused, []
+        for sock in paused:
+            sock.resume_reading()
 
     @staticmethod
     def _send_each(sock: ZmqSocket | None, messages: list[list[bytes]]) -> list[list[bytes]]:
@@ -520,6 +544,9 @@ class EmqpService(Service):
             "storage_error": self.storage_error,
             "client_port_paused": self._storage_blocked_since is not None,
             "held_unstored": len(broker.unstored) if broker is not None else 0,
+            "held_schedule_answers": len(broker.unstored_answers) if broker is not None else 0,
+            "admin_port_paused": self.admin_socket is not None
+            and self.admin_socket in self._paused,
             "client_send_failures": sum(self.answers.dropped.values()),
             "answers_held": self.answers.held_messages,
             "answers_held_bytes": self.answers.held_bytes,
@@ -578,7 +605,7 @@ class EmqpService(Service):
             counter("emqp_storage_errors", "Job store commits refused", self.storage_errors),
             gauge(
                 "emqp_client_port_paused",
-                "1 while guaranteed requests wait for the job store (client port not read)",
+                "1 while guaranteed requests or schedule changes wait for the job store (client port not read)",
                 float(self._storage_blocked_since is not None),
             ),
             counter(
