@@ -218,6 +218,43 @@ def certificates_in(directory: Path | str) -> dict[bytes, Certificate]:
     return found
 
 
+def directory_signature(directory: Path | str) -> tuple[object, ...]:
+    """What changes whenever the certificates :func:`certificates_in` reads in ``directory``
+    may have: the directory itself (removed and made again is another directory) and, per
+    ``*.key`` entry, its file's identity, size, times and mode, or why it cannot be
+    reached (a dangling link is an entry of its own, so one added beside it still changes
+    the signature, and so does the link once its target appears). A file replaced by
+    rename is another inode even where a copy kept its modification time."""
+    directory = Path(directory)
+    try:
+        top = directory.stat()
+    except OSError as error:
+        return (("no directory", error.errno),)
+    entries: list[object] = [(top.st_dev, top.st_ino, top.st_mode, top.st_mtime_ns)]
+    for path in sorted(directory.glob("*.key")):
+        try:
+            found = path.stat()
+        except OSError as error:
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = ""
+            entries.append((path.name, "unreachable", error.errno, target))
+            continue
+        entries.append(
+            (
+                path.name,
+                found.st_dev,
+                found.st_ino,
+                found.st_size,
+                found.st_mode,
+                found.st_mtime_ns,
+                found.st_ctime_ns,
+            )
+        )
+    return tuple(entries)
+
+
 # -- writing ----------------------------------------------------------------------------------
 
 

@@ -289,7 +289,7 @@ class ZapHandler:
         self._limit = RateLimit(clock, 10.0)
         self._envelope: list[bytes] | None = None
         self._request: list[bytes] = []
-        self._signature: tuple[tuple[str, float], ...] | None = None
+        self._signature: tuple[object, ...] | None = None
         self.authenticator = ReactorAuthenticator(
             factory.txzmq_factory.context, log=_LoggerBridge()
         )
@@ -349,14 +349,11 @@ class ZapHandler:
         message's ``User-Id``): empty without an allow-list or for a key removed since."""
         return self.certificates.get(user_id.encode("ascii", "replace"), _NO_METADATA)
 
-    def _directory_signature(self) -> tuple[tuple[str, float], ...]:
+    def _directory_signature(self) -> tuple[object, ...]:
+        from bus.transport.certs import directory_signature
+
         assert self.allowed_dir is not None
-        try:
-            return tuple(
-                sorted((p.name, p.stat().st_mtime) for p in self.allowed_dir.glob("*.key"))
-            )
-        except OSError:
-            return ()
+        return directory_signature(self.allowed_dir)
 
     def reload(self) -> bool:
         """Re-read the allow-list if a certificate was added, changed or removed."""
