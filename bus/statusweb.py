@@ -26,6 +26,7 @@ from bus.console.tail import Source
 from bus.console.view import Named, read_status
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
+from bus.webchannel import IDLE_TIMEOUT, HeadersFirstChannel, RefusalCounts
 
 log = Logger(namespace="bus.statusweb")
 
@@ -92,9 +93,12 @@ class _Status(resource.Resource):
 
 
 class _QuietSite(server.Site):
-    """No access log line per request: a scraper every few seconds would drown the log."""
+    """No access log line per request: a scraper every few seconds would drown the log.
+    GET and HEAD only, others refused at their headers (see :mod:`bus.webchannel`)."""
 
     noisy = False
+    protocol = HeadersFirstChannel  # type: ignore[assignment]
+    header_refusals: RefusalCounts | None = None
 
     def log(self, request: Any) -> None:
         pass
@@ -131,6 +135,8 @@ class StatusWebService(Service):
         self.port = 0
         self._listening: Any = None
         self.tail_source: Source = tail_source or (lambda: None)
+        #: Requests refused at their headers (a method not served, a body), by reason.
+        self.header_refusals = RefusalCounts(self.reactor.seconds)
         #: The console (once started).
         self.console: Console | None = None
         #: Told ``host:port`` (as a client on this machine reaches it) once listening.
@@ -150,7 +156,8 @@ class StatusWebService(Service):
         put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]
         self.console = Console(self.services, self.reactor, started, self.tail_source)
         self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
-        site = _QuietSite(self._guarded(root))  # type: ignore[no-untyped-call]
+        site = _QuietSite(self._guarded(root), timeout=IDLE_TIMEOUT)  # type: ignore[no-untyped-call]
+        site.header_refusals = self.header_refusals
         try:
             self._listening = self.reactor.listenTCP(
                 self.requested_port, site, interface=self.interface
@@ -204,6 +211,7 @@ class StatusWebService(Service):
             "token_required": guard is not None,
             "metrics_open": self.metrics_open or guard is None,
             "refused": dict(guard.refusals) if guard is not None else {},
+            "refused_at_headers": dict(self.header_refusals.counts),
             "console": self.console.status() if self.console is not None else None,
         }
 
@@ -217,5 +225,11 @@ class StatusWebService(Service):
                 "HTTP requests refused for want of the bearer token, by reason",
                 "reason",
                 refused,
-            )
+            ),
+            counters_by(
+                "bus_http_refused_at_headers",
+                "HTTP requests refused at their headers (a method not served, a body), by reason",
+                "reason",
+                dict(self.header_refusals.counts),
+            ),
         ]

@@ -1,0 +1,103 @@
+"""The HTTP port's channel: only what the port serves gets past the request's headers.
+
+The port serves GET and HEAD (the console, its API, ``/status``, ``/metrics``), none of
+which has a body. twisted.web reads a request's whole body before any resource sees it,
+and spools one over 100 kB to a temporary file: a stranger without the bearer token could
+make the process hold gigabytes on disk before the guard ever ran. Here a request with
+another method is answered 405 and one announcing a body 413 as soon as its headers are
+in, before a byte of the body is read, and the connection is closed. Headers are bounded
+(count and total size) and an idle connection is closed after :data:`IDLE_TIMEOUT`
+seconds; a response in progress (the console's event stream) is not idle.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from twisted.logger import Logger
+from twisted.web import http
+
+from bus.droplog import RateLimit
+
+log = Logger(namespace="bus.webchannel")
+
+#: The methods the port serves.
+METHODS = frozenset({b"GET", b"HEAD"})
+#: Most header lines in one request (a browser sends about twenty).
+MAX_HEADERS = 100
+#: Most bytes of a request line and its headers together.
+MAX_HEADER_BYTES = 16 * 1024
+#: Seconds a connection may stay open without a request in progress.
+IDLE_TIMEOUT = 60
+
+
+class RefusalCounts:
+    """Requests refused at their headers, by reason, logged at most every 10 s."""
+
+    def __init__(self, clock: Any) -> None:
+        self.counts: Counter[str] = Counter()
+        self._limit = RateLimit(clock, 10.0)
+
+    def refused(self, reason: str, client: str) -> None:
+        self.counts[reason] += 1
+        count = self._limit.due(reason)
+        if count is not None:
+            log.warn(
+                "refused {count} HTTP request(s) at their headers ({reason}); latest from {client}",
+                count=count,
+                reason=reason,
+                client=client,
+            )
+
+
+class HeadersFirstChannel(http.HTTPChannel):
+    """An HTTP/1.1 channel that refuses, at the end of the headers, a request the port
+    does not serve (see the module's text), counted in its site's ``header_refusals``
+    (a :class:`RefusalCounts`) where it has one."""
+
+    maxHeaders = MAX_HEADERS
+    totalHeadersSize = MAX_HEADER_BYTES
+
+    def allHeadersReceived(self) -> None:
+        method = getattr(self, "_command", b"")
+        request = self.requests[-1]
+        chunked = request.requestHeaders.getRawHeaders(b"transfer-encoding")
+        if self.length or chunked:
+            self._refuse(request, 413, "body", "this port takes no request body")
+            return
+        if method not in METHODS:
+            self._refuse(request, 405, "method", f"{method.decode('latin-1')} is not served")
+            return
+        super().allHeadersReceived()  # type: ignore[no-untyped-call]
+
+    def _refuse(self, request: Any, code: int, reason: str, text: str) -> None:
+        """Answer ``code`` and close, reading nothing more from this connection."""
+        transport: Any = self.transport
+        peer = transport.getPeer()
+        refusals = getattr(getattr(self, "site", None), "header_refusals", None)
+        if isinstance(refusals, RefusalCounts):
+            refusals.refused(reason, str(getattr(peer, "host", "?")))
+        body = json.dumps({"error": reason, "message": text}).encode() + b"\n"
+        phrase = http.RESPONSES.get(code, b"Refused")
+        head = [
+            b"HTTP/1.1 %d %s" % (code, phrase),
+            b"Content-Type: application/json",
+            b"Content-Length: %d" % len(body),
+            b"Connection: close",
+        ]
+        if code == 405:
+            head.append(b"Allow: " + b", ".join(sorted(METHODS)))
+        transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        # Nothing more is parsed: the request never reaches a resource (a length that is not
+        # 0 keeps LineReceiver from finishing it), the rest of the input is dropped unread.
+        request.gotLength(0)
+        self.length = None
+        self.persistent = False
+        self.dataReceived = self.lineReceived = self.rawDataReceived = _ignore  # type: ignore[method-assign,assignment]
+        self.loseConnection()  # type: ignore[no-untyped-call]
+
+
+def _ignore(*_: Any) -> None:
+    pass
