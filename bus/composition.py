@@ -22,6 +22,7 @@ from twisted.python.failure import Failure
 from bus.activity import NO_ACTIVITY, ActivitySink, LocalBus
 from bus.errors import StartupError
 from bus.memory import freeze_startup_objects
+from bus.transport.inbound import DescriptorLimits
 
 log = Logger(namespace="bus")
 
@@ -89,6 +90,11 @@ class ProductService(MultiService):
         self._start_result: StartFailed | bool | None = None
         self._start_waiters: list[defer.Deferred[None]] = []
         self._stopping: defer.Deferred[None] | None = None
+        #: Bounds on connections others open to every ZeroMQ port (0: the defaults).
+        self.max_connections = 0
+        self.max_connections_per_address = 0
+        #: The descriptor limit as found at start and as raised (None before the start).
+        self.descriptor_limits: DescriptorLimits | None = None
 
     @property
     def reactor(self) -> Any:
@@ -114,9 +120,14 @@ class ProductService(MultiService):
 
     def startService(self) -> None:
         """Start the services in order; :meth:`when_started` tells how it went."""
+        from bus.transport.inbound import configure, raise_descriptor_limit
+
         Service.startService(self)
         self._stopping = None
         self._start_result = None
+        # Before any port is bound: the room the system allows, and what others may take.
+        self.descriptor_limits = raise_descriptor_limit()
+        configure(self.max_connections, self.max_connections_per_address)
         self._start_from(0)
 
     def _start_from(self, index: int) -> None:
@@ -136,11 +147,23 @@ class ProductService(MultiService):
                 return
             index += 1
         from bus.transport.frames import native as native_frames
+        from bus.transport.inbound import policy
 
+        limits, bounds = self.descriptor_limits, policy()
         log.info(
-            "started {services} (ZeroMQ messages read and sent {how})",
+            "started {services} (ZeroMQ messages read and sent {how}); descriptors: soft "
+            "limit {soft}{raised}, hard {hard}; connections others open at most {per_port} a "
+            "port, {per_address} an address, {share} in all",
             services=", ".join(entry.name for entry in self.composed),
             how="by the compiled helper" if native_frames is not None else "through pyzmq",
+            soft=limits.soft if limits is not None else "?",
+            raised=f" (raised from {limits.found})"
+            if limits is not None and limits.found != limits.soft
+            else "",
+            hard=limits.hard if limits is not None else "?",
+            per_port=bounds.per_port,
+            per_address=bounds.per_address,
+            share=bounds.budget.capacity,
         )
         # Every service has started: what startup made leaves the GC's scans (bus.memory).
         self.reactor.callLater(0, freeze_startup_objects)
@@ -237,8 +260,16 @@ def standalone(
     stop rules as the whole product."""
     product = ProductService(exit_on_failure=True)
     hold_cpu_latency(product, options)
+    bound_inbound(product, options)
     product.add(name, build(options, Composition()), "", options)
     return product
+
+
+def bound_inbound(product: ProductService, options: Mapping[str, Any]) -> None:
+    """``--max-connections`` and ``--max-connections-per-address``: applied at start, after
+    the descriptor limit was raised, before any port is bound."""
+    product.max_connections = int(options.get("max-connections") or 0)
+    product.max_connections_per_address = int(options.get("max-connections-per-address") or 0)
 
 
 def hold_cpu_latency(product: ProductService, options: Mapping[str, Any]) -> None:

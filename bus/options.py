@@ -98,6 +98,20 @@ def config_path_in(args: Sequence[str]) -> str | None:
     return None
 
 
+def connection_count(text: str | int) -> int:
+    """A count of connections: a whole number, 0 or more (0: the default)."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0:
+        raise ValueError(f"wants a whole number, 0 or more, not {text!r}")
+    return value
+
+
+connection_count.coerceDoc = "A whole number, 0 or more."  # type: ignore[attr-defined]
+
+
 def microseconds(text: str) -> int:
     """A whole number of microseconds, 0 or more; ValueError otherwise."""
     value = int(text)
@@ -161,6 +175,23 @@ class ServiceOptions(usage.Options):
             "(Linux PM QoS through /dev/cpu_dma_latency; 0 keeps idle CPUs polling): shorter "
             "round trips for more power and CPU. Needs write access to that file. Off by default.",
             microseconds,
+        ],
+        [
+            "max-connections",
+            None,
+            None,
+            "Most connections others may hold open on each ZeroMQ port; those beyond are closed "
+            "as soon as accepted (0: half of the descriptors inbound connections may take, "
+            "which is half of the process's limit).",
+            connection_count,
+        ],
+        [
+            "max-connections-per-address",
+            None,
+            None,
+            "Most connections one peer address may hold open on each ZeroMQ port (0: a quarter "
+            "of --max-connections, at least 64).",
+            connection_count,
         ],
     ]
 

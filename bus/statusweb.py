@@ -78,6 +78,46 @@ class _ServicesCollector:
         return list(blockingCallFromThread(self._reactor, service_metrics, self._services))
 
 
+def process_status() -> dict[str, Any]:
+    """The process's descriptors and the bounds on connections others open to it."""
+    import resource as rlimit
+
+    from bus.transport.inbound import open_descriptors, policy
+
+    soft, hard = rlimit.getrlimit(rlimit.RLIMIT_NOFILE)
+    return {
+        "descriptors": {"soft_limit": soft, "hard_limit": hard, "open": open_descriptors()},
+        "inbound_connections": policy().status(),
+    }
+
+
+def process_metrics() -> list[Any]:
+    from bus.metrics import counters_by, gauge, gauges_by
+
+    described = process_status()
+    inbound = described["inbound_connections"]
+    held = gauges_by(
+        "bus_inbound_connections",
+        "Connections others hold open on each bound ZeroMQ port",
+        "port",
+        inbound["ports"],
+    )
+    return [
+        gauge(
+            "bus_descriptor_soft_limit",
+            "The process's soft RLIMIT_NOFILE (raised to the hard one at start)",
+            described["descriptors"]["soft_limit"],
+        ),
+        held,
+        counters_by(
+            "bus_inbound_connections_refused",
+            "Connections others opened that were closed at once, by the limit they passed",
+            "reason",
+            inbound["refused"],
+        ),
+    ]
+
+
 class _Status(resource.Resource):
     isLeaf = True
 
@@ -212,6 +252,7 @@ class StatusWebService(Service):
             "metrics_open": self.metrics_open or guard is None,
             "refused": dict(guard.refusals) if guard is not None else {},
             "refused_at_headers": dict(self.header_refusals.counts),
+            "process": process_status(),
             "console": self.console.status() if self.console is not None else None,
         }
 
@@ -226,6 +267,7 @@ class StatusWebService(Service):
                 "reason",
                 refused,
             ),
+            *process_metrics(),
             counters_by(
                 "bus_http_refused_at_headers",
                 "HTTP requests refused at their headers (a method not served, a body), by reason",

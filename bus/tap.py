@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.composition import Composition, ProductService, hold_cpu_latency
+from bus.composition import Composition, ProductService, bound_inbound, hold_cpu_latency
 from bus.eventbus.tap import Options as EventBusOptions
 from bus.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
 from bus.services import DISCOVERY_PROBLEMS, SERVICES, ServiceEntry, entry
@@ -283,6 +283,7 @@ def compose(
     product = ProductService(exit_on_failure=exit_on_failure, reactor=reactor)
     composition = Composition(reactor)
     hold_cpu_latency(product, options)
+    bound_inbound(product, options)
     for name, sub in options["service-options"].items():
         build = importlib.import_module(entry(name).tap).build
         product.add(name, build(sub, composition), _prefix(name), sub)

@@ -32,6 +32,8 @@ from txzmq import ZmqConnection, ZmqEndpoint, ZmqEndpointType, ZmqFactory
 from bus.errors import StartupError
 from bus.transport.frames import Frames
 from bus.transport.frames import native as _native_frames
+from bus.transport.inbound import InboundGuard
+from bus.transport.inbound import policy as inbound_policy
 
 log = Logger()
 
@@ -44,6 +46,8 @@ _BACKEND_SEND = zmq.backend.Socket.send
 
 # Monitor messages start with the event as a 16-bit number in host order.
 _MONITOR_EVENT = struct.Struct("=H")
+# ... and its value (a descriptor for ACCEPTED and DISCONNECTED) as 32 bits.
+_MONITOR_EVENT_VALUE = struct.Struct("=HI")
 _CONNECTED = zmq.EVENT_ACCEPTED | zmq.EVENT_CONNECTED
 _CONNECTION_EVENTS = _CONNECTED | zmq.EVENT_DISCONNECTED
 #: What a socket monitor reports: connections, and handshakes (CURVE refusals among them).
@@ -55,6 +59,8 @@ WATCHED_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
+
+_GUARDED = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 
 _MONITOR_NUMBERS = itertools.count(1)
 
@@ -97,6 +103,10 @@ class SocketOptions:
     #: Keep each message's ``User-Id`` (the Z85 public key ZAP accepted on a CURVE socket)
     #: in :attr:`ZmqSocket.peer_user_ids` while its batch is handed over.
     peer_user_ids: bool = False
+    #: Connections the kernel completes for a bound port before libzmq accepts them
+    #: (ZMQ_BACKLOG; the kernel caps it at net.core.somaxconn). libzmq's 100 filled under
+    #: a flood of connections, and a real client's SYN waited for a retransmission.
+    backlog: int = 1024
 
 
 class SocketFactory:
@@ -179,6 +189,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.connections = 0
         self._monitor: ZmqSocket | None = None
         self._listeners: list[Callable[[int], None]] = []
+        #: The bounds on connections others open to this socket's TCP ports (bus.transport.inbound).
+        self.inbound: InboundGuard | None = None
         self.messages_received = 0
         #: With ``SocketOptions.peer_addresses``: the batch being handed over's peer
         #: addresses, one per message (None where the transport has none).
@@ -210,6 +222,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         sock.set(zmq.SNDHWM, options.send_hwm)
         sock.set(zmq.RCVHWM, options.receive_hwm)
         sock.set(zmq.LINGER, options.linger_ms)
+        sock.set(zmq.BACKLOG, options.backlog)
         if options.send_buffer >= 0:
             sock.set(zmq.SNDBUF, options.send_buffer)
         if options.max_message_size >= 0:
@@ -232,10 +245,21 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
     # -- endpoints ---------------------------------------------------------------------
 
     def bind(self, address: str) -> str:
-        """Bind and return the concrete endpoint (useful with port ``*``)."""
+        """Bind and return the concrete endpoint (useful with port ``*``). A TCP port's
+        inbound connections are bounded by the process's :mod:`bus.transport.inbound` policy."""
         self.addEndpoints([ZmqEndpoint(ZmqEndpointType.bind, address)])
-        endpoint: bytes = self.socket.get(zmq.LAST_ENDPOINT)
-        return endpoint.decode()
+        endpoint: str = self.socket.get(zmq.LAST_ENDPOINT).decode()
+        self.guard_inbound(endpoint)
+        return endpoint
+
+    def guard_inbound(self, endpoint: str) -> None:
+        """Bound the connections others open to ``endpoint``, a TCP port this socket is
+        bound to (:meth:`bind` does it; a socket bound through pyzmq calls it itself)."""
+        if endpoint.startswith("tcp://"):
+            if self.inbound is None:
+                self.inbound = inbound_policy().guard(self.name)
+            self.inbound.ports.add(int(endpoint.rpartition(":")[2]))
+            self.watch_connections()
 
     def connect(self, address: str) -> None:
         """Connect to ``address`` (and look for input: the descriptor may not signal)."""
@@ -278,10 +302,17 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self._monitor.connect(address)
 
     def _on_monitor_events(self, batch: list[list[bytes]]) -> None:
+        guard = self.inbound
         for frames in batch:
             event = _MONITOR_EVENT.unpack_from(frames[0])[0] if len(frames[0]) >= 2 else 0
             if not event:
                 continue
+            if guard is not None and event & _GUARDED and len(frames[0]) >= 6:
+                fd = _MONITOR_EVENT_VALUE.unpack_from(frames[0])[1]
+                if event & zmq.EVENT_ACCEPTED:
+                    guard.accepted(fd)
+                else:
+                    guard.disconnected(fd)
             for listener in self._listeners:
                 listener(event)
             if event & _CONNECTED:
@@ -512,6 +543,9 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         if self.read_scheduled is not None and self.read_scheduled.active():
             self.read_scheduled.cancel()
         self.read_scheduled = None
+        if self.inbound is not None:
+            self.inbound.close()
+            self.inbound = None
         monitor, self._monitor = self._monitor, None
         if monitor is not None:
             with contextlib.suppress(zmq.ZMQError):

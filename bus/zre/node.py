@@ -52,7 +52,9 @@ def bind_ephemeral(sock: ZmqSocket, host: str) -> str:
     """Bind to a random free port of ZRE's ephemeral range %xC000-%xFFFF (pyzmq leaves the
     choice to the OS, outside that range, when given its default bounds: 65535, not 65536)."""
     port = sock.socket.bind_to_random_port(f"tcp://{host}", 0xC000, 0xFFFF, 500)
-    return f"tcp://{host}:{port}"
+    endpoint = f"tcp://{host}:{port}"
+    sock.guard_inbound(endpoint)
+    return endpoint
 
 
 _LOG_LEVEL = {"ENTER": 3, "EXIT": 3, "JOIN": 3, "LEAVE": 3}
