@@ -43,6 +43,25 @@ class RateLimit:
         self._held_back.pop(key, None)
 
 
+class RefusalCounter:
+    """Refusals counted by reason; each reason logged at most once per ``interval`` with
+    ``message`` (a format given ``count``, ``reason`` and the fields of :meth:`refuse`)."""
+
+    def __init__(
+        self, log: Logger, message: str, clock: Callable[[], float], interval: float = 10.0
+    ) -> None:
+        self._log = log
+        self._message = message
+        self.counts: Counter[str] = Counter()
+        self._limit = RateLimit(clock, interval)
+
+    def refuse(self, reason: str, **fields: object) -> None:
+        self.counts[reason] += 1
+        count = self._limit.due(reason)
+        if count is not None:
+            self._log.warn(self._message, count=count, reason=reason, **fields)
+
+
 class DropCounter:
     def __init__(
         self,

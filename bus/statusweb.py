@@ -140,6 +140,14 @@ class _QuietSite(server.Site):
     protocol = HeadersFirstChannel  # type: ignore[assignment]
     header_refusals: RefusalCounts | None = None
 
+    def buildProtocol(self, addr: Any) -> Any:
+        """None (the connection closed at once) beyond the bounds of connections open in
+        all and from one address (:mod:`bus.webchannel`)."""
+        refusals = self.header_refusals
+        if refusals is not None and not refusals.admits(str(getattr(addr, "host", "?"))):
+            return None
+        return super().buildProtocol(addr)  # type: ignore[no-untyped-call]
+
     def log(self, request: Any) -> None:
         pass
 
@@ -200,7 +208,7 @@ class StatusWebService(Service):
         site.header_refusals = self.header_refusals
         try:
             self._listening = self.reactor.listenTCP(
-                self.requested_port, site, interface=self.interface
+                self.requested_port, site, backlog=1024, interface=self.interface
             )
         except internet_error.CannotListenError as error:
             raise StartupError(
@@ -270,7 +278,7 @@ class StatusWebService(Service):
             *process_metrics(),
             counters_by(
                 "bus_http_refused_at_headers",
-                "HTTP requests refused at their headers (a method not served, a body), by reason",
+                "HTTP requests refused at their headers (a method not served, a body) and connections beyond the bounds, by reason",
                 "reason",
                 dict(self.header_refusals.counts),
             ),

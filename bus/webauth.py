@@ -21,7 +21,7 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.web import resource
 
-from bus.droplog import RateLimit
+from bus.droplog import RefusalCounter
 from bus.errors import StartupError
 
 log = Logger(namespace="bus.webauth")
@@ -73,8 +73,9 @@ class BearerGuard(resource.Resource):
         self._root = root
         self._token = token
         self._open = frozenset(open_children)
-        self.refusals: Counter[str] = Counter()
-        self._limit = RateLimit(clock, 10.0)
+        self._refusals = RefusalCounter(
+            log, "refused {count} HTTP request(s) ({reason}); latest from {client}", clock
+        )
 
     def getChildWithDefault(self, path: bytes, request: Any) -> Any:
         if path in self._open:
@@ -101,16 +102,12 @@ class BearerGuard(resource.Resource):
             return "wrong-token"
         return None
 
+    @property
+    def refusals(self) -> Counter[str]:
+        return self._refusals.counts
+
     def _refuse(self, request: Any, reason: str) -> resource.Resource:
-        self.refusals[reason] += 1
-        count = self._limit.due(reason)
-        if count is not None:
-            log.warn(
-                "refused {count} HTTP request(s) ({reason}); latest from {client}",
-                count=count,
-                reason=reason,
-                client=getattr(request.getClientAddress(), "host", "?"),
-            )
+        self._refusals.refuse(reason, client=getattr(request.getClientAddress(), "host", "?"))
         request.setHeader(b"www-authenticate", b'Bearer realm="bus"')
         return _Unauthorized()  # type: ignore[no-untyped-call]
 

@@ -19,7 +19,7 @@ from typing import Any
 from twisted.logger import Logger
 from twisted.web import http
 
-from bus.droplog import RateLimit
+from bus.droplog import RefusalCounter
 
 log = Logger(namespace="bus.webchannel")
 
@@ -31,25 +31,44 @@ MAX_HEADERS = 100
 MAX_HEADER_BYTES = 16 * 1024
 #: Seconds a connection may stay open without a request in progress.
 IDLE_TIMEOUT = 60
+#: Most connections open at once (the console's event streams are at most 200 of them),
+#: and from one address; one more is closed as soon as it is accepted.
+MAX_CONNECTIONS = 512
+MAX_CONNECTIONS_PER_ADDRESS = 64
 
 
-class RefusalCounts:
-    """Requests refused at their headers, by reason, logged at most every 10 s."""
+class RefusalCounts(RefusalCounter):
+    """Requests refused at their headers, and connections beyond :data:`MAX_CONNECTIONS`
+    (``connections``), by reason, logged at most every 10 s."""
 
     def __init__(self, clock: Any) -> None:
-        self.counts: Counter[str] = Counter()
-        self._limit = RateLimit(clock, 10.0)
+        super().__init__(
+            log,
+            "refused {count} HTTP request(s) or connection(s) ({reason}); latest from {client}",
+            clock,
+        )
+        #: Connections open now, in all and by peer address (see :data:`MAX_CONNECTIONS`).
+        self.open = 0
+        self.open_by_address: Counter[str] = Counter()
 
     def refused(self, reason: str, client: str) -> None:
-        self.counts[reason] += 1
-        count = self._limit.due(reason)
-        if count is not None:
-            log.warn(
-                "refused {count} HTTP request(s) at their headers ({reason}); latest from {client}",
-                count=count,
-                reason=reason,
-                client=client,
-            )
+        self.refuse(reason, client=client)
+
+    def admits(self, address: str) -> bool:
+        """Whether one more connection from ``address`` may open (counted if not)."""
+        if self.open >= MAX_CONNECTIONS:
+            self.refused("connections", address)
+            return False
+        if self.open_by_address[address] >= MAX_CONNECTIONS_PER_ADDRESS:
+            self.refused("connections-per-address", address)
+            return False
+        return True
+
+    def opened(self, address: str, change: int) -> None:
+        self.open += change
+        self.open_by_address[address] += change
+        if self.open_by_address[address] <= 0:
+            del self.open_by_address[address]
 
 
 class HeadersFirstChannel(http.HTTPChannel):
@@ -59,6 +78,14 @@ class HeadersFirstChannel(http.HTTPChannel):
 
     maxHeaders = MAX_HEADERS
     totalHeadersSize = MAX_HEADER_BYTES
+
+    def connectionMade(self) -> None:
+        _opened(self, +1)
+        super().connectionMade()  # type: ignore[no-untyped-call]
+
+    def connectionLost(self, reason: Any = None) -> None:
+        _opened(self, -1)
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]
 
     def allHeadersReceived(self) -> None:
         method = getattr(self, "_command", b"")
@@ -101,3 +128,10 @@ class HeadersFirstChannel(http.HTTPChannel):
 
 def _ignore(*_: Any) -> None:
     pass
+
+
+def _opened(channel: HeadersFirstChannel, change: int) -> None:
+    refusals = getattr(getattr(channel, "site", None), "header_refusals", None)
+    if isinstance(refusals, RefusalCounts):
+        transport: Any = channel.transport
+        refusals.opened(str(getattr(transport.getPeer(), "host", "?")), change)

@@ -154,7 +154,7 @@ def test_a_body_is_refused_at_its_headers_and_nothing_is_spooled(product: Produc
     status = json.loads(product.get("/status")[1])
     counted = status["services"]["http"]["refused_at_headers"]
     assert counted["body"] >= 7
-    assert "refused" in product.output() and "at their headers" in product.output()
+    assert "HTTP request(s) or connection(s) (body)" in product.output()
 
 
 def test_methods_not_served_and_oversized_headers(product: Product) -> None:
@@ -213,3 +213,34 @@ def test_fuzzed_request_heads_get_an_answer_and_never_stop_the_port(
         assert answer.split()[1] in (b"400", b"405", b"413")
     assert product.spooled_files() == []
     assert product.get("/status")[0] == 200
+
+
+def test_connections_from_one_address_are_bounded(product: Product) -> None:
+    """A flood of idle connections from one address keeps 64 of them (the rest closed as
+    accepted) and the port serves others; all given back once the flood leaves."""
+    held = []
+    try:
+        for _ in range(150):
+            sock = socket.socket()
+            sock.bind(("127.0.0.2", 0))
+            sock.settimeout(5)
+            sock.connect(("127.0.0.1", product.http_port))
+            held.append(sock)
+
+        def closed(sock: socket.socket) -> bool:
+            sock.settimeout(0.05)
+            try:
+                return sock.recv(1) == b""
+            except TimeoutError:
+                return False
+            except OSError:
+                return True
+
+        wait_for(lambda: sum(map(closed, held)) >= 150 - 64, timeout=30, what="the excess closed")
+        assert sum(not closed(sock) for sock in held) <= 64
+        assert product.get("/status")[0] == 200  # another address is served meanwhile
+        status = json.loads(product.get("/status")[1])["services"]["http"]
+        assert status["refused_at_headers"]["connections-per-address"] >= 150 - 64
+    finally:
+        for sock in held:
+            sock.close()

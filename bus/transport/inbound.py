@@ -32,7 +32,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.droplog import RateLimit
+from bus.droplog import RefusalCounter
 from bus.transport.fdbudget import DescriptorBudget, descriptor_limit
 
 log = Logger(namespace="bus.transport.inbound")
@@ -95,9 +95,13 @@ class InboundPolicy:
         self.budget = DescriptorBudget(INBOUND_SHARE, per_socket=1, limit=limit)
         self.per_port = per_port or max(1, self.budget.capacity // 2)
         self.per_address = per_address or max(64, self.per_port // 4)
-        self.refused: Counter[str] = Counter()
         self.guards: list[InboundGuard] = []
-        self._limit = RateLimit(_monotonic, 10.0)
+        self.refusals = RefusalCounter(
+            log,
+            "closed {count} inbound connection(s) beyond the {what} limit; latest on {port} "
+            "from {address}",
+            _monotonic,
+        )
         self._audited = -1.0
 
     def guard(self, name: str) -> InboundGuard:
@@ -111,22 +115,17 @@ class InboundPolicy:
             self.guards.remove(guard)
 
     def refuse(self, guard: InboundGuard, reason: str, address: str) -> None:
-        self.refused[reason] += 1
         guard.refused[reason] += 1
-        count = self._limit.due(reason)
-        if count is not None:
-            log.warn(
-                "closed {count} inbound connection(s) beyond the {what} limit; latest on "
-                "{port} from {address}",
-                count=count,
-                what={
-                    "port": f"per-port ({self.per_port})",
-                    "address": f"per-address ({self.per_address})",
-                    "descriptors": f"inbound descriptor ({self.budget.capacity})",
-                }[reason],
-                port=guard.name,
-                address=address,
-            )
+        what = {
+            "port": f"per-port ({self.per_port})",
+            "address": f"per-address ({self.per_address})",
+            "descriptors": f"inbound descriptor ({self.budget.capacity})",
+        }[reason]
+        self.refusals.refuse(reason, what=what, port=guard.name, address=address)
+
+    @property
+    def refused(self) -> Counter[str]:
+        return self.refusals.counts
 
     def may_audit(self) -> bool:
         """Whether a refusal may look again (:meth:`audit`): once a second at most."""
