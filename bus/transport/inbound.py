@@ -176,6 +176,14 @@ class InboundGuard:
     def held(self) -> int:
         return len(self._peers)
 
+    def holds(self, fd: int) -> bool:
+        """Whether ``fd`` is a connection this port let in and holds."""
+        return fd in self._peers
+
+    def by_address(self) -> dict[str, int]:
+        """Connections held, by peer address."""
+        return dict(self._by_address)
+
     def accepted(self, fd: int) -> None:
         """The monitor reported ``fd`` accepted: keep it, or shut it down and count why."""
         if fd in self._peers:  # reused before its DISCONNECTED was read: counted anew
