@@ -24,6 +24,7 @@ from twisted.web import resource, server
 from bus.console.api import OPEN_SEGMENTS, Console, folder, put
 from bus.console.tail import Source
 from bus.console.view import Named, read_status
+from bus.contract import Measured
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
 from bus.webchannel import IDLE_TIMEOUT, HeadersFirstChannel, RefusalCounts
@@ -59,9 +60,8 @@ def service_metrics(services: Named) -> list[Any]:
         )
     ]
     for _name, service in services:
-        metrics = getattr(service, "metrics", None)
-        if metrics is not None and service.running:
-            families.extend(metrics())
+        if isinstance(service, Measured) and service.running:
+            families.extend(service.metrics())
     return families
 
 

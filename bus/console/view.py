@@ -17,6 +17,8 @@ from typing import Any
 
 from twisted.application.service import Service
 
+from bus.contract import Charted, Detailed, Reports
+
 #: The most entries of one list or mapping a console is sent.
 LIMIT = 50
 
@@ -63,7 +65,8 @@ def counters(service: Service, status: Mapping[str, Any]) -> dict[str, float]:
     """The cumulative counts a service's charts are drawn from, and ``dropped`` (the sum of
     its drops by reason) for every service that counts drops."""
     found: dict[str, float] = {}
-    for label, path in (getattr(service, "console_rates", None) or {}).items():
+    rates = service.console_rates if isinstance(service, Charted) else {}
+    for label, path in rates.items():
         value = lookup(status, path)
         if value is not None:
             found[label] = value
@@ -73,18 +76,18 @@ def counters(service: Service, status: Mapping[str, Any]) -> dict[str, float]:
     return found
 
 
-def read_status(service: Service, parts: Sequence[str] = ("status",)) -> tuple[dict[str, Any], str]:
-    """What a running service's methods named in ``parts`` (``status``, ``details``)
-    return, merged, and the repr of the error one raised ("" if none): a status bug must
-    not take a page down. Empty for a stopped service."""
+def read_status(service: Service, details: bool = False) -> tuple[dict[str, Any], str]:
+    """What a running service's ``status()`` (and with ``details``, its ``details()``)
+    return, merged (see :mod:`bus.contract`), and the repr of the error one raised (""
+    if none): a status bug must not take a page down. Empty for a stopped service."""
     found: dict[str, Any] = {}
     if not service.running:
         return found, ""
     try:
-        for part in parts:
-            method = getattr(service, part, None)
-            if method is not None:
-                found.update(method())
+        if isinstance(service, Reports):
+            found.update(service.status())
+        if details and isinstance(service, Detailed):
+            found.update(service.details())
     except Exception as error:
         return found, repr(error)
     return found, ""
@@ -93,7 +96,7 @@ def read_status(service: Service, parts: Sequence[str] = ("status",)) -> tuple[d
 def describe(name: str, service: Service) -> tuple[dict[str, Any], dict[str, float]]:
     """One service as the console shows it, and its counters."""
     entry: dict[str, Any] = {"name": name, "running": bool(service.running)}
-    status, error = read_status(service, ("status", "details"))
+    status, error = read_status(service, details=True)
     if error:
         entry["status_error"] = error
     status.pop("config", None)  # the same every second; /status has it
