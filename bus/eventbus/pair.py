@@ -30,9 +30,9 @@ from bus.droplog import DropCounter, RateLimit
 from bus.eventbus import codec, pair_codec
 from bus.eventbus.codec import EventBusError, EventFields
 from bus.eventbus.config import PairConfig
+from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair_codec import Ack, Events, Forward, Join, PairError, PeerState, Rewind
 from bus.eventbus.pair_core import Change, PairCore
-from bus.eventbus.store import EventStore
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
 from bus.sqlitewal import StorageError
@@ -58,7 +58,7 @@ ALONE_REMINDER = 10.0
 class PairHost(Protocol):
     """What the pair needs of the Event BUS service."""
 
-    store: EventStore
+    store: PairLog
 
     @property
     def released(self) -> int: ...
@@ -417,11 +417,11 @@ class Pair:
         store = self.host.store
         last = store.last_sequence
         while self.position < last and self.position - self.acked < MAX_IN_FLIGHT:
-            events = store.read(self.position, last, limit=CATCHUP_CHUNK)
+            events = store.read_rows(self.position, last, limit=CATCHUP_CHUNK)
             if events:
-                upto = events[-1].sequence if len(events) == CATCHUP_CHUNK else last
-                rows = [(e.sequence, (e.topic, e.producer, e.timestamp, e.uuid, e.data))
-                        for e in events]  # fmt: skip
+                upto = events[-1][0] if len(events) == CATCHUP_CHUNK else last
+                rows = [(seq, (topic, producer, timestamp, uuid, data))
+                        for seq, topic, producer, timestamp, uuid, data in events]  # fmt: skip
             else:
                 upto, rows = last, []  # only sequences stepped over remain
             if not self._send(pair_codec.events_frames(self.position, upto, rows)):
@@ -564,7 +564,7 @@ class Pair:
                 else:
                     store.adopt_store_id(rewind.store_id)
                 store = self.host.store
-            tail = store.read(rewind.common, limit=MAX_ORPHANS)
+            tail = store.read_rows(rewind.common, limit=MAX_ORPHANS)
             dropped = store.truncate_after(rewind.common)
             store.set_meta("ha_term", str(rewind.term))
         except StorageError as error:
@@ -580,7 +580,7 @@ class Pair:
                 count=dropped,
                 common=rewind.common,
             )
-            orphans = [(e.topic, e.producer, e.timestamp, e.uuid, e.data) for e in tail]
+            orphans = [row[1:] for row in tail]
             if self._orphans is not None and self._orphans[0] >= rewind.common:
                 orphans = self._orphans[1] + orphans  # an earlier rejoin's, not yet handed
             self._orphans = (rewind.common, orphans[:MAX_ORPHANS])

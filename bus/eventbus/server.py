@@ -38,6 +38,7 @@ from bus.errors import StartupError
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
+from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.pair_core import Change
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
@@ -80,7 +81,7 @@ class EventBusService(Service):
         self.config = config
         self.reactor: Any = reactor_of(reactor)
         self.clock = clock
-        self.store: EventStore
+        self.store: PairLog
         self.snapshot_socket: ZmqSocket | None = None
         self.publisher_socket: ZmqSocket | None = None
         self.collector_socket: ZmqSocket | None = None

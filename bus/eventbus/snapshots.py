@@ -52,7 +52,7 @@ from bus.memory import MemoryRelease
 from bus.transport.zmqsocket import PeerUnreachable
 
 if TYPE_CHECKING:
-    from bus.eventbus.store import EventStore
+    from bus.eventbus.eventlog import EventLog
     from bus.transport.zmqsocket import ZmqSocket
 
 log = Logger(namespace="bus.eventbus.snapshots")
@@ -141,7 +141,7 @@ class SnapshotStream:
         """Messages read and encoded but not yet handed to ZeroMQ."""
         return len(self._pending)
 
-    def _refill(self, store: EventStore, chunk: int, syncend_current: bool) -> None:
+    def _refill(self, store: EventLog, chunk: int, syncend_current: bool) -> None:
         self.chunk = chunk = min(self.chunk * 2, chunk) if self.chunk else chunk
         rows = store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
         identity, encoding = self.identity, self.encoding
@@ -158,7 +158,7 @@ class SnapshotStream:
     def pump(
         self,
         sock: ZmqSocket,
-        store: EventStore,
+        store: EventLog,
         budget: int,
         chunk: int,
         syncend_current: bool,
@@ -228,7 +228,7 @@ class SnapshotScheduler:
     def __init__(
         self,
         reactor: Any,
-        store: EventStore,
+        store: EventLog,
         config: EventBusConfig,
         socket: Callable[[], ZmqSocket | None],
         released: Callable[[], int] | None = None,

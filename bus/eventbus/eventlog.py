@@ -1,0 +1,106 @@
+"""What the Event BUS needs of its durable log, as typed protocols.
+
+:class:`EventLog` is what a server alone needs: append a batch and learn its sequences,
+read a range under subtree filters, the last sequence, the store id clients check,
+retention, close. :class:`bus.eventbus.store.EventStore` (SQLite, one machine) keeps it
+today; a replicated log (a JetStream stream) keeps it next, behind the same core.
+:class:`PairLog` adds what the Binary Star pair needs to copy one log into another,
+which only the SQLite log does. mypy checks ``EventStore`` against both (bottom).
+
+Rows are ``(sequence, topic, producer, timestamp, uuid, data)``; fields are
+``(topic, producer, timestamp, uuid, data)``, as :mod:`bus.eventbus.codec` names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from bus.eventbus.codec import EventFields
+
+#: One stored event as the log reads it.
+Row = tuple[int, bytes, bytes, bytes, bytes, bytes]
+
+
+class EventLog(Protocol):
+    """A durable, gapless sequence of events. A write that fails raises
+    :class:`bus.errors.StorageError` and leaves the log as it was."""
+
+    #: Where it is (for the operator's lines); a replicated log names its stream.
+    path: Path
+
+    @property
+    def store_id(self) -> str:
+        """Names this log: a log made again is another log (clients and the Spark bridge
+        start over when it changes)."""
+        ...
+
+    @property
+    def last_sequence(self) -> int:
+        """The highest sequence ever committed (kept through restarts and retention)."""
+        ...
+
+    def append_fields(self, fields: Sequence[EventFields], received: float) -> int:
+        """Commit ``fields`` under consecutive new sequences, all or none; return the
+        first sequence (the next one when ``fields`` is empty)."""
+        ...
+
+    def read_rows(
+        self,
+        after: int,
+        upto: int | None = None,
+        prefixes: Iterable[bytes] = (),
+        limit: int = 1000,
+    ) -> list[Row]:
+        """Events with ``after < sequence <= upto`` whose topic starts with one of
+        ``prefixes`` (every topic when empty), in order, at most ``limit``."""
+        ...
+
+    def first_sequence(self) -> int | None: ...
+
+    def count(self) -> int: ...
+
+    def size(self) -> int:
+        """Bytes the log takes where it is kept."""
+        ...
+
+    # Retention, a step at a time (the service spreads them over reactor turns).
+    def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int: ...
+
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int: ...
+
+    def compact_step(self, chunk: int = 5000) -> tuple[int, bool]: ...
+
+    def checkpoint(self) -> tuple[int, int]: ...
+
+    def close(self, checkpoint_running: bool = False) -> None: ...
+
+
+class PairLog(EventLog, Protocol):
+    """What the Binary Star pair adds: copying the active's log into the passive's."""
+
+    directory: Path
+
+    def append_at(self, events: Sequence[tuple[int, EventFields]], received: float) -> None: ...
+
+    def truncate_after(self, sequence: int) -> int: ...
+
+    def skip_to(self, sequence: int) -> None: ...
+
+    def adopt_store_id(self, store_id: str) -> None: ...
+
+    def ids_present(self, after: int, ids: Iterable[bytes]) -> set[bytes]: ...
+
+    def event_ids(self, sequences: Iterable[int]) -> dict[int, bytes]: ...
+
+    def meta(self, key: str) -> str | None: ...
+
+    def set_meta(self, key: str, value: str) -> None: ...
+
+
+if TYPE_CHECKING:  # the SQLite log keeps both
+    from bus.eventbus.store import EventStore
+
+    def _pair_log(store: EventStore) -> PairLog:
+        return store
