@@ -26,3 +26,15 @@ class StartupError(Exception):
         super().__init__(f"--{option}: {cause}")
         self.option = option
         self.cause = cause
+
+
+class StorageError(Exception):
+    """A store could not open or write: ``cause`` is the underlying error (SQLite's, the
+    filesystem's, a replicated log's).
+
+    The message is the cause's own (e.g. "database or disk is full"), so it reads well in
+    one log line; the failed call changed nothing."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause

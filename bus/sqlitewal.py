@@ -12,18 +12,9 @@ import sqlite3
 from pathlib import Path
 from typing import Literal
 
+from bus.errors import StorageError
+
 Durability = Literal["normal", "full"]
-
-
-class StorageError(Exception):
-    """The store could not open or write: ``cause`` is SQLite's (or the filesystem's) error.
-
-    The message is the cause's own (e.g. "database or disk is full"), so it reads well in
-    one log line; the failed call changed nothing."""
-
-    def __init__(self, cause: sqlite3.Error | OSError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
 
 
 def open_wal(path: Path, durability: Durability) -> sqlite3.Connection:

@@ -19,9 +19,94 @@ from bus.polling import ConditionTimeout, wait_until
 
 if TYPE_CHECKING:
     from bus.emqp.server import EmqpService
+    from bus.eventbus.eventlog import EventLog
     from bus.eventbus.server import EventBusService
 
-__all__ = ["ConditionTimeout", "RawPeer", "start_broker", "start_bus", "wait_until"]
+    def _event_log(log: MemoryEventLog) -> EventLog:
+        return log
+
+
+__all__ = [
+    "ConditionTimeout",
+    "MemoryEventLog",
+    "RawPeer",
+    "start_broker",
+    "start_bus",
+    "wait_until",
+]
+
+
+class MemoryEventLog:
+    """An Event BUS log in memory (:class:`bus.eventbus.eventlog.EventLog`), for tests of
+    the core (:class:`bus.eventbus.core.EventBusCore`) with no disk. Set :attr:`refusing`
+    to a reason and every append fails with :class:`bus.errors.StorageError`, changing
+    nothing, as a full disk does."""
+
+    def __init__(self, store_id: str = "memory") -> None:
+        self.path = Path(":memory:")
+        self.store_id = store_id
+        self.rows: list[tuple[int, bytes, bytes, bytes, bytes, bytes, float]] = []
+        self.last_sequence = 0
+        self.refusing: str | None = None
+        self.closed = False
+
+    def append_fields(self, fields: Any, received: float) -> int:
+        from bus.errors import StorageError
+
+        first = self.last_sequence + 1
+        if self.refusing is not None and fields:
+            raise StorageError(OSError(28, self.refusing))
+        for sequence, event in enumerate(fields, first):
+            self.rows.append((sequence, *event, received))
+        self.last_sequence = first + len(fields) - 1 if fields else self.last_sequence
+        return first
+
+    def read_rows(
+        self, after: int, upto: int | None = None, prefixes: Any = (), limit: int = 1000
+    ) -> list[tuple[int, bytes, bytes, bytes, bytes, bytes]]:
+        wanted = [p for p in prefixes if p]
+        found = []
+        for row in self.rows:
+            sequence, topic = row[0], row[1]
+            if sequence <= after or (upto is not None and sequence > upto):
+                continue
+            if wanted and not any(topic.startswith(p) for p in wanted):
+                continue
+            found.append(row[:6])
+            if len(found) >= limit:
+                break
+        return found
+
+    def first_sequence(self) -> int | None:
+        return self.rows[0][0] if self.rows else None
+
+    def count(self) -> int:
+        return len(self.rows)
+
+    def size(self) -> int:
+        return sum(len(row[5]) for row in self.rows)
+
+    def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
+        kept = [row for row in self.rows if row[6] >= cutoff]
+        expired, self.rows = len(self.rows) - len(kept), kept
+        return expired
+
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
+        extra = max(0, len(self.rows) - max_count)
+        del self.rows[:extra]
+        return extra
+
+    def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
+        latest = {row[1]: row[0] for row in self.rows}
+        kept = [row for row in self.rows if latest[row[1]] == row[0]]
+        removed, self.rows = len(self.rows) - len(kept), kept
+        return removed, True
+
+    def checkpoint(self) -> tuple[int, int]:
+        return 0, 0
+
+    def close(self, checkpoint_running: bool = False) -> None:
+        self.closed = True
 
 
 def start_bus(data_dir: Path | str, reactor: Any = None, **settings: Any) -> EventBusService:

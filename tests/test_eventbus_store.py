@@ -579,7 +579,7 @@ def limit_pages(store: EventStore, pages: int) -> None:
 
 
 def test_a_full_store_refuses_the_whole_batch_and_stays_consistent(tmp_path: Path) -> None:
-    from bus.sqlitewal import StorageError
+    from bus.errors import StorageError
 
     store = EventStore(tmp_path / "full")
     try:
@@ -610,7 +610,7 @@ def test_a_full_store_refuses_the_whole_batch_and_stays_consistent(tmp_path: Pat
 
 
 def test_opening_a_store_that_cannot_be_created_raises_storage_error(tmp_path: Path) -> None:
-    from bus.sqlitewal import StorageError
+    from bus.errors import StorageError
 
     directory = tmp_path / "not-a-db"
     directory.mkdir()

@@ -27,12 +27,11 @@ from bus.droplog import RateLimit
 from bus.emqp.config import EmqpConfig
 from bus.emqp.core import EVERY_QUEUE, Broker, Queues
 from bus.emqp.store import JobStore
-from bus.errors import StartupError
+from bus.errors import StartupError, StorageError
 from bus.files import write_status_json
 from bus.memory import MemoryRelease
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
-from bus.sqlitewal import StorageError
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import (

@@ -27,6 +27,7 @@ import zmq
 from twisted.logger import Logger
 
 from bus.droplog import DropCounter, RateLimit
+from bus.errors import StorageError
 from bus.eventbus import codec, pair_codec
 from bus.eventbus.codec import EventBusError, EventFields
 from bus.eventbus.config import PairConfig
@@ -35,7 +36,6 @@ from bus.eventbus.pair_codec import Ack, Events, Forward, Join, PairError, PeerS
 from bus.eventbus.pair_core import Change, PairCore
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
-from bus.sqlitewal import StorageError
 from bus.transport.curve import make_curve_client
 from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket

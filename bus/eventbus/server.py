@@ -34,10 +34,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from bus.droplog import DropCounter, RateLimit
-from bus.errors import StartupError
+from bus.errors import StartupError, StorageError
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
+from bus.eventbus.core import EventBusCore
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.pair_core import Change
@@ -46,7 +47,6 @@ from bus.eventbus.store import DB_NAME, EventStore
 from bus.files import write_status_json
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
-from bus.sqlitewal import StorageError
 from bus.transport.curve import ClientCurve
 from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import (
@@ -87,11 +87,8 @@ class EventBusService(Service):
         self.collector_socket: ZmqSocket | None = None
         self.port = config.port
         self.endpoints: dict[str, str] = {}
-        self.drops = DropCounter(log, "message", clock)
-        self.accepted = 0
-        self.bytes_accepted = 0
-        self.local_accepted = 0
-        self._local: list[codec.EventFields] = []
+        #: The rules (sans I/O): made at start, with the log it stores into.
+        self.core: EventBusCore
         self._local_flush: DelayedCall | None = None
         self.snapshots: SnapshotScheduler
         self.max_lag = 0.0
@@ -105,24 +102,14 @@ class EventBusService(Service):
         #: Where the product serves ``/status`` (``host:port``), if it does: recorded in
         #: status.json, so that ``eventbus-cli status --data-dir`` finds this process.
         self.status_address: Callable[[], str | None] = lambda: None
-        #: Events that arrived while the store could not write them, each counted once
-        #: however many retries it took (they are stored and broadcast once it can).
-        self.refused_storage = 0
-        #: Store operations that failed: appends (each attempt), checkpoints, retention
-        #: steps, the final checkpoint at close.
-        self.storage_errors = 0
-        #: Why the store last failed, until a write succeeds again.
-        self.storage_error: str | None = None
-        self._waiting: list[codec.EventFields] = []
-        self._blocked_since = 0.0
+        #: Store operations that failed besides appends (the core counts those):
+        #: checkpoints, retention steps, the final checkpoint at close.
+        self._other_storage_errors = 0
         self._retry: DelayedCall | None = None
         self._retry_delay = config.storage_retry_min
         self._faults = RateLimit(clock)
         #: Half of a primary/backup pair (None: a server alone).
         self.pair: Pair | None = None
-        #: The highest sequence clients may see (broadcast, in snapshots, in heartbeats):
-        #: in a pair with sync replication, only what the passive has stored.
-        self.released = 0
         #: CURVE on the three ports and the pair link (``--server-cert``), and what each
         #: client key may publish and receive (``--client-certs``, :mod:`bus.eventbus.rights`).
         self.curve = ServerCurve("eventbus", config.curve, clock, policy=self._may_connect)
@@ -135,7 +122,6 @@ class EventBusService(Service):
         #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
         self.narrowed_subscriptions = 0
         self.narrowed_snapshots = 0
-        self._unreleased: deque[tuple[int, list[codec.EventFields]]] = deque()
         #: Told every batch broadcast (see :meth:`watch`).
         self._watchers: list[Watcher] = []
         #: SYNCSTARTs that reached a server that is not active: answered if it takes over.
@@ -153,7 +139,13 @@ class EventBusService(Service):
             )
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
-        self.released = self.store.last_sequence
+        self.core = EventBusCore(
+            self.store,
+            max_data_bytes=config.max_data_bytes,
+            clock=self.clock,
+            logger=log,
+            local_limit=config.collector_hwm,
+        )
         self.snapshots = SnapshotScheduler(
             self.reactor,
             self.store,
@@ -165,7 +157,7 @@ class EventBusService(Service):
             self.curve.load()
             self._factory = SocketFactory(self.reactor)
             self.curve.start(self._factory, self._periodic)
-            self._publish_rights = self.curve.uses("publish")
+            self._rights_changed()
             self._bind_all()
             if config.pair is not None:
                 self._start_pair()
@@ -216,6 +208,7 @@ class EventBusService(Service):
             clock=self.clock,
             curve=self.curve,
         )
+        self.core.pair = self.pair
         try:
             self.pair.start()
         except zmq.ZMQError as error:
@@ -380,17 +373,18 @@ class EventBusService(Service):
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
-        if self._waiting:
+        core = self.core
+        if core.waiting:
             self._store_waiting()  # one last attempt, no more
-        if not self._waiting:
+        if not core.waiting:
             self._drain_collector()
             self._flush_local()
-        if self._waiting:
+        if core.waiting:
             log.error(
                 "stopping with {count} received events not stored ({error}): they were "
                 "never broadcast",
-                count=len(self._waiting),
-                error=self.storage_error,
+                count=len(core.waiting),
+                error=core.storage_error,
             )
         if self.pair is not None:
             self.pair.stop()
@@ -413,7 +407,7 @@ class EventBusService(Service):
                 )
             self.store.close(checkpoint_running=not checkpoint_finished)
         except StorageError as error:
-            self.storage_errors += 1
+            self._other_storage_errors += 1
             log.error(
                 "event log {path} closed without its final checkpoint ({error}): the WAL "
                 "keeps every stored event and the next start reads it",
@@ -435,26 +429,15 @@ class EventBusService(Service):
             return
         # Read as the socket reads (each PUB's key with it, for its rights); once the store
         # refuses a batch, reading more would only pile it up in memory.
-        sock.drain(limit, lambda: not self._waiting)
+        sock.drain(limit, lambda: not self.core.waiting)
 
     # -- the collector: PUB in, store, BROADCAST out ------------------------------------------
 
     def _on_collected(self, batch: list[list[bytes]]) -> None:
-        if self._publish_rights:
-            batch = self._permitted(batch)
-        parse = codec.parse_pub_fields
-        max_data = self.config.max_data_bytes
-        accepted: list[codec.EventFields] = []
-        for frames in batch:
-            body = frames[1:]
-            if len(body) == 7 and not body[0]:
-                body = body[1:]  # a REQ-style empty delimiter
-            try:
-                accepted.append(parse(body, max_data))
-            except EventBusError as error:
-                self.drops.drop(error.reason, str(error), frames[0])
-        if accepted:
-            self._accept(accepted)
+        sock = self.collector_socket
+        user_ids = sock.peer_user_ids if self._publish_rights and sock is not None else None
+        self.core.collect(batch, user_ids)
+        self._carry_out()
 
     def _rights_changed(self) -> None:
         """The allow-list was re-read: check PUBs against subtrees if a certificate names
@@ -462,102 +445,39 @@ class EventBusService(Service):
         self._publish_rights = self.curve.uses("publish")
         if self.collector_socket is not None:
             self.collector_socket.keep_user_ids = self._publish_rights
+        core = getattr(self, "core", None)
+        if core is not None:
+            core.publish_rights = self._publish_of if self._publish_rights else None
 
-    def _permitted(self, batch: list[list[bytes]]) -> list[list[bytes]]:
-        """The PUBs of ``batch`` whose keys may publish their topics; the others dropped
-        and counted (the spec gives the collector no answer to tell the publisher). A PUB
-        whose key is not known is not let through."""
-        sock = self.collector_socket
-        user_ids = sock.peer_user_ids if sock is not None else []
-        permitted = []
-        for index, frames in enumerate(batch):
-            user_id = user_ids[index] if index < len(user_ids) else ""
-            if not user_id:
-                self.drops.drop("forbidden-topic", "a PUB without a key", frames[0])
-                continue
-            allowed = self.curve.rights(user_id, rights.publish_subtrees)
-            if allowed is not None:
-                body = frames[1:]
-                topic = body[1] if len(body) == 7 and not body[0] else body[0] if body else b""
-                if not rights.may_publish(topic, allowed):
-                    self.drops.drop(
-                        "forbidden-topic",
-                        f"key {user_id} may not publish {topic[:80]!r}",
-                        frames[0],
-                    )
-                    continue
-            permitted.append(frames)
-        return permitted
+    def _publish_of(self, user_id: str) -> rights.Subtrees:
+        return self.curve.rights(user_id, rights.publish_subtrees)
 
     def _accept(self, accepted: list[codec.EventFields]) -> None:
-        """Store then broadcast; when the store refuses, the events wait (in order) and
-        the collector pauses until they are stored."""
-        pair = self.pair
-        if pair is not None and not pair.stores():
-            pair.forward(accepted)  # to the active, or held for whoever becomes it
-            return
-        if self._waiting:
-            # Read before the pause took effect: behind the refused ones, in order.
-            self._waiting.extend(accepted)
-            self.refused_storage += len(accepted)
-            return
-        try:
-            self._store_and_broadcast(accepted)
-        except StorageError as error:
-            self._waiting = accepted
-            self.refused_storage += len(accepted)
-            self._blocked_since = self.clock()
+        self.core.accept(accepted)
+        self._carry_out()
+
+    def _carry_out(self) -> None:
+        """Do what the core decided: broadcast what clients may see, in order; pause the
+        collector (and retry later) while the log refuses."""
+        core = self.core
+        if core.broadcasts:
+            pub = self.publisher_socket
+            encoding = self.config.sequence_encoding
+            for batch in core.take_broadcasts():
+                if pub is not None:
+                    pub.send_many(codec.broadcast_messages(batch.first, batch.fields, encoding))
+                if self._watchers:
+                    self._tell_watchers(batch.first, batch.fields)
+        if core.waiting and self._retry is None:
             if self.collector_socket is not None:
                 self.collector_socket.pause_reading()
-            self._storage_failed(error)
-
-    def _store_and_broadcast(self, fields: list[codec.EventFields]) -> None:
-        # Committed before anything is broadcast: a subscriber never sees an event
-        # that a crash could take back. A StorageError leaves the store unchanged.
-        first = self.store.append_fields(fields, self.clock())
-        self.accepted += len(fields)
-        self.bytes_accepted += sum(len(event[4]) for event in fields)
-        pair = self.pair
-        if pair is None:
-            self.released = first + len(fields) - 1
-            pub = self.publisher_socket
-            if pub is not None:
-                pub.send_many(
-                    codec.broadcast_messages(first, fields, self.config.sequence_encoding)
-                )
-            if self._watchers:
-                self._tell_watchers(first, fields)
-            return
-        # In a pair the passive gets the batch first; it is released once it may be.
-        pair.appended(first, fields)
-        self._unreleased.append((first, fields))
-        self.release()
+            self._storage_failed()
 
     def release(self) -> None:
         """Broadcast what the pair allows now (everything, alone or unpaired; what the
         passive acknowledged, paired with sync replication)."""
-        pair = self.pair
-        unreleased = self._unreleased
-        if pair is None or not unreleased:
-            return
-        limit = pair.release_limit()
-        pub = self.publisher_socket
-        encoding = self.config.sequence_encoding
-        while unreleased:
-            first, fields = unreleased[0]
-            count = min(len(fields), limit - first + 1)
-            if count <= 0:
-                break
-            if count < len(fields):
-                unreleased[0] = (first + count, fields[count:])
-                fields = fields[:count]
-            else:
-                unreleased.popleft()
-            if pub is not None:
-                pub.send_many(codec.broadcast_messages(first, fields, encoding))
-            if self._watchers:
-                self._tell_watchers(first, fields)
-            self.released = first + count - 1
+        self.core.release()
+        self._carry_out()
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call ``watcher(first_sequence, fields)`` with every batch as it is broadcast
@@ -583,9 +503,7 @@ class EventBusService(Service):
     def pair_changed(self, change: Change) -> None:
         """Serve, or stop serving, as the pair's state changed."""
         if change.new == "active":
-            if change.old != "doubt":
-                self._unreleased.clear()
-                self.released = self.store.last_sequence
+            self.core.became_active(from_doubt=change.old == "doubt")
             self._heartbeat()
             assert self.pair is not None
             held = self.pair.take_held()
@@ -600,7 +518,7 @@ class EventBusService(Service):
         elif change.new == "passive":
             # What was stored but not released may be dropped when rejoining; streams
             # in progress end (their clients ask the active).
-            self._unreleased.clear()
+            self.core.became_passive()
             self.snapshots.abandon_all()
 
     def accept_forwarded(self, fields: list[codec.EventFields]) -> None:
@@ -611,7 +529,7 @@ class EventBusService(Service):
             self.collector_socket.pause_reading()
 
     def resume_collector(self) -> None:
-        if self.collector_socket is not None and not self._waiting:
+        if self.collector_socket is not None and not self.core.waiting:
             self.collector_socket.resume_reading()
 
     def replace_store(self, store_id: str) -> None:
@@ -639,26 +557,20 @@ class EventBusService(Service):
         )
         self.store.adopt_store_id(store_id)
         self.snapshots.store = self.store
+        self.core.log_replaced(self.store)
 
     # -- when the store cannot write ---------------------------------------------------------
 
-    @property
-    def collector_paused(self) -> bool:
-        """True while refused events wait for the store (the collector is not read)."""
-        return bool(self._waiting)
-
-    def _storage_failed(self, error: StorageError) -> None:
+    def _storage_failed(self) -> None:
         """A refused batch waits: say so (rate-limited) and retry it later."""
-        self.storage_errors += 1
-        self.storage_error = str(error)
         failures = self._faults.due("append")
         if failures is not None:
             log.error(
                 "event log {path} cannot write ({error}): collector paused, {waiting} events "
                 "waiting; retrying ({failures} failed attempts since the last report)",
                 path=str(self.store.path),
-                error=str(error),
-                waiting=len(self._waiting),
+                error=self.core.storage_error,
+                waiting=len(self.core.waiting),
                 failures=failures,
             )
         if self.running:
@@ -672,28 +584,26 @@ class EventBusService(Service):
 
     def _store_waiting(self) -> bool:
         """Try the waiting events once more; True once they are stored and broadcast."""
-        waiting = self._waiting
-        try:
-            self._store_and_broadcast(waiting)
-        except StorageError as error:
-            self._storage_failed(error)
+        core = self.core
+        count = len(core.waiting)
+        if not core.retry_waiting():
+            self._carry_out()  # still refused: say so, and retry later
             return False
-        self._waiting = []
-        self.storage_error = None
         self._retry_delay = self.config.storage_retry_min
         self._faults.reset("append")
         log.info(
             "event log {path} writes again after {seconds:.1f}s: stored {count} waiting "
             "events; collector resumed",
             path=str(self.store.path),
-            seconds=self.clock() - self._blocked_since,
-            count=len(waiting),
+            seconds=self.clock() - core.blocked_since,
+            count=count,
         )
+        self._carry_out()
         return True
 
     def _storage_fault(self, what: str, error: StorageError) -> None:
         """A background store operation failed: counted, and reported rate-limited."""
-        self.storage_errors += 1
+        self._other_storage_errors += 1
         failures = self._faults.due(what)
         if failures is not None:
             log.warn(
@@ -721,22 +631,15 @@ class EventBusService(Service):
     def publish_local(self, fields: codec.EventFields) -> None:
         """Queue an event made in this process; the queue is stored and broadcast as one
         batch on the next reactor turn, like a batch read from the collector."""
-        if len(self._local) + len(self._waiting) >= self.config.collector_hwm:
-            # The store is refusing (or far behind): never hold more than the collector would.
-            self.drops.drop("local-overflow", "in-process activity queue full", b"local")
-            return
-        self._local.append(fields)
-        if self._local_flush is None:
+        if self.core.publish_local(fields) and self._local_flush is None:
             self._local_flush = self.reactor.callLater(0, self._flush_local)
 
     def _flush_local(self) -> None:
         if self._local_flush is not None and self._local_flush.active():
             self._local_flush.cancel()
         self._local_flush = None
-        batch, self._local = self._local, []
-        if batch:
-            self.local_accepted += len(batch)
-            self._accept(batch)
+        self.core.flush_local()
+        self._carry_out()
 
     # -- the snapshot port: SYNCSTART in, SYNC... SYNCEND out ------------------------------
 
@@ -779,6 +682,32 @@ class EventBusService(Service):
     @property
     def snapshots_aborted(self) -> int:
         return self.snapshots.aborted
+
+    # -- the core's state, as the service has always shown it ---------------------------------
+
+    @property
+    def drops(self) -> DropCounter:
+        return self.core.drops
+
+    @property
+    def released(self) -> int:
+        """The highest sequence clients may see (see :attr:`EventBusCore.released`)."""
+        return self.core.released
+
+    @property
+    def accepted(self) -> int:
+        return self.core.accepted
+
+    @property
+    def collector_paused(self) -> bool:
+        """True while refused events wait for the store (the collector is not read)."""
+        return self.core.collector_paused
+
+    @property
+    def storage_errors(self) -> int:
+        """Failed store operations: appends (each attempt), checkpoints, retention steps,
+        the final checkpoint at close."""
+        return self.core.append_failures + self._other_storage_errors
 
     # -- periodic work ---------------------------------------------------------------------
 
@@ -850,7 +779,7 @@ class EventBusService(Service):
 
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
-        snapshots = self.snapshots
+        snapshots, core = self.snapshots, self.core
         if self.pair is not None:
             self.pair.tick()
         return {
@@ -858,15 +787,15 @@ class EventBusService(Service):
             "sequence": self.store.last_sequence,
             "released": self.released,
             "ha": None if self.pair is None else self.pair.status(),
-            "accepted": self.accepted,
-            "accepted_bytes": self.bytes_accepted,
-            "accepted_local": self.local_accepted,
-            "dropped": dict(self.drops.counts),
+            "accepted": core.accepted,
+            "accepted_bytes": core.bytes_accepted,
+            "accepted_local": core.local_accepted,
+            "dropped": dict(core.drops.counts),
             "clients": self.connections(),
-            "refused_storage": self.refused_storage,
+            "refused_storage": core.refused_storage,
             "storage_errors": self.storage_errors,
-            "storage_error": self.storage_error,
-            "storage_waiting": len(self._waiting),
+            "storage_error": core.storage_error,
+            "storage_waiting": len(core.waiting),
             "collector_paused": self.collector_paused,
             "snapshots_served": snapshots.served,
             "snapshots_aborted": snapshots.aborted,
@@ -891,7 +820,7 @@ class EventBusService(Service):
 
     def metrics(self) -> list[Metric]:
         """Prometheus families of the counters above (see bus.statusweb)."""
-        store = self.store
+        store, core = self.store, self.core
         return [
             *self.curve.metrics(),
             gauge("eventbus_sequence", "Highest sequence in the event log", store.last_sequence),
@@ -899,12 +828,12 @@ class EventBusService(Service):
             counter(
                 "eventbus_event_bytes_accepted",
                 "Event data bytes stored and broadcast",
-                self.bytes_accepted,
+                core.bytes_accepted,
             ),
             counter(
                 "eventbus_events_local",
                 "Events published in-process by composed services",
-                self.local_accepted,
+                core.local_accepted,
             ),
             counters_by(
                 "eventbus_messages_dropped",
@@ -915,7 +844,7 @@ class EventBusService(Service):
             counter(
                 "eventbus_events_refused_storage",
                 "Events the store refused (full disk, I/O error); each waits and is stored later",
-                self.refused_storage,
+                core.refused_storage,
             ),
             counter(
                 "eventbus_storage_errors",

@@ -24,14 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bus.errors import StorageError
 from bus.eventbus.codec import Event, EventFields
-from bus.sqlitewal import (
-    Checkpointer,
-    Durability,
-    StorageError,
-    final_checkpoint,
-    open_wal,
-)
+from bus.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
 
 DB_NAME = "events.sqlite3"
 

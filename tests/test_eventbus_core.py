@@ -1,0 +1,189 @@
+"""The Event BUS's core (bus.eventbus.core) without sockets, a reactor or a disk: PUB
+batches in, rights, drops, store then broadcast, waiting while the log refuses, the pair's
+release, in-process events; a fake clock and an in-memory log (bus.testing)."""
+
+from __future__ import annotations
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+from twisted.logger import Logger
+
+from bus.eventbus import codec
+from bus.eventbus.codec import EventFields
+from bus.eventbus.core import EventBusCore
+from bus.testing import MemoryEventLog
+
+log = Logger(namespace="test.eventbus.core")
+UUID = b"0d5e8f1e-6a43-4a4f-9c5e-6f3f9d0a1b2c"
+
+
+def pub(topic: bytes, n: int, delimiter: bool = False) -> list[bytes]:
+    data = msgpack.packb({"n": n})
+    frames = codec.pub_frames(topic, b"p", b"2026-11-26T00:00:00Z", UUID, data)
+    return [b"peer", *([b""] if delimiter else []), *frames]
+
+
+def made(limit: int = 100) -> tuple[EventBusCore, MemoryEventLog, Clock]:
+    clock = Clock()
+    clock.advance(1_000)
+    memory = MemoryEventLog()
+    core = EventBusCore(
+        memory, max_data_bytes=1024, clock=clock.seconds, logger=log, local_limit=limit
+    )
+    return core, memory, clock
+
+
+def broadcast_sequences(core: EventBusCore) -> list[int]:
+    return [b.first + i for b in core.take_broadcasts() for i in range(len(b.fields))]
+
+
+def test_a_batch_is_stored_then_broadcast_and_bad_messages_are_counted() -> None:
+    core, memory, _ = made()
+    core.collect([pub(b"/a/", 1), [b"peer", b"junk"], pub(b"/b/", 2, delimiter=True)])
+    assert memory.last_sequence == 2 and [row[1] for row in memory.rows] == [b"/a/", b"/b/"]
+    [batch] = core.take_broadcasts()
+    assert batch.first == 1 and [f[0] for f in batch.fields] == [b"/a/", b"/b/"]
+    assert core.released == 2 and core.accepted == 2
+    assert sum(core.drops.counts.values()) == 1
+    assert core.take_broadcasts() == []  # taken once
+
+
+def test_rights_drop_what_a_key_may_not_publish_and_anything_without_a_key() -> None:
+    core, memory, _ = made()
+    core.publish_rights = lambda key: (b"/orders/",) if key == "K1" else None
+    core.collect(
+        [pub(b"/orders/1/", 1), pub(b"/admin/", 2), pub(b"/admin/", 3), pub(b"/x/", 4)],
+        ["K1", "K1", "K2", ""],
+    )
+    assert [row[1] for row in memory.rows] == [b"/orders/1/", b"/admin/"]
+    assert core.drops.counts["forbidden-topic"] == 2
+
+
+def test_a_refusing_log_holds_events_in_order_and_nothing_is_broadcast_early() -> None:
+    core, memory, clock = made()
+    core.collect([pub(b"/a/", 1)])
+    broadcast_sequences(core)
+    memory.refusing = "No space left on device"
+    core.collect([pub(b"/b/", 2), pub(b"/c/", 3)])
+    assert core.collector_paused and core.storage_error is not None
+    clock.advance(5)
+    core.collect([pub(b"/d/", 4)])  # read before the pause took effect: behind them
+    assert core.take_broadcasts() == [] and memory.last_sequence == 1
+    assert core.refused_storage == 3 and core.append_failures == 1
+    assert not core.retry_waiting() and core.append_failures == 2
+    memory.refusing = None
+    assert core.retry_waiting() and not core.collector_paused
+    assert core.storage_error is None and core.blocked_since == 1_000
+    assert broadcast_sequences(core) == [2, 3, 4]
+    assert [row[1] for row in memory.rows] == [b"/a/", b"/b/", b"/c/", b"/d/"]
+    assert core.refused_storage == 3  # each counted once, however many retries
+
+
+class FakePair:
+    """The pair as the core sees it: whether this server stores, and how far it may release."""
+
+    def __init__(self) -> None:
+        self.active = True
+        self.limit = 0
+        self.forwarded: list[EventFields] = []
+        self.passive_got: list[int] = []
+
+    def stores(self) -> bool:
+        return self.active
+
+    def forward(self, fields: list[EventFields]) -> None:
+        self.forwarded.extend(fields)
+
+    def appended(self, first: int, fields: list[EventFields]) -> None:
+        self.passive_got.extend(range(first, first + len(fields)))
+
+    def release_limit(self) -> int:
+        return self.limit
+
+
+def test_in_a_pair_a_batch_is_released_only_as_far_as_the_pair_allows() -> None:
+    core, memory, _ = made()
+    pair = FakePair()
+    core.pair = pair
+    core.collect([pub(b"/a/", n) for n in range(5)])
+    assert memory.last_sequence == 5 and pair.passive_got == [1, 2, 3, 4, 5]
+    assert core.take_broadcasts() == [] and core.released == 0
+    pair.limit = 3
+    core.release()
+    [batch] = core.take_broadcasts()
+    assert batch.first == 1 and batch.fields == [row[1:6] for row in memory.rows[:3]]
+    assert core.released == 3
+    pair.limit = 5
+    core.release()
+    assert broadcast_sequences(core) == [4, 5] and core.released == 5
+    # A passive forwards what it collects and stores nothing.
+    pair.active = False
+    core.collect([pub(b"/b/", 9)])
+    assert memory.last_sequence == 5 and [f[0] for f in pair.forwarded] == [b"/b/"]
+    # Stored unreleased, then active after a real failover: released from the log's end.
+    pair.active = True
+    core.collect([pub(b"/c/", 10)])
+    assert core.released == 5 and core.take_broadcasts() == []
+    core.became_active(from_doubt=False)
+    assert core.released == 6 and not core.unreleased
+    core.became_passive()
+    assert not core.unreleased
+
+
+def test_events_made_in_this_process_are_one_batch_and_bounded() -> None:
+    core, memory, _ = made(limit=3)
+    fields = (b"/emqp/x/", b"emqp", b"2026-11-26T00:00:00Z", UUID, msgpack.packb(1))
+    assert core.publish_local(fields) is True  # the first: a flush is due
+    assert core.publish_local(fields) is False and core.publish_local(fields) is False
+    assert core.publish_local(fields) is False and core.drops.counts["local-overflow"] == 1
+    core.flush_local()
+    assert memory.last_sequence == 3 and core.local_accepted == 3
+    assert broadcast_sequences(core) == [1, 2, 3]
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("batch"), st.integers(1, 5)),
+        st.tuples(st.just("refuse"), st.booleans()),
+        st.tuples(st.just("retry"), st.just(0)),
+        st.tuples(st.just("local"), st.integers(1, 3)),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(operations)
+def test_whatever_the_log_does_broadcasts_are_gapless_in_order_and_stored(
+    steps: list[tuple[str, object]],
+) -> None:
+    core, memory, _ = made(limit=1000)
+    seen: list[int] = []
+    sent = 0
+    for step, argument in steps:
+        if step == "batch":
+            core.collect([pub(b"/f/", sent + i) for i in range(int(str(argument)))])
+            sent += int(str(argument))
+        elif step == "refuse":
+            memory.refusing = "full" if argument else None
+        elif step == "retry":
+            core.retry_waiting()
+        else:
+            for _ in range(int(str(argument))):
+                core.publish_local((b"/l/", b"p", b"t", UUID, b"\xc0"))
+            core.flush_local()
+            sent += int(str(argument))
+        for sequence in broadcast_sequences(core):
+            # Never broadcast what is not stored; one sequence after another.
+            assert sequence <= memory.last_sequence
+            assert sequence == (seen[-1] + 1 if seen else 1)
+            seen.append(sequence)
+        assert core.collector_paused == bool(core.waiting)
+    memory.refusing = None
+    core.retry_waiting()
+    seen.extend(broadcast_sequences(core))
+    # Everything accepted is stored once and broadcast once, in order.
+    assert seen == list(range(1, sent + 1)) == [row[0] for row in memory.rows]
+    assert core.released == sent and not core.waiting
