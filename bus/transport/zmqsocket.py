@@ -158,7 +158,16 @@ class SocketFactory:
         if self._closed:
             return
         self._closed = True
-        for connection in list(self._factory.connections):
+        # Monitored sockets first: each stops its monitor before the monitor's reader
+        # closes. libzmq sends an event to a monitor with a blocking send, holding a lock
+        # that stopping the monitor takes: with the reader closed first, an event (a peer
+        # leaving) would block libzmq's I/O thread, and the stop after it, for good.
+        connections = list(self._factory.connections)
+        readers = [c for c in connections if getattr(c, "monitors", None) is not None]
+        for connection in connections:
+            if connection not in readers:
+                connection.shutdown()
+        for connection in readers:
             connection.shutdown()
         self._factory.shutdown()
 
@@ -191,6 +200,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self._listeners: list[Callable[[int], None]] = []
         #: The bounds on connections others open to this socket's TCP ports (bus.transport.inbound).
         self.inbound: InboundGuard | None = None
+        #: For a monitor's reader: the socket it monitors.
+        self.monitors: ZmqSocket | None = None
         self.messages_received = 0
         #: With ``SocketOptions.peer_addresses``: the batch being handed over's peer
         #: addresses, one per message (None where the transport has none).
@@ -299,6 +310,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             name=f"{self.name}-monitor",
             secure=False,
         )
+        self._monitor.monitors = self
         self._monitor.connect(address)
 
     def _on_monitor_events(self, batch: list[list[bytes]]) -> None:
@@ -548,10 +560,26 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             self.inbound = None
         monitor, self._monitor = self._monitor, None
         if monitor is not None:
+            # libzmq tells the monitor it stops with a blocking send: with the monitor's
+            # pipe full (1000 events nobody read, a flood of connections) that send would
+            # never return. Empty it first.
+            monitor.discard_pending()
             with contextlib.suppress(zmq.ZMQError):
                 self.socket.disable_monitor()
             monitor.shutdown()
         ZmqConnection.shutdown(self)
+
+    def discard_pending(self) -> int:
+        """Read and drop every message waiting on this socket; how many frames."""
+        sock, count = self.socket, 0
+        if sock is None:
+            return 0
+        while True:
+            try:
+                sock.recv(zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:
+                return count
+            count += 1
 
 
 def _peer_address(frame: zmq.Frame) -> str | None:
