@@ -51,6 +51,7 @@ class MemoryEventLog:
         self.closed = False
 
     def append_fields(self, fields: Any, received: float) -> int:
+        """Append under the next sequences; StorageError while :attr:`refusing`."""
         from bus.errors import StorageError
 
         first = self.last_sequence + 1
@@ -64,6 +65,7 @@ class MemoryEventLog:
     def read_rows(
         self, after: int, upto: int | None = None, prefixes: Any = (), limit: int = 1000
     ) -> list[tuple[int, bytes, bytes, bytes, bytes, bytes]]:
+        """Rows above ``after`` (up to ``upto``) under ``prefixes``, at most ``limit``."""
         wanted = [p for p in prefixes if p]
         found = []
         for row in self.rows:
@@ -78,34 +80,42 @@ class MemoryEventLog:
         return found
 
     def first_sequence(self) -> int | None:
+        """The lowest sequence held (None when empty)."""
         return self.rows[0][0] if self.rows else None
 
     def count(self) -> int:
+        """How many events are held."""
         return len(self.rows)
 
     def size(self) -> int:
+        """The data's bytes held."""
         return sum(len(row[5]) for row in self.rows)
 
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
+        """Remove events received before ``cutoff``; how many."""
         kept = [row for row in self.rows if row[6] >= cutoff]
         expired, self.rows = len(self.rows) - len(kept), kept
         return expired
 
     def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
+        """Keep the newest ``max_count``; how many were removed."""
         extra = max(0, len(self.rows) - max_count)
         del self.rows[:extra]
         return extra
 
     def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
+        """Keep the latest event per topic, in one step."""
         latest = {row[1]: row[0] for row in self.rows}
         kept = [row for row in self.rows if latest[row[1]] == row[0]]
         removed, self.rows = len(self.rows) - len(kept), kept
         return removed, True
 
     def checkpoint(self) -> tuple[int, int]:
+        """Nothing to do in memory."""
         return 0, 0
 
     def close(self, checkpoint_running: bool = False) -> None:
+        """Mark it closed."""
         self.closed = True
 
 

@@ -392,3 +392,26 @@ def test_schedule_changes_are_answered_only_after_their_commit(tmp_path: Path) -
     assert [(m, r["error"]) for m, r in h.client_results()] == [(late[3], "storage-error")]
     assert not h.broker.awaiting_commit
     store.close()
+
+
+def test_an_answer_behind_a_held_one_keeps_its_turn(tmp_path: Path) -> None:
+    """An admin's SCHEDULE then STATUS: the STATUS answer waits behind the SCHEDULE's
+    (answered once stored), and goes as it is if the store never takes the schedule."""
+    store = JobStore(tmp_path)
+    h = Harness(store)
+    add = codec.schedule("q", b'["a"]', b"", 60, None)
+    status = codec.message(codec.STATUS)
+    h.broker.on_admin_message(b"admin", add)
+    h.broker.on_admin_message(b"admin", status)
+    assert h.broker.to_admin == []
+    h.commit()
+    assert [m[6] for m in h.broker.to_admin] == [add[3], status[3]]
+    h.broker.to_admin.clear()
+    again = codec.schedule("q", b'["b"]', b"", 60, None)
+    h.broker.on_admin_message(b"admin", again)
+    h.broker.on_admin_message(b"admin", status)
+    assert h.broker.refuse_unstored("storage-error", "full") == 1
+    answers = [(m[6], json.loads(m[5])) for m in h.broker.to_admin]
+    assert answers[0] == (again[3], answers[0][1]) and answers[0][1]["error"] == "storage-error"
+    assert answers[1][0] == status[3] and "workers" in answers[1][1]
+    store.close()

@@ -74,10 +74,12 @@ class BrokerSettings:
 
 @dataclass(frozen=True, slots=True)
 class HeldAnswer:
-    """An answer waiting for the commit of what it tells of, and the outbox it goes to."""
+    """An answer waiting for the commit of what it tells of (``stored``), or behind one
+    that does (an admin's STATUS after its SCHEDULE), and the outbox it goes to."""
 
     outbox: list[Message]
     message: Message
+    stored: bool = True
 
 
 @dataclass(slots=True, eq=False)
@@ -392,9 +394,14 @@ class Broker:
     # -- schedules ---------------------------------------------------------------------------------
 
     def _answer(self, origin: bytes, msgid: bytes, value: Any, outbox: list[Message]) -> None:
-        """A 6-frame REPLY carrying ``value`` as JSON, answering the request ``msgid``."""
+        """A 6-frame REPLY carrying ``value`` as JSON, answering the request ``msgid``;
+        behind the answers of that outbox that wait for a commit, in order."""
         result = json.dumps(value, sort_keys=True).encode()
-        outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+        message = [origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid]
+        if any(held.outbox is outbox for held in self.unstored_answers):
+            self.unstored_answers.append(HeldAnswer(outbox, message, stored=False))
+        else:
+            outbox.append(message)
 
     def _on_schedule(
         self,
@@ -621,11 +628,16 @@ class Broker:
         (their pending rows too) and their clients told why, as are those whose schedule
         changes wait. Returns how many."""
         answers, self.unstored_answers = self.unstored_answers, []
+        refused = 0
         for held in answers:
+            if not held.stored:  # an answer that only waited its turn goes as it was
+                held.outbox.append(held.message)
+                continue
             origin, msgid = held.message[0], held.message[-1]
             result = codec.error_result(reason, text)
             held.outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
-            self.refused_unstored += 1
+            refused += 1
+        self.refused_unstored += refused
         unstored, self.unstored = self.unstored, []
         for job in unstored:
             if self.jobs.get(job.msgid) is not job:
@@ -636,7 +648,7 @@ class Broker:
             self.refused_unstored += 1
             self._error(job.client, job.msgid, reason, text)
             self._publish_job("rejected", job.msgid, job.queue, reason=reason)
-        return len(unstored) + len(answers)
+        return len(unstored) + refused
 
     def _pick(self, queue: QueueState) -> WorkerState | None:
         """The worker of this queue with a free slot: heaviest, then least recently used."""
