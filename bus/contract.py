@@ -1,6 +1,6 @@
 """What a composed service may offer the product's operators, as typed protocols.
 
-A service is a :class:`twisted.application.service.IService`; beyond that it may offer any
+A service is a Twisted ``IService``; beyond that it may offer any
 of these, and ``/status``, ``/metrics`` and the console use what it offers (checked with
 ``isinstance`` at run time, and by mypy for the services of this package: see the bottom
 of this module). A third-party service states the same methods and is served alike
