@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from twisted.python import reflect, usage
 
-from bus.services import SERVICE_NAMES
+from bus.services import service_names
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -161,8 +161,8 @@ class ServiceOptions(usage.Options):
     optFlags: ClassVar[list[list[Any]]] = []
     #: Repeatable options: ``[name, short, doc]``; the value is a list.
     optMulti: ClassVar[list[list[Any]]] = []
-    #: The tables a config file may hold: one per service the product knows.
-    known_tables: ClassVar[frozenset[str]] = frozenset(SERVICE_NAMES)
+    #: Tables a config file may hold beyond one per service the product knows.
+    extra_tables: ClassVar[frozenset[str]] = frozenset()
     #: Options of the whole process, inherited by every subclass (Twisted gathers
     #: ``optParameters`` along the classes): taken by the product and by a plugin run alone
     #: (``twistd -n emqp``), never handed to one service inside the product.
@@ -291,11 +291,12 @@ class ServiceOptions(usage.Options):
         """Take values from the config file's table, then from the environment (stronger).
         Keys of the table that are neither this service's options nor ``also_known`` are a
         usage error naming the valid ones."""
-        unknown_tables = sorted(set(tables) - self.known_tables)
+        known_tables = frozenset(service_names()) | self.extra_tables
+        unknown_tables = sorted(set(tables) - known_tables)
         if unknown_tables:
             raise usage.UsageError(
                 f"--config {path}: unknown table [{unknown_tables[0]}]; "
-                f"valid tables: {', '.join(sorted(self.known_tables))}"
+                f"valid tables: {', '.join(sorted(known_tables))}"
             )
         specs = {spec.name: spec for spec in self.option_specs()}
         table = tables.get(self.service, {})

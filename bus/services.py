@@ -8,16 +8,19 @@ docs/extending.md). A third-party distribution declares one in its ``pyproject.t
     [project.entry-points."bus.services"]
     echo = "echo_service.tap"
 
-Nothing here imports a tap module: the plugin files and ``--help`` stay cheap. Reading the
-entry points is: a bad one (a name that clashes, or that is not a module) is left out with one
-line in :data:`DISCOVERY_PROBLEMS`, naming its distribution.
+Nothing here imports a tap module: the plugin files and ``--help`` stay cheap. The entry
+points are read when first asked for (:func:`services`), never at import: a bad one (a name
+that clashes, or that is not a module) is left out with one line in
+:func:`discovery_problems`, naming its distribution.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 #: The entry point group third-party services are declared in.
 ENTRY_POINT_GROUP = "bus.services"
@@ -48,6 +51,7 @@ BUILTIN_SERVICES: tuple[ServiceEntry, ...] = (
 _RESERVED = frozenset({"http", "cpu-latency", "emqp-worker"})
 
 
+@functools.cache
 def _declared() -> tuple[tuple[ServiceEntry, ...], tuple[str, ...]]:
     """Third-party services from the entry points, and one line per one left out."""
     try:
@@ -72,16 +76,37 @@ def _declared() -> tuple[tuple[ServiceEntry, ...], tuple[str, ...]]:
     return tuple(found), tuple(problems)
 
 
-DECLARED_SERVICES, DISCOVERY_PROBLEMS = _declared()
+def services() -> tuple[ServiceEntry, ...]:
+    """The built-in services, then the declared ones (the entry points read once)."""
+    return BUILTIN_SERVICES + _declared()[0]
 
-SERVICES: tuple[ServiceEntry, ...] = BUILTIN_SERVICES + DECLARED_SERVICES
 
-SERVICE_NAMES: tuple[str, ...] = tuple(entry.name for entry in SERVICES)
+def service_names() -> tuple[str, ...]:
+    """The names of :func:`services`, in order."""
+    return tuple(entry.name for entry in services())
+
+
+def discovery_problems() -> tuple[str, ...]:
+    """One line per declared service left out, naming its distribution."""
+    return _declared()[1]
+
+
+def __getattr__(name: str) -> Any:
+    """The module's former constants, computed when first asked for."""
+    lazy = {
+        "SERVICES": services,
+        "SERVICE_NAMES": service_names,
+        "DECLARED_SERVICES": lambda: _declared()[0],
+        "DISCOVERY_PROBLEMS": discovery_problems,
+    }
+    if name in lazy:
+        return lazy[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def entry(name: str) -> ServiceEntry:
     """The declared or built-in service named ``name``; KeyError if none is."""
-    for candidate in SERVICES:
+    for candidate in services():
         if candidate.name == name:
             return candidate
     raise KeyError(name)

@@ -10,6 +10,7 @@ option of every service: command line > environment > ``--config`` file > defaul
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -22,13 +23,34 @@ from twisted.python import usage
 from bus.composition import Composition, ProductService, bound_inbound, hold_cpu_latency
 from bus.eventbus.tap import Options as EventBusOptions
 from bus.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
-from bus.services import DISCOVERY_PROBLEMS, SERVICES, ServiceEntry, entry
+from bus.services import ServiceEntry, discovery_problems, entry, services
 
 if TYPE_CHECKING:
     from twisted.application.service import Service
 
 DEFAULT_HTTP_PORT = 8642
-DEFAULT_SERVICES = tuple(service.name for service in SERVICES if service.default)
+
+
+def default_services() -> tuple[str, ...]:
+    """The services ``--services`` names unless told otherwise."""
+    return tuple(service.name for service in services() if service.default)
+
+
+@functools.cache
+def loaded() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], dict[str, str]]:
+    """:func:`_load_services`, once, when the product's options are first needed: importing
+    this module reads no entry point and imports no third-party tap."""
+    return _load_services()
+
+
+def service_order() -> tuple[str, ...]:
+    """Every service's name, in start order."""
+    return loaded()[1]
+
+
+def service_problems() -> tuple[str, ...]:
+    """One line per third-party service that could not join, for --help and the log."""
+    return (*discovery_problems(), *loaded()[2].values())
 
 
 def _load_services() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], dict[str, str]]:
@@ -39,7 +61,7 @@ def _load_services() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], 
     options: dict[str, type[ServiceOptions]] = {}
     left_out: dict[str, str] = {}
     after: dict[str, tuple[str, ...]] = {}
-    for service in SERVICES:
+    for service in services():
         if not service.distribution:
             options[service.name] = importlib.import_module(service.tap).Options
             continue
@@ -50,7 +72,7 @@ def _load_services() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], 
                 f"service {service.name!r} of {service.distribution} left out: "
                 f"{type(error).__name__}: {error}"
             )
-    order = [s.name for s in SERVICES if not s.distribution]
+    order = [s.name for s in services() if not s.distribution]
     pending = sorted(after)
     while pending:
         ready = [n for n in pending if all(d in order or d not in pending for d in after[n])]
@@ -76,24 +98,18 @@ def _declared_tap(service: ServiceEntry) -> tuple[type[ServiceOptions], tuple[st
     return options_class, after
 
 
-SERVICE_OPTIONS, SERVICE_ORDER, LEFT_OUT = _load_services()
-#: One line per third-party service that could not join, for --help and the log.
-SERVICE_PROBLEMS: tuple[str, ...] = (*DISCOVERY_PROBLEMS, *LEFT_OUT.values())
-
-
 def service_list(value: str | Sequence[str]) -> tuple[str, ...]:
     """``eventbus,spark-bridge`` (or a TOML list) -> names, checked, in start order."""
     names = [part.strip() for part in value.split(",")] if isinstance(value, str) else value
     chosen = {str(name) for name in names if str(name)}
-    for name in sorted(chosen - set(SERVICE_ORDER)):
-        if name in LEFT_OUT:
-            raise usage.UsageError(f"--services: {LEFT_OUT[name]}")
-        raise usage.UsageError(
-            f"--services: no service named {name!r}; valid: {', '.join(SERVICE_ORDER)}"
-        )
+    _, order, left_out = loaded()
+    for name in sorted(chosen - set(order)):
+        if name in left_out:
+            raise usage.UsageError(f"--services: {left_out[name]}")
+        raise usage.UsageError(f"--services: no service named {name!r}; valid: {', '.join(order)}")
     if not chosen:
-        raise usage.UsageError(f"--services: name at least one of {', '.join(SERVICE_ORDER)}")
-    return tuple(name for name in SERVICE_ORDER if name in chosen)
+        raise usage.UsageError(f"--services: name at least one of {', '.join(order)}")
+    return tuple(name for name in order if name in chosen)
 
 
 def _prefix(service: str) -> str:
@@ -125,13 +141,6 @@ class _ProductOptions(ServiceOptions):
     ]
     optParameters = [
         [
-            "services",
-            None,
-            ",".join(DEFAULT_SERVICES),
-            f"Services to run, comma-separated, of: {', '.join(SERVICE_ORDER)}.",
-            service_list,
-        ],
-        [
             "http-port",
             None,
             DEFAULT_HTTP_PORT,
@@ -158,7 +167,7 @@ class _ProductOptions(ServiceOptions):
 
     def __init__(self) -> None:
         ServiceOptions.__init__(self)
-        self.forwarded: dict[str, list[str]] = {name: [] for name in SERVICE_ORDER}
+        self.forwarded: dict[str, list[str]] = {name: [] for name in service_order()}
         self._tables: dict[str, dict[str, Any]] = {}
         self._path = ""
 
@@ -178,7 +187,7 @@ class _ProductOptions(ServiceOptions):
         ServiceOptions.apply_defaults(self, tables, environ, path, also_known=own)
 
     def no_match_hint(self) -> str:
-        prefixes = ", ".join(f"--{_prefix(name)}..." for name in SERVICE_ORDER if _prefix(name))
+        prefixes = ", ".join(f"--{_prefix(name)}..." for name in service_order() if _prefix(name))
         return f"the Event BUS's options are bare, the others' prefixed: {prefixes}"
 
     def postOptions(self) -> None:
@@ -193,7 +202,7 @@ class _ProductOptions(ServiceOptions):
                     f"{args[0].replace('--', '--' + _prefix(name), 1)} is an option of {name}, "
                     f"which is not among --services ({', '.join(chosen)})"
                 )
-        self["services"] = tuple(name for name in SERVICE_ORDER if name in chosen)
+        self["services"] = tuple(name for name in service_order() if name in chosen)
         parsed: dict[str, ServiceOptions] = {}
         for name in self["services"]:
             sub = self.service_options[name]()
@@ -203,7 +212,7 @@ class _ProductOptions(ServiceOptions):
                     self._tables,
                     os.environ,
                     self._path,
-                    also_known=PRODUCT_OPTION_NAMES,
+                    also_known=product_option_names(),
                 )
                 sub.parse_command_line(self.forwarded[name])
             except usage.UsageError as error:
@@ -222,7 +231,10 @@ class _ProductOptions(ServiceOptions):
         self["service-options"] = parsed
 
 
-PRODUCT_OPTION_NAMES = frozenset(spec.name for spec in _ProductOptions.option_specs())
+@functools.cache
+def product_option_names() -> frozenset[str]:
+    """The product's own option names (not forwarded to a service)."""
+    return frozenset(spec.name for spec in options_class().option_specs())
 
 
 def _forwarder(service: str, spec: OptionSpec) -> Callable[..., None]:
@@ -248,11 +260,25 @@ def _forwarder(service: str, spec: OptionSpec) -> Callable[..., None]:
     return handler
 
 
-def _product_options_class() -> type[_ProductOptions]:
-    """The product's Options: its own, plus each service's, by one mechanism."""
-    namespace: dict[str, Any] = {"service_options": dict(SERVICE_OPTIONS)}
-    for name in SERVICE_ORDER:
-        for spec in SERVICE_OPTIONS[name].option_specs():
+@functools.cache
+def options_class() -> type[_ProductOptions]:
+    """The product's Options: its own, plus each service's, by one mechanism (made when
+    first asked for; ``bus.tap.Options`` is it)."""
+    service_options, order, _ = loaded()
+    namespace: dict[str, Any] = {
+        "service_options": dict(service_options),
+        "optParameters": [
+            [
+                "services",
+                None,
+                ",".join(default_services()),
+                f"Services to run, comma-separated, of: {', '.join(order)}.",
+                service_list,
+            ]
+        ],
+    }
+    for name in order:
+        for spec in service_options[name].option_specs():
             if spec.name in PROCESS_OPTION_NAMES:
                 continue  # the product's own, not one service's
             method = _forwarder(name, spec)
@@ -262,16 +288,31 @@ def _product_options_class() -> type[_ProductOptions]:
             namespace[attribute] = method
             if spec.short and not _prefix(name):
                 namespace["opt_" + spec.short] = method
-    if SERVICE_PROBLEMS:
+    problems = service_problems()
+    if problems:
         namespace["longdesc"] = (
-            _ProductOptions.longdesc + " Not available: " + "; ".join(SERVICE_PROBLEMS) + "."
+            _ProductOptions.longdesc + " Not available: " + "; ".join(problems) + "."
         )
-        for line in SERVICE_PROBLEMS:
+        for line in problems:
             sys.stderr.write(f"eventbus: {line}\n")
     return type("Options", (_ProductOptions,), namespace)
 
 
-Options = _product_options_class()
+def __getattr__(name: str) -> Any:
+    """``Options`` (what twistd reads of this plugin's module) and the former constants,
+    made when first asked for."""
+    lazy: dict[str, Callable[[], Any]] = {
+        "Options": options_class,
+        "DEFAULT_SERVICES": default_services,
+        "SERVICE_ORDER": service_order,
+        "SERVICE_OPTIONS": lambda: loaded()[0],
+        "LEFT_OUT": lambda: loaded()[2],
+        "SERVICE_PROBLEMS": service_problems,
+        "PRODUCT_OPTION_NAMES": product_option_names,
+    }
+    if name in lazy:
+        return lazy[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def compose(
@@ -279,7 +320,8 @@ def compose(
     exit_on_failure: bool = False,
     reactor: Any = None,
 ) -> ProductService:
-    """The product as one ProductService, from parsed :data:`Options` (tac files use it too)."""
+    """The product as one ProductService, from parsed options (:func:`options_class`; tac
+    files use it too)."""
     product = ProductService(exit_on_failure=exit_on_failure, reactor=reactor)
     composition = Composition(reactor)
     hold_cpu_latency(product, options)

@@ -31,14 +31,6 @@ def _interrupted_early(number: int, frame: FrameType | None) -> None:
     os._exit(1)
 
 
-# Ctrl-C while modules load or input is checked, before the reactor handles it: one
-# sentence, not a KeyboardInterrupt traceback out of an import. Only when this module is
-# the program: a process that merely imports it keeps its own SIGINT handling.
-_PROGRAM = os.path.basename(sys.argv[0]) if sys.argv else ""
-_AS_PROGRAM = __name__ == "__main__" or _PROGRAM == "emqp-cli"
-if _AS_PROGRAM and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted_early)
-
 import argparse  # noqa: E402
 import json  # noqa: E402
 import socket  # noqa: E402
@@ -52,8 +44,10 @@ from twisted.python.failure import Failure  # noqa: E402
 from bus.transport.curve_settings import add_client_curve_arguments  # noqa: E402
 from bus.transport.probe import Listener, probe_port  # noqa: E402
 
-DEFAULT_BROKER = os.environ.get("EMQP_BROKER", "tcp://127.0.0.1:47291")
-DEFAULT_ADMIN = os.environ.get("EMQP_ADMIN", "tcp://127.0.0.1:47293")
+#: The ports when neither an option nor ``EMQP_BROKER``/``EMQP_ADMIN`` names them (the
+#: environment is read when the parser is built, not when this module loads).
+BROKER = "tcp://127.0.0.1:47291"
+ADMIN = "tcp://127.0.0.1:47293"
 #: An interactive default: long enough for most jobs, short enough that a request nobody
 #: serves ends with an explanation rather than a silent terminal.
 DEFAULT_SUBMIT_WAIT = 30.0
@@ -577,6 +571,8 @@ def _check_schedule(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     exit_status = "Exit status: 0 on success, 1 with one sentence on stderr otherwise."
+    broker = os.environ.get("EMQP_BROKER", BROKER)
+    admin = os.environ.get("EMQP_ADMIN", ADMIN)
     parser = argparse.ArgumentParser(
         prog="emqp-cli", description=(__doc__ or "").split("\n")[0], epilog=exit_status
     )
@@ -593,9 +589,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub.add_argument("queue")
     sub.add_argument("body", help="the request body, JSON")
-    sub.add_argument("--broker", default=DEFAULT_BROKER, help="client port [%(default)s]")
+    sub.add_argument("--broker", default=broker, help="client port [%(default)s]")
     sub.add_argument(
-        "--admin", default=DEFAULT_ADMIN, help="admin port, asked why no answer came [%(default)s]"
+        "--admin", default=admin, help="admin port, asked why no answer came [%(default)s]"
     )
     sub.add_argument("--no-reply", action="store_true", help="only wait for the dispatch")
     sub.add_argument("--guarantee", action="store_true", help="stored until its worker replies")
@@ -612,7 +608,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.set_defaults(run=submit, check=_check_submit)
 
     def admin_options(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("--admin", default=DEFAULT_ADMIN, help="admin port [%(default)s]")
+        sub.add_argument("--admin", default=admin, help="admin port [%(default)s]")
         add_client_curve_arguments(sub)
         sub.add_argument(
             "--wait",
@@ -660,6 +656,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    # Ctrl-C while the rest loads or input is checked, before the reactor handles it: one
+    # sentence, not a KeyboardInterrupt traceback. Set here, when the program runs: a
+    # process that merely imports this module keeps its own SIGINT handling.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_early)
     args = build_parser().parse_args(argv)
     try:
         if args.wait < 0:

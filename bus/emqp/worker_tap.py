@@ -25,7 +25,6 @@ from bus.emqp import codec
 from bus.emqp.eventmq_settings import EventmqSettings, read_eventmq_settings
 from bus.emqp.worker_process import JobHooks
 from bus.options import ConfigTables, ServiceOptions, parse_duration
-from bus.services import SERVICE_NAMES
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 
 if TYPE_CHECKING:
@@ -124,7 +123,7 @@ class Options(ServiceOptions):
     service = NAME
     env_prefix = "EMQP_WORKER"
     # A TOML file shared with the product may hold the product's tables too.
-    known_tables = frozenset({*SERVICE_NAMES, NAME})
+    extra_tables = frozenset({NAME})
     synopsis = "[options]"
     longdesc = (
         'Serve an eMQP broker\'s jobs: INFORM the --queues, run ["run", {...}] bodies and '
