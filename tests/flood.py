@@ -104,6 +104,17 @@ class Flood:
         self.sockets.clear()
 
 
+def closed_by_server(sock: socket.socket, wait: float = 0.2) -> bool:
+    """Whether the server closed this connection (it reads end of file or a reset)."""
+    sock.settimeout(wait)
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
 def open_descriptors(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -16,7 +16,8 @@ def start_broker(data_dir: Path, activity: Any = None, **settings: Any) -> Any:
     """A running Mc0Service on a free port of 127.0.0.1 (``settings`` override Mc0Config
     fields; ``broker=`` takes a BrokerSettings). Stop it with ``stopService()``."""
     from bus.activity import NO_ACTIVITY
-    from bus.mc0.server import Mc0Config, Mc0Service
+    from bus.mc0.config import Mc0Config
+    from bus.mc0.server import Mc0Service
 
     config = replace(Mc0Config(port=0, data_dir=data_dir), **settings)
     service = Mc0Service(config, activity or NO_ACTIVITY)

@@ -373,7 +373,8 @@ def cli_sequences(path: Path) -> list[int]:
 
 @pytest_twisted.inlineCallbacks
 def test_the_spark_bridge_and_eventbus_cli_continue_across_a_failover(tmp_path: Path) -> Any:
-    from bus.spark.bridge import BridgeConfig, SparkBridgeService
+    from bus.spark.bridge import SparkBridgeService
+    from bus.spark.config import BridgeConfig
     from bus.spark.journal import JournalReader
 
     primary, backup = start_pair(tmp_path)

@@ -20,7 +20,8 @@ from twisted.logger import LogEvent, formatEvent, globalLogPublisher
 
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber
 from bus.eventbus.store import EventStore
-from bus.spark.bridge import BridgeConfig, SparkBridgeService
+from bus.spark.bridge import SparkBridgeService
+from bus.spark.config import BridgeConfig
 from bus.spark.journal import JournalReader
 from bus.testing import start_bus, wait_until
 from tests.processes import CLEAN_EXIT, ServerProcess

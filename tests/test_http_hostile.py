@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.flood import closed_by_server
 from tests.ports import free_port
 from tests.processes import CLEAN_EXIT, TWISTD, TwistdProcess, wait_for
 
@@ -228,13 +229,7 @@ def test_connections_from_one_address_are_bounded(product: Product) -> None:
             held.append(sock)
 
         def closed(sock: socket.socket) -> bool:
-            sock.settimeout(0.05)
-            try:
-                return sock.recv(1) == b""
-            except TimeoutError:
-                return False
-            except OSError:
-                return True
+            return closed_by_server(sock, 0.05)
 
         wait_for(lambda: sum(map(closed, held)) >= 150 - 64, timeout=30, what="the excess closed")
         assert sum(not closed(sock) for sock in held) <= 64

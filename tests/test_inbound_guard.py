@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bus.transport.inbound import InboundPolicy
+from tests.flood import closed_by_server
 
 SOURCES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
@@ -47,17 +48,6 @@ class Server:
         self.listener.close()
 
 
-def shut(client: socket.socket) -> bool:
-    """Whether the server shut this connection down (the client reads end of file)."""
-    client.settimeout(0.2)
-    try:
-        return client.recv(1) == b""
-    except TimeoutError:
-        return False
-    except OSError:
-        return True
-
-
 steps = st.lists(
     st.one_of(
         st.tuples(st.just("connect"), st.sampled_from(SOURCES)),
@@ -87,7 +77,7 @@ def test_what_is_held_is_what_is_open_and_let_in(
                 if guard.holds(accepted.fileno()):
                     admitted.add(accepted)
                 else:
-                    assert shut(client), "a refused connection was left open"
+                    assert closed_by_server(client), "a refused connection was left open"
             elif step in ("close", "close-unreported") and server.open:
                 accepted = list(server.open)[int(str(argument)) % len(server.open)]
                 admitted.discard(accepted)

@@ -57,10 +57,10 @@ class Options(ServiceOptions):
     ]
 
     def postOptions(self) -> None:
-        self["dbp-config"] = catalog_config(self)
+        self["dbp-config"] = config_from_options(self)
 
 
-def catalog_config(options: usage.Options | dict[str, Any]) -> CatalogConfig:
+def config_from_options(options: usage.Options | dict[str, Any]) -> CatalogConfig:
     allow = None
     if options.get("allow"):
         try:
@@ -104,7 +104,7 @@ def catalog_config(options: usage.Options | dict[str, Any]) -> CatalogConfig:
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> CatalogService:
     from bus.dbp.server import CatalogService
 
-    config = options.get("dbp-config") or catalog_config(options)
+    config = options.get("dbp-config") or config_from_options(options)
     return CatalogService(config, activity=composition.activity("dbp"))
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,8 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import DropCounter
 from bus.errors import StartupError
 from bus.mc0 import codec
-from bus.mc0.core import Broker, BrokerSettings, Client, SendResult
+from bus.mc0.config import Mc0Config
+from bus.mc0.core import Broker, Client, SendResult
 from bus.metrics import Metric, counter, counters_by, gauge
 from bus.periodic import Periodic
 from bus.transport.curve import CurveKeyPair, KeyFileError, ZapHandler, server_key_pair
@@ -45,9 +46,6 @@ from bus.transport.zmqsocket import (
 
 log = Logger(namespace="bus.mc0")
 
-DEFAULT_BIND = "127.0.0.1"
-DEFAULT_PORT = 61616
-DEFAULT_DATA_DIR = "mc0-data"
 
 _HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "other",
@@ -57,22 +55,6 @@ _HANDSHAKE_FAILURES = {
 _HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED
 for _event in _HANDSHAKE_FAILURES:
     _HANDSHAKE_EVENTS |= _event
-
-
-@dataclass(frozen=True, slots=True)
-class Mc0Config:
-    bind: str = DEFAULT_BIND
-    port: int = DEFAULT_PORT
-    data_dir: Path = Path(DEFAULT_DATA_DIR)
-    server_cert: Path | None = None
-    client_certs: Path | None = None
-    plain: bool = False
-    mirror: bool = False
-    broker: BrokerSettings = field(default_factory=BrokerSettings)
-    send_hwm: int = 10_000
-    receive_hwm: int = 10_000
-    read_budget: int = 512
-    certs_reload_interval: float = 2.0
 
 
 class Mc0Service(Service):

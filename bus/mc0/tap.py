@@ -10,15 +10,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from bus.mc0.codec import MAX_TTL_MS
+from bus.mc0.config import DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_PORT, Mc0Config
 from bus.options import ServiceOptions, parse_duration
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
-    from bus.mc0.server import Mc0Config, Mc0Service
-
-DEFAULT_BIND = "127.0.0.1"
-DEFAULT_PORT = 61616
-DEFAULT_DATA_DIR = "mc0-data"
+    from bus.mc0.server import Mc0Service
 
 
 class Options(ServiceOptions):
@@ -75,7 +72,6 @@ def _ms(options: usage.Options | dict[str, Any], name: str) -> int:
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
     from bus.mc0.core import BrokerSettings
-    from bus.mc0.server import Mc0Config
 
     port = int(options["port"])
     if not 0 <= port <= 65535:

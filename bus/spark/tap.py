@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from bus.options import ServiceOptions, optional_duration, parse_duration
+from bus.spark.config import BridgeConfig
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
-    from bus.spark.bridge import BridgeConfig, SparkBridgeService
+    from bus.spark.bridge import SparkBridgeService
 
 DEFAULT_SERVER = "127.0.0.1:5556"
 
@@ -61,11 +62,10 @@ class Options(ServiceOptions):
     ]
 
     def postOptions(self) -> None:
-        self["bridge-config"] = bridge_config(self)
+        self["bridge-config"] = config_from_options(self)
 
 
-def bridge_config(options: usage.Options | dict[str, Any]) -> BridgeConfig:
-    from bus.spark.bridge import BridgeConfig
+def config_from_options(options: usage.Options | dict[str, Any]) -> BridgeConfig:
 
     max_bytes = options.get("retention-max-bytes")
     if (options.get("dialect") or "spec") not in ("spec", "original"):
@@ -85,7 +85,7 @@ def bridge_config(options: usage.Options | dict[str, Any]) -> BridgeConfig:
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> SparkBridgeService:
     from bus.spark.bridge import SparkBridgeService
 
-    config = options.get("bridge-config") or bridge_config(options)
+    config = options.get("bridge-config") or config_from_options(options)
     servers = list(options.get("server") or [])
     curve = client_curve_from(options)
     local = composition.local_bus

@@ -77,10 +77,10 @@ class Options(ServiceOptions):
         self["version"] = value
 
     def postOptions(self) -> None:
-        self["zre-config"] = zre_config(self)
+        self["zre-config"] = config_from_options(self)
 
 
-def zre_config(options: usage.Options | dict[str, Any]) -> ZreConfig:
+def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
     from bus.zre.config import ZreConfig
 
     version = str(options["version"]).strip()
@@ -143,7 +143,7 @@ def zre_config(options: usage.Options | dict[str, Any]) -> ZreConfig:
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> ZreNode:
     from bus.zre.node import ZreNode
 
-    config = options.get("zre-config") or zre_config(options)
+    config = options.get("zre-config") or config_from_options(options)
     return ZreNode(config, activity=composition.activity("zre"))
 
 

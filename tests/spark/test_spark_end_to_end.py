@@ -11,7 +11,8 @@ import pytest
 import pytest_twisted
 
 from bus.eventbus.client import EventBusPublisher
-from bus.spark.bridge import BridgeConfig, SparkBridgeService
+from bus.spark.bridge import SparkBridgeService
+from bus.spark.config import BridgeConfig
 from bus.spark.journal import JournalReader
 from bus.testing import start_bus, wait_until
 

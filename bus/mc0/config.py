@@ -1,0 +1,28 @@
+"""An mc0 broker's settings (no transport import: the tap uses them at option-parsing time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bus.mc0.core import BrokerSettings
+
+DEFAULT_BIND = "127.0.0.1"
+DEFAULT_PORT = 61616
+DEFAULT_DATA_DIR = "mc0-data"
+
+
+@dataclass(frozen=True, slots=True)
+class Mc0Config:
+    bind: str = DEFAULT_BIND
+    port: int = DEFAULT_PORT
+    data_dir: Path = Path(DEFAULT_DATA_DIR)
+    server_cert: Path | None = None
+    client_certs: Path | None = None
+    plain: bool = False
+    mirror: bool = False
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    send_hwm: int = 10_000
+    receive_hwm: int = 10_000
+    read_budget: int = 512
+    certs_reload_interval: float = 2.0
