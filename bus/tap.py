@@ -56,14 +56,17 @@ def service_problems() -> tuple[str, ...]:
 def _load_services() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], dict[str, str]]:
     """Each service's Options class, the names in start order, and why a declared (third-
     party) service was left out: one line each, naming its distribution, never a traceback.
-    Built-in services come first, in their order; declared ones follow, each after the
-    services its tap names in ``AFTER``."""
+    Every tap names the services it must start after in ``AFTER`` (the built-in ones that
+    publish their activity onto the local bus name ``eventbus``); otherwise the built-in
+    services come first, in their order, and declared ones follow."""
     options: dict[str, type[ServiceOptions]] = {}
     left_out: dict[str, str] = {}
     after: dict[str, tuple[str, ...]] = {}
     for service in services():
         if not service.distribution:
-            options[service.name] = importlib.import_module(service.tap).Options
+            module = importlib.import_module(service.tap)
+            options[service.name] = module.Options
+            after[service.name] = tuple(getattr(module, "AFTER", ()))
             continue
         try:
             options[service.name], after[service.name] = _declared_tap(service)
@@ -72,8 +75,8 @@ def _load_services() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], 
                 f"service {service.name!r} of {service.distribution} left out: "
                 f"{type(error).__name__}: {error}"
             )
-    order = [s.name for s in services() if not s.distribution]
-    pending = sorted(after)
+    order: list[str] = []
+    pending = [s.name for s in services() if s.name in after]
     while pending:
         ready = [n for n in pending if all(d in order or d not in pending for d in after[n])]
         if not ready:  # a cycle: say so, start them by name
@@ -81,7 +84,7 @@ def _load_services() -> tuple[dict[str, type[ServiceOptions]], tuple[str, ...], 
                 left_out[name] = f"service {name!r}: AFTER makes a cycle with {', '.join(pending)}"
                 options.pop(name, None)
             break
-        order.append(ready[0])
+        order.append(ready[0])  # the first ready one in the listed order: a stable order
         pending.remove(ready[0])
     return options, tuple(order), left_out
 

@@ -330,3 +330,22 @@ def test_a_process_option_in_a_services_table_or_environment_is_refused_by_the_p
     options = tap.Options()
     options.parseOptions(["--services", "emqp"])
     assert options["cpu-latency-us"] == 3
+
+
+def test_the_start_order_follows_what_each_tap_declares() -> None:
+    """The Event BUS starts before the services that publish onto it, because their taps
+    say so (AFTER), not because the product knows it."""
+    import importlib
+
+    order = tap.service_order()
+    for service in entry_names(order):
+        declared = getattr(importlib.import_module(entry(service).tap), "AFTER", ())
+        for before in declared:
+            if before in order:
+                assert order.index(before) < order.index(service), (before, service)
+    assert order[0] == "eventbus"
+    assert all("eventbus" in importlib.import_module(entry(n).tap).AFTER for n in order[1:5])
+
+
+def entry_names(order: tuple[str, ...]) -> list[str]:
+    return [name for name in order if name in SERVICE_NAMES]

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from bus.dbp.server import CatalogService
 
 
+#: Started after the Event BUS when both run: composed, it publishes its activity
+#: onto the local bus (the bridge journals it), which the Event BUS's build provides.
+AFTER = ("eventbus",)
+
+
 class Options(ServiceOptions):
     service = "dbp"
     env_prefix = "DBP"

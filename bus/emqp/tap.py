@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from bus.emqp.server import EmqpService
 
 
+#: Started after the Event BUS when both run: composed, it publishes its activity
+#: onto the local bus (the bridge journals it), which the Event BUS's build provides.
+AFTER = ("eventbus",)
+
+
 class Options(ServiceOptions):
     service = "emqp"
     env_prefix = "EMQP"

@@ -18,6 +18,11 @@ if TYPE_CHECKING:
     from bus.mc0.server import Mc0Service
 
 
+#: Started after the Event BUS when both run: composed, it publishes its activity
+#: onto the local bus (the bridge journals it), which the Event BUS's build provides.
+AFTER = ("eventbus",)
+
+
 class Options(ServiceOptions):
     service = "mc0"
     env_prefix = "MC0"

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 DEFAULT_SERVER = "127.0.0.1:5556"
 
 
+#: Started after the Event BUS when both run: composed, it publishes its activity
+#: onto the local bus (the bridge journals it), which the Event BUS's build provides.
+AFTER = ("eventbus",)
+
+
 class Options(ServiceOptions):
     service = "spark-bridge"
     env_prefix = "SPARK_BRIDGE"

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 from bus.zre.config import DEFAULT_PORT
 
+#: Started after the Event BUS when both run: composed, it publishes its activity
+#: onto the local bus (the bridge journals it), which the Event BUS's build provides.
+AFTER = ("eventbus",)
+
 
 class Options(ServiceOptions):
     service = "zre"
