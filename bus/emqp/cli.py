@@ -17,32 +17,22 @@ has the request and has not replied, or nothing answered at all).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
+import socket
 import sys
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
 from types import FrameType
+from typing import Any, Literal
 
+from twisted.internet import defer
+from twisted.python.failure import Failure
 
-def _interrupted_early(number: int, frame: FrameType | None) -> None:
-    sys.stderr.write("emqp-cli: interrupted\n")
-    sys.stderr.flush()
-    # Nothing is open yet; an exception raised here could land inside the import
-    # machinery, which reports it and carries on.
-    os._exit(1)
-
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import socket  # noqa: E402
-from collections.abc import Callable, Generator, Sequence  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Any, Literal  # noqa: E402
-
-from twisted.internet import defer  # noqa: E402
-from twisted.python.failure import Failure  # noqa: E402
-
-from bus.transport.curve_settings import add_client_curve_arguments  # noqa: E402
-from bus.transport.probe import Listener, probe_port  # noqa: E402
+from bus.transport.curve_settings import add_client_curve_arguments
+from bus.transport.probe import Listener, probe_port
 
 #: The ports when neither an option nor ``EMQP_BROKER``/``EMQP_ADMIN`` names them (the
 #: environment is read when the parser is built, not when this module loads).
@@ -56,6 +46,13 @@ DEFAULT_STATUS_WAIT = 5.0
 EXPLAIN_WAIT = 2.0
 #: What ``--wait 0`` (never give up) hands to APIs that want a number of seconds.
 FOREVER = 365 * 86_400.0
+
+
+def _interrupted_early(number: int, frame: FrameType | None) -> None:
+    sys.stderr.write("emqp-cli: interrupted\n")
+    sys.stderr.flush()
+    # Nothing is open yet (the reactor has not taken over SIGINT): end at once.
+    os._exit(1)
 
 
 class CliError(Exception):
