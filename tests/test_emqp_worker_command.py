@@ -332,12 +332,14 @@ def test_the_grace_period_or_a_second_sigterm_ends_running_jobs(
     patient = worker(tmp_path, cleanup, "--broker", endpoint, "-Q", "patient", "-J", "1")
     yield wait_until(lambda: free_slots(broker) == 5, timeout=30, what="both workers' READYs")
     client = client_of(broker, cleanup)
-    record = tmp_path / "record.txt"
+    record, started = tmp_path / "record.txt", tmp_path / "started.txt"
     stuck = {
-        queue: client.submit(queue, run("record", str(record), queue, 120))
+        queue: client.submit(queue, run("begin_then_record", str(started), str(record), queue, 120))
         for queue in ("brief", "patient")
     }
-    yield wait_until(lambda: broker.status()["in_flight_count"] == 2, what="both jobs running")
+    # Running in the job processes, not only dispatched: a worker told to stop before its
+    # job reached the pool has nothing to wait for and ends at once, with no grace period.
+    yield wait_until(lambda: len(lines(started)) == 2, timeout=30, what="both jobs running")
     job_processes = brief.descendants() + patient.descendants()
     assert job_processes
 

@@ -17,6 +17,13 @@ def record(path, text, seconds=0):
     return text
 
 
+def begin_then_record(started, path, text, seconds=0):
+    """Append ``text`` to ``started`` at once (the job runs), then as :func:`record` does."""
+    with open(started, "a") as out:
+        out.write(f"{text} {os.getpid()}\n")
+    return record(path, text, seconds)
+
+
 class Greeter:
     def __init__(self, greeting):
         self.greeting = greeting
