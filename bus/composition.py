@@ -150,17 +150,16 @@ class ProductService(MultiService):
         from bus.transport.inbound import policy
 
         limits, bounds = self.descriptor_limits, policy()
+        assert limits is not None  # raised in startService, before any service started
         log.info(
             "started {services} (ZeroMQ messages read and sent {how}); descriptors: soft "
             "limit {soft}{raised}, hard {hard}; connections others open at most {per_port} a "
             "port, {per_address} an address, {share} in all",
             services=", ".join(entry.name for entry in self.composed),
             how="by the compiled helper" if native_frames is not None else "through pyzmq",
-            soft=limits.soft if limits is not None else "?",
-            raised=f" (raised from {limits.found})"
-            if limits is not None and limits.found != limits.soft
-            else "",
-            hard=limits.hard if limits is not None else "?",
+            soft=limits.soft,
+            raised=f" (raised from {limits.found})" if limits.found != limits.soft else "",
+            hard=limits.hard,
             per_port=bounds.per_port,
             per_address=bounds.per_address,
             share=bounds.budget.capacity,

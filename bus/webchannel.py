@@ -51,16 +51,13 @@ class RefusalCounts(RefusalCounter):
         self.open = 0
         self.open_by_address: Counter[str] = Counter()
 
-    def refused(self, reason: str, client: str) -> None:
-        self.refuse(reason, client=client)
-
     def admits(self, address: str) -> bool:
         """Whether one more connection from ``address`` may open (counted if not)."""
         if self.open >= MAX_CONNECTIONS:
-            self.refused("connections", address)
+            self.refuse("connections", client=address)
             return False
         if self.open_by_address[address] >= MAX_CONNECTIONS_PER_ADDRESS:
-            self.refused("connections-per-address", address)
+            self.refuse("connections-per-address", client=address)
             return False
         return True
 
@@ -102,10 +99,9 @@ class HeadersFirstChannel(http.HTTPChannel):
     def _refuse(self, request: Any, code: int, reason: str, text: str) -> None:
         """Answer ``code`` and close, reading nothing more from this connection."""
         transport: Any = self.transport
-        peer = transport.getPeer()
-        refusals = getattr(getattr(self, "site", None), "header_refusals", None)
-        if isinstance(refusals, RefusalCounts):
-            refusals.refused(reason, str(getattr(peer, "host", "?")))
+        refusals = _counts_of(self)
+        if refusals is not None:
+            refusals.refuse(reason, client=_peer_host(self))
         body = json.dumps({"error": reason, "message": text}).encode() + b"\n"
         phrase = http.RESPONSES.get(code, b"Refused")
         head = [
@@ -130,8 +126,18 @@ def _ignore(*_: Any) -> None:
     pass
 
 
-def _opened(channel: HeadersFirstChannel, change: int) -> None:
+def _counts_of(channel: HeadersFirstChannel) -> RefusalCounts | None:
+    """The counts of the channel's site, where it keeps some."""
     refusals = getattr(getattr(channel, "site", None), "header_refusals", None)
-    if isinstance(refusals, RefusalCounts):
-        transport: Any = channel.transport
-        refusals.opened(str(getattr(transport.getPeer(), "host", "?")), change)
+    return refusals if isinstance(refusals, RefusalCounts) else None
+
+
+def _peer_host(channel: HeadersFirstChannel) -> str:
+    transport: Any = channel.transport
+    return str(getattr(transport.getPeer(), "host", "?"))
+
+
+def _opened(channel: HeadersFirstChannel, change: int) -> None:
+    refusals = _counts_of(channel)
+    if refusals is not None:
+        refusals.opened(_peer_host(channel), change)

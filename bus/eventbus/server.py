@@ -445,9 +445,7 @@ class EventBusService(Service):
         self._publish_rights = self.curve.uses("publish")
         if self.collector_socket is not None:
             self.collector_socket.keep_user_ids = self._publish_rights
-        core = getattr(self, "core", None)
-        if core is not None:
-            core.publish_rights = self._publish_of if self._publish_rights else None
+        self.core.publish_rights = self._publish_of if self._publish_rights else None
 
     def _publish_of(self, user_id: str) -> rights.Subtrees:
         return self.curve.rights(user_id, rights.publish_subtrees)

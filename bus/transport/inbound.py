@@ -22,11 +22,13 @@ No zmq import: the socket layer feeds :meth:`InboundGuard.accepted` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import socket
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +102,7 @@ class InboundPolicy:
             log,
             "closed {count} inbound connection(s) beyond the {what} limit; latest on {port} "
             "from {address}",
-            _monotonic,
+            time.monotonic,
         )
         self._audited = -1.0
 
@@ -129,7 +131,7 @@ class InboundPolicy:
 
     def may_audit(self) -> bool:
         """Whether a refusal may look again (:meth:`audit`): once a second at most."""
-        now = _monotonic()
+        now = time.monotonic()
         if now - self._audited < 1.0:
             return False
         self._audited = now
@@ -154,10 +156,6 @@ class InboundPolicy:
                 f"{g.name}:{','.join(map(str, sorted(g.ports)))}": g.held for g in self.guards
             },
         }
-
-
-def _monotonic() -> float:
-    return time.monotonic()
 
 
 class InboundGuard:
@@ -242,33 +240,37 @@ class InboundGuard:
 
     def _peer_of(self, fd: int) -> str | None:
         """The peer address of ``fd`` if it is a TCP connection accepted on our port."""
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            return None
-        try:
-            if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        with _borrowed(fd) as sock:
+            if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
                 return None
             if sock.getsockname()[1] not in self.ports:
                 return None
             return str(sock.getpeername()[0])
-        except OSError:
-            return None
-        finally:
-            sock.detach()  # libzmq's descriptor: never closed here
+        return None  # an OSError inside: the connection is gone
 
     def _shut(self, fd: int) -> None:
         """Shut the connection down; libzmq sees it end and closes the descriptor."""
-        try:
-            sock = socket.socket(fileno=fd)
-        except OSError:
-            return
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        finally:
-            sock.detach()
+        with _borrowed(fd) as sock:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def _borrowed(fd: int) -> Iterator[socket.socket | None]:
+    """libzmq's descriptor as a socket object (None if it is no socket now), never closed
+    here; an OSError inside (the connection gone meanwhile) is swallowed, leaving None
+    where a value was due."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        yield None
+        return
+    try:
+        yield sock
+    except OSError:
+        pass
+    finally:
+        sock.detach()
 
 
 _policy: InboundPolicy | None = None

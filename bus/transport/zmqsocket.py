@@ -560,9 +560,9 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             self.inbound = None
         monitor, self._monitor = self._monitor, None
         if monitor is not None:
-            # libzmq tells the monitor it stops with a blocking send: with the monitor's
-            # pipe full (1000 events nobody read, a flood of connections) that send would
-            # never return. Empty it first.
+            # libzmq sends monitor events with a blocking send: events nobody read (a
+            # flood of connections) could fill the pipe and block the I/O thread, holding
+            # the lock that stopping the monitor takes. Empty it first.
             monitor.discard_pending()
             with contextlib.suppress(zmq.ZMQError):
                 self.socket.disable_monitor()
