@@ -300,9 +300,10 @@ def test_sigterm_lets_the_running_job_finish_then_says_kbye(
     )  # fmt: skip
     yield wait_until(lambda: free_slots(broker) == 1, timeout=30, what="the worker's READY")
     client = client_of(broker, cleanup)
-    record = tmp_path / "record.txt"
-    slow = client.submit("default", run("record", str(record), "slow", 3))
-    yield wait_until(lambda: broker.status()["in_flight_count"] == 1, what="the slow job")
+    record, started = tmp_path / "record.txt", tmp_path / "started.txt"
+    slow = client.submit("default", run("begin_then_record", str(started), str(record), "slow", 3))
+    # Running in the job process, not only dispatched (see the grace-period test below).
+    yield wait_until(lambda: len(lines(started)) == 1, timeout=30, what="the slow job running")
     process.signal(signal.SIGTERM)
     yield wait_until(
         lambda: "waiting for 1 running job(s) at most 300s" in process.output(),
