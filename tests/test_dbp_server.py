@@ -147,7 +147,11 @@ def test_register_info_update_disconnect_with_dealer_and_req_clients(
         "/dbp/services/thermo/updated/",
         "/dbp/services/thermo/disconnected/",
     ]
-    assert len(service.messages) == 2  # nothing after DISCONNECT
+    # Nothing answers DISCONNECT. The catalog's own ZeroMQ heartbeats (<3) to a service
+    # that sends none over UDP may come in between on a loaded machine: they are not
+    # answers, and the register and update answers are still the first two messages.
+    answers = [m.command for m in replies(service) if m.command != codec.HEARTBEAT]
+    assert answers == [codec.APPROVED, codec.ACKNOWLEDGED]
 
 
 @pytest_twisted.inlineCallbacks
