@@ -153,7 +153,7 @@ def server_costs(
         # collect: _on_collected on the batches that were read, round after round
         store_proxy = TimingProxy(service.store)
         pub_proxy = TimingProxy(service.publisher_socket)
-        service.store = store_proxy  # type: ignore[assignment]
+        service.core.log = store_proxy  # type: ignore[assignment]
         service.publisher_socket = pub_proxy  # type: ignore[assignment]
         empty(sub)
         best: dict[str, float] | None = None
@@ -184,7 +184,7 @@ def server_costs(
             )
         store_methods = ", ".join(sorted(store_proxy.seconds)) or "-"
         pub_methods = ", ".join(sorted(pub_proxy.seconds)) or "-"
-        service.store = store_proxy._target
+        service.core.log = store_proxy._target
         service.publisher_socket = pub_proxy._target
         dealer.close()
         sub.close()

@@ -9,6 +9,7 @@ on a connection of its own, and :func:`final_checkpoint` when it closes.
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Literal
 
@@ -43,20 +44,44 @@ class Checkpointer:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._db: sqlite3.Connection | None = None
+        # Held while a checkpoint runs: close() never waits for it (a slow disk must not
+        # stall the reactor), it leaves the connection for the checkpoint to close.
+        self._lock = threading.Lock()
+        self._closed = False
 
     def run(self) -> tuple[int, int]:
-        """(pages in the WAL, pages copied). A checkpoint that cannot write (the database
-        cannot grow on a full disk) raises :class:`StorageError`; the WAL keeps every
-        commit, so nothing is lost."""
-        try:
-            if self._db is None:
-                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            row = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        except sqlite3.Error as error:
-            raise StorageError(error) from error
-        return int(row[1]), int(row[2])
+        """(pages in the WAL, pages copied); (0, 0) once closed. A checkpoint that cannot
+        write (the database cannot grow on a full disk) raises :class:`StorageError`; the
+        WAL keeps every commit, so nothing is lost."""
+        with self._lock:
+            if self._closed:
+                return 0, 0
+            try:
+                if self._db is None:
+                    self._db = sqlite3.connect(
+                        self.path, isolation_level=None, check_same_thread=False
+                    )
+                row = self._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            except sqlite3.Error as error:
+                raise StorageError(error) from error
+            finally:
+                if self._closed:  # closed while it ran: the connection is its to close
+                    self._disconnect()
+            return int(row[1]), int(row[2])
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Close its connection; False when a checkpoint is running (it closes the
+        connection when it ends)."""
+        self._closed = True
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            self._disconnect()
+        finally:
+            self._lock.release()
+        return True
+
+    def _disconnect(self) -> None:
         if self._db is not None:
             self._db.close()
             self._db = None

@@ -4,6 +4,9 @@ release, in-process events; a fake clock and an in-memory log (bus.testing)."""
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +15,10 @@ from twisted.logger import Logger
 
 from bus.eventbus import codec
 from bus.eventbus.codec import EventFields
-from bus.eventbus.core import EventBusCore
+from bus.eventbus.core import EventBusCore, Turn
+from bus.eventbus.eventlog import PairLog
+from bus.eventbus.pair_core import Change
+from bus.eventbus.store import EventStore
 from bus.testing import MemoryEventLog
 
 log = Logger(namespace="test.eventbus.core")
@@ -89,6 +95,7 @@ class FakePair:
         self.limit = 0
         self.forwarded: list[EventFields] = []
         self.passive_got: list[int] = []
+        self.held: list[EventFields] = []
 
     def stores(self) -> bool:
         return self.active
@@ -101,6 +108,10 @@ class FakePair:
 
     def release_limit(self) -> int:
         return self.limit
+
+    def take_held(self) -> list[EventFields]:
+        held, self.held = self.held, []
+        return held
 
 
 def test_in_a_pair_a_batch_is_released_only_as_far_as_the_pair_allows() -> None:
@@ -126,10 +137,74 @@ def test_in_a_pair_a_batch_is_released_only_as_far_as_the_pair_allows() -> None:
     pair.active = True
     core.collect([pub(b"/c/", 10)])
     assert core.released == 5 and core.take_broadcasts() == []
-    core.became_active(from_doubt=False)
+    core.pair_changed(Change(0.0, "passive", "active", "failover"))
     assert core.released == 6 and not core.unreleased
-    core.became_passive()
-    assert not core.unreleased
+    assert core.take_turns() == [Turn("active", 6)]
+    core.pair_changed(Change(0.0, "active", "passive", "rejoin"))
+    assert not core.unreleased and core.take_turns() == [Turn("passive", 6)]
+
+
+def test_the_pair_talks_to_the_core_and_the_service_is_woken_after_each_change() -> None:
+    core, memory, _ = made()
+    pair = FakePair()
+    pair.active = False
+    core.pair = pair
+    wakes: list[tuple[list[Turn], list[int], bool]] = []
+    core.woken = lambda: wakes.append(
+        (core.take_turns(), broadcast_sequences(core), core.collector_paused)
+    )
+    # A passive holding all it may: the collector is not read until it hands them over.
+    core.hold_collector(True)
+    assert wakes.pop() == ([], [], True) and core.collector_paused
+    pair.held = [(b"/held/", b"p", b"t", UUID, b"\xc0")] * 2
+    # It becomes active: the turn (and the sequence its first heartbeat says) comes
+    # before the held events are stored and broadcast, and the collector is read again.
+    pair.active = True
+    pair.limit = 10
+    core.pair_changed(Change(0.0, "passive", "active", "failover"))
+    assert wakes.pop() == ([Turn("active", 0)], [1, 2], False)
+    assert [row[1] for row in memory.rows] == [b"/held/", b"/held/"] and pair.held == []
+    # Events a passive forwards are stored and broadcast at once.
+    core.accept_forwarded([(b"/fw/", b"p", b"t", UUID, b"\xc0")])
+    assert wakes.pop() == ([], [3], False)
+    # A release the passive's acknowledgement allows.
+    pair.limit = 3
+    core.collect([pub(b"/a/", 1), pub(b"/a/", 2)])
+    assert broadcast_sequences(core) == []
+    pair.limit = 5
+    core.pair_release()
+    assert wakes.pop() == ([], [4, 5], False)
+    # From doubt back to active: nothing stored is taken back, nothing released again.
+    core.pair_changed(Change(0.0, "doubt", "active", "peer back"))
+    assert wakes.pop() == ([Turn("active", 5)], [], False) and not wakes
+
+
+def test_a_passive_replaces_a_log_of_another_bus_and_keeps_the_old_one_aside(
+    tmp_path: Path,
+) -> None:
+    store = EventStore(tmp_path)
+    store.append_fields([(b"/mine/", b"p", b"t", UUID, b"\xc0")], 1.0)
+    old_id = store.store_id
+    core: EventBusCore[PairLog] = EventBusCore(
+        store, max_data_bytes=1024, clock=Clock().seconds, logger=log
+    )
+    wakes: list[int] = []
+    core.woken = lambda: wakes.append(1)
+    core.replace_log("the-active's-id")
+    new = core.log
+    assert wakes == [1] and new is not store
+    assert new.store_id == "the-active's-id" and new.count() == 0 and new.last_sequence == 0
+    assert store.path.name == f"events.sqlite3.replaced-{old_id}"
+    kept = sqlite3.connect(store.path)
+    try:
+        assert kept.execute("SELECT topic FROM events").fetchall() == [(b"/mine/",)]
+    finally:
+        kept.close()
+    new.close()
+    # The replacement is the log found at the next start.
+    again = EventStore(tmp_path)
+    assert again.store_id == "the-active's-id" and again.count() == 0
+    again.close()
 
 
 def test_events_made_in_this_process_are_one_batch_and_bounded() -> None:

@@ -12,6 +12,13 @@ retries on its own timer.
 Store, then broadcast: nothing is broadcast before the commit that makes it durable, so a
 subscriber never sees an event a crash could take back. In a pair, the passive gets each
 batch first and it is released when the pair says clients may see it.
+
+The pair (:class:`bus.eventbus.pair.Pair`) talks to the core, never to the service: it
+hands over forwarded events, releases, holds the collector, turns this server active or
+passive and replaces the log (:class:`bus.eventbus.pair.PairHost`). What that changes
+for the service (a turn to act on, broadcasts) waits in :attr:`EventBusCore.turns` and
+:attr:`EventBusCore.broadcasts`, and :attr:`EventBusCore.woken` tells the service to
+take it.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from twisted.logger import Logger
 
@@ -27,11 +34,15 @@ from bus.droplog import DropCounter
 from bus.errors import StorageError
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, EventFields
-from bus.eventbus.eventlog import EventLog
+from bus.eventbus.eventlog import EventLog, PairLog
+from bus.eventbus.pair_core import Change
 from bus.eventbus.rights import Subtrees
 
 #: A key's publish subtrees (None: every topic) by its Z85 User-Id.
 PublishRights = Callable[[str], Subtrees]
+
+#: The log a core stores into: any :class:`EventLog`; a paired core's is a :class:`PairLog`.
+L = TypeVar("L", bound=EventLog)
 
 
 class PairRelease(Protocol):
@@ -53,6 +64,10 @@ class PairRelease(Protocol):
         """The highest sequence clients may see now."""
         ...
 
+    def take_held(self) -> list[EventFields]:
+        """What publishers handed this server while it was not active (and forget it)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Broadcast:
@@ -62,19 +77,30 @@ class Broadcast:
     fields: list[EventFields]
 
 
-class EventBusCore:
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """The pair turned this server ``active`` or ``passive``; ``released``: the highest
+    sequence clients could see at the turn (what its first heartbeat says, before the
+    events it held are stored and broadcast)."""
+
+    state: str
+    released: int
+
+
+class EventBusCore(Generic[L]):
     """What the bus accepts, stores and broadcasts (see the module's text)."""
 
     def __init__(
         self,
-        log: EventLog,
+        log: L,
         *,
         max_data_bytes: int,
         clock: Callable[[], float],
         logger: Logger,
         local_limit: int = 200_000,
     ) -> None:
-        self.log = log
+        self.log: L = log
+        self.logger = logger
         self.max_data_bytes = max_data_bytes
         self.clock = clock
         self.local_limit = local_limit
@@ -85,6 +111,12 @@ class EventBusCore:
         self.publish_rights: PublishRights | None = None
         #: What clients may see now, in order; the service takes it (:meth:`take_broadcasts`).
         self.broadcasts: list[Broadcast] = []
+        #: The pair's turns the service has not acted on yet, in order (:meth:`take_turns`).
+        self.turns: list[Turn] = []
+        #: The pair holds the collector: it has more events to forward than it may hold.
+        self.pair_holds_collector = False
+        #: Called after the pair changed something the service acts on (set by the service).
+        self.woken: Callable[[], None] = lambda: None
         #: The highest sequence clients may see (broadcast, in snapshots, in heartbeats):
         #: in a pair with sync replication, only what the passive has stored.
         self.released = log.last_sequence
@@ -172,8 +204,9 @@ class EventBusCore:
 
     @property
     def collector_paused(self) -> bool:
-        """True while refused events wait for the log (the collector is not read)."""
-        return bool(self.waiting)
+        """True while refused events wait for the log, or while the pair has more events
+        to forward than it may hold: the collector is not read."""
+        return bool(self.waiting) or self.pair_holds_collector
 
     def accept(self, fields: list[EventFields]) -> None:
         """Store then broadcast; when the log refuses, the events wait (in order) and
@@ -254,19 +287,58 @@ class EventBusCore:
         broadcasts, self.broadcasts = self.broadcasts, []
         return broadcasts
 
-    # -- the pair's turns ----------------------------------------------------------------------
+    def take_turns(self) -> list[Turn]:
+        """The pair's turns to act on, in order (and forget them); act on them before
+        broadcasting what :meth:`take_broadcasts` gives."""
+        turns, self.turns = self.turns, []
+        return turns
 
-    def became_active(self, from_doubt: bool) -> None:
-        """This server serves now: unless it only doubted, what it stored unreleased as a
-        passive is its own to release from the log's end."""
-        if not from_doubt:
+    # -- what the pair asks (bus.eventbus.pair.PairHost) ----------------------------------------
+
+    def pair_changed(self, change: Change) -> None:
+        """The pair turned this server active (it serves) or passive (it does not)."""
+        if change.new == "active":
+            if change.old != "doubt":
+                # What it stored unreleased as a passive is its own to release.
+                self.unreleased.clear()
+                self.released = self.log.last_sequence
+            self.turns.append(Turn("active", self.released))
+            assert self.pair is not None
+            held = self.pair.take_held()
+            self.pair_holds_collector = False
+            if held:
+                self.accept(held)
+        elif change.new == "passive":
+            # What was stored but not released may be dropped when rejoining.
             self.unreleased.clear()
-            self.released = self.log.last_sequence
+            self.turns.append(Turn("passive", self.released))
+        self.woken()
 
-    def became_passive(self) -> None:
-        """What was stored but not released may be dropped when rejoining."""
-        self.unreleased.clear()
+    def accept_forwarded(self, fields: list[EventFields]) -> None:
+        """Events the passive collected, for this active to store and broadcast."""
+        self.accept(fields)
+        self.woken()
 
-    def log_replaced(self, log: EventLog) -> None:
-        """The pair set this log aside for another (a passive of another bus's log)."""
-        self.log = log
+    def pair_release(self) -> None:
+        """The passive acknowledged more: release what the pair allows now."""
+        self.release()
+        self.woken()
+
+    def hold_collector(self, held: bool) -> None:
+        """The pair holds as many events as it may (True), or handed them over (False)."""
+        self.pair_holds_collector = held
+        self.woken()
+
+    def replace_log(self: EventBusCore[PairLog], store_id: str) -> None:
+        """A passive whose log is another bus's: keep it aside, take a new empty one
+        under the active's store id (raises StorageError)."""
+        old = self.log
+        self.log = old.set_aside(store_id)
+        self.logger.warn(
+            "pair: this log ({old}) is not the active's ({new}): kept aside as {aside}; "
+            "copying the active's log into a new one",
+            old=old.store_id,
+            new=store_id,
+            aside=str(old.path),
+        )
+        self.woken()

@@ -56,9 +56,10 @@ ALONE_REMINDER = 10.0
 
 
 class PairHost(Protocol):
-    """What the pair needs of the Event BUS service."""
+    """What the pair asks of the Event BUS's core (:class:`bus.eventbus.core.EventBusCore`):
+    the pair talks to the rules, never to the service's sockets."""
 
-    store: PairLog
+    log: PairLog
 
     @property
     def released(self) -> int: ...
@@ -67,13 +68,11 @@ class PairHost(Protocol):
 
     def accept_forwarded(self, fields: list[EventFields]) -> None: ...
 
-    def replace_store(self, store_id: str) -> None: ...
+    def replace_log(self, store_id: str) -> None: ...
 
-    def release(self) -> None: ...
+    def pair_release(self) -> None: ...
 
-    def pause_collector(self) -> None: ...
-
-    def resume_collector(self) -> None: ...
+    def hold_collector(self, held: bool) -> None: ...
 
 
 def join_marks(last: int, count: int = JOIN_MARKS) -> list[int]:
@@ -170,7 +169,7 @@ class Pair:
     def start(self) -> None:
         """Bind the link (raises zmq.ZMQError), connect to the peer, start beating."""
         config = self.config
-        store = self.host.store
+        store = self.host.log
         now = self.reactor.seconds()
         self.core = PairCore(
             config.role,
@@ -178,7 +177,7 @@ class Pair:
             failover_timeout=config.failover_timeout,
             alone_timeout=config.alone_timeout,
             now=now,
-            sequence=lambda: self.host.store.last_sequence,
+            sequence=lambda: self.host.log.last_sequence,
             window=config.window,
             say=self._say,
         )
@@ -269,7 +268,7 @@ class Pair:
             new=change.new,
             reason=change.reason,
         )
-        store = self.host.store
+        store = self.host.log
         if change.new == "active":
             try:
                 store.set_meta("ha_term", str(core.term))
@@ -292,7 +291,7 @@ class Pair:
         self.host.pair_changed(change)
         self._send_state()
         if change.new == "active":
-            self.host.release()
+            self.host.pair_release()
 
     # -- the beat ----------------------------------------------------------------------------
 
@@ -313,7 +312,7 @@ class Pair:
         dealer = self.dealer
         if dealer is None:
             return
-        store = self.host.store
+        store = self.host.log
         core = self.core
         dealer.send_frames(
             pair_codec.state_frames(
@@ -385,7 +384,7 @@ class Pair:
         if self.core.state not in ("active", "doubt"):
             self.drops.drop("join-not-active", "JOIN while not active")
             return
-        store = self.host.store
+        store = self.host.log
         common = 0
         if join.store_id == store.store_id and join.marks:
             mine = store.event_ids(sequence for sequence, _ in join.marks)
@@ -414,7 +413,7 @@ class Pair:
         """Send the passive what it lacks from the store (catch-up), within the window."""
         if not self.joined or self.core.state not in ("active", "doubt"):
             return
-        store = self.host.store
+        store = self.host.log
         last = store.last_sequence
         while self.position < last and self.position - self.acked < MAX_IN_FLIGHT:
             events = store.read_rows(self.position, last, limit=CATCHUP_CHUNK)
@@ -471,7 +470,7 @@ class Pair:
                     sequence=self.acked,
                 )
             self.alone_since = None
-        self.host.release()
+        self.host.pair_release()
         self._pump()
 
     def _check_passive(self, now: float) -> None:
@@ -479,7 +478,7 @@ class Pair:
         left behind; one that is not paired is reminded of, loudly, every few seconds."""
         timeout = self.config.alone_timeout
         if self.paired:
-            waiting = self.position > self.acked or self.host.store.last_sequence > self.acked
+            waiting = self.position > self.acked or self.host.log.last_sequence > self.acked
             silent = now - self.core.peer_heard
             stuck = now - self._ack_progress_at
             if (waiting and stuck >= timeout) or silent >= timeout:
@@ -513,11 +512,11 @@ class Pair:
         # The passive hears it before anything unreplicated is released: it no longer
         # counts itself in sync, so it will not take over without those events.
         self._send_state()
-        self.host.release()
+        self.host.pair_release()
 
     def release_limit(self) -> int:
         """The highest sequence that may be released to clients now."""
-        last = self.host.store.last_sequence
+        last = self.host.log.last_sequence
         state = self.core.state
         if state == "doubt":
             return self.host.released
@@ -528,7 +527,7 @@ class Pair:
     # -- the passive: replication in ---------------------------------------------------------
 
     def _send_join(self) -> None:
-        store = self.host.store
+        store = self.host.log
         last = store.last_sequence
         ids = store.event_ids(join_marks(last))
         marks = tuple((sequence, ids[sequence]) for sequence in join_marks(last) if sequence in ids)
@@ -544,7 +543,7 @@ class Pair:
         if (
             peer is not None
             and peer.state == "active"
-            and peer.sequence > self.host.store.last_sequence
+            and peer.sequence > self.host.log.last_sequence
             and now - self._events_at >= self.config.failover_timeout
         ):
             # The active holds more and sent nothing for a while: an EVENTS was lost.
@@ -556,14 +555,14 @@ class Pair:
         if self.core.state != "passive":
             self.drops.drop("rewind-not-passive", "REWIND while not passive")
             return
-        store = self.host.store
+        store = self.host.log
         try:
             if rewind.store_id != store.store_id:
                 if store.count():
-                    self.host.replace_store(rewind.store_id)
+                    self.host.replace_log(rewind.store_id)
                 else:
                     store.adopt_store_id(rewind.store_id)
-                store = self.host.store
+                store = self.host.log
             tail = store.read_rows(rewind.common, limit=MAX_ORPHANS)
             dropped = store.truncate_after(rewind.common)
             store.set_meta("ha_term", str(rewind.term))
@@ -591,7 +590,7 @@ class Pair:
     def _on_events(self, message: Events) -> None:
         if self.core.state != "passive" or not self.rewound:
             return  # a stream for an earlier join, or we are active now
-        store = self.host.store
+        store = self.host.log
         if message.after != store.last_sequence:
             self.gaps += 1
             self.rewound = False
@@ -635,7 +634,7 @@ class Pair:
             fields = fields[: max(room, 0)]
         self.held.extend(fields)
         if len(self.held) >= self.hold_limit:
-            self.host.pause_collector()
+            self.host.hold_collector(True)
 
     def _active_peer(self) -> bool:
         peer = self.core.peer
@@ -654,7 +653,7 @@ class Pair:
                 return
             del self.held[:512]
             self.forwarded += len(chunk)
-        self.host.resume_collector()
+        self.host.hold_collector(False)
 
     def _republish(self) -> None:
         """Caught up after a rejoin: hand the active the dropped events it does not hold
@@ -662,7 +661,7 @@ class Pair:
         assert self._orphans is not None
         above, orphans = self._orphans
         self._orphans = None
-        present = self.host.store.ids_present(above, (fields[3] for fields in orphans))
+        present = self.host.log.ids_present(above, (fields[3] for fields in orphans))
         missing = [fields for fields in orphans if fields[3] not in present]
         if missing:
             self.republished += len(missing)
@@ -716,7 +715,7 @@ class Pair:
     def behind(self) -> int | None:
         """Events the passive lacks: seen from the active, or from the passive."""
         core = self.core
-        last = self.host.store.last_sequence
+        last = self.host.log.last_sequence
         if core.state in ("active", "doubt"):
             return last - self.acked if self.joined else None
         peer = core.peer

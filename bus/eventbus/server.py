@@ -41,9 +41,8 @@ from bus.eventbus.config import EventBusConfig
 from bus.eventbus.core import EventBusCore
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
-from bus.eventbus.pair_core import Change
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
-from bus.eventbus.store import DB_NAME, EventStore
+from bus.eventbus.store import EventStore
 from bus.files import write_status_json
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.periodic import Periodic
@@ -81,14 +80,13 @@ class EventBusService(Service):
         self.config = config
         self.reactor: Any = reactor_of(reactor)
         self.clock = clock
-        self.store: PairLog
         self.snapshot_socket: ZmqSocket | None = None
         self.publisher_socket: ZmqSocket | None = None
         self.collector_socket: ZmqSocket | None = None
         self.port = config.port
         self.endpoints: dict[str, str] = {}
         #: The rules (sans I/O): made at start, with the log it stores into.
-        self.core: EventBusCore
+        self.core: EventBusCore[PairLog]
         self._local_flush: DelayedCall | None = None
         self.snapshots: SnapshotScheduler
         self.max_lag = 0.0
@@ -132,7 +130,7 @@ class EventBusService(Service):
     def startService(self) -> None:
         config = self.config
         try:
-            self.store = EventStore(
+            store = EventStore(
                 config.data_dir,
                 durability=config.durability,
                 topic_index=config.retention.latest_per_topic,
@@ -140,15 +138,16 @@ class EventBusService(Service):
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         self.core = EventBusCore(
-            self.store,
+            store,
             max_data_bytes=config.max_data_bytes,
             clock=self.clock,
             logger=log,
             local_limit=config.collector_hwm,
         )
+        self.core.woken = self._pair_acted
         self.snapshots = SnapshotScheduler(
             self.reactor,
-            self.store,
+            store,
             config,
             lambda: self.snapshot_socket,
             released=lambda: self.released,
@@ -197,7 +196,7 @@ class EventBusService(Service):
     def _start_pair(self) -> None:
         assert self._factory is not None and self.config.pair is not None
         self.pair = Pair(
-            self,
+            self.core,
             self.config.pair,
             bind=self.config.bind,
             base_port=self.port,
@@ -456,7 +455,7 @@ class EventBusService(Service):
 
     def _carry_out(self) -> None:
         """Do what the core decided: broadcast what clients may see, in order; pause the
-        collector (and retry later) while the log refuses."""
+        collector while the core says so (and retry later while the log refuses)."""
         core = self.core
         if core.broadcasts:
             pub = self.publisher_socket
@@ -466,16 +465,14 @@ class EventBusService(Service):
                     pub.send_many(codec.broadcast_messages(batch.first, batch.fields, encoding))
                 if self._watchers:
                     self._tell_watchers(batch.first, batch.fields)
-        if core.waiting and self._retry is None:
-            if self.collector_socket is not None:
-                self.collector_socket.pause_reading()
-            self._storage_failed()
-
-    def release(self) -> None:
-        """Broadcast what the pair allows now (everything, alone or unpaired; what the
-        passive acknowledged, paired with sync replication)."""
-        self.core.release()
-        self._carry_out()
+        sock = self.collector_socket
+        if core.collector_paused:
+            if sock is not None:
+                sock.pause_reading()
+            if core.waiting and self._retry is None:
+                self._storage_failed()
+        elif sock is not None and sock.reading_paused and self.running:
+            sock.resume_reading()
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call ``watcher(first_sequence, fields)`` with every batch as it is broadcast
@@ -496,66 +493,35 @@ class EventBusService(Service):
             except Exception:  # a watcher's bug must not stop the broadcast
                 log.failure("a watcher of the broadcast failed")
 
-    # -- the pair's hooks (see bus.eventbus.pair.PairHost) -------------------------------------
+    # -- what the pair did through the core ---------------------------------------------------
 
-    def pair_changed(self, change: Change) -> None:
-        """Serve, or stop serving, as the pair's state changed."""
-        if change.new == "active":
-            self.core.became_active(from_doubt=change.old == "doubt")
-            self._heartbeat()
-            assert self.pair is not None
-            held = self.pair.take_held()
-            if held:
-                self._accept(held)
-            self.resume_collector()
-            now = self.reactor.seconds()
-            requests, self._held_requests = self._held_requests, deque(maxlen=1024)
-            for at, identity, request in requests:
-                if now - at <= self.config.pair.failover_timeout * 2:  # type: ignore[union-attr]
-                    self.snapshots.request(identity, request)
-        elif change.new == "passive":
-            # What was stored but not released may be dropped when rejoining; streams
-            # in progress end (their clients ask the active).
-            self.core.became_passive()
-            self.snapshots.abandon_all()
+    def _pair_acted(self) -> None:
+        """The pair changed the core (a turn, a release, events forwarded, the collector
+        held, the log replaced): serve, or stop serving, and send what is due."""
+        core = self.core
+        if self.snapshots.store is not core.log:
+            self.snapshots.store = core.log  # replaced: snapshots read the new one
+        turns = core.take_turns()
+        for turn in turns:
+            if turn.state == "active":
+                self._heartbeat(turn.released)
+        self._carry_out()
+        for turn in turns:
+            if turn.state == "active":
+                self._answer_held_requests()
+            else:
+                # Streams in progress end: their clients ask the active.
+                self.snapshots.abandon_all()
 
-    def accept_forwarded(self, fields: list[codec.EventFields]) -> None:
-        self._accept(fields)
-
-    def pause_collector(self) -> None:
-        if self.collector_socket is not None:
-            self.collector_socket.pause_reading()
-
-    def resume_collector(self) -> None:
-        if self.collector_socket is not None and not self.core.waiting:
-            self.collector_socket.resume_reading()
-
-    def replace_store(self, store_id: str) -> None:
-        """A passive whose log is another bus's: keep it aside, start an empty one."""
-        old = self.store
-        # A checkpoint may be running on the old store's thread: it keeps its connection.
-        old.close(checkpoint_running=self._checkpoints.running)
-        aside = f"{DB_NAME}.replaced-{old.store_id}"
-        for suffix in ("", "-wal", "-shm"):
-            path = old.directory / f"{DB_NAME}{suffix}"
-            if path.exists():
-                path.rename(old.directory / f"{aside}{suffix}")
-        log.warn(
-            "pair: this log ({old}) is not the active's ({new}): kept aside as {aside}; "
-            "copying the active's log into a new one",
-            old=old.store_id,
-            new=store_id,
-            aside=aside,
-        )
-        config = self.config
-        self.store = EventStore(
-            config.data_dir,
-            durability=config.durability,
-            topic_index=config.retention.latest_per_topic,
-        )
-        self.store.adopt_store_id(store_id)
-        self.snapshots.store = self.store
-        self.core.log_replaced(self.store)
+    def _answer_held_requests(self) -> None:
+        """SYNCSTARTs that reached this server while it did not serve, recent enough that
+        their clients still wait."""
+        assert self.config.pair is not None
+        now = self.reactor.seconds()
+        requests, self._held_requests = self._held_requests, deque(maxlen=1024)
+        for at, identity, request in requests:
+            if now - at <= self.config.pair.failover_timeout * 2:
+                self.snapshots.request(identity, request)
 
     # -- when the store cannot write ---------------------------------------------------------
 
@@ -577,8 +543,7 @@ class EventBusService(Service):
 
     def _retry_waiting(self) -> None:
         self._retry = None
-        if self._store_waiting() and self.collector_socket is not None:
-            self.collector_socket.resume_reading()
+        self._store_waiting()  # once stored, the collector is read again
 
     def _store_waiting(self) -> bool:
         """Try the waiting events once more; True once they are stored and broadcast."""
@@ -684,6 +649,11 @@ class EventBusService(Service):
     # -- the core's state, as the service has always shown it ---------------------------------
 
     @property
+    def store(self) -> PairLog:
+        """The event log (the pair may replace it: always the core's)."""
+        return self.core.log
+
+    @property
     def drops(self) -> DropCounter:
         return self.core.drops
 
@@ -709,14 +679,17 @@ class EventBusService(Service):
 
     # -- periodic work ---------------------------------------------------------------------
 
-    def _heartbeat(self) -> None:
+    def _heartbeat(self, sequence: int | None = None) -> None:
+        """Tell clients the highest sequence they may have (``released`` unless given)."""
         if self.pair is not None and not self.pair.serves():
             return  # silence tells clients to try the other server
         pub = self.publisher_socket
         if pub is not None and not pub.closed:
             pub.send_frames(
                 codec.heartbeat_frames(
-                    self.released, self.store.store_id, self.config.sequence_encoding
+                    self.released if sequence is None else sequence,
+                    self.store.store_id,
+                    self.config.sequence_encoding,
                 )
             )
 

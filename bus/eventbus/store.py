@@ -103,6 +103,8 @@ class EventStore:
     ) -> None:
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
+        self._durability: Durability = durability
+        self._topic_index = topic_index
         self._db = open_wal(self.path, durability)
         self._checkpointer = Checkpointer(self.path)
         try:
@@ -418,12 +420,30 @@ class EventStore:
         raises :class:`StorageError`; the WAL keeps every commit, so nothing is lost."""
         return self._checkpointer.run()
 
+    def set_aside(self, store_id: str) -> EventStore:
+        """Close this log, rename its files ``events.sqlite3.replaced-<store id>*`` (kept
+        for the operator: :attr:`path` names them after) and return a new, empty log in
+        the same directory under ``store_id`` (a passive of another bus's log)."""
+        self.close()
+        aside = f"{DB_NAME}.replaced-{self.store_id}"
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                path = self.directory / f"{DB_NAME}{suffix}"
+                if path.exists():
+                    path.rename(self.directory / f"{aside}{suffix}")
+        except OSError as error:
+            raise StorageError(error) from error
+        self.path = self.directory / aside
+        fresh = EventStore(self.directory, self._durability, self._topic_index)
+        fresh.adopt_store_id(store_id)
+        return fresh
+
     def close(self, checkpoint_running: bool = False) -> None:
         """Close, after a last checkpoint that empties the WAL.
 
-        Call it once no checkpoint() is running, or say that one still is
-        (``checkpoint_running``): then its connection is left to it and the final
-        checkpoint is skipped (it would wait for the running one).
+        While a checkpoint() runs (or the caller says one will, ``checkpoint_running``)
+        its connection is left to it and the final checkpoint is skipped (it would wait
+        for the running one).
 
         The connection is closed in every case. A final checkpoint that fails (a full
         disk) raises :class:`StorageError` after that: the WAL keeps every commit and
@@ -432,9 +452,7 @@ class EventStore:
             return
         self._closed = True
         try:
-            if checkpoint_running:
-                return
-            self._checkpointer.close()
-            final_checkpoint(self._db)
+            if self._checkpointer.close() and not checkpoint_running:
+                final_checkpoint(self._db)
         finally:
             self._db.close()
