@@ -28,8 +28,8 @@ from bus.droplog import DropCounter
 from bus.errors import StartupError
 from bus.files import replace_atomically
 from bus.metrics import Metric, counter, counters_by, gauge
-from bus.periodic import Periodic
 from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
 from bus.transport.udp import BeaconSender, InterfaceError, UdpPort, interface_address
 from bus.transport.zmqsocket import (
     PeerUnreachable,
@@ -76,14 +76,12 @@ class CatalogService(Service):
             self._activity,
             self.drops.drop,
         )
-        self._factory: SocketFactory | None = None
         self.router: ZmqSocket | None = None
         self.udp: UdpPort | None = None
         self.beacon_port: UdpPort | None = None
         self.beacon: BeaconSender | None = None
         self.port = 0
         self.endpoint = ""
-        self._periodic = Periodic(self.reactor, log)
         self._stopping: defer.Deferred[None] | None = None
         self.messages = 0
         self.udp_heartbeats = 0
@@ -95,6 +93,7 @@ class CatalogService(Service):
         #: CURVE on the ROUTER; with an allow-list, a key's ``names`` are the services it
         #: may register. (UDP heartbeats carry no key: only a port number.)
         self.curve = ServerCurve("dbp", config.curve, self.reactor.seconds)
+        self.ports = ServerPorts(self.reactor, self.curve, log)
         #: Whether some certificate names ``names`` (each message's key read only then).
         self._rights = False
         self.curve.on_reload.append(self._rights_changed)
@@ -116,21 +115,12 @@ class CatalogService(Service):
             interface = interface_address(config.beacon_interface)
         except InterfaceError as error:
             raise StartupError("beacon-interface", str(error)) from None
-        try:
-            self.curve.load()
-            self._factory = SocketFactory(self.reactor)
-            self.curve.start(self._factory, self._periodic)
-            self._rights = self.curve.uses("names")
-            self._open(interface.broadcast)
-        except BaseException:
-            self._close()
-            raise
+        self.ports.open(lambda factory: self._open(factory, interface.broadcast), self._close_ports)
         self.restored = self.core.restore(saved)
         kept = sum(entry.active for entry in self.core.entries.values())
         Service.startService(self)
-        self.curve.warn_if_open(config.bind, [self.endpoint])
-        self.curve.log_security([self.endpoint])
-        self._periodic.every(config.heartbeat_interval, self._tick)
+        self.ports.announce(config.bind, [self.endpoint])
+        self.ports.periodic.every(config.heartbeat_interval, self._tick)
         log.info(
             "DBP catalog on {endpoint} (UDP heartbeats on {port}), beacon SHALOM to {beacon}; "
             "{restored} services restored ({kept} kept active, the others inactive until they "
@@ -142,12 +132,12 @@ class CatalogService(Service):
             kept=kept,
         )
 
-    def _open(self, broadcast: str) -> None:
+    def _open(self, factory: SocketFactory, broadcast: str) -> None:
         config = self.config
-        assert self._factory is not None
+        self._rights = self.curve.uses("names")
         # Peer addresses: Hermes' Service advertises 127.0.0.1 whatever its address, and the
         # connection's is the honest one.
-        self.router = self._factory.socket(
+        self.router = factory.socket(
             zmq.ROUTER,
             self._on_messages,
             SocketOptions(
@@ -290,22 +280,23 @@ class CatalogService(Service):
     def stopService(self) -> defer.Deferred[None]:
         if self._stopping is None:
             Service.stopService(self)
-            self._periodic.stop_all()
+            self.ports.periodic.stop_all()
             self._save_if_changed()
             self._stopping = self._close()
         return self._stopping
 
     def _close(self) -> defer.Deferred[None]:
+        closed = self._close_ports()
+        self.ports.close()
+        return closed
+
+    def _close_ports(self) -> defer.Deferred[None]:
         if self.beacon is not None:
             self.beacon.stop()
             self.beacon = None
         if self.router is not None:
             self.router.shutdown()
             self.router = None
-        self.curve.stop()
-        if self._factory is not None:
-            self._factory.shutdown()
-            self._factory = None
         closing = [port.close() for port in (self.udp, self.beacon_port) if port is not None]
         self.udp = self.beacon_port = None
         return defer.gatherResults(closing).addCallback(lambda _: None)

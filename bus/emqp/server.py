@@ -31,9 +31,9 @@ from bus.errors import StartupError, StorageError
 from bus.files import write_status_json
 from bus.memory import MemoryRelease
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.periodic import Periodic
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
@@ -98,8 +98,6 @@ class EmqpService(Service):
         self.worker_socket: ZmqSocket | None = None
         self.client_socket: ZmqSocket | None = None
         self.admin_socket: ZmqSocket | None = None
-        self._factory: SocketFactory | None = None
-        self._periodic = Periodic(self.reactor, log)
         self._faults = RateLimit(self.reactor.seconds)
         self._stopping: defer.Deferred[None] | None = None
         self._started_at = 0.0
@@ -131,6 +129,7 @@ class EmqpService(Service):
         #: CURVE on the three ports; with an allow-list, a key's ``role`` says which ports
         #: it may connect to and its ``queues`` which queues it may serve or use.
         self.curve = ServerCurve("emqp", config.curve, self.reactor.seconds, policy=_role_policy)
+        self.ports = ServerPorts(self.reactor, self.curve, log)
         #: Whether messages are checked against their key's queues: only while some
         #: certificate of the allow-list names ``queues`` (reading each message's User-Id
         #: and looking its rights up costs about a tenth of the broker's rate over CURVE).
@@ -147,26 +146,15 @@ class EmqpService(Service):
             raise StartupError("data-dir", f"cannot open the job store: {error}") from None
         broker = Broker(config.broker, self.reactor.seconds, log, self.store, self.activity)
         self.broker = broker
-        try:
-            self.curve.load()
-            self._factory = SocketFactory(self.reactor)
-            self.curve.start(self._factory, self._periodic)
-            self._rights = self.curve.uses("queues")
-            self._bind_all()
-        except BaseException:
-            self.curve.stop()
-            self._close_sockets()
-            self.store.close()
-            raise
+        self.ports.open(self._bind_all, undo=self._undo_start)
         Service.startService(self)
-        self.curve.warn_if_open(config.bind, sorted(self.endpoints.values()))
-        self.curve.log_security(sorted(self.endpoints.values()))
+        self.ports.announce(config.bind, self.endpoints.values())
         self._started_at = self.reactor.seconds()
         restored = broker.restore()
         schedules = broker.restore_schedules()
         interval = config.broker.heartbeat_interval
         self._heartbeat_due = self.reactor.seconds() + interval
-        every = self._periodic.every
+        every = self.ports.periodic.every
         every(interval, self._heartbeat)
         every(config.timeout_check, self._expire)
         self._checkpoints.start()
@@ -188,8 +176,13 @@ class EmqpService(Service):
         )
         self._arm_schedules()
 
-    def _bind_all(self) -> None:
-        assert self._factory is not None
+    def _undo_start(self) -> None:
+        self._close_sockets()
+        assert self.store is not None
+        self.store.close()
+
+    def _bind_all(self, factory: SocketFactory) -> None:
+        self._rights = self.curve.uses("queues")
         config = self.config
         options = SocketOptions(
             send_hwm=config.hwm,
@@ -204,7 +197,6 @@ class EmqpService(Service):
         # byte bound of the answers' outboxes is what a client that does not read costs.
         answering = replace(options, send_hwm=config.client_hwm)
         budget = config.read_budget
-        factory = self._factory
         self.worker_socket = factory.socket(
             zmq.ROUTER, self._on_workers, options, read_budget=budget, name="emqp-workers"
         )
@@ -239,9 +231,6 @@ class EmqpService(Service):
             if sock is not None:
                 sock.shutdown()
         self.worker_socket = self.client_socket = self.admin_socket = None
-        if self._factory is not None:
-            self._factory.shutdown()
-            self._factory = None
 
     def stopService(self) -> defer.Deferred[None]:
         if self._stopping is not None:
@@ -250,7 +239,7 @@ class EmqpService(Service):
         if not self.running:
             return self._stopping
         Service.stopService(self)
-        self._periodic.stop_all()
+        self.ports.periodic.stop_all()
         for timer in (self._storage_retry, self._schedule_timer):
             if timer is not None and timer.active():
                 timer.cancel()
@@ -268,8 +257,8 @@ class EmqpService(Service):
                 self._flush()
         self.answers.stop()
         self._memory.stop()
-        self.curve.stop()
         self._close_sockets()
+        self.ports.close()
         # The store closes once a checkpoint running in its thread is done.
         self._stopping = defer.Deferred()
         self._checkpoints.idle().addBoth(lambda _: self._close_store())

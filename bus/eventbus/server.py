@@ -45,9 +45,9 @@ from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import EventStore
 from bus.files import write_status_json
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.periodic import Periodic
 from bus.transport.curve import ClientCurve
 from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import (
     SocketFactory,
     SocketOptions,
@@ -91,8 +91,6 @@ class EventBusService(Service):
         self.snapshots: SnapshotScheduler
         self.max_lag = 0.0
         self._lag_expected = 0.0
-        self._factory: SocketFactory | None = None
-        self._periodic = Periodic(self.reactor, log)
         self._retention_task: Any = None
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
@@ -111,6 +109,8 @@ class EventBusService(Service):
         #: CURVE on the three ports and the pair link (``--server-cert``), and what each
         #: client key may publish and receive (``--client-certs``, :mod:`bus.eventbus.rights`).
         self.curve = ServerCurve("eventbus", config.curve, clock, policy=self._may_connect)
+        #: CURVE, the socket factory and the periodic work, as every server keeps them.
+        self.ports = ServerPorts(self.reactor, self.curve, log)
         self._rights = config.curve.client_certs is not None
         #: Whether PUBs are checked against their key's publish subtrees: only while some
         #: certificate of the allow-list names ``publish`` (reading each message's User-Id
@@ -152,27 +152,12 @@ class EventBusService(Service):
             lambda: self.snapshot_socket,
             released=lambda: self.released,
         )
-        try:
-            self.curve.load()
-            self._factory = SocketFactory(self.reactor)
-            self.curve.start(self._factory, self._periodic)
-            self._rights_changed()
-            self._bind_all()
-            if config.pair is not None:
-                self._start_pair()
-        except BaseException:
-            if self.pair is not None:
-                self.pair.stop()
-            self.curve.stop()
-            self._close_sockets()
-            self.store.close()
-            raise
+        self.ports.open(self._open_ports, undo=self._undo_start)
         Service.startService(self)
-        self.curve.warn_if_open(config.bind, sorted(self.endpoints.values()))
-        self.curve.log_security(sorted(self.endpoints.values()))
+        self.ports.announce(config.bind, self.endpoints.values())
         self._checkpoints.start()
         self._started_at = self.clock()
-        every = self._periodic.every
+        every = self.ports.periodic.every
         if config.heartbeat_interval > 0:
             every(config.heartbeat_interval, self._heartbeat, now=True)
         if config.stats_interval > 0:
@@ -193,15 +178,27 @@ class EventBusService(Service):
             sequence=self.store.last_sequence,
         )
 
+    def _open_ports(self, factory: SocketFactory) -> None:
+        self._rights_changed()
+        self._bind_all()
+        if self.config.pair is not None:
+            self._start_pair()
+
+    def _undo_start(self) -> None:
+        if self.pair is not None:
+            self.pair.stop()
+        self._close_sockets()
+        self.store.close()
+
     def _start_pair(self) -> None:
-        assert self._factory is not None and self.config.pair is not None
+        assert self.ports.factory is not None and self.config.pair is not None
         self.pair = Pair(
             self.core,
             self.config.pair,
             bind=self.config.bind,
             base_port=self.port,
             reactor=self.reactor,
-            factory=self._factory,
+            factory=self.ports.factory,
             max_data_bytes=self.config.max_data_bytes,
             hold_limit=self.config.collector_hwm,
             clock=self.clock,
@@ -217,7 +214,7 @@ class EventBusService(Service):
         self.endpoints["pair"] = self.pair.endpoint
 
     def _bind_all(self) -> None:
-        assert self._factory is not None
+        assert self.ports.factory is not None
         config = self.config
         if config.port:
             try:
@@ -235,16 +232,16 @@ class EventBusService(Service):
             except zmq.ZMQError as error:
                 if error.errno != zmq.EADDRINUSE:
                     raise
-                self._close_sockets(keep_factory=True)
+                self._close_sockets()
         raise RuntimeError("no free port triple found")
 
     def _open_sockets(self, port: int) -> None:
-        assert self._factory is not None
+        assert self.ports.factory is not None
         config = self.config
         keepalive = config.tcp_keepalive_idle
         host = config.bind
         rights_on = self._rights
-        self.snapshot_socket = self._factory.socket(
+        self.snapshot_socket = self.ports.factory.socket(
             zmq.ROUTER,
             self._on_snapshot_requests,
             SocketOptions(
@@ -262,7 +259,7 @@ class EventBusService(Service):
         )
         # With an allow-list, subscriptions are the server's to apply (XPUB_MANUAL): one at
         # a time (read_budget 1), since libzmq applies ours to the pipe last read from.
-        self.publisher_socket = self._factory.socket(
+        self.publisher_socket = self.ports.factory.socket(
             zmq.XPUB if rights_on else zmq.PUB,
             self._on_subscriptions if rights_on else None,
             SocketOptions(
@@ -275,7 +272,7 @@ class EventBusService(Service):
         )
         if rights_on:
             self.publisher_socket.socket.set(zmq.XPUB_MANUAL, 1)
-        self.collector_socket = self._factory.socket(
+        self.collector_socket = self.ports.factory.socket(
             zmq.ROUTER,
             self._on_collected,
             SocketOptions(
@@ -349,20 +346,17 @@ class EventBusService(Service):
         )
         return {name: sock.connections for name, sock in sockets if sock is not None}
 
-    def _close_sockets(self, keep_factory: bool = False) -> None:
+    def _close_sockets(self) -> None:
         for sock in (self.snapshot_socket, self.publisher_socket, self.collector_socket):
             if sock is not None:
                 sock.shutdown()
         self.snapshot_socket = self.publisher_socket = self.collector_socket = None
-        if not keep_factory and self._factory is not None:
-            self._factory.shutdown()
-            self._factory = None
 
     def stopService(self) -> defer.Deferred[None]:
         if self._stopping is not None:
             return self._stopping
         Service.stopService(self)
-        self._periodic.stop_all()
+        self.ports.periodic.stop_all()
         if self.pair is not None:
             self.pair.tick()
         if self._retention_task is not None:
@@ -387,8 +381,8 @@ class EventBusService(Service):
             )
         if self.pair is not None:
             self.pair.stop()
-        self.curve.stop()
         self._close_sockets()
+        self.ports.close()
         self._stopping = defer.Deferred()
         # The store closes once a checkpoint running in its thread is done, or once
         # stop_timeout says it will not be soon: a stop never hangs on the disk.

@@ -26,11 +26,11 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import DropCounter
 from bus.errors import StartupError
 from bus.metrics import Metric, counter, counters_by, gauge
-from bus.periodic import Periodic
 from bus.transport.curve import make_curve_client
 from bus.transport.curve_settings import CurveSettings
 from bus.transport.fdbudget import DescriptorBudget
 from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
 from bus.transport.udp import (
     BeaconSender,
     InterfaceAddress,
@@ -81,8 +81,6 @@ class ZreNode(Service):
         self.activity = activity
         self.uuid = node_uuid or uuidlib.uuid4().bytes
         self.node_name = config.name or uuidlib.UUID(bytes=self.uuid).hex[:6]
-        self._shared_factory = socket_factory
-        self._factory: SocketFactory | None = None
         self.interface: InterfaceAddress | None = None
         self.endpoint = ""
         self.mailbox: ZmqSocket | None = None
@@ -98,7 +96,6 @@ class ZreNode(Service):
         #: Replaced, never changed in place: a listener may add one while being called.
         self.listeners: tuple[EventListener, ...] = ()
         self.drops = DropCounter(log, "ZRE input", self.reactor.seconds)
-        self._periodic = Periodic(self.reactor, log)
         #: Beacon source address -> on our interface's subnet (asked once per address).
         self._hosts: dict[str, bool] = {}
         #: Beacon datagram -> (the peer it came from, its address), for the fast path.
@@ -118,6 +115,9 @@ class ZreNode(Service):
             self.reactor.seconds,
             options=("cert", "peer-certs"),
         )
+        #: CURVE, the socket factory (the process's shared one while CURVE is off) and
+        #: the periodic work, as every server keeps them.
+        self.ports = ServerPorts(self.reactor, self.curve, log, shared=socket_factory)
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -157,22 +157,13 @@ class ZreNode(Service):
             self.interface = interface_address(config.interface)
         except InterfaceError as error:
             raise StartupError("interface", str(error)) from None
-        self.curve.load()
-        # ZAP has one handler per context: a CURVE node keeps a context of its own.
-        shared = self._shared_factory if self.curve.keys is None else None
-        self._factory = shared or SocketFactory(self.reactor)
-        try:
-            self.curve.start(self._factory, self._periodic)
-            self._open(config)
-        except BaseException:
-            self._close_all()
-            raise
+        self.ports.open(lambda factory: self._open(factory, config), undo=self._close_sockets)
         Service.startService(self)
 
-    def _open(self, config: ZreConfig) -> None:
-        assert self._factory is not None and self.interface is not None
+    def _open(self, factory: SocketFactory, config: ZreConfig) -> None:
+        assert self.interface is not None
         host = self.interface.address
-        self.mailbox = self._factory.socket(
+        self.mailbox = factory.socket(
             zmq.ROUTER,
             self._on_mailbox,
             SocketOptions(receive_hwm=10_000, linger_ms=0),
@@ -188,7 +179,7 @@ class ZreNode(Service):
             raise StartupError("interface", f"cannot bind a mailbox on {host}: {error}") from None
         headers = dict(config.headers)
         if config.version == VERSION_20 and config.log_service:
-            self.log_socket = self._factory.socket(
+            self.log_socket = factory.socket(
                 zmq.SUB,
                 self._on_log_records,
                 SocketOptions(linger_ms=0, receive_hwm=10_000),
@@ -233,7 +224,7 @@ class ZreNode(Service):
             self.core.join(group)
         for endpoint in config.peers:
             self.core.connect_endpoint(endpoint, seed=True)
-        self._periodic.every(config.reap_interval, self._tick)
+        self.ports.periodic.every(config.reap_interval, self._tick)
         log.info(
             "ZRE node {name} {uuid} ({dialect}) on {endpoint}, beacon {beacon}",
             name=self.node_name,
@@ -367,7 +358,7 @@ class ZreNode(Service):
 
     def _log_sender(self, event: ZreEvent) -> None:
         """20/ZRE: connect to the ZRE/LOG service a peer announces, and log what we see."""
-        if self.config.version != VERSION_20 or self._factory is None:
+        if self.config.version != VERSION_20 or self.ports.factory is None:
             return
         if event.type == "ENTER" and LOG_HEADER in event.headers:
             old: ZmqSocket | None = self._log_senders.pop(event.peer, None)
@@ -407,7 +398,8 @@ class ZreNode(Service):
         """A socket on a peer's behalf, out of the descriptor budget; None (counted, no
         traceback: a flood must cost a counter, not a log line per datagram) when the
         budget or the process has none to spare."""
-        if self._factory is None:
+        factory = self.ports.factory
+        if factory is None:
             return None
         if not self.budget.acquire():
             self.drops.drop(
@@ -416,7 +408,7 @@ class ZreNode(Service):
             )
             return None
         try:
-            return self._factory.socket(kind, None, options, name=f"zre-{what}-{self.node_name}")
+            return factory.socket(kind, None, options, name=f"zre-{what}-{self.node_name}")
         except zmq.ZMQError as error:
             self.budget.release()
             self.drops.drop("socket-error", f"cannot open a peer socket: {error}")
@@ -433,7 +425,7 @@ class ZreNode(Service):
         if self._stopping is not None:
             return self._stopping
         Service.stopService(self)
-        self._periodic.stop_all()
+        self.ports.periodic.stop_all()
         if self.beacon is not None:
             self.beacon.stop()
             if self.config.version == VERSION_36 and self.udp is not None:
@@ -446,6 +438,11 @@ class ZreNode(Service):
         return self._stopping
 
     def _close_all(self) -> defer.Deferred[None]:
+        closed = self._close_sockets()
+        self.ports.close()
+        return closed
+
+    def _close_sockets(self) -> defer.Deferred[None]:
         if self.core is not None:
             self.core.close()
             self.core = None
@@ -457,10 +454,6 @@ class ZreNode(Service):
             if own is not None:
                 own.shutdown()
         self.mailbox = self.log_socket = None
-        self.curve.stop()
-        if self._factory is not None and self._factory is not self._shared_factory:
-            self._factory.shutdown()
-        self._factory = None
         udp, self.udp = self.udp, None
         return udp.close() if udp is not None else defer.succeed(None)
 
