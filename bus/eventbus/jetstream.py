@@ -1,0 +1,402 @@
+"""The Event BUS log in a NATS JetStream stream (``--store jetstream``).
+
+The stream is the log: its sequence is the bus's sequence, an event's uuid is its
+``Nats-Msg-Id`` (a publisher that resends after a failover is stored once within the
+duplicate window), its topic is its subject (:mod:`bus.eventbus.subjects`), and the
+retention options are the stream's limits. Every front-end appends to the stream and
+broadcasts what the stream holds, in the stream's order, from an ordered consumer
+(:meth:`JetStreamLog.follow`): events published at one front-end are broadcast by all,
+under one sequence space, and nothing is broadcast before the stream acknowledged it.
+
+nats-py is asyncio; it runs on a loop of its own (:class:`bus.asyncloop.AsyncioThread`)
+and this class's methods, called in the reactor's thread, answer with Deferreds and hand
+committed events back in batches (one thread hop per batch).
+
+A message's body is msgpack ``[producer, timestamp, uuid, data]`` (data: the event's own
+msgpack bytes); the subject gives the topic back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from bus.asyncloop import AsyncioThread
+from bus.errors import StartupError, StorageError
+from bus.eventbus import subjects
+from bus.eventbus.codec import EventFields
+from bus.eventbus.eventlog import Row
+from bus.eventbus.store import Retention
+
+log = Logger(namespace="bus.eventbus.jetstream")
+
+#: Committed events handed to the reactor at once, at most.
+FEED_BATCH = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class JetStreamSettings:
+    """Where the stream is and how it is made (see docs/cluster.md)."""
+
+    servers: tuple[str, ...]
+    stream: str = "EVENTBUS"
+    subject_prefix: str = "eventbus"
+    replicas: int = 1
+    #: A NATS credentials file (``--nats-creds``), and TLS (``--nats-tls-*``).
+    creds: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: A resent event (same uuid) within this many seconds is stored once.
+    duplicate_window: float = 120.0
+    connect_timeout: float = 5.0
+    #: An append not acknowledged this long is refused (and retried, as on a full disk).
+    ack_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ValueError("--nats names no server")
+        if not 1 <= self.replicas <= 5:
+            raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")
+
+
+def encode(fields: EventFields) -> bytes:
+    _topic, producer, timestamp, uuid, data = fields
+    body: bytes = msgpack.packb([producer, timestamp, uuid, data], use_bin_type=True)
+    return body
+
+
+def decode(prefix: str, subject: str, body: bytes) -> EventFields:
+    producer, timestamp, uuid, data = msgpack.unpackb(body, raw=True)
+    return (subjects.topic(prefix, subject), producer, timestamp, uuid, data)
+
+
+def stream_limits(settings: JetStreamSettings, retention: Retention) -> dict[str, Any]:
+    """The stream's settings the options decide (what is checked on a stream found)."""
+    return {
+        "subjects": [settings.subject_prefix + ".>"],
+        "num_replicas": settings.replicas,
+        "max_age": float(retention.max_age or 0),
+        "max_msgs": retention.max_count or -1,
+        "max_msgs_per_subject": 1 if retention.latest_per_topic else -1,
+        "duplicate_window": float(settings.duplicate_window),
+    }
+
+
+def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """What a stream found has that the options do not say, one phrase each."""
+    said = []
+    for key, value in wanted.items():
+        have = found.get(key)
+        if isinstance(value, float):
+            same = have is not None and abs(float(have) - value) < 1e-3
+        else:
+            same = have == value
+        if not same:
+            said.append(f"{key} is {have!r}, the options say {value!r}")
+    return said
+
+
+class JetStreamLog:
+    """The stream, from the reactor's thread. Open it (:meth:`open`), then :meth:`append`
+    batches one at a time and :meth:`follow` what the stream commits."""
+
+    def __init__(self, reactor: Any, settings: JetStreamSettings, retention: Retention) -> None:
+        self.reactor = reactor
+        self.settings = settings
+        self.retention = retention
+        self.path = Path(f"jetstream:{settings.stream}")
+        self.loop = AsyncioThread(reactor, f"nats-{settings.stream}")
+        self.store_id = ""
+        #: The stream's last sequence when opened, then as the feed moves.
+        self.last_sequence = 0
+        self.first_sequence = 0
+        self.messages = 0
+        self.bytes = 0
+        #: Whether the client is connected now (nats-py reconnects on its own).
+        self.connected = False
+        self.disconnects = 0
+        self._nc: Any = None
+        self._js: Any = None
+        self._feed: Any = None
+
+    # -- opening -------------------------------------------------------------------------------
+
+    def open(self) -> defer.Deferred[None]:
+        """Connect, make the stream when missing and check it when found; a StartupError
+        says what is wrong in one line."""
+        self.loop.start()
+        return self.loop.call(self._open())
+
+    async def _open(self) -> None:
+        import nats
+        from nats.errors import NoServersError
+        from nats.js.errors import NotFoundError
+
+        settings = self.settings
+        options: dict[str, Any] = {
+            "servers": list(settings.servers),
+            "connect_timeout": settings.connect_timeout,
+            "max_reconnect_attempts": -1,
+            "allow_reconnect": True,
+            "reconnect_time_wait": 0.5,
+            "disconnected_cb": self._disconnected,
+            "reconnected_cb": self._reconnected,
+            "error_cb": self._error,
+        }
+        if settings.creds is not None:
+            options["user_credentials"] = str(settings.creds)
+        if settings.tls_ca or settings.tls_cert:
+            context = ssl.create_default_context(
+                cafile=str(settings.tls_ca) if settings.tls_ca else None
+            )
+            if settings.tls_cert is not None:
+                context.load_cert_chain(
+                    str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None
+                )
+            options["tls"] = context
+        try:
+            # The first connection is tried once per server: an unreachable cluster at
+            # start is a start-up error, not an endless wait.
+            self._nc = await nats.connect(
+                **{**options, "allow_reconnect": False, "max_reconnect_attempts": 1}
+            )
+        except (TimeoutError, NoServersError, OSError) as error:
+            raise StartupError(
+                "nats",
+                f"cannot reach {', '.join(settings.servers)}: {error or type(error).__name__}",
+            ) from None
+        except Exception as error:  # credentials refused, TLS: nats-py's own errors
+            raise StartupError("nats", f"{', '.join(settings.servers)}: {error}") from None
+        await self._nc.close()
+        self._nc = await nats.connect(**options)
+        self.connected = True
+        self._js = self._nc.jetstream(timeout=settings.ack_timeout)
+        wanted = stream_limits(settings, self.retention)
+        deadline = self.reactor.seconds() + 3 * settings.connect_timeout
+        while True:
+            try:
+                info = await self._js.stream_info(settings.stream)
+                break
+            except NotFoundError:
+                info = await self._create(wanted)
+                break
+            except Exception as error:  # no meta leader yet (a cluster just started)
+                if self.reactor.seconds() > deadline:
+                    await self._nc.close()
+                    raise StartupError(
+                        "nats-stream", f"JetStream did not answer for {settings.stream}: {error}"
+                    ) from None
+                await asyncio.sleep(0.25)
+        found = {key: getattr(info.config, key, None) for key in wanted}
+        wrong = disagreements(found, wanted)
+        if wrong:
+            await self._nc.close()
+            raise StartupError(
+                "nats-stream",
+                f"stream {settings.stream} exists with other settings ({'; '.join(wrong)}): "
+                "change the options or the stream (it is never changed silently)",
+            )
+        self._took_state(info)
+
+    async def _create(self, wanted: dict[str, Any]) -> Any:
+        from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+        config = StreamConfig(
+            name=self.settings.stream,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            **wanted,
+        )
+        info = await self._js.add_stream(config)
+        log.info(
+            "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
+            stream=self.settings.stream,
+            replicas=self.settings.replicas,
+            subjects=wanted["subjects"][0],
+        )
+        return info
+
+    def _took_state(self, info: Any) -> None:
+        created = info.created.isoformat() if info.created is not None else "unknown"
+        # A stream made again is another log: clients and the Spark bridge start over.
+        self.store_id = f"{self.settings.stream}@{created}"
+        state = info.state
+        self.last_sequence = int(state.last_seq)
+        self.first_sequence = int(state.first_seq)
+        self.messages = int(state.messages)
+        self.bytes = int(state.bytes)
+
+    async def _disconnected(self) -> None:
+        self.connected = False
+        self.disconnects += 1
+
+    async def _reconnected(self) -> None:
+        self.connected = True
+
+    async def _error(self, error: Exception) -> None:
+        self.loop.to_reactor(
+            lambda: log.warn("NATS: {error}", error=str(error) or type(error).__name__)
+        )
+
+    # -- appending -----------------------------------------------------------------------------
+
+    def append(self, fields: Sequence[EventFields]) -> defer.Deferred[list[int]]:
+        """Publish a batch, in order; the Deferred fires with each event's sequence (an
+        event the stream already held, by its uuid, gives its first sequence... or 0 when
+        the stream does not say) or fails with :class:`StorageError` (nothing of the
+        batch may be taken as stored: resend it whole, duplicates are dropped by uuid)."""
+        prefix = self.settings.subject_prefix
+        items = [
+            (subjects.subject(prefix, event[0]), encode(event), event[3].decode("ascii"))
+            for event in fields
+        ]
+        return self.loop.call(self._append(items))
+
+    async def _append(self, items: list[tuple[str, bytes, str]]) -> list[int]:
+        js = self._js
+        futures = []
+        try:
+            for subject, body, msg_id in items:
+                futures.append(
+                    await js.publish_async(subject, body, headers={"Nats-Msg-Id": msg_id})
+                )
+            acks = await asyncio.wait_for(
+                asyncio.gather(*futures), timeout=self.settings.ack_timeout
+            )
+        except Exception as error:
+            for future in futures:
+                future.cancel()  # frees nats-py's pending slot
+            if isinstance(error, asyncio.TimeoutError):
+                error = TimeoutError(f"no acknowledgement in {self.settings.ack_timeout:g}s")
+            raise StorageError(error) from None
+        return [int(ack.seq) for ack in acks]
+
+    # -- following -----------------------------------------------------------------------------
+
+    def follow(self, after: int, deliver: Callable[[list[Row]], None]) -> defer.Deferred[None]:
+        """Hand ``deliver`` (in the reactor's thread) every event above ``after``, in the
+        stream's order, in batches, as the stream commits them."""
+        return self.loop.call(self._follow(after, deliver))
+
+    async def _follow(self, after: int, deliver: Callable[[list[Row]], None]) -> None:
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        prefix = self.settings.subject_prefix
+        pending: list[Row] = []
+        loop = asyncio.get_running_loop()
+        flush_due = False
+
+        def flush() -> None:
+            nonlocal pending, flush_due
+            flush_due = False
+            if pending:
+                batch, pending = pending, []
+                self.loop.to_reactor(deliver, batch)
+
+        async def got(message: Any) -> None:
+            nonlocal flush_due
+            sequence = int(message.metadata.sequence.stream)
+            topic_, producer, timestamp, uuid, data = decode(prefix, message.subject, message.data)
+            pending.append((sequence, topic_, producer, timestamp, uuid, data))
+            if len(pending) >= FEED_BATCH:
+                flush()
+            elif not flush_due:
+                flush_due = True
+                loop.call_soon(flush)  # once the messages read together are in
+
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1
+        )
+        self._feed = await self._js.subscribe(
+            prefix + ".>",
+            cb=got,
+            ordered_consumer=True,
+            config=config,
+            stream=self.settings.stream,
+            idle_heartbeat=2.0,
+            pending_msgs_limit=-1,
+        )
+
+    # -- reading (snapshots) -----------------------------------------------------------------
+
+    def read_rows(
+        self, after: int, upto: int, prefixes: Iterable[bytes] = (), limit: int = 1000
+    ) -> defer.Deferred[list[Row]]:
+        """Events with ``after < sequence <= upto`` under ``prefixes`` (all when empty), in
+        order, at most ``limit``, read from the stream."""
+        return self.loop.call(self._read(after, upto, list(prefixes), limit))
+
+    async def _read(self, after: int, upto: int, prefixes: list[bytes], limit: int) -> list[Row]:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        prefix = self.settings.subject_prefix
+        filters, exact = subjects.filters(prefix, prefixes)
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=after + 1,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30.0,
+            filter_subjects=filters if len(filters) > 1 else None,
+        )
+        sub = await self._js.pull_subscribe(
+            filters[0] if len(filters) == 1 else "",
+            stream=self.settings.stream,
+            config=config,
+        )
+        rows: list[Row] = []
+        try:
+            if (await sub.consumer_info()).num_pending == 0:
+                return rows  # nothing under the filters above ``after``
+            while len(rows) < limit:
+                try:
+                    messages = await sub.fetch(min(limit - len(rows), 1000), timeout=0.5)
+                except TimeoutError:
+                    break  # nothing more under the filters
+                done = False
+                for message in messages:
+                    sequence = int(message.metadata.sequence.stream)
+                    if sequence > upto:
+                        done = True
+                        break
+                    fields = decode(prefix, message.subject, message.data)
+                    if exact or any(fields[0].startswith(p) for p in prefixes):
+                        rows.append((sequence, *fields))
+                    if message.metadata.num_pending == 0:
+                        done = True
+                if done:
+                    break
+        finally:
+            await sub.unsubscribe()
+        return rows[:limit]
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def refresh(self) -> defer.Deferred[None]:
+        """Read the stream's state again (for /status and the periodic report)."""
+
+        async def info() -> None:
+            self._took_state(await self._js.stream_info(self.settings.stream))
+
+        return self.loop.call(info())
+
+    def close(self) -> defer.Deferred[None]:
+        async def drain() -> None:
+            if self._nc is not None and not self._nc.is_closed:
+                await self._nc.drain()
+
+        closing = self.loop.call(drain()) if self.loop.running else defer.succeed(None)
+
+        def stopped(result: object) -> None:
+            self.loop.stop()
+
+        return closing.addBoth(stopped)

@@ -1,0 +1,109 @@
+"""The Event BUS log in a real JetStream stream (bus.eventbus.jetstream) against a real
+nats-server: the stream is made with the retention options as limits and checked when
+found, appends get the stream's sequences, a resent uuid is stored once, the feed hands
+over everything above a sequence in order, snapshots read under subtree filters, and an
+unreachable server or a stream of other settings is one clear start-up error."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+
+from bus.errors import StartupError
+from bus.eventbus.codec import EventFields
+from bus.eventbus.eventlog import Row
+from bus.eventbus.jetstream import JetStreamLog, JetStreamSettings
+from bus.eventbus.store import Retention
+from bus.natsserver import NatsCluster, free_ports
+from bus.testing import wait_until
+
+pytest.importorskip("nats")
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsCluster]:
+    cluster = NatsCluster(tmp_path / "nats", size=1)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def event(topic: bytes, n: int) -> EventFields:
+    uuid = f"00000000-0000-4000-8000-{n:012d}".encode()
+    return (topic, b"p", b"2026-11-27T00:00:00Z", uuid, msgpack.packb({"n": n}))
+
+
+def opened(cluster: NatsCluster, retention: Retention | None = None, **kw: Any) -> Any:
+    settings = JetStreamSettings(tuple(cluster.urls), **kw)
+    stream = JetStreamLog(reactor, settings, retention or Retention())
+    return stream, stream.open()
+
+
+@pytest_twisted.inlineCallbacks
+def test_appends_get_the_stream_sequences_once_per_uuid_and_the_feed_follows(
+    nats_server: NatsCluster,
+) -> Any:
+    stream, opening = opened(nats_server)
+    try:
+        yield opening
+        assert stream.last_sequence == 0 and stream.store_id.startswith("EVENTBUS@")
+        topics = [b"/orders/1/", b"/a.b c/", "/é/*/>".encode(), b"/orders/2/"]
+        sequences = yield stream.append([event(t, n) for n, t in enumerate(topics)])
+        assert sequences == [1, 2, 3, 4]
+        # The same uuids again: stored once (the stream says duplicate, same sequences).
+        again = yield stream.append([event(b"/orders/1/", 0), event(b"/x/", 9)])
+        assert again[1] == 5
+        fed: list[Row] = []
+        yield stream.follow(1, fed.extend)
+        yield wait_until(lambda: len(fed) == 4, what="the feed")
+        assert [row[0] for row in fed] == [2, 3, 4, 5]
+        assert [row[1] for row in fed] == [*topics[1:], b"/x/"]
+        assert fed[0][2:] == event(topics[1], 1)[1:]
+        more = yield stream.append([event(b"/late/", 10)])
+        assert more == [6]
+        yield wait_until(lambda: len(fed) == 5, what="a live event")
+        rows = yield stream.read_rows(0, 6, [b"/orders/"])
+        assert [(row[0], row[1]) for row in rows] == [(1, b"/orders/1/"), (4, b"/orders/2/")]
+        rows = yield stream.read_rows(1, 3, [b"/ord", "/é/".encode()])
+        assert [row[0] for row in rows] == [3]
+        rows = yield stream.read_rows(6, 6, [])
+        assert rows == []
+        assert (yield stream.read_rows(0, 6, [], limit=2)) == (yield stream.read_rows(0, 2))
+    finally:
+        yield stream.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_with_other_settings_is_one_clear_line_and_left_as_it_is(
+    nats_server: NatsCluster,
+) -> Any:
+    stream, opening = opened(nats_server, Retention(max_count=100))
+    yield opening
+    yield stream.close()
+    other, opening = opened(nats_server, Retention(max_count=50, latest_per_topic=True))
+    with pytest.raises(StartupError) as raised:
+        yield opening
+    yield other.close()
+    said = str(raised.value)
+    assert "max_msgs is 100, the options say 50" in said
+    assert "max_msgs_per_subject is -1, the options say 1" in said
+    again, opening = opened(nats_server, Retention(max_count=100))
+    yield opening  # unchanged: the first settings still fit
+    yield again.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_unreachable_cluster_at_start_is_a_start_up_error() -> Any:
+    [port] = free_ports(1)
+    settings = JetStreamSettings((f"nats://127.0.0.1:{port}",), connect_timeout=1)
+    stream = JetStreamLog(reactor, settings, Retention())
+    with pytest.raises(StartupError) as raised:
+        yield stream.open()
+    yield stream.close()
+    assert f"cannot reach nats://127.0.0.1:{port}" in str(raised.value)
