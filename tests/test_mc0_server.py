@@ -14,6 +14,7 @@ import pytest_twisted
 
 from bus.errors import StartupError
 from bus.testing import wait_until
+from bus.transport.curve_settings import CurveSettings
 from tests.mc0_helpers import RawMc0Peer, settings, start_broker
 from tests.ports import free_port
 
@@ -281,7 +282,7 @@ def test_only_keys_on_the_allow_list_get_in(tmp_path: Path, closing: list[Any]) 
     create_key_pair(tmp_path / "others", "mallory")
     alice = load_key_pair(allowed / "alice.key_secret")
     mallory = load_key_pair(tmp_path / "others" / "mallory.key_secret")
-    service = start_broker(tmp_path / "mc0", client_certs=allowed)
+    service = start_broker(tmp_path / "mc0", curve=CurveSettings(client_certs=allowed))
     try:
         good = connector(service, closing, client_keys=alice)
         bad = connector(service, closing, client_keys=mallory, ttl=0.3)
@@ -399,9 +400,9 @@ def test_start_failures_name_the_option(tmp_path: Path) -> None:
         holder.close()
     (tmp_path / "junk").write_text("not a key\n")
     for option, overrides in [
-        ("server-cert", {"server_cert": tmp_path / "missing.key_secret"}),
-        ("server-cert", {"server_cert": tmp_path / "junk"}),
-        ("client-certs", {"client_certs": tmp_path / "nowhere"}),
+        ("server-cert", {"curve": CurveSettings(tmp_path / "missing.key_secret")}),
+        ("server-cert", {"curve": CurveSettings(tmp_path / "junk")}),
+        ("client-certs", {"curve": CurveSettings(client_certs=tmp_path / "nowhere")}),
     ]:
         with pytest.raises(StartupError) as caught:
             start_broker(tmp_path / "b", **overrides)
@@ -416,7 +417,7 @@ def test_server_cert_files_of_both_formats(tmp_path: Path, closing: list[Any]) -
     bare = CurveKeyPair.generate()
     (tmp_path / "mc0d.key").write_bytes(bare.secret + b"\n")  # mc0d: the Z85 secret alone
     for path, public in [(secret, None), (tmp_path / "mc0d.key", bare.public)]:
-        service = start_broker(tmp_path / "data", server_cert=path)
+        service = start_broker(tmp_path / "data", curve=CurveSettings(path))
         try:
             if public is not None:
                 assert service.keys.public == public

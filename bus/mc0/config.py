@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bus.mc0.core import BrokerSettings
+from bus.transport.curve_settings import CurveSettings
 
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_PORT = 61616
@@ -17,12 +18,19 @@ class Mc0Config:
     bind: str = DEFAULT_BIND
     port: int = DEFAULT_PORT
     data_dir: Path = Path(DEFAULT_DATA_DIR)
-    server_cert: Path | None = None
-    client_certs: Path | None = None
+    #: ``--server-cert`` and ``--client-certs`` (mc0 speaks CURVE unless ``plain``:
+    #: without a server cert, with the key pair kept in ``data_dir``).
+    curve: CurveSettings = field(default_factory=CurveSettings)
     plain: bool = False
     mirror: bool = False
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     send_hwm: int = 10_000
     receive_hwm: int = 10_000
     read_budget: int = 512
-    certs_reload_interval: float = 2.0
+
+    @property
+    def curve_in_force(self) -> CurveSettings:
+        """What the broker's CURVE runs with: none with ``plain``."""
+        if self.plain:
+            return CurveSettings()
+        return replace(self.curve, key_dir=self.data_dir)

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from itertools import islice
-from pathlib import Path
 from typing import Any
 
 import zmq
@@ -30,11 +29,10 @@ from bus.mc0 import codec
 from bus.mc0.config import Mc0Config
 from bus.mc0.core import Broker, Client, SendResult
 from bus.metrics import Metric, counter, counters_by, gauge
-from bus.periodic import Periodic
-from bus.transport.curve import CurveKeyPair, KeyFileError, ZapHandler, server_key_pair
-from bus.transport.curve_settings import CurveSettings
+from bus.transport.curve import CurveKeyPair, ZapHandler
 from bus.transport.names import peer_name
 from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import (
     PeerUnreachable,
     SocketFactory,
@@ -71,13 +69,12 @@ class Mc0Service(Service):
         self.activity = activity
         self.reactor: Any = reactor_of(reactor)
         self.clock = clock
-        #: CURVE (plain-text until started, and with ``--plain``).
-        self.curve = ServerCurve("mc0", CurveSettings(), clock)
+        #: CURVE unless ``--plain`` (the kept key pair without ``--server-cert``).
+        self.curve = ServerCurve("mc0", config.curve_in_force, clock)
+        self.ports = ServerPorts(self.reactor, self.curve, log)
         self.endpoint = ""
         self.broker: Broker | None = None
         self.socket: ZmqSocket | None = None
-        self._factory: SocketFactory | None = None
-        self._periodic = Periodic(self.reactor, log)
         self._stopped: defer.Deferred[None] | None = None
         self.handshakes = 0
         self.handshake_failures: dict[str, int] = dict.fromkeys(_HANDSHAKE_FAILURES.values(), 0)
@@ -93,22 +90,7 @@ class Mc0Service(Service):
             config.data_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise StartupError("data-dir", f"cannot create {config.data_dir}: {error}") from None
-        if not config.plain:
-            self.curve = ServerCurve(
-                "mc0",
-                CurveSettings(
-                    self._server_cert(), config.client_certs, config.certs_reload_interval
-                ),
-                self.clock,
-            )
-            self.curve.load()
-        self._factory = SocketFactory(self.reactor)
-        try:
-            self.curve.start(self._factory, self._periodic)
-            self._open_sockets()
-        except BaseException:
-            self._close()
-            raise
+        self.ports.open(self._open_sockets, undo=self._close_socket)
         self.broker = Broker(
             config.broker,
             self.reactor,
@@ -129,29 +111,10 @@ class Mc0Service(Service):
     def zap(self) -> ZapHandler | None:
         return self.curve.zap
 
-    def _server_cert(self) -> Path:
-        """``--server-cert``, or the key pair kept in the data directory (made on first
-        start: mc0 speaks CURVE unless told ``--plain``)."""
-        config = self.config
-        if config.server_cert is not None:
-            return config.server_cert
-        try:
-            keys, created = server_key_pair(config.data_dir)
-        except (KeyFileError, OSError) as error:
-            raise StartupError("data-dir", f"server key pair: {error}") from None
-        if created:
-            log.info(
-                "created the mc0 server key pair {path}.key[_secret]; public key {public}",
-                path=str(config.data_dir / "server"),
-                public=keys.public.decode("ascii"),
-            )
-        return config.data_dir / "server.key_secret"
-
-    def _open_sockets(self) -> None:
-        assert self._factory is not None
+    def _open_sockets(self, factory: SocketFactory) -> None:
         config = self.config
         limits = config.broker
-        sock = self._factory.socket(
+        sock = factory.socket(
             zmq.ROUTER,
             self._on_messages,
             SocketOptions(
@@ -186,27 +149,24 @@ class Mc0Service(Service):
                 endpoint=self.endpoint,
             )
             return
-        self.curve.log_security([self.endpoint])
+        self.ports.announce(config.bind, [self.endpoint])
 
     def stopService(self) -> defer.Deferred[None]:
         if self._stopped is not None:
             return self._stopped
         if self.running:
             Service.stopService(self)
-        self._periodic.stop_all()
         if self.broker is not None:
             self.broker.close()
-        self._close()
+        self._close_socket()
+        self.ports.close()
         self._stopped = defer.succeed(None)
         return self._stopped
 
-    def _close(self) -> None:
+    def _close_socket(self) -> None:
         if self.socket is not None:
             self.socket.shutdown()
-        self.curve.stop()
-        if self._factory is not None:
-            self._factory.shutdown()
-        self.socket = self._factory = None
+        self.socket = None
 
     # -- traffic -------------------------------------------------------------------------------
 
@@ -269,7 +229,7 @@ class Mc0Service(Service):
             "auth": {
                 "accepted": zap.accepted if zap else 0,
                 "denied": zap.denied if zap else 0,
-                "allow_list": str(self.config.client_certs) if self.config.client_certs else None,
+                "allow_list": str(certs) if (certs := self.curve.settings.client_certs) else None,
                 "allowed_keys": zap.allowed_keys if zap else None,
                 "refused_keys": self.curve.refused_keys(),
             },

@@ -12,6 +12,7 @@ from twisted.python import usage
 from bus.mc0.codec import MAX_TTL_MS
 from bus.mc0.config import DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_PORT, Mc0Config
 from bus.options import ServiceOptions, parse_duration
+from bus.transport.curve_settings import curve_options, curve_settings
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -39,20 +40,7 @@ class Options(ServiceOptions):
         ["bind", "b", DEFAULT_BIND, "Address to bind."],
         ["port", "p", DEFAULT_PORT, "Port (0: pick a free one).", int],
         ["data-dir", "d", DEFAULT_DATA_DIR, "Directory of the server's own key pair."],
-        [
-            "server-cert",
-            None,
-            None,
-            "Server secret key: NAME.key_secret (zcert), or a file of the 40-character Z85 "
-            "secret key.",
-        ],
-        [
-            "client-certs",
-            None,
-            None,
-            "Directory of allowed client public certificates (*.key); without it any client "
-            "key is accepted.",
-        ],
+        *curve_options(kept_key=True),
         ["default-ttl", None, "30s", "TTL of a client whose CONNECT names none."],
         ["min-ttl", None, "100ms", "Smallest TTL a CONNECT may ask for."],
         ["max-ttl", None, "1d", "Largest TTL a CONNECT may ask for."],
@@ -97,14 +85,12 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
         raise usage.UsageError(
             "--max-clients, --max-topics-per-client and --send-hwm must be positive"
         )
-    certs = options.get("client-certs")
-    server_cert = options.get("server-cert")
+    data_dir = Path(options["data-dir"])
     return Mc0Config(
         bind=options["bind"],
         port=port,
-        data_dir=Path(options["data-dir"]),
-        server_cert=Path(server_cert) if server_cert else None,
-        client_certs=Path(certs) if certs else None,
+        data_dir=data_dir,
+        curve=curve_settings(options, key_dir=data_dir),
         plain=bool(options.get("plain")),
         mirror=bool(options.get("mirror")),
         broker=settings,

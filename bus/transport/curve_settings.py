@@ -8,47 +8,63 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
+def curve_options(kept_key: bool = False) -> list[list[Any]]:
+    """``--server-cert`` and ``--client-certs``. ``kept_key``: the service speaks CURVE
+    unless told ``--plain``, with a key pair it keeps in its data directory when no
+    ``--server-cert`` is given (mc0); otherwise CURVE is off until ``--server-cert``."""
+    if kept_key:
+        cert = (
+            "Serve over CURVE with this secret key (NAME.key_secret as bus-keys writes it, or "
+            "a file of the 40-character Z85 secret key). Without it, the key pair kept in "
+            "DATA-DIR (made on first start); --plain turns CURVE off."
+        )
+        certs = "Accept only the client keys of the *.key certificates in this directory"
+    else:
+        cert = (
+            "Serve over CURVE with this secret key (NAME.key_secret as bus-keys writes it, or "
+            "a file of the 40-character Z85 secret key). Off by default."
+        )
+        certs = (
+            "With --server-cert: accept only the client keys of the *.key certificates in "
+            "this directory"
+        )
+    certs += " (re-read when it changes); their metadata says what each key may do."
+    return [["server-cert", None, None, cert], ["client-certs", None, None, certs]]
+
+
 #: Options of every service that serves ZeroMQ ports (prefixed when composed:
 #: ``--emqp-server-cert``; ``EMQP_SERVER_CERT``; ``server-cert`` in the ``[emqp]`` table).
-CURVE_OPTIONS: list[list[Any]] = [
-    [
-        "server-cert",
-        None,
-        None,
-        "Serve over CURVE with this secret key (NAME.key_secret as bus-keys writes it, or a "
-        "file of the 40-character Z85 secret key). Off by default.",
-    ],
-    [
-        "client-certs",
-        None,
-        None,
-        "With --server-cert: accept only the client keys of the *.key certificates in this "
-        "directory (re-read when it changes); their metadata says what each key may do.",
-    ],
-]
+CURVE_OPTIONS: list[list[Any]] = curve_options()
 
 
 @dataclass(frozen=True, slots=True)
 class CurveSettings:
-    """``server_cert`` None: plain text (no encryption, any peer)."""
+    """``server_cert`` and ``key_dir`` None: plain text (no encryption, any peer)."""
 
     server_cert: Path | None = None
     client_certs: Path | None = None
     reload_interval: float = 2.0
+    #: Without ``server_cert``: CURVE with the key pair kept in this directory (made on
+    #: first start).
+    key_dir: Path | None = None
 
     @property
     def enabled(self) -> bool:
-        return self.server_cert is not None
+        return self.server_cert is not None or self.key_dir is not None
 
 
-def curve_settings(options: Mapping[str, Any]) -> CurveSettings:
-    """The CURVE settings of a service's parsed options (:data:`CURVE_OPTIONS`)."""
+def curve_settings(options: Mapping[str, Any], key_dir: Path | None = None) -> CurveSettings:
+    """The CURVE settings of a service's parsed options (:func:`curve_options`); with
+    ``key_dir``, CURVE with the key pair kept there unless ``--server-cert`` names one."""
     from twisted.python import usage
 
     cert, certs = options.get("server-cert"), options.get("client-certs")
-    if certs and not cert:
+    if certs and not cert and key_dir is None:
         raise usage.UsageError("--client-certs needs --server-cert (CURVE)")
-    return CurveSettings(Path(cert) if cert else None, Path(certs) if certs else None)
+    return CurveSettings(
+        Path(cert) if cert else None, Path(certs) if certs else None, key_dir=key_dir
+    )
 
 
 #: Options of a client run by twistd (the worker, the Spark bridge) that connects over CURVE.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import zmq
@@ -35,6 +36,7 @@ from bus.transport.curve import (
     load_key_pair,
     make_curve_server,
     public_keys_in,
+    server_key_pair,
 )
 from bus.transport.curve_settings import CurveSettings
 
@@ -86,12 +88,15 @@ class ServerCurve:
         """Read the server's key pair and check the allow-list: a StartupError naming the
         option at fault. Call before :meth:`start`."""
         settings = self.settings
-        if settings.server_cert is None:
+        if settings.server_cert is not None:
+            try:
+                self.keys = load_key_pair(settings.server_cert)
+            except KeyFileError as error:
+                raise StartupError(self._options[0], str(error)) from None
+        elif settings.key_dir is not None:
+            self.keys = self._kept_keys(settings.key_dir)
+        else:
             return
-        try:
-            self.keys = load_key_pair(settings.server_cert)
-        except KeyFileError as error:
-            raise StartupError(self._options[0], str(error)) from None
         directory = settings.client_certs
         if directory is None:
             return
@@ -104,6 +109,21 @@ class ServerCurve:
                 service=self.service,
                 directory=str(directory),
             )
+
+    def _kept_keys(self, directory: Path) -> CurveKeyPair:
+        """The key pair kept in ``directory``, made (and said) on first start."""
+        try:
+            keys, created = server_key_pair(directory)
+        except (KeyFileError, OSError) as error:
+            raise StartupError("data-dir", f"server key pair: {error}") from None
+        if created:
+            log.info(
+                "created the {service} server key pair {path}.key[_secret]; public key {public}",
+                service=self.service,
+                path=str(directory / "server"),
+                public=keys.public.decode("ascii"),
+            )
+        return keys
 
     def start(self, factory: Any, periodic: Any) -> None:
         """Bind the ZAP handler in ``factory``'s context (before any secured socket binds)
