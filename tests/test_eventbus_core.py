@@ -56,6 +56,24 @@ def test_a_batch_is_stored_then_broadcast_and_bad_messages_are_counted() -> None
     assert core.take_broadcasts() == []  # taken once
 
 
+def test_every_pub_the_codec_refuses_is_dropped_by_its_reason_and_the_rest_stored() -> None:
+    core, memory, _ = made()
+    good = pub(b"/ok/", 1)
+    bad = {
+        "frame-count": good[:4],
+        "bad-sequence": [*good[:2], b"\x01\x02\x03", *good[3:]],
+        "bad-timestamp": [*good[:4], b"yesterday at noon", *good[5:]],
+        "bad-uuid": [*good[:5], b"not-a-uuid", good[6]],
+        "bad-payload": [*good[:6], b"\xc1"],
+        "bad-topic": [good[0], b"\xff\xfe", *good[2:]],
+        "reserved-topic": [good[0], b"$heartbeat", *good[2:]],
+        "oversized": [*good[:6], msgpack.packb(b"x" * 1025)],
+    }
+    core.collect([*bad.values(), good])
+    assert dict(core.drops.counts) == dict.fromkeys(bad, 1)
+    assert [row[1] for row in memory.rows] == [b"/ok/"] and broadcast_sequences(core) == [1]
+
+
 def test_rights_drop_what_a_key_may_not_publish_and_anything_without_a_key() -> None:
     core, memory, _ = made()
     core.publish_rights = lambda key: (b"/orders/",) if key == "K1" else None
