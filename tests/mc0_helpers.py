@@ -14,12 +14,17 @@ from bus.mc0.core import BrokerSettings
 
 def start_broker(data_dir: Path, activity: Any = None, **settings: Any) -> Any:
     """A running Mc0Service on a free port of 127.0.0.1 (``settings`` override Mc0Config
-    fields; ``broker=`` takes a BrokerSettings). Stop it with ``stopService()``."""
+    fields; ``broker=`` takes a BrokerSettings). CURVE with the key pair kept in
+    ``data_dir``, as the tap makes it, unless ``curve=`` says otherwise (``CurveSettings()``:
+    ``--plain``). Stop it with ``stopService()``."""
     from bus.activity import NO_ACTIVITY
     from bus.mc0.config import Mc0Config
     from bus.mc0.server import Mc0Service
+    from bus.transport.curve_settings import CurveSettings
 
-    config = replace(Mc0Config(port=0, data_dir=data_dir), **settings)
+    config = replace(
+        Mc0Config(port=0, data_dir=data_dir, curve=CurveSettings(key_dir=data_dir)), **settings
+    )
     service = Mc0Service(config, activity or NO_ACTIVITY)
     service.startService()
     return service

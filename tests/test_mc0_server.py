@@ -282,7 +282,9 @@ def test_only_keys_on_the_allow_list_get_in(tmp_path: Path, closing: list[Any]) 
     create_key_pair(tmp_path / "others", "mallory")
     alice = load_key_pair(allowed / "alice.key_secret")
     mallory = load_key_pair(tmp_path / "others" / "mallory.key_secret")
-    service = start_broker(tmp_path / "mc0", curve=CurveSettings(client_certs=allowed))
+    service = start_broker(
+        tmp_path / "mc0", curve=CurveSettings(client_certs=allowed, key_dir=tmp_path / "mc0")
+    )
     try:
         good = connector(service, closing, client_keys=alice)
         bad = connector(service, closing, client_keys=mallory, ttl=0.3)
@@ -320,7 +322,7 @@ def test_a_wrong_server_key_never_connects(broker: Any, closing: list[Any]) -> A
 def test_plain_mode_and_a_curve_client_against_it(tmp_path: Path, closing: list[Any]) -> Any:
     from bus.transport.curve import CurveKeyPair
 
-    service = start_broker(tmp_path / "mc0", plain=True)
+    service = start_broker(tmp_path / "mc0", curve=CurveSettings())  # --plain
     try:
         assert service.keys is None and service.zap is None
         assert not (tmp_path / "mc0" / "server.key").exists()
@@ -400,12 +402,14 @@ def test_start_failures_name_the_option(tmp_path: Path) -> None:
         holder.close()
     (tmp_path / "junk").write_text("not a key\n")
     for option, overrides in [
-        ("server-cert", {"curve": CurveSettings(tmp_path / "missing.key_secret")}),
-        ("server-cert", {"curve": CurveSettings(tmp_path / "junk")}),
-        ("client-certs", {"curve": CurveSettings(client_certs=tmp_path / "nowhere")}),
+        ("server-cert", {"server_cert": tmp_path / "missing.key_secret"}),
+        ("server-cert", {"server_cert": tmp_path / "junk"}),
+        ("client-certs", {"client_certs": tmp_path / "nowhere"}),
+        ("data-dir", {"key_dir": tmp_path / "junk"}),  # a file, not a directory
     ]:
         with pytest.raises(StartupError) as caught:
-            start_broker(tmp_path / "b", **overrides)
+            curve = CurveSettings(**{"key_dir": tmp_path / "b", **overrides})
+            start_broker(tmp_path / "b", curve=curve)
         assert caught.value.option == option
 
 
@@ -417,7 +421,9 @@ def test_server_cert_files_of_both_formats(tmp_path: Path, closing: list[Any]) -
     bare = CurveKeyPair.generate()
     (tmp_path / "mc0d.key").write_bytes(bare.secret + b"\n")  # mc0d: the Z85 secret alone
     for path, public in [(secret, None), (tmp_path / "mc0d.key", bare.public)]:
-        service = start_broker(tmp_path / "data", curve=CurveSettings(path))
+        service = start_broker(
+            tmp_path / "data", curve=CurveSettings(path, key_dir=tmp_path / "data")
+        )
         try:
             if public is not None:
                 assert service.keys.public == public

@@ -16,6 +16,7 @@ from bus.mc0 import tap as mc0_tap
 from bus.options import PROCESS_OPTION_NAMES, parse_duration
 from bus.services import SERVICE_NAMES, SERVICES, entry
 from bus.spark import tap as spark_tap
+from bus.transport.curve_settings import CurveSettings
 
 
 def parse(*args: str) -> Any:
@@ -46,12 +47,8 @@ def test_defaults_run_the_protocols_with_http_on() -> None:
     config = options["service-options"]["eventbus"]["eventbus-config"]
     assert (config.bind, config.port, str(config.data_dir)) == ("127.0.0.1", 5556, "eventbus-data")
     mc0 = options["service-options"]["mc0"]["mc0-config"]
-    assert (mc0.bind, mc0.port, str(mc0.data_dir), mc0.plain) == (
-        "127.0.0.1",
-        61616,
-        "mc0-data",
-        False,
-    )
+    assert (mc0.bind, mc0.port, str(mc0.data_dir)) == ("127.0.0.1", 61616, "mc0-data")
+    assert mc0.curve == CurveSettings(key_dir=Path("mc0-data"))  # CURVE unless --plain
     emqp = options["service-options"]["emqp"]["emqp-config"]
     assert (emqp.bind, emqp.worker_port, emqp.client_port, emqp.admin_port) == (
         "127.0.0.1", 47290, 47291, 47293,
@@ -202,6 +199,20 @@ def test_every_service_option_is_offered_with_its_prefix() -> None:
             assert f"{prefix}-{spec.name}" in product
     for name in ("port", "bind", "data-dir", "dialect", "services", "http-port", "config"):
         assert name in product
+
+
+def test_mc0_speaks_curve_with_its_kept_key_unless_plain() -> None:
+    def mc0(*args: str) -> Any:
+        return parse("--services", "mc0", *args)["service-options"]["mc0"]["mc0-config"].curve
+
+    data = Path("mc0-data")
+    assert mc0("--mc0-client-certs", "c") == CurveSettings(client_certs=Path("c"), key_dir=data)
+    assert mc0("--mc0-server-cert", "s.key_secret") == CurveSettings(
+        Path("s.key_secret"), key_dir=data
+    )
+    assert not mc0("--mc0-plain").enabled
+    with pytest.raises(usage.UsageError, match="--mc0-client-certs needs CURVE"):
+        mc0("--mc0-plain", "--mc0-client-certs", "c")
 
 
 def test_durations() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.mc0.core import BrokerSettings
@@ -18,19 +18,11 @@ class Mc0Config:
     bind: str = DEFAULT_BIND
     port: int = DEFAULT_PORT
     data_dir: Path = Path(DEFAULT_DATA_DIR)
-    #: ``--server-cert`` and ``--client-certs`` (mc0 speaks CURVE unless ``plain``:
-    #: without a server cert, with the key pair kept in ``data_dir``).
+    #: The ROUTER's CURVE. The tap gives the key pair kept in ``data_dir`` unless
+    #: ``--server-cert`` names one; disabled (this default, and ``--plain``): plain text.
     curve: CurveSettings = field(default_factory=CurveSettings)
-    plain: bool = False
     mirror: bool = False
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     send_hwm: int = 10_000
     receive_hwm: int = 10_000
     read_budget: int = 512
-
-    @property
-    def curve_in_force(self) -> CurveSettings:
-        """What the broker's CURVE runs with: none with ``plain``."""
-        if self.plain:
-            return CurveSettings()
-        return replace(self.curve, key_dir=self.data_dir)

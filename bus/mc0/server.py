@@ -69,8 +69,9 @@ class Mc0Service(Service):
         self.activity = activity
         self.reactor: Any = reactor_of(reactor)
         self.clock = clock
-        #: CURVE unless ``--plain`` (the kept key pair without ``--server-cert``).
-        self.curve = ServerCurve("mc0", config.curve_in_force, clock)
+        #: CURVE unless ``--plain`` (the kept key pair without ``--server-cert``); its keys
+        #: are loaded by ``ports.open`` in startService.
+        self.curve = ServerCurve("mc0", config.curve, clock)
         self.ports = ServerPorts(self.reactor, self.curve, log)
         self.endpoint = ""
         self.broker: Broker | None = None
@@ -142,7 +143,7 @@ class Mc0Service(Service):
         config = self.config
         if config.mirror and self.activity is NO_ACTIVITY:
             log.warn("--mirror: no Event BUS runs in this process, so PUTs are not mirrored")
-        if self.keys is None:
+        if not self.curve.enabled:
             log.warn(
                 "mc0 broker on {endpoint} WITHOUT CURVE (--plain): traffic is not encrypted "
                 "and any peer that can reach the port is served",

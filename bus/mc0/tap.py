@@ -12,7 +12,7 @@ from twisted.python import usage
 from bus.mc0.codec import MAX_TTL_MS
 from bus.mc0.config import DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_PORT, Mc0Config
 from bus.options import ServiceOptions, parse_duration
-from bus.transport.curve_settings import curve_options, curve_settings
+from bus.transport.curve_settings import CurveSettings, curve_options, curve_settings
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
@@ -86,12 +86,12 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
             "--max-clients, --max-topics-per-client and --send-hwm must be positive"
         )
     data_dir = Path(options["data-dir"])
+    plain = bool(options.get("plain"))
     return Mc0Config(
         bind=options["bind"],
         port=port,
         data_dir=data_dir,
-        curve=curve_settings(options, key_dir=data_dir),
-        plain=bool(options.get("plain")),
+        curve=CurveSettings() if plain else curve_settings(options, key_dir=data_dir),
         mirror=bool(options.get("mirror")),
         broker=settings,
         send_hwm=int(options["send-hwm"]),

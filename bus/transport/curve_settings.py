@@ -19,7 +19,10 @@ def curve_options(kept_key: bool = False) -> list[list[Any]]:
             "a file of the 40-character Z85 secret key). Without it, the key pair kept in "
             "DATA-DIR (made on first start); --plain turns CURVE off."
         )
-        certs = "Accept only the client keys of the *.key certificates in this directory"
+        certs = (
+            "Accept only the client keys of the *.key certificates in this directory (re-read "
+            "when it changes); without it any client key is accepted, still encrypted."
+        )
     else:
         cert = (
             "Serve over CURVE with this secret key (NAME.key_secret as bus-keys writes it, or "
@@ -27,9 +30,8 @@ def curve_options(kept_key: bool = False) -> list[list[Any]]:
         )
         certs = (
             "With --server-cert: accept only the client keys of the *.key certificates in "
-            "this directory"
+            "this directory (re-read when it changes); their metadata says what each key may do."
         )
-    certs += " (re-read when it changes); their metadata says what each key may do."
     return [["server-cert", None, None, cert], ["client-certs", None, None, certs]]
 
 

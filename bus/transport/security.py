@@ -2,7 +2,9 @@
 
 A service that serves ZeroMQ ports takes :data:`bus.transport.curve_settings.CURVE_OPTIONS`
 (``--server-cert FILE``: CURVE on; ``--client-certs DIR``: only the keys of the ``*.key``
-certificates in DIR, re-read when they change), builds its
+certificates in DIR, re-read when they change; mc0 takes them from
+:func:`bus.transport.curve_settings.curve_options` and, without ``--server-cert``, keeps a key
+pair in its data directory, :attr:`CurveSettings.key_dir`), builds its
 :class:`bus.transport.curve_settings.CurveSettings`, and gives each
 server socket to :meth:`ServerCurve.secure` before binding it. What a key may do is in the
 metadata of its certificate in DIR (see docs/security.md); a service reads it for a message
@@ -85,8 +87,8 @@ class ServerCurve:
         return self.settings.enabled
 
     def load(self) -> None:
-        """Read the server's key pair and check the allow-list: a StartupError naming the
-        option at fault. Call before :meth:`start`."""
+        """Read the server's key pair (or the kept one, made on first start) and check the
+        allow-list: a StartupError naming the option at fault. Call before :meth:`start`."""
         settings = self.settings
         if settings.server_cert is not None:
             try:
@@ -115,6 +117,7 @@ class ServerCurve:
         try:
             keys, created = server_key_pair(directory)
         except (KeyFileError, OSError) as error:
+            # key_dir is only ever a service's --data-dir.
             raise StartupError("data-dir", f"server key pair: {error}") from None
         if created:
             log.info(
