@@ -87,49 +87,34 @@ class Turn:
     released: int
 
 
-class EventBusCore(Generic[L]):
-    """What the bus accepts, stores and broadcasts (see the module's text)."""
+class Intake:
+    """What comes in, whatever keeps the log: PUB batches parsed and checked against their
+    keys' rights (drops counted by reason), events made in this process queued as one
+    batch. Each accepted batch goes to :meth:`accept`, which a subclass defines."""
 
     def __init__(
         self,
-        log: L,
         *,
         max_data_bytes: int,
         clock: Callable[[], float],
         logger: Logger,
         local_limit: int = 200_000,
     ) -> None:
-        self.log: L = log
         self.logger = logger
         self.max_data_bytes = max_data_bytes
         self.clock = clock
         self.local_limit = local_limit
         self.drops = DropCounter(logger, "message", clock)
-        #: Half of a primary/backup pair (None: a server alone).
-        self.pair: PairRelease | None = None
         #: With publish rights in force: each PUB's key's subtrees (None: no check).
         self.publish_rights: PublishRights | None = None
         #: What clients may see now, in order; the service takes it (:meth:`take_broadcasts`).
         self.broadcasts: list[Broadcast] = []
-        #: The pair's turns the service has not acted on yet, in order (:meth:`take_turns`).
-        self.turns: list[Turn] = []
-        #: The pair holds the collector: it has more events to forward than it may hold.
-        self.pair_holds_collector = False
-        #: Called after the pair changed something the service acts on (set by the service).
-        self.woken: Callable[[], None] = lambda: None
-        #: The highest sequence clients may see (broadcast, in snapshots, in heartbeats):
-        #: in a pair with sync replication, only what the passive has stored.
-        self.released = log.last_sequence
-        #: Stored in a pair, not yet released: (first sequence, fields), in order.
-        self.unreleased: deque[tuple[int, list[EventFields]]] = deque()
-        #: Events that arrived while the log could not write them, in order.
-        self.waiting: list[EventFields] = []
+        #: Events made in this process (composed services' activity), stored as one batch.
+        self.local: list[EventFields] = []
         #: When the log began refusing (for the line that says it writes again).
         self.blocked_since = 0.0
         #: Why the log last refused, until a write succeeds again.
         self.storage_error: str | None = None
-        #: Events made in this process (composed services' activity), stored as one batch.
-        self.local: list[EventFields] = []
         # Counters, kept as work happens.
         self.accepted = 0
         self.bytes_accepted = 0
@@ -138,6 +123,18 @@ class EventBusCore(Generic[L]):
         self.refused_storage = 0
         #: Failed appends (each attempt).
         self.append_failures = 0
+
+    def accept(self, fields: list[EventFields]) -> None:
+        raise NotImplementedError
+
+    def backlog(self) -> int:
+        """Accepted events not yet in the log."""
+        raise NotImplementedError
+
+    def take_broadcasts(self) -> list[Broadcast]:
+        """What to broadcast now, in order (and forget it)."""
+        broadcasts, self.broadcasts = self.broadcasts, []
+        return broadcasts
 
     # -- in --------------------------------------------------------------------------------
 
@@ -187,7 +184,7 @@ class EventBusCore(Generic[L]):
     def publish_local(self, fields: EventFields) -> bool:
         """Queue an event made in this process; True when it is the first of a new batch
         (the service flushes it on the next reactor turn, :meth:`flush_local`)."""
-        if len(self.local) + len(self.waiting) >= self.local_limit:
+        if len(self.local) + self.backlog() >= self.local_limit:
             # The log is refusing (or far behind): never hold more than the collector would.
             self.drops.drop("local-overflow", "in-process activity queue full", b"local")
             return False
@@ -200,7 +197,43 @@ class EventBusCore(Generic[L]):
             self.local_accepted += len(batch)
             self.accept(batch)
 
+
+class EventBusCore(Intake, Generic[L]):
+    """What the bus accepts, stores and broadcasts (see the module's text)."""
+
+    def __init__(
+        self,
+        log: L,
+        *,
+        max_data_bytes: int,
+        clock: Callable[[], float],
+        logger: Logger,
+        local_limit: int = 200_000,
+    ) -> None:
+        super().__init__(
+            max_data_bytes=max_data_bytes, clock=clock, logger=logger, local_limit=local_limit
+        )
+        self.log: L = log
+        #: Half of a primary/backup pair (None: a server alone).
+        self.pair: PairRelease | None = None
+        #: The pair's turns the service has not acted on yet, in order (:meth:`take_turns`).
+        self.turns: list[Turn] = []
+        #: The pair holds the collector: it has more events to forward than it may hold.
+        self.pair_holds_collector = False
+        #: Called after the pair changed something the service acts on (set by the service).
+        self.woken: Callable[[], None] = lambda: None
+        #: The highest sequence clients may see (broadcast, in snapshots, in heartbeats):
+        #: in a pair with sync replication, only what the passive has stored.
+        self.released = log.last_sequence
+        #: Stored in a pair, not yet released: (first sequence, fields), in order.
+        self.unreleased: deque[tuple[int, list[EventFields]]] = deque()
+        #: Events that arrived while the log could not write them, in order.
+        self.waiting: list[EventFields] = []
+
     # -- store, then broadcast ---------------------------------------------------------------
+
+    def backlog(self) -> int:
+        return len(self.waiting)
 
     @property
     def collector_paused(self) -> bool:
@@ -281,11 +314,6 @@ class EventBusCore(Generic[L]):
                 unreleased.popleft()
             self.broadcasts.append(Broadcast(first, fields))
             self.released = first + count - 1
-
-    def take_broadcasts(self) -> list[Broadcast]:
-        """What to broadcast now, in order (and forget it)."""
-        broadcasts, self.broadcasts = self.broadcasts, []
-        return broadcasts
 
     def take_turns(self) -> list[Turn]:
         """The pair's turns to act on, in order (and forget them); act on them before

@@ -1,0 +1,141 @@
+"""The rules of an Event BUS front-end whose log is a replicated stream, sans I/O.
+
+A front-end keeps no log of its own (``--store jetstream``): what it collects goes to
+the stream, and what it broadcasts is what the stream committed, read back in the
+stream's order (so every front-end broadcasts every event, published anywhere, under one
+sequence space). :class:`StreamCore` decides:
+
+- **appends**: accepted events wait in :attr:`StreamCore.pending`; one batch at a time is
+  handed to the service (:meth:`StreamCore.take_append`), so a retried batch never
+  overtakes a later one. The stream's acknowledgement (:meth:`StreamCore.appended`) frees
+  the next; a refusal (:meth:`StreamCore.append_refused`: no quorum, no leader, no answer)
+  keeps the batch, which the service resends whole after its delay
+  (:meth:`StreamCore.retry`): events the stream had already taken are dropped there as
+  duplicates by their uuid.
+- **the collector's pause**: while a batch is refused, or while more events wait than
+  ``hold_limit``, the collector is not read (ZeroMQ back-pressure to publishers).
+- **broadcasts**: :meth:`StreamCore.committed` takes the stream's events in order and
+  makes them broadcasts; a sequence seen already (a feed that restarted) is skipped, and
+  a jump (events the stream's limits removed before this front-end read them) is counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.logger import Logger
+
+from bus.eventbus.codec import EventFields
+from bus.eventbus.core import Broadcast, Intake
+from bus.eventbus.eventlog import Row
+
+
+class StreamCore(Intake):
+    """A front-end's intake, appends and broadcasts (see the module's text)."""
+
+    def __init__(
+        self,
+        *,
+        released: int,
+        max_data_bytes: int,
+        clock: Callable[[], float],
+        logger: Logger,
+        local_limit: int = 200_000,
+        batch_limit: int = 1000,
+        hold_limit: int = 10_000,
+    ) -> None:
+        super().__init__(
+            max_data_bytes=max_data_bytes, clock=clock, logger=logger, local_limit=local_limit
+        )
+        self.batch_limit = batch_limit
+        self.hold_limit = hold_limit
+        #: The highest sequence broadcast (what heartbeats and snapshots go up to).
+        self.released = released
+        #: Accepted, not yet handed to the stream, in order.
+        self.pending: list[EventFields] = []
+        #: Handed to the stream, not yet acknowledged (or refused: then resent whole).
+        self.in_flight: list[EventFields] = []
+        self.refused = False
+        #: Sequences the feed gave twice (skipped), and sequences it never gave (removed
+        #: by the stream's limits before this front-end read them).
+        self.repeated = 0
+        self.skipped = 0
+        #: Events the stream acknowledged as held already (the same uuid, resent).
+        self.duplicates = 0
+
+    # -- appends -------------------------------------------------------------------------------
+
+    def accept(self, fields: list[EventFields]) -> None:
+        self.pending.extend(fields)
+
+    @property
+    def collector_paused(self) -> bool:
+        return self.refused or len(self.pending) + len(self.in_flight) >= self.hold_limit
+
+    def take_append(self) -> list[EventFields] | None:
+        """The next batch to hand to the stream, or None (one is in flight, or refused,
+        or nothing waits)."""
+        if self.in_flight or not self.pending:
+            return None
+        batch = self.pending[: self.batch_limit]
+        del self.pending[: len(batch)]
+        self.in_flight = batch
+        return batch
+
+    def appended(self, sequences: list[int]) -> None:
+        """The stream stored the batch in flight under ``sequences`` (0: the stream held
+        that event already)."""
+        batch, self.in_flight = self.in_flight, []
+        self.refused = False
+        self.storage_error = None
+        stored = sum(1 for sequence in sequences if sequence)
+        self.duplicates += len(batch) - stored
+        self.accepted += len(batch)
+        self.bytes_accepted += sum(len(event[4]) for event in batch)
+
+    def append_refused(self, error: str) -> None:
+        """The stream did not store the batch in flight: it waits, whole, for :meth:`retry`."""
+        self.append_failures += 1
+        self.storage_error = error
+        if not self.refused:
+            self.refused = True
+            self.refused_storage += len(self.in_flight)
+            self.blocked_since = self.clock()
+
+    def retry(self) -> list[EventFields]:
+        """The refused batch, to hand to the stream again."""
+        return self.in_flight
+
+    @property
+    def waiting(self) -> list[EventFields]:
+        """What waits for the stream while it refuses (the batch, then what came after)."""
+        return [*self.in_flight, *self.pending] if self.refused else []
+
+    def backlog(self) -> int:
+        return len(self.pending) + len(self.in_flight)
+
+    # -- broadcasts ----------------------------------------------------------------------------
+
+    def committed(self, rows: list[Row]) -> None:
+        """Events the stream holds, in its order: broadcast each once, in order."""
+        released = self.released
+        run_first = 0
+        run: list[EventFields] = []
+        broadcasts = self.broadcasts
+        for row in rows:
+            sequence = row[0]
+            if sequence <= released:
+                self.repeated += 1
+                continue
+            if sequence != released + 1:
+                self.skipped += sequence - released - 1
+                if run:
+                    broadcasts.append(Broadcast(run_first, run))
+                    run = []
+            if not run:
+                run_first = sequence
+            run.append(row[1:6])
+            released = sequence
+        if run:
+            broadcasts.append(Broadcast(run_first, run))
+        self.released = released

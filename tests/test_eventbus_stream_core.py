@@ -1,0 +1,143 @@
+"""A front-end's rules (bus.eventbus.stream_core) with no stream, socket or reactor: one
+batch in flight at a time, a refused batch resent whole and in order, the collector held
+while it waits or while too much is pending, and broadcasts made from what the stream
+committed, once each, in order, whatever the feed repeats or skips."""
+
+from __future__ import annotations
+
+import msgpack
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
+from twisted.logger import Logger
+
+from bus.eventbus import codec
+from bus.eventbus.codec import EventFields
+from bus.eventbus.eventlog import Row
+from bus.eventbus.stream_core import StreamCore
+
+log = Logger(namespace="test.eventbus.stream_core")
+
+
+def pub(n: int) -> list[bytes]:
+    uuid = f"00000000-0000-4000-8000-{n:012d}".encode()
+    return [b"peer", *codec.pub_frames(f"/t/{n}/".encode(), b"p", b"2026-11-27T00:00:00Z",
+                                         uuid, msgpack.packb(n))]  # fmt: skip
+
+
+def made(**kw: int) -> tuple[StreamCore, Clock]:
+    clock = Clock()
+    core = StreamCore(released=0, max_data_bytes=1024, clock=clock.seconds, logger=log, **kw)
+    return core, clock
+
+
+def rows_of(first: int, fields: list[EventFields]) -> list[Row]:
+    return [(first + i, *f) for i, f in enumerate(fields)]  # type: ignore[misc]
+
+
+def test_one_batch_in_flight_refused_then_resent_whole_and_the_collector_held() -> None:
+    core, clock = made(batch_limit=3, hold_limit=6)
+    core.collect([pub(n) for n in range(5)])
+    first = core.take_append()
+    assert first is not None and [f[0] for f in first] == [b"/t/0/", b"/t/1/", b"/t/2/"]
+    assert core.take_append() is None  # one at a time
+    clock.advance(5)
+    core.append_refused("no quorum")
+    assert core.collector_paused and core.storage_error == "no quorum"
+    assert core.refused_storage == 3 and core.blocked_since == 5
+    assert [f[0] for f in core.waiting] == [b"/t/0/", b"/t/1/", b"/t/2/", b"/t/3/", b"/t/4/"]
+    core.append_refused("no quorum")  # a retry refused again: counted once
+    assert core.refused_storage == 3 and core.append_failures == 2
+    assert core.retry() is first and core.take_append() is None
+    core.appended([1, 2, 0])  # the last one the stream held already
+    assert not core.collector_paused and core.storage_error is None and core.waiting == []
+    assert core.accepted == 3 and core.duplicates == 1
+    second = core.take_append()
+    assert second is not None and [f[0] for f in second] == [b"/t/3/", b"/t/4/"]
+    core.collect([pub(n) for n in range(5, 9)])  # 2 in flight + 4 pending: the limit
+    assert core.collector_paused
+
+
+def test_the_feed_is_broadcast_once_in_order_with_repeats_skipped_and_holes_counted() -> None:
+    core, _ = made()
+    fields = [(f"/t/{n}/".encode(), b"p", b"t", b"u", b"\xc0") for n in range(8)]
+    core.committed(rows_of(1, fields[:3]))
+    core.committed(rows_of(2, fields[1:5]))  # the feed restarted a little behind
+    core.committed(rows_of(7, fields[6:8]))  # 6 was removed by the stream's limits
+    broadcasts = core.take_broadcasts()
+    assert [(b.first, len(b.fields)) for b in broadcasts] == [(1, 3), (4, 2), (7, 2)]
+    assert core.released == 8 and core.repeated == 2 and core.skipped == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("pub"), st.integers(1, 7)),
+            st.tuples(st.just("ack"), st.just(0)),
+            st.tuples(st.just("refuse"), st.just(0)),
+            st.tuples(st.just("retry"), st.just(0)),
+            st.tuples(st.just("local"), st.integers(1, 3)),
+        ),
+        max_size=60,
+    )
+)
+def test_whatever_the_stream_does_each_event_is_stored_once_in_the_order_it_came(
+    steps: list[tuple[str, int]],
+) -> None:
+    core, _ = made(batch_limit=4, hold_limit=10)
+    stream: list[bytes] = []  # uuids in the order the stream stored them
+    sent: list[bytes] = []
+    n = 0
+    in_flight: list[EventFields] | None = None
+    for step, count in steps:
+        if step == "pub":
+            batch = [pub(n + i) for i in range(count)]
+            core.collect(batch)
+            sent += [frames[5] for frames in batch]
+            n += count
+        elif step == "local":
+            for _ in range(count):
+                uuid = f"00000000-0000-4000-8000-{n:012d}".encode()
+                core.publish_local((b"/l/", b"p", b"t", uuid, b"\xc0"))
+                sent.append(uuid)
+                n += 1
+            core.flush_local()
+        elif step == "refuse" and in_flight is not None:
+            # The stream may have kept some of the batch before failing.
+            for event in in_flight[: len(in_flight) // 2]:
+                if event[3] not in stream:
+                    stream.append(event[3])
+            core.append_refused("timeout")
+            in_flight = None
+        elif step == "retry" and core.refused:
+            in_flight = core.retry()
+        elif step == "ack" and in_flight is not None:
+            sequences = []
+            for event in in_flight:
+                if event[3] in stream:
+                    sequences.append(0)
+                else:
+                    stream.append(event[3])
+                    sequences.append(len(stream))
+            core.appended(sequences)
+            in_flight = None
+        if in_flight is None and not core.refused:
+            in_flight = core.take_append()
+    # Drain: the stream answers everything from now on.
+    while True:
+        if core.refused:
+            in_flight = core.retry()
+        elif in_flight is None:
+            in_flight = core.take_append()
+        if in_flight is None:
+            break
+        for event in in_flight:
+            if event[3] not in stream:
+                stream.append(event[3])
+        core.appended([1] * len(in_flight))
+        in_flight = None
+    # Once each, and in the order they came: a batch goes whole (resent whole) before the
+    # next, and what the stream kept of a refused batch is its beginning here.
+    assert stream == sent
+    assert core.pending == [] and core.in_flight == [] and not core.collector_paused
