@@ -177,3 +177,44 @@ def test_whatever_the_client_reads_it_gets_each_matching_event_once_in_order(
     assert got == wanted
     end = SEQUENCE.unpack(sock.sent[-1][3])[0]
     assert sock.sent[-1][1] == b"SYNCEND" and end == (wanted[-1][0] if wanted else upto)
+
+
+class LaterLog:
+    """A log whose reads answer later (a replicated stream's), when the test says."""
+
+    def __init__(self, memory: MemoryEventLog) -> None:
+        self.memory = memory
+        self.asked: list[tuple[Any, Any]] = []
+
+    @property
+    def last_sequence(self) -> int:
+        return self.memory.last_sequence
+
+    def read_rows(self, after: int, upto: int, prefixes: Any, limit: int) -> Any:
+        from twisted.internet import defer
+
+        answer: defer.Deferred[Any] = defer.Deferred()
+        self.asked.append((answer, self.memory.read_rows(after, upto, prefixes, limit)))
+        return answer
+
+    def answer(self) -> None:
+        deferred, rows = self.asked.pop(0)
+        deferred.callback(rows)
+
+
+def test_rows_a_log_gives_later_are_sent_once_in_and_asked_for_once() -> None:
+    later = LaterLog(log_of([f"/t/{i}/" for i in range(5)]))
+    sock = FakeSocket()
+    answer = stream([b"SYNCSTART", b"", SEQUENCE.pack(0)], 5)
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    assert len(later.asked) == 1 and sock.sent == []
+    later.answer()
+    assert answer.reading is None
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    later.answer()
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    later.answer()  # nothing more: the SYNCEND
+    assert run(answer, later, sock, chunk=3) == "finished"  # type: ignore[arg-type]
+    assert [SEQUENCE.unpack(m[3])[0] for m in sock.sent] == [1, 2, 3, 4, 5, 5]
+    assert sock.sent[-1][1] == b"SYNCEND"

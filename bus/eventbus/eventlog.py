@@ -17,10 +17,28 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from twisted.internet.defer import Deferred
+
 from bus.eventbus.codec import EventFields
 
 #: One stored event as the log reads it.
 Row = tuple[int, bytes, bytes, bytes, bytes, bytes]
+
+
+class RowSource(Protocol):
+    """What snapshots read: a range of rows under subtree filters, at once (a log on this
+    machine) or later (a replicated stream, as a Deferred)."""
+
+    @property
+    def last_sequence(self) -> int: ...
+
+    def read_rows(
+        self,
+        after: int,
+        upto: int,
+        prefixes: Iterable[bytes],
+        limit: int,
+    ) -> list[Row] | Deferred[list[Row]]: ...
 
 
 class EventLog(Protocol):

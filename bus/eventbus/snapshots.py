@@ -42,6 +42,7 @@ from collections import Counter, deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
@@ -52,7 +53,7 @@ from bus.memory import MemoryRelease
 from bus.transport.zmqsocket import PeerUnreachable
 
 if TYPE_CHECKING:
-    from bus.eventbus.eventlog import EventLog
+    from bus.eventbus.eventlog import Row, RowSource
     from bus.transport.zmqsocket import ZmqSocket
 
 log = Logger(namespace="bus.eventbus.snapshots")
@@ -81,7 +82,9 @@ PREPARED_MESSAGES = 16_384
 #: Free memory is handed back to the system at most this often, after streams ended.
 RELEASE_INTERVAL = 5.0
 
-Outcome = Literal["more", "blocked", "finished", "gone"]
+#: "reading": the rows come from a log read asynchronously (a replicated stream); the
+#: stream is ready again once they are in.
+Outcome = Literal["more", "blocked", "finished", "gone", "reading"]
 
 
 class SnapshotStream:
@@ -100,6 +103,7 @@ class SnapshotStream:
         "identity",
         "last_progress",
         "position",
+        "reading",
         "request",
         "sent",
         "started_at",
@@ -135,15 +139,25 @@ class SnapshotStream:
         self._pending: list[list[bytes]] = []
         self._sequences: list[int] = []
         self._finished = False
+        #: The rows asked of a log that answers later (None: none asked).
+        self.reading: defer.Deferred[Any] | None = None
 
     @property
     def prepared(self) -> int:
         """Messages read and encoded but not yet handed to ZeroMQ."""
         return len(self._pending)
 
-    def _refill(self, store: EventLog, chunk: int, syncend_current: bool) -> None:
+    def _refill(self, store: RowSource, chunk: int, syncend_current: bool) -> None:
         self.chunk = chunk = min(self.chunk * 2, chunk) if self.chunk else chunk
         rows = store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
+        if isinstance(rows, defer.Deferred):
+            self.reading = rows  # _took clears it, at once if the rows are in already
+            rows.addCallback(self._took, syncend_current)
+            return
+        self._took(rows, syncend_current)
+
+    def _took(self, rows: list[Row], syncend_current: bool) -> None:
+        self.reading = None
         identity, encoding = self.identity, self.encoding
         if rows:
             self.position = self.highest_sent = rows[-1][0]
@@ -158,7 +172,7 @@ class SnapshotStream:
     def pump(
         self,
         sock: ZmqSocket,
-        store: EventLog,
+        store: RowSource,
         budget: int,
         chunk: int,
         syncend_current: bool,
@@ -170,7 +184,11 @@ class SnapshotStream:
             if not pending:
                 if self._finished:
                     return "finished", total
-                self._refill(store, chunk, syncend_current)
+                if self.reading is None:
+                    self._refill(store, chunk, syncend_current)
+                if self.reading is not None:
+                    self.sent += total
+                    return "reading", total
                 pending = self._pending
             try:
                 sent = sock.send_many(pending[: budget - total])
@@ -228,7 +246,7 @@ class SnapshotScheduler:
     def __init__(
         self,
         reactor: Any,
-        store: EventLog,
+        store: RowSource,
         config: EventBusConfig,
         socket: Callable[[], ZmqSocket | None],
         released: Callable[[], int] | None = None,
@@ -416,10 +434,32 @@ class SnapshotScheduler:
                     self._block(stream)
             elif outcome == "finished":
                 self._end(stream, "served")
+            elif outcome == "reading":
+                self._await_rows(stream)
             else:
                 self._end(stream, "aborted")
         if ready:
             self._schedule_run()
+
+    def _await_rows(self, stream: SnapshotStream) -> None:
+        """Ready again once its rows are in; a read that fails ends it unanswered (its
+        client asks again)."""
+        assert stream.reading is not None
+
+        def ready(_: object) -> None:
+            if not stream.done:
+                self._ready.append(stream)
+                self._schedule_run()
+
+        def failed(failure: Any) -> None:
+            if not stream.done:
+                log.warn(
+                    "a snapshot's read failed ({error}): its client asks again",
+                    error=str(failure.value),
+                )
+                self._end(stream, "aborted")
+
+        stream.reading.addCallbacks(ready, failed)
 
     def _block(self, stream: SnapshotStream) -> None:
         now = self.reactor.seconds()
