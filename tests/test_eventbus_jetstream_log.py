@@ -17,8 +17,9 @@ from twisted.internet import reactor
 
 from bus.errors import StartupError
 from bus.eventbus.codec import EventFields
+from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
-from bus.eventbus.jetstream import JetStreamLog, JetStreamSettings
+from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.store import Retention
 from bus.natsserver import NatsCluster, free_ports
 from bus.testing import wait_until

@@ -59,6 +59,32 @@ class PairConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class JetStreamSettings:
+    """Where the stream is and how it is made (see docs/cluster.md)."""
+
+    servers: tuple[str, ...]
+    stream: str = "EVENTBUS"
+    subject_prefix: str = "eventbus"
+    replicas: int = 1
+    #: A NATS credentials file (``--nats-creds``), and TLS (``--nats-tls-*``).
+    creds: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: A resent event (same uuid) within this many seconds is stored once.
+    duplicate_window: float = 120.0
+    connect_timeout: float = 5.0
+    #: An append not acknowledged this long is refused (and retried, as on a full disk).
+    ack_timeout: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ValueError("--nats names no server")
+        if not 1 <= self.replicas <= 5:
+            raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")
+
+
+@dataclass(frozen=True, slots=True)
 class EventBusConfig:
     """Where and how the bus serves. ``port`` 0 picks a free base port P such that
     P, P+1 and P+2 are all free (handy in tests)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from bus.asyncloop import AsyncioThread
 from bus.errors import StartupError, StorageError
 from bus.eventbus import subjects
 from bus.eventbus.codec import EventFields
+from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
 
@@ -40,32 +40,6 @@ log = Logger(namespace="bus.eventbus.jetstream")
 
 #: Committed events handed to the reactor at once, at most.
 FEED_BATCH = 2000
-
-
-@dataclass(frozen=True, slots=True)
-class JetStreamSettings:
-    """Where the stream is and how it is made (see docs/cluster.md)."""
-
-    servers: tuple[str, ...]
-    stream: str = "EVENTBUS"
-    subject_prefix: str = "eventbus"
-    replicas: int = 1
-    #: A NATS credentials file (``--nats-creds``), and TLS (``--nats-tls-*``).
-    creds: Path | None = None
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    #: A resent event (same uuid) within this many seconds is stored once.
-    duplicate_window: float = 120.0
-    connect_timeout: float = 5.0
-    #: An append not acknowledged this long is refused (and retried, as on a full disk).
-    ack_timeout: float = 5.0
-
-    def __post_init__(self) -> None:
-        if not self.servers:
-            raise ValueError("--nats names no server")
-        if not 1 <= self.replicas <= 5:
-            raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")
 
 
 def encode(fields: EventFields) -> bytes:
@@ -388,6 +362,13 @@ class JetStreamLog:
             self._took_state(await self._js.stream_info(self.settings.stream))
 
         return self.loop.call(info())
+
+    def size(self) -> int:
+        """Bytes the stream holds (as of the last state read)."""
+        return self.bytes
+
+    def count(self) -> int:
+        return self.messages
 
     def close(self) -> defer.Deferred[None]:
         async def drain() -> None:

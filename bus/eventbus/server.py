@@ -38,7 +38,7 @@ from bus.errors import StartupError, StorageError
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
-from bus.eventbus.core import EventBusCore
+from bus.eventbus.core import Broadcast, EventBusCore
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
@@ -452,13 +452,7 @@ class EventBusService(Service):
         collector while the core says so (and retry later while the log refuses)."""
         core = self.core
         if core.broadcasts:
-            pub = self.publisher_socket
-            encoding = self.config.sequence_encoding
-            for batch in core.take_broadcasts():
-                if pub is not None:
-                    pub.send_many(codec.broadcast_messages(batch.first, batch.fields, encoding))
-                if self._watchers:
-                    self._tell_watchers(batch.first, batch.fields)
+            self._broadcast(core.take_broadcasts())
         sock = self.collector_socket
         if core.collector_paused:
             if sock is not None:
@@ -467,6 +461,15 @@ class EventBusService(Service):
                 self._storage_failed()
         elif sock is not None and sock.reading_paused and self.running:
             sock.resume_reading()
+
+    def _broadcast(self, batches: list[Broadcast]) -> None:
+        pub = self.publisher_socket
+        encoding = self.config.sequence_encoding
+        for batch in batches:
+            if pub is not None:
+                pub.send_many(codec.broadcast_messages(batch.first, batch.fields, encoding))
+            if self._watchers:
+                self._tell_watchers(batch.first, batch.fields)
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
         """Call ``watcher(first_sequence, fields)`` with every batch as it is broadcast

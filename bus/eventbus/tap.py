@@ -20,6 +20,7 @@ from bus.eventbus.config import (
     DEFAULT_PORT,
     DEFAULT_SNAPSHOT_HWM,
     EventBusConfig,
+    JetStreamSettings,
     PairConfig,
     original_dialect,
 )
@@ -163,11 +164,43 @@ class Options(ServiceOptions):
             "async: events broadcast ahead of the passive at most.",
             int,
         ],
+        [
+            "store",
+            None,
+            "sqlite",
+            "Where the log is: sqlite (this machine, in --data-dir) or jetstream (a NATS "
+            "JetStream stream, --nats; any number of front-ends serve it).",
+        ],
+        [
+            "nats",
+            None,
+            None,
+            "With --store jetstream: the NATS servers, nats://HOST:PORT[,nats://...].",
+        ],
+        ["nats-stream", None, "EVENTBUS", "With --store jetstream: the stream's name."],
+        [
+            "nats-subject-prefix",
+            None,
+            "eventbus",
+            "With --store jetstream: the subjects' first token (topics follow it).",
+        ],
+        [
+            "nats-replicas",
+            None,
+            1,
+            "With --store jetstream: the stream's replicas when it is made (3 in a cluster).",
+            int,
+        ],
+        ["nats-creds", None, None, "With --store jetstream: a NATS credentials file."],
+        ["nats-tls-ca", None, None, "With --store jetstream: the CA that signed the servers."],
+        ["nats-tls-cert", None, None, "With --store jetstream: this client's TLS certificate."],
+        ["nats-tls-key", None, None, "With --store jetstream: its private key."],
         *CURVE_OPTIONS,
     ]
 
     def postOptions(self) -> None:
         self["eventbus-config"] = config_from_options(self)
+        self["eventbus-stream"] = stream_from_options(self)
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConfig:
@@ -202,6 +235,40 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
             raise usage.UsageError("--syncend must be highest or current")
         config = replace(config, syncend=syncend)
     return config
+
+
+def stream_from_options(options: usage.Options | dict[str, Any]) -> JetStreamSettings | None:
+    """The JetStream stream of ``--store jetstream`` (None: the SQLite log)."""
+    store = options.get("store") or "sqlite"
+    if store not in ("sqlite", "jetstream"):
+        raise usage.UsageError("--store must be sqlite or jetstream")
+    servers = tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
+    if store == "sqlite":
+        if servers:
+            raise usage.UsageError("--nats needs --store jetstream")
+        return None
+    if not servers:
+        raise usage.UsageError("--store jetstream needs --nats nats://HOST:PORT[,...]")
+    if options.get("ha-role") or options.get("ha-peer"):
+        raise usage.UsageError("--store jetstream has no pair (--ha-*): the cluster replicates")
+
+    def path(name: str) -> Path | None:
+        value = options.get(name)
+        return Path(value) if value else None
+
+    try:
+        return JetStreamSettings(
+            servers=servers,
+            stream=str(options.get("nats-stream") or "EVENTBUS"),
+            subject_prefix=str(options.get("nats-subject-prefix") or "eventbus"),
+            replicas=int(options.get("nats-replicas") or 1),
+            creds=path("nats-creds"),
+            tls_ca=path("nats-tls-ca"),
+            tls_cert=path("nats-tls-cert"),
+            tls_key=path("nats-tls-key"),
+        )
+    except ValueError as error:
+        raise usage.UsageError(str(error)) from None
 
 
 def _pair_config(options: usage.Options | dict[str, Any], port: int) -> PairConfig | None:
@@ -280,7 +347,13 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
     from bus.eventbus.server import EventBusService
 
     config = options.get("eventbus-config") or config_from_options(options)
-    bus = EventBusService(config)
+    stream = options.get("eventbus-stream") or stream_from_options(options)
+    if stream is not None:
+        from bus.eventbus.frontend import EventBusFrontEnd
+
+        bus: EventBusService = EventBusFrontEnd(config, stream)
+    else:
+        bus = EventBusService(config)
     bus.status_address = lambda: composition.status_address
     composition.local_bus = bus
     return bus
