@@ -92,28 +92,13 @@ def run_asyncio(url: str, stream: str, events: int, batch: int) -> dict[str, flo
     return asyncio.run(main())
 
 
-def run_thread(url: str, stream: str, events: int, batch: int) -> dict[str, float]:
-    import threading
-
+def _drive(call: Any, url: str, stream: str, events: int, batch: int) -> dict[str, float]:
+    """The same publish and replay, from the installed Twisted reactor, each coroutine
+    run through ``call`` (coroutine -> Deferred)."""
     from twisted.internet import defer
     from twisted.internet import reactor as installed
 
     reactor: Any = installed
-
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-
-    def call(coroutine: Any) -> defer.Deferred[Any]:
-        result: defer.Deferred[Any] = defer.Deferred()
-        future = asyncio.run_coroutine_threadsafe(coroutine, loop)
-        future.add_done_callback(
-            lambda f: reactor.callFromThread(
-                result.errback if f.exception() else result.callback,
-                f.exception() or f.result(),
-            )
-        )
-        return result
-
     figures: dict[str, float] = {}
 
     @defer.inlineCallbacks
@@ -134,6 +119,20 @@ def run_thread(url: str, stream: str, events: int, batch: int) -> dict[str, floa
     reactor.callWhenRunning(main)
     reactor.run()
     return figures
+
+
+def run_thread(url: str, stream: str, events: int, batch: int) -> dict[str, float]:
+    """The product's way: bus.asyncloop.AsyncioThread beside the default reactor."""
+    from twisted.internet import reactor
+
+    from bus.asyncloop import AsyncioThread
+
+    loop = AsyncioThread(reactor, "nats-bench")
+    loop.start()
+    try:
+        return _drive(loop.call, url, stream, events, batch)
+    finally:
+        loop.stop()
 
 
 def run_asyncioreactor(url: str, stream: str, events: int, batch: int) -> dict[str, float]:
@@ -143,33 +142,11 @@ def run_asyncioreactor(url: str, stream: str, events: int, batch: int) -> dict[s
     asyncio.set_event_loop(loop)
     asyncioreactor.install(loop)
     from twisted.internet import defer
-    from twisted.internet import reactor as installed
-
-    reactor: Any = installed
-
-    figures: dict[str, float] = {}
 
     def call(coroutine: Any) -> defer.Deferred[Any]:
         return defer.Deferred.fromFuture(asyncio.ensure_future(coroutine))
 
-    @defer.inlineCallbacks
-    def main() -> Any:
-        try:
-            client, js = yield call(_publish(url, stream, events, batch))
-            subject = f"{stream}.a"
-            started = time.perf_counter()
-            for _ in range(events // batch):
-                yield call(_batch(js, subject, batch))
-            figures["publish"] = events / (time.perf_counter() - started)
-            replay = yield call(_replay(js, subject, events))
-            figures["replay"] = events / replay
-            yield call(client.close())
-        finally:
-            reactor.stop()
-
-    reactor.callWhenRunning(main)
-    reactor.run()
-    return figures
+    return _drive(call, url, stream, events, batch)
 
 
 WAYS = {"asyncio": run_asyncio, "thread": run_thread, "asyncioreactor": run_asyncioreactor}

@@ -95,3 +95,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     setattr(item, f"report_{report.when}", report)
     return report
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[Any]:
+    """One nats-server with JetStream on 127.0.0.1 (the cluster extra's binary)."""
+    pytest.importorskip("nats")
+    from bus.natsserver import NatsCluster
+
+    cluster = NatsCluster(tmp_path / "nats", size=1)
+    cluster.start()
+    yield cluster
+    cluster.stop()

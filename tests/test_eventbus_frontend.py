@@ -8,7 +8,6 @@ and nothing is broadcast, and everything collected is stored once it can."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,6 @@ from bus.testing import RawPeer, wait_until
 from tests.eventbus_helpers import pub
 
 pytest.importorskip("nats")
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsCluster]:
-    cluster = NatsCluster(tmp_path / "nats", size=1)
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 def front_end(cluster: NatsCluster, data_dir: Path, **settings: Any) -> Any:

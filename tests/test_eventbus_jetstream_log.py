@@ -6,8 +6,6 @@ unreachable server or a stream of other settings is one clear start-up error."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -25,14 +23,6 @@ from bus.natsserver import NatsCluster, free_ports
 from bus.testing import wait_until
 
 pytest.importorskip("nats")
-
-
-@pytest.fixture
-def nats_server(tmp_path: Path) -> Iterator[NatsCluster]:
-    cluster = NatsCluster(tmp_path / "nats", size=1)
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 def event(topic: bytes, n: int) -> EventFields:
