@@ -5,6 +5,7 @@ release, in-process events; a fake clock and an in-memory log (bus.testing)."""
 from __future__ import annotations
 
 import sqlite3
+from collections import Counter
 from pathlib import Path
 
 import msgpack
@@ -280,3 +281,146 @@ def test_whatever_the_log_does_broadcasts_are_gapless_in_order_and_stored(
     # Everything accepted is stored once and broadcast once, in order.
     assert seen == list(range(1, sent + 1)) == [row[0] for row in memory.rows]
     assert core.released == sent and not core.waiting
+
+
+# -- what the server tests showed through sockets, as rules of the core ----------------------------
+
+topics = st.sampled_from([b"/a/", b"/a/b/", b"/orders/1/", b"/\xc3\xa9/"])
+#: Whatever sequence a publisher sends (either dialect, or none) is ignored.
+sent_sequences = st.sampled_from(
+    [codec.SEQUENCE.pack(0), codec.SEQUENCE.pack(99), b"null", b"", b"0", b"42", b"12345678"]
+)
+
+
+def pub_with(
+    topic: bytes, sequence: bytes, producer: bytes, n: int, delimiter: bool
+) -> list[bytes]:
+    data = msgpack.packb(n)
+    body = [topic, sequence, producer, b"2026-11-26T00:00:00Z", UUID, data]
+    return [b"peer", *([b""] if delimiter else []), *body]
+
+
+valid_pubs = st.builds(
+    pub_with,
+    topics,
+    sent_sequences,
+    st.sampled_from([b"", b"p", b"producer-1"]),
+    st.integers(0, 1000),
+    st.booleans(),
+)
+
+
+def body_of(frames: list[bytes]) -> list[bytes]:
+    """A message's PUB frames: after the identity and a REQ-style empty delimiter, if any."""
+    body = frames[1:]
+    return body[1:] if len(body) == 7 and not body[0] else body
+
+
+def fields_of(frames: list[bytes]) -> EventFields:
+    topic, _, producer, timestamp, event_id, data = body_of(frames)
+    return (topic, producer, timestamp, event_id, data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 30), st.lists(st.lists(valid_pubs, max_size=6), max_size=6))
+def test_each_pub_is_broadcast_as_sent_under_the_next_sequences_of_the_log(
+    already: int, batches: list[list[list[bytes]]]
+) -> None:
+    # A log that already holds events (a restart): the core goes on from its last sequence.
+    memory = MemoryEventLog()
+    memory.append_fields([(b"/old/", b"p", b"t", UUID, b"\xc0")] * already, 0.0)
+    core = EventBusCore(memory, max_data_bytes=1024, clock=Clock().seconds, logger=log)
+    assert core.released == already
+    broadcast: list[tuple[int, EventFields]] = []
+    for batch in batches:
+        core.collect(batch)
+        for b in core.take_broadcasts():
+            broadcast += [(b.first + i, fields) for i, fields in enumerate(b.fields)]
+        assert core.released == memory.last_sequence
+    sent = [fields_of(frames) for batch in batches for frames in batch]
+    assert broadcast == list(enumerate(sent, already + 1))
+    assert [(row[0], row[1:6]) for row in memory.rows[already:]] == broadcast
+    assert sum(core.drops.counts.values()) == 0
+
+
+#: Per PUB field (after the identity), values that break exactly that field.
+BAD_FIELDS: dict[int, list[bytes]] = {
+    0: [b"", b"\xff\xfe", codec.HEARTBEAT_TOPIC, b"$x", b"/" * (codec.MAX_TOPIC_BYTES + 1)],
+    1: [b"\x01\x02\x03", b"-1", b"18446744073709551616", b"\x00" * 9],
+    2: [b"\xff", b"p" * (codec.MAX_PRODUCER_BYTES + 1)],
+    3: [b"", b"noon", b"2026-02-30", b"2" * 65],
+    4: [b"", b"not-a-uuid", UUID[1:]],
+    5: [b"", b"\xc1", b"\x92\x01", msgpack.packb(b"x" * 1025)],
+}
+
+
+@st.composite
+def any_pubs(draw: st.DrawFn) -> list[bytes]:
+    """A valid PUB, one with a field broken, a frame missing or added, or random frames."""
+    frames = draw(valid_pubs)
+    delimiter, body = frames[1:2] == [b""], body_of(frames)
+    how = draw(st.sampled_from(["valid", "bad-field", "random-field", "drop", "add", "junk"]))
+    index = draw(st.integers(0, 5))
+    if how == "bad-field":
+        body[index] = draw(st.sampled_from(BAD_FIELDS[index]))
+    elif how == "random-field":
+        body[index] = draw(st.binary(max_size=40))
+    elif how == "drop":
+        del body[index]
+    elif how == "add":
+        body.insert(index, draw(st.binary(max_size=10)))
+    elif how == "junk":
+        body = draw(st.lists(st.binary(max_size=20), max_size=9))
+    return [b"peer", *([b""] if delimiter else []), *body]
+
+
+def reason_for(frames: list[bytes]) -> str | None:
+    """What the codec's reference parser says of this message: None (stored) or the reason."""
+    try:
+        codec.parse_pub(body_of(frames), 1024)
+    except codec.EventBusError as error:
+        return error.reason
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(any_pubs(), max_size=8), max_size=5))
+def test_of_any_mix_the_good_pubs_are_stored_in_order_and_each_bad_one_counted_by_its_reason(
+    batches: list[list[list[bytes]]],
+) -> None:
+    core, memory, _ = made()
+    expected_drops: Counter[str] = Counter()
+    good: list[EventFields] = []
+    for batch in batches:
+        for frames in batch:
+            reason = reason_for(frames)
+            if reason is None:
+                good.append(fields_of(frames))
+            else:
+                expected_drops[reason] += 1
+        core.collect(batch)  # the core goes on after every bad message
+    assert Counter(core.drops.counts) == expected_drops
+    assert [row[1:6] for row in memory.rows] == good
+    assert broadcast_sequences(core) == list(range(1, len(good) + 1))
+
+
+def test_after_a_restart_and_retention_that_left_nothing_the_core_goes_on_from_the_high_water(
+    tmp_path: Path,
+) -> None:
+    store = EventStore(tmp_path)
+    core: EventBusCore[EventStore] = EventBusCore(
+        store, max_data_bytes=1024, clock=Clock().seconds, logger=log
+    )
+    core.collect([pub(b"/r/", n) for n in range(5)])
+    assert store.trim_to_count(0) == 5 and store.count() == 0
+    store.close()
+    store = EventStore(tmp_path)
+    try:
+        core = EventBusCore(store, max_data_bytes=1024, clock=Clock().seconds, logger=log)
+        # Before any new event: what heartbeats and snapshots say is the old sequence.
+        assert core.released == 5
+        core.collect([pub(b"/r/after/", 6)])
+        assert broadcast_sequences(core) == [6]
+        assert [e.sequence for e in store.read(0)] == [6]
+    finally:
+        store.close()

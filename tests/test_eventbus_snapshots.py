@@ -1,24 +1,351 @@
-"""Snapshot limits through real sockets: clients that stop reading, caps, the queue.
+"""Snapshot streams of many clients, their limits and their pace: first SnapshotScheduler
+alone, under a Clock, with a fake ROUTER whose clients read when the test says so; then
+through real sockets.
 
-A "stuck" client here is a raw DEALER that asked for a snapshot and stopped reading:
-its ZeroMQ receive queue (5 messages), both kernel socket buffers and the server's pipe
-fill up, then the server's stream cannot send. The events are 32 KiB each so that a
-few hundred of them are more than the buffers hold.
+A "stuck" client through sockets is a raw DEALER that asked for a snapshot and stopped
+reading: its ZeroMQ receive queue (5 messages), both kernel socket buffers and the
+server's pipe fill up, then the server's stream cannot send. The events are 32 KiB each
+so that a few hundred of them are more than the buffers hold.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+import msgpack
 import pytest_twisted
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.task import Clock
 
-from bus.eventbus.codec import SEQUENCE
-from bus.eventbus.snapshots import KEEP_WHEN_BLOCKED
-from bus.testing import RawPeer, start_bus, wait_until
+from bus.eventbus import codec
+from bus.eventbus.codec import SEQUENCE, SYNCEND, SYNCSTART, SequenceEncoding
+from bus.eventbus.config import EventBusConfig
+from bus.eventbus.snapshots import (
+    HOT_WINDOW,
+    KEEP_WHEN_BLOCKED,
+    MAX_RETRY_DELAY,
+    SnapshotScheduler,
+)
+from bus.testing import MemoryEventLog, RawPeer, start_bus, wait_until
+from bus.transport.zmqsocket import PeerUnreachable
 from tests.eventbus_helpers import pub
 
 BIG = 32 * 1024
 EVENTS = 600
+UUID = b"0d5e8f1e-6a43-4a4f-9c5e-6f3f9d0a1b2c"
+
+
+# -- the scheduler under a Clock, with no socket ---------------------------------------------------
+
+
+class FakeRouter:
+    """The snapshot ROUTER as the scheduler uses it. Each client identity has a pipe of
+    ``hwm`` messages: ``send_many`` takes messages in order while the pipe has room (what
+    libzmq does at the send HWM) and raises PeerUnreachable for a client that left; the
+    client takes messages out of its pipe with :meth:`read`. (A candidate for
+    bus.testing, beside MemoryEventLog.)"""
+
+    closed = False
+
+    def __init__(self, hwm: int) -> None:
+        self.hwm = hwm
+        self.pipes: defaultdict[bytes, deque[list[bytes]]] = defaultdict(deque)
+        #: What each client read, as a DEALER sees it (without the identity frame).
+        self.received: defaultdict[bytes, list[list[bytes]]] = defaultdict(list)
+        self.gone: set[bytes] = set()
+
+    def send_many(self, messages: Sequence[Sequence[bytes]]) -> int:
+        if not messages:
+            return 0
+        identity = messages[0][0]
+        assert all(m[0] == identity for m in messages), "a stream sends to one client"
+        if identity in self.gone:
+            raise PeerUnreachable(identity)
+        pipe = self.pipes[identity]
+        taken = messages[: max(self.hwm - len(pipe), 0)]
+        pipe.extend(list(m[1:]) for m in taken)
+        return len(taken)
+
+    def read(self, identity: bytes, count: int | None = None) -> int:
+        """The client reads ``count`` messages (None: all its pipe holds)."""
+        pipe = self.pipes[identity]
+        n = len(pipe) if count is None else min(count, len(pipe))
+        self.received[identity].extend(pipe.popleft() for _ in range(n))
+        return n
+
+    def ended(self, identity: bytes) -> bool:
+        got = self.received[identity]
+        return bool(got) and got[-1][0] == SYNCEND
+
+
+def memory_log(topics: list[str]) -> MemoryEventLog:
+    memory = MemoryEventLog()
+    fields = [
+        (t.encode(), b"p", b"2026-11-27T00:00:00Z", UUID, msgpack.packb(i))
+        for i, t in enumerate(topics)
+    ]
+    memory.append_fields(fields, 0.0)
+    return memory
+
+
+def scheduled(
+    memory: MemoryEventLog, hwm: int = 5, released: Any = None, **options: Any
+) -> tuple[SnapshotScheduler, FakeRouter, Clock]:
+    clock = Clock()
+    clock.advance(1_000)
+    router = FakeRouter(hwm)
+    sock: Any = router  # what the scheduler calls of a ZmqSocket: send_many, closed
+    config = replace(EventBusConfig(), **options)
+    scheduler = SnapshotScheduler(clock, memory, config, lambda: sock, released)
+    return scheduler, router, clock
+
+
+def ask(scheduler: SnapshotScheduler, identity: bytes, *frames: bytes) -> None:
+    scheduler.request(identity, codec.parse_sync_start([SYNCSTART, *frames]))
+
+
+def numbers(messages: list[list[bytes]]) -> list[int]:
+    """The sequences of SYNC messages, in either encoding."""
+    return [codec.decode_sequence(m[2])[0] or 0 for m in messages if m[0] == b"SYNC"]
+
+
+def test_a_slow_client_gets_every_event_once_in_order_while_its_stream_waits() -> None:
+    scheduler, router, clock = scheduled(
+        memory_log([f"/s/{i % 7}/" for i in range(300)]), snapshot_chunk=50
+    )
+    ask(scheduler, b"slow", b"", SEQUENCE.pack(0))
+    clock.advance(0)
+    assert len(router.pipes[b"slow"]) == 5  # its pipe is full: the stream waits
+    for step in range(1_000):
+        if router.ended(b"slow"):
+            break
+        if step == 20:
+            # It stops reading for a while: its stream keeps only a few messages ready
+            # (and reads the rest again from the log once the client moves).
+            clock.advance(1.0)
+            [stream] = scheduler.streams
+            assert stream.prepared <= KEEP_WHEN_BLOCKED
+        router.read(b"slow", 3)
+        clock.advance(0.01)
+    got = router.received[b"slow"]
+    assert numbers(got) == list(range(1, 301))
+    assert got[-1] == [SYNCEND, b"", SEQUENCE.pack(300)]
+    assert (scheduler.served, scheduler.stalled, scheduler.aborted) == (1, 0, 0)
+    assert scheduler.messages_sent == 301 and not scheduler.streams and not scheduler.per_client
+
+
+def test_a_client_that_takes_nothing_is_abandoned_after_the_stall_timeout_without_a_syncend() -> (
+    None
+):
+    scheduler, router, clock = scheduled(
+        memory_log(["/a/"] * 100), snapshot_chunk=50, snapshot_stall_timeout=10
+    )
+    ask(scheduler, b"stuck", b"", SEQUENCE.pack(0))
+    while clock.seconds() < 1_009.9:
+        clock.advance(0.05)
+    [stream] = scheduler.streams
+    assert scheduler.stalled == 0 and stream.prepared <= KEEP_WHEN_BLOCKED
+    # Waiting costs a few attempts, ever further apart, not one per millisecond.
+    assert scheduler.retries <= 40
+    clock.advance(MAX_RETRY_DELAY)
+    assert scheduler.stalled == 1 and not scheduler.streams and not scheduler.per_client
+    # What was queued for it is a prefix, and nothing says it holds everything.
+    router.read(b"stuck")
+    assert numbers(router.received[b"stuck"]) == [1, 2, 3, 4, 5]
+    assert not router.ended(b"stuck")
+    # Asking again, it gets the whole snapshot.
+    ask(scheduler, b"stuck", b"", SEQUENCE.pack(0))
+    while not router.ended(b"stuck"):
+        router.read(b"stuck")
+        clock.advance(0.01)
+    assert numbers(router.received[b"stuck"]) == [1, 2, 3, 4, 5, *range(1, 101)]
+    assert scheduler.served == 1
+
+
+def test_the_signal_wakes_a_stream_whose_client_was_reading_and_not_one_that_stopped() -> None:
+    scheduler, router, clock = scheduled(memory_log(["/a/"] * 100), hwm=4)
+    ask(scheduler, b"c", b"", SEQUENCE.pack(0))
+    clock.advance(0)
+    assert router.read(b"c") == 4
+    # The pipe drained: libzmq signals the ROUTER, and the stream sends with no timer.
+    scheduler.writable()
+    clock.advance(0)
+    assert len(router.pipes[b"c"]) == 4
+    # A client that took nothing for longer than HOT_WINDOW waits for its timer.
+    clock.advance(HOT_WINDOW * 3)
+    assert router.read(b"c") == 4
+    scheduler.writable()
+    clock.advance(0)
+    assert len(router.pipes[b"c"]) == 0
+    [stream] = scheduler.streams
+    clock.advance(stream.due - clock.seconds())
+    assert len(router.pipes[b"c"]) == 4
+    assert numbers(router.received[b"c"] + list(router.pipes[b"c"])) == list(range(1, 13))
+
+
+def test_beyond_the_cap_requests_wait_then_are_refused_and_a_client_gone_frees_its_slot() -> None:
+    scheduler, router, clock = scheduled(
+        memory_log(["/a/"] * 50), hwm=2, max_snapshots=2, snapshot_queue=1
+    )
+    for identity in (b"one", b"two", b"waits", b"refused"):
+        ask(scheduler, identity, b"", SEQUENCE.pack(0))
+    clock.advance(0)
+    assert sorted(s.identity for s in scheduler.streams) == [b"one", b"two"]
+    assert (scheduler.queued, scheduler.refused, len(scheduler.waiting)) == (1, 1, 1)
+    router.gone.add(b"one")
+    clock.advance(MAX_RETRY_DELAY)  # its stream tries again and finds it gone
+    assert scheduler.aborted == 1 and not scheduler.waiting
+    while not router.ended(b"waits"):
+        router.read(b"waits")
+        clock.advance(0.01)
+    assert numbers(router.received[b"waits"]) == list(range(1, 51))
+    # The refused request was never answered: no SYNCEND telling it it has everything.
+    assert router.received[b"refused"] == [] and not router.pipes[b"refused"]
+
+
+def test_one_identity_runs_its_snapshots_one_after_the_other_without_holding_up_others() -> None:
+    scheduler, router, clock = scheduled(
+        memory_log(["/a/"] * 20), hwm=3, max_snapshots_per_client=1
+    )
+    ask(scheduler, b"same", b"", SEQUENCE.pack(0))
+    ask(scheduler, b"same", b"", SEQUENCE.pack(15))
+    ask(scheduler, b"other", b"", SEQUENCE.pack(10))
+    clock.advance(0)
+    assert sorted(s.identity for s in scheduler.streams) == [b"other", b"same"]
+    assert scheduler.queued == 1
+    for _ in range(1_000):
+        if scheduler.served == 3:
+            break
+        router.read(b"same")
+        router.read(b"other")
+        clock.advance(0.01)
+    router.read(b"same")
+    got = router.received[b"same"]
+    assert numbers(got) == [*range(1, 21), *range(16, 21)]
+    assert got[20][0] == SYNCEND and got[-1][0] == SYNCEND  # not interleaved
+    assert numbers(router.received[b"other"]) == list(range(11, 21))
+
+
+def test_the_servers_encoding_and_syncend_rule_answer_what_the_request_leaves_open() -> None:
+    memory = memory_log(["/a/", "/b/", "/b/"])
+    scheduler, router, clock = scheduled(
+        memory, hwm=100, sequence_encoding=SequenceEncoding.TEXT, syncend="current"
+    )
+    ask(scheduler, b"no-sequence", b"/a/")  # answered in the server's encoding
+    ask(scheduler, b"binary", b"/a/", SEQUENCE.pack(0))  # answered as asked
+    clock.advance(0)
+    router.read(b"no-sequence")
+    router.read(b"binary")
+    assert [m[:3] for m in router.received[b"no-sequence"]] == [
+        [b"SYNC", b"/a/", b"1"], [SYNCEND, b"/a/", b"3"],
+    ]  # fmt: skip
+    assert [m[:3] for m in router.received[b"binary"]] == [
+        [b"SYNC", b"/a/", SEQUENCE.pack(1)], [SYNCEND, b"/a/", SEQUENCE.pack(3)],
+    ]  # fmt: skip
+
+
+def test_a_snapshot_stops_at_what_clients_may_see_when_it_is_asked() -> None:
+    released = [3]
+    memory = memory_log(["/a/"] * 5)
+    scheduler, router, clock = scheduled(memory, hwm=100, released=lambda: released[0])
+    ask(scheduler, b"early", b"", SEQUENCE.pack(0))
+    released[0] = 5  # later releases do not reach a snapshot already asked for
+    clock.advance(0)
+    ask(scheduler, b"late", b"", SEQUENCE.pack(0))
+    clock.advance(0)
+    router.read(b"early")
+    router.read(b"late")
+    assert numbers(router.received[b"early"]) == [1, 2, 3]
+    assert router.received[b"early"][-1] == [SYNCEND, b"", SEQUENCE.pack(3)]
+    assert numbers(router.received[b"late"]) == [1, 2, 3, 4, 5]
+
+
+def test_a_stopped_scheduler_leaves_no_timer_and_answers_nothing() -> None:
+    scheduler, router, clock = scheduled(memory_log(["/a/"] * 50), hwm=2)
+    ask(scheduler, b"c", b"", SEQUENCE.pack(0))
+    clock.advance(0)
+    assert clock.getDelayedCalls()
+    scheduler.stop()
+    assert clock.getDelayedCalls() == [] and not scheduler.streams
+    ask(scheduler, b"late", b"", SEQUENCE.pack(0))
+    clock.advance(10)
+    assert not scheduler.streams and router.received[b"late"] == []
+
+
+clients = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from(["/a/", "/a/b/", "/b/"]), max_size=2),  # subtrees
+        st.integers(0, 45),  # since
+    ),
+    min_size=1,
+    max_size=3,
+)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from([0.0, 0.001, 0.05, 0.3, 2.0]),  # time passes
+        st.lists(st.integers(0, 6), min_size=3, max_size=3),  # each client reads
+        st.booleans(),  # the ROUTER signals
+        st.integers(0, 3),  # events stored meanwhile (in no snapshot asked before)
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(["/a/", "/a/b/", "/b/", "/ab/"]), max_size=40),
+    clients,
+    st.integers(1, 6),
+    st.integers(1, 20),
+    steps,
+)
+def test_however_clients_read_each_gets_its_matching_events_once_in_order_then_its_syncend(
+    topics: list[str],
+    requests: list[tuple[list[str], int]],
+    hwm: int,
+    chunk: int,
+    schedule: list[tuple[float, list[int], bool, int]],
+) -> None:
+    memory = memory_log(topics)
+    upto = memory.last_sequence
+    scheduler, router, clock = scheduled(
+        memory, hwm=hwm, snapshot_chunk=chunk, snapshot_stall_timeout=0
+    )
+    identities = [b"client-%d" % i for i in range(len(requests))]
+    for identity, (subtrees, since) in zip(identities, requests, strict=True):
+        ask(scheduler, identity, ";".join(subtrees).encode(), SEQUENCE.pack(since))
+    for elapsed, reads, signal, stored in schedule:
+        memory.append_fields([(b"/a/", b"p", b"t", UUID, b"\xc0")] * stored, 0.0)
+        clock.advance(elapsed)
+        for identity, count in zip(identities, reads, strict=False):
+            router.read(identity, count)
+        if signal:
+            scheduler.writable()
+    for _ in range(10_000):  # now every client reads all it is sent
+        if scheduler.served == len(requests):
+            break
+        for identity in identities:
+            router.read(identity)
+        clock.advance(MAX_RETRY_DELAY)
+    for identity, (subtrees, since) in zip(identities, requests, strict=True):
+        router.read(identity)
+        wanted = [
+            i + 1 for i, t in enumerate(topics)
+            if i + 1 > since and (not subtrees or t.startswith(tuple(subtrees)))
+        ]  # fmt: skip
+        got = router.received[identity]
+        assert numbers(got) == wanted
+        assert [m[0] for m in got].count(SYNCEND) == 1
+        assert got[-1][0] == SYNCEND
+        assert SEQUENCE.unpack(got[-1][2])[0] == (wanted[-1] if wanted else upto)
+    assert (scheduler.stalled, scheduler.aborted) == (0, 0) and not scheduler.streams
+
+
+# -- through real sockets ---------------------------------------------------------------------
 
 
 def sequences(messages: list[list[bytes]]) -> list[int]:

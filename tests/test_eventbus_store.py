@@ -395,6 +395,101 @@ def test_retention_settings() -> None:
     assert Retention(latest_per_topic=True).enabled
 
 
+def compact_fully(store: EventStore, chunk: int = 5000) -> int:
+    """One whole latest-per-topic pass, step by step as the server runs it."""
+    deleted, finished = 0, False
+    while not finished:
+        n, finished = store.compact_step(chunk)
+        deleted += n
+    return deleted
+
+
+def expire_fully(store: EventStore, cutoff: float, chunk: int = 5000) -> int:
+    deleted = 0
+    while n := store.expire_older_than(cutoff, chunk):
+        deleted += n
+    return deleted
+
+
+def test_latest_per_topic_and_max_age_by_the_clock_of_the_core_that_stored_them(
+    tmp_path: Path,
+) -> None:
+    from twisted.internet.task import Clock
+    from twisted.logger import Logger
+
+    from bus.eventbus import codec
+    from bus.eventbus.core import EventBusCore
+
+    def pub(topic: bytes) -> list[bytes]:
+        event_id = str(uuid.uuid4()).encode()
+        frames = codec.pub_frames(topic, b"p", b"2026-11-27T00:00:00Z", event_id, b"\xc0")
+        return [b"peer", *frames]
+
+    clock = Clock()
+    clock.advance(1_000)
+    store = EventStore(tmp_path, topic_index=True)
+    core = EventBusCore(store, max_data_bytes=1024, clock=clock.seconds, logger=Logger())
+    try:
+        core.collect([pub(t) for t in [b"/k/a/", b"/k/b/", b"/k/a/", b"/k/a/", b"/k/b/"]])
+        assert store.last_sequence == 5
+        assert compact_fully(store) == 3
+        assert seqs(store.read(0)) == [4, 5]
+        clock.advance(100)
+        core.collect([pub(b"/k/c/")])
+        # Received max_age ago exactly is not older than max_age: kept.
+        assert expire_fully(store, clock.seconds() - 100) == 0
+        clock.advance(1)
+        assert expire_fully(store, clock.seconds() - 100) == 2
+        assert compact_fully(store) == 0
+        assert seqs(store.read(0)) == [6] and store.last_sequence == 6
+    finally:
+        store.close()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from([b"/a/", b"/b/", b"/c/", b"/a/b/"]),
+            st.sampled_from([0.0, 1.0, 5.0, -3.0]),  # the wall clock may step back
+        ),
+        max_size=30,
+    ),
+    max_age=st.sampled_from([0.0, 1.0, 4.0, 10.0, 100.0]),
+    latest_first=st.booleans(),
+    chunk=st.integers(1, 7),
+)
+def test_latest_per_topic_and_max_age_keep_each_topics_latest_event_not_older_than_max_age(
+    events: list[tuple[bytes, float]], max_age: float, latest_first: bool, chunk: int
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="retention-") as directory:
+        store = EventStore(directory)
+        try:
+            now, newest, received = 1000.0, 0.0, []
+            for topic, elapsed in events:
+                now += elapsed
+                store.append([event(topic)], now)
+                newest = max(newest, now)  # as the store keeps it: never backwards
+                received.append(newest)
+            cutoff = now - max_age
+            if latest_first:
+                compact_fully(store, chunk)
+                expire_fully(store, cutoff, chunk)
+            else:
+                expire_fully(store, cutoff, chunk)
+                compact_fully(store, chunk)
+            latest = {topic: sequence for sequence, (topic, _) in enumerate(events, 1)}
+            kept = [
+                sequence
+                for sequence, (topic, _) in enumerate(events, 1)
+                if latest[topic] == sequence and received[sequence - 1] >= cutoff
+            ]
+            assert seqs(store.read(0, limit=1000)) == kept
+            assert store.last_sequence == len(events)
+        finally:
+            store.close()
+
+
 # -- a model-based state machine ----------------------------------------------------------------------
 
 TOPIC_PARTS = [b"/", b"a", b"b", b"\x00", b"\xfe", b"\xff"]
