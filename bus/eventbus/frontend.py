@@ -239,6 +239,7 @@ class EventBusFrontEnd(EventBusService):
             "stream": self.stream_settings.stream,
             "servers": list(self.stream_settings.servers),
             "replicas": self.stream_settings.replicas,
+            "leader": stream.leader,
             "connected": stream.connected,
             "disconnects": stream.disconnects,
             "messages": stream.messages,

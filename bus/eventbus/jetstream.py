@@ -95,6 +95,7 @@ class JetStreamLog:
         self.first_sequence = 0
         self.messages = 0
         self.bytes = 0
+        self.leader: str | None = None
         #: Whether the client is connected now (nats-py reconnects on its own).
         self.connected = False
         self.disconnects = 0
@@ -158,12 +159,9 @@ class JetStreamLog:
         deadline = self.reactor.seconds() + 3 * settings.connect_timeout
         while True:
             try:
-                info = await self._js.stream_info(settings.stream)
+                info = await self._stream_info_or_made(wanted, NotFoundError)
                 break
-            except NotFoundError:
-                info = await self._create(wanted)
-                break
-            except Exception as error:  # no meta leader yet (a cluster just started)
+            except Exception as error:  # no meta leader, replicas not all up: a new cluster
                 if self.reactor.seconds() > deadline:
                     await self._nc.close()
                     raise StartupError(
@@ -180,6 +178,14 @@ class JetStreamLog:
                 "change the options or the stream (it is never changed silently)",
             )
         self._took_state(info)
+
+    async def _stream_info_or_made(
+        self, wanted: dict[str, Any], missing: type[BaseException]
+    ) -> Any:
+        try:
+            return await self._js.stream_info(self.settings.stream)
+        except missing:
+            return await self._create(wanted)
 
     async def _create(self, wanted: dict[str, Any]) -> Any:
         from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -204,6 +210,8 @@ class JetStreamLog:
         created = info.created.isoformat() if info.created is not None else "unknown"
         # A stream made again is another log: clients and the Spark bridge start over.
         self.store_id = f"{self.settings.stream}@{created}"
+        # The node that leads the stream's replicas now (None: one node, or none elected).
+        self.leader = info.cluster.leader if info.cluster is not None else None
         state = info.state
         self.last_sequence = int(state.last_seq)
         self.first_sequence = int(state.first_seq)
