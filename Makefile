@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint docs bench clean browser
+.PHONY: run test lint docs bench clean browser cluster
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,15 @@ browser:
 
 run: $(VENV)/.run-deps
 	$(BIN)/twistd -n eventbus $(ARGS)
+
+# Three NATS servers and two Event BUS front-ends of one JetStream stream, on this machine
+# (docs/cluster.md); Ctrl-C stops them.
+$(VENV)/.cluster-deps: $(VENV)/.run-deps
+	$(BIN)/python -m pip install --quiet -e ".[cluster]"
+	touch $@
+
+cluster: $(VENV)/.cluster-deps
+	$(BIN)/bus-cluster $(ARGS)
 
 test: $(VENV)/.test-deps $(INTEROP)/.installed browser
 	$(BIN)/python -m pytest -q -n auto --dist loadfile

@@ -90,9 +90,17 @@ class NatsCluster:
     size: int = 3
     host: str = "127.0.0.1"
     nodes: list[NatsNode] = field(default_factory=list)
+    #: Clients on this port and the next ones, routes 2000 above (NATS's own are 4222 and
+    #: 6222); None: free ports.
+    base_port: int | None = None
 
     def __post_init__(self) -> None:
-        ports = free_ports(2 * self.size)
+        if self.base_port is not None:
+            clients = [self.base_port + index for index in range(self.size)]
+            route_ports = [port + 2000 for port in clients]
+        else:
+            ports = free_ports(2 * self.size)
+            clients, route_ports = ports[::2], ports[1::2]
         for index in range(self.size):
             name = f"n{index + 1}"
             home = self.directory / name
@@ -100,8 +108,8 @@ class NatsCluster:
                 NatsNode(
                     name,
                     self.host,
-                    ports[2 * index],
-                    ports[2 * index + 1],
+                    clients[index],
+                    route_ports[index],
                     home / "jetstream",
                     home / "nats.conf",
                 )

@@ -1,0 +1,65 @@
+"""``bus-cluster`` (``make cluster``): three nats-server processes and two front-ends come
+up, an event published at one front-end is broadcast by the other, and Ctrl-C stops
+every process it started."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zmq
+
+from bus.eventbus.codec import HEARTBEAT_TOPIC
+from bus.natsserver import free_ports
+from tests.eventbus_helpers import pub
+
+pytest.importorskip("nats")
+
+
+def test_a_cluster_on_this_machine_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    nats, port, http = free_ports(1)[0], free_ports(1)[0], free_ports(1)[0]
+    # Ports that are free with their neighbours (the front-ends take PORT..PORT+12).
+    base = 21000 + (port % 10000)
+    command = [
+        str(Path(sys.executable).parent / "bus-cluster"),
+        "--dir", str(tmp_path / "c"), "--port", str(base), "--http-port", str(http),
+        "--nats-port", str(11000 + (nats % 5000)),
+    ]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    context = zmq.Context()
+    try:
+        assert process.stdout is not None
+        lines = []
+        while not lines or lines[-1] != b"ready; Ctrl-C stops everything\n":
+            line = process.stdout.readline()
+            assert line, b"".join(lines).decode()
+            lines.append(line)
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{base + 10 + 1}")
+        dealer = context.socket(zmq.DEALER)
+        dealer.connect(f"tcp://127.0.0.1:{base + 2}")
+        deadline = time.monotonic() + 60
+        got: list[list[bytes]] = []
+        while not any(m[0] == b"/demo/" for m in got):
+            assert time.monotonic() < deadline, got[-3:]
+            if sub.poll(200):
+                got.append(sub.recv_multipart())
+                if got[-1][0] == HEARTBEAT_TOPIC and not any(m[0] == b"/x" for m in got):
+                    dealer.send_multipart(pub("/demo/"))
+                    got.append([b"/x"])
+        sub.close(0)
+        dealer.close(0)
+    finally:
+        process.send_signal(signal.SIGINT)
+        out = process.communicate(timeout=60)[0]
+        context.term()
+    assert process.returncode == 0 and out.endswith(b"stopped\n"), out.decode()
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(tmp_path / "c")], capture_output=True, text=True
+    ).stdout
+    assert leftover == "", "every process it started stopped"
