@@ -64,8 +64,11 @@ class NatsNode:
         return f"nats://{self.host}:{self.port}"
 
 
-def node_config(node: NatsNode, routes: list[str], cluster: str = "bus") -> str:
-    """A node's config file: JetStream on, in a cluster when it has routes."""
+def node_config(
+    node: NatsNode, routes: list[str], cluster: str = "bus", token: str | None = None
+) -> str:
+    """A node's config file: JetStream on, in a cluster when it has routes, clients
+    admitted with ``token`` only when one is given."""
     lines = [
         f"server_name: {node.name}",
         f"listen: {node.host}:{node.port}",
@@ -73,6 +76,8 @@ def node_config(node: NatsNode, routes: list[str], cluster: str = "bus") -> str:
         "max_control_line: 65536",
         f'jetstream {{ store_dir: "{node.store_dir}" }}',
     ]
+    if token is not None:
+        lines.append(f'authorization {{ token: "{token}" }}')
     if routes:
         lines.append(
             f"cluster {{ name: {cluster}\n  listen: {node.host}:{node.route_port}\n"
@@ -93,6 +98,8 @@ class NatsCluster:
     #: Clients on this port and the next ones, routes 2000 above (NATS's own are 4222 and
     #: 6222); None: free ports.
     base_port: int | None = None
+    #: Clients must give this token (``nats://TOKEN@host:port``); None: anyone.
+    token: str | None = None
 
     def __post_init__(self) -> None:
         if self.base_port is not None:
@@ -121,7 +128,7 @@ class NatsCluster:
         )
         for node in self.nodes:
             node.store_dir.mkdir(parents=True, exist_ok=True)
-            node.config.write_text(node_config(node, routes))
+            node.config.write_text(node_config(node, routes, token=self.token))
 
     @property
     def urls(self) -> list[str]:

@@ -6,6 +6,7 @@ unreachable server or a stream of other settings is one clear start-up error."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -98,3 +99,26 @@ def test_an_unreachable_cluster_at_start_is_a_start_up_error() -> Any:
         yield stream.open()
     yield stream.close()
     assert f"cannot reach nats://127.0.0.1:{port}" in str(raised.value)
+
+
+@pytest_twisted.inlineCallbacks
+def test_credentials_refused_at_start_are_one_clear_line(tmp_path: Path) -> Any:
+    cluster = NatsCluster(tmp_path / "nats", size=1, token="s3cret")
+    cluster.start()
+    try:
+        url = cluster.urls[0]
+        for given in (url, url.replace("nats://", "nats://wrong@")):
+            stream = JetStreamLog(reactor, JetStreamSettings((given,)), Retention())
+            with pytest.raises(StartupError) as raised:
+                yield stream.open()
+            yield stream.close()
+            assert raised.value.option == "nats"
+            assert "authorization violation" in str(raised.value).lower()
+        good = JetStreamLog(
+            reactor, JetStreamSettings((url.replace("nats://", "nats://s3cret@"),)), Retention()
+        )
+        yield good.open()
+        assert (yield good.append([event(b"/in/", 1)])) == [1]
+        yield good.close()
+    finally:
+        cluster.stop()

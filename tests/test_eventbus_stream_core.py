@@ -141,3 +141,40 @@ def test_whatever_the_stream_does_each_event_is_stored_once_in_the_order_it_came
     # next, and what the stream kept of a refused batch is its beginning here.
     assert stream == sent
     assert core.pending == [] and core.in_flight == [] and not core.collector_paused
+
+
+def test_a_topic_whose_subject_is_too_long_for_nats_is_dropped_and_counted() -> None:
+    core, _ = made()
+    long_ascii = [
+        b"peer",
+        *codec.pub_frames(
+            b"/" + b"a" * 3900 + b"/",
+            b"p",
+            b"2026-11-27T00:00:00Z",
+            b"00000000-0000-4000-8000-000000000001",
+            b"\xc0",
+        ),
+    ]
+    escaped = [
+        b"peer",
+        *codec.pub_frames(
+            b"/" + b"." * 1300 + b"/",
+            b"p",
+            b"2026-11-27T00:00:00Z",
+            b"00000000-0000-4000-8000-000000000002",
+            b"\xc0",
+        ),
+    ]
+    fits = [
+        b"peer",
+        *codec.pub_frames(
+            b"/" + b"." * 1200 + b"/",
+            b"p",
+            b"2026-11-27T00:00:00Z",
+            b"00000000-0000-4000-8000-000000000003",
+            b"\xc0",
+        ),
+    ]
+    core.collect([long_ascii, pub(1), escaped, fits])  # fmt: skip
+    assert [f[3][-1:] for f in core.pending] == [b"1", b"3"]
+    assert core.drops.counts["subject-too-long"] == 2

@@ -82,6 +82,7 @@ class EventBusFrontEnd(EventBusService):
             logger=log,
             local_limit=config.collector_hwm,
             hold_limit=config.collector_hwm,
+            subject_prefix=self.stream_settings.subject_prefix,
         )
         self.snapshots = SnapshotScheduler(
             self.reactor, stream, config, lambda: self.snapshot_socket, lambda: self.released

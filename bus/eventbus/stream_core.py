@@ -25,9 +25,14 @@ from collections.abc import Callable
 
 from twisted.logger import Logger
 
+from bus.eventbus import subjects
 from bus.eventbus.codec import EventFields
 from bus.eventbus.core import Broadcast, Intake
 from bus.eventbus.eventlog import Row
+
+#: The longest subject a front-end hands to NATS: a server's default control line is 4096
+#: bytes, and the PUB line adds the command, a reply inbox, headers and sizes.
+MAX_SUBJECT_BYTES = 3800
 
 
 class StreamCore(Intake):
@@ -43,12 +48,16 @@ class StreamCore(Intake):
         local_limit: int = 200_000,
         batch_limit: int = 1000,
         hold_limit: int = 10_000,
+        subject_prefix: str = "eventbus",
+        max_subject_bytes: int = MAX_SUBJECT_BYTES,
     ) -> None:
         super().__init__(
             max_data_bytes=max_data_bytes, clock=clock, logger=logger, local_limit=local_limit
         )
         self.batch_limit = batch_limit
         self.hold_limit = hold_limit
+        self.subject_prefix = subject_prefix
+        self.max_subject_bytes = max_subject_bytes
         #: The highest sequence broadcast (what heartbeats and snapshots go up to).
         self.released = released
         #: Accepted, not yet handed to the stream, in order.
@@ -66,7 +75,25 @@ class StreamCore(Intake):
     # -- appends -------------------------------------------------------------------------------
 
     def accept(self, fields: list[EventFields]) -> None:
+        # A subject longer than the server's control line would cost the connection (NATS
+        # closes it, and the batch would be resent for ever): such a topic is dropped here.
+        # An escape is 3 bytes for 1, so only a topic past a third of the limit can be.
+        limit = self.max_subject_bytes
+        if any(3 * len(event[0]) > limit - len(self.subject_prefix) for event in fields):
+            fields = [event for event in fields if self._fits(event)]
         self.pending.extend(fields)
+
+    def _fits(self, event: EventFields) -> bool:
+        length = len(subjects.subject(self.subject_prefix, event[0]))
+        if length <= self.max_subject_bytes:
+            return True
+        self.drops.drop(
+            "subject-too-long",
+            f"topic {event[0][:60]!r}... is a {length}-byte subject (at most "
+            f"{self.max_subject_bytes})",
+            b"local",
+        )
+        return False
 
     @property
     def collector_paused(self) -> bool:
