@@ -19,10 +19,11 @@ from bus.eventbus.stream_core import StreamCore
 log = Logger(namespace="test.eventbus.stream_core")
 
 
-def pub(n: int) -> list[bytes]:
+def pub(n: int, topic: bytes | None = None) -> list[bytes]:
     uuid = f"00000000-0000-4000-8000-{n:012d}".encode()
-    return [b"peer", *codec.pub_frames(f"/t/{n}/".encode(), b"p", b"2026-11-27T00:00:00Z",
-                                         uuid, msgpack.packb(n))]  # fmt: skip
+    topic = f"/t/{n}/".encode() if topic is None else topic
+    return [b"peer", *codec.pub_frames(topic, b"p", b"2026-11-27T00:00:00Z", uuid,
+                                         msgpack.packb(n))]  # fmt: skip
 
 
 def made(**kw: int) -> tuple[StreamCore, Clock]:
@@ -90,6 +91,18 @@ def test_whatever_the_stream_does_each_event_is_stored_once_in_the_order_it_came
     sent: list[bytes] = []
     n = 0
     in_flight: list[EventFields] | None = None
+
+    def kept(events: list[EventFields]) -> list[int]:
+        """The stream takes each event it does not hold yet (by uuid): its sequences."""
+        sequences = []
+        for event in events:
+            if event[3] in stream:
+                sequences.append(0)
+            else:
+                stream.append(event[3])
+                sequences.append(len(stream))
+        return sequences
+
     for step, count in steps:
         if step == "pub":
             batch = [pub(n + i) for i in range(count)]
@@ -104,23 +117,13 @@ def test_whatever_the_stream_does_each_event_is_stored_once_in_the_order_it_came
                 n += 1
             core.flush_local()
         elif step == "refuse" and in_flight is not None:
-            # The stream may have kept some of the batch before failing.
-            for event in in_flight[: len(in_flight) // 2]:
-                if event[3] not in stream:
-                    stream.append(event[3])
+            kept(in_flight[: len(in_flight) // 2])  # what it stored before failing
             core.append_refused("timeout")
             in_flight = None
         elif step == "retry" and core.refused:
             in_flight = core.retry()
         elif step == "ack" and in_flight is not None:
-            sequences = []
-            for event in in_flight:
-                if event[3] in stream:
-                    sequences.append(0)
-                else:
-                    stream.append(event[3])
-                    sequences.append(len(stream))
-            core.appended(sequences)
+            core.appended(kept(in_flight))
             in_flight = None
         if in_flight is None and not core.refused:
             in_flight = core.take_append()
@@ -132,10 +135,7 @@ def test_whatever_the_stream_does_each_event_is_stored_once_in_the_order_it_came
             in_flight = core.take_append()
         if in_flight is None:
             break
-        for event in in_flight:
-            if event[3] not in stream:
-                stream.append(event[3])
-        core.appended([1] * len(in_flight))
+        core.appended(kept(in_flight))
         in_flight = None
     # Once each, and in the order they came: a batch goes whole (resent whole) before the
     # next, and what the stream kept of a refused batch is its beginning here.
@@ -145,36 +145,9 @@ def test_whatever_the_stream_does_each_event_is_stored_once_in_the_order_it_came
 
 def test_a_topic_whose_subject_is_too_long_for_nats_is_dropped_and_counted() -> None:
     core, _ = made()
-    long_ascii = [
-        b"peer",
-        *codec.pub_frames(
-            b"/" + b"a" * 3900 + b"/",
-            b"p",
-            b"2026-11-27T00:00:00Z",
-            b"00000000-0000-4000-8000-000000000001",
-            b"\xc0",
-        ),
-    ]
-    escaped = [
-        b"peer",
-        *codec.pub_frames(
-            b"/" + b"." * 1300 + b"/",
-            b"p",
-            b"2026-11-27T00:00:00Z",
-            b"00000000-0000-4000-8000-000000000002",
-            b"\xc0",
-        ),
-    ]
-    fits = [
-        b"peer",
-        *codec.pub_frames(
-            b"/" + b"." * 1200 + b"/",
-            b"p",
-            b"2026-11-27T00:00:00Z",
-            b"00000000-0000-4000-8000-000000000003",
-            b"\xc0",
-        ),
-    ]
-    core.collect([long_ascii, pub(1), escaped, fits])  # fmt: skip
+    long_ascii = pub(5, b"/" + b"a" * 3900 + b"/")
+    escaped = pub(2, b"/" + b"." * 1300 + b"/")
+    fits = pub(3, b"/" + b"." * 1200 + b"/")
+    core.collect([long_ascii, pub(1), escaped, fits])
     assert [f[3][-1:] for f in core.pending] == [b"1", b"3"]
     assert core.drops.counts["subject-too-long"] == 2

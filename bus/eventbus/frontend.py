@@ -122,16 +122,10 @@ class EventBusFrontEnd(EventBusService):
         core = self.core
         if core.broadcasts:
             self._broadcast(core.take_broadcasts())
-        if not self._appending and not core.refused:
-            batch = core.take_append()
-            if batch is not None:
-                self._append(batch)
-        sock = self.collector_socket
-        if core.collector_paused:
-            if sock is not None:
-                sock.pause_reading()
-        elif sock is not None and sock.reading_paused and self.running:
-            sock.resume_reading()
+        batch = core.take_append()  # None while a batch is in flight or refused
+        if batch is not None:
+            self._append(batch)
+        self._read_collector_as_core_says()
 
     def _append(self, batch: list[EventFields]) -> None:
         self._appending = True
@@ -280,6 +274,3 @@ class EventBusFrontEnd(EventBusService):
                 core.skipped,
             ),
         ]
-
-    def _uptime(self) -> float:
-        return round(self.clock() - self._started_at, 3) if self._started_at else 0.0

@@ -453,13 +453,17 @@ class EventBusService(Service):
         core = self.core
         if core.broadcasts:
             self._broadcast(core.take_broadcasts())
+        self._read_collector_as_core_says()
+        if core.waiting and self._retry is None:
+            self._storage_failed()
+
+    def _read_collector_as_core_says(self) -> None:
         sock = self.collector_socket
-        if core.collector_paused:
-            if sock is not None:
-                sock.pause_reading()
-            if core.waiting and self._retry is None:
-                self._storage_failed()
-        elif sock is not None and sock.reading_paused and self.running:
+        if sock is None:
+            return
+        if self.core.collector_paused:
+            sock.pause_reading()
+        elif sock.reading_paused and self.running:
             sock.resume_reading()
 
     def _broadcast(self, batches: list[Broadcast]) -> None:
