@@ -6,8 +6,9 @@ three replicas, prints where everything is, and stops it all on Ctrl-C (or SIGTE
 data stays under ``--dir`` for the next start.
 
     bus-cluster [--dir cluster-data] [--port 5556] [--nats-port 4222] [--front-ends 2]
+                [--nats-route-port 6222] [--http-port 8642]
 
-Front-end N serves ports ``PORT + 10 N`` .. ``+2`` and ``/status`` on ``8642 + N``.
+Front-end N (from 0) serves ports ``PORT + 3 N`` .. ``+2`` and ``/status`` on ``HTTP-PORT + N``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dir", default="cluster-data", help="where the servers keep data")
     parser.add_argument("--port", type=int, default=5556, help="the first front-end's port")
     parser.add_argument("--http-port", type=int, default=8642, help="the first /status port")
+    parser.add_argument("--nats-port", type=int, default=4222, help="the first NATS server's port")
     parser.add_argument(
-        "--nats-port", type=int, default=4222, help="the first NATS server's port (routes +2000)"
+        "--nats-route-port", type=int, default=6222, help="the first NATS server's route port"
     )
     parser.add_argument("--front-ends", type=int, default=2, choices=range(1, 10))
     return parser.parse_args(argv)
@@ -62,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     directory = Path(args.dir).resolve()
     try:
-        cluster = NatsCluster(directory / "nats", size=3, base_port=args.nats_port)
+        cluster = NatsCluster(
+            directory / "nats",
+            size=3,
+            client_ports=range(args.nats_port, args.nats_port + 3),
+            route_ports=range(args.nats_route_port, args.nats_route_port + 3),
+        )
         cluster.start()
     except NatsServerMissing as error:
         print(f"bus-cluster: {error}", file=sys.stderr)
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"NATS cluster: {', '.join(cluster.urls)} (logs in {directory / 'nats'})")
         for index in range(args.front_ends):
-            port, http = args.port + 10 * index, args.http_port + index
+            port, http = args.port + 3 * index, args.http_port + index
             home = directory / f"front-end-{index + 1}"
             home.mkdir(parents=True, exist_ok=True)
             with (home / "twistd.log").open("ab") as out:

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,19 +96,21 @@ class NatsCluster:
     size: int = 3
     host: str = "127.0.0.1"
     nodes: list[NatsNode] = field(default_factory=list)
-    #: Clients on this port and the next ones, routes 2000 above (NATS's own are 4222 and
-    #: 6222); None: free ports.
-    base_port: int | None = None
+    #: The nodes' client ports and route ports, one each per node (None: free ones the
+    #: kernel picks, for a try; tests pass ports kept for them).
+    client_ports: Sequence[int] | None = None
+    route_ports: Sequence[int] | None = None
     #: Clients must give this token (``nats://TOKEN@host:port``); None: anyone.
     token: str | None = None
 
     def __post_init__(self) -> None:
-        if self.base_port is not None:
-            clients = [self.base_port + index for index in range(self.size)]
-            route_ports = [port + 2000 for port in clients]
-        else:
-            ports = free_ports(2 * self.size)
-            clients, route_ports = ports[::2], ports[1::2]
+        given = (self.client_ports, self.route_ports)
+        # Picked together, so that they all differ.
+        picked = free_ports(2 * self.size) if None in given else []
+        clients = list(given[0]) if given[0] is not None else picked[: self.size]
+        route_ports = list(given[1]) if given[1] is not None else picked[self.size :]
+        if len(clients) != self.size or len(route_ports) != self.size:
+            raise ValueError(f"one client and one route port per node ({self.size})")
         for index in range(self.size):
             name = f"n{index + 1}"
             home = self.directory / name

@@ -101,9 +101,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def nats_server(tmp_path: Path) -> Iterator[Any]:
     """One nats-server with JetStream on 127.0.0.1 (the cluster extra's binary)."""
     pytest.importorskip("nats")
-    from bus.natsserver import NatsCluster
+    from tests.ports import nats_cluster
 
-    cluster = NatsCluster(tmp_path / "nats", size=1)
+    cluster = nats_cluster(tmp_path / "nats", size=1)
     cluster.start()
     yield cluster
     cluster.stop()

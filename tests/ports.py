@@ -17,7 +17,7 @@ import random
 import socket
 import tempfile
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 #: Ports are handed out in blocks this large (a caller may take up to this many in a row).
 BLOCK = 8
@@ -73,3 +73,18 @@ def free_ports(count: int = 1) -> int:
 def free_port() -> int:
     """One port, as :func:`free_ports`."""
     return free_ports(1)
+
+
+def nats_cluster(directory: Path, size: int, **settings: Any) -> Any:
+    """A :class:`bus.natsserver.NatsCluster` on ports kept for this test process, not ones
+    the kernel could hand to another connection before nats-server binds them."""
+    from bus.natsserver import NatsCluster
+
+    clients, routes = free_ports(size), free_ports(size)
+    return NatsCluster(
+        directory,
+        size=size,
+        client_ports=range(clients, clients + size),
+        route_ports=range(routes, routes + size),
+        **settings,
+    )

@@ -14,20 +14,19 @@ import pytest
 import zmq
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC
-from bus.natsserver import free_ports
 from tests.eventbus_helpers import pub
+from tests.ports import free_ports
 
 pytest.importorskip("nats")
 
 
 def test_a_cluster_on_this_machine_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    nats, port, http = free_ports(1)[0], free_ports(1)[0], free_ports(1)[0]
-    # Ports that are free with their neighbours (the front-ends take PORT..PORT+12).
-    base = 21000 + (port % 10000)
+    # Two front-ends on PORT..PORT+5, /status on HTTP and HTTP+1, three NATS nodes.
+    base, http, nats, routes = free_ports(6), free_ports(2), free_ports(3), free_ports(3)
     command = [
         str(Path(sys.executable).parent / "bus-cluster"),
         "--dir", str(tmp_path / "c"), "--port", str(base), "--http-port", str(http),
-        "--nats-port", str(11000 + (nats % 5000)),
+        "--nats-port", str(nats), "--nats-route-port", str(routes),
     ]  # fmt: skip
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     context = zmq.Context()
@@ -40,7 +39,7 @@ def test_a_cluster_on_this_machine_serves_and_stops_on_ctrl_c(tmp_path: Path) ->
             lines.append(line)
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(f"tcp://127.0.0.1:{base + 10 + 1}")
+        sub.connect(f"tcp://127.0.0.1:{base + 3 + 1}")
         dealer = context.socket(zmq.DEALER)
         dealer.connect(f"tcp://127.0.0.1:{base + 2}")
         deadline = time.monotonic() + 60

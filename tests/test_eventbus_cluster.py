@@ -21,13 +21,14 @@ from bus.eventbus.config import EventBusConfig, JetStreamSettings
 from bus.natsserver import NatsCluster
 from bus.testing import RawPeer, wait_until
 from tests.eventbus_helpers import pub
+from tests.ports import nats_cluster
 
 pytest.importorskip("nats")
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[NatsCluster]:
-    nodes = NatsCluster(tmp_path / "nats", size=3)
+    nodes = nats_cluster(tmp_path / "nats", size=3)
     nodes.start()
     yield nodes
     nodes.stop()

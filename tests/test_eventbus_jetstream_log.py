@@ -20,8 +20,9 @@ from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.store import Retention
-from bus.natsserver import NatsCluster, free_ports
+from bus.natsserver import NatsCluster
 from bus.testing import wait_until
+from tests.ports import free_port, nats_cluster
 
 pytest.importorskip("nats")
 
@@ -92,7 +93,7 @@ def test_a_stream_with_other_settings_is_one_clear_line_and_left_as_it_is(
 
 @pytest_twisted.inlineCallbacks
 def test_an_unreachable_cluster_at_start_is_a_start_up_error() -> Any:
-    [port] = free_ports(1)
+    port = free_port()
     settings = JetStreamSettings((f"nats://127.0.0.1:{port}",), connect_timeout=1)
     stream = JetStreamLog(reactor, settings, Retention())
     with pytest.raises(StartupError) as raised:
@@ -103,7 +104,7 @@ def test_an_unreachable_cluster_at_start_is_a_start_up_error() -> Any:
 
 @pytest_twisted.inlineCallbacks
 def test_credentials_refused_at_start_are_one_clear_line(tmp_path: Path) -> Any:
-    cluster = NatsCluster(tmp_path / "nats", size=1, token="s3cret")
+    cluster = nats_cluster(tmp_path / "nats", size=1, token="s3cret")
     cluster.start()
     try:
         url = cluster.urls[0]
