@@ -18,6 +18,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -258,6 +259,10 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.polling import wait_until
     from bus.transport.zmqsocket import SocketFactory, SocketOptions
 
+    servers = args.server_list or [DEFAULT_SERVER]
+    args.server = servers[0]
+    if len(servers) > 1 and args.confirm and Dialect(args.dialect).has_heartbeats:
+        return (yield _publish_confirmed(reactor, args, servers))
     factory = SocketFactory(reactor, curve=_curve(args))
     dialect = Dialect(args.dialect)
     server = ServerAddress.parse(args.server)
@@ -305,6 +310,31 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
         _out(json.dumps({"uuid": event_id, "seq": sequence}))
     finally:
         factory.shutdown()
+
+
+@defer.inlineCallbacks
+def _publish_confirmed(reactor: Any, args: argparse.Namespace, servers: list[str]) -> Any:
+    """Through the first of several servers that answers; resent after a failover (JetStream
+    front-ends store it once), confirmed by the log itself."""
+    from bus.eventbus.confirmed import ConfirmedPublisher
+    from bus.polling import ConditionTimeout
+
+    publisher = ConfirmedPublisher(servers, args.producer, reactor=reactor, curve=_curve(args))
+    publisher.startService()
+    try:
+        event_id = str(uuid.uuid4())
+        stored = publisher.publish(args.topic, _parse_value(args.value), event_id=event_id)
+        stored.addTimeout(args.timeout, reactor)
+        try:
+            sequence = yield stored
+        except defer.TimeoutError:
+            raise ConditionTimeout(
+                f"timed out after {args.timeout:g}s: none of {', '.join(servers)} confirmed "
+                "the event"
+            ) from None
+        _out(json.dumps({"uuid": event_id, "seq": sequence}))
+    finally:
+        yield publisher.stopService().addErrback(lambda _: None)
 
 
 @defer.inlineCallbacks
@@ -528,7 +558,13 @@ def build_parser() -> argparse.ArgumentParser:
         )
 
     p = commands.add_parser("publish", help="publish one event")
-    server_option(p)
+    p.add_argument(
+        "--server",
+        dest="server_list",
+        action="append",
+        help="host:port; repeat for failover servers, e.g. JetStream front-ends "
+        f"(default {DEFAULT_SERVER})",
+    )
     p.add_argument("topic", help="topic, e.g. /orders/42/")
     p.add_argument("value", nargs="?", default="null", help="JSON value (a bare word is a string)")
     p.add_argument("--producer", default=f"eventbus-cli@{os.uname().nodename}")

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 import zmq
@@ -92,6 +92,34 @@ class FileCursor:
         replace_atomically(self.path, f"{sequence} {store_id or ''}".rstrip() + "\n", fsync=True)
 
 
+class _Connection:
+    """Whether a socket with one peer has a live connection (ZMTP handshake done), and
+    since when it has had none: what tells a client to move to the next server sooner
+    than silence would. A stopped process still accepts TCP, so only the handshake counts."""
+
+    def __init__(self, sock: ZmqSocket, handshake_ivl: float, now: float) -> None:
+        self.up = False
+        self.down_since: float | None = now
+        sock.socket.set(zmq.HANDSHAKE_IVL, max(int(handshake_ivl * 1000), 100))
+        sock.watch_connections(zmq.EVENT_HANDSHAKE_SUCCEEDED, self._event)
+
+    def _event(self, event: int) -> None:
+        if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.up = True
+            self.down_since = None
+        elif event & zmq.EVENT_DISCONNECTED:
+            self.up = False
+
+    def down_for(self, now: float) -> float:
+        """Seconds without a connection (0 while up)."""
+        if self.up:
+            self.down_since = None
+            return 0.0
+        if self.down_since is None:
+            self.down_since = now
+        return now - self.down_since
+
+
 class _Sockets:
     """Owns a socket factory unless one was given; an owned one is made anew after
     ``close`` so that a stopped service can be started again."""
@@ -136,7 +164,9 @@ class EventBusSubscriber(Service):
     :mod:`bus.eventbus.subscriber` for what a heal does to subtree subscribers).
 
     ``heartbeat_timeout``: seconds without any message before failing over to the next
-    server (None: never, for servers with heartbeats off). ``wait_for_heartbeat``: ask
+    server (None: never, for servers with heartbeats off). ``since``: deliver events above
+    this sequence (default: the cursor's, else everything); ``"head"``: only events
+    stored after the first heartbeat. ``wait_for_heartbeat``: ask
     for the snapshot only once the server's first heartbeat named its log.
 
     ``dialect="original"`` speaks to the original Node.js server (see
@@ -146,6 +176,10 @@ class EventBusSubscriber(Service):
     it shows the server alive and, one probe later, reveals lost tail events.
 
     ``curve``: connect as a CURVE client (servers run with ``--server-cert``).
+
+    ``failover_after``: with several servers, seconds without a connection to the current
+    one (its process died, its host is cut off) before moving to the next, sooner than
+    ``heartbeat_timeout`` of silence would.
     """
 
     def __init__(
@@ -154,7 +188,7 @@ class EventBusSubscriber(Service):
         subtrees: Iterable[str | bytes] = (),
         on_event: Callable[[Event], object] = lambda event: None,
         *,
-        since: int | None = None,
+        since: int | Literal["head"] | None = None,
         cursor: FileCursor | None = None,
         heartbeat_timeout: float | None = 3.5,
         reconcile_interval: float = 5.0,
@@ -165,20 +199,28 @@ class EventBusSubscriber(Service):
         wait_for_heartbeat: bool = False,
         dialect: Dialect | str = Dialect.SPEC,
         curve: ClientCurve | None = None,
+        failover_after: float = 1.0,
     ) -> None:
         if not servers:
             raise ValueError("at least one server address is needed")
         self.servers = [ServerAddress.parse(s) for s in servers]
+        self.failover_after = failover_after
+        self._link: _Connection | None = None
         self.subtrees = tuple(s.encode() if isinstance(s, str) else s for s in subtrees)
         self.on_event = on_event
         self.cursor = cursor
         start, store_id = cursor.load_position() if cursor else (0, None)
-        if since is not None:
+        from_head = since == "head"
+        if from_head and heartbeat_timeout is None:
+            raise ValueError('since="head" needs heartbeats (the first one names the head)')
+        if isinstance(since, int):
             start = since
         self.heartbeat_timeout = heartbeat_timeout
         self.receive_hwm = receive_hwm
         self.cursor_save_interval = cursor_save_interval
-        self.wait_for_heartbeat = wait_for_heartbeat and heartbeat_timeout is not None
+        self.wait_for_heartbeat = from_head or (
+            wait_for_heartbeat and heartbeat_timeout is not None
+        )
         self.dialect = Dialect(dialect)
         self._io = _Sockets(reactor, factory, curve)
         self.reactor: Any = self._io.reactor
@@ -189,6 +231,7 @@ class EventBusSubscriber(Service):
             last=start,
             reconcile_interval=reconcile_interval,
             store_id=store_id,
+            from_head=from_head,
         )
         self.server_index = 0
         self.failovers = 0
@@ -207,6 +250,8 @@ class EventBusSubscriber(Service):
         self._probe_sent = 0.0
         self._probe_floor = 0
         self._heartbeat_seen = False
+        #: When the last heartbeat came (reactor seconds; 0: none yet).
+        self.heartbeat_at = 0.0
         self._decimal_seen = False
         self._hinted = False
 
@@ -223,8 +268,11 @@ class EventBusSubscriber(Service):
     def startService(self) -> None:
         Service.startService(self)
         self._connect()
-        if self.heartbeat_timeout is not None:
-            self._periodic.every(max(self.heartbeat_timeout / 4, 0.05), self._check_alive)
+        checks = [self.heartbeat_timeout] if self.heartbeat_timeout is not None else []
+        if len(self.servers) > 1:
+            checks.append(self.failover_after)
+        if checks:
+            self._periodic.every(max(min(checks) / 4, 0.05), self._check_alive)
         if self.cursor is not None:
             self._periodic.every(self.cursor_save_interval, self._save_cursor)
 
@@ -248,8 +296,10 @@ class EventBusSubscriber(Service):
             self._sub.subscribe(prefix)
         if any(self.subtrees):
             self._sub.subscribe(codec.HEARTBEAT_TOPIC)
-        self._sub.connect(server.publisher)
         self._last_heard = self._connected_at = self.reactor.seconds()
+        if len(self.servers) > 1:
+            self._link = _Connection(self._sub, self.failover_after, self._connected_at)
+        self._sub.connect(server.publisher)
         if not self.dialect.has_heartbeats and self.heartbeat_timeout is not None:
             self._probe = self._io.socket(
                 zmq.DEALER,
@@ -288,6 +338,7 @@ class EventBusSubscriber(Service):
         return None if self.dialect is Dialect.SPEC else str(uuid.uuid4()).encode()
 
     def _disconnect(self) -> None:
+        self._link = None
         for sock in (self._sub, self._snapshot, self._probe):
             if sock is not None:
                 sock.shutdown()
@@ -307,10 +358,14 @@ class EventBusSubscriber(Service):
             self._sub.resume_reading()
 
     def _check_alive(self) -> None:
-        assert self.heartbeat_timeout is not None
-        if self.paused:
-            return  # silence is ours, not the server's
         now = self.reactor.seconds()
+        if self._link is not None:
+            down = self._link.down_for(now)
+            if down >= self.failover_after:
+                self._switch(f"no connection to {{previous}} for {down:.1f}s")
+                return
+        if self.heartbeat_timeout is None or self.paused:
+            return  # a paused subscriber's silence is its own, not the server's
         silent = now - self._last_heard
         if self._probe is not None and min(silent, now - self._probe_sent) >= (
             self.heartbeat_timeout / 3
@@ -338,13 +393,15 @@ class EventBusSubscriber(Service):
                 self.core.retry_snapshot()
             return
         self._hint_original()
+        self._switch(f"no word from {{previous}} for {silent:.1f}s")
+
+    def _switch(self, why: str) -> None:
         previous = self.server
         self.server_index = (self.server_index + 1) % len(self.servers)
         self.failovers += 1
         log.warn(
-            "no word from {previous} for {silent:.1f}s: switching to {server}",
+            why + ": switching to {server}",
             previous=previous,
-            silent=silent,
             server=self.server,
         )
         if self.core.store_id is None and self.core.last:
@@ -429,6 +486,7 @@ class EventBusSubscriber(Service):
                 continue
             if isinstance(message, Heartbeat):
                 self._heartbeat_seen = True
+                self.heartbeat_at = self._last_heard
                 core.on_heartbeat(message, self._last_heard)
             else:
                 if not self._heartbeat_seen and frames[1].isdigit():
@@ -509,8 +567,8 @@ class EventBusPublisher:
             heartbeat_timeout_ms=int(failover_after * 1000) if several else 0,
         )
         self._failover_after = failover_after
+        self._link: _Connection | None = None
         self._socket = self._open()
-        self._down_since: float | None = None
         self._periodic = Periodic(self.reactor, log)
         if len(self.servers) > 1:
             self._periodic.every(max(failover_after / 4, 0.05), self._check_connected)
@@ -521,32 +579,21 @@ class EventBusPublisher:
 
     def _open(self) -> ZmqSocket:
         sock = self._io.socket(zmq.DEALER, None, self._socket_options, name="publisher")
-        self._up = False
-        if len(self.servers) > 1:
-            # Up once the ZMTP handshake is done: a stopped process still accepts TCP.
-            sock.socket.set(zmq.HANDSHAKE_IVL, max(int(self._failover_after * 1000), 100))
-            sock.watch_connections(zmq.EVENT_HANDSHAKE_SUCCEEDED, self._connection_event)
+        self._link = (
+            _Connection(sock, self._failover_after, self.reactor.seconds())
+            if len(self.servers) > 1
+            else None
+        )
         sock.connect(self.server.collector)
         return sock
 
-    def _connection_event(self, event: int) -> None:
-        if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
-            self._up = True
-        elif event & zmq.EVENT_DISCONNECTED:
-            self._up = False
-
     def _check_connected(self) -> None:
-        if self._up:
-            self._down_since = None
+        if self._link is None:
             return
-        now = self.reactor.seconds()
-        if self._down_since is None:
-            self._down_since = now
-        elif now - self._down_since >= self._failover_after:
+        if self._link.down_for(self.reactor.seconds()) >= self._failover_after:
             previous = self.server
             self.server = self.servers[(self.servers.index(previous) + 1) % len(self.servers)]
             self.failovers += 1
-            self._down_since = now
             log.warn(
                 "publisher: no connection to {previous} for {seconds:.1f}s: switching to "
                 "{server} ({pending} events queued)",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from twisted.application.service import Service
@@ -24,6 +25,7 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from bus.errors import StartupError
 from bus.eventbus.codec import EventFields
 from bus.eventbus.config import EventBusConfig, JetStreamSettings
 from bus.eventbus.eventlog import Row
@@ -64,6 +66,13 @@ class EventBusFrontEnd(EventBusService):
 
     def startService(self) -> defer.Deferred[None]:  # type: ignore[override]
         """Reach the stream first (a StartupError says why not), then serve."""
+        # The log is the stream's; the data directory holds only status.json.
+        try:
+            Path(self.config.data_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            return defer.fail(
+                StartupError("data-dir", f"cannot make {self.config.data_dir}: {error}")
+            )
         opening = self.stream.open()
         opening.addCallback(lambda _: self._serve())
         opening.addErrback(self._not_opened)

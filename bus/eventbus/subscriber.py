@@ -81,6 +81,9 @@ class SubscriberCore:
     _snapshot_since: int = 0
     #: Requests asked again in a row without an answer (reset by any SYNC or SYNCEND).
     snapshot_retries: int = 0
+    #: Take nothing stored before the first heartbeat: start at the sequence it announces
+    #: (a confirming publisher wants what is stored from now on, not the history).
+    from_head: bool = False
 
     def __post_init__(self) -> None:
         self._verified = self.last
@@ -220,6 +223,9 @@ class SubscriberCore:
         self.server_sequence = max(self.server_sequence, beat.sequence)
         if self.awaiting_heartbeat:
             self.awaiting_heartbeat = False
+            if self.from_head:
+                self.from_head = False
+                self.last = self._verified = max(self.last, beat.sequence)
             self._ask(self.verified)
             return
         if self.syncing:

@@ -1,0 +1,740 @@
+"""Event BUS on a NATS JetStream cluster: delivered rate, snapshot, and the waits at faults.
+
+Everything on 127.0.0.1, real processes: nats-server nodes (``bus.natsserver``, JetStream
+on, fresh store directories for every run, so runs never share a stream) and Event BUS
+front-ends (``twistd -n eventbus --store jetstream --nats URLS --nats-replicas R``).
+Beside them, in the same run, the default server (``twistd -n eventbus``, its log in
+SQLite) is the baseline.
+
+1. *Delivered*: the raw pyzmq publisher -> COLLECTOR -> log -> PUB -> raw subscriber of
+   ``eventbus_throughput.py`` (6-frame events, 100-byte payload; the subscriber checks
+   the sequences are contiguous) against the SQLite server, a front-end of an R1 stream
+   (one nats-server) and a front-end of an R3 stream (three clustered nats-servers),
+   alternated ``--repeat`` times. Also the CPU per event of the front-end and of the
+   nats-servers.
+2. *Snapshot*: the SQLite server and a front-end of an R3 stream each hold the same
+   ``--snapshot-events`` events (published through their collectors); a raw DEALER
+   times SYNCSTART (all topics, from 0) -> SYNCEND, checking every SYNC arrived,
+   contiguous (``eventbus_snapshot.py``'s client), alternating between the two.
+3. *Waits at faults*: three nats-servers, an R3 stream, two front-ends A and B. A paced
+   publisher sends ``--rate`` events a second to B; the project's subscriber,
+   ``bus.eventbus.client.EventBusSubscriber([A, B])`` with its defaults, in a process of
+   its own, follows A and notes when each event arrives. A few seconds in: (a) A is
+   killed (kill -9), or (b) the nats-server that leads the stream is killed (kill -9).
+   Measured: the subscriber's longest silence from then on (from the last event before
+   it to the first after), and that every event was delivered once, in order.
+
+    python bench/eventbus_cluster.py [--events 100000] [--repeat 2] [--snapshot-events 200000]
+        [--faults 2] [--rate 1000] [--only throughput,snapshot,faults]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from _common import (
+    HOST,
+    BusServer,
+    Cleanup,
+    CpuAccount,
+    Figure,
+    Worker,
+    _die_with_parent,
+    add_common_arguments,
+    cpu_seconds,
+    fmt_rate,
+    machine,
+    median,
+    noise_line,
+    server_prefix,
+    summary,
+    terminate_on_sigterm,
+    wait_for_quiet,
+    wait_until,
+    workdir,
+)
+
+from bus.natsserver import NatsCluster, nats_server_binary
+
+THIS = Path(__file__).resolve()
+
+#: Delivered events/s of an R3 front-end, and the snapshot's rate, against the SQLite
+#: server's in the same run.
+TARGET_DELIVERED_RATIO = 0.5
+TARGET_SNAPSHOT_RATIO = 0.5
+#: The subscriber's longest silence after kill -9 of its front-end / of the stream leader.
+TARGET_FRONT_END_KILL = 2.0
+TARGET_LEADER_KILL = 5.0
+#: A silence at the subscriber shorter than this is not noted (at 1,000 events/s the
+#: usual one is 1 ms).
+SILENCE = 0.05
+#: What every server of this benchmark shares: status.json twice a second, no HTTP port
+#: (two front-ends run at once; status.json says all the benchmark reads).
+COMMON = ("--http-port", "0")
+
+KINDS = ("sqlite", "r1", "r3")
+LABELS = {"sqlite": "SQLite server", "r1": "front-end, R1", "r3": "front-end, R3"}
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+class Nats(NatsCluster):
+    """:class:`bus.natsserver.NatsCluster` whose nodes die with this script
+    (``PR_SET_PDEATHSIG``), as every other process a benchmark starts."""
+
+    def start(self, node: Any = None, timeout: float = 10.0) -> None:
+        binary = nats_server_binary()
+        for each in [node] if node is not None else self.nodes:
+            each.log = each.config.parent / "nats.log"
+            with each.log.open("ab") as out:
+                each.process = subprocess.Popen(
+                    [binary, "-c", str(each.config)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+        for each in [node] if node is not None else self.nodes:
+            wait_until(
+                lambda each=each: _listening(each.host, each.port),
+                timeout,
+                f"nats-server {each.name} to listen",
+            )
+
+    def pids(self) -> list[int]:
+        return [
+            node.process.pid
+            for node in self.nodes
+            if node.process is not None and node.process.poll() is None
+        ]
+
+
+def _listening(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+def start_nats(stack: Cleanup, directory: Path, size: int) -> Nats:
+    nats = Nats(directory, size=size)
+    stack.callback(nats.stop)
+    nats.start()
+    return nats
+
+
+def start_front_end(
+    stack: Cleanup, directory: Path, nats: Nats, prefix: Sequence[str] = ()
+) -> BusServer:
+    """A front-end of the stream EVENTBUS with as many replicas as ``nats`` has nodes; it
+    makes the stream when missing (retrying while a new cluster has no leader yet)."""
+    extra = (
+        *COMMON,
+        "--store", "jetstream",
+        "--nats", ",".join(nats.urls),
+        "--nats-replicas", str(len(nats.nodes)),
+    )  # fmt: skip
+    server = stack.server(BusServer(directory, prefix=prefix, extra=extra))
+    # status.json comes before the first report of the stream's state (its leader).
+    wait_until(
+        lambda: (
+            bool((server.status().get("jetstream") or {}).get("leader")) or len(nats.nodes) == 1
+        ),
+        30,
+        "the stream to have a leader",
+        server.check_alive,
+        0.05,
+    )
+    return server
+
+
+def start_bus(
+    stack: Cleanup, kind: str, root: Path, prefix: Sequence[str]
+) -> tuple[BusServer, Nats | None]:
+    """The server of ``kind`` (``sqlite``, ``r1``, ``r3``), ready to serve."""
+    if kind == "sqlite":
+        return stack.server(BusServer(root / "sqlite", prefix=prefix, extra=COMMON)), None
+    nats = start_nats(stack, root / "nats", 1 if kind == "r1" else 3)
+    return start_front_end(stack, root / "front-end", nats, prefix), nats
+
+
+def cpu_of(pids: Sequence[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError):
+            total += cpu_seconds(pid)
+    return total
+
+
+# -- 1. delivered events/s ------------------------------------------------------------------
+
+
+def throughput_once(
+    kind: str, events: int, root: Path, prefix: Sequence[str], wait_idle: float
+) -> dict[str, Any]:
+    wait_for_quiet(wait_idle)
+    account = CpuAccount()
+    with Cleanup() as stack:
+        server, nats = start_bus(stack, kind, root, prefix)
+        subscriber = stack.worker("subscribe", server.publisher, events)
+        subscriber.wait_ready()
+        publisher = stack.worker("publish", server.collector, events)
+        publisher.wait_ready()
+        nats_pids = nats.pids() if nats else []
+        server_cpu, nats_cpu = cpu_seconds(server.pid), cpu_of(nats_pids)
+        publisher.go()
+        sent = publisher.result()
+        received = subscriber.result()
+        server_cpu = cpu_seconds(server.pid) - server_cpu
+        nats_cpu = cpu_of(nats_pids) - nats_cpu
+        status = server.status()
+    return {
+        "kind": kind,
+        "rate": received["rate"],
+        "received": received["received"],
+        "lost": received["lost"],
+        "gaps": received["gaps"],
+        "last_sequence": received["last_sequence"],
+        "end_to_end_rate": received["received"] / max(received["t_last"] - sent["t_start"], 1e-9),
+        "server_cpu_us_per_event": server_cpu / events * 1e6,
+        "nats_cpu_us_per_event": nats_cpu / events * 1e6,
+        "max_timer_lag_ms": status.get("max_timer_lag_ms"),
+        "accepted": status.get("accepted"),
+        "jetstream": status.get("jetstream"),
+        "foreign_cores": account.stop(),
+    }
+
+
+def describe_throughput(run: dict[str, Any]) -> str:
+    text = (
+        f"{LABELS[run['kind']]:<14} {fmt_rate(run['rate']):>7} ev/s delivered, lost "
+        f"{run['lost']}, gaps {run['gaps']}; CPU-us/event: server {run['server_cpu_us_per_event']:.1f}"
+    )
+    if run["kind"] != "sqlite":
+        text += f", nats-servers {run['nats_cpu_us_per_event']:.1f}"
+    return text + f"; other processes {run['foreign_cores']:.2f} cores"
+
+
+# -- 2. snapshot ----------------------------------------------------------------------------
+
+
+def fill(stack: Cleanup, server: BusServer, events: int) -> None:
+    publisher = stack.worker("publish", server.collector, events)
+    publisher.wait_ready()
+    publisher.go()
+    publisher.result(timeout=900)
+    server.wait_sequence(events, timeout=600)
+
+
+def one_snapshot(stack: Cleanup, endpoint: str, events: int) -> dict[str, Any]:
+    """One raw DEALER's SYNCSTART -> SYNCEND (a fresh process and socket)."""
+    worker = stack.worker("snapshot-client", endpoint, events, 1)
+    run: dict[str, Any] = worker.result(timeout=900)["runs"][0]
+    worker.proc.wait(30)
+    return run
+
+
+def snapshots(
+    events: int, repeat: int, root: Path, prefix: Sequence[str], wait_idle: float
+) -> dict[str, Any]:
+    with Cleanup() as stack:
+        sqlite = stack.server(BusServer(root / "sqlite", prefix=prefix, extra=COMMON))
+        nats = start_nats(stack, root / "nats", 3)
+        front = start_front_end(stack, root / "front-end", nats, prefix)
+        started = time.monotonic()
+        fill(stack, sqlite, events)
+        filled_sqlite = time.monotonic()
+        fill(stack, front, events)
+        filled_front = time.monotonic()
+        print(
+            f"snapshot: stores filled with {events:,} events (SQLite "
+            f"{filled_sqlite - started:.1f} s, R3 stream {filled_front - filled_sqlite:.1f} s)",
+            flush=True,
+        )
+        runs: dict[str, list[dict[str, Any]]] = {"sqlite": [], "stream": []}
+        wait_for_quiet(wait_idle)
+        account = CpuAccount(live=[sqlite.pid, front.pid, *nats.pids()])
+        for _ in range(repeat):
+            # Alternated, pair by pair: each pair saw the same machine.
+            for kind, server, others in (("sqlite", sqlite, []), ("stream", front, nats.pids())):
+                before = cpu_seconds(server.pid), cpu_of(others)
+                run = one_snapshot(stack, server.snapshot, events)
+                run["server_cpu_us_per_sync"] = (cpu_seconds(server.pid) - before[0]) / events * 1e6
+                run["nats_cpu_us_per_sync"] = (cpu_of(others) - before[1]) / events * 1e6
+                runs[kind].append(run)
+            print(
+                f"snapshot: SQLite {runs['sqlite'][-1]['seconds']:.3f} s, R3 stream "
+                f"{runs['stream'][-1]['seconds']:.3f} s",
+                flush=True,
+            )
+        noise = account.stop()
+    return {"runs": runs, "foreign_cores": noise, "fill_seconds": filled_front - filled_sqlite}
+
+
+# -- 3. waits at faults ---------------------------------------------------------------------
+
+
+def failover_subscribe(servers: str, events: int, deadline: float) -> None:
+    """Worker role (in its own process): ``EventBusSubscriber(SERVERS)`` with its defaults
+    delivers events until it holds sequence EVENTS (or DEADLINE seconds passed); prints
+    READY at the first event, then a JSON line: the silences longer than SILENCE (their
+    bounds, on CLOCK_MONOTONIC, which every process of the machine shares), and whether
+    every sequence came once, in order."""
+    from twisted.internet import reactor as global_reactor
+
+    from bus.eventbus.client import EventBusSubscriber
+
+    reactor: Any = global_reactor
+    state: dict[str, Any] = {
+        "delivered": 0, "first_sequence": 0, "last_sequence": 0, "gaps": 0,
+        "missing": 0, "repeated": 0, "silences": [],
+    }  # fmt: skip
+    last_at = 0.0
+
+    def on_event(event: Any) -> None:
+        nonlocal last_at
+        now = time.monotonic()
+        sequence = event.sequence
+        previous = state["last_sequence"]
+        if state["delivered"] == 0:
+            state["first_sequence"] = sequence
+            state["t_first"] = now
+            print("READY", flush=True)
+        elif sequence <= previous:
+            state["repeated"] += 1
+        elif sequence != previous + 1:
+            state["gaps"] += 1
+            state["missing"] += sequence - previous - 1
+        if last_at and now - last_at >= SILENCE:
+            state["silences"].append([last_at, now, previous, sequence])
+        last_at = now
+        state["delivered"] += 1
+        state["last_sequence"] = max(sequence, previous)
+        if sequence >= events and reactor.running:
+            reactor.callLater(0, reactor.stop)
+
+    subscriber = EventBusSubscriber(servers.split(","), (), on_event)
+    reactor.callLater(deadline, reactor.stop)
+    subscriber.startService()
+    reactor.run()
+    subscriber.stopService()
+    state["t_last"] = last_at
+    state["failovers"] = subscriber.failovers
+    state["server"] = str(subscriber.server)
+    state["heartbeat_timeout"] = subscriber.heartbeat_timeout
+    state["failover_after"] = getattr(subscriber, "failover_after", None)
+    state["stats"] = vars(subscriber.core.stats)
+    print(json.dumps(state), flush=True)
+
+
+_STORES_AGAIN = re.compile(r"JetStream stores again after (?P<seconds>[0-9.]+)s")
+
+
+_ELECTED = re.compile(
+    r"^\[\d+\] (?P<time>\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) \[INF\] JetStream cluster new "
+    r"stream leader for '[^']* > EVENTBUS'",
+    re.MULTILINE,
+)
+
+
+def election(nats: Nats, since: float) -> dict[str, Any]:
+    """The first stream leader elected after ``since`` (wall clock), from the nats-servers'
+    logs (each logs its own election, in local time, to the microsecond)."""
+    found: list[tuple[float, str]] = []
+    for node in nats.nodes:
+        if node.log is None or not node.log.exists():
+            continue
+        for match in _ELECTED.finditer(node.log.read_text(errors="replace")):
+            at = datetime.strptime(match["time"], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            if at > since:
+                found.append((at, node.name))
+    if not found:
+        return {"new_leader": None, "election_s": float("nan")}
+    at, name = min(found)
+    return {"new_leader": name, "election_s": at - since}
+
+
+def leader_of(server: BusServer) -> str | None:
+    leader: str | None = (server.status().get("jetstream") or {}).get("leader")
+    return leader
+
+
+def fault_once(
+    fault: str,
+    root: Path,
+    prefix: Sequence[str],
+    rate: float,
+    seconds: float,
+    warmup: float,
+    wait_idle: float,
+) -> dict[str, Any]:
+    """One fault (``front-end`` or ``leader``) while the paced publisher runs."""
+    wait_for_quiet(wait_idle)
+    account = CpuAccount()
+    count = int(rate * seconds)
+    with Cleanup() as stack:
+        nats = start_nats(stack, root / "nats", 3)
+        a = start_front_end(stack, root / "a", nats, prefix)
+        b = start_front_end(stack, root / "b", nats)
+        subscriber = Worker(
+            "failover-subscribe",
+            f"{HOST}:{a.port},{HOST}:{b.port}",
+            count,
+            seconds + 90,
+            script=THIS,
+        )
+        stack.callback(subscriber.stop)
+        publisher = stack.worker("paced-publish", b.collector, rate, seconds)
+        publisher.wait_ready()
+        publisher.go()
+        subscriber.wait_ready()  # its first event
+        time.sleep(warmup)
+        result: dict[str, Any] = {"fault": fault}
+        fault_wall = time.time()
+        if fault == "front-end":
+            fault_at = time.monotonic()
+            os.kill(a.pid, signal.SIGKILL)
+            assert a.proc is not None
+            a.proc.wait(10)
+            result["killed"] = "front-end A"
+        else:
+            leader = leader_of(a)
+            node = next(n for n in nats.nodes if n.name == leader)
+            fault_at = time.monotonic()
+            nats.kill(node)
+            result["killed"] = f"nats-server {leader} (the stream's leader)"
+        sent = publisher.result(timeout=seconds + 120)
+        received = subscriber.result(timeout=seconds + 120)
+        if fault == "leader":
+            result.update(election(nats, fault_wall))
+        stores_again = [
+            float(m["seconds"])
+            for path in (a.log_path, b.log_path)
+            for m in _STORES_AGAIN.finditer(path.read_text(errors="replace"))
+        ]
+    silences = [s for s in received["silences"] if s[1] > fault_at and s[0] >= fault_at - 1.0]
+    longest = max(silences, key=lambda s: s[1] - s[0], default=None)
+    result.update(
+        {
+            "sent": sent["sent"],
+            "late_sends": sent["late"],
+            "delivered": received["delivered"],
+            "complete": received["delivered"] == count
+            and received["first_sequence"] == 1
+            and received["last_sequence"] == count
+            and received["gaps"] == 0
+            and received["repeated"] == 0,
+            "repeated": received["repeated"],
+            "missing": received["missing"] + max(count - received["last_sequence"], 0),
+            "wait_s": (longest[1] - longest[0]) if longest else 0.0,
+            "resumed_s": (longest[1] - fault_at) if longest else 0.0,
+            "silence_started_s": (longest[0] - fault_at) if longest else 0.0,
+            "failovers": received["failovers"],
+            "subscriber_server": received["server"],
+            "heartbeat_timeout": received["heartbeat_timeout"],
+            "failover_after": received["failover_after"],
+            "subscriber_stats": received["stats"],
+            "stores_again_s": stores_again,
+            "foreign_cores": account.stop(),
+        }
+    )
+    return result
+
+
+def describe_fault(run: dict[str, Any]) -> str:
+    text = (
+        f"kill -9 of {run['killed']}: the subscriber waited {run['wait_s']:.2f} s (silent from "
+        f"{run['silence_started_s']:+.2f} s to {run['resumed_s']:.2f} s after the kill), "
+        f"{run['delivered']:,} of {run['sent']:,} events "
+        f"{'delivered once, in order' if run['complete'] else 'NOT all delivered once in order'}"
+        f", failovers {run['failovers']}"
+    )
+    if run["fault"] == "leader":
+        text += (
+            f"; {run['new_leader']} elected stream leader {run['election_s']:.2f} s after"
+            if run.get("new_leader")
+            else "; NO new stream leader in the nats-servers' logs"
+        )
+    if run["stores_again_s"]:
+        text += "; front-end stores again after " + ", ".join(
+            f"{s:.1f}" for s in run["stores_again_s"]
+        )
+        text += " s"
+    return text + f"; other processes {run['foreign_cores']:.2f} cores"
+
+
+# -- the summary ----------------------------------------------------------------------------
+
+
+def verdict_word(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=100_000, help="events per delivery run")
+    parser.add_argument("--repeat", type=int, default=2, help="delivery runs of each kind")
+    parser.add_argument("--snapshot-events", type=int, default=200_000)
+    parser.add_argument("--snapshot-repeat", type=int, default=2)
+    parser.add_argument("--faults", type=int, default=2, help="runs of each fault")
+    parser.add_argument("--rate", type=float, default=1000.0, help="events/s during faults")
+    parser.add_argument(
+        "--fault-seconds", type=float, default=12.0, help="how long the paced publisher runs"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=3.0, help="seconds of flow before the fault"
+    )
+    parser.add_argument(
+        "--only",
+        default="throughput,snapshot,faults",
+        help="comma-separated parts to run: throughput, snapshot, faults",
+    )
+    add_common_arguments(parser)
+    args = parser.parse_args()
+    parts = {p.strip() for p in args.only.split(",") if p.strip()}
+    unknown = parts - {"throughput", "snapshot", "faults"}
+    if unknown:
+        parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
+    terminate_on_sigterm()
+    info = machine()
+    prefix = server_prefix(args.server_prefix)
+    record: dict[str, Any] = {}
+    figures: dict[str, Figure] = {}
+    measured: list[str] = []
+    baseline: list[str] = []
+    ratios: list[str] = []
+    targets: list[str] = []
+    details: list[tuple[str, str]] = []
+    noise_runs: list[dict[str, Any]] = []
+    verdict = True
+
+    with workdir("eventbus-cluster-", args.keep) as root:
+        if "throughput" in parts:
+            runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
+            for index in range(args.repeat):
+                for kind in KINDS:
+                    run = throughput_once(
+                        kind, args.events, root / f"{kind}-{index}", prefix, args.wait_idle
+                    )
+                    runs[kind].append(run)
+                    print(f"run {index + 1}/{args.repeat} {describe_throughput(run)}", flush=True)
+            record["throughput"] = runs
+            noise_runs += [run for index in range(args.repeat) for run in
+                           (runs[kind][index] for kind in KINDS)]  # fmt: skip
+            rate = {kind: median([r["rate"] for r in runs[kind]]) for kind in KINDS}
+            lost = {kind: sum(r["lost"] for r in runs[kind]) for kind in KINDS}
+            ratio = {kind: rate[kind] / rate["sqlite"] for kind in ("r1", "r3")}
+            ok = ratio["r3"] >= TARGET_DELIVERED_RATIO and lost["r3"] == 0 and lost["r1"] == 0
+            verdict = verdict and ok
+            measured.append(
+                f"delivered R3 {fmt_rate(rate['r3'])} ev/s, R1 {fmt_rate(rate['r1'])} ev/s"
+            )
+            baseline.append(f"SQLite server {fmt_rate(rate['sqlite'])} ev/s")
+            ratios.append(f"R3 {ratio['r3']:.2f} x, R1 {ratio['r1']:.2f} x")
+            targets.append(f"R3 delivered >= {TARGET_DELIVERED_RATIO} x SQLite, none lost")
+            total = args.events * args.repeat
+            for kind in ("r3", "r1"):
+                line = (
+                    f"{fmt_rate(rate[kind])} ev/s (median of {args.repeat}; runs "
+                    + ", ".join(fmt_rate(r["rate"]) for r in runs[kind])
+                    + f"), lost {lost[kind]} of {total:,}; SQLite server same run "
+                    f"{fmt_rate(rate['sqlite'])} ev/s (runs "
+                    + ", ".join(fmt_rate(r["rate"]) for r in runs["sqlite"])
+                    + f", lost {lost['sqlite']}); ratio {ratio[kind]:.2f}"
+                )
+                if kind == "r3":
+                    line += f"; target >= {TARGET_DELIVERED_RATIO} -> {verdict_word(ok)}"
+                else:
+                    line += " (reported, no target)"
+                details.append((f"delivered {kind.upper()}", line))
+            details.append(
+                (
+                    "CPU per event",
+                    "; ".join(
+                        f"{LABELS[kind]} "
+                        f"{median([r['server_cpu_us_per_event'] for r in runs[kind]]):.1f} us"
+                        + (
+                            f" + nats-servers "
+                            f"{median([r['nats_cpu_us_per_event'] for r in runs[kind]]):.1f} us"
+                            if kind != "sqlite"
+                            else ""
+                        )
+                        for kind in KINDS
+                    ),
+                )
+            )
+            figures["delivered_r3"] = Figure(rate["r3"], "events/s")
+            figures["delivered_r1"] = Figure(rate["r1"], "events/s")
+            figures["delivered_sqlite"] = Figure(rate["sqlite"], "events/s")
+            figures["r3_vs_sqlite"] = Figure(ratio["r3"], "x sqlite")
+            figures["r1_vs_sqlite"] = Figure(ratio["r1"], "x sqlite")
+            figures["r3_cpu_per_event"] = Figure(
+                median(
+                    [r["server_cpu_us_per_event"] + r["nats_cpu_us_per_event"] for r in runs["r3"]]
+                ),
+                "us",
+                better="lower",
+            )
+
+        if "snapshot" in parts:
+            events = args.snapshot_events
+            snap = snapshots(events, args.snapshot_repeat, root / "snapshot", prefix,
+                             args.wait_idle)  # fmt: skip
+            record["snapshot"] = snap
+            noise_runs.append(snap)
+            sq, st = snap["runs"]["sqlite"], snap["runs"]["stream"]
+            sq_s, st_s = median([r["seconds"] for r in sq]), median([r["seconds"] for r in st])
+            per_pair = [a["seconds"] / b["seconds"] for a, b in zip(sq, st, strict=True)]
+            complete = all(r["complete"] for r in sq + st)
+            ratio_s = sq_s / st_s
+            ok = ratio_s >= TARGET_SNAPSHOT_RATIO and complete
+            verdict = verdict and ok
+            measured.append(f"snapshot of {events:,} from the R3 stream {st_s:.2f} s")
+            baseline.append(f"SQLite snapshot {sq_s:.2f} s")
+            ratios.append(f"snapshot rate {ratio_s:.2f} x")
+            targets.append(f"snapshot rate >= {TARGET_SNAPSHOT_RATIO} x SQLite's, complete")
+            details.append(
+                (
+                    "snapshot",
+                    f"SYNCSTART (all, from 0) -> SYNCEND, {events:,} events from the R3 stream: "
+                    f"median {st_s:.3f} s ({events / st_s:,.0f} events/s; runs "
+                    + ", ".join(f"{r['seconds']:.3f}" for r in st)
+                    + f"); SQLite server same run {sq_s:.3f} s ({events / sq_s:,.0f} events/s; "
+                    "runs "
+                    + ", ".join(f"{r['seconds']:.3f}" for r in sq)
+                    + f"), alternated; rate ratio {ratio_s:.2f} (per pair "
+                    + ", ".join(f"{p:.2f}" for p in per_pair)
+                    + f"), {'all complete' if complete else 'INCOMPLETE'}; target >= "
+                    f"{TARGET_SNAPSHOT_RATIO} -> {verdict_word(ok)}",
+                )
+            )
+            details.append(
+                (
+                    "snapshot CPU",
+                    f"per SYNC: SQLite server "
+                    f"{median([r['server_cpu_us_per_sync'] for r in sq]):.1f} us; front-end "
+                    f"{median([r['server_cpu_us_per_sync'] for r in st]):.1f} us + nats-servers "
+                    f"{median([r['nats_cpu_us_per_sync'] for r in st]):.1f} us; filling the R3 "
+                    f"stream took {snap['fill_seconds']:.1f} s",
+                )
+            )
+            figures["snapshot_stream_s"] = Figure(st_s, "s", better="lower")
+            figures["snapshot_sqlite_s"] = Figure(sq_s, "s", better="lower")
+            figures["snapshot_vs_sqlite"] = Figure(ratio_s, "x sqlite")
+
+        if "faults" in parts:
+            faults: dict[str, list[dict[str, Any]]] = {"front-end": [], "leader": []}
+            for index in range(args.faults):
+                for fault in faults:
+                    run = fault_once(
+                        fault,
+                        root / f"fault-{fault}-{index}",
+                        prefix,
+                        args.rate,
+                        args.fault_seconds,
+                        args.warmup,
+                        args.wait_idle,
+                    )
+                    faults[fault].append(run)
+                    print(f"fault {index + 1}/{args.faults}: {describe_fault(run)}", flush=True)
+            record["faults"] = faults
+            noise_runs += faults["front-end"] + faults["leader"]
+            for fault, target, key in (
+                ("front-end", TARGET_FRONT_END_KILL, "front_end_kill_wait"),
+                ("leader", TARGET_LEADER_KILL, "leader_kill_wait"),
+            ):
+                done = faults[fault]
+                worst = max(r["wait_s"] for r in done)
+                complete = all(r["complete"] for r in done)
+                ok = worst < target and complete
+                verdict = verdict and ok
+                waits = ", ".join(f"{r['wait_s']:.2f}" for r in done)
+                what = "its front-end" if fault == "front-end" else "the stream's leader"
+                measured.append(f"wait after kill -9 of {what} {worst:.2f} s (worst)")
+                targets.append(f"that wait < {target:g} s, none lost")
+                if fault == "front-end":
+                    # What the subscriber waits by design before it moves on.
+                    floor = float(done[0]["failover_after"] or done[0]["heartbeat_timeout"])
+                    base = (
+                        f"{floor:g} s, the subscriber's "
+                        + ("failover_after" if done[0]["failover_after"] else "heartbeat_timeout")
+                        + " (it moves after that long without a connection, by design)"
+                    )
+                    ratio_text = f"{worst / floor:.2f} x"
+                else:
+                    # The cluster's own failover: no front-end can store before it.
+                    elections = [r["election_s"] for r in done]
+                    floor = max(elections)
+                    base = (
+                        "the nats-servers elected a new stream leader "
+                        + ", ".join(f"{e:.2f}" for e in elections)
+                        + " s after the kill (their logs)"
+                    )
+                    ratio_text = (
+                        "per run "
+                        + ", ".join(f"{r['wait_s'] / r['election_s']:.2f}" for r in done)
+                        + " x the election"
+                    )
+                baseline.append(f"{fault} kill: {base.split(' (')[0]}")
+                ratios.append(f"{fault} kill {ratio_text}")
+                details.append(
+                    (
+                        f"{fault} kill",
+                        f"subscriber silent {waits} s (worst {worst:.2f}; from the kill to the "
+                        "next event "
+                        + ", ".join(f"{r['resumed_s']:.2f}" for r in done)
+                        + f" s), {'every event once, in order' if complete else 'LOSS/REPEATS'}"
+                        f"; baseline {base}; ratio {ratio_text}; target < {target:g} s -> "
+                        f"{verdict_word(ok)}",
+                    )
+                )
+                figures[f"{key}_s"] = Figure(worst, "s", better="lower")
+                figures[f"{key}_vs_floor"] = Figure(worst / floor, "x", better="lower")
+            details.append(
+                (
+                    "faults",
+                    f"{args.rate:,.0f} events/s for {args.fault_seconds:g} s from a paced "
+                    f"publisher at front-end B; EventBusSubscriber([A, B]) (defaults) at A; "
+                    f"the kill {args.warmup:g} s after its first event; R3, two front-ends",
+                )
+            )
+
+    details.append(noise_line(noise_runs))
+    summary(
+        "eventbus_cluster",
+        info,
+        measured="; ".join(measured),
+        baseline="same run: " + "; ".join(baseline),
+        ratio="; ".join(ratios),
+        target="; ".join(targets),
+        verdict=verdict,
+        details=details,
+        json_path=args.json,
+        record=record,
+        figures=figures,
+    )
+    return 0 if verdict else 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["failover-subscribe"]:
+        failover_subscribe(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    else:
+        sys.exit(main())
