@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -110,7 +111,7 @@ class Nats(NatsCluster):
                 )
         for each in [node] if node is not None else self.nodes:
             wait_until(
-                lambda each=each: _listening(each.host, each.port),
+                functools.partial(_listening, each.host, each.port),
                 timeout,
                 f"nats-server {each.name} to listen",
             )

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,8 @@ class NatsNode:
     config: Path
     process: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    #: Where this start's lines begin in ``log``.
+    log_start: int = 0
 
     @property
     def url(self) -> str:
@@ -102,6 +104,11 @@ class NatsCluster:
     route_ports: Sequence[int] | None = None
     #: Clients must give this token (``nats://TOKEN@host:port``); None: anyone.
     token: str | None = None
+    #: One address per node (hosts of their own, e.g. network namespaces), else ``host``.
+    hosts: Sequence[str] | None = None
+    #: Runs a node's command elsewhere, e.g. ``["ip", "netns", "exec", NS]`` for node i:
+    #: then a node counts as up when its log says so (this process may not reach it).
+    prefix: Callable[[NatsNode], list[str]] | None = None
 
     def __post_init__(self) -> None:
         given = (self.client_ports, self.route_ports)
@@ -111,13 +118,16 @@ class NatsCluster:
         route_ports = list(given[1]) if given[1] is not None else picked[self.size :]
         if len(clients) != self.size or len(route_ports) != self.size:
             raise ValueError(f"one client and one route port per node ({self.size})")
+        hosts = list(self.hosts) if self.hosts is not None else [self.host] * self.size
+        if len(hosts) != self.size:
+            raise ValueError(f"one host per node ({self.size})")
         for index in range(self.size):
             name = f"n{index + 1}"
             home = self.directory / name
             self.nodes.append(
                 NatsNode(
                     name,
-                    self.host,
+                    hosts[index],
                     clients[index],
                     route_ports[index],
                     home / "jetstream",
@@ -142,9 +152,11 @@ class NatsCluster:
         binary = nats_server_binary()
         for each in [node] if node is not None else self.nodes:
             each.log = each.config.parent / "nats.log"
+            each.log_start = each.log.stat().st_size if each.log.exists() else 0
+            wrap = self.prefix(each) if self.prefix is not None else []
             with each.log.open("ab") as out:
                 each.process = subprocess.Popen(
-                    [binary, "-c", str(each.config)],
+                    [*wrap, binary, "-c", str(each.config)],
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
@@ -152,6 +164,13 @@ class NatsCluster:
         deadline = time.monotonic() + timeout
         for each in [node] if node is not None else self.nodes:
             while True:
+                if self.prefix is not None:
+                    if self._says_ready(each):
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"nats-server {each.name} did not start")
+                    time.sleep(0.05)
+                    continue
                 try:
                     socket.create_connection((each.host, each.port), timeout=0.5).close()
                     break
@@ -159,6 +178,13 @@ class NatsCluster:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"nats-server {each.name} did not listen") from None
                     time.sleep(0.05)
+
+    @staticmethod
+    def _says_ready(node: NatsNode) -> bool:
+        assert node.log is not None
+        with node.log.open("rb") as log:
+            log.seek(node.log_start)
+            return b"Server is ready" in log.read()
 
     def kill(self, node: NatsNode, sig: int = signal.SIGKILL) -> None:
         if node.process is not None and node.process.poll() is None:

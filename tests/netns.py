@@ -183,3 +183,80 @@ def readdress_without_broadcast(ns: str, iface: str, addr: str) -> None:
     ``brd``): psutil then reports the address itself as the interface's broadcast."""
     _ip("-n", ns, "addr", "del", f"{addr}/24", "dev", iface)
     _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", iface)
+
+
+class Hosts:
+    """Hosts as network namespaces on one switch: a namespace holding a bridge, and one
+    namespace per host joined to it by a veth pair, each with its own 10.x address. A
+    partition is a blackhole route each way between two groups of hosts (what one side
+    sends the other is dropped); :meth:`heal` removes them all. :meth:`delete` removes
+    every namespace, and with them every interface and route the test made."""
+
+    def __init__(self, names: list[str]) -> None:
+        tag = secrets.token_hex(3)
+        self.tag = tag
+        self.switch = f"sw-{tag}"
+        self.names = list(names)
+        self.namespaces = {name: f"{name}-{tag}" for name in names}
+        subnet = f"10.{100 + secrets.randbelow(150)}.{secrets.randbelow(250)}"
+        self.addresses = {name: f"{subnet}.{i + 1}" for i, name in enumerate(names)}
+        self.created: list[str] = []
+        self._cuts: list[tuple[str, str]] = []
+
+    def create(self) -> None:
+        _ip("netns", "add", self.switch)
+        self.created.append(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
+        for i, name in enumerate(self.names):
+            ns = self.namespaces[name]
+            _ip("netns", "add", ns)
+            self.created.append(ns)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            outside, inside = f"s{i}{self.tag}", f"h{i}{self.tag}"
+            _ip("-n", self.switch, "link", "add", outside, "type", "veth", "peer", "name", inside)
+            _ip("-n", self.switch, "link", "set", inside, "netns", ns)
+            _ip("-n", self.switch, "link", "set", outside, "master", "br0", "up")
+            _ip("-n", ns, "addr", "add", f"{self.addresses[name]}/24", "dev", inside)
+            _ip("-n", ns, "link", "set", inside, "up")
+
+    def prefix(self, name: str) -> list[str]:
+        """The command prefix that runs a program on host ``name``."""
+        return ["ip", "netns", "exec", self.namespaces[name]]
+
+    def cut(self, side: list[str], rest: list[str] | None = None) -> None:
+        """Drop everything between the hosts of ``side`` and those of ``rest`` (default:
+        every other host); each side still reaches its own."""
+        others = rest if rest is not None else [n for n in self.names if n not in side]
+        for a in side:
+            for b in others:
+                for here, there in ((a, b), (b, a)):
+                    _ip("-n", self.namespaces[here], "route", "add", "blackhole",
+                        f"{self.addresses[there]}/32")  # fmt: skip
+                    self._cuts.append((here, there))
+
+    def heal(self) -> None:
+        for here, there in self._cuts:
+            _ip("-n", self.namespaces[here], "route", "del", "blackhole",
+                f"{self.addresses[there]}/32")  # fmt: skip
+        self._cuts.clear()
+
+    def delete(self) -> None:
+        for ns in reversed(self.created):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        self.created.clear()
+
+
+def make_hosts(names: list[str]) -> Hosts:
+    """:class:`Hosts` made, or the test skipped (failed under CI) with the reason."""
+    hosts = Hosts(names)
+    try:
+        hosts.create()
+    except (OSError, subprocess.CalledProcessError) as error:
+        hosts.delete()
+        detail = getattr(error, "stderr", "") or str(error)
+        reason = f"cannot create network namespaces here: {detail.strip()}"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return hosts

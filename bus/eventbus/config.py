@@ -76,6 +76,8 @@ class JetStreamSettings:
     connect_timeout: float = 5.0
     #: An append not acknowledged this long is refused (and retried, as on a full disk).
     ack_timeout: float = 5.0
+    #: Seconds between pings to the NATS server: a silent one is left after two.
+    ping_interval: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.servers:

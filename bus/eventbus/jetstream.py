@@ -123,6 +123,10 @@ class JetStreamLog:
             "max_reconnect_attempts": -1,
             "allow_reconnect": True,
             "reconnect_time_wait": 0.5,
+            # A server cut off by the network answers nothing: two unanswered pings and
+            # the client moves to another one (nats-py's default waits minutes).
+            "ping_interval": settings.ping_interval,
+            "max_outstanding_pings": 2,
             "disconnected_cb": self._disconnected,
             "reconnected_cb": self._reconnected,
             "error_cb": self._error,
