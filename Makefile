@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint docs bench clean browser cluster
+.PHONY: run test lint docs bench clean browser cluster nemesis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ $(VENV)/.cluster-deps: $(VENV)/.run-deps
 
 cluster: $(VENV)/.cluster-deps
 	$(BIN)/bus-cluster $(ARGS)
+
+# The JetStream nemesis test at length (root: it makes network namespaces).
+nemesis: $(VENV)/.test-deps
+	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-24} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_eventbus_nemesis.py
 
 test: $(VENV)/.test-deps $(INTEROP)/.installed browser
 	$(BIN)/python -m pytest -q -n auto --dist loadfile

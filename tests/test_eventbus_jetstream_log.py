@@ -123,3 +123,25 @@ def test_credentials_refused_at_start_are_one_clear_line(tmp_path: Path) -> Any:
         yield good.close()
     finally:
         cluster.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_of_another_name_on_the_same_subjects_is_one_clear_line(
+    nats_server: NatsCluster,
+) -> Any:
+    stream, opening = opened(nats_server)
+    yield opening
+    yield stream.close()
+    other, opening = opened(nats_server, stream="OTHER")
+    with pytest.raises(StartupError) as raised:
+        yield opening
+    yield other.close()
+    assert str(raised.value).endswith(
+        "stream EVENTBUS already holds the subjects eventbus.>: --nats-stream EVENTBUS "
+        "serves that log, or give another --nats-subject-prefix for a log of its own"
+    )
+    # Its own prefix: a log of its own beside the first.
+    mine, opening = opened(nats_server, stream="OTHER", subject_prefix="other")
+    yield opening
+    assert mine.store_id.startswith("OTHER@")
+    yield mine.close()

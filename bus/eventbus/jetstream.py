@@ -36,6 +36,9 @@ from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
 
+#: JetStream's error code for a stream whose subjects another stream holds.
+OVERLAPPING_SUBJECTS = 10065
+
 log = Logger(namespace="bus.eventbus.jetstream")
 
 #: Committed events handed to the reactor at once, at most.
@@ -114,7 +117,7 @@ class JetStreamLog:
     async def _open(self) -> None:
         import nats
         from nats.errors import NoServersError
-        from nats.js.errors import NotFoundError
+        from nats.js.errors import BadRequestError, NotFoundError
 
         settings = self.settings
         options: dict[str, Any] = {
@@ -165,6 +168,9 @@ class JetStreamLog:
             try:
                 info = await self._stream_info_or_made(wanted, NotFoundError)
                 break
+            except BadRequestError as error:
+                await self._refuse_overlap(error, wanted["subjects"][0])
+                raise
             except Exception as error:  # no meta leader, replicas not all up: a new cluster
                 if self.reactor.seconds() > deadline:
                     await self._nc.close()
@@ -182,6 +188,28 @@ class JetStreamLog:
                 "change the options or the stream (it is never changed silently)",
             )
         self._took_state(info)
+
+    async def _refuse_overlap(self, error: Any, subjects: str) -> None:
+        """A stream of another name holds our subjects: JetStream refuses a second one, and
+        each front-end must name the same stream. Say which, in one line."""
+        settings = self.settings
+        holder = None
+        if getattr(error, "err_code", None) == OVERLAPPING_SUBJECTS:
+            try:
+                holder = await self._js.find_stream_name_by_subject(subjects)
+            except Exception:  # the error itself still says what is wrong
+                holder = None
+        await self._nc.close()
+        if holder is not None:
+            raise StartupError(
+                "nats-stream",
+                f"stream {holder} already holds the subjects {subjects}: "
+                f"--nats-stream {holder} serves that log, or give another "
+                "--nats-subject-prefix for a log of its own",
+            ) from None
+        raise StartupError(
+            "nats-stream", f"JetStream refused stream {settings.stream}: {error}"
+        ) from None
 
     async def _stream_info_or_made(
         self, wanted: dict[str, Any], missing: type[BaseException]
