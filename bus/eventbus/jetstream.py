@@ -12,19 +12,16 @@ nats-py is asyncio; it runs on a loop of its own (:class:`bus.asyncloop.AsyncioT
 and this class's methods, called in the reactor's thread, answer with Deferreds and hand
 committed events back in batches (one thread hop per batch).
 
-A message's body is msgpack ``[producer, timestamp, uuid, data]`` (data: the event's own
-msgpack bytes); the subject gives the topic back.
+The message body and ranged reads are :mod:`bus.eventbus.stream_read`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgpack
 from twisted.internet import defer
 from twisted.logger import Logger
 
@@ -35,6 +32,7 @@ from bus.eventbus.codec import EventFields
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
+from bus.eventbus.stream_read import RangeReader, connect_options, decode, encode
 
 #: JetStream's error code for a stream whose subjects another stream holds.
 OVERLAPPING_SUBJECTS = 10065
@@ -43,17 +41,6 @@ log = Logger(namespace="bus.eventbus.jetstream")
 
 #: Committed events handed to the reactor at once, at most.
 FEED_BATCH = 2000
-
-
-def encode(fields: EventFields) -> bytes:
-    _topic, producer, timestamp, uuid, data = fields
-    body: bytes = msgpack.packb([producer, timestamp, uuid, data], use_bin_type=True)
-    return body
-
-
-def decode(prefix: str, subject: str, body: bytes) -> EventFields:
-    producer, timestamp, uuid, data = msgpack.unpackb(body, raw=True)
-    return (subjects.topic(prefix, subject), producer, timestamp, uuid, data)
 
 
 def stream_limits(settings: JetStreamSettings, retention: Retention) -> dict[str, Any]:
@@ -121,8 +108,7 @@ class JetStreamLog:
 
         settings = self.settings
         options: dict[str, Any] = {
-            "servers": list(settings.servers),
-            "connect_timeout": settings.connect_timeout,
+            **connect_options(settings),
             "max_reconnect_attempts": -1,
             "allow_reconnect": True,
             "reconnect_time_wait": 0.5,
@@ -134,17 +120,6 @@ class JetStreamLog:
             "reconnected_cb": self._reconnected,
             "error_cb": self._error,
         }
-        if settings.creds is not None:
-            options["user_credentials"] = str(settings.creds)
-        if settings.tls_ca or settings.tls_cert:
-            context = ssl.create_default_context(
-                cafile=str(settings.tls_ca) if settings.tls_ca else None
-            )
-            if settings.tls_cert is not None:
-                context.load_cert_chain(
-                    str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None
-                )
-            options["tls"] = context
         try:
             # The first connection is tried once per server: an unreachable cluster at
             # start is a start-up error, not an endless wait.
@@ -351,47 +326,14 @@ class JetStreamLog:
         return self.loop.call(self._read(after, upto, list(prefixes), limit))
 
     async def _read(self, after: int, upto: int, prefixes: list[bytes], limit: int) -> list[Row]:
-        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-
-        prefix = self.settings.subject_prefix
-        filters, exact = subjects.filters(prefix, prefixes)
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-            opt_start_seq=after + 1,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30.0,
-            filter_subjects=filters if len(filters) > 1 else None,
+        reader = RangeReader(
+            self._js, self.settings.stream, self.settings.subject_prefix, after, upto
         )
-        sub = await self._js.pull_subscribe(
-            filters[0] if len(filters) == 1 else "",
-            stream=self.settings.stream,
-            config=config,
-        )
-        rows: list[Row] = []
         try:
-            if (await sub.consumer_info()).num_pending == 0:
-                return rows  # nothing under the filters above ``after``
-            while len(rows) < limit:
-                try:
-                    messages = await sub.fetch(min(limit - len(rows), 1000), timeout=0.5)
-                except TimeoutError:
-                    break  # nothing more under the filters
-                done = False
-                for message in messages:
-                    sequence = int(message.metadata.sequence.stream)
-                    if sequence > upto:
-                        done = True
-                        break
-                    fields = decode(prefix, message.subject, message.data)
-                    if exact or any(fields[0].startswith(p) for p in prefixes):
-                        rows.append((sequence, *fields))
-                    if message.metadata.num_pending == 0:
-                        done = True
-                if done:
-                    break
+            await reader.open(prefixes)
+            return [row for row, _stored in await reader.next(limit)]
         finally:
-            await sub.unsubscribe()
-        return rows[:limit]
+            await reader.close()
 
     # -- state ---------------------------------------------------------------------------------
 
