@@ -244,11 +244,34 @@ def fill(stack: Cleanup, server: BusServer, events: int) -> None:
 
 
 def one_snapshot(stack: Cleanup, endpoint: str, events: int) -> dict[str, Any]:
-    """One raw DEALER's SYNCSTART -> SYNCEND (a fresh process and socket)."""
+    """One raw DEALER's SYNCSTART -> SYNCEND (a fresh process and socket). The raw client
+    asks once: a snapshot the server ends unanswered leaves it silent for 60 s, then it
+    exits; that run counts as stalled (no time)."""
     worker = stack.worker("snapshot-client", endpoint, events, 1)
-    run: dict[str, Any] = worker.result(timeout=900)["runs"][0]
+    started = time.monotonic()
+    try:
+        run: dict[str, Any] = worker.result(timeout=900)["runs"][0]
+    except (RuntimeError, TimeoutError) as error:
+        last = str(error).strip().splitlines()[-1:] or [""]
+        return {
+            "seconds": float("nan"),
+            "complete": False,
+            "stalled_after_s": time.monotonic() - started,
+            "error": last[0],
+        }
     worker.proc.wait(30)
     return run
+
+
+def seconds_of(run: dict[str, Any]) -> str:
+    return f"{run['seconds']:.3f}" if run["complete"] else "stalled"
+
+
+def completed(runs: Sequence[dict[str, Any]]) -> list[float]:
+    return [r["seconds"] for r in runs if r["complete"]]
+
+
+_READ_FAILED = re.compile(r"a snapshot's read failed \((?P<error>.*)\): its client asks again")
 
 
 def snapshots(
@@ -280,12 +303,21 @@ def snapshots(
                 run["nats_cpu_us_per_sync"] = (cpu_of(others) - before[1]) / events * 1e6
                 runs[kind].append(run)
             print(
-                f"snapshot: SQLite {runs['sqlite'][-1]['seconds']:.3f} s, R3 stream "
-                f"{runs['stream'][-1]['seconds']:.3f} s",
+                f"snapshot: SQLite {seconds_of(runs['sqlite'][-1])} s, R3 stream "
+                f"{seconds_of(runs['stream'][-1])} s",
                 flush=True,
             )
         noise = account.stop()
-    return {"runs": runs, "foreign_cores": noise, "fill_seconds": filled_front - filled_sqlite}
+        # Why a stream snapshot stalled, in the front-end's words.
+        failed_reads = [
+            m["error"] for m in _READ_FAILED.finditer(front.log_path.read_text(errors="replace"))
+        ]
+    return {
+        "runs": runs,
+        "foreign_cores": noise,
+        "fill_seconds": filled_front - filled_sqlite,
+        "failed_reads": failed_reads,
+    }
 
 
 # -- 3. waits at faults ---------------------------------------------------------------------
@@ -606,8 +638,12 @@ def main() -> int:
             record["snapshot"] = snap
             noise.append(f"snapshots {snap['foreign_cores']:.2f}")
             sq, st = snap["runs"]["sqlite"], snap["runs"]["stream"]
-            sq_s, st_s = median([r["seconds"] for r in sq]), median([r["seconds"] for r in st])
-            per_pair = [a["seconds"] / b["seconds"] for a, b in zip(sq, st, strict=True)]
+            # Medians of the runs that ended (a stalled one has no time; it fails the target).
+            sq_s, st_s = median(completed(sq)), median(completed(st))
+            per_pair = [
+                f"{a['seconds'] / b['seconds']:.2f}" if a["complete"] and b["complete"] else "-"
+                for a, b in zip(sq, st, strict=True)
+            ]
             complete = all(r["complete"] for r in sq + st)
             ratio_s = sq_s / st_s
             ok = ratio_s >= TARGET_SNAPSHOT_RATIO and complete
@@ -616,29 +652,42 @@ def main() -> int:
             baseline.append(f"SQLite snapshot {sq_s:.2f} s")
             ratios.append(f"snapshot rate {ratio_s:.2f} x")
             targets.append(f"snapshot rate >= {TARGET_SNAPSHOT_RATIO} x SQLite's, complete")
+            stalled = sum(not r["complete"] for r in sq + st)
             details.append(
                 (
                     "snapshot",
                     f"SYNCSTART (all, from 0) -> SYNCEND, {events:,} events from the R3 stream: "
                     f"median {st_s:.3f} s ({events / st_s:,.0f} events/s; runs "
-                    + ", ".join(f"{r['seconds']:.3f}" for r in st)
+                    + ", ".join(seconds_of(r) for r in st)
                     + f"); SQLite server same run {sq_s:.3f} s ({events / sq_s:,.0f} events/s; "
                     "runs "
-                    + ", ".join(f"{r['seconds']:.3f}" for r in sq)
+                    + ", ".join(seconds_of(r) for r in sq)
                     + f"), alternated; rate ratio {ratio_s:.2f} (per pair "
-                    + ", ".join(f"{p:.2f}" for p in per_pair)
-                    + f"), {'all complete' if complete else 'INCOMPLETE'}; target >= "
-                    f"{TARGET_SNAPSHOT_RATIO} -> {verdict_word(ok)}",
+                    + ", ".join(per_pair)
+                    + "), "
+                    + ("all complete" if complete else f"{stalled} INCOMPLETE or stalled")
+                    + f"; target >= {TARGET_SNAPSHOT_RATIO} -> {verdict_word(ok)}",
                 )
             )
+            if snap["failed_reads"]:
+                details.append(
+                    (
+                        "snapshot stalls",
+                        f"the front-end ended {len(snap['failed_reads'])} snapshot(s) unanswered "
+                        "('its client asks again'; the raw client does not): a read failed: "
+                        + "; ".join(sorted(set(snap["failed_reads"]))),
+                    )
+                )
+            done_sq = [r for r in sq if r["complete"]] or sq
+            done_st = [r for r in st if r["complete"]] or st
             details.append(
                 (
                     "snapshot CPU",
                     f"per SYNC: SQLite server "
-                    f"{median([r['server_cpu_us_per_sync'] for r in sq]):.1f} us; front-end "
-                    f"{median([r['server_cpu_us_per_sync'] for r in st]):.1f} us + nats-servers "
-                    f"{median([r['nats_cpu_us_per_sync'] for r in st]):.1f} us; filling the R3 "
-                    f"stream took {snap['fill_seconds']:.1f} s",
+                    f"{median([r['server_cpu_us_per_sync'] for r in done_sq]):.1f} us; front-end "
+                    f"{median([r['server_cpu_us_per_sync'] for r in done_st]):.1f} us + "
+                    f"nats-servers {median([r['nats_cpu_us_per_sync'] for r in done_st]):.1f} us; "
+                    f"filling the R3 stream took {snap['fill_seconds']:.1f} s",
                 )
             )
             figures["snapshot_stream_s"] = Figure(st_s, "s", better="lower")

@@ -231,14 +231,14 @@ def _list_segments(directory: Path, known: dict[str, Segment]) -> dict[str, Segm
 _ARROW_ISO = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{3}|\.\d{6})?(Z|[+-]\d{2}:\d{2})$"
 
 
-def _text_column(raw: list[bytes]) -> pa.Array:
+def _text_column(raw: Sequence[bytes]) -> pa.Array:
     try:
         return pa.array(raw, pa.binary()).cast(pa.string())
     except pa.ArrowInvalid:  # not UTF-8: keep the row, mark the bad bytes
         return pa.array([value.decode("utf-8", "replace") for value in raw], pa.string())
 
 
-def _timestamp_column(raw: list[bytes]) -> pa.Array:
+def _timestamp_column(raw: Sequence[bytes]) -> pa.Array:
     try:
         strings = pa.array(raw, pa.binary()).cast(pa.string())
         if pc.all(pc.match_substring_regex(strings, _ARROW_ISO)).as_py():
@@ -276,16 +276,38 @@ class _Buffer:
         self.received_at.extend([received_us] * len(events))
 
     def table(self) -> pa.Table:
-        arrays = [
-            _text_column(self.topic),
-            pa.array(self.seq, pa.int64()),
-            _text_column(self.producer),
-            _timestamp_column(self.timestamp),
-            _text_column(self.event_id),
-            pa.array(self.payload, pa.binary()),
-            pa.array(self.received_at, UTC_MICROS),
-        ]
-        return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
+        return events_table(
+            self.topic,
+            self.seq,
+            self.producer,
+            self.timestamp,
+            self.event_id,
+            self.payload,
+            self.received_at,
+        )
+
+
+def events_table(
+    topic: Sequence[bytes],
+    seq: Sequence[int],
+    producer: Sequence[bytes],
+    timestamp: Sequence[bytes],
+    event_id: Sequence[bytes],
+    payload: Sequence[bytes],
+    received_at: Sequence[int | None],
+) -> pa.Table:
+    """Raw event columns as a table of :data:`ARROW_SCHEMA` (``received_at`` in
+    microseconds since the epoch), decoded column-wise."""
+    arrays = [
+        _text_column(topic),
+        pa.array(seq, pa.int64()),
+        _text_column(producer),
+        _timestamp_column(timestamp),
+        _text_column(event_id),
+        pa.array(payload, pa.binary()),
+        pa.array(received_at, UTC_MICROS),
+    ]
+    return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
 
 
 class JournalWriter:

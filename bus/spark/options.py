@@ -12,9 +12,9 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
-from bus.spark.journal import Coverage, JournalReader, Segment
+from bus.spark.journal import Coverage, Segment
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +30,19 @@ KNOWN_OPTIONS: Final = frozenset(
         "startingoffsets",
         "endingoffsets",
         "maxoffsetspertrigger",
+        "maxeventspertrigger",
+        "mineventspertrigger",
+        "maxtriggerdelay",
         "failondataloss",
         "minpartitions",
+        # The bus's log in a JetStream stream (docs/cluster.md) instead of a journal.
+        "nats",
+        "stream",
+        "subjectprefix",
+        "natscreds",
+        "natstlsca",
+        "natstlscert",
+        "natstlskey",
     }
 )
 
@@ -81,9 +92,36 @@ def _bool(name: str, text: str) -> bool:
     return lowered == "true"
 
 
+def _seconds(name: str, text: str) -> float:
+    from bus.options import parse_duration
+
+    try:
+        value = parse_duration(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise OptionError(f"{name} must be a duration such as 30s or 2m, not {text!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """Where the stream is: ``nats`` URLs, the stream's name and subject prefix (as the
+    front-ends were given them), credentials and TLS."""
+
+    servers: tuple[str, ...]
+    stream: str = "EVENTBUS"
+    subject_prefix: str = "eventbus"
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class SourceOptions:
-    """The source's options, named like Spark's Kafka source."""
+    """The source's options, named like Spark's Kafka source. ``path`` is a journal's
+    directory; ``stream`` (option ``nats``) reads a JetStream stream instead."""
 
     path: str
     prefixes: tuple[str, ...] = ()
@@ -92,6 +130,11 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     min_partitions: int = 1
+    #: Wait for this many events before a micro-batch, but no longer than
+    #: ``max_trigger_delay`` seconds after the last one (Kafka's ``minOffsetsPerTrigger``).
+    min_events_per_trigger: int | None = None
+    max_trigger_delay: float | None = None
+    stream: StreamOptions | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -100,8 +143,27 @@ class SourceOptions:
         if unknown:
             log.warning("eventbus source ignores unknown options %s", ", ".join(unknown))
         path = given.get("path", "").strip()
-        if not path:
-            raise OptionError('the eventbus source needs option "path" (the journal directory)')
+        servers = tuple(u.strip() for u in given.get("nats", "").split(",") if u.strip())
+        if not path and not servers:
+            raise OptionError(
+                'the eventbus source needs option "path" (a journal directory) or "nats" '
+                "(the servers of a JetStream-backed bus)"
+            )
+        if path and servers:
+            raise OptionError('give "path" (a journal) or "nats" (a stream), not both')
+        stream = (
+            StreamOptions(
+                servers,
+                stream=given.get("stream", "EVENTBUS").strip() or "EVENTBUS",
+                subject_prefix=given.get("subjectprefix", "eventbus").strip() or "eventbus",
+                creds=given.get("natscreds") or None,
+                tls_ca=given.get("natstlsca") or None,
+                tls_cert=given.get("natstlscert") or None,
+                tls_key=given.get("natstlskey") or None,
+            )
+            if servers
+            else None
+        )
         prefixes = tuple(p.strip() for p in given.get("subscribe", "").split(",") if p.strip())
         # Like Kafka: streams start at the end by default, batch reads at the beginning.
         starting = parse_offset(
@@ -116,8 +178,14 @@ class SourceOptions:
             raise OptionError('startingOffsets "latest" is for streaming queries only')
         if ending == "earliest":
             raise OptionError('endingOffsets "earliest" is not allowed')
-        max_offsets = given.get("maxoffsetspertrigger")
+        if "maxoffsetspertrigger" in given and "maxeventspertrigger" in given:
+            raise OptionError("give maxEventsPerTrigger or maxOffsetsPerTrigger, not both")
+        max_offsets = given.get("maxeventspertrigger") or given.get("maxoffsetspertrigger")
         min_partitions = given.get("minpartitions")
+        min_events = given.get("mineventspertrigger")
+        delay = given.get("maxtriggerdelay")
+        if delay and not min_events:
+            raise OptionError("maxTriggerDelay goes with minEventsPerTrigger")
         return cls(
             path=path,
             prefixes=prefixes,
@@ -128,10 +196,23 @@ class SourceOptions:
             ),
             fail_on_data_loss=_bool("failOnDataLoss", given.get("failondataloss", "true")),
             min_partitions=_positive_int("minPartitions", min_partitions) if min_partitions else 1,
+            min_events_per_trigger=(
+                _positive_int("minEventsPerTrigger", min_events) if min_events else None
+            ),
+            max_trigger_delay=_seconds("maxTriggerDelay", delay) if delay else None,
+            stream=stream,
         )
 
 
-def resolve(spec: OffsetSpec, journal: JournalReader) -> int:
+class LogView(Protocol):
+    """What planning asks of a log: a journal or a stream."""
+
+    def start_offset(self) -> int: ...
+
+    def latest_sequence(self) -> int: ...
+
+
+def resolve(spec: OffsetSpec, journal: LogView) -> int:
     """The sequence an offset spec stands for now (exclusive start or inclusive end)."""
     if spec == "earliest":
         return journal.start_offset()
@@ -187,3 +268,16 @@ def split_range(
         held = tuple(s for s in segments[first:last] if s.last > lo and s.first <= hi)
         planned.append(PlannedRange(lo, hi, held))
     return planned
+
+
+def split_sequences(
+    start: int, end: int, min_partitions: int = 1, partition_rows: int = DEFAULT_PARTITION_ROWS
+) -> list[tuple[int, int]]:
+    """``(start, end]`` as consecutive ranges ``(lo, hi]``: at least ``min_partitions``
+    when it is long enough, none longer than ``partition_rows``."""
+    span = end - start
+    if span <= 0:
+        return []
+    count = min(max(min_partitions, -(-span // partition_rows)), span)
+    cuts = [start + (span * i) // count for i in range(count + 1)]
+    return list(itertools.pairwise(cuts))

@@ -13,8 +13,9 @@ because segments are immutable; that is what makes a replayed batch identical.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -52,6 +53,25 @@ from bus.spark.options import (
 
 log = logging.getLogger(__name__)
 
+
+class Access(Protocol):
+    """What the readers ask of a log (:class:`JournalAccess`, or
+    :class:`bus.spark.stream_source.StreamAccess`)."""
+
+    #: What it reads, for messages ("the journal", "stream EVENTBUS").
+    name: str
+
+    def start_offset(self) -> int: ...
+
+    def latest_sequence(self) -> int: ...
+
+    def plan(self, start: int, end: int) -> Sequence[InputPartition]: ...
+
+    def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]: ...
+
+    def close(self) -> None: ...
+
+
 FORMAT = "eventbus"
 
 #: Must match :data:`bus.spark.journal.ARROW_SCHEMA` (Spark checks batches exactly).
@@ -78,8 +98,10 @@ class JournalPartition(InputPartition):
         self.segments = segments
 
 
-class _JournalAccess:
-    """What the batch and stream readers share: lazy journal access and planning."""
+class JournalAccess:
+    """Planning and reading for a journal (option ``path``): lazy journal access."""
+
+    name = "the journal"
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
@@ -95,6 +117,15 @@ class _JournalAccess:
         if self._journal is None:
             self._journal = JournalReader(self.options.path)
         return self._journal
+
+    def start_offset(self) -> int:
+        return self.journal.start_offset()
+
+    def latest_sequence(self) -> int:
+        return self.journal.latest_sequence()
+
+    def close(self) -> None:
+        self._journal = None
 
     def plan(self, start: int, end: int) -> list[JournalPartition]:
         """Partitions for ``(start, end]``; lost data fails here, before any task runs."""
@@ -125,38 +156,58 @@ class _JournalAccess:
         return (batch for table in tables for batch in table.to_batches())
 
 
-class EventBusBatchReader(_JournalAccess, DataSourceReader):
+def access_for(options: SourceOptions) -> Access:
+    """The journal's access, or the stream's when the source names NATS servers."""
+    if options.stream is not None:
+        from bus.spark.stream_source import StreamAccess
+
+        return StreamAccess(options)
+    return JournalAccess(options)
+
+
+class EventBusBatchReader(DataSourceReader):
     """``spark.read.format("eventbus")``: from ``startingOffsets`` to ``endingOffsets``."""
 
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.access = access_for(options)
+
     def partitions(self) -> list[InputPartition]:
-        journal = self.journal
-        start = resolve(self.options.starting, journal)
-        end = resolve(self.options.ending, journal)
-        latest = journal.latest_sequence()
-        if end > latest:
-            raise OptionError(
-                f"endingOffsets seq {end} is beyond the journal's latest sequence {latest}"
-            )
-        if end < start:
-            raise OptionError(f"endingOffsets seq {end} is before startingOffsets seq {start}")
-        return list(self.plan(start, end))
+        log_ = self.access
+        try:
+            start = resolve(self.options.starting, log_)
+            end = resolve(self.options.ending, log_)
+            latest = log_.latest_sequence()
+            if end > latest:
+                raise OptionError(
+                    f"endingOffsets seq {end} is beyond {log_.name}'s latest sequence {latest}"
+                )
+            if end < start:
+                raise OptionError(f"endingOffsets seq {end} is before startingOffsets seq {start}")
+            return list(self.access.plan(start, end))
+        finally:
+            log_.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return self.read_partition(partition)
+        return self.access.read_partition(partition)
 
 
-class EventBusStreamReader(_JournalAccess, DataSourceStreamReader, SupportsTriggerAvailableNow):
+class EventBusStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("eventbus")``."""
 
-    def __init__(self, options: SourceOptions) -> None:
-        super().__init__(options)
+    def __init__(self, options: SourceOptions, clock: Callable[[], float] = time.monotonic) -> None:
+        self.options = options
+        self.access = access_for(options)
         self._initial: dict[str, int] | None = None
         self._available_now_target: int | None = None
+        self._clock = clock
+        #: When the last micro-batch was planned (minEventsPerTrigger / maxTriggerDelay).
+        self._last_batch_at: float | None = None
 
     def initialOffset(self) -> dict[str, int]:
         # Spark may ask more than once at first start: answer the same each time.
         if self._initial is None:
-            self._initial = offset(resolve(self.options.starting, self.journal))
+            self._initial = offset(resolve(self.options.starting, self.access))
         return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -164,14 +215,16 @@ class EventBusStreamReader(_JournalAccess, DataSourceStreamReader, SupportsTrigg
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        journal = self.journal
+        log_ = self.access
         begin = offset_seq(start)
-        latest = journal.latest_sequence()
+        latest = log_.latest_sequence()
         if self._available_now_target is not None:
             latest = min(latest, self._available_now_target)
         # Count the limit from what still exists: lost or pre-journal sequences have no
         # rows, and they are reported by planning, not by trickling through them.
-        base = max(begin, journal.start_offset())
+        base = max(begin, log_.start_offset())
+        if self._waits_for_more(latest - base):
+            return offset(begin)
         if isinstance(limit, ReadMaxRows):
             end = min(latest, base + limit.max_rows)
         elif isinstance(limit, ReadMinRows) and self._available_now_target is None:
@@ -180,25 +233,39 @@ class EventBusStreamReader(_JournalAccess, DataSourceStreamReader, SupportsTrigg
             if not isinstance(limit, (ReadAllAvailable, ReadMinRows)):
                 log.info("eventbus: read limit %r is not supported; reading all", limit)
             end = latest
+        if end > begin:
+            self._last_batch_at = self._clock()
         return offset(max(end, begin))
 
+    def _waits_for_more(self, available: int) -> bool:
+        """minEventsPerTrigger: fewer are there, and maxTriggerDelay (if any) has not
+        passed since the last micro-batch (or the query's start)."""
+        wanted = self.options.min_events_per_trigger
+        if wanted is None or available >= wanted or self._available_now_target is not None:
+            return False
+        now = self._clock()
+        if self._last_batch_at is None:
+            self._last_batch_at = now
+        delay = self.options.max_trigger_delay
+        return delay is None or now - self._last_batch_at < delay or available <= 0
+
     def reportLatestOffset(self) -> dict[str, int]:
-        return offset(self.journal.latest_sequence())
+        return offset(self.access.latest_sequence())
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_target = self.journal.latest_sequence()
+        self._available_now_target = self.access.latest_sequence()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        return list(self.plan(offset_seq(start), offset_seq(end)))
+        return list(self.access.plan(offset_seq(start), offset_seq(end)))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return self.read_partition(partition)
+        return self.access.read_partition(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to release: the journal's retention is the writer's business."""
+        """Nothing to release: retention is the log's business (journal or stream)."""
 
     def stop(self) -> None:
-        self._journal = None
+        self.access.close()
 
 
 class EventBusDataSource(DataSource):

@@ -260,7 +260,7 @@ def test_offsets_honour_limits_and_available_now(workdir: Path) -> None:
         writer.append(list(events(1051, 5)), 0.0)
     assert latest.initialOffset() == {"seq": 1050}  # asked twice, answers the same
     clone = pickle.loads(pickle.dumps(latest))
-    assert clone._journal is None and clone.initialOffset() == {"seq": 1050}
+    assert clone.access._journal is None and clone.initialOffset() == {"seq": 1050}
 
 
 def test_topics_used_by_the_tests_cover_several_roots() -> None:

@@ -1,0 +1,211 @@
+"""The ``eventbus`` source over a JetStream-backed bus (option ``nats``): offsets are the
+stream's sequences, as the bus's are, and every executor reads its own range straight
+from the cluster with its own connection, never through the driver.
+
+The driver side (the long-lived runner that plans offsets) keeps one connection, on an
+asyncio loop of its own, for the stream's state; an executor opens one per partition
+and reads it through :class:`bus.eventbus.stream_read.RangeReader`, whose subject filters
+keep what ``subscribe`` leaves out on the server. Nothing is kept across pickling but
+the options.
+
+A range ``(start, end]`` at or below the stream's last sequence always reads the same
+events while retention keeps them, which is what makes a replayed micro-batch identical.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from bus.spark.journal import DataLossError, events_table
+from bus.spark.options import SourceOptions, StreamOptions, split_sequences
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Rows per Arrow batch an executor yields.
+BATCH_ROWS = 20_000
+
+
+class StreamPartition(InputPartition):
+    """One task's share of a batch: the stream's sequences ``(start, end]``."""
+
+    def __init__(self, start: int, end: int) -> None:
+        super().__init__(None)
+        self.start = start
+        self.end = end
+
+
+def _settings(options: StreamOptions) -> Any:
+    from bus.eventbus.config import JetStreamSettings
+
+    def path(text: str | None) -> Path | None:
+        return Path(text) if text else None
+
+    return JetStreamSettings(
+        options.servers,
+        stream=options.stream,
+        subject_prefix=options.subject_prefix,
+        creds=path(options.creds),
+        tls_ca=path(options.tls_ca),
+        tls_cert=path(options.tls_cert),
+        tls_key=path(options.tls_key),
+    )
+
+
+class _Connection:
+    """A nats-py connection on an event loop of its own, driven synchronously."""
+
+    def __init__(self, options: StreamOptions) -> None:
+        import nats
+
+        from bus.eventbus.stream_read import connect_options
+
+        self.loop = asyncio.new_event_loop()
+        try:
+            self.nc = self.run(
+                nats.connect(**connect_options(_settings(options)), allow_reconnect=False)
+            )
+        except BaseException:
+            self.loop.close()
+            raise
+        self.js = self.nc.jetstream()
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(work)
+
+    def close(self) -> None:
+        try:
+            if not self.nc.is_closed:
+                self.run(self.nc.close())
+        finally:
+            self.loop.close()
+
+
+def _lost(first: int, last: int, stream: str) -> str:
+    return (
+        f"sequences {first}..{last} are no longer in stream {stream} (its retention removed them)"
+    )
+
+
+class StreamAccess:
+    """Planning and reading for a JetStream-backed bus; the same methods as the
+    journal's access, so the readers serve both."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        assert options.stream is not None
+        self.options = options
+        self.stream = options.stream
+        self.name = f"stream {options.stream.stream}"
+        self._connection: _Connection | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_connection"] = None  # sockets and loops stay where they were made
+        return state
+
+    # -- the driver's side -----------------------------------------------------------------
+
+    def _info(self) -> Any:
+        if self._connection is None:
+            self._connection = _Connection(self.stream)
+        try:
+            return self._connection.run(self._connection.js.stream_info(self.stream.stream))
+        except Exception:
+            self.close()  # a fresh connection next time (the server may have moved)
+            raise
+
+    def start_offset(self) -> int:
+        """Just below the first event the stream still holds."""
+        state = self._info().state
+        return int(state.first_seq) - 1 if state.messages else int(state.last_seq)
+
+    def latest_sequence(self) -> int:
+        return int(self._info().state.last_seq)
+
+    def plan(self, start: int, end: int) -> list[StreamPartition]:
+        """Partitions for ``(start, end]``; a range retention removed fails here, before
+        any task runs (or is skipped with ``failOnDataLoss=false``)."""
+        if end <= start:
+            return []
+        first = self.start_offset() + 1
+        if start + 1 < first:
+            message = _lost(start + 1, min(first - 1, end), self.stream.stream)
+            if self.options.fail_on_data_loss:
+                raise DataLossError(
+                    f"{message}. Set failOnDataLoss=false to skip lost ranges and continue."
+                )
+            log.warning("eventbus: %s; skipped because failOnDataLoss=false", message)
+            start = min(first - 1, end)
+        return [
+            StreamPartition(lo, hi)
+            for lo, hi in split_sequences(start, end, self.options.min_partitions)
+        ]
+
+    def close(self) -> None:
+        if self._connection is not None:
+            connection, self._connection = self._connection, None
+            connection.close()
+
+    # -- an executor's side ----------------------------------------------------------------
+
+    def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, StreamPartition):
+            return iter(())  # Spark's placeholder when a batch plan is empty
+        return self._read(partition)
+
+    def _read(self, partition: StreamPartition) -> Iterator[pa.RecordBatch]:
+        from bus.eventbus.stream_read import RangeReader
+
+        options = self.stream
+        connection = _Connection(options)
+        prefixes = [p.encode("utf-8") for p in self.options.prefixes]
+        reader = RangeReader(
+            connection.js, options.stream, options.subject_prefix, partition.start, partition.end
+        )
+        try:
+            connection.run(reader.open(prefixes, check_retention=True))
+            if reader.first_stored > partition.start + 1:
+                # Removed between planning and reading.
+                message = _lost(
+                    partition.start + 1,
+                    min(reader.first_stored - 1, partition.end),
+                    options.stream,
+                )
+                if self.options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{message}. Set failOnDataLoss=false to skip lost ranges and continue."
+                    )
+                log.warning("eventbus: %s; skipped because failOnDataLoss=false", message)
+            while True:
+                rows = connection.run(reader.next(BATCH_ROWS))
+                if not rows:
+                    break
+                yield from _table(rows).to_batches()
+        finally:
+            try:
+                connection.run(reader.close())
+            finally:
+                connection.close()
+
+
+def _table(rows: list[tuple[Any, Any]]) -> pa.Table:
+    columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
+    topic, seq, producer, timestamp, event_id, payload, stored = columns
+    for (sequence, topic_, producer_, timestamp_, uuid, data), at in rows:
+        topic.append(topic_)
+        seq.append(sequence)
+        producer.append(producer_)
+        timestamp.append(timestamp_)
+        event_id.append(uuid)
+        payload.append(data)
+        # received_at: when the stream stored it (the journal's is when it was journaled).
+        stored.append(round(at.timestamp() * 1_000_000) if at is not None else None)
+    return events_table(topic, seq, producer, timestamp, event_id, payload, stored)
