@@ -54,6 +54,10 @@ class PipelineConfig:
     window: str = "1 minute"
     watermark: str = "10 minutes"
     counts: bool = True
+    #: Read a JetStream-backed bus (comma-separated NATS URLs) instead of ``journal``.
+    nats: str = ""
+    stream: str = "EVENTBUS"
+    subject_prefix: str = "eventbus"
 
     def output_path(self, name: str) -> str:
         return str(Path(self.output) / name)
@@ -63,10 +67,17 @@ class PipelineConfig:
 
 
 def read_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    reader = spark.readStream.format("eventbus")
+    if config.nats:
+        reader = (
+            reader.option("nats", config.nats)
+            .option("stream", config.stream)
+            .option("subjectPrefix", config.subject_prefix)
+        )
+    else:
+        reader = reader.option("path", config.journal)
     reader = (
-        spark.readStream.format("eventbus")
-        .option("path", config.journal)
-        .option("subscribe", config.subscribe)
+        reader.option("subscribe", config.subscribe)
         .option("startingOffsets", config.starting_offsets)
         .option("failOnDataLoss", str(config.fail_on_data_loss).lower())
     )
@@ -179,7 +190,7 @@ def progress_line(progress: Any) -> str:
         if end is not None:
             line += f", at seq {end}"
         if end is not None and latest is not None:
-            line += f", journal latest {latest}, lag {max(latest - end, 0)}"
+            line += f", log latest {latest}, lag {max(latest - end, 0)}"
     return line
 
 
@@ -221,8 +232,16 @@ def build_parser() -> argparse.ArgumentParser:
             "--output /data/lake --checkpoint /data/lake-checkpoints --available-now"
         ),
     )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--journal", metavar="DIR", help="journal directory (the bridge's)")
+    source.add_argument(
+        "--nats",
+        metavar="URLS",
+        help="or read a JetStream-backed bus: its NATS servers, comma-separated",
+    )
+    parser.add_argument("--stream", default="EVENTBUS", help="with --nats: the stream's name")
     parser.add_argument(
-        "--journal", required=True, metavar="DIR", help="journal directory (the bridge's)"
+        "--subject-prefix", default="eventbus", help="with --nats: the stream's subject prefix"
     )
     parser.add_argument("--output", required=True, metavar="DIR", help="output directory")
     parser.add_argument(
@@ -317,7 +336,10 @@ def build_session(master: str | None, shuffle_partitions: int) -> SparkSession:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = PipelineConfig(
-        journal=args.journal,
+        journal=args.journal or "",
+        nats=args.nats or "",
+        stream=args.stream,
+        subject_prefix=args.subject_prefix,
         output=args.output,
         checkpoint=args.checkpoint,
         subscribe=args.subscribe,
