@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -18,11 +15,9 @@ from bus.spark.journal import JournalReader
 from bus.spark.pipeline import COUNTS, EVENTS, PipelineConfig, progress_line, start_queries
 from bus.spark.synthetic import expected_counts, write_journal
 
-from .helpers import wait_for
+from .driver import run_killed_then_resumed
 
 pytestmark = pytest.mark.spark
-
-REAPER = Path(__file__).with_name("reaper.py")
 
 
 def closed_window_counts(
@@ -105,57 +100,6 @@ def test_pipeline_help_names_every_option() -> None:
         assert option in result.stdout
 
 
-def batch_files(directory: Path) -> int:
-    return sum(1 for p in directory.glob("*") if p.name.isdigit()) if directory.exists() else 0
-
-
-class Driver:
-    """``python -m bus.spark.pipeline`` under ``reaper.py``, which reaps whatever the
-    driver leaves behind (its JVM, PySpark's daemon) even when it is SIGKILLed."""
-
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.pid_file = log.with_name(f"driver-{os.urandom(4).hex()}.pid")
-        command = [sys.executable, "-m", "bus.spark.pipeline", *args]
-        with open(log, "ab") as handle:
-            self.reaper = subprocess.Popen(
-                [sys.executable, str(REAPER), str(self.pid_file), *command],
-                stdout=handle,
-                stderr=subprocess.STDOUT,
-                cwd=log.parent,
-            )
-        self.pid = int(wait_for(self._pid, timeout=30, what="the driver to start"))
-
-    def _pid(self) -> str:
-        return self.pid_file.read_text() if self.pid_file.exists() else ""
-
-    def running(self) -> bool:
-        try:
-            os.kill(self.pid, 0)  # the reaper has not reaped it yet
-        except ProcessLookupError:
-            return False
-        return self.reaper.poll() is None and not _zombie(self.pid)
-
-    def kill(self) -> None:
-        """SIGKILL the driver's process group (driver and JVM) and wait for the reaper."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        self.reaper.wait(timeout=60)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.reaper.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, IndexError):
-        return True
-
-
 def test_a_driver_killed_mid_stream_resumes_exactly_once(spark: Any, workdir: Path) -> None:
     journal, output, checkpoint = workdir / "journal", workdir / "out", workdir / "checkpoint"
     total = 60_000
@@ -170,24 +114,3 @@ def test_a_driver_killed_mid_stream_resumes_exactly_once(spark: Any, workdir: Pa
     run_killed_then_resumed(args, log, commits, offsets, total)
     check_landed_events(spark, output, total)
     assert landed_counts(spark, output) == as_local(closed_window_counts(journal, 60, 30))
-
-
-def run_killed_then_resumed(
-    args: list[str], log: Path, commits: Path, offsets: Path, total: int
-) -> None:
-    driver = Driver([*args, "--trigger-seconds", "0"], log)
-    try:
-        wait_for(
-            lambda: batch_files(commits) >= 2 or not driver.running(),
-            timeout=180,
-            what="two committed batches",
-        )
-        assert driver.running(), log.read_text()[-3000:]
-        # Kill while a planned batch is in flight, so the restart must replay it.
-        wait_for(lambda: batch_files(offsets) > batch_files(commits), timeout=60, interval=0.01)
-    finally:
-        driver.kill()
-    assert batch_files(commits) < total // 5000, "the first run finished before the kill"
-
-    resumed = Driver([*args, "--available-now"], log)
-    assert resumed.wait(timeout=240) == 0, log.read_text()[-3000:]
