@@ -1,5 +1,5 @@
-"""The clients of the nemesis test (tests/test_eventbus_nemesis.py), one process on a host
-of their own: confirming publishers and full-feed subscribers, each given both front-ends
+"""The clients of the nemesis test (tests/test_eventbus_nemesis.py) and of the Spark
+cluster test, one process on a host of their own: confirming publishers and full-feed subscribers, each given both front-ends
 (in turned orders, so that both are used). Every record goes to a JSON-lines file in
 ``--out`` the moment it is made: ``pub-N.jsonl`` holds ``{"uuid", "seq"}`` for each event
 its publisher was told was stored, ``sub-N.jsonl`` ``{"seq", "uuid"}`` for each event its
@@ -146,8 +146,10 @@ class Run:
     def settled(self) -> bool:
         if any(p.client.unconfirmed for p in self.publishers):
             return False
+        if not self.subscribers:
+            return True
         head = max(s.client.core.server_sequence for s in self.subscribers)
-        top = max(p.top for p in self.publishers)
+        top = max((p.top for p in self.publishers), default=0)
         return head >= top and all(s.client.last_sequence == head for s in self.subscribers)
 
     def finish(self) -> None:
