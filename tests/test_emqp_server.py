@@ -135,6 +135,11 @@ def test_weighted_queues_then_least_recently_used(tmp_path: Path, cleanup: list[
     for i in range(6):
         client.request("q", i)
     yield wait_until(lambda: broker.broker.dispatched == 6)
+    # Dispatched is sent, not yet received: wait for the six to arrive somewhere.
+    yield wait_until(
+        lambda: sum(len(w.requests()) for w in (light, heavy_a, heavy_b)) == 6,
+        what="six requests at the workers",
+    )
     # The two heavier workers take everything, alternating (least recently used first).
     assert len(heavy_a.requests()) == 3 and len(heavy_b.requests()) == 3
     assert light.requests() == []

@@ -222,27 +222,3 @@ def test_options_name_one_log_and_refuse_nonsense() -> None:
         "nats://b:4222",
     )
     assert parsed.max_offsets_per_trigger == 10
-
-
-def test_a_pipeline_driver_killed_mid_stream_resumes_exactly_once_from_the_stream(
-    spark: Any, nats: NatsCluster, workdir: Path
-) -> None:
-    from bus.spark.pipeline import EVENTS
-
-    from .driver import run_killed_then_resumed
-
-    total = 30_000
-    url = nats.urls[0]
-    fill(url, list(events(1, total)), stream="KILLED")
-    output, checkpoint = workdir / "out", workdir / "checkpoint"
-    args = [
-        *("--nats", url, "--stream", "KILLED", "--subject-prefix", "killed"),
-        *("--output", str(output), "--checkpoint", str(checkpoint), "--no-counts"),
-        *("--master", "local[2]", "--max-offsets-per-trigger", "3000"),
-    ]
-    commits, offsets = checkpoint / EVENTS / "commits", checkpoint / EVENTS / "offsets"
-    run_killed_then_resumed(args, workdir / "pipeline.log", commits, offsets, total)
-    landed = spark.read.parquet(str(output / EVENTS))
-    assert landed.count() == total
-    assert landed.select("seq").distinct().count() == total
-    assert topic_counts(landed) == dict(expected_counts(1, total))
