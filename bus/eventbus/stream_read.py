@@ -25,6 +25,8 @@ from bus.eventbus.eventlog import Row
 
 #: Messages asked of the server at once.
 FETCH = 1000
+#: Fetches in a row that may time out while events are pending before the read fails.
+MAX_SLOW_FETCHES = 20
 
 
 def encode(fields: EventFields) -> bytes:
@@ -75,6 +77,7 @@ class RangeReader:
         self._prefixes: list[bytes] = []
         self._exact = True
         self._done = after >= upto
+        self._slow = 0
         self.first_stored = 0
 
     async def open(
@@ -109,8 +112,19 @@ class RangeReader:
             try:
                 messages = await self._sub.fetch(min(count - len(rows), FETCH), timeout=0.5)
             except TimeoutError:
-                self._done = True  # nothing more under the filters
-                break
+                # A slow answer is not the end: only the consumer's count of what is left
+                # under the filters says so.
+                if (await self._sub.consumer_info()).num_pending == 0:
+                    self._done = True
+                    break
+                self._slow += 1
+                if self._slow > MAX_SLOW_FETCHES:
+                    raise TimeoutError(
+                        f"stream {self._stream} sent nothing for {MAX_SLOW_FETCHES} fetches "
+                        f"though events above {self.after} are pending"
+                    ) from None
+                continue
+            self._slow = 0
             for message in messages:
                 metadata = message.metadata
                 sequence = int(metadata.sequence.stream)

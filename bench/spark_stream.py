@@ -1,0 +1,223 @@
+"""Catch-up speed of the ``eventbus`` source reading a JetStream stream, beside the same
+source reading a journal of the same events, and beside raw nats-py reading the stream in
+one process; and how it scales from one executor core to two.
+
+    python bench/spark_stream.py [--events 200000] [--repeat 3]
+
+Starts one nats-server on 127.0.0.1 (R1), fills a stream with synthetic events the way a
+front-end does (same subjects and body), writes a journal of the same events, then, in a
+child process per Spark master (``local[1]``, ``local[2]``: one and two executor cores
+on this 2-core machine), times batch reads of everything into Spark's ``noop`` sink
+(every column materialised), median of ``--repeat`` warm runs:
+
+* stream source (``.option("nats", ...)``, ``minPartitions`` = cores);
+* journal source (``.option("path", ...)``), same events: the baseline;
+* raw nats-py, one process, one ordered range read decoding every message: what one
+  reader gets from the server without Spark.
+
+Targets: stream >= 1.0 x journal with two cores; two cores >= 1.6 x one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGET_VS_JOURNAL = 1.0
+TARGET_SCALING = 1.6
+STREAM = "BENCH"
+
+
+def timed(run: Callable[[], None], repeat: int) -> float:
+    run()  # warm-up: JIT, Python workers, connections
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def fill(url: str, count: int) -> None:
+    import nats
+    from nats.js.api import StreamConfig
+
+    from bus.eventbus import subjects
+    from bus.eventbus.stream_read import encode
+    from bus.spark.synthetic import events
+
+    async def go() -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=STREAM, subjects=["bench.>"]))
+        batch = list(events(1, count))
+        for start in range(0, count, 5000):
+            futures = [
+                await js.publish_async(
+                    subjects.subject("bench", e.topic),
+                    encode((e.topic, e.producer, e.timestamp, e.uuid, e.data)),
+                )
+                for e in batch[start : start + 5000]
+            ]
+            await asyncio.gather(*futures)
+        await nc.close()
+
+    asyncio.run(go())
+
+
+def raw_read(url: str, count: int) -> None:
+    import nats
+
+    from bus.eventbus.stream_read import RangeReader
+
+    async def go() -> int:
+        nc = await nats.connect(url)
+        reader = RangeReader(nc.jetstream(), STREAM, "bench", 0, count)
+        await reader.open()
+        read = 0
+        while rows := await reader.next(20_000):
+            read += len(rows)
+        await reader.close()
+        await nc.close()
+        return read
+
+    assert asyncio.run(go()) == count
+
+
+def child(args: argparse.Namespace) -> None:
+    """One Spark master: time both sources, print JSON."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from bus.spark import register
+
+    spark: Any = (
+        SparkSession.builder.master(args.master)
+        .appName("bench-spark-stream")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    cores = spark.sparkContext.defaultParallelism
+
+    def stream() -> None:
+        frame = (
+            spark.read.format("eventbus")
+            .option("nats", args.nats)
+            .option("stream", STREAM)
+            .option("subjectPrefix", "bench")
+            .option("minPartitions", str(cores))
+            .load()
+        )
+        frame.write.format("noop").mode("overwrite").save()
+
+    def journal() -> None:
+        frame = (
+            spark.read.format("eventbus")
+            .option("path", args.journal)
+            .option("minPartitions", str(cores))
+            .load()
+        )
+        frame.write.format("noop").mode("overwrite").save()
+
+    result = {"stream": timed(stream, args.repeat), "journal": timed(journal, args.repeat)}
+    spark.stop()
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--master", help=argparse.SUPPRESS)
+    parser.add_argument("--nats", help=argparse.SUPPRESS)
+    parser.add_argument("--journal", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args)
+        return 0
+    print("command:", shlex.join([sys.executable, *sys.argv]))
+
+    from bus.natsserver import NatsCluster
+    from bus.spark.synthetic import write_journal
+
+    scratch = Path(tempfile.mkdtemp(prefix="bus-bench-spark-stream-"))
+    env = {
+        **os.environ,
+        "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={scratch}",
+        "SPARK_LOCAL_DIRS": str(scratch),
+        "PYTHONPATH": str(ROOT),
+    }
+    nats = NatsCluster(scratch / "nats", size=1)
+    try:
+        nats.start()
+        url = nats.urls[0]
+        start = time.perf_counter()
+        fill(url, args.events)
+        print(f"stream: {args.events:,} events in {time.perf_counter() - start:.1f} s")
+        journal = scratch / "journal"
+        write_journal(journal, args.events)
+        raw = timed(lambda: raw_read(url, args.events), args.repeat)
+        seconds: dict[str, dict[str, float]] = {}
+        for master in ("local[1]", "local[2]"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--master", master, "--nats", url,
+                 "--journal", str(journal), "--repeat", str(args.repeat)],
+                env=env, capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+            seconds[master] = json.loads(line.removeprefix("RESULT "))
+    finally:
+        nats.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    def rate(s: float) -> float:
+        return args.events / s
+
+    print(f"\n{args.events:,} rows, noop sink, median of {args.repeat} warm runs")
+    print(f"  {'':10s} {'stream source':>15s} {'journal source':>15s} {'ratio':>6s}")
+    for master, figures in seconds.items():
+        print(
+            f"  {master:10s} {rate(figures['stream']):>11,.0f} r/s"
+            f" {rate(figures['journal']):>11,.0f} r/s"
+            f" {figures['journal'] / figures['stream']:5.2f}x"
+        )
+    print(f"  raw nats-py, one process: {rate(raw):,.0f} r/s")
+    two, one = seconds["local[2]"], seconds["local[1]"]
+    versus = two["journal"] / two["stream"]
+    scaling = one["stream"] / two["stream"]
+    print("SUMMARY")
+    print(
+        f"  stream vs journal, two cores: {versus:.2f}x "
+        f"({'PASS' if versus >= TARGET_VS_JOURNAL else 'MISS'} >= {TARGET_VS_JOURNAL})"
+    )
+    print(
+        f"  one core -> two cores: {scaling:.2f}x "
+        f"({'PASS' if scaling >= TARGET_SCALING else 'MISS'} >= {TARGET_SCALING})"
+    )
+    print(f"  stream source vs raw nats-py: {raw / two['stream']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
