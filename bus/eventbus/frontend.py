@@ -35,6 +35,11 @@ from bus.eventbus.snapshots import SnapshotScheduler
 from bus.eventbus.stream_core import StreamCore
 from bus.metrics import Metric, counter, gauge
 
+#: A refused batch is sent again soon and often: the stream stores a resent event once,
+#: and a new leader (elected 4-9 s after one dies) should not wait on a long back-off.
+RETRY_MIN = 0.25
+RETRY_MAX = 1.0
+
 log = Logger(namespace="bus.eventbus")
 
 
@@ -84,6 +89,7 @@ class EventBusFrontEnd(EventBusService):
 
     def _serve(self) -> defer.Deferred[None]:
         config, stream = self.config, self.stream
+        self._retry_delay = self._first_retry()
         self.core = StreamCore(
             released=stream.last_sequence,
             max_data_bytes=config.max_data_bytes,
@@ -149,7 +155,7 @@ class EventBusFrontEnd(EventBusService):
                 seconds=self.clock() - core.blocked_since,
             )
             self._faults.reset("append")
-            self._retry_delay = self.config.storage_retry_min
+            self._retry_delay = self._first_retry()
         core.appended(sequences)
         self._carry_out()
 
@@ -171,7 +177,10 @@ class EventBusFrontEnd(EventBusService):
         self._carry_out()
         if self.running:
             self._resend = self.reactor.callLater(self._retry_delay, self._send_again)
-            self._retry_delay = min(self._retry_delay * 2, self.config.storage_retry_max)
+            self._retry_delay = min(self._retry_delay * 2, self.config.storage_retry_max, RETRY_MAX)
+
+    def _first_retry(self) -> float:
+        return min(self.config.storage_retry_min, RETRY_MIN)
 
     def _send_again(self) -> None:
         self._resend = None
