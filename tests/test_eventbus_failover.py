@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +22,12 @@ from bus.eventbus.client import EventBusSubscriber
 from bus.eventbus.codec import Event
 from bus.natsserver import NatsCluster
 from bus.testing import wait_until
-from tests.ports import free_ports, nats_cluster
+from tests.ports import free_ports
 from tests.processes import ServerProcess
 
 pytest.importorskip("nats")
 
 CLI = str(Path(sys.executable).with_name("eventbus-cli"))
-
-
-@pytest.fixture
-def nats(tmp_path: Path) -> Iterator[NatsCluster]:
-    node = nats_cluster(tmp_path / "nats", size=1)
-    node.start()
-    yield node
-    node.stop()
 
 
 def front_end(nats: NatsCluster, root: Path, name: str, port: int) -> ServerProcess:
@@ -93,9 +84,11 @@ def check_history(seen: list[Event], confirmed: dict[str, int]) -> None:
 
 @pytest_twisted.inlineCallbacks
 def test_clients_fail_over_between_front_ends_with_no_duplicate_and_no_hole(
-    nats: NatsCluster, tmp_path: Path
+    nats_server: NatsCluster, tmp_path: Path
 ) -> Any:
     from bus.eventbus.confirmed import ConfirmedPublisher
+
+    nats = nats_server
 
     ports = [free_ports(3), free_ports(3)]
     ends = [front_end(nats, tmp_path, name, port) for name, port in zip("ab", ports, strict=True)]

@@ -615,6 +615,19 @@ class EventBusPublisher:
         event_id: str | None = None,
     ) -> str:
         """Queue one event; returns its UUID."""
+        identifier, frames = self.event_frames(topic, value, timestamp=timestamp, event_id=event_id)
+        self.publish_frames(frames)
+        return identifier
+
+    def event_frames(
+        self,
+        topic: str,
+        value: Any,
+        *,
+        timestamp: str | None = None,
+        event_id: str | None = None,
+    ) -> tuple[str, list[bytes]]:
+        """An event's uuid (``event_id``, else a new one) and its PUB, not yet sent."""
         identifier = event_id or str(uuid.uuid4())
         frames = self._frames(
             topic.encode("utf-8"),
@@ -623,8 +636,7 @@ class EventBusPublisher:
             identifier.encode("ascii"),
             msgpack.packb(value, use_bin_type=True),
         )
-        self.publish_frames(frames)
-        return identifier
+        return identifier, frames
 
     def publish_frames(self, frames: list[bytes]) -> None:
         if self._queue or not self._socket.send_frames(frames):

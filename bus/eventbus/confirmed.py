@@ -21,17 +21,14 @@ never sent twice.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.eventbus import codec
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber, ServerAddress
 from bus.eventbus.codec import Event
 from bus.periodic import Periodic
@@ -162,16 +159,12 @@ class ConfirmedPublisher(Service):
         """Send one event; the Deferred fires with its sequence once the log holds it
         (add a timeout with ``addTimeout`` if the caller needs one: a cancelled event is no
         longer resent)."""
-        identifier = (event_id or str(uuid.uuid4())).encode("ascii")
-        if identifier in self._unconfirmed:
-            raise ValueError(f"event {identifier.decode()} is already waiting to be confirmed")
-        frames = codec.pub_frames(
-            topic.encode("utf-8"),
-            self.producer,
-            timestamp.encode("ascii") if timestamp else codec.iso_timestamp(),
-            identifier,
-            msgpack.packb(value, use_bin_type=True),
+        text, frames = self.publisher.event_frames(
+            topic, value, timestamp=timestamp, event_id=event_id
         )
+        identifier = text.encode("ascii")
+        if identifier in self._unconfirmed:
+            raise ValueError(f"event {text} is already waiting to be confirmed")
         # Cancelled (e.g. by addTimeout): no longer waited for, nor resent.
         record = _Unconfirmed(frames, defer.Deferred(lambda _: self._forget(identifier)))
         self._unconfirmed[identifier] = record

@@ -131,39 +131,34 @@ def test_a_streaming_query_lands_every_event_once_in_micro_batches(
     spark: Any, nats: NatsCluster, workdir: Path
 ) -> None:
     url = nats.urls[0]
+
+    def land(**options: str) -> Any:
+        reader = (
+            spark.readStream.format("eventbus")
+            .option("nats", url)
+            .option("stream", "LIVE")
+            .option("subjectPrefix", "live")
+        )
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        query = (
+            reader.load()
+            .writeStream.format("parquet")
+            .option("path", str(workdir / "data"))
+            .option("checkpointLocation", str(workdir / "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        return query
+
     fill(url, list(events(1, 3000)), stream="LIVE")
-    query = (
-        spark.readStream.format("eventbus")
-        .option("nats", url)
-        .option("stream", "LIVE")
-        .option("subjectPrefix", "live")
-        .option("startingOffsets", "earliest")
-        .option("maxEventsPerTrigger", "1000")
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(workdir / "data"))
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(120)
+    query = land(startingOffsets="earliest", maxEventsPerTrigger="1000")
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sizes == [1000, 1000, 1000]
     # More events, the same checkpoint: only the new ones, once.
     fill(url, list(events(3001, 500)), stream="LIVE")
-    again = (
-        spark.readStream.format("eventbus")
-        .option("nats", url)
-        .option("stream", "LIVE")
-        .option("subjectPrefix", "live")
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(workdir / "data"))
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    again.awaitTermination(120)
+    land()
     landed = sorted(r["seq"] for r in spark.read.parquet(str(workdir / "data")).collect())
     assert landed == list(range(1, 3501))
 
