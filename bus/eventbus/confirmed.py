@@ -3,8 +3,8 @@ fires with the event's sequence once the event is in the log, and failover betwe
 servers (JetStream front-ends, a pair) resends what was not confirmed.
 
 The PUB is fire-and-forget on the wire, so the confirmation comes from the log itself:
-beside its :class:`~bus.eventbus.client.EventBusPublisher` it runs an
-:class:`~bus.eventbus.client.EventBusSubscriber` from the log's head, which heals gaps
+beside its :class:`bus.eventbus.client.EventBusPublisher` it runs an
+:class:`bus.eventbus.client.EventBusSubscriber` from the log's head, which heals gaps
 from snapshots; an event is confirmed when the feed delivers its uuid. An event stored by
 a front-end that died before broadcasting it is still confirmed, by the next front-end's
 snapshot.
