@@ -145,3 +145,34 @@ def test_a_stream_of_another_name_on_the_same_subjects_is_one_clear_line(
     yield opening
     assert mine.store_id.startswith("OTHER@")
     yield mine.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_snapshot_reads_on_through_one_reader_and_recovers_from_a_lost_one(
+    nats_server: NatsCluster,
+) -> Any:
+    stream, opening = opened(nats_server)
+    try:
+        yield opening
+        yield stream.append([event(f"/r/{n}/".encode(), n) for n in range(10)])
+        first = yield stream.read_rows(0, 10, [], limit=4)
+        assert [row[0] for row in first] == [1, 2, 3, 4]
+        assert list(stream._readers) == [(4, 10, ())]  # left open for the next chunk
+        reader = stream._readers[(4, 10, ())]
+        second = yield stream.read_rows(4, 10, [], limit=4)
+        assert [row[0] for row in second] == [5, 6, 7, 8]
+        assert stream._readers[(8, 10, ())] is reader  # the same consumer read on
+        # Its consumer gone (as when a slow client outlasts its idle limit): a new one.
+
+        async def expire() -> None:
+            name = (await reader._sub.consumer_info()).name
+            await stream._js.delete_consumer("EVENTBUS", name)
+
+        yield stream.loop.call(expire())
+        last = yield stream.read_rows(8, 10, [], limit=4)
+        assert [row[0] for row in last] == [9, 10]
+        assert not stream._readers  # the range is read: nothing left open
+        elsewhere = yield stream.read_rows(2, 10, [b"/r/5/", b"/r/7/"], limit=4)
+        assert [row[0] for row in elsewhere] == [6, 8]
+    finally:
+        yield stream.close()

@@ -18,6 +18,7 @@ The message body and ranged reads are :mod:`bus.eventbus.stream_read`'s.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ from bus.eventbus.stream_read import RangeReader, connect_options, decode, encod
 OVERLAPPING_SUBJECTS = 10065
 
 log = Logger(namespace="bus.eventbus.jetstream")
+
+#: Snapshot readers kept open between chunks, at most (the oldest is closed first).
+OPEN_READERS = 64
 
 #: Committed events handed to the reactor at once, at most.
 FEED_BATCH = 2000
@@ -92,6 +96,9 @@ class JetStreamLog:
         self._nc: Any = None
         self._js: Any = None
         self._feed: Any = None
+        #: Snapshot readers left open between chunks, by where the next chunk starts
+        #: (after, upto, subtrees): a snapshot reads on without a consumer per chunk.
+        self._readers: OrderedDict[tuple[int, int, tuple[bytes, ...]], RangeReader] = OrderedDict()
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -326,14 +333,35 @@ class JetStreamLog:
         return self.loop.call(self._read(after, upto, list(prefixes), limit))
 
     async def _read(self, after: int, upto: int, prefixes: list[bytes], limit: int) -> list[Row]:
+        subtrees = tuple(prefixes)
+        reader = self._readers.pop((after, upto, subtrees), None)
+        if reader is not None:
+            try:
+                return await self._read_on(reader, upto, subtrees, limit)
+            except Exception:  # e.g. its consumer expired while the client was slow
+                log.info("JetStream: a snapshot's reader failed; reading on with a new one")
         reader = RangeReader(
             self._js, self.settings.stream, self.settings.subject_prefix, after, upto
         )
+        await reader.open(prefixes)
+        return await self._read_on(reader, upto, subtrees, limit)
+
+    async def _read_on(
+        self, reader: RangeReader, upto: int, subtrees: tuple[bytes, ...], limit: int
+    ) -> list[Row]:
         try:
-            await reader.open(prefixes)
-            return [row for row, _stored in await reader.next(limit)]
-        finally:
+            rows = [row for row, _stored in await reader.next(limit)]
+        except BaseException:
             await reader.close()
+            raise
+        if rows and not reader.done:
+            self._readers[(rows[-1][0], upto, subtrees)] = reader
+            while len(self._readers) > OPEN_READERS:  # snapshots abandoned mid-way
+                _key, oldest = self._readers.popitem(last=False)
+                await oldest.close()
+        else:
+            await reader.close()
+        return rows
 
     # -- state ---------------------------------------------------------------------------------
 

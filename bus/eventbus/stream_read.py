@@ -106,6 +106,11 @@ class RangeReader:
             self._done = True  # nothing under the filters above ``after``
         return self
 
+    @property
+    def done(self) -> bool:
+        """Everything of the range was read."""
+        return self._done
+
     async def next(self, count: int = FETCH) -> list[tuple[Row, datetime | None]]:
         rows: list[tuple[Row, datetime | None]] = []
         while not self._done and len(rows) < count:
