@@ -37,7 +37,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import _common
 from _common import (
     BusServer,
     Cleanup,
@@ -217,13 +216,10 @@ ROLES = {"publish-paced": role_publish_paced, "subscribe-timed": role_subscribe_
 
 
 def start_role(stack: Cleanup, role: str, *args: object) -> Worker:
-    """A :class:`_common.Worker` running one of this file's roles (``Worker`` runs
-    ``_common.WORKERS ROLE ARGS``: point it at this file for the call)."""
-    saved, _common.WORKERS = _common.WORKERS, Path(__file__).resolve()
-    try:
-        return stack.worker(role, *args)
-    finally:
-        _common.WORKERS = saved
+    """A :class:`_common.Worker` running one of this file's roles."""
+    worker = Worker(role, *args, script=Path(__file__).resolve())
+    stack.callback(worker.stop)
+    return worker
 
 
 class TreeCpuAccount:
@@ -373,18 +369,34 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     measured = int(args.rate * args.seconds)
     log = BatchLog()
     result: dict[str, Any] = {"measured_events": measured}
+    stream = args.log == "stream"
     with Cleanup() as stack:
+        extra: tuple[str, ...] = ()
+        url = ""
+        if stream:
+            # The bus's log in a JetStream stream, read by the source itself: no bridge.
+            from bus.natsserver import NatsCluster
+
+            nats = NatsCluster(root / "nats", size=1)
+            stack.callback(nats.stop)
+            nats.start()
+            url = nats.urls[0]
+            extra = ("--store", "jetstream", "--nats", url, "--http-port", "0")
         server = stack.server(
             BusServer(
                 root / "bus",
                 stats_interval=STATS_INTERVAL,
                 prefix=server_prefix(args.server_prefix),
+                extra=extra,
             )
         )
-        bridge = BridgeProcess(root / "bridge", server.port, server_prefix(args.bridge_prefix))
-        stack.callback(bridge.stop)
-        bridge.start()
-        journal = bridge.journal_dir
+        bridge: BridgeProcess | None = None
+        journal = root / "journal"
+        if not stream:
+            bridge = BridgeProcess(root / "bridge", server.port, server_prefix(args.bridge_prefix))
+            stack.callback(bridge.stop)
+            bridge.start()
+            journal = bridge.journal_dir
         subscriber = start_role(stack, "subscribe-timed", server.publisher, measured)
         subscriber.wait_ready()
 
@@ -392,10 +404,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         spark = start_spark(root / "spark-tmp", args.master)
         stack.callback(spark.stop)
         journal.mkdir(parents=True, exist_ok=True)  # the source needs the directory
+        source = spark.readStream.format("eventbus")
+        source = source.option("nats", url) if stream else source.option("path", str(journal))
         query = (
-            spark.readStream.format("eventbus")
-            .option("path", str(journal))
-            .option("startingOffsets", "earliest")
+            source.option("startingOffsets", "earliest")
             .load()
             .writeStream.foreachBatch(log)
             .option("checkpointLocation", str(root / "checkpoint"))
@@ -406,8 +418,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 
         publisher = start_role(stack, "publish-paced", server.collector, args.rate, measured)
         publisher.wait_ready()
-        sampler = Sampler(server, journal).start()
-        stack.callback(sampler.stop)
+        sampler = Sampler(server, journal)
+        if not stream:
+            sampler.start()
+            stack.callback(sampler.stop)
         wait_for_quiet(args.wait_idle)
         print("warming up ...", file=sys.stderr, flush=True)
         publisher.go()
@@ -436,14 +450,15 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             0.05,
         )
         result["foreign_cores"] = account.stop()
-        sampler.stop()
+        if not stream:
+            sampler.stop()
         progress = list(query.recentProgress)
         query.stop()
         result.update(
             sent=sent,
             baseline=baseline,
             spark_durations_ms=spark_durations(progress, first_measured_batch),
-            bridge_warnings=bridge.warnings(),
+            bridge_warnings=bridge.warnings() if bridge is not None else [],
             bus_status=server.status(),
         )
     # Every process is stopped: work out the delays.
@@ -481,9 +496,10 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return result
 
 
-def _check(query: Any, bridge: BridgeProcess) -> Any:
+def _check(query: Any, bridge: BridgeProcess | None) -> Any:
     def check() -> None:
-        bridge.check_alive()
+        if bridge is not None:
+            bridge.check_alive()
         error = query.exception()
         if error is not None:
             raise RuntimeError(f"streaming query failed: {error}")
@@ -505,6 +521,13 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30, help="measured seconds (30)")
     parser.add_argument("--trigger-ms", type=int, default=100, help="processingTime (100 ms)")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument(
+        "--log",
+        choices=("journal", "stream"),
+        default="journal",
+        help="journal: the SQLite bus, the bridge and its journal (default); stream: a "
+        "front-end whose log is a JetStream stream (one nats-server), read by the source",
+    )
     parser.add_argument(
         "--warmup-batches", type=int, default=5, help="Spark batches with rows before measuring"
     )
@@ -533,7 +556,7 @@ def main() -> int:
         "spark_latency",
         info,
         measured=(
-            f"publish -> Spark foreachBatch: {fmt_ms(spark)} over {result['spark_rows']:,} events "
+            f"publish -> Spark foreachBatch ({args.log}): {fmt_ms(spark)} over {result['spark_rows']:,} events "
             f"({'each exactly once' if complete else 'INCOMPLETE or duplicated'})"
         ),
         baseline=(
@@ -551,10 +574,17 @@ def main() -> int:
                 f"({result['warmup_batches']} Spark batches); {args.master}, processingTime "
                 f"{args.trigger_ms} ms",
             ),
-            ("publish->bridge", f"bridge received_at - stamp: {fmt_ms(result['bridge'])}"),
-            (
-                "publish->journal",
-                f"first listed by JournalReader (sampled every 10 ms): {fmt_ms(result['journal'])}",
+            *(
+                [("publish->stored", f"stream received_at - stamp: {fmt_ms(result['bridge'])}")]
+                if args.log == "stream"
+                else [
+                    ("publish->bridge", f"bridge received_at - stamp: {fmt_ms(result['bridge'])}"),
+                    (
+                        "publish->journal",
+                        "first listed by JournalReader (sampled every 10 ms): "
+                        f"{fmt_ms(result['journal'])}",
+                    ),
+                ]
             ),
             (
                 "Spark batches",
