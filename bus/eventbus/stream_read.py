@@ -14,14 +14,16 @@ from __future__ import annotations
 import ssl
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from bus.eventbus import subjects
-from bus.eventbus.codec import EventFields
-from bus.eventbus.config import JetStreamSettings
-from bus.eventbus.eventlog import Row
+
+if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
+    from bus.eventbus.codec import EventFields
+    from bus.eventbus.config import JetStreamSettings
+    from bus.eventbus.eventlog import Row
 
 #: Messages asked of the server at once.
 FETCH = 1000

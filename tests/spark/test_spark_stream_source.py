@@ -217,3 +217,19 @@ def test_options_name_one_log_and_refuse_nonsense() -> None:
         "nats://b:4222",
     )
     assert parsed.max_offsets_per_trigger == 10
+
+
+def test_an_executor_reading_the_stream_imports_nothing_of_twisted() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from bus.spark.options import StreamOptions\n"
+        "from bus.spark.stream_source import StreamAccess, _settings\n"
+        "import bus.eventbus.stream_read\n"
+        "_settings(StreamOptions(('nats://127.0.0.1:1',)))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'twisted'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
