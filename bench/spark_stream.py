@@ -12,8 +12,9 @@ on this 2-core machine), times batch reads of everything into Spark's ``noop`` s
 
 * stream source (``.option("nats", ...)``, ``minPartitions`` = cores);
 * journal source (``.option("path", ...)``), same events: the baseline;
-* raw nats-py, one process, one ordered range read decoding every message: what one
-  reader gets from the server without Spark.
+* raw nats-py, one process, a pull consumer decoding every message: what one reader
+  gets from the server with the NATS client of the registry;
+* raw ``bus.natswire``, one process: the ranged read the executors use, without Spark.
 
 Targets: stream >= 1.0 x journal with two cores; two cores >= 1.6 x one core.
 """
@@ -81,22 +82,44 @@ def fill(url: str, count: int) -> None:
 
 
 def raw_read(url: str, count: int) -> None:
+    """nats-py alone: a pull consumer fetched 1000 at a time, each message decoded."""
     import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    from bus.eventbus.stream_read import RangeReader
+    from bus.eventbus.stream_read import decode
 
     async def go() -> int:
         nc = await nats.connect(url)
-        reader = RangeReader(nc.jetstream(), STREAM, "bench", 0, count)
-        await reader.open()
+        js = nc.jetstream()
+        config = ConsumerConfig(
+            deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, inactive_threshold=30.0
+        )
+        sub = await js.pull_subscribe("bench.>", stream=STREAM, config=config)
         read = 0
-        while rows := await reader.next(20_000):
-            read += len(rows)
-        await reader.close()
+        while read < count:
+            for message in await sub.fetch(1000, timeout=5):
+                _ = message.metadata  # the stream sequence and time, as a reader needs them
+                decode("bench", message.subject, message.data)
+                read += 1
+        await sub.unsubscribe()
         await nc.close()
         return read
 
     assert asyncio.run(go()) == count
+
+
+def wire_read(url: str, count: int) -> None:
+    """bus.natswire alone: the ranged read the source's executors use, each row decoded."""
+    from bus.eventbus.config import JetStreamSettings
+    from bus.eventbus.stream_read import RangeReader
+
+    settings = JetStreamSettings((url,), stream=STREAM, subject_prefix="bench")
+    reader = RangeReader(settings, 0, count).open()
+    read = 0
+    while rows := reader.next(20_000):
+        read += len(rows)
+    reader.close()
+    assert read == count
 
 
 def child(args: argparse.Namespace) -> None:
@@ -178,6 +201,7 @@ def main() -> int:
         journal = scratch / "journal"
         write_journal(journal, args.events)
         raw = timed(lambda: raw_read(url, args.events), args.repeat)
+        wire = timed(lambda: wire_read(url, args.events), args.repeat)
         seconds: dict[str, dict[str, float]] = {}
         for master in ("local[1]", "local[2]"):
             out = subprocess.run(
@@ -203,6 +227,7 @@ def main() -> int:
             f" {figures['journal'] / figures['stream']:5.2f}x"
         )
     print(f"  raw nats-py, one process: {rate(raw):,.0f} r/s")
+    print(f"  raw bus.natswire (the executors' reader), one process: {rate(wire):,.0f} r/s")
     two, one = seconds["local[2]"], seconds["local[1]"]
     versus = two["journal"] / two["stream"]
     scaling = one["stream"] / two["stream"]

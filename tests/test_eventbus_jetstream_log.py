@@ -165,8 +165,7 @@ def test_a_snapshot_reads_on_through_one_reader_and_recovers_from_a_lost_one(
         # Its consumer gone (as when a slow client outlasts its idle limit): a new one.
 
         async def expire() -> None:
-            name = (await reader._sub.consumer_info()).name
-            await stream._js.delete_consumer("EVENTBUS", name)
+            await stream._js.delete_consumer("EVENTBUS", reader._read.consumer)
 
         yield stream.loop.call(expire())
         last = yield stream.read_rows(8, 10, [], limit=4)

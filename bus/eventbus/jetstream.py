@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.logger import Logger
 
 from bus.asyncloop import AsyncioThread
@@ -99,6 +99,7 @@ class JetStreamLog:
         #: Snapshot readers left open between chunks, by where the next chunk starts
         #: (after, upto, subtrees): a snapshot reads on without a consumer per chunk.
         self._readers: OrderedDict[tuple[int, int, tuple[bytes, ...]], RangeReader] = OrderedDict()
+        self._closed = False
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -329,39 +330,55 @@ class JetStreamLog:
         self, after: int, upto: int, prefixes: Iterable[bytes] = (), limit: int = 1000
     ) -> defer.Deferred[list[Row]]:
         """Events with ``after < sequence <= upto`` under ``prefixes`` (all when empty), in
-        order, at most ``limit``, read from the stream."""
-        return self.loop.call(self._read(after, upto, list(prefixes), limit))
-
-    async def _read(self, after: int, upto: int, prefixes: list[bytes], limit: int) -> list[Row]:
+        order, at most ``limit``, read from the stream on a thread of the reactor's pool
+        (a blocking reader of its own per snapshot, kept between chunks)."""
         subtrees = tuple(prefixes)
         reader = self._readers.pop((after, upto, subtrees), None)
+        reading = threads.deferToThreadPool(
+            self.reactor,
+            self.reactor.getThreadPool(),
+            self._read_chunk,
+            reader,
+            after,
+            upto,
+            subtrees,
+            limit,
+        )
+
+        def read(result: tuple[RangeReader, list[Row]]) -> list[Row]:
+            reader, rows = result
+            if rows and not reader.done and not self._closed:
+                self._readers[(rows[-1][0], upto, subtrees)] = reader
+                while len(self._readers) > OPEN_READERS:  # snapshots abandoned mid-way
+                    _key, oldest = self._readers.popitem(last=False)
+                    self.reactor.callInThread(oldest.close)
+            else:
+                self.reactor.callInThread(reader.close)
+            return rows
+
+        return reading.addCallback(read)
+
+    def _read_chunk(
+        self,
+        reader: RangeReader | None,
+        after: int,
+        upto: int,
+        subtrees: tuple[bytes, ...],
+        limit: int,
+    ) -> tuple[RangeReader, list[Row]]:
+        """In a pool thread: the next chunk, from the reader kept or a new one."""
         if reader is not None:
             try:
-                return await self._read_on(reader, upto, subtrees, limit)
+                return reader, [row for row, _stored in reader.next(limit)]
             except Exception:  # e.g. its consumer expired while the client was slow
+                reader.close()
                 log.info("JetStream: a snapshot's reader failed; reading on with a new one")
-        reader = RangeReader(
-            self._js, self.settings.stream, self.settings.subject_prefix, after, upto
-        )
-        await reader.open(prefixes)
-        return await self._read_on(reader, upto, subtrees, limit)
-
-    async def _read_on(
-        self, reader: RangeReader, upto: int, subtrees: tuple[bytes, ...], limit: int
-    ) -> list[Row]:
+        reader = RangeReader(self.settings, after, upto, name=f"eventbus-{self.settings.stream}")
         try:
-            rows = [row for row, _stored in await reader.next(limit)]
+            return reader, [row for row, _stored in reader.open(subtrees).next(limit)]
         except BaseException:
-            await reader.close()
+            reader.close()
             raise
-        if rows and not reader.done:
-            self._readers[(rows[-1][0], upto, subtrees)] = reader
-            while len(self._readers) > OPEN_READERS:  # snapshots abandoned mid-way
-                _key, oldest = self._readers.popitem(last=False)
-                await oldest.close()
-        else:
-            await reader.close()
-        return rows
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -381,6 +398,11 @@ class JetStreamLog:
         return self.messages
 
     def close(self) -> defer.Deferred[None]:
+        self._closed = True
+        readers, self._readers = list(self._readers.values()), OrderedDict()
+        for reader in readers:
+            reader.close()  # a request sent and a socket closed: nothing waited for
+
         async def drain() -> None:
             if self._nc is not None and not self._nc.is_closed:
                 await self._nc.drain()

@@ -1,0 +1,93 @@
+"""JetStream's API as the ranged reads use it: the request subjects and bodies, the
+replies' errors, and what a consumer's delivery says in its reply subject."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple
+
+API = "$JS.API"
+
+
+class JetStreamError(Exception):
+    """JetStream answered a request with an error."""
+
+    def __init__(self, code: int, err_code: int, description: str) -> None:
+        super().__init__(f"{description} (status {code}, error {err_code})")
+        self.code = code
+        self.err_code = err_code
+        self.description = description
+
+
+def answer(payload: bytes) -> dict[str, Any]:
+    """A reply's JSON, or :class:`JetStreamError` when it is an error."""
+    reply: dict[str, Any] = json.loads(payload)
+    error = reply.get("error")
+    if error:
+        raise JetStreamError(
+            int(error.get("code", 0)), int(error.get("err_code", 0)), error.get("description", "")
+        )
+    return reply
+
+
+def stream_info(stream: str) -> str:
+    return f"{API}.STREAM.INFO.{stream}"
+
+
+def consumer_create(stream: str) -> str:
+    return f"{API}.CONSUMER.CREATE.{stream}"
+
+
+def consumer_delete(stream: str, consumer: str) -> str:
+    return f"{API}.CONSUMER.DELETE.{stream}.{consumer}"
+
+
+def consumer_next(stream: str, consumer: str) -> str:
+    return f"{API}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+
+
+def ranged_consumer(stream: str, start: int, filters: list[str], idle: float = 30.0) -> bytes:
+    """An ephemeral pull consumer from ``start`` with no acks, on one replica, in memory:
+    a read, not a subscription (gone ``idle`` seconds after its reader)."""
+    config: dict[str, Any] = {
+        "deliver_policy": "by_start_sequence",
+        "opt_start_seq": start,
+        "ack_policy": "none",
+        "replay_policy": "instant",
+        "inactive_threshold": int(idle * 1e9),
+        "num_replicas": 1,
+        "mem_storage": True,
+    }
+    if len(filters) == 1:
+        config["filter_subject"] = filters[0]
+    elif filters:
+        config["filter_subjects"] = filters
+    return json.dumps({"stream_name": stream, "config": config}).encode()
+
+
+def pull(batch: int, expires: float, max_bytes: int = 0) -> bytes:
+    request: dict[str, Any] = {"batch": batch, "expires": int(expires * 1e9)}
+    if max_bytes:
+        request["max_bytes"] = max_bytes
+    return json.dumps(request).encode()
+
+
+class Delivery(NamedTuple):
+    """What a consumer's message says of itself in its reply subject."""
+
+    stream_sequence: int
+    #: When the stream stored it, in nanoseconds since the epoch.
+    timestamp_ns: int
+    #: Messages left for the consumer after this one.
+    pending: int
+
+
+def delivery(reply: bytes) -> Delivery:
+    """``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (and the
+    form with a domain and an account hash in front and a token after)."""
+    tokens = reply.split(b".")
+    if len(tokens) == 9:
+        return Delivery(int(tokens[5]), int(tokens[7]), int(tokens[8]))
+    if len(tokens) >= 11:
+        return Delivery(int(tokens[7]), int(tokens[9]), int(tokens[10]))
+    raise ValueError(f"not a JetStream delivery: {reply[:200]!r}")

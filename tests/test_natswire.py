@@ -1,0 +1,230 @@
+"""bus.natswire: the NATS wire parsed from any split of the bytes (hypothesis), broken
+input refused as a protocol error and nothing else, JetStream's reply subjects read in
+both forms; and against a real nats-server: a blocking connection admitted or refused
+by token, requests and no-responders, and ranged reads of a stream through a pull
+consumer (subject filters, range ends, chunks smaller than a pull, an empty range, a
+start that retention removed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bus.natswire import codec, jsapi
+from bus.natswire.codec import Control, Msg, Parser, ProtocolError
+
+tokens = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_$", min_size=1, max_size=8)
+subject_text = st.lists(tokens, min_size=1, max_size=4).map(".".join)
+header_blocks = st.dictionaries(
+    st.sampled_from([b"Nats-Msg-Id", b"X-A", b"Nats-Sequence"]),
+    st.binary(min_size=1, max_size=10).map(lambda b: b.hex().encode()),
+    max_size=3,
+).map(codec.header_block)
+
+
+@st.composite
+def wire_items(draw: Any) -> tuple[bytes, Msg | Control]:
+    kind = draw(st.sampled_from(["MSG", "HMSG", "PING", "PONG", "+OK", "INFO", "-ERR"]))
+    if kind in ("MSG", "HMSG"):
+        subject = draw(subject_text).encode()
+        sid = draw(st.integers(1, 10**6))
+        reply = draw(st.one_of(st.just(""), subject_text)).encode()
+        payload = draw(st.binary(max_size=300))
+        headers = draw(header_blocks) if kind == "HMSG" else b""
+        tail = b" " + reply if reply else b""
+        if kind == "MSG":
+            line = b"MSG %s %d%s %d\r\n" % (subject, sid, tail, len(payload))
+        else:
+            size = len(headers) + len(payload)
+            line = b"HMSG %s %d%s %d %d\r\n" % (subject, sid, tail, len(headers), size)
+        return line + headers + payload + b"\r\n", Msg(subject, sid, reply, headers, payload)
+    if kind == "INFO":
+        return b'INFO {"a":1}\r\n', Control(b"INFO", b'{"a":1}')
+    if kind == "-ERR":
+        return b"-ERR 'Slow Consumer'\r\n", Control(b"-ERR", b"Slow Consumer")
+    return kind.encode() + b"\r\n", Control(kind.encode(), b"")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(wire_items(), max_size=20), st.lists(st.integers(0, 2000), max_size=10))
+def test_any_split_of_the_bytes_parses_to_the_same_items(
+    items: list[tuple[bytes, Msg | Control]], cuts: list[int]
+) -> None:
+    wire = b"".join(data for data, _ in items)
+    points = sorted({min(c, len(wire)) for c in cuts} | {0, len(wire)})
+    parser = Parser()
+    got: list[Msg | Control] = []
+    for start, end in itertools.pairwise(points):
+        got.extend(parser.feed(wire[start:end]))
+    assert got == [item for _, item in items]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400))
+def test_garbage_is_a_protocol_error_or_waits_for_more_never_anything_else(data: bytes) -> None:
+    with contextlib.suppress(ProtocolError):
+        Parser().feed(data)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HELLO there\r\n",
+        b"MSG a\r\n",
+        b"HMSG a 1 2\r\n",
+        b"MSG a 1 2\r\nabcd\r\n",  # payload longer than said
+        b"HMSG a 1 9 4\r\nabcd\r\n",  # headers longer than the whole
+    ],
+)
+def test_broken_lines_are_protocol_errors(wire: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        Parser().feed(wire)
+
+
+def test_headers_and_statuses_read_from_the_block() -> None:
+    block = codec.header_block({b"Nats-Msg-Id": b"abc", b"X-Y": b"1"})
+    assert codec.header(block, b"nats-msg-id") == b"abc"
+    assert codec.header(block, b"missing") is None
+    assert codec.status(block) == 0
+    timeout = b"NATS/1.0 408 Request Timeout\r\nNats-Pending-Messages: 3\r\n\r\n"
+    assert codec.status(timeout) == 408
+    assert codec.description(timeout) == "Request Timeout"
+    assert codec.header(timeout, b"Nats-Pending-Messages") == b"3"
+
+
+def test_both_forms_of_a_delivery_subject() -> None:
+    assert jsapi.delivery(b"$JS.ACK.S.C.1.42.7.1700000000000000000.5") == (
+        42,
+        1700000000000000000,
+        5,
+    )
+    assert jsapi.delivery(b"$JS.ACK.dom.acc.S.C.1.42.7.1700000000000000000.5.xyz") == (
+        42,
+        1700000000000000000,
+        5,
+    )
+    with pytest.raises(ValueError):
+        jsapi.delivery(b"_INBOX.abc")
+
+
+def test_errors_in_answers_are_raised_with_their_codes() -> None:
+    with pytest.raises(jsapi.JetStreamError) as raised:
+        jsapi.answer(b'{"error":{"code":404,"err_code":10059,"description":"stream not found"}}')
+    assert raised.value.err_code == 10059 and "stream not found" in str(raised.value)
+    assert jsapi.answer(b'{"name":"x"}') == {"name": "x"}
+
+
+# -- against a real nats-server -------------------------------------------------------------
+
+
+def fill(url: str, stream: str, topics: list[str], count: int, **config: Any) -> None:
+    """``count`` messages, the n-th (from 1) on ``topics[n % len]`` with body ``b"n"``."""
+    import nats
+    from nats.js.api import StreamConfig
+
+    async def go() -> None:
+        nc = await nats.connect(url)
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name=stream, subjects=["t.>"], **config))
+        futures = [
+            await js.publish_async(f"t.{topics[n % len(topics)]}", b"%d" % n)
+            for n in range(1, count + 1)
+        ]
+        await asyncio.gather(*futures)
+        await nc.close()
+
+    asyncio.run(go())
+
+
+@pytest.fixture
+def filled(nats_server: Any) -> Iterator[str]:
+    url = nats_server.urls[0]
+    fill(url, "R", ["a", "b.x", "b.y"], 2500)
+    yield url
+
+
+def read_all(url: str, after: int, upto: int, filters: list[str], count: int) -> list[Any]:
+    from bus.natswire.blocking import Connection
+    from bus.natswire.ranged import RangeRead
+
+    with Connection([url]) as connection:
+        reader = RangeRead(connection, "R", after, upto, filters).open()
+        out: list[Any] = []
+        while rows := reader.next(count):
+            assert len(rows) <= count
+            out.extend(rows)
+        assert reader.done
+        reader.close()
+    return out
+
+
+@pytest.mark.parametrize("count", [1000, 37, 5000])
+def test_a_ranged_read_gives_every_stored_message_in_order_once(filled: str, count: int) -> None:
+    rows = read_all(filled, 0, 2500, ["t.>"], count)
+    assert [r.sequence for r in rows] == list(range(1, 2501))
+    assert [r.payload for r in rows] == [b"%d" % n for n in range(1, 2501)]
+    assert rows[1].subject == b"t.b.y" and rows[2].subject == b"t.a"
+    assert all(r.timestamp_ns > 1_600_000_000 * 10**9 for r in rows)
+
+
+def test_a_ranged_read_keeps_to_its_range_and_its_filters(filled: str) -> None:
+    middle = read_all(filled, 100, 1800, ["t.>"], 333)
+    assert [r.sequence for r in middle] == list(range(101, 1801))
+    bees = read_all(filled, 10, 2000, ["t.b.>"], 100)
+    assert [r.sequence for r in bees] == [n for n in range(11, 2001) if n % 3]
+    two = read_all(filled, 0, 2500, ["t.a", "t.b.x"], 1000)
+    assert [r.sequence for r in two] == [n for n in range(1, 2501) if n % 3 != 2]
+    # Nothing under the filter, or nothing in the range: an empty read, done at once.
+    assert read_all(filled, 0, 2500, ["t.none.>"], 10) == []
+    assert read_all(filled, 2500, 2500, ["t.>"], 10) == []
+
+
+def test_a_start_that_retention_removed_shows_as_the_first_stored(nats_server: Any) -> None:
+    from bus.natswire.blocking import Connection
+    from bus.natswire.ranged import RangeRead
+
+    url = nats_server.urls[0]
+    fill(url, "R", ["a"], 300, max_msgs=100)
+    with Connection([url]) as connection:
+        reader = RangeRead(connection, "R", 0, 300, ["t.>"]).open(check_retention=True)
+        assert reader.first_stored == 201
+        assert [r.sequence for r in reader.next(1000)] == list(range(201, 301))
+
+
+def test_a_connection_is_refused_without_the_token_and_answers_with_it(tmp_path: Path) -> None:
+    from bus.natswire.blocking import ConnectError, Connection
+    from tests.ports import free_port, nats_cluster
+
+    cluster = nats_cluster(tmp_path / "nats", size=1, token="s3cret")
+    cluster.start()
+    try:
+        url = cluster.urls[0]
+        for given_url in (url, url.replace("nats://", "nats://wrong@")):
+            with pytest.raises(ConnectError) as raised:
+                Connection([given_url], timeout=2)
+            assert "authorization violation" in str(raised.value).lower()
+        dead = f"nats://127.0.0.1:{free_port()}"
+        good = url.replace("nats://", "nats://s3cret@")
+        # The servers are tried in order: a dead one first costs nothing but its refusal.
+        with Connection([dead, good], timeout=2) as connection:
+            assert connection.info["jetstream"] is True
+            with pytest.raises(ConnectionRefusedError):
+                connection.request("nobody.listens", b"")
+            answer = jsapi.answer(connection.request("$JS.API.INFO", b"").payload)
+            assert answer["type"] == "io.nats.jetstream.api.v1.account_info_response"
+            with pytest.raises(jsapi.JetStreamError) as missing:
+                jsapi.answer(connection.request(jsapi.stream_info("NOPE"), b"").payload)
+            assert missing.value.err_code == 10059
+        with pytest.raises(ConnectError) as none:
+            Connection([dead], timeout=2)
+        assert dead in str(none.value)
+    finally:
+        cluster.stop()
