@@ -18,13 +18,18 @@ The message body and ranged reads are :mod:`bus.eventbus.stream_read`'s.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import threading
+import time
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 from twisted.internet import defer, threads
 from twisted.logger import Logger
+from twisted.python.threadpool import ThreadPool
 
 from bus.asyncloop import AsyncioThread
 from bus.errors import StartupError, StorageError
@@ -33,7 +38,11 @@ from bus.eventbus.codec import EventFields
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
-from bus.eventbus.stream_read import RangeReader, connect_options, decode, encode
+from bus.eventbus.stream_read import RangeReader, Topics, connect_options, connection, encode
+from bus.natswire.blocking import ConnectError, Connection
+from bus.natswire.codec import ProtocolError
+from bus.natswire.publish import Publisher, PublishError
+from bus.natswire.ranged import RangeRead
 
 #: JetStream's error code for a stream whose subjects another stream holds.
 OVERLAPPING_SUBJECTS = 10065
@@ -90,16 +99,24 @@ class JetStreamLog:
         self.messages = 0
         self.bytes = 0
         self.leader: str | None = None
-        #: Whether the client is connected now (nats-py reconnects on its own).
+        #: Whether the data path's connections (the writer's and the feed's) are up now,
+        #: and how often one was lost (each is made again, to the next server).
         self.connected = False
         self.disconnects = 0
         self._nc: Any = None
         self._js: Any = None
-        self._feed: Any = None
         #: Snapshot readers left open between chunks, by where the next chunk starts
         #: (after, upto, subtrees): a snapshot reads on without a consumer per chunk.
         self._readers: OrderedDict[tuple[int, int, tuple[bytes, ...]], RangeReader] = OrderedDict()
         self._closed = False
+        #: The data path (bus.natswire): one writer thread and its connection for the
+        #: appends, one thread for the feed; nats-py keeps the stream's management.
+        self._writer = ThreadPool(1, 1, name=f"nats-append-{settings.stream}")
+        self._publisher: Publisher | None = None
+        self._subject_of: dict[bytes, bytes] = {}
+        self._connections: dict[str, Connection] = {}
+        self._turns: defaultdict[str, int] = defaultdict(int)
+        self._feed_thread: threading.Thread | None = None
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -107,6 +124,7 @@ class JetStreamLog:
         """Connect, make the stream when missing and check it when found; a StartupError
         says what is wrong in one line."""
         self.loop.start()
+        self._writer.start()
         return self.loop.call(self._open())
 
     async def _open(self) -> None:
@@ -124,8 +142,6 @@ class JetStreamLog:
             # the client moves to another one (nats-py's default waits minutes).
             "ping_interval": settings.ping_interval,
             "max_outstanding_pings": 2,
-            "disconnected_cb": self._disconnected,
-            "reconnected_cb": self._reconnected,
             "error_cb": self._error,
         }
         try:
@@ -143,7 +159,6 @@ class JetStreamLog:
             raise StartupError("nats", f"{', '.join(settings.servers)}: {error}") from None
         await self._nc.close()
         self._nc = await nats.connect(**options)
-        self.connected = True
         self._js = self._nc.jetstream(timeout=settings.ack_timeout)
         wanted = stream_limits(settings, self.retention)
         deadline = self.reactor.seconds() + 3 * settings.connect_timeout
@@ -233,13 +248,6 @@ class JetStreamLog:
         self.messages = int(state.messages)
         self.bytes = int(state.bytes)
 
-    async def _disconnected(self) -> None:
-        self.connected = False
-        self.disconnects += 1
-
-    async def _reconnected(self) -> None:
-        self.connected = True
-
     async def _error(self, error: Exception) -> None:
         self.loop.to_reactor(
             lambda: log.warn("NATS: {error}", error=str(error) or type(error).__name__)
@@ -249,80 +257,123 @@ class JetStreamLog:
 
     def append(self, fields: Sequence[EventFields]) -> defer.Deferred[list[int]]:
         """Publish a batch, in order; the Deferred fires with each event's sequence (an
-        event the stream already held, by its uuid, gives its first sequence... or 0 when
-        the stream does not say) or fails with :class:`StorageError` (nothing of the
-        batch may be taken as stored: resend it whole, duplicates are dropped by uuid)."""
+        event the stream already held, by its uuid, gives its first sequence) or fails
+        with :class:`StorageError` (nothing of the batch may be taken as stored: resend
+        it whole, duplicates are dropped by uuid). One batch at a time, on the writer's
+        thread and its connection of its own."""
         prefix = self.settings.subject_prefix
-        items = [
-            (subjects.subject(prefix, event[0]), encode(event), event[3].decode("ascii"))
-            for event in fields
-        ]
-        return self.loop.call(self._append(items))
+        subject = self._subjects
+        items = [(subject(prefix, event[0]), event[3], encode(event)) for event in fields]
+        return threads.deferToThreadPool(self.reactor, self._writer, self._publish, items)
 
-    async def _append(self, items: list[tuple[str, bytes, str]]) -> list[int]:
-        js = self._js
-        futures = []
+    def _subjects(self, prefix: str, topic: bytes) -> bytes:
+        known = self._subject_of.get(topic)
+        if known is None:
+            if len(self._subject_of) >= 65536:
+                self._subject_of.clear()
+            known = self._subject_of[topic] = subjects.subject(prefix, topic).encode("ascii")
+        return known
+
+    def _publish(self, items: list[tuple[bytes, bytes, bytes]]) -> list[int]:
+        """In the writer's thread: the batch through its connection, made (to the next
+        server) when there is none; a failure drops it, so the next batch may find a
+        server that stores."""
         try:
-            for subject, body, msg_id in items:
-                futures.append(
-                    await js.publish_async(subject, body, headers={"Nats-Msg-Id": msg_id})
-                )
-            acks = await asyncio.wait_for(
-                asyncio.gather(*futures), timeout=self.settings.ack_timeout
-            )
-        except Exception as error:
-            for future in futures:
-                future.cancel()  # frees nats-py's pending slot
-            if isinstance(error, asyncio.TimeoutError):
-                error = TimeoutError(f"no acknowledgement in {self.settings.ack_timeout:g}s")
+            if self._publisher is None:
+                self._publisher = Publisher(self._data_connection("append"))
+                self._connections["append"] = self._publisher.connection
+            return self._publisher.publish(items, self.settings.ack_timeout)
+        except (PublishError, ConnectError, ProtocolError, OSError) as error:
+            publisher, self._publisher = self._publisher, None
+            if publisher is not None:
+                self._lost("append", publisher.connection)
             raise StorageError(error) from None
-        return [int(ack.seq) for ack in acks]
+
+    def _data_connection(self, role: str) -> Connection:
+        """A blocking connection for ``role``, to the servers in turn: after a failure
+        the next one is tried first (a minority's server answers but cannot store)."""
+        servers = list(self.settings.servers)
+        turn = self._turns[role] % len(servers)
+        self._turns[role] += 1
+        made = connection(
+            replace(self.settings, servers=tuple(servers[turn:] + servers[:turn])),
+            name=f"eventbus-{role}-{self.settings.stream}",
+            # The feed's reads wait a pull's expiry plus this: a silent server is left
+            # after two ping intervals, as the management connection leaves it.
+            timeout=self.settings.ping_interval * 2 if role == "feed" else None,
+        )
+        self._connections[role] = made
+        self._update_connected()
+        return made
+
+    def _lost(self, role: str, lost: Connection) -> None:
+        lost.close()
+        if self._connections.pop(role, None) is not None:
+            self.disconnects += 1
+        self._update_connected()
+
+    def _update_connected(self) -> None:
+        self.connected = "append" in self._connections and "feed" in self._connections
 
     # -- following -----------------------------------------------------------------------------
 
     def follow(self, after: int, deliver: Callable[[list[Row]], None]) -> defer.Deferred[None]:
         """Hand ``deliver`` (in the reactor's thread) every event above ``after``, in the
-        stream's order, in batches, as the stream commits them."""
-        return self.loop.call(self._follow(after, deliver))
+        stream's order, in batches, as the stream commits them: a pull consumer read on
+        a thread of its own, made again from the last sequence after any failure. The
+        Deferred fires once the first consumer is made (or fails as it does)."""
+        started: defer.Deferred[None] = defer.Deferred()
+        self._feed_thread = threading.Thread(
+            target=self._feed, args=(after, deliver, started), daemon=True,
+            name=f"nats-feed-{self.settings.stream}",
+        )  # fmt: skip
+        self._feed_thread.start()
+        return started
 
-    async def _follow(self, after: int, deliver: Callable[[list[Row]], None]) -> None:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
-        prefix = self.settings.subject_prefix
-        pending: list[Row] = []
-        loop = asyncio.get_running_loop()
-        flush_due = False
-
-        def flush() -> None:
-            nonlocal pending, flush_due
-            flush_due = False
-            if pending:
-                batch, pending = pending, []
-                self.loop.to_reactor(deliver, batch)
-
-        async def got(message: Any) -> None:
-            nonlocal flush_due
-            sequence = int(message.metadata.sequence.stream)
-            topic_, producer, timestamp, uuid, data = decode(prefix, message.subject, message.data)
-            pending.append((sequence, topic_, producer, timestamp, uuid, data))
-            if len(pending) >= FEED_BATCH:
-                flush()
-            elif not flush_due:
-                flush_due = True
-                loop.call_soon(flush)  # once the messages read together are in
-
-        config = ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1
-        )
-        self._feed = await self._js.subscribe(
-            prefix + ".>",
-            cb=got,
-            ordered_consumer=True,
-            config=config,
-            stream=self.settings.stream,
-            idle_heartbeat=2.0,
-            pending_msgs_limit=-1,
-        )
+    def _feed(
+        self, after: int, deliver: Callable[[list[Row]], None], started: defer.Deferred[None]
+    ) -> None:
+        """The feed's thread."""
+        topics = Topics(self.settings.subject_prefix)
+        unpack = msgpack.unpackb
+        call = self.reactor.callFromThread
+        everything = [self.settings.subject_prefix + ".>"]
+        pause = 0.0
+        while not self._closed:
+            made: Connection | None = None
+            try:
+                made = self._data_connection("feed")
+                reader = RangeRead(made, self.settings.stream, after, 0, everything, follow=True)
+                reader.open()
+                if not started.called:
+                    call(started.callback, None)
+                pause = 0.0
+                while not self._closed:
+                    stored = reader.next(FEED_BATCH)
+                    if stored:
+                        rows: list[Row] = []
+                        for one in stored:
+                            producer, timestamp, uuid, data = unpack(one.payload, raw=True)
+                            rows.append(
+                                (one.sequence, topics(one.subject), producer, timestamp, uuid, data)
+                            )
+                        after = stored[-1].sequence
+                        call(deliver, rows)
+            except Exception as error:
+                if made is not None:
+                    self._lost("feed", made)
+                if self._closed:
+                    break
+                if not started.called:
+                    call(started.errback, StorageError(error))
+                    return
+                message = str(error) or type(error).__name__
+                call(log.info, "JetStream feed: {error}; following again above {after}",
+                     error=message, after=after)  # fmt: skip
+                pause = min(1.0, pause * 2 or 0.1)
+                time.sleep(pause)
+        if made is not None:
+            made.close()
 
     # -- reading (snapshots) -----------------------------------------------------------------
 
@@ -402,6 +453,17 @@ class JetStreamLog:
         readers, self._readers = list(self._readers.values()), OrderedDict()
         for reader in readers:
             reader.close()  # a request sent and a socket closed: nothing waited for
+        feed = self._connections.get("feed")
+        if feed is not None:
+            feed.shutdown()  # its thread wakes, sees the log closed and ends
+
+        def writer_done() -> None:
+            # The pool's thread ends after the batch in hand (at most ack_timeout).
+            if self._writer.started:
+                self._writer.callInThread(self._close_publisher)
+                self._writer.stop()
+
+        writer = threads.deferToThread(writer_done)
 
         async def drain() -> None:
             if self._nc is not None and not self._nc.is_closed:
@@ -409,7 +471,13 @@ class JetStreamLog:
 
         closing = self.loop.call(drain()) if self.loop.running else defer.succeed(None)
 
-        def stopped(result: object) -> None:
+        def stopped(result: object) -> defer.Deferred[None]:
             self.loop.stop()
+            return writer
 
         return closing.addBoth(stopped)
+
+    def _close_publisher(self) -> None:
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            publisher.connection.close()

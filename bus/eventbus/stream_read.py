@@ -66,11 +66,13 @@ def connect_options(settings: JetStreamSettings) -> dict[str, Any]:
     return options
 
 
-def connection(settings: JetStreamSettings, name: str = "bus-reader") -> Connection:
+def connection(
+    settings: JetStreamSettings, name: str = "bus-reader", timeout: float | None = None
+) -> Connection:
     """A blocking connection to the first server that admits it (:mod:`bus.natswire`)."""
     return Connection(
         settings.servers,
-        timeout=settings.connect_timeout,
+        timeout=settings.connect_timeout if timeout is None else timeout,
         tls=tls_context(settings),
         creds=settings.creds,
         name=name,

@@ -10,6 +10,7 @@ reconnection: a reader that loses its connection fails, and its caller reads aga
 from __future__ import annotations
 
 import base64
+import contextlib
 import itertools
 import os
 import socket
@@ -136,7 +137,7 @@ class Connection:
         while self._control().op != b"PONG":
             pass
         self._reply_sid = next(self._sids)
-        self._send(codec.sub(self._inbox + ".*", self._reply_sid))
+        self._send(codec.sub(self._inbox + ".>", self._reply_sid))
 
     def _control(self) -> Control:
         """The next control line while connecting (nothing is subscribed yet)."""
@@ -183,6 +184,17 @@ class Connection:
         return items
 
     # -- what callers use ----------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Bytes already framed (:mod:`bus.natswire.codec`), in one write."""
+        self._send(data)
+
+    def shutdown(self) -> None:
+        """Wake a read blocked in another thread: it fails as a lost connection."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def new_inbox(self) -> str:
         """A reply subject whose answers :meth:`read` gives with :attr:`reply_sid`."""

@@ -46,14 +46,25 @@ class RangeRead:
     deletes the consumer (it would go by itself after its idle threshold)."""
 
     def __init__(
-        self, connection: Connection, stream: str, after: int, upto: int, filters: list[str]
+        self,
+        connection: Connection,
+        stream: str,
+        after: int,
+        upto: int,
+        filters: list[str],
+        follow: bool = False,
     ) -> None:
         self.connection = connection
+        #: Following: no end (``upto`` is ignored), and :meth:`next` gives what each read
+        #: of the socket brought, nothing when a pull request expired with nothing new.
+        self.follow = follow
         self.stream = stream
         self.after, self.upto = after, upto
         self.filters = filters
         self.first_stored = 0
         self.consumer = ""
+        if follow:
+            self.upto = upto = 1 << 63
         self._done = after >= upto
         #: Pull requests in flight, oldest first: [inbox, messages still owed].
         self._requests: deque[list[Any]] = deque()
@@ -79,7 +90,7 @@ class RangeRead:
             ).payload
         )
         self.consumer = made["name"]
-        if int(made.get("num_pending", 0)) == 0:
+        if int(made.get("num_pending", 0)) == 0 and not self.follow:
             self._done = True  # nothing under the filters above ``after``
         return self
 
@@ -119,7 +130,7 @@ class RangeRead:
                     code = codec.status(message.headers)
                     if code in (NO_MESSAGES, REQUEST_TIMEOUT):
                         self._ended(message.subject)
-                        if time.monotonic() - quiet_since > STALL:
+                        if not self.follow and time.monotonic() - quiet_since > STALL:
                             raise TimeoutError(
                                 f"stream {self.stream} sent nothing for {STALL:g}s though "
                                 f"events above {self.after} are pending"
@@ -144,7 +155,7 @@ class RangeRead:
                     break
                 append(Stored(seq, message.subject, message.payload, int(stamp)))
                 self.after = seq
-                if pending == b"0" or seq == upto:
+                if (pending == b"0" and not self.follow) or seq == upto:
                     self._done = True
                     break
                 if len(out) >= count:
@@ -152,6 +163,8 @@ class RangeRead:
                     break
             if out:
                 quiet_since = time.monotonic()
+            if self.follow:
+                break
         return out
 
     def close(self) -> None:
