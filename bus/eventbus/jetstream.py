@@ -4,13 +4,17 @@ The stream is the log: its sequence is the bus's sequence, an event's uuid is it
 ``Nats-Msg-Id`` (a publisher that resends after a failover is stored once within the
 duplicate window), its topic is its subject (:mod:`bus.eventbus.subjects`), and the
 retention options are the stream's limits. Every front-end appends to the stream and
-broadcasts what the stream holds, in the stream's order, from an ordered consumer
-(:meth:`JetStreamLog.follow`): events published at one front-end are broadcast by all,
-under one sequence space, and nothing is broadcast before the stream acknowledged it.
+broadcasts what the stream holds, in the stream's order, from a pull consumer over every
+subject (:meth:`JetStreamLog.follow`): events published at one front-end are broadcast
+by all, under one sequence space, and nothing is broadcast before the stream
+acknowledged it.
 
-nats-py is asyncio; it runs on a loop of its own (:class:`bus.asyncloop.AsyncioThread`)
-and this class's methods, called in the reactor's thread, answer with Deferreds and hand
-committed events back in batches (one thread hop per batch).
+Two clients, each where it is best: nats-py (asyncio, on a loop of its own,
+:class:`bus.asyncloop.AsyncioThread`) makes and checks the stream and reads its state;
+the events go through :mod:`bus.natswire` on threads of their own (a writer for the
+appends, one for the feed, the reactor's pool for snapshots), about eight times cheaper
+per event (docs/cluster.md). This class's methods are called in the reactor's thread,
+answer with Deferreds, and hand committed events back in batches (one thread hop each).
 
 The message body and ranged reads are :mod:`bus.eventbus.stream_read`'s.
 """
