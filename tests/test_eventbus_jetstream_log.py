@@ -53,7 +53,9 @@ def test_appends_get_the_stream_sequences_once_per_uuid_and_the_feed_follows(
         again = yield stream.append([event(b"/orders/1/", 0), event(b"/x/", 9)])
         assert again[1] == 5
         fed: list[Row] = []
+        assert not stream.connected  # the writer's connection is up, the feed's not yet
         yield stream.follow(1, fed.extend)
+        assert stream.connected and stream.disconnects == 0
         yield wait_until(lambda: len(fed) == 4, what="the feed")
         assert [row[0] for row in fed] == [2, 3, 4, 5]
         assert [row[1] for row in fed] == [*topics[1:], b"/x/"]
@@ -68,6 +70,38 @@ def test_appends_get_the_stream_sequences_once_per_uuid_and_the_feed_follows(
         rows = yield stream.read_rows(6, 6, [])
         assert rows == []
         assert (yield stream.read_rows(0, 6, [], limit=2)) == (yield stream.read_rows(0, 2))
+    finally:
+        yield stream.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_feed_follows_on_above_the_last_event_when_its_consumer_is_lost(
+    nats_server: NatsCluster,
+) -> Any:
+    stream, opening = opened(nats_server)
+    try:
+        yield opening
+        yield stream.append([event(b"/a/", n) for n in range(5)])
+        fed: list[Row] = []
+        yield stream.follow(0, fed.extend)
+        yield wait_until(lambda: len(fed) == 5, what="the first events")
+
+        async def consumers() -> list[str]:
+            return [c.name for c in await stream._js.consumers_info("EVENTBUS")]
+
+        (feed,) = yield stream.loop.call(consumers())
+
+        async def lose() -> None:
+            await stream._js.delete_consumer("EVENTBUS", feed)
+
+        yield stream.loop.call(lose())
+        yield stream.append([event(b"/b/", n) for n in range(5, 12)])
+        yield wait_until(lambda: len(fed) == 12, what="the events after the loss")
+        assert [row[0] for row in fed] == list(range(1, 13))  # none twice, none skipped
+        assert stream.disconnects == 1
+        yield wait_until(lambda: stream.connected, what="the feed connected again")
+        (again,) = yield stream.loop.call(consumers())
+        assert again != feed
     finally:
         yield stream.close()
 

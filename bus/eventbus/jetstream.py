@@ -129,7 +129,19 @@ class JetStreamLog:
         says what is wrong in one line."""
         self.loop.start()
         self._writer.start()
-        return self.loop.call(self._open())
+        opening = self.loop.call(self._open())
+        # The writer's connection too, so that /status says connected from the start.
+        return opening.addCallback(
+            lambda _: threads.deferToThreadPool(self.reactor, self._writer, self._connect_publisher)
+        )
+
+    def _connect_publisher(self) -> None:
+        """In the writer's thread: its connection, unless it has one."""
+        if self._publisher is None:
+            try:
+                self._publisher = Publisher(self._data_connection("append"))
+            except (ConnectError, OSError) as error:
+                raise StartupError("nats", f"{', '.join(self.settings.servers)}: {error}") from None
 
     async def _open(self) -> None:
         import nats
@@ -285,7 +297,6 @@ class JetStreamLog:
         try:
             if self._publisher is None:
                 self._publisher = Publisher(self._data_connection("append"))
-                self._connections["append"] = self._publisher.connection
             return self._publisher.publish(items, self.settings.ack_timeout)
         except (PublishError, ConnectError, ProtocolError, OSError) as error:
             publisher, self._publisher = self._publisher, None
