@@ -38,6 +38,7 @@ OPTION_OF: dict[str, str] = {
     "JOB_ENTRY_FUNC": "job-entry-func",
     "JOB_EXIT_FUNC": "job-exit-func",
     "MAX_JOB_COUNT": "max-jobs-per-process",
+    "GLOBAL_TIMEOUT": "job-timeout",
 }
 
 #: Settings that change what eventmq's job manager does in ways this worker does not
@@ -49,9 +50,6 @@ NOT_HONOURED: dict[str, str] = {
     ),
     "RECONNECT_TIMEOUT": (
         "an unanswered INFORM is sent again after heartbeat-interval x heartbeat-liveness"
-    ),
-    "GLOBAL_TIMEOUT": (
-        "a job runs until it ends; a request's timeout:N header is enforced by the broker"
     ),
     "WORKER_ADDR_FAILOVER": "one broker address only (--broker)",
     "DEFAULT_ENCODING": "frames are UTF-8",

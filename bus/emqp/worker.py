@@ -71,6 +71,15 @@ class NoHandler(Exception):
     pass
 
 
+class JobTimedOut(Exception):
+    """A job ran past its timeout; its process was ended."""
+
+
+def is_run_body(body: Any) -> bool:
+    """``["run", {...}]``, eventmq's form: its failures also answer eventmq's ``value``."""
+    return isinstance(body, list) and len(body) == 2 and body[0] == "run"
+
+
 def format_queues(queues: Iterable[tuple[int, str]]) -> str:
     """``10:default,5:mail``, as ``--queues`` takes them."""
     return ",".join(f"{weight}:{name}" for weight, name in queues)
@@ -87,6 +96,8 @@ class _JobProcess:
         self.busy = False
         #: Jobs given to the current process.
         self.jobs = 0
+        #: Its job ran past its timeout and the process was killed.
+        self.timed_out = False
 
     def _new(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
@@ -112,6 +123,7 @@ class _JobProcess:
     def replace(self) -> None:
         old, self.executor = self.executor, self._new()
         self.jobs = 0
+        self.timed_out = False
         old.shutdown(wait=False, cancel_futures=True)
 
     def kill(self) -> None:
@@ -141,6 +153,7 @@ class EmqpWorker(Service):
         hooks: JobHooks = NO_HOOKS,
         max_jobs_per_process: int = 0,
         stats_interval: float = 0.0,
+        job_timeout: float = 0.0,
         reactor: Any = None,
         curve: ClientCurve | None = None,
     ) -> None:
@@ -148,7 +161,10 @@ class EmqpWorker(Service):
         long as they take). ``hooks``: eventmq's setup, entry and exit callables.
         ``max_jobs_per_process``: a job process is replaced after so many jobs (0: never).
         ``stats_interval``: seconds between lines of jobs run and failed, when they changed
-        (0: none). ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
+        (0: none). ``job_timeout``: seconds a job may run when its request names no
+        ``timeout:N`` (0: as long as it takes; eventmq's ``GLOBAL_TIMEOUT``); past its
+        timeout a job's process is killed (the process pool only: a thread cannot be
+        ended). ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
         self.curve = curve
         if pool not in ("thread", "process"):
             raise ValueError("pool must be thread or process")
@@ -165,13 +181,14 @@ class EmqpWorker(Service):
         self.hooks = hooks
         self.max_jobs_per_process = max_jobs_per_process
         self.stats_interval = stats_interval
+        self.job_timeout = job_timeout
         self.reactor: Any = reactor_of(reactor)
         self._factory: SocketFactory | None = None
         self._socket: ZmqSocket | None = None
         self._threads: ThreadPool | None = None
         self._job_processes: list[_JobProcess] = []
         #: Requests beyond the free processes (a broker that sent more than our READYs).
-        self._waiting_jobs: deque[tuple[defer.Deferred[Any], Handler, Any]] = deque()
+        self._waiting_jobs: deque[tuple[defer.Deferred[Any], Handler, Any, float]] = deque()
         self._periodic = Periodic(self.reactor, log)
         self.drops = DropCounter(log, "broker message", self.reactor.seconds)
         #: Incremented at every (re)connection: results of an older session get no REPLY.
@@ -188,6 +205,7 @@ class EmqpWorker(Service):
         self.running_jobs = 0
         self.completed = 0
         self.failed = 0
+        self.timed_out = 0
         self.processes_replaced = 0
         self.informs = 0
         self.heartbeats_received = 0
@@ -312,7 +330,7 @@ class EmqpWorker(Service):
             job_process.shutdown()
         self._job_processes = []
         waiting, self._waiting_jobs = self._waiting_jobs, deque()
-        for deferred, _, _ in waiting:
+        for deferred, *_ in waiting:
             deferred.errback(defer.CancelledError("the worker stopped"))
         log.info(
             "eMQP worker stopped: {completed} jobs run, {failed} failed",
@@ -408,18 +426,22 @@ class EmqpWorker(Service):
     def _run(self, request: codec.Request) -> None:
         self.running_jobs += 1
         session = self.session
+        body = request.value()
+        # eventmq's rule: a request's timeout:N, else the global one (0 is none).
+        timeout = request.headers.timeout or self.job_timeout
         try:
-            deferred = self._execute(request.value())
+            deferred = self._execute(body, timeout)
         except NoHandler as error:
             deferred = defer.fail(error)
         deferred.addCallbacks(
             lambda value: codec.result_value(value),
             self._failure_result,
+            errbackArgs=(is_run_body(body), request.headers.timeout is not None),
         )
         deferred.addCallback(self._finished, request, session)
         deferred.addErrback(lambda failure: log.failure("finishing a job failed", failure))
 
-    def _execute(self, body: Any) -> defer.Deferred[Any]:
+    def _execute(self, body: Any, timeout: float) -> defer.Deferred[Any]:
         if isinstance(body, list) and len(body) == 2 and isinstance(body[0], str):
             name, params = body
         else:
@@ -428,25 +450,25 @@ class EmqpWorker(Service):
         if handler is None:
             raise NoHandler(f"no handler for {name!r}")
         if self.pool_kind == "process":
-            return self._in_process(handler, params)
+            return self._in_process(handler, params, timeout)
         if self._threads is None:
             return defer.fail(defer.CancelledError("the worker stopped"))
         return threads.deferToThreadPool(
             self.reactor, self._threads, run_job, self.hooks, handler, params
         )
 
-    def _in_process(self, handler: Handler, params: Any) -> defer.Deferred[Any]:
+    def _in_process(self, handler: Handler, params: Any, timeout: float) -> defer.Deferred[Any]:
         if self._finished_stopping:
             return defer.fail(defer.CancelledError("the worker stopped"))
         for job_process in self._job_processes:
             if not job_process.busy:
-                return self._run_in(job_process, handler, params)
+                return self._run_in(job_process, handler, params, timeout)
         waiting: defer.Deferred[Any] = defer.Deferred()
-        self._waiting_jobs.append((waiting, handler, params))
+        self._waiting_jobs.append((waiting, handler, params, timeout))
         return waiting
 
     def _run_in(
-        self, job_process: _JobProcess, handler: Handler, params: Any
+        self, job_process: _JobProcess, handler: Handler, params: Any, timeout: float
     ) -> defer.Deferred[Any]:
         job_process.busy = True
         try:
@@ -455,39 +477,79 @@ class EmqpWorker(Service):
             job_process.busy = False
             return defer.fail(error)
         deferred = _from_future(self.reactor, future)
+        if timeout > 0:
+            # From the job's start in its process, as eventmq counts it.
+            timer = self.reactor.callLater(timeout, self._time_out, job_process, timeout)
+            deferred.addBoth(self._ended_in_time, timer, job_process, timeout)
         deferred.addBoth(self._process_free, job_process)
         return deferred
+
+    def _time_out(self, job_process: _JobProcess, timeout: float) -> None:
+        # eventmq's job manager abandons such a job to run on; killing its process keeps a
+        # retried request from running twice at once and frees the slot for real.
+        log.warn("a job ran past its timeout of {timeout:g}s: ending its process", timeout=timeout)
+        job_process.timed_out = True
+        job_process.kill()
+
+    def _ended_in_time(
+        self, result: Any, timer: Any, job_process: _JobProcess, timeout: float
+    ) -> Any:
+        if timer.active():
+            timer.cancel()
+        elif job_process.timed_out and isinstance(result, Failure):
+            self.timed_out += 1
+            return Failure(JobTimedOut(f"the job ran past its timeout of {timeout:g}s"))
+        return result  # it ended just before its process was killed: its result stands
 
     def _process_free(self, result: Any, job_process: _JobProcess) -> Any:
         job_process.busy = False
         if self._finished_stopping:
             return result
-        if isinstance(result, Failure) and result.check(BrokenProcessPool):
+        if job_process.timed_out:
+            job_process.replace()
+        elif isinstance(result, Failure) and result.check(BrokenProcessPool):
             log.warn("a job ended its process: starting another")
             self.processes_replaced += 1
             job_process.replace()
         elif 0 < self.max_jobs_per_process <= job_process.jobs:
             job_process.replace()  # eventmq's MAX_JOB_COUNT: a fresh process now and then
         if self._waiting_jobs:
-            waiting, handler, params = self._waiting_jobs.popleft()
-            self._run_in(job_process, handler, params).chainDeferred(waiting)
+            waiting, handler, params, timeout = self._waiting_jobs.popleft()
+            self._run_in(job_process, handler, params, timeout).chainDeferred(waiting)
         return result
 
-    def _failure_result(self, failure: Failure) -> bytes:
+    def _failure_result(
+        self, failure: Failure, eventmq_form: bool, broker_times_out: bool
+    ) -> bytes | None:
+        """``{"error": reason, "message": text}``; for a ``run`` body also eventmq's
+        ``"value"``: ``str(exception)`` for a job that raised, ``"TimeoutError"``. None:
+        no REPLY."""
         self.failed += 1
         error = failure.value
+        if failure.check(JobTimedOut):
+            if broker_times_out:
+                # The broker keeps the same timeout:N: it retries the request or answers
+                # the client itself; a REPLY that beat its deadline would end the request.
+                return None
+            return codec.error_result("timeout", f"{error}: its process was ended")
         if failure.check(BrokenProcessPool):
             text = "the job's process died (a signal, os._exit or a crash): it was replaced"
+            value = text
         else:
-            text = f"{type(error).__name__}: {error}"
-        return codec.error_result("handler-failed", text)
+            text, value = f"{type(error).__name__}: {error}", str(error)
+        return codec.error_result("handler-failed", text, value if eventmq_form else None)
 
-    def _finished(self, result: bytes, request: codec.Request, session: int) -> None:
+    def _finished(self, result: bytes | None, request: codec.Request, session: int) -> None:
         self.running_jobs -= 1
         self.completed += 1
         if self._finished_stopping:
             return
-        if self.registered and session == self.session and request.headers.reply_requested:
+        if (
+            result is not None
+            and self.registered
+            and session == self.session
+            and request.headers.reply_requested
+        ):
             self._send(codec.reply(result, request.msgid))
         if self.draining:
             if self.running_jobs == 0:

@@ -180,6 +180,14 @@ class Options(ServiceOptions):
             seconds,
         ],
         [
+            "job-timeout",
+            None,
+            "0",
+            "How long a job may run when its request names no timeout:N; past its timeout "
+            "(either) its process is ended (0: as long as it takes; eventmq: GLOBAL_TIMEOUT).",
+            seconds,
+        ],
+        [
             "setup-func",
             None,
             None,
@@ -265,7 +273,7 @@ class Options(ServiceOptions):
                 raise usage.UsageError(f"--{name} must be at least 1")
         if int(self["max-jobs-per-process"]) < 0:
             raise usage.UsageError("--max-jobs-per-process must be 0 or more")
-        for name in ("heartbeat-interval", "grace-period", "stats-interval"):
+        for name in ("heartbeat-interval", "grace-period", "stats-interval", "job-timeout"):
             self[name] = parse_duration(self[name])
         if self["heartbeat-interval"] <= 0:
             raise usage.UsageError("--heartbeat-interval must be above 0")
@@ -291,6 +299,8 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
         log.info("eventmq settings read from {path}", path=settings.path)
     for line in settings.not_honoured():
         log.warn("{line}", line=line)
+    if options["pool"] == "thread" and float(options["job-timeout"]) > 0:
+        log.warn("--pool thread: a job cannot be ended at its timeout (a thread cannot be killed)")
     handlers = dict(options["handler-table"])
     if options["no-run"]:
         handlers.pop("run", None)
@@ -307,6 +317,7 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
         hooks=options["hooks"],
         max_jobs_per_process=int(options["max-jobs-per-process"]),
         stats_interval=float(options["stats-interval"]),
+        job_timeout=float(options["job-timeout"]),
         curve=client_curve_from(options),
     )
     # Once running: the reactor has installed its handlers by then, and ours wrap them.

@@ -1,0 +1,99 @@
+"""``emqp-worker`` in place of eventmq's ``emq-jobmanager``: the same answers to eventmq's
+own client, timeouts that end the job, no process left behind when the worker dies, SIGHUP
+and ``emq-jobmanager``'s command line. Real processes and sockets: the broker in the test's
+reactor, eventmq 0.3.13's client and job manager from ``.venv-interop``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest_twisted
+
+from bus.testing import wait_until
+from tests.emqp_helpers import broker_in
+from tests.test_emqp_interop import InteropProcess, processes, run_real_client
+from tests.test_emqp_worker_command import JOBS, alive, free_slots, lines, worker
+
+__all__ = ["processes"]  # the fixture, for pytest
+
+
+def real_job_manager(
+    broker: Any, processes: list[InteropProcess], tmp_path: Path, queue: str, **env: str
+) -> InteropProcess:
+    """eventmq's own job manager with one worker process, serving ``queue``."""
+    process = InteropProcess(
+        "jobmanager.py", broker.endpoints["worker"], json.dumps([[10, queue]]), "1",
+        log=tmp_path / f"jobmanager-{queue}.log", env={f"EVENTMQ_{k}": v for k, v in env.items()},
+    )  # fmt: skip
+    processes.append(process)
+    return process
+
+
+def gone(pids: list[int]) -> bool:
+    return not any(alive(psutil.Process(pid)) for pid in pids if psutil.pid_exists(pid))
+
+
+@pytest_twisted.inlineCallbacks
+def test_failed_and_timed_out_jobs_answer_the_value_eventmqs_job_manager_answers(
+    tmp_path: Path, processes: list[InteropProcess], cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    real_job_manager(broker, processes, tmp_path, "theirs", GLOBAL_TIMEOUT="1")
+    ours = worker(
+        tmp_path, cleanup, "--broker", broker.endpoints["worker"], "-Q", "ours", "--slots", "1",
+        env={"EVENTMQ_GLOBAL_TIMEOUT": "1"},
+    )  # fmt: skip
+    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="both job managers")
+    started, record = tmp_path / "started.txt", tmp_path / "record.txt"
+    requests = [
+        request
+        for queue in ("theirs", "ours")
+        for request in (
+            {"func": f"{JOBS}.fail", "args": ["no such thing"], "reply": True, "queue": queue},
+            {"func": "no_such_module.f", "reply": True, "queue": queue},
+            # No timeout:N: GLOBAL_TIMEOUT's second applies.
+            {"func": f"{JOBS}.begin_then_record", "args": [str(started), str(record), queue, 60],
+             "reply": True, "queue": queue},
+        )
+    ]  # fmt: skip
+    answers = yield run_real_client(broker, processes, tmp_path, requests)
+    theirs, mine = [a["result"] for a in answers[:3]], [a["result"] for a in answers[3:]]
+    expected = ["no such thing", "No module named 'no_such_module'", "TimeoutError"]
+    assert [result["value"] for result in theirs] == expected, theirs
+    assert [result["value"] for result in mine] == expected, mine
+    # Our reasons stay beside eventmq's value, for our client.
+    assert [result["error"] for result in mine] == ["handler-failed", "handler-failed", "timeout"]
+    assert mine[0]["message"] == "ValueError: no such thing"
+    # eventmq's job manager leaves its timed-out job running; ours is ended with its process.
+    pids = {text: int(pid) for text, pid in lines(started)}
+    yield wait_until(lambda: gone([pids["ours"]]), timeout=10, what="the timed-out job's end")
+    assert "a job ran past its timeout of 1s: ending its process" in ours.output()
+    assert alive(psutil.Process(pids["theirs"]))
+    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="both slots free again")
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_timed_out_job_is_ended_before_the_broker_retries_it(
+    tmp_path: Path, processes: list[InteropProcess], cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    ours = worker(tmp_path, cleanup, "--broker", broker.endpoints["worker"], "--slots", "4")
+    yield wait_until(lambda: free_slots(broker) == 4, timeout=30, what="the worker's READYs")
+    started, record = tmp_path / "started.txt", tmp_path / "record.txt"
+    slow = {"func": f"{JOBS}.begin_then_record", "args": [str(started), str(record), "slow", 6],
+            "reply": True, "guarantee": True, "retries": 2, "timeout": 2}  # fmt: skip
+    [answer] = yield run_real_client(broker, processes, tmp_path, [slow])
+    assert answer["result"]["error"] == "timeout" and answer["result"]["value"] == "TimeoutError"
+    pids = [int(pid) for _, pid in lines(started)]
+    assert len(pids) == 3  # the first run and two retries, each in a process of its own
+    yield wait_until(lambda: gone(pids), timeout=10, what="every run's process ended")
+    assert not record.exists()  # no run got to the end of the job
+    assert ours.output().count("ending its process") >= 2  # the broker may time out first
+    yield wait_until(lambda: free_slots(broker) == 4, timeout=30, what="its slots free again")
+    os.kill(ours.pid, signal.SIGTERM)
+    yield wait_until(ours.finished, timeout=30, what="the worker to stop")
