@@ -17,7 +17,7 @@ import pytest_twisted
 from bus.testing import wait_until
 from tests.emqp_helpers import broker_in
 from tests.test_emqp_interop import InteropProcess, processes, run_real_client
-from tests.test_emqp_worker_command import JOBS, alive, free_slots, lines, worker
+from tests.test_emqp_worker_command import JOBS, alive, client_of, free_slots, lines, run, worker
 
 __all__ = ["processes"]  # the fixture, for pytest
 
@@ -97,3 +97,22 @@ def test_a_timed_out_job_is_ended_before_the_broker_retries_it(
     yield wait_until(lambda: free_slots(broker) == 4, timeout=30, what="its slots free again")
     os.kill(ours.pid, signal.SIGTERM)
     yield wait_until(ours.finished, timeout=30, what="the worker to stop")
+
+
+@pytest_twisted.inlineCallbacks
+def test_every_process_of_a_killed_worker_ends_with_it(tmp_path: Path, cleanup: list[Any]) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    client = client_of(broker, cleanup)
+    ours = worker(tmp_path, cleanup, "--broker", broker.endpoints["worker"], "--slots", "2")
+    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="the worker's READYs")
+    started, record = tmp_path / "started.txt", tmp_path / "record.txt"
+    busy = client.submit("default", run("begin_then_record", str(started), str(record), "x", 120))
+    busy.addErrback(lambda _: None)  # never answered: its worker dies
+    yield wait_until(lambda: len(lines(started)) == 1, timeout=30, what="a job running")
+    # The fork server, the resource tracker, a busy and an idle job process.
+    descendants = [process.pid for process in ours.descendants()]
+    assert len(descendants) >= 4 and int(lines(started)[0][1]) in descendants
+    os.kill(ours.pid, signal.SIGKILL)
+    yield wait_until(ours.finished, timeout=10, what="the worker's death")
+    yield wait_until(lambda: gone(descendants), timeout=10, what="every descendant's end")
+    assert not record.exists()

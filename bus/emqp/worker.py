@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -104,7 +105,7 @@ class _JobProcess:
             max_workers=1,
             mp_context=self._context,
             initializer=start_job_process,
-            initargs=(self._hooks,),
+            initargs=(self._hooks, os.getpid()),
         )
 
     def start(self) -> None:
