@@ -16,10 +16,21 @@ import pytest_twisted
 
 from bus.testing import wait_until
 from tests.emqp_helpers import broker_in
-from tests.test_emqp_interop import InteropProcess, processes, run_real_client
-from tests.test_emqp_worker_command import JOBS, alive, client_of, free_slots, lines, run, worker
+from tests.test_emqp_interop import INTEROP_PYTHON, InteropProcess, processes, run_real_client
+from tests.test_emqp_worker_command import (
+    JOBS,
+    alive,
+    client_of,
+    free_slots,
+    lines,
+    run,
+    worker,
+    workers_seen,
+)
 
 __all__ = ["processes"]  # the fixture, for pytest
+#: eventmq's console scripts (an absolute path: InteropProcess joins it to nothing).
+INTEROP_BIN = INTEROP_PYTHON.parent
 
 
 def real_job_manager(
@@ -116,3 +127,42 @@ def test_every_process_of_a_killed_worker_ends_with_it(tmp_path: Path, cleanup: 
     yield wait_until(ours.finished, timeout=10, what="the worker's death")
     yield wait_until(lambda: gone(descendants), timeout=10, what="every descendant's end")
     assert not record.exists()
+
+
+@pytest_twisted.inlineCallbacks
+def test_emq_jobmanagers_command_line_runs_emqp_worker(
+    tmp_path: Path, processes: list[InteropProcess], cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    config = tmp_path / "eventmq.conf"
+    config.write_text(
+        "[global]\nhwm = 500\n"
+        "[jobmanager]\nworker_addr = tcp://127.0.0.1:9\nmax_sockets = 10\n"
+        "worker_addr_default = tcp://127.0.0.1:9\ndefault_queue_name = other\n"
+    )
+    command_line = [
+        "--config", str(config), "--broker-addr", broker.endpoints["worker"], "--jobs", "2",
+        "-n", "box-1", "-Q", "default", "mail",
+    ]  # fmt: skip
+    # The same command line, given to eventmq's own job manager (whose -Q names reach the
+    # broker as no queue at all: it serves default only).
+    theirs = InteropProcess(
+        str(INTEROP_BIN / "emq-jobmanager"), *command_line, log=tmp_path / "emq-jobmanager.log"
+    )
+    processes.append(theirs)
+    ours = worker(tmp_path, cleanup, *command_line)
+    yield wait_until(lambda: free_slots(broker) == 4, timeout=30, what="both job managers")
+    assert sorted(seen["queues"] for seen in workers_seen(broker)) == [
+        [[10, "default"]],
+        [[10, "default"], [10, "mail"]],
+    ]
+    output = ours.output()
+    assert f"eventmq settings read from {config}" in output
+    assert f"eMQP worker box-1: broker {broker.endpoints['worker']}" in output
+    for setting in ("HWM=500", "MAX_SOCKETS=10", "WORKER_ADDR_DEFAULT=", "DEFAULT_QUEUE_NAME="):
+        assert f"eventmq's {setting}" in output, output
+    record = tmp_path / "record.txt"
+    requests = [{"func": f"{JOBS}.record", "args": [str(record), "m"], "reply": True,
+                 "queue": "mail"}]  # fmt: skip
+    [answer] = yield run_real_client(broker, processes, tmp_path, requests)
+    assert answer["result"] == {"value": "m"}

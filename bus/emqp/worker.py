@@ -155,6 +155,7 @@ class EmqpWorker(Service):
         max_jobs_per_process: int = 0,
         stats_interval: float = 0.0,
         job_timeout: float = 0.0,
+        worker_name: str = "",
         reactor: Any = None,
         curve: ClientCurve | None = None,
     ) -> None:
@@ -165,7 +166,7 @@ class EmqpWorker(Service):
         (0: none). ``job_timeout``: seconds a job may run when its request names no
         ``timeout:N`` (0: as long as it takes; eventmq's ``GLOBAL_TIMEOUT``); past its
         timeout a job's process is killed (the process pool only: a thread cannot be
-        ended). ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
+        ended). ``worker_name``: its name in its log. ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
         self.curve = curve
         if pool not in ("thread", "process"):
             raise ValueError("pool must be thread or process")
@@ -183,6 +184,8 @@ class EmqpWorker(Service):
         self.max_jobs_per_process = max_jobs_per_process
         self.stats_interval = stats_interval
         self.job_timeout = job_timeout
+        # Not ``name``: a Service's name is its place in a MultiService.
+        self.worker_name = worker_name
         self.reactor: Any = reactor_of(reactor)
         self._factory: SocketFactory | None = None
         self._socket: ZmqSocket | None = None
@@ -247,7 +250,8 @@ class EmqpWorker(Service):
         if self.stats_interval > 0:
             self._periodic.every(self.stats_interval, self._log_stats)
         log.info(
-            "eMQP worker: broker {broker}, queues {queues}, slots {slots}, pool {pool}",
+            "eMQP worker{named}: broker {broker}, queues {queues}, slots {slots}, pool {pool}",
+            named=f" {self.worker_name}" if self.worker_name else "",
             broker=self.endpoint,
             queues=format_queues(self.queues),
             slots=self.slots,

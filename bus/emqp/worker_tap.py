@@ -10,10 +10,12 @@ TOML file, then eventmq's own settings (``EVENTMQ_<NAME>`` variables over its IN
 
 from __future__ import annotations
 
+import configparser
 import importlib
 import json
 import signal
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from bus.emqp import codec
-from bus.emqp.eventmq_settings import EventmqSettings, read_eventmq_settings
+from bus.emqp.eventmq_settings import SECTIONS, EventmqSettings, read_eventmq_settings
 from bus.emqp.worker_process import JobHooks
 from bus.options import ConfigTables, ServiceOptions, parse_duration
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
@@ -119,6 +121,64 @@ def _value_in(args: Sequence[str], long: str, short: str) -> str | None:
     return None
 
 
+#: emq-jobmanager's long options -> ours.
+_JOBMANAGER_SPELLINGS = {"--broker-addr": "--broker", "--jobs": "--slots"}
+
+
+def is_eventmq_config(path: str) -> bool:
+    """Whether ``--config`` names eventmq's INI file (emq-jobmanager's long form of ``-C``)
+    rather than our TOML: not TOML, or TOML of none of our tables, with eventmq's sections."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return False  # the TOML reader says why
+    try:
+        tables = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(text, source=path)
+        except configparser.Error:
+            return False
+        sections = set(parser.sections())
+    else:
+        if NAME in tables:
+            return False
+        sections = set(tables)
+    return bool(sections & set(SECTIONS))
+
+
+def jobmanager_args(args: Sequence[str]) -> list[str]:
+    """``emq-jobmanager``'s command line in our spellings, so that a unit file changes
+    only its program: ``--broker-addr``, ``--jobs``, ``--config`` of an eventmq INI file,
+    and ``-Q``/``--queues`` followed by space-separated names (we take no positional
+    argument, so the words after ``-Q`` can only be queues)."""
+    translated: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg == "--":
+            translated += args[index - 1 :]
+            break
+        name, equals, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        name = _JOBMANAGER_SPELLINGS.get(name, name)
+        if name == "--config":
+            path = value if equals else (args[index] if index < len(args) else "")
+            if path and is_eventmq_config(path):
+                name = "--eventmq-config"
+        elif name in ("-Q", "--queues") and not equals:
+            words = []
+            while index < len(args) and not args[index].startswith("-"):
+                words.append(args[index])
+                index += 1
+            translated += [name, ",".join(words)] if words else [name]
+            continue
+        translated.append(f"{name}={value}" if equals else name)
+    return translated
+
+
 class Options(ServiceOptions):
     service = NAME
     env_prefix = "EMQP_WORKER"
@@ -144,16 +204,28 @@ class Options(ServiceOptions):
         ],
     ]
     optParameters = [
-        ["broker", "B", DEFAULT_BROKER, "The broker's worker endpoint (eventmq: WORKER_ADDR)."],
+        [
+            "broker",
+            "B",
+            DEFAULT_BROKER,
+            "The broker's worker endpoint (eventmq: WORKER_ADDR; emq-jobmanager's --broker-addr).",
+        ],
         [
             "queues",
             "Q",
             f"{DEFAULT_WEIGHT}:default",
             'Queues served, weight:name comma-separated (a bare name weighs 10) or JSON [[10, "default"]] '
-            "(eventmq: QUEUES).",
+            "(eventmq: QUEUES); emq-jobmanager's space-separated names too (-Q default mail).",
             queue_list,
         ],
-        ["slots", "J", 4, "Jobs run at once (eventmq: CONCURRENT_JOBS).", int],
+        [
+            "slots",
+            "J",
+            4,
+            "Jobs run at once (eventmq: CONCURRENT_JOBS; emq-jobmanager's --jobs).",
+            int,
+        ],
+        ["name", "n", None, "This worker's name in its log (emq-jobmanager's --name)."],
         *CLIENT_CURVE_OPTIONS,
         ["pool", None, "process", "process (a process per slot) or thread."],
         [
@@ -225,7 +297,8 @@ class Options(ServiceOptions):
             "C",
             None,
             "eventmq's INI file, read in [global] then [jobmanager] (default: "
-            "$EVENTMQ_CONFIG_FILE, else /etc/eventmq.conf when it exists).",
+            "$EVENTMQ_CONFIG_FILE, else /etc/eventmq.conf when it exists); --config FILE "
+            "too when FILE is one, as emq-jobmanager takes it.",
         ],
     ]
 
@@ -235,7 +308,7 @@ class Options(ServiceOptions):
         self._args: list[str] = []
 
     def parse_layered(self, options: Sequence[str] | None = None) -> None:
-        self._args = list(sys.argv[1:] if options is None else options)
+        self._args = jobmanager_args(sys.argv[1:] if options is None else options)
         ServiceOptions.parse_layered(self, self._args)
 
     def apply_defaults(
@@ -318,6 +391,7 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
         max_jobs_per_process=int(options["max-jobs-per-process"]),
         stats_interval=float(options["stats-interval"]),
         job_timeout=float(options["job-timeout"]),
+        worker_name=str(options.get("name") or ""),
         curve=client_curve_from(options),
     )
     # Once running: the reactor has installed its handlers by then, and ours wrap them.
