@@ -166,3 +166,47 @@ def test_emq_jobmanagers_command_line_runs_emqp_worker(
                  "queue": "mail"}]  # fmt: skip
     [answer] = yield run_real_client(broker, processes, tmp_path, requests)
     assert answer["result"] == {"value": "m"}
+
+
+@pytest_twisted.inlineCallbacks
+def test_sighup_reads_the_settings_again_and_never_ends_the_worker(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    broker = broker_in(tmp_path, cleanup)
+    config = tmp_path / "eventmq.conf"
+
+    def settings(queues: str, jobs: int, extra: str = "") -> None:
+        config.write_text(
+            f"[jobmanager]\nworker_addr = {broker.endpoints['worker']}\nqueues = {queues}\n"
+            f"concurrent_jobs = {jobs}\n{extra}"
+        )
+
+    settings('[[10, "a"]]', 1)
+    ours = worker(tmp_path, cleanup, "-C", str(config), twistd=True)
+    yield wait_until(lambda: free_slots(broker) == 1, timeout=30, what="the worker's READY")
+    client = client_of(broker, cleanup)
+    started, record = tmp_path / "started.txt", tmp_path / "record.txt"
+    running = client.submit("a", run("begin_then_record", str(started), str(record), "x", 1))
+    yield wait_until(lambda: len(lines(started)) == 1, timeout=30, what="a job running")
+
+    settings('[[10, "a"], [5, "b"]]', 2, f"job_entry_func = {JOBS}.add\nhwm = 5\n")
+    ours.signal(signal.SIGHUP)
+    # The running job ends and answers on the old connection, then the worker INFORMs again.
+    assert (yield running) == "x"
+    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="two READYs")
+    assert [seen["queues"] for seen in workers_seen(broker)] == [[[10, "a"], [5, "b"]]]
+    assert (yield client.submit("b", run("add", 1, 2))) == 3
+    output = ours.output()
+    assert "SIGHUP: queues 10:a -> 10:a,5:b" in output
+    assert "SIGHUP: slots 1 -> 2" in output
+    assert f"SIGHUP: job-entry-func None -> {JOBS}.add (takes effect when" in output
+    assert "eventmq's HWM=5" in output
+
+    config.write_text("worker_addr = no section\n")  # not INI: a usage error at start
+    ours.signal(signal.SIGHUP)
+    yield wait_until(
+        lambda: "SIGHUP: settings not read again, kept as they were" in ours.output(),
+        what="the bad file's line",
+    )
+    assert (yield client.submit("a", run("add", 2, 2))) == 4
+    assert not ours.finished()

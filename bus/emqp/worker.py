@@ -191,6 +191,9 @@ class EmqpWorker(Service):
         self._socket: ZmqSocket | None = None
         self._threads: ThreadPool | None = None
         self._job_processes: list[_JobProcess] = []
+        self._process_context: Any = None
+        #: A new broker, queues or slots to take once the running jobs have ended.
+        self._rejoin: tuple[str, tuple[tuple[int, str], ...], int] | None = None
         #: Requests beyond the free processes (a broker that sent more than our READYs).
         self._waiting_jobs: deque[tuple[defer.Deferred[Any], Handler, Any, float]] = deque()
         self._periodic = Periodic(self.reactor, log)
@@ -238,17 +241,14 @@ class EmqpWorker(Service):
                 except Exception:
                     log.failure("setup {setup} failed", setup=self.hooks.setup)
         else:
-            context = multiprocessing.get_context("forkserver")
-            self._job_processes = [_JobProcess(self.hooks, context) for _ in range(self.slots)]
-            for job_process in self._job_processes:
-                job_process.start()
+            self._process_context = multiprocessing.get_context("forkserver")
+            self._job_processes = []
+            self._resize_processes(self.slots)
         try:
             self._connect()
         except zmq.ZMQError as error:
             raise StartupError("broker", f"{error} ({self.endpoint})") from None
-        self._periodic.every(self.heartbeat_interval, self._tick)
-        if self.stats_interval > 0:
-            self._periodic.every(self.stats_interval, self._log_stats)
+        self._start_timers()
         log.info(
             "eMQP worker{named}: broker {broker}, queues {queues}, slots {slots}, pool {pool}",
             named=f" {self.worker_name}" if self.worker_name else "",
@@ -256,6 +256,64 @@ class EmqpWorker(Service):
             queues=format_queues(self.queues),
             slots=self.slots,
             pool=self.pool_kind,
+        )
+
+    def _start_timers(self) -> None:
+        self._periodic.every(self.heartbeat_interval, self._tick)
+        if self.stats_interval > 0:
+            self._periodic.every(self.stats_interval, self._log_stats)
+
+    def _resize_processes(self, slots: int) -> None:
+        while len(self._job_processes) < slots:
+            job_process = _JobProcess(self.hooks, self._process_context)
+            job_process.start()
+            self._job_processes.append(job_process)
+        while len(self._job_processes) > slots:
+            self._job_processes.pop().shutdown()  # called when all are idle
+
+    def set_timers(self, heartbeat_interval: float, stats_interval: float) -> None:
+        """New periods for the heartbeat and the stats line, from now on."""
+        self.heartbeat_interval, self.stats_interval = heartbeat_interval, stats_interval
+        if self.running:
+            self._periodic.stop_all()
+            self._start_timers()
+
+    def rejoin(self, endpoint: str, queues: Iterable[tuple[int, str]], slots: int) -> None:
+        """Serve ``queues`` of the broker at ``endpoint`` with ``slots`` slots: once the
+        running jobs have ended and REPLYed (no READY meanwhile), a new connection and
+        INFORM, as a KBYE would make."""
+        self._rejoin = (endpoint, tuple(queues), slots)
+        if self.running_jobs == 0:
+            self._rejoin_now()
+        else:
+            log.info(
+                "taking the new broker, queues or slots once {running} running job(s) end",
+                running=self.running_jobs,
+            )
+
+    def _rejoin_now(self) -> None:
+        if self._rejoin is None or self.draining or not self.running:
+            self._rejoin = None
+            return
+        (self.endpoint, self.queues, slots), self._rejoin = self._rejoin, None
+        socket = self._socket
+        if self.registered and socket is not None and not socket.closed:
+            # The broker forgets this connection now rather than after its silence.
+            socket.send_frames(codec.kbye())
+            with contextlib.suppress(zmq.ZMQError):
+                socket.socket.set(zmq.LINGER, GOODBYE_LINGER_MS)
+        if slots != self.slots:
+            self.slots = slots
+            if self._threads is not None:
+                self._threads.adjustPoolsize(min(1, slots), slots)
+            else:
+                self._resize_processes(slots)
+        self._connect()
+        log.info(
+            "serving broker {broker}, queues {queues}, slots {slots}",
+            broker=self.endpoint,
+            queues=format_queues(self.queues),
+            slots=self.slots,
         )
 
     def stopService(self) -> defer.Deferred[None]:
@@ -411,7 +469,8 @@ class EmqpWorker(Service):
             elif isinstance(command, codec.Ack):
                 if not self.registered and not self.draining:
                     self.registered = True
-                    for _ in range(self.slots - self.running_jobs):
+                    free = 0 if self._rejoin is not None else self.slots - self.running_jobs
+                    for _ in range(free):
                         self._send(codec.ready())
             elif isinstance(command, codec.Kbye | codec.Disconnect):
                 if self.draining:  # forgotten while leaving: nobody to answer any more
@@ -559,6 +618,9 @@ class EmqpWorker(Service):
         if self.draining:
             if self.running_jobs == 0:
                 self._goodbye(kill=False, join_threads=True)
+        elif self._rejoin is not None:
+            if self.running_jobs == 0:
+                self._rejoin_now()
         elif self.registered:
             self._send(codec.ready())
 

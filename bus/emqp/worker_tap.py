@@ -396,7 +396,88 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
     )
     # Once running: the reactor has installed its handlers by then, and ours wrap them.
     worker.reactor.callWhenRunning(end_jobs_at_second_signal, worker)
+    if isinstance(options, Options):  # a command line to read again (not a tac's mapping)
+        worker.reactor.callWhenRunning(reload_at_sighup, worker, options)
     return worker
+
+
+#: Options a SIGHUP applies to the running worker; any other that changed waits for the
+#: next start (the pool, the hooks, the handlers, CURVE keys...).
+_RELOADED = frozenset(
+    {
+        "broker",
+        "queues",
+        "slots",
+        "heartbeat-interval",
+        "heartbeat-liveness",
+        "grace-period",
+        "stats-interval",
+        "job-timeout",
+        "max-jobs-per-process",
+    }
+)
+
+
+def _shown(name: str, value: Any) -> str:
+    if name == "queues":
+        from bus.emqp.worker import format_queues
+
+        return format_queues(value)
+    return str(value)
+
+
+def reload_at_sighup(worker: EmqpWorker, options: Options) -> None:
+    """SIGHUP reads the settings again, as eventmq's job manager does: the same command
+    line over the files and variables as they are now."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        worker.reactor.callFromThread(reload_settings, worker, options)
+
+    signal.signal(signal.SIGHUP, handle)
+
+
+def reload_settings(worker: EmqpWorker, options: Options) -> None:
+    """Apply what changed and can change while running, log every change, and go on with
+    the settings as they were when they cannot be read: a SIGHUP never ends the worker."""
+    if worker.draining or not worker.running:
+        log.info("SIGHUP while stopping: ignored")
+        return
+    fresh = Options()
+    try:
+        fresh.parse_layered(options._args)
+    except Exception as error:  # a usage error, or a --handlers module that fails
+        log.error("SIGHUP: settings not read again, kept as they were: {error}", error=error)
+        return
+    changed = {
+        spec.name: (options[spec.name], fresh[spec.name])
+        for spec in Options.option_specs()
+        if options[spec.name] != fresh[spec.name]
+    }
+    if not changed:
+        log.info("SIGHUP: settings read again, nothing changed")
+        return
+    for line in fresh.eventmq.not_honoured():
+        if line not in options.eventmq.not_honoured():
+            log.warn("{line}", line=line)
+    for name, (old, new) in sorted(changed.items()):
+        log.info(
+            "SIGHUP: {name} {old} -> {new}{later}",
+            name=name,
+            old=_shown(name, old),
+            new=_shown(name, new),
+            later="" if name in _RELOADED else " (takes effect when emqp-worker starts again)",
+        )
+        if name in _RELOADED:
+            options[name] = new
+    options.eventmq = fresh.eventmq
+    worker.heartbeat_liveness = int(options["heartbeat-liveness"])
+    worker.grace_period = float(options["grace-period"])
+    worker.job_timeout = float(options["job-timeout"])
+    worker.max_jobs_per_process = int(options["max-jobs-per-process"])
+    if {"heartbeat-interval", "stats-interval"} & set(changed):
+        worker.set_timers(float(options["heartbeat-interval"]), float(options["stats-interval"]))
+    if {"broker", "queues", "slots"} & set(changed):
+        worker.rejoin(options["broker"], options["queues"], int(options["slots"]))
 
 
 def end_jobs_at_second_signal(worker: EmqpWorker) -> None:
