@@ -11,7 +11,9 @@ A body ``["run", {"path": "pkg.mod" or "pkg.mod:Class", "callable": name, "args"
 ``defer_job`` sends) imports and calls that callable, unless ``allow_run=False``. The result
 goes back as the original job manager sends it, ``{"value": result}``, when the request
 asks for ``reply-requested``; a handler that raises answers ``{"error": "handler-failed",
-"message": ...}``.
+"message": ...}``, with eventmq's ``"value": str(exception)`` beside them for a ``run`` body.
+A job past its timeout (the request's ``timeout:N``, else ``job_timeout``) has its process
+killed (``pool="process"``).
 
 ``pool="process"`` runs each slot's jobs in a process of its own, started by a fork server
 (a clean process, not a fork of this one with its reactor, sockets and threads): a job that

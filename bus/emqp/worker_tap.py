@@ -189,7 +189,8 @@ class Options(ServiceOptions):
         'Serve an eMQP broker\'s jobs: INFORM the --queues, run ["run", {...}] bodies and '
         "the --handlers registries' handlers in --slots processes (or threads), REPLY, "
         "heartbeat. Reads eventmq's settings too (-C FILE, EVENTMQ_* variables), under its "
-        "own options. SIGTERM: running jobs finish, then KBYE; a second one ends them."
+        "own options, and emq-jobmanager's command line. SIGTERM: running jobs finish, then "
+        "KBYE; a second one ends them. SIGHUP: the settings are read again."
     )
     optFlags = [
         ["no-run", None, 'Refuse ["run", {...}] bodies: serve the --handlers only.'],
