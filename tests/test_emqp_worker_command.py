@@ -240,6 +240,7 @@ def test_eventmq_settings_under_variables_under_our_options(
         f"""
 [global]
 concurrent_jobs = 5
+heartbeat_timeout = 60
 global_timeout = 60
 
 [jobmanager]
@@ -282,7 +283,8 @@ max_job_count = 1
     assert str(process.pid) not in {pid for _, pid in seen}
     output = process.output()
     assert f"eventmq settings read from {config}" in output
-    assert "GLOBAL_TIMEOUT=60" in output and "is not honoured" in output
+    assert "HEARTBEAT_TIMEOUT=60" in output and "is not honoured" in output
+    assert "GLOBAL_TIMEOUT" not in output  # --job-timeout
     process.signal(signal.SIGTERM)
     yield wait_until(process.finished, timeout=30, what="the worker to stop")
     assert process.process.returncode in TWISTD_CLEAN_EXIT, output
@@ -377,7 +379,7 @@ def test_where_each_option_comes_from(tmp_path: Path, monkeypatch: pytest.Monkey
     eventmq = tmp_path / "eventmq.conf"
     eventmq.write_text(
         "[global]\nheartbeat_liveness = 7\nconcurrent_jobs = 9\n"
-        "[jobmanager]\nconcurrent_jobs = 5\nkill_grace_period = 12\nhwm = 1\n"
+        "[jobmanager]\nconcurrent_jobs = 5\nkill_grace_period = 12\nglobal_timeout = 30\n"
         "setup_path = pkg.mod:Ignored\nsetup_callable = prepare\n"
     )
     ours = tmp_path / "bus.toml"
@@ -395,6 +397,7 @@ def test_where_each_option_comes_from(tmp_path: Path, monkeypatch: pytest.Monkey
     assert options["heartbeat-interval"] == 0.25  # the command line over all
     assert options["hooks"].setup == "pkg.mod.prepare"  # eventmq's older spelling
     assert options["queues"] == ((10, "default"),)
-    assert options.eventmq.not_honoured() == []  # HWM means nothing to a worker
+    assert options["job-timeout"] == 30  # eventmq's GLOBAL_TIMEOUT
+    assert options.eventmq.not_honoured() == []
     with pytest.raises(usage.UsageError, match="no such file"):
         Options().parseOptions(["-C", str(tmp_path / "missing.conf")])

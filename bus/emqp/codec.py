@@ -563,6 +563,18 @@ def result_value(value: Any) -> bytes:
         return json.dumps({"value": str(error)}).encode()
 
 
-def error_result(reason: str, text: str) -> bytes:
-    """What a client receives, in a 6-frame REPLY, when the broker gives up on its request."""
-    return json.dumps({"error": reason, "message": text}).encode()
+#: What eventmq's job manager puts in ``value`` where we answer an error ``reason``: code
+#: written against eventmq reads ``value`` (a job past its timeout: ``"TimeoutError"``).
+EVENTMQ_VALUE_OF: Final = {"timeout": "TimeoutError"}
+
+
+def error_result(reason: str, text: str, value: Any = None) -> bytes:
+    """What a client receives, in a 6-frame REPLY, when its request failed (the broker gave
+    up on it, or its job failed): ``{"error": reason, "message": text}``, with eventmq's
+    ``"value"`` beside them when there is one (``value``, else :data:`EVENTMQ_VALUE_OF`)."""
+    result: dict[str, Any] = {"error": reason, "message": text}
+    if value is None:
+        value = EVENTMQ_VALUE_OF.get(reason)
+    if value is not None:
+        result["value"] = value
+    return json.dumps(result).encode()

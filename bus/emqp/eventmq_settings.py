@@ -38,6 +38,7 @@ OPTION_OF: dict[str, str] = {
     "JOB_ENTRY_FUNC": "job-entry-func",
     "JOB_EXIT_FUNC": "job-exit-func",
     "MAX_JOB_COUNT": "max-jobs-per-process",
+    "GLOBAL_TIMEOUT": "job-timeout",
 }
 
 #: Settings that change what eventmq's job manager does in ways this worker does not
@@ -50,11 +51,23 @@ NOT_HONOURED: dict[str, str] = {
     "RECONNECT_TIMEOUT": (
         "an unanswered INFORM is sent again after heartbeat-interval x heartbeat-liveness"
     ),
-    "GLOBAL_TIMEOUT": (
-        "a job runs until it ends; a request's timeout:N header is enforced by the broker"
-    ),
     "WORKER_ADDR_FAILOVER": "one broker address only (--broker)",
+    "WORKER_ADDR_DEFAULT": "one broker address only (--broker)",
     "DEFAULT_ENCODING": "frames are UTF-8",
+    "HWM": "the worker's socket holds up to 10000 outgoing messages",
+    "MAX_SOCKETS": "the worker opens one socket",
+    "DEFAULT_QUEUE_NAME": "the queues served are --queues (default 10:default)",
+    "DEFAULT_QUEUE_WEIGHT": "the queues served are --queues (a bare name weighs 10)",
+    "SUPER_DEBUG": "the worker logs no message-by-message lines",
+    "HIDE_HEARTBEAT_LOGS": "the worker logs no heartbeats",
+}
+
+#: Boolean settings worth a line only when they differ from eventmq's default (its own
+#: test for true: a ``t`` in the value).
+_NOTICED_WHEN: dict[str, bool] = {
+    "DISABLE_HEARTBEATS": True,
+    "SUPER_DEBUG": True,
+    "HIDE_HEARTBEAT_LOGS": False,
 }
 
 #: eventmq's older spelling of the setup hook: a module and a function name apart.
@@ -89,8 +102,8 @@ class EventmqSettings:
             if name not in self.values:
                 continue
             value, source = self.values[name]
-            if name == "DISABLE_HEARTBEATS" and "t" not in value.lower():
-                continue  # eventmq's own test for true
+            if name in _NOTICED_WHEN and ("t" in value.lower()) != _NOTICED_WHEN[name]:
+                continue
             if name == "DEFAULT_ENCODING" and value.lower().replace("-", "") == "utf8":
                 continue
             lines.append(f"eventmq's {name}={value} ({source}) is not honoured: {instead}")

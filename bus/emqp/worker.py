@@ -11,7 +11,9 @@ A body ``["run", {"path": "pkg.mod" or "pkg.mod:Class", "callable": name, "args"
 ``defer_job`` sends) imports and calls that callable, unless ``allow_run=False``. The result
 goes back as the original job manager sends it, ``{"value": result}``, when the request
 asks for ``reply-requested``; a handler that raises answers ``{"error": "handler-failed",
-"message": ...}``.
+"message": ...}``, with eventmq's ``"value": str(exception)`` beside them for a ``run`` body.
+A job past its timeout (the request's ``timeout:N``, else ``job_timeout``) has its process
+killed (``pool="process"``).
 
 ``pool="process"`` runs each slot's jobs in a process of its own, started by a fork server
 (a clean process, not a fork of this one with its reactor, sockets and threads): a job that
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -71,6 +74,15 @@ class NoHandler(Exception):
     pass
 
 
+class JobTimedOut(Exception):
+    """A job ran past its timeout; its process was ended."""
+
+
+def is_run_body(body: Any) -> bool:
+    """``["run", {...}]``, eventmq's form: its failures also answer eventmq's ``value``."""
+    return isinstance(body, list) and len(body) == 2 and body[0] == "run"
+
+
 def format_queues(queues: Iterable[tuple[int, str]]) -> str:
     """``10:default,5:mail``, as ``--queues`` takes them."""
     return ",".join(f"{weight}:{name}" for weight, name in queues)
@@ -87,13 +99,15 @@ class _JobProcess:
         self.busy = False
         #: Jobs given to the current process.
         self.jobs = 0
+        #: Its job ran past its timeout and the process was killed.
+        self.timed_out = False
 
     def _new(self) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(
             max_workers=1,
             mp_context=self._context,
             initializer=start_job_process,
-            initargs=(self._hooks,),
+            initargs=(self._hooks, os.getpid()),
         )
 
     def start(self) -> None:
@@ -112,6 +126,7 @@ class _JobProcess:
     def replace(self) -> None:
         old, self.executor = self.executor, self._new()
         self.jobs = 0
+        self.timed_out = False
         old.shutdown(wait=False, cancel_futures=True)
 
     def kill(self) -> None:
@@ -141,6 +156,8 @@ class EmqpWorker(Service):
         hooks: JobHooks = NO_HOOKS,
         max_jobs_per_process: int = 0,
         stats_interval: float = 0.0,
+        job_timeout: float = 0.0,
+        worker_name: str = "",
         reactor: Any = None,
         curve: ClientCurve | None = None,
     ) -> None:
@@ -148,7 +165,10 @@ class EmqpWorker(Service):
         long as they take). ``hooks``: eventmq's setup, entry and exit callables.
         ``max_jobs_per_process``: a job process is replaced after so many jobs (0: never).
         ``stats_interval``: seconds between lines of jobs run and failed, when they changed
-        (0: none). ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
+        (0: none). ``job_timeout``: seconds a job may run when its request names no
+        ``timeout:N`` (0: as long as it takes; eventmq's ``GLOBAL_TIMEOUT``); past its
+        timeout a job's process is killed (the process pool only: a thread cannot be
+        ended). ``worker_name``: its name in its log. ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
         self.curve = curve
         if pool not in ("thread", "process"):
             raise ValueError("pool must be thread or process")
@@ -165,13 +185,19 @@ class EmqpWorker(Service):
         self.hooks = hooks
         self.max_jobs_per_process = max_jobs_per_process
         self.stats_interval = stats_interval
+        self.job_timeout = job_timeout
+        # Not ``name``: a Service's name is its place in a MultiService.
+        self.worker_name = worker_name
         self.reactor: Any = reactor_of(reactor)
         self._factory: SocketFactory | None = None
         self._socket: ZmqSocket | None = None
         self._threads: ThreadPool | None = None
         self._job_processes: list[_JobProcess] = []
+        self._process_context: Any = None
+        #: A new broker, queues or slots to take once the running jobs have ended.
+        self._rejoin: tuple[str, tuple[tuple[int, str], ...], int] | None = None
         #: Requests beyond the free processes (a broker that sent more than our READYs).
-        self._waiting_jobs: deque[tuple[defer.Deferred[Any], Handler, Any]] = deque()
+        self._waiting_jobs: deque[tuple[defer.Deferred[Any], Handler, Any, float]] = deque()
         self._periodic = Periodic(self.reactor, log)
         self.drops = DropCounter(log, "broker message", self.reactor.seconds)
         #: Incremented at every (re)connection: results of an older session get no REPLY.
@@ -188,6 +214,7 @@ class EmqpWorker(Service):
         self.running_jobs = 0
         self.completed = 0
         self.failed = 0
+        self.timed_out = 0
         self.processes_replaced = 0
         self.informs = 0
         self.heartbeats_received = 0
@@ -216,23 +243,79 @@ class EmqpWorker(Service):
                 except Exception:
                     log.failure("setup {setup} failed", setup=self.hooks.setup)
         else:
-            context = multiprocessing.get_context("forkserver")
-            self._job_processes = [_JobProcess(self.hooks, context) for _ in range(self.slots)]
-            for job_process in self._job_processes:
-                job_process.start()
+            self._process_context = multiprocessing.get_context("forkserver")
+            self._job_processes = []
+            self._resize_processes(self.slots)
         try:
             self._connect()
         except zmq.ZMQError as error:
             raise StartupError("broker", f"{error} ({self.endpoint})") from None
-        self._periodic.every(self.heartbeat_interval, self._tick)
-        if self.stats_interval > 0:
-            self._periodic.every(self.stats_interval, self._log_stats)
+        self._start_timers()
         log.info(
-            "eMQP worker: broker {broker}, queues {queues}, slots {slots}, pool {pool}",
+            "eMQP worker{named}: broker {broker}, queues {queues}, slots {slots}, pool {pool}",
+            named=f" {self.worker_name}" if self.worker_name else "",
             broker=self.endpoint,
             queues=format_queues(self.queues),
             slots=self.slots,
             pool=self.pool_kind,
+        )
+
+    def _start_timers(self) -> None:
+        self._periodic.every(self.heartbeat_interval, self._tick)
+        if self.stats_interval > 0:
+            self._periodic.every(self.stats_interval, self._log_stats)
+
+    def _resize_processes(self, slots: int) -> None:
+        while len(self._job_processes) < slots:
+            job_process = _JobProcess(self.hooks, self._process_context)
+            job_process.start()
+            self._job_processes.append(job_process)
+        while len(self._job_processes) > slots:
+            self._job_processes.pop().shutdown()  # called when all are idle
+
+    def set_timers(self, heartbeat_interval: float, stats_interval: float) -> None:
+        """New periods for the heartbeat and the stats line, from now on."""
+        self.heartbeat_interval, self.stats_interval = heartbeat_interval, stats_interval
+        if self.running:
+            self._periodic.stop_all()
+            self._start_timers()
+
+    def rejoin(self, endpoint: str, queues: Iterable[tuple[int, str]], slots: int) -> None:
+        """Serve ``queues`` of the broker at ``endpoint`` with ``slots`` slots: once the
+        running jobs have ended and REPLYed (no READY meanwhile), a new connection and
+        INFORM, as a KBYE would make."""
+        self._rejoin = (endpoint, tuple(queues), slots)
+        if self.running_jobs == 0:
+            self._rejoin_now()
+        else:
+            log.info(
+                "taking the new broker, queues or slots once {running} running job(s) end",
+                running=self.running_jobs,
+            )
+
+    def _rejoin_now(self) -> None:
+        if self._rejoin is None or self.draining or not self.running:
+            self._rejoin = None
+            return
+        (self.endpoint, self.queues, slots), self._rejoin = self._rejoin, None
+        socket = self._socket
+        if self.registered and socket is not None and not socket.closed:
+            # The broker forgets this connection now rather than after its silence.
+            socket.send_frames(codec.kbye())
+            with contextlib.suppress(zmq.ZMQError):
+                socket.socket.set(zmq.LINGER, GOODBYE_LINGER_MS)
+        if slots != self.slots:
+            self.slots = slots
+            if self._threads is not None:
+                self._threads.adjustPoolsize(min(1, slots), slots)
+            else:
+                self._resize_processes(slots)
+        self._connect()
+        log.info(
+            "serving broker {broker}, queues {queues}, slots {slots}",
+            broker=self.endpoint,
+            queues=format_queues(self.queues),
+            slots=self.slots,
         )
 
     def stopService(self) -> defer.Deferred[None]:
@@ -312,7 +395,7 @@ class EmqpWorker(Service):
             job_process.shutdown()
         self._job_processes = []
         waiting, self._waiting_jobs = self._waiting_jobs, deque()
-        for deferred, _, _ in waiting:
+        for deferred, *_ in waiting:
             deferred.errback(defer.CancelledError("the worker stopped"))
         log.info(
             "eMQP worker stopped: {completed} jobs run, {failed} failed",
@@ -388,7 +471,8 @@ class EmqpWorker(Service):
             elif isinstance(command, codec.Ack):
                 if not self.registered and not self.draining:
                     self.registered = True
-                    for _ in range(self.slots - self.running_jobs):
+                    free = 0 if self._rejoin is not None else self.slots - self.running_jobs
+                    for _ in range(free):
                         self._send(codec.ready())
             elif isinstance(command, codec.Kbye | codec.Disconnect):
                 if self.draining:  # forgotten while leaving: nobody to answer any more
@@ -408,18 +492,22 @@ class EmqpWorker(Service):
     def _run(self, request: codec.Request) -> None:
         self.running_jobs += 1
         session = self.session
+        body = request.value()
+        # eventmq's rule: a request's timeout:N, else the global one (0 is none).
+        timeout = request.headers.timeout or self.job_timeout
         try:
-            deferred = self._execute(request.value())
+            deferred = self._execute(body, timeout)
         except NoHandler as error:
             deferred = defer.fail(error)
         deferred.addCallbacks(
             lambda value: codec.result_value(value),
             self._failure_result,
+            errbackArgs=(is_run_body(body), request.headers.timeout is not None),
         )
         deferred.addCallback(self._finished, request, session)
         deferred.addErrback(lambda failure: log.failure("finishing a job failed", failure))
 
-    def _execute(self, body: Any) -> defer.Deferred[Any]:
+    def _execute(self, body: Any, timeout: float) -> defer.Deferred[Any]:
         if isinstance(body, list) and len(body) == 2 and isinstance(body[0], str):
             name, params = body
         else:
@@ -428,25 +516,25 @@ class EmqpWorker(Service):
         if handler is None:
             raise NoHandler(f"no handler for {name!r}")
         if self.pool_kind == "process":
-            return self._in_process(handler, params)
+            return self._in_process(handler, params, timeout)
         if self._threads is None:
             return defer.fail(defer.CancelledError("the worker stopped"))
         return threads.deferToThreadPool(
             self.reactor, self._threads, run_job, self.hooks, handler, params
         )
 
-    def _in_process(self, handler: Handler, params: Any) -> defer.Deferred[Any]:
+    def _in_process(self, handler: Handler, params: Any, timeout: float) -> defer.Deferred[Any]:
         if self._finished_stopping:
             return defer.fail(defer.CancelledError("the worker stopped"))
         for job_process in self._job_processes:
             if not job_process.busy:
-                return self._run_in(job_process, handler, params)
+                return self._run_in(job_process, handler, params, timeout)
         waiting: defer.Deferred[Any] = defer.Deferred()
-        self._waiting_jobs.append((waiting, handler, params))
+        self._waiting_jobs.append((waiting, handler, params, timeout))
         return waiting
 
     def _run_in(
-        self, job_process: _JobProcess, handler: Handler, params: Any
+        self, job_process: _JobProcess, handler: Handler, params: Any, timeout: float
     ) -> defer.Deferred[Any]:
         job_process.busy = True
         try:
@@ -455,43 +543,86 @@ class EmqpWorker(Service):
             job_process.busy = False
             return defer.fail(error)
         deferred = _from_future(self.reactor, future)
+        if timeout > 0:
+            # From the job's start in its process, as eventmq counts it.
+            timer = self.reactor.callLater(timeout, self._time_out, job_process, timeout)
+            deferred.addBoth(self._ended_in_time, timer, job_process, timeout)
         deferred.addBoth(self._process_free, job_process)
         return deferred
+
+    def _time_out(self, job_process: _JobProcess, timeout: float) -> None:
+        # eventmq's job manager abandons such a job to run on; killing its process keeps a
+        # retried request from running twice at once and frees the slot for real.
+        log.warn("a job ran past its timeout of {timeout:g}s: ending its process", timeout=timeout)
+        job_process.timed_out = True
+        job_process.kill()
+
+    def _ended_in_time(
+        self, result: Any, timer: Any, job_process: _JobProcess, timeout: float
+    ) -> Any:
+        if timer.active():
+            timer.cancel()
+        elif job_process.timed_out and isinstance(result, Failure):
+            self.timed_out += 1
+            return Failure(JobTimedOut(f"the job ran past its timeout of {timeout:g}s"))
+        return result  # it ended just before its process was killed: its result stands
 
     def _process_free(self, result: Any, job_process: _JobProcess) -> Any:
         job_process.busy = False
         if self._finished_stopping:
             return result
-        if isinstance(result, Failure) and result.check(BrokenProcessPool):
+        if job_process.timed_out:
+            job_process.replace()
+        elif isinstance(result, Failure) and result.check(BrokenProcessPool):
             log.warn("a job ended its process: starting another")
             self.processes_replaced += 1
             job_process.replace()
         elif 0 < self.max_jobs_per_process <= job_process.jobs:
             job_process.replace()  # eventmq's MAX_JOB_COUNT: a fresh process now and then
         if self._waiting_jobs:
-            waiting, handler, params = self._waiting_jobs.popleft()
-            self._run_in(job_process, handler, params).chainDeferred(waiting)
+            waiting, handler, params, timeout = self._waiting_jobs.popleft()
+            self._run_in(job_process, handler, params, timeout).chainDeferred(waiting)
         return result
 
-    def _failure_result(self, failure: Failure) -> bytes:
+    def _failure_result(
+        self, failure: Failure, eventmq_form: bool, broker_times_out: bool
+    ) -> bytes | None:
+        """``{"error": reason, "message": text}``; for a ``run`` body also eventmq's
+        ``"value"``: ``str(exception)`` for a job that raised, ``"TimeoutError"``. None:
+        no REPLY."""
         self.failed += 1
         error = failure.value
+        if failure.check(JobTimedOut):
+            if broker_times_out:
+                # The broker keeps the same timeout:N: it retries the request or answers
+                # the client itself; a REPLY that beat its deadline would end the request.
+                return None
+            return codec.error_result("timeout", f"{error}: its process was ended")
         if failure.check(BrokenProcessPool):
             text = "the job's process died (a signal, os._exit or a crash): it was replaced"
+            value = text
         else:
-            text = f"{type(error).__name__}: {error}"
-        return codec.error_result("handler-failed", text)
+            text, value = f"{type(error).__name__}: {error}", str(error)
+        return codec.error_result("handler-failed", text, value if eventmq_form else None)
 
-    def _finished(self, result: bytes, request: codec.Request, session: int) -> None:
+    def _finished(self, result: bytes | None, request: codec.Request, session: int) -> None:
         self.running_jobs -= 1
         self.completed += 1
         if self._finished_stopping:
             return
-        if self.registered and session == self.session and request.headers.reply_requested:
+        if (
+            result is not None
+            and self.registered
+            and session == self.session
+            and request.headers.reply_requested
+        ):
             self._send(codec.reply(result, request.msgid))
         if self.draining:
             if self.running_jobs == 0:
                 self._goodbye(kill=False, join_threads=True)
+        elif self._rejoin is not None:
+            if self.running_jobs == 0:
+                self._rejoin_now()
         elif self.registered:
             self._send(codec.ready())
 

@@ -14,7 +14,11 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import os
+import select
 import signal
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -87,11 +91,38 @@ def run_setup(hooks: JobHooks) -> None:
         resolve_callable(hooks.setup)()
 
 
-def start_job_process(hooks: JobHooks) -> None:
+def exit_when_gone(pid: int) -> None:
+    """End this process as soon as process ``pid`` (the worker) has ended. A job process
+    is a child of the fork server, not of the worker, and its pool's pipes never close
+    (it holds both ends): without this, a worker killed by ``kill -9`` leaves its job
+    processes, and through them the fork server and the resource tracker, running."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except OSError:  # no pidfd (Linux before 5.3): ask every second
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+            time.sleep(1)
+    select.select([pidfd], [], [])  # readable once the process has ended
+    os._exit(1)
+
+
+def start_job_process(hooks: JobHooks, worker_pid: int = 0) -> None:
     """A job process's initializer. It ignores SIGINT: a Ctrl-C in a terminal reaches the
-    whole process group, and the worker, not the terminal, decides when its jobs end. A
+    whole process group, and the worker, not the terminal, decides when its jobs end. It
+    ends itself when the worker ends (``worker_pid``), even in the middle of a job. A
     setup that fails is logged and the process serves anyway, as eventmq's do."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if worker_pid:
+        threading.Thread(
+            target=exit_when_gone, args=(worker_pid,), name="worker-watch", daemon=True
+        ).start()
     try:
         run_setup(hooks)
     except Exception:
@@ -117,6 +148,7 @@ __all__ = [
     "NO_HOOKS",
     "Handler",
     "JobHooks",
+    "exit_when_gone",
     "nothing",
     "resolve_callable",
     "run_callable",

@@ -10,10 +10,12 @@ TOML file, then eventmq's own settings (``EVENTMQ_<NAME>`` variables over its IN
 
 from __future__ import annotations
 
+import configparser
 import importlib
 import json
 import signal
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -22,7 +24,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from bus.emqp import codec
-from bus.emqp.eventmq_settings import EventmqSettings, read_eventmq_settings
+from bus.emqp.eventmq_settings import SECTIONS, EventmqSettings, read_eventmq_settings
 from bus.emqp.worker_process import JobHooks
 from bus.options import ConfigTables, ServiceOptions, parse_duration
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
@@ -119,6 +121,64 @@ def _value_in(args: Sequence[str], long: str, short: str) -> str | None:
     return None
 
 
+#: emq-jobmanager's long options -> ours.
+_JOBMANAGER_SPELLINGS = {"--broker-addr": "--broker", "--jobs": "--slots"}
+
+
+def is_eventmq_config(path: str) -> bool:
+    """Whether ``--config`` names eventmq's INI file (emq-jobmanager's long form of ``-C``)
+    rather than our TOML: not TOML, or TOML of none of our tables, with eventmq's sections."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return False  # the TOML reader says why
+    try:
+        tables = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(text, source=path)
+        except configparser.Error:
+            return False
+        sections = set(parser.sections())
+    else:
+        if NAME in tables:
+            return False
+        sections = set(tables)
+    return bool(sections & set(SECTIONS))
+
+
+def jobmanager_args(args: Sequence[str]) -> list[str]:
+    """``emq-jobmanager``'s command line in our spellings, so that a unit file changes
+    only its program: ``--broker-addr``, ``--jobs``, ``--config`` of an eventmq INI file,
+    and ``-Q``/``--queues`` followed by space-separated names (we take no positional
+    argument, so the words after ``-Q`` can only be queues)."""
+    translated: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        index += 1
+        if arg == "--":
+            translated += args[index - 1 :]
+            break
+        name, equals, value = arg.partition("=") if arg.startswith("--") else (arg, "", "")
+        name = _JOBMANAGER_SPELLINGS.get(name, name)
+        if name == "--config":
+            path = value if equals else (args[index] if index < len(args) else "")
+            if path and is_eventmq_config(path):
+                name = "--eventmq-config"
+        elif name in ("-Q", "--queues") and not equals:
+            words = []
+            while index < len(args) and not args[index].startswith("-"):
+                words.append(args[index])
+                index += 1
+            translated += [name, ",".join(words)] if words else [name]
+            continue
+        translated.append(f"{name}={value}" if equals else name)
+    return translated
+
+
 class Options(ServiceOptions):
     service = NAME
     env_prefix = "EMQP_WORKER"
@@ -129,7 +189,8 @@ class Options(ServiceOptions):
         'Serve an eMQP broker\'s jobs: INFORM the --queues, run ["run", {...}] bodies and '
         "the --handlers registries' handlers in --slots processes (or threads), REPLY, "
         "heartbeat. Reads eventmq's settings too (-C FILE, EVENTMQ_* variables), under its "
-        "own options. SIGTERM: running jobs finish, then KBYE; a second one ends them."
+        "own options, and emq-jobmanager's command line. SIGTERM: running jobs finish, then "
+        "KBYE; a second one ends them. SIGHUP: the settings are read again."
     )
     optFlags = [
         ["no-run", None, 'Refuse ["run", {...}] bodies: serve the --handlers only.'],
@@ -144,16 +205,28 @@ class Options(ServiceOptions):
         ],
     ]
     optParameters = [
-        ["broker", "B", DEFAULT_BROKER, "The broker's worker endpoint (eventmq: WORKER_ADDR)."],
+        [
+            "broker",
+            "B",
+            DEFAULT_BROKER,
+            "The broker's worker endpoint (eventmq: WORKER_ADDR; emq-jobmanager's --broker-addr).",
+        ],
         [
             "queues",
             "Q",
             f"{DEFAULT_WEIGHT}:default",
             'Queues served, weight:name comma-separated (a bare name weighs 10) or JSON [[10, "default"]] '
-            "(eventmq: QUEUES).",
+            "(eventmq: QUEUES); emq-jobmanager's space-separated names too (-Q default mail).",
             queue_list,
         ],
-        ["slots", "J", 4, "Jobs run at once (eventmq: CONCURRENT_JOBS).", int],
+        [
+            "slots",
+            "J",
+            4,
+            "Jobs run at once (eventmq: CONCURRENT_JOBS; emq-jobmanager's --jobs).",
+            int,
+        ],
+        ["name", "n", None, "This worker's name in its log (emq-jobmanager's --name)."],
         *CLIENT_CURVE_OPTIONS,
         ["pool", None, "process", "process (a process per slot) or thread."],
         [
@@ -177,6 +250,14 @@ class Options(ServiceOptions):
             "300s",
             "After SIGTERM, how long running jobs may finish before they are ended "
             "(0: at once; eventmq: KILL_GRACE_PERIOD).",
+            seconds,
+        ],
+        [
+            "job-timeout",
+            None,
+            "0",
+            "How long a job may run when its request names no timeout:N; past its timeout "
+            "(either) its process is ended (0: as long as it takes; eventmq: GLOBAL_TIMEOUT).",
             seconds,
         ],
         [
@@ -217,7 +298,8 @@ class Options(ServiceOptions):
             "C",
             None,
             "eventmq's INI file, read in [global] then [jobmanager] (default: "
-            "$EVENTMQ_CONFIG_FILE, else /etc/eventmq.conf when it exists).",
+            "$EVENTMQ_CONFIG_FILE, else /etc/eventmq.conf when it exists); --config FILE "
+            "too when FILE is one, as emq-jobmanager takes it.",
         ],
     ]
 
@@ -227,7 +309,7 @@ class Options(ServiceOptions):
         self._args: list[str] = []
 
     def parse_layered(self, options: Sequence[str] | None = None) -> None:
-        self._args = list(sys.argv[1:] if options is None else options)
+        self._args = jobmanager_args(sys.argv[1:] if options is None else options)
         ServiceOptions.parse_layered(self, self._args)
 
     def apply_defaults(
@@ -265,7 +347,7 @@ class Options(ServiceOptions):
                 raise usage.UsageError(f"--{name} must be at least 1")
         if int(self["max-jobs-per-process"]) < 0:
             raise usage.UsageError("--max-jobs-per-process must be 0 or more")
-        for name in ("heartbeat-interval", "grace-period", "stats-interval"):
+        for name in ("heartbeat-interval", "grace-period", "stats-interval", "job-timeout"):
             self[name] = parse_duration(self[name])
         if self["heartbeat-interval"] <= 0:
             raise usage.UsageError("--heartbeat-interval must be above 0")
@@ -291,6 +373,8 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
         log.info("eventmq settings read from {path}", path=settings.path)
     for line in settings.not_honoured():
         log.warn("{line}", line=line)
+    if options["pool"] == "thread" and float(options["job-timeout"]) > 0:
+        log.warn("--pool thread: a job cannot be ended at its timeout (a thread cannot be killed)")
     handlers = dict(options["handler-table"])
     if options["no-run"]:
         handlers.pop("run", None)
@@ -307,11 +391,94 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
         hooks=options["hooks"],
         max_jobs_per_process=int(options["max-jobs-per-process"]),
         stats_interval=float(options["stats-interval"]),
+        job_timeout=float(options["job-timeout"]),
+        worker_name=str(options.get("name") or ""),
         curve=client_curve_from(options),
     )
     # Once running: the reactor has installed its handlers by then, and ours wrap them.
     worker.reactor.callWhenRunning(end_jobs_at_second_signal, worker)
+    if isinstance(options, Options):  # a command line to read again (not a tac's mapping)
+        worker.reactor.callWhenRunning(reload_at_sighup, worker, options)
     return worker
+
+
+#: Options a SIGHUP applies to the running worker; any other that changed waits for the
+#: next start (the pool, the hooks, the handlers, CURVE keys...).
+_RELOADED = frozenset(
+    {
+        "broker",
+        "queues",
+        "slots",
+        "heartbeat-interval",
+        "heartbeat-liveness",
+        "grace-period",
+        "stats-interval",
+        "job-timeout",
+        "max-jobs-per-process",
+    }
+)
+
+
+def _shown(name: str, value: Any) -> str:
+    if name == "queues":
+        from bus.emqp.worker import format_queues
+
+        return format_queues(value)
+    return str(value)
+
+
+def reload_at_sighup(worker: EmqpWorker, options: Options) -> None:
+    """SIGHUP reads the settings again, as eventmq's job manager does: the same command
+    line over the files and variables as they are now."""
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        worker.reactor.callFromThread(reload_settings, worker, options)
+
+    signal.signal(signal.SIGHUP, handle)
+
+
+def reload_settings(worker: EmqpWorker, options: Options) -> None:
+    """Apply what changed and can change while running, log every change, and go on with
+    the settings as they were when they cannot be read: a SIGHUP never ends the worker."""
+    if worker.draining or not worker.running:
+        log.info("SIGHUP while stopping: ignored")
+        return
+    fresh = Options()
+    try:
+        fresh.parse_layered(options._args)
+    except Exception as error:  # a usage error, or a --handlers module that fails
+        log.error("SIGHUP: settings not read again, kept as they were: {error}", error=error)
+        return
+    changed = {
+        spec.name: (options[spec.name], fresh[spec.name])
+        for spec in Options.option_specs()
+        if options[spec.name] != fresh[spec.name]
+    }
+    if not changed:
+        log.info("SIGHUP: settings read again, nothing changed")
+        return
+    for line in fresh.eventmq.not_honoured():
+        if line not in options.eventmq.not_honoured():
+            log.warn("{line}", line=line)
+    for name, (old, new) in sorted(changed.items()):
+        log.info(
+            "SIGHUP: {name} {old} -> {new}{later}",
+            name=name,
+            old=_shown(name, old),
+            new=_shown(name, new),
+            later="" if name in _RELOADED else " (takes effect when emqp-worker starts again)",
+        )
+        if name in _RELOADED:
+            options[name] = new
+    options.eventmq = fresh.eventmq
+    worker.heartbeat_liveness = int(options["heartbeat-liveness"])
+    worker.grace_period = float(options["grace-period"])
+    worker.job_timeout = float(options["job-timeout"])
+    worker.max_jobs_per_process = int(options["max-jobs-per-process"])
+    if {"heartbeat-interval", "stats-interval"} & set(changed):
+        worker.set_timers(float(options["heartbeat-interval"]), float(options["stats-interval"]))
+    if {"broker", "queues", "slots"} & set(changed):
+        worker.rejoin(options["broker"], options["queues"], int(options["slots"]))
 
 
 def end_jobs_at_second_signal(worker: EmqpWorker) -> None:

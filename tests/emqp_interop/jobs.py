@@ -46,3 +46,7 @@ def stamp(path):
     with open(path, "a") as out:
         out.write(f"{time.time()!r} {os.getpid()}\n")
     return True
+
+
+def fail(text):
+    raise ValueError(text)
