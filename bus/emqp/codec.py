@@ -461,6 +461,20 @@ def parse(frames: list[bytes]) -> Command:
     return command
 
 
+def refused_schedule_msgid(frames: list[bytes]) -> bytes | None:
+    """The message id of a SCHEDULE or UNSCHEDULE that :func:`parse` refused, when its
+    envelope and id are sound enough to answer it (a client waits for that answer); else
+    None."""
+    if len(frames) < 4 or frames[0] or frames[1] != PROTOCOL:
+        return None
+    if frames[2] not in (SCHEDULE, UNSCHEDULE):
+        return None
+    try:
+        return _msgid(frames[3])
+    except EmqpError:
+        return None
+
+
 # -- building -----------------------------------------------------------------------------------
 
 

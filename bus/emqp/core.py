@@ -230,7 +230,7 @@ class Broker:
         try:
             command = codec.parse(frames)
         except EmqpError as error:
-            self.drops.drop(error.reason, str(error), identity)
+            self._refuse_malformed(identity, frames, error, self.to_clients)
             return
         if isinstance(command, codec.Request):
             if queues is not None and command.queue not in queues:
@@ -261,7 +261,7 @@ class Broker:
         try:
             command = codec.parse(frames)
         except EmqpError as error:
-            self.drops.drop(error.reason, str(error), identity)
+            self._refuse_malformed(identity, frames, error, self.to_admin)
             return
         if type(command) is codec.Status:
             self._answer(identity, command.msgid, self.status(), self.to_admin)
@@ -397,11 +397,31 @@ class Broker:
         """A 6-frame REPLY carrying ``value`` as JSON, answering the request ``msgid``;
         behind the answers of that outbox that wait for a commit, in order."""
         result = json.dumps(value, sort_keys=True).encode()
-        message = [origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid]
+        self._in_order([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid], outbox)
+
+    def _in_order(self, message: Message, outbox: list[Message]) -> None:
+        """Into ``outbox``, or behind its answers that wait for a commit."""
         if any(held.outbox is outbox for held in self.unstored_answers):
             self.unstored_answers.append(HeldAnswer(outbox, message, stored=False))
         else:
             outbox.append(message)
+
+    def _refuse_malformed(
+        self, origin: bytes, frames: Message, error: EmqpError, outbox: list[Message]
+    ) -> None:
+        """Dropped and counted under the codec's reason; a SCHEDULE or UNSCHEDULE whose id
+        can be read is also answered ``bad-schedule``, as one the book refuses is: its
+        client waits for an answer."""
+        self.drops.drop(error.reason, str(error), origin)
+        msgid = codec.refused_schedule_msgid(frames)
+        if msgid is not None:
+            self._refuse_schedule(origin, msgid, "bad-schedule", str(error), outbox)
+
+    def _refuse_schedule(
+        self, origin: bytes, msgid: bytes, reason: str, text: str, outbox: list[Message]
+    ) -> None:
+        result = codec.error_result(reason, text)
+        self._in_order([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid], outbox)
 
     def _on_schedule(
         self,
@@ -441,8 +461,7 @@ class Broker:
                 self._publish("/emqp/schedule/added/", self._described(schedule, now))
         except EmqpError as error:
             self.drops.drop(error.reason, str(error), origin)
-            result = codec.error_result(error.reason, str(error))
-            answer.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, command.msgid])
+            self._refuse_schedule(origin, command.msgid, error.reason, str(error), answer)
             return
         self._answer_once_stored(origin, command.msgid, {"value": value}, answer)
 
