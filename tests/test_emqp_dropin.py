@@ -5,10 +5,15 @@ Where eventmq has the behaviour, its own code (``.venv-interop``) is the peer.""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,8 +24,71 @@ from hypothesis import strategies as st
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
 from bus.testing import RawPeer, start_broker, wait_until
+from tests.emqp_helpers import RawWorker, broker_in
+from tests.ports import free_ports
 
 Message = list[bytes]
+ROOT = Path(__file__).resolve().parent.parent
+INTEROP_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
+SCRIPTS = Path(__file__).resolve().parent / "emqp_interop"
+INTEROP_ENV = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+
+
+def _interop_python() -> str:
+    if not INTEROP_PYTHON.exists():
+        pytest.fail(f"{INTEROP_PYTHON} is missing: `make .venv-interop/.installed` makes it")
+    return str(INTEROP_PYTHON)
+
+
+@pytest_twisted.inlineCallbacks
+def emq_cli(admin: str, *commands: str) -> Any:
+    """eventmq's own emq-cli at ``admin``: command -> {"frames": N, "value": printed}."""
+    from twisted.internet import utils
+
+    out, err, code = yield utils.getProcessOutputAndValue(
+        _interop_python(), [str(SCRIPTS / "admin.py"), admin, *commands],
+        env=INTEROP_ENV, path=str(ROOT),
+    )  # fmt: skip
+    assert code == 0, err.decode()
+    return {entry["command"]: entry for entry in map(json.loads, out.decode().splitlines())}
+
+
+@pytest_twisted.inlineCallbacks
+def emq_cli_until(
+    admin: str, wanted: Callable[[dict[str, Any]], bool], *commands: str, before: Any = None
+) -> Any:
+    """emq-cli's answers once ``wanted`` holds of them (each run is its own round trip)."""
+    deadline = time.monotonic() + 30
+    while True:
+        if before is not None:
+            before()
+        answers = yield emq_cli(admin, *commands)
+        if wanted(answers) or time.monotonic() > deadline:
+            return answers
+
+
+@pytest.fixture
+def eventmq_router(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """eventmq 0.3.13's own router on free ports: its endpoints, as our broker's."""
+    first = free_ports(3)
+    endpoints = {name: f"tcp://127.0.0.1:{first + i}"
+                 for i, name in enumerate(("worker", "client", "admin"))}  # fmt: skip
+    log = open(tmp_path / "router.log", "ab")
+    process = subprocess.Popen(
+        [_interop_python(), str(SCRIPTS / "router.py"), endpoints["worker"], endpoints["client"],
+         endpoints["admin"], str(tmp_path / "wal" / "wal.log")],
+        stdout=log, stderr=log, env=INTEROP_ENV, cwd=ROOT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        yield endpoints
+    finally:
+        process.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        log.close()
 
 
 # -- malformed SCHEDULE and UNSCHEDULE ---------------------------------------------------------
@@ -108,3 +176,72 @@ def test_a_malformed_schedule_is_answered_bad_schedule_and_counted(
         assert answer["error"] == "bad-schedule" and answer["message"]
     assert Counter(core.drops.counts) - before == expected
     assert len(core.schedules) == 0
+
+
+# -- eventmq's admin commands ------------------------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def _admin_answers(endpoints: dict[str, str], cleanup: list[Any]) -> Any:
+    """Two workers (one INFORMing its queues lightest first) with free slots and a scheduler
+    peer at a broker; then emq-cli's ``show_workers`` and ``show_schedulers``, once it
+    shows them all, and its ``status``."""
+    first = RawWorker(endpoints["worker"], [[5, "mail"], [10, "default"]], identity=b"w-1")
+    cleanup.append(first)
+    # One after the other: a queue lists its workers in the order they came.
+    yield wait_until(first.acked, timeout=30, what="the first worker's ACK")
+    second = RawWorker(endpoints["worker"], [[10, "default"]], identity=b"w-2")
+    scheduler = RawPeer.dealer(endpoints["client"], identity=b"s-1")
+    cleanup += [second, scheduler]
+    scheduler.send(codec.inform([], codec.SCHEDULER))
+    yield wait_until(second.acked, timeout=30, what="the second worker's ACK")
+    yield wait_until(lambda: scheduler.messages, timeout=30, what="the scheduler's ACK")
+    first.ready(2)
+    second.ready(1)
+
+    def heartbeats() -> None:  # eventmq's router forgets peers silent for 5 s
+        for peer in (first.peer, second.peer, scheduler):
+            peer.send(codec.heartbeat(time.time()))
+
+    def complete(answers: dict[str, Any]) -> bool:
+        shown = answers["show_workers"]["value"] or {}
+        slots = {w: s["available_slots"] for w, s in shown.get("connected_workers", {}).items()}
+        return slots == {"w-1": 2, "w-2": 1}
+
+    answers = yield emq_cli_until(
+        endpoints["admin"], complete, "show_workers", "show_schedulers", "status",
+        before=heartbeats,
+    )  # fmt: skip
+    return answers
+
+
+@pytest_twisted.inlineCallbacks
+def test_emq_cli_shows_workers_and_schedulers_as_eventmq_router_does(
+    tmp_path: Path, cleanup: list[Any], eventmq_router: dict[str, str]
+) -> Any:
+    """eventmq's emq-cli (HELLO as it connects, then ROUTER_SHOW_WORKERS and
+    ROUTER_SHOW_SCHEDULERS) gets from our broker what it gets from eventmq's own router
+    in the same situation: the same frames, the same JSON, but for the time last heard."""
+    broker = broker_in(tmp_path, cleanup)
+    ours = yield _admin_answers(broker.endpoints, cleanup)
+    theirs = yield _admin_answers(eventmq_router, cleanup)
+    for answers in (ours, theirs):
+        for command in ("show_workers", "show_schedulers"):
+            assert answers[command]["frames"] == 5, answers
+        workers = answers["show_workers"]["value"]["connected_workers"]
+        schedulers = answers["show_schedulers"]["value"]["connected_schedulers"]
+        for peer in (*workers.values(), *schedulers.values()):
+            assert isinstance(peer.pop("hb"), float)
+    assert ours["show_workers"] == theirs["show_workers"]
+    assert ours["show_workers"]["value"] == {
+        "connected_workers": {
+            "w-1": {"queues": [[5, "mail"], [10, "default"]], "available_slots": 2},
+            "w-2": {"queues": [[10, "default"]], "available_slots": 1},
+        },
+        "connected_queues": {"default": [[10, "w-1"], [10, "w-2"]], "mail": [[5, "w-1"]]},
+    }
+    assert ours["show_schedulers"] == theirs["show_schedulers"]
+    assert ours["show_schedulers"]["value"] == {"connected_schedulers": {"s-1": {}}}
+    # HELLO was neither answered (emq-cli would print that answer for `status`) nor counted.
+    assert "queues" in ours["status"]["value"]
+    assert broker.broker.drops.total == 0

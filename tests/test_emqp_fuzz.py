@@ -57,7 +57,10 @@ def outcome(port: str, frames: Message) -> str | None:
         if isinstance(command, codec.Request):
             return None
         return "unexpected-command"
-    return "" if isinstance(command, codec.Status | codec.Schedules) else "unexpected-command"
+    if isinstance(command, codec.Hello):
+        return None  # neither answered nor counted: not worth a case of its own here
+    answered = codec.Status | codec.Schedules | codec.ShowWorkers | codec.ShowSchedulers
+    return "" if isinstance(command, answered) else "unexpected-command"
 
 
 def is_schedule(frames: Message) -> bool:

@@ -105,6 +105,9 @@ class WorkerState:
     queues: tuple[tuple[int, bytes], ...]
     last_seen: float
     joined: float
+    #: Its queues as its INFORM listed them (those its key may serve), for eventmq's
+    #: ROUTER_SHOW_WORKERS.
+    informed: tuple[tuple[int, str], ...] = ()
     free_slots: int = 0
     inflight: dict[bytes, Job] = field(default_factory=dict)
     dispatched: int = 0
@@ -270,6 +273,13 @@ class Broker:
         elif type(command) is codec.Schedules:
             listing = self.schedules.listing(self.clock()) if self.schedules is not None else []
             self._answer(identity, command.msgid, {"value": listing}, self.to_admin)
+        elif type(command) is codec.ShowWorkers:
+            self._answer_as_eventmq(identity, self.workers_as_eventmq())
+        elif type(command) is codec.ShowSchedulers:
+            schedulers = {peer_name(s): {"hb": seen} for s, seen in self.schedulers.items()}
+            self._answer_as_eventmq(identity, {"connected_schedulers": schedulers})
+        elif type(command) is codec.Hello:
+            pass  # emq-cli's greeting: eventmq's router is silent, and emq-cli reads no answer
         else:
             name = type(command).__name__
             self.drops.drop("unexpected-command", f"{name} on the admin port", identity)
@@ -294,7 +304,9 @@ class Broker:
             if not permitted:
                 return
             queues = permitted
-        worker = WorkerState(identity, queues, last_seen=now, joined=now)
+        served = {name for _, name in queues}
+        informed = tuple(q for q in inform.queues if q[1].encode("utf-8") in served)
+        worker = WorkerState(identity, queues, last_seen=now, joined=now, informed=informed)
         self.workers[identity] = worker
         for weight, name in queues:
             queue = self._queue(name, force=True)
@@ -398,6 +410,35 @@ class Broker:
         behind the answers of that outbox that wait for a commit, in order."""
         result = json.dumps(value, sort_keys=True).encode()
         self._in_order([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid], outbox)
+
+    def _answer_as_eventmq(self, origin: bytes, value: Any) -> None:
+        """eventmq's router's admin answer: a 5-frame REPLY whose last frame is the JSON
+        (emq-cli reads frame 4); it names no request."""
+        body = json.dumps(value).encode()
+        self._in_order([origin, b"", PROTOCOL, _REPLY, _new_msgid(), body], self.to_admin)
+
+    def workers_as_eventmq(self) -> dict[str, Any]:
+        """ROUTER_SHOW_WORKERS as eventmq's router answers it: each worker's queues as it
+        INFORMed them, when it was last heard (``hb``: this broker's clock, where eventmq
+        gave its own monotonic clock) and its free slots; each queue's workers, heaviest
+        first, then least recently used."""
+        workers = {
+            peer_name(identity): {
+                "queues": [[w, n] for w, n in worker.informed],
+                "hb": worker.last_seen,
+                "available_slots": worker.free_slots,
+            }
+            for identity, worker in self.workers.items()
+        }
+        queues = {
+            name.decode("utf-8", "replace"): [
+                [weight, peer_name(identity)]
+                for identity, weight in sorted(queue.workers.items(), key=lambda w: -w[1])
+            ]
+            for name, queue in self.queues.items()
+            if queue.workers
+        }
+        return {"connected_workers": workers, "connected_queues": queues}
 
     def _in_order(self, message: Message, outbox: list[Message]) -> None:
         """Into ``outbox``, or behind its answers that wait for a commit."""
