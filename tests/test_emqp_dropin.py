@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
 from bus.testing import RawPeer, start_broker, wait_until
-from tests.emqp_helpers import RawWorker, broker_in
+from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
+from tests.test_emqp_interop import JOBS, InteropProcess, free_slots, job_manager, run_real_client
 
 Message = list[bytes]
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,3 +246,58 @@ def test_emq_cli_shows_workers_and_schedulers_as_eventmq_router_does(
     # HELLO was neither answered (emq-cli would print that answer for `status`) nor counted.
     assert "queues" in ours["status"]["value"]
     assert broker.broker.drops.total == 0
+
+
+# -- eventmq's STATUS keys ---------------------------------------------------------------------
+
+EVENTMQ_STATUS_KEYS = {
+    "inflight_messages_by_queue",
+    "latency_messages_by_queue",
+    "max_latency_messages_by_queue",
+    "waiting_messages_by_queue",
+    "processed_messages_by_queue",
+    "processed_messages_by_worker",
+}
+
+
+@pytest.fixture
+def processes() -> Iterator[list[InteropProcess]]:
+    started: list[InteropProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_status_has_eventmq_keys_with_real_values(
+    tmp_path: Path,
+    cleanup: list[Any],
+    processes: list[InteropProcess],
+    eventmq_router: dict[str, str],
+) -> Any:
+    """emq-cli ``status`` shows eventmq's router's keys beside ours, with what happened:
+    jobs of eventmq's client run by eventmq's job manager, and a request nobody serves."""
+    theirs = yield emq_cli(eventmq_router["admin"], "status")
+    assert set(theirs["status"]["value"]) == EVENTMQ_STATUS_KEYS  # what monitoring reads
+    broker = broker_in(tmp_path, cleanup)
+    job_manager(broker, processes, tmp_path, jobs=2)
+    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="two READYs")
+    requests = [{"func": f"{JOBS}.add", "args": [i, 1], "reply": True} for i in range(3)]
+    answers = yield run_real_client(broker, processes, tmp_path, requests)
+    assert [a["result"] for a in answers] == [{"value": i + 1} for i in range(3)]
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    client.request("nobody", ["run", {"path": JOBS, "callable": "add", "args": [1, 1]}])
+    yield wait_until(lambda: b"nobody" in broker.broker.queues, what="the request waiting")
+    ours = yield emq_cli(broker.endpoints["admin"], "status")
+    status = ours["status"]["value"]
+    assert set(status) >= EVENTMQ_STATUS_KEYS | {"queues", "workers", "counters"}
+    assert status["processed_messages_by_queue"] == {"default": 3}
+    [(manager, processed)] = status["processed_messages_by_worker"].items()
+    assert processed == 3 and manager == status["workers"][0]["id"]
+    assert status["waiting_messages_by_queue"] == {"nobody": 1}
+    assert status["inflight_messages_by_queue"] == {"nobody": 1}
+    mean, oldest = (status[k]["nobody"] for k in ("latency_messages_by_queue",
+                                                  "max_latency_messages_by_queue"))  # fmt: skip
+    assert set(status["latency_messages_by_queue"]) == {"nobody"}
+    assert isinstance(mean, int) and isinstance(oldest, int) and 0 <= mean <= oldest

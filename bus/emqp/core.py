@@ -45,6 +45,9 @@ _KBYE = codec.KBYE
 _new_msgid = codec.new_msgid
 
 Message = list[bytes]
+#: Dispatch counts of queues and workers that are gone, kept for STATUS (eventmq's
+#: ``processed_messages_by_*``) up to this many names each, the least recent dropped.
+RETIRED_COUNTS = 10_000
 #: The queues a peer's CURVE key may use (the ``queues`` of its certificate), or None: all.
 Queues = frozenset[bytes] | None
 EVERY_QUEUE: Queues = None
@@ -167,6 +170,9 @@ class Broker:
         self._given_up: OrderedDict[bytes, None] = OrderedDict()
         #: Strangers on the worker port told KBYE once, oldest first.
         self._told_to_leave: OrderedDict[bytes, None] = OrderedDict()
+        #: Dispatches of queues and workers no longer known (name -> count).
+        self._retired_queues: dict[str, int] = {}
+        self._retired_workers: dict[str, int] = {}
         # Counters, kept as work happens.
         self.requests = 0
         self.dispatched = 0
@@ -341,6 +347,7 @@ class Broker:
         worker = self.workers.pop(identity, None)
         if worker is None:
             return
+        _retire(self._retired_workers, peer_name(identity), worker.dispatched)
         for _, name in worker.queues:
             queue = self.queues.get(name)
             if queue is not None:
@@ -618,6 +625,7 @@ class Broker:
     def _drop_queue_if_idle(self, queue: QueueState) -> None:
         if not queue.waiting and not queue.workers:
             self.queues.pop(queue.name, None)
+            _retire(self._retired_queues, _text(queue.name), queue.dispatched)
 
     def _forbidden(
         self, client: bytes, msgid: bytes, queue: bytes, answer: list[Message] | None = None
@@ -1002,6 +1010,49 @@ class Broker:
             "in_flight_count": sum(len(w.inflight) for w in self.workers.values()),
             "waiting": sum(len(q.waiting) for q in self.queues.values()),
             "counters": self.counters(),
+            **self.eventmq_status(now),
+        }
+
+    def eventmq_status(self, now: float) -> dict[str, dict[str, int]]:
+        """The keys of eventmq's router's STATUS, which its users' monitoring reads.
+
+        ``inflight_messages_by_queue``: requests accepted and not ended, waiting ones
+        included (eventmq counts from a request's arrival to its REPLY); the latency keys:
+        their mean and greatest age in ms; ``waiting_messages_by_queue``: those waiting for
+        a worker; ``processed_messages_by_queue`` and ``_by_worker``: dispatches to workers
+        since the start (eventmq left out those that had waited), gone queues and workers
+        included. Queues without any are left out, as eventmq leaves them."""
+        open_count: dict[bytes, int] = {}
+        age_sum: dict[bytes, float] = {}
+        oldest: dict[bytes, float] = {}
+        for job in self.jobs.values():
+            name = job.queue
+            age = now - job.received
+            open_count[name] = open_count.get(name, 0) + 1
+            age_sum[name] = age_sum.get(name, 0.0) + age
+            if age > oldest.get(name, -1.0):
+                oldest[name] = age
+        by_queue = dict(self._retired_queues)
+        for name, queue in self.queues.items():
+            if queue.dispatched:
+                key = _text(name)
+                by_queue[key] = by_queue.get(key, 0) + queue.dispatched
+        by_worker = dict(self._retired_workers)
+        for identity, worker in self.workers.items():
+            if worker.dispatched:
+                key = peer_name(identity)
+                by_worker[key] = by_worker.get(key, 0) + worker.dispatched
+        return {
+            "inflight_messages_by_queue": {_text(n): c for n, c in open_count.items()},
+            "latency_messages_by_queue": {
+                _text(n): int(age_sum[n] / c * 1000) for n, c in open_count.items()
+            },
+            "max_latency_messages_by_queue": {_text(n): int(a * 1000) for n, a in oldest.items()},
+            "waiting_messages_by_queue": {
+                _text(n): len(q.waiting) for n, q in self.queues.items() if q.waiting
+            },
+            "processed_messages_by_queue": by_queue,
+            "processed_messages_by_worker": by_worker,
         }
 
     def _lateness_ms(self) -> dict[str, float]:
@@ -1036,6 +1087,18 @@ class Broker:
             "refused_unstored": self.refused_unstored,
             "dropped": self.drops.total,
         }
+
+
+def _text(name: bytes) -> str:
+    return name.decode("utf-8", "replace")
+
+
+def _retire(counts: dict[str, int], name: str, count: int) -> None:
+    """Keep a gone queue's or worker's count (added to one of the same name gone before)."""
+    if count:
+        counts[name] = counts.pop(name, 0) + count  # the most recent last
+        if len(counts) > RETIRED_COUNTS:
+            del counts[next(iter(counts))]
 
 
 _REASONS = {
