@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
+from bus.emqp.worker import EmqpWorker
 from bus.testing import RawPeer, start_broker, wait_until
 from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
@@ -301,3 +302,45 @@ def test_status_has_eventmq_keys_with_real_values(
                                                   "max_latency_messages_by_queue"))  # fmt: skip
     assert set(status["latency_messages_by_queue"]) == {"nobody"}
     assert isinstance(mean, int) and isinstance(oldest, int) and 0 <= mean <= oldest
+
+
+# -- cron ----------------------------------------------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def _schedule_with_eventmq(
+    broker: Any, processes: list[InteropProcess], tmp_path: Path, record: Path, timing: str
+) -> Any:
+    """eventmq's own ``schedule()`` of ``jobs.stamp(record)``; ``timing``: an interval in
+    seconds or ``cron:LINE``."""
+    sender = InteropProcess(
+        "schedule.py", broker.endpoints["client"], f"{JOBS}.stamp", json.dumps([str(record)]),
+        timing, log=tmp_path / "schedule.log",
+    )  # fmt: skip
+    processes.append(sender)
+    yield wait_until(sender.finished, timeout=30, what="the SCHEDULE sent")
+    assert sender.process.returncode == 0, sender.log_path.read_text()
+
+
+def _runs(record: Path) -> list[float]:
+    text = record.read_text() if record.exists() else ""
+    return [float(line.split()[0]) for line in text.splitlines()]
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_six_field_cron_of_eventmq_runs_every_few_seconds(
+    tmp_path: Path, cleanup: list[Any], processes: list[InteropProcess]
+) -> Any:
+    """``* * * * * */2`` from eventmq's client: its sixth field is seconds (croniter's
+    reading), so the job runs again and again within seconds, never refused."""
+    broker = broker_in(tmp_path, cleanup)
+    worker = EmqpWorker(broker.endpoints["worker"], slots=2, heartbeat_interval=0.2)
+    worker.startService()
+    cleanup.append(worker)
+    yield wait_until(lambda: worker.registered, what="our worker")
+    record = tmp_path / "record.txt"
+    yield _schedule_with_eventmq(broker, processes, tmp_path, record, "cron:* * * * * */2")
+    yield wait_until(lambda: len(_runs(record)) >= 3, timeout=30, what="three runs")
+    [listed] = broker.broker.schedules.listing(time.time())
+    assert listed["cron"] == "* * * * * */2" and listed["runs"] >= 3
+    assert "bad-schedule" not in broker.broker.drops.counts

@@ -304,8 +304,9 @@ def test_eventmqs_frames() -> None:
         [b"q", b"", b"-1", job(), b""],  # neither
         [b"q", b"", b"", job(), b""],
         [b"q", b"", b"60", job(), b"* * * * *"],  # both
-        [b"q", b"", b"-1", job(), b"* * * * * *"],  # seconds: six fields
-        [b"q", b"", b"-1", job(), b"0 0 1 1 * 2030"],
+        [b"q", b"", b"-1", job(), b"* * * * * * *"],  # seven fields: croniter 0.3.10 refuses
+        [b"q", b"", b"-1", job(), b"0 0 1 1 * 2030"],  # the sixth field is seconds
+        [b"q", b"", b"-1", job(), b"* * * * * 60"],
         [b"q", b"", b"-1", job(), b"* * * *"],
         [b"q", b"", b"-1", job(), b"every minute"],
         [b"q", b"", b"-1", job(), b"61 * * * *"],
@@ -520,3 +521,32 @@ def test_restore_never_runs_a_schedule_twice(
     assert len(set(ids(fired))) == len(fired) <= len(rows)
     assert restored.due(now) == []
     assert all(s.next_due > now for s in restored)
+
+
+def test_six_fields_end_with_seconds_as_croniter_reads_them() -> None:
+    assert cron("* * * * *   */10").cron == "* * * * * */10"
+    assert cron_next("* * * * * */10", utc(2024, 1, 1, 12, 0, 3), UTC) == utc(2024, 1, 1, 12, 0, 10)
+    assert cron_next("*/5 * * * * 30", utc(2024, 1, 1, 12, 0, 31), UTC) == utc(
+        2024, 1, 1, 12, 5, 30
+    )
+    book = ScheduleBook(tz=UTC)
+    schedule, _ = book.add(cron("* * * * * */10", headers=b"nohaste"), utc(2024, 1, 1, 12, 0, 3))
+    assert schedule.next_due == utc(2024, 1, 1, 12, 0, 10)
+    assert book.due(utc(2024, 1, 1, 12, 0, 10)) == [schedule]
+    assert schedule.next_due == utc(2024, 1, 1, 12, 0, 20)
+
+
+cron_items = st.sampled_from(["*", "*/7", "0", "59", "60", "1-3", "5,6", "*/0", "a", "H", "MON"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(cron_items, min_size=1, max_size=8))
+def test_any_cron_line_is_refused_or_has_a_next_time(items: list[str]) -> None:
+    line = " ".join(items)
+    try:
+        spec = ScheduleSpec.from_frames([b"q", b"", b"-1", job(), line.encode()])
+    except ScheduleError as error:
+        assert error.reason == "bad-schedule" and str(error)
+        return
+    assert len(items) in (5, 6)
+    assert spec.cron is not None and cron_next(spec.cron, T0, UTC) > T0
