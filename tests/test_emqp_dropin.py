@@ -27,6 +27,7 @@ from bus.emqp.worker import EmqpWorker
 from bus.testing import RawPeer, start_broker, wait_until
 from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
+from tests.processes import BrokerProcess
 from tests.test_emqp_interop import JOBS, InteropProcess, free_slots, job_manager, run_real_client
 
 Message = list[bytes]
@@ -344,3 +345,56 @@ def test_a_six_field_cron_of_eventmq_runs_every_few_seconds(
     [listed] = broker.broker.schedules.listing(time.time())
     assert listed["cron"] == "* * * * * */2" and listed["runs"] >= 3
     assert "bad-schedule" not in broker.broker.drops.counts
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_cron_schedule_of_eventmq_runs_at_once_unless_no_haste(
+    tmp_path: Path, processes: list[InteropProcess]
+) -> Any:
+    """eventmq's scheduler runs a new cron schedule at once (its haste), whatever its line:
+    a yearly one from eventmq's ``schedule()`` runs on our broker within seconds. Under
+    ``twistd -n emqp --no-haste`` the same SCHEDULE waits for its first cron time."""
+    record = tmp_path / "record.txt"
+    hasty = BrokerProcess(tmp_path / "hasty", None)
+    patient = BrokerProcess(tmp_path / "patient", None, "--no-haste")
+    worker = None
+    try:
+        yield wait_until(lambda: hasty.ready() and patient.ready(), timeout=30, what="brokers")
+        worker = EmqpWorker(hasty.endpoints["worker"], slots=1, heartbeat_interval=0.2)
+        worker.startService()
+        yield wait_until(lambda: worker.registered, what="our worker")
+        for broker in (hasty, patient):
+            yield _schedule_with_eventmq(broker, processes, tmp_path, record, "cron:0 0 1 1 *")
+        yield wait_until(lambda: _runs(record), timeout=30, what="the run at once")
+
+        def listed(broker: BrokerProcess) -> list[dict[str, Any]]:
+            return list(broker.status().get("schedules", []))
+
+        yield wait_until(lambda: listed(hasty) and listed(patient), what="both in status.json")
+        assert listed(hasty)[0]["runs"] == 1
+        # Accepted, not run: its first run is on the first of January.
+        [waiting] = listed(patient)
+        assert waiting["runs"] == 0 and waiting["cron"] == "0 0 1 1 *"
+        assert waiting["next_run_in"] > 0
+        assert patient.status()["counters"]["schedules_fired"] == 0
+    finally:
+        if worker is not None:
+            yield worker.stopService()
+        for broker in (hasty, patient):
+            if broker.process.poll() is None:
+                broker.stop()
+
+
+def test_no_haste_is_an_option_of_the_broker_and_of_the_product() -> None:
+    from bus import tap
+    from bus.emqp.tap import Options
+
+    alone = Options()
+    alone.parseOptions([])
+    assert alone["emqp-config"].broker.cron_haste is True  # eventmq's default
+    alone = Options()
+    alone.parseOptions(["--no-haste"])
+    assert alone["emqp-config"].broker.cron_haste is False
+    product = tap.Options()
+    product.parseOptions(["--services", "eventbus,emqp", "--emqp-no-haste"])
+    assert product["service-options"]["emqp"]["emqp-config"].broker.cron_haste is False

@@ -162,7 +162,7 @@ def test_scheduling_the_same_job_again_replaces_it() -> None:
     assert second.next_due == T0 + 70
     # A cron replacing an interval.
     third, replaced = book.add(ScheduleSpec(b"emails", b"", None, "0 * * * *", job()), T0 + 61)
-    assert replaced and third.next_due == cron_next("0 * * * *", T0 + 61)
+    assert replaced and third.next_due == T0 + 61  # a new schedule: at once (haste)
 
 
 def test_an_identical_schedule_changes_nothing() -> None:
@@ -209,8 +209,20 @@ def test_too_many_schedules() -> None:
 # -- cron ---------------------------------------------------------------------------------------
 
 
-def test_cron_runs_at_its_times_not_at_once() -> None:
+def test_cron_runs_at_once_then_at_its_times() -> None:
+    """eventmq's haste: a yearly cron ran 0.08 s after its SCHEDULE."""
     book = ScheduleBook(tz=UTC)
+    start = utc(2024, 1, 1, 12, 3, 10)
+    schedule, _ = book.add(cron("0 0 1 1 *"), start)
+    assert schedule.next_due == start and book.due(start) == [schedule]
+    assert schedule.next_due == utc(2025, 1, 1) and book.due(start + 3600) == []
+    # The header nohaste, as eventmq reads it, waits for the first cron time.
+    late, _ = book.add(cron("*/5 * * * *", job("late"), headers=b"nohaste"), start)
+    assert late.next_due == utc(2024, 1, 1, 12, 5)
+
+
+def test_without_haste_cron_runs_at_its_times_not_at_once() -> None:
+    book = ScheduleBook(tz=UTC, cron_haste=False)
     schedule, _ = book.add(cron("*/5 * * * *"), utc(2024, 1, 1, 12, 3, 10))
     assert book.due(utc(2024, 1, 1, 12, 3, 10)) == []
     assert schedule.next_due == utc(2024, 1, 1, 12, 5)
@@ -231,7 +243,7 @@ def test_cron_aliases_and_spacing() -> None:
 
 def test_cron_in_a_zone_across_daylight_saving_time() -> None:
     def runs(expression: str, start: float, count: int) -> list[float]:
-        book = ScheduleBook(tz=BERLIN)
+        book = ScheduleBook(tz=BERLIN, cron_haste=False)
         schedule, _ = book.add(cron(expression), start)
         times = []
         for _ in range(count):
@@ -447,7 +459,7 @@ def test_listing() -> None:
     book = ScheduleBook(tz=UTC)
     book.add(every(600, job("later"), headers=b"nohaste"), T0)
     book.add(every(60, job("soon"), headers=b"nohaste"), T0)
-    book.add(cron("0 0 1 1 *"), T0)
+    book.add(cron("0 0 1 1 *", headers=b"nohaste"), T0)
     rows = book.listing(T0 + 10)
     assert [r["interval"] for r in rows] == [60.0, 600.0, None]
     assert rows[0]["next_run_in"] == 50.0 and rows[0]["runs"] == 0 and rows[0]["last_run"] is None

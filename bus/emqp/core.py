@@ -69,6 +69,9 @@ class BrokerSettings:
     #: it forwards them to a connected eventmq scheduler peer, as the original router does.
     scheduler: str = "builtin"
     max_schedules: int = 100_000
+    #: A new cron schedule runs at once, as eventmq's scheduler runs it (False: at its
+    #: first cron time; ``--no-haste``). Interval schedules run at once either way.
+    cron_haste: bool = True
 
     @property
     def worker_expiry(self) -> float:
@@ -156,7 +159,9 @@ class Broker:
         self.queues: dict[bytes, QueueState] = {}
         self.schedulers: dict[bytes, float] = {}
         self.schedules = (
-            ScheduleBook(settings.max_schedules) if settings.scheduler == "builtin" else None
+            ScheduleBook(settings.max_schedules, cron_haste=settings.cron_haste)
+            if settings.scheduler == "builtin"
+            else None
         )
         self._scheduler_turn = 0
         self.jobs: dict[bytes, Job] = {}

@@ -11,7 +11,10 @@ When a schedule runs (the rules an operator can rely on)
   first run (eventmq's "haste"). The header ``nohaste`` moves the first run one interval
   later. Intervals are 1 second to 1 year; eventmq's client cannot send 0, and its
   scheduler would run a 0 interval in a busy loop, so 0 is refused.
-- Cron schedules first run at the next cron time after they are scheduled, never at once.
+- Cron schedules also run as soon as they are scheduled, as eventmq's scheduler runs them
+  (its haste: a yearly cron ran 0.08 s after its SCHEDULE), then at their cron times; the
+  header ``nohaste``, or a book made with ``cron_haste=False`` (the broker's
+  ``--no-haste``), makes the first run the next cron time instead.
   Cron times are read in the broker's local time zone (or the zone the book is given), with
   the five standard fields (minute hour day month weekday), an alias such as ``@daily``, or
   six fields whose sixth is seconds, as eventmq's croniter (0.3.10) reads them
@@ -423,8 +426,12 @@ class ScheduleBook:
     O(k log n) for k schedules due out of n.
     """
 
-    def __init__(self, max_schedules: int = MAX_SCHEDULES, tz: tzinfo | None = None) -> None:
+    def __init__(
+        self, max_schedules: int = MAX_SCHEDULES, tz: tzinfo | None = None, cron_haste: bool = True
+    ) -> None:
         self.max_schedules = max_schedules
+        #: Whether a new cron schedule runs at once (eventmq's haste) or at its next time.
+        self.cron_haste = cron_haste
         #: The zone cron times are read in; None: the process's local zone.
         self.tz = tz
         self._by_id: dict[str, Schedule] = {}
@@ -462,6 +469,8 @@ class ScheduleBook:
             )
         if spec.interval is not None:
             first = now if spec.haste else now + spec.interval
+        elif spec.haste and self.cron_haste:
+            first = now
         else:
             assert spec.cron is not None
             try:
