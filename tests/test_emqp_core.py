@@ -415,3 +415,24 @@ def test_an_answer_behind_a_held_one_keeps_its_turn(tmp_path: Path) -> None:
     assert answers[0] == (again[3], answers[0][1]) and answers[0][1]["error"] == "storage-error"
     assert answers[1][0] == status[3] and "workers" in answers[1][1]
     store.close()
+
+
+def test_eventmq_status_keys_count_what_happened_and_outlive_workers_and_queues() -> None:
+    h = Harness()
+    h.inform(b"w", [[10, "q"]], slots=1)
+    first = h.request("q")
+    h.clock.advance(2)
+    h.request("q")  # waits: the one slot is taken
+    keys = h.broker.eventmq_status(h.clock.seconds())
+    assert keys["inflight_messages_by_queue"] == {"q": 2}
+    assert keys["waiting_messages_by_queue"] == {"q": 1}
+    assert keys["latency_messages_by_queue"] == {"q": 1000}  # ages 2 s and 0 s
+    assert keys["max_latency_messages_by_queue"] == {"q": 2000}
+    h.reply(b"w", first)  # its slot takes the waiting one: two dispatches
+    h.ready(b"w")
+    h.broker.on_worker_message(b"w", codec.kbye())  # the second is lost with it
+    keys = h.broker.eventmq_status(h.clock.seconds())
+    assert keys["processed_messages_by_queue"] == {"q": 2}
+    assert keys["processed_messages_by_worker"] == {"w": 2}
+    assert keys["inflight_messages_by_queue"] == {} == keys["waiting_messages_by_queue"]
+    assert b"q" not in h.broker.queues  # gone, its count kept

@@ -162,7 +162,7 @@ def test_scheduling_the_same_job_again_replaces_it() -> None:
     assert second.next_due == T0 + 70
     # A cron replacing an interval.
     third, replaced = book.add(ScheduleSpec(b"emails", b"", None, "0 * * * *", job()), T0 + 61)
-    assert replaced and third.next_due == cron_next("0 * * * *", T0 + 61)
+    assert replaced and third.next_due == T0 + 61  # a new schedule: at once (haste)
 
 
 def test_an_identical_schedule_changes_nothing() -> None:
@@ -209,8 +209,20 @@ def test_too_many_schedules() -> None:
 # -- cron ---------------------------------------------------------------------------------------
 
 
-def test_cron_runs_at_its_times_not_at_once() -> None:
+def test_cron_runs_at_once_then_at_its_times() -> None:
+    """eventmq's haste: a yearly cron ran 0.08 s after its SCHEDULE."""
     book = ScheduleBook(tz=UTC)
+    start = utc(2024, 1, 1, 12, 3, 10)
+    schedule, _ = book.add(cron("0 0 1 1 *"), start)
+    assert schedule.next_due == start and book.due(start) == [schedule]
+    assert schedule.next_due == utc(2025, 1, 1) and book.due(start + 3600) == []
+    # The header nohaste, as eventmq reads it, waits for the first cron time.
+    late, _ = book.add(cron("*/5 * * * *", job("late"), headers=b"nohaste"), start)
+    assert late.next_due == utc(2024, 1, 1, 12, 5)
+
+
+def test_without_haste_cron_runs_at_its_times_not_at_once() -> None:
+    book = ScheduleBook(tz=UTC, cron_haste=False)
     schedule, _ = book.add(cron("*/5 * * * *"), utc(2024, 1, 1, 12, 3, 10))
     assert book.due(utc(2024, 1, 1, 12, 3, 10)) == []
     assert schedule.next_due == utc(2024, 1, 1, 12, 5)
@@ -231,7 +243,7 @@ def test_cron_aliases_and_spacing() -> None:
 
 def test_cron_in_a_zone_across_daylight_saving_time() -> None:
     def runs(expression: str, start: float, count: int) -> list[float]:
-        book = ScheduleBook(tz=BERLIN)
+        book = ScheduleBook(tz=BERLIN, cron_haste=False)
         schedule, _ = book.add(cron(expression), start)
         times = []
         for _ in range(count):
@@ -304,8 +316,9 @@ def test_eventmqs_frames() -> None:
         [b"q", b"", b"-1", job(), b""],  # neither
         [b"q", b"", b"", job(), b""],
         [b"q", b"", b"60", job(), b"* * * * *"],  # both
-        [b"q", b"", b"-1", job(), b"* * * * * *"],  # seconds: six fields
-        [b"q", b"", b"-1", job(), b"0 0 1 1 * 2030"],
+        [b"q", b"", b"-1", job(), b"* * * * * * *"],  # seven fields: croniter 0.3.10 refuses
+        [b"q", b"", b"-1", job(), b"0 0 1 1 * 2030"],  # the sixth field is seconds
+        [b"q", b"", b"-1", job(), b"* * * * * 60"],
         [b"q", b"", b"-1", job(), b"* * * *"],
         [b"q", b"", b"-1", job(), b"every minute"],
         [b"q", b"", b"-1", job(), b"61 * * * *"],
@@ -446,7 +459,7 @@ def test_listing() -> None:
     book = ScheduleBook(tz=UTC)
     book.add(every(600, job("later"), headers=b"nohaste"), T0)
     book.add(every(60, job("soon"), headers=b"nohaste"), T0)
-    book.add(cron("0 0 1 1 *"), T0)
+    book.add(cron("0 0 1 1 *", headers=b"nohaste"), T0)
     rows = book.listing(T0 + 10)
     assert [r["interval"] for r in rows] == [60.0, 600.0, None]
     assert rows[0]["next_run_in"] == 50.0 and rows[0]["runs"] == 0 and rows[0]["last_run"] is None
@@ -520,3 +533,32 @@ def test_restore_never_runs_a_schedule_twice(
     assert len(set(ids(fired))) == len(fired) <= len(rows)
     assert restored.due(now) == []
     assert all(s.next_due > now for s in restored)
+
+
+def test_six_fields_end_with_seconds_as_croniter_reads_them() -> None:
+    assert cron("* * * * *   */10").cron == "* * * * * */10"
+    assert cron_next("* * * * * */10", utc(2024, 1, 1, 12, 0, 3), UTC) == utc(2024, 1, 1, 12, 0, 10)
+    assert cron_next("*/5 * * * * 30", utc(2024, 1, 1, 12, 0, 31), UTC) == utc(
+        2024, 1, 1, 12, 5, 30
+    )
+    book = ScheduleBook(tz=UTC)
+    schedule, _ = book.add(cron("* * * * * */10", headers=b"nohaste"), utc(2024, 1, 1, 12, 0, 3))
+    assert schedule.next_due == utc(2024, 1, 1, 12, 0, 10)
+    assert book.due(utc(2024, 1, 1, 12, 0, 10)) == [schedule]
+    assert schedule.next_due == utc(2024, 1, 1, 12, 0, 20)
+
+
+cron_items = st.sampled_from(["*", "*/7", "0", "59", "60", "1-3", "5,6", "*/0", "a", "H", "MON"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(cron_items, min_size=1, max_size=8))
+def test_any_cron_line_is_refused_or_has_a_next_time(items: list[str]) -> None:
+    line = " ".join(items)
+    try:
+        spec = ScheduleSpec.from_frames([b"q", b"", b"-1", job(), line.encode()])
+    except ScheduleError as error:
+        assert error.reason == "bad-schedule" and str(error)
+        return
+    assert len(items) in (5, 6)
+    assert spec.cron is not None and cron_next(spec.cron, T0, UTC) > T0

@@ -634,9 +634,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("queue")
     sub.add_argument("body", help='the request body, JSON (eventmq\'s ["run", {...}] too)')
     sub.add_argument("--every", metavar="DURATION", help="interval: 30s, 5m, 1h, 1d")
-    sub.add_argument("--cron", metavar="LINE", help="five cron fields, in the broker's zone")
+    sub.add_argument(
+        "--cron", metavar="LINE", help="five cron fields (six: seconds last), in the broker's zone"
+    )
     sub.add_argument("--guarantee", action="store_true", help="each run stored until replied")
-    sub.add_argument("--no-haste", action="store_true", help="first run after one interval")
+    sub.add_argument(
+        "--no-haste",
+        action="store_true",
+        help="first run after one interval (cron: at its first time)",
+    )
     sub.add_argument("--runs", type=int, help="end the schedule after this many runs")
     admin_options(sub)
     sub.set_defaults(run=schedule, check=_check_schedule)

@@ -37,6 +37,11 @@ SCHEDULE: Final = b"SCHEDULE"
 UNSCHEDULE: Final = b"UNSCHEDULE"
 STATUS: Final = b"STATUS"
 SCHEDULES: Final = b"SCHEDULES"
+#: eventmq's admin commands: emq-cli greets with HELLO (its router never answers it) and
+#: asks for the connected workers and schedulers.
+HELLO: Final = b"HELLO"
+ROUTER_SHOW_WORKERS: Final = b"ROUTER_SHOW_WORKERS"
+ROUTER_SHOW_SCHEDULERS: Final = b"ROUTER_SHOW_SCHEDULERS"
 
 WORKER: Final = "worker"
 SCHEDULER: Final = "scheduler"
@@ -170,6 +175,27 @@ class Schedules:
     msgid: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """emq-cli's greeting as it connects; eventmq's router does not answer it."""
+
+    msgid: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ShowWorkers:
+    """eventmq's ROUTER_SHOW_WORKERS: the connected workers and the queues they serve."""
+
+    msgid: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ShowSchedulers:
+    """eventmq's ROUTER_SHOW_SCHEDULERS: the connected scheduler peers."""
+
+    msgid: bytes
+
+
 Command = (
     Inform
     | Ack
@@ -183,6 +209,9 @@ Command = (
     | Schedule
     | Status
     | Schedules
+    | Hello
+    | ShowWorkers
+    | ShowSchedulers
 )
 
 
@@ -425,6 +454,14 @@ def _schedules(msgid: bytes, frames: list[bytes]) -> Schedules:
     return Schedules(msgid)
 
 
+def _admin(command: bytes, kind: Any) -> Any:
+    def parse(msgid: bytes, frames: list[bytes]) -> Any:
+        _count(frames, 0, command)
+        return kind(msgid)
+
+    return parse
+
+
 _PARSERS: Final[dict[bytes, Any]] = {
     REQUEST: _request,
     REPLY: _reply,
@@ -438,6 +475,9 @@ _PARSERS: Final[dict[bytes, Any]] = {
     UNSCHEDULE: _schedule(UNSCHEDULE),
     STATUS: _status,
     SCHEDULES: _schedules,
+    HELLO: _admin(HELLO, Hello),
+    ROUTER_SHOW_WORKERS: _admin(ROUTER_SHOW_WORKERS, ShowWorkers),
+    ROUTER_SHOW_SCHEDULERS: _admin(ROUTER_SHOW_SCHEDULERS, ShowSchedulers),
 }
 
 
@@ -459,6 +499,20 @@ def parse(frames: list[bytes]) -> Command:
         _msgid(msgid)  # raises, unless it is non-ASCII UTF-8
     command: Command = parser(msgid, frames)
     return command
+
+
+def refused_schedule_msgid(frames: list[bytes]) -> bytes | None:
+    """The message id of a SCHEDULE or UNSCHEDULE that :func:`parse` refused, when its
+    envelope and id are sound enough to answer it (a client waits for that answer); else
+    None."""
+    if len(frames) < 4 or frames[0] or frames[1] != PROTOCOL:
+        return None
+    if frames[2] not in (SCHEDULE, UNSCHEDULE):
+        return None
+    try:
+        return _msgid(frames[3])
+    except EmqpError:
+        return None
 
 
 # -- building -----------------------------------------------------------------------------------

@@ -45,6 +45,9 @@ _KBYE = codec.KBYE
 _new_msgid = codec.new_msgid
 
 Message = list[bytes]
+#: Dispatch counts of queues and workers that are gone, kept for STATUS (eventmq's
+#: ``processed_messages_by_*``) up to this many names each, the least recent dropped.
+RETIRED_COUNTS = 10_000
 #: The queues a peer's CURVE key may use (the ``queues`` of its certificate), or None: all.
 Queues = frozenset[bytes] | None
 EVERY_QUEUE: Queues = None
@@ -66,6 +69,9 @@ class BrokerSettings:
     #: it forwards them to a connected eventmq scheduler peer, as the original router does.
     scheduler: str = "builtin"
     max_schedules: int = 100_000
+    #: A new cron schedule runs at once, as eventmq's scheduler runs it (False: at its
+    #: first cron time; ``--no-haste``). Interval schedules run at once either way.
+    cron_haste: bool = True
 
     @property
     def worker_expiry(self) -> float:
@@ -105,6 +111,9 @@ class WorkerState:
     queues: tuple[tuple[int, bytes], ...]
     last_seen: float
     joined: float
+    #: Its queues as its INFORM listed them (those its key may serve), for eventmq's
+    #: ROUTER_SHOW_WORKERS.
+    informed: tuple[tuple[int, str], ...] = ()
     free_slots: int = 0
     inflight: dict[bytes, Job] = field(default_factory=dict)
     dispatched: int = 0
@@ -150,7 +159,9 @@ class Broker:
         self.queues: dict[bytes, QueueState] = {}
         self.schedulers: dict[bytes, float] = {}
         self.schedules = (
-            ScheduleBook(settings.max_schedules) if settings.scheduler == "builtin" else None
+            ScheduleBook(settings.max_schedules, cron_haste=settings.cron_haste)
+            if settings.scheduler == "builtin"
+            else None
         )
         self._scheduler_turn = 0
         self.jobs: dict[bytes, Job] = {}
@@ -164,6 +175,9 @@ class Broker:
         self._given_up: OrderedDict[bytes, None] = OrderedDict()
         #: Strangers on the worker port told KBYE once, oldest first.
         self._told_to_leave: OrderedDict[bytes, None] = OrderedDict()
+        #: Dispatches of queues and workers no longer known (name -> count).
+        self._retired_queues: dict[str, int] = {}
+        self._retired_workers: dict[str, int] = {}
         # Counters, kept as work happens.
         self.requests = 0
         self.dispatched = 0
@@ -230,7 +244,7 @@ class Broker:
         try:
             command = codec.parse(frames)
         except EmqpError as error:
-            self.drops.drop(error.reason, str(error), identity)
+            self._refuse_malformed(identity, frames, error, self.to_clients)
             return
         if isinstance(command, codec.Request):
             if queues is not None and command.queue not in queues:
@@ -261,7 +275,7 @@ class Broker:
         try:
             command = codec.parse(frames)
         except EmqpError as error:
-            self.drops.drop(error.reason, str(error), identity)
+            self._refuse_malformed(identity, frames, error, self.to_admin)
             return
         if type(command) is codec.Status:
             self._answer(identity, command.msgid, self.status(), self.to_admin)
@@ -270,6 +284,13 @@ class Broker:
         elif type(command) is codec.Schedules:
             listing = self.schedules.listing(self.clock()) if self.schedules is not None else []
             self._answer(identity, command.msgid, {"value": listing}, self.to_admin)
+        elif type(command) is codec.ShowWorkers:
+            self._answer_as_eventmq(identity, self.workers_as_eventmq())
+        elif type(command) is codec.ShowSchedulers:
+            schedulers = {peer_name(s): {"hb": seen} for s, seen in self.schedulers.items()}
+            self._answer_as_eventmq(identity, {"connected_schedulers": schedulers})
+        elif type(command) is codec.Hello:
+            pass  # emq-cli's greeting: eventmq's router is silent, and emq-cli reads no answer
         else:
             name = type(command).__name__
             self.drops.drop("unexpected-command", f"{name} on the admin port", identity)
@@ -294,7 +315,9 @@ class Broker:
             if not permitted:
                 return
             queues = permitted
-        worker = WorkerState(identity, queues, last_seen=now, joined=now)
+        served = {name for _, name in queues}
+        informed = tuple(q for q in inform.queues if q[1].encode("utf-8") in served)
+        worker = WorkerState(identity, queues, last_seen=now, joined=now, informed=informed)
         self.workers[identity] = worker
         for weight, name in queues:
             queue = self._queue(name, force=True)
@@ -329,6 +352,7 @@ class Broker:
         worker = self.workers.pop(identity, None)
         if worker is None:
             return
+        _retire(self._retired_workers, peer_name(identity), worker.dispatched)
         for _, name in worker.queues:
             queue = self.queues.get(name)
             if queue is not None:
@@ -397,11 +421,60 @@ class Broker:
         """A 6-frame REPLY carrying ``value`` as JSON, answering the request ``msgid``;
         behind the answers of that outbox that wait for a commit, in order."""
         result = json.dumps(value, sort_keys=True).encode()
-        message = [origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid]
+        self._in_order([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid], outbox)
+
+    def _answer_as_eventmq(self, origin: bytes, value: Any) -> None:
+        """eventmq's router's admin answer: a 5-frame REPLY whose last frame is the JSON
+        (emq-cli reads frame 4); it names no request."""
+        body = json.dumps(value).encode()
+        self._in_order([origin, b"", PROTOCOL, _REPLY, _new_msgid(), body], self.to_admin)
+
+    def workers_as_eventmq(self) -> dict[str, Any]:
+        """ROUTER_SHOW_WORKERS as eventmq's router answers it: each worker's queues as it
+        INFORMed them, when it was last heard (``hb``: this broker's clock, where eventmq
+        gave its own monotonic clock) and its free slots; each queue's workers, heaviest
+        first, then least recently used."""
+        workers = {
+            peer_name(identity): {
+                "queues": [[w, n] for w, n in worker.informed],
+                "hb": worker.last_seen,
+                "available_slots": worker.free_slots,
+            }
+            for identity, worker in self.workers.items()
+        }
+        queues = {
+            name.decode("utf-8", "replace"): [
+                [weight, peer_name(identity)]
+                for identity, weight in sorted(queue.workers.items(), key=lambda w: -w[1])
+            ]
+            for name, queue in self.queues.items()
+            if queue.workers
+        }
+        return {"connected_workers": workers, "connected_queues": queues}
+
+    def _in_order(self, message: Message, outbox: list[Message]) -> None:
+        """Into ``outbox``, or behind its answers that wait for a commit."""
         if any(held.outbox is outbox for held in self.unstored_answers):
             self.unstored_answers.append(HeldAnswer(outbox, message, stored=False))
         else:
             outbox.append(message)
+
+    def _refuse_malformed(
+        self, origin: bytes, frames: Message, error: EmqpError, outbox: list[Message]
+    ) -> None:
+        """Dropped and counted under the codec's reason; a SCHEDULE or UNSCHEDULE whose id
+        can be read is also answered ``bad-schedule``, as one the book refuses is: its
+        client waits for an answer."""
+        self.drops.drop(error.reason, str(error), origin)
+        msgid = codec.refused_schedule_msgid(frames)
+        if msgid is not None:
+            self._refuse_schedule(origin, msgid, "bad-schedule", str(error), outbox)
+
+    def _refuse_schedule(
+        self, origin: bytes, msgid: bytes, reason: str, text: str, outbox: list[Message]
+    ) -> None:
+        result = codec.error_result(reason, text)
+        self._in_order([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid], outbox)
 
     def _on_schedule(
         self,
@@ -441,8 +514,7 @@ class Broker:
                 self._publish("/emqp/schedule/added/", self._described(schedule, now))
         except EmqpError as error:
             self.drops.drop(error.reason, str(error), origin)
-            result = codec.error_result(error.reason, str(error))
-            answer.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, command.msgid])
+            self._refuse_schedule(origin, command.msgid, error.reason, str(error), answer)
             return
         self._answer_once_stored(origin, command.msgid, {"value": value}, answer)
 
@@ -558,6 +630,7 @@ class Broker:
     def _drop_queue_if_idle(self, queue: QueueState) -> None:
         if not queue.waiting and not queue.workers:
             self.queues.pop(queue.name, None)
+            _retire(self._retired_queues, _text(queue.name), queue.dispatched)
 
     def _forbidden(
         self, client: bytes, msgid: bytes, queue: bytes, answer: list[Message] | None = None
@@ -942,6 +1015,49 @@ class Broker:
             "in_flight_count": sum(len(w.inflight) for w in self.workers.values()),
             "waiting": sum(len(q.waiting) for q in self.queues.values()),
             "counters": self.counters(),
+            **self.eventmq_status(now),
+        }
+
+    def eventmq_status(self, now: float) -> dict[str, dict[str, int]]:
+        """The keys of eventmq's router's STATUS, which its users' monitoring reads.
+
+        ``inflight_messages_by_queue``: requests accepted and not ended, waiting ones
+        included (eventmq counts from a request's arrival to its REPLY); the latency keys:
+        their mean and greatest age in ms; ``waiting_messages_by_queue``: those waiting for
+        a worker; ``processed_messages_by_queue`` and ``_by_worker``: dispatches to workers
+        since the start (eventmq left out those that had waited), gone queues and workers
+        included. Queues without any are left out, as eventmq leaves them."""
+        open_count: dict[bytes, int] = {}
+        age_sum: dict[bytes, float] = {}
+        oldest: dict[bytes, float] = {}
+        for job in self.jobs.values():
+            name = job.queue
+            age = now - job.received
+            open_count[name] = open_count.get(name, 0) + 1
+            age_sum[name] = age_sum.get(name, 0.0) + age
+            if age > oldest.get(name, -1.0):
+                oldest[name] = age
+        by_queue = dict(self._retired_queues)
+        for name, queue in self.queues.items():
+            if queue.dispatched:
+                key = _text(name)
+                by_queue[key] = by_queue.get(key, 0) + queue.dispatched
+        by_worker = dict(self._retired_workers)
+        for identity, worker in self.workers.items():
+            if worker.dispatched:
+                key = peer_name(identity)
+                by_worker[key] = by_worker.get(key, 0) + worker.dispatched
+        return {
+            "inflight_messages_by_queue": {_text(n): c for n, c in open_count.items()},
+            "latency_messages_by_queue": {
+                _text(n): int(age_sum[n] / c * 1000) for n, c in open_count.items()
+            },
+            "max_latency_messages_by_queue": {_text(n): int(a * 1000) for n, a in oldest.items()},
+            "waiting_messages_by_queue": {
+                _text(n): len(q.waiting) for n, q in self.queues.items() if q.waiting
+            },
+            "processed_messages_by_queue": by_queue,
+            "processed_messages_by_worker": by_worker,
         }
 
     def _lateness_ms(self) -> dict[str, float]:
@@ -976,6 +1092,18 @@ class Broker:
             "refused_unstored": self.refused_unstored,
             "dropped": self.drops.total,
         }
+
+
+def _text(name: bytes) -> str:
+    return name.decode("utf-8", "replace")
+
+
+def _retire(counts: dict[str, int], name: str, count: int) -> None:
+    """Keep a gone queue's or worker's count (added to one of the same name gone before)."""
+    if count:
+        counts[name] = counts.pop(name, 0) + count  # the most recent last
+        if len(counts) > RETIRED_COUNTS:
+            del counts[next(iter(counts))]
 
 
 _REASONS = {

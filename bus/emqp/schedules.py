@@ -11,13 +11,16 @@ When a schedule runs (the rules an operator can rely on)
   first run (eventmq's "haste"). The header ``nohaste`` moves the first run one interval
   later. Intervals are 1 second to 1 year; eventmq's client cannot send 0, and its
   scheduler would run a 0 interval in a busy loop, so 0 is refused.
-- Cron schedules first run at the next cron time after they are scheduled, never at once.
+- Cron schedules also run as soon as they are scheduled, as eventmq's scheduler runs them
+  (its haste: a yearly cron ran 0.08 s after its SCHEDULE), then at their cron times; the
+  header ``nohaste``, or a book made with ``cron_haste=False`` (the broker's
+  ``--no-haste``), makes the first run the next cron time instead.
   Cron times are read in the broker's local time zone (or the zone the book is given), with
-  the five standard fields (minute hour day month weekday) or an alias such as ``@daily``.
-  Six- or seven-field forms (seconds, years) are refused: croniter puts seconds last where
-  Quartz puts them first, so such a line is ambiguous; use an interval for sub-minute work.
-  Random (``R``) and hashed (``H``) fields are refused: their times would not survive a
-  restart.
+  the five standard fields (minute hour day month weekday), an alias such as ``@daily``, or
+  six fields whose sixth is seconds, as eventmq's croniter (0.3.10) reads them
+  (``* * * * * */10``: every ten seconds; Quartz would put seconds first). Seven fields
+  (years) are refused, as croniter 0.3.10 refuses them. Random (``R``) and hashed (``H``)
+  fields are refused: their times would not survive a restart.
 - A schedule keeps its rhythm: a run fired a little late does not push the later ones back
   (an hourly schedule started at 10:00:00 runs at 11:00:00 even if the 10:00 run left at
   10:00:02).
@@ -162,10 +165,10 @@ def _checked_cron(text: str) -> str:
             raise ScheduleError(f"unknown cron alias {expression[:40]!r}")
     else:
         fields = expression.split(" ")
-        if len(fields) != 5:
+        if len(fields) not in (5, 6):
             raise ScheduleError(
-                f"cron {expression[:80]!r} has {len(fields)} fields; five are supported "
-                "(minute hour day month weekday)"
+                f"cron {expression[:80]!r} has {len(fields)} fields; five (minute hour day "
+                "month weekday) or six (then seconds, last, as croniter reads them)"
             )
         for item in re.split(r"[ ,/-]", expression):
             if item[:1] in ("H", "h", "R", "r") and item:
@@ -423,8 +426,12 @@ class ScheduleBook:
     O(k log n) for k schedules due out of n.
     """
 
-    def __init__(self, max_schedules: int = MAX_SCHEDULES, tz: tzinfo | None = None) -> None:
+    def __init__(
+        self, max_schedules: int = MAX_SCHEDULES, tz: tzinfo | None = None, cron_haste: bool = True
+    ) -> None:
         self.max_schedules = max_schedules
+        #: Whether a new cron schedule runs at once (eventmq's haste) or at its next time.
+        self.cron_haste = cron_haste
         #: The zone cron times are read in; None: the process's local zone.
         self.tz = tz
         self._by_id: dict[str, Schedule] = {}
@@ -462,6 +469,8 @@ class ScheduleBook:
             )
         if spec.interval is not None:
             first = now if spec.haste else now + spec.interval
+        elif spec.haste and self.cron_haste:
+            first = now
         else:
             assert spec.cron is not None
             try:

@@ -39,6 +39,14 @@ class Options(ServiceOptions):
         "Serve the eMQP job broker: workers on --worker-port, clients on --client-port, "
         "STATUS and SCHEDULE on --admin-port; guaranteed requests kept in DATA-DIR."
     )
+    optFlags = [
+        [
+            "no-haste",
+            None,
+            "A new cron schedule first runs at its next cron time, not at once as eventmq's "
+            "scheduler runs it (interval schedules run at once either way).",
+        ],
+    ]
     optParameters = [
         ["bind", "b", DEFAULT_BIND, "Address to bind."],
         ["worker-port", None, DEFAULT_WORKER_PORT, "Port of the workers (0: a free one).", int],
@@ -151,6 +159,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
             guarantee_retries=int(options["guarantee-retries"]),
             scheduler=options["scheduler"],
             max_schedules=int(options["max-schedules"]),
+            cron_haste=not options.get("no-haste", False),
         ),
         max_message_size=int(options["max-message-size"]),
         stats_interval=parse_duration(options["stats-interval"]),
