@@ -56,6 +56,9 @@ log = Logger(namespace="bus.eventbus.jetstream")
 #: Snapshot readers kept open between chunks, at most (the oldest is closed first).
 OPEN_READERS = 64
 
+#: New readers a snapshot's chunk tries before the snapshot ends unanswered.
+READ_ATTEMPTS = 3
+
 #: Committed events handed to the reactor at once, at most.
 FEED_BATCH = 2000
 
@@ -432,19 +435,31 @@ class JetStreamLog:
         subtrees: tuple[bytes, ...],
         limit: int,
     ) -> tuple[RangeReader, list[Row]]:
-        """In a pool thread: the next chunk, from the reader kept or a new one."""
+        """In a pool thread: the next chunk, from the reader kept or a new one (tried
+        :data:`READ_ATTEMPTS` times: a leader change or a lost connection is no reason
+        to end a snapshot unanswered)."""
+        say = self.reactor.callFromThread
         if reader is not None:
             try:
                 return reader, [row for row, _stored in reader.next(limit)]
-            except Exception:  # e.g. its consumer expired while the client was slow
+            except Exception as error:  # e.g. its consumer expired while the client was slow
                 reader.close()
-                log.info("JetStream: a snapshot's reader failed; reading on with a new one")
-        reader = RangeReader(self.settings, after, upto, name=f"eventbus-{self.settings.stream}")
-        try:
-            return reader, [row for row, _stored in reader.open(subtrees).next(limit)]
-        except BaseException:
-            reader.close()
-            raise
+                say(log.info, "JetStream: a snapshot's reader failed ({error}); reading on "
+                    "with a new one", error=str(error) or type(error).__name__)  # fmt: skip
+        for attempt in range(READ_ATTEMPTS):
+            reader = RangeReader(
+                self.settings, after, upto, name=f"eventbus-{self.settings.stream}"
+            )
+            try:
+                return reader, [row for row, _stored in reader.open(subtrees).next(limit)]
+            except Exception as error:
+                reader.close()
+                if attempt == READ_ATTEMPTS - 1 or self._closed:
+                    raise
+                say(log.info, "JetStream: a snapshot's read failed ({error}); trying again",
+                    error=str(error) or type(error).__name__)  # fmt: skip
+                time.sleep(0.2 * 2**attempt)
+        raise AssertionError("unreachable")
 
     # -- state ---------------------------------------------------------------------------------
 
