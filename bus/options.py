@@ -338,6 +338,11 @@ class ServiceOptions(usage.Options):
         self[name].append(value)
 
 
+class ValueHint(ValueError):
+    """A coercion's refusal that says more than what the option wants (how to write it
+    right): the usage error gives its text after the option's name."""
+
+
 def _named_coercion(entry: list[Any]) -> list[Any]:
     """An optParameters entry whose coercion error names the option and the value."""
     if len(entry) < 5 or getattr(entry[4], "names_option", False):
@@ -347,6 +352,8 @@ def _named_coercion(entry: list[Any]) -> list[Any]:
     def coerced(value: Any) -> Any:
         try:
             return coerce(value)
+        except ValueHint as hint:
+            raise ValueError(f"--{name}: {hint}") from None
         except (ValueError, TypeError):
             kind = "a whole number" if coerce is int else getattr(coerce, "wants", "a valid value")
             raise ValueError(f"--{name} wants {kind}, not {value!r}") from None

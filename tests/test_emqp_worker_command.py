@@ -401,3 +401,24 @@ def test_where_each_option_comes_from(tmp_path: Path, monkeypatch: pytest.Monkey
     assert options.eventmq.not_honoured() == []
     with pytest.raises(usage.UsageError, match="no such file"):
         Options().parseOptions(["-C", str(tmp_path / "missing.conf")])
+
+
+@pytest.mark.parametrize("given", ["default:10", "mail,default:10", "a:b:7"])
+def test_a_weight_after_the_name_is_refused_with_the_right_form(given: str) -> None:
+    from bus.emqp.worker_tap import Options
+
+    wrong = given.split(",")[-1]
+    front, _, number = wrong.rpartition(":")
+    with pytest.raises(usage.UsageError) as raised:
+        Options().parseOptions(["--queues", given])
+    assert f"as in {number}:{front}" in str(raised.value)
+    # A name with a colon but no number after it is still a name.
+    assert queues_of(["--queues", "jobs:mail"]) == ((10, "jobs:mail"),)
+
+
+def queues_of(argv: list[str]) -> object:
+    from bus.emqp.worker_tap import Options
+
+    options = Options()
+    options.parseOptions(argv)
+    return options["queues"]

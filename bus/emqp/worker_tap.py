@@ -26,7 +26,7 @@ from twisted.python import usage
 from bus.emqp import codec
 from bus.emqp.eventmq_settings import SECTIONS, EventmqSettings, read_eventmq_settings
 from bus.emqp.worker_process import JobHooks
-from bus.options import ConfigTables, ServiceOptions, parse_duration
+from bus.options import ConfigTables, ServiceOptions, ValueHint, parse_duration
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 
 if TYPE_CHECKING:
@@ -59,6 +59,9 @@ def queue_list(value: Any) -> tuple[tuple[int, str], ...]:
                 weight, name = int(head), tail.strip()
             else:  # a bare name (which may hold colons)
                 weight, name = DEFAULT_WEIGHT, item.strip()
+                front, colon, number = name.rpartition(":")
+                if colon and front and number.isdigit():
+                    raise ValueHint(f"{name!r}: the weight comes first, as in {number}:{front}")
         elif isinstance(item, list | tuple) and len(item) == 2:
             weight, name = int(item[0]), str(item[1])
         else:
