@@ -12,7 +12,7 @@ from typing import Any
 import msgpack
 import pytest
 import pytest_twisted
-from twisted.internet import reactor
+from twisted.internet import reactor, threads
 
 from bus.errors import StartupError
 from bus.eventbus.codec import EventFields
@@ -46,12 +46,14 @@ def test_appends_get_the_stream_sequences_once_per_uuid_and_the_feed_follows(
     try:
         yield opening
         assert stream.last_sequence == 0 and stream.store_id.startswith("EVENTBUS@")
+        assert stream.atomic  # the stream it made takes atomic batches
         topics = [b"/orders/1/", b"/a.b c/", "/é/*/>".encode(), b"/orders/2/"]
         sequences = yield stream.append([event(t, n) for n, t in enumerate(topics)])
         assert sequences == [1, 2, 3, 4]
         # The same uuids again: stored once (the stream says duplicate, same sequences).
         again = yield stream.append([event(b"/orders/1/", 0), event(b"/x/", 9)])
-        assert again[1] == 5
+        assert again == [1, 5]
+        assert stream._publisher is not None and stream._publisher.resent_each == 1
         fed: list[Row] = []
         assert not stream.connected  # the writer's connection is up, the feed's not yet
         yield stream.follow(1, fed.extend)
@@ -102,6 +104,33 @@ def test_the_feed_follows_on_above_the_last_event_when_its_consumer_is_lost(
         yield wait_until(lambda: stream.connected, what="the feed connected again")
         (again,) = yield stream.loop.call(consumers())
         assert again != feed
+    finally:
+        yield stream.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_found_without_atomic_batches_takes_appends_a_message_at_a_time(
+    nats_server: NatsCluster,
+) -> Any:
+    import asyncio
+
+    import nats
+    from nats.js.api import StreamConfig
+
+    async def make() -> None:  # as a front-end of before, or nats-server < 2.12, made it
+        nc = await nats.connect(nats_server.urls[0])
+        await nc.jetstream().add_stream(
+            StreamConfig(name="EVENTBUS", subjects=["eventbus.>"], duplicate_window=120.0)
+        )
+        await nc.close()
+
+    yield threads.deferToThread(asyncio.run, make())
+    stream, opening = opened(nats_server)
+    try:
+        yield opening
+        assert not stream.atomic
+        assert (yield stream.append([event(b"/a/", n) for n in range(3)])) == [1, 2, 3]
+        assert (yield stream.append([event(b"/a/", 2), event(b"/b/", 3)])) == [3, 4]
     finally:
         yield stream.close()
 

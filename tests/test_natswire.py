@@ -3,13 +3,15 @@ input refused as a protocol error and nothing else, JetStream's reply subjects r
 both forms; and against a real nats-server: a blocking connection admitted or refused
 by token, requests and no-responders, and ranged reads of a stream through a pull
 consumer (subject filters, range ends, chunks smaller than a pull, an empty range, a
-start that retention removed)."""
+start that retention removed); batches published atomic or message by message, a resend
+of ids already stored taking its first sequences, a batch nobody stores refused."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,3 +230,73 @@ def test_a_connection_is_refused_without_the_token_and_answers_with_it(tmp_path:
         assert dead in str(none.value)
     finally:
         cluster.stop()
+
+
+def make_stream(url: str, name: str, atomic: bool) -> None:
+    from bus.natswire.blocking import Connection
+
+    config = {"name": name, "subjects": [f"{name.lower()}.>"], "allow_atomic": atomic}
+    with Connection([url]) as connection:
+        made = jsapi.answer(
+            connection.request(f"$JS.API.STREAM.CREATE.{name}", json.dumps(config).encode()).payload
+        )
+    assert bool(made["config"].get("allow_atomic")) is atomic
+
+
+@pytest.mark.parametrize("atomic", [True, False])
+def test_batches_are_stored_once_each_way_and_resends_keep_their_sequences(
+    nats_server: Any, atomic: bool
+) -> None:
+    from bus.natswire.blocking import Connection
+    from bus.natswire.publish import Publisher
+
+    url = nats_server.urls[0]
+    make_stream(url, "P", atomic)
+
+    def batch(ids: range) -> list[tuple[bytes, bytes, bytes]]:
+        return [(b"p.x.%d" % (n % 7), b"id-%d" % n, b"body %d" % n) for n in ids]
+
+    with Connection([url]) as connection:
+        publisher = Publisher(connection, atomic=atomic)
+        # 2,500 in one call: three atomic batches (at most 1,000 each) or 2,500 acks.
+        assert publisher.publish(batch(range(2500)), timeout=10) == list(range(1, 2501))
+        # A resend after a failover: ids the stream holds, then new ones. JetStream
+        # refuses that as an atomic batch; it goes message by message and the stream
+        # drops the repeats, which answer with their first sequences.
+        again = publisher.publish(batch(range(2490, 2510)), timeout=10)
+        assert again == list(range(2491, 2501)) + list(range(2501, 2511))
+        assert publisher.resent_each == (1 if atomic else 0)
+        # The same id twice in one batch: stored once.
+        twice = publisher.publish(batch(range(3000, 3001)) * 2, timeout=10)
+        assert twice == [2511, 2511]
+        state = jsapi.answer(connection.request(jsapi.stream_info("P"), b"").payload)["state"]
+        assert state["messages"] == 2511
+        stored = read_all_of(url, "P", 2511)
+        assert [r.payload for r in stored[:3]] == [b"body 0", b"body 1", b"body 2"]
+        assert stored[-1].payload == b"body 3000"
+
+
+def read_all_of(url: str, stream: str, upto: int) -> list[Any]:
+    from bus.natswire.blocking import Connection
+    from bus.natswire.ranged import RangeRead
+
+    with Connection([url]) as connection:
+        reader = RangeRead(connection, stream, 0, upto, [f"{stream.lower()}.>"]).open()
+        out: list[Any] = []
+        while rows := reader.next(5000):
+            out.extend(rows)
+        reader.close()
+    return out
+
+
+def test_a_batch_the_stream_cannot_take_is_a_publish_error(nats_server: Any) -> None:
+    from bus.natswire.blocking import Connection
+    from bus.natswire.publish import Publisher, PublishError
+
+    url = nats_server.urls[0]
+    make_stream(url, "Q", True)
+    with Connection([url]) as connection:
+        for atomic in (True, False):
+            with pytest.raises(PublishError, match="no response from stream"):
+                # No stream holds these subjects: nobody answers.
+                Publisher(connection, atomic=atomic).publish([(b"none.x", b"i", b"b")], 5)

@@ -115,8 +115,9 @@ class EventBusFrontEnd(EventBusService):
         every(0.01, self._measure_lag)
         log.info(
             "event bus front-end serving snapshot {snapshot}, publisher {publisher}, "
-            "collector {collector}; log: JetStream stream {stream} ({replicas} replicas) on "
-            "{servers} at sequence {sequence}",
+            "collector {collector}; log: JetStream stream {stream} ({replicas} replicas, "
+            "{appends}) on {servers} at sequence {sequence}",
+            appends="atomic batches" if stream.atomic else "a message at a time",
             snapshot=self.endpoints["snapshot"],
             publisher=self.endpoints["publisher"],
             collector=self.endpoints["collector"],
@@ -255,6 +256,7 @@ class EventBusFrontEnd(EventBusService):
             "leader": stream.leader,
             "connected": stream.connected,
             "disconnects": stream.disconnects,
+            "atomic_batches": stream.atomic,
             "messages": stream.messages,
             "bytes": stream.bytes,
             "first_sequence": stream.first_sequence,

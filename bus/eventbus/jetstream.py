@@ -106,6 +106,9 @@ class JetStreamLog:
         self.messages = 0
         self.bytes = 0
         self.leader: str | None = None
+        #: Whether the stream takes atomic batches (made so by a front-end on nats-server
+        #: 2.12+): each append is then one batch, stored whole or not at all.
+        self.atomic = False
         #: Whether the data path's connections (the writer's and the feed's) are up now,
         #: and how often one was lost (each is made again, to the next server).
         self.connected = False
@@ -142,7 +145,7 @@ class JetStreamLog:
         """In the writer's thread: its connection, unless it has one."""
         if self._publisher is None:
             try:
-                self._publisher = Publisher(self._data_connection("append"))
+                self._publisher = Publisher(self._data_connection("append"), self.atomic)
             except (ConnectError, OSError) as error:
                 raise StartupError("nats", f"{', '.join(self.settings.servers)}: {error}") from None
 
@@ -205,6 +208,7 @@ class JetStreamLog:
                 "change the options or the stream (it is never changed silently)",
             )
         self._took_state(info)
+        self.atomic = bool(getattr(info.config, "allow_atomic", False))
 
     async def _refuse_overlap(self, error: Any, subjects: str) -> None:
         """A stream of another name holds our subjects: JetStream refuses a second one, and
@@ -244,6 +248,9 @@ class JetStreamLog:
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
+            # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
+            # older server leaves it off and appends go message by message).
+            allow_atomic=True,
             **wanted,
         )
         info = await self._js.add_stream(config)
@@ -299,7 +306,7 @@ class JetStreamLog:
         server that stores."""
         try:
             if self._publisher is None:
-                self._publisher = Publisher(self._data_connection("append"))
+                self._publisher = Publisher(self._data_connection("append"), self.atomic)
             return self._publisher.publish(items, self.settings.ack_timeout)
         except (PublishError, ConnectError, ProtocolError, OSError) as error:
             publisher, self._publisher = self._publisher, None

@@ -1,7 +1,13 @@
-"""A batch published to a JetStream stream and every message's acknowledgement awaited,
-on a blocking connection: the whole batch goes out in one write, each message with a
-reply subject of its own, and the acknowledgements are read as they come (the stream's
-sequence from each, without a JSON parse unless it is an error).
+"""A batch published to a JetStream stream on a blocking connection, in one of two ways:
+
+- **atomic** (a stream made with ``allow_atomic``, nats-server 2.12+): up to
+  :data:`ATOMIC_LIMIT` messages as one of JetStream's atomic batches, stored together or
+  not at all, one acknowledgement for all of them (the batch is one proposal to the
+  stream's replicas, not one per message);
+- **each**: every message with a reply subject of its own, the acknowledgements read as
+  they come (the stream's sequence from each, without a JSON parse unless it is an
+  error). JetStream refuses an atomic batch that holds an id it already stored (a resend
+  after a failover): such a batch goes this way, where the stream drops each repeat.
 
 Either every message of the batch was stored (each one's sequence, or the first
 sequence of one the stream already held under its ``Nats-Msg-Id``) or
@@ -12,6 +18,7 @@ resend of it is deduplicated by the ids.
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Sequence
 
@@ -20,22 +27,114 @@ from bus.natswire.blocking import Connection
 
 NO_RESPONDERS = 503
 _SEQ = b'"seq":'
+_COUNT = b'"count":'
+#: Messages in one atomic batch (nats-server's default ``jetstream.limits.batch.max_msgs``).
+ATOMIC_LIMIT = 1000
+#: JetStream's error for an atomic batch holding an id it already stored (or twice).
+DUPLICATE_IN_BATCH = 10201
 
 
 class PublishError(Exception):
     """The batch was not acknowledged whole."""
 
 
-class Publisher:
-    """Publishes batches through one connection (one caller at a time)."""
+class _Repeated(Exception):
+    """JetStream refused an atomic batch for an id it holds already (or twice in it)."""
 
-    def __init__(self, connection: Connection) -> None:
+
+def _number(payload: bytes, key: bytes) -> int | None:
+    at = payload.find(key)
+    if at < 0:
+        return None
+    end = at + len(key)
+    while payload[end : end + 1] == b" ":
+        end += 1
+    stop = end
+    while stop < len(payload) and payload[stop] in b"0123456789":
+        stop += 1
+    return int(payload[end:stop]) if stop > end else None
+
+
+Messages = Sequence[tuple[bytes, bytes, bytes]]
+
+
+class Publisher:
+    """Publishes batches through one connection (one caller at a time); ``atomic`` when
+    the stream allows atomic batches."""
+
+    def __init__(self, connection: Connection, atomic: bool = False) -> None:
         self.connection = connection
+        self.atomic = atomic
         self._prefix = connection.new_inbox().encode() + b"."
         self._numbers = itertools.count(1)
+        self._batch_tag = os.urandom(6).hex().encode()
+        #: Batches that went message by message because JetStream refused them atomic.
+        self.resent_each = 0
 
-    def publish(self, messages: Sequence[tuple[bytes, bytes, bytes]], timeout: float) -> list[int]:
+    def publish(self, messages: Messages, timeout: float) -> list[int]:
         """``messages``: (subject, message id, body) each; the stream's sequences, in order."""
+        if not self.atomic:
+            return self._each(messages, timeout)
+        deadline = time.monotonic() + timeout
+        sequences: list[int] = []
+        for start in range(0, len(messages), ATOMIC_LIMIT):
+            chunk = messages[start : start + ATOMIC_LIMIT]
+            try:
+                sequences.extend(self._atomic(chunk, max(0.001, deadline - time.monotonic())))
+            except _Repeated:
+                self.resent_each += 1
+                sequences.extend(self._each(chunk, max(0.001, deadline - time.monotonic())))
+        return sequences
+
+    def _atomic(self, messages: Messages, timeout: float) -> list[int]:
+        if not messages:
+            return []
+        number = next(self._numbers)
+        reply = self._prefix + b"%d" % number
+        batch = self._batch_tag + b"-%d" % number
+        frames = []
+        last = len(messages)
+        for index, (subject, msg_id, body) in enumerate(messages, 1):
+            headers = (
+                b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\nNats-Batch-Id: " + batch
+                + b"\r\nNats-Batch-Sequence: %d\r\n" % index
+            )  # fmt: skip
+            if index == last:
+                headers += b"Nats-Batch-Commit: 1\r\n"
+            frames.append(
+                codec.hpub(subject, headers + b"\r\n", body, reply if index == last else b"")
+            )
+        connection = self.connection
+        connection.send(b"".join(frames))
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PublishError(f"no acknowledgement in {timeout:g}s (an atomic batch)")
+            try:
+                arrived = connection.read(remaining)
+            except TimeoutError:
+                continue
+            for message in arrived:
+                if message.sid != connection.reply_sid or message.subject != reply:
+                    continue
+                if message.headers and codec.status(message.headers) == NO_RESPONDERS:
+                    raise PublishError("no response from stream (no leader, or none elected yet)")
+                payload = message.payload
+                if b'"error"' in payload:
+                    try:
+                        jsapi.answer(payload)
+                    except jsapi.JetStreamError as error:
+                        if error.err_code == DUPLICATE_IN_BATCH:
+                            raise _Repeated() from None
+                        raise PublishError(str(error)) from None
+                top, count = _number(payload, _SEQ), _number(payload, _COUNT)
+                if top is None or count != last:
+                    raise PublishError(f"not an acknowledgement of the batch: {payload[:200]!r}")
+                # An atomic batch is stored in one piece: its sequences run up to the top.
+                return list(range(top - last + 1, top + 1))
+
+    def _each(self, messages: Messages, timeout: float) -> list[int]:
         if not messages:
             return []
         prefix = self._prefix
@@ -69,19 +168,13 @@ class Publisher:
                 if message.headers and codec.status(message.headers) == NO_RESPONDERS:
                     raise PublishError("no response from stream (no leader, or none elected yet)")
                 payload = message.payload
-                at = payload.find(_SEQ)
-                if at < 0 or b'"error"' in payload:
+                sequence = None if b'"error"' in payload else _number(payload, _SEQ)
+                if sequence is None:
                     try:
                         jsapi.answer(payload)
                     except jsapi.JetStreamError as error:
                         raise PublishError(str(error)) from None
                     raise PublishError(f"not an acknowledgement: {payload[:200]!r}")
-                end = at + len(_SEQ)
-                while payload[end : end + 1] == b" ":
-                    end += 1
-                stop = end
-                while stop < len(payload) and payload[stop] in b"0123456789":
-                    stop += 1
-                sequences[index] = int(payload[end:stop])
+                sequences[index] = sequence
                 left -= 1
         return sequences
