@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-ROLES = ("worker", "client", "admin")
+#: eMQP's ports a key may connect to: the broker's, then its PUBLISH service's.
+ROLES = ("worker", "client", "admin", "publisher", "subscriber")
 COMMANDS = ("make", "set", "show")
 
 
@@ -99,7 +100,11 @@ def _rights_arguments(parser: argparse.ArgumentParser) -> None:
     rights = parser.add_argument_group("rights (written in the certificate's metadata)")
     rights.add_argument("--publish", type=_subtrees, help="Event BUS subtrees it may publish in")
     rights.add_argument("--subscribe", type=_subtrees, help="Event BUS subtrees it receives")
-    rights.add_argument("--role", type=_roles, help="eMQP ports: worker, client, admin (several)")
+    rights.add_argument(
+        "--role",
+        type=_roles,
+        help="eMQP ports: worker, client, admin, publisher, subscriber (several)",
+    )
     rights.add_argument("--queues", type=_names, help="eMQP queues it may serve or use")
     rights.add_argument("--names", type=_names, help="DBP service names it may register")
     rights.add_argument(

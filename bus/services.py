@@ -41,6 +41,7 @@ class ServiceEntry:
 BUILTIN_SERVICES: tuple[ServiceEntry, ...] = (
     ServiceEntry("eventbus", "bus.eventbus.tap", default=True),
     ServiceEntry("emqp", "bus.emqp.tap", default=True),
+    ServiceEntry("emqp-pubsub", "bus.emqp.pubsub_tap", default=True),
     ServiceEntry("mc0", "bus.mc0.tap", default=True),
     ServiceEntry("dbp", "bus.dbp.tap", default=True),
     ServiceEntry("zre", "bus.zre.tap", default=True),

@@ -20,7 +20,9 @@ import pytest_twisted
 # collide with each other or with a broker running on this machine.
 _EMQP_DATA = tempfile.mkdtemp(prefix="tests-emqp-")
 atexit.register(shutil.rmtree, _EMQP_DATA, True)
-for _name in ("EMQP_WORKER_PORT", "EMQP_CLIENT_PORT", "EMQP_ADMIN_PORT"):
+_EMQP_PORTS = ("EMQP_WORKER_PORT", "EMQP_CLIENT_PORT", "EMQP_ADMIN_PORT")
+# And its PUBLISH service, on the original's 47298 and 47299.
+for _name in (*_EMQP_PORTS, "EMQP_PUBSUB_INCOMING_PORT", "EMQP_PUBSUB_OUTGOING_PORT"):
     os.environ.setdefault(_name, "0")
 os.environ.setdefault("EMQP_DATA_DIR", _EMQP_DATA)
 

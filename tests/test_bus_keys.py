@@ -80,8 +80,14 @@ def test_rights_changed_in_place_and_shown(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["x", "keys", "--role", "boss"], "'boss': a role is one of worker, client, admin"),
-        (["x", "keys", "--meta", "role=boss"], "'boss': a role is one of worker, client, admin"),
+        (
+            ["x", "keys", "--role", "boss"],
+            "'boss': a role is one of worker, client, admin, publisher, subscriber",
+        ),
+        (
+            ["x", "keys", "--meta", "role=boss"],
+            "'boss': a role is one of worker, client, admin, publisher, subscriber",
+        ),
         (["x", "keys", "--publish", "orders"], "'orders': a subtree starts with /"),
         (["x", "keys", "--queues", "a,,b"], "comma-separated names, none empty"),
         (["x", "keys", "--meta", "novalue"], "write KEY=VALUE"),

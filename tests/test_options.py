@@ -231,7 +231,11 @@ def test_durations() -> None:
 def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parent.parent / "examples" / "bus.toml"
     options = parse("--config", str(example))
-    assert options["services"] == ("eventbus", "emqp", "mc0", "dbp", "zre", "spark-bridge")
+    assert options["services"] == (
+        "eventbus", "emqp", "emqp-pubsub", "mc0", "dbp", "zre", "spark-bridge",
+    )  # fmt: skip
+    pubsub = options["service-options"]["emqp-pubsub"]["emqp-pubsub-config"]
+    assert (pubsub.incoming_port, pubsub.outgoing_port) == (47298, 47299)
     zre = options["service-options"]["zre"]["zre-config"]
     assert (zre.interface, zre.port, zre.groups, zre.expired) == ("lo", 5670, ["GLOBAL"], 30.0)
     dbp = options["service-options"]["dbp"]["dbp-config"]
