@@ -254,6 +254,20 @@ def probe(reactor: Any, endpoint: Endpoint, seconds: float) -> defer.Deferred[Li
     return probe_port(reactor, endpoint.host, endpoint.port, seconds)
 
 
+@defer.inlineCallbacks
+def _refusal(
+    run: Run, endpoint: Endpoint, listener: Listener | None, role: str
+) -> Generator[defer.Deferred[Any], Any, str | None]:
+    """The sentence for a CURVE port that refuses this command's key (None: it takes it,
+    or this is not a CURVE port spoken to with a key)."""
+    from bus.transport.probe import probe_key, refused_key
+
+    if listener != "curve" or run.curve is None:
+        return None
+    verdict = yield probe_key(run.reactor, endpoint.url, run.curve, EXPLAIN_WAIT)
+    return refused_key(endpoint.url, run.curve, role) if verdict == "refused" else None
+
+
 def _port_said(
     listener: Listener, endpoint: Endpoint, role: str, silence: str, curve: Any = None
 ) -> str:
@@ -411,7 +425,8 @@ def _why_no_answer(run: Run, msgid: bytes, dispatched: bool) -> Generator[Any, A
         and queue.get("depth")
     ):
         return _queue_said(status or {}, args.queue, queue)
-    client_said = _port_said(
+    refused = yield _quietly(_refusal(run, args.broker, listener, "client"))
+    client_said = refused or _port_said(
         listener or "unknown", args.broker, "client", "did not acknowledge the request", run.curve
     )
     if status is None:
@@ -483,7 +498,11 @@ def _ask_admin(
             f" {_seconds(args.wait)}"
         )
     listener: Listener = looked.result
-    said = _port_said(listener, args.admin, "admin", f"did not answer {what}", run.curve)
+    refused = yield wait_for(run, _refusal(run, args.admin, listener, "admin"), 0)
+    if refused.how == "answered" and isinstance(refused.result, str):
+        said = refused.result
+    else:
+        said = _port_said(listener, args.admin, "admin", f"did not answer {what}", run.curve)
     raise CliError(f"{said}; gave up after {_seconds(args.wait)}")
 
 
