@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint docs bench clean browser cluster nemesis
+.PHONY: run test lint docs bench clean browser redis-server cluster nemesis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,18 +22,19 @@ $(VENV)/.run-deps: setup.cfg setup.py pyproject.toml bus/transport/_frames.c | $
 # distribution (it declares itself in the bus.services entry point group).
 $(VENV)/.test-deps: setup.cfg setup.py pyproject.toml bus/transport/_frames.c \
 		examples/echo-service/pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark,cluster]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark,cluster,redis]"
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/echo-service
 	touch $@ $(VENV)/.run-deps
 
 # The real eventmq 0.3.13 for the eMQP interoperability tests, in its own venv: it pins
-# pyzmq 18.1.0, which does not build on this Python, so it goes in without its pins.
+# pyzmq 18.1.0, which does not build on this Python, so it goes in without its pins (redis:
+# its scheduler keeps schedules in Redis, which `emqp-cli schedules import` reads).
 INTEROP ?= .venv-interop
 $(INTEROP)/.installed: Makefile
 	$(PYTHON) -m venv $(INTEROP)
 	$(INTEROP)/bin/python -m pip install --quiet --no-deps eventmq==0.3.13
 	$(INTEROP)/bin/python -m pip install --quiet "pyzmq>=25,<28" "six>=1.14,<2" monotonic==0.4 \
-		croniter==0.3.10 psutil "future>=0.18.3"
+		croniter==0.3.10 psutil "future>=0.18.3" "redis>=5,<9"
 	touch $@
 
 # The console's browser tests drive Debian's Chromium and its driver: installed here when
@@ -47,6 +48,18 @@ browser:
 			apt-get install -y -q chromium chromium-driver >/dev/null; }; \
 	else echo "note: the browser tests need chromium and chromium-driver (apt-get install" \
 		"chromium chromium-driver); without them they are skipped"; fi
+
+# The import of eventmq's schedules (tests/test_emqp_import.py) runs Debian's redis-server:
+# installed here when missing, where this user may (root, apt-get); elsewhere a note.
+redis-server:
+	@if command -v redis-server >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's redis-server for the eventmq schedule import tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q redis-server >/dev/null; }; \
+	else echo "note: the schedule import tests need redis-server (apt-get install" \
+		"redis-server); without it they are skipped"; fi
 
 run: $(VENV)/.run-deps
 	$(BIN)/twistd -n eventbus $(ARGS)
@@ -64,7 +77,7 @@ cluster: $(VENV)/.cluster-deps
 nemesis: $(VENV)/.test-deps
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-24} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_eventbus_nemesis.py
 
-test: $(VENV)/.test-deps $(INTEROP)/.installed browser
+test: $(VENV)/.test-deps $(INTEROP)/.installed browser redis-server
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(VENV)/.test-deps

@@ -166,7 +166,13 @@ def test_a_tool_without_the_key_is_told_the_port_speaks_curve(
         "--server-key", str(keys.server_key), "--cert", web,
     )  # fmt: skip
     assert refused.code == 1
-    assert "without the admin role, gets no answer at all" in refused.err
+    admin = broker.endpoints["admin"]
+    assert f"status: the server at {admin} refused the key of --cert {web} (" in refused.err
+    assert refused.err.strip().endswith(
+        "or its certificate there gives it roles without admin; add its public certificate"
+        " (NAME.key, made by bus-keys) there, with role = admin or no role"
+        " (docs/security.md); gave up after 1 s"
+    ), refused.err
     assert broker.curve.refusals["role"] >= 1
 
 

@@ -6,6 +6,7 @@
     emqp-cli schedule maint '["run", {"path": "app.jobs:cleanup"}]' --every 1h --guarantee
     emqp-cli schedule reports '["report", {}]' --cron '30 6 * * 1-5'
     emqp-cli schedules
+    emqp-cli schedules import --redis redis://127.0.0.1:6379/0
     emqp-cli unschedule 3f2a...
 
 ``submit`` prints the worker's value as JSON (or, with ``--no-reply``, the request's id once a
@@ -25,6 +26,7 @@ import socket
 import sys
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
@@ -252,6 +254,20 @@ def probe(reactor: Any, endpoint: Endpoint, seconds: float) -> defer.Deferred[Li
     return probe_port(reactor, endpoint.host, endpoint.port, seconds)
 
 
+@defer.inlineCallbacks
+def _refusal(
+    run: Run, endpoint: Endpoint, listener: Listener | None, role: str
+) -> Generator[defer.Deferred[Any], Any, str | None]:
+    """The sentence for a CURVE port that refuses this command's key (None: it takes it,
+    or this is not a CURVE port spoken to with a key)."""
+    from bus.transport.probe import probe_key, refused_key
+
+    if listener != "curve" or run.curve is None:
+        return None
+    verdict = yield probe_key(run.reactor, endpoint.url, run.curve, EXPLAIN_WAIT)
+    return refused_key(endpoint.url, run.curve, role) if verdict == "refused" else None
+
+
 def _port_said(
     listener: Listener, endpoint: Endpoint, role: str, silence: str, curve: Any = None
 ) -> str:
@@ -409,7 +425,8 @@ def _why_no_answer(run: Run, msgid: bytes, dispatched: bool) -> Generator[Any, A
         and queue.get("depth")
     ):
         return _queue_said(status or {}, args.queue, queue)
-    client_said = _port_said(
+    refused = yield _quietly(_refusal(run, args.broker, listener, "client"))
+    client_said = refused or _port_said(
         listener or "unknown", args.broker, "client", "did not acknowledge the request", run.curve
     )
     if status is None:
@@ -481,7 +498,11 @@ def _ask_admin(
             f" {_seconds(args.wait)}"
         )
     listener: Listener = looked.result
-    said = _port_said(listener, args.admin, "admin", f"did not answer {what}", run.curve)
+    refused = yield wait_for(run, _refusal(run, args.admin, listener, "admin"), 0)
+    if refused.how == "answered" and isinstance(refused.result, str):
+        said = refused.result
+    else:
+        said = _port_said(listener, args.admin, "admin", f"did not answer {what}", run.curve)
     raise CliError(f"{said}; gave up after {_seconds(args.wait)}")
 
 
@@ -540,6 +561,168 @@ def schedules(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
     )
     for entry in answer:
         _print(json.dumps(entry, sort_keys=True))
+
+
+# -- schedules import: eventmq's Redis into this broker ------------------------------------------
+
+
+def _same_schedule(there: dict[str, Any], spec: Any) -> bool:
+    """Whether the broker's listed schedule is ``spec`` (a ScheduleSpec), ``nohaste`` aside
+    (it only says when the first run was)."""
+
+    def headers(text: str) -> set[str]:
+        return {part.strip() for part in text.split(",") if part.strip()} - {"nohaste"}
+
+    return (
+        there.get("queue") == spec.queue.decode("utf-8", "replace")
+        and there.get("interval") == spec.interval
+        and there.get("cron") == spec.cron
+        and headers(str(there.get("headers", "")))
+        == headers(spec.headers.decode("utf-8", "replace"))
+    )
+
+
+@dataclass
+class _Outcomes:
+    imported: int = 0
+    already_there: int = 0
+    refused: list[str] | None = None
+
+    def summary(self, listed: int, unique: int, source: str) -> str:
+        refused = self.refused or []
+        said = (
+            f"{self.imported} imported, {self.already_there} already there,"
+            f" {len(refused)} refused, of {_plural(unique, 'schedule')} in {source}"
+        )
+        if listed > unique:
+            said += f" (interval_jobs names {listed - unique} of them more than once)"
+        if refused:
+            said += ": " + "; ".join(refused)
+        return said
+
+
+@defer.inlineCallbacks
+def import_schedules(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """Each schedule eventmq's scheduler keeps in Redis, sent to the broker as eventmq's
+    SCHEDULE; one JSON line each on stdout, a summary on stderr."""
+    from bus.emqp.client import JobFailed, list_schedules, send_schedule
+    from bus.emqp.schedules import ScheduleError, ScheduleSpec
+
+    args = run.args
+    url = args.admin.url
+    stored, listed = args.stored
+    existing = yield _ask_admin(
+        run, lambda t: list_schedules(url, run.reactor, timeout=t, curve=run.curve), "SCHEDULES"
+    )
+    on_the_broker = {entry["id"]: entry for entry in existing if isinstance(entry, dict)}
+    outcomes = _Outcomes(refused=[])
+    assert outcomes.refused is not None
+    progress = sys.stderr.isatty()
+
+    def told(entry: Any, outcome: str, why: str | None = None, **more: Any) -> None:
+        line = {"key": entry.key, "outcome": outcome, **more}
+        if why is not None:
+            line["why"] = why
+        _print(json.dumps(line, sort_keys=True))
+        if outcome == "refused":
+            assert outcomes.refused is not None
+            outcomes.refused.append(f"{entry.key[:12]}: {why}")
+        if progress:
+            done = outcomes.imported + outcomes.already_there + len(outcomes.refused or [])
+            sys.stderr.write(f"\rimporting: {done}/{len(stored)}")
+            sys.stderr.flush()
+
+    def refusal_of(failure: Failure) -> Any:
+        failure.trap(JobFailed)
+        failed: Any = failure.value
+        return {"refused": f"{failed.message or failed.reason} ({failed.reason})"}
+
+    for entry in stored:
+        if entry.problem is not None:
+            told(entry, "refused", entry.problem)
+            continue
+        sent = entry if args.haste else entry.without_haste()
+        try:
+            spec = ScheduleSpec.from_frames(sent.fields)
+        except ScheduleError as error:
+            told(entry, "refused", str(error))
+            continue
+        shown: dict[str, Any] = {
+            "queue": spec.queue.decode("utf-8", "replace"),
+            "interval": spec.interval,
+            "cron": spec.cron,
+            "schedule": spec.id,
+        }
+        there = on_the_broker.get(spec.id)
+        if there is not None and not args.replace:
+            outcomes.already_there += 1
+            if _same_schedule(there, spec):
+                told(entry, "already-there", **shown)
+            else:
+                told(
+                    entry, "already-there", "the broker has a different schedule of this job:"
+                    " kept (--replace sends this one)", **shown,
+                )  # fmt: skip
+            continue
+        fields = sent.fields
+
+        def ask(timeout: float, fields: list[bytes] = fields) -> defer.Deferred[Any]:
+            return send_schedule(
+                url, fields, run.reactor, timeout=timeout, curve=run.curve
+            ).addErrback(refusal_of)
+
+        try:
+            answer = yield _ask_admin(run, ask, "SCHEDULE")
+        except CliError as error:
+            if progress:
+                sys.stderr.write("\n")
+            summary = outcomes.summary(listed, len(stored), args.source)
+            raise CliError(f"{error}; before that, {summary}") from None
+        if "refused" in answer:
+            told(entry, "refused", answer["refused"], **shown)
+        else:
+            outcomes.imported += 1
+            told(entry, "imported", **shown)
+    if progress and stored:
+        sys.stderr.write("\n")
+    summary = outcomes.summary(listed, len(stored), args.source)
+    if outcomes.refused:
+        raise CliError(summary)
+    sys.stderr.write(f"emqp-cli schedules: {summary}\n")
+
+
+def _check_import(args: argparse.Namespace) -> None:
+    from bus.emqp.eventmq_redis import RedisReadError, read_dump, read_redis
+
+    _check_status(args)
+    if (args.redis is None) == (args.rdb is None):
+        raise CliError(
+            "name one of --redis redis://HOST:PORT/DB (eventmq's running Redis) and --rdb FILE"
+            " (a dump of it)"
+        )
+    try:
+        if args.redis is not None:
+            args.source = args.redis
+            args.stored = read_redis(args.redis)
+        else:
+            args.source = f"{args.rdb} (database {args.db})"
+            args.stored = read_dump(Path(args.rdb), args.db, args.redis_server)
+    except RedisReadError as error:
+        raise CliError(str(error)) from None
+
+
+def _check_schedules(args: argparse.Namespace) -> None:
+    if args.action == "import":
+        args.run = import_schedules
+        _check_import(args)
+        return
+    given = [f"--{name.replace('_', '-')}" for name in _IMPORT_ONLY if getattr(args, name)]
+    if given:
+        raise CliError(f"{', '.join(given)}: only with `schedules import`")
+    _check_status(args)
+
+
+_IMPORT_ONLY = ("redis", "rdb", "redis_server", "replace", "haste")
 
 
 def _check_schedule(args: argparse.Namespace) -> None:
@@ -651,10 +834,41 @@ def build_parser() -> argparse.ArgumentParser:
     admin_options(sub)
     sub.set_defaults(run=unschedule, check=_check_status)
     sub = commands.add_parser(
-        "schedules", help="list the broker's schedules, one JSON line each", epilog=exit_status
+        "schedules",
+        help="list the broker's schedules, one JSON line each; or import eventmq's",
+        description=(
+            "List the broker's schedules, one JSON line each. `schedules import` reads the"
+            " schedules eventmq's scheduler keeps in Redis (--redis URL, or a dump file with"
+            " --rdb) and sends each to the broker as eventmq's SCHEDULE: one JSON line each"
+            " (imported, already-there, refused and why), then a summary on stderr; exit"
+            " status 1 if any was refused."
+        ),
+        epilog=exit_status,
+    )
+    sub.add_argument("action", nargs="?", choices=["import"], help="import eventmq's schedules")
+    sub.add_argument(
+        "--redis", metavar="URL", help="eventmq's running Redis: redis://[:PASSWORD@]HOST:PORT/DB"
+    )
+    sub.add_argument(
+        "--rdb", metavar="FILE", help="a dump (RDB) of it, read by a private redis-server"
+    )
+    sub.add_argument("--db", type=int, default=0, help="with --rdb: the database [%(default)s]")
+    sub.add_argument(
+        "--redis-server", metavar="PATH", help="with --rdb: the redis-server program [on PATH]"
+    )
+    sub.add_argument(
+        "--replace",
+        action="store_true",
+        help="send a schedule even when the broker has a different one of the same job",
+    )
+    sub.add_argument(
+        "--haste",
+        action="store_true",
+        help="run each at once, as a new SCHEDULE (by default each resumes as eventmq's"
+        " scheduler resumes it after a restart: after one interval, cron at its next time)",
     )
     admin_options(sub)
-    sub.set_defaults(run=schedules, check=_check_status)
+    sub.set_defaults(run=schedules, check=_check_schedules)
     return parser
 
 

@@ -200,6 +200,20 @@ def add_schedule(
     return admin_request(endpoint, frames, reactor, timeout, curve).addCallback(_value_of)
 
 
+def send_schedule(
+    endpoint: str,
+    fields: list[bytes],
+    reactor: Any = None,
+    timeout: float = 5.0,
+    curve: ClientCurve | None = None,
+) -> defer.Deferred[dict[str, Any]]:
+    """SCHEDULE with eventmq's five fields as they are (``queue, headers, interval, body,
+    cron``: what eventmq's client sends and its scheduler stores); fires as
+    :func:`add_schedule` does."""
+    frames = codec.message(codec.SCHEDULE, *fields)
+    return admin_request(endpoint, frames, reactor, timeout, curve).addCallback(_value_of)
+
+
 def remove_schedule(
     endpoint: str,
     schedule_id: str,

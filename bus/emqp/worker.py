@@ -68,6 +68,8 @@ log = Logger(namespace="bus.emqp.worker")
 
 #: How long the last KBYE may wait in the socket for the broker when the worker stops.
 GOODBYE_LINGER_MS = 1000
+#: How long a probe of a silent broker (its port, or whether it takes our key) may take.
+_PROBE_SECONDS = 2.0
 
 
 class NoHandler(Exception):
@@ -220,6 +222,9 @@ class EmqpWorker(Service):
         self.heartbeats_received = 0
         self._last_heard = 0.0
         self._stats_logged = (0, 0)
+        #: A probe of the silent broker is under way; what it told last (told once).
+        self._probing = False
+        self._silence_told: str | None = None
 
     def register(self, name: str, handler: Handler) -> None:
         """Run ``handler(params)`` for bodies ``[name, params]``."""
@@ -437,10 +442,54 @@ class EmqpWorker(Service):
         silent = self.reactor.seconds() - self._last_heard
         if not self.draining and silent > self.heartbeat_interval * self.heartbeat_liveness:
             log.warn("broker silent for {silent:.1f}s: connecting again", silent=silent)
+            self._explain_silence()
             self._connect()
             return
         # Draining, heartbeats go on: a broker that forgot us would retry our running jobs.
         self._send(codec.heartbeat(self.reactor.seconds()))
+
+    def _explain_silence(self) -> None:
+        """Why the broker may be silent, when a probe can tell (an error line, once until
+        the broker is heard or the reason changes): its port speaks CURVE and this worker
+        was given no key, or it refused this worker's key (not on its allow-list, or a
+        certificate without the worker role). Libzmq alone reports neither."""
+        if self._probing:
+            return
+        from bus.transport.probe import probe_key, probe_port, refused_key, tcp_address
+
+        endpoint = self.endpoint
+        said: defer.Deferred[str | None]
+        if self.curve is None:
+            address = tcp_address(endpoint)
+            if address is None:
+                return
+            said = probe_port(self.reactor, *address, _PROBE_SECONDS).addCallback(
+                lambda listener: (
+                    f"broker {endpoint} speaks CURVE: give --server-key (and --cert)"
+                    if listener == "curve"
+                    else None
+                )
+            )
+        else:
+            curve = self.curve
+            said = probe_key(self.reactor, endpoint, curve, _PROBE_SECONDS).addCallback(
+                lambda verdict: (
+                    refused_key(endpoint, curve, role="worker") if verdict == "refused" else None
+                )
+            )
+        self._probing = True
+
+        def tell(sentence: str | None) -> None:
+            self._probing = False
+            if sentence is not None and sentence != self._silence_told and self.running:
+                self._silence_told = sentence
+                log.error("{sentence}", sentence=sentence)
+
+        def failed(failure: Failure) -> None:
+            self._probing = False
+            log.failure("probing the silent broker", failure)
+
+        said.addCallbacks(tell, failed)
 
     def _log_stats(self) -> None:
         now = (self.completed, self.failed)
@@ -457,6 +506,7 @@ class EmqpWorker(Service):
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:
         self._last_heard = self.reactor.seconds()
+        self._silence_told = None
         for frames in batch:
             try:
                 command = codec.parse(frames)

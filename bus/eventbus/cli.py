@@ -208,22 +208,25 @@ def _mismatch_only(probe: defer.Deferred[Any]) -> defer.Deferred[Any]:
 @defer.inlineCallbacks
 def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
     """Wait for ``waiting``; if it times out and the server speaks CURVE to a command given
-    no key, or answers like the original Node.js implementation, say so in the same line."""
+    no key, refuses the key it was given, or answers like the original Node.js
+    implementation, say so in the same line."""
     from bus.eventbus.client import ServerAddress
     from bus.polling import ConditionTimeout
-    from bus.transport.probe import probe_port
+    from bus.transport.probe import probe_key, probe_port, refused_key
 
     try:
         result = yield waiting
     except ConditionTimeout as error:
         server = ServerAddress.parse(args.server)
-        if (
-            _curve(args) is None
-            and (yield probe_port(reactor, server.host, server.port, 2.0)) == "curve"
-        ):
+        curve = _curve(args)
+        if curve is None and (yield probe_port(reactor, server.host, server.port, 2.0)) == "curve":
             raise ConditionTimeout(
                 f"{error}; {server} speaks CURVE: give --server-key (and --cert)"
             ) from None
+        if curve is not None and (
+            (yield probe_key(reactor, server.snapshot, curve, 2.0)) == "refused"
+        ):
+            raise ConditionTimeout(f"{error}; {refused_key(server.snapshot, curve)}") from None
         if Dialect(args.dialect) is Dialect.SPEC and (
             yield _answers_like_the_original(reactor, server, _curve(args))
         ):

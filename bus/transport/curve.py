@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,9 @@ class ClientCurve:
 
     server_key: bytes
     keys: CurveKeyPair
+    #: Where ``keys`` came from, for messages: the ``--cert`` file, ``"fresh"`` for a key
+    #: made because none was given, ``""`` when the caller gave the pair.
+    origin: str = field(default="", compare=False)
 
     def apply(self, sock: Any) -> None:
         """Make ``sock`` a CURVE client of the server; call before connect."""
@@ -186,7 +189,7 @@ def client_curve(server_key: str | Path | None, cert: str | Path | None) -> Clie
             raise KeyFileError("--cert needs --server-key (the server's public key)")
         return None
     keys = load_key_pair(cert) if cert else CurveKeyPair.generate()
-    return ClientCurve(load_public_key(server_key), keys)
+    return ClientCurve(load_public_key(server_key), keys, str(cert) if cert else "fresh")
 
 
 # -- ZAP --------------------------------------------------------------------------------------

@@ -81,3 +81,88 @@ def probe_port(reactor: Any, host: str, port: int, seconds: float) -> defer.Defe
 
     connectProtocol(target, _Greeting()).addCallbacks(connected, refused)
     return outcome
+
+
+# -- whether a CURVE server takes a key --------------------------------------------------------
+
+#: What a CURVE server did with a client's key: took it (the handshake succeeded), refused
+#: it (its ZAP handler answered 400: not on its allow-list, or a policy such as a role), or
+#: neither within the time (nothing listens, not CURVE, a wrong server key, a busy server).
+KeyVerdict = Literal["accepted", "refused", "no-handshake"]
+
+
+def probe_key(
+    reactor: Any, endpoint: str, curve: Any, seconds: float, socket_type: int | None = None
+) -> defer.Deferred[KeyVerdict]:
+    """Whether the CURVE server at ``endpoint`` takes the key of ``curve`` (a
+    :class:`bus.transport.curve.ClientCurve`), judged by a handshake of a fresh socket of
+    ``socket_type`` (DEALER when None) through a socket monitor: libzmq reports the
+    server's refusal (ZMTP's ERROR after ZAP said no) as a failed authentication. Fires
+    within ``seconds``; never fails. (The server counts the probe like any client.)"""
+    import zmq
+
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+
+    verdict: defer.Deferred[KeyVerdict] = defer.Deferred()
+    factory = SocketFactory(reactor, curve=curve)
+
+    def judged(outcome: KeyVerdict) -> None:
+        if verdict.called:
+            return
+        if timer.active():
+            timer.cancel()
+        # After this event's handling: the monitor that reported it is closed with it.
+        reactor.callLater(0, factory.shutdown)
+        verdict.callback(outcome)
+
+    def on_event(event: int) -> None:
+        if event & zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            judged("accepted")
+        elif event & zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            judged("refused")
+
+    timer = reactor.callLater(seconds, judged, "no-handshake")
+    try:
+        sock = factory.socket(
+            zmq.DEALER if socket_type is None else socket_type,
+            options=SocketOptions(linger_ms=0),
+            name="key-probe",
+        )
+        sock.watch_connections(on_event=on_event)
+        sock.connect(endpoint)
+    except zmq.ZMQError:
+        judged("no-handshake")
+    return verdict
+
+
+def refused_key(endpoint: str, curve: Any, role: str | None = None) -> str:
+    """The sentence for a key the server at ``endpoint`` refused (``curve``: the
+    :class:`bus.transport.curve.ClientCurve` it was offered): which key, and where the
+    server's allow-list is (its ``--client-certs`` directory). ``role``: the role the port
+    wants, when the server gives keys roles (eMQP)."""
+    public = curve.keys.public.decode("ascii")
+    if curve.origin == "fresh":
+        whose = "a fresh key (no --cert was given)"
+        remedy = "give --cert with a key whose public certificate is in that directory"
+    elif curve.origin:
+        whose = f"the key of --cert {curve.origin} ({public})"
+        remedy = "add its public certificate (NAME.key, made by bus-keys) there"
+    else:
+        whose = f"this key ({public})"
+        remedy = "add its public certificate (NAME.key, made by bus-keys) there"
+    where = "it is not on the server's allow-list (the directory of its --client-certs)"
+    if role is not None:
+        where += f", or its certificate there gives it roles without {role}"
+        remedy += f", with role = {role} or no role"
+    return f"the server at {endpoint} refused {whose}: {where}; {remedy} (docs/security.md)"
+
+
+def tcp_address(endpoint: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``tcp://HOST:PORT`` endpoint; None for another transport or a
+    port that is not a number."""
+    scheme, _, address = endpoint.partition("://")
+    host, _, port = address.rpartition(":")
+    host = host.rpartition(";")[2].strip("[]")
+    if scheme != "tcp" or not host or not port.isdigit():
+        return None
+    return host, int(port)
