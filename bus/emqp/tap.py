@@ -1,12 +1,19 @@
 """``twistd -n emqp``: the eMQP broker alone; composed into ``twistd -n eventbus`` as the
 ``emqp`` service (options prefixed ``--emqp-``). Options also come from ``EMQP_<OPTION>``
-variables and the ``[emqp]`` table of a ``--config`` file."""
+variables and the ``[emqp]`` table of a ``--config`` file, and, under those, from eventmq's
+own settings as its router reads them (``-C``/``--config`` of its INI file,
+``EVENTMQ_CONFIG_FILE``, ``EVENTMQ_<NAME>``)."""
 
 from __future__ import annotations
 
+import math
+import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
 from twisted.python import usage
 
 from bus.emqp.config import (
@@ -18,6 +25,13 @@ from bus.emqp.config import (
     EmqpConfig,
 )
 from bus.emqp.core import BrokerSettings
+from bus.emqp.eventmq_settings import (
+    ROUTER,
+    EventmqSettings,
+    is_eventmq_config,
+    read_eventmq_settings,
+    value_in,
+)
 from bus.options import ServiceOptions, parse_duration, parse_size
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
@@ -25,6 +39,8 @@ if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
     from bus.emqp.server import EmqpService
 
+
+log = Logger(namespace="bus.emqp")
 
 #: Started after the Event BUS when both run: composed, it publishes its activity
 #: onto the local bus (the bridge journals it), which the Event BUS's build provides.
@@ -107,10 +123,116 @@ class Options(ServiceOptions):
         ],
         ["max-schedules", None, 100_000, "Schedules kept at once.", int],
         *CURVE_OPTIONS,
+        [
+            "eventmq-config",
+            "C",
+            None,
+            "eventmq's INI file, read as its router reads it ([global], then [router]; "
+            "default: $EVENTMQ_CONFIG_FILE, else /etc/eventmq.conf when it exists), under "
+            "these options; --config FILE too when FILE is one, as emq-router takes it.",
+        ],
     ]
+
+    def __init__(self) -> None:
+        ServiceOptions.__init__(self)
+        self.eventmq = EventmqSettings(program=ROUTER)
+        #: This service's own command line (the whole of it when run alone).
+        self._args: list[str] = []
+
+    def parse_layered(self, options: Sequence[str] | None = None) -> None:
+        args = router_args(sys.argv[1:] if options is None else options)
+        ServiceOptions.parse_layered(self, args)
+
+    def parse_command_line(self, args: Sequence[str]) -> None:
+        """eventmq's settings under the config file's and the environment's values taken
+        already, then the command line over everything (alone or composed alike)."""
+        args = router_args(args)
+        self._args = list(args)
+        path = value_in(args, "--eventmq-config", "-C") or self["eventmq-config"] or None
+        self.eventmq = read_eventmq_settings(
+            None if path is None else str(path), os.environ, ROUTER
+        )
+        specs = {spec.name: spec for spec in self.option_specs()}
+        for name, (value, source) in router_options(self.eventmq).items():
+            if name not in self.sources:
+                self[name] = self._coerced(specs[name], value, source)
+        ServiceOptions.parse_command_line(self, args)
 
     def postOptions(self) -> None:
         self["emqp-config"] = config_from_options(self)
+
+
+def router_args(args: Sequence[str]) -> list[str]:
+    """``--config FILE`` of eventmq's INI file (emq-router's long form of ``-C``) as
+    ``--eventmq-config FILE``; the rest as it is."""
+    translated = list(args)
+    for index, arg in enumerate(translated):
+        if arg == "--":
+            break
+        name, equals, value = arg.partition("=")
+        if name != "--config":
+            continue
+        path = value if equals else (translated[index + 1] if index + 1 < len(args) else "")
+        if path and is_eventmq_config(path, "emqp", ROUTER.sections):
+            translated[index] = f"--eventmq-config={path}" if equals else "--eventmq-config"
+    return translated
+
+
+def _address(name: str, value: str, source: str) -> tuple[str, str]:
+    """(host, port) of eventmq's ``tcp://HOST:PORT``."""
+    scheme, _, rest = value.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not host or not port.isdigit():
+        raise usage.UsageError(
+            f"{source}: eventmq's {name}={value}: this broker binds tcp://HOST:PORT only"
+        )
+    return host.strip("[]"), port
+
+
+def router_options(settings: EventmqSettings) -> dict[str, tuple[str, str]]:
+    """Our option -> (value, source) for the router settings we honour: the three
+    addresses as ``bind`` and the ports (their hosts must agree: one --bind), ``HWM`` as
+    ``queue-limit``, ``HEARTBEAT_INTERVAL``, and ``HEARTBEAT_TIMEOUT`` (seconds of a
+    worker's silence) as ``heartbeat-liveness``, in eventmq's heartbeat intervals rounded up."""
+    values = settings.values
+    chosen: dict[str, tuple[str, str]] = {}
+    hosts: dict[str, tuple[str, str]] = {}
+    for name, option in (
+        ("BACKEND_ADDR", "worker-port"),
+        ("FRONTEND_ADDR", "client-port"),
+        ("ADMINISTRATIVE_ADDR", "admin-port"),
+    ):
+        if name in values:
+            value, source = values[name]
+            host, port = _address(name, value, source)
+            chosen[option] = (port, source)
+            hosts[name] = (host, f"{name}={value} ({source})")
+    if len({host for host, _ in hosts.values()}) > 1:
+        given = "; ".join(where for _, where in hosts.values())
+        raise usage.UsageError(
+            f"eventmq's addresses bind different hosts ({given}): this broker binds its "
+            "three ports on one address (--bind)"
+        )
+    if hosts:
+        host, where = next(iter(hosts.values()))
+        chosen["bind"] = (host, where.partition(" (")[2].rstrip(")"))
+    if "HWM" in values:
+        chosen["queue-limit"] = values["HWM"]
+    interval = 3.0  # eventmq's HEARTBEAT_INTERVAL by default, as ours
+    if "HEARTBEAT_INTERVAL" in values:
+        chosen["heartbeat-interval"] = values["HEARTBEAT_INTERVAL"]
+        interval = parse_duration(values["HEARTBEAT_INTERVAL"][0])
+    if "HEARTBEAT_TIMEOUT" in values:
+        value, source = values["HEARTBEAT_TIMEOUT"]
+        try:
+            timeout = float(value)
+        except ValueError:
+            raise usage.UsageError(
+                f"{source}: eventmq's HEARTBEAT_TIMEOUT wants seconds, not {value!r}"
+            ) from None
+        if interval > 0 and timeout > 0:
+            chosen["heartbeat-liveness"] = (str(max(1, math.ceil(timeout / interval))), source)
+    return chosen
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
@@ -175,6 +297,11 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
     from bus.emqp.server import EmqpService
 
     config = options.get("emqp-config") or config_from_options(options)
+    settings: EventmqSettings | None = getattr(options, "eventmq", None)
+    if settings is not None and settings.path is not None:
+        log.info("eventmq settings read from {path} ([global], then [router])", path=settings.path)
+    for line in settings.not_honoured() if settings is not None else ():
+        log.warn("{line}", line=line)
     return EmqpService(config, activity=composition.activity("emqp"))
 
 
