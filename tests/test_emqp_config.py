@@ -1,6 +1,7 @@
 """eMQP as a drop-in for eventmq 0.3.13's router (issue 34), through real processes: the
 broker reads eventmq's ``eventmq.conf`` (``-C``, ``--config``, ``EVENTMQ_CONFIG_FILE``,
-``EVENTMQ_<NAME>``) under its own options, as eventmq's own router reads the same file."""
+``EVENTMQ_<NAME>``) under its own options, as eventmq's own router reads the same file; a
+SIGHUP reads the settings again instead of ending the broker (alone and composed)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import ast
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,9 +21,11 @@ import pytest_twisted
 
 from bus.emqp import codec
 from bus.testing import RawPeer, wait_until
+from bus.transport.certs import write_certificate
+from tests.curve_helpers import Keys
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, TWISTD, TwistdProcess
+from tests.processes import CLEAN_EXIT, TWISTD, ServerProcess, TwistdProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_BIN = ROOT / ".venv-interop" / "bin"
@@ -238,6 +242,163 @@ def test_addresses_on_different_hosts_are_one_line(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "bind different hosts" in done.stderr + done.stdout
     assert "FRONTEND_ADDR=tcp://0.0.0.0:47291" in done.stderr + done.stdout
+
+
+# -- 2. SIGHUP ----------------------------------------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def test_sighup_reads_eventmq_conf_again_as_eventmqs_router_does(tmp_path: Path) -> Any:
+    """eventmq's router reads its file again at SIGHUP, then dies of it (0.3.13 binds its
+    sockets again: "Receiver ... not ready" or "Address already in use", a traceback). Ours serves on, logs each
+    change in a line (applied now, or at the next start), a SIGHUP that changed nothing,
+    and a broken file as one error line that changes nothing."""
+    first = free_ports(4)
+    conf = tmp_path / "eventmq.conf"
+    endpoints = write_eventmq_conf(conf, first, hwm=7, heartbeat_interval=1)
+    with eventmq_router(tmp_path, "-C", str(conf)) as router:
+        yield serves(endpoints)
+        write_eventmq_conf(conf, first, hwm=8, heartbeat_interval=2)
+        router.send_signal(signal.SIGHUP)
+        yield wait_until(lambda: router.poll() is not None, timeout=30, what="its end")
+        log = router.log_path.read_text()
+        assert "Caught signame 1" in log
+        assert "Traceback" in log.rsplit("Caught signame 1", 1)[1]
+
+    broker = EmqpAlone(tmp_path, "-C", str(conf))
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield serves(endpoints)
+
+        def after_sighup(text: str) -> Any:
+            broker.process.send_signal(signal.SIGHUP)
+            return wait_until(lambda: text in broker.output(), timeout=30, what=text)
+
+        write_eventmq_conf(
+            conf, first, hwm=9, heartbeat_interval=2,
+            router_frontend_addr=f"tcp://127.0.0.1:{first + 3}",
+        )  # fmt: skip
+        yield after_sighup("SIGHUP: --queue-limit 8 -> 9")
+        log = broker.output()
+        assert (
+            f"SIGHUP: --client-port {first + 1} -> {first + 3} (takes effect when the broker "
+            "starts again)" in log
+        )
+        yield wait_until(lambda: setting(broker.status(), "queue_limit") == 9, what="the new limit")
+        assert broker.status()["endpoints"] == endpoints  # the ports stay until a restart
+
+        yield after_sighup("SIGHUP: eMQP broker settings read again, nothing changed")
+
+        conf.write_text("[global\nhwm = 3\n")
+        yield after_sighup("SIGHUP: eMQP broker settings not read again, kept as they were")
+        assert setting(broker.status(), "queue_limit") == 9
+        yield serves(endpoints)
+        assert broker.process.poll() is None
+    finally:
+        _stopped(broker)
+
+
+@pytest_twisted.inlineCallbacks
+def test_sighup_takes_a_new_curve_allow_list_directory(tmp_path: Path) -> Any:
+    """--client-certs changed in the [emqp] table: at SIGHUP the new directory's keys
+    get in and the old one's are refused, without a restart."""
+    keys = Keys(tmp_path)
+    old_key = keys.client("old")
+    other = tmp_path / "other-clients"
+    other.mkdir()
+    new_key = keys.client("new", allowed=False)
+    write_certificate(other, "new", new_key.public, None, {})
+    toml = tmp_path / "bus.toml"
+
+    def configure(directory: Path) -> None:
+        toml.write_text(f'[emqp]\nclient-certs = "{directory}"\n')
+
+    configure(keys.allowed)
+    first = free_ports(3)
+    broker = EmqpAlone(
+        tmp_path, "--config", str(toml), "--server-cert", str(keys.server_cert),
+        "--worker-port", str(first), "--client-port", str(first + 1),
+        "--admin-port", str(first + 2), "--stats-interval", "0.1s",
+    )  # fmt: skip
+    admin = f"tcp://127.0.0.1:{first + 2}"
+
+    @pytest_twisted.inlineCallbacks
+    def answered(pair: Any) -> Any:
+        peer = RawPeer.dealer(admin, curve=(keys.server.public, pair))
+        try:
+            peer.send(codec.message(b"STATUS"))
+            yield wait_until(lambda: peer.messages, timeout=30, what="STATUS over CURVE")
+        finally:
+            peer.close()
+
+    def refused() -> int:
+        return sum(broker.status().get("curve", {}).get("refused", {}).values())
+
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield answered(old_key)
+        peer = RawPeer.dealer(admin, curve=(keys.server.public, new_key))
+        yield wait_until(lambda: refused() == 1, timeout=30, what="the new key refused")
+        peer.close()
+        configure(other)
+        broker.process.send_signal(signal.SIGHUP)
+        yield wait_until(
+            lambda: f"SIGHUP: --client-certs {keys.allowed} -> {other}" in broker.output(),
+            timeout=30,
+            what="the change logged",
+        )
+        yield answered(new_key)
+        peer = RawPeer.dealer(admin, curve=(keys.server.public, old_key))
+        yield wait_until(lambda: refused() == 2, timeout=30, what="the old key refused")
+        peer.close()
+    finally:
+        _stopped(broker)
+
+
+@pytest_twisted.inlineCallbacks
+def test_sighup_in_the_product_reloads_emqp_and_keeps_the_event_bus(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """``twistd -n eventbus`` with emqp composed: a SIGHUP applies emqp's changed
+    settings (spelled --emqp-...) and every service goes on."""
+    for name in list(os.environ):
+        if name.startswith(("EMQP_", "EVENTMQ_")):
+            monkeypatch.delenv(name)
+    first = free_ports(3)
+    conf = tmp_path / "eventmq.conf"
+    endpoints = write_eventmq_conf(conf, first, hwm=7)
+    emqp_data = tmp_path / "emqp"
+    product = ServerProcess(
+        tmp_path / "bus",
+        "--services", "eventbus,emqp", "--emqp-eventmq-config", str(conf),
+        "--emqp-data-dir", str(emqp_data), "--emqp-stats-interval", "0.1s",
+    )  # fmt: skip
+
+    def emqp_status() -> dict[str, Any]:
+        try:
+            return dict(json.loads((emqp_data / "status.json").read_text()))
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    try:
+        yield wait_until(product.ready, timeout=60, what="the product")
+        yield wait_until(lambda: emqp_status().get("endpoints"), timeout=30, what="emqp")
+        assert emqp_status()["endpoints"] == endpoints
+        yield serves(endpoints)
+        conf.write_text(conf.read_text().replace("hwm = 7", "hwm = 12"))
+        product.process.send_signal(signal.SIGHUP)
+        yield wait_until(
+            lambda: "SIGHUP: --emqp-queue-limit 7 -> 12" in product.output(),
+            timeout=30,
+            what="the change logged",
+        )
+        yield wait_until(lambda: setting(emqp_status(), "queue_limit") == 12, what="applied")
+        yield serves(endpoints)
+        # The Event BUS goes on: its status.json is written again after the SIGHUP.
+        product.status_path.unlink()
+        yield wait_until(product.ready, timeout=30, what="the Event BUS's status again")
+    finally:
+        _stopped(product)
 
 
 if __name__ == "__main__":  # pragma: no cover

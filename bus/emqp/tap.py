@@ -2,7 +2,7 @@
 ``emqp`` service (options prefixed ``--emqp-``). Options also come from ``EMQP_<OPTION>``
 variables and the ``[emqp]`` table of a ``--config`` file, and, under those, from eventmq's
 own settings as its router reads them (``-C``/``--config`` of its INI file,
-``EVENTMQ_CONFIG_FILE``, ``EVENTMQ_<NAME>``)."""
+``EVENTMQ_CONFIG_FILE``, ``EVENTMQ_<NAME>``). SIGHUP reads them all again."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from bus.emqp.eventmq_settings import (
     read_eventmq_settings,
     value_in,
 )
-from bus.options import ServiceOptions, parse_duration, parse_size
+from bus.options import ServiceOptions, config_path_in, parse_duration, parse_size
+from bus.sighup import on_sighup
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
 if TYPE_CHECKING:
@@ -138,9 +139,15 @@ class Options(ServiceOptions):
         self.eventmq = EventmqSettings(program=ROUTER)
         #: This service's own command line (the whole of it when run alone).
         self._args: list[str] = []
+        #: Run alone (``twistd -n emqp``): the whole command line, to read again at SIGHUP.
+        self._alone: list[str] | None = None
+        #: The settings as the last SIGHUP read them (changes that wait for the next start
+        #: are told once, not at every SIGHUP).
+        self.last_read: Options | None = None
 
     def parse_layered(self, options: Sequence[str] | None = None) -> None:
         args = router_args(sys.argv[1:] if options is None else options)
+        self._alone = args
         ServiceOptions.parse_layered(self, args)
 
     def parse_command_line(self, args: Sequence[str]) -> None:
@@ -160,6 +167,25 @@ class Options(ServiceOptions):
 
     def postOptions(self) -> None:
         self["emqp-config"] = config_from_options(self)
+
+    def read_again(self) -> Options:
+        """These options as they read now: the same command line over the files and the
+        variables as they are (a SIGHUP); a usage error when they cannot be read."""
+        fresh = type(self)()
+        if self._alone is not None:
+            fresh.parse_layered(self._alone)
+            return fresh
+        # Composed into the product: its --config file, then this service's own options.
+        from bus.options import load_config_file
+        from bus.tap import product_option_names
+
+        path = config_path_in(sys.argv[1:]) or os.environ.get("EVENTBUS_CONFIG") or ""
+        tables = load_config_file(path) if path else {}
+        ServiceOptions.apply_defaults(
+            fresh, tables, os.environ, path, also_known=product_option_names()
+        )
+        fresh.parse_command_line(self._args)
+        return fresh
 
 
 def router_args(args: Sequence[str]) -> list[str]:
@@ -302,7 +328,78 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
         log.info("eventmq settings read from {path} ([global], then [router])", path=settings.path)
     for line in settings.not_honoured() if settings is not None else ():
         log.warn("{line}", line=line)
-    return EmqpService(config, activity=composition.activity("emqp"))
+    service = EmqpService(config, activity=composition.activity("emqp"))
+    if isinstance(options, Options):  # a command line to read again (not a tac's mapping)
+        on_sighup(service.reactor, lambda: reload_settings(service, options))
+    return service
+
+
+#: Options a SIGHUP applies to the running broker; any other that changed is logged as
+#: taking effect at the next start (ports, bind, data directory, durability, the sockets'
+#: options, the scheduler, the server's key).
+RELOADED = frozenset(
+    {
+        "heartbeat-interval",
+        "heartbeat-liveness",
+        "queue-limit",
+        "max-queues",
+        "guarantee-retries",
+        "max-schedules",
+        "no-haste",
+        "stats-interval",
+        "reply-linger",
+        "client-queue-bytes",
+        "client-queue-messages",
+        "client-certs",
+    }
+)
+
+
+def reload_settings(service: EmqpService, options: Options) -> None:
+    """At SIGHUP: read the settings again, apply what changed and can change while
+    serving, log every change in one line; settings that cannot be read are one error
+    line and change nothing. A SIGHUP never ends the broker."""
+    prefix = "" if options._alone is not None else "emqp-"
+    if not service.running:
+        log.info("SIGHUP while the eMQP broker is stopped: ignored")
+        return
+    service.reread_client_certs()
+    try:
+        fresh = options.read_again()
+    except (usage.UsageError, ValueError, OSError) as error:
+        log.error(
+            "SIGHUP: eMQP broker settings not read again, kept as they were: {error}",
+            error=str(error),
+        )
+        return
+    before = options.last_read or options
+    changed = {
+        spec.name: (before[spec.name], fresh[spec.name])
+        for spec in Options.option_specs()
+        if before.get(spec.name) != fresh.get(spec.name)
+    }
+    for line in fresh.eventmq.not_honoured():
+        if line not in before.eventmq.not_honoured():
+            log.warn("{line}", line=line)
+    options.last_read = fresh
+    if not changed:
+        log.info("SIGHUP: eMQP broker settings read again, nothing changed")
+        return
+    curve_on = service.curve.enabled
+    for name, (old, new) in sorted(changed.items()):
+        now = name in RELOADED and (name != "client-certs" or curve_on)
+        log.info(
+            "SIGHUP: --{prefix}{name} {old} -> {new}{later}",
+            prefix=prefix,
+            name=name,
+            old=old,
+            new=new,
+            later="" if now else " (takes effect when the broker starts again)",
+        )
+        if now:
+            options[name] = new
+    options["emqp-config"] = config_from_options(options)
+    service.reconfigure(options["emqp-config"])
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
