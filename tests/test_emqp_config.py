@@ -1,7 +1,8 @@
 """eMQP as a drop-in for eventmq 0.3.13's router (issue 34), through real processes: the
 broker reads eventmq's ``eventmq.conf`` (``-C``, ``--config``, ``EVENTMQ_CONFIG_FILE``,
 ``EVENTMQ_<NAME>``) under its own options, as eventmq's own router reads the same file; a
-SIGHUP reads the settings again instead of ending the broker (alone and composed)."""
+SIGHUP reads the settings again instead of ending the broker (alone and composed); and the
+log's lines of dropped answers add up to what ``/status`` counts."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import ast
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from bus.transport.certs import write_certificate
 from tests.curve_helpers import Keys
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, TWISTD, ServerProcess, TwistdProcess
+from tests.processes import CLEAN_EXIT, TWISTD, BrokerProcess, ServerProcess, TwistdProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_BIN = ROOT / ".venv-interop" / "bin"
@@ -399,6 +401,61 @@ def test_sighup_in_the_product_reloads_emqp_and_keeps_the_event_bus(
         yield wait_until(product.ready, timeout=30, what="the Event BUS's status again")
     finally:
         _stopped(product)
+
+
+# -- 3. dropped answers in the log --------------------------------------------------------------
+
+_DROPPED = re.compile(r"dropped (\d+) answers .*?\(?(queue-full|gone|too-many-peers)[);]")
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_log_of_dropped_answers_adds_up_to_status(tmp_path: Path) -> Any:
+    """A client that never reads: its answers are dropped past its bounds under one
+    rate-limited line; the lines that follow tell the rest, so that what the log says was
+    dropped adds up to /status's count, by reason."""
+    import zmq
+
+    broker = BrokerProcess(
+        tmp_path / "emqp", None, "--client-queue-messages", "5", "--client-hwm", "5",
+        "--reply-linger", "1s", "--heartbeat-interval", "60s",
+    )  # fmt: skip
+    context = zmq.Context()
+    worker = None
+    try:
+        yield wait_until(broker.ready, timeout=30, what="the broker")
+        worker = RawWorker(broker.endpoints["worker"])
+        yield wait_until(worker.acked, what="ACK")
+        worker.ready(300)
+        client = context.socket(zmq.DEALER)
+        client.set(zmq.RCVHWM, 1)
+        client.set(zmq.LINGER, 0)
+        client.connect(broker.endpoints["client"])
+        for _ in range(300):
+            client.send_multipart(codec.request("default", b"1", b"reply-requested"))
+        yield wait_until(lambda: len(worker.requests()) == 300, timeout=60, what="dispatched")
+        for request in worker.requests():
+            worker.reply(request, "x" * 10_000)
+        yield wait_until(
+            lambda: broker.status().get("counters", {}).get("replied") == 300, what="replied"
+        )
+        yield wait_until(
+            lambda: broker.status().get("answers_held") == 0, timeout=30, what="all dropped"
+        )
+
+        def told() -> dict[str, int]:
+            counts: dict[str, int] = {}
+            for count, reason in _DROPPED.findall(broker.log_path.read_text()):
+                counts[reason] = counts.get(reason, 0) + int(count)
+            return counts
+
+        dropped = broker.status()["answers_dropped"]
+        assert sum(dropped.values()) > 100
+        yield wait_until(lambda: told() == dropped, timeout=30, what=f"the log to tell {dropped}")
+    finally:
+        if worker is not None:
+            worker.close()
+        context.destroy(linger=0)
+        assert broker.stop() in CLEAN_EXIT, broker.log_path.read_text()
 
 
 if __name__ == "__main__":  # pragma: no cover
