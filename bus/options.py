@@ -210,6 +210,9 @@ class ServiceOptions(usage.Options):
             self[name] = []
         self["config"] = None
         self._set_on_command_line: set[str] = set()
+        #: Option -> where its value came from, for those set by the config file or the
+        #: environment (:meth:`apply_defaults`).
+        self.sources: dict[str, str] = {}
 
     def opt_config(self, path: str) -> None:
         """TOML file, a table per service ([eventbus], [spark-bridge]); environment and command line win."""
@@ -308,10 +311,14 @@ class ServiceOptions(usage.Options):
             )
         for name, spec in specs.items():
             if name in table:
-                self[name] = self._coerced(spec, table[name], f"--config {path} [{self.service}]")
+                source = f"--config {path} [{self.service}]"
+                self[name] = self._coerced(spec, table[name], source)
+                self.sources[name] = source
             variable = f"{self.env_prefix}_{name.upper().replace('-', '_')}"
             if variable in environ:
-                self[name] = self._coerced(spec, environ[variable], f"environment {variable}")
+                source = f"environment {variable}"
+                self[name] = self._coerced(spec, environ[variable], source)
+                self.sources[name] = source
 
     @staticmethod
     def _coerced(spec: OptionSpec, value: Any, source: str) -> Any:

@@ -25,7 +25,7 @@ import heapq
 import json
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from twisted.logger import Logger
@@ -910,6 +910,16 @@ class Broker:
             job.attempts,
             job.retries_left,
         )
+
+    def reconfigure(self, settings: BrokerSettings) -> None:
+        """Serve on with ``settings`` (a SIGHUP's): limits and retries count from the next
+        message on, a worker's silence against the new expiry at the next heartbeat round, the schedules' limit
+        and haste from the next SCHEDULE. ``scheduler`` is kept as it was (not changed
+        while serving)."""
+        self.settings = replace(settings, scheduler=self.settings.scheduler)
+        if self.schedules is not None:
+            self.schedules.max_schedules = settings.max_schedules
+            self.schedules.cron_haste = settings.cron_haste
 
     def restore(self) -> int:
         """Queue again every guaranteed request the store holds (after a restart or a crash):

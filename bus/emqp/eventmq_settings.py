@@ -1,23 +1,26 @@
-"""eventmq's own settings for its job manager, read as ``emq-jobmanager`` reads them, so that
-``emqp-worker -C /etc/eventmq.conf`` serves from the same configuration.
+"""eventmq's own settings, read as its programs read them, so that ``emqp-worker -C
+/etc/eventmq.conf`` (for ``emq-jobmanager``) and ``twistd -n emqp -C /etc/eventmq.conf``
+(for ``emq-router``) serve from the same configuration.
 
 eventmq reads an INI file (``-C``, else ``$EVENTMQ_CONFIG_FILE``, else ``/etc/eventmq.conf``;
-a file that does not exist is no error) first in its ``[global]`` section, then in
-``[jobmanager]``; for every setting an ``EVENTMQ_<NAME>`` variable wins over the file. Names
-are case-insensitive in the file (``worker_addr`` is ``WORKER_ADDR``).
+a file that does not exist is no error) first in its ``[global]`` section, then in the
+program's own (``[jobmanager]``; ``[router]`` here, which eventmq 0.3.13's router itself never
+reads); for every setting an ``EVENTMQ_<NAME>`` variable wins over the file. Names are
+case-insensitive in the file (``worker_addr`` is ``WORKER_ADDR``).
 
-:func:`read_eventmq_settings` returns the values and where each came from;
-:data:`OPTION_OF` says which ``emqp-worker`` option each one sets. :data:`NOT_HONOURED`
-names the settings whose behaviour the worker does not reproduce: each one that is set is
-worth one line in the log. Every other eventmq setting (the router's, the scheduler's,
-logging) means nothing to a worker and is ignored.
+:func:`read_eventmq_settings` returns the values and where each came from, for a
+:class:`Program` (:data:`JOBMANAGER`, :data:`ROUTER`): which settings it takes (its
+``option_of``: which of our options each sets) and which it does not reproduce
+(``not_honoured``: each one that is set is worth one line in the log). Every other eventmq
+setting (another program's, logging) is ignored.
 """
 
 from __future__ import annotations
 
 import configparser
 import os
-from collections.abc import Mapping
+import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from twisted.python import usage
@@ -62,12 +65,40 @@ NOT_HONOURED: dict[str, str] = {
     "HIDE_HEARTBEAT_LOGS": "the worker logs no heartbeats",
 }
 
+#: eventmq's router setting -> the ``twistd emqp`` option it sets. The three addresses
+#: (``tcp://HOST:PORT``) set the port and ``bind``; ``HEARTBEAT_TIMEOUT`` (seconds of a
+#: worker's silence) sets ``heartbeat-liveness`` in intervals (see ``bus.emqp.tap``).
+ROUTER_OPTION_OF: dict[str, str] = {
+    "BACKEND_ADDR": "worker-port",
+    "FRONTEND_ADDR": "client-port",
+    "ADMINISTRATIVE_ADDR": "admin-port",
+    "HWM": "queue-limit",
+    "HEARTBEAT_INTERVAL": "heartbeat-interval",
+    "HEARTBEAT_TIMEOUT": "heartbeat-liveness",
+}
+
+#: Router settings whose behaviour the broker does not reproduce, with what it does instead.
+ROUTER_NOT_HONOURED: dict[str, str] = {
+    "DISABLE_HEARTBEATS": "heartbeats are always on",
+    "DEFAULT_QUEUE_NAME": (
+        "a request for a queue no worker serves waits in that queue's own buffer"
+    ),
+    "DEFAULT_QUEUE_WEIGHT": "a worker that INFORMs no queues serves default at weight 10",
+    "QUEUES": "a worker that INFORMs no queues serves default at weight 10",
+    "WAL_ENABLED": "guaranteed requests are kept in the job store of --data-dir, no WAL file",
+    "MAX_SOCKETS": "the broker opens its three ports' sockets",
+    "DEFAULT_ENCODING": "frames are UTF-8",
+    "SUPER_DEBUG": "the broker logs no message-by-message lines",
+    "HIDE_HEARTBEAT_LOGS": "the broker logs no heartbeats",
+}
+
 #: Boolean settings worth a line only when they differ from eventmq's default (its own
 #: test for true: a ``t`` in the value).
 _NOTICED_WHEN: dict[str, bool] = {
     "DISABLE_HEARTBEATS": True,
     "SUPER_DEBUG": True,
     "HIDE_HEARTBEAT_LOGS": False,
+    "WAL_ENABLED": True,
 }
 
 #: eventmq's older spelling of the setup hook: a module and a function name apart.
@@ -75,20 +106,46 @@ _OLD_SETUP = ("SETUP_PATH", "SETUP_CALLABLE")
 
 
 @dataclass(frozen=True, slots=True)
+class Program:
+    """One of eventmq's programs, as far as its settings go: the INI sections it reads
+    (the last wins), the settings we honour (-> our option) and those we do not."""
+
+    name: str
+    sections: tuple[str, ...]
+    option_of: Mapping[str, str]
+    not_honoured: Mapping[str, str]
+    #: Further names read (eventmq's older spellings).
+    also: tuple[str, ...] = ()
+
+    def wanted(self) -> tuple[str, ...]:
+        return (*self.option_of, *self.not_honoured, *self.also)
+
+
+#: ``emq-jobmanager``, for ``emqp-worker``.
+JOBMANAGER = Program("jobmanager", SECTIONS, OPTION_OF, NOT_HONOURED, _OLD_SETUP)
+#: ``emq-router``, for ``twistd -n emqp``.
+ROUTER = Program("router", ("global", "router"), ROUTER_OPTION_OF, ROUTER_NOT_HONOURED)
+
+
+@dataclass(frozen=True, slots=True)
 class EventmqSettings:
-    """eventmq settings that mean something to a worker: name -> (value, source)."""
+    """eventmq settings that mean something to one program: name -> (value, source)."""
 
     values: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: The INI file read, if one was.
     path: str | None = None
+    program: Program = JOBMANAGER
 
     def options(self) -> dict[str, tuple[str, str]]:
-        """``emqp-worker`` option -> (value, source) for the settings it honours."""
+        """Our option -> (value, source) for the settings honoured, in eventmq's syntax."""
+        option_of = self.program.option_of
         chosen = {
-            OPTION_OF[name]: value for name, value in self.values.items() if name in OPTION_OF
+            option_of[name]: value for name, value in self.values.items() if name in option_of
         }
-        if not chosen.get("setup-func", ("", ""))[0] and all(
-            name in self.values for name in _OLD_SETUP
+        if (
+            self.program is JOBMANAGER
+            and not chosen.get("setup-func", ("", ""))[0]
+            and all(name in self.values for name in _OLD_SETUP)
         ):
             (path, source), (function, _) = (self.values[name] for name in _OLD_SETUP)
             if path and function:  # eventmq drops a :Class part of SETUP_PATH
@@ -96,9 +153,9 @@ class EventmqSettings:
         return chosen
 
     def not_honoured(self) -> list[str]:
-        """One line per setting given whose behaviour the worker does not reproduce."""
+        """One line per setting given whose behaviour we do not reproduce."""
         lines = []
-        for name, instead in NOT_HONOURED.items():
+        for name, instead in self.program.not_honoured.items():
             if name not in self.values:
                 continue
             value, source = self.values[name]
@@ -106,20 +163,23 @@ class EventmqSettings:
                 continue
             if name == "DEFAULT_ENCODING" and value.lower().replace("-", "") == "utf8":
                 continue
+            if name == "DEFAULT_QUEUE_NAME" and value == "default":
+                continue
+            if name == "DEFAULT_QUEUE_WEIGHT" and value == "10":
+                continue
             lines.append(f"eventmq's {name}={value} ({source}) is not honoured: {instead}")
         return lines
 
 
-def _wanted() -> tuple[str, ...]:
-    return (*OPTION_OF, *NOT_HONOURED, *_OLD_SETUP)
-
-
 def read_eventmq_settings(
-    path: str | None = None, environ: Mapping[str, str] = os.environ
+    path: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+    program: Program = JOBMANAGER,
 ) -> EventmqSettings:
-    """The settings of eventmq's file and variables, as its job manager takes them. ``path``
+    """The settings of eventmq's file and variables, as ``program`` takes them. ``path``
     is ``-C``; it must exist, unlike eventmq's variable and default path, whose absence
     eventmq ignores. A file that cannot be parsed is a usage error naming it."""
+    wanted = program.wanted()
     if path is None:
         path = environ.get(f"{ENV_PREFIX}CONFIG_FILE") or DEFAULT_CONFIG_FILE
         explicit = False
@@ -134,24 +194,70 @@ def read_eventmq_settings(
         except (configparser.Error, OSError, UnicodeDecodeError) as error:
             raise usage.UsageError(f"eventmq config {path}: {error}") from None
         read_path = path
-        for section in SECTIONS:  # [jobmanager] after [global]: it wins
+        for section in program.sections:  # [jobmanager] after [global]: it wins
             if parser.has_section(section):
                 for name, value in parser.items(section):
-                    if name.upper() in _wanted():
+                    if name.upper() in wanted:
                         values[name.upper()] = (value.strip(), f"{path} [{section}]")
     elif explicit:
         raise usage.UsageError(f"--eventmq-config {path}: no such file")
-    for name in _wanted():
+    for name in wanted:
         variable = f"{ENV_PREFIX}{name}"
         if variable in environ:
             values[name] = (environ[variable].strip(), f"environment {variable}")
-    return EventmqSettings(values, read_path)
+    return EventmqSettings(values, read_path, program)
+
+
+def value_in(args: Sequence[str], long: str, short: str) -> str | None:
+    """The value of ``--long X``, ``--long=X``, ``-s X`` or ``-sX`` in a command line."""
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg in (long, short) and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith(long + "="):
+            return arg.partition("=")[2]
+        if arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
+            return arg[len(short) :]
+    return None
+
+
+def is_eventmq_config(path: str, ours: str, sections: Sequence[str]) -> bool:
+    """Whether ``--config`` names eventmq's INI file (its programs' long form of ``-C``)
+    rather than our TOML: not TOML, or TOML without our table ``ours``, with one of
+    eventmq's ``sections``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return False  # the TOML reader says why
+    try:
+        tables = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read_string(text, source=path)
+        except configparser.Error:
+            return False
+        found = set(parser.sections())
+    else:
+        if ours in tables:
+            return False
+        found = set(tables)
+    return bool(found & set(sections))
 
 
 __all__ = [
     "DEFAULT_CONFIG_FILE",
+    "JOBMANAGER",
     "NOT_HONOURED",
     "OPTION_OF",
+    "ROUTER",
+    "ROUTER_NOT_HONOURED",
+    "ROUTER_OPTION_OF",
     "EventmqSettings",
+    "Program",
+    "is_eventmq_config",
     "read_eventmq_settings",
+    "value_in",
 ]

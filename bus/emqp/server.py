@@ -19,6 +19,7 @@ import zmq
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.base import DelayedCall
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -125,6 +126,8 @@ class EmqpService(Service):
         self._paused: list[ZmqSocket] = []
         self._storage_retry: DelayedCall | None = None
         self._schedule_timer: DelayedCall | None = None
+        self._heartbeat_loop: LoopingCall | None = None
+        self._stats_loop: LoopingCall | None = None
         self._storage_delay = _STORAGE_RETRY_MIN
         #: CURVE on the three ports; with an allow-list, a key's ``role`` says which ports
         #: it may connect to and its ``queues`` which queues it may serve or use.
@@ -155,12 +158,12 @@ class EmqpService(Service):
         interval = config.broker.heartbeat_interval
         self._heartbeat_due = self.reactor.seconds() + interval
         every = self.ports.periodic.every
-        every(interval, self._heartbeat)
+        self._heartbeat_loop = every(interval, self._heartbeat)
         every(config.timeout_check, self._expire)
         self._checkpoints.start()
         every(config.checkpoint_interval, self._checkpoint)
         if config.stats_interval > 0:
-            every(config.stats_interval, self._report)
+            self._stats_loop = every(config.stats_interval, self._report)
         self._write_status()
         log.info(
             "eMQP broker serving workers {worker}, clients {client}, admin {admin}; job store "
@@ -175,6 +178,40 @@ class EmqpService(Service):
             schedules=schedules,
         )
         self._arm_schedules()
+
+    def reconfigure(self, config: EmqpConfig) -> None:
+        """Serve on with ``config`` (a SIGHUP's): the broker's limits, retries, heartbeats
+        and schedules, the answers' bounds, the stats period and the CURVE allow-list take
+        their new values now. The caller keeps the rest (ports, store, sockets' options)
+        as they were: those change at the next start."""
+        old, self.config = self.config, config
+        if self.broker is not None:
+            self.broker.reconfigure(config.broker)
+        answers = self.answers
+        answers.linger = config.reply_linger
+        answers.max_bytes = config.client_queue_bytes
+        answers.max_messages = config.client_queue_messages
+        if not self.running:
+            return
+        every = self.ports.periodic.every
+        interval = config.broker.heartbeat_interval
+        if interval != old.broker.heartbeat_interval and self._heartbeat_loop is not None:
+            self._heartbeat_loop.stop()
+            self._heartbeat_due = self.reactor.seconds() + interval
+            self._heartbeat_loop = every(interval, self._heartbeat)
+        if config.stats_interval != old.stats_interval:
+            if self._stats_loop is not None and self._stats_loop.running:
+                self._stats_loop.stop()
+            self._stats_loop = None
+            if config.stats_interval > 0:
+                self._stats_loop = every(config.stats_interval, self._report)
+        if config.curve.client_certs != old.curve.client_certs:
+            self.curve.change_client_certs(config.curve.client_certs, self.ports.periodic)
+        self._write_status()
+
+    def reread_client_certs(self) -> None:
+        """Read the CURVE allow-list again now if it changed (it is also every 2 s)."""
+        self.curve.reread()
 
     def _undo_start(self) -> None:
         self._close_sockets()

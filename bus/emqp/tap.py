@@ -1,12 +1,19 @@
 """``twistd -n emqp``: the eMQP broker alone; composed into ``twistd -n eventbus`` as the
 ``emqp`` service (options prefixed ``--emqp-``). Options also come from ``EMQP_<OPTION>``
-variables and the ``[emqp]`` table of a ``--config`` file."""
+variables and the ``[emqp]`` table of a ``--config`` file, and, under those, from eventmq's
+own settings as its router reads them (``-C``/``--config`` of its INI file,
+``EVENTMQ_CONFIG_FILE``, ``EVENTMQ_<NAME>``). SIGHUP reads them all again."""
 
 from __future__ import annotations
 
+import math
+import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from twisted.logger import Logger
 from twisted.python import usage
 
 from bus.emqp.config import (
@@ -18,13 +25,23 @@ from bus.emqp.config import (
     EmqpConfig,
 )
 from bus.emqp.core import BrokerSettings
-from bus.options import ServiceOptions, parse_duration, parse_size
+from bus.emqp.eventmq_settings import (
+    ROUTER,
+    EventmqSettings,
+    is_eventmq_config,
+    read_eventmq_settings,
+    value_in,
+)
+from bus.options import ServiceOptions, config_path_in, parse_duration, parse_size
+from bus.sighup import on_sighup
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
 if TYPE_CHECKING:
     from bus.composition import Composition, ProductService
     from bus.emqp.server import EmqpService
 
+
+log = Logger(namespace="bus.emqp")
 
 #: Started after the Event BUS when both run: composed, it publishes its activity
 #: onto the local bus (the bridge journals it), which the Event BUS's build provides.
@@ -107,10 +124,141 @@ class Options(ServiceOptions):
         ],
         ["max-schedules", None, 100_000, "Schedules kept at once.", int],
         *CURVE_OPTIONS,
+        [
+            "eventmq-config",
+            "C",
+            None,
+            "eventmq's INI file, read as its router reads it ([global], then [router]; "
+            "default: $EVENTMQ_CONFIG_FILE, else /etc/eventmq.conf when it exists), under "
+            "these options; --config FILE too when FILE is one, as emq-router takes it.",
+        ],
     ]
+
+    def __init__(self) -> None:
+        ServiceOptions.__init__(self)
+        self.eventmq = EventmqSettings(program=ROUTER)
+        #: This service's own command line (the whole of it when run alone).
+        self._args: list[str] = []
+        #: Run alone (``twistd -n emqp``): the whole command line, to read again at SIGHUP.
+        self._alone: list[str] | None = None
+        #: The settings as the last SIGHUP read them (changes that wait for the next start
+        #: are told once, not at every SIGHUP).
+        self.last_read: Options | None = None
+
+    def parse_layered(self, options: Sequence[str] | None = None) -> None:
+        args = router_args(sys.argv[1:] if options is None else options)
+        self._alone = args
+        ServiceOptions.parse_layered(self, args)
+
+    def parse_command_line(self, args: Sequence[str]) -> None:
+        """eventmq's settings under the config file's and the environment's values taken
+        already, then the command line over everything (alone or composed alike)."""
+        args = router_args(args)
+        self._args = list(args)
+        path = value_in(args, "--eventmq-config", "-C") or self["eventmq-config"] or None
+        self.eventmq = read_eventmq_settings(
+            None if path is None else str(path), os.environ, ROUTER
+        )
+        specs = {spec.name: spec for spec in self.option_specs()}
+        for name, (value, source) in router_options(self.eventmq).items():
+            if name not in self.sources:
+                self[name] = self._coerced(specs[name], value, source)
+        ServiceOptions.parse_command_line(self, args)
 
     def postOptions(self) -> None:
         self["emqp-config"] = config_from_options(self)
+
+    def read_again(self) -> Options:
+        """These options as they read now: the same command line over the files and the
+        variables as they are (a SIGHUP); a usage error when they cannot be read."""
+        fresh = type(self)()
+        if self._alone is not None:
+            fresh.parse_layered(self._alone)
+            return fresh
+        # Composed into the product: its --config file, then this service's own options.
+        from bus.options import load_config_file
+        from bus.tap import product_option_names
+
+        path = config_path_in(sys.argv[1:]) or os.environ.get("EVENTBUS_CONFIG") or ""
+        tables = load_config_file(path) if path else {}
+        ServiceOptions.apply_defaults(
+            fresh, tables, os.environ, path, also_known=product_option_names()
+        )
+        fresh.parse_command_line(self._args)
+        return fresh
+
+
+def router_args(args: Sequence[str]) -> list[str]:
+    """``--config FILE`` of eventmq's INI file (emq-router's long form of ``-C``) as
+    ``--eventmq-config FILE``; the rest as it is."""
+    translated = list(args)
+    for index, arg in enumerate(translated):
+        if arg == "--":
+            break
+        name, equals, value = arg.partition("=")
+        if name != "--config":
+            continue
+        path = value if equals else (translated[index + 1] if index + 1 < len(args) else "")
+        if path and is_eventmq_config(path, "emqp", ROUTER.sections):
+            translated[index] = f"--eventmq-config={path}" if equals else "--eventmq-config"
+    return translated
+
+
+def _address(name: str, value: str, source: str) -> tuple[str, str]:
+    """(host, port) of eventmq's ``tcp://HOST:PORT``."""
+    scheme, _, rest = value.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme != "tcp" or not host or not port.isdigit():
+        raise usage.UsageError(
+            f"{source}: eventmq's {name}={value}: this broker binds tcp://HOST:PORT only"
+        )
+    return host.strip("[]"), port
+
+
+def router_options(settings: EventmqSettings) -> dict[str, tuple[str, str]]:
+    """Our option -> (value, source) for the router settings we honour: the three
+    addresses as ``bind`` and the ports (their hosts must agree: one --bind), ``HWM`` as
+    ``queue-limit``, ``HEARTBEAT_INTERVAL``, and ``HEARTBEAT_TIMEOUT`` (seconds of a
+    worker's silence) as ``heartbeat-liveness``, in eventmq's heartbeat intervals rounded up."""
+    values = settings.values
+    chosen: dict[str, tuple[str, str]] = {}
+    hosts: dict[str, tuple[str, str]] = {}
+    for name, option in (
+        ("BACKEND_ADDR", "worker-port"),
+        ("FRONTEND_ADDR", "client-port"),
+        ("ADMINISTRATIVE_ADDR", "admin-port"),
+    ):
+        if name in values:
+            value, source = values[name]
+            host, port = _address(name, value, source)
+            chosen[option] = (port, source)
+            hosts[name] = (host, f"{name}={value} ({source})")
+    if len({host for host, _ in hosts.values()}) > 1:
+        given = "; ".join(where for _, where in hosts.values())
+        raise usage.UsageError(
+            f"eventmq's addresses bind different hosts ({given}): this broker binds its "
+            "three ports on one address (--bind)"
+        )
+    if hosts:
+        host, where = next(iter(hosts.values()))
+        chosen["bind"] = (host, where.partition(" (")[2].rstrip(")"))
+    if "HWM" in values:
+        chosen["queue-limit"] = values["HWM"]
+    interval = 3.0  # eventmq's HEARTBEAT_INTERVAL by default, as ours
+    if "HEARTBEAT_INTERVAL" in values:
+        chosen["heartbeat-interval"] = values["HEARTBEAT_INTERVAL"]
+        interval = parse_duration(values["HEARTBEAT_INTERVAL"][0])
+    if "HEARTBEAT_TIMEOUT" in values:
+        value, source = values["HEARTBEAT_TIMEOUT"]
+        try:
+            timeout = float(value)
+        except ValueError:
+            raise usage.UsageError(
+                f"{source}: eventmq's HEARTBEAT_TIMEOUT wants seconds, not {value!r}"
+            ) from None
+        if interval > 0 and timeout > 0:
+            chosen["heartbeat-liveness"] = (str(max(1, math.ceil(timeout / interval))), source)
+    return chosen
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
@@ -175,7 +323,83 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
     from bus.emqp.server import EmqpService
 
     config = options.get("emqp-config") or config_from_options(options)
-    return EmqpService(config, activity=composition.activity("emqp"))
+    settings: EventmqSettings | None = getattr(options, "eventmq", None)
+    if settings is not None and settings.path is not None:
+        log.info("eventmq settings read from {path} ([global], then [router])", path=settings.path)
+    for line in settings.not_honoured() if settings is not None else ():
+        log.warn("{line}", line=line)
+    service = EmqpService(config, activity=composition.activity("emqp"))
+    if isinstance(options, Options):  # a command line to read again (not a tac's mapping)
+        on_sighup(service.reactor, lambda: reload_settings(service, options))
+    return service
+
+
+#: Options a SIGHUP applies to the running broker; any other that changed is logged as
+#: taking effect at the next start (ports, bind, data directory, durability, the sockets'
+#: options, the scheduler, the server's key).
+RELOADED = frozenset(
+    {
+        "heartbeat-interval",
+        "heartbeat-liveness",
+        "queue-limit",
+        "max-queues",
+        "guarantee-retries",
+        "max-schedules",
+        "no-haste",
+        "stats-interval",
+        "reply-linger",
+        "client-queue-bytes",
+        "client-queue-messages",
+        "client-certs",
+    }
+)
+
+
+def reload_settings(service: EmqpService, options: Options) -> None:
+    """At SIGHUP: read the settings again, apply what changed and can change while
+    serving, log every change in one line; settings that cannot be read are one error
+    line and change nothing. A SIGHUP never ends the broker."""
+    prefix = "" if options._alone is not None else "emqp-"
+    if not service.running:
+        log.info("SIGHUP while the eMQP broker is stopped: ignored")
+        return
+    service.reread_client_certs()
+    try:
+        fresh = options.read_again()
+    except (usage.UsageError, ValueError, OSError) as error:
+        log.error(
+            "SIGHUP: eMQP broker settings not read again, kept as they were: {error}",
+            error=str(error),
+        )
+        return
+    before = options.last_read or options
+    changed = {
+        spec.name: (before[spec.name], fresh[spec.name])
+        for spec in Options.option_specs()
+        if before.get(spec.name) != fresh.get(spec.name)
+    }
+    for line in fresh.eventmq.not_honoured():
+        if line not in before.eventmq.not_honoured():
+            log.warn("{line}", line=line)
+    options.last_read = fresh
+    if not changed:
+        log.info("SIGHUP: eMQP broker settings read again, nothing changed")
+        return
+    curve_on = service.curve.enabled
+    for name, (old, new) in sorted(changed.items()):
+        now = name in RELOADED and (name != "client-certs" or curve_on)
+        log.info(
+            "SIGHUP: --{prefix}{name} {old} -> {new}{later}",
+            prefix=prefix,
+            name=name,
+            old=old,
+            new=new,
+            later="" if now else " (takes effect when the broker starts again)",
+        )
+        if now:
+            options[name] = new
+    options["emqp-config"] = config_from_options(options)
+    service.reconfigure(options["emqp-config"])
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:

@@ -27,6 +27,7 @@ from bus.emqp import codec
 from bus.emqp.eventmq_settings import SECTIONS, EventmqSettings, read_eventmq_settings
 from bus.emqp.worker_process import JobHooks
 from bus.options import ConfigTables, ServiceOptions, ValueHint, parse_duration
+from bus.sighup import on_sighup
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 
 if TYPE_CHECKING:
@@ -401,7 +402,7 @@ def build(options: usage.Options | Mapping[str, Any], composition: Composition) 
     # Once running: the reactor has installed its handlers by then, and ours wrap them.
     worker.reactor.callWhenRunning(end_jobs_at_second_signal, worker)
     if isinstance(options, Options):  # a command line to read again (not a tac's mapping)
-        worker.reactor.callWhenRunning(reload_at_sighup, worker, options)
+        on_sighup(worker.reactor, lambda: reload_settings(worker, options))
     return worker
 
 
@@ -430,18 +431,9 @@ def _shown(name: str, value: Any) -> str:
     return str(value)
 
 
-def reload_at_sighup(worker: EmqpWorker, options: Options) -> None:
-    """SIGHUP reads the settings again, as eventmq's job manager does: the same command
-    line over the files and variables as they are now."""
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        worker.reactor.callFromThread(reload_settings, worker, options)
-
-    signal.signal(signal.SIGHUP, handle)
-
-
 def reload_settings(worker: EmqpWorker, options: Options) -> None:
-    """Apply what changed and can change while running, log every change, and go on with
+    """At SIGHUP (:mod:`bus.sighup`), as eventmq's job manager does: the same command line
+    over the files and variables as they are now. Apply what changed and can change while running, log every change, and go on with
     the settings as they were when they cannot be read: a SIGHUP never ends the worker."""
     if worker.draining or not worker.running:
         log.info("SIGHUP while stopping: ignored")

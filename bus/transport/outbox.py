@@ -28,7 +28,6 @@ import zmq
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
-from bus.droplog import RateLimit
 from bus.memory import MemoryRelease
 from bus.transport.zmqsocket import ZmqSocket
 
@@ -39,6 +38,8 @@ _MORE = zmq.NOBLOCK | zmq.SNDMORE
 _SOON = 0.001
 _FULL_BACKOFF_MAX = 0.05
 _UNREACHABLE_BACKOFF_MAX = 1.0
+#: A line per reason of dropping at most this often.
+_REPORT_INTERVAL = 10.0
 #: Dropping at least this much at once is worth handing memory back for.
 _RELEASE_BYTES = 1 << 20
 
@@ -80,7 +81,14 @@ class PeerOutboxes:
         self.memory = memory
         self._boxes: dict[tuple[int, bytes], _PeerBox] = {}
         self._timer: DelayedCall | None = None
-        self._reports = RateLimit(reactor.seconds)
+        #: Dropped messages not yet told in the log, by reason, and their peers; a line
+        #: per reason at most every :data:`_REPORT_INTERVAL`, the held-back ones told by a
+        #: line at the end of the interval (:meth:`_report`).
+        self._untold: Counter[str] = Counter()
+        self._untold_peers: dict[str, set[bytes]] = {}
+        self._last_peer: dict[str, bytes] = {}
+        self._told_at: dict[str, float] = {}
+        self._report_timers: dict[str, DelayedCall] = {}
         #: Messages dropped, by reason: ``queue-full`` (a peer's bound), ``gone`` (nothing
         #: taken for ``linger`` seconds), ``too-many-peers``, ``stopped``.
         self.dropped: Counter[str] = Counter()
@@ -210,14 +218,38 @@ class PeerOutboxes:
         self.dropped[reason] += count
         if self.memory is not None and size >= _RELEASE_BYTES:
             self.memory.soon()
-        if reason != "stopped" and self._reports.due(reason) is not None:
-            self.log.warn(
-                "dropped {count} answers for peer {peer} ({reason}; {total} so far)",
-                count=count,
-                peer=peer.hex()[:40],
-                reason=reason,
-                total=self.dropped[reason],
-            )
+        if reason == "stopped":
+            return
+        self._untold[reason] += count
+        self._untold_peers.setdefault(reason, set()).add(peer)
+        self._last_peer[reason] = peer
+        now = self.reactor.seconds()
+        told = self._told_at.get(reason)
+        if told is None or now - told >= _REPORT_INTERVAL:
+            self._report(reason)
+        elif reason not in self._report_timers:
+            delay = told + _REPORT_INTERVAL - now
+            self._report_timers[reason] = self.reactor.callLater(delay, self._report, reason)
+
+    def _report(self, reason: str) -> None:
+        """One line of the answers dropped for ``reason`` since its last line."""
+        timer = self._report_timers.pop(reason, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        count = self._untold.pop(reason, 0)
+        peers = self._untold_peers.pop(reason, set())
+        if not count:
+            return
+        self._told_at[reason] = self.reactor.seconds()
+        self.log.warn(
+            "dropped {count} answers ({reason}) since the last such line, for {peers} "
+            "peer(s), the last {peer}; {total} so far",
+            count=count,
+            reason=reason,
+            peers=len(peers),
+            peer=self._last_peer.get(reason, b"").hex()[:40],
+            total=self.dropped[reason],
+        )
 
     @property
     def held_messages(self) -> int:
@@ -232,10 +264,13 @@ class PeerOutboxes:
         return len(self._boxes)
 
     def stop(self) -> None:
-        """Forget everything that waits (counted as ``stopped``)."""
+        """Forget everything that waits (counted as ``stopped``), after a last line of
+        the drops not told yet."""
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
+        for reason in list(self._untold):
+            self._report(reason)
         for box in self._boxes.values():
             self._drop("stopped", len(box.messages), 0, box.peer)
         self._boxes = {}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -81,6 +82,8 @@ class ServerCurve:
         self._rights_of: object = None
         #: Called after the allow-list was re-read (a service may look at its rights anew).
         self.on_reload: list[Callable[[], None]] = []
+        #: Whether the allow-list is re-read periodically.
+        self._reloading = False
 
     @property
     def enabled(self) -> bool:
@@ -141,12 +144,41 @@ class ServerCurve:
             trusted=self.keys.public,
         )
         if self.settings.client_certs is not None:
+            self._reloading = True
             periodic.every(self.settings.reload_interval, self._reload)
 
     def _reload(self) -> None:
         if self.zap is not None and self.zap.reload():
             for callback in list(self.on_reload):
                 callback()
+
+    def reread(self) -> None:
+        """Read the allow-list again now, if it changed (a SIGHUP)."""
+        self._reload()
+
+    def change_client_certs(self, directory: Path | None, periodic: Any) -> bool:
+        """Take the allow-list from ``directory`` from now on (None: any client key, each
+        with every right), re-read at once; False when CURVE is off (it changes at the
+        next start). Connections already made stay."""
+        if self.zap is None:
+            return False
+        self.settings = replace(self.settings, client_certs=directory)
+        self.zap.allowed_dir = directory
+        if directory is None:
+            self.zap.certificates, self.zap.allowed_keys = {}, 0
+        self.zap.configure()
+        log.info(
+            "{service}: client certificates now {directory}: {count} keys allowed",
+            service=self.service,
+            directory=str(directory) if directory is not None else "any key",
+            count=self.zap.allowed_keys if directory is not None else "any",
+        )
+        if directory is not None and not self._reloading:
+            self._reloading = True
+            periodic.every(self.settings.reload_interval, self._reload)
+        for callback in list(self.on_reload):
+            callback()
+        return True
 
     def uses(self, entry: str) -> bool:
         """Whether a certificate of the allow-list has ``entry`` in its metadata: where
