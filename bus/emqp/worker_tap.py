@@ -10,12 +10,10 @@ TOML file, then eventmq's own settings (``EVENTMQ_<NAME>`` variables over its IN
 
 from __future__ import annotations
 
-import configparser
 import importlib
 import json
 import signal
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -24,7 +22,13 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from bus.emqp import codec
-from bus.emqp.eventmq_settings import SECTIONS, EventmqSettings, read_eventmq_settings
+from bus.emqp.eventmq_settings import (
+    SECTIONS,
+    EventmqSettings,
+    is_eventmq_config,
+    read_eventmq_settings,
+    value_in,
+)
 from bus.emqp.worker_process import JobHooks
 from bus.options import ConfigTables, ServiceOptions, ValueHint, parse_duration
 from bus.sighup import on_sighup
@@ -111,46 +115,8 @@ def load_handlers(specs: Sequence[str]) -> dict[str, Any]:
     return handlers
 
 
-def _value_in(args: Sequence[str], long: str, short: str) -> str | None:
-    """The value of ``--long X``, ``--long=X``, ``-s X`` or ``-sX`` in a command line."""
-    for index, arg in enumerate(args):
-        if arg == "--":
-            break
-        if arg in (long, short) and index + 1 < len(args):
-            return args[index + 1]
-        if arg.startswith(long + "="):
-            return arg.partition("=")[2]
-        if arg.startswith(short) and not arg.startswith("--") and len(arg) > len(short):
-            return arg[len(short) :]
-    return None
-
-
 #: emq-jobmanager's long options -> ours.
 _JOBMANAGER_SPELLINGS = {"--broker-addr": "--broker", "--jobs": "--slots"}
-
-
-def is_eventmq_config(path: str) -> bool:
-    """Whether ``--config`` names eventmq's INI file (emq-jobmanager's long form of ``-C``)
-    rather than our TOML: not TOML, or TOML of none of our tables, with eventmq's sections."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except (OSError, UnicodeDecodeError):
-        return False  # the TOML reader says why
-    try:
-        tables = tomllib.loads(text)
-    except tomllib.TOMLDecodeError:
-        parser = configparser.ConfigParser(interpolation=None)
-        try:
-            parser.read_string(text, source=path)
-        except configparser.Error:
-            return False
-        sections = set(parser.sections())
-    else:
-        if NAME in tables:
-            return False
-        sections = set(tables)
-    return bool(sections & set(SECTIONS))
 
 
 def jobmanager_args(args: Sequence[str]) -> list[str]:
@@ -170,7 +136,7 @@ def jobmanager_args(args: Sequence[str]) -> list[str]:
         name = _JOBMANAGER_SPELLINGS.get(name, name)
         if name == "--config":
             path = value if equals else (args[index] if index < len(args) else "")
-            if path and is_eventmq_config(path):
+            if path and is_eventmq_config(path, NAME, SECTIONS):
                 name = "--eventmq-config"
         elif name in ("-Q", "--queues") and not equals:
             words = []
@@ -326,7 +292,7 @@ class Options(ServiceOptions):
         """eventmq's settings first, as defaults; the TOML table and EMQP_WORKER_* over
         them (then the command line, parsed after this)."""
         eventmq_path = (
-            _value_in(self._args, "--eventmq-config", "-C")
+            value_in(self._args, "--eventmq-config", "-C")
             or environ.get(f"{self.env_prefix}_EVENTMQ_CONFIG")
             or tables.get(self.service, {}).get("eventmq-config")
             or None

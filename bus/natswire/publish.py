@@ -20,10 +20,11 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from bus.natswire import codec, jsapi
 from bus.natswire.blocking import Connection
+from bus.natswire.codec import Msg
 
 NO_RESPONDERS = 503
 _SEQ = b'"seq":'
@@ -104,35 +105,45 @@ class Publisher:
             frames.append(
                 codec.hpub(subject, headers + b"\r\n", body, reply if index == last else b"")
             )
+        self.connection.send(b"".join(frames))
+        for message in self._replies(timeout, lambda: "an atomic batch"):
+            if message.subject != reply:
+                continue
+            payload = message.payload
+            if b'"error"' in payload:
+                try:
+                    jsapi.answer(payload)
+                except jsapi.JetStreamError as error:
+                    if error.err_code == DUPLICATE_IN_BATCH:
+                        raise _Repeated() from None
+                    raise PublishError(str(error)) from None
+            top, count = _number(payload, _SEQ), _number(payload, _COUNT)
+            if top is None or count != last:
+                raise PublishError(f"not an acknowledgement of the batch: {payload[:200]!r}")
+            # An atomic batch is stored in one piece: its sequences run up to the top.
+            return list(range(top - last + 1, top + 1))
+        raise AssertionError("unreachable: _replies ends only by raising")
+
+    def _replies(self, timeout: float, owed: Callable[[], str]) -> Iterator[Msg]:
+        """Answers on our reply subjects as they come, for as long as the caller reads
+        them; :class:`PublishError` once ``timeout`` has passed (``owed`` says what was
+        still missing) or when nobody serves the stream."""
         connection = self.connection
-        connection.send(b"".join(frames))
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PublishError(f"no acknowledgement in {timeout:g}s (an atomic batch)")
+                raise PublishError(f"no acknowledgement in {timeout:g}s ({owed()})")
             try:
                 arrived = connection.read(remaining)
             except TimeoutError:
                 continue
             for message in arrived:
-                if message.sid != connection.reply_sid or message.subject != reply:
+                if message.sid != connection.reply_sid:
                     continue
                 if message.headers and codec.status(message.headers) == NO_RESPONDERS:
                     raise PublishError("no response from stream (no leader, or none elected yet)")
-                payload = message.payload
-                if b'"error"' in payload:
-                    try:
-                        jsapi.answer(payload)
-                    except jsapi.JetStreamError as error:
-                        if error.err_code == DUPLICATE_IN_BATCH:
-                            raise _Repeated() from None
-                        raise PublishError(str(error)) from None
-                top, count = _number(payload, _SEQ), _number(payload, _COUNT)
-                if top is None or count != last:
-                    raise PublishError(f"not an acknowledgement of the batch: {payload[:200]!r}")
-                # An atomic batch is stored in one piece: its sequences run up to the top.
-                return list(range(top - last + 1, top + 1))
+                yield message
 
     def _each(self, messages: Messages, timeout: float) -> list[int]:
         if not messages:
@@ -144,37 +155,30 @@ class Publisher:
         for offset, (subject, msg_id, body) in enumerate(messages):
             headers = b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\n\r\n"
             frames.append(codec.hpub(subject, headers, body, prefix + b"%d" % (first + offset)))
-        connection = self.connection
-        reply_sid = connection.reply_sid
         sequences = [0] * len(messages)
         left = len(messages)
-        connection.send(b"".join(frames))
-        deadline = time.monotonic() + timeout
+        self.connection.send(b"".join(frames))
         skip = len(prefix)
-        while left:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PublishError(f"no acknowledgement in {timeout:g}s ({left} still owed)")
-            try:
-                arrived = connection.read(remaining)
-            except TimeoutError:
+
+        def owed() -> str:
+            return f"{left} still owed"
+
+        for message in self._replies(timeout, owed):
+            if not message.subject.startswith(prefix):
                 continue
-            for message in arrived:
-                if message.sid != reply_sid or not message.subject.startswith(prefix):
-                    continue
-                index = int(message.subject[skip:]) - first
-                if not 0 <= index < len(messages) or sequences[index]:
-                    continue  # an answer to an earlier batch, after its deadline
-                if message.headers and codec.status(message.headers) == NO_RESPONDERS:
-                    raise PublishError("no response from stream (no leader, or none elected yet)")
-                payload = message.payload
-                sequence = None if b'"error"' in payload else _number(payload, _SEQ)
-                if sequence is None:
-                    try:
-                        jsapi.answer(payload)
-                    except jsapi.JetStreamError as error:
-                        raise PublishError(str(error)) from None
-                    raise PublishError(f"not an acknowledgement: {payload[:200]!r}")
-                sequences[index] = sequence
-                left -= 1
-        return sequences
+            index = int(message.subject[skip:]) - first
+            if not 0 <= index < len(messages) or sequences[index]:
+                continue  # an answer to an earlier batch, after its deadline
+            payload = message.payload
+            sequence = None if b'"error"' in payload else _number(payload, _SEQ)
+            if sequence is None:
+                try:
+                    jsapi.answer(payload)
+                except jsapi.JetStreamError as error:
+                    raise PublishError(str(error)) from None
+                raise PublishError(f"not an acknowledgement: {payload[:200]!r}")
+            sequences[index] = sequence
+            left -= 1
+            if not left:
+                return sequences
+        raise AssertionError("unreachable: _replies ends only by raising")
