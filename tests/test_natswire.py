@@ -300,3 +300,57 @@ def test_a_batch_the_stream_cannot_take_is_a_publish_error(nats_server: Any) -> 
             with pytest.raises(PublishError, match="no response from stream"):
                 # No stream holds these subjects: nobody answers.
                 Publisher(connection, atomic=atomic).publish([(b"none.x", b"i", b"b")], 5)
+
+
+class LaggingReplica:
+    """A connection whose consumer sits on a replica that lags: it delivers sequence 1
+    saying nothing is pending, while the leader already holds 2 (and 3); a pull then
+    expires empty, and the replica, caught up, delivers 2 and 3."""
+
+    reply_sid = 1
+    timeout = 1.0
+
+    def __init__(self) -> None:
+        self.inboxes = itertools.count(1)
+        self.pulls: list[bytes] = []
+        self.asked: list[dict[str, Any]] = []
+        self.reads = 0
+
+    def new_inbox(self) -> str:
+        return f"_INBOX.t.{next(self.inboxes)}"
+
+    def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        self.pulls.append(reply.encode())
+
+    def request(self, subject: str, payload: bytes, timeout: float | None = None) -> Msg:
+        if subject.startswith("$JS.API.CONSUMER.CREATE."):
+            return Msg(b"r", 1, b"", b"", b'{"name":"c","num_pending":1}')
+        assert subject == "$JS.API.STREAM.MSG.GET.S"
+        self.asked.append(json.loads(payload))
+        return Msg(b"r", 1, b"", b"", b'{"message":{"subject":"s.x","seq":2}}')
+
+    def read(self, timeout: float | None = None) -> list[Msg]:
+        def delivery(seq: int, pending: int) -> Msg:
+            reply = b"$JS.ACK.S.c.1.%d.%d.1700000000000000000.%d" % (seq, seq, pending)
+            return Msg(b"s.x", 1, reply, b"", b"%d" % seq)
+
+        self.reads += 1
+        assert self.reads <= 3, "read on after the range's end"
+        if self.reads == 1:
+            return [delivery(1, 0)]
+        if self.reads == 2:
+            return [Msg(self.pulls[0], 1, b"", b"NATS/1.0 408 Request Timeout\r\n\r\n", b"")]
+        return [delivery(2, 1), delivery(3, 0)]
+
+
+def test_a_replica_that_lags_does_not_end_a_read_short() -> None:
+    from bus.natswire.ranged import RangeRead
+
+    lagging = LaggingReplica()
+    reader = RangeRead(lagging, "S", 0, 3, ["s.>"]).open()  # type: ignore[arg-type]
+    rows: list[Any] = []
+    while chunk := reader.next(10):
+        rows.extend(chunk)
+    assert [r.sequence for r in rows] == [1, 2, 3]
+    assert reader.behind == 1  # the replica said "nothing" after 1; the leader had 2
+    assert lagging.asked == [{"seq": 2, "next_by_subj": "s.>"}]

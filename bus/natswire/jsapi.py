@@ -7,6 +7,8 @@ import json
 from typing import Any, NamedTuple
 
 API = "$JS.API"
+#: JetStream's error for a message get that found nothing.
+NO_MESSAGE_FOUND = 10037
 
 
 class JetStreamError(Exception):
@@ -32,6 +34,12 @@ def answer(payload: bytes) -> dict[str, Any]:
 
 def stream_info(stream: str) -> str:
     return f"{API}.STREAM.INFO.{stream}"
+
+
+def message_get(stream: str) -> str:
+    """A stored message, answered by the stream's leader (``{"seq": N}``, with
+    ``"next_by_subj"`` the first at or after N under a subject filter)."""
+    return f"{API}.STREAM.MSG.GET.{stream}"
 
 
 def consumer_create(stream: str) -> str:

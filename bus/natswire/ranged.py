@@ -10,6 +10,7 @@ time stored, how many are left) without a message object or a header parse.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections import deque
 from typing import Any, NamedTuple
@@ -63,6 +64,8 @@ class RangeRead:
         self.filters = filters
         self.first_stored = 0
         self.consumer = ""
+        #: Times the consumer's replica said "nothing more" while the leader held more.
+        self.behind = 0
         if follow:
             self.upto = upto = 1 << 63
         self._done = after >= upto
@@ -91,7 +94,8 @@ class RangeRead:
         )
         self.consumer = made["name"]
         if int(made.get("num_pending", 0)) == 0 and not self.follow:
-            self._done = True  # nothing under the filters above ``after``
+            # Nothing under the filters above ``after``, as the consumer's replica sees it.
+            self._done = self._nothing_after(self.after)
         return self
 
     def _pull(self) -> None:
@@ -101,6 +105,28 @@ class RangeRead:
             inbox = self.connection.new_inbox()
             self._requests.append([inbox.encode(), FETCH])
             self.connection.publish(subject, body, inbox)
+
+    def _nothing_after(self, position: int) -> bool:
+        """Whether the stream holds nothing under the filters in ``(position, upto]``,
+        asked of the stream's leader. A consumer is placed on any replica of the stream
+        and counts what is pending in that replica's copy, which may lag behind what the
+        stream acknowledged (a node that was down catching up): its "nothing pending"
+        alone would end a read short. When the leader knows more, the read goes on (the
+        consumer delivers it once its replica has it)."""
+        for subject in self.filters:
+            request = json.dumps({"seq": position + 1, "next_by_subj": subject}).encode()
+            try:
+                found = jsapi.answer(
+                    self.connection.request(jsapi.message_get(self.stream), request).payload
+                )
+            except jsapi.JetStreamError as error:
+                if error.err_code == jsapi.NO_MESSAGE_FOUND:
+                    continue
+                raise
+            if int(found["message"]["seq"]) <= self.upto:
+                self.behind += 1
+                return False
+        return True
 
     def _ended(self, inbox: bytes) -> None:
         """A pull request ended short (expired, or nothing more): forget it."""
@@ -155,7 +181,9 @@ class RangeRead:
                     break
                 append(Stored(seq, message.subject, message.payload, int(stamp)))
                 self.after = seq
-                if (pending == b"0" and not self.follow) or seq == upto:
+                if seq == upto or (
+                    pending == b"0" and not self.follow and self._nothing_after(seq)
+                ):
                     self._done = True
                     break
                 if len(out) >= count:
