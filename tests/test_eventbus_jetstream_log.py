@@ -237,3 +237,20 @@ def test_a_snapshot_reads_on_through_one_reader_and_recovers_from_a_lost_one(
         assert [row[0] for row in elsewhere] == [6, 8]
     finally:
         yield stream.close()
+
+
+def test_a_readers_lag_at_the_end_is_counted_once() -> None:
+    from types import SimpleNamespace
+
+    from bus.eventbus.stream_read import RangeReader
+
+    reader = RangeReader(JetStreamSettings(("nats://127.0.0.1:1",)), 0, 10)
+    assert reader.take_behind() == 0  # not open: nothing read, nothing behind
+    read = SimpleNamespace(behind=0)
+    reader._read = read  # type: ignore[assignment]
+    assert reader.take_behind() == 0
+    read.behind = 2
+    assert reader.take_behind() == 2
+    assert reader.take_behind() == 0
+    read.behind = 3
+    assert reader.take_behind() == 1

@@ -265,6 +265,7 @@ class EventBusFrontEnd(EventBusService):
             "duplicates": core.duplicates,
             "feed_repeated": core.repeated,
             "feed_skipped": core.skipped,
+            "reads_behind": stream.reads_behind,
         }
         status["sequence"] = max(stream.last_sequence, core.released)
         return status
@@ -275,18 +276,24 @@ class EventBusFrontEnd(EventBusService):
             *super().metrics(),
             gauge(
                 "eventbus_jetstream_connected",
-                "1 while the front-end's NATS connection is up",
+                "1 while the front-end's NATS data connections (appends, feed) are up",
                 int(stream.connected),
             ),
             counter(
                 "eventbus_jetstream_disconnects",
-                "Times the NATS connection was lost (nats-py reconnects on its own)",
+                "Times a NATS data connection was lost (each is made again, to the next server)",
                 stream.disconnects,
             ),
             counter(
                 "eventbus_jetstream_duplicates",
                 "Events the stream already held by their uuid (resent after a failover)",
                 core.duplicates,
+            ),
+            counter(
+                "eventbus_jetstream_reads_behind",
+                "Snapshot reads that found their consumer's replica behind the stream's leader "
+                "(read on, not ended short)",
+                stream.reads_behind,
             ),
             counter(
                 "eventbus_jetstream_feed_skipped",

@@ -114,6 +114,9 @@ class JetStreamLog:
         #: and how often one was lost (each is made again, to the next server).
         self.connected = False
         self.disconnects = 0
+        #: Snapshot reads whose consumer's replica said "nothing more" while the stream's
+        #: leader held more (a replica catching up): each read on instead of ending short.
+        self.reads_behind = 0
         self._nc: Any = None
         self._js: Any = None
         #: Snapshot readers left open between chunks, by where the next chunk starts
@@ -429,6 +432,7 @@ class JetStreamLog:
 
         def read(result: tuple[RangeReader, list[Row]]) -> list[Row]:
             reader, rows = result
+            self.reads_behind += reader.take_behind()
             if rows and not reader.done and not self._closed:
                 self._readers[(rows[-1][0], upto, subtrees)] = reader
                 while len(self._readers) > OPEN_READERS:  # snapshots abandoned mid-way

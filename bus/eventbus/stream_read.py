@@ -124,6 +124,7 @@ class RangeReader:
         self._prefixes: list[bytes] = []
         self._exact = True
         self._topics = Topics(settings.subject_prefix)
+        self._behind_taken = 0
         self.first_stored = 0
 
     def open(self, prefixes: Sequence[bytes] = (), check_retention: bool = False) -> RangeReader:
@@ -164,6 +165,15 @@ class RangeReader:
                         )
                     )
         return rows
+
+    def take_behind(self) -> int:
+        """Times since the last call that the consumer's replica lagged behind the
+        stream's leader at the read's end (:attr:`bus.natswire.ranged.RangeRead.behind`)."""
+        if self._read is None:
+            return 0
+        behind = self._read.behind - self._behind_taken
+        self._behind_taken = self._read.behind
+        return behind
 
     def close(self) -> None:
         read, self._read = self._read, None
