@@ -84,6 +84,14 @@ class FrontEnd:
             return False
         return bool(status.get("endpoints"))
 
+    def broadcast(self) -> int:
+        """The last sequence this front-end has broadcast (its status.json)."""
+        try:
+            status = json.loads((self.root / self.name / "status.json").read_text())
+        except (OSError, ValueError):
+            return 0
+        return int(status.get("jetstream", {}).get("broadcast", 0))
+
     def signal(self, sig: int) -> None:
         assert self.process is not None
         self.process.send_signal(sig)
@@ -197,6 +205,16 @@ def test_nothing_confirmed_is_lost_or_forked_through_rounds_of_faults(
         clients.send({"cmd": "finish"})
         finished = clients.wait_for("FINISHED", timeout=180)
         assert finished["failed"] == 0
+        # The log is read at f2 once its feed has broadcast everything any publisher was
+        # told is stored (a feed may still be making its consumer again after the last
+        # fault): reading it earlier would take a lagging front-end for a lost event.
+        highest = max(
+            (row["seq"] for path in out.glob("pub-*.jsonl") for row in read_lines(path)),
+            default=0,
+        )
+        poll_until(
+            lambda: ends["f2"].broadcast() >= highest, 90, f"f2 broadcasting up to {highest}"
+        )
         dump = subprocess.run(
             [*hosts.prefix("c"), str(BIN / "eventbus-cli"), "snapshot", "--server",
              ends["f2"].address, "--timeout", "60"],

@@ -266,6 +266,10 @@ class EventBusFrontEnd(EventBusService):
             "feed_repeated": core.repeated,
             "feed_skipped": core.skipped,
             "reads_behind": stream.reads_behind,
+            # What this front-end has broadcast (its feed's place) beside the stream's
+            # last sequence: a feed that lags shows here.
+            "broadcast": core.released,
+            "last_sequence": stream.last_sequence,
         }
         status["sequence"] = max(stream.last_sequence, core.released)
         return status

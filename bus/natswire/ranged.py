@@ -29,6 +29,11 @@ EXPIRES = 1.0
 #: read fails (its caller reads again).
 STALL = 10.0
 
+#: Seconds a consumer's making may take: after a node is lost JetStream places consumers
+#: once its meta leader knows (seen taking over 4 s); a shorter wait would only give up
+#: and ask again, leaving a consumer behind each time.
+API_TIMEOUT = 15.0
+
 NO_MESSAGES, REQUEST_TIMEOUT, CONFLICT, IDLE_HEARTBEAT = 404, 408, 409, 100
 
 
@@ -90,6 +95,7 @@ class RangeRead:
             connection.request(
                 jsapi.consumer_create(self.stream),
                 jsapi.ranged_consumer(self.stream, self.after + 1, self.filters),
+                timeout=max(connection.timeout, API_TIMEOUT),
             ).payload
         )
         self.consumer = made["name"]
