@@ -30,19 +30,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import msgpack
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
 from bus.asyncloop import AsyncioThread
 from bus.errors import StartupError, StorageError
-from bus.eventbus import subjects
 from bus.eventbus.codec import EventFields
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
-from bus.eventbus.stream_read import RangeReader, Topics, connect_options, connection, encode
+from bus.eventbus.stream_read import (
+    RangeReader,
+    Subjects,
+    Topics,
+    connect_options,
+    connection,
+    encode,
+    row,
+)
 from bus.natswire.blocking import ConnectError, Connection
 from bus.natswire.codec import ProtocolError
 from bus.natswire.publish import Publisher, PublishError
@@ -127,7 +133,7 @@ class JetStreamLog:
         #: appends, one thread for the feed; nats-py keeps the stream's management.
         self._writer = ThreadPool(1, 1, name=f"nats-append-{settings.stream}")
         self._publisher: Publisher | None = None
-        self._subject_of: dict[bytes, bytes] = {}
+        self._subject_of = Subjects(settings.subject_prefix)
         self._connections: dict[str, Connection] = {}
         self._turns: defaultdict[str, int] = defaultdict(int)
         self._feed_thread: threading.Thread | None = None
@@ -146,12 +152,18 @@ class JetStreamLog:
         )
 
     def _connect_publisher(self) -> None:
-        """In the writer's thread: its connection, unless it has one."""
+        """In the writer's thread, at open: its connection, or a start-up error."""
+        try:
+            self._writer_publisher()
+        except (ConnectError, OSError) as error:
+            raise StartupError("nats", f"{', '.join(self.settings.servers)}: {error}") from None
+
+    def _writer_publisher(self) -> Publisher:
+        """In the writer's thread: its publisher, connected (to the next server) when it
+        has none."""
         if self._publisher is None:
-            try:
-                self._publisher = Publisher(self._data_connection("append"), self.atomic)
-            except (ConnectError, OSError) as error:
-                raise StartupError("nats", f"{', '.join(self.settings.servers)}: {error}") from None
+            self._publisher = Publisher(self._data_connection("append"), self.atomic)
+        return self._publisher
 
     async def _open(self) -> None:
         import nats
@@ -296,27 +308,16 @@ class JetStreamLog:
         with :class:`StorageError` (nothing of the batch may be taken as stored: resend
         it whole, duplicates are dropped by uuid). One batch at a time, on the writer's
         thread and its connection of its own."""
-        prefix = self.settings.subject_prefix
-        subject = self._subjects
-        items = [(subject(prefix, event[0]), event[3], encode(event)) for event in fields]
+        subject = self._subject_of
+        items = [(subject(event[0]), event[3], encode(event)) for event in fields]
         return threads.deferToThreadPool(self.reactor, self._writer, self._publish, items)
-
-    def _subjects(self, prefix: str, topic: bytes) -> bytes:
-        known = self._subject_of.get(topic)
-        if known is None:
-            if len(self._subject_of) >= 65536:
-                self._subject_of.clear()
-            known = self._subject_of[topic] = subjects.subject(prefix, topic).encode("ascii")
-        return known
 
     def _publish(self, items: list[tuple[bytes, bytes, bytes]]) -> list[int]:
         """In the writer's thread: the batch through its connection, made (to the next
         server) when there is none; a failure drops it, so the next batch may find a
         server that stores."""
         try:
-            if self._publisher is None:
-                self._publisher = Publisher(self._data_connection("append"), self.atomic)
-            return self._publisher.publish(items, self.settings.ack_timeout)
+            return self._writer_publisher().publish(items, self.settings.ack_timeout)
         except (PublishError, ConnectError, ProtocolError, OSError) as error:
             publisher, self._publisher = self._publisher, None
             if publisher is not None:
@@ -369,7 +370,6 @@ class JetStreamLog:
     ) -> None:
         """The feed's thread."""
         topics = Topics(self.settings.subject_prefix)
-        unpack = msgpack.unpackb
         call = self.reactor.callFromThread
         everything = [self.settings.subject_prefix + ".>"]
         pause = 0.0
@@ -385,14 +385,10 @@ class JetStreamLog:
                 while not self._closed:
                     stored = reader.next(FEED_BATCH)
                     if stored:
-                        rows: list[Row] = []
-                        for one in stored:
-                            producer, timestamp, uuid, data = unpack(one.payload, raw=True)
-                            rows.append(
-                                (one.sequence, topics(one.subject), producer, timestamp, uuid, data)
-                            )
                         after = stored[-1].sequence
-                        call(deliver, rows)
+                        call(
+                            deliver, [row(s.sequence, topics(s.subject), s.payload) for s in stored]
+                        )
             except Exception as error:
                 if made is not None:
                     self._lost("feed", made)
@@ -458,7 +454,7 @@ class JetStreamLog:
         say = self.reactor.callFromThread
         if reader is not None:
             try:
-                return reader, [row for row, _stored in reader.next(limit)]
+                return reader, [read for read, _stored in reader.next(limit)]
             except Exception as error:  # e.g. its consumer expired while the client was slow
                 reader.close()
                 say(log.info, "JetStream: a snapshot's reader failed ({error}); reading on "
@@ -468,7 +464,7 @@ class JetStreamLog:
                 self.settings, after, upto, name=f"eventbus-{self.settings.stream}"
             )
             try:
-                return reader, [row for row, _stored in reader.open(subtrees).next(limit)]
+                return reader, [read for read, _stored in reader.open(subtrees).next(limit)]
             except Exception as error:
                 reader.close()
                 if attempt == READ_ATTEMPTS - 1 or self._closed:

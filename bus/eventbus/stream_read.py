@@ -13,7 +13,7 @@ msgpack bytes); the subject gives the topic back (:mod:`bus.eventbus.subjects`).
 from __future__ import annotations
 
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -36,8 +36,13 @@ def encode(fields: EventFields) -> bytes:
 
 
 def decode(prefix: str, subject: str, body: bytes) -> EventFields:
+    return row(0, subjects.topic(prefix, subject), body)[1:]
+
+
+def row(sequence: int, topic: bytes, body: bytes) -> Row:
+    """The log's row of a stored message: its sequence, its topic, its body unpacked."""
     producer, timestamp, uuid, data = msgpack.unpackb(body, raw=True)
-    return (subjects.topic(prefix, subject), producer, timestamp, uuid, data)
+    return (sequence, topic, producer, timestamp, uuid, data)
 
 
 def tls_context(settings: JetStreamSettings) -> ssl.SSLContext | None:
@@ -86,20 +91,35 @@ def stream_state(connection: Connection, stream: str) -> dict[str, Any]:
     return state
 
 
-class Topics:
-    """Subjects back to topics, remembered: a stream's topics repeat."""
+class _Remembered:
+    """One conversion, remembered for the keys seen last (a stream's topics repeat); all
+    forgotten at once when ``size`` are held."""
 
-    def __init__(self, prefix: str, size: int = 65536) -> None:
-        self._prefix, self._size = prefix, size
+    def __init__(self, convert: Callable[[bytes], bytes], size: int = 65536) -> None:
+        self._convert, self._size = convert, size
         self._known: dict[bytes, bytes] = {}
 
-    def __call__(self, subject: bytes) -> bytes:
-        topic = self._known.get(subject)
-        if topic is None:
+    def __call__(self, key: bytes) -> bytes:
+        value = self._known.get(key)
+        if value is None:
             if len(self._known) >= self._size:
                 self._known.clear()
-            topic = self._known[subject] = subjects.topic(self._prefix, subject.decode("ascii"))
-        return topic
+            value = self._known[key] = self._convert(key)
+        return value
+
+
+class Topics(_Remembered):
+    """Subjects back to topics (:func:`bus.eventbus.subjects.topic`), remembered."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(lambda subject: subjects.topic(prefix, subject.decode("ascii")))
+
+
+class Subjects(_Remembered):
+    """Topics to their subjects (:func:`bus.eventbus.subjects.subject`), remembered."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__(lambda topic: subjects.subject(prefix, topic).encode("ascii"))
 
 
 class RangeReader:
@@ -152,18 +172,12 @@ class RangeReader:
         if self._read is None:
             return []
         rows: list[tuple[Row, int]] = []
-        topics, unpack, exact = self._topics, msgpack.unpackb, self._exact
+        topics, exact = self._topics, self._exact
         while not rows and not self._read.done:
             for stored in self._read.next(count):
                 topic = topics(stored.subject)
                 if exact or any(topic.startswith(p) for p in self._prefixes):
-                    producer, timestamp, uuid, data = unpack(stored.payload, raw=True)
-                    rows.append(
-                        (
-                            (stored.sequence, topic, producer, timestamp, uuid, data),
-                            stored.timestamp_ns,
-                        )
-                    )
+                    rows.append((row(stored.sequence, topic, stored.payload), stored.timestamp_ns))
         return rows
 
     def take_behind(self) -> int:
