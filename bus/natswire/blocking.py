@@ -20,40 +20,15 @@ from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
-from bus.natswire import codec
+from bus.natswire import codec, handshake
 from bus.natswire.codec import Control, Msg, ProtocolError
+from bus.natswire.handshake import ConnectError, credentials
+
+__all__ = ["READ_SIZE", "ConnectError", "Connection", "credentials"]
 
 #: Bytes asked of the socket at once.
 READ_SIZE = 1 << 18
-
-
-class ConnectError(Exception):
-    """No server admitted the connection; the message names each one's reason."""
-
-
-def credentials(path: Path) -> tuple[str, bytes]:
-    """The user JWT and the nkey seed of a NATS credentials file."""
-    blocks = []
-    lines = path.read_text().splitlines()
-    for index, line in enumerate(lines):
-        if line.startswith("-----BEGIN"):
-            blocks.append(lines[index + 1].strip())
-    if len(blocks) < 2:
-        raise ConnectError(f"{path}: not a NATS credentials file (a JWT and a seed)")
-    return blocks[0], blocks[1].encode()
-
-
-def sign(seed: bytes, nonce: str) -> str:
-    try:
-        import nkeys  # type: ignore[import-not-found]
-    except ImportError:
-        raise ConnectError(
-            "a credentials file needs the nkeys package (pip install nkeys)"
-        ) from None
-    signed = nkeys.from_seed(seed).sign(nonce.encode())
-    return base64.urlsafe_b64encode(signed).decode().rstrip("=")
 
 
 class Connection:
@@ -96,8 +71,8 @@ class Connection:
     # -- connecting ----------------------------------------------------------------------------
 
     def _connect(self, url: str) -> None:
-        parts = urlsplit(url if "://" in url else "nats://" + url)
-        sock = socket.create_connection((parts.hostname, parts.port or 4222), self.timeout)
+        address = handshake.server(url)
+        sock = socket.create_connection((address.host, address.port), self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock = sock
         self._parser = codec.Parser()
@@ -107,30 +82,13 @@ class Connection:
             raise ProtocolError(f"the server began with {first.op!r}, not INFO")
         self.info = codec.info(first)
         tls = self._tls
-        if tls is None and (parts.scheme == "tls" or self.info.get("tls_required")):
+        if tls is None and handshake.wants_tls(address, self.info, False):
             tls = ssl.create_default_context()
         if tls is not None:
-            self._sock = tls.wrap_socket(sock, server_hostname=parts.hostname)
-        options: dict[str, Any] = {
-            "verbose": False,
-            "pedantic": False,
-            "tls_required": tls is not None,
-            "name": self._name,
-            "lang": "python-bus",
-            "version": "1",
-            "protocol": 1,
-            "headers": True,
-            "no_responders": True,
-        }
-        if parts.username and parts.password is not None:
-            options["user"] = unquote(parts.username)
-            options["pass"] = unquote(parts.password)
-        elif parts.username:
-            options["auth_token"] = unquote(parts.username)
-        if self._creds is not None:
-            jwt, seed = credentials(self._creds)
-            options["jwt"] = jwt
-            options["sig"] = sign(seed, self.info.get("nonce", ""))
+            self._sock = tls.wrap_socket(sock, server_hostname=address.host)
+        options = handshake.connect_options(
+            address, self.info, self._name, tls is not None, self._creds
+        )
         self._send(codec.connect(options) + codec.PING)
         # The server answers PONG once it admitted us, or -ERR (authorization
         # violation), which _receive raises.
