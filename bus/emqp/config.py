@@ -49,3 +49,40 @@ class EmqpConfig:
     tcp_keepalive_idle: int | None = 60
     #: CURVE on the three ports, the allow-list, and the rights (role, queues) of its keys.
     curve: CurveSettings = field(default_factory=CurveSettings)
+    #: Where guaranteed requests are kept: None for the SQLite file in ``data_dir``.
+    jetstream: JetStreamSettings | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JetStreamSettings:
+    """Guaranteed requests in a JetStream stream shared by several brokers
+    (``--store jetstream``; see :mod:`bus.emqp.jobstream` and docs/cluster.md)."""
+
+    servers: tuple[str, ...]
+    stream: str = "EMQP"
+    subject_prefix: str = "emqp"
+    replicas: int = 1
+    creds: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: A request resent (same msgid) within this many seconds is stored once.
+    duplicate_window: float = 120.0
+    connect_timeout: float = 5.0
+    #: An append not acknowledged this long is sent again (the client port waits).
+    ack_timeout: float = 5.0
+    #: A broker that stops telling the stream it works on a request (it died) loses it
+    #: to another broker after this long.
+    ack_wait: float = 4.0
+    #: How long a pull waits at the server for requests before it is asked again.
+    pull_expires: float = 5.0
+    ping_interval: float = 1.0
+    #: This broker's name among the brokers (answers to its clients go to it); empty:
+    #: one kept in the data directory.
+    broker_id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise ValueError("--nats names no server")
+        if not 1 <= self.replicas <= 5:
+            raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")

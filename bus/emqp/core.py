@@ -32,7 +32,7 @@ from twisted.logger import Logger
 
 from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import DropCounter
-from bus.emqp import codec
+from bus.emqp import codec, jobstream
 from bus.emqp.codec import PROTOCOL, EmqpError, Headers
 from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, unschedule_id
 from bus.emqp.store import JobStore, StoredJob
@@ -102,6 +102,10 @@ class Job:
     attempts: int = 0
     worker: bytes | None = None
     dispatched_at: float = 0.0
+    #: The broker its client is connected to, when not this one (``--store jetstream``).
+    origin: bytes = b""
+    #: The stream delivery this broker holds it by (its ack subject), b"" for none.
+    handle: bytes = b""
 
 
 @dataclass(slots=True, eq=False)
@@ -144,8 +148,19 @@ class Broker:
         log: Logger,
         store: JobStore | None = None,
         activity: ActivitySink = NO_ACTIVITY,
+        broker_id: bytes = b"",
+        streamed: bool = False,
     ) -> None:
         self.settings = settings
+        #: Guaranteed requests go to a JetStream stream shared by several brokers (see
+        #: :mod:`bus.emqp.jobstream`): what the stream must do is in :attr:`to_stream`,
+        #: what other brokers' clients must hear in :attr:`to_brokers`.
+        self.streamed = streamed
+        self.broker_id = broker_id
+        self.to_stream: list[tuple[str, Any]] = []
+        self.to_brokers: list[tuple[bytes, Message]] = []
+        #: Guaranteed requests handed to the stream and not yet acknowledged by it.
+        self.appending: dict[bytes, Job] = {}
         self.clock = clock
         self.log = log
         self.store = store
@@ -196,6 +211,11 @@ class Broker:
         self.schedules_fired = 0
         self.restored = 0
         self.refused_unstored = 0
+        self.appended = 0
+        self.stream_deliveries = 0
+        self.released = 0
+        self.answers_to_brokers = 0
+        self.answers_from_brokers = 0
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -367,6 +387,11 @@ class Broker:
         for job in list(worker.inflight.values()):
             self._remember_given_up(job.msgid)
             self._retry_or_fail(job, reason)
+        if self.streamed:
+            for _, name in worker.queues:
+                queue = self.queues.get(name)
+                if queue is not None:
+                    self._release_unserved(queue)
 
     def worker_unreachable(self, identity: bytes) -> None:
         """The service could not send to this worker (gone, or its pipe is full)."""
@@ -642,11 +667,26 @@ class Broker:
         target = self.to_clients if answer is None else answer
         target.append([client, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
 
-    def _error(self, client: bytes, msgid: bytes, reason: str, text: str) -> None:
+    def _error(
+        self, client: bytes, msgid: bytes, reason: str, text: str, origin: bytes = b""
+    ) -> None:
         if not client:
             return  # a scheduled run: nobody to tell (its life is on the bus and counted)
         result = codec.error_result(reason, text)
-        self.to_clients.append([client, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+        self._tell(origin, [client, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+
+    def _tell(self, origin: bytes, message: Message) -> None:
+        """To a client of this broker, or through the broker its client is connected to."""
+        if origin and origin != self.broker_id:
+            self.answers_to_brokers += 1
+            self.to_brokers.append((origin, message))
+        else:
+            self.to_clients.append(message)
+
+    def on_forwarded(self, message: Message) -> None:
+        """An answer another broker sends to a client of this one."""
+        self.answers_from_brokers += 1
+        self.to_clients.append(message)
 
     def _on_request(self, client: bytes, request: codec.Request, now: float) -> None:
         self.requests += 1
@@ -667,7 +707,7 @@ class Broker:
             self._publish_job("rejected", msgid, request.queue, reason="queue-full")
             return
         headers = request.headers
-        guaranteed = headers.guarantee and self.store is not None
+        guaranteed = headers.guarantee and (self.store is not None or self.streamed)
         if headers.retry_count is not None:
             retries = headers.retry_count
         else:
@@ -676,7 +716,11 @@ class Broker:
         self.jobs[msgid] = job
         if self._publishing:
             self._publish_job("queued", msgid, request.queue, guaranteed=guaranteed)
-        if guaranteed:
+        if guaranteed and self.streamed:
+            # Told to nobody until the stream has it; then any broker may run it.
+            self.appending[msgid] = job
+            self.to_stream.append(("append", job))
+        elif guaranteed:
             assert self.store is not None
             job.position = self.store.next_position()
             self.store.put(self._stored(job))
@@ -722,6 +766,112 @@ class Broker:
             self._error(job.client, job.msgid, reason, text)
             self._publish_job("rejected", job.msgid, job.queue, reason=reason)
         return len(unstored) + refused
+
+    # -- the stream (--store jetstream) -----------------------------------------------------------
+
+    def streamed_job(self, job: Job) -> jobstream.StreamedJob:
+        retries = job.headers.retry_count
+        if retries is None:
+            retries = self.settings.guarantee_retries
+        return jobstream.StreamedJob(
+            job.origin or self.broker_id,
+            job.client,
+            job.msgid,
+            job.queue,
+            job.headers.raw,
+            job.body,
+            job.received,
+            retries,
+        )
+
+    def stream_appended(self, msgid: bytes) -> None:
+        """The stream stored it: it is the stream's now, for whichever broker pulls it."""
+        job = self.appending.pop(msgid, None)
+        if job is None:
+            return
+        self.appended += 1
+        if self.jobs.get(msgid) is job:
+            del self.jobs[msgid]
+        self._publish_job("stored", msgid, job.queue)
+
+    def on_stream_job(self, stored: jobstream.StreamedJob, handle: bytes, delivered: int) -> None:
+        """A request the stream delivered to this broker (pulled for its READY workers);
+        ``delivered``: how many times the stream has delivered it, this time included."""
+        self.stream_deliveries += 1
+        msgid = stored.msgid
+        held = self.jobs.get(msgid)
+        if held is not None:
+            if held.handle:
+                held.handle = handle  # delivered again while this broker still holds it
+            else:
+                self.to_stream.append(("ack", handle))  # the same msgid taken here twice
+            return
+        try:
+            headers = codec.parse_headers(stored.headers)
+        except EmqpError:
+            headers = codec.NO_HEADERS
+        now = self.clock()
+        origin = b"" if stored.origin == self.broker_id else stored.origin
+        job = Job(
+            msgid,
+            stored.client,
+            stored.queue,
+            headers,
+            stored.body,
+            stored.received,
+            max(stored.retries - max(delivered - 1, 0), 0),
+            True,
+            attempts=max(delivered - 1, 0),
+            origin=origin,
+            handle=handle,
+        )
+        if delivered > stored.retries + 1:
+            self.to_stream.append(("term", handle))
+            self.failed += 1
+            self._error(
+                job.client, msgid, "retries-exhausted", _REASONS["retries-exhausted"], origin
+            )
+            self._publish_job("failed", msgid, job.queue, reason="retries-exhausted")
+            return
+        queue = self.queues.get(job.queue)
+        if queue is None or not queue.workers:
+            self.released += 1
+            self.to_stream.append(("nak", handle))  # its workers left meanwhile: to others
+            return
+        self.jobs[msgid] = job
+        self._requeue(job, now, at_head=False)
+
+    def wanted(self) -> dict[bytes, int]:
+        """Per queue, how many more requests this broker's workers could start now."""
+        wants: dict[bytes, int] = {}
+        workers = self.workers
+        for name, queue in self.queues.items():
+            if not queue.workers:
+                continue
+            free = sum(workers[i].free_slots for i in queue.workers) - len(queue.waiting)
+            if free > 0:
+                wants[name] = free
+        return wants
+
+    def held_handles(self) -> list[bytes]:
+        """The deliveries this broker holds (waiting or running): told in progress."""
+        return [job.handle for job in self.jobs.values() if job.handle]
+
+    def _release_unserved(self, queue: QueueState) -> None:
+        """A queue left without workers here: what the stream gave it goes back to the
+        stream at once, for the brokers that have workers."""
+        if queue.workers or not self.streamed:
+            return
+        kept: deque[Job] = deque()
+        for job in queue.waiting:
+            if job.handle:
+                self.jobs.pop(job.msgid, None)
+                self.released += 1
+                self.to_stream.append(("nak", job.handle))
+            else:
+                kept.append(job)
+        queue.waiting = kept
+        self._drop_queue_if_idle(queue)
 
     def _pick(self, queue: QueueState) -> WorkerState | None:
         """The worker of this queue with a free slot: heaviest, then least recently used."""
@@ -791,7 +941,7 @@ class Broker:
         )
         # The original broker's acknowledgement: the request went to a worker.
         if job.client:
-            self.to_clients.append([job.client, b"", PROTOCOL, _REPLY, _new_msgid(), job.msgid])
+            self._tell(job.origin, [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), job.msgid])
         if headers.timeout is not None:
             heapq.heappush(self._deadlines, (now + headers.timeout, job.msgid, job.attempts))
         if self._publishing:
@@ -819,9 +969,11 @@ class Broker:
             self.store.remove(msgid)
         if job.headers.reply_requested and job.client:
             self.forwarded_replies += 1
-            self.to_clients.append(
-                [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), reply.result, msgid]
+            self._tell(
+                job.origin, [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), reply.result, msgid]
             )
+        if job.handle:
+            self.to_stream.append(("ack", job.handle))  # after the answer: at least once
         if self._publishing:
             self._publish_job(
                 "replied",
@@ -863,7 +1015,9 @@ class Broker:
         self.failed += 1
         if job.stored and self.store is not None:
             self.store.remove(job.msgid)
-        self._error(job.client, job.msgid, reason, _REASONS.get(reason, reason))
+        self._error(job.client, job.msgid, reason, _REASONS.get(reason, reason), job.origin)
+        if job.handle:
+            self.to_stream.append(("term", job.handle))
         self._publish_job("failed", job.msgid, job.queue, reason=reason, attempts=job.attempts)
 
     def _remember_given_up(self, msgid: bytes) -> None:
@@ -1120,4 +1274,5 @@ _REASONS = {
     "timeout": "the request's timeout passed before its worker replied",
     "worker-lost": "its worker died or went silent",
     "worker-left": "its worker left (KBYE)",
+    "retries-exhausted": "delivered more times than its retries allow (brokers holding it died)",
 }

@@ -10,10 +10,11 @@ and its requests re-dispatched or failed; a client that cannot be sent to is cou
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from twisted.application.service import Service
@@ -27,6 +28,9 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import RateLimit
 from bus.emqp.config import EmqpConfig
 from bus.emqp.core import EVERY_QUEUE, Broker, Queues
+
+if TYPE_CHECKING:
+    from bus.emqp.jetstream import JetStreamJobs
 from bus.emqp.store import JobStore
 from bus.errors import StartupError, StorageError
 from bus.files import write_status_json
@@ -95,6 +99,9 @@ class EmqpService(Service):
         self.activity = activity
         self.store: JobStore | None = None
         self.broker: Broker | None = None
+        #: Guaranteed requests in JetStream (``--store jetstream``), else None.
+        self.stream: JetStreamJobs | None = None
+        self._flush_call: DelayedCall | None = None
         self.endpoints: dict[str, str] = {}
         self.worker_socket: ZmqSocket | None = None
         self.client_socket: ZmqSocket | None = None
@@ -141,14 +148,37 @@ class EmqpService(Service):
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def startService(self) -> None:
+    def startService(self) -> defer.Deferred[None] | None:
         config = self.config
         try:
             self.store = JobStore(config.data_dir, config.durability)
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the job store: {error}") from None
-        broker = Broker(config.broker, self.reactor.seconds, log, self.store, self.activity)
+        streamed = config.jetstream is not None
+        broker_id = self._broker_id() if streamed else b""
+        broker = Broker(
+            config.broker,
+            self.reactor.seconds,
+            log,
+            self.store,
+            self.activity,
+            broker_id=broker_id,
+            streamed=streamed,
+        )
         self.broker = broker
+        if config.jetstream is not None:
+            from bus.emqp.jetstream import JetStreamJobs
+
+            self.stream = JetStreamJobs(
+                self.reactor,
+                config.jetstream,
+                broker_id,
+                on_job=broker.on_stream_job,
+                on_answer=broker.on_forwarded,
+                on_appended=broker.stream_appended,
+                on_change=self._stream_changed,
+                held=broker.held_handles,
+            )
         self.ports.open(self._bind_all, undo=self._undo_start)
         Service.startService(self)
         self.ports.announce(config.bind, self.endpoints.values())
@@ -178,6 +208,77 @@ class EmqpService(Service):
             schedules=schedules,
         )
         self._arm_schedules()
+        if self.stream is not None:
+            return self._open_stream(self.stream)
+        return None
+
+    def _broker_id(self) -> bytes:
+        """This broker's name among the brokers of a stream: given, or made once and kept
+        in the data directory (a broker that restarts gets its clients' answers still)."""
+        assert self.config.jetstream is not None
+        if self.config.jetstream.broker_id:
+            return self.config.jetstream.broker_id.encode()
+        path = Path(self.config.data_dir) / "broker-id"
+        try:
+            kept = path.read_text().strip()
+        except FileNotFoundError:
+            kept = ""
+        except OSError as error:
+            raise StartupError("data-dir", f"cannot read {path}: {error}") from None
+        if not kept:
+            kept = os.urandom(6).hex()
+            try:
+                path.write_text(kept + "\n")
+            except OSError as error:
+                raise StartupError("data-dir", f"cannot write {path}: {error}") from None
+        return kept.encode()
+
+    def _open_stream(self, stream: JetStreamJobs) -> defer.Deferred[None]:
+        def opened(_: object) -> None:
+            assert self.config.jetstream is not None
+            log.info(
+                "eMQP broker {broker} keeps guaranteed requests in JetStream stream {stream} "
+                "({servers})",
+                broker=stream.broker_id.decode(),
+                stream=self.config.jetstream.stream,
+                servers=", ".join(self.config.jetstream.servers),
+            )
+            self._flush_soon()
+
+        opening: defer.Deferred[None] = stream.open()
+        return opening.addCallback(opened)
+
+    # -- the stream (--store jetstream) --------------------------------------------------------
+
+    def _flush_soon(self) -> None:
+        if self._flush_call is None and self.running:
+            self._flush_call = self.reactor.callLater(0, self._flush_now)
+
+    def _flush_now(self) -> None:
+        self._flush_call = None
+        self._flush()
+
+    def _stream_changed(self) -> None:
+        """The stream took requests, delivered some, refused or took appends again, or its
+        connection changed: pause or resume the client port, and go on soon."""
+        stream = self.stream
+        if stream is None or not self.running:
+            return
+        client = self.client_socket
+        if stream.refusing and client is not None and client not in self._paused:
+            if self._storage_blocked_since is None:
+                self._storage_blocked_since = self.reactor.seconds()
+            self.storage_error = stream.refusal
+            client.pause_reading()
+            self._paused.append(client)
+        elif (
+            not stream.refusing
+            and self._storage_blocked_since is not None
+            and not (self.store is not None and self.store.dirty)
+        ):
+            self.storage_error = None
+            self._storage_unblocked()
+        self._flush_soon()
 
     def reconfigure(self, config: EmqpConfig) -> None:
         """Serve on with ``config`` (a SIGHUP's): the broker's limits, retries, heartbeats
@@ -214,6 +315,8 @@ class EmqpService(Service):
         self.curve.reread()
 
     def _undo_start(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
         self._close_sockets()
         assert self.store is not None
         self.store.close()
@@ -277,7 +380,7 @@ class EmqpService(Service):
             return self._stopping
         Service.stopService(self)
         self.ports.periodic.stop_all()
-        for timer in (self._storage_retry, self._schedule_timer):
+        for timer in (self._storage_retry, self._schedule_timer, self._flush_call):
             if timer is not None and timer.active():
                 timer.cancel()
         if self.broker is not None:
@@ -296,6 +399,8 @@ class EmqpService(Service):
         self._memory.stop()
         self._close_sockets()
         self.ports.close()
+        if self.stream is not None:
+            self.stream.close()
         # The store closes once a checkpoint running in its thread is done.
         self._stopping = defer.Deferred()
         self._checkpoints.idle().addBoth(lambda _: self._close_store())
@@ -437,6 +542,11 @@ class EmqpService(Service):
                     self._storage_unblocked()
             elif broker.awaiting_commit:
                 self._storage_blocked()
+            if broker.to_stream or broker.to_brokers:
+                commands, broker.to_stream = broker.to_stream, []
+                answers, broker.to_brokers = broker.to_brokers, []
+                if self.stream is not None:
+                    self.stream.carry_out(commands, answers, broker.streamed_job)
             if not (broker.to_workers or broker.to_clients or broker.to_admin):
                 break
             if broker.to_workers:
@@ -454,6 +564,8 @@ class EmqpService(Service):
             if broker.to_admin:
                 messages, broker.to_admin = broker.to_admin, []
                 self.answers.send(self.admin_socket, messages)
+        if self.stream is not None and self.running:
+            self.stream.pull(broker.wanted())
 
     def _ports_to_pause(self) -> list[str]:
         """While the store refuses: the client port, and the admin port once an admin's
@@ -579,6 +691,7 @@ class EmqpService(Service):
             "worker_send_failures": self.worker_send_failures,
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "curve": self.curve.status(),
+            "jetstream": self.stream.status() if self.stream is not None else None,
             "config": {k: str(v) for k, v in asdict(self.config).items()},
         }
         if broker is not None:

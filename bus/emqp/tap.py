@@ -10,6 +10,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from bus.emqp.config import (
     DEFAULT_DATA_DIR,
     DEFAULT_WORKER_PORT,
     EmqpConfig,
+    JetStreamSettings,
 )
 from bus.emqp.core import BrokerSettings
 from bus.emqp.eventmq_settings import (
@@ -32,6 +34,7 @@ from bus.emqp.eventmq_settings import (
     read_eventmq_settings,
     value_in,
 )
+from bus.natsoptions import nats_choice, nats_options
 from bus.options import ServiceOptions, config_path_in, parse_duration, parse_size
 from bus.sighup import on_sighup
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
@@ -94,6 +97,14 @@ class Options(ServiceOptions):
             "normal (survives kill -9) or full (fsync: survives power loss).",
         ],
         ["max-message-size", None, 1024 * 1024, "Largest message a peer may send.", int],
+        *nats_options("the guaranteed requests", "EMQP", "emqp"),
+        [
+            "nats-broker-id",
+            None,
+            None,
+            "With --store jetstream: this broker's name among the brokers (default: one "
+            "made once and kept in --data-dir).",
+        ],
         [
             "reply-linger",
             None,
@@ -291,7 +302,17 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
         raise usage.UsageError("--scheduler must be builtin or external")
     if int(options["guarantee-retries"]) < 0:
         raise usage.UsageError("--guarantee-retries must be 0 or more")
+    choice = nats_choice(options, "EMQP", "emqp")
+    try:
+        jetstream = (
+            JetStreamSettings(**asdict(choice), broker_id=str(options.get("nats-broker-id") or ""))
+            if choice is not None
+            else None
+        )
+    except ValueError as error:
+        raise usage.UsageError(str(error)) from None
     return EmqpConfig(
+        jetstream=jetstream,
         curve=curve_settings(options),
         bind=options["bind"],
         worker_port=ports[0],

@@ -22,49 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
-_ESCAPES = {byte: f"~{byte:02X}" for byte in range(256)}
-_EMPTY = "~"
+from bus.natswire.tokens import SubjectError
+from bus.natswire.tokens import token as _segment
+from bus.natswire.tokens import untoken as _unsegment
 
-
-class SubjectError(ValueError):
-    """Not a subject this encoding makes."""
-
-
-def _segment(segment: bytes) -> str:
-    if not segment:
-        return _EMPTY
-    safe = _SAFE
-    if all(byte in safe for byte in segment):
-        return segment.decode("ascii")
-    return "".join(chr(byte) if byte in safe else _ESCAPES[byte] for byte in segment)
+__all__ = ["SubjectError", "covers", "filters", "subject", "subtree_filter", "topic"]
 
 
 def subject(prefix: str, topic: bytes) -> str:
     """The subject of ``topic`` under ``prefix`` (itself one or more valid tokens)."""
     return prefix + "." + ".".join(_segment(part) for part in topic.split(b"/"))
-
-
-def _unsegment(token: str) -> bytes:
-    if token == _EMPTY:
-        return b""
-    out = bytearray()
-    index, length = 0, len(token)
-    while index < length:
-        char = token[index]
-        if char == "~":
-            digits = token[index + 1 : index + 3]
-            if len(digits) != 2 or not all(c in "0123456789ABCDEF" for c in digits):
-                raise SubjectError(f"bad escape in token {token!r}")
-            out.append(int(digits, 16))
-            index += 3
-        else:
-            code = ord(char)
-            if code not in _SAFE:
-                raise SubjectError(f"unexpected {char!r} in token {token!r}")
-            out.append(code)
-            index += 1
-    return bytes(out)
 
 
 def topic(prefix: str, subject_: str) -> bytes:

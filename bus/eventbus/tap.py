@@ -7,7 +7,7 @@ the other services; every option can also be set as ``EVENTBUS_<OPTION>`` or in 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from bus.eventbus.config import (
     original_dialect,
 )
 from bus.eventbus.store import Retention
+from bus.natsoptions import nats_choice, nats_options
 from bus.options import ServiceOptions, optional_duration, parse_duration
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
@@ -164,37 +165,7 @@ class Options(ServiceOptions):
             "async: events broadcast ahead of the passive at most.",
             int,
         ],
-        [
-            "store",
-            None,
-            "sqlite",
-            "Where the log is: sqlite (this machine, in --data-dir) or jetstream (a NATS "
-            "JetStream stream, --nats; any number of front-ends serve it).",
-        ],
-        [
-            "nats",
-            None,
-            None,
-            "With --store jetstream: the NATS servers, nats://HOST:PORT[,nats://...].",
-        ],
-        ["nats-stream", None, "EVENTBUS", "With --store jetstream: the stream's name."],
-        [
-            "nats-subject-prefix",
-            None,
-            "eventbus",
-            "With --store jetstream: the subjects' first token (topics follow it).",
-        ],
-        [
-            "nats-replicas",
-            None,
-            1,
-            "With --store jetstream: the stream's replicas when it is made (3 in a cluster).",
-            int,
-        ],
-        ["nats-creds", None, None, "With --store jetstream: a NATS credentials file."],
-        ["nats-tls-ca", None, None, "With --store jetstream: the CA that signed the servers."],
-        ["nats-tls-cert", None, None, "With --store jetstream: this client's TLS certificate."],
-        ["nats-tls-key", None, None, "With --store jetstream: its private key."],
+        *nats_options("the log", "EVENTBUS", "eventbus"),
         *CURVE_OPTIONS,
     ]
 
@@ -239,34 +210,13 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
 
 def stream_from_options(options: usage.Options | dict[str, Any]) -> JetStreamSettings | None:
     """The JetStream stream of ``--store jetstream`` (None: the SQLite log)."""
-    store = options.get("store") or "sqlite"
-    if store not in ("sqlite", "jetstream"):
-        raise usage.UsageError("--store must be sqlite or jetstream")
-    servers = tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
-    if store == "sqlite":
-        if servers:
-            raise usage.UsageError("--nats needs --store jetstream")
+    choice = nats_choice(options, "EVENTBUS", "eventbus")
+    if choice is None:
         return None
-    if not servers:
-        raise usage.UsageError("--store jetstream needs --nats nats://HOST:PORT[,...]")
     if options.get("ha-role") or options.get("ha-peer"):
         raise usage.UsageError("--store jetstream has no pair (--ha-*): the cluster replicates")
-
-    def path(name: str) -> Path | None:
-        value = options.get(name)
-        return Path(value) if value else None
-
     try:
-        return JetStreamSettings(
-            servers=servers,
-            stream=str(options.get("nats-stream") or "EVENTBUS"),
-            subject_prefix=str(options.get("nats-subject-prefix") or "eventbus"),
-            replicas=int(options.get("nats-replicas") or 1),
-            creds=path("nats-creds"),
-            tls_ca=path("nats-tls-ca"),
-            tls_cert=path("nats-tls-cert"),
-            tls_key=path("nats-tls-key"),
-        )
+        return JetStreamSettings(**asdict(choice))
     except ValueError as error:
         raise usage.UsageError(str(error)) from None
 

@@ -282,6 +282,10 @@ class NatsClient:
             else codec.pub(subject, payload, reply)
         )
 
+    def publish_many(self, messages: list[tuple[bytes, bytes]]) -> None:
+        """Several messages (subject, payload) in one write."""
+        self._write(b"".join(codec.pub(subject, payload) for subject, payload in messages))
+
     def subscribe(
         self, subject: str, callback: Callable[[Msg], None], queue: str = ""
     ) -> Subscription:

@@ -1,0 +1,434 @@
+"""The broker's guaranteed requests in a JetStream stream (``--store jetstream``), on the
+reactor through :class:`bus.transport.nats.NatsClient` (no thread, no asyncio).
+
+:class:`JetStreamJobs` does what the broker's core asks in ``to_stream`` and
+``to_brokers`` (see :mod:`bus.emqp.jobstream` for the design): appends a request and
+tells the service once the stream stored it, pulls for the queues whose workers are
+ready, acknowledges, gives back or terminates what it holds, tells the stream every
+``ack_wait / 4`` that held requests are still in progress, and carries answers to the
+broker a client is connected to.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from bus.emqp import jobstream
+from bus.emqp.config import JetStreamSettings
+from bus.emqp.core import Job, Message
+from bus.errors import StartupError
+from bus.natswire import codec, jsapi
+from bus.natswire.codec import Msg
+from bus.natswire.handshake import ConnectError
+from bus.transport.nats import NatsClient, NatsTLS, NotConnected
+
+log = Logger(namespace="bus.emqp.jetstream")
+
+#: JetStream's error for a stream name not found, and for subjects another stream holds.
+STREAM_NOT_FOUND = 10059
+OVERLAPPING_SUBJECTS = 10065
+_ACK = b"+ACK"
+_NAK = b"-NAK"
+_TERM = b"+TERM"
+_PROGRESS = b"+WPI"
+
+
+@dataclass(slots=True)
+class _Pull:
+    queue: bytes
+    left: int
+
+
+class JetStreamJobs:
+    """The stream, from the reactor's thread (see the module's text)."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        settings: JetStreamSettings,
+        broker_id: bytes,
+        *,
+        on_job: Callable[[jobstream.StreamedJob, bytes, int], None],
+        on_answer: Callable[[Message], None],
+        on_appended: Callable[[bytes], None],
+        on_change: Callable[[], None],
+        held: Callable[[], list[bytes]],
+    ) -> None:
+        self.reactor = reactor
+        self.settings = settings
+        self.broker_id = broker_id
+        self._on_job = on_job
+        self._on_answer = on_answer
+        self._on_appended = on_appended
+        self._on_change = on_change
+        self._held = held
+        tls = (
+            NatsTLS(settings.tls_ca, settings.tls_cert, settings.tls_key)
+            if settings.tls_ca or settings.tls_cert
+            else None
+        )
+        self.client = NatsClient(
+            reactor,
+            settings.servers,
+            name=f"emqp-broker-{broker_id.decode('ascii', 'replace')}",
+            creds=settings.creds,
+            tls=tls,
+            ping_interval=settings.ping_interval,
+            connect_timeout=settings.connect_timeout,
+        )
+        self.client.listeners.append(self._connection_changed)
+        prefix = settings.subject_prefix
+        self._prefix = prefix
+        self._stream = settings.stream
+        #: Appends sent and not yet acknowledged: msgid -> (job subject, headers, body).
+        self.appending: dict[bytes, tuple[bytes, bytes, bytes]] = {}
+        #: Appends refused or unanswered, sent again after ``retry_delay``.
+        self._retry: dict[bytes, tuple[bytes, bytes, bytes]] = {}
+        self._retry_call: Any = None
+        self.retry_delay = 0.1
+        #: Since when an append is refused (None: the stream takes them).
+        self.refused_since: float | None = None
+        self.refusal: str | None = None
+        self.refusals = 0
+        self._consumers: set[bytes] = set()
+        self._making: set[bytes] = set()
+        self._pulls: dict[bytes, _Pull] = {}
+        self._pull_ids = itertools.count(1)
+        self._pull_inbox = ""
+        self.pulled = 0
+        self.acks = 0
+        self.naks = 0
+        self.terms = 0
+        self.answers_sent = 0
+        self.bad_messages = 0
+        self.stream_info: dict[str, Any] = {}
+        self._progress_loop: Any = None
+
+    # -- opening -------------------------------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def open(self) -> Any:
+        """Connect, make the stream when missing, check it when found; a StartupError
+        says what is wrong in one line."""
+        settings = self.settings
+        self.client.start()
+        try:
+            yield self.client.when_connected(timeout=settings.connect_timeout)
+        except ConnectError as error:
+            self.client.stop()
+            raise StartupError("nats", str(error)) from None
+        wanted = jobstream.stream_config(
+            settings.stream, self._prefix, settings.replicas, settings.duplicate_window
+        )
+        deadline = self.reactor.seconds() + 3 * settings.connect_timeout
+        while True:
+            try:
+                info = yield self._stream_info_or_made(wanted)
+                break
+            except jsapi.JetStreamError as error:
+                if error.err_code == OVERLAPPING_SUBJECTS:
+                    self.client.stop()
+                    raise StartupError(
+                        "nats-stream",
+                        f"another stream holds the subjects {wanted['subjects'][0]}: give "
+                        "--nats-stream its name, or another --nats-subject-prefix",
+                    ) from None
+                failure: Exception = error
+            except (TimeoutError, NotConnected) as error:  # no meta leader yet: a new cluster
+                failure = error
+            if self.reactor.seconds() > deadline:
+                self.client.stop()
+                raise StartupError(
+                    "nats-stream", f"JetStream did not make {settings.stream}: {failure}"
+                )
+            yield _sleep(self.reactor, 0.25)
+        wrong = jobstream.disagreements(info["config"], wanted)
+        if wrong:
+            self.client.stop()
+            raise StartupError(
+                "nats-stream",
+                f"stream {settings.stream} exists with other settings ({'; '.join(wrong)}): "
+                "change the options or the stream (it is never changed silently)",
+            )
+        self.stream_info = info
+        self.client.subscribe(jobstream.broker_subject(self._prefix, self.broker_id), self._answer)
+        self._pull_inbox = f"_EMQP.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
+        self.client.subscribe(self._pull_inbox + ".*", self._delivered)
+        from twisted.internet.task import LoopingCall
+
+        self._progress_loop = LoopingCall(self._in_progress)
+        self._progress_loop.clock = self.reactor
+        self._progress_loop.start(settings.ack_wait / 4, now=False)
+
+    @defer.inlineCallbacks
+    def _stream_info_or_made(self, wanted: dict[str, Any]) -> Any:
+        try:
+            info = yield self.client.jetstream(jsapi.stream_info(self._stream))
+            return info
+        except jsapi.JetStreamError as error:
+            if error.err_code != STREAM_NOT_FOUND:
+                raise
+        info = yield self.client.jetstream(f"{jsapi.API}.STREAM.CREATE.{self._stream}", wanted)
+        log.info(
+            "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
+            stream=self._stream,
+            replicas=self.settings.replicas,
+            subjects=wanted["subjects"][0],
+        )
+        return info
+
+    def close(self) -> None:
+        if self._progress_loop is not None and self._progress_loop.running:
+            self._progress_loop.stop()
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+        self.client.stop()
+
+    @property
+    def connected(self) -> bool:
+        return self.client.connected
+
+    def _connection_changed(self, up: bool) -> None:
+        # Pulls die with their connection; appends unanswered are sent again.
+        self._pulls.clear()
+        if up:
+            self._schedule_retry(0.0)
+        self._on_change()
+
+    # -- what the core asks --------------------------------------------------------------------
+
+    def carry_out(
+        self,
+        commands: list[tuple[str, Any]],
+        answers: list[tuple[bytes, Message]],
+        job_of: Callable[[Job], jobstream.StreamedJob],
+    ) -> None:
+        for what, value in commands:
+            if what == "append":
+                self._append(value, job_of(value))
+            elif what == "ack":
+                self._tell_stream(value, _ACK)
+                self.acks += 1
+            elif what == "nak":
+                self._tell_stream(value, _NAK)
+                self.naks += 1
+            elif what == "term":
+                self._tell_stream(value, _TERM)
+                self.terms += 1
+        for origin, message in answers:
+            subject = jobstream.broker_subject(self._prefix, origin).encode()
+            try:
+                self.client.publish(subject, msgpack.packb(message, use_bin_type=True))
+                self.answers_sent += 1
+            except NotConnected:
+                pass  # as an answer to a client that is gone: its broker is out of reach
+
+    def _tell_stream(self, handle: bytes, word: bytes) -> None:
+        # Unsaid (no connection): the stream delivers it again after ack_wait.
+        with contextlib.suppress(NotConnected):
+            self.client.publish(handle, word)
+
+    def _append(self, job: Job, stored: jobstream.StreamedJob) -> None:
+        subject = jobstream.job_subject(self._prefix, job.queue).encode()
+        headers = codec.header_block({b"Nats-Msg-Id": jobstream.msg_id(job.msgid)})
+        entry = (subject, headers, jobstream.encode(stored))
+        self._send_append(job.msgid, entry)
+
+    def _send_append(self, msgid: bytes, entry: tuple[bytes, bytes, bytes]) -> None:
+        self.appending[msgid] = entry
+        subject, headers, body = entry
+        answer = self.client.request(subject, body, headers, timeout=self.settings.ack_timeout)
+        answer.addCallbacks(
+            lambda msg: self._append_answered(msgid, msg),
+            lambda failure: self._append_failed(msgid, failure),
+        )
+
+    def _append_answered(self, msgid: bytes, msg: Msg) -> None:
+        try:
+            jsapi.answer(msg.payload)
+        except (jsapi.JetStreamError, ValueError) as error:
+            self._append_failed(msgid, Failure(error))
+            return
+        if self.appending.pop(msgid, None) is None:
+            return
+        if self.refused_since is not None and not self._retry:
+            log.info(
+                "JetStream stores again after {seconds:.1f}s",
+                seconds=self.reactor.seconds() - self.refused_since,
+            )
+            self.refused_since = None
+            self.refusal = None
+            self.retry_delay = 0.1
+        self._on_appended(msgid)
+
+    def _append_failed(self, msgid: bytes, failure: Failure) -> None:
+        entry = self.appending.pop(msgid, None)
+        if entry is None:
+            return
+        self.refusals += 1
+        reason = failure.getErrorMessage() or type(failure.value).__name__
+        if self.refused_since is None:
+            self.refused_since = self.reactor.seconds()
+            log.warn(
+                "JetStream does not store guaranteed requests ({reason}): the client port "
+                "waits until it does",
+                reason=reason,
+            )
+            self._on_change()
+        self.refusal = reason
+        self._retry[msgid] = entry
+        self._schedule_retry(self.retry_delay)
+        self.retry_delay = min(self.retry_delay * 2, 2.0)
+
+    def _schedule_retry(self, delay: float) -> None:
+        if self._retry and (self._retry_call is None or not self._retry_call.active()):
+            self._retry_call = self.reactor.callLater(delay, self._send_retries)
+
+    def _send_retries(self) -> None:
+        retry, self._retry = self._retry, {}
+        for msgid, entry in retry.items():
+            self._send_append(msgid, entry)
+
+    @property
+    def refusing(self) -> bool:
+        return self.refused_since is not None
+
+    # -- pulls ---------------------------------------------------------------------------------
+
+    def pull(self, wanted: dict[bytes, int]) -> None:
+        """Ask the queues' consumers for what this broker's ready workers can take, less
+        what pulls already asked for."""
+        if not self.client.connected or not self._pull_inbox:
+            return
+        asked: dict[bytes, int] = {}
+        for pull in self._pulls.values():
+            asked[pull.queue] = asked.get(pull.queue, 0) + pull.left
+        for queue, count in wanted.items():
+            more = count - asked.get(queue, 0)
+            if more <= 0:
+                continue
+            if queue in self._consumers:
+                self._ask(queue, more)
+            else:
+                self._make_consumer(queue)
+
+    def _make_consumer(self, queue: bytes) -> None:
+        """Once per queue (JetStream takes the same config again as a no-op); the
+        service is told when it is made, and pulls then."""
+        if queue in self._making:
+            return
+        self._making.add(queue)
+        name = jobstream.consumer_name(queue)
+        body = jobstream.consumer_config(self._stream, self._prefix, queue, self.settings.ack_wait)
+        subject = f"{jsapi.API}.CONSUMER.CREATE.{self._stream}.{name}".encode()
+
+        def made(msg: Msg) -> None:
+            jsapi.answer(msg.payload)
+            self._consumers.add(queue)
+            self._on_change()
+
+        def failed(failure: Failure) -> None:
+            log.warn(
+                "JetStream: no consumer for queue {queue} yet: {error}",
+                queue=queue.decode("utf-8", "replace"),
+                error=failure.getErrorMessage(),
+            )
+
+        answer = self.client.request(subject, body)
+        answer.addCallback(made).addErrback(failed)
+        answer.addBoth(lambda _: self._making.discard(queue))
+
+    def _ask(self, queue: bytes, count: int) -> None:
+        pull_id = next(self._pull_ids)
+        reply = f"{self._pull_inbox}.{pull_id}".encode()
+        subject = jsapi.consumer_next(self._stream, jobstream.consumer_name(queue)).encode()
+        try:
+            self.client.publish(subject, jsapi.pull(count, self.settings.pull_expires), reply=reply)
+        except NotConnected:
+            return
+        self._pulls[reply] = _Pull(queue, count)
+
+    def _delivered(self, msg: Msg) -> None:
+        pull = self._pulls.get(msg.subject)
+        status = codec.status(msg.headers)
+        if status:
+            # 404/408/409: the pull ended (nothing left, expired, or the consumer changed);
+            # 100: an idle heartbeat.
+            if status != 100:
+                self._pulls.pop(msg.subject, None)
+                self._on_change()
+            return
+        if pull is not None:
+            pull.left -= 1
+            if pull.left <= 0:
+                del self._pulls[msg.subject]
+        self.pulled += 1
+        try:
+            stored = jobstream.decode(msg.payload)
+            delivered = jobstream.delivered(msg.reply)
+        except (jobstream.JobBodyError, ValueError) as error:
+            self.bad_messages += 1
+            log.warn(
+                "JetStream: a message that is no request, terminated: {error}", error=str(error)
+            )
+            self._tell_stream(msg.reply, _TERM)
+            return
+        self._on_job(stored, msg.reply, delivered)
+
+    # -- held requests -------------------------------------------------------------------------
+
+    def _in_progress(self) -> None:
+        """Tell the stream the deliveries this broker holds are still being worked on
+        (else, after ack_wait, it gives them to another broker)."""
+        if not self.client.connected:
+            return
+        handles = self._held()
+        if handles:
+            self.client.publish_many([(handle, _PROGRESS) for handle in handles])
+
+    def _answer(self, msg: Msg) -> None:
+        try:
+            message = msgpack.unpackb(msg.payload, raw=True)
+        except Exception as error:  # broken bytes from the network: dropped and counted
+            self.bad_messages += 1
+            log.warn("JetStream: a broken answer from another broker: {error}", error=str(error))
+            return
+        if isinstance(message, list) and message and all(isinstance(f, bytes) for f in message):
+            self._on_answer(message)
+        else:
+            self.bad_messages += 1
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "connected": self.client.connected,
+            "server": self.client.server,
+            "stream": self._stream,
+            "replicas": self.settings.replicas,
+            "broker_id": self.broker_id.decode("ascii", "replace"),
+            "disconnects": self.client.disconnects,
+            "appending": len(self.appending) + len(self._retry),
+            "refusing": self.refusal,
+            "refusals": self.refusals,
+            "pulls_open": len(self._pulls),
+            "pulled": self.pulled,
+            "acks": self.acks,
+            "naks": self.naks,
+            "terms": self.terms,
+            "answers_sent": self.answers_sent,
+            "bad_messages": self.bad_messages,
+        }
+
+
+def _sleep(reactor: Any, seconds: float) -> defer.Deferred[None]:
+    from twisted.internet.task import deferLater
+
+    return deferLater(reactor, seconds, lambda: None)

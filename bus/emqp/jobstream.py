@@ -1,0 +1,164 @@
+"""Guaranteed requests in a JetStream work-queue stream (``--store jetstream``), sans I/O:
+the subjects, the stream's and consumers' settings, and a stored request's body.
+
+Every broker of a cluster serves the same stream. A guaranteed request taken by broker A
+is appended to ``<prefix>.jobs.<queue>`` with its msgid as the message id (a client that
+resends after a failover stores it once); A answers nobody of it until the stream
+acknowledged it. Each queue has one durable pull consumer that every broker shares; a
+broker pulls from it only as many requests as its READY workers of that queue can take,
+so brokers share the load with no coordinator. The broker holding a request keeps telling
+the stream it is in progress; its worker's REPLY acknowledges it (the stream forgets it),
+a request given up on is terminated. A broker that dies stops telling: after the
+consumer's ``ack_wait`` the stream delivers the request to another broker, with its
+delivery count (eventmq's retries: at least once, the count kept).
+
+Replies, acknowledgements and errors for a client go back through the broker it is
+connected to: core NATS subject ``<prefix>.broker.<id>``, each broker listening on its own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from bus.natswire.tokens import SubjectError, token, untoken
+
+#: The version of :class:`StreamedJob`'s body; a broker refuses bodies it cannot read.
+BODY_VERSION = 1
+
+
+class JobBodyError(ValueError):
+    """A stream message that is not a request a broker appended."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedJob:
+    """A guaranteed request as the stream keeps it."""
+
+    #: The broker its client is connected to (its replies go there).
+    origin: bytes
+    client: bytes
+    msgid: bytes
+    queue: bytes
+    headers: bytes
+    body: bytes
+    received: float
+    #: Re-dispatches allowed when it was taken (``retry-count``, else the broker's default).
+    retries: int
+
+
+def encode(job: StreamedJob) -> bytes:
+    packed: bytes = msgpack.packb(
+        [
+            BODY_VERSION,
+            job.origin,
+            job.client,
+            job.msgid,
+            job.queue,
+            job.headers,
+            job.body,
+            job.received,
+            job.retries,
+        ],
+        use_bin_type=True,
+    )
+    return packed
+
+
+def decode(data: bytes) -> StreamedJob:
+    try:
+        fields = msgpack.unpackb(data, raw=True)
+    except Exception as error:  # msgpack raises several kinds for broken bytes
+        raise JobBodyError(f"not msgpack: {error}") from None
+    if not isinstance(fields, list) or len(fields) != 9 or fields[0] != BODY_VERSION:
+        raise JobBodyError("not a stored request of this version")
+    _, origin, client, msgid, queue, headers, body, received, retries = fields
+    if not all(isinstance(v, bytes) for v in (origin, client, msgid, queue, headers, body)):
+        raise JobBodyError("a stored request's fields are not bytes")
+    if not isinstance(received, (int, float)) or not isinstance(retries, int) or retries < 0:
+        raise JobBodyError("a stored request's time or retries are not numbers")
+    return StreamedJob(origin, client, msgid, queue, headers, body, float(received), retries)
+
+
+def job_subject(prefix: str, queue: bytes) -> str:
+    return f"{prefix}.jobs.{token(queue)}"
+
+
+def queue_of(prefix: str, subject: str) -> bytes:
+    head = prefix + ".jobs."
+    if not subject.startswith(head) or "." in subject[len(head) :]:
+        raise SubjectError(f"{subject[:80]!r} is not a queue's subject under {prefix!r}")
+    return untoken(subject[len(head) :])
+
+
+def broker_subject(prefix: str, broker_id: bytes) -> str:
+    return f"{prefix}.broker.{token(broker_id)}"
+
+
+def consumer_name(queue: bytes) -> str:
+    """A durable consumer's name for the queue (no ``.``, ``*``, ``>``, slashes)."""
+    return "q_" + token(queue).replace("~", "-x")
+
+
+def msg_id(msgid: bytes) -> bytes:
+    """The ``Nats-Msg-Id`` of a request: header-safe, one per eventmq msgid."""
+    return msgid.hex().encode()
+
+
+def stream_config(name: str, prefix: str, replicas: int, duplicate_window: float) -> dict[str, Any]:
+    return {
+        "name": name,
+        "subjects": [f"{prefix}.jobs.>"],
+        "retention": "workqueue",
+        "storage": "file",
+        "num_replicas": replicas,
+        "duplicate_window": int(duplicate_window * 1e9),
+        "discard": "new",
+    }
+
+
+#: The settings a made stream must have, as the checks compare them.
+CHECKED = ("subjects", "retention", "num_replicas")
+
+
+def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """What a stream found under the name says differently from what the options ask."""
+    return [
+        f"{key} is {found.get(key)!r}, the options ask {wanted[key]!r}"
+        for key in CHECKED
+        if found.get(key) != wanted[key]
+    ]
+
+
+def consumer_config(stream: str, prefix: str, queue: bytes, ack_wait: float) -> bytes:
+    name = consumer_name(queue)
+    return json.dumps(
+        {
+            "stream_name": stream,
+            "config": {
+                "name": name,
+                "durable_name": name,
+                "filter_subject": job_subject(prefix, queue),
+                "ack_policy": "explicit",
+                "ack_wait": int(ack_wait * 1e9),
+                "deliver_policy": "all",
+                "replay_policy": "instant",
+                "max_deliver": -1,
+                "max_ack_pending": -1,
+                "max_waiting": 4096,
+            },
+        }
+    ).encode()
+
+
+def delivered(reply: bytes) -> int:
+    """How many times the stream delivered this message (from its ack subject)."""
+    tokens = reply.split(b".")
+    if len(tokens) == 9:
+        return int(tokens[4])
+    if len(tokens) >= 11:
+        return int(tokens[6])
+    raise JobBodyError(f"not a JetStream delivery: {reply[:200]!r}")

@@ -1,0 +1,94 @@
+"""The options that put a service's storage in NATS JetStream (``--store jetstream
+--nats URLS`` and the stream's name, replicas, credentials and TLS), the same for every
+service that has them: the Event BUS's log and eMQP's guaranteed requests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from twisted.python import usage
+
+
+@dataclass(frozen=True, slots=True)
+class NatsChoice:
+    servers: tuple[str, ...]
+    stream: str
+    subject_prefix: str
+    replicas: int
+    creds: Path | None
+    tls_ca: Path | None
+    tls_cert: Path | None
+    tls_key: Path | None
+
+
+def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
+    """twistd's option rows; ``kept``: what sqlite keeps, in words (``the log``)."""
+    return [
+        [
+            "store",
+            None,
+            "sqlite",
+            f"Where to keep {kept}: sqlite (this machine, in --data-dir) or jetstream (a NATS "
+            "JetStream stream, --nats, that several servers share).",
+        ],
+        [
+            "nats",
+            None,
+            None,
+            "With --store jetstream: the NATS servers, nats://HOST:PORT[,nats://...].",
+        ],
+        ["nats-stream", None, stream, "With --store jetstream: the stream's name."],
+        [
+            "nats-subject-prefix",
+            None,
+            prefix,
+            "With --store jetstream: the subjects' first token.",
+        ],
+        [
+            "nats-replicas",
+            None,
+            1,
+            "With --store jetstream: the stream's replicas when it is made (3 in a cluster).",
+            int,
+        ],
+        ["nats-creds", None, None, "With --store jetstream: a NATS credentials file."],
+        ["nats-tls-ca", None, None, "With --store jetstream: the CA that signed the servers."],
+        ["nats-tls-cert", None, None, "With --store jetstream: this client's TLS certificate."],
+        ["nats-tls-key", None, None, "With --store jetstream: its private key."],
+    ]
+
+
+def nats_choice(options: Mapping[str, Any], stream: str, prefix: str) -> NatsChoice | None:
+    """What the options ask (None: sqlite); a :class:`usage.UsageError` for a wrong mix."""
+    store = options.get("store") or "sqlite"
+    if store not in ("sqlite", "jetstream"):
+        raise usage.UsageError("--store must be sqlite or jetstream")
+    servers = tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
+    if store == "sqlite":
+        if servers:
+            raise usage.UsageError("--nats needs --store jetstream")
+        return None
+    if not servers:
+        raise usage.UsageError("--store jetstream needs --nats nats://HOST:PORT[,...]")
+
+    def path(name: str) -> Path | None:
+        value = options.get(name)
+        return Path(value) if value else None
+
+    try:
+        replicas = int(options.get("nats-replicas") or 1)
+    except ValueError:
+        raise usage.UsageError("--nats-replicas must be a number") from None
+    return NatsChoice(
+        servers=servers,
+        stream=str(options.get("nats-stream") or stream),
+        subject_prefix=str(options.get("nats-subject-prefix") or prefix),
+        replicas=replicas,
+        creds=path("nats-creds"),
+        tls_ca=path("nats-tls-ca"),
+        tls_cert=path("nats-tls-cert"),
+        tls_key=path("nats-tls-key"),
+    )

@@ -1,0 +1,123 @@
+"""eMQP brokers sharing guaranteed requests through a JetStream stream (--store
+jetstream), real processes only: three clustered nats-servers, ``twistd -n emqp``
+brokers, raw and library peers. A request taken at one broker runs on a worker of
+another and its answers come back through the first; a broker killed while it holds
+requests loses none (another broker's worker gets them, the client its answers); while
+JetStream cannot store, the client port waits and nothing is acknowledged."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer, reactor
+
+from bus.emqp.client import EmqpClient
+from bus.testing import wait_until
+from tests.emqp_helpers import RawClient, RawWorker
+from tests.ports import nats_cluster
+from tests.processes import BrokerProcess
+
+pytest.importorskip("nats")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Any]:
+    nodes = nats_cluster(tmp_path / "nats", size=3)
+    nodes.start()
+    yield nodes
+    nodes.stop()
+
+
+def broker(tmp_path: Path, name: str, cluster: Any, *more: str) -> BrokerProcess:
+    return BrokerProcess(
+        tmp_path / name,
+        None,
+        "--store", "jetstream", "--nats", ",".join(cluster.urls), "--nats-replicas", "3",
+        # The raw workers here send no heartbeats: they must not be forgotten meanwhile.
+        "--heartbeat-interval", "10s", "--stats-interval", "0.2s",
+        *more,
+    )  # fmt: skip
+
+
+def streaming(process: BrokerProcess) -> bool:
+    return process.ready() and bool((process.status().get("jetstream") or {}).get("connected"))
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_request_at_one_broker_runs_on_a_worker_of_another(tmp_path: Path, cluster: Any) -> Any:
+    a = broker(tmp_path, "a", cluster)
+    b = broker(tmp_path, "b", cluster)
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        worker = RawWorker(b.endpoints["worker"])
+        client = RawClient(a.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        worker.ready(2)
+        sent = [client.request("default", {"n": i}, b"guarantee,reply-requested") for i in (1, 2)]
+        yield wait_until(lambda: len(worker.requests()) == 2, timeout=30, what="both at b")
+        assert sorted(r[3] for r in worker.requests()) == sorted(sent)
+        for request in worker.requests():
+            worker.reply(request, "done")
+        yield wait_until(
+            lambda: all(client.results(m) == [{"value": "done"}] for m in sent),
+            what="the answers at a",
+        )
+        assert all(len(client.acks(m)) == 1 for m in sent)  # dispatched, said once each
+        yield wait_until(lambda: b.status()["jetstream"]["acks"] == 2, what="b acknowledged")
+        assert a.status()["jetstream"]["answers_sent"] == 0
+        assert b.status()["jetstream"]["answers_sent"] == 4  # two dispatch notes, two replies
+        assert a.status()["counters"]["replied"] == 0 and b.status()["counters"]["replied"] == 2
+    finally:
+        for peer in peers:
+            peer.close()
+        a.stop()
+        b.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_broker_killed_holding_requests_loses_none(tmp_path: Path, cluster: Any) -> Any:
+    a = broker(tmp_path, "a", cluster)
+    b = broker(tmp_path, "b", cluster)
+    peers: list[Any] = []
+    client = None
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        stuck = RawWorker(b.endpoints["worker"])  # takes requests and never answers
+        peers.append(stuck)
+        yield wait_until(stuck.acked, what="the stuck worker's INFORM acknowledged")
+        stuck.ready(5)
+        client = EmqpClient(a.endpoints["client"])
+        results = [
+            client.submit("default", ["add", {"a": i, "b": 1}], guarantee=True) for i in range(5)
+        ]
+        yield wait_until(lambda: len(stuck.requests()) == 5, timeout=30, what="all five at b")
+        assert b.stop(signal.SIGKILL) == -signal.SIGKILL
+        worker = RawWorker(a.endpoints["worker"])
+        peers.append(worker)
+        yield wait_until(worker.acked, what="a's worker")
+        worker.ready(5)
+        # The stream gives them to a once b has not said "in progress" for ack_wait.
+        yield wait_until(lambda: len(worker.requests()) == 5, timeout=30, what="all five at a")
+        for request in worker.requests():
+            worker.reply(request, 7)
+        answers = yield defer.gatherResults(results).addTimeout(30, reactor)
+        assert answers == [7] * 5
+        yield wait_until(
+            lambda: a.status()["jetstream"]["acks"] == 5, what="a acknowledged all five"
+        )
+        assert a.status()["counters"]["replied"] == 5
+    finally:
+        for peer in peers:
+            peer.close()
+        if client is not None:
+            client.close()
+        a.stop()
+        if b.process.poll() is None:
+            b.stop()
