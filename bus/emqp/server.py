@@ -11,7 +11,7 @@ and its requests re-dispatched or failed; a client that cannot be sent to is cou
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from bus.errors import StartupError, StorageError
 from bus.files import write_status_json
 from bus.memory import MemoryRelease
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
+from bus.statusjson import config_json
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
@@ -579,7 +580,7 @@ class EmqpService(Service):
             "worker_send_failures": self.worker_send_failures,
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "curve": self.curve.status(),
-            "config": {k: str(v) for k, v in asdict(self.config).items()},
+            "config": config_json(self.config),
         }
         if broker is not None:
             summary = broker.status(in_flight_limit=100)
