@@ -194,6 +194,17 @@ def test_dbp_cli_speaks_hermes_to_its_catalog_and_the_spec_by_default(
     [(_, delimiter, command, stamp, body)] = fake.received
     assert (delimiter, command, len(stamp), body) == (b"", codec.INFO_REQUEST, 4, b"")
     assert abs(HERMES_TIME.unpack(stamp)[0] - time.time()) < 600  # float32 precision
+    # The options may come first, as a user types them.
+    run = yield threads.deferToThread(
+        subprocess.run,
+        [DBP_CLI, "--dialect", "hermes", "--catalog", fake.endpoint, "services"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == fake.services
+    assert len(fake.received[-1][3]) == 4
     # The default is the spec's 8-octet time: Hermes' catalog cannot answer it ...
     run = yield run_cli("--catalog", fake.endpoint, "--timeout", "1")
     assert run.returncode == 1 and "no answer" in run.stderr

@@ -89,11 +89,11 @@ def endpoint_of(text: str, what: str) -> Endpoint:
     retries in silence (an unknown host, no port), so those are refused here."""
     url = text.strip() if "://" in text else f"tcp://{text.strip()}"
     scheme, _, address = url.partition("://")
-    if scheme != "tcp":
-        return Endpoint(text, url)  # ipc://, inproc://...: libzmq judges them at connect
+    if scheme in ("ipc", "inproc") and address:
+        return Endpoint(text, url)  # libzmq judges their paths and names at connect
     host, colon, port = address.rpartition(":")
     host = host.rpartition(";")[2]  # after a source address, if one was given
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if scheme != "tcp" or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise CliError(f"the {what} endpoint {text!r} is not valid: write tcp://HOST:PORT")
     name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
@@ -742,6 +742,8 @@ def _check_schedule(args: argparse.Namespace) -> None:
             args.every = parse_duration(args.every)
         except Exception as problem:
             raise CliError(f"--every: {problem}") from None
+        if args.every <= 0:
+            raise CliError("--every must be more than 0 (30s, 5m, 1h)")
     if args.runs is not None and args.runs < 1:
         raise CliError("--runs must be 1 or more")
     args.body = _body_of(args.body)
