@@ -21,19 +21,29 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from bus.cliargs import CliParser, whole_number
 from bus.natsserver import NatsCluster, NatsServerMissing
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bus-cluster", description=__doc__.splitlines()[0])
+    parser = CliParser(prog="bus-cluster", description=__doc__.splitlines()[0])
+    # Each is the first of a run of ports: front-end N uses PORT + 3 N .. + 2 (N up to 8).
+    first_port = whole_number(1, 65535 - 3 * 9)
     parser.add_argument("--dir", default="cluster-data", help="where the servers keep data")
-    parser.add_argument("--port", type=int, default=5556, help="the first front-end's port")
-    parser.add_argument("--http-port", type=int, default=8642, help="the first /status port")
-    parser.add_argument("--nats-port", type=int, default=4222, help="the first NATS server's port")
+    parser.add_argument("--port", type=first_port, default=5556, help="the first front-end's port")
+    parser.add_argument("--http-port", type=first_port, default=8642, help="the first /status port")
     parser.add_argument(
-        "--nats-route-port", type=int, default=6222, help="the first NATS server's route port"
+        "--nats-port", type=first_port, default=4222, help="the first NATS server's port"
     )
-    parser.add_argument("--front-ends", type=int, default=2, choices=range(1, 10))
+    parser.add_argument(
+        "--nats-route-port",
+        type=first_port,
+        default=6222,
+        help="the first NATS server's route port",
+    )
+    parser.add_argument(
+        "--front-ends", type=whole_number(1, 9), default=2, help="how many (1 to 9)"
+    )
     return parser.parse_args(argv)
 
 

@@ -79,7 +79,9 @@ class DropCounter:
     def total(self) -> int:
         return sum(self.counts.values())
 
-    def drop(self, reason: str, detail: str = "", peer: bytes = b"") -> None:
+    def drop(self, reason: str, detail: str = "", peer: bytes | str = b"") -> None:
+        """Count a drop; ``peer`` is a ZeroMQ identity (bytes, logged as hex) or a network
+        address (text, logged as it is)."""
         self.counts[reason] += 1
         count = self._limit.due(reason)
         if count is None:
@@ -90,5 +92,5 @@ class DropCounter:
             what=self._what,
             reason=reason,
             detail=detail,
-            peer=peer.hex()[:40],
+            peer=peer[:60] if isinstance(peer, str) else peer.hex()[:40],
         )

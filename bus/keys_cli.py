@@ -163,7 +163,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "bus-keys") -> None:
     )
     from bus.transport.curve import KeyFileError
 
-    arguments = list(sys.argv[1:] if argv is None else argv)
+    arguments = _command_first(list(sys.argv[1:] if argv is None else argv))
     command = arguments[0] if arguments and arguments[0] in COMMANDS else ""
     args = parser_for(command or "make", prog).parse_args(arguments[1:] if command else arguments)
     try:
@@ -195,6 +195,25 @@ def main(argv: Sequence[str] | None = None, prog: str = "bus-keys") -> None:
     except (KeyFileError, ValueError, OSError) as error:
         _err(f"{prog}: {error}")
         raise SystemExit(1) from None
+
+
+def _command_first(arguments: list[str]) -> list[str]:
+    """``arguments`` with the command (``make``, ``set``, ``show``) first when options come
+    before it (``bus-keys --role admin set alice.key``): the first argument that is neither an
+    option nor an option's value is the command, if it names one."""
+    takes_value = {
+        option
+        for action in parser_for("set")._actions
+        if action.nargs != 0
+        for option in action.option_strings
+    }
+    index = 0
+    while index < len(arguments) and arguments[index].startswith("-") and arguments[index] != "--":
+        option = arguments[index]
+        index += 2 if option in takes_value else 1
+    if 0 < index < len(arguments) and arguments[index] in COMMANDS:
+        return [arguments[index], *arguments[:index], *arguments[index + 1 :]]
+    return arguments
 
 
 def _other_half(path: Path) -> Path:

@@ -237,3 +237,32 @@ def test_the_console_asks_for_the_token_when_the_server_wants_one(
         page.execute_script("sessionStorage.clear()")
         code = running.stop()
     assert code in CLEAN_EXIT, running.output()
+
+
+def test_a_schedule_shows_what_it_runs(product: Product, page: Any) -> None:
+    page.get(f"http://127.0.0.1:{product.http_port}/")
+    wait(page, lambda d: card_state(d, "emqp") == "up")
+    admin = product.status()["services"]["emqp"]["endpoints"]["admin"]
+    ids = []
+    for body in (
+        '["run", {"path": "app.jobs", "callable": "cleanup", "args": [1]}]',
+        '["report", {"to": "ops@example.org"}]',
+    ):
+        made = subprocess.run(
+            [BIN / "emqp-cli", "schedule", "console", body, "--every", "1d", "--no-haste",
+             "--admin", admin],
+            capture_output=True, text=True, env=environment(), timeout=60,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        ids.append(json.loads(made.stdout)["schedule"])
+    try:
+        eventmq = f'#emqp-schedules tr[data-schedule="{ids[0]}"]'
+        wait(page, lambda d: row_cells(d, eventmq)[1:3] == ["app.jobs cleanup", "console"])
+        other = f'#emqp-schedules tr[data-schedule="{ids[1]}"]'
+        wait(page, lambda d: row_cells(d, other)[1] == '["report", {"to": "ops@example.org"}]')
+    finally:
+        for schedule in ids:
+            subprocess.run(
+                [BIN / "emqp-cli", "unschedule", schedule, "--admin", admin],
+                capture_output=True, env=environment(), timeout=60,
+            )  # fmt: skip

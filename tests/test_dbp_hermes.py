@@ -125,7 +125,13 @@ def test_by_default_a_hermes_service_expires_and_its_update_is_denied(
     assert reply[0] == codec.APPROVED
     update = json.dumps({"name": "Gondor", "topics": ["x"]}).encode()
     reply = yield hermes_request(catalog.endpoint, codec.UPDATE, update)
-    assert reply[0] == codec.DENIED_ORIGINAL and "not registered" in reply[2].decode()
+    assert reply[0] == codec.DENIED_ORIGINAL
+    denial = reply[2].decode()
+    # It is registered (from the connection Hermes closed): the denial says so, and how a
+    # catalog takes Hermes' updates.
+    assert "not registered" not in denial
+    assert "'Gondor' is registered from another connection" in denial
+    assert "--hermes-services keep" in denial
     # liveness (3) x its assumed heartbeat, then inactive for --grace.
     yield wait_until(lambda: not catalog.core.entries["Gondor"].active, what="expiry")
     assert activity.topics()[-1] == "/dbp/services/Gondor/expired/"
@@ -188,6 +194,17 @@ def test_dbp_cli_speaks_hermes_to_its_catalog_and_the_spec_by_default(
     [(_, delimiter, command, stamp, body)] = fake.received
     assert (delimiter, command, len(stamp), body) == (b"", codec.INFO_REQUEST, 4, b"")
     assert abs(HERMES_TIME.unpack(stamp)[0] - time.time()) < 600  # float32 precision
+    # The options may come first, as a user types them.
+    run = yield threads.deferToThread(
+        subprocess.run,
+        [DBP_CLI, "--dialect", "hermes", "--catalog", fake.endpoint, "services"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == fake.services
+    assert len(fake.received[-1][3]) == 4
     # The default is the spec's 8-octet time: Hermes' catalog cannot answer it ...
     run = yield run_cli("--catalog", fake.endpoint, "--timeout", "1")
     assert run.returncode == 1 and "no answer" in run.stderr
@@ -295,3 +312,51 @@ def test_a_flood_of_registrations_from_strangers_stays_bounded(
     finally:
         globalLogPublisher.removeObserver(observer)
     assert failures == []  # never a traceback for a stranger's input
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_update_of_a_service_registered_from_another_connection_says_so(
+    make_catalog: CatalogMaker, stoppers: list[Any]
+) -> Any:
+    catalog = make_catalog()
+    owner = RawPeer.dealer(catalog.endpoint)
+    other = RawPeer.dealer(catalog.endpoint)
+    stoppers.extend([owner, other])
+    owner.send(request(codec.REGISTER, [codec.json_frame(registration("Isengard", 0))]))
+    yield wait_until(lambda: owner.messages, what="OwO")
+    assert codec.parse(owner.messages[0]).command == codec.APPROVED
+    other.send(request(codec.UPDATE, [codec.json_frame({"name": "Isengard", "function": "x"})]))
+    yield wait_until(lambda: other.messages, what="an answer to the update")
+    answer = codec.parse(other.messages[0])
+    assert answer.command == codec.DENIED
+    [denial] = codec.json_object(answer.body[0])["denied"]
+    assert denial == (
+        "service 'Isengard' is registered from another connection: only that connection may"
+        " update it"
+    )
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_udp_peer_is_logged_by_its_address(make_catalog: CatalogMaker) -> Any:
+    catalog = make_catalog()
+    warnings: list[str] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if "dropped" in str(event.get("log_format", "")):
+            from twisted.logger import formatEvent
+
+            warnings.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observer)
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        beat = codec.encode_udp_heartbeat("ghost", time.time())
+        sender.sendto(beat, ("127.0.0.1", catalog.port))
+        yield wait_until(lambda: catalog.drops.counts["udp-unknown"] >= 1, what="the drop")
+        yield wait_until(lambda: warnings, what="the drop's warning")
+    finally:
+        sender.close()
+        globalLogPublisher.removeObserver(observer)
+    [line] = warnings
+    assert "UDP heartbeat for unknown service 'ghost'" in line
+    assert line.endswith("; peer 127.0.0.1"), line

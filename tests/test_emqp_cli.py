@@ -265,10 +265,22 @@ def test_schedule_list_and_unschedule_through_the_admin_port(
     assert answer["replaced"] is False and answer["next_run_in"] == 0
     yield wait_until(lambda: len(seen) >= 2, timeout=10, what="two runs a second apart")
     assert seen[:2] == [7, 7]
+    # One in eventmq's form too: the listing says what each runs.
+    job = '["run", {"path": "os.path", "callable": "join", "args": ["a", "b"]}]'
+    added = yield ran(cleanup, "schedule", "default", job, "--every", "1h", "--no-haste", *admin)
+    assert added.code == 0, added.err
+    eventmq = json.loads(added.out)["schedule"]
     listed = yield ran(cleanup, "schedules", *admin)
     assert listed.code == 0, listed.err
-    [entry] = [json.loads(line) for line in listed.out.splitlines()]
-    assert entry["id"] == answer["schedule"] and entry["interval"] == 1.0
+    entries = {entry["id"]: entry for entry in map(json.loads, listed.out.splitlines())}
+    assert set(entries) == {answer["schedule"], eventmq}
+    entry = entries[answer["schedule"]]
+    assert entry["interval"] == 1.0
+    assert (entry["path"], entry["callable"], entry["body"]) == (None, None, '["tick", 7]')
+    entry = entries[eventmq]
+    assert (entry["path"], entry["callable"], entry["body"]) == ("os.path", "join", None)
+    removed = yield ran(cleanup, "unschedule", eventmq, *admin)
+    assert removed.code == 0, removed.err
     removed = yield ran(cleanup, "unschedule", answer["schedule"], *admin)
     assert removed.code == 0 and json.loads(removed.out)["removed"] is True
     assert broker.broker.schedules is not None and len(broker.broker.schedules) == 0

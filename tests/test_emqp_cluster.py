@@ -21,8 +21,18 @@ from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import nats_cluster
 from tests.processes import BrokerProcess
+from tests.test_emqp_interop import JOBS, InteropProcess, free_slots, job_manager, run_real_client
 
 pytest.importorskip("nats")
+
+
+@pytest.fixture
+def eventmq() -> Iterator[list[InteropProcess]]:
+    """eventmq's own processes (tests/emqp_interop), stopped after the test."""
+    started: list[InteropProcess] = []
+    yield started
+    for process in started:
+        process.stop()
 
 
 @pytest.fixture
@@ -121,3 +131,34 @@ def test_a_broker_killed_holding_requests_loses_none(tmp_path: Path, cluster: An
         a.stop()
         if b.process.poll() is None:
             b.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_eventmqs_own_client_and_job_manager_meet_across_two_brokers(
+    tmp_path: Path, cluster: Any, eventmq: list[InteropProcess]
+) -> Any:
+    """eventmq 0.3.13 unchanged: its job manager at b, its client at a."""
+    a = broker(tmp_path, "a", cluster, "--heartbeat-interval", "1s")
+    b = broker(tmp_path, "b", cluster, "--heartbeat-interval", "1s")
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        job_manager(b, eventmq, tmp_path, jobs=2)
+        yield wait_until(lambda: free_slots(b) == 2, timeout=30, what="two READYs at b")
+        requests = [
+            {"func": f"{JOBS}.add", "args": [i, 10], "reply": True, "guarantee": True}
+            for i in range(4)
+        ]
+        requests.append(
+            {"func": f"{JOBS}:Greeter.greet", "class_args": ["Hello"], "args": ["cluster"],
+             "reply": True, "guarantee": True, "retries": 2}
+        )  # fmt: skip
+        answers = yield run_real_client(a, eventmq, tmp_path, requests)
+        assert all(answer["acknowledged"] for answer in answers), answers
+        assert [answer["result"] for answer in answers] == [
+            {"value": 10}, {"value": 11}, {"value": 12}, {"value": 13},
+            {"value": "Hello, cluster"},
+        ]  # fmt: skip
+        yield wait_until(lambda: b.status()["jetstream"]["acks"] == 5, what="b acknowledged")
+    finally:
+        a.stop()
+        b.stop()

@@ -6,7 +6,6 @@ log's lines of dropped answers add up to what ``/status`` counts."""
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import json
 import os
@@ -142,7 +141,7 @@ def serves(endpoints: dict[str, str]) -> Any:
 
 def setting(status: dict[str, Any], name: str) -> Any:
     """A field of the broker's settings in a status.json (``config.broker``)."""
-    return ast.literal_eval(status["config"]["broker"])[name]
+    return status["config"]["broker"][name]
 
 
 def _stopped(process: TwistdProcess) -> None:

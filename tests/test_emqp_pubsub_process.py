@@ -102,7 +102,7 @@ def test_composed_it_reports_on_status_and_metrics_and_publishes_onto_the_bus(
         services = product.status()["services"]
         assert list(services) == ["eventbus", "emqp-pubsub", "http"]  # after the bus (AFTER)
         endpoints = services["emqp-pubsub"]["endpoints"]
-        assert services["emqp-pubsub"]["config"]["subscriber_hwm"] == "500"
+        assert services["emqp-pubsub"]["config"]["subscriber_hwm"] == 500
         feed = RawPeer.sub(services["eventbus"]["endpoints"]["publisher"], (b"/emqp/publish/",))
         subscriber = RawPeer.sub(endpoints["outgoing"], (b"orders",))
         publisher = RawPeer.dealer(endpoints["incoming"])

@@ -562,3 +562,17 @@ def test_any_cron_line_is_refused_or_has_a_next_time(items: list[str]) -> None:
         return
     assert len(items) in (5, 6)
     assert spec.cron is not None and cron_next(spec.cron, T0, UTC) > T0
+
+
+def test_a_listing_says_what_a_schedule_runs() -> None:
+    from bus.emqp.schedules import BODY_PREVIEW, job_of
+
+    run = b'["run", {"path": "pkg.mod:Class", "callable": "method", "args": []}]'
+    assert job_of(run) == {"path": "pkg.mod:Class", "callable": "method", "body": None}
+    assert job_of(b'["tick", 7]') == {"path": None, "callable": None, "body": '["tick", 7]'}
+    long = json.dumps(["report", {"to": "x" * 200}]).encode()
+    shown = job_of(long)["body"]
+    assert shown == long[:BODY_PREVIEW].decode() + "..."
+    # Cut inside a character: the half character is left out, not shown as garbage.
+    accented = json.dumps(["é" * 100], ensure_ascii=False).encode()
+    assert "\ufffd" not in job_of(accented)["body"]

@@ -120,6 +120,14 @@ def test_twistd_mc0_with_its_own_keys_and_the_cli(tmp_path: Path) -> Any:
         )
         assert ping.returncode == 0, ping.stderr
         assert json.loads(ping.stdout)["noops"] == 5
+        # The program's options after the command, as other tools take them.
+        server_key = str(tmp_path / "mc0-data" / "server.key")
+        ping = run(
+            MC0_CLI, "ping", "--count", "2", "--server", broker.endpoint,
+            "--server-key", server_key, "--timeout", "20", cwd=tmp_path,
+        )  # fmt: skip
+        assert ping.returncode == 0, ping.stderr
+        assert json.loads(ping.stdout)["noops"] == 2
         wrong = run(
             MC0_CLI, "--server", broker.endpoint, "--server-key", "x" * 40, "--timeout", "1",
             "ping", cwd=tmp_path,

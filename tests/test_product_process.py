@@ -99,9 +99,9 @@ def test_composed_product_with_config_file_environment_and_command_line(tmp_path
         status = product.status()
         assert set(status["services"]) == {"eventbus", "spark-bridge", "http"}
         bus = status["services"]["eventbus"]
-        assert bus["config"]["publish_hwm"] == "4321"  # from the file
-        assert bus["config"]["heartbeat_interval"] == "0.2"  # environment over file
-        assert bus["config"]["stats_interval"] == "0.2"  # command line over file
+        assert bus["config"]["publish_hwm"] == 4321  # from the file
+        assert bus["config"]["heartbeat_interval"] == 0.2  # environment over file
+        assert bus["config"]["stats_interval"] == 0.2  # command line over file
         assert bus["config"]["data_dir"] == "bus-data"
         address = bus["endpoints"]["snapshot"].removeprefix("tcp://")
         publisher = EventBusPublisher(address, producer_id="composed")

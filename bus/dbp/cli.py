@@ -1,7 +1,9 @@
 """``dbp-cli services [NAME]``: ask the catalog (found by its SHALOM beacon unless
 ``--catalog`` names it) for every active service, or one, and print the answer as JSON.
 
-``--dialect hermes`` asks Hermes' own catalog, which reads only 4-octet (float32) times."""
+``--dialect hermes`` asks Hermes' own catalog, which reads only 4-octet (float32) times.
+Options may stand before ``services`` too (``dbp-cli --dialect hermes services``). A bad
+option is one line on stderr and exit status 2; no answer, one line and exit status 1."""
 
 from __future__ import annotations
 
@@ -11,18 +13,25 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from bus.cliargs import CliParser, one_line, parse, positive_seconds, tcp_endpoint, whole_number
 from bus.dbp.config import DEFAULT_BEACON_PORT
 from bus.transport.curve_settings import add_client_curve_arguments
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dbp-cli", description=__doc__.split("\n\n")[0])
+    p = CliParser(prog="dbp-cli", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    services = sub.add_parser("services", help="list active services, or one")
+    services = sub.add_parser(
+        "services",
+        help="list active services, or one",
+        description="Its options may also come before `services`.",
+    )
     services.add_argument("name", nargs="?", default="", help="one service's name")
-    services.add_argument("--catalog", default="", help="tcp://HOST:PORT (default: by beacon)")
-    services.add_argument("--beacon-port", type=int, default=DEFAULT_BEACON_PORT)
-    services.add_argument("--timeout", type=float, default=5.0, help="seconds to wait")
+    services.add_argument(
+        "--catalog", default=None, type=tcp_endpoint, help="tcp://HOST:PORT (default: by beacon)"
+    )
+    services.add_argument("--beacon-port", type=whole_number(1, 65535), default=DEFAULT_BEACON_PORT)
+    services.add_argument("--timeout", type=positive_seconds, default=5.0, help="seconds to wait")
     services.add_argument(
         "--dialect",
         choices=("spec", "hermes"),
@@ -34,7 +43,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = parse(p, argv)
+    import zmq
     from twisted.internet import defer
 
     from bus.dbp.client import CatalogClient, find_catalog
@@ -53,17 +64,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not endpoint:
             try:
                 endpoint = yield find_catalog(reactor, args.beacon_port, args.timeout)
-            except TimeoutError as error:
+            except (TimeoutError, OSError) as error:
                 result["error"] = str(error)
                 return
-        client = CatalogClient(endpoint, reactor, dialect=args.dialect, curve=curve)
+        try:
+            client = CatalogClient(endpoint, reactor, dialect=args.dialect, curve=curve)
+        except zmq.ZMQError as error:
+            result["error"] = f"cannot connect to {endpoint}: {zmq.strerror(error.errno or 0)}"
+            return
         try:
             answer = client.services(args.name)
             timer = reactor.callLater(args.timeout, answer.cancel)
             try:
                 result["answer"] = yield answer
             except defer.CancelledError:
-                result["error"] = f"no answer from {endpoint} in {args.timeout}s"
+                result["error"] = f"no answer from {endpoint} in {args.timeout:g}s"
                 if args.dialect == "spec":
                     # Hermes' own catalog stops answering at the spec's 8-octet time.
                     result["error"] += " (if it is Hermes' own catalog: --dialect hermes)"
@@ -72,21 +87,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             client.close()
 
-    _react(run)
-    if "error" in result:
-        sys.stderr.write(f"dbp-cli: {result['error']}\n")
+    _react(run, result)
+    if "answer" not in result:
+        reason = result.get("error", "no answer")
+        sys.stderr.write(f"dbp-cli {args.command}: {one_line(reason)}\n")
         return 1
     answer = result["answer"]
     sys.stdout.write(json.dumps(answer, indent=1, sort_keys=True) + "\n")
     return 1 if args.name and "Error" in answer else 0
 
 
-def _react(run: Any) -> None:
+def _react(run: Any, result: dict[str, Any]) -> None:
     from twisted.internet import reactor as global_reactor
 
     reactor: Any = global_reactor
+
+    def unexpected(failure: Any) -> None:  # a defect of this tool: still one line
+        value = failure.value
+        result["error"] = f"unexpected {type(value).__name__} ({value}): please report it"
+
     done = run(reactor)
-    done.addErrback(lambda failure: sys.stderr.write(failure.getTraceback()))
+    done.addErrback(unexpected)
     done.addBoth(lambda _: reactor.callLater(0, reactor.stop))
     reactor.run()
 

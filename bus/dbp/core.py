@@ -31,7 +31,8 @@ from bus.dbp.codec import DbpError, DbpMessage, Invalid
 
 #: kind ("registered", "updated", "expired", "active", "disconnected", "removed"), name, value
 ActivityHandler = Callable[[str, str, dict[str, Any]], None]
-DropHandler = Callable[[str, str, bytes], None]
+#: reason, detail, peer: a ZeroMQ identity (bytes) or a UDP peer's address (text).
+DropHandler = Callable[[str, str, bytes | str], None]
 
 
 @dataclass(slots=True)
@@ -262,6 +263,17 @@ class CatalogCore:
         self._remove(next(iter(self.expired)), "removed")
         return True
 
+    def _not_yours(self, entry: Entry) -> str:
+        """Why an update of ``entry`` from a connection that did not register it is denied."""
+        said = (
+            f"service {entry.name!r} is registered from another connection: only that"
+            " connection may update it"
+        )
+        if entry.form == codec.HERMES:
+            # Hermes sends every request from a new connection.
+            said += " (a catalog run with --hermes-services keep takes Hermes' updates by name)"
+        return said
+
     def _keeps_hermes(self, entry: Entry) -> bool:
         return entry.form == codec.HERMES and self.settings.hermes_services == "keep"
 
@@ -296,7 +308,7 @@ class CatalogCore:
             # Hermes sends each request from a new connection: with "keep", a Hermes
             # service's update is taken by its name (and its token, if --allow has one).
             if not self._keeps_hermes(entry):
-                return self._denied(identity, message, ["not registered: register (UwU) first"])
+                return self._denied(identity, message, [self._not_yours(entry)])
             refusal = self._refused(entry.name, value.get("token"), names)
             if refusal:
                 return self._denied(identity, message, [refusal])
@@ -348,14 +360,14 @@ class CatalogCore:
         try:
             _, name = codec.parse_udp_heartbeat(data)
         except DbpError as error:
-            self.drop(error.reason, str(error), host.encode())
+            self.drop(error.reason, str(error), host)
             return
         entry = self.entries.get(name)
         if entry is None:
-            self.drop("udp-unknown", f"UDP heartbeat for unknown service {name!r}", host.encode())
+            self.drop("udp-unknown", f"UDP heartbeat for unknown service {name!r}", host)
             return
         if entry.info.get("address") not in (host, "0.0.0.0", "*") and not _local(host, entry):
-            self.drop("udp-address", f"heartbeat for {name!r} from {host}", host.encode())
+            self.drop("udp-address", f"heartbeat for {name!r} from {host}", host)
             return
         self._heard(entry, "udp")
 

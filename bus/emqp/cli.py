@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import socket
@@ -33,6 +34,7 @@ from typing import Any, Literal
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
+from bus.cliargs import CliParser, parse, whole_number
 from bus.transport.curve_settings import add_client_curve_arguments
 from bus.transport.probe import Listener, probe_port
 
@@ -87,11 +89,11 @@ def endpoint_of(text: str, what: str) -> Endpoint:
     retries in silence (an unknown host, no port), so those are refused here."""
     url = text.strip() if "://" in text else f"tcp://{text.strip()}"
     scheme, _, address = url.partition("://")
-    if scheme != "tcp":
-        return Endpoint(text, url)  # ipc://, inproc://...: libzmq judges them at connect
+    if scheme in ("ipc", "inproc") and address:
+        return Endpoint(text, url)  # libzmq judges their paths and names at connect
     host, colon, port = address.rpartition(":")
     host = host.rpartition(";")[2]  # after a source address, if one was given
-    if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if scheme != "tcp" or not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise CliError(f"the {what} endpoint {text!r} is not valid: write tcp://HOST:PORT")
     name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
@@ -740,6 +742,8 @@ def _check_schedule(args: argparse.Namespace) -> None:
             args.every = parse_duration(args.every)
         except Exception as problem:
             raise CliError(f"--every: {problem}") from None
+        if args.every <= 0:
+            raise CliError("--every must be more than 0 (30s, 5m, 1h)")
     if args.runs is not None and args.runs < 1:
         raise CliError("--runs must be 1 or more")
     args.body = _body_of(args.body)
@@ -753,8 +757,10 @@ def build_parser() -> argparse.ArgumentParser:
     exit_status = "Exit status: 0 on success, 1 with one sentence on stderr otherwise."
     broker = os.environ.get("EMQP_BROKER", BROKER)
     admin = os.environ.get("EMQP_ADMIN", ADMIN)
-    parser = argparse.ArgumentParser(
-        prog="emqp-cli", description=(__doc__ or "").split("\n")[0], epilog=exit_status
+    parser = CliParser(
+        prog="emqp-cli",
+        description=(__doc__ or "").split("\n")[0],
+        epilog=f"A command's options may also stand before it. {exit_status}",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     sub = commands.add_parser(
@@ -852,7 +858,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--rdb", metavar="FILE", help="a dump (RDB) of it, read by a private redis-server"
     )
-    sub.add_argument("--db", type=int, default=0, help="with --rdb: the database [%(default)s]")
+    sub.add_argument(
+        "--db", type=whole_number(0), default=0, help="with --rdb: the database [%(default)s]"
+    )
     sub.add_argument(
         "--redis-server", metavar="PATH", help="with --rdb: the redis-server program [on PATH]"
     )
@@ -878,9 +886,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     # process that merely imports this module keeps its own SIGINT handling.
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupted_early)
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
     try:
-        if args.wait < 0:
+        if not (args.wait >= 0 and math.isfinite(args.wait)):
             raise CliError("--wait must be 0 (wait forever) or more seconds")
         args.check(args)
         args.curve = _curve(args)

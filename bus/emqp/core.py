@@ -34,7 +34,7 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import DropCounter
 from bus.emqp import codec, jobstream
 from bus.emqp.codec import PROTOCOL, EmqpError, Headers
-from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, unschedule_id
+from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, job_of, unschedule_id
 from bus.emqp.store import JobStore, StoredJob
 from bus.transport.names import peer_name
 
@@ -572,6 +572,7 @@ class Broker:
         return {
             "schedule": schedule.id,
             "queue": spec.queue.decode("utf-8", "replace"),
+            **job_of(spec.body),
             "interval": spec.interval,
             "cron": spec.cron,
             "next_run_in": round(schedule.next_due - now, 3),

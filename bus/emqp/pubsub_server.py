@@ -11,7 +11,6 @@ misses messages, as with eventmq's own service. Both ports take CURVE through
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict
 from typing import Any
 
 import zmq
@@ -22,6 +21,7 @@ from twisted.logger import Logger
 from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.emqp.pubsub_core import PubsubConfig, Relay
 from bus.metrics import Metric, counter, counters_by, gauge
+from bus.statusjson import config_json
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import (
@@ -184,7 +184,7 @@ class PubsubService(Service):
             "unmirrored": relay.unmirrored,
             "topics": dict(sorted(relay.topics.items(), key=lambda item: -item[1])[:100]),
             "curve": self.curve.status(),
-            "config": {k: str(v) for k, v in asdict(self.config).items()},
+            "config": config_json(self.config),
         }
 
     def metrics(self) -> list[Metric]:

@@ -127,6 +127,29 @@ def _identity_of(value: Any) -> str:
     return hashlib.sha1(canonical.encode("ascii"), usedforsecurity=False).hexdigest()
 
 
+#: How much of a body that is not eventmq's ``["run", {...}]`` a listing shows.
+BODY_PREVIEW: Final = 60
+
+
+def job_of(body: bytes) -> dict[str, Any]:
+    """What a schedule runs, for people: ``path`` and ``callable`` of eventmq's
+    ``["run", {"path": ..., "callable": ...}]``, else ``body``, the body's first
+    :data:`BODY_PREVIEW` bytes as text (``...`` after them when there is more); the other
+    keys are None."""
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        value = None
+    job = value[1] if isinstance(value, list) and len(value) == 2 and value[0] == "run" else None
+    if isinstance(job, dict) and isinstance(job.get("path"), str):
+        named = job.get("callable")
+        callable_ = named if isinstance(named, str) else None
+        return {"path": job["path"], "callable": callable_, "body": None}
+    preview = body[:BODY_PREVIEW].decode("utf-8", "replace").rstrip("\ufffd")
+    more = "..." if len(body) > BODY_PREVIEW else ""
+    return {"path": None, "callable": None, "body": preview + more}
+
+
 def schedule_id(body: bytes) -> str:
     """A schedule's identity: the SHA-1 hex of its job, as eventmq's scheduler computes it.
 
@@ -626,6 +649,7 @@ class ScheduleBook:
             {
                 "id": s.id,
                 "queue": s.spec.queue.decode("utf-8", "replace"),
+                **job_of(s.spec.body),
                 "headers": s.spec.headers.decode("utf-8", "replace"),
                 "interval": s.spec.interval,
                 "cron": s.spec.cron,

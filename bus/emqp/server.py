@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from bus.errors import StartupError, StorageError
 from bus.files import write_status_json
 from bus.memory import MemoryRelease
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
+from bus.statusjson import config_json
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
@@ -692,7 +693,7 @@ class EmqpService(Service):
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "curve": self.curve.status(),
             "jetstream": self.stream.status() if self.stream is not None else None,
-            "config": {k: str(v) for k, v in asdict(self.config).items()},
+            "config": config_json(self.config),
         }
         if broker is not None:
             summary = broker.status(in_flight_limit=100)

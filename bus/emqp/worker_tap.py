@@ -10,6 +10,7 @@ TOML file, then eventmq's own settings (``EVENTMQ_<NAME>`` variables over its IN
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import signal
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 from twisted.python import usage
 
+from bus.cliargs import tcp_endpoint
 from bus.emqp import codec
 from bus.emqp.eventmq_settings import (
     SECTIONS,
@@ -331,6 +333,11 @@ class Options(ServiceOptions):
             str(self["job-exit-func"] or ""),
         )
         self["handler-table"] = load_handlers(self["handlers"])
+        try:  # said now, in one line, rather than once the worker starts
+            self["broker"] = tcp_endpoint(str(self["broker"]))
+        except argparse.ArgumentTypeError as error:
+            raise usage.UsageError(f"--broker: {error}") from None
+        client_curve_from(self)
 
 
 def build(options: usage.Options | Mapping[str, Any], composition: Composition) -> EmqpWorker:
@@ -479,7 +486,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options.parseOptions(list(sys.argv[1:] if argv is None else argv))
     except usage.UsageError as error:
-        print(f"{NAME}: {error}\n({NAME} --help lists its options)", file=sys.stderr)
+        said = " ".join(str(error).split())
+        print(f"{NAME}: {said} (see {NAME} --help)", file=sys.stderr)
         return 2
     from twisted.internet import reactor as global_reactor
     from twisted.logger import ILogObserver, globalLogBeginner, textFileLogObserver

@@ -26,6 +26,7 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.python.failure import Failure
 
+from bus.cliargs import CliParser, host_port, one_line, parse, positive_seconds, whole_number
 from bus.eventbus.codec import Dialect, Event
 from bus.eventbus.config import DEFAULT_DATA_DIR
 from bus.transport.curve_settings import add_client_curve_arguments
@@ -543,12 +544,19 @@ def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="eventbus-cli", description=__doc__.split("\n\n")[0])
+    parser = CliParser(
+        prog="eventbus-cli",
+        description=__doc__.split("\n\n")[0],
+        epilog="A command's options may also stand before it (eventbus-cli --timeout 5 status).",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def server_option(p: argparse.ArgumentParser) -> None:
         p.add_argument(
-            "--server", default=DEFAULT_SERVER, help="host:port of the bus (base port P)"
+            "--server",
+            default=DEFAULT_SERVER,
+            type=host_port,
+            help="host:port of the bus (base port P)",
         )
 
     def dialect_option(p: argparse.ArgumentParser) -> None:
@@ -565,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--server",
         dest="server_list",
         action="append",
+        type=host_port,
         help="host:port; repeat for failover servers, e.g. JetStream front-ends "
         f"(default {DEFAULT_SERVER})",
     )
@@ -577,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not wait for the bus to broadcast the event back",
     )
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--timeout", type=positive_seconds, default=10.0)
     dialect_option(p)
     p.set_defaults(run=publish)
 
@@ -587,19 +596,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--server",
         dest="server_list",
         action="append",
-        help="host:port; repeat for failover servers (default %(default)s)",
+        type=host_port,
+        help=f"host:port; repeat for failover servers (default {DEFAULT_SERVER})",
     )
-    p.add_argument("--since", type=int, default=None, help="start above this sequence")
+    p.add_argument("--since", type=whole_number(0), default=None, help="start above this sequence")
     p.add_argument("--cursor", help="file that keeps the last sequence, to resume")
-    p.add_argument("--timeout", type=float, default=10.0, help="for the first snapshot (seconds)")
+    p.add_argument(
+        "--timeout", type=positive_seconds, default=10.0, help="for the first snapshot (seconds)"
+    )
     dialect_option(p)
     p.set_defaults(run=tail)
 
     p = commands.add_parser("snapshot", help="dump the stored events of subtrees and exit")
     server_option(p)
     p.add_argument("subtrees", nargs="*")
-    p.add_argument("--since", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--since", type=whole_number(0), default=0)
+    p.add_argument("--timeout", type=positive_seconds, default=60.0)
     dialect_option(p)
     p.set_defaults(run=snapshot)
 
@@ -609,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--http",
         default=os.environ.get("EVENTBUS_HTTP", "127.0.0.1:8642"),
+        type=host_port,
         help="host:port of the server's --http-port (default %(default)s)",
     )
     p.add_argument(
@@ -622,7 +635,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("EVENTBUS_HTTP_TOKEN_FILE"),
         help="file of the bearer token the server's --http-token-file holds",
     )
-    p.add_argument("--timeout", type=float, default=3.0)
+    p.add_argument("--timeout", type=positive_seconds, default=3.0)
     p.set_defaults(run=status)
     return parser
 
@@ -630,14 +643,26 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     from bus.polling import ConditionTimeout
 
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
+    if hasattr(args, "server_key"):
+        try:  # a bad key file is said before anything runs
+            _curve(args)
+        except ValueError as error:
+            _err(f"eventbus-cli {args.command}: {one_line(error)}")
+            raise SystemExit(1) from None
 
-    def explain(failure: Any) -> None:
-        failure.trap(ConditionTimeout, ValueError, OSError)
-        _err(f"eventbus-cli {args.command}: {failure.value}")
+    def explain(failure: Any) -> Any:
+        if failure.check(SystemExit):
+            return failure  # the command said why already
+        if failure.check(ConditionTimeout, ValueError, OSError, defer.TimeoutError):
+            what: object = failure.value
+        else:  # a defect of this tool: still one line, never a traceback
+            value = failure.value
+            what = f"unexpected {type(value).__name__} ({value}): please report it"
+        _err(f"eventbus-cli {args.command}: {one_line(what) or type(failure.value).__name__}")
         raise SystemExit(1)
 
-    task.react(lambda reactor: args.run(reactor, args).addErrback(explain))
+    task.react(lambda reactor: defer.maybeDeferred(args.run, reactor, args).addErrback(explain))
 
 
 if __name__ == "__main__":

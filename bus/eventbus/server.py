@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import EventStore
 from bus.files import write_status_json
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
+from bus.statusjson import config_json
 from bus.transport.curve import ClientCurve
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
@@ -787,7 +788,7 @@ class EventBusService(Service):
                 "narrowed_snapshots": self.narrowed_snapshots,
             },
             "endpoints": self.endpoints,
-            "config": {k: str(v) for k, v in asdict(self.config).items()},
+            "config": config_json(self.config),
         }
 
     def metrics(self) -> list[Metric]:

@@ -26,6 +26,16 @@ from typing import Any
 
 from twisted.internet import defer, task
 
+from bus.cliargs import (
+    CliParser,
+    duration,
+    one_line,
+    parse,
+    positive_seconds,
+    tcp_endpoint,
+    whole_number,
+)
+
 DEFAULT_SERVER = os.environ.get("MC0_SERVER", "tcp://127.0.0.1:61616")
 DEFAULT_SERVER_KEY_FILE = Path("mc0-data") / "server.key"
 
@@ -60,10 +70,9 @@ def delivery_json(delivery: Any) -> str:
     )
 
 
-def _connector(reactor: Any, args: argparse.Namespace, on_message: Any = None) -> Any:
-    from bus.mc0.client import Mc0Connector
-    from bus.mc0.codec import Framing
-    from bus.options import parse_duration
+def _keys(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The broker's public key and this client's key pair (None, None with ``--plain``);
+    ValueError or KeyFileError says what is wrong with them."""
     from bus.transport.curve import load_key_pair, load_public_key
 
     server_key = client_keys = None
@@ -78,12 +87,20 @@ def _connector(reactor: Any, args: argparse.Namespace, on_message: Any = None) -
         server_key = load_public_key(source)
         if args.cert:
             client_keys = load_key_pair(args.cert)
+    return server_key, client_keys
+
+
+def _connector(reactor: Any, args: argparse.Namespace, on_message: Any = None) -> Any:
+    from bus.mc0.client import Mc0Connector
+    from bus.mc0.codec import Framing
+
+    server_key, client_keys = args.keys
     return Mc0Connector(
         args.server,
         on_message,
         server_key=server_key,
         client_keys=client_keys,
-        ttl=parse_duration(args.ttl),
+        ttl=args.ttl,
         framing=Framing(args.framing),
         reactor=reactor,
     )
@@ -99,12 +116,7 @@ def put(reactor: Any, args: argparse.Namespace) -> Any:
     connector = _connector(reactor, args)
     try:
         yield _connected(reactor, connector, args.timeout)
-        headers = []
-        for item in args.header:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ValueError(f"--header {item!r}: write KEY=VALUE")
-            headers.append((key.encode(), value.encode()))
+        headers = list(args.header)
         body = [part.encode() for part in args.body]
         yield connector.put(args.topic.encode(), body, headers).addTimeout(args.timeout, reactor)
         _err(f"put to {args.topic}: OK")
@@ -172,54 +184,81 @@ def ping(reactor: Any, args: argparse.Namespace) -> Any:
         yield connector.stop()
 
 
+def _header(text: str) -> tuple[bytes, bytes]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: write KEY=VALUE")
+    return key.encode(), value.encode()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mc0-cli", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", default=DEFAULT_SERVER, help="broker endpoint (%(default)s)")
+    parser = CliParser(
+        prog="mc0-cli",
+        description=__doc__.split("\n\n")[0],
+        epilog="Options may stand on either side of the command. Exit status: 0 on success, "
+        "1 with one sentence on stderr otherwise, 2 for a bad option.",
+    )
+    parser.add_argument(
+        "--server", default=DEFAULT_SERVER, type=tcp_endpoint, help="broker endpoint (%(default)s)"
+    )
     parser.add_argument("--server-key", help="broker public key: 40 Z85 characters or a .key file")
     parser.add_argument("--cert", help="this client's NAME.key_secret (default: a fresh key pair)")
     parser.add_argument("--plain", action="store_true", help="no CURVE (a --plain broker)")
-    parser.add_argument("--ttl", default="30s", help="session TTL (%(default)s)")
+    parser.add_argument("--ttl", default=30.0, type=duration, help="session TTL (30s)")
     parser.add_argument("--framing", choices=["delimited", "spec"], default="delimited")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for answers")
+    parser.add_argument(
+        "--timeout", type=positive_seconds, default=10.0, help="seconds to wait for answers"
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("put", help="PUT one message and wait for its OK")
     p.add_argument("topic")
     p.add_argument("body", nargs="+", help="body frames")
-    p.add_argument("--header", action="append", default=[], help="KEY=VALUE (repeatable)")
+    p.add_argument(
+        "--header", action="append", default=[], type=_header, help="KEY=VALUE (repeatable)"
+    )
     p.set_defaults(run=put)
 
     p = commands.add_parser("sub", help="print the MESSAGEs of topics as they come")
     p.add_argument("topics", nargs="+")
-    p.add_argument("--count", type=int, default=0, help="exit after this many (0: never)")
+    p.add_argument(
+        "--count", type=whole_number(0), default=0, help="exit after this many (0: never)"
+    )
     p.set_defaults(run=sub)
 
     p = commands.add_parser("ping", help="time NOOP round trips")
-    p.add_argument("--count", type=int, default=10)
+    p.add_argument("--count", type=whole_number(1), default=10)
     p.set_defaults(run=ping)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    import zmq
+
     from bus.mc0.client import Mc0CommandError, Mc0ConnectionLost
     from bus.transport.curve import KeyFileError
 
-    args = build_parser().parse_args(argv)
+    args = parse(build_parser(), argv)
+    try:  # checked before anything runs, as the other options are
+        args.keys = _keys(args)
+    except (ValueError, KeyFileError) as error:
+        _err(f"mc0-cli {args.command}: {one_line(error)}")
+        raise SystemExit(1) from None
 
     def explain(failure: Any) -> None:
-        failure.trap(
-            defer.TimeoutError,
-            ValueError,
-            OSError,
-            KeyFileError,
-            Mc0CommandError,
-            Mc0ConnectionLost,
-        )
-        what = "no answer in time" if failure.check(defer.TimeoutError) else failure.value
-        _err(f"mc0-cli {args.command}: {what}")
+        if failure.check(defer.TimeoutError):
+            what: object = "no answer in time"
+        elif failure.check(zmq.ZMQError):
+            what = f"cannot connect to {args.server}: {zmq.strerror(failure.value.errno or 0)}"
+        elif failure.check(ValueError, OSError, KeyFileError, Mc0CommandError, Mc0ConnectionLost):
+            what = failure.value
+        else:  # a defect of this tool: still one line, never a traceback
+            value = failure.value
+            what = f"unexpected {type(value).__name__} ({value}): please report it"
+        _err(f"mc0-cli {args.command}: {one_line(what)}")
         raise SystemExit(1)
 
-    task.react(lambda reactor: args.run(reactor, args).addErrback(explain))
+    task.react(lambda reactor: defer.maybeDeferred(args.run, reactor, args).addErrback(explain))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from itertools import islice
 from typing import Any
 
@@ -29,6 +28,7 @@ from bus.mc0 import codec
 from bus.mc0.config import Mc0Config
 from bus.mc0.core import Broker, Client, SendResult
 from bus.metrics import Metric, counter, counters_by, gauge
+from bus.statusjson import config_json
 from bus.transport.curve import CurveKeyPair, ZapHandler
 from bus.transport.names import peer_name
 from bus.transport.security import ServerCurve
@@ -238,7 +238,7 @@ class Mc0Service(Service):
             "mirrored": self.mirrored,
             "mirror_dropped": dict(self.mirror_drops.counts),
             "uptime_s": round(self.clock() - self._started_at, 3),
-            "config": {k: str(v) for k, v in asdict(self.config).items()},
+            "config": config_json(self.config),
         }
 
     #: The console's charts (see :mod:`bus.console.view`).

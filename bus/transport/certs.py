@@ -13,7 +13,8 @@ metadata of its public certificate in the allow-list (see docs/security.md), so 
 here puts the metadata in both files.
 
 Nothing here is evaluated: a file is scanned line by line, and anything else is a
-:class:`bus.transport.curve.KeyFileError` naming the file and the line.
+:class:`KeyFileError` naming the file and the line (:mod:`bus.transport.curve`, which
+uses these certificates, raises it too and names it as well).
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from pathlib import Path
 import zmq
 from twisted.logger import Logger
 from zmq.utils import z85
-
-from bus.transport.curve import KeyFileError
 
 log = Logger(namespace="bus.transport.certs")
 
@@ -60,6 +59,10 @@ _SECRET_BANNER = """#   ****  Generated on {now} by bus-keys  ****
 #   ZeroMQ CURVE **Secret** Certificate
 #   DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its permissions.
 """
+
+
+class KeyFileError(Exception):
+    """A key file is missing, unreadable or not a CURVE key."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,16 @@ from zmq.utils import z85
 
 from bus.droplog import RateLimit
 
+# KeyFileError is defined with the certificates and raised here too: named from either module.
+from bus.transport.certs import KeyFileError as KeyFileError
+from bus.transport.certs import (
+    certificates_in,
+    check_key,
+    directory_signature,
+    generate_key_pair,
+    write_certificate,
+)
+
 log = Logger(namespace="bus.transport.curve")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
@@ -36,10 +46,6 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 RECENT_REFUSALS = 20
 _Z85_KEY_LENGTH = 40
 _NO_METADATA: Mapping[str, str] = {}
-
-
-class KeyFileError(Exception):
-    """A key file is missing, unreadable or not a CURVE key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +58,11 @@ class CurveKeyPair:
     @classmethod
     def generate(cls) -> CurveKeyPair:
         """A new key pair (its public key never begins with a zero octet: zyre-safe)."""
-        from bus.transport.certs import generate_key_pair
-
         public, secret = generate_key_pair()
         return cls(public, secret)
 
 
 def _check_key(key: bytes, what: str, path: Path) -> bytes:
-    from bus.transport.certs import check_key
-
     return check_key(key, what, path)
 
 
@@ -70,8 +72,6 @@ def create_key_pair(
     """Write ``NAME.key`` and ``NAME.key_secret`` (readable by its owner only) in
     ``directory``, creating it, with ``metadata`` in both; refuse to overwrite a key. The
     public key never begins with a zero byte (zyre would ignore such a node's beacons)."""
-    from bus.transport.certs import generate_key_pair, write_certificate
-
     public, secret = generate_key_pair()
     public_path, secret_path = write_certificate(directory, name, public, secret, metadata or {})
     assert secret_path is not None
@@ -134,8 +134,6 @@ def server_key_pair(data_dir: Path, name: str = "server") -> tuple[CurveKeyPair,
 
 def public_keys_in(directory: Path) -> list[bytes]:
     """The public keys of the ``*.key`` certificates in ``directory``."""
-    from bus.transport.certs import certificates_in
-
     return sorted(certificates_in(directory))
 
 
@@ -318,8 +316,6 @@ class ZapHandler:
             auth.configure_curve(domain="*", location=zmq.auth.CURVE_ALLOW_ANY)
             return
         if self.allowed_dir is not None and reread:
-            from bus.transport.certs import certificates_in
-
             self._signature = self._directory_signature()
             self.certificates = {
                 key: cert.metadata for key, cert in certificates_in(self.allowed_dir).items()
@@ -353,8 +349,6 @@ class ZapHandler:
         return self.certificates.get(user_id.encode("ascii", "replace"), _NO_METADATA)
 
     def _directory_signature(self) -> tuple[object, ...]:
-        from bus.transport.certs import directory_signature
-
         assert self.allowed_dir is not None
         return directory_signature(self.allowed_dir)
 

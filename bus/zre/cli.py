@@ -55,9 +55,13 @@ def emit(line: dict[str, Any]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from bus.options import parse_duration
+    from bus.cliargs import CliParser, duration, port, tcp_endpoint
 
-    p = argparse.ArgumentParser(prog="zre-ping", description=__doc__.split("\n\n")[0])
+    def peer(text: str) -> str:
+        endpoint, bar, key = text.partition("|")
+        return tcp_endpoint(endpoint) + bar + key
+
+    p = CliParser(prog="zre-ping", description=__doc__.split("\n\n")[0])
     p.add_argument("--interface", default="lo", help="network interface (default lo)")
     p.add_argument("--group", default="GLOBAL", help="group to join and shout to")
     p.add_argument("--name", default="", help="this node's name")
@@ -66,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
         "--peer",
         action="append",
         default=[],
+        type=peer,
         help="tcp://HOST:PORT to greet (with --cert: tcp://HOST:PORT|KEY)",
     )
     p.add_argument(
@@ -80,10 +85,10 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="with --cert: meet only peers whose keys are in this directory's *.key files",
     )
-    p.add_argument("--interval", type=parse_duration, default=1.0, help="between shouts")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="UDP beacon port (0: off)")
-    p.add_argument("--evasive", type=parse_duration, default=5.0)
-    p.add_argument("--expired", type=parse_duration, default=30.0)
+    p.add_argument("--interval", type=duration, default=1.0, help="between shouts")
+    p.add_argument("--port", type=port, default=DEFAULT_PORT, help="UDP beacon port (0: off)")
+    p.add_argument("--evasive", type=duration, default=5.0)
+    p.add_argument("--expired", type=duration, default=30.0)
     return p
 
 

@@ -138,6 +138,12 @@ function duration(seconds) {
   return Math.floor(seconds / 86400) + " d " + Math.floor(seconds % 86400 / 3600) + " h";
 }
 
+// What a schedule runs: eventmq's path and callable, else the first bytes of its body.
+function scheduleJob(s) {
+  if (s.path) return s.callable ? s.path + " " + s.callable : s.path;
+  return s.body === undefined || s.body === null ? "–" : s.body;
+}
+
 function spark(points, cls, now) {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("class", "spark");
@@ -265,7 +271,7 @@ const VIEWS = {
         w.free_slots, w.in_flight, w.dispatched, duration(w.last_seen_s) + " ago", duration(w.expires_in_s))),
       "no worker connected");
     rows("emqp-schedules", status.schedules,
-      (s) => el("tr", {"data-schedule": s.id}, ...cells(s.id, s.queue, s.cron || ("every " + duration(s.interval)),
+      (s) => el("tr", {"data-schedule": s.id}, ...cells(s.id, scheduleJob(s), s.queue, s.cron || ("every " + duration(s.interval)),
         "in " + duration(s.next_run_in), s.runs)),
       "no schedule");
   },

@@ -1,0 +1,319 @@
+"""Every command-line tool checks its options when it parses them and says what is wrong in
+one line (exit status 1, or 2 for a usage error), never a traceback; and a program's options
+may stand on either side of its subcommand."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bus.cliargs import CliParser, options_anywhere
+
+BIN = Path(sys.executable).parent
+
+
+# -- options on either side of the subcommand -------------------------------------------------
+
+
+def _parser() -> CliParser:
+    parser = CliParser(prog="tool")
+    parser.add_argument("--server", default="s")
+    parser.add_argument("--plain", action="store_true")
+    commands = parser.add_subparsers(dest="command", required=True)
+    ping = commands.add_parser("ping")
+    ping.add_argument("--count", type=int, default=1)
+    ping.add_argument("--fast", action="store_true")
+    ping.add_argument("target", nargs="?")
+    return parser
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--server", "x", "--plain", "ping", "--count", "3", "--fast", "t"],
+        ["ping", "--server", "x", "--plain", "--count", "3", "--fast", "t"],
+        ["--count", "3", "--fast", "ping", "--server=x", "t", "--plain"],
+        ["--count=3", "--server", "x", "ping", "t", "--fast", "--plain"],
+    ],
+)
+def test_options_stand_on_either_side_of_the_subcommand(argv: list[str]) -> None:
+    parser = _parser()
+    args = parser.parse_args(options_anywhere(parser, argv))
+    assert (args.server, args.plain, args.command, args.count, args.fast, args.target) == (
+        "x", True, "ping", 3, True, "t",
+    )  # fmt: skip
+
+
+def test_after_a_double_dash_nothing_moves() -> None:
+    parser = _parser()
+    assert options_anywhere(parser, ["ping", "--", "--server"]) == ["ping", "--", "--server"]
+
+
+# -- the examples of issue 33, as users run them ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["dbp-cli", "services", "--catalog", "bogus"], "--catalog: 'bogus' is not an endpoint"),
+        (["dbp-cli", "services", "--timeout", "-1"], "--timeout: '-1': give more than 0"),
+        (["dbp-cli", "--timeout", "-1", "services"], "--timeout: '-1': give more than 0"),
+        (["mc0-cli", "--server", "bogus", "ping"], "--server: 'bogus' is not an endpoint"),
+        (["mc0-cli", "--ttl", "-5", "ping"], "--ttl: not a duration: '-5'"),
+        (["mc0-cli", "--timeout", "-1", "ping"], "--timeout: '-1': give more than 0"),
+        (["mc0-cli", "ping", "--timeout", "-1"], "--timeout: '-1': give more than 0"),
+        (["mc0-cli", "--plain", "ping", "--server-key", "x"], None),  # --plain: no key read
+        (["mc0-cli", "ping", "--server-key", "nosuch.key"], "nosuch.key: not a CURVE public"),
+        (["eventbus-cli", "status", "--http", "bogus"], "--http: 'bogus' is not HOST:PORT"),
+        (["eventbus-cli", "--timeout", "-1", "status"], "--timeout: '-1': give more than 0"),
+        (["emqp-worker", "--broker", "bogus"], "--broker: 'bogus' is not an endpoint"),
+        (["zre-ping", "--port", "-1"], "--port: '-1': give a whole number from 0 to 65535"),
+        (["bus-cluster", "--front-ends", "0"], "--front-ends: '0': give a whole number"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_a_failure_status(
+    tmp_path: Path, command: list[str], said: str | None
+) -> None:
+    if said is None:  # a command that runs: given no broker, it says so in time
+        command = [*command, "--server", "tcp://127.0.0.1:9", "--timeout", "0.2"]
+    run = subprocess.run(
+        [str(BIN / command[0]), *command[1:]],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert run.returncode in (1, 2), run
+    [line] = run.stderr.splitlines()
+    assert "Traceback" not in run.stderr
+    assert line.startswith(command[0])
+    assert said is None or said in line, line
+
+
+# -- every tool, fuzzed with bad values -------------------------------------------------------
+
+
+class ReachedTheReactor(Exception):
+    """A bad value got past the checks: the command went on to run."""
+
+
+def _refuse_to_run(*args: Any, **kwargs: Any) -> Any:
+    raise ReachedTheReactor(args)
+
+
+@contextlib.contextmanager
+def _nothing_runs() -> Iterator[None]:
+    """Whatever would start the reactor, a server or a worker raises ReachedTheReactor."""
+    from twisted.internet import reactor, task
+    from twisted.logger import globalLogBeginner
+
+    import bus.cluster_cli
+    import bus.zre.node
+
+    handler = signal.getsignal(signal.SIGINT)
+    with contextlib.ExitStack() as stack:
+        for target, name in [
+            (reactor, "run"),
+            (task, "react"),
+            (globalLogBeginner, "beginLoggingTo"),
+            (bus.cluster_cli, "NatsCluster"),
+            (bus.zre.node, "ZreNode"),
+        ]:
+            stack.enter_context(mock.patch.object(target, name, _refuse_to_run))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, handler)  # emqp-cli sets its own early
+
+
+def _main(tool: str) -> Callable[[list[str]], Any]:
+    if tool == "dbp-cli":
+        from bus.dbp.cli import main as dbp
+
+        return dbp
+    if tool == "mc0-cli":
+        from bus.mc0.cli import main as mc0
+
+        return mc0
+    if tool == "eventbus-cli":
+        from bus.eventbus.cli import main as eventbus
+
+        return eventbus
+    if tool == "emqp-cli":
+        from bus.emqp.cli import main as emqp
+
+        return emqp
+    if tool == "emqp-worker":
+        from bus.emqp.worker_tap import main as worker
+
+        return worker
+    if tool == "zre-ping":
+        from bus.zre.cli import main as zre
+
+        return zre
+    if tool == "bus-keys":
+        from bus.keys_cli import main as keys
+
+        return keys
+    from bus.cluster_cli import main as cluster
+
+    return cluster
+
+
+def run_in_process(tool: str, argv: list[str]) -> tuple[int, str]:
+    """Exit status and stderr of ``tool``'s main() over ``argv``."""
+    err = io.StringIO()
+    with (
+        _nothing_runs(),
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
+        try:
+            code = _main(tool)(argv)
+        except SystemExit as ended:
+            code = ended.code
+        except ReachedTheReactor:
+            pytest.fail(f"{tool} {argv}: a bad value was accepted and the command ran")
+    if isinstance(code, str):  # SystemExit("message"): printed by Python as one line
+        err.write(code + "\n")
+        code = 1
+    return int(code or 0), err.getvalue()
+
+
+_words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.", min_size=1, max_size=12)
+_junk = st.text(max_size=20).filter(lambda s: "\x00" not in s)
+_negative = st.one_of(
+    st.integers(max_value=-1).map(str),
+    st.floats(max_value=-1e-9, allow_nan=False, allow_infinity=False).map(repr),
+)
+_not_a_number = st.one_of(st.sampled_from(["", "x", "1e", "--", "nan", "inf", "-inf"]), _words)
+
+BAD: dict[str, st.SearchStrategy[str]] = {
+    # a number of seconds above 0
+    "seconds": st.one_of(_negative, st.just("0"), _not_a_number),
+    # a duration above 0 (30s, 250ms, ...)
+    "duration": st.one_of(_negative, st.sampled_from(["0", "0s", "5x", "s", "1.s", "nan"]), _words),
+    "port": st.one_of(
+        st.integers(max_value=-1).map(str), st.integers(min_value=65536).map(str), _not_a_number
+    ),
+    "first-port": st.one_of(
+        st.integers(max_value=0).map(str), st.integers(min_value=65536).map(str), _not_a_number
+    ),
+    "count": st.one_of(st.integers(max_value=-1).map(str), _not_a_number),
+    "positive-count": st.one_of(st.integers(max_value=0).map(str), _not_a_number),
+    # endpoints that fail before any name is looked up
+    "endpoint": st.one_of(
+        st.sampled_from(["", "bogus", "tcp://", "tcp://host", "tcp://:5", "udp://127.0.0.1:5"]),
+        st.sampled_from(["tcp://127.0.0.1:0", "tcp://127.0.0.1:65536", "127.0.0.1:x"]),
+        _words,
+        st.integers(min_value=65536).map(lambda n: f"tcp://127.0.0.1:{n}"),
+    ),
+    "host-port": st.one_of(
+        st.sampled_from(["", "bogus", "127.0.0.1", ":5", "127.0.0.1:0", "127.0.0.1:99999"]),
+        _words,
+    ),
+    "header": _junk.filter(lambda s: "=" not in s or s.startswith("=")),
+    "choice": _junk.filter(
+        lambda s: s not in ("spec", "hermes", "original", "delimited", "1", "2")
+    ),
+    "role": _words.filter(
+        lambda s: s not in ("worker", "client", "admin", "publisher", "subscriber")
+    ),
+    "subtree": _words,  # a subtree starts with /
+    "key": st.sampled_from(["x", "nosuch.key", "A" * 39, "/nonexistent/a.key"]),
+}
+
+#: (tool, argv with {} for the value, kind of bad value)
+CASES = [
+    ("dbp-cli", ["services", "--catalog", "{}"], "endpoint"),
+    ("dbp-cli", ["--catalog", "{}", "services"], "endpoint"),
+    ("dbp-cli", ["services", "--timeout", "{}"], "seconds"),
+    ("dbp-cli", ["--timeout", "{}", "services"], "seconds"),
+    ("dbp-cli", ["services", "--beacon-port", "{}"], "first-port"),
+    ("dbp-cli", ["--dialect", "{}", "services"], "choice"),
+    ("dbp-cli", ["services", "--server-key", "{}"], "key"),
+    ("mc0-cli", ["--server", "{}", "ping"], "endpoint"),
+    ("mc0-cli", ["ping", "--server", "{}"], "endpoint"),
+    ("mc0-cli", ["--ttl", "{}", "ping"], "duration"),
+    ("mc0-cli", ["ping", "--ttl", "{}"], "duration"),
+    ("mc0-cli", ["--timeout", "{}", "ping"], "seconds"),
+    ("mc0-cli", ["ping", "--timeout", "{}"], "seconds"),
+    ("mc0-cli", ["ping", "--count", "{}"], "positive-count"),
+    ("mc0-cli", ["sub", "t", "--count", "{}"], "count"),
+    ("mc0-cli", ["put", "t", "b", "--header", "{}"], "header"),
+    ("mc0-cli", ["--framing", "{}", "ping"], "choice"),
+    ("mc0-cli", ["ping", "--server-key", "{}"], "key"),
+    ("eventbus-cli", ["status", "--http", "{}"], "host-port"),
+    ("eventbus-cli", ["--http", "{}", "status"], "host-port"),
+    ("eventbus-cli", ["status", "--timeout", "{}"], "seconds"),
+    ("eventbus-cli", ["--timeout", "{}", "snapshot"], "seconds"),
+    ("eventbus-cli", ["snapshot", "--server", "{}"], "host-port"),
+    ("eventbus-cli", ["tail", "--server", "{}"], "host-port"),
+    ("eventbus-cli", ["tail", "--since", "{}"], "count"),
+    ("eventbus-cli", ["publish", "/x/", "--timeout", "{}"], "seconds"),
+    ("eventbus-cli", ["snapshot", "--dialect", "{}"], "choice"),
+    ("eventbus-cli", ["snapshot", "--server-key", "{}"], "key"),
+    ("emqp-cli", ["status", "--wait", "{}"], "count"),
+    ("emqp-cli", ["--wait", "{}", "status"], "count"),
+    ("emqp-cli", ["status", "--admin", "{}"], "endpoint"),
+    ("emqp-cli", ["--admin", "{}", "schedules"], "endpoint"),
+    ("emqp-cli", ["submit", "q", "[]", "--broker", "{}"], "endpoint"),
+    ("emqp-cli", ["submit", "q", "[]", "--retries", "{}"], "count"),
+    ("emqp-cli", ["submit", "q", "[]", "--timeout", "{}"], "count"),
+    ("emqp-cli", ["schedule", "q", "[]", "--every", "{}"], "duration"),
+    ("emqp-cli", ["schedule", "q", "[]", "--every", "1h", "--runs", "{}"], "positive-count"),
+    ("emqp-cli", ["schedules", "import", "--rdb", "x", "--db", "{}"], "count"),
+    ("emqp-cli", ["status", "--server-key", "{}"], "key"),
+    ("emqp-worker", ["--broker", "{}"], "endpoint"),
+    ("emqp-worker", ["--slots", "{}"], "positive-count"),
+    ("emqp-worker", ["--heartbeat-interval", "{}"], "duration"),
+    ("emqp-worker", ["--grace-period", "{}"], "_negative"),
+    ("emqp-worker", ["--server-key", "{}"], "key"),
+    ("zre-ping", ["--port", "{}"], "port"),
+    ("zre-ping", ["--interval", "{}"], "duration"),
+    ("zre-ping", ["--evasive", "{}"], "duration"),
+    ("zre-ping", ["--expired", "{}"], "duration"),
+    ("zre-ping", ["--peer", "{}"], "endpoint"),
+    ("zre-ping", ["--version", "{}"], "choice"),
+    ("bus-keys", ["alice", "{dir}", "--role", "{}"], "role"),
+    ("bus-keys", ["--role", "{}", "make", "alice", "{dir}"], "role"),
+    ("bus-keys", ["alice", "{dir}", "--publish", "{}"], "subtree"),
+    ("bus-keys", ["show", "{}"], "key"),
+    ("bus-cluster", ["--port", "{}"], "first-port"),
+    ("bus-cluster", ["--front-ends", "{}"], "positive-count"),
+    ("bus-cluster", ["--nats-port", "{}"], "first-port"),
+]
+BAD["_negative"] = _negative
+
+
+@pytest.mark.parametrize(("tool", "template", "kind"), CASES)
+def test_bad_values_are_refused_in_one_line(
+    tmp_path: Path, tool: str, template: list[str], kind: str
+) -> None:
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
+    @given(value=BAD[kind])
+    def refused(value: str) -> None:
+        argv = [value if a == "{}" else a.replace("{dir}", str(tmp_path)) for a in template]
+        code, err = run_in_process(tool, argv)
+        assert code in (1, 2), (argv, code, err)
+        assert "Traceback" not in err
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(tool), (argv, err)
+
+    with mock.patch.dict("os.environ", {"HOME": str(tmp_path)}):
+        refused()
