@@ -596,3 +596,28 @@ def test_a_real_prometheus_fires_the_storage_alert_on_a_full_disk(tmp_path: Path
             if prometheus is not None:
                 prometheus.stop()
             server.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_emqp_says_which_queue_waits_with_no_worker(tmp_path: Path, cleanup: list[Any]) -> Any:
+    """What EmqpQueueGrowingWithoutWorkers reads: a queue's depth beside its workers."""
+    from bus.testing import wait_until
+    from tests.emqp_helpers import RawClient, RawWorker, broker_in
+
+    broker = broker_in(tmp_path, cleanup)
+    worker = RawWorker(broker.endpoints["worker"], [[10, "served"]])
+    client = RawClient(broker.endpoints["client"])
+    cleanup += [worker, client]
+    yield wait_until(worker.acked, what="ACK")
+    for i in range(3):
+        client.request("orphans", i)
+    yield wait_until(lambda: broker.broker.requests == 3, what="the requests")
+    samples = {
+        (sample.name, sample.labels.get("queue")): sample.value
+        for family in broker.metrics()
+        for sample in family.samples
+    }
+    assert samples[("emqp_queue_depth", "orphans")] == 3
+    assert samples[("emqp_queue_workers", "orphans")] == 0
+    assert samples[("emqp_queue_workers", "served")] == 1
+    assert samples[("emqp_queue_depth", "served")] == 0
