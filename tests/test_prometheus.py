@@ -404,10 +404,18 @@ def test_a_real_prometheus_scrapes_the_product_and_answers_its_series(running: R
         assert series["value"][1] == "1", service
     [sequence] = prometheus.api("query", query='eventbus_sequence{job="bus"}')["result"]
     assert sequence["metric"]["instance"] == running.products[0].http
-    [alone] = prometheus.api("query", query='eventbus_ha_alone{job="bus-pair"}')["result"]
-    assert alone["value"][1] == "1"
-    [connected] = prometheus.api("query", query="eventbus_jetstream_connected")["result"]
-    assert (connected["metric"]["job"], connected["value"][1]) == ("bus-cluster", "1")
+
+    def values(query: str) -> list[tuple[str, str]]:
+        found = prometheus.api("query", query=query)["result"]
+        return [(series["metric"]["job"], series["value"][1]) for series in found]
+
+    # The pair's primary, with no peer, goes on alone a second after its start.
+    wait_for(lambda: values("eventbus_ha_alone") == [("bus-pair", "1")], timeout=30, what="alone")
+    wait_for(
+        lambda: values("eventbus_jetstream_connected") == [("bus-cluster", "1")],
+        timeout=30,
+        what="the front-end connected to NATS",
+    )
 
 
 def test_every_alert_reads_series_the_product_exports(running: Running) -> None:
