@@ -474,6 +474,15 @@ def test_the_dashboard_reads_series_the_product_exports(running: Running) -> Non
     board = json.loads(DASHBOARD.read_text())
     assert board["title"] and board["uid"] and board["schemaVersion"] >= 30
     assert [i["pluginId"] for i in board["__inputs"]] == ["prometheus"]
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = [
+        (x, y)
+        for panel in board["panels"]
+        for x in range(panel["gridPos"]["x"], panel["gridPos"]["x"] + panel["gridPos"]["w"])
+        for y in range(panel["gridPos"]["y"], panel["gridPos"]["y"] + panel["gridPos"]["h"])
+    ]
+    assert len(cells) == len(set(cells)), "panels overlap"
     queries = dashboard_queries()
     assert len(queries) >= 30
     variables = {v["name"]: v for v in board["templating"]["list"]}
