@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint docs bench clean browser redis-server cluster nemesis
+.PHONY: run test lint docs bench clean browser redis-server prometheus cluster nemesis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,21 @@ redis-server:
 	else echo "note: the schedule import tests need redis-server (apt-get install" \
 		"redis-server); without it they are skipped"; fi
 
+# The Prometheus tests (tests/test_prometheus.py: promtool on /metrics and the alert rules,
+# a real server scraping the product) run Debian's prometheus: installed here when missing,
+# where this user may (root, apt-get); elsewhere a note. Without its recommended node
+# exporter; under systemd the package starts its own server on :9090 (`systemctl disable
+# --now prometheus` if that is not wanted): the tests run theirs.
+prometheus:
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's prometheus (server and promtool) for the Prometheus tests"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null \
+		|| { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -q --no-install-recommends prometheus >/dev/null; }; \
+	else echo "note: the Prometheus tests need prometheus and promtool (apt-get install" \
+		"prometheus); without them they are skipped"; fi
+
 run: $(VENV)/.run-deps
 	$(BIN)/twistd -n eventbus $(ARGS)
 
@@ -77,7 +92,7 @@ cluster: $(VENV)/.cluster-deps
 nemesis: $(VENV)/.test-deps
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-24} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_eventbus_nemesis.py
 
-test: $(VENV)/.test-deps $(INTEROP)/.installed browser redis-server
+test: $(VENV)/.test-deps $(INTEROP)/.installed browser redis-server prometheus
 	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(VENV)/.test-deps

@@ -93,14 +93,17 @@ def process_status() -> dict[str, Any]:
 
 def process_metrics() -> list[Any]:
     from bus.metrics import counters_by, gauge, gauges_by
+    from bus.transport.inbound import policy
 
     described = process_status()
     inbound = described["inbound_connections"]
+    # Labelled by the socket's name alone: port numbers (ephemeral for some) and node
+    # identities would make new series at every restart.
     held = gauges_by(
         "bus_inbound_connections",
-        "Connections others hold open on each bound ZeroMQ port",
+        "Connections others hold open on each bound ZeroMQ port, by the port's name",
         "port",
-        inbound["ports"],
+        policy().held_by_name(),
     )
     return [
         gauge(

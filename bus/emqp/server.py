@@ -65,6 +65,27 @@ _MORE = zmq.NOBLOCK | zmq.SNDMORE
 
 
 #: The ports a key may connect to, by the ``role`` of its certificate (comma-separated).
+#: The HELP of each broker counter (:meth:`bus.emqp.core.Broker.counters`) in /metrics.
+_COUNTER_HELP = {
+    "requests": "Requests received from clients",
+    "dispatched": "Requests sent to a worker (a retried request counts again)",
+    "replied": "Requests a worker replied to",
+    "forwarded_replies": "Replies sent on to the clients that asked for one",
+    "retried": "Requests sent again after their worker was lost or timed out",
+    "failed": "Requests given up on (retries exhausted), answered with an error",
+    "rejected": "Requests and schedules refused at once (queue full, forbidden, no scheduler)",
+    "timed_out": "Dispatched requests whose worker did not reply in time",
+    "late_replies": "Replies that came after the broker had given up on their request",
+    "workers_joined": "Workers that said READY",
+    "workers_lost": "Workers forgotten without their own DISCONNECT (silent past their heartbeats)",
+    "schedules_forwarded": "SCHEDULE and UNSCHEDULE commands forwarded to schedulers",
+    "schedules_added": "Schedules added to the broker's own scheduler",
+    "schedules_removed": "Schedules removed from the broker's own scheduler",
+    "schedules_fired": "Requests the broker's own schedules fired",
+    "restored": "Stored (guarantee) requests restored from the job store at start",
+    "refused_unstored": "Guaranteed requests and schedule changes refused because the job store could not take them",
+}
+
 _ROLE_OF_DOMAIN = {"emqp-worker": "worker", "emqp-client": "client", "emqp-admin": "admin"}
 
 
@@ -708,7 +729,7 @@ class EmqpService(Service):
         counters = broker.counters()
         families = self.curve.metrics()
         families += [
-            counter(f"emqp_{name}", f"eMQP broker: {name.replace('_', ' ')}", value)
+            counter(f"emqp_{name}", _COUNTER_HELP.get(name, f"eMQP broker: {name}"), value)
             for name, value in counters.items()
             if name != "dropped"
         ]
@@ -724,6 +745,12 @@ class EmqpService(Service):
                 "Requests waiting for a worker, by queue",
                 "queue",
                 {n.decode("utf-8", "replace"): len(q.waiting) for n, q in broker.queues.items()},
+            ),
+            gauges_by(
+                "emqp_queue_workers",
+                "Workers serving each queue (a queue with requests waiting and none is stuck)",
+                "queue",
+                {n.decode("utf-8", "replace"): len(q.workers) for n, q in broker.queues.items()},
             ),
             gauge("emqp_workers", "Workers connected", len(broker.workers)),
             gauge(

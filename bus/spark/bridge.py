@@ -460,6 +460,12 @@ class SparkBridgeService(Service):
                 "1 while the journal cannot write (full disk): the bridge is paused",
                 float(self.journal_blocked),
             ),
+            gauge(
+                "spark_bridge_paused",
+                "1 while the bridge does not read the bus (its writer is behind or the journal "
+                "cannot write)",
+                float(self._paused),
+            ),
             counter(
                 "spark_bridge_journal_errors", "Journal writes that failed", self.journal_errors
             ),

@@ -144,6 +144,15 @@ class InboundPolicy:
         for guard in list(self.guards):
             guard.audit()
 
+    def held_by_name(self) -> dict[str, int]:
+        """Connections held on the bound sockets, summed by socket name (``collector``,
+        ``zre-mailbox``): what ``/metrics`` labels, stable across restarts (no port numbers,
+        which may be ephemeral). As last audited (:meth:`status` audits)."""
+        held: Counter[str] = Counter()
+        for guard in self.guards:
+            held[guard.name] += guard.held
+        return dict(held)
+
     def status(self) -> dict[str, Any]:
         self.audit()
         return {

@@ -168,7 +168,7 @@ class ZreNode(Service):
             self._on_mailbox,
             SocketOptions(receive_hwm=10_000, linger_ms=0),
             read_budget=256,
-            name=f"zre-mailbox-{self.node_name}",
+            name="zre-mailbox",
         )
         # A peer that restarts with the same UUID takes its identity over at once.
         self.mailbox.socket.set(zmq.ROUTER_HANDOVER, 1)
@@ -183,7 +183,7 @@ class ZreNode(Service):
                 zmq.SUB,
                 self._on_log_records,
                 SocketOptions(linger_ms=0, receive_hwm=10_000),
-                name=f"zre-log-{self.node_name}",
+                name="zre-log",
             )
             self.log_socket.subscribe(b"")
             self.log_endpoint = bind_ephemeral(self.log_socket, host)
@@ -408,7 +408,7 @@ class ZreNode(Service):
             )
             return None
         try:
-            return factory.socket(kind, None, options, name=f"zre-{what}-{self.node_name}")
+            return factory.socket(kind, None, options, name=f"zre-{what}")
         except zmq.ZMQError as error:
             self.budget.release()
             self.drops.drop("socket-error", f"cannot open a peer socket: {error}")
