@@ -138,8 +138,8 @@ def test_eventmqs_own_client_and_job_manager_meet_across_two_brokers(
     tmp_path: Path, cluster: Any, eventmq: list[InteropProcess]
 ) -> Any:
     """eventmq 0.3.13 unchanged: its job manager at b, its client at a."""
-    a = broker(tmp_path, "a", cluster, "--heartbeat-interval", "1s")
-    b = broker(tmp_path, "b", cluster, "--heartbeat-interval", "1s")
+    a = broker(tmp_path, "a", cluster, "--heartbeat-interval", "3s")
+    b = broker(tmp_path, "b", cluster, "--heartbeat-interval", "3s")
     try:
         yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
         job_manager(b, eventmq, tmp_path, jobs=2)
@@ -160,5 +160,32 @@ def test_eventmqs_own_client_and_job_manager_meet_across_two_brokers(
         ]  # fmt: skip
         yield wait_until(lambda: b.status()["jetstream"]["acks"] == 5, what="b acknowledged")
     finally:
+        a.stop()
+        b.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_worker_with_one_slot_takes_a_queue_one_by_one(tmp_path: Path, cluster: Any) -> Any:
+    a = broker(tmp_path, "a", cluster)
+    b = broker(tmp_path, "b", cluster)
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        worker = RawWorker(b.endpoints["worker"])
+        client = RawClient(a.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        sent = [client.request("default", {"n": i}, b"guarantee,reply-requested") for i in range(4)]
+        for count in range(1, 5):
+            worker.ready()
+            yield wait_until(
+                lambda c=count: len(worker.requests()) == c, timeout=30, what=f"request {count}"
+            )
+            worker.reply(worker.requests()[-1], count)
+        yield wait_until(lambda: all(client.results(m) for m in sent), what="every answer")
+        assert [r[3] for r in worker.requests()] == sent  # in the order taken
+    finally:
+        for peer in peers:
+            peer.close()
         a.stop()
         b.stop()

@@ -45,6 +45,8 @@ _PROGRESS = b"+WPI"
 @dataclass(slots=True)
 class _Pull:
     queue: bytes
+    #: The subject its requests come under (they do not come on the pull's own).
+    subject: bytes
     left: int
 
 
@@ -355,22 +357,30 @@ class JetStreamJobs:
             self.client.publish(subject, jsapi.pull(count, self.settings.pull_expires), reply=reply)
         except NotConnected:
             return
-        self._pulls[reply] = _Pull(queue, count)
+        self._pulls[reply] = _Pull(
+            queue, jobstream.job_subject(self._prefix, queue).encode(), count
+        )
 
     def _delivered(self, msg: Msg) -> None:
-        pull = self._pulls.get(msg.subject)
         status = codec.status(msg.headers)
         if status:
-            # 404/408/409: the pull ended (nothing left, expired, or the consumer changed);
-            # 100: an idle heartbeat.
+            # The end of a pull, on its own reply subject: 404/408/409 (nothing left,
+            # expired, the consumer changed); 100 is an idle heartbeat.
             if status != 100:
                 self._pulls.pop(msg.subject, None)
                 self._on_change()
             return
-        if pull is not None:
-            pull.left -= 1
-            if pull.left <= 0:
-                del self._pulls[msg.subject]
+        # A request comes with the subject it was stored under, which names its queue:
+        # it counts against that queue's oldest pull.
+        for reply, pull in self._pulls.items():
+            if (
+                pull.left > 0
+                and jobstream.job_subject(self._prefix, pull.queue).encode() == msg.subject
+            ):
+                pull.left -= 1
+                if pull.left == 0:
+                    del self._pulls[reply]
+                break
         self.pulled += 1
         try:
             stored = jobstream.decode(msg.payload)
