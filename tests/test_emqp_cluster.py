@@ -10,11 +10,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 
 from bus.emqp.client import EmqpClient
 from bus.testing import wait_until
@@ -189,3 +190,47 @@ def test_a_worker_with_one_slot_takes_a_queue_one_by_one(tmp_path: Path, cluster
             peer.close()
         a.stop()
         b.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_without_a_quorum_the_client_port_waits_and_nothing_is_acknowledged(
+    tmp_path: Path, cluster: Any
+) -> Any:
+    a = broker(tmp_path, "a", cluster, "--nats", cluster.urls[0])
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a), timeout=60, what="the broker")
+        worker = RawWorker(a.endpoints["worker"])
+        client = RawClient(a.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        beating = task.LoopingCall(worker.heartbeat)
+        beating.start(1.0)
+        peers.append(SimpleNamespace(close=beating.stop))
+        worker.ready(3)
+        first = client.request("default", 1, b"guarantee,reply-requested")
+        yield wait_until(lambda: len(worker.requests()) == 1, timeout=30, what="the first")
+        worker.reply(worker.requests()[0], "one")
+        yield wait_until(lambda: client.results(first), what="its answer")
+        for node in cluster.nodes[1:]:  # the stream's replicas lose their majority
+            cluster.kill(node)
+        held = [client.request("default", i, b"guarantee,reply-requested") for i in (2, 3)]
+        yield wait_until(
+            lambda: a.status().get("client_port_paused") and a.status()["jetstream"]["refusing"],
+            timeout=60,
+            what="the client port paused",
+        )
+        assert a.status()["storage_error"]
+        assert len(worker.requests()) == 1 and not any(client.acks(m) for m in held)
+        for node in cluster.nodes[1:]:
+            cluster.start(node)
+        yield wait_until(lambda: len(worker.requests()) == 3, timeout=60, what="both, stored")
+        assert sorted(r[3] for r in worker.requests()[1:]) == sorted(held)
+        for request in worker.requests()[1:]:
+            worker.reply(request, "later")
+        yield wait_until(lambda: all(client.results(m) for m in held), what="their answers")
+        yield wait_until(lambda: not a.status().get("client_port_paused"), what="port read")
+    finally:
+        for peer in peers:
+            peer.close()
+        a.stop()

@@ -801,11 +801,18 @@ class Broker:
         self.stream_deliveries += 1
         msgid = stored.msgid
         held = self.jobs.get(msgid)
+        if held is not None and self.appending.get(msgid) is held:
+            # Its own append, delivered before the stream's acknowledgement came back (a
+            # resent append answered late): stored, so taken as such.
+            self.stream_appended(msgid)
+            held = None
         if held is not None:
             if held.handle:
                 held.handle = handle  # delivered again while this broker still holds it
             else:
-                self.to_stream.append(("ack", handle))  # the same msgid taken here twice
+                # A request of the same msgid not kept in the stream runs here now: this
+                # one waits its turn (acknowledged, it would be lost).
+                self.to_stream.append(("later", handle))
             return
         try:
             headers = codec.parse_headers(stored.headers)

@@ -38,6 +38,8 @@ STREAM_NOT_FOUND = 10059
 OVERLAPPING_SUBJECTS = 10065
 _ACK = b"+ACK"
 _NAK = b"-NAK"
+#: Delivered again after a second, not at once (to whichever broker pulls then).
+_NAK_LATER = b'-NAK {"delay": 1000000000}'
 _TERM = b"+TERM"
 _PROGRESS = b"+WPI"
 
@@ -223,6 +225,9 @@ class JetStreamJobs:
             elif what == "nak":
                 self._tell_stream(value, _NAK)
                 self.naks += 1
+            elif what == "later":
+                self._tell_stream(value, _NAK_LATER)
+                self.naks += 1
             elif what == "term":
                 self._tell_stream(value, _TERM)
                 self.terms += 1
@@ -278,6 +283,7 @@ class JetStreamJobs:
             return
         self.refusals += 1
         reason = failure.getErrorMessage() or type(failure.value).__name__
+        self.refusal = reason
         if self.refused_since is None:
             self.refused_since = self.reactor.seconds()
             log.warn(
@@ -286,7 +292,6 @@ class JetStreamJobs:
                 reason=reason,
             )
             self._on_change()
-        self.refusal = reason
         self._retry[msgid] = entry
         self._schedule_retry(self.retry_delay)
         self.retry_delay = min(self.retry_delay * 2, 2.0)

@@ -560,7 +560,9 @@ class EmqpService(Service):
             if stored:
                 if broker.awaiting_commit:
                     broker.release_stored()
-                if self._storage_blocked_since is not None:
+                if self._storage_blocked_since is not None and not (
+                    self.stream is not None and self.stream.refusing
+                ):
                     self._storage_unblocked()
             elif broker.awaiting_commit:
                 self._storage_blocked()
