@@ -7,6 +7,7 @@ JetStream cannot store, the client port waits and nothing is acknowledged."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,7 +57,7 @@ def broker(tmp_path: Path, name: str, cluster: Any, *more: str) -> BrokerProcess
 
 
 def streaming(process: BrokerProcess) -> bool:
-    return process.ready() and bool((process.status().get("jetstream") or {}).get("connected"))
+    return process.ready() and bool((process.status().get("jetstream") or {}).get("ready"))
 
 
 @pytest_twisted.inlineCallbacks
@@ -234,3 +235,48 @@ def test_without_a_quorum_the_client_port_waits_and_nothing_is_acknowledged(
         for peer in peers:
             peer.close()
         a.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
+    tmp_path: Path, cluster: Any, cleanup: list[Any]
+) -> Any:
+    from tests.test_emqp_cli import ran
+
+    a = broker(tmp_path, "a", cluster)
+    b = broker(tmp_path, "b", cluster)
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        workers = [RawWorker(p.endpoints["worker"]) for p in (a, b)]
+        peers += workers
+        for worker in workers:
+            yield wait_until(worker.acked, what="a worker's INFORM acknowledged")
+            worker.ready(50)
+        added = yield ran(
+            cleanup, "schedule", "default", '["tick"]', "--every", "1s",
+            "--admin", a.endpoints["admin"],
+        )  # fmt: skip
+        assert added.code == 0, added.err
+        schedule = json.loads(added.out)["schedule"]
+        listed = yield ran(cleanup, "schedules", "--admin", b.endpoints["admin"])
+        assert [json.loads(line)["id"] for line in listed.out.splitlines()] == [schedule]
+
+        def runs() -> list[bytes]:
+            return [r[3] for w in workers for r in w.requests()]
+
+        yield wait_until(lambda: len(runs()) >= 5, timeout=30, what="five runs")
+        assert len(set(runs())) == len(runs())  # each run once, whichever broker fired it
+        assert a.stop(signal.SIGKILL) == -signal.SIGKILL
+        seen = len(runs())
+        yield wait_until(lambda: len(runs()) >= seen + 3, timeout=30, what="runs after a died")
+        assert len(set(runs())) == len(runs())
+        listed = yield ran(cleanup, "schedules", "--admin", b.endpoints["admin"])
+        (entry,) = map(json.loads, listed.out.splitlines())
+        assert entry["id"] == schedule and entry["runs"] >= seen + 3
+    finally:
+        for peer in peers:
+            peer.close()
+        if a.process.poll() is None:
+            a.stop()
+        b.stop()

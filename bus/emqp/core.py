@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -133,6 +134,14 @@ class QueueState:
     rejected: int = 0
 
 
+def run_msgid(schedule_id: str, run: int) -> bytes:
+    """The msgid of a schedule's run: the same at every broker that fires it."""
+    return str(uuid.uuid5(_RUNS, f"{schedule_id}/{run}")).encode()
+
+
+_RUNS = uuid.UUID("5c3b0e5e-7a0b-4d55-9a59-0e2b3c1f6e01")
+
+
 def _schedule_queue(command: codec.Schedule) -> bytes | None:
     try:
         return ScheduleSpec.from_frames(command.fields).queue
@@ -159,6 +168,8 @@ class Broker:
         self.broker_id = broker_id
         self.to_stream: list[tuple[str, Any]] = []
         self.to_brokers: list[tuple[bytes, Message]] = []
+        #: Answers to SCHEDULE/UNSCHEDULE waiting for the bucket, by schedule id.
+        self.schedule_answers: dict[str, list[HeldAnswer]] = {}
         #: Guaranteed requests handed to the stream and not yet acknowledged by it.
         self.appending: dict[bytes, Job] = {}
         self.clock = clock
@@ -525,11 +536,15 @@ class Broker:
                 if removed:
                     self._schedule_gone(schedule_id, "unscheduled")
                 value = {"schedule": schedule_id, "removed": removed}
+                if self.streamed:
+                    self.to_stream.append(("schedule-delete", schedule_id))
             else:
                 spec = ScheduleSpec.from_frames(command.fields)
                 schedule, replaced = book.add(spec, now)
                 self.schedules_added += 1
-                if self.store is not None:
+                if self.streamed:
+                    self.to_stream.append(("schedule-put", schedule.to_row()))
+                elif self.store is not None:
                     self.store.put_schedule(schedule.to_row())
                 value = {
                     "schedule": schedule.id,
@@ -541,7 +556,50 @@ class Broker:
             self.drops.drop(error.reason, str(error), origin)
             self._refuse_schedule(origin, command.msgid, error.reason, str(error), answer)
             return
+        if self.streamed:
+            # Answered once the cluster's bucket holds the change (schedule_kept).
+            result = json.dumps({"value": value}, sort_keys=True).encode()
+            message = [origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, command.msgid]
+            self.schedule_answers.setdefault(str(value["schedule"]), []).append(
+                HeldAnswer(answer, message)
+            )
+            return
         self._answer_once_stored(origin, command.msgid, {"value": value}, answer)
+
+    def schedule_kept(self, schedule_id: str, revision: int, error: str | None = None) -> None:
+        """The bucket took a schedule's change (its new ``revision``), or refused it:
+        the answers that waited go out."""
+        schedule = self.schedules.get(schedule_id) if self.schedules is not None else None
+        if schedule is not None and revision > schedule.revision:
+            schedule.revision = revision
+        for held in self.schedule_answers.pop(schedule_id, []):
+            if error is None:
+                held.outbox.append(held.message)
+            else:
+                origin, msgid = held.message[0], held.message[-1]
+                result = codec.error_result("storage-error", error)
+                held.outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+
+    def on_schedule_change(
+        self, schedule_id: str, row: tuple[Any, ...] | None, revision: int
+    ) -> None:
+        """What the cluster's bucket says of a schedule now (a put, a run fired
+        anywhere, a removal): the book follows it."""
+        book = self.schedules
+        if book is None:
+            return
+        if row is None:
+            current = book.get(schedule_id)
+            if current is not None and current.revision <= revision:
+                book.remove(schedule_id)
+                self._publish(
+                    "/emqp/schedule/removed/", {"schedule": schedule_id, "reason": "cluster"}
+                )
+            return
+        try:
+            book.put(row, revision, self.clock())
+        except EmqpError as error:
+            self.log.error("a schedule in the bucket is not loaded: {error}", error=str(error))
 
     def _answer_once_stored(
         self, origin: bytes, msgid: bytes, value: Any, outbox: list[Message]
@@ -590,7 +648,12 @@ class Broker:
         if book is None:
             return 0
         now = self.clock()
+        revisions = {s.id: s.revision for s in book} if self.streamed else {}
         due = book.due(now)
+        if self.streamed:
+            for schedule in due:
+                self._fire_in_cluster(schedule, revisions.get(schedule.id, 0), now)
+            return len(due)
         store = self.store
         for schedule in due:
             spec = schedule.spec
@@ -615,11 +678,37 @@ class Broker:
             self._on_request(b"", codec.Request(msgid, spec.queue, headers, spec.body), now)
         return len(due)
 
+    def _fire_in_cluster(self, schedule: Schedule, revision: int, now: float) -> None:
+        """A run goes to the stream under a msgid every broker makes alike (the stream
+        stores it once whichever brokers fire it), then the bucket's compare-and-set
+        from ``revision`` says the run happened: one broker's wins, the others' books
+        follow the bucket."""
+        spec = schedule.spec
+        msgid = run_msgid(schedule.id, schedule.runs)
+        self.schedules_fired += 1
+        try:
+            headers = codec.parse_headers(spec.headers)
+        except EmqpError:
+            headers = codec.NO_HEADERS  # checked when it was scheduled
+        retries = headers.retry_count
+        if retries is None:
+            retries = self.settings.guarantee_retries if headers.guarantee else 0
+        job = Job(msgid, b"", spec.queue, headers, spec.body, now, retries, True)
+        row = None if schedule.finished else schedule.to_row()
+        self.to_stream.append(("schedule-fire", (job, schedule.id, row, revision)))
+        if self._publishing:
+            self._publish(
+                "/emqp/schedule/fired/",
+                {"schedule": schedule.id, "msgid": peer_name(msgid), "run": schedule.runs},
+            )
+        if schedule.finished:
+            self._schedule_gone(schedule.id, "run-count")
+
     def restore_schedules(self) -> int:
         """Load the stored schedules (after a restart): each that missed runs while the
         broker was down runs once at the next :meth:`fire_schedules`."""
-        if self.schedules is None or self.store is None:
-            return 0
+        if self.schedules is None or self.store is None or self.streamed:
+            return 0  # in a cluster, the bucket's watch brings them
         errors = self.schedules.restore(self.store.load_schedules(), self.clock())
         for error in errors:
             self.log.error("a stored schedule is not loaded: {error}", error=str(error))

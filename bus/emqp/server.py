@@ -200,6 +200,8 @@ class EmqpService(Service):
                 on_appended=broker.stream_appended,
                 on_change=self._stream_changed,
                 held=broker.held_handles,
+                on_schedule=self._schedule_changed,
+                on_schedule_kept=self._schedule_kept,
             )
         self.ports.open(self._bind_all, undo=self._undo_start)
         Service.startService(self)
@@ -279,6 +281,19 @@ class EmqpService(Service):
     def _flush_now(self) -> None:
         self._flush_call = None
         self._flush()
+
+    def _schedule_changed(
+        self, schedule_id: str, row: tuple[Any, ...] | None, revision: int
+    ) -> None:
+        assert self.broker is not None
+        self.broker.on_schedule_change(schedule_id, row, revision)
+        self._arm_schedules()
+        self._flush_soon()
+
+    def _schedule_kept(self, schedule_id: str, revision: int, error: str | None) -> None:
+        assert self.broker is not None
+        self.broker.schedule_kept(schedule_id, revision, error)
+        self._flush_soon()
 
     def _stream_changed(self) -> None:
         """The stream took requests, delivered some, refused or took appends again, or its
