@@ -86,6 +86,14 @@ def test_a_request_at_one_broker_runs_on_a_worker_of_another(tmp_path: Path, clu
         assert a.status()["jetstream"]["answers_sent"] == 0
         assert b.status()["jetstream"]["answers_sent"] == 4  # two dispatch notes, two replies
         assert a.status()["counters"]["replied"] == 0 and b.status()["counters"]["replied"] == 2
+        # Not kept in the stream (eventmq's meaning), yet run where a worker is.
+        worker.ready()
+        plain = client.request("default", {"n": 3}, b"reply-requested")
+        yield wait_until(lambda: len(worker.requests()) == 3, timeout=30, what="the plain one")
+        assert worker.requests()[-1][3] == plain
+        worker.reply(worker.requests()[-1], "plain")
+        yield wait_until(lambda: client.results(plain) == [{"value": "plain"}], what="its answer")
+        yield wait_until(lambda: b.status()["jetstream"]["offers_taken"] == 1, what="b took it")
     finally:
         for peer in peers:
             peer.close()

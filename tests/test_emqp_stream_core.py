@@ -129,3 +129,42 @@ def test_a_request_of_the_same_msgid_running_here_makes_a_delivery_wait() -> Non
     msgid = next(iter(broker.jobs))
     broker.on_stream_job(stored(msgid), b"h1", 1)
     assert commands(broker) == [("later", b"h1")]
+
+
+def test_a_request_not_kept_goes_to_a_broker_with_workers_when_none_is_here() -> None:
+    a, _ = make(b"A")
+    msgid = request(a, headers=b"reply-requested")
+    ((what, job),) = commands(a)
+    assert what == "forward" and job.msgid == msgid
+    offered = a.streamed_job(job)
+    assert offered.origin == b"A"
+    b, _ = make(b"B")
+    assert b.on_offered(offered) is False  # b serves no queue q yet
+    inform(b, b"w", 1)
+    assert b.served_queues() == {b"q"}
+    assert b.on_offered(offered) is True
+    ((sent),) = b.to_workers
+    assert sent[4] == msgid
+    a.forward_taken(msgid)
+    assert msgid not in a.jobs
+    b.on_worker_message(b"w", codec.reply(json.dumps({"value": 5}).encode(), msgid))
+    assert b.to_stream == []  # nothing to acknowledge: it was never in the stream
+    answers = [m for origin, m in b.to_brokers if origin == b"A" and len(m) == 7]
+    (answer,) = answers
+    a.on_forwarded(answer)
+    assert json.loads(a.to_clients[-1][5]) == {"value": 5}
+
+
+def test_an_offer_nobody_takes_waits_and_is_offered_again_at_the_heartbeat() -> None:
+    a, _ = make(b"A")
+    msgid = request(a, headers=b"reply-requested")
+    commands(a)
+    a.forward_refused(msgid)
+    assert [j.msgid for j in a.queues[b"q"].waiting] == [msgid]
+    a.heartbeat()
+    assert [(w, j.msgid) for w, j in commands(a)] == [("forward", msgid)]
+    # A worker joining here meanwhile takes it when the offer comes back refused.
+    inform(a, b"w", 1)
+    a.forward_refused(msgid)
+    ((sent),) = a.to_workers
+    assert sent[4] == msgid

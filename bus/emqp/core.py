@@ -172,6 +172,8 @@ class Broker:
         self.schedule_answers: dict[str, list[HeldAnswer]] = {}
         #: Guaranteed requests handed to the stream and not yet acknowledged by it.
         self.appending: dict[bytes, Job] = {}
+        #: Other requests offered to the brokers that serve their queue, not yet taken.
+        self.forwarding: dict[bytes, Job] = {}
         self.clock = clock
         self.log = log
         self.store = store
@@ -227,6 +229,8 @@ class Broker:
         self.released = 0
         self.answers_to_brokers = 0
         self.answers_from_brokers = 0
+        self.forwarded_requests = 0
+        self.offers_taken = 0
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -430,6 +434,8 @@ class Broker:
                 self._publish("/emqp/scheduler/left/", {"scheduler": peer_name(identity)})
             else:
                 self.to_clients.append([identity, b"", PROTOCOL, _HEARTBEAT, _new_msgid(), beat])
+        if self.streamed:
+            self._offer_waiting()
 
     def shutdown(self) -> None:
         """KBYE to every worker and scheduler (the broker is stopping)."""
@@ -815,8 +821,77 @@ class Broker:
             job.position = self.store.next_position()
             self.store.put(self._stored(job))
             self.unstored.append(job)  # routed once the commit succeeded
+        elif self.streamed and not self._serves(request.queue):
+            # Not kept anywhere (eventmq's meaning), but a broker with workers for it runs it.
+            self.forwarding[msgid] = job
+            self.to_stream.append(("forward", job))
         else:
             self._requeue(job, now, at_head=False)
+
+    def _serves(self, queue: bytes) -> bool:
+        state = self.queues.get(queue)
+        return state is not None and bool(state.workers)
+
+    def served_queues(self) -> set[bytes]:
+        """The queues this broker has workers for (others may hand it their requests)."""
+        return {name for name, queue in self.queues.items() if queue.workers}
+
+    def forward_taken(self, msgid: bytes) -> None:
+        """Another broker runs it: its answers come through :meth:`on_forwarded`."""
+        job = self.forwarding.pop(msgid, None)
+        if job is not None and self.jobs.get(msgid) is job:
+            del self.jobs[msgid]
+            self.forwarded_requests += 1
+
+    def forward_refused(self, msgid: bytes) -> None:
+        """No broker took it now: it waits here, offered again at the next heartbeat."""
+        job = self.forwarding.pop(msgid, None)
+        if job is not None and self.jobs.get(msgid) is job:
+            self._requeue(job, self.clock(), at_head=False)
+
+    def on_offered(self, stored: jobstream.StreamedJob) -> bool:
+        """A request another broker has no worker for; True when taken (its answers go
+        back through that broker)."""
+        queue = self.queues.get(stored.queue)
+        if queue is None or not queue.workers or stored.msgid in self.jobs:
+            return False
+        if len(queue.waiting) >= self.settings.queue_limit:
+            return False
+        try:
+            headers = codec.parse_headers(stored.headers)
+        except EmqpError:
+            headers = codec.NO_HEADERS
+        now = self.clock()
+        job = Job(
+            stored.msgid,
+            stored.client,
+            stored.queue,
+            headers,
+            stored.body,
+            stored.received,
+            stored.retries,
+            False,
+            origin=stored.origin,
+        )
+        self.jobs[job.msgid] = job
+        self.offers_taken += 1
+        self._requeue(job, now, at_head=False)
+        return True
+
+    def _offer_waiting(self) -> None:
+        """Requests waiting here for a queue nobody here serves are offered again."""
+        for queue in list(self.queues.values()):
+            if queue.workers or not queue.waiting:
+                continue
+            kept: deque[Job] = deque()
+            for job in queue.waiting:
+                if job.stored or job.handle:
+                    kept.append(job)
+                else:
+                    self.forwarding[job.msgid] = job
+                    self.to_stream.append(("forward", job))
+            queue.waiting = kept
+            self._drop_queue_if_idle(queue)
 
     def release_stored(self) -> None:
         """The store committed: route the guaranteed requests and send the answers that

@@ -29,7 +29,7 @@ from bus.errors import StartupError
 from bus.natswire import codec, jsapi
 from bus.natswire.codec import Msg
 from bus.natswire.handshake import ConnectError
-from bus.transport.nats import NatsClient, NatsTLS, NotConnected
+from bus.transport.nats import NatsClient, NatsTLS, NotConnected, Subscription
 
 log = Logger(namespace="bus.emqp.jetstream")
 
@@ -70,6 +70,8 @@ class JetStreamJobs:
         held: Callable[[], list[bytes]],
         on_schedule: Callable[[str, tuple[Any, ...] | None, int], None] = lambda *_: None,
         on_schedule_kept: Callable[[str, int, str | None], None] = lambda *_: None,
+        on_offered: Callable[[jobstream.StreamedJob], bool] = lambda _: False,
+        on_forwarded: Callable[[bytes, bool], None] = lambda *_: None,
     ) -> None:
         self.reactor = reactor
         self.settings = settings
@@ -81,6 +83,12 @@ class JetStreamJobs:
         self._held = held
         self._on_schedule = on_schedule
         self._on_schedule_kept = on_schedule_kept
+        self._on_offered = on_offered
+        self._on_forwarded = on_forwarded
+        #: The offer subscriptions of the queues this broker serves.
+        self._offers: dict[bytes, Subscription] = {}
+        self.offers_sent = 0
+        self.offers_taken = 0
         self.bucket = jobstream.bucket_name(settings.stream)
         self._watch_inbox = ""
         self._watch_sequence = 0
@@ -369,6 +377,8 @@ class JetStreamJobs:
             elif what == "later":
                 self._tell_stream(value, _NAK_LATER)
                 self.naks += 1
+            elif what == "forward":
+                self._offer(value, job_of(value))
             elif what == "schedule-put":
                 self._keep_schedule(value[0], value)
             elif what == "schedule-delete":
@@ -459,6 +469,47 @@ class JetStreamJobs:
     @property
     def refusing(self) -> bool:
         return self.refused_since is not None
+
+    # -- requests not kept in the stream -------------------------------------------------------
+
+    def _offer(self, job: Job, stored: jobstream.StreamedJob) -> None:
+        """To one broker serving its queue; the answer says whether it took it."""
+        self.offers_sent += 1
+        subject = jobstream.direct_subject(self._prefix, job.queue).encode()
+        answer = self.client.request(subject, jobstream.encode(stored), timeout=2.0)
+        answer.addCallbacks(
+            lambda msg: self._on_forwarded(job.msgid, msg.payload == jobstream.TAKEN),
+            lambda _: self._on_forwarded(job.msgid, False),
+        )
+
+    def serve(self, queues: set[bytes]) -> None:
+        """Take offers for exactly these queues (those this broker has workers for)."""
+        if not self.ready:
+            return
+        for queue in list(self._offers):
+            if queue not in queues:
+                self.client.unsubscribe(self._offers.pop(queue))
+        for queue in queues:
+            if queue not in self._offers:
+                self._offers[queue] = self.client.subscribe(
+                    jobstream.direct_subject(self._prefix, queue),
+                    self._offered,
+                    queue=jobstream.OFFER_GROUP,
+                )
+
+    def _offered(self, msg: Msg) -> None:
+        try:
+            stored = jobstream.decode(msg.payload)
+        except jobstream.JobBodyError as error:
+            self.bad_messages += 1
+            log.warn("JetStream: a broken offer from another broker: {error}", error=str(error))
+            return
+        taken = self._on_offered(stored)
+        if taken:
+            self.offers_taken += 1
+        if msg.reply:
+            with contextlib.suppress(NotConnected):
+                self.client.publish(msg.reply, jobstream.TAKEN if taken else b"0")
 
     # -- pulls ---------------------------------------------------------------------------------
 
@@ -594,6 +645,8 @@ class JetStreamJobs:
             "bad_messages": self.bad_messages,
             "bucket": f"KV_{self.bucket}",
             "schedule_conflicts": self.schedule_conflicts,
+            "offers_sent": self.offers_sent,
+            "offers_taken": self.offers_taken,
         }
 
 

@@ -94,6 +94,17 @@ def queue_of(prefix: str, subject: str) -> bytes:
     return untoken(subject[len(head) :])
 
 
+def direct_subject(prefix: str, queue: bytes) -> str:
+    """Where requests not kept in the stream are offered to the brokers serving ``queue``
+    (a queue group: one of them answers)."""
+    return f"{prefix}.direct.{token(queue)}"
+
+
+#: The queue group of the brokers' offers.
+OFFER_GROUP = "emqp-brokers"
+TAKEN = b"1"
+
+
 def broker_subject(prefix: str, broker_id: bytes) -> str:
     return f"{prefix}.broker.{token(broker_id)}"
 

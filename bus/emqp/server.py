@@ -202,6 +202,8 @@ class EmqpService(Service):
                 held=broker.held_handles,
                 on_schedule=self._schedule_changed,
                 on_schedule_kept=self._schedule_kept,
+                on_offered=self._offered,
+                on_forwarded=self._forwarded,
             )
         self.ports.open(self._bind_all, undo=self._undo_start)
         Service.startService(self)
@@ -288,6 +290,21 @@ class EmqpService(Service):
         assert self.broker is not None
         self.broker.on_schedule_change(schedule_id, row, revision)
         self._arm_schedules()
+        self._flush_soon()
+
+    def _offered(self, stored: Any) -> bool:
+        assert self.broker is not None
+        taken = self.broker.on_offered(stored)
+        if taken:
+            self._flush_soon()
+        return taken
+
+    def _forwarded(self, msgid: bytes, taken: bool) -> None:
+        assert self.broker is not None
+        if taken:
+            self.broker.forward_taken(msgid)
+        else:
+            self.broker.forward_refused(msgid)
         self._flush_soon()
 
     def _schedule_kept(self, schedule_id: str, revision: int, error: str | None) -> None:
@@ -605,6 +622,7 @@ class EmqpService(Service):
                 self.answers.send(self.admin_socket, messages)
         if self.stream is not None and self.running:
             self.stream.pull(broker.wanted())
+            self.stream.serve(broker.served_queues())
 
     def _ports_to_pause(self) -> list[str]:
         """While the store refuses: the client port, and the admin port once an admin's
