@@ -168,3 +168,25 @@ def test_an_offer_nobody_takes_waits_and_is_offered_again_at_the_heartbeat() -> 
     a.forward_refused(msgid)
     ((sent),) = a.to_workers
     assert sent[4] == msgid
+
+
+def test_what_the_stream_keeps_never_goes_into_the_local_store(tmp_path: Any) -> None:
+    from bus.emqp.store import JobStore
+
+    store = JobStore(tmp_path)
+    clock = Clock()
+    broker = Broker(BrokerSettings(), clock.seconds, log, store, broker_id=b"A", streamed=True)
+    try:
+        inform(broker, b"w", 1)
+        inform(broker, b"w2", 0)
+        broker.on_stream_job(stored(b"m1"), b"h1", 1)
+        broker.on_worker_message(b"w", codec.inform([(10, "q")], "worker"))  # lost, back
+        assert store.dirty is False
+        broker.on_worker_message(b"w2", codec.ready())
+        broker.on_worker_message(b"w2", codec.reply(json.dumps({"value": 1}).encode(), b"m1"))
+        # Retried here and replied: the stream hears of it, the local store never does (a
+        # restart would run it again from there).
+        assert ("ack", b"h1") in commands(broker)
+        assert not store.dirty and store.count() == 0
+    finally:
+        store.close()

@@ -699,7 +699,7 @@ class Broker:
         retries = headers.retry_count
         if retries is None:
             retries = self.settings.guarantee_retries if headers.guarantee else 0
-        job = Job(msgid, b"", spec.queue, headers, spec.body, now, retries, True)
+        job = Job(msgid, b"", spec.queue, headers, spec.body, now, retries, False)
         row = None if schedule.finished else schedule.to_row()
         self.to_stream.append(("schedule-fire", (job, schedule.id, row, revision)))
         if self._publishing:
@@ -992,7 +992,7 @@ class Broker:
             stored.body,
             stored.received,
             max(stored.retries - max(delivered - 1, 0), 0),
-            True,
+            False,  # kept by the stream (its handle), not by this broker's store
             attempts=max(delivered - 1, 0),
             origin=origin,
             handle=handle,
@@ -1332,7 +1332,7 @@ class Broker:
                         "worker": peer_name(worker.identity),
                         "attempt": job.attempts,
                         "age_s": round(now - job.dispatched_at, 3),
-                        "guaranteed": job.stored,
+                        "guaranteed": job.stored or bool(job.handle),
                     }
                 )
         return {

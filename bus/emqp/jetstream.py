@@ -42,6 +42,8 @@ _NAK = b"-NAK"
 _NAK_LATER = b'-NAK {"delay": 1000000000}'
 _TERM = b"+TERM"
 _PROGRESS = b"+WPI"
+#: The smallest pull made while another of the same queue is open.
+PULL_AT_LEAST = 8
 #: How long a schedule's change is tried while JetStream cannot store it.
 SCHEDULE_PATIENCE = 15.0
 
@@ -522,8 +524,11 @@ class JetStreamJobs:
         for pull in self._pulls.values():
             asked[pull.queue] = asked.get(pull.queue, 0) + pull.left
         for queue, count in wanted.items():
-            more = count - asked.get(queue, 0)
-            if more <= 0:
+            open_ = asked.get(queue, 0)
+            more = count - open_
+            # A pull still open delivers as the stream fills: a small shortfall waits for
+            # it rather than cost a pull of its own (a pull per READY halves the rate).
+            if more <= 0 or (open_ and more < PULL_AT_LEAST):
                 continue
             if queue in self._consumers:
                 self._ask(queue, more)
