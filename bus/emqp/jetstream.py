@@ -420,11 +420,13 @@ class JetStreamJobs:
         )
 
     def _append_answered(self, msgid: bytes, msg: Msg) -> None:
-        try:
-            jsapi.answer(msg.payload)
-        except (jsapi.JetStreamError, ValueError) as error:
-            self._append_failed(msgid, Failure(error))
-            return
+        if b'"error"' in msg.payload or b'"seq"' not in msg.payload:  # else: stored
+            try:
+                jsapi.answer(msg.payload)
+                raise ValueError(f"not a JetStream acknowledgement: {msg.payload[:200]!r}")
+            except (jsapi.JetStreamError, ValueError) as error:
+                self._append_failed(msgid, Failure(error))
+                return
         if self.appending.pop(msgid, None) is None:
             return
         then = self._then.pop(msgid, None)

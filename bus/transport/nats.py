@@ -15,6 +15,7 @@ docs/cluster.md.
 from __future__ import annotations
 
 import base64
+import heapq
 import itertools
 import json
 import os
@@ -38,6 +39,8 @@ log = Logger(namespace="bus.nats")
 #: Back-off between connection attempts: from the first, doubling up to the last.
 RETRY_FIRST = 0.1
 RETRY_LAST = 2.0
+#: How often requests past their timeout are failed (their timeouts are this coarse).
+SWEEP_INTERVAL = 0.1
 
 
 class NotConnected(Exception):
@@ -219,7 +222,10 @@ class NatsClient:
         self._inbox = "_INBOX." + base64.urlsafe_b64encode(os.urandom(12)).decode()
         self._inbox_sid = 0
         self._replies = itertools.count(1)
-        self._waiting: dict[bytes, tuple[defer.Deferred[Msg], DelayedCall]] = {}
+        #: Requests waiting for their answer: inbox -> (answer, subject, timeout).
+        self._waiting: dict[bytes, tuple[defer.Deferred[Msg], bytes, float]] = {}
+        self._deadlines: list[tuple[float, bytes]] = []
+        self._sweeper: DelayedCall | None = None
         self._first: list[defer.Deferred[None]] = []
         self._reasons: dict[str, str] = {}
         #: Called with True when connected, False when the connection is lost.
@@ -261,10 +267,10 @@ class NatsClient:
 
     def stop(self) -> None:
         self._running = False
-        for call in (self._attempt, self._pinger):
+        for call in (self._attempt, self._pinger, self._sweeper):
             if call is not None and call.active():
                 call.cancel()
-        self._attempt = self._pinger = None
+        self._attempt = self._pinger = self._sweeper = None
         wire, self._wire = self._wire, None
         if wire is not None:
             wire.drop(abort=True)
@@ -312,14 +318,33 @@ class NatsClient:
         except NotConnected as error:
             return defer.fail(error)
 
-        def expire() -> None:
-            self._waiting.pop(inbox, None)
-            answer.errback(
-                TimeoutError(f"no answer to {subject.decode('utf-8', 'replace')} in {timeout:g}s")
-            )
-
-        self._waiting[inbox] = (answer, self.reactor.callLater(timeout, expire))
+        # One timer for every request (a DelayedCall each costs more than the request).
+        deadline = self.reactor.seconds() + timeout
+        self._waiting[inbox] = (answer, subject, timeout)
+        heapq.heappush(self._deadlines, (deadline, inbox))
+        if self._sweeper is None or not self._sweeper.active():
+            self._sweeper = self.reactor.callLater(SWEEP_INTERVAL, self._sweep)
         return answer
+
+    def _sweep(self) -> None:
+        """Fail the requests whose time is up; again while some wait."""
+        self._sweeper = None
+        now = self.reactor.seconds()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, inbox = heapq.heappop(deadlines)
+            waiting = self._waiting.pop(inbox, None)
+            if waiting is not None:
+                answer, subject, timeout = waiting
+                answer.errback(
+                    TimeoutError(
+                        f"no answer to {subject.decode('utf-8', 'replace')} in {timeout:g}s"
+                    )
+                )
+        if not self._waiting:
+            deadlines.clear()  # answered ones' entries
+        elif self._sweeper is None:
+            self._sweeper = self.reactor.callLater(SWEEP_INTERVAL, self._sweep)
 
     def jetstream(
         self, subject: str, body: dict[str, Any] | None = None, timeout: float = 5.0
@@ -425,9 +450,8 @@ class NatsClient:
 
     def _fail_waiting(self, error: Exception) -> None:
         waiting, self._waiting = self._waiting, {}
-        for answer, call in waiting.values():
-            if call.active():
-                call.cancel()
+        self._deadlines.clear()
+        for answer, _, _ in waiting.values():
             answer.errback(error)
 
     def _deliver(self, msg: Msg) -> None:
@@ -435,9 +459,7 @@ class NatsClient:
             waiting = self._waiting.pop(msg.subject, None)
             if waiting is None:
                 return  # answered after its timeout
-            answer, call = waiting
-            if call.active():
-                call.cancel()
+            answer = waiting[0]
             if codec.status(msg.headers) == 503:
                 answer.errback(NoResponders(f"no responders for {msg.subject.decode()}"))
             else:
