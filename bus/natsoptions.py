@@ -62,7 +62,7 @@ def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
 
 
 def nats_choice(options: Mapping[str, Any], stream: str, prefix: str) -> NatsChoice | None:
-    """What the options ask (None: sqlite); a :class:`usage.UsageError` for a wrong mix."""
+    """What the options ask (None: sqlite); a usage error for a wrong mix."""
     store = options.get("store") or "sqlite"
     if store not in ("sqlite", "jetstream"):
         raise usage.UsageError("--store must be sqlite or jetstream")

@@ -310,7 +310,7 @@ class NatsClient:
         self, subject: bytes, payload: bytes, headers: bytes = b"", timeout: float = 5.0
     ) -> defer.Deferred[Msg]:
         """The one answer, or a failure: :class:`NotConnected`, :class:`NoResponders`,
-        :class:`TimeoutError`."""
+        ``TimeoutError``."""
         inbox = f"{self._inbox}.{next(self._replies)}".encode()
         answer: defer.Deferred[Msg] = defer.Deferred()
         try:
