@@ -233,7 +233,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
     - ``bus``: ``twistd -n eventbus`` with every default service;
     - ``bus-pair``: the Event BUS as a pair's primary (alone) with the Spark bridge;
-    - ``bus-cluster``: the Event BUS on a JetStream stream (one nats-server).
+    - ``bus-cluster``: the Event BUS and eMQP on JetStream streams (one nats-server).
     """
     binary("prometheus")
     binary("promtool")
@@ -251,7 +251,12 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         ]  # fmt: skip
         products.append(Product("bus-pair", ServerProcess(root / "pair", *pair, http=True)))
         nats.start()
-        front_end = ["--services", "eventbus", "--store", "jetstream", "--nats", *nats.urls[:1]]
+        front_end = [
+            "--services", "eventbus,emqp", "--store", "jetstream", "--nats", *nats.urls[:1],
+            "--emqp-store", "jetstream", "--emqp-nats", *nats.urls[:1],
+            "--emqp-worker-port", "0", "--emqp-client-port", "0", "--emqp-admin-port", "0",
+            "--emqp-data-dir", str(root / "front-end-emqp"),
+        ]  # fmt: skip
         products.append(
             Product("bus-cluster", ServerProcess(root / "front-end", *front_end, http=True))
         )

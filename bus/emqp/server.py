@@ -814,6 +814,7 @@ class EmqpService(Service):
                 sum(len(w.inflight) for w in broker.workers.values()),
             ),
             counter("emqp_storage_errors", "Job store commits refused", self.storage_errors),
+            *self._stream_metrics(),
             gauge(
                 "emqp_client_port_paused",
                 "1 while guaranteed requests or schedule changes wait for the job store (client port not read)",
@@ -837,6 +838,40 @@ class EmqpService(Service):
             ),
         ]
         return families
+
+    def _stream_metrics(self) -> list[Metric]:
+        """The JetStream store's (``--store jetstream``), none with SQLite."""
+        stream = self.stream
+        if stream is None:
+            return []
+        return [
+            gauge(
+                "emqp_jetstream_connected",
+                "1 while the broker is connected to a NATS server of its cluster",
+                float(stream.connected),
+            ),
+            gauge(
+                "emqp_jetstream_refusing",
+                "1 while JetStream does not store guaranteed requests (client port paused)",
+                float(stream.refusing),
+            ),
+            counter(
+                "emqp_jetstream_disconnects",
+                "Connections to NATS servers lost",
+                stream.client.disconnects,
+            ),
+            counter("emqp_jetstream_pulled", "Requests the stream delivered here", stream.pulled),
+            counter(
+                "emqp_jetstream_redelivered",
+                "Requests given back to the stream (their queue's workers left)",
+                stream.naks,
+            ),
+            gauge(
+                "emqp_jetstream_appending",
+                "Guaranteed requests sent to the stream and not yet acknowledged",
+                len(stream.appending),
+            ),
+        ]
 
     def _report(self) -> None:
         broker = self.broker
