@@ -18,7 +18,10 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor, task
 
+from bus.emqp import codec
 from bus.emqp.client import EmqpClient
+from bus.natswire import jsapi
+from bus.natswire.blocking import Connection
 from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import nats_cluster
@@ -287,4 +290,48 @@ def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
             peer.close()
         if a.process.poll() is None:
             a.stop()
+        b.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_request_resent_at_another_broker_is_stored_once(tmp_path: Path, cluster: Any) -> Any:
+    """A client that resends after a failover, in a burst the other broker appends as one
+    atomic batch: JetStream refuses the batch for the id it holds, the broker sends each
+    alone, and the stream keeps the first copy only."""
+    a = broker(tmp_path, "a", cluster)
+    b = broker(tmp_path, "b", cluster)
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        first = RawClient(a.endpoints["client"])
+        peers.append(first)
+        frames = codec.request("default", b"1", b"guarantee,reply-requested")
+        first.peer.send(frames)
+        yield wait_until(lambda: a.status()["jetstream"]["appending"] == 0
+                         and a.status()["counters"]["requests"] == 1, what="stored at a")  # fmt: skip
+        again = RawClient(b.endpoints["client"])
+        peers.append(again)
+        burst = [codec.request("default", b"%d" % n, b"guarantee") for n in range(10)]
+        burst.insert(5, frames)
+        for message in burst:
+            again.peer.send(message)
+        yield wait_until(lambda: b.status()["jetstream"]["batches_resent_each"] >= 1,
+                         timeout=30, what="the batch sent again one by one")  # fmt: skip
+        worker = RawWorker(b.endpoints["worker"])
+        peers.append(worker)
+        yield wait_until(worker.acked, what="the worker")
+        worker.ready(20)
+        yield wait_until(lambda: len(worker.requests()) == 11, timeout=30, what="eleven")
+        taken = [r[3] for r in worker.requests()]
+        assert len(set(taken)) == 11 and frames[3] in taken
+        for request in worker.requests():
+            worker.reply(request, "ok")
+        yield wait_until(lambda: b.status()["jetstream"]["acks"] == 11, what="all acknowledged")
+        with Connection(cluster.urls) as nats:
+            state = jsapi.answer(nats.request(jsapi.stream_info("EMQP"), b"").payload)["state"]
+        assert (state["last_seq"], state["messages"]) == (11, 0)  # the resent one: no copy
+    finally:
+        for peer in peers:
+            peer.close()
+        a.stop()
         b.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,10 @@ _PROGRESS = b"+WPI"
 PULL_AT_LEAST = 8
 #: How long a schedule's change is tried while JetStream cannot store it.
 SCHEDULE_PATIENCE = 15.0
+#: Messages in one atomic batch (nats-server's default limit), and JetStream's error for a
+#: batch holding an id it already stored.
+ATOMIC_LIMIT = 1000
+DUPLICATE_IN_BATCH = 10201
 
 
 @dataclass(slots=True)
@@ -137,6 +142,14 @@ class JetStreamJobs:
         self.stream_info: dict[str, Any] = {}
         #: The stream and the bucket are there and watched (open() is done).
         self.ready = False
+        #: Whether appends go as atomic batches (the stream allows them: made so here).
+        self.atomic = False
+        self.atomic_batches = 0
+        #: Atomic batches JetStream refused for an id it held, sent again one by one.
+        self.batches_resent_each = 0
+        self._batch_numbers = itertools.count(1)
+        self._batch_tag = os.urandom(6).hex().encode()
+        self._subjects: dict[bytes, bytes] = {}
         #: What follows an append once stored (a schedule's compare-and-set), by msgid.
         self._then: dict[bytes, Callable[[], None]] = {}
         self._progress_loop: Any = None
@@ -188,6 +201,7 @@ class JetStreamJobs:
                 "change the options or the stream (it is never changed silently)",
             )
         self.stream_info = info
+        self.atomic = bool(info["config"].get("allow_atomic"))
         bucket = jobstream.bucket_config(self.bucket, settings.replicas, settings.duplicate_window)
         while True:
             try:
@@ -367,9 +381,10 @@ class JetStreamJobs:
         answers: list[tuple[bytes, Message]],
         job_of: Callable[[Job], jobstream.StreamedJob],
     ) -> None:
+        batch: list[tuple[bytes, tuple[bytes, bytes, bytes]]] = []
         for what, value in commands:
             if what == "append":
-                self._append(value, job_of(value))
+                batch.append((value.msgid, self._entry(value, job_of(value))))
             elif what == "ack":
                 self._tell_stream(value, _ACK)
                 self.acks += 1
@@ -391,6 +406,12 @@ class JetStreamJobs:
             elif what == "term":
                 self._tell_stream(value, _TERM)
                 self.terms += 1
+        if len(batch) > 1 and self.atomic:
+            for start in range(0, len(batch), ATOMIC_LIMIT):
+                self._send_batch(batch[start : start + ATOMIC_LIMIT])
+        else:
+            for msgid, entry in batch:
+                self._send_append(msgid, entry)
         for origin, message in answers:
             subject = jobstream.broker_subject(self._prefix, origin).encode()
             try:
@@ -404,15 +425,79 @@ class JetStreamJobs:
         with contextlib.suppress(NotConnected):
             self.client.publish(handle, word)
 
+    def _entry(self, job: Job, stored: jobstream.StreamedJob) -> tuple[bytes, bytes, bytes]:
+        """What an append sends: subject, the message id, body."""
+        subject = self._subjects.get(job.queue)
+        if subject is None:
+            subject = self._subjects[job.queue] = jobstream.job_subject(
+                self._prefix, job.queue
+            ).encode()
+            if len(self._subjects) > 4096:
+                self._subjects.clear()
+        return (subject, jobstream.msg_id(job.msgid), jobstream.encode(stored))
+
     def _append(self, job: Job, stored: jobstream.StreamedJob) -> None:
-        subject = jobstream.job_subject(self._prefix, job.queue).encode()
-        headers = codec.header_block({b"Nats-Msg-Id": jobstream.msg_id(job.msgid)})
-        entry = (subject, headers, jobstream.encode(stored))
-        self._send_append(job.msgid, entry)
+        self._send_append(job.msgid, self._entry(job, stored))
+
+    def _send_batch(self, batch: list[tuple[bytes, tuple[bytes, bytes, bytes]]]) -> None:
+        """One of JetStream's atomic batches: stored whole or not at all, one
+        acknowledgement for all (one proposal to the replicas, not one each)."""
+        number = next(self._batch_numbers)
+        tag = self._batch_tag + b"-%d" % number
+        last = len(batch)
+        frames = []
+        for index, (msgid, (subject, message_id, body)) in enumerate(batch, 1):
+            self.appending[msgid] = (subject, message_id, body)
+            headers = (
+                b"NATS/1.0\r\nNats-Msg-Id: " + message_id + b"\r\nNats-Batch-Id: " + tag
+                + b"\r\nNats-Batch-Sequence: %d\r\n" % index
+            )  # fmt: skip
+            if index < last:
+                frames.append(codec.hpub(subject, headers + b"\r\n", body))
+        subject, message_id, body = batch[-1][1]
+        commit = headers + b"Nats-Batch-Commit: 1\r\n\r\n"
+        msgids = [msgid for msgid, _ in batch]
+        try:
+            self.client.publish_raw(b"".join(frames))
+        except NotConnected as error:
+            for msgid in msgids:
+                self._append_failed(msgid, Failure(error))
+            return
+        answer = self.client.request(subject, body, commit, timeout=self.settings.ack_timeout)
+        answer.addCallbacks(
+            lambda msg: self._batch_answered(msgids, msg),
+            lambda failure: self._batch_failed(msgids, failure),
+        )
+        self.atomic_batches += 1
+
+    def _batch_failed(self, msgids: list[bytes], failure: Failure) -> None:
+        for msgid in msgids:
+            self._append_failed(msgid, failure)
+
+    def _batch_answered(self, msgids: list[bytes], msg: Msg) -> None:
+        payload = msg.payload
+        if b'"error"' in payload:
+            try:
+                jsapi.answer(payload)
+            except jsapi.JetStreamError as error:
+                if error.err_code == DUPLICATE_IN_BATCH:
+                    # A resend of ids the stream holds: each alone, where it drops repeats.
+                    self.batches_resent_each += 1
+                    for msgid in msgids:
+                        entry = self.appending.pop(msgid, None)
+                        if entry is not None:
+                            self._send_append(msgid, entry)
+                    return
+                for msgid in msgids:
+                    self._append_failed(msgid, Failure(error))
+                return
+        for msgid in msgids:
+            self._append_stored(msgid)
 
     def _send_append(self, msgid: bytes, entry: tuple[bytes, bytes, bytes]) -> None:
         self.appending[msgid] = entry
-        subject, headers, body = entry
+        subject, message_id, body = entry
+        headers = b"NATS/1.0\r\nNats-Msg-Id: " + message_id + b"\r\n\r\n"
         answer = self.client.request(subject, body, headers, timeout=self.settings.ack_timeout)
         answer.addCallbacks(
             lambda msg: self._append_answered(msgid, msg),
@@ -427,6 +512,9 @@ class JetStreamJobs:
             except (jsapi.JetStreamError, ValueError) as error:
                 self._append_failed(msgid, Failure(error))
                 return
+        self._append_stored(msgid)
+
+    def _append_stored(self, msgid: bytes) -> None:
         if self.appending.pop(msgid, None) is None:
             return
         then = self._then.pop(msgid, None)
@@ -652,6 +740,8 @@ class JetStreamJobs:
             "bad_messages": self.bad_messages,
             "bucket": f"KV_{self.bucket}",
             "schedule_conflicts": self.schedule_conflicts,
+            "atomic_batches": self.atomic_batches,
+            "batches_resent_each": self.batches_resent_each,
             "offers_sent": self.offers_sent,
             "offers_taken": self.offers_taken,
         }

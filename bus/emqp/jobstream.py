@@ -128,6 +128,8 @@ def stream_config(name: str, prefix: str, replicas: int, duplicate_window: float
         "num_replicas": replicas,
         "duplicate_window": int(duplicate_window * 1e9),
         "discard": "new",
+        # A batch of appends is one proposal to the replicas (nats-server 2.12+).
+        "allow_atomic": True,
     }
 
 

@@ -288,6 +288,10 @@ class NatsClient:
             else codec.pub(subject, payload, reply)
         )
 
+    def publish_raw(self, data: bytes) -> None:
+        """Commands already framed (:mod:`bus.natswire.codec`), in one write."""
+        self._write(data)
+
     def publish_many(self, messages: list[tuple[bytes, bytes]]) -> None:
         """Several messages (subject, payload) in one write."""
         self._write(b"".join(codec.pub(subject, payload) for subject, payload in messages))
