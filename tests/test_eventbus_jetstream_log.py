@@ -21,6 +21,7 @@ from bus.eventbus.eventlog import Row
 from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.store import Retention
 from bus.natsserver import NatsCluster
+from bus.natswire import jsapi
 from bus.testing import wait_until
 from tests.ports import free_port, nats_cluster
 
@@ -87,21 +88,18 @@ def test_the_feed_follows_on_above_the_last_event_when_its_consumer_is_lost(
         yield stream.follow(0, fed.extend)
         yield wait_until(lambda: len(fed) == 5, what="the first events")
 
-        async def consumers() -> list[str]:
-            return [c.name for c in await stream._js.consumers_info("EVENTBUS")]
+        def consumers() -> Any:
+            asked = stream.client.jetstream(f"{jsapi.API}.CONSUMER.NAMES.EVENTBUS")
+            return asked.addCallback(lambda answer: answer["consumers"])
 
-        (feed,) = yield stream.loop.call(consumers())
-
-        async def lose() -> None:
-            await stream._js.delete_consumer("EVENTBUS", feed)
-
-        yield stream.loop.call(lose())
+        (feed,) = yield consumers()
+        yield stream.client.jetstream(jsapi.consumer_delete("EVENTBUS", feed))
         yield stream.append([event(b"/b/", n) for n in range(5, 12)])
         yield wait_until(lambda: len(fed) == 12, what="the events after the loss")
         assert [row[0] for row in fed] == list(range(1, 13))  # none twice, none skipped
         assert stream.disconnects == 1
         yield wait_until(lambda: stream.connected, what="the feed connected again")
-        (again,) = yield stream.loop.call(consumers())
+        (again,) = yield consumers()
         assert again != feed
     finally:
         yield stream.close()
@@ -226,10 +224,7 @@ def test_a_snapshot_reads_on_through_one_reader_and_recovers_from_a_lost_one(
         assert stream._readers[(8, 10, ())] is reader  # the same consumer read on
         # Its consumer gone (as when a slow client outlasts its idle limit): a new one.
 
-        async def expire() -> None:
-            await stream._js.delete_consumer("EVENTBUS", reader._read.consumer)
-
-        yield stream.loop.call(expire())
+        yield stream.client.jetstream(jsapi.consumer_delete("EVENTBUS", reader._read.consumer))
         last = yield stream.read_rows(8, 10, [], limit=4)
         assert [row[0] for row in last] == [9, 10]
         assert not stream._readers  # the range is read: nothing left open

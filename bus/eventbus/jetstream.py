@@ -9,19 +9,20 @@ subject (:meth:`JetStreamLog.follow`): events published at one front-end are bro
 by all, under one sequence space, and nothing is broadcast before the stream
 acknowledged it.
 
-Two clients, each where it is best: nats-py (asyncio, on a loop of its own,
-:class:`bus.asyncloop.AsyncioThread`) makes and checks the stream and reads its state;
-the events go through :mod:`bus.natswire` on threads of their own (a writer for the
-appends, one for the feed, the reactor's pool for snapshots), about eight times cheaper
-per event (docs/cluster.md). This class's methods are called in the reactor's thread,
-answer with Deferreds, and hand committed events back in batches (one thread hop each).
+Two ways to the servers, each where it is best: :class:`bus.transport.nats.NatsClient`
+(on the reactor, as eMQP's brokers use it) makes and checks the stream and reads its
+state; the events go through :mod:`bus.natswire` on threads of their own (a writer for
+the appends, one for the feed, the reactor's pool for snapshots), about eight times
+cheaper per event than nats-py was (docs/cluster.md). This class's methods are called in
+the reactor's thread, answer with Deferreds, and hand committed events back in batches
+(one thread hop each).
 
 The message body and ranged reads are :mod:`bus.eventbus.stream_read`'s.
 """
 
 from __future__ import annotations
 
-import asyncio
+import datetime
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -34,7 +35,6 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from bus.asyncloop import AsyncioThread
 from bus.errors import StartupError, StorageError
 from bus.eventbus.codec import EventFields
 from bus.eventbus.config import JetStreamSettings
@@ -44,18 +44,23 @@ from bus.eventbus.stream_read import (
     RangeReader,
     Subjects,
     Topics,
-    connect_options,
     connection,
     encode,
     row,
 )
+from bus.natswire import jsapi
 from bus.natswire.blocking import ConnectError, Connection
 from bus.natswire.codec import ProtocolError
 from bus.natswire.publish import Publisher, PublishError
 from bus.natswire.ranged import RangeRead
+from bus.transport.nats import NatsClient, NatsTLS, NoResponders, NotConnected
 
-#: JetStream's error code for a stream whose subjects another stream holds.
+#: JetStream's error codes for a stream whose subjects another stream holds, and for a
+#: stream not found.
 OVERLAPPING_SUBJECTS = 10065
+STREAM_NOT_FOUND = 10059
+#: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
+_NANOSECONDS = ("max_age", "duplicate_window")
 
 log = Logger(namespace="bus.eventbus.jetstream")
 
@@ -81,6 +86,26 @@ def stream_limits(settings: JetStreamSettings, retention: Retention) -> dict[str
     }
 
 
+def created_text(created: str | None) -> str:
+    """The stream's creation time as the store id has always said it (nats-py's reading:
+    UTC, microseconds), so that an upgraded front-end serves the same store id."""
+    if not created:
+        return "unknown"
+    text = created.replace("Z", "+00:00")
+    if "." in text:
+        date, fraction_zone = text.split(".", 1)
+        cut = next((i for i, c in enumerate(fraction_zone) if c in "+-"), len(fraction_zone))
+        fraction, zone = fraction_zone[:cut], fraction_zone[cut:]
+        text = f"{date}.{fraction[:6].ljust(6, '0')}{zone}"
+    return datetime.datetime.fromisoformat(text).astimezone(datetime.UTC).isoformat()
+
+
+def _sleep(reactor: Any, seconds: float) -> defer.Deferred[None]:
+    from twisted.internet.task import deferLater
+
+    return deferLater(reactor, seconds, lambda: None)
+
+
 def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """What a stream found has that the options do not say, one phrase each."""
     said = []
@@ -104,7 +129,21 @@ class JetStreamLog:
         self.settings = settings
         self.retention = retention
         self.path = Path(f"jetstream:{settings.stream}")
-        self.loop = AsyncioThread(reactor, f"nats-{settings.stream}")
+        tls = (
+            NatsTLS(settings.tls_ca, settings.tls_cert, settings.tls_key)
+            if settings.tls_ca or settings.tls_cert
+            else None
+        )
+        #: The stream's management (make, check, state) on the reactor.
+        self.client = NatsClient(
+            reactor,
+            settings.servers,
+            name=f"eventbus-{settings.stream}",
+            creds=settings.creds,
+            tls=tls,
+            ping_interval=settings.ping_interval,
+            connect_timeout=settings.connect_timeout,
+        )
         self.store_id = ""
         #: The stream's last sequence when opened, then as the feed moves.
         self.last_sequence = 0
@@ -123,14 +162,12 @@ class JetStreamLog:
         #: Snapshot reads whose consumer's replica said "nothing more" while the stream's
         #: leader held more (a replica catching up): each read on instead of ending short.
         self.reads_behind = 0
-        self._nc: Any = None
-        self._js: Any = None
         #: Snapshot readers left open between chunks, by where the next chunk starts
         #: (after, upto, subtrees): a snapshot reads on without a consumer per chunk.
         self._readers: OrderedDict[tuple[int, int, tuple[bytes, ...]], RangeReader] = OrderedDict()
         self._closed = False
         #: The data path (bus.natswire): one writer thread and its connection for the
-        #: appends, one thread for the feed; nats-py keeps the stream's management.
+        #: appends, one thread for the feed.
         self._writer = ThreadPool(1, 1, name=f"nats-append-{settings.stream}")
         self._publisher: Publisher | None = None
         self._subject_of = Subjects(settings.subject_prefix)
@@ -143,9 +180,8 @@ class JetStreamLog:
     def open(self) -> defer.Deferred[None]:
         """Connect, make the stream when missing and check it when found; a StartupError
         says what is wrong in one line."""
-        self.loop.start()
         self._writer.start()
-        opening = self.loop.call(self._open())
+        opening: defer.Deferred[None] = defer.ensureDeferred(self._open())
         # The writer's connection too, so that /status says connected from the start.
         return opening.addCallback(
             lambda _: threads.deferToThreadPool(self.reactor, self._writer, self._connect_publisher)
@@ -166,58 +202,42 @@ class JetStreamLog:
         return self._publisher
 
     async def _open(self) -> None:
-        import nats
-        from nats.errors import NoServersError
-        from nats.js.errors import BadRequestError, NotFoundError
-
         settings = self.settings
-        options: dict[str, Any] = {
-            **connect_options(settings),
-            "max_reconnect_attempts": -1,
-            "allow_reconnect": True,
-            "reconnect_time_wait": 0.5,
-            # A server cut off by the network answers nothing: two unanswered pings and
-            # the client moves to another one (nats-py's default waits minutes).
-            "ping_interval": settings.ping_interval,
-            "max_outstanding_pings": 2,
-            "error_cb": self._error,
-        }
+        self.client.start()
         try:
-            # The first connection is tried once per server: an unreachable cluster at
-            # start is a start-up error, not an endless wait.
-            self._nc = await nats.connect(
-                **{**options, "allow_reconnect": False, "max_reconnect_attempts": 1}
-            )
-        except (TimeoutError, NoServersError, OSError) as error:
+            # An unreachable cluster at start is a start-up error, not an endless wait.
+            await self.client.when_connected(timeout=settings.connect_timeout)
+        except ConnectError as error:
+            self.client.stop()
             raise StartupError(
-                "nats",
-                f"cannot reach {', '.join(settings.servers)}: {error or type(error).__name__}",
+                "nats", f"cannot reach {', '.join(settings.servers)}: {error}"
             ) from None
-        except Exception as error:  # credentials refused, TLS: nats-py's own errors
-            raise StartupError("nats", f"{', '.join(settings.servers)}: {error}") from None
-        await self._nc.close()
-        self._nc = await nats.connect(**options)
-        self._js = self._nc.jetstream(timeout=settings.ack_timeout)
         wanted = stream_limits(settings, self.retention)
         deadline = self.reactor.seconds() + 3 * settings.connect_timeout
         while True:
             try:
-                info = await self._stream_info_or_made(wanted, NotFoundError)
+                info = await self._stream_info_or_made(wanted)
                 break
-            except BadRequestError as error:
-                await self._refuse_overlap(error, wanted["subjects"][0])
-                raise
-            except Exception as error:  # no meta leader, replicas not all up: a new cluster
-                if self.reactor.seconds() > deadline:
-                    await self._nc.close()
-                    raise StartupError(
-                        "nats-stream", f"JetStream did not answer for {settings.stream}: {error}"
-                    ) from None
-                await asyncio.sleep(0.25)
-        found = {key: getattr(info.config, key, None) for key in wanted}
+            except jsapi.JetStreamError as error:
+                if error.err_code == OVERLAPPING_SUBJECTS or error.code == 400:
+                    await self._refuse_overlap(error, wanted["subjects"][0])
+                failure: Exception = error
+            except (TimeoutError, NoResponders, NotConnected) as error:
+                failure = error  # no meta leader, replicas not all up: a new cluster
+            if self.reactor.seconds() > deadline:
+                self.client.stop()
+                raise StartupError(
+                    "nats-stream", f"JetStream did not answer for {settings.stream}: {failure}"
+                )
+            await _sleep(self.reactor, 0.25)
+        config = info["config"]
+        found = {key: config.get(key) for key in wanted}
+        for key in _NANOSECONDS:
+            if isinstance(found.get(key), int):
+                found[key] = found[key] / 1e9
         wrong = disagreements(found, wanted)
         if wrong:
-            await self._nc.close()
+            self.client.stop()
             raise StartupError(
                 "nats-stream",
                 f"stream {settings.stream} exists with other settings ({'; '.join(wrong)}): "
@@ -227,21 +247,22 @@ class JetStreamLog:
         # Atomic batches pay where there are replicas to propose to: measured (bench/ab.py,
         # eventbus_cluster) R3 1.32 x the events/s and 0.74 x the CPU per event of a
         # message at a time, R1 0.87 x (the leader stages each batch before storing it).
-        self.atomic = bool(getattr(info.config, "allow_atomic", False)) and (
-            int(getattr(info.config, "num_replicas", 1) or 1) > 1
-        )
+        self.atomic = bool(config.get("allow_atomic")) and int(config.get("num_replicas") or 1) > 1
 
-    async def _refuse_overlap(self, error: Any, subjects: str) -> None:
+    async def _refuse_overlap(self, error: jsapi.JetStreamError, subjects: str) -> None:
         """A stream of another name holds our subjects: JetStream refuses a second one, and
         each front-end must name the same stream. Say which, in one line."""
         settings = self.settings
         holder = None
-        if getattr(error, "err_code", None) == OVERLAPPING_SUBJECTS:
+        if error.err_code == OVERLAPPING_SUBJECTS:
             try:
-                holder = await self._js.find_stream_name_by_subject(subjects)
+                names = await self.client.jetstream(
+                    f"{jsapi.API}.STREAM.NAMES", {"subject": subjects}
+                )
+                holder = (names.get("streams") or [None])[0]
             except Exception:  # the error itself still says what is wrong
                 holder = None
-        await self._nc.close()
+        self.client.stop()
         if holder is not None:
             raise StartupError(
                 "nats-stream",
@@ -253,28 +274,26 @@ class JetStreamLog:
             "nats-stream", f"JetStream refused stream {settings.stream}: {error}"
         ) from None
 
-    async def _stream_info_or_made(
-        self, wanted: dict[str, Any], missing: type[BaseException]
-    ) -> Any:
+    async def _stream_info_or_made(self, wanted: dict[str, Any]) -> dict[str, Any]:
+        client = self.client
         try:
-            return await self._js.stream_info(self.settings.stream)
-        except missing:
-            return await self._create(wanted)
-
-    async def _create(self, wanted: dict[str, Any]) -> Any:
-        from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-
-        config = StreamConfig(
-            name=self.settings.stream,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
+            return await client.jetstream(jsapi.stream_info(self.settings.stream))
+        except jsapi.JetStreamError as error:
+            if error.err_code != STREAM_NOT_FOUND:
+                raise
+        config = {
+            "name": self.settings.stream,
+            "retention": "limits",
+            "storage": "file",
+            "discard": "old",
             # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
             # older server leaves it off and appends go message by message).
-            allow_atomic=True,
+            "allow_atomic": True,
             **wanted,
-        )
-        info = await self._js.add_stream(config)
+        }
+        for key in _NANOSECONDS:
+            config[key] = int(float(config[key]) * 1e9)
+        info = await client.jetstream(f"{jsapi.API}.STREAM.CREATE.{self.settings.stream}", config)
         log.info(
             "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
             stream=self.settings.stream,
@@ -283,22 +302,16 @@ class JetStreamLog:
         )
         return info
 
-    def _took_state(self, info: Any) -> None:
-        created = info.created.isoformat() if info.created is not None else "unknown"
+    def _took_state(self, info: dict[str, Any]) -> None:
         # A stream made again is another log: clients and the Spark bridge start over.
-        self.store_id = f"{self.settings.stream}@{created}"
+        self.store_id = f"{self.settings.stream}@{created_text(info.get('created'))}"
         # The node that leads the stream's replicas now (None: one node, or none elected).
-        self.leader = info.cluster.leader if info.cluster is not None else None
-        state = info.state
-        self.last_sequence = int(state.last_seq)
-        self.first_sequence = int(state.first_seq)
-        self.messages = int(state.messages)
-        self.bytes = int(state.bytes)
-
-    async def _error(self, error: Exception) -> None:
-        self.loop.to_reactor(
-            lambda: log.warn("NATS: {error}", error=str(error) or type(error).__name__)
-        )
+        self.leader = (info.get("cluster") or {}).get("leader")
+        state = info["state"]
+        self.last_sequence = int(state["last_seq"])
+        self.first_sequence = int(state["first_seq"])
+        self.messages = int(state["messages"])
+        self.bytes = int(state["bytes"])
 
     # -- appending -----------------------------------------------------------------------------
 
@@ -479,10 +492,8 @@ class JetStreamLog:
     def refresh(self) -> defer.Deferred[None]:
         """Read the stream's state again (for /status and the periodic report)."""
 
-        async def info() -> None:
-            self._took_state(await self._js.stream_info(self.settings.stream))
-
-        return self.loop.call(info())
+        asked = self.client.jetstream(jsapi.stream_info(self.settings.stream))
+        return asked.addCallback(self._took_state)
 
     def size(self) -> int:
         """Bytes the stream holds (as of the last state read)."""
@@ -507,18 +518,8 @@ class JetStreamLog:
                 self._writer.stop()
 
         writer = threads.deferToThread(writer_done)
-
-        async def drain() -> None:
-            if self._nc is not None and not self._nc.is_closed:
-                await self._nc.drain()
-
-        closing = self.loop.call(drain()) if self.loop.running else defer.succeed(None)
-
-        def stopped(result: object) -> defer.Deferred[None]:
-            self.loop.stop()
-            return writer
-
-        return closing.addBoth(stopped)
+        self.client.stop()
+        return writer
 
     def _close_publisher(self) -> None:
         publisher, self._publisher = self._publisher, None
