@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor, task, threads
 
 from bus.natswire import jsapi
 from bus.natswire.codec import Msg
@@ -158,3 +158,93 @@ def test_a_server_that_stops_answering_is_left(cluster: Any) -> Any:
             cluster.kill(node, signal.SIGCONT)
     finally:
         client.stop()
+
+
+def make_certificates(directory: Path) -> dict[str, Path]:
+    """A CA and a server certificate for 127.0.0.1 it signed (cryptography, PEM)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    later = now + datetime.timedelta(days=2)
+
+    def named(text: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder().subject_name(named("bus test CA")).issuer_name(named("bus test CA"))
+        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(later)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    server = (
+        x509.CertificateBuilder().subject_name(named("127.0.0.1")).issuer_name(ca.subject)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(later)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )  # fmt: skip
+    paths = {name: directory / f"{name}.pem" for name in ("ca", "cert", "key")}
+    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths["key"].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+@pytest_twisted.inlineCallbacks
+def test_tls_to_the_servers_through_both_clients(tmp_path: Path) -> Any:
+    """A nats-server that requires TLS: the reactor's client and the blocking one
+    (natswire) connect with the CA that signed it and refuse one without it."""
+    from bus.natswire.blocking import Connection
+    from bus.transport.nats import NatsTLS
+
+    paths = make_certificates(tmp_path)
+    nodes = nats_cluster(tmp_path / "nats", size=1)
+    (node,) = nodes.nodes
+    node.config.write_text(
+        node.config.read_text()
+        + f'tls {{ cert_file: "{paths["cert"]}"\n  key_file: "{paths["key"]}" }}\n'
+    )
+    nodes.start()
+    client = NatsClient(reactor, nodes.urls, tls=NatsTLS(ca=paths["ca"]))
+    stranger = NatsClient(reactor, nodes.urls, tls=NatsTLS(), connect_timeout=2)
+    client.start()
+    stranger.start()
+    try:
+        yield client.when_connected(timeout=10)
+        client.subscribe("echo", lambda m: client.publish(m.reply, m.payload.upper()))
+        answer = yield client.request(b"echo", b"over tls")
+        assert answer.payload == b"OVER TLS"
+        with pytest.raises(ConnectError):
+            yield stranger.when_connected(timeout=3)  # no CA: the server is not trusted
+        import ssl
+
+        context = ssl.create_default_context(cafile=str(paths["ca"]))
+
+        def ask() -> bytes:  # in a thread: the reactor's client answers it
+            with Connection(nodes.urls, tls=context) as blocking:
+                return blocking.request("echo", b"blocking").payload
+
+        answered = yield threads.deferToThread(ask)
+        assert answered == b"BLOCKING"
+    finally:
+        client.stop()
+        stranger.stop()
+        nodes.stop()
