@@ -5,23 +5,14 @@ service that has them: the Event BUS's log and eMQP's guaranteed requests."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.python import usage
 
+from bus.natswire.settings import NatsSettings
 
-@dataclass(frozen=True, slots=True)
-class NatsChoice:
-    servers: tuple[str, ...]
-    stream: str
-    subject_prefix: str
-    replicas: int
-    creds: Path | None
-    tls_ca: Path | None
-    tls_cert: Path | None
-    tls_key: Path | None
+Settings = TypeVar("Settings", bound=NatsSettings)
 
 
 def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
@@ -61,8 +52,9 @@ def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
     ]
 
 
-def nats_choice(options: Mapping[str, Any], stream: str, prefix: str) -> NatsChoice | None:
-    """What the options ask (None: sqlite); a usage error for a wrong mix."""
+def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any) -> Settings | None:
+    """What the options ask, as ``kind`` (None: sqlite); a usage error for a wrong mix.
+    ``more``: the service's own settings beside the shared ones."""
     store = options.get("store") or "sqlite"
     if store not in ("sqlite", "jetstream"):
         raise usage.UsageError("--store must be sqlite or jetstream")
@@ -78,17 +70,21 @@ def nats_choice(options: Mapping[str, Any], stream: str, prefix: str) -> NatsCho
         value = options.get(name)
         return Path(value) if value else None
 
+    named: dict[str, Any] = {
+        key: str(options[option])
+        for key, option in (("stream", "nats-stream"), ("subject_prefix", "nats-subject-prefix"))
+        if options.get(option)
+    }
     try:
-        replicas = int(options.get("nats-replicas") or 1)
-    except ValueError:
-        raise usage.UsageError("--nats-replicas must be a number") from None
-    return NatsChoice(
-        servers=servers,
-        stream=str(options.get("nats-stream") or stream),
-        subject_prefix=str(options.get("nats-subject-prefix") or prefix),
-        replicas=replicas,
-        creds=path("nats-creds"),
-        tls_ca=path("nats-tls-ca"),
-        tls_cert=path("nats-tls-cert"),
-        tls_key=path("nats-tls-key"),
-    )
+        return kind(
+            servers=servers,
+            replicas=int(options.get("nats-replicas") or 1),
+            creds=path("nats-creds"),
+            tls_ca=path("nats-tls-ca"),
+            tls_cert=path("nats-tls-cert"),
+            tls_key=path("nats-tls-key"),
+            **named,
+            **more,
+        )
+    except ValueError as error:
+        raise usage.UsageError(str(error)) from None

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.emqp.core import BrokerSettings
+from bus.natswire.settings import NatsSettings
 from bus.sqlitewal import Durability
 from bus.transport.curve_settings import CurveSettings
 
@@ -54,23 +55,12 @@ class EmqpConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class JetStreamSettings:
+class JetStreamSettings(NatsSettings):
     """Guaranteed requests in a JetStream stream shared by several brokers
     (``--store jetstream``; see :mod:`bus.emqp.jobstream` and docs/cluster.md)."""
 
-    servers: tuple[str, ...]
     stream: str = "EMQP"
     subject_prefix: str = "emqp"
-    replicas: int = 1
-    creds: Path | None = None
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    #: A request resent (same msgid) within this many seconds is stored once.
-    duplicate_window: float = 120.0
-    connect_timeout: float = 5.0
-    #: An append not acknowledged this long is sent again (the client port waits).
-    ack_timeout: float = 5.0
     #: A broker that stops telling the stream it works on a request (it died) loses it
     #: to another broker after this long.
     ack_wait: float = 4.0
@@ -80,9 +70,3 @@ class JetStreamSettings:
     #: This broker's name among the brokers (answers to its clients go to it); empty:
     #: one kept in the data directory.
     broker_id: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.servers:
-            raise ValueError("--nats names no server")
-        if not 1 <= self.replicas <= 5:
-            raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")

@@ -654,22 +654,25 @@ class Broker:
         if book is None:
             return 0
         now = self.clock()
-        revisions = {s.id: s.revision for s in book} if self.streamed else {}
         due = book.due(now)
-        if self.streamed:
-            for schedule in due:
-                self._fire_in_cluster(schedule, revisions.get(schedule.id, 0), now)
-            return len(due)
         store = self.store
         for schedule in due:
             spec = schedule.spec
-            msgid = _new_msgid()
             self.schedules_fired += 1
-            if store is not None:
-                if schedule.finished:
-                    store.remove_schedule(schedule.id)
-                else:
-                    store.put_schedule(schedule.to_row())
+            try:
+                headers = codec.parse_headers(spec.headers)
+            except EmqpError:
+                headers = codec.NO_HEADERS  # checked when it was scheduled
+            if self.streamed:
+                msgid = run_msgid(schedule.id, schedule.runs)
+                self._fire_in_cluster(schedule, msgid, headers, now)
+            else:
+                msgid = _new_msgid()
+                if store is not None:
+                    if schedule.finished:
+                        store.remove_schedule(schedule.id)
+                    else:
+                        store.put_schedule(schedule.to_row())
             if self._publishing:
                 self._publish(
                     "/emqp/schedule/fired/",
@@ -677,38 +680,24 @@ class Broker:
                 )
             if schedule.finished:
                 self._schedule_gone(schedule.id, "run-count")
-            try:
-                headers = codec.parse_headers(spec.headers)
-            except EmqpError:
-                headers = codec.NO_HEADERS  # checked when it was scheduled
-            self._on_request(b"", codec.Request(msgid, spec.queue, headers, spec.body), now)
+            if not self.streamed:
+                self._on_request(b"", codec.Request(msgid, spec.queue, headers, spec.body), now)
         return len(due)
 
-    def _fire_in_cluster(self, schedule: Schedule, revision: int, now: float) -> None:
+    def _fire_in_cluster(
+        self, schedule: Schedule, msgid: bytes, headers: codec.Headers, now: float
+    ) -> None:
         """A run goes to the stream under a msgid every broker makes alike (the stream
         stores it once whichever brokers fire it), then the bucket's compare-and-set
-        from ``revision`` says the run happened: one broker's wins, the others' books
-        follow the bucket."""
-        spec = schedule.spec
-        msgid = run_msgid(schedule.id, schedule.runs)
-        self.schedules_fired += 1
-        try:
-            headers = codec.parse_headers(spec.headers)
-        except EmqpError:
-            headers = codec.NO_HEADERS  # checked when it was scheduled
+        from the revision the book knew (:meth:`ScheduleBook.due` leaves it) says the
+        run happened: one broker's wins, the others' books follow the bucket."""
         retries = headers.retry_count
         if retries is None:
             retries = self.settings.guarantee_retries if headers.guarantee else 0
+        spec = schedule.spec
         job = Job(msgid, b"", spec.queue, headers, spec.body, now, retries, False)
         row = None if schedule.finished else schedule.to_row()
-        self.to_stream.append(("schedule-fire", (job, schedule.id, row, revision)))
-        if self._publishing:
-            self._publish(
-                "/emqp/schedule/fired/",
-                {"schedule": schedule.id, "msgid": peer_name(msgid), "run": schedule.runs},
-            )
-        if schedule.finished:
-            self._schedule_gone(schedule.id, "run-count")
+        self.to_stream.append(("schedule-fire", (job, schedule.id, row, schedule.revision)))
 
     def restore_schedules(self) -> int:
         """Load the stored schedules (after a restart): each that missed runs while the

@@ -30,12 +30,11 @@ from bus.errors import StartupError
 from bus.natswire import codec, jsapi
 from bus.natswire.codec import Msg
 from bus.natswire.handshake import ConnectError
-from bus.transport.nats import NatsClient, NatsTLS, NotConnected, Subscription
+from bus.transport.nats import NotConnected, Subscription, client_for, stream_ready
 
 log = Logger(namespace="bus.emqp.jetstream")
 
-#: JetStream's error for a stream name not found, and for subjects another stream holds.
-STREAM_NOT_FOUND = 10059
+#: JetStream's error for subjects another stream holds.
 OVERLAPPING_SUBJECTS = 10065
 _ACK = b"+ACK"
 _NAK = b"-NAK"
@@ -100,19 +99,8 @@ class JetStreamJobs:
         self._watch_inbox = ""
         self._watch_sequence = 0
         self.schedule_conflicts = 0
-        tls = (
-            NatsTLS(settings.tls_ca, settings.tls_cert, settings.tls_key)
-            if settings.tls_ca or settings.tls_cert
-            else None
-        )
-        self.client = NatsClient(
-            reactor,
-            settings.servers,
-            name=f"emqp-broker-{broker_id.decode('ascii', 'replace')}",
-            creds=settings.creds,
-            tls=tls,
-            ping_interval=settings.ping_interval,
-            connect_timeout=settings.connect_timeout,
+        self.client = client_for(
+            reactor, settings, f"emqp-broker-{broker_id.decode('ascii', 'replace')}"
         )
         self.client.listeners.append(self._connection_changed)
         prefix = settings.subject_prefix
@@ -170,28 +158,31 @@ class JetStreamJobs:
         wanted = jobstream.stream_config(
             settings.stream, self._prefix, settings.replicas, settings.duplicate_window
         )
-        deadline = self.reactor.seconds() + 3 * settings.connect_timeout
-        while True:
-            try:
-                info = yield self._stream_info_or_made(wanted)
-                break
-            except jsapi.JetStreamError as error:
-                if error.err_code == OVERLAPPING_SUBJECTS:
-                    self.client.stop()
-                    raise StartupError(
-                        "nats-stream",
-                        f"another stream holds the subjects {wanted['subjects'][0]}: give "
-                        "--nats-stream its name, or another --nats-subject-prefix",
-                    ) from None
-                failure: Exception = error
-            except (TimeoutError, NotConnected) as error:  # no meta leader yet: a new cluster
-                failure = error
-            if self.reactor.seconds() > deadline:
-                self.client.stop()
+        try:
+            info, made = yield defer.ensureDeferred(
+                stream_ready(self.client, wanted, 3 * settings.connect_timeout)
+            )
+        except jsapi.JetStreamError as error:
+            self.client.stop()
+            if error.err_code == OVERLAPPING_SUBJECTS:
                 raise StartupError(
-                    "nats-stream", f"JetStream did not make {settings.stream}: {failure}"
-                )
-            yield _sleep(self.reactor, 0.25)
+                    "nats-stream",
+                    f"another stream holds the subjects {wanted['subjects'][0]}: give "
+                    "--nats-stream its name, or another --nats-subject-prefix",
+                ) from None
+            raise StartupError(
+                "nats-stream", f"JetStream refused stream {settings.stream}: {error}"
+            ) from None
+        except TimeoutError as error:
+            self.client.stop()
+            raise StartupError("nats-stream", str(error)) from None
+        if made:
+            log.info(
+                "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
+                stream=settings.stream,
+                replicas=settings.replicas,
+                subjects=wanted["subjects"][0],
+            )
         wrong = jobstream.disagreements(info["config"], wanted)
         if wrong:
             self.client.stop()
@@ -203,17 +194,13 @@ class JetStreamJobs:
         self.stream_info = info
         self.atomic = bool(info["config"].get("allow_atomic"))
         bucket = jobstream.bucket_config(self.bucket, settings.replicas, settings.duplicate_window)
-        while True:
-            try:
-                yield self._made(bucket)
-                break
-            except (jsapi.JetStreamError, TimeoutError, NotConnected) as error:
-                if self.reactor.seconds() > deadline:
-                    self.client.stop()
-                    raise StartupError(
-                        "nats-stream", f"JetStream did not make KV_{self.bucket}: {error}"
-                    ) from None
-            yield _sleep(self.reactor, 0.25)
+        try:
+            yield defer.ensureDeferred(
+                stream_ready(self.client, bucket, 3 * settings.connect_timeout)
+            )
+        except (jsapi.JetStreamError, TimeoutError) as error:
+            self.client.stop()
+            raise StartupError("nats-stream", f"KV_{self.bucket}: {error}") from None
         self._watch_inbox = f"_EMQPKV.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
         self.client.subscribe(self._watch_inbox, self._schedule_changed)
         yield self._watch()
@@ -226,19 +213,6 @@ class JetStreamJobs:
         self._progress_loop = LoopingCall(self._in_progress)
         self._progress_loop.clock = self.reactor
         self._progress_loop.start(settings.ack_wait / 4, now=False)
-
-    @defer.inlineCallbacks
-    def _made(self, config: dict[str, Any]) -> Any:
-        """A stream as ``config`` says, made when missing (its settings are ours)."""
-        name = config["name"]
-        try:
-            info = yield self.client.jetstream(jsapi.stream_info(name))
-            return info
-        except jsapi.JetStreamError as error:
-            if error.err_code != STREAM_NOT_FOUND:
-                raise
-        info = yield self.client.jetstream(f"{jsapi.API}.STREAM.CREATE.{name}", config)
-        return info
 
     def _watch(self) -> defer.Deferred[Any]:
         """(Again) the bucket's keys, then its changes, to this broker."""
@@ -335,23 +309,6 @@ class JetStreamJobs:
 
         self._then[job.msgid] = appended
         self._append(job, stored)
-
-    @defer.inlineCallbacks
-    def _stream_info_or_made(self, wanted: dict[str, Any]) -> Any:
-        try:
-            info = yield self.client.jetstream(jsapi.stream_info(self._stream))
-            return info
-        except jsapi.JetStreamError as error:
-            if error.err_code != STREAM_NOT_FOUND:
-                raise
-        info = yield self.client.jetstream(f"{jsapi.API}.STREAM.CREATE.{self._stream}", wanted)
-        log.info(
-            "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
-            stream=self._stream,
-            replicas=self.settings.replicas,
-            subjects=wanted["subjects"][0],
-        )
-        return info
 
     def close(self) -> None:
         if self._progress_loop is not None and self._progress_loop.running:
@@ -745,9 +702,3 @@ class JetStreamJobs:
             "offers_sent": self.offers_sent,
             "offers_taken": self.offers_taken,
         }
-
-
-def _sleep(reactor: Any, seconds: float) -> defer.Deferred[None]:
-    from twisted.internet.task import deferLater
-
-    return deferLater(reactor, seconds, lambda: None)

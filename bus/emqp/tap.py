@@ -10,7 +10,6 @@ import math
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +33,7 @@ from bus.emqp.eventmq_settings import (
     read_eventmq_settings,
     value_in,
 )
-from bus.natsoptions import nats_choice, nats_options
+from bus.natsoptions import nats_options, nats_settings
 from bus.options import ServiceOptions, config_path_in, parse_duration, parse_size
 from bus.sighup import on_sighup
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
@@ -302,15 +301,9 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
         raise usage.UsageError("--scheduler must be builtin or external")
     if int(options["guarantee-retries"]) < 0:
         raise usage.UsageError("--guarantee-retries must be 0 or more")
-    choice = nats_choice(options, "EMQP", "emqp")
-    try:
-        jetstream = (
-            JetStreamSettings(**asdict(choice), broker_id=str(options.get("nats-broker-id") or ""))
-            if choice is not None
-            else None
-        )
-    except ValueError as error:
-        raise usage.UsageError(str(error)) from None
+    jetstream = nats_settings(
+        options, JetStreamSettings, broker_id=str(options.get("nats-broker-id") or "")
+    )
     return EmqpConfig(
         jetstream=jetstream,
         curve=curve_settings(options),

@@ -8,6 +8,7 @@ from typing import Literal
 
 from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
 from bus.eventbus.store import Retention
+from bus.natswire.settings import NatsSettings
 from bus.sqlitewal import Durability
 from bus.transport.curve_settings import CurveSettings
 
@@ -59,31 +60,11 @@ class PairConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class JetStreamSettings:
+class JetStreamSettings(NatsSettings):
     """Where the stream is and how it is made (see docs/cluster.md)."""
 
-    servers: tuple[str, ...]
     stream: str = "EVENTBUS"
     subject_prefix: str = "eventbus"
-    replicas: int = 1
-    #: A NATS credentials file (``--nats-creds``), and TLS (``--nats-tls-*``).
-    creds: Path | None = None
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    #: A resent event (same uuid) within this many seconds is stored once.
-    duplicate_window: float = 120.0
-    connect_timeout: float = 5.0
-    #: An append not acknowledged this long is refused (and retried, as on a full disk).
-    ack_timeout: float = 5.0
-    #: Seconds between pings to the NATS server: a silent one is left after two.
-    ping_interval: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.servers:
-            raise ValueError("--nats names no server")
-        if not 1 <= self.replicas <= 5:
-            raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")
 
 
 @dataclass(frozen=True, slots=True)

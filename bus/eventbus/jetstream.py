@@ -53,12 +53,10 @@ from bus.natswire.blocking import ConnectError, Connection
 from bus.natswire.codec import ProtocolError
 from bus.natswire.publish import Publisher, PublishError
 from bus.natswire.ranged import RangeRead
-from bus.transport.nats import NatsClient, NatsTLS, NoResponders, NotConnected
+from bus.transport.nats import client_for, stream_ready
 
-#: JetStream's error codes for a stream whose subjects another stream holds, and for a
-#: stream not found.
+#: JetStream's error code for a stream whose subjects another stream holds.
 OVERLAPPING_SUBJECTS = 10065
-STREAM_NOT_FOUND = 10059
 #: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
 _NANOSECONDS = ("max_age", "duplicate_window")
 
@@ -100,12 +98,6 @@ def created_text(created: str | None) -> str:
     return datetime.datetime.fromisoformat(text).astimezone(datetime.UTC).isoformat()
 
 
-def _sleep(reactor: Any, seconds: float) -> defer.Deferred[None]:
-    from twisted.internet.task import deferLater
-
-    return deferLater(reactor, seconds, lambda: None)
-
-
 def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """What a stream found has that the options do not say, one phrase each."""
     said = []
@@ -129,21 +121,8 @@ class JetStreamLog:
         self.settings = settings
         self.retention = retention
         self.path = Path(f"jetstream:{settings.stream}")
-        tls = (
-            NatsTLS(settings.tls_ca, settings.tls_cert, settings.tls_key)
-            if settings.tls_ca or settings.tls_cert
-            else None
-        )
         #: The stream's management (make, check, state) on the reactor.
-        self.client = NatsClient(
-            reactor,
-            settings.servers,
-            name=f"eventbus-{settings.stream}",
-            creds=settings.creds,
-            tls=tls,
-            ping_interval=settings.ping_interval,
-            connect_timeout=settings.connect_timeout,
-        )
+        self.client = client_for(reactor, settings, f"eventbus-{settings.stream}")
         self.store_id = ""
         #: The stream's last sequence when opened, then as the feed moves.
         self.last_sequence = 0
@@ -213,23 +192,33 @@ class JetStreamLog:
                 "nats", f"cannot reach {', '.join(settings.servers)}: {error}"
             ) from None
         wanted = stream_limits(settings, self.retention)
-        deadline = self.reactor.seconds() + 3 * settings.connect_timeout
-        while True:
-            try:
-                info = await self._stream_info_or_made(wanted)
-                break
-            except jsapi.JetStreamError as error:
-                if error.err_code == OVERLAPPING_SUBJECTS or error.code == 400:
-                    await self._refuse_overlap(error, wanted["subjects"][0])
-                failure: Exception = error
-            except (TimeoutError, NoResponders, NotConnected) as error:
-                failure = error  # no meta leader, replicas not all up: a new cluster
-            if self.reactor.seconds() > deadline:
-                self.client.stop()
-                raise StartupError(
-                    "nats-stream", f"JetStream did not answer for {settings.stream}: {failure}"
-                )
-            await _sleep(self.reactor, 0.25)
+        made = {
+            "name": settings.stream,
+            "retention": "limits",
+            "storage": "file",
+            "discard": "old",
+            # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
+            # older server leaves it off and appends go message by message).
+            "allow_atomic": True,
+            **wanted,
+        }
+        for key in _NANOSECONDS:
+            made[key] = int(float(made[key]) * 1e9)
+        try:
+            info, new = await stream_ready(self.client, made, 3 * settings.connect_timeout)
+        except jsapi.JetStreamError as error:
+            await self._refuse_overlap(error, wanted["subjects"][0])
+            raise  # _refuse_overlap always raises
+        except TimeoutError as error:
+            self.client.stop()
+            raise StartupError("nats-stream", str(error)) from None
+        if new:
+            log.info(
+                "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
+                stream=settings.stream,
+                replicas=settings.replicas,
+                subjects=wanted["subjects"][0],
+            )
         config = info["config"]
         found = {key: config.get(key) for key in wanted}
         for key in _NANOSECONDS:
@@ -273,34 +262,6 @@ class JetStreamLog:
         raise StartupError(
             "nats-stream", f"JetStream refused stream {settings.stream}: {error}"
         ) from None
-
-    async def _stream_info_or_made(self, wanted: dict[str, Any]) -> dict[str, Any]:
-        client = self.client
-        try:
-            return await client.jetstream(jsapi.stream_info(self.settings.stream))
-        except jsapi.JetStreamError as error:
-            if error.err_code != STREAM_NOT_FOUND:
-                raise
-        config = {
-            "name": self.settings.stream,
-            "retention": "limits",
-            "storage": "file",
-            "discard": "old",
-            # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
-            # older server leaves it off and appends go message by message).
-            "allow_atomic": True,
-            **wanted,
-        }
-        for key in _NANOSECONDS:
-            config[key] = int(float(config[key]) * 1e9)
-        info = await client.jetstream(f"{jsapi.API}.STREAM.CREATE.{self.settings.stream}", config)
-        log.info(
-            "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
-            stream=self.settings.stream,
-            replicas=self.settings.replicas,
-            subjects=wanted["subjects"][0],
-        )
-        return info
 
     def _took_state(self, info: dict[str, Any]) -> None:
         # A stream made again is another log: clients and the Spark bridge start over.

@@ -7,7 +7,7 @@ the other services; every option can also be set as ``EVENTBUS_<OPTION>`` or in 
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from bus.eventbus.config import (
     original_dialect,
 )
 from bus.eventbus.store import Retention
-from bus.natsoptions import nats_choice, nats_options
+from bus.natsoptions import nats_options, nats_settings
 from bus.options import ServiceOptions, optional_duration, parse_duration
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
@@ -210,15 +210,10 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConf
 
 def stream_from_options(options: usage.Options | dict[str, Any]) -> JetStreamSettings | None:
     """The JetStream stream of ``--store jetstream`` (None: the SQLite log)."""
-    choice = nats_choice(options, "EVENTBUS", "eventbus")
-    if choice is None:
-        return None
-    if options.get("ha-role") or options.get("ha-peer"):
+    settings = nats_settings(options, JetStreamSettings)
+    if settings is not None and (options.get("ha-role") or options.get("ha-peer")):
         raise usage.UsageError("--store jetstream has no pair (--ha-*): the cluster replicates")
-    try:
-        return JetStreamSettings(**asdict(choice))
-    except ValueError as error:
-        raise usage.UsageError(str(error)) from None
+    return settings
 
 
 def _pair_config(options: usage.Options | dict[str, Any], port: int) -> PairConfig | None:

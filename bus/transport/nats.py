@@ -33,6 +33,7 @@ from twisted.python.failure import Failure
 from bus.natswire import codec, handshake, jsapi
 from bus.natswire.codec import Control, Msg, ProtocolError
 from bus.natswire.handshake import ConnectError, Server
+from bus.natswire.settings import NatsSettings
 
 log = Logger(namespace="bus.nats")
 
@@ -475,3 +476,68 @@ class NatsClient:
                 subscription.callback(msg)
             except Exception:
                 log.failure("a NATS subscriber of {subject} failed", subject=subscription.subject)
+
+
+def client_for(reactor: Any, settings: NatsSettings, name: str) -> NatsClient:
+    """The client a service's JetStream store settings ask for (servers, credentials,
+    TLS, pings)."""
+    tls = (
+        NatsTLS(settings.tls_ca, settings.tls_cert, settings.tls_key)
+        if settings.tls_ca or settings.tls_cert
+        else None
+    )
+    return NatsClient(
+        reactor,
+        settings.servers,
+        name=name,
+        creds=settings.creds,
+        tls=tls,
+        ping_interval=settings.ping_interval,
+        connect_timeout=settings.connect_timeout,
+    )
+
+
+#: JetStream's error for a stream name not found.
+STREAM_NOT_FOUND = 10059
+
+
+async def stream_made(client: NatsClient, config: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The stream ``config`` names, made as it says when missing: its info, and whether
+    it was made now. JetStream's errors (:class:`bus.natswire.jsapi.JetStreamError`) and
+    the client's go to the caller."""
+    name = config["name"]
+    try:
+        return await client.jetstream(jsapi.stream_info(name)), False
+    except jsapi.JetStreamError as error:
+        if error.err_code != STREAM_NOT_FOUND:
+            raise
+    return await client.jetstream(f"{jsapi.API}.STREAM.CREATE.{name}", config), True
+
+
+async def stream_ready(
+    client: NatsClient, config: dict[str, Any], within: float
+) -> tuple[dict[str, Any], bool]:
+    """:func:`stream_made`, asked again for up to ``within`` seconds while JetStream
+    cannot answer yet (a new cluster with no meta leader, replicas not all up); a
+    refusal (400: the config, subjects another stream holds) is raised at once, and
+    :class:`TimeoutError` says why when the time is up."""
+    reactor = client.reactor
+    deadline = reactor.seconds() + within
+    while True:
+        try:
+            return await stream_made(client, config)
+        except jsapi.JetStreamError as error:
+            if error.code == 400:
+                raise
+            failure: Exception = error
+        except (TimeoutError, NoResponders, NotConnected) as error:
+            failure = error
+        if reactor.seconds() > deadline:
+            raise TimeoutError(f"JetStream did not answer for {config['name']}: {failure}")
+        await pause(reactor, 0.25)
+
+
+def pause(reactor: Any, seconds: float) -> defer.Deferred[None]:
+    from twisted.internet.task import deferLater
+
+    return deferLater(reactor, seconds, lambda: None)
