@@ -128,6 +128,11 @@ class JetStreamJobs:
         self._pull_inbox = ""
         self.pulled = 0
         self.acks = 0
+        #: Acknowledgements the stream has not confirmed yet: handle -> when first said.
+        self._acking: dict[bytes, float] = {}
+        #: Those given up on after ack_wait (the stream may run them again elsewhere).
+        self.acks_unconfirmed = 0
+        self._ack_reason = ""
         self.naks = 0
         self.terms = 0
         self.answers_sent = 0
@@ -355,6 +360,8 @@ class JetStreamJobs:
         if up:
             self._schedule_retry(0.0)
             self._watch_again()
+            for handle in list(self._acking):
+                self._ack_again(handle)
         self._on_change()
 
     # -- what the core asks --------------------------------------------------------------------
@@ -369,7 +376,8 @@ class JetStreamJobs:
             if what == "append":
                 self._append(value, job_of(value))
             elif what == "ack":
-                self._tell_stream(value, _ACK)
+                self._acking.setdefault(value, self.reactor.seconds())
+                self._ack(value)
                 self.acks += 1
             elif what == "nak":
                 self._tell_stream(value, _NAK)
@@ -401,6 +409,39 @@ class JetStreamJobs:
         # Unsaid (no connection): the stream delivers it again after ack_wait.
         with contextlib.suppress(NotConnected):
             self.client.publish(handle, word)
+
+    def _ack(self, handle: bytes) -> None:
+        """Acknowledge a request its worker answered, and have the stream confirm it. An
+        acknowledgement lost with its connection (its NATS server died), or unanswered, is
+        said again (on the next connection, or at once) until the stream confirms it or
+        ``ack_wait`` has passed since it was first said: by then the stream has given the
+        request to another broker. Unconfirmed, a request that ran would run again."""
+        answer = self.client.request(handle, _ACK, timeout=self.settings.ack_wait / 4)
+        answer.addCallbacks(
+            lambda _: self._acking.pop(handle, None),
+            lambda failure: self._ack_unconfirmed(handle, failure),
+        )
+
+    def _ack_unconfirmed(self, handle: bytes, failure: Failure) -> None:
+        self._ack_reason = failure.getErrorMessage() or type(failure.value).__name__
+        if not failure.check(NotConnected):  # else: said again once connected
+            self.reactor.callLater(0.1, self._ack_again, handle)
+
+    def _ack_again(self, handle: bytes) -> None:
+        first = self._acking.get(handle)
+        if first is None or not self.client.connected:
+            return
+        if self.reactor.seconds() - first < self.settings.ack_wait:
+            self._ack(handle)
+            return
+        del self._acking[handle]
+        self.acks_unconfirmed += 1
+        log.warn(
+            "JetStream did not confirm an acknowledgement in {seconds}s ({reason}): the "
+            "request may run again",
+            seconds=self.settings.ack_wait,
+            reason=self._ack_reason,
+        )
 
     def _append(self, job: Job, stored: jobstream.StreamedJob) -> None:
         subject = jobstream.job_subject(self._prefix, job.queue).encode()
@@ -639,6 +680,8 @@ class JetStreamJobs:
             "pulls_open": len(self._pulls),
             "pulled": self.pulled,
             "acks": self.acks,
+            "acks_unconfirmed": self.acks_unconfirmed,
+            "acks_confirming": len(self._acking),
             "naks": self.naks,
             "terms": self.terms,
             "answers_sent": self.answers_sent,
