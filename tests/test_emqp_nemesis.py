@@ -52,13 +52,17 @@ BIN = Path(sys.executable).parent
 NATS_NODES = ["n1", "n2", "n3"]
 BROKERS = ["b1", "b2"]
 KINDS = ["kill-broker", "kill-nats", "cut-broker"]
-RATE = 6.0  # requests/s per client
+#: Requests/s per client: half of what the job managers take together. eventmq's job
+#: manager reads its finished jobs when its poll of the broker's socket returns, at the
+#: latest each second: a slot takes about one job a second, whatever the job's length.
+RATE = 2.0
 JOB_SECONDS = 0.3  # each run's work: some are always under way when a fault comes
 JOBS_PER_MANAGER = 4
 SCHEDULE_RUNS = 8 * ROUNDS
 #: A run that ended this long before a fault began may still have been unacknowledged by
-#: its broker then (its REPLY, the broker's ack to the stream on their way).
-REPLY_SLACK = 1.0
+#: its broker then: its job manager sends the REPLY up to a second later (see RATE), the
+#: broker's ack to the stream follows.
+REPLY_SLACK = 2.5
 
 
 class Broker(HostService):
@@ -272,7 +276,7 @@ def test_no_acknowledged_request_is_lost_through_rounds_of_faults(
 
         def progressed(before: dict[str, int]) -> bool:
             now = acks()
-            return all(now[n] >= before[n] + 10 for n in BROKERS) and all(
+            return all(now[n] >= before[n] + 5 for n in BROKERS) and all(
                 b.serving() for b in brokers.values()
             )
 
