@@ -90,7 +90,11 @@ class JetStreamJobs:
         self.offers_sent = 0
         self.offers_taken = 0
         self.bucket = jobstream.bucket_name(settings.stream)
+        #: Each watch of the bucket delivers to an inbox of its own under this one.
         self._watch_inbox = ""
+        self._watch_generation = 0
+        self._watch_subscription: Subscription | None = None
+        self._watch_retry: Any = None
         self._watch_sequence = 0
         self.schedule_conflicts = 0
         tls = (
@@ -204,7 +208,6 @@ class JetStreamJobs:
                     ) from None
             yield _sleep(self.reactor, 0.25)
         self._watch_inbox = f"_EMQPKV.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
-        self.client.subscribe(self._watch_inbox, self._schedule_changed)
         yield self._watch()
         self.client.subscribe(jobstream.broker_subject(self._prefix, self.broker_id), self._answer)
         self._pull_inbox = f"_EMQP.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
@@ -230,17 +233,30 @@ class JetStreamJobs:
         return info
 
     def _watch(self) -> defer.Deferred[Any]:
-        """(Again) the bucket's keys, then its changes, to this broker."""
+        """(Again) the bucket's keys, then its changes, to this broker. Each watch is a
+        consumer delivering to an inbox of its own, and the watch before is no longer
+        listened to (its consumer, without interest, is dropped after its
+        inactive_threshold): two watches' deliveries never meet (their sequences would look
+        like lost changes, each making one more watch), and one retry waits at a time."""
         self._watch_sequence = 0
-        config = jobstream.watch_config(self.bucket, self._watch_inbox)
+        self._watch_generation += 1
+        generation = self._watch_generation
+        inbox = f"{self._watch_inbox}.{generation}"
+        if self._watch_subscription is not None:
+            self.client.unsubscribe(self._watch_subscription)
+        self._watch_subscription = self.client.subscribe(inbox, self._schedule_changed)
+        config = jobstream.watch_config(self.bucket, inbox)
         watching = self.client.jetstream(f"{jsapi.API}.CONSUMER.CREATE.KV_{self.bucket}", config)
 
         def failed(failure: Failure) -> None:
+            if generation != self._watch_generation:
+                return  # a later watch was asked for meanwhile
             log.warn(
                 "JetStream: schedules not watched yet ({error}); again soon",
                 error=failure.getErrorMessage(),
             )
-            self.reactor.callLater(1.0, self._watch_again)
+            if self._watch_retry is None or not self._watch_retry.active():
+                self._watch_retry = self.reactor.callLater(1.0, self._watch_again)
 
         return watching.addErrback(failed)
 
@@ -347,6 +363,8 @@ class JetStreamJobs:
             self._progress_loop.stop()
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
+        if self._watch_retry is not None and self._watch_retry.active():
+            self._watch_retry.cancel()
         self.client.stop()
 
     @property

@@ -1,9 +1,16 @@
-"""The broker's acknowledgements to the stream (bus.emqp.jetstream), on a fake NATS client and
-a Clock: an acknowledgement is a request the stream answers; one lost with its connection, or
+"""The broker's JetStream side (bus.emqp.jetstream) on a fake NATS client and a Clock, for two
+faults tests/test_emqp_nemesis.py found.
+
+Acknowledgements: one is a request the stream answers; one lost with its connection, or
 unanswered, is said again until the stream confirms it or ``ack_wait`` has passed. Without
 that, a request whose worker answered ran again at another broker whenever the broker's NATS
-server died before the acknowledgement reached the stream (tests/test_emqp_nemesis.py found
-it: kill -9 of a NATS server while requests ran)."""
+server died before the acknowledgement reached the stream.
+
+The schedules' watch: each watch delivers to an inbox of its own and the one before is not
+listened to any more; one retry waits at a time. Before, every watch made again (after a
+reconnection, or a lost change) delivered to the same inbox as the ones before, which stayed:
+their sequences interleaved, each looked like a lost change and made one more watch, until
+JetStream's consumer limit refused them and the retries went on without end."""
 
 from __future__ import annotations
 
@@ -28,6 +35,20 @@ class FakeNats:
         self.disconnects = 0
         self.listeners: list[Any] = []
         self.requests: list[tuple[bytes, bytes, defer.Deferred[Any]]] = []
+        self.subscriptions: dict[str, Any] = {}
+        self.jetstream_asked: list[tuple[str, Any, defer.Deferred[Any]]] = []
+
+    def subscribe(self, subject: str, callback: Any, queue: str = "") -> str:
+        self.subscriptions[subject] = callback
+        return subject
+
+    def unsubscribe(self, subscription: str) -> None:
+        del self.subscriptions[subscription]
+
+    def jetstream(self, subject: str, body: Any = None, timeout: float = 5.0) -> Any:
+        answer: defer.Deferred[Any] = defer.Deferred()
+        self.jetstream_asked.append((subject, body, answer))
+        return answer
 
     def request(
         self, subject: bytes, payload: bytes, headers: bytes = b"", timeout: float = 5.0
@@ -118,3 +139,36 @@ def test_an_acknowledgement_older_than_ack_wait_is_not_said_on_a_new_connection(
     stream._connection_changed(True)
     assert fake.acks() == []
     assert stream.status()["acks_unconfirmed"] == 1
+
+
+def watches(fake: FakeNats) -> list[tuple[Any, defer.Deferred[Any]]]:
+    return [(body, answer) for subject, body, answer in fake.jetstream_asked if "KV_" in subject]
+
+
+def test_each_watch_of_the_schedules_has_an_inbox_of_its_own() -> None:
+    stream, fake, _ = jobs()
+    stream._watch_inbox = "_EMQPKV.broker-a.1"
+    stream._watch()
+    stream._watch()  # e.g. after a reconnection
+    (first, _), (second, _) = watches(fake)
+    inboxes = [first["config"]["deliver_subject"], second["config"]["deliver_subject"]]
+    assert inboxes[0] != inboxes[1]
+    assert list(fake.subscriptions) == [inboxes[1]]  # the first is not listened to any more
+
+
+def test_failed_watches_wait_for_one_retry_at_a_time() -> None:
+    stream, fake, clock = jobs()
+    stream._watch_inbox = "_EMQPKV.broker-a.1"
+    for _ in range(3):
+        stream._watch()
+    for _, answer in watches(fake):
+        answer.errback(TimeoutError("maximum consumers limit reached"))
+    # Only the latest watch's failure asks again, once, a second later.
+    clock.advance(1.0)
+    assert len(watches(fake)) == 4
+    watches(fake)[-1][1].errback(TimeoutError("again"))
+    clock.advance(1.0)
+    assert len(watches(fake)) == 5
+    watches(fake)[-1][1].callback({"name": "w"})
+    clock.advance(10.0)
+    assert len(watches(fake)) == 5
