@@ -7,7 +7,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint docs bench clean browser redis-server prometheus cluster nemesis
+.PHONY: run test lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,11 @@ cluster: $(VENV)/.cluster-deps
 # The JetStream nemesis test at length (root: it makes network namespaces).
 nemesis: $(VENV)/.test-deps
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-24} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_eventbus_nemesis.py
+
+# The eMQP JetStream nemesis at length (root: network namespaces; eventmq's own job manager
+# and client from its venv). NEMESIS_SEED=N replays a run's faults.
+nemesis-emqp: $(VENV)/.test-deps $(INTEROP)/.installed
+	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-15} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_emqp_nemesis.py
 
 test: $(VENV)/.test-deps $(INTEROP)/.installed browser redis-server prometheus
 	$(BIN)/python -m pytest -q -n auto --dist loadfile

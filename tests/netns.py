@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import subprocess
 import threading
 import time
@@ -260,3 +261,65 @@ def make_hosts(names: list[str]) -> Hosts:
             pytest.fail(reason)
         pytest.skip(reason)
     return hosts
+
+
+class HostService:
+    """A ``twistd -n`` service on a host of :class:`Hosts`, restartable: start ``N`` logs to
+    ``ROOT/NAME-N.log``; its data directory is ``ROOT/NAME`` and it serves once the
+    status.json it writes there names its endpoints."""
+
+    def __init__(
+        self,
+        hosts: Hosts,
+        name: str,
+        root: Path,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.hosts, self.name, self.root = hosts, name, root
+        self.data = root / name
+        self.argv = argv
+        self.env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        (self.data / "status.json").unlink(missing_ok=True)
+        log = (self.root / f"{self.name}-{self.starts}.log").open("ab")
+        self.process = subprocess.Popen(
+            [*self.hosts.prefix(self.name), *self.argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+        )
+        log.close()
+
+    def status(self) -> dict[str, Any]:
+        """Its status.json, or ``{}`` while there is none (yet)."""
+        try:
+            return dict(json.loads((self.data / "status.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def ready(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited with {self.process.returncode}")
+        return bool(self.status().get("endpoints"))
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)

@@ -276,12 +276,29 @@ def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
         def runs() -> list[bytes]:
             return [r[3] for w in workers for r in w.requests()]
 
+        # The workers answer each run at once: answered, a run is the stream's no more.
+        answered: set[tuple[int, bytes]] = set()
+
+        def answer() -> None:
+            for worker in workers[1:] if a.process.poll() is not None else workers:
+                for request in worker.requests():
+                    if (id(worker), request[3]) not in answered:
+                        answered.add((id(worker), request[3]))
+                        worker.reply(request, "tick")
+
+        answering = task.LoopingCall(answer)
+        answering.start(0.05)
+        peers.append(SimpleNamespace(close=answering.stop))
         yield wait_until(lambda: len(runs()) >= 5, timeout=30, what="five runs")
         assert len(set(runs())) == len(runs())  # each run once, whichever broker fired it
         assert a.stop(signal.SIGKILL) == -signal.SIGKILL
+        at_a = {r[3] for r in workers[0].requests()}
         seen = len(runs())
         yield wait_until(lambda: len(runs()) >= seen + 3, timeout=30, what="runs after a died")
-        assert len(set(runs())) == len(runs())
+        # Once each; again only a run a's worker held unanswered when a died (the stream
+        # gives it to b: at least once).
+        again = [m for m in set(runs()) if runs().count(m) > 1]
+        assert set(again) <= at_a and len(again) <= 1, again
         listed = yield ran(cleanup, "schedules", "--admin", b.endpoints["admin"])
         (entry,) = map(json.loads, listed.out.splitlines())
         assert entry["id"] == schedule and entry["runs"] >= seen + 3

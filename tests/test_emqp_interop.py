@@ -35,16 +35,24 @@ JOBS = "tests.emqp_interop.jobs"
 
 class InteropProcess:
     """A script of tests/emqp_interop run by the interop interpreter, in its own process
-    group (the JobManager forks workers): stopped by SIGTERM, then the group is killed."""
+    group (the JobManager forks workers): stopped by SIGTERM, then the group is killed.
+    ``prefix`` runs it elsewhere (``ip netns exec NS``: a host of tests/netns.py)."""
 
-    def __init__(self, script: str, *args: str, log: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        script: str,
+        *args: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+        prefix: list[str] | None = None,
+    ):
         if not INTEROP_PYTHON.exists():
             pytest.fail(f"{INTEROP_PYTHON} is missing: `make .venv-interop/.installed` makes it")
         self.log_path = log
         self.log = open(log, "ab")
         environment = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(env or {}))
         self.process = subprocess.Popen(
-            [str(INTEROP_PYTHON), str(SCRIPTS / script), *args],
+            [*(prefix or []), str(INTEROP_PYTHON), str(SCRIPTS / script), *args],
             stdout=subprocess.PIPE if script == "client.py" else self.log,
             stderr=self.log,
             env=environment,

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from bus.natsserver import NatsCluster
-from tests.netns import Hosts, LinePeer, make_hosts, poll_until
+from tests.netns import Hosts, HostService, LinePeer, make_hosts, poll_until
 
 pytest.importorskip("nats")
 
@@ -46,67 +46,23 @@ FRONT_ENDS = ["f1", "f2"]
 KINDS = ["kill-nats", "kill-front-end", "stop-front-end", "cut-host", "cut-front-end-minority"]
 
 
-class FrontEnd:
+class FrontEnd(HostService):
     """One front-end on its host, restartable."""
 
     def __init__(self, hosts: Hosts, name: str, nats_urls: str, root: Path) -> None:
-        self.hosts, self.name, self.root = hosts, name, root
         self.address = f"{hosts.addresses[name]}:{PORT}"
         self.nats_urls = nats_urls
-        self.process: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        self.starts += 1
-        data = self.root / self.name
-        (data / "status.json").unlink(missing_ok=True)
-        log = (self.root / f"{self.name}-{self.starts}.log").open("ab")
-        self.process = subprocess.Popen(
-            [
-                *self.hosts.prefix(self.name), str(BIN / "twistd"), "-n", "--pidfile=",
-                "eventbus", "--services", "eventbus", "--bind", self.hosts.addresses[self.name],
-                "--port", str(PORT), "--data-dir", str(data), "--store", "jetstream",
-                "--nats", self.nats_urls, "--nats-replicas", "3", "--stats-interval", "0.5s",
-                "--heartbeat-interval", "0.25s",
-            ],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "EVENTBUS_HTTP_PORT": "0"},
-        )  # fmt: skip
-        log.close()
-
-    def ready(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.process.returncode}")
-        try:
-            status = json.loads((self.root / self.name / "status.json").read_text())
-        except (OSError, ValueError):
-            return False
-        return bool(status.get("endpoints"))
+        argv = [
+            str(BIN / "twistd"), "-n", "--pidfile=", "eventbus", "--services", "eventbus",
+            "--bind", hosts.addresses[name], "--port", str(PORT), "--data-dir",
+            str(root / name), "--store", "jetstream", "--nats", nats_urls,
+            "--nats-replicas", "3", "--stats-interval", "0.5s", "--heartbeat-interval", "0.25s",
+        ]  # fmt: skip
+        super().__init__(hosts, name, root, argv, {"EVENTBUS_HTTP_PORT": "0"})
 
     def broadcast(self) -> int:
         """The last sequence this front-end has broadcast (its status.json)."""
-        try:
-            status = json.loads((self.root / self.name / "status.json").read_text())
-        except (OSError, ValueError):
-            return 0
-        return int(status.get("jetstream", {}).get("broadcast", 0))
-
-    def signal(self, sig: int) -> None:
-        assert self.process is not None
-        self.process.send_signal(sig)
-        if sig == signal.SIGKILL:
-            self.process.wait(10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
+        return int(self.status().get("jetstream", {}).get("broadcast", 0))
 
 
 @pytest.fixture

@@ -96,7 +96,11 @@ class JetStreamJobs:
         self.offers_sent = 0
         self.offers_taken = 0
         self.bucket = jobstream.bucket_name(settings.stream)
+        #: Each watch of the bucket delivers to an inbox of its own under this one.
         self._watch_inbox = ""
+        self._watch_generation = 0
+        self._watch_subscription: Subscription | None = None
+        self._watch_retry: Any = None
         self._watch_sequence = 0
         self.schedule_conflicts = 0
         self.client = client_for(
@@ -123,6 +127,11 @@ class JetStreamJobs:
         self._pull_inbox = ""
         self.pulled = 0
         self.acks = 0
+        #: Acknowledgements the stream has not confirmed yet: handle -> when first said.
+        self._acking: dict[bytes, float] = {}
+        #: Those given up on after ack_wait (the stream may run them again elsewhere).
+        self.acks_unconfirmed = 0
+        self._ack_reason = ""
         self.naks = 0
         self.terms = 0
         self.answers_sent = 0
@@ -202,7 +211,6 @@ class JetStreamJobs:
             self.client.stop()
             raise StartupError("nats-stream", f"KV_{self.bucket}: {error}") from None
         self._watch_inbox = f"_EMQPKV.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
-        self.client.subscribe(self._watch_inbox, self._schedule_changed)
         yield self._watch()
         self.client.subscribe(jobstream.broker_subject(self._prefix, self.broker_id), self._answer)
         self._pull_inbox = f"_EMQP.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
@@ -215,17 +223,30 @@ class JetStreamJobs:
         self._progress_loop.start(settings.ack_wait / 4, now=False)
 
     def _watch(self) -> defer.Deferred[Any]:
-        """(Again) the bucket's keys, then its changes, to this broker."""
+        """(Again) the bucket's keys, then its changes, to this broker. Each watch is a
+        consumer delivering to an inbox of its own, and the watch before is no longer
+        listened to (its consumer, without interest, is dropped after its
+        inactive_threshold): two watches' deliveries never meet (their sequences would look
+        like lost changes, each making one more watch), and one retry waits at a time."""
         self._watch_sequence = 0
-        config = jobstream.watch_config(self.bucket, self._watch_inbox)
+        self._watch_generation += 1
+        generation = self._watch_generation
+        inbox = f"{self._watch_inbox}.{generation}"
+        if self._watch_subscription is not None:
+            self.client.unsubscribe(self._watch_subscription)
+        self._watch_subscription = self.client.subscribe(inbox, self._schedule_changed)
+        config = jobstream.watch_config(self.bucket, inbox)
         watching = self.client.jetstream(f"{jsapi.API}.CONSUMER.CREATE.KV_{self.bucket}", config)
 
         def failed(failure: Failure) -> None:
+            if generation != self._watch_generation:
+                return  # a later watch was asked for meanwhile
             log.warn(
                 "JetStream: schedules not watched yet ({error}); again soon",
                 error=failure.getErrorMessage(),
             )
-            self.reactor.callLater(1.0, self._watch_again)
+            if self._watch_retry is None or not self._watch_retry.active():
+                self._watch_retry = self.reactor.callLater(1.0, self._watch_again)
 
         return watching.addErrback(failed)
 
@@ -315,6 +336,8 @@ class JetStreamJobs:
             self._progress_loop.stop()
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
+        if self._watch_retry is not None and self._watch_retry.active():
+            self._watch_retry.cancel()
         self.client.stop()
 
     @property
@@ -328,6 +351,8 @@ class JetStreamJobs:
         if up:
             self._schedule_retry(0.0)
             self._watch_again()
+            for handle in list(self._acking):
+                self._ack_again(handle)
         self._on_change()
 
     # -- what the core asks --------------------------------------------------------------------
@@ -343,7 +368,8 @@ class JetStreamJobs:
             if what == "append":
                 batch.append((value.msgid, self._entry(value, job_of(value))))
             elif what == "ack":
-                self._tell_stream(value, _ACK)
+                self._acking.setdefault(value, self.reactor.seconds())
+                self._ack(value)
                 self.acks += 1
             elif what == "nak":
                 self._tell_stream(value, _NAK)
@@ -392,6 +418,39 @@ class JetStreamJobs:
             if len(self._subjects) > 4096:
                 self._subjects.clear()
         return (subject, jobstream.msg_id(job.msgid), jobstream.encode(stored))
+
+    def _ack(self, handle: bytes) -> None:
+        """Acknowledge a request its worker answered, and have the stream confirm it. An
+        acknowledgement lost with its connection (its NATS server died), or unanswered, is
+        said again (on the next connection, or at once) until the stream confirms it or
+        ``ack_wait`` has passed since it was first said: by then the stream has given the
+        request to another broker. Unconfirmed, a request that ran would run again."""
+        answer = self.client.request(handle, _ACK, timeout=self.settings.ack_wait / 4)
+        answer.addCallbacks(
+            lambda _: self._acking.pop(handle, None),
+            lambda failure: self._ack_unconfirmed(handle, failure),
+        )
+
+    def _ack_unconfirmed(self, handle: bytes, failure: Failure) -> None:
+        self._ack_reason = failure.getErrorMessage() or type(failure.value).__name__
+        if not failure.check(NotConnected):  # else: said again once connected
+            self.reactor.callLater(0.1, self._ack_again, handle)
+
+    def _ack_again(self, handle: bytes) -> None:
+        first = self._acking.get(handle)
+        if first is None or not self.client.connected:
+            return
+        if self.reactor.seconds() - first < self.settings.ack_wait:
+            self._ack(handle)
+            return
+        del self._acking[handle]
+        self.acks_unconfirmed += 1
+        log.warn(
+            "JetStream did not confirm an acknowledgement in {seconds}s ({reason}): the "
+            "request may run again",
+            seconds=self.settings.ack_wait,
+            reason=self._ack_reason,
+        )
 
     def _append(self, job: Job, stored: jobstream.StreamedJob) -> None:
         self._send_append(job.msgid, self._entry(job, stored))
@@ -691,6 +750,8 @@ class JetStreamJobs:
             "pulls_open": len(self._pulls),
             "pulled": self.pulled,
             "acks": self.acks,
+            "acks_unconfirmed": self.acks_unconfirmed,
+            "acks_confirming": len(self._acking),
             "naks": self.naks,
             "terms": self.terms,
             "answers_sent": self.answers_sent,

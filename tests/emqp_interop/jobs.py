@@ -50,3 +50,16 @@ def stamp(path):
 
 def fail(text):
     raise ValueError(text)
+
+
+def nemesis_run(token, seconds=0):
+    """Append ``start TOKEN PID TIME`` to the file $NEMESIS_RUNS (each host's job manager is
+    given its own), work ``seconds``, then append ``end TOKEN PID TIME``; return ``token``."""
+    path = os.environ["NEMESIS_RUNS"]
+    with open(path, "a") as out:
+        out.write(f"start {token} {os.getpid()} {time.time()!r}\n")
+    if seconds:
+        time.sleep(seconds)
+    with open(path, "a") as out:
+        out.write(f"end {token} {os.getpid()} {time.time()!r}\n")
+    return token

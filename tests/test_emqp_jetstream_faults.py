@@ -1,0 +1,174 @@
+"""The broker's JetStream side (bus.emqp.jetstream) on a fake NATS client and a Clock, for two
+faults tests/test_emqp_nemesis.py found.
+
+Acknowledgements: one is a request the stream answers; one lost with its connection, or
+unanswered, is said again until the stream confirms it or ``ack_wait`` has passed. Without
+that, a request whose worker answered ran again at another broker whenever the broker's NATS
+server died before the acknowledgement reached the stream.
+
+The schedules' watch: each watch delivers to an inbox of its own and the one before is not
+listened to any more; one retry waits at a time. Before, every watch made again (after a
+reconnection, or a lost change) delivered to the same inbox as the ones before, which stayed:
+their sequences interleaved, each looked like a lost change and made one more watch, until
+JetStream's consumer limit refused them and the retries went on without end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.task import Clock
+
+from bus.emqp.config import JetStreamSettings
+from bus.emqp.jetstream import JetStreamJobs
+from bus.transport.nats import NotConnected
+
+HANDLE = b"$JS.ACK.EMQP.q_default.1.7.7.1700000000000000000.0"
+
+
+class FakeNats:
+    """What JetStreamJobs asks of the client, recorded; answers given by the test."""
+
+    def __init__(self) -> None:
+        self.connected = True
+        self.server = "nats://127.0.0.1:4222"
+        self.disconnects = 0
+        self.listeners: list[Any] = []
+        self.requests: list[tuple[bytes, bytes, defer.Deferred[Any]]] = []
+        self.subscriptions: dict[str, Any] = {}
+        self.jetstream_asked: list[tuple[str, Any, defer.Deferred[Any]]] = []
+
+    def subscribe(self, subject: str, callback: Any, queue: str = "") -> str:
+        self.subscriptions[subject] = callback
+        return subject
+
+    def unsubscribe(self, subscription: str) -> None:
+        del self.subscriptions[subscription]
+
+    def jetstream(self, subject: str, body: Any = None, timeout: float = 5.0) -> Any:
+        answer: defer.Deferred[Any] = defer.Deferred()
+        self.jetstream_asked.append((subject, body, answer))
+        return answer
+
+    def request(
+        self, subject: bytes, payload: bytes, headers: bytes = b"", timeout: float = 5.0
+    ) -> defer.Deferred[Any]:
+        if not self.connected:
+            return defer.fail(NotConnected("down"))
+        answer: defer.Deferred[Any] = defer.Deferred()
+        self.requests.append((subject, payload, answer))
+        return answer
+
+    def lose(self) -> None:
+        """The connection is lost: what waits for an answer fails, as NatsClient does."""
+        self.connected = False
+        waiting, self.requests = self.requests, []
+        for _, _, answer in waiting:
+            if not answer.called:
+                answer.errback(NotConnected("lost"))
+
+    def acks(self) -> list[bytes]:
+        return [subject for subject, payload, _ in self.requests if payload == b"+ACK"]
+
+
+def jobs() -> tuple[JetStreamJobs, FakeNats, Clock]:
+    clock = Clock()
+    made = JetStreamJobs(
+        clock,
+        JetStreamSettings(servers=("nats://127.0.0.1:4222",), ack_wait=4.0),
+        b"broker-a",
+        on_job=lambda *_: None,
+        on_answer=lambda _: None,
+        on_appended=lambda _: None,
+        on_change=lambda: None,
+        held=lambda: [],
+    )
+    fake = FakeNats()
+    made.client = fake  # type: ignore[assignment]
+    return made, fake, clock
+
+
+def test_an_acknowledgement_is_done_once_the_stream_confirms_it() -> None:
+    stream, fake, clock = jobs()
+    stream.carry_out([("ack", HANDLE)], [], lambda _: None)  # type: ignore[arg-type, return-value]
+    assert fake.acks() == [HANDLE]
+    assert stream.status()["acks_confirming"] == 1
+    fake.requests[0][2].callback(None)
+    assert stream.status()["acks_confirming"] == 0
+    clock.advance(10)
+    assert fake.acks() == [HANDLE]  # said once
+    assert stream.status()["acks_unconfirmed"] == 0
+
+
+def test_an_acknowledgement_lost_with_the_connection_is_said_on_the_next() -> None:
+    stream, fake, clock = jobs()
+    stream.carry_out([("ack", HANDLE)], [], lambda _: None)  # type: ignore[arg-type, return-value]
+    fake.lose()  # its NATS server died before answering
+    clock.advance(1.0)
+    assert fake.acks() == []  # nothing to say it on
+    fake.connected = True
+    stream._connection_changed(True)
+    assert fake.acks() == [HANDLE]
+    fake.requests[-1][2].callback(None)
+    assert stream.status()["acks_confirming"] == 0
+    assert stream.status()["acks_unconfirmed"] == 0
+
+
+def test_an_unanswered_acknowledgement_is_said_again_until_ack_wait() -> None:
+    stream, fake, clock = jobs()
+    stream.carry_out([("ack", HANDLE)], [], lambda _: None)  # type: ignore[arg-type, return-value]
+    said = 0
+    while fake.requests:
+        subject, _, answer = fake.requests.pop()
+        assert subject == HANDLE
+        said += 1
+        answer.errback(TimeoutError("no answer"))  # e.g. no consumer leader for a while
+        clock.advance(1.0)
+    assert said >= 3
+    # ack_wait passed: the stream has given the request to another broker; it is given up.
+    assert stream.status()["acks_confirming"] == 0
+    assert stream.status()["acks_unconfirmed"] == 1
+
+
+def test_an_acknowledgement_older_than_ack_wait_is_not_said_on_a_new_connection() -> None:
+    stream, fake, clock = jobs()
+    stream.carry_out([("ack", HANDLE)], [], lambda _: None)  # type: ignore[arg-type, return-value]
+    fake.lose()
+    clock.advance(5.0)
+    fake.connected = True
+    stream._connection_changed(True)
+    assert fake.acks() == []
+    assert stream.status()["acks_unconfirmed"] == 1
+
+
+def watches(fake: FakeNats) -> list[tuple[Any, defer.Deferred[Any]]]:
+    return [(body, answer) for subject, body, answer in fake.jetstream_asked if "KV_" in subject]
+
+
+def test_each_watch_of_the_schedules_has_an_inbox_of_its_own() -> None:
+    stream, fake, _ = jobs()
+    stream._watch_inbox = "_EMQPKV.broker-a.1"
+    stream._watch()
+    stream._watch()  # e.g. after a reconnection
+    (first, _), (second, _) = watches(fake)
+    inboxes = [first["config"]["deliver_subject"], second["config"]["deliver_subject"]]
+    assert inboxes[0] != inboxes[1]
+    assert list(fake.subscriptions) == [inboxes[1]]  # the first is not listened to any more
+
+
+def test_failed_watches_wait_for_one_retry_at_a_time() -> None:
+    stream, fake, clock = jobs()
+    stream._watch_inbox = "_EMQPKV.broker-a.1"
+    for _ in range(3):
+        stream._watch()
+    for _, answer in watches(fake):
+        answer.errback(TimeoutError("maximum consumers limit reached"))
+    # Only the latest watch's failure asks again, once, a second later.
+    clock.advance(1.0)
+    assert len(watches(fake)) == 4
+    watches(fake)[-1][1].errback(TimeoutError("again"))
+    clock.advance(1.0)
+    assert len(watches(fake)) == 5
+    watches(fake)[-1][1].callback({"name": "w"})
+    clock.advance(10.0)
+    assert len(watches(fake)) == 5
