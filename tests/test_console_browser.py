@@ -144,6 +144,8 @@ def test_a_publish_appears_in_the_live_tail(product: Product, page: Any) -> None
 def test_a_worker_joining_appears_in_the_emqp_view(product: Product, page: Any) -> None:
     page.get(f"http://127.0.0.1:{product.http_port}/")
     wait(page, lambda d: card_state(d, "emqp") == "up")
+    # Where its guaranteed requests are kept (here the SQLite file; docs/cluster.md).
+    wait(page, lambda d: "store sqlite" in d.find_element("id", "emqp-facts").text)
     endpoint = product.status()["services"]["emqp"]["endpoints"]["worker"]
     log = open(product.log_path.parent / "worker.log", "ab")
     worker = subprocess.Popen(
@@ -267,3 +269,30 @@ def test_a_schedule_shows_what_it_runs(product: Product, page: Any) -> None:
                 [BIN / "emqp-cli", "unschedule", schedule, "--admin", admin],
                 capture_output=True, env=environment(), timeout=60,
             )  # fmt: skip
+
+
+def test_the_emqp_view_says_its_store_is_a_jetstream_stream(
+    tmp_path: Path, page: Any, nats_server: Any
+) -> None:
+    http = free_port()
+    env = environment(
+        EVENTBUS_PORT="0", EVENTBUS_DATA_DIR=str(tmp_path / "bus"), EVENTBUS_HTTP_PORT=str(http),
+        EMQP_WORKER_PORT="0", EMQP_CLIENT_PORT="0", EMQP_ADMIN_PORT="0",
+        EMQP_DATA_DIR=str(tmp_path / "emqp"), EMQP_STORE="jetstream",
+        EMQP_NATS=nats_server.urls[0],
+    )  # fmt: skip
+    log = open(tmp_path / "twistd.log", "ab")
+    command = [TWISTD, "-n", "--pidfile=", "eventbus", "--services", "eventbus,emqp"]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path)
+    try:
+        wait_for(lambda: answers(f"http://127.0.0.1:{http}/status", process), what="the HTTP port")
+        page.get(f"http://127.0.0.1:{http}/")
+        wait(page, lambda d: card_state(d, "emqp") == "up")
+        port = nats_server.urls[0].rsplit(":", 1)[1]
+        wait(page, lambda d: "store jetstream EMQP (R1)" in d.find_element("id", "emqp-facts").text)
+        assert f":{port}" in page.find_element("id", "emqp-facts").text  # the server it uses
+    finally:
+        process.terminate()
+        code = process.wait(timeout=30)
+        log.close()
+    assert code in CLEAN_EXIT, (tmp_path / "twistd.log").read_text()

@@ -166,6 +166,13 @@ function spark(points, cls, now) {
   return svg;
 }
 
+function emqpStore(js) {
+  // The SQLite file, or the JetStream stream several brokers share (docs/cluster.md).
+  if (!js) return "sqlite";
+  const where = js.connected ? "via " + js.server : "NATS not reachable";
+  return "jetstream " + js.stream + " (R" + js.replicas + "), broker " + js.broker_id + ", " + where;
+}
+
 function problems(s) {
   const status = s.status || {};
   const out = [];
@@ -261,6 +268,7 @@ const VIEWS = {
       ["workers", (status.workers || []).length + omitted(status, "workers")],
       ["schedules", status.schedules_count],
       ["stored", status.stored],
+      ["store", emqpStore(status.jetstream), status.jetstream && !status.jetstream.connected ? "bad" : ""],
       ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
     ]);
     rows("emqp-queues", Object.entries(status.queues || {}).filter(([k]) => k !== "_omitted"),
