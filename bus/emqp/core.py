@@ -134,6 +134,14 @@ class QueueState:
     rejected: int = 0
 
 
+def _headers_of(raw: bytes) -> codec.Headers:
+    """A stored request's headers (checked when it was taken: none if they no longer parse)."""
+    try:
+        return codec.parse_headers(raw)
+    except EmqpError:
+        return codec.NO_HEADERS
+
+
 def run_msgid(schedule_id: str, run: int) -> bytes:
     """The msgid of a schedule's run: the same at every broker that fires it."""
     return str(uuid.uuid5(_RUNS, f"{schedule_id}/{run}")).encode()
@@ -659,10 +667,7 @@ class Broker:
         for schedule in due:
             spec = schedule.spec
             self.schedules_fired += 1
-            try:
-                headers = codec.parse_headers(spec.headers)
-            except EmqpError:
-                headers = codec.NO_HEADERS  # checked when it was scheduled
+            headers = _headers_of(spec.headers)
             if self.streamed:
                 msgid = run_msgid(schedule.id, schedule.runs)
                 self._fire_in_cluster(schedule, msgid, headers, now)
@@ -846,10 +851,7 @@ class Broker:
             return False
         if len(queue.waiting) >= self.settings.queue_limit:
             return False
-        try:
-            headers = codec.parse_headers(stored.headers)
-        except EmqpError:
-            headers = codec.NO_HEADERS
+        headers = _headers_of(stored.headers)
         now = self.clock()
         job = Job(
             stored.msgid,
@@ -967,10 +969,7 @@ class Broker:
                 # one waits its turn (acknowledged, it would be lost).
                 self.to_stream.append(("later", handle))
             return
-        try:
-            headers = codec.parse_headers(stored.headers)
-        except EmqpError:
-            headers = codec.NO_HEADERS
+        headers = _headers_of(stored.headers)
         now = self.clock()
         origin = b"" if stored.origin == self.broker_id else stored.origin
         job = Job(
@@ -1245,10 +1244,7 @@ class Broker:
         for stored in self.store.load():
             if stored.msgid in self.jobs:
                 continue
-            try:
-                headers = codec.parse_headers(stored.headers)
-            except EmqpError:
-                headers = codec.NO_HEADERS
+            headers = _headers_of(stored.headers)
             job = Job(
                 stored.msgid,
                 stored.client,

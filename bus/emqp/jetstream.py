@@ -168,7 +168,7 @@ class JetStreamJobs:
             settings.stream, self._prefix, settings.replicas, settings.duplicate_window
         )
         try:
-            info, made = yield defer.ensureDeferred(
+            info, _ = yield defer.ensureDeferred(
                 stream_ready(self.client, wanted, 3 * settings.connect_timeout)
             )
         except jsapi.JetStreamError as error:
@@ -185,13 +185,6 @@ class JetStreamJobs:
         except TimeoutError as error:
             self.client.stop()
             raise StartupError("nats-stream", str(error)) from None
-        if made:
-            log.info(
-                "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
-                stream=settings.stream,
-                replicas=settings.replicas,
-                subjects=wanted["subjects"][0],
-            )
         wrong = jobstream.disagreements(info["config"], wanted)
         if wrong:
             self.client.stop()

@@ -205,20 +205,13 @@ class JetStreamLog:
         for key in _NANOSECONDS:
             made[key] = int(float(made[key]) * 1e9)
         try:
-            info, new = await stream_ready(self.client, made, 3 * settings.connect_timeout)
+            info, _ = await stream_ready(self.client, made, 3 * settings.connect_timeout)
         except jsapi.JetStreamError as error:
             await self._refuse_overlap(error, wanted["subjects"][0])
             raise  # _refuse_overlap always raises
         except TimeoutError as error:
             self.client.stop()
             raise StartupError("nats-stream", str(error)) from None
-        if new:
-            log.info(
-                "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
-                stream=settings.stream,
-                replicas=settings.replicas,
-                subjects=wanted["subjects"][0],
-            )
         config = info["config"]
         found = {key: config.get(key) for key in wanted}
         for key in _NANOSECONDS:

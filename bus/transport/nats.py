@@ -525,7 +525,15 @@ async def stream_ready(
     deadline = reactor.seconds() + within
     while True:
         try:
-            return await stream_made(client, config)
+            info, made = await stream_made(client, config)
+            if made:
+                log.info(
+                    "JetStream: made stream {stream} ({replicas} replicas, subjects {subjects})",
+                    stream=config["name"],
+                    replicas=config.get("num_replicas", 1),
+                    subjects=", ".join(config.get("subjects", [])),
+                )
+            return info, made
         except jsapi.JetStreamError as error:
             if error.code == 400:
                 raise
