@@ -164,10 +164,12 @@ class RawPeer:
         endpoint: str,
         reactor: Any = None,
         curve: tuple[bytes, Any] | None = None,
+        bind: bool = False,
         **options: Any,
     ) -> None:
         """``curve``: (the server's Z85 public key, this peer's ``CurveKeyPair``) to
-        connect as a CURVE client."""
+        connect as a CURVE client; ``bind``: bind ``endpoint`` (a fake server) rather
+        than connect to it."""
         from bus.transport.curve import make_curve_client
         from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
 
@@ -180,7 +182,10 @@ class RawPeer:
         )
         if curve is not None:
             make_curve_client(self.socket, *curve)
-        self.socket.connect(endpoint)
+        if bind:
+            self.socket.bind(endpoint)
+        else:
+            self.socket.connect(endpoint)
 
     @classmethod
     def sub(cls, endpoint: str, prefixes: tuple[bytes, ...] = (b"",), **options: Any) -> RawPeer:

@@ -566,3 +566,32 @@ def test_a_broker_silent_for_105_ttl_means_a_new_session_and_resub(closing: list
         assert a.sessions == 2
     finally:
         factory.shutdown()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_slow_answer_to_connect_is_waited_for_past_a_short_ttl(closing: list[Any]) -> Any:
+    """A broker that answers CONNECT 200 ms late (a loaded machine, a slow handshake),
+    to a connector whose TTL is 10 ms: the connector waits for that answer rather than
+    give up after 1.05 x TTL and CONNECT again (which only earned a second refusal)."""
+    import zmq
+    from twisted.internet import reactor, task
+
+    from bus.mc0 import codec
+    from bus.mc0.client import Mc0Connector
+    from bus.testing import RawPeer
+
+    port = free_port()
+    late = RawPeer(zmq.ROUTER, f"tcp://127.0.0.1:{port}", bind=True)
+    closing.append(late)
+    refused = Mc0Connector(f"tcp://127.0.0.1:{port}", ttl=0.01)
+    closing.append(refused)
+    starting = refused.start()
+    yield wait_until(lambda: late.messages, what="the CONNECT")
+    identity, *frames = late.messages[0]
+    command = codec.decode_client(frames)
+    assert isinstance(command, codec.Connect)
+    yield task.deferLater(reactor, 0.2, lambda: None)  # the broker's slowness, on purpose
+    late.send([identity, *codec.error_frames(b"TTL too short", command.id, command.framing)])
+    with pytest.raises(Exception, match="TTL too short"):
+        yield starting
+    assert refused.sessions == 1 and len(late.messages) == 1  # one CONNECT, not two

@@ -38,6 +38,9 @@ from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, rea
 
 log = Logger(namespace="bus.mc0.client")
 
+#: The least time a CONNECT is waited for before the session starts again (seconds).
+CONNECT_WAIT = 1.0
+
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -325,6 +328,7 @@ class Mc0Connector:
 
     def _on_connected(self) -> None:
         self.connected = True
+        self._arm()  # from now on the session's TTL, not CONNECT's wait
         if self.topics:
             self._resub_id = self._next_id()
             resub = codec.Subscribe(tuple(sorted(self.topics)), self._resub_id, self.framing)
@@ -430,10 +434,18 @@ class Mc0Connector:
 
     # -- time -----------------------------------------------------------------------------------
 
+    def _silence_limit(self) -> float:
+        """How long silence ends the session: ``silence_factor`` x TTL, and while CONNECT
+        is unanswered at least :data:`CONNECT_WAIT` (the connection and its CURVE
+        handshake come first, and the broker may refuse a TTL it cannot keep: a CONNECT
+        sent again before its answer would only be refused again)."""
+        limit = self.silence_factor * self.ttl
+        return limit if self.connected else max(limit, CONNECT_WAIT)
+
     def _arm(self) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        deadline = self._last_heard + self.silence_factor * self.ttl
+        deadline = self._last_heard + self._silence_limit()
         if self.connected:
             deadline = min(deadline, self._last_sent + self.heartbeat_factor * self.ttl)
         delay = max(deadline - self.reactor.seconds(), 0.0)
@@ -444,7 +456,7 @@ class Mc0Connector:
         if self._socket is None:
             return
         now = self.reactor.seconds()
-        if now >= self._last_heard + self.silence_factor * self.ttl:
+        if now >= self._last_heard + self._silence_limit():
             self._reconnect(
                 "no answer to CONNECT" if not self.connected else "broker silent for 1.05 x TTL"
             )
