@@ -470,16 +470,19 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         """The handler sent on this socket: a send may have taken in the signal of a message
         that came meanwhile (ZeroMQ's descriptor signals once, and a send processes the
         socket's pending commands). Ask the socket whether one waits; if none does, the
-        descriptor signals the next one. Asking
-        costs one call, where a read on the next turn costs a timer and a turn per batch;
-        the reader (:meth:`_read`, :meth:`drain`) reads it at once while its budget lasts."""
+        descriptor signals the next one. Asking costs one call, where a read on the next
+        turn costs a timer and a turn per batch; the reader (:meth:`_read`, :meth:`drain`)
+        reads it at once while its budget lasts."""
         native, sock = self._native, self.socket
         if sock is None or sock.closed:
             return
-        if native is not None:
-            waiting = native.readable(self._handle)
-        else:
-            waiting = bool(sock.get(zmq.EVENTS) & zmq.POLLIN)
+        try:
+            if native is not None:
+                waiting = native.readable(self._handle)
+            else:
+                waiting = bool(sock.get(zmq.EVENTS) & zmq.POLLIN)
+        except (OSError, zmq.ZMQError):
+            waiting = True  # the read that follows tells what is wrong, as before
         self._input_waiting = waiting
 
     def _deliver(self, batch: list[list[bytes]]) -> None:
