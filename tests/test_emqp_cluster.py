@@ -7,14 +7,16 @@ JetStream cannot store, the client port waits and nothing is acknowledged."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor
+from twisted.internet import defer, reactor, task
 
 from bus.emqp.client import EmqpClient
 from bus.testing import wait_until
@@ -55,7 +57,7 @@ def broker(tmp_path: Path, name: str, cluster: Any, *more: str) -> BrokerProcess
 
 
 def streaming(process: BrokerProcess) -> bool:
-    return process.ready() and bool((process.status().get("jetstream") or {}).get("connected"))
+    return process.ready() and bool((process.status().get("jetstream") or {}).get("ready"))
 
 
 @pytest_twisted.inlineCallbacks
@@ -84,6 +86,14 @@ def test_a_request_at_one_broker_runs_on_a_worker_of_another(tmp_path: Path, clu
         assert a.status()["jetstream"]["answers_sent"] == 0
         assert b.status()["jetstream"]["answers_sent"] == 4  # two dispatch notes, two replies
         assert a.status()["counters"]["replied"] == 0 and b.status()["counters"]["replied"] == 2
+        # Not kept in the stream (eventmq's meaning), yet run where a worker is.
+        worker.ready()
+        plain = client.request("default", {"n": 3}, b"reply-requested")
+        yield wait_until(lambda: len(worker.requests()) == 3, timeout=30, what="the plain one")
+        assert worker.requests()[-1][3] == plain
+        worker.reply(worker.requests()[-1], "plain")
+        yield wait_until(lambda: client.results(plain) == [{"value": "plain"}], what="its answer")
+        yield wait_until(lambda: b.status()["jetstream"]["offers_taken"] == 1, what="b took it")
     finally:
         for peer in peers:
             peer.close()
@@ -138,8 +148,8 @@ def test_eventmqs_own_client_and_job_manager_meet_across_two_brokers(
     tmp_path: Path, cluster: Any, eventmq: list[InteropProcess]
 ) -> Any:
     """eventmq 0.3.13 unchanged: its job manager at b, its client at a."""
-    a = broker(tmp_path, "a", cluster, "--heartbeat-interval", "1s")
-    b = broker(tmp_path, "b", cluster, "--heartbeat-interval", "1s")
+    a = broker(tmp_path, "a", cluster, "--heartbeat-interval", "3s")
+    b = broker(tmp_path, "b", cluster, "--heartbeat-interval", "3s")
     try:
         yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
         job_manager(b, eventmq, tmp_path, jobs=2)
@@ -161,4 +171,120 @@ def test_eventmqs_own_client_and_job_manager_meet_across_two_brokers(
         yield wait_until(lambda: b.status()["jetstream"]["acks"] == 5, what="b acknowledged")
     finally:
         a.stop()
+        b.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_worker_with_one_slot_takes_a_queue_one_by_one(tmp_path: Path, cluster: Any) -> Any:
+    a = broker(tmp_path, "a", cluster)
+    b = broker(tmp_path, "b", cluster)
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        worker = RawWorker(b.endpoints["worker"])
+        client = RawClient(a.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        sent = [client.request("default", {"n": i}, b"guarantee,reply-requested") for i in range(4)]
+        for count in range(1, 5):
+            worker.ready()
+            yield wait_until(
+                lambda c=count: len(worker.requests()) == c, timeout=30, what=f"request {count}"
+            )
+            worker.reply(worker.requests()[-1], count)
+        yield wait_until(lambda: all(client.results(m) for m in sent), what="every answer")
+        assert [r[3] for r in worker.requests()] == sent  # in the order taken
+    finally:
+        for peer in peers:
+            peer.close()
+        a.stop()
+        b.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_without_a_quorum_the_client_port_waits_and_nothing_is_acknowledged(
+    tmp_path: Path, cluster: Any
+) -> Any:
+    a = broker(tmp_path, "a", cluster, "--nats", cluster.urls[0])
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a), timeout=60, what="the broker")
+        worker = RawWorker(a.endpoints["worker"])
+        client = RawClient(a.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        beating = task.LoopingCall(worker.heartbeat)
+        beating.start(1.0)
+        peers.append(SimpleNamespace(close=beating.stop))
+        worker.ready(3)
+        first = client.request("default", 1, b"guarantee,reply-requested")
+        yield wait_until(lambda: len(worker.requests()) == 1, timeout=30, what="the first")
+        worker.reply(worker.requests()[0], "one")
+        yield wait_until(lambda: client.results(first), what="its answer")
+        for node in cluster.nodes[1:]:  # the stream's replicas lose their majority
+            cluster.kill(node)
+        held = [client.request("default", i, b"guarantee,reply-requested") for i in (2, 3)]
+        yield wait_until(
+            lambda: a.status().get("client_port_paused") and a.status()["jetstream"]["refusing"],
+            timeout=60,
+            what="the client port paused",
+        )
+        assert a.status()["storage_error"]
+        assert len(worker.requests()) == 1 and not any(client.acks(m) for m in held)
+        for node in cluster.nodes[1:]:
+            cluster.start(node)
+        yield wait_until(lambda: len(worker.requests()) == 3, timeout=60, what="both, stored")
+        assert sorted(r[3] for r in worker.requests()[1:]) == sorted(held)
+        for request in worker.requests()[1:]:
+            worker.reply(request, "later")
+        yield wait_until(lambda: all(client.results(m) for m in held), what="their answers")
+        yield wait_until(lambda: not a.status().get("client_port_paused"), what="port read")
+    finally:
+        for peer in peers:
+            peer.close()
+        a.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
+    tmp_path: Path, cluster: Any, cleanup: list[Any]
+) -> Any:
+    from tests.test_emqp_cli import ran
+
+    a = broker(tmp_path, "a", cluster)
+    b = broker(tmp_path, "b", cluster)
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        workers = [RawWorker(p.endpoints["worker"]) for p in (a, b)]
+        peers += workers
+        for worker in workers:
+            yield wait_until(worker.acked, what="a worker's INFORM acknowledged")
+            worker.ready(50)
+        added = yield ran(
+            cleanup, "schedule", "default", '["tick"]', "--every", "1s",
+            "--admin", a.endpoints["admin"],
+        )  # fmt: skip
+        assert added.code == 0, added.err
+        schedule = json.loads(added.out)["schedule"]
+        listed = yield ran(cleanup, "schedules", "--admin", b.endpoints["admin"])
+        assert [json.loads(line)["id"] for line in listed.out.splitlines()] == [schedule]
+
+        def runs() -> list[bytes]:
+            return [r[3] for w in workers for r in w.requests()]
+
+        yield wait_until(lambda: len(runs()) >= 5, timeout=30, what="five runs")
+        assert len(set(runs())) == len(runs())  # each run once, whichever broker fired it
+        assert a.stop(signal.SIGKILL) == -signal.SIGKILL
+        seen = len(runs())
+        yield wait_until(lambda: len(runs()) >= seen + 3, timeout=30, what="runs after a died")
+        assert len(set(runs())) == len(runs())
+        listed = yield ran(cleanup, "schedules", "--admin", b.endpoints["admin"])
+        (entry,) = map(json.loads, listed.out.splitlines())
+        assert entry["id"] == schedule and entry["runs"] >= seen + 3
+    finally:
+        for peer in peers:
+            peer.close()
+        if a.process.poll() is None:
+            a.stop()
         b.stop()

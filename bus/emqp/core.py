@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -133,6 +134,14 @@ class QueueState:
     rejected: int = 0
 
 
+def run_msgid(schedule_id: str, run: int) -> bytes:
+    """The msgid of a schedule's run: the same at every broker that fires it."""
+    return str(uuid.uuid5(_RUNS, f"{schedule_id}/{run}")).encode()
+
+
+_RUNS = uuid.UUID("5c3b0e5e-7a0b-4d55-9a59-0e2b3c1f6e01")
+
+
 def _schedule_queue(command: codec.Schedule) -> bytes | None:
     try:
         return ScheduleSpec.from_frames(command.fields).queue
@@ -159,8 +168,12 @@ class Broker:
         self.broker_id = broker_id
         self.to_stream: list[tuple[str, Any]] = []
         self.to_brokers: list[tuple[bytes, Message]] = []
+        #: Answers to SCHEDULE/UNSCHEDULE waiting for the bucket, by schedule id.
+        self.schedule_answers: dict[str, list[HeldAnswer]] = {}
         #: Guaranteed requests handed to the stream and not yet acknowledged by it.
         self.appending: dict[bytes, Job] = {}
+        #: Other requests offered to the brokers that serve their queue, not yet taken.
+        self.forwarding: dict[bytes, Job] = {}
         self.clock = clock
         self.log = log
         self.store = store
@@ -216,6 +229,8 @@ class Broker:
         self.released = 0
         self.answers_to_brokers = 0
         self.answers_from_brokers = 0
+        self.forwarded_requests = 0
+        self.offers_taken = 0
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -419,6 +434,8 @@ class Broker:
                 self._publish("/emqp/scheduler/left/", {"scheduler": peer_name(identity)})
             else:
                 self.to_clients.append([identity, b"", PROTOCOL, _HEARTBEAT, _new_msgid(), beat])
+        if self.streamed:
+            self._offer_waiting()
 
     def shutdown(self) -> None:
         """KBYE to every worker and scheduler (the broker is stopping)."""
@@ -525,11 +542,15 @@ class Broker:
                 if removed:
                     self._schedule_gone(schedule_id, "unscheduled")
                 value = {"schedule": schedule_id, "removed": removed}
+                if self.streamed:
+                    self.to_stream.append(("schedule-delete", schedule_id))
             else:
                 spec = ScheduleSpec.from_frames(command.fields)
                 schedule, replaced = book.add(spec, now)
                 self.schedules_added += 1
-                if self.store is not None:
+                if self.streamed:
+                    self.to_stream.append(("schedule-put", schedule.to_row()))
+                elif self.store is not None:
                     self.store.put_schedule(schedule.to_row())
                 value = {
                     "schedule": schedule.id,
@@ -541,7 +562,50 @@ class Broker:
             self.drops.drop(error.reason, str(error), origin)
             self._refuse_schedule(origin, command.msgid, error.reason, str(error), answer)
             return
+        if self.streamed:
+            # Answered once the cluster's bucket holds the change (schedule_kept).
+            result = json.dumps({"value": value}, sort_keys=True).encode()
+            message = [origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, command.msgid]
+            self.schedule_answers.setdefault(str(value["schedule"]), []).append(
+                HeldAnswer(answer, message)
+            )
+            return
         self._answer_once_stored(origin, command.msgid, {"value": value}, answer)
+
+    def schedule_kept(self, schedule_id: str, revision: int, error: str | None = None) -> None:
+        """The bucket took a schedule's change (its new ``revision``), or refused it:
+        the answers that waited go out."""
+        schedule = self.schedules.get(schedule_id) if self.schedules is not None else None
+        if schedule is not None and revision > schedule.revision:
+            schedule.revision = revision
+        for held in self.schedule_answers.pop(schedule_id, []):
+            if error is None:
+                held.outbox.append(held.message)
+            else:
+                origin, msgid = held.message[0], held.message[-1]
+                result = codec.error_result("storage-error", error)
+                held.outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
+
+    def on_schedule_change(
+        self, schedule_id: str, row: tuple[Any, ...] | None, revision: int
+    ) -> None:
+        """What the cluster's bucket says of a schedule now (a put, a run fired
+        anywhere, a removal): the book follows it."""
+        book = self.schedules
+        if book is None:
+            return
+        if row is None:
+            current = book.get(schedule_id)
+            if current is not None and current.revision <= revision:
+                book.remove(schedule_id)
+                self._publish(
+                    "/emqp/schedule/removed/", {"schedule": schedule_id, "reason": "cluster"}
+                )
+            return
+        try:
+            book.put(row, revision, self.clock())
+        except EmqpError as error:
+            self.log.error("a schedule in the bucket is not loaded: {error}", error=str(error))
 
     def _answer_once_stored(
         self, origin: bytes, msgid: bytes, value: Any, outbox: list[Message]
@@ -590,7 +654,12 @@ class Broker:
         if book is None:
             return 0
         now = self.clock()
+        revisions = {s.id: s.revision for s in book} if self.streamed else {}
         due = book.due(now)
+        if self.streamed:
+            for schedule in due:
+                self._fire_in_cluster(schedule, revisions.get(schedule.id, 0), now)
+            return len(due)
         store = self.store
         for schedule in due:
             spec = schedule.spec
@@ -615,11 +684,37 @@ class Broker:
             self._on_request(b"", codec.Request(msgid, spec.queue, headers, spec.body), now)
         return len(due)
 
+    def _fire_in_cluster(self, schedule: Schedule, revision: int, now: float) -> None:
+        """A run goes to the stream under a msgid every broker makes alike (the stream
+        stores it once whichever brokers fire it), then the bucket's compare-and-set
+        from ``revision`` says the run happened: one broker's wins, the others' books
+        follow the bucket."""
+        spec = schedule.spec
+        msgid = run_msgid(schedule.id, schedule.runs)
+        self.schedules_fired += 1
+        try:
+            headers = codec.parse_headers(spec.headers)
+        except EmqpError:
+            headers = codec.NO_HEADERS  # checked when it was scheduled
+        retries = headers.retry_count
+        if retries is None:
+            retries = self.settings.guarantee_retries if headers.guarantee else 0
+        job = Job(msgid, b"", spec.queue, headers, spec.body, now, retries, True)
+        row = None if schedule.finished else schedule.to_row()
+        self.to_stream.append(("schedule-fire", (job, schedule.id, row, revision)))
+        if self._publishing:
+            self._publish(
+                "/emqp/schedule/fired/",
+                {"schedule": schedule.id, "msgid": peer_name(msgid), "run": schedule.runs},
+            )
+        if schedule.finished:
+            self._schedule_gone(schedule.id, "run-count")
+
     def restore_schedules(self) -> int:
         """Load the stored schedules (after a restart): each that missed runs while the
         broker was down runs once at the next :meth:`fire_schedules`."""
-        if self.schedules is None or self.store is None:
-            return 0
+        if self.schedules is None or self.store is None or self.streamed:
+            return 0  # in a cluster, the bucket's watch brings them
         errors = self.schedules.restore(self.store.load_schedules(), self.clock())
         for error in errors:
             self.log.error("a stored schedule is not loaded: {error}", error=str(error))
@@ -726,8 +821,77 @@ class Broker:
             job.position = self.store.next_position()
             self.store.put(self._stored(job))
             self.unstored.append(job)  # routed once the commit succeeded
+        elif self.streamed and not self._serves(request.queue):
+            # Not kept anywhere (eventmq's meaning), but a broker with workers for it runs it.
+            self.forwarding[msgid] = job
+            self.to_stream.append(("forward", job))
         else:
             self._requeue(job, now, at_head=False)
+
+    def _serves(self, queue: bytes) -> bool:
+        state = self.queues.get(queue)
+        return state is not None and bool(state.workers)
+
+    def served_queues(self) -> set[bytes]:
+        """The queues this broker has workers for (others may hand it their requests)."""
+        return {name for name, queue in self.queues.items() if queue.workers}
+
+    def forward_taken(self, msgid: bytes) -> None:
+        """Another broker runs it: its answers come through :meth:`on_forwarded`."""
+        job = self.forwarding.pop(msgid, None)
+        if job is not None and self.jobs.get(msgid) is job:
+            del self.jobs[msgid]
+            self.forwarded_requests += 1
+
+    def forward_refused(self, msgid: bytes) -> None:
+        """No broker took it now: it waits here, offered again at the next heartbeat."""
+        job = self.forwarding.pop(msgid, None)
+        if job is not None and self.jobs.get(msgid) is job:
+            self._requeue(job, self.clock(), at_head=False)
+
+    def on_offered(self, stored: jobstream.StreamedJob) -> bool:
+        """A request another broker has no worker for; True when taken (its answers go
+        back through that broker)."""
+        queue = self.queues.get(stored.queue)
+        if queue is None or not queue.workers or stored.msgid in self.jobs:
+            return False
+        if len(queue.waiting) >= self.settings.queue_limit:
+            return False
+        try:
+            headers = codec.parse_headers(stored.headers)
+        except EmqpError:
+            headers = codec.NO_HEADERS
+        now = self.clock()
+        job = Job(
+            stored.msgid,
+            stored.client,
+            stored.queue,
+            headers,
+            stored.body,
+            stored.received,
+            stored.retries,
+            False,
+            origin=stored.origin,
+        )
+        self.jobs[job.msgid] = job
+        self.offers_taken += 1
+        self._requeue(job, now, at_head=False)
+        return True
+
+    def _offer_waiting(self) -> None:
+        """Requests waiting here for a queue nobody here serves are offered again."""
+        for queue in list(self.queues.values()):
+            if queue.workers or not queue.waiting:
+                continue
+            kept: deque[Job] = deque()
+            for job in queue.waiting:
+                if job.stored or job.handle:
+                    kept.append(job)
+                else:
+                    self.forwarding[job.msgid] = job
+                    self.to_stream.append(("forward", job))
+            queue.waiting = kept
+            self._drop_queue_if_idle(queue)
 
     def release_stored(self) -> None:
         """The store committed: route the guaranteed requests and send the answers that
@@ -801,11 +965,18 @@ class Broker:
         self.stream_deliveries += 1
         msgid = stored.msgid
         held = self.jobs.get(msgid)
+        if held is not None and self.appending.get(msgid) is held:
+            # Its own append, delivered before the stream's acknowledgement came back (a
+            # resent append answered late): stored, so taken as such.
+            self.stream_appended(msgid)
+            held = None
         if held is not None:
             if held.handle:
                 held.handle = handle  # delivered again while this broker still holds it
             else:
-                self.to_stream.append(("ack", handle))  # the same msgid taken here twice
+                # A request of the same msgid not kept in the stream runs here now: this
+                # one waits its turn (acknowledged, it would be lost).
+                self.to_stream.append(("later", handle))
             return
         try:
             headers = codec.parse_headers(stored.headers)

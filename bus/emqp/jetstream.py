@@ -29,7 +29,7 @@ from bus.errors import StartupError
 from bus.natswire import codec, jsapi
 from bus.natswire.codec import Msg
 from bus.natswire.handshake import ConnectError
-from bus.transport.nats import NatsClient, NatsTLS, NotConnected
+from bus.transport.nats import NatsClient, NatsTLS, NotConnected, Subscription
 
 log = Logger(namespace="bus.emqp.jetstream")
 
@@ -38,13 +38,19 @@ STREAM_NOT_FOUND = 10059
 OVERLAPPING_SUBJECTS = 10065
 _ACK = b"+ACK"
 _NAK = b"-NAK"
+#: Delivered again after a second, not at once (to whichever broker pulls then).
+_NAK_LATER = b'-NAK {"delay": 1000000000}'
 _TERM = b"+TERM"
 _PROGRESS = b"+WPI"
+#: How long a schedule's change is tried while JetStream cannot store it.
+SCHEDULE_PATIENCE = 15.0
 
 
 @dataclass(slots=True)
 class _Pull:
     queue: bytes
+    #: The subject its requests come under (they do not come on the pull's own).
+    subject: bytes
     left: int
 
 
@@ -62,6 +68,10 @@ class JetStreamJobs:
         on_appended: Callable[[bytes], None],
         on_change: Callable[[], None],
         held: Callable[[], list[bytes]],
+        on_schedule: Callable[[str, tuple[Any, ...] | None, int], None] = lambda *_: None,
+        on_schedule_kept: Callable[[str, int, str | None], None] = lambda *_: None,
+        on_offered: Callable[[jobstream.StreamedJob], bool] = lambda _: False,
+        on_forwarded: Callable[[bytes, bool], None] = lambda *_: None,
     ) -> None:
         self.reactor = reactor
         self.settings = settings
@@ -71,6 +81,18 @@ class JetStreamJobs:
         self._on_appended = on_appended
         self._on_change = on_change
         self._held = held
+        self._on_schedule = on_schedule
+        self._on_schedule_kept = on_schedule_kept
+        self._on_offered = on_offered
+        self._on_forwarded = on_forwarded
+        #: The offer subscriptions of the queues this broker serves.
+        self._offers: dict[bytes, Subscription] = {}
+        self.offers_sent = 0
+        self.offers_taken = 0
+        self.bucket = jobstream.bucket_name(settings.stream)
+        self._watch_inbox = ""
+        self._watch_sequence = 0
+        self.schedule_conflicts = 0
         tls = (
             NatsTLS(settings.tls_ca, settings.tls_cert, settings.tls_key)
             if settings.tls_ca or settings.tls_cert
@@ -111,6 +133,10 @@ class JetStreamJobs:
         self.answers_sent = 0
         self.bad_messages = 0
         self.stream_info: dict[str, Any] = {}
+        #: The stream and the bucket are there and watched (open() is done).
+        self.ready = False
+        #: What follows an append once stored (a schedule's compare-and-set), by msgid.
+        self._then: dict[bytes, Callable[[], None]] = {}
         self._progress_loop: Any = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -160,14 +186,139 @@ class JetStreamJobs:
                 "change the options or the stream (it is never changed silently)",
             )
         self.stream_info = info
+        bucket = jobstream.bucket_config(self.bucket, settings.replicas, settings.duplicate_window)
+        while True:
+            try:
+                yield self._made(bucket)
+                break
+            except (jsapi.JetStreamError, TimeoutError, NotConnected) as error:
+                if self.reactor.seconds() > deadline:
+                    self.client.stop()
+                    raise StartupError(
+                        "nats-stream", f"JetStream did not make KV_{self.bucket}: {error}"
+                    ) from None
+            yield _sleep(self.reactor, 0.25)
+        self._watch_inbox = f"_EMQPKV.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
+        self.client.subscribe(self._watch_inbox, self._schedule_changed)
+        yield self._watch()
         self.client.subscribe(jobstream.broker_subject(self._prefix, self.broker_id), self._answer)
         self._pull_inbox = f"_EMQP.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
         self.client.subscribe(self._pull_inbox + ".*", self._delivered)
         from twisted.internet.task import LoopingCall
 
+        self.ready = True
         self._progress_loop = LoopingCall(self._in_progress)
         self._progress_loop.clock = self.reactor
         self._progress_loop.start(settings.ack_wait / 4, now=False)
+
+    @defer.inlineCallbacks
+    def _made(self, config: dict[str, Any]) -> Any:
+        """A stream as ``config`` says, made when missing (its settings are ours)."""
+        name = config["name"]
+        try:
+            info = yield self.client.jetstream(jsapi.stream_info(name))
+            return info
+        except jsapi.JetStreamError as error:
+            if error.err_code != STREAM_NOT_FOUND:
+                raise
+        info = yield self.client.jetstream(f"{jsapi.API}.STREAM.CREATE.{name}", config)
+        return info
+
+    def _watch(self) -> defer.Deferred[Any]:
+        """(Again) the bucket's keys, then its changes, to this broker."""
+        self._watch_sequence = 0
+        config = jobstream.watch_config(self.bucket, self._watch_inbox)
+        watching = self.client.jetstream(f"{jsapi.API}.CONSUMER.CREATE.KV_{self.bucket}", config)
+
+        def failed(failure: Failure) -> None:
+            log.warn(
+                "JetStream: schedules not watched yet ({error}); again soon",
+                error=failure.getErrorMessage(),
+            )
+            self.reactor.callLater(1.0, self._watch_again)
+
+        return watching.addErrback(failed)
+
+    def _watch_again(self) -> None:
+        if self.client.connected and self._watch_inbox:
+            self._watch()
+
+    def _schedule_changed(self, msg: Msg) -> None:
+        if codec.status(msg.headers):
+            return  # an idle heartbeat or flow control: nothing changed
+        try:
+            delivery = jsapi.delivery(msg.reply)
+            consumer_sequence = jobstream.consumer_sequence(msg.reply)
+            schedule_id = jobstream.key_of(self.bucket, msg.subject.decode())
+            operation = codec.header(msg.headers, b"KV-Operation") if msg.headers else None
+            row = None if operation else jobstream.decode_row(msg.payload)
+        except (ValueError, jobstream.JobBodyError) as error:
+            self.bad_messages += 1
+            log.warn("JetStream: a schedule that cannot be read: {error}", error=str(error))
+            return
+        if consumer_sequence != self._watch_sequence + 1:
+            # A change lost on its way (a push consumer's messages are not resent): the
+            # whole bucket again.
+            self._watch()
+            return
+        self._watch_sequence = consumer_sequence
+        self._on_schedule(schedule_id, row, delivery.stream_sequence)
+
+    # -- schedules ----------------------------------------------------------------------------
+
+    def _put_schedule(
+        self, schedule_id: str, row: tuple[Any, ...] | None, expected: int | None = None
+    ) -> defer.Deferred[Any]:
+        """Put (or delete, for None) a schedule's key; with ``expected``, only if the key
+        is still at that revision."""
+        fields: dict[bytes, bytes] = {}
+        if row is None:
+            fields[b"KV-Operation"] = b"DEL"
+        if expected is not None:
+            fields[b"Nats-Expected-Last-Subject-Sequence"] = str(expected).encode()
+        headers = codec.header_block(fields) if fields else b""
+        payload = jobstream.encode_row(row) if row is not None else b""
+        subject = jobstream.key_subject(self.bucket, schedule_id).encode()
+        return self.client.request(
+            subject, payload, headers, timeout=self.settings.ack_timeout
+        ).addCallback(lambda msg: jsapi.answer(msg.payload))
+
+    def _keep_schedule(
+        self, schedule_id: str, row: tuple[Any, ...] | None, waited: float = 0.0
+    ) -> None:
+        """Put it, again and again while JetStream cannot (no leader yet, no quorum) for
+        about ``SCHEDULE_PATIENCE`` seconds; then its SCHEDULE is refused."""
+
+        def kept(answer: dict[str, Any]) -> None:
+            self._on_schedule_kept(schedule_id, int(answer.get("seq", 0)), None)
+
+        def refused(failure: Failure) -> None:
+            if waited < SCHEDULE_PATIENCE:
+                delay = min(0.25 + waited / 2, 2.0)
+                self.reactor.callLater(delay, self._keep_schedule, schedule_id, row, waited + delay)
+                return
+            self._on_schedule_kept(schedule_id, 0, failure.getErrorMessage())
+            self._on_change()
+
+        self._put_schedule(schedule_id, row).addCallbacks(kept, refused)
+
+    def _fire(
+        self, job: Job, stored: jobstream.StreamedJob, schedule_id: str, row: Any, revision: int
+    ) -> None:
+        """The run first (stored once whoever fires it), then the schedule's next state
+        if nobody changed it since ``revision``."""
+
+        def appended() -> None:
+            def kept(answer: dict[str, Any]) -> None:
+                self._on_schedule_kept(schedule_id, int(answer.get("seq", 0)), None)
+
+            def lost(failure: Failure) -> None:
+                self.schedule_conflicts += 1  # another broker's, or a change: the watch says
+
+            self._put_schedule(schedule_id, row, revision).addCallbacks(kept, lost)
+
+        self._then[job.msgid] = appended
+        self._append(job, stored)
 
     @defer.inlineCallbacks
     def _stream_info_or_made(self, wanted: dict[str, Any]) -> Any:
@@ -198,10 +349,12 @@ class JetStreamJobs:
         return self.client.connected
 
     def _connection_changed(self, up: bool) -> None:
-        # Pulls die with their connection; appends unanswered are sent again.
+        # Pulls die with their connection; appends unanswered are sent again; the
+        # schedules' watch is made again (its consumer may be gone).
         self._pulls.clear()
         if up:
             self._schedule_retry(0.0)
+            self._watch_again()
         self._on_change()
 
     # -- what the core asks --------------------------------------------------------------------
@@ -221,6 +374,18 @@ class JetStreamJobs:
             elif what == "nak":
                 self._tell_stream(value, _NAK)
                 self.naks += 1
+            elif what == "later":
+                self._tell_stream(value, _NAK_LATER)
+                self.naks += 1
+            elif what == "forward":
+                self._offer(value, job_of(value))
+            elif what == "schedule-put":
+                self._keep_schedule(value[0], value)
+            elif what == "schedule-delete":
+                self._keep_schedule(value, None)
+            elif what == "schedule-fire":
+                job, schedule_id, row, revision = value
+                self._fire(job, job_of(job), schedule_id, row, revision)
             elif what == "term":
                 self._tell_stream(value, _TERM)
                 self.terms += 1
@@ -260,6 +425,9 @@ class JetStreamJobs:
             return
         if self.appending.pop(msgid, None) is None:
             return
+        then = self._then.pop(msgid, None)
+        if then is not None:
+            then()
         if self.refused_since is not None and not self._retry:
             log.info(
                 "JetStream stores again after {seconds:.1f}s",
@@ -276,6 +444,7 @@ class JetStreamJobs:
             return
         self.refusals += 1
         reason = failure.getErrorMessage() or type(failure.value).__name__
+        self.refusal = reason
         if self.refused_since is None:
             self.refused_since = self.reactor.seconds()
             log.warn(
@@ -284,7 +453,6 @@ class JetStreamJobs:
                 reason=reason,
             )
             self._on_change()
-        self.refusal = reason
         self._retry[msgid] = entry
         self._schedule_retry(self.retry_delay)
         self.retry_delay = min(self.retry_delay * 2, 2.0)
@@ -301,6 +469,47 @@ class JetStreamJobs:
     @property
     def refusing(self) -> bool:
         return self.refused_since is not None
+
+    # -- requests not kept in the stream -------------------------------------------------------
+
+    def _offer(self, job: Job, stored: jobstream.StreamedJob) -> None:
+        """To one broker serving its queue; the answer says whether it took it."""
+        self.offers_sent += 1
+        subject = jobstream.direct_subject(self._prefix, job.queue).encode()
+        answer = self.client.request(subject, jobstream.encode(stored), timeout=2.0)
+        answer.addCallbacks(
+            lambda msg: self._on_forwarded(job.msgid, msg.payload == jobstream.TAKEN),
+            lambda _: self._on_forwarded(job.msgid, False),
+        )
+
+    def serve(self, queues: set[bytes]) -> None:
+        """Take offers for exactly these queues (those this broker has workers for)."""
+        if not self.ready:
+            return
+        for queue in list(self._offers):
+            if queue not in queues:
+                self.client.unsubscribe(self._offers.pop(queue))
+        for queue in queues:
+            if queue not in self._offers:
+                self._offers[queue] = self.client.subscribe(
+                    jobstream.direct_subject(self._prefix, queue),
+                    self._offered,
+                    queue=jobstream.OFFER_GROUP,
+                )
+
+    def _offered(self, msg: Msg) -> None:
+        try:
+            stored = jobstream.decode(msg.payload)
+        except jobstream.JobBodyError as error:
+            self.bad_messages += 1
+            log.warn("JetStream: a broken offer from another broker: {error}", error=str(error))
+            return
+        taken = self._on_offered(stored)
+        if taken:
+            self.offers_taken += 1
+        if msg.reply:
+            with contextlib.suppress(NotConnected):
+                self.client.publish(msg.reply, jobstream.TAKEN if taken else b"0")
 
     # -- pulls ---------------------------------------------------------------------------------
 
@@ -355,22 +564,30 @@ class JetStreamJobs:
             self.client.publish(subject, jsapi.pull(count, self.settings.pull_expires), reply=reply)
         except NotConnected:
             return
-        self._pulls[reply] = _Pull(queue, count)
+        self._pulls[reply] = _Pull(
+            queue, jobstream.job_subject(self._prefix, queue).encode(), count
+        )
 
     def _delivered(self, msg: Msg) -> None:
-        pull = self._pulls.get(msg.subject)
         status = codec.status(msg.headers)
         if status:
-            # 404/408/409: the pull ended (nothing left, expired, or the consumer changed);
-            # 100: an idle heartbeat.
+            # The end of a pull, on its own reply subject: 404/408/409 (nothing left,
+            # expired, the consumer changed); 100 is an idle heartbeat.
             if status != 100:
                 self._pulls.pop(msg.subject, None)
                 self._on_change()
             return
-        if pull is not None:
-            pull.left -= 1
-            if pull.left <= 0:
-                del self._pulls[msg.subject]
+        # A request comes with the subject it was stored under, which names its queue:
+        # it counts against that queue's oldest pull.
+        for reply, pull in self._pulls.items():
+            if (
+                pull.left > 0
+                and jobstream.job_subject(self._prefix, pull.queue).encode() == msg.subject
+            ):
+                pull.left -= 1
+                if pull.left == 0:
+                    del self._pulls[reply]
+                break
         self.pulled += 1
         try:
             stored = jobstream.decode(msg.payload)
@@ -410,6 +627,7 @@ class JetStreamJobs:
     def status(self) -> dict[str, Any]:
         return {
             "connected": self.client.connected,
+            "ready": self.ready,
             "server": self.client.server,
             "stream": self._stream,
             "replicas": self.settings.replicas,
@@ -425,6 +643,10 @@ class JetStreamJobs:
             "terms": self.terms,
             "answers_sent": self.answers_sent,
             "bad_messages": self.bad_messages,
+            "bucket": f"KV_{self.bucket}",
+            "schedule_conflicts": self.schedule_conflicts,
+            "offers_sent": self.offers_sent,
+            "offers_taken": self.offers_taken,
         }
 
 

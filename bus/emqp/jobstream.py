@@ -94,6 +94,17 @@ def queue_of(prefix: str, subject: str) -> bytes:
     return untoken(subject[len(head) :])
 
 
+def direct_subject(prefix: str, queue: bytes) -> str:
+    """Where requests not kept in the stream are offered to the brokers serving ``queue``
+    (a queue group: one of them answers)."""
+    return f"{prefix}.direct.{token(queue)}"
+
+
+#: The queue group of the brokers' offers.
+OFFER_GROUP = "emqp-brokers"
+TAKEN = b"1"
+
+
 def broker_subject(prefix: str, broker_id: bytes) -> str:
     return f"{prefix}.broker.{token(broker_id)}"
 
@@ -154,6 +165,16 @@ def consumer_config(stream: str, prefix: str, queue: bytes, ack_wait: float) -> 
     ).encode()
 
 
+def consumer_sequence(reply: bytes) -> int:
+    """The consumer's own sequence of a delivery (gapless while nothing was lost)."""
+    tokens = reply.split(b".")
+    if len(tokens) == 9:
+        return int(tokens[6])
+    if len(tokens) >= 11:
+        return int(tokens[8])
+    raise JobBodyError(f"not a JetStream delivery: {reply[:200]!r}")
+
+
 def delivered(reply: bytes) -> int:
     """How many times the stream delivered this message (from its ack subject)."""
     tokens = reply.split(b".")
@@ -162,3 +183,79 @@ def delivered(reply: bytes) -> int:
     if len(tokens) >= 11:
         return int(tokens[6])
     raise JobBodyError(f"not a JetStream delivery: {reply[:200]!r}")
+
+
+# -- schedules: a JetStream key-value bucket ------------------------------------------------------
+#
+# Every broker keeps the same schedules: SCHEDULE and UNSCHEDULE at any broker put or delete the
+# schedule's key, and every broker watches the bucket. A run due is fired by every broker that
+# sees it due: each appends the run under the same msgid (:func:`bus.emqp.core.run_msgid`, so
+# the stream stores it once) and then sets the schedule's next state with compare-and-set from
+# the revision it knew; one wins, the others follow the bucket. The bucket is a standard one
+# (``nats kv`` reads it): stream ``KV_<bucket>``, subjects ``$KV.<bucket>.<key>``.
+
+
+def bucket_name(stream: str) -> str:
+    return f"{stream}_SCHEDULES"
+
+
+def bucket_config(bucket: str, replicas: int, duplicate_window: float) -> dict[str, Any]:
+    return {
+        "name": f"KV_{bucket}",
+        "subjects": [f"$KV.{bucket}.>"],
+        "retention": "limits",
+        "storage": "file",
+        "num_replicas": replicas,
+        "max_msgs_per_subject": 1,
+        "discard": "new",
+        "allow_rollup_hdrs": True,
+        "deny_delete": True,
+        "deny_purge": False,
+        "allow_direct": True,
+        "duplicate_window": int(duplicate_window * 1e9),
+    }
+
+
+def key_subject(bucket: str, schedule_id: str) -> str:
+    return f"$KV.{bucket}.{token(schedule_id.encode())}"
+
+
+def key_of(bucket: str, subject: str) -> str:
+    head = f"$KV.{bucket}."
+    if not subject.startswith(head):
+        raise SubjectError(f"{subject[:80]!r} is not a key of {bucket}")
+    return untoken(subject[len(head) :]).decode("ascii")
+
+
+def encode_row(row: tuple[Any, ...]) -> bytes:
+    packed: bytes = msgpack.packb([BODY_VERSION, *row], use_bin_type=True)
+    return packed
+
+
+def decode_row(data: bytes) -> tuple[Any, ...]:
+    try:
+        fields = msgpack.unpackb(data, raw=False)
+    except Exception as error:  # msgpack raises several kinds for broken bytes
+        raise JobBodyError(f"not msgpack: {error}") from None
+    if not isinstance(fields, list) or not fields or fields[0] != BODY_VERSION:
+        raise JobBodyError("not a schedule of this version")
+    return tuple(fields[1:])
+
+
+def watch_config(bucket: str, deliver: str) -> dict[str, Any]:
+    """A push consumer that sends the bucket's current keys, then each change, to
+    ``deliver``: no acks, in memory, gone soon after its broker."""
+    return {
+        "stream_name": f"KV_{bucket}",
+        "config": {
+            "deliver_subject": deliver,
+            "deliver_policy": "last_per_subject",
+            "filter_subject": f"$KV.{bucket}.>",
+            "ack_policy": "none",
+            "replay_policy": "instant",
+            "mem_storage": True,
+            "num_replicas": 1,
+            "inactive_threshold": 10_000_000_000,
+            "headers_only": False,
+        },
+    }

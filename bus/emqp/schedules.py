@@ -379,6 +379,8 @@ class Schedule:
     last_run: float | None = None
     #: Set when the schedule ran its ``run_count`` and left the book: delete its row.
     finished: bool = False
+    #: Its revision in the cluster's key-value bucket (``--store jetstream``; 0: none).
+    revision: int = 0
     # The heap entry that is current for this schedule (0: none): older ones are stale.
     _token: int = field(default=0, repr=False)
 
@@ -537,6 +539,30 @@ class ScheduleBook:
             self._push(schedule)
         self._last_now = max(self._last_now, now)
         return errors
+
+    def put(self, row: Sequence[object], revision: int, now: float) -> Schedule | None:
+        """A schedule as the cluster's bucket holds it now (another broker's change, or
+        a run it fired): replaces this book's; None when the book knows a later one.
+        Raises :class:`ScheduleError` for a row that holds no valid schedule."""
+        schedule_id = row[0] if row else None
+        old = self._by_id.get(schedule_id) if isinstance(schedule_id, str) else None
+        if old is not None and old.revision > revision:
+            return None
+        errors = self.restore([row], now)
+        if errors:
+            raise errors[0]
+        assert isinstance(schedule_id, str)
+        schedule = self._by_id[schedule_id]
+        schedule.revision = revision
+        if old is not None and old.runs > schedule.runs:
+            # This book already fired a later run (its change is on its way): keep it.
+            schedule.runs, schedule.next_due, schedule.last_run = (
+                old.runs,
+                old.next_due,
+                old.last_run,
+            )
+            self._push(schedule)
+        return schedule
 
     # -- time ------------------------------------------------------------------------------------
 

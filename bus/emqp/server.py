@@ -200,6 +200,10 @@ class EmqpService(Service):
                 on_appended=broker.stream_appended,
                 on_change=self._stream_changed,
                 held=broker.held_handles,
+                on_schedule=self._schedule_changed,
+                on_schedule_kept=self._schedule_kept,
+                on_offered=self._offered,
+                on_forwarded=self._forwarded,
             )
         self.ports.open(self._bind_all, undo=self._undo_start)
         Service.startService(self)
@@ -279,6 +283,34 @@ class EmqpService(Service):
     def _flush_now(self) -> None:
         self._flush_call = None
         self._flush()
+
+    def _schedule_changed(
+        self, schedule_id: str, row: tuple[Any, ...] | None, revision: int
+    ) -> None:
+        assert self.broker is not None
+        self.broker.on_schedule_change(schedule_id, row, revision)
+        self._arm_schedules()
+        self._flush_soon()
+
+    def _offered(self, stored: Any) -> bool:
+        assert self.broker is not None
+        taken = self.broker.on_offered(stored)
+        if taken:
+            self._flush_soon()
+        return taken
+
+    def _forwarded(self, msgid: bytes, taken: bool) -> None:
+        assert self.broker is not None
+        if taken:
+            self.broker.forward_taken(msgid)
+        else:
+            self.broker.forward_refused(msgid)
+        self._flush_soon()
+
+    def _schedule_kept(self, schedule_id: str, revision: int, error: str | None) -> None:
+        assert self.broker is not None
+        self.broker.schedule_kept(schedule_id, revision, error)
+        self._flush_soon()
 
     def _stream_changed(self) -> None:
         """The stream took requests, delivered some, refused or took appends again, or its
@@ -560,7 +592,9 @@ class EmqpService(Service):
             if stored:
                 if broker.awaiting_commit:
                     broker.release_stored()
-                if self._storage_blocked_since is not None:
+                if self._storage_blocked_since is not None and not (
+                    self.stream is not None and self.stream.refusing
+                ):
                     self._storage_unblocked()
             elif broker.awaiting_commit:
                 self._storage_blocked()
@@ -588,6 +622,7 @@ class EmqpService(Service):
                 self.answers.send(self.admin_socket, messages)
         if self.stream is not None and self.running:
             self.stream.pull(broker.wanted())
+            self.stream.serve(broker.served_queues())
 
     def _ports_to_pause(self) -> list[str]:
         """While the store refuses: the client port, and the admin port once an admin's
