@@ -195,9 +195,9 @@ class EmqpService(Service):
                 self.reactor,
                 config.jetstream,
                 broker_id,
-                on_job=broker.on_stream_job,
-                on_answer=broker.on_forwarded,
-                on_appended=broker.stream_appended,
+                on_job=self._soon(broker.on_stream_job),
+                on_answer=self._soon(broker.on_forwarded),
+                on_appended=self._soon(broker.stream_appended),
                 on_change=self._stream_changed,
                 held=broker.held_handles,
                 on_schedule=self._schedule_changed,
@@ -275,6 +275,16 @@ class EmqpService(Service):
         return opening.addCallback(opened)
 
     # -- the stream (--store jetstream) --------------------------------------------------------
+
+    def _soon(self, handle: Callable[..., None]) -> Callable[..., None]:
+        """``handle``, then what it produced sent at the end of this reactor turn (one
+        flush for all the stream's messages that one read brought)."""
+
+        def handled(*args: Any) -> None:
+            handle(*args)
+            self._flush_soon()
+
+        return handled
 
     def _flush_soon(self) -> None:
         if self._flush_call is None and self.running:
