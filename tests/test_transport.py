@@ -255,11 +255,13 @@ def test_send_each_says_how_many_went_and_why_the_next_did_not(factory: Any) -> 
     assert 1 <= sent <= 3 and error == zmq.EAGAIN
 
 
+@pytest.mark.parametrize("eager", [False, True])
 @pytest_twisted.inlineCallbacks
-def test_a_handler_that_answers_on_its_socket_misses_no_message(factory: Any) -> Any:
+def test_a_handler_that_answers_on_its_socket_misses_no_message(factory: Any, eager: bool) -> Any:
     """A send from the handler can take in the descriptor's signal of a message that came
     meanwhile; the socket asks, once the batch is handled, whether one waits (no timer
-    when none does), so an echo ping-pong runs to its end on signals alone."""
+    when none does), so an echo ping-pong runs to its end on signals alone; an eager
+    socket reads what waits in the same reactor turn."""
     rounds = 300
     echoed: list[bytes] = []
 
@@ -267,7 +269,7 @@ def test_a_handler_that_answers_on_its_socket_misses_no_message(factory: Any) ->
         for frames in batch:
             assert server.send_frames(frames)
 
-    server = factory.socket(zmq.ROUTER, echo, options())
+    server = factory.socket(zmq.ROUTER, echo, options(), eager_reads=eager)
     endpoint = server.bind("tcp://127.0.0.1:*")
 
     def answered(batch: list[list[bytes]]) -> None:

@@ -130,6 +130,8 @@ class Mc0Service(Service):
             ),
             read_budget=config.read_budget,
             name="mc0",
+            # Its one socket: what came while a batch was answered is read in the same turn.
+            eager_reads=True,
         )
         self.socket = sock
         self.curve.secure(sock, "mc0")

@@ -141,13 +141,21 @@ class SocketFactory:
         read_budget: int = 256,
         name: str = "",
         secure: bool = True,
+        eager_reads: bool = False,
     ) -> ZmqSocket:
         """A :class:`ZmqSocket` of ``socket_type``; batches of whole messages go to
-        ``on_messages``. ``secure`` False: never a CURVE client (in-process sockets)."""
+        ``on_messages``. ``secure`` False: never a CURVE client (in-process sockets).
+        ``eager_reads``: see :attr:`ZmqSocket.eager_reads`."""
         if self._closed:
             raise RuntimeError("socket factory is shut down")
         sock = ZmqSocket(
-            self, socket_type, on_messages, options or SocketOptions(), read_budget, name
+            self,
+            socket_type,
+            on_messages,
+            options or SocketOptions(),
+            read_budget,
+            name,
+            eager_reads,
         )
         if secure and self.curve is not None:
             self.curve.apply(sock)
@@ -183,6 +191,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         options: SocketOptions,
         read_budget: int,
         name: str,
+        eager_reads: bool = False,
     ) -> None:
         # Set before txzmq's constructor, which registers the reader and reads once.
         self.socketType = socket_type
@@ -191,6 +200,9 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.reconnectIntervalMax = options.reconnect_max_ms
         self.on_messages = on_messages
         self.read_budget = read_budget
+        #: Read the messages that came while a batch was handled in the same reactor turn
+        #: (within ``read_budget``), rather than on the next (see :meth:`_read`).
+        self.eager_reads = eager_reads
         self.name = name or zmq.SocketType(socket_type).name
         self.reactor: Any = factory.reactor
         self.owner = factory
@@ -358,8 +370,12 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             # An XPUB with a handler reads its subscriptions; otherwise nothing is read.
             sock.get(zmq.EVENTS)  # lets libzmq process pending commands (subscriptions)
             return
-        # Batch after batch while messages came in as the last one was handled (its
-        # handler's sends made the socket look), up to ``read_budget`` messages this turn.
+        # Again on the next turn if the budget ran out, or if messages came while the batch
+        # was handled (its handler's sends made the socket look). A socket that reads
+        # eagerly reads those at once instead, batch after batch within its budget for the
+        # turn: for a service with one socket answering each message (mc0), where a turn
+        # per batch costs more than the batch; a service that reads several sockets keeps
+        # their turns (eMQP read eagerly had smaller batches and lost a fifth of its rate).
         budget = self.read_budget
         handed = 0
         while True:
@@ -368,12 +384,16 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             read = self.messages_received - before
             handed += read
             waiting, self._input_waiting = self._input_waiting, False
-            if not exhausted:
-                self._schedule_read()  # the budget ran out: more may wait
-                return
-            if not waiting:
+            if exhausted and not waiting:
                 return  # the descriptor signals the next message
-            if read == 0 or handed >= budget or self.socket is not sock or self.reading_paused:
+            if (
+                not exhausted
+                or not self.eager_reads
+                or read == 0
+                or handed >= budget
+                or self.socket is not sock
+                or self.reading_paused
+            ):
                 self._schedule_read()
                 return
 
@@ -472,7 +492,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         socket's pending commands). Ask the socket whether one waits; if none does, the
         descriptor signals the next one. Asking costs one call, where a read on the next
         turn costs a timer and a turn per batch; the reader (:meth:`_read`, :meth:`drain`)
-        reads it at once while its budget lasts."""
+        takes the answer."""
         native, sock = self._native, self.socket
         if sock is None or sock.closed:
             return
