@@ -13,20 +13,36 @@ Baseline, same run: a raw pyzmq CURVE ROUTER (``_mc0_workers.py echo``) doing th
 the same work, with the same clients. Runs alternate baseline/server ``--repeat`` times;
 medians are reported.
 
+Against the real broker (``--mc0d DIR``: the ``bin`` directory of an mc0d built from source,
+see bench/README.md), ``--mc0d-rounds`` rounds, each: mc0d's own torture tool
+(``mc0torture``: 50 threads, each its own context and CURVE key, CONNECT then 1000 NOOPs
+with an ID in lockstep) against mc0d and against ours, then the fan-out above with
+``--mc0d-subscribers`` (50) subscribers and one publisher against each; the order of the
+two brokers alternates from round to round. Both brokers get the same key pair (mc0d's
+secret-key file, which ``--server-cert`` also reads); mc0d logs at WARN (its default
+configuration logs a line per message at INFO). mc0torture connects to
+tcp://127.0.0.1:61616 (fixed in its source), so that port must be free.
+
     python bench/mc0_throughput.py [--clients 50] [--count 1000] [--subscribers 100]
                                    [--puts 5000] [--repeat 3]
+                                   [--mc0d DIR [--mc0d-rounds 3] [--mc0d-subscribers 50]
+                                    [--mc0d-only]]
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from _common import (
+    HOST,
     Cleanup,
     CpuAccount,
     Figure,
@@ -40,18 +56,26 @@ from _common import (
     median,
     noise_line,
     server_prefix,
+    stop_process,
     summary,
     terminate_on_sigterm,
     wait_for_quiet,
     wait_until,
     workdir,
 )
+from _common import _die_with_parent as die_with_parent
+from _common import _free as port_is_free
 
 HERE = Path(__file__).resolve().parent
 MC0_WORKERS = HERE / "_mc0_workers.py"
 TARGET_ACKS = 20_000
 TARGET_FANOUT = 50_000
 TOPIC = "mcollective.bench"
+#: Where mc0torture connects (fixed in its source), and what it reads the key from.
+TORTURE_PORT = 61616
+TORTURE_KEY_FILE = "middleware.public"
+#: log4cxx's basic layout ("%r [%t] %p %c %x - %m": milliseconds since the start first).
+_TORTURE_LINE = re.compile(r"^(\d+) .* sent and acked (\d+) messages in ([0-9.e+-]+)")
 
 
 def Mc0Worker(role: str, *args: object) -> Worker:
@@ -67,12 +91,14 @@ class Mc0Server(TwistdProcess):
     prefix: list[str] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     port: int = 0
+    #: The server's secret key in a file (mc0d's format); None: the pair kept in keys/.
+    secret_file: Path | None = None
     label = "mc0"
 
     def __post_init__(self) -> None:
         self.log_path = self.workdir / "twistd.log"
         self.stdout_path = self.workdir / "stdout.txt"
-        self.port = free_ports(1)
+        self.port = self.port or free_ports(1)
 
     @property
     def endpoint(self) -> str:
@@ -80,10 +106,13 @@ class Mc0Server(TwistdProcess):
 
     def start(self) -> Mc0Server:
         args = ["mc0", "--port", str(self.port), "--data-dir", str(self.workdir / "keys")]
+        if self.secret_file is not None:
+            args += ["--server-cert", str(self.secret_file)]
         self._spawn(self._twistd_argv(args), "MC0_")
+        kept = self.workdir / "keys" / "server.key"
         wait_until(
             lambda: (
-                (self.workdir / "keys" / "server.key").exists() and "started mc0" in self.log_tail()
+                (self.secret_file is not None or kept.exists()) and "started mc0" in self.log_tail()
             ),
             60,
             "twistd mc0 to start",
@@ -99,8 +128,101 @@ class Mc0Server(TwistdProcess):
         return str(public.decode())
 
 
-def start_broker(kind: str, stack: Cleanup, root: Path, prefix: list[str]) -> tuple[str, str, int]:
-    """(endpoint, server public key, pid) of the broker under test or of the baseline."""
+@dataclass
+class Mc0d:
+    """The real broker, built from source: ``mc0d`` in ``bin_dir``, on 127.0.0.1:``port``,
+    with the secret key in ``keys``, logging at WARN to a file in ``workdir``."""
+
+    bin_dir: Path
+    workdir: Path
+    keys: KeyFiles
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_ports(1)
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def start(self) -> Mc0d:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = self.workdir / "log4cxx.properties"
+        config.write_text(
+            "log4j.rootLogger=WARN, out\n"
+            "log4j.appender.out=org.apache.log4j.ConsoleAppender\n"
+            "log4j.appender.out.layout=org.apache.log4j.PatternLayout\n"
+            "log4j.appender.out.layout.ConversionPattern=%d %p %c - %m%n\n"
+        )
+        self.proc = subprocess.Popen(
+            [
+                str(self.bin_dir / "mc0d"), "--bind", HOST, "--port", str(self.port),
+                "--curve-private-key", str(self.keys.secret_file), "--logger-config", str(config),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.workdir / "mc0d.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,
+        )  # fmt: skip
+
+        def listening() -> bool:
+            try:
+                socket.create_connection((HOST, self.port), timeout=0.2).close()
+            except OSError:
+                return False
+            return True
+
+        wait_until(listening, 30, "mc0d to listen", self._check_alive)
+        return self
+
+    def _check_alive(self) -> None:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            log = (self.workdir / "mc0d.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"mc0d exited ({self.proc.returncode}):\n{log}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc)
+            self.proc = None
+
+
+@dataclass
+class KeyFiles:
+    """One server key pair for both brokers: the secret key alone in a file (mc0d's format,
+    also read by ``--server-cert``) and the public key in mc0torture's file."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        import zmq
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        public, secret = zmq.curve_keypair()
+        self.public = public.decode()
+        self.secret_file = self.root / "server.secret"
+        self.secret_file.write_text(secret.decode() + "\n")
+        self.secret_file.chmod(0o600)
+        (self.root / TORTURE_KEY_FILE).write_text(self.public + "\n")
+
+
+def start_broker(
+    kind: str, stack: Cleanup, root: Path, prefix: list[str], mc0d: Path | None = None
+) -> tuple[str, str, int]:
+    """(endpoint, server public key, pid) of the broker under test, of the baseline, or
+    (``kind`` "mc0d") of the real broker built in ``mc0d``."""
+    if kind == "mc0d":
+        assert mc0d is not None
+        real = Mc0d(mc0d, root, KeyFiles(root / "keys"))
+        stack.callback(real.stop)
+        real.start()
+        return real.endpoint, real.keys.public, real.pid
     if kind == "server":
         server = Mc0Server(root, prefix)
         stack.callback(server.stop)
@@ -145,13 +267,18 @@ def run_acks(kind: str, args: argparse.Namespace, root: Path, prefix: list[str])
 
 
 def run_fanout(
-    kind: str, args: argparse.Namespace, root: Path, prefix: list[str]
+    kind: str,
+    args: argparse.Namespace,
+    root: Path,
+    prefix: list[str],
+    subscriber_count: int | None = None,
 ) -> dict[str, Any]:
     wait_for_quiet(args.wait_idle)
     account = CpuAccount()
+    count = subscriber_count or args.subscribers
     with Cleanup() as stack:
-        endpoint, key, pid = start_broker(kind, stack, root, prefix)
-        halves = [args.subscribers // 2, args.subscribers - args.subscribers // 2]
+        endpoint, key, pid = start_broker(kind, stack, root, prefix, args.mc0d)
+        halves = [count // 2, count - count // 2]
         subscribers = [
             Mc0Worker("subscribers", endpoint, key, n, TOPIC, args.puts) for n in halves if n
         ]
@@ -168,7 +295,7 @@ def run_fanout(
         cpu = cpu_seconds(pid) - cpu_before
     received = sum(r["received"] for r in results)
     elapsed = max(r["last"] for r in results) - min(r["first"] for r in results)
-    expected = args.puts * args.subscribers
+    expected = args.puts * count
     return {
         "kind": kind,
         "rate": received / max(elapsed, 1e-9),
@@ -179,6 +306,99 @@ def run_fanout(
         "cpu_us_per_message": cpu / max(received, 1) * 1e6,
         "foreign_cores": account.stop(),
     }
+
+
+def run_torture(
+    kind: str, args: argparse.Namespace, root: Path, prefix: list[str]
+) -> dict[str, Any]:
+    """mc0d's own torture tool against ``kind`` ("mc0d" or "server") on port 61616: the
+    acknowledged NOOPs per second over all its clients, from the first client's first
+    NOOP to the last client's last OK (from its log's timings)."""
+    assert args.mc0d is not None
+    wait_for_quiet(args.wait_idle)
+    if not port_is_free(TORTURE_PORT):
+        raise SystemExit(f"mc0torture needs 127.0.0.1:{TORTURE_PORT}, which is in use")
+    keys = KeyFiles(root / "keys")
+    account = CpuAccount()
+    with Cleanup() as stack:
+        broker: Mc0d | Mc0Server
+        if kind == "mc0d":
+            broker = Mc0d(args.mc0d, root, keys, port=TORTURE_PORT)
+        else:
+            broker = Mc0Server(root, prefix, port=TORTURE_PORT, secret_file=keys.secret_file)
+        stack.callback(broker.stop)
+        broker.start()
+        settle(broker.pid)
+        cpu_before = cpu_seconds(broker.pid)
+        started = time.monotonic()
+        done = subprocess.run(
+            [str(args.mc0d / "mc0torture")],
+            cwd=keys.root,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            preexec_fn=die_with_parent,
+        )
+        wall = time.monotonic() - started
+        cpu = cpu_seconds(broker.pid) - cpu_before
+    spans = []
+    for line in done.stdout.splitlines():
+        match = _TORTURE_LINE.match(line)
+        if match:
+            end = int(match.group(1)) / 1000
+            spans.append((end - float(match.group(3)), end, int(match.group(2))))
+    acks = sum(span[2] for span in spans)
+    if done.returncode != 0 or len(spans) != 50:
+        (root / "mc0torture.log").write_text(done.stdout + done.stderr)
+    elapsed = max(s[1] for s in spans) - min(s[0] for s in spans) if spans else 0.0
+    return {
+        "kind": kind,
+        "rate": acks / elapsed if elapsed > 0 else 0.0,
+        "acks": acks,
+        "clients_done": len(spans),
+        "returncode": done.returncode,
+        "wall_s": wall,
+        "cpu_us_per_ack": cpu / max(acks, 1) * 1e6,
+        "foreign_cores": account.stop(),
+    }
+
+
+def settle(pid: int, limit: float = 5.0) -> None:
+    """Wait (up to ``limit`` s) until the process spent under 5 ms of CPU in 100 ms: what a
+    broker does as it starts (imports, a first garbage collection) is not measured."""
+    deadline = time.monotonic() + limit
+    before = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = cpu_seconds(pid)
+        if now - before < 0.005:
+            return
+        before = now
+
+
+def mc0d_rounds(args: argparse.Namespace, root: Path, prefix: list[str]) -> dict[str, Any]:
+    """``--mc0d-rounds`` rounds of mc0torture and of the fan-out, mc0d and ours in turn."""
+    rounds: list[dict[str, Any]] = []
+    for index in range(args.mc0d_rounds):
+        order = ("mc0d", "server") if index % 2 == 0 else ("server", "mc0d")
+        done: dict[str, Any] = {"torture": {}, "fanout": {}}
+        for kind in order:
+            run = run_torture(kind, args, root / f"torture-{kind}-{index}", prefix)
+            done["torture"][kind] = run
+            print(f"round {index + 1} torture {describe(run, 'acks/s')}", file=sys.stderr)
+        for kind in order:
+            run = run_fanout(
+                kind, args, root / f"fanout50-{kind}-{index}", prefix, args.mc0d_subscribers
+            )
+            done["fanout"][kind] = run
+            print(f"round {index + 1} fan-out {describe(run, 'MESSAGEs/s')}", file=sys.stderr)
+        for test in ("torture", "fanout"):
+            pair = done[test]
+            pair["ratio"] = pair["server"]["rate"] / max(pair["mc0d"]["rate"], 1e-9)
+        print(f"round {index + 1}: ours / mc0d: torture {done['torture']['ratio']:.2f}, "
+              f"fan-out {done['fanout']['ratio']:.2f}", file=sys.stderr)  # fmt: skip
+        rounds.append(done)
+    return {"rounds": rounds}
 
 
 def describe(run: dict[str, Any], unit: str) -> str:
@@ -197,11 +417,33 @@ def main() -> None:
     parser.add_argument("--subscribers", type=int, default=100)
     parser.add_argument("--puts", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--mc0d",
+        type=Path,
+        help="the bin directory of an mc0d built from source (mc0d, mc0torture)",
+    )
+    parser.add_argument("--mc0d-rounds", type=int, default=3)
+    parser.add_argument("--mc0d-subscribers", type=int, default=50)
+    parser.add_argument(
+        "--mc0d-only", action="store_true", help="only the rounds against mc0d (with --mc0d)"
+    )
     add_common_arguments(parser)
     args = parser.parse_args()
+    if args.mc0d is not None:
+        args.mc0d = args.mc0d.resolve()
+        missing = [n for n in ("mc0d", "mc0torture") if not (args.mc0d / n).is_file()]
+        if missing:
+            parser.error(f"--mc0d {args.mc0d}: no {' or '.join(missing)} there")
+    elif args.mc0d_only:
+        parser.error("--mc0d-only needs --mc0d")
     terminate_on_sigterm()
     info = machine()
     prefix = server_prefix(args.server_prefix)
+    if args.mc0d_only:
+        with workdir("mc0-bench-", args.keep) as root:
+            against = mc0d_rounds(args, root, prefix)
+        report_mc0d(args, info, against, {})
+        return
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         "acks": {"baseline": [], "server": []},
         "fanout": {"baseline": [], "server": []},
@@ -215,12 +457,21 @@ def main() -> None:
                 run = run_fanout(kind, args, root / f"fanout-{kind}-{index}", prefix)
                 runs["fanout"][kind].append(run)
                 print(describe(run, "MESSAGEs/s"), file=sys.stderr)
+        against = mc0d_rounds(args, root, prefix) if args.mc0d is not None else None
     acks = {kind: median([r["rate"] for r in rs]) for kind, rs in runs["acks"].items()}
     fanout = {kind: median([r["rate"] for r in rs]) for kind, rs in runs["fanout"].items()}
     server_runs = runs["acks"]["server"] + runs["fanout"]["server"]
     clean = all(r["missing"] == 0 and r.get("mismatched", 0) == 0 for r in server_runs)
     verdict = acks["server"] >= TARGET_ACKS and fanout["server"] >= TARGET_FANOUT and clean
     all_runs = [*runs["acks"]["baseline"], *runs["fanout"]["baseline"], *server_runs]
+    figures = {
+        "acks": Figure(acks["server"], "acks/s"),
+        "acks_vs_raw": Figure(acks["server"] / acks["baseline"], "x raw"),
+        "fanout": Figure(fanout["server"], "messages/s"),
+        "fanout_vs_raw": Figure(fanout["server"] / fanout["baseline"], "x raw"),
+    }
+    if against is not None:
+        report_mc0d(args, info, against, figures)
     summary(
         "mc0 CURVE throughput",
         info,
@@ -239,13 +490,67 @@ def main() -> None:
             noise_line(all_runs),
         ],
         json_path=args.json,
-        record={"runs": runs},
-        figures={
-            "acks": Figure(acks["server"], "acks/s"),
-            "acks_vs_raw": Figure(acks["server"] / acks["baseline"], "x raw"),
-            "fanout": Figure(fanout["server"], "messages/s"),
-            "fanout_vs_raw": Figure(fanout["server"] / fanout["baseline"], "x raw"),
-        },
+        record={"runs": runs, "mc0d": against},
+        figures=figures,
+    )
+
+
+def report_mc0d(
+    args: argparse.Namespace,
+    info: dict[str, Any],
+    against: dict[str, Any],
+    figures: dict[str, Figure],
+) -> None:
+    """The rounds against mc0d: every round's ratio (the target holds in each), and their
+    median as figures. With ``--mc0d-only`` its own SUMMARY; else lines printed before the
+    main one, whose figures it adds to."""
+    rounds = against["rounds"]
+    torture = [r["torture"]["ratio"] for r in rounds]
+    fanout = [r["fanout"]["ratio"] for r in rounds]
+    complete = all(
+        r["torture"][k]["acks"] == 50_000 and r["torture"][k]["returncode"] == 0
+        for r in rounds
+        for k in ("mc0d", "server")
+    ) and all(r["fanout"][k]["missing"] == 0 for r in rounds for k in ("mc0d", "server"))
+    figures["torture_vs_mc0d"] = Figure(median(torture), "x mc0d")
+    figures["fanout_vs_mc0d"] = Figure(median(fanout), "x mc0d")
+    measured = (
+        "mc0torture (50 CURVE clients x 1000 acknowledged NOOPs): ours "
+        + ", ".join(fmt_rate(r["torture"]["server"]["rate"]) for r in rounds)
+        + " acks/s; fan-out (1 publisher, "
+        f"{args.mc0d_subscribers} subscribers, {args.puts} PUTs): ours "
+        + ", ".join(fmt_rate(r["fanout"]["server"]["rate"]) for r in rounds)
+        + " MESSAGEs/s"
+    )
+    baseline = (
+        "mc0d: "
+        + ", ".join(fmt_rate(r["torture"]["mc0d"]["rate"]) for r in rounds)
+        + " acks/s; "
+        + ", ".join(fmt_rate(r["fanout"]["mc0d"]["rate"]) for r in rounds)
+        + " MESSAGEs/s"
+    )
+    ratio = (
+        "torture " + ", ".join(f"{x:.2f}" for x in torture)
+        + "; fan-out " + ", ".join(f"{x:.2f}" for x in fanout) + " (ours / mc0d, round by round)"
+    )  # fmt: skip
+    verdict = min(torture) >= 1.0 and complete
+    if not args.mc0d_only:
+        for label, text in (("vs mc0d", measured), ("mc0d", baseline), ("ratio", ratio)):
+            print(f"{label:<9}: {text}")
+        return
+    runs = [r[t][k] for r in rounds for t in ("torture", "fanout") for k in ("mc0d", "server")]
+    summary(
+        "mc0 against mc0d",
+        info,
+        measured=measured,
+        baseline=baseline + " (same rounds, alternating)",
+        ratio=ratio,
+        target=">= 1.0 x mc0d's torture rate in every round; every ack and MESSAGE delivered",
+        verdict=verdict,
+        details=[noise_line(runs)],
+        json_path=args.json,
+        record={"mc0d": against},
+        figures=figures,
     )
 
 

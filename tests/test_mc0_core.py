@@ -245,3 +245,81 @@ def test_too_many_topics_for_one_client(clock: Clock, wire: Wire) -> None:
     assert broker.errors.counts["too-many-topics"] == 1
     broker.receive(A, [b"SUB", b"ID", b"s2", b"", b"b", b"c"])  # three in all: fine
     assert broker.clients[A].topics == {b"a", b"b", b"c"}
+
+
+class ManyWire(Wire):
+    """A wire that also takes many messages a call, as the service's socket does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def many(self, messages: list[list[bytes]]) -> tuple[int, SendResult]:
+        self.calls += 1
+        for sent, frames in enumerate(messages):
+            result = self(frames)
+            if result is not SendResult.SENT:
+                return sent, result
+        return len(messages), SendResult.SENT
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_batch_of_noops_is_acknowledged_as_one_by_one_in_order(clock: Clock, many: bool) -> None:
+    """The known clients' ``["", NOOP, ID, id]`` take a short way: the same OKs, in the
+    same order among the other answers, the same counts and times."""
+    wire = ManyWire()
+    broker = Broker(BrokerSettings(), clock, wire, transmit_many=wire.many if many else None)
+    broker.receive(A, [b"", b"CONNECT", b"ID", b"c"])
+    broker.receive(B, [b"", b"SUB", b"ID", b"s", b"", b"t"])
+    wire.clear()
+    clock.advance(5)
+    batch = [
+        [A, b"", b"NOOP", b"ID", b"n1"],
+        [B, b"", b"NOOP", b"ID", b"n2"],
+        [A, b"", b"PUT", b"TOPIC", b"t", b"ID", b"p", b"", b"body"],
+        [A, b"NOOP", b"ID", b"spec"],  # another framing: the long way
+        [C, b"", b"NOOP", b"ID", b"new"],  # not a client yet: the long way
+        [B, b"", b"NOOP", b"ID", b"n3"],
+    ]
+    broker.receive_batch(batch)
+    assert wire.sent == [
+        [A, b"", b"OK", b"ID", b"n1"],
+        [B, b"", b"OK", b"ID", b"n2"],
+        [B, b"", b"MESSAGE", b"TOPIC", b"t", b"", b"body"],
+        [A, b"", b"OK", b"ID", b"p"],
+        [A, b"OK", b"ID", b"spec"],
+        [C, b"", b"OK", b"ID", b"new"],
+        [B, b"", b"OK", b"ID", b"n3"],
+    ]
+    assert broker.commands["Noop"] == 5 and broker.acknowledged == 2 + 6
+    assert broker.clients[A].last_heard == broker.clients[B].last_sent == 5
+    assert broker.clients[A].framing is codec.Framing.SPEC
+
+
+def test_noops_too_large_for_the_limits_are_refused_as_before(clock: Clock, wire: Wire) -> None:
+    broker = make(clock, wire, max_message_bytes=16)
+    broker.receive(A, [b"", b"CONNECT"])
+    broker.receive_batch([[A, b"", b"NOOP", b"ID", b"x" * 20]])
+    assert wire.to(A)[0][1] == b"ERROR" and broker.acknowledged == 0
+
+
+def test_batched_sends_forget_gone_peers_and_count_full_ones(clock: Clock) -> None:
+    wire = ManyWire()
+    broker = Broker(BrokerSettings(), clock, wire, transmit_many=wire.many)
+    for peer in (A, B, C):
+        broker.receive(peer, [b"", b"SUB", b"", b"t"])
+    wire.gone.add(A)
+    wire.full.add(B)
+    clock.advance(3)
+    broker.receive(C, [b"", b"PUT", b"TOPIC", b"t", b"", b"hello"])
+    assert broker.delivered == 1
+    assert broker.undelivered == {"full": 1, "gone": 1}
+    assert A not in broker.clients and B in broker.clients
+    assert broker.clients[C].last_sent == 3 and broker.clients[B].last_sent == 0
+    # The NOOPs of a batch: a gone peer is forgotten, a full one only misses its OK.
+    wire.clear()
+    broker.receive_batch([[B, b"", b"NOOP", b"ID", b"1"], [C, b"", b"NOOP", b"ID", b"2"]])
+    assert wire.sent == [[C, b"", b"OK", b"ID", b"2"]]
+    wire.gone.add(C)
+    broker.receive_batch([[C, b"", b"NOOP", b"ID", b"3"]])
+    assert C not in broker.clients

@@ -244,6 +244,51 @@ def test_send_many_stops_at_the_first_message_that_would_block(factory: Any) -> 
     assert dealer.send_many([[b"more"]]) == 0
 
 
+def test_send_each_says_how_many_went_and_why_the_next_did_not(factory: Any) -> None:
+    router = factory.socket(zmq.ROUTER, None, options(router_mandatory=True))
+    router.bind("tcp://127.0.0.1:*")
+    assert router.send_each([]) == (0, 0)
+    assert router.send_each([[b"nobody", b"x"], [b"other", b"y"]]) == (0, zmq.EHOSTUNREACH)
+    dealer = factory.socket(zmq.DEALER, None, options(send_hwm=3))
+    dealer.connect(f"tcp://127.0.0.1:{free_port()}")
+    sent, error = dealer.send_each([[b"m", b"%d" % i] for i in range(50)])
+    assert 1 <= sent <= 3 and error == zmq.EAGAIN
+
+
+@pytest.mark.parametrize("eager", [False, True])
+@pytest_twisted.inlineCallbacks
+def test_a_handler_that_answers_on_its_socket_misses_no_message(factory: Any, eager: bool) -> Any:
+    """A send from the handler can take in the descriptor's signal of a message that came
+    meanwhile; the socket asks, once the batch is handled, whether one waits (no timer
+    when none does), so an echo ping-pong runs to its end on signals alone; an eager
+    socket reads what waits in the same reactor turn."""
+    rounds = 300
+    echoed: list[bytes] = []
+
+    def echo(batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            assert server.send_frames(frames)
+
+    server = factory.socket(zmq.ROUTER, echo, options(), eager_reads=eager)
+    endpoint = server.bind("tcp://127.0.0.1:*")
+
+    def answered(batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            echoed.append(frames[0])
+            if len(echoed) < rounds:
+                assert client.send_frames([b"%d" % len(echoed)])
+
+    client = factory.socket(zmq.DEALER, answered, options())
+    client.connect(endpoint)
+    assert client.send_frames([b"0"])
+    yield wait_until(lambda: len(echoed) == rounds, what="every echo")
+    assert echoed == [b"%d" % i for i in range(rounds)]
+    # Idle again: nothing scheduled, the descriptor will say when the next message comes.
+    yield wait_until(lambda: server.read_scheduled is None, what="the server idle")
+    assert client.send_frames([b"late"])
+    yield wait_until(lambda: echoed[-1] == b"late", what="the echo of a message after idling")
+
+
 # -- ROUTER_MANDATORY -------------------------------------------------------------------------------
 
 

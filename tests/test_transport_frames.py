@@ -163,3 +163,23 @@ def test_at_the_high_water_mark_it_stops_with_eagain() -> None:
         dealer.close()
     finally:
         context.term()
+
+
+def test_readable_says_whether_a_message_waits() -> None:
+    from bus.transport.frames import native
+
+    if native is None:
+        pytest.skip("bus.transport._frames was not built here")
+    context = zmq.Context()
+    try:
+        receiver, sender = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+        receiver.bind("inproc://readable")
+        sender.connect("inproc://readable")
+        assert native.readable(receiver.underlying) is False
+        sender.send_multipart([b"a", b"b"])
+        assert native.readable(receiver.underlying) is True
+        assert receiver.recv_multipart() == [b"a", b"b"]
+        assert native.readable(receiver.underlying) is False
+        receiver.close(), sender.close()
+    finally:
+        context.term()

@@ -34,6 +34,11 @@ from bus.mc0.codec import Framing, Mc0Error
 
 log = Logger(namespace="bus.mc0")
 
+_NOOP = codec.NOOP
+_ID = codec.ID
+_OK = codec.OK
+_DELIMITED = Framing.DELIMITED
+
 
 class SendResult(enum.Enum):
     SENT = "sent"
@@ -44,6 +49,9 @@ class SendResult(enum.Enum):
 
 
 Transmit = Callable[[list[bytes]], SendResult]
+#: Sends messages in order until one is not sent: how many were, and what happened to the
+#: next one (SENT when all went).
+TransmitMany = Callable[[list[list[bytes]]], tuple[int, SendResult]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +90,14 @@ class Broker:
         clock: Any,
         transmit: Transmit,
         on_put: PutObserver | None = None,
+        transmit_many: TransmitMany | None = None,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.transmit = transmit
+        #: Many messages a call (a batch's acknowledgements, a PUT's MESSAGEs); without
+        #: it, one ``transmit`` each.
+        self.transmit_many = transmit_many or self._transmit_each
         self.on_put = on_put
         self.clients: dict[bytes, Client] = {}
         #: topic -> its subscribers, by identity
@@ -105,9 +117,49 @@ class Broker:
     def receive_batch(self, batch: Iterable[Sequence[bytes]]) -> None:
         """Messages read from the ROUTER: frame 0 is the peer's identity."""
         now = self.clock.seconds()
+        clients = self.clients
+        settings = self.settings
+        # The commonest message, a known client's ``["", NOOP, ID, id]`` (the connectors'
+        # keep-alive, mc0d's torture tool), is answered without decoding it into a command:
+        # the same checks and the same effects as receive(), at a third of the cost.
+        noop_fits = settings.max_frames >= 4
+        max_bytes = settings.max_message_bytes - 6
+        # Their OKs go out together, before anything else is handled (order kept).
+        oks: list[list[bytes]] = []
+        acked: list[Client] = []
         for frames in batch:
-            if frames:
+            if (
+                len(frames) == 5
+                and frames[2] == _NOOP
+                and frames[3] == _ID
+                and not frames[1]
+                and noop_fits
+                and len(frames[4]) <= max_bytes
+                and (client := clients.get(frames[0])) is not None
+            ):
+                client.last_heard = now
+                client.framing = _DELIMITED
+                oks.append([frames[0], b"", _OK, _ID, frames[4]])
+                acked.append(client)
+            elif frames:
+                if oks:
+                    self._acknowledge_noops(oks, acked)
+                    oks, acked = [], []
                 self.receive(frames[0], frames[1:], now)
+        if oks:
+            self._acknowledge_noops(oks, acked)
+
+    def _acknowledge_noops(self, oks: list[list[bytes]], clients: list[Client]) -> None:
+        count = len(oks)
+        self.commands["Noop"] = self.commands.get("Noop", 0) + count
+        self.acknowledged += count
+        failed = self._send_all(oks)
+        now = self.clock.seconds()
+        for index, client in enumerate(clients):
+            if index not in failed:
+                client.last_sent = now
+            elif failed[index] is SendResult.GONE and self.clients.get(client.identity) is client:
+                self._forget(client)
 
     def receive(self, identity: bytes, frames: Sequence[bytes], now: float | None = None) -> None:
         if now is None:
@@ -201,15 +253,20 @@ class Broker:
         subscribers = self.topics.get(put.topic)
         if subscribers:
             payloads: dict[Framing, list[bytes]] = {}
-            now = self.clock.seconds()
-            gone: list[Client] = []
+            messages: list[list[bytes]] = []
+            targets = list(subscribers.values())
             for identity, client in subscribers.items():
                 payload = payloads.get(client.framing)
                 if payload is None:
                     payload = payloads[client.framing] = codec.message_frames(put, client.framing)
-                result = self.transmit([identity, *payload])
-                if result is SendResult.SENT:
-                    self.delivered += 1
+                messages.append([identity, *payload])
+            failed = self._send_all(messages)
+            now = self.clock.seconds()
+            self.delivered += len(messages) - len(failed)
+            gone: list[Client] = []
+            for index, client in enumerate(targets):
+                result = failed.get(index)
+                if result is None:
                     client.last_sent = now
                 else:
                     self.undelivered[result.value] += 1
@@ -237,6 +294,25 @@ class Broker:
         self.clients.pop(client.identity, None)
 
     # -- output -----------------------------------------------------------------------------
+
+    def _send_all(self, messages: list[list[bytes]]) -> dict[int, SendResult]:
+        """Send each message (frame 0: the identity) in order; those not sent, by index."""
+        failed: dict[int, SendResult] = {}
+        start, total = 0, len(messages)
+        while start < total:
+            sent, result = self.transmit_many(messages if start == 0 else messages[start:])
+            start += sent
+            if start < total:
+                failed[start] = result
+                start += 1
+        return failed
+
+    def _transmit_each(self, messages: list[list[bytes]]) -> tuple[int, SendResult]:
+        for sent, frames in enumerate(messages):
+            result = self.transmit(frames)
+            if result is not SendResult.SENT:
+                return sent, result
+        return len(messages), SendResult.SENT
 
     def _send(self, identity: bytes, frames: list[bytes]) -> SendResult:
         result = self.transmit([identity, *frames])

@@ -97,6 +97,7 @@ class Mc0Service(Service):
             self.reactor,
             self._transmit,
             on_put=self._mirror if config.mirror else None,
+            transmit_many=self._transmit_many,
         )
         Service.startService(self)
         self._stopped = None
@@ -129,6 +130,8 @@ class Mc0Service(Service):
             ),
             read_budget=config.read_budget,
             name="mc0",
+            # Its one socket: what came while a batch was answered is read in the same turn.
+            eager_reads=True,
         )
         self.socket = sock
         self.curve.secure(sock, "mc0")
@@ -184,6 +187,15 @@ class Mc0Service(Service):
             return SendResult.SENT if sock.send_frames(frames) else SendResult.FULL
         except PeerUnreachable:
             return SendResult.GONE
+
+    def _transmit_many(self, messages: list[list[bytes]]) -> tuple[int, SendResult]:
+        sock = self.socket
+        if sock is None:
+            return 0, SendResult.GONE
+        sent, error = sock.send_each(messages)
+        if not error:
+            return sent, SendResult.SENT
+        return sent, SendResult.GONE if error == zmq.EHOSTUNREACH else SendResult.FULL
 
     def _mirror(self, client: Client, put: codec.Put) -> None:
         """A PUT onto the Event BUS of this process, under ``/mc0/<topic>/``."""

@@ -25,6 +25,8 @@ typedef struct {
 
 #define ZMQ_DONTWAIT 1
 #define ZMQ_SNDMORE 2
+#define ZMQ_EVENTS 15
+#define ZMQ_POLLIN 1
 
 static int (*msg_init)(zmq_msg_t *);
 static int (*msg_recv)(zmq_msg_t *, void *, int);
@@ -35,6 +37,7 @@ static int (*msg_more)(const zmq_msg_t *);
 static const char *(*msg_gets)(const zmq_msg_t *, const char *);
 static int (*zmq_errno_)(void);
 static int (*zmq_send_)(void *, const void *, size_t, int);
+static int (*zmq_getsockopt_)(void *, int, void *, size_t *);
 
 static int bound = 0;
 
@@ -52,7 +55,7 @@ static PyObject *frames_bind(PyObject *self, PyObject *args) {
         {(void **)&msg_close, "zmq_msg_close"}, {(void **)&msg_data, "zmq_msg_data"},
         {(void **)&msg_size, "zmq_msg_size"},   {(void **)&msg_more, "zmq_msg_more"},
         {(void **)&msg_gets, "zmq_msg_gets"},   {(void **)&zmq_errno_, "zmq_errno"},
-        {(void **)&zmq_send_, "zmq_send"},
+        {(void **)&zmq_send_, "zmq_send"},     {(void **)&zmq_getsockopt_, "zmq_getsockopt"},
     };
     for (size_t i = 0; i < sizeof(wanted) / sizeof(wanted[0]); i++) {
         void *function = dlsym(library, wanted[i].name);
@@ -264,12 +267,39 @@ static PyObject *frames_send(PyObject *self, PyObject *args) {
     return Py_BuildValue("(ni)", sent, error);
 }
 
+/* readable(handle) -> bool
+ *
+ * Whether a message waits to be read (ZMQ_EVENTS has POLLIN). Asking processes the
+ * socket's pending commands, as a send may have done without the descriptor signalling
+ * again: when this says False, the descriptor signals the next message that comes. */
+static PyObject *frames_readable(PyObject *self, PyObject *args) {
+    (void)self;
+    unsigned long long handle_number;
+    if (!PyArg_ParseTuple(args, "K", &handle_number)) return NULL;
+    if (!check_bound()) return NULL;
+    void *handle = (void *)(uintptr_t)handle_number;
+    int events = 0;
+    size_t size = sizeof(events);
+    int rc;
+    do {
+        rc = zmq_getsockopt_(handle, ZMQ_EVENTS, &events, &size);
+    } while (rc < 0 && zmq_errno_() == EINTR);
+    if (rc < 0) {
+        /* A closed context or socket: say so as pyzmq would, by errno. */
+        int error = zmq_errno_();
+        return PyErr_Format(PyExc_OSError, "zmq_getsockopt(ZMQ_EVENTS) failed: errno %d", error);
+    }
+    return PyBool_FromLong(events & ZMQ_POLLIN);
+}
+
 static PyMethodDef methods[] = {
     {"bind", frames_bind, METH_VARARGS,
      "bind(path): use the libzmq that the extension module at ``path`` (pyzmq's) loaded."},
     {"read", frames_read, METH_VARARGS,
      "read(handle, budget, addresses, user_ids) -> (batch, error, addresses, user_ids)"},
     {"send", frames_send, METH_VARARGS, "send(handle, messages) -> (sent, error)"},
+    {"readable", frames_readable, METH_VARARGS,
+     "readable(handle) -> bool: a message waits (ZMQ_EVENTS has POLLIN)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,6 +25,8 @@ class Frames(Protocol):
 
     def send(self, handle: int, messages: Any) -> tuple[int, int]: ...
 
+    def readable(self, handle: int) -> bool: ...
+
 
 def _load() -> Frames | None:
     if os.environ.get("BUS_NATIVE_FRAMES", "1") == "0":
