@@ -38,3 +38,10 @@ class ZreConfig:
     #: With ``cert``: only peers whose public keys are in this directory's ``*.key`` files
     #: (re-read when it changes); None: any key, as zyre.
     peer_certs: Path | None = None
+    #: ZGOSSIP hub (zyre_gossip_bind): bind a ROUTER on this endpoint (``tcp://HOST:PORT``).
+    gossip_bind: str | None = None
+    #: ZGOSSIP hubs to be a client of (zyre_gossip_connect): ``tcp://HOST:PORT``, or with
+    #: ``|KEY`` (the hub's Z85 public key; needs ``cert``) over CURVE.
+    gossip_connect: list[str] = field(default_factory=list)
+    #: Between our PINGs to the hubs (a zgossip hub forgets a client silent for 1 s).
+    gossip_ping_interval: float = 0.4

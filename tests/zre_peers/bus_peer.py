@@ -59,7 +59,12 @@ def main() -> None:
     node = ZreNode(config, reactor=reactor)
     node.add_listener(lambda event: emit(event_json(event)))
     node.startService()
-    emit({"event": "READY", "peer": node.uuid_hex, "name": name, "endpoint": node.endpoint})
+    ready = {"event": "READY", "peer": node.uuid_hex, "name": name, "endpoint": node.endpoint}
+    if node.gossip_endpoint:
+        ready["gossip_endpoint"] = node.gossip_endpoint
+    if node.curve.keys is not None:
+        ready["public_key"] = node.curve.keys.public.decode()
+    emit(ready)
     stdio.StandardIO(Commands(node))
     reactor.addSystemEventTrigger("before", "shutdown", node.stopService)  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]
