@@ -13,6 +13,7 @@
       --gossip-connect EP     zyre_gossip_connect; with --curve: EP|SERVERKEY
       --curve                 a fresh certificate: zyre_set_zcert (beacon v3, CURVE mailbox)
       --evasive MS --expired MS
+      --verbose               zyre's own log on stderr
     Commands on stdin: "join G", "leave G", "shout G TEXT", "whisper UUID TEXT", "stop";
     SIGTERM stops it too.
     Lines: {"event": "READY", "peer", "name", "endpoint", "public_key"}, then
@@ -138,6 +139,10 @@ main (int argc, char *argv [])
     for (int argn = 2; argn < argc; argn++) {
         const char *opt = argv [argn];
         const char *value = argn + 1 < argc ? argv [argn + 1] : NULL;
+        if (streq (opt, "--verbose")) {
+            zyre_set_verbose (node);
+            continue;
+        }
         if (streq (opt, "--curve")) {
             cert = zcert_new ();
             zyre_set_zcert (node, cert);
