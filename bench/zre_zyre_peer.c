@@ -136,6 +136,12 @@ main (int argc, char *argv [])
     zsys_set_logstream (stderr);
     zyre_t *node = zyre_new (argv [1]);
     zcert_t *cert = NULL;
+    //  The certificate first: zyre applies it to its mailbox when binding (--endpoint).
+    for (int argn = 2; argn < argc; argn++)
+        if (streq (argv [argn], "--curve") && !cert) {
+            cert = zcert_new ();
+            zyre_set_zcert (node, cert);
+        }
     for (int argn = 2; argn < argc; argn++) {
         const char *opt = argv [argn];
         const char *value = argn + 1 < argc ? argv [argn + 1] : NULL;
@@ -143,11 +149,8 @@ main (int argc, char *argv [])
             zyre_set_verbose (node);
             continue;
         }
-        if (streq (opt, "--curve")) {
-            cert = zcert_new ();
-            zyre_set_zcert (node, cert);
-            continue;
-        }
+        if (streq (opt, "--curve"))
+            continue;               //  done above
         if (!value) {
             fprintf (stderr, "zre_zyre_peer: %s wants a value\n", opt);
             return 2;
