@@ -10,6 +10,7 @@ import uuid as uuidlib
 from collections import Counter
 from typing import Any
 
+import pytest
 import pytest_twisted
 import zmq
 from twisted.internet.task import Clock
@@ -246,3 +247,23 @@ def test_our_client_publishes_itself_to_a_zyre_hub_and_greets_the_peers_it_holds
         other.close(0)
         hub.close()
         yield node.stopService()
+
+
+def test_the_gossip_options_as_twistd_and_zre_ping_take_them() -> None:
+    from twisted.python import usage
+
+    from bus.zre.cli import parser
+    from bus.zre.tap import Options
+
+    options = Options()
+    options.parseOptions(
+        ["--gossip-bind", "tcp://10.0.0.1:5000", "--gossip-connect", "tcp://10.0.0.2:5000"]
+    )
+    config = options["zre-config"]
+    assert config.gossip_bind == "tcp://10.0.0.1:5000"
+    assert config.gossip_connect == ["tcp://10.0.0.2:5000"]
+    for bad in (["--gossip-bind", "udp://x:1"], ["--gossip-connect", f"tcp://h:1|{'k' * 40}"]):
+        with pytest.raises(usage.UsageError):
+            Options().parseOptions(bad)
+    args = parser().parse_args(["--group", "A", "--group", "B", "--gossip-connect", "tcp://h:1"])
+    assert args.group == ["A", "B"] and args.gossip_connect == ["tcp://h:1"]
