@@ -81,13 +81,36 @@ def _meshed(peers: list[LinePeer], ids: list[str]) -> bool:
     )
 
 
+#: A run is over once no LEADER came for this long (see :func:`election_run`).
+QUIET = 1.5
+
+
+def _settle(peers: list[LinePeer], limit: float, until_all: bool = False) -> None:
+    """Wait until no LEADER came for :data:`QUIET` seconds (or, ``until_all``, every peer
+    reported one), at most ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    quiet_since, seen = time.monotonic(), -1
+    while time.monotonic() < deadline:
+        count = sum(len(p.events("LEADER")) for p in peers)
+        if count != seen:
+            quiet_since, seen = time.monotonic(), count
+        if until_all and all(p.events("LEADER") for p in peers):
+            return
+        if time.monotonic() - quiet_since > QUIET:
+            return
+        time.sleep(0.05)
+
+
 def election_run(
     program: str, hosts: Hosts, fourth: str, position: int, log_dir: Path, group: str = "ELG"
 ) -> ElectionRun:
     """Three zyres contesting ``group`` (hosts 0-2) and a fourth node (host 3: ``"ours"``,
     or ``"zyre"``, a zyre that does not contest) started at ``position`` (0: first; 3: last,
     once the three settled). Each node waits for the mesh before the next starts; the run
-    ends when every node reported a leader and none came for 1.5 s, or after 8 s."""
+    ends once no LEADER came for :data:`QUIET` seconds (every node reported one or not), or
+    after 8 s. An election's messages all go in milliseconds; one that stalls stays stalled
+    until a peer expires (zyre restarts elections only on a HELLO, JOIN, LEAVE or EXIT), so
+    waiting longer changes no run's verdict, only its length."""
     started: list[LinePeer] = []
     ids: list[str] = []
     names: list[str] = []
@@ -115,20 +138,10 @@ def election_run(
         order.insert(position, 3)
         for index in order:
             if index == 3 and position == 3:
-                # Last: once the three zyres each reported a leader (or gave up, 6 s).
-                deadline = time.monotonic() + 6
-                while time.monotonic() < deadline and not all(p.events("LEADER") for p in started):
-                    time.sleep(0.05)
+                # Last: once the three zyres each reported a leader, or stalled.
+                _settle(started, 6, until_all=True)
             start(index)
-        deadline = time.monotonic() + 8
-        quiet_since, seen = time.monotonic(), -1
-        while time.monotonic() < deadline:
-            count = sum(len(p.events("LEADER")) for p in started)
-            if count != seen:
-                quiet_since, seen = time.monotonic(), count
-            if all(p.events("LEADER") for p in started) and time.monotonic() - quiet_since > 1.5:
-                break
-            time.sleep(0.05)
+        _settle(started, 8)
         leaders: dict[str, str | None] = {}
         for name, peer in zip(names, started, strict=True):
             reports = peer.events("LEADER")
