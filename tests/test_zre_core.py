@@ -307,6 +307,19 @@ def test_goodbye_before_hello_is_dropped_not_acted_on() -> None:
     assert h.drops["unknown-peer"] == 1 and h.events == []
 
 
+def test_leaving_in_gossip_mode_says_goodbye_to_the_greeted_peers_chosen() -> None:
+    h = Harness()
+    h.hello_from(PEER)
+    h.hello_from(OTHER)
+    h.core.on_beacon(codec.Beacon(b"\x40" * 16, 50_040), "127.0.0.1")  # greeted, no HELLO yet
+    told = h.core.goodbye(lambda node: node != OTHER)
+    assert sorted(told) == sorted([PEER.hex(), (b"\x40" * 16).hex()])
+    # Each in its link's sequence, after our HELLO; nothing to the one left out.
+    assert h.links.sent[PEER.hex()] == [h.links.sent[PEER.hex()][0], codec.Goodbye(2)]
+    assert h.links.sent[(b"\x40" * 16).hex()][-1] == codec.Goodbye(2)
+    assert [type(m) for m in h.links.sent[OTHER.hex()]] == [Hello]
+
+
 # -- forged beacons ------------------------------------------------------------------------------
 
 

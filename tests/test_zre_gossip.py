@@ -16,7 +16,9 @@ import zmq
 from twisted.internet.task import Clock
 
 from bus.testing import wait_until
+from bus.zre import codec
 from bus.zre import gossip_codec as wire
+from bus.zre.config import ZreConfig
 from bus.zre.gossip import GossipCore, parse_tuple_value
 from bus.zre.gossip_codec import GossipHello, GossipPing, Invalid, Pong, Publish
 from bus.zre.node import ZreNode
@@ -193,6 +195,59 @@ def test_our_hub_tells_a_zyre_client_of_us_and_greets_it() -> Any:
         assert node.drops.total == 0
     finally:
         zyre.close()
+        yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_leaving_our_node_says_goodbye_to_a_zyre_it_met_through_gossip() -> Any:
+    # zyre in gossip mode has no leaving beacon: zyre_node_stop sends GOODBYE to its peers,
+    # and a gossiping zyre drops the sender on it (EXIT) rather than after its expiry.
+    hub = f"tcp://127.0.0.1:{free_ports(1)}"
+    node = ZreNode(fast_config(0, name="hub", gossip_bind=hub))
+    node.startService()
+    zyre = FakeZyreGossipClient(hub)
+    frames: list[list[bytes]] = []
+    try:
+        # Our node greets the zyre it was told of (HELLO, sequence 1).
+        yield wait_until(lambda: frames.extend(zyre.mailbox_frames()) or bool(frames))
+        yield node.stopService()
+        yield wait_until(lambda: frames.extend(zyre.mailbox_frames()) or len(frames) > 1)
+    finally:
+        zyre.close()
+        yield node.stopService()
+    said = [codec.parse(message[1:], codec.VERSION_36) for message in frames]
+    assert [type(m).__name__ for m in said] == ["Hello", "Goodbye"]
+    assert said[1].sequence == 2
+    assert {message[0] for message in frames} == {b"\x01" + node.uuid}
+
+
+def test_gossip_turns_the_beacon_off_unless_a_port_is_given() -> None:
+    from bus.zre.cli import parser
+    from bus.zre.tap import Options
+
+    # As zyre: zyre_gossip_bind / zyre_gossip_connect before zyre_start mean no UDP beacon.
+    assert ZreConfig().beacon_port == 5670
+    assert ZreConfig(gossip_bind="tcp://10.0.0.1:5000").beacon_port == 0
+    assert ZreConfig(gossip_connect=["tcp://10.0.0.1:5000"]).beacon_port == 0
+    assert ZreConfig(port=5671, gossip_connect=["tcp://10.0.0.1:5000"]).beacon_port == 5671
+    hub = ["--gossip-connect", "tcp://10.0.0.1:5000"]
+    for args, port in (([], 5670), (hub, 0), ([*hub, "--port", "5670"], 5670)):
+        options = Options()
+        options.parseOptions(args)
+        assert options["zre-config"].beacon_port == port, args
+    assert parser().parse_args(hub).port is None
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_gossiping_node_opens_no_udp_socket() -> Any:
+    hub = f"tcp://127.0.0.1:{free_ports(1)}"
+    # No port given (fast_config gives one): the default, which gossip turns off.
+    node = ZreNode(ZreConfig(name="hub", gossip_bind=hub, reap_interval=0.05))
+    node.startService()
+    try:
+        assert node.udp is None and node.beacon is None
+        assert node.status()["beacon"] is None and node.status()["gossip"]["hub"] == hub
+    finally:
         yield node.stopService()
 
 

@@ -108,14 +108,20 @@ def test_our_hub_meshes_zyre_clients_and_a_zyre_hub_meshes_ours(
 
     # A zyre hub; our node, then a zyre, join through it (zpinger -g): all three meet.
     zyre_hub = f"tcp://{hosts.addresses['n0']}:31998"
-    zh = zyre(hosts, started, tmp_path, "n0", "zyh", "--gossip-bind", zyre_hub)
+    # (The zyres expire a silent peer only after a minute.)
+    slow = ("--evasive", "30000", "--expired", "60000")
+    zh = zyre(hosts, started, tmp_path, "n0", "zyh", "--gossip-bind", zyre_hub, *slow)
     zh.ready  # noqa: B018
     mine = ours(hosts, started, tmp_path, "n1", "ours", gossip_connect=[zyre_hub])
     mine.wait_for("ENTER", zh.ready["peer"], timeout=20)
-    z3 = zyre(hosts, started, tmp_path, "n2", "zy3", "--gossip-connect", zyre_hub)
+    z3 = zyre(hosts, started, tmp_path, "n2", "zy3", "--gossip-connect", zyre_hub, *slow)
     meshed([zh, mine, z3])
     status = _status(mine)
     assert status["gossip"]["remotes"] == [zyre_hub] and status["dropped"] == {}
+    # Our node leaves: its GOODBYE makes each zyre drop it at once, as zyre's own would.
+    mine.send({"stop": True})
+    for peer in (zh, z3):
+        peer.wait_for("EXIT", mine.ready["peer"], timeout=15)
 
 
 def _status(peer: LinePeer) -> dict[str, object]:

@@ -98,7 +98,12 @@ def parser() -> argparse.ArgumentParser:
         help="a ZGOSSIP hub tcp://HOST:PORT to be a client of (with --cert: |KEY for CURVE)",
     )
     p.add_argument("--interval", type=parse_duration, default=1.0, help="between shouts")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="UDP beacon port (0: off)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help=f"UDP beacon port (0: off; default {DEFAULT_PORT}, or off with --gossip-*)",
+    )
     p.add_argument("--evasive", type=parse_duration, default=5.0)
     p.add_argument("--expired", type=parse_duration, default=30.0)
     return p

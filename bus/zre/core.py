@@ -723,6 +723,16 @@ class ZreCore:
 
     # -- stopping ----------------------------------------------------------------------------
 
+    def goodbye(self, told: Callable[[bytes], bool]) -> list[str]:
+        """Leaving in gossip mode, as zyre's ``zyre_node_stop``: GOODBYE to every peer we
+        greeted for which ``told(uuid)`` holds (there is no leaving beacon to tell them). The
+        keys of the links that carry one."""
+        keys = []
+        for peer in self._greeted():
+            if told(peer.uuid) and self._send_to(peer, Goodbye(0)):
+                keys.append(peer.key)
+        return keys
+
     def close(self) -> None:
         for peer in list(self.peers.values()):
             self.links.close(peer.key)

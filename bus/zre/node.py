@@ -66,6 +66,9 @@ _MEMBERSHIP = frozenset(("ENTER", "EXIT", "JOIN", "LEAVE", "LEADER"))
 
 EventListener = Callable[[ZreEvent], None]
 
+#: How long a link that carries our GOODBYE may still send once closed (milliseconds).
+_GOODBYE_LINGER_MS = 500
+
 
 class ZreNode(Service):
     """One ZRE node. ``whisper``, ``shout``, ``join``, ``leave``; events go to listeners."""
@@ -210,19 +213,20 @@ class ZreNode(Service):
             key_allowed=self._key_allowed if config.peer_certs else None,
         )
         self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
-        if config.port:
+        port = config.beacon_port
+        if port:
             try:
-                self.udp = listen_shared(self.reactor, "0.0.0.0", config.port, self._on_datagram)
+                self.udp = listen_shared(self.reactor, "0.0.0.0", port, self._on_datagram)
             except OSError as error:
                 raise StartupError(
-                    "port", f"cannot listen on UDP {config.port}: {error.strerror}"
+                    "port", f"cannot listen on UDP {port}: {error.strerror}"
                 ) from None
             mailbox_port = int(self.endpoint.rpartition(":")[2])
             beacon = codec.encode_beacon(self.uuid, mailbox_port, self._raw_public_key())
             self.beacon = BeaconSender(
                 self.reactor,
                 self.udp,
-                (self.interface.broadcast, config.port),
+                (self.interface.broadcast, port),
                 lambda: beacon,
                 config.beacon_interval,
             )
@@ -240,7 +244,7 @@ class ZreNode(Service):
             uuid=self.uuid_hex,
             dialect="36/ZRE" if config.version == VERSION_36 else "20/ZRE",
             endpoint=self.endpoint,
-            beacon=f"{self.interface.broadcast}:{config.port}" if config.port else "off",
+            beacon=f"{self.interface.broadcast}:{port}" if port else "off",
         )
 
     def _open_gossip(self, factory: SocketFactory, config: ZreConfig) -> None:
@@ -532,16 +536,32 @@ class ZreNode(Service):
             return self._stopping
         Service.stopService(self)
         self.ports.periodic.stop_all()
+        self._say_goodbye()
         if self.beacon is not None:
             self.beacon.stop()
             if self.config.version == VERSION_36 and self.udp is not None:
                 # 36/ZRE: port 0 says we are leaving, so peers drop us at once.
                 self.udp.send(
                     codec.encode_beacon(self.uuid, 0, self._raw_public_key()),
-                    (self.beacon.target[0], self.config.port),
+                    self.beacon.target,
                 )
         self._stopping = self._close_all()
         return self._stopping
+
+    def _say_goodbye(self) -> None:
+        """Gossip mode: GOODBYE to every peer that gossips too (its tuple is held), as zyre
+        says it to its peers when it stops, and they drop us at once rather than after
+        ``--expired``. Only to those: pyre has no gossip, and dies on a command it does not
+        know. Their links linger a little so that it goes out before they close."""
+        core, gossip = self.core, self.gossip
+        if core is None or gossip is None or self.config.version != VERSION_36:
+            return
+        gossiping = {key.upper() for key in gossip.tuples}
+        told = core.goodbye(lambda node: uuidlib.UUID(bytes=node).hex.upper() in gossiping)
+        for key in told:
+            dealer = self._dealers.get(key)
+            if dealer is not None and dealer.socket is not None:
+                dealer.socket.set(zmq.LINGER, _GOODBYE_LINGER_MS)
 
     def _close_all(self) -> defer.Deferred[None]:
         closed = self._close_sockets()
@@ -576,8 +596,8 @@ class ZreNode(Service):
             "version": "36/ZRE" if self.config.version == VERSION_36 else "20/ZRE",
             "endpoint": self.endpoint,
             "beacon": (
-                f"{self.interface.broadcast}:{self.config.port}"
-                if self.interface and self.config.port
+                f"{self.interface.broadcast}:{self.config.beacon_port}"
+                if self.interface and self.config.beacon_port
                 else None
             ),
             "log_service": self.log_endpoint or None,

@@ -36,7 +36,14 @@ class Options(ServiceOptions):
     optParameters = [
         ["name", None, "", "The node's name (default: the first 6 hex digits of its UUID)."],
         ["interface", None, "lo", "Network interface for beacons and the mailbox."],
-        ["port", None, DEFAULT_PORT, "UDP beacon port (0: no beacon, --peer only).", int],
+        [
+            "port",
+            None,
+            None,
+            f"UDP beacon port (0: no beacon, --peer only; default {DEFAULT_PORT}, or none "
+            "with --gossip-bind/--gossip-connect, as zyre's gossip mode).",
+            int,
+        ],
         ["version", None, "2", "2: 36/ZRE (zyre, pyre); 1: the 20/ZRE draft with ZRE/LOG."],
         ["evasive", None, "5s", "Silence after which a peer is pinged (EVASIVE)."],
         ["expired", None, "30s", "Silence after which a peer is gone (EXIT)."],
@@ -103,8 +110,8 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
     version = str(options["version"]).strip()
     if version not in ("1", "2"):
         raise usage.UsageError("--version must be 2 (36/ZRE) or 1 (20/ZRE)")
-    port = int(options["port"])
-    if not 0 <= port <= 65535:
+    port = None if options.get("port") is None else int(options["port"])
+    if port is not None and not 0 <= port <= 65535:
         raise usage.UsageError("--port must be 0-65535")
     headers: dict[str, str] = {}
     for item in options.get("header") or []:
