@@ -230,3 +230,43 @@ def test_missing_interface_is_a_startup_error() -> None:
     with pytest.raises(StartupError) as error:
         node.startService()
     assert error.value.option == "interface"
+
+
+class _NotRunningYet:
+    """The reactor as twistd holds it while it starts services: not running yet (its
+    ``callWhenRunning`` calls are kept for :meth:`run`); everything else is the real one."""
+
+    running = False
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+        self._hooks: list[Callable[[], object]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reactor, name)
+
+    def callWhenRunning(self, call: Callable[..., object], *args: Any) -> None:
+        self._hooks.append(lambda: call(*args))
+
+    def run(self) -> None:
+        self.running = True
+        for hook in self._hooks:
+            hook()
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_first_beacon_waits_until_the_node_can_answer() -> Any:
+    # zyre's first beacon goes out once its node polls; a peer that hears it greets at once.
+    # twistd starts services before it runs the reactor: our first beacon waits for it.
+    from twisted.internet import reactor
+
+    port = free_udp_port()
+    held = _NotRunningYet(reactor)
+    node = ZreNode(fast_config(port, name="early"), reactor=held)
+    node.startService()
+    try:
+        assert node.beacon is not None and node.beacon.sent == 0
+        held.run()
+        assert node.beacon.sent == 1  # at once, once running
+    finally:
+        yield node.stopService()

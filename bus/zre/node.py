@@ -230,7 +230,10 @@ class ZreNode(Service):
                 lambda: beacon,
                 config.beacon_interval,
             )
-            self.beacon.start()
+            # As zyre, whose first beacon goes out once its node polls: a peer that hears
+            # it greets us at once, so it waits until the reactor runs and we can answer
+            # (twistd starts services, so sends it, before it runs the reactor).
+            self.reactor.callWhenRunning(self._start_beacon)
         for group in config.groups:
             self.core.join(group)
         for endpoint in config.peers:
@@ -246,6 +249,10 @@ class ZreNode(Service):
             endpoint=self.endpoint,
             beacon=f"{self.interface.broadcast}:{port}" if port else "off",
         )
+
+    def _start_beacon(self) -> None:
+        if self.beacon is not None and self.udp is not None and self._stopping is None:
+            self.beacon.start()
 
     def _open_gossip(self, factory: SocketFactory, config: ZreConfig) -> None:
         """ZGOSSIP as zyre: our hub (a ROUTER, a CURVE server with our certificate), our
