@@ -270,3 +270,41 @@ def test_the_first_beacon_waits_until_the_node_can_answer() -> Any:
         assert node.beacon.sent == 1  # at once, once running
     finally:
         yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_batch_is_answered_whole_before_listeners_hear_of_it() -> Any:
+    # zyre's node actor greets and answers in its own thread; its application reads the
+    # events later. Ours: a mailbox batch, and what came in meanwhile, is handled whole
+    # (every peer greeted back) before a listener hears of any of it, in order.
+    node = ZreNode(fast_config(0, name="busy", groups=["G"]))
+    seen: list[tuple[str, bytes, bool]] = []
+
+    def listener(event: Any) -> None:
+        assert node.core is not None
+        peers = node.core.peers.values()
+        seen.append((event.type, event.peer, len(peers) == 3 and all(p.hello_sent for p in peers)))
+
+    node.add_listener(listener)
+    node.startService()
+    peers = [bytes([n]) * 16 for n in (0x21, 0x22, 0x23)]
+
+    def hello(port: int) -> list[bytes]:
+        return codec.encode(codec.Hello(1, f"tcp://127.0.0.1:{port}", ("G",), 1, "p", {}), 2)
+
+    late = zmq.Context.instance().socket(zmq.DEALER)
+    late.set(zmq.IDENTITY, codec.identity_of(peers[2]))
+    late.set(zmq.LINGER, 0)
+    try:
+        late.connect(node.endpoint)
+        late.send_multipart(hello(1))
+        # It waits in the mailbox (the reactor has not run since): the drain reads it.
+        assert node.mailbox is not None and node.mailbox.socket.poll(5000, zmq.POLLIN)
+        node._on_mailbox([[codec.identity_of(p), *hello(2 + i)] for i, p in enumerate(peers[:2])])
+        assert [(kind, peer) for kind, peer, _ in seen] == [
+            (kind, peer) for peer in peers for kind in ("ENTER", "JOIN")
+        ]
+        assert all(greeted for _, _, greeted in seen)
+    finally:
+        late.close(0)
+        yield node.stopService()

@@ -66,6 +66,9 @@ _MEMBERSHIP = frozenset(("ENTER", "EXIT", "JOIN", "LEAVE", "LEADER"))
 
 EventListener = Callable[[ZreEvent], None]
 
+#: Messages that came in while a mailbox batch was handled, read before its events are
+#: told (at most; the rest on the next reactor turn).
+_MORE_BEFORE_EVENTS = 256
 #: How long a link that carries our GOODBYE may still send once closed (milliseconds).
 _GOODBYE_LINGER_MS = 500
 
@@ -111,6 +114,8 @@ class ZreNode(Service):
         #: Beacon datagram -> (the peer it came from, its address), for the fast path.
         self._beacons: dict[bytes, tuple[Peer, str]] = {}
         self._stopping: defer.Deferred[None] | None = None
+        #: Events of the mailbox batch being handled, told after it (see _on_mailbox).
+        self._held: list[ZreEvent] | None = None
         self.events_by_type: dict[str, int] = {}
         self.messages_received = 0
         self.beacons_received = 0
@@ -392,11 +397,28 @@ class ZreNode(Service):
             self._beacons[data] = (peer, host)
 
     def _on_mailbox(self, batch: list[list[bytes]]) -> None:
+        """The protocol's work first, as zyre's node actor does it (its application reads
+        the events from a pipe, in a thread of its own): the batch's messages, then what
+        came in meanwhile (peers greeting us together are greeted back together, their
+        elections answered), and only then the listeners hear of it all, in order."""
         core = self.core
         if core is None:
             return
         self.messages_received += len(batch)
-        core.on_messages(batch)
+        if self._held is not None:
+            core.on_messages(batch)  # read by the drain below
+            return
+        held: list[ZreEvent] = []
+        self._held = held
+        try:
+            core.on_messages(batch)
+            mailbox = self.mailbox
+            if mailbox is not None and mailbox.drain(_MORE_BEFORE_EVENTS) >= _MORE_BEFORE_EVENTS:
+                mailbox.read_soon()
+        finally:
+            self._held = None
+        for event in held:
+            self._deliver(event)
 
     def _on_log_records(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
@@ -431,6 +453,13 @@ class ZreNode(Service):
     # -- output ------------------------------------------------------------------------------
 
     def _emit(self, event: ZreEvent) -> None:
+        held = self._held
+        if held is not None:
+            held.append(event)  # told once the mailbox's batch is done
+        else:
+            self._deliver(event)
+
+    def _deliver(self, event: ZreEvent) -> None:
         kind = event.type
         counts = self.events_by_type
         counts[kind] = counts.get(kind, 0) + 1
