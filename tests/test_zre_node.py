@@ -308,26 +308,3 @@ def test_a_batch_is_answered_whole_before_listeners_hear_of_it() -> Any:
     finally:
         late.close(0)
         yield node.stopService()
-
-
-@pytest_twisted.inlineCallbacks
-def test_a_new_peer_is_greeted_through_a_dealer_made_ahead() -> Any:
-    # Making a socket is most of what answering a new peer costs; zyre's C node greets as it
-    # hears. One DEALER is kept made ahead (out of the descriptor budget), taken by the next
-    # new peer, and made again on the next tick.
-    node = ZreNode(fast_config(0, name="ready", groups=["G"]))
-    node.startService()
-    try:
-        links = node._links
-        assert links is not None and links.spare is not None
-        spare, in_use = links.spare, node.budget.in_use
-        peer = b"\x31" * 16
-        hello = codec.encode(codec.Hello(1, "tcp://127.0.0.1:1", ("G",), 1, "p", {}), 2)
-        node._on_mailbox([[codec.identity_of(peer), *hello]])
-        assert node._dealers[peer.hex()] is spare and links.spare is None
-        assert node.budget.in_use == in_use  # the greeting took the spare's descriptors
-        node._tick()
-        assert links.spare is not None and node.budget.in_use == in_use + 1
-    finally:
-        yield node.stopService()
-    assert node.budget.in_use == 0

@@ -98,7 +98,6 @@ class ZreNode(Service):
         self.log_endpoint = ""
         self._log_senders: dict[bytes, ZmqSocket] = {}
         self._dealers: dict[str, ZmqSocket] = {}
-        self._links: _Dealers | None = None
         #: ZGOSSIP: the hub's ROUTER, and a DEALER per hub we are a client of.
         self.gossip: GossipCore | None = None
         self.gossip_hub: ZmqSocket | None = None
@@ -218,9 +217,7 @@ class ZreNode(Service):
             public_key=self.curve.keys.public if self.curve.keys else None,
             key_allowed=self._key_allowed if config.peer_certs else None,
         )
-        links = self._links = _Dealers(self)
-        self.core = ZreCore(settings, links, self.reactor.seconds, self._emit, self._drop)
-        links.prepare()
+        self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
         port = config.beacon_port
         if port:
             try:
@@ -450,8 +447,6 @@ class ZreNode(Service):
     def _tick(self) -> None:
         if self.core is not None:
             self.core.tick()
-            if self._links is not None:
-                self._links.prepare()
         if self.gossip is not None:
             self.gossip.tick()
 
@@ -613,9 +608,6 @@ class ZreNode(Service):
         if self.core is not None:
             self.core.close()
             self.core = None
-        links, self._links = self._links, None
-        if links is not None:
-            links.discard_spare()
         for sock in [*self._dealers.values(), *self._log_senders.values()]:
             self._close_peer_socket(sock)
         self._dealers.clear()
@@ -761,12 +753,13 @@ class _Dealers:
     def __init__(self, node: ZreNode) -> None:
         self.node = node
         self.sockets = node._dealers
-        #: A DEALER made ahead, for the next new peer (see :meth:`prepare`).
-        self.spare: ZmqSocket | None = None
 
-    def _new(self) -> ZmqSocket | None:
+    def connect(self, key: str, endpoint: str, server_key: bytes | None = None) -> bool:
         node = self.node
-        return node._peer_socket(
+        old: ZmqSocket | None = node._dealers.pop(key, None)
+        if old is not None:
+            node._close_peer_socket(old)
+        dealer = node._peer_socket(
             zmq.DEALER,
             # zyre's HWM: 100 messages a second for the 30 s a peer may be silent.
             SocketOptions(
@@ -774,29 +767,6 @@ class _Dealers:
             ),
             "peer",
         )
-
-    def prepare(self) -> None:
-        """Keep one DEALER made ahead, out of the descriptor budget while it has room (at
-        start and on each tick): a new peer is then greeted at once. Making a socket is
-        most of what answering a beacon costs, and zyre's C node, which greets as it hears,
-        wins the races its elections hang on (a relayed ELECT before the HELLO) otherwise."""
-        node = self.node
-        if self.spare is None and node.ports.factory is not None and node.budget.available > 1:
-            self.spare = self._new()
-
-    def discard_spare(self) -> None:
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            self.node._close_peer_socket(spare)
-
-    def connect(self, key: str, endpoint: str, server_key: bytes | None = None) -> bool:
-        node = self.node
-        old: ZmqSocket | None = node._dealers.pop(key, None)
-        if old is not None:
-            node._close_peer_socket(old)
-        dealer, self.spare = self.spare, None
-        if dealer is None:
-            dealer = self._new()
         if dealer is None:
             return False
         keys = node.curve.keys
