@@ -237,7 +237,12 @@ def test_the_example_config_file_parses_and_sets_every_service(tmp_path: Path) -
     pubsub = options["service-options"]["emqp-pubsub"]["emqp-pubsub-config"]
     assert (pubsub.incoming_port, pubsub.outgoing_port) == (47298, 47299)
     zre = options["service-options"]["zre"]["zre-config"]
-    assert (zre.interface, zre.port, zre.groups, zre.expired) == ("lo", 5670, ["GLOBAL"], 30.0)
+    assert (zre.interface, zre.beacon_port, zre.groups, zre.expired) == (
+        "lo",
+        5670,
+        ["GLOBAL"],
+        30.0,
+    )
     dbp = options["service-options"]["dbp"]["dbp-config"]
     assert (dbp.bind, dbp.port, dbp.beacon_port, dbp.liveness, dbp.grace) == (
         "127.0.0.1",
@@ -283,7 +288,7 @@ def test_zre_options_composed_prefixed_from_file_environment_and_command_line(
         20.0,
     )
     assert zre.peers == ["tcp://10.1.2.3:50000"]
-    assert (zre.interface, zre.port, zre.version) == ("lo", 5670, 2)
+    assert (zre.interface, zre.beacon_port, zre.version) == ("lo", 5670, 2)
 
 
 @pytest.mark.parametrize(

@@ -268,18 +268,27 @@ def test_elect_and_unknown_commands_count_in_the_sequence_and_keep_the_link() ->
     assert h.types()[-1] == "EXIT" and h.drops["sequence"] == 1
 
 
-def test_leader_is_an_event_of_the_group() -> None:
+def test_a_decided_election_is_an_event_naming_the_leader() -> None:
     h = Harness()
+    h.core.join("G")
     h.hello_from(PEER, groups=("G",))
-    h.message_from(PEER, codec.Leader(2, "G", "30303030303030303030303030303030"))
-    h.message_from(PEER, Shout(3, "G", (b"s",)))
+    leader = PEER.hex().upper()
+    # A LEADER with no election under way is ignored (zyre: "no CAW").
+    h.message_from(PEER, codec.Leader(2, "G", leader))
+    assert h.core.ignored == {"leader": 1}
+    h.message_from(PEER, codec.Elect(3, "G", leader))  # the one member: echoed at once
+    h.message_from(PEER, codec.Leader(4, "G", leader))  # LEADER from every member: decided
+    h.message_from(PEER, Shout(5, "G", (b"s",)))
     assert h.types() == ["ENTER", "JOIN", "LEADER", "SHOUT"]
-    leader = h.events[2]
-    assert (leader.peer, leader.group, leader.leader) == (
-        PEER,
-        "G",
-        "30303030303030303030303030303030",
-    )
+    event = h.events[2]
+    assert (event.peer, event.name, event.group, event.leader) == (PEER, "n32", "G", leader)
+    sent = h.sent_to(PEER)
+    assert [type(m) for m in sent][-2:] == [codec.Elect, codec.Leader]
+    # An election naming a node we do not know decides nothing we can tell about.
+    other = "30303030303030303030303030303030"
+    h.message_from(PEER, codec.Elect(6, "G", other))
+    h.message_from(PEER, codec.Leader(7, "G", other))
+    assert h.types()[-1] == "SHOUT" and h.core.ignored["leader-unknown"] == 1
 
 
 def test_goodbye_is_exit_at_once() -> None:
@@ -296,6 +305,19 @@ def test_goodbye_before_hello_is_dropped_not_acted_on() -> None:
     h = Harness()
     h.message_from(PEER, codec.Goodbye(1))
     assert h.drops["unknown-peer"] == 1 and h.events == []
+
+
+def test_leaving_in_gossip_mode_says_goodbye_to_the_greeted_peers_chosen() -> None:
+    h = Harness()
+    h.hello_from(PEER)
+    h.hello_from(OTHER)
+    h.core.on_beacon(codec.Beacon(b"\x40" * 16, 50_040), "127.0.0.1")  # greeted, no HELLO yet
+    told = h.core.goodbye(lambda node: node != OTHER)
+    assert sorted(told) == sorted([PEER.hex(), (b"\x40" * 16).hex()])
+    # Each in its link's sequence, after our HELLO; nothing to the one left out.
+    assert h.links.sent[PEER.hex()] == [h.links.sent[PEER.hex()][0], codec.Goodbye(2)]
+    assert h.links.sent[(b"\x40" * 16).hex()][-1] == codec.Goodbye(2)
+    assert [type(m) for m in h.links.sent[OTHER.hex()]] == [Hello]
 
 
 # -- forged beacons ------------------------------------------------------------------------------

@@ -3,8 +3,7 @@ inside two network namespaces joined by a veth pair that the test creates and de
 
 Our node (tests/zre_peers/bus_peer.py, or the zre-ping console script) runs in namespace A,
 pyre (tests/zre_peers/pyre_peer.py) in namespace B; both beacon on UDP 5670 to the pair's
-broadcast address. zyre (C) is not on PyPI and not in Debian's archive here: it is not
-tested (see docs/zre.md).
+broadcast address. zyre (C), built from source, is in tests/test_zre_zyre_real.py.
 """
 
 from __future__ import annotations

@@ -230,3 +230,81 @@ def test_missing_interface_is_a_startup_error() -> None:
     with pytest.raises(StartupError) as error:
         node.startService()
     assert error.value.option == "interface"
+
+
+class _NotRunningYet:
+    """The reactor as twistd holds it while it starts services: not running yet (its
+    ``callWhenRunning`` calls are kept for :meth:`run`); everything else is the real one."""
+
+    running = False
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+        self._hooks: list[Callable[[], object]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reactor, name)
+
+    def callWhenRunning(self, call: Callable[..., object], *args: Any) -> None:
+        self._hooks.append(lambda: call(*args))
+
+    def run(self) -> None:
+        self.running = True
+        for hook in self._hooks:
+            hook()
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_first_beacon_waits_until_the_node_can_answer() -> Any:
+    # zyre's first beacon goes out once its node polls; a peer that hears it greets at once.
+    # twistd starts services before it runs the reactor: our first beacon waits for it.
+    from twisted.internet import reactor
+
+    port = free_udp_port()
+    held = _NotRunningYet(reactor)
+    node = ZreNode(fast_config(port, name="early"), reactor=held)
+    node.startService()
+    try:
+        assert node.beacon is not None and node.beacon.sent == 0
+        held.run()
+        assert node.beacon.sent == 1  # at once, once running
+    finally:
+        yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_batch_is_answered_whole_before_listeners_hear_of_it() -> Any:
+    # zyre's node actor greets and answers in its own thread; its application reads the
+    # events later. Ours: a mailbox batch, and what came in meanwhile, is handled whole
+    # (every peer greeted back) before a listener hears of any of it, in order.
+    node = ZreNode(fast_config(0, name="busy", groups=["G"]))
+    seen: list[tuple[str, bytes, bool]] = []
+
+    def listener(event: Any) -> None:
+        assert node.core is not None
+        peers = node.core.peers.values()
+        seen.append((event.type, event.peer, len(peers) == 3 and all(p.hello_sent for p in peers)))
+
+    node.add_listener(listener)
+    node.startService()
+    peers = [bytes([n]) * 16 for n in (0x21, 0x22, 0x23)]
+
+    def hello(port: int) -> list[bytes]:
+        return codec.encode(codec.Hello(1, f"tcp://127.0.0.1:{port}", ("G",), 1, "p", {}), 2)
+
+    late = zmq.Context.instance().socket(zmq.DEALER)
+    late.set(zmq.IDENTITY, codec.identity_of(peers[2]))
+    late.set(zmq.LINGER, 0)
+    try:
+        late.connect(node.endpoint)
+        late.send_multipart(hello(1))
+        # It waits in the mailbox (the reactor has not run since): the drain reads it.
+        assert node.mailbox is not None and node.mailbox.socket.poll(5000, zmq.POLLIN)
+        node._on_mailbox([[codec.identity_of(p), *hello(2 + i)] for i, p in enumerate(peers[:2])])
+        assert [(kind, peer) for kind, peer, _ in seen] == [
+            (kind, peer) for peer in peers for kind in ("ENTER", "JOIN")
+        ]
+        assert all(greeted for _, _, greeted in seen)
+    finally:
+        late.close(0)
+        yield node.stopService()

@@ -515,6 +515,11 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             # A handler bug must not stop the socket from being read.
             log.failure("message handler failed on {name}", name=self.name)
 
+    def read_soon(self) -> None:
+        """Read again on the next reactor turn (after a :meth:`drain` that stopped at its
+        limit: the descriptor signals only once what waits has been read)."""
+        self._schedule_read()
+
     def _schedule_read(self) -> None:
         if self._handing_over:
             # A send from the batch's handler: looked after once the batch is handled.

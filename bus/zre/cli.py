@@ -1,5 +1,6 @@
-"""``zre-ping``: join a group, shout a line every interval, greet every peer that enters,
-and print every event as one JSON line on stdout (like zyre's zpinger).
+"""``zre-ping``: join groups (``--group``, repeatable), shout a line to each every interval,
+greet every peer that enters, and print every event as one JSON line on stdout (like zyre's
+zpinger).
 
 The first line is ``{"event": "READY", "peer": <own uuid>, "name": ..., "endpoint": ...}``;
 then one line per event with ``event``, ``peer`` (32 hex digits), ``name`` and, where they
@@ -63,7 +64,12 @@ def parser() -> argparse.ArgumentParser:
 
     p = CliParser(prog="zre-ping", description=__doc__.split("\n\n")[0])
     p.add_argument("--interface", default="lo", help="network interface (default lo)")
-    p.add_argument("--group", default="GLOBAL", help="group to join and shout to")
+    p.add_argument(
+        "--group",
+        action="append",
+        default=[],
+        help="group to join and shout to (repeatable; default GLOBAL)",
+    )
     p.add_argument("--name", default="", help="this node's name")
     p.add_argument("--version", choices=["1", "2"], default="2", help="2: 36/ZRE, 1: 20/ZRE")
     p.add_argument(
@@ -85,8 +91,24 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="with --cert: meet only peers whose keys are in this directory's *.key files",
     )
+    p.add_argument(
+        "--gossip-bind",
+        default=None,
+        help="run a ZGOSSIP hub on tcp://HOST:PORT (zyre_gossip_bind)",
+    )
+    p.add_argument(
+        "--gossip-connect",
+        action="append",
+        default=[],
+        help="a ZGOSSIP hub tcp://HOST:PORT to be a client of (with --cert: |KEY for CURVE)",
+    )
     p.add_argument("--interval", type=duration, default=1.0, help="between shouts")
-    p.add_argument("--port", type=port, default=DEFAULT_PORT, help="UDP beacon port (0: off)")
+    p.add_argument(
+        "--port",
+        type=port,
+        default=None,
+        help=f"UDP beacon port (0: off; default {DEFAULT_PORT}, or off with --gossip-*)",
+    )
     p.add_argument("--evasive", type=duration, default=5.0)
     p.add_argument("--expired", type=duration, default=30.0)
     return p
@@ -94,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor
 
     from bus.errors import StartupError
@@ -104,16 +127,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         name=args.name,
         interface=args.interface,
         port=args.port,
-        groups=[args.group],
+        groups=groups,
         version=VERSION_20 if args.version == "1" else VERSION_36,
         peers=list(args.peer),
         evasive=args.evasive,
         expired=args.expired,
         cert=args.cert,
         peer_certs=args.peer_certs,
+        gossip_bind=args.gossip_bind,
+        gossip_connect=list(args.gossip_connect),
     )
     if args.peer_certs and not args.cert:
         sys.stderr.write("zre-ping: --peer-certs needs --cert\n")
+        return 2
+    if any("|" in hub for hub in args.gossip_connect) and not args.cert:
+        sys.stderr.write("zre-ping: --gossip-connect with a hub's KEY needs --cert\n")
         return 2
     reactor: Any = global_reactor
     node = ZreNode(config, reactor=reactor)
@@ -127,7 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def shout() -> None:
         nonlocal shouts
         shouts += 1
-        node.shout(args.group, [f"ping {shouts} from {node.node_name}".encode()])
+        for group in groups:
+            node.shout(group, [f"ping {shouts} from {node.node_name}".encode()])
 
     node.add_listener(on_event)
     try:
@@ -135,9 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StartupError as error:
         sys.stderr.write(f"zre-ping: {error}\n")
         return 2
-    emit(
-        {"event": "READY", "peer": node.uuid_hex, "name": node.node_name, "endpoint": node.endpoint}
-    )
+    ready = {"event": "READY", "peer": node.uuid_hex, "name": node.node_name}
+    ready["endpoint"] = node.endpoint
+    if node.gossip_endpoint:
+        ready["gossip_endpoint"] = node.gossip_endpoint
+    emit(ready)
     periodic = Periodic(reactor, log)
     periodic.every(args.interval, shout)
 

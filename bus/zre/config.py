@@ -14,8 +14,9 @@ DEFAULT_PORT = 5670
 class ZreConfig:
     name: str = ""
     interface: str = "lo"
-    #: UDP beacon port; 0: no beacon (discovery through ``peers`` only).
-    port: int = DEFAULT_PORT
+    #: UDP beacon port; 0: no beacon (discovery through ``peers`` or gossip only). None:
+    #: :data:`DEFAULT_PORT`, or no beacon when gossip is configured (see :attr:`beacon_port`).
+    port: int | None = None
     groups: list[str] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
     version: int = VERSION_36
@@ -38,3 +39,24 @@ class ZreConfig:
     #: With ``cert``: only peers whose public keys are in this directory's ``*.key`` files
     #: (re-read when it changes); None: any key, as zyre.
     peer_certs: Path | None = None
+    #: ZGOSSIP hub (zyre_gossip_bind): bind a ROUTER on this endpoint (``tcp://HOST:PORT``).
+    gossip_bind: str | None = None
+    #: ZGOSSIP hubs to be a client of (zyre_gossip_connect): ``tcp://HOST:PORT``, or with
+    #: ``|KEY`` (the hub's Z85 public key; needs ``cert``) over CURVE.
+    gossip_connect: list[str] = field(default_factory=list)
+    #: Between our PINGs to the hubs (a zgossip hub forgets a client silent for 1 s).
+    gossip_ping_interval: float = 0.4
+
+    @property
+    def gossip(self) -> bool:
+        """Whether the node discovers peers through ZGOSSIP (a hub, a client, or both)."""
+        return bool(self.gossip_bind or self.gossip_connect)
+
+    @property
+    def beacon_port(self) -> int:
+        """The UDP port beaconed on, 0 for none: zyre's gossip mode sends no beacons
+        (``zyre_gossip_bind`` and ``zyre_gossip_connect`` turn them off), so with gossip and
+        no port given there is no UDP; a port given explicitly beacons beside gossip."""
+        if self.port is not None:
+            return self.port
+        return 0 if self.gossip else DEFAULT_PORT

@@ -12,9 +12,9 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
   (a wrong value kills pyre and aborts zyre); a peer's wrong value is counted and followed;
 * a second HELLO from a ready peer is EXIT then ENTER;
 * zyre's extensions count in the sequence like any message: GOODBYE is EXIT at once;
-  ELECT and LEADER are answered as a member of zyre's election that never contests
-  (:mod:`bus.zre.election`), only to peers that sent them (pyre dies on unknown commands),
-  and the first LEADER of an election is an event; any well-framed unknown command is
+  ELECT and LEADER are answered as a zyre member that never contests answers them
+  (:mod:`bus.zre.election`), and an election decided (a LEADER from every member) is an
+  event naming the leader; any well-framed unknown command is
   counted (``ignored``) and otherwise not acted on;
 * peers found by beacon and not greeted yet are bounded (``max_pending``; a forged beacon
   flood is refused and counted) and forgotten after ``pending_expired`` without a HELLO;
@@ -410,12 +410,14 @@ class ZreCore:
         elif isinstance(message, Whisper):
             self.emit(ZreEvent("WHISPER", node, peer.name, None, message.content))
         elif isinstance(message, Leader):
-            news, sends = self.elections.on_leader(node, message.group, message.leader)
-            if news:
-                self.emit(
-                    ZreEvent("LEADER", node, peer.name, group=message.group, leader=message.leader)
-                )
-            self._answer(sends)
+            outcome = self.elections.on_leader(node, message.group, message.leader)
+            if outcome is None:
+                self.ignored["leader"] += 1  # no election of ours under way (zyre: "no CAW")
+            else:
+                decided, sends = outcome
+                self._answer(sends)
+                if decided is not None:
+                    self._decided(message.group, decided)
         elif isinstance(message, Goodbye):
             # zyre in gossip mode says it is leaving: gone now, as zyre itself does.
             self.remove_peer(peer)
@@ -504,6 +506,19 @@ class ZreCore:
         else:
             self._peer_leaves(peer, message.group)
 
+    def _decided(self, group: str, leader: str) -> None:
+        """An election is over: tell about its leader, as zyre does, only when the leader is a
+        peer we know (the event names the leader, not the peer whose LEADER came last)."""
+        try:
+            node = bytes.fromhex(leader)
+        except ValueError:
+            node = b""
+        peer = self.peers.get(node)
+        if peer is None or not peer.ready:
+            self.ignored["leader-unknown"] += 1
+            return
+        self.emit(ZreEvent("LEADER", node, peer.name, group=group, leader=leader))
+
     def _answer(self, sends: list[tuple[bytes, Elect | Leader]]) -> None:
         for node, message in sends:
             peer = self.peers.get(node)
@@ -515,7 +530,6 @@ class ZreCore:
             return
         peer.groups.add(group)
         self.peer_groups.setdefault(group, set()).add(peer.uuid)
-        self.elections.membership_changed(group)
         self.emit(ZreEvent("JOIN", peer.uuid, peer.name, group=group))
 
     def _peer_leaves(self, peer: Peer, group: str) -> None:
@@ -527,7 +541,6 @@ class ZreCore:
             members.discard(peer.uuid)
             if not members:
                 del self.peer_groups[group]
-        self.elections.membership_changed(group)
         self.emit(ZreEvent("LEAVE", peer.uuid, peer.name, group=group))
 
     def _refresh(self, peer: Peer, now: float) -> None:
@@ -562,8 +575,6 @@ class ZreCore:
                 members.discard(peer.uuid)
                 if not members:
                     del self.peer_groups[group]
-            self.elections.membership_changed(group)
-        self.elections.forget(peer.uuid)
         if peer.ready:
             self.emit(ZreEvent("EXIT", peer.uuid, peer.name, endpoint=peer.endpoint))
         if peer.endpoint in self.seeds:
@@ -711,6 +722,16 @@ class ZreCore:
         return self.links.send(key, codec.encode(message, self.version))
 
     # -- stopping ----------------------------------------------------------------------------
+
+    def goodbye(self, told: Callable[[bytes], bool]) -> list[str]:
+        """Leaving in gossip mode, as zyre's ``zyre_node_stop``: GOODBYE to every peer we
+        greeted for which ``told(uuid)`` holds (there is no leaving beacon to tell them). The
+        keys of the links that carry one."""
+        keys = []
+        for peer in self._greeted():
+            if told(peer.uuid) and self._send_to(peer, Goodbye(0)):
+                keys.append(peer.key)
+        return keys
 
     def close(self) -> None:
         for peer in list(self.peers.values()):

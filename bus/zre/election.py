@@ -1,29 +1,36 @@
 """Our part in zyre's leader elections, sans I/O: we never contest, but we must answer.
 
 zyre (its draft API ``zyre_set_contest_in_group``) elects a group's leader with an echo
-wave, as run on the wire by zyre's git master (tried against it in network namespaces):
+wave. This is what a zyre node that does not contest does (``zyre_node.c`` and
+``zyre_election.c`` of its git master d8370f7), and so what we do, step for step, so that
+the zyres around us cannot tell us from one of their own:
 
-* a contester sends ELECT(its UUID) to every member of the group;
-* a member that sees a better challenger than the one it follows (none yet, or a smaller
-  UUID, compared as text) follows it: the peer it came from becomes its *father*, and it
-  passes ELECT(challenger) on to every other member;
-* a member that has had ELECT(challenger) from every member of the group echoes it to its
-  father; the challenger, once it has had all of them, sends LEADER(itself) to all;
-* a member passes the first LEADER of a wave on to every member, and zyre reports the
-  leader to its application only after a LEADER from every member.
+* an ELECT naming a *better* challenger than the one followed (none yet, or a smaller one,
+  compared as text) starts the wave over: the challenger is followed, the peer it came from
+  becomes the *father*, the counts of ELECT and LEADER go back to zero, and ELECT(challenger)
+  goes to every member of the group except the father;
+* every ELECT naming the followed challenger (the better one just followed included) counts
+  once, messages not peers; when the count equals the number of the group's members, the
+  ELECT is echoed to the father (so the very first ELECT is echoed at once only when its
+  sender is the one member);
+* an ELECT naming a worse challenger is ignored;
+* a LEADER while a challenger is followed: the first one of the wave sends LEADER(the
+  followed challenger) to every member; every LEADER counts and its leader is kept; when the
+  count equals the number of members, the election is over and the leader decided (the
+  last LEADER's); a LEADER while none is followed is ignored;
+* a member that does not contest never starts, nor restarts, an election: membership
+  changes leave the election as it is (the contesters start theirs over).
 
-So one member that counts ELECT and answers nothing stalls the election for every zyre in
-the group, and one that joins restarts it (zyre's contesters start over on each JOIN).
-We answer as a member that never contests, but only to peers that sent us ELECT or LEADER
-themselves: pyre does not know these commands and drops the link on them. Only groups we
-joined are followed (zyre sends elections to a group's members only), so a peer cannot
-make us keep state for groups of its choosing.
+We send to every member of the group, as zyre does: in a group where zyre holds elections,
+zyre's contesters send ELECT to every member themselves. Only groups we joined are followed
+(zyre's contesters send their elections to a group's members only), so a peer cannot make us
+keep state for groups of its choosing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from bus.zre.codec import Elect, Leader
 
@@ -32,17 +39,17 @@ Send = tuple[bytes, Elect | Leader]
 
 
 @dataclass(slots=True)
-class _Wave:
-    """The election we take part in for one group: the challenger we follow."""
+class _Election:
+    """One group's election as we follow it (zyre's ``zyre_election_t``)."""
 
+    #: The current active wave: the challenger we follow.
     challenger: str
     father: bytes
-    #: Members we passed ELECT(challenger) on to; each answers with one of its own.
-    told: set[bytes] = field(default_factory=set)
-    #: Members whose ELECT(challenger) we had.
-    heard: set[bytes] = field(default_factory=set)
-    echoed: bool = False
-    #: The leader its LEADER named, once one came (the wave is over).
+    #: ELECT(challenger) messages had (messages, not peers, as zyre counts them).
+    elects: int = 0
+    #: LEADER messages had.
+    leaders: int = 0
+    #: The leader named by the last LEADER.
     leader: str | None = None
 
 
@@ -60,71 +67,58 @@ class Elections:
     ) -> None:
         self._members = members
         self._joined = joined
-        #: Peers that sent us ELECT or LEADER: they know these commands (zyre does).
-        self.speakers: set[bytes] = set()
-        self._waves: dict[str, _Wave] = {}
+        self._running: dict[str, _Election] = {}
+        #: Each group's last decided leader.
+        self.leaders: dict[str, str] = {}
         self.answered = 0
 
-    def _speaking(self, group: str) -> list[bytes]:
-        return [peer for peer in self._members(group) if peer in self.speakers]
-
     def on_elect(self, peer: bytes, group: str, challenger: str) -> list[Send] | None:
-        """What to send for ``peer``'s ELECT; None when we take no part (not our group,
-        or a challenger worse than the one we follow)."""
-        self.speakers.add(peer)
+        """What to send for ``peer``'s ELECT; None when it is ignored (not our group, or a
+        challenger worse than the one we follow)."""
         if not self._joined(group):
             return None
-        wave = self._waves.get(group)
+        members = self._members(group)
+        election = self._running.get(group)
         sends: list[Send] = []
-        if wave is None or wave.leader is not None or challenger < wave.challenger:
-            # A better challenger (or a new election): follow it, pass it on.
-            wave = self._waves[group] = _Wave(challenger, father=peer)
-            for member in self._speaking(group):
-                if member != peer:
-                    wave.told.add(member)
-                    sends.append((member, Elect(0, group, challenger)))
-        elif challenger != wave.challenger:
+        if election is None or challenger < election.challenger:
+            # A better challenger: follow it, and tell every member but its messenger.
+            election = self._running[group] = _Election(challenger, father=peer)
+            sends = [(m, Elect(0, group, challenger)) for m in members if m != peer]
+        elif challenger != election.challenger:
             return None  # worse than the one we follow: zyre ignores it too
-        wave.heard.add(peer)
-        if peer != wave.father and peer not in wave.told:
-            # A member we did not know spoke elections: it counts on our ELECT as well.
-            wave.told.add(peer)
-            sends.append((peer, Elect(0, group, challenger)))
-        if not wave.echoed and wave.heard >= wave.told | {wave.father}:
-            wave.echoed = True
-            sends.append((wave.father, Elect(0, group, challenger)))
+        election.elects += 1
+        if election.elects == len(members):
+            # Every member's ELECT (by count) had: echo to the father.
+            sends.append((election.father, Elect(0, group, challenger)))
         self.answered += len(sends)
         return sends
 
-    def on_leader(self, peer: bytes, group: str, leader: str) -> tuple[bool, list[Send]]:
-        """Whether this LEADER is news (an event for our listeners), and what to send:
-        the first LEADER of a wave goes on to every member that speaks elections."""
-        self.speakers.add(peer)
-        wave = self._waves.get(group)
-        if wave is None:
-            return True, []  # not a wave of ours: tell, pass nothing on
-        if wave.leader is not None:
-            news = wave.leader != leader
-            wave.leader = leader
-            return news, []
-        wave.leader = leader
-        sends: list[Send] = [(member, Leader(0, group, leader)) for member in self._speaking(group)]
+    def on_leader(
+        self, peer: bytes, group: str, leader: str
+    ) -> tuple[str | None, list[Send]] | None:
+        """The leader decided by this LEADER (None: not yet), and what to send: on the first
+        LEADER of a wave, LEADER(the followed challenger) to every member. None when it is
+        ignored (no election under way in a group of ours)."""
+        election = self._running.get(group) if self._joined(group) else None
+        if election is None:
+            return None  # zyre: "we have no CAW", ignored
+        members = self._members(group)
+        sends: list[Send] = []
+        if election.leaders == 0:
+            sends = [(m, Leader(0, group, election.challenger)) for m in members]
+        election.leaders += 1
+        election.leader = leader
         self.answered += len(sends)
-        return True, sends
-
-    def membership_changed(self, group: str) -> None:
-        """A member joined or left ``group``: zyre's contesters start over, so do we."""
-        wave = self._waves.get(group)
-        if wave is not None and wave.leader is None:
-            del self._waves[group]
+        if election.leaders != len(members):
+            return None, sends
+        del self._running[group]
+        self.leaders[group] = leader
+        return leader, sends
 
     def left(self, group: str) -> None:
         """We left ``group``."""
-        self._waves.pop(group, None)
+        self._running.pop(group, None)
 
-    def forget(self, peer: bytes) -> None:
-        self.speakers.discard(peer)
-
-    def waves(self) -> dict[str, str | None]:
-        """Each group's election as we follow it: its leader, or None while it runs."""
-        return {group: wave.leader for group, wave in self._waves.items()}
+    def running(self) -> dict[str, str]:
+        """Each group's election under way: the challenger we follow."""
+        return {group: e.challenger for group, e in self._running.items()}

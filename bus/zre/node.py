@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
+from functools import partial
 from itertools import islice
 from typing import Any
 from urllib.parse import quote
@@ -44,6 +45,7 @@ from bus.zre import codec
 from bus.zre.codec import VERSION_20, VERSION_36, LogRecord, ZreError
 from bus.zre.config import ZreConfig
 from bus.zre.core import LOG_HEADER, Peer, ZreCore, ZreEvent, ZreSettings
+from bus.zre.gossip import GossipCore, parse_tuple_value
 
 log = Logger(namespace="bus.zre")
 
@@ -63,6 +65,12 @@ _LOG_EVENT = {"JOIN": 1, "LEAVE": 2, "ENTER": 3, "EXIT": 4}
 _MEMBERSHIP = frozenset(("ENTER", "EXIT", "JOIN", "LEAVE", "LEADER"))
 
 EventListener = Callable[[ZreEvent], None]
+
+#: Messages that came in while a mailbox batch was handled, read before its events are
+#: told (at most; the rest on the next reactor turn).
+_MORE_BEFORE_EVENTS = 256
+#: How long a link that carries our GOODBYE may still send once closed (milliseconds).
+_GOODBYE_LINGER_MS = 500
 
 
 class ZreNode(Service):
@@ -90,6 +98,11 @@ class ZreNode(Service):
         self.log_endpoint = ""
         self._log_senders: dict[bytes, ZmqSocket] = {}
         self._dealers: dict[str, ZmqSocket] = {}
+        #: ZGOSSIP: the hub's ROUTER, and a DEALER per hub we are a client of.
+        self.gossip: GossipCore | None = None
+        self.gossip_hub: ZmqSocket | None = None
+        self.gossip_endpoint = ""
+        self._gossip_remotes: dict[str, ZmqSocket] = {}
         #: Per-peer sockets (DEALERs, ZRE/LOG senders) come out of this share.
         self.budget = DescriptorBudget(config.descriptor_share)
         self.core: ZreCore | None = None
@@ -101,6 +114,8 @@ class ZreNode(Service):
         #: Beacon datagram -> (the peer it came from, its address), for the fast path.
         self._beacons: dict[bytes, tuple[Peer, str]] = {}
         self._stopping: defer.Deferred[None] | None = None
+        #: Events of the mailbox batch being handled, told after it (see _on_mailbox).
+        self._held: list[ZreEvent] | None = None
         self.events_by_type: dict[str, int] = {}
         self.messages_received = 0
         self.beacons_received = 0
@@ -203,27 +218,33 @@ class ZreNode(Service):
             key_allowed=self._key_allowed if config.peer_certs else None,
         )
         self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
-        if config.port:
+        port = config.beacon_port
+        if port:
             try:
-                self.udp = listen_shared(self.reactor, "0.0.0.0", config.port, self._on_datagram)
+                self.udp = listen_shared(self.reactor, "0.0.0.0", port, self._on_datagram)
             except OSError as error:
                 raise StartupError(
-                    "port", f"cannot listen on UDP {config.port}: {error.strerror}"
+                    "port", f"cannot listen on UDP {port}: {error.strerror}"
                 ) from None
             mailbox_port = int(self.endpoint.rpartition(":")[2])
             beacon = codec.encode_beacon(self.uuid, mailbox_port, self._raw_public_key())
             self.beacon = BeaconSender(
                 self.reactor,
                 self.udp,
-                (self.interface.broadcast, config.port),
+                (self.interface.broadcast, port),
                 lambda: beacon,
                 config.beacon_interval,
             )
-            self.beacon.start()
+            # As zyre, whose first beacon goes out once its node polls: a peer that hears
+            # it greets us at once, so it waits until the reactor runs and we can answer
+            # (twistd starts services, so sends it, before it runs the reactor).
+            self.reactor.callWhenRunning(self._start_beacon)
         for group in config.groups:
             self.core.join(group)
         for endpoint in config.peers:
             self.core.connect_endpoint(endpoint, seed=True)
+        if config.gossip_bind or config.gossip_connect:
+            self._open_gossip(factory, config)
         self.ports.periodic.every(config.reap_interval, self._tick)
         log.info(
             "ZRE node {name} {uuid} ({dialect}) on {endpoint}, beacon {beacon}",
@@ -231,8 +252,105 @@ class ZreNode(Service):
             uuid=self.uuid_hex,
             dialect="36/ZRE" if config.version == VERSION_36 else "20/ZRE",
             endpoint=self.endpoint,
-            beacon=f"{self.interface.broadcast}:{config.port}" if config.port else "off",
+            beacon=f"{self.interface.broadcast}:{port}" if port else "off",
         )
+
+    def _start_beacon(self) -> None:
+        if self.beacon is not None and self.udp is not None and self._stopping is None:
+            self.beacon.start()
+
+    def _open_gossip(self, factory: SocketFactory, config: ZreConfig) -> None:
+        """ZGOSSIP as zyre: our hub (a ROUTER, a CURVE server with our certificate), our
+        client links (a DEALER per hub; CURVE when given the hub's key), our tuple."""
+        gossip = self.gossip = GossipCore(
+            self.reactor.seconds,
+            _GossipSockets(self),
+            self._on_gossip_tuple,
+            self._drop,
+            client_expired=config.expired,
+        )
+        if config.gossip_bind:
+            hub = self.gossip_hub = factory.socket(
+                zmq.ROUTER,
+                self._on_gossip_clients,
+                SocketOptions(receive_hwm=10_000, send_hwm=10_000, linger_ms=0),
+                read_budget=256,
+                name=f"zre-gossip-hub-{self.node_name}",
+            )
+            hub.socket.set(zmq.MAXMSGSIZE, 4096)
+            self.curve.secure(hub, "zre")
+            try:
+                self.gossip_endpoint = hub.bind(config.gossip_bind)
+            except zmq.ZMQError as error:
+                raise StartupError(
+                    "gossip-bind", f"cannot bind {config.gossip_bind}: {error}"
+                ) from None
+        keys = self.curve.keys
+        for given in config.gossip_connect:
+            endpoint, _, server_key = given.partition("|")
+            dealer = factory.socket(
+                zmq.DEALER,
+                partial(self._on_gossip_remote, endpoint),
+                SocketOptions(receive_hwm=10_000, send_hwm=1000, linger_ms=0),
+                name=f"zre-gossip-{self.node_name}",
+            )
+            dealer.socket.set(zmq.MAXMSGSIZE, 4096)
+            if server_key and keys is not None:
+                make_curve_client(dealer, server_key.encode("ascii"), keys)
+            try:
+                dealer.connect(endpoint)
+            except zmq.ZMQError as error:
+                dealer.shutdown()
+                raise StartupError(
+                    "gossip-connect", f"cannot connect {endpoint}: {error}"
+                ) from None
+            self._gossip_remotes[endpoint] = dealer
+        own = self.endpoint if keys is None else f"{self.endpoint}|{keys.public.decode()}"
+        gossip.publish(self.uuid_hex.upper(), own)
+        for endpoint in self._gossip_remotes:
+            gossip.add_remote(endpoint)
+        if self._gossip_remotes:
+            self.ports.periodic.every(config.gossip_ping_interval, gossip.ping)
+
+    def _on_gossip_clients(self, batch: list[list[bytes]]) -> None:
+        gossip = self.gossip
+        if gossip is None:
+            return
+        for identity, *frames in batch:
+            gossip.on_client(identity, frames)
+
+    def _on_gossip_remote(self, endpoint: str, batch: list[list[bytes]]) -> None:
+        gossip = self.gossip
+        if gossip is None:
+            return
+        for frames in batch:
+            gossip.on_remote(endpoint, frames)
+
+    def _on_gossip_tuple(self, key: str, value: str) -> None:
+        """A tuple heard through gossip: greet the node in it, as zyre does."""
+        core = self.core
+        if core is None or key.upper() == self.uuid_hex.upper():
+            return
+        parsed = parse_tuple_value(value)
+        try:
+            node = bytes.fromhex(key)
+        except ValueError:
+            node = b""
+        if parsed is None or len(node) != 16:
+            self.drops.drop("gossip-tuple", f"not a zyre tuple: {key!r} = {value[:80]!r}")
+            return
+        endpoint, public_key = parsed
+        if endpoint == self.endpoint:
+            return
+        if (public_key is None) != (self.curve.keys is None):
+            # A CURVE node and a plain one never meet (as with beacons).
+            reason = "plain-tuple" if public_key is None else "curve-tuple"
+            self.drops.drop(reason, f"gossip tuple {endpoint}", node)
+            return
+        if public_key is not None and self.config.peer_certs and not self._key_allowed(public_key):
+            self.drops.drop("refused-key", f"gossip tuple {endpoint}: key not on the list", node)
+            return
+        core.require_peer(node, endpoint, public_key=public_key)
 
     def _raw_public_key(self) -> bytes | None:
         keys = self.curve.keys
@@ -279,11 +397,28 @@ class ZreNode(Service):
             self._beacons[data] = (peer, host)
 
     def _on_mailbox(self, batch: list[list[bytes]]) -> None:
+        """The protocol's work first, as zyre's node actor does it (its application reads
+        the events from a pipe, in a thread of its own): the batch's messages, then what
+        came in meanwhile (peers greeting us together are greeted back together, their
+        elections answered), and only then the listeners hear of it all, in order."""
         core = self.core
         if core is None:
             return
         self.messages_received += len(batch)
-        core.on_messages(batch)
+        if self._held is not None:
+            core.on_messages(batch)  # read by the drain below
+            return
+        held: list[ZreEvent] = []
+        self._held = held
+        try:
+            core.on_messages(batch)
+            mailbox = self.mailbox
+            if mailbox is not None and mailbox.drain(_MORE_BEFORE_EVENTS) >= _MORE_BEFORE_EVENTS:
+                mailbox.read_soon()
+        finally:
+            self._held = None
+        for event in held:
+            self._deliver(event)
 
     def _on_log_records(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
@@ -312,13 +447,24 @@ class ZreNode(Service):
     def _tick(self) -> None:
         if self.core is not None:
             self.core.tick()
+        if self.gossip is not None:
+            self.gossip.tick()
 
     # -- output ------------------------------------------------------------------------------
 
     def _emit(self, event: ZreEvent) -> None:
+        held = self._held
+        if held is not None:
+            held.append(event)  # told once the mailbox's batch is done
+        else:
+            self._deliver(event)
+
+    def _deliver(self, event: ZreEvent) -> None:
         kind = event.type
         counts = self.events_by_type
         counts[kind] = counts.get(kind, 0) + 1
+        if kind == "EXIT" and self.gossip is not None:
+            self.gossip.unpublish(event.peer_hex.upper())  # as zyre's UNPUBLISH
         if kind in _MEMBERSHIP:
             self._publish_membership(event)
             if kind != "LEADER":
@@ -426,16 +572,32 @@ class ZreNode(Service):
             return self._stopping
         Service.stopService(self)
         self.ports.periodic.stop_all()
+        self._say_goodbye()
         if self.beacon is not None:
             self.beacon.stop()
             if self.config.version == VERSION_36 and self.udp is not None:
                 # 36/ZRE: port 0 says we are leaving, so peers drop us at once.
                 self.udp.send(
                     codec.encode_beacon(self.uuid, 0, self._raw_public_key()),
-                    (self.beacon.target[0], self.config.port),
+                    self.beacon.target,
                 )
         self._stopping = self._close_all()
         return self._stopping
+
+    def _say_goodbye(self) -> None:
+        """Gossip mode: GOODBYE to every peer that gossips too (its tuple is held), as zyre
+        says it to its peers when it stops, and they drop us at once rather than after
+        ``--expired``. Only to those: pyre has no gossip, and dies on a command it does not
+        know. Their links linger a little so that it goes out before they close."""
+        core, gossip = self.core, self.gossip
+        if core is None or gossip is None or self.config.version != VERSION_36:
+            return
+        gossiping = {key.upper() for key in gossip.tuples}
+        told = core.goodbye(lambda node: uuidlib.UUID(bytes=node).hex.upper() in gossiping)
+        for key in told:
+            dealer = self._dealers.get(key)
+            if dealer is not None and dealer.socket is not None:
+                dealer.socket.set(zmq.LINGER, _GOODBYE_LINGER_MS)
 
     def _close_all(self) -> defer.Deferred[None]:
         closed = self._close_sockets()
@@ -450,10 +612,12 @@ class ZreNode(Service):
             self._close_peer_socket(sock)
         self._dealers.clear()
         self._log_senders.clear()
-        for own in (self.mailbox, self.log_socket):
+        for own in (self.mailbox, self.log_socket, self.gossip_hub, *self._gossip_remotes.values()):
             if own is not None:
                 own.shutdown()
-        self.mailbox = self.log_socket = None
+        self.mailbox = self.log_socket = self.gossip_hub = None
+        self._gossip_remotes.clear()
+        self.gossip = None
         udp, self.udp = self.udp, None
         return udp.close() if udp is not None else defer.succeed(None)
 
@@ -468,8 +632,8 @@ class ZreNode(Service):
             "version": "36/ZRE" if self.config.version == VERSION_36 else "20/ZRE",
             "endpoint": self.endpoint,
             "beacon": (
-                f"{self.interface.broadcast}:{self.config.port}"
-                if self.interface and self.config.port
+                f"{self.interface.broadcast}:{self.config.beacon_port}"
+                if self.interface and self.config.beacon_port
                 else None
             ),
             "log_service": self.log_endpoint or None,
@@ -492,6 +656,20 @@ class ZreNode(Service):
             "send_blocked": self.send_blocked,
             "dropped": dict(self.drops.counts),
             "curve": self.curve.status(),
+            "gossip": self._gossip_status(),
+        }
+
+    def _gossip_status(self) -> dict[str, Any] | None:
+        gossip = self.gossip
+        if gossip is None:
+            return None
+        return {
+            "hub": self.gossip_endpoint or None,
+            "remotes": list(gossip.remotes),
+            "clients": len(gossip.clients),
+            "tuples": len(gossip.tuples),
+            "messages_received": gossip.received,
+            "messages_sent": gossip.sent,
         }
 
     #: The console's charts (see :mod:`bus.console.view`).
@@ -550,6 +728,23 @@ class ZreNode(Service):
             ),
             gauge("zre_peer_sockets", "Sockets held on peers' behalf", status["peer_sockets"]),
         ]
+
+
+class _GossipSockets:
+    """:class:`bus.zre.gossip.GossipLinks` on the node's hub ROUTER and hub DEALERs."""
+
+    def __init__(self, node: ZreNode) -> None:
+        self.node = node
+
+    def to_client(self, identity: bytes, frame: bytes) -> None:
+        hub = self.node.gossip_hub
+        if hub is not None and not hub.send_frames([identity, frame]):
+            self.node.send_blocked += 1
+
+    def to_remote(self, endpoint: str, frame: bytes) -> None:
+        dealer = self.node._gossip_remotes.get(endpoint)
+        if dealer is not None and not dealer.send_frames([frame]):
+            self.node.send_blocked += 1
 
 
 class _Dealers:

@@ -36,7 +36,14 @@ class Options(ServiceOptions):
     optParameters = [
         ["name", None, "", "The node's name (default: the first 6 hex digits of its UUID)."],
         ["interface", None, "lo", "Network interface for beacons and the mailbox."],
-        ["port", None, DEFAULT_PORT, "UDP beacon port (0: no beacon, --peer only).", int],
+        [
+            "port",
+            None,
+            None,
+            f"UDP beacon port (0: no beacon, --peer only; default {DEFAULT_PORT}, or none "
+            "with --gossip-bind/--gossip-connect, as zyre's gossip mode).",
+            int,
+        ],
         ["version", None, "2", "2: 36/ZRE (zyre, pyre); 1: the 20/ZRE draft with ZRE/LOG."],
         ["evasive", None, "5s", "Silence after which a peer is pinged (EVASIVE)."],
         ["expired", None, "30s", "Silence after which a peer is gone (EXIT)."],
@@ -63,6 +70,13 @@ class Options(ServiceOptions):
             "With --cert: meet only peers whose public keys are in this directory's *.key "
             "files (re-read when it changes).",
         ],
+        [
+            "gossip-bind",
+            None,
+            None,
+            "Run a ZGOSSIP hub on tcp://HOST:PORT (zyre_gossip_bind): discovery without UDP "
+            "(with --cert: over CURVE).",
+        ],
     ]
     optMulti = [
         ["group", None, "Group to join."],
@@ -72,6 +86,12 @@ class Options(ServiceOptions):
             None,
             "Mailbox endpoint tcp://HOST:PORT of a peer to greet without UDP (with --cert: "
             "tcp://HOST:PORT|KEY, the peer's Z85 public key).",
+        ],
+        [
+            "gossip-connect",
+            None,
+            "A ZGOSSIP hub tcp://HOST:PORT to be a client of (zyre_gossip_connect); "
+            "tcp://HOST:PORT|KEY (with --cert): over CURVE, KEY the hub's Z85 public key.",
         ],
     ]
 
@@ -90,8 +110,8 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
     version = str(options["version"]).strip()
     if version not in ("1", "2"):
         raise usage.UsageError("--version must be 2 (36/ZRE) or 1 (20/ZRE)")
-    port = int(options["port"])
-    if not 0 <= port <= 65535:
+    port = None if options.get("port") is None else int(options["port"])
+    if port is not None and not 0 <= port <= 65535:
         raise usage.UsageError("--port must be 0-65535")
     headers: dict[str, str] = {}
     for item in options.get("header") or []:
@@ -110,6 +130,18 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
             raise usage.UsageError(f"--peer wants tcp://HOST:PORT, not {given!r}")
         if cert and len(key) != 40:
             raise usage.UsageError(f"--peer with --cert wants tcp://HOST:PORT|KEY, not {given!r}")
+    gossip_bind = options.get("gossip-bind") or None
+    if gossip_bind is not None and not _is_tcp_endpoint(gossip_bind):
+        raise usage.UsageError(f"--gossip-bind wants tcp://HOST:PORT, not {gossip_bind!r}")
+    gossip_connect = list(options.get("gossip-connect") or [])
+    for given in gossip_connect:
+        endpoint, bar, key = given.partition("|")
+        if not _is_tcp_endpoint(endpoint) or (bar and len(key) != 40):
+            raise usage.UsageError(
+                f"--gossip-connect wants tcp://HOST:PORT or tcp://HOST:PORT|KEY, not {given!r}"
+            )
+        if bar and not cert:
+            raise usage.UsageError("--gossip-connect with a hub's KEY needs --cert (CURVE)")
     name = options.get("name") or ""
     if len(name.encode()) > 255:
         raise usage.UsageError("--name is at most 255 octets")
@@ -141,7 +173,14 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
         pending_expired=pending_expired,
         cert=Path(cert) if cert else None,
         peer_certs=Path(certs) if certs else None,
+        gossip_bind=gossip_bind,
+        gossip_connect=gossip_connect,
     )
+
+
+def _is_tcp_endpoint(endpoint: str) -> bool:
+    host, _, number = endpoint.removeprefix("tcp://").rpartition(":")
+    return endpoint.startswith("tcp://") and bool(host) and (number.isdigit() or number == "*")
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> ZreNode:

@@ -7,6 +7,7 @@ Usage: ``bus_peer.py NAME PORT INTERFACE [options as JSON] [GROUP...]``.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,32 @@ class Commands(LineReceiver):
             reactor.stop()  # type: ignore[attr-defined]
 
 
+def _trace_elections(node: ZreNode) -> None:
+    """ZRE_TRACE=1: every ELECT and LEADER in and what it made us send, on stderr."""
+    assert node.core is not None
+    elections = node.core.elections
+    on_elect, on_leader = elections.on_elect, elections.on_leader
+
+    def names(sends: Any) -> list[str]:
+        return [f"{type(m).__name__}->{p.hex()[:6]}" for p, m in sends or ()]
+
+    def elect(peer: bytes, group: str, challenger: str) -> Any:
+        sends = on_elect(peer, group, challenger)
+        sys.stderr.write(f"ELECT from {peer.hex()[:6]} {challenger[:6]}: {names(sends)}\n")
+        return sends
+
+    def leader(peer: bytes, group: str, leader: str) -> Any:
+        out = on_leader(peer, group, leader)
+        sends = out[1] if out else None
+        sys.stderr.write(
+            f"LEADER from {peer.hex()[:6]} {leader[:6]}: {out and out[0]} {names(sends)}\n"
+        )
+        return out
+
+    elections.on_elect = elect  # type: ignore[method-assign]
+    elections.on_leader = leader  # type: ignore[method-assign]
+
+
 def main() -> None:
     name, port, interface = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     settings = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
@@ -59,7 +86,14 @@ def main() -> None:
     node = ZreNode(config, reactor=reactor)
     node.add_listener(lambda event: emit(event_json(event)))
     node.startService()
-    emit({"event": "READY", "peer": node.uuid_hex, "name": name, "endpoint": node.endpoint})
+    if os.environ.get("ZRE_TRACE") and node.core is not None:
+        _trace_elections(node)
+    ready = {"event": "READY", "peer": node.uuid_hex, "name": name, "endpoint": node.endpoint}
+    if node.gossip_endpoint:
+        ready["gossip_endpoint"] = node.gossip_endpoint
+    if node.curve.keys is not None:
+        ready["public_key"] = node.curve.keys.public.decode()
+    emit(ready)
     stdio.StandardIO(Commands(node))
     reactor.addSystemEventTrigger("before", "shutdown", node.stopService)  # type: ignore[attr-defined]
     reactor.run()  # type: ignore[attr-defined]
