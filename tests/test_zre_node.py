@@ -308,3 +308,30 @@ def test_a_batch_is_answered_whole_before_listeners_hear_of_it() -> Any:
     finally:
         late.close(0)
         yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_bad_beacon_is_logged_with_its_sender_address() -> Any:
+    import socket
+
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    port = free_udp_port()
+    node = ZreNode(fast_config(port, name="listener"))
+    lines: list[str] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if "dropped" in str(event.get("log_format", "")):
+            lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observer)
+    node.startService()
+    sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sender.sendto(b"ZRE\x01" + b"\x00" * 5, ("127.0.0.1", port))  # too short a beacon
+        yield wait_until(lambda: lines, what="the drop's line")
+    finally:
+        sender.close()
+        globalLogPublisher.removeObserver(observer)
+        yield node.stopService()
+    assert lines[0].endswith("peer 127.0.0.1"), lines  # an address, not hex of its text

@@ -376,7 +376,7 @@ class ZreNode(Service):
         try:
             beacon = codec.parse_beacon(data, self.config.version)
         except ZreError as error:
-            self.drops.drop(error.reason, str(error), host.encode())
+            self.drops.drop(error.reason, str(error), host)
             return
         if beacon.uuid == self.uuid:
             return
@@ -386,7 +386,7 @@ class ZreNode(Service):
             if len(self._hosts) > 4096:
                 self._hosts.clear()
         if not on_subnet:
-            self.drops.drop("foreign-subnet", f"beacon from {host}", host.encode())
+            self.drops.drop("foreign-subnet", f"beacon from {host}", host)
             return
         self.beacons_received += 1
         core.on_beacon(beacon, host)
