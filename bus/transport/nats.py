@@ -520,7 +520,7 @@ async def stream_ready(
     """:func:`stream_made`, asked again for up to ``within`` seconds while JetStream
     cannot answer yet (a new cluster with no meta leader, replicas not all up); a
     refusal (400: the config, subjects another stream holds) is raised at once, and
-    :class:`TimeoutError` says why when the time is up."""
+    ``TimeoutError`` says why when the time is up."""
     reactor = client.reactor
     deadline = reactor.seconds() + within
     while True:
