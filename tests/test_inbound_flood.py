@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -83,7 +84,16 @@ class LimitedProduct:
             return False
 
     def inbound(self) -> dict[str, Any]:
-        return dict(self.status()["services"]["http"]["process"]["inbound_connections"])
+        # While a flood's connections wait for the guard to close them, the process can be
+        # out of descriptors for a moment and the HTTP port reset one request: ask again.
+        for attempt in range(20):
+            try:
+                return dict(self.status()["services"]["http"]["process"]["inbound_connections"])
+            except OSError:
+                if attempt == 19:
+                    raise
+                time.sleep(0.1)
+        raise AssertionError("unreachable")
 
     def held(self, port: int) -> int:
         return sum(n for name, n in self.inbound()["ports"].items() if name.endswith(f":{port}"))
