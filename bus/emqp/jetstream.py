@@ -46,10 +46,6 @@ _PROGRESS = b"+WPI"
 PULL_AT_LEAST = 8
 #: How long a schedule's change is tried while JetStream cannot store it.
 SCHEDULE_PATIENCE = 15.0
-#: Messages in one atomic batch (nats-server's default limit), and JetStream's error for a
-#: batch holding an id it already stored.
-ATOMIC_LIMIT = 1000
-DUPLICATE_IN_BATCH = 10201
 
 
 @dataclass(slots=True)
@@ -252,7 +248,7 @@ class JetStreamJobs:
             return  # an idle heartbeat or flow control: nothing changed
         try:
             delivery = jsapi.delivery(msg.reply)
-            consumer_sequence = jobstream.consumer_sequence(msg.reply)
+            consumer_sequence = jsapi.consumer_sequence(msg.reply)
             schedule_id = jobstream.key_of(self.bucket, msg.subject.decode())
             operation = codec.header(msg.headers, b"KV-Operation") if msg.headers else None
             row = None if operation else jobstream.decode_row(msg.payload)
@@ -383,8 +379,8 @@ class JetStreamJobs:
                 self._tell_stream(value, _TERM)
                 self.terms += 1
         if len(batch) > 1 and self.atomic:
-            for start in range(0, len(batch), ATOMIC_LIMIT):
-                self._send_batch(batch[start : start + ATOMIC_LIMIT])
+            for start in range(0, len(batch), jsapi.ATOMIC_LIMIT):
+                self._send_batch(batch[start : start + jsapi.ATOMIC_LIMIT])
         else:
             for msgid, entry in batch:
                 self._send_append(msgid, entry)
@@ -455,16 +451,13 @@ class JetStreamJobs:
         tag = self._batch_tag + b"-%d" % number
         last = len(batch)
         frames = []
-        for index, (msgid, (subject, message_id, body)) in enumerate(batch, 1):
+        for index, (msgid, (subject, message_id, body)) in enumerate(batch[:-1], 1):
             self.appending[msgid] = (subject, message_id, body)
-            headers = (
-                b"NATS/1.0\r\nNats-Msg-Id: " + message_id + b"\r\nNats-Batch-Id: " + tag
-                + b"\r\nNats-Batch-Sequence: %d\r\n" % index
-            )  # fmt: skip
-            if index < last:
-                frames.append(codec.hpub(subject, headers + b"\r\n", body))
-        subject, message_id, body = batch[-1][1]
-        commit = headers + b"Nats-Batch-Commit: 1\r\n\r\n"
+            headers = jsapi.batch_headers(message_id, tag, index, commit=False)
+            frames.append(codec.hpub(subject, headers, body))
+        msgid, (subject, message_id, body) = batch[-1]
+        self.appending[msgid] = (subject, message_id, body)
+        commit = jsapi.batch_headers(message_id, tag, last, commit=True)
         msgids = [msgid for msgid, _ in batch]
         try:
             self.client.publish_raw(b"".join(frames))
@@ -489,7 +482,7 @@ class JetStreamJobs:
             try:
                 jsapi.answer(payload)
             except jsapi.JetStreamError as error:
-                if error.err_code == DUPLICATE_IN_BATCH:
+                if error.err_code == jsapi.DUPLICATE_IN_BATCH:
                     # A resend of ids the stream holds: each alone, where it drops repeats.
                     self.batches_resent_each += 1
                     for msgid in msgids:
@@ -506,8 +499,9 @@ class JetStreamJobs:
     def _send_append(self, msgid: bytes, entry: tuple[bytes, bytes, bytes]) -> None:
         self.appending[msgid] = entry
         subject, message_id, body = entry
-        headers = b"NATS/1.0\r\nNats-Msg-Id: " + message_id + b"\r\n\r\n"
-        answer = self.client.request(subject, body, headers, timeout=self.settings.ack_timeout)
+        answer = self.client.request(
+            subject, body, jsapi.msg_id_headers(message_id), timeout=self.settings.ack_timeout
+        )
         answer.addCallbacks(
             lambda msg: self._append_answered(msgid, msg),
             lambda failure: self._append_failed(msgid, failure),
@@ -695,7 +689,7 @@ class JetStreamJobs:
         self.pulled += 1
         try:
             stored = jobstream.decode(msg.payload)
-            delivered = jobstream.delivered(msg.reply)
+            delivered = jsapi.delivered(msg.reply)
         except (jobstream.JobBodyError, ValueError) as error:
             self.bad_messages += 1
             log.warn(

@@ -167,26 +167,6 @@ def consumer_config(stream: str, prefix: str, queue: bytes, ack_wait: float) -> 
     ).encode()
 
 
-def consumer_sequence(reply: bytes) -> int:
-    """The consumer's own sequence of a delivery (gapless while nothing was lost)."""
-    tokens = reply.split(b".")
-    if len(tokens) == 9:
-        return int(tokens[6])
-    if len(tokens) >= 11:
-        return int(tokens[8])
-    raise JobBodyError(f"not a JetStream delivery: {reply[:200]!r}")
-
-
-def delivered(reply: bytes) -> int:
-    """How many times the stream delivered this message (from its ack subject)."""
-    tokens = reply.split(b".")
-    if len(tokens) == 9:
-        return int(tokens[4])
-    if len(tokens) >= 11:
-        return int(tokens[6])
-    raise JobBodyError(f"not a JetStream delivery: {reply[:200]!r}")
-
-
 # -- schedules: a JetStream key-value bucket ------------------------------------------------------
 #
 # Every broker keeps the same schedules: SCHEDULE and UNSCHEDULE at any broker put or delete the

@@ -90,12 +90,54 @@ class Delivery(NamedTuple):
     pending: int
 
 
-def delivery(reply: bytes) -> Delivery:
-    """``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`` (and the
-    form with a domain and an account hash in front and a token after)."""
+def _ack_tokens(reply: bytes) -> list[bytes]:
+    """The tokens from ``<delivered>`` on of ``$JS.ACK.<stream>.<consumer>.<delivered>.
+    <sseq>.<cseq>.<ts>.<pending>`` (and of the form with a domain and an account hash in
+    front and a token after)."""
     tokens = reply.split(b".")
     if len(tokens) == 9:
-        return Delivery(int(tokens[5]), int(tokens[7]), int(tokens[8]))
+        return tokens[4:9]
     if len(tokens) >= 11:
-        return Delivery(int(tokens[7]), int(tokens[9]), int(tokens[10]))
+        return tokens[6:11]
     raise ValueError(f"not a JetStream delivery: {reply[:200]!r}")
+
+
+def delivery(reply: bytes) -> Delivery:
+    """What a delivery's reply subject says (see :func:`_ack_tokens`)."""
+    tokens = _ack_tokens(reply)
+    return Delivery(int(tokens[1]), int(tokens[3]), int(tokens[4]))
+
+
+def delivered(reply: bytes) -> int:
+    """How many times the stream delivered this message (this time included)."""
+    return int(_ack_tokens(reply)[0])
+
+
+def consumer_sequence(reply: bytes) -> int:
+    """The consumer's own sequence of a delivery (gapless while nothing was lost)."""
+    return int(_ack_tokens(reply)[2])
+
+
+# -- publishing ------------------------------------------------------------------------------
+
+#: Messages in one atomic batch (nats-server's default ``jetstream.limits.batch.max_msgs``).
+ATOMIC_LIMIT = 1000
+#: JetStream's error for an atomic batch holding an id it already stored (or twice).
+DUPLICATE_IN_BATCH = 10201
+
+
+def msg_id_headers(msg_id: bytes) -> bytes:
+    """The header block of a message the stream stores once per ``Nats-Msg-Id``."""
+    return b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\n\r\n"
+
+
+def batch_headers(msg_id: bytes, batch: bytes, index: int, commit: bool) -> bytes:
+    """The header block of message ``index`` (from 1) of atomic batch ``batch``; the last
+    one commits it (and alone gets the batch's acknowledgement)."""
+    headers = (
+        b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\nNats-Batch-Id: " + batch
+        + b"\r\nNats-Batch-Sequence: %d\r\n" % index
+    )  # fmt: skip
+    if commit:
+        headers += b"Nats-Batch-Commit: 1\r\n"
+    return headers + b"\r\n"

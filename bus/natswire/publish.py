@@ -1,9 +1,9 @@
 """A batch published to a JetStream stream on a blocking connection, in one of two ways:
 
 - **atomic** (a stream made with ``allow_atomic``, nats-server 2.12+): up to
-  :data:`ATOMIC_LIMIT` messages as one of JetStream's atomic batches, stored together or
-  not at all, one acknowledgement for all of them (the batch is one proposal to the
-  stream's replicas, not one per message);
+  :data:`bus.natswire.jsapi.ATOMIC_LIMIT` messages as one of JetStream's atomic
+  batches, stored together or not at all, one acknowledgement for all of them (the batch
+  is one proposal to the stream's replicas, not one per message);
 - **each**: every message with a reply subject of its own, the acknowledgements read as
   they come (the stream's sequence from each, without a JSON parse unless it is an
   error). JetStream refuses an atomic batch that holds an id it already stored (a resend
@@ -29,10 +29,6 @@ from bus.natswire.codec import Msg
 NO_RESPONDERS = 503
 _SEQ = b'"seq":'
 _COUNT = b'"count":'
-#: Messages in one atomic batch (nats-server's default ``jetstream.limits.batch.max_msgs``).
-ATOMIC_LIMIT = 1000
-#: JetStream's error for an atomic batch holding an id it already stored (or twice).
-DUPLICATE_IN_BATCH = 10201
 
 
 class PublishError(Exception):
@@ -78,8 +74,8 @@ class Publisher:
             return self._each(messages, timeout)
         deadline = time.monotonic() + timeout
         sequences: list[int] = []
-        for start in range(0, len(messages), ATOMIC_LIMIT):
-            chunk = messages[start : start + ATOMIC_LIMIT]
+        for start in range(0, len(messages), jsapi.ATOMIC_LIMIT):
+            chunk = messages[start : start + jsapi.ATOMIC_LIMIT]
             try:
                 sequences.extend(self._atomic(chunk, max(0.001, deadline - time.monotonic())))
             except _Repeated:
@@ -96,15 +92,8 @@ class Publisher:
         frames = []
         last = len(messages)
         for index, (subject, msg_id, body) in enumerate(messages, 1):
-            headers = (
-                b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\nNats-Batch-Id: " + batch
-                + b"\r\nNats-Batch-Sequence: %d\r\n" % index
-            )  # fmt: skip
-            if index == last:
-                headers += b"Nats-Batch-Commit: 1\r\n"
-            frames.append(
-                codec.hpub(subject, headers + b"\r\n", body, reply if index == last else b"")
-            )
+            headers = jsapi.batch_headers(msg_id, batch, index, index == last)
+            frames.append(codec.hpub(subject, headers, body, reply if index == last else b""))
         self.connection.send(b"".join(frames))
         for message in self._replies(timeout, lambda: "an atomic batch"):
             if message.subject != reply:
@@ -114,7 +103,7 @@ class Publisher:
                 try:
                     jsapi.answer(payload)
                 except jsapi.JetStreamError as error:
-                    if error.err_code == DUPLICATE_IN_BATCH:
+                    if error.err_code == jsapi.DUPLICATE_IN_BATCH:
                         raise _Repeated() from None
                     raise PublishError(str(error)) from None
             top, count = _number(payload, _SEQ), _number(payload, _COUNT)
@@ -153,7 +142,7 @@ class Publisher:
         self._numbers = itertools.count(first + len(messages))
         frames = []
         for offset, (subject, msg_id, body) in enumerate(messages):
-            headers = b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\n\r\n"
+            headers = jsapi.msg_id_headers(msg_id)
             frames.append(codec.hpub(subject, headers, body, prefix + b"%d" % (first + offset)))
         sequences = [0] * len(messages)
         left = len(messages)
