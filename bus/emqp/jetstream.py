@@ -106,7 +106,7 @@ class JetStreamJobs:
         prefix = settings.subject_prefix
         self._prefix = prefix
         self._stream = settings.stream
-        #: Appends sent and not yet acknowledged: msgid -> (job subject, headers, body).
+        #: Appends sent and not yet acknowledged: msgid -> (job subject, message id, body).
         self.appending: dict[bytes, tuple[bytes, bytes, bytes]] = {}
         #: Appends refused or unanswered, sent again after ``retry_delay``.
         self._retry: dict[bytes, tuple[bytes, bytes, bytes]] = {}
@@ -132,7 +132,6 @@ class JetStreamJobs:
         self.terms = 0
         self.answers_sent = 0
         self.bad_messages = 0
-        self.stream_info: dict[str, Any] = {}
         #: The stream and the bucket are there and watched (open() is done).
         self.ready = False
         #: Whether appends go as atomic batches (the stream allows them: made so here).
@@ -189,7 +188,6 @@ class JetStreamJobs:
                 f"stream {settings.stream} exists with other settings ({'; '.join(wrong)}): "
                 "change the options or the stream (it is never changed silently)",
             )
-        self.stream_info = info
         self.atomic = bool(info["config"].get("allow_atomic"))
         bucket = jobstream.bucket_config(self.bucket, settings.replicas, settings.duplicate_window)
         try:
@@ -283,14 +281,19 @@ class JetStreamJobs:
             subject, payload, headers, timeout=self.settings.ack_timeout
         ).addCallback(lambda msg: jsapi.answer(msg.payload))
 
+    def _kept(self, schedule_id: str) -> Callable[[dict[str, Any]], None]:
+        """What the bucket's acknowledgement of a schedule's change tells the broker."""
+
+        def kept(answer: dict[str, Any]) -> None:
+            self._on_schedule_kept(schedule_id, int(answer.get("seq", 0)), None)
+
+        return kept
+
     def _keep_schedule(
         self, schedule_id: str, row: tuple[Any, ...] | None, waited: float = 0.0
     ) -> None:
         """Put it, again and again while JetStream cannot (no leader yet, no quorum) for
         about ``SCHEDULE_PATIENCE`` seconds; then its SCHEDULE is refused."""
-
-        def kept(answer: dict[str, Any]) -> None:
-            self._on_schedule_kept(schedule_id, int(answer.get("seq", 0)), None)
 
         def refused(failure: Failure) -> None:
             if waited < SCHEDULE_PATIENCE:
@@ -300,7 +303,7 @@ class JetStreamJobs:
             self._on_schedule_kept(schedule_id, 0, failure.getErrorMessage())
             self._on_change()
 
-        self._put_schedule(schedule_id, row).addCallbacks(kept, refused)
+        self._put_schedule(schedule_id, row).addCallbacks(self._kept(schedule_id), refused)
 
     def _fire(
         self, job: Job, stored: jobstream.StreamedJob, schedule_id: str, row: Any, revision: int
@@ -309,13 +312,12 @@ class JetStreamJobs:
         if nobody changed it since ``revision``."""
 
         def appended() -> None:
-            def kept(answer: dict[str, Any]) -> None:
-                self._on_schedule_kept(schedule_id, int(answer.get("seq", 0)), None)
-
             def lost(failure: Failure) -> None:
                 self.schedule_conflicts += 1  # another broker's, or a change: the watch says
 
-            self._put_schedule(schedule_id, row, revision).addCallbacks(kept, lost)
+            self._put_schedule(schedule_id, row, revision).addCallbacks(
+                self._kept(schedule_id), lost
+            )
 
         self._then[job.msgid] = appended
         self._append(job, stored)

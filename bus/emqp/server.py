@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from bus.emqp.jetstream import JetStreamJobs
 from bus.emqp.store import JobStore
 from bus.errors import StartupError, StorageError
-from bus.files import write_status_json
+from bus.files import replace_atomically, write_status_json
 from bus.memory import MemoryRelease
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.statusjson import config_json
@@ -201,7 +201,7 @@ class EmqpService(Service):
                 on_change=self._stream_changed,
                 held=broker.held_handles,
                 on_schedule=self._schedule_changed,
-                on_schedule_kept=self._schedule_kept,
+                on_schedule_kept=self._soon(broker.schedule_kept),
                 on_offered=self._offered,
                 on_forwarded=self._forwarded,
             )
@@ -254,7 +254,7 @@ class EmqpService(Service):
         if not kept:
             kept = os.urandom(6).hex()
             try:
-                path.write_text(kept + "\n")
+                replace_atomically(path, kept + "\n", fsync=True)
             except OSError as error:
                 raise StartupError("data-dir", f"cannot write {path}: {error}") from None
         return kept.encode()
@@ -317,24 +317,15 @@ class EmqpService(Service):
             self.broker.forward_refused(msgid)
         self._flush_soon()
 
-    def _schedule_kept(self, schedule_id: str, revision: int, error: str | None) -> None:
-        assert self.broker is not None
-        self.broker.schedule_kept(schedule_id, revision, error)
-        self._flush_soon()
-
     def _stream_changed(self) -> None:
         """The stream took requests, delivered some, refused or took appends again, or its
         connection changed: pause or resume the client port, and go on soon."""
         stream = self.stream
         if stream is None or not self.running:
             return
-        client = self.client_socket
-        if stream.refusing and client is not None and client not in self._paused:
-            if self._storage_blocked_since is None:
-                self._storage_blocked_since = self.reactor.seconds()
+        if stream.refusing:
             self.storage_error = stream.refusal
-            client.pause_reading()
-            self._paused.append(client)
+            self._storage_blocked()
         elif (
             not stream.refusing
             and self._storage_blocked_since is not None
