@@ -851,22 +851,10 @@ class Broker:
             return False
         if len(queue.waiting) >= self.settings.queue_limit:
             return False
-        headers = _headers_of(stored.headers)
-        now = self.clock()
-        job = Job(
-            stored.msgid,
-            stored.client,
-            stored.queue,
-            headers,
-            stored.body,
-            stored.received,
-            stored.retries,
-            False,
-            origin=stored.origin,
-        )
+        job = self._job_of(stored)
         self.jobs[job.msgid] = job
         self.offers_taken += 1
-        self._requeue(job, now, at_head=False)
+        self._requeue(job, self.clock(), at_head=False)
         return True
 
     def _offer_waiting(self) -> None:
@@ -969,27 +957,12 @@ class Broker:
                 # one waits its turn (acknowledged, it would be lost).
                 self.to_stream.append(("later", handle))
             return
-        headers = _headers_of(stored.headers)
-        now = self.clock()
-        origin = b"" if stored.origin == self.broker_id else stored.origin
-        job = Job(
-            msgid,
-            stored.client,
-            stored.queue,
-            headers,
-            stored.body,
-            stored.received,
-            max(stored.retries - max(delivered - 1, 0), 0),
-            False,  # kept by the stream (its handle), not by this broker's store
-            attempts=max(delivered - 1, 0),
-            origin=origin,
-            handle=handle,
-        )
+        job = self._job_of(stored, delivered, handle)
         if delivered > stored.retries + 1:
             self.to_stream.append(("term", handle))
             self.failed += 1
             self._error(
-                job.client, msgid, "retries-exhausted", _REASONS["retries-exhausted"], origin
+                job.client, msgid, "retries-exhausted", _REASONS["retries-exhausted"], job.origin
             )
             self._publish_job("failed", msgid, job.queue, reason="retries-exhausted")
             return
@@ -999,7 +972,28 @@ class Broker:
             self.to_stream.append(("nak", handle))  # its workers left meanwhile: to others
             return
         self.jobs[msgid] = job
-        self._requeue(job, now, at_head=False)
+        self._requeue(job, self.clock(), at_head=False)
+
+    def _job_of(
+        self, stored: jobstream.StreamedJob, delivered: int = 1, handle: bytes = b""
+    ) -> Job:
+        """A request another broker took (the stream's ``delivered``-th delivery of it, by
+        ``handle``; or offered to this one): the deliveries before count as attempts. It
+        is kept by the stream (its handle) or nowhere, never by this broker's store."""
+        earlier = max(delivered - 1, 0)
+        return Job(
+            stored.msgid,
+            stored.client,
+            stored.queue,
+            _headers_of(stored.headers),
+            stored.body,
+            stored.received,
+            max(stored.retries - earlier, 0),
+            False,
+            attempts=earlier,
+            origin=b"" if stored.origin == self.broker_id else stored.origin,
+            handle=handle,
+        )
 
     def wanted(self) -> dict[bytes, int]:
         """Per queue, how many more requests this broker's workers could start now."""
