@@ -180,7 +180,7 @@ class JetStreamJobs:
         except TimeoutError as error:
             self.client.stop()
             raise StartupError("nats-stream", str(error)) from None
-        wrong = jobstream.disagreements(info["config"], wanted)
+        wrong = jsapi.disagreements(info["config"], {k: wanted[k] for k in jobstream.CHECKED})
         if wrong:
             self.client.stop()
             raise StartupError(

@@ -137,15 +137,6 @@ def stream_config(name: str, prefix: str, replicas: int, duplicate_window: float
 CHECKED = ("subjects", "retention", "num_replicas")
 
 
-def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """What a stream found under the name says differently from what the options ask."""
-    return [
-        f"{key} is {found.get(key)!r}, the options ask {wanted[key]!r}"
-        for key in CHECKED
-        if found.get(key) != wanted[key]
-    ]
-
-
 def consumer_config(stream: str, prefix: str, queue: bytes, ack_wait: float) -> bytes:
     name = consumer_name(queue)
     return json.dumps(

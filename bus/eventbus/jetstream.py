@@ -98,20 +98,6 @@ def created_text(created: str | None) -> str:
     return datetime.datetime.fromisoformat(text).astimezone(datetime.UTC).isoformat()
 
 
-def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
-    """What a stream found has that the options do not say, one phrase each."""
-    said = []
-    for key, value in wanted.items():
-        have = found.get(key)
-        if isinstance(value, float):
-            same = have is not None and abs(float(have) - value) < 1e-3
-        else:
-            same = have == value
-        if not same:
-            said.append(f"{key} is {have!r}, the options say {value!r}")
-    return said
-
-
 class JetStreamLog:
     """The stream, from the reactor's thread. Open it (:meth:`open`), then :meth:`append`
     batches one at a time and :meth:`follow` what the stream commits."""
@@ -217,7 +203,7 @@ class JetStreamLog:
         for key in _NANOSECONDS:
             if isinstance(found.get(key), int):
                 found[key] = found[key] / 1e9
-        wrong = disagreements(found, wanted)
+        wrong = jsapi.disagreements(found, wanted)
         if wrong:
             self.client.stop()
             raise StartupError(

@@ -32,6 +32,21 @@ def answer(payload: bytes) -> dict[str, Any]:
     return reply
 
 
+def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """What a stream found has that the options do not say, one phrase each (numbers in
+    floats compared to a thousandth)."""
+    said = []
+    for key, value in wanted.items():
+        have = found.get(key)
+        if isinstance(value, float):
+            same = have is not None and abs(float(have) - value) < 1e-3
+        else:
+            same = have == value
+        if not same:
+            said.append(f"{key} is {have!r}, the options say {value!r}")
+    return said
+
+
 def stream_info(stream: str) -> str:
     return f"{API}.STREAM.INFO.{stream}"
 
