@@ -34,8 +34,6 @@ from bus.transport.nats import NotConnected, Subscription, client_for, stream_re
 
 log = Logger(namespace="bus.emqp.jetstream")
 
-#: JetStream's error for subjects another stream holds.
-OVERLAPPING_SUBJECTS = 10065
 _ACK = b"+ACK"
 _NAK = b"-NAK"
 #: Delivered again after a second, not at once (to whichever broker pulls then).
@@ -168,7 +166,7 @@ class JetStreamJobs:
             )
         except jsapi.JetStreamError as error:
             self.client.stop()
-            if error.err_code == OVERLAPPING_SUBJECTS:
+            if error.err_code == jsapi.OVERLAPPING_SUBJECTS:
                 raise StartupError(
                     "nats-stream",
                     f"another stream holds the subjects {wanted['subjects'][0]}: give "

@@ -55,8 +55,6 @@ from bus.natswire.publish import Publisher, PublishError
 from bus.natswire.ranged import RangeRead
 from bus.transport.nats import client_for, stream_ready
 
-#: JetStream's error code for a stream whose subjects another stream holds.
-OVERLAPPING_SUBJECTS = 10065
 #: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
 _NANOSECONDS = ("max_age", "duplicate_window")
 
@@ -222,7 +220,7 @@ class JetStreamLog:
         each front-end must name the same stream. Say which, in one line."""
         settings = self.settings
         holder = None
-        if error.err_code == OVERLAPPING_SUBJECTS:
+        if error.err_code == jsapi.OVERLAPPING_SUBJECTS:
             try:
                 names = await self.client.jetstream(
                     f"{jsapi.API}.STREAM.NAMES", {"subject": subjects}

@@ -7,8 +7,11 @@ import json
 from typing import Any, NamedTuple
 
 API = "$JS.API"
-#: JetStream's error for a message get that found nothing.
+#: JetStream's errors: a message get that found nothing, a stream name not found, a
+#: stream whose subjects another stream holds.
 NO_MESSAGE_FOUND = 10037
+STREAM_NOT_FOUND = 10059
+OVERLAPPING_SUBJECTS = 10065
 
 
 class JetStreamError(Exception):

@@ -497,10 +497,6 @@ def client_for(reactor: Any, settings: NatsSettings, name: str) -> NatsClient:
     )
 
 
-#: JetStream's error for a stream name not found.
-STREAM_NOT_FOUND = 10059
-
-
 async def stream_made(client: NatsClient, config: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     """The stream ``config`` names, made as it says when missing: its info, and whether
     it was made now. JetStream's errors (:class:`bus.natswire.jsapi.JetStreamError`) and
@@ -509,7 +505,7 @@ async def stream_made(client: NatsClient, config: dict[str, Any]) -> tuple[dict[
     try:
         return await client.jetstream(jsapi.stream_info(name)), False
     except jsapi.JetStreamError as error:
-        if error.err_code != STREAM_NOT_FOUND:
+        if error.err_code != jsapi.STREAM_NOT_FOUND:
             raise
     return await client.jetstream(f"{jsapi.API}.STREAM.CREATE.{name}", config), True
 
