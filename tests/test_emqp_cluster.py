@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -48,6 +48,23 @@ def cluster(tmp_path: Path) -> Iterator[Any]:
     nodes.stop()
 
 
+@pytest.fixture
+def brokers(tmp_path: Path, cluster: Any) -> Iterator[Callable[..., tuple[Any, Any]]]:
+    """Starts brokers a and b (``brokers(*options)``) and stops those still running after
+    the test."""
+    started: list[BrokerProcess] = []
+
+    def start(*more: str) -> tuple[BrokerProcess, BrokerProcess]:
+        pair = (broker(tmp_path, "a", cluster, *more), broker(tmp_path, "b", cluster, *more))
+        started.extend(pair)
+        return pair
+
+    yield start
+    for each in started:
+        if each.process.poll() is None:
+            each.stop()
+
+
 def broker(tmp_path: Path, name: str, cluster: Any, *more: str) -> BrokerProcess:
     return BrokerProcess(
         tmp_path / name,
@@ -64,9 +81,10 @@ def streaming(process: BrokerProcess) -> bool:
 
 
 @pytest_twisted.inlineCallbacks
-def test_a_request_at_one_broker_runs_on_a_worker_of_another(tmp_path: Path, cluster: Any) -> Any:
-    a = broker(tmp_path, "a", cluster)
-    b = broker(tmp_path, "b", cluster)
+def test_a_request_at_one_broker_runs_on_a_worker_of_another(
+    tmp_path: Path, cluster: Any, brokers: Any
+) -> Any:
+    a, b = brokers()
     peers: list[Any] = []
     try:
         yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
@@ -100,14 +118,13 @@ def test_a_request_at_one_broker_runs_on_a_worker_of_another(tmp_path: Path, clu
     finally:
         for peer in peers:
             peer.close()
-        a.stop()
-        b.stop()
 
 
 @pytest_twisted.inlineCallbacks
-def test_a_broker_killed_holding_requests_loses_none(tmp_path: Path, cluster: Any) -> Any:
-    a = broker(tmp_path, "a", cluster)
-    b = broker(tmp_path, "b", cluster)
+def test_a_broker_killed_holding_requests_loses_none(
+    tmp_path: Path, cluster: Any, brokers: Any
+) -> Any:
+    a, b = brokers()
     peers: list[Any] = []
     client = None
     try:
@@ -141,46 +158,38 @@ def test_a_broker_killed_holding_requests_loses_none(tmp_path: Path, cluster: An
             peer.close()
         if client is not None:
             client.close()
-        a.stop()
-        if b.process.poll() is None:
-            b.stop()
 
 
 @pytest_twisted.inlineCallbacks
 def test_eventmqs_own_client_and_job_manager_meet_across_two_brokers(
-    tmp_path: Path, cluster: Any, eventmq: list[InteropProcess]
+    tmp_path: Path, cluster: Any, brokers: Any, eventmq: list[InteropProcess]
 ) -> Any:
     """eventmq 0.3.13 unchanged: its job manager at b, its client at a."""
-    a = broker(tmp_path, "a", cluster, "--heartbeat-interval", "3s")
-    b = broker(tmp_path, "b", cluster, "--heartbeat-interval", "3s")
-    try:
-        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
-        job_manager(b, eventmq, tmp_path, jobs=2)
-        yield wait_until(lambda: free_slots(b) == 2, timeout=30, what="two READYs at b")
-        requests = [
-            {"func": f"{JOBS}.add", "args": [i, 10], "reply": True, "guarantee": True}
-            for i in range(4)
-        ]
-        requests.append(
-            {"func": f"{JOBS}:Greeter.greet", "class_args": ["Hello"], "args": ["cluster"],
-             "reply": True, "guarantee": True, "retries": 2}
-        )  # fmt: skip
-        answers = yield run_real_client(a, eventmq, tmp_path, requests)
-        assert all(answer["acknowledged"] for answer in answers), answers
-        assert [answer["result"] for answer in answers] == [
-            {"value": 10}, {"value": 11}, {"value": 12}, {"value": 13},
-            {"value": "Hello, cluster"},
-        ]  # fmt: skip
-        yield wait_until(lambda: b.status()["jetstream"]["acks"] == 5, what="b acknowledged")
-    finally:
-        a.stop()
-        b.stop()
+    a, b = brokers("--heartbeat-interval", "3s")
+    yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+    job_manager(b, eventmq, tmp_path, jobs=2)
+    yield wait_until(lambda: free_slots(b) == 2, timeout=30, what="two READYs at b")
+    requests = [
+        {"func": f"{JOBS}.add", "args": [i, 10], "reply": True, "guarantee": True} for i in range(4)
+    ]
+    requests.append(
+        {"func": f"{JOBS}:Greeter.greet", "class_args": ["Hello"], "args": ["cluster"],
+         "reply": True, "guarantee": True, "retries": 2}
+    )  # fmt: skip
+    answers = yield run_real_client(a, eventmq, tmp_path, requests)
+    assert all(answer["acknowledged"] for answer in answers), answers
+    assert [answer["result"] for answer in answers] == [
+        {"value": 10}, {"value": 11}, {"value": 12}, {"value": 13},
+        {"value": "Hello, cluster"},
+    ]  # fmt: skip
+    yield wait_until(lambda: b.status()["jetstream"]["acks"] == 5, what="b acknowledged")
 
 
 @pytest_twisted.inlineCallbacks
-def test_a_worker_with_one_slot_takes_a_queue_one_by_one(tmp_path: Path, cluster: Any) -> Any:
-    a = broker(tmp_path, "a", cluster)
-    b = broker(tmp_path, "b", cluster)
+def test_a_worker_with_one_slot_takes_a_queue_one_by_one(
+    tmp_path: Path, cluster: Any, brokers: Any
+) -> Any:
+    a, b = brokers()
     peers: list[Any] = []
     try:
         yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
@@ -200,8 +209,6 @@ def test_a_worker_with_one_slot_takes_a_queue_one_by_one(tmp_path: Path, cluster
     finally:
         for peer in peers:
             peer.close()
-        a.stop()
-        b.stop()
 
 
 @pytest_twisted.inlineCallbacks
@@ -250,12 +257,11 @@ def test_without_a_quorum_the_client_port_waits_and_nothing_is_acknowledged(
 
 @pytest_twisted.inlineCallbacks
 def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
-    tmp_path: Path, cluster: Any, cleanup: list[Any]
+    tmp_path: Path, cluster: Any, brokers: Any, cleanup: list[Any]
 ) -> Any:
     from tests.test_emqp_cli import ran
 
-    a = broker(tmp_path, "a", cluster)
-    b = broker(tmp_path, "b", cluster)
+    a, b = brokers()
     peers: list[Any] = []
     try:
         yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
@@ -305,18 +311,16 @@ def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
     finally:
         for peer in peers:
             peer.close()
-        if a.process.poll() is None:
-            a.stop()
-        b.stop()
 
 
 @pytest_twisted.inlineCallbacks
-def test_a_request_resent_at_another_broker_is_stored_once(tmp_path: Path, cluster: Any) -> Any:
+def test_a_request_resent_at_another_broker_is_stored_once(
+    tmp_path: Path, cluster: Any, brokers: Any
+) -> Any:
     """A client that resends after a failover, in a burst the other broker appends as one
     atomic batch: JetStream refuses the batch for the id it holds, the broker sends each
     alone, and the stream keeps the first copy only."""
-    a = broker(tmp_path, "a", cluster)
-    b = broker(tmp_path, "b", cluster)
+    a, b = brokers()
     peers: list[Any] = []
     try:
         yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
@@ -350,5 +354,3 @@ def test_a_request_resent_at_another_broker_is_stored_once(tmp_path: Path, clust
     finally:
         for peer in peers:
             peer.close()
-        a.stop()
-        b.stop()
