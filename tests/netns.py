@@ -323,3 +323,19 @@ class HostService:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(10)
+
+
+def nats_on_hosts(hosts: Hosts, names: list[str], directory: Path) -> Any:
+    """A :class:`bus.natsserver.NatsCluster` with one nats-server on each of ``names``'
+    hosts (its address, the usual ports: every host is a namespace of its own), started
+    inside that host."""
+    from bus.natsserver import NatsCluster
+
+    return NatsCluster(
+        directory,
+        size=len(names),
+        hosts=[hosts.addresses[name] for name in names],
+        client_ports=[4222] * len(names),
+        route_ports=[6222] * len(names),
+        prefix=lambda node: hosts.prefix(node.name),
+    )

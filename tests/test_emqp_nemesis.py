@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 from bus.natsserver import NatsCluster
-from tests.netns import Hosts, HostService, make_hosts, poll_until
+from tests.netns import Hosts, HostService, make_hosts, nats_on_hosts, poll_until
 from tests.test_emqp_interop import JOBS, InteropProcess
 
 pytest.importorskip("nats")
@@ -231,14 +231,7 @@ def test_no_acknowledged_request_is_lost_through_rounds_of_faults(
 ) -> None:
     rng = random.Random(SEED)
     print(f"nemesis (emqp): {ROUNDS} rounds, NEMESIS_SEED={SEED}")
-    nats = NatsCluster(
-        tmp_path / "nats",
-        size=3,
-        hosts=[hosts.addresses[n] for n in NATS_NODES],
-        client_ports=[4222] * 3,
-        route_ports=[6222] * 3,
-        prefix=lambda node: hosts.prefix(node.name),
-    )
+    nats = nats_on_hosts(hosts, NATS_NODES, tmp_path / "nats")
     urls = ",".join(nats.urls)
     brokers = {name: Broker(hosts, name, urls, tmp_path) for name in BROKERS}
     eventmq: list[InteropProcess] = []

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from bus.natsserver import NatsCluster
-from tests.netns import Hosts, HostService, LinePeer, make_hosts, poll_until
+from tests.netns import Hosts, HostService, LinePeer, make_hosts, nats_on_hosts, poll_until
 
 pytest.importorskip("nats")
 
@@ -119,14 +119,7 @@ def test_nothing_confirmed_is_lost_or_forked_through_rounds_of_faults(
 ) -> None:
     rng = random.Random(SEED)
     print(f"nemesis: {ROUNDS} rounds, NEMESIS_SEED={SEED}")
-    nats = NatsCluster(
-        tmp_path / "nats",
-        size=3,
-        hosts=[hosts.addresses[n] for n in NATS_NODES],
-        client_ports=[4222] * 3,
-        route_ports=[6222] * 3,
-        prefix=lambda node: hosts.prefix(node.name),
-    )
+    nats = nats_on_hosts(hosts, NATS_NODES, tmp_path / "nats")
     urls = ",".join(nats.urls)
     ends = {name: FrontEnd(hosts, name, urls, tmp_path) for name in FRONT_ENDS}
     clients: LinePeer | None = None
