@@ -1,8 +1,10 @@
-"""The optional compiled helper of the transport (everything else is in setup.cfg).
+"""The optional compiled helpers (everything else is in setup.cfg).
 
 ``bus.transport._frames`` reads and sends whole ZeroMQ messages a batch per call (see
 bus/transport/frames.py). ``optional=True``: where it cannot be built (no C compiler or
 no Python headers) the install goes on, and the transport reads and sends through pyzmq.
+``bus.natswire._scan`` parses NATS messages and JetStream deliveries (see
+bus/natswire/_scan.c); without it the Python parser does the same.
 """
 
 import sys
@@ -16,6 +18,7 @@ setup(
             ["bus/transport/_frames.c"],
             libraries=["dl"] if sys.platform.startswith("linux") else [],
             optional=True,
-        )
+        ),
+        Extension("bus.natswire._scan", ["bus/natswire/_scan.c"], optional=True),
     ]
 )

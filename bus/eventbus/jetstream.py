@@ -41,12 +41,13 @@ from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
 from bus.eventbus.stream_read import (
+    Events,
     RangeReader,
     Subjects,
     Topics,
     connection,
     encode,
-    row,
+    unpack_bodies,
 )
 from bus.natswire import jsapi
 from bus.natswire.blocking import ConnectError, Connection
@@ -334,12 +335,12 @@ class JetStreamLog:
                     call(started.callback, None)
                 pause = 0.0
                 while not self._closed:
-                    stored = reader.next(FEED_BATCH)
-                    if stored:
-                        after = stored[-1].sequence
-                        call(
-                            deliver, [row(s.sequence, topics(s.subject), s.payload) for s in stored]
-                        )
+                    stored = reader.next_batch(FEED_BATCH)
+                    if stored.sequences:
+                        after = stored.sequences[-1]
+                        names = list(map(topics, stored.subjects))
+                        bodies = unpack_bodies(stored.payloads)
+                        call(deliver, Events(stored.sequences, names, bodies, stored.stamps).rows())
             except Exception as error:
                 if made is not None:
                     self._lost("feed", made)
@@ -405,7 +406,7 @@ class JetStreamLog:
         say = self.reactor.callFromThread
         if reader is not None:
             try:
-                return reader, [read for read, _stored in reader.next(limit)]
+                return reader, reader.next_events(limit).rows()
             except Exception as error:  # e.g. its consumer expired while the client was slow
                 reader.close()
                 say(log.info, "JetStream: a snapshot's reader failed ({error}); reading on "
@@ -415,7 +416,7 @@ class JetStreamLog:
                 self.settings, after, upto, name=f"eventbus-{self.settings.stream}"
             )
             try:
-                return reader, [read for read, _stored in reader.open(subtrees).next(limit)]
+                return reader, reader.open(subtrees).next_events(limit).rows()
             except Exception as error:
                 reader.close()
                 if attempt == READ_ATTEMPTS - 1 or self._closed:

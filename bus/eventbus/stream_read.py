@@ -12,8 +12,10 @@ msgpack bytes); the subject gives the topic back (:mod:`bus.eventbus.subjects`).
 
 from __future__ import annotations
 
+import functools
 import ssl
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -21,7 +23,7 @@ import msgpack
 from bus.eventbus import subjects
 from bus.natswire import jsapi
 from bus.natswire.blocking import Connection
-from bus.natswire.ranged import FETCH, RangeRead
+from bus.natswire.ranged import FETCH, Batch, RangeRead
 
 if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
     from bus.eventbus.codec import EventFields
@@ -89,6 +91,47 @@ def stream_state(connection: Connection, stream: str) -> dict[str, Any]:
     info = jsapi.answer(connection.request(jsapi.stream_info(stream), b"").payload)
     state: dict[str, Any] = info["state"]
     return state
+
+
+def unpack_bodies(payloads: list[bytes]) -> list[list[bytes]]:
+    """Messages' bodies unpacked, each ``[producer, timestamp, uuid, data]``; a body of
+    another shape fails as :func:`row` fails on it."""
+    bodies = list(map(_unpack, payloads))
+    for body, payload in zip(bodies, payloads, strict=True):
+        if type(body) is not list or len(body) != 4:
+            row(0, b"", payload)  # raises
+            raise ValueError(f"not an event body: {payload[:80]!r}")
+    return bodies
+
+
+_unpack = functools.partial(msgpack.unpackb, raw=True)
+
+
+@dataclass
+class Events:
+    """Events read from the stream as columns: sequences, topics, bodies (each
+    ``[producer, timestamp, uuid, data]``) and when the stream stored each (ns)."""
+
+    sequences: list[int]
+    topics: list[bytes]
+    bodies: list[list[bytes]]
+    stamps: list[int]
+
+    @classmethod
+    def empty(cls) -> Events:
+        return cls([], [], [], [])
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def rows(self) -> list[Row]:
+        """The log's rows, as :func:`row` makes them."""
+        return [
+            (sequence, topic, producer, timestamp, uuid, data)
+            for sequence, topic, (producer, timestamp, uuid, data) in zip(
+                self.sequences, self.topics, self.bodies, strict=True
+            )
+        ]
 
 
 class _Remembered:
@@ -169,16 +212,31 @@ class RangeReader:
         return self._read is None or self._read.done
 
     def next(self, count: int = FETCH) -> list[tuple[Row, int]]:
+        """The next rows, each with the time the stream stored it; empty at the end."""
+        events = self.next_events(count)
+        return list(zip(events.rows(), events.stamps, strict=True))
+
+    def next_events(self, count: int = FETCH) -> Events:
+        """:meth:`next` as columns, the bodies unpacked but no row made."""
         if self._read is None:
-            return []
-        rows: list[tuple[Row, int]] = []
-        topics, exact = self._topics, self._exact
-        while not rows and not self._read.done:
-            for stored in self._read.next(count):
-                topic = topics(stored.subject)
-                if exact or any(topic.startswith(p) for p in self._prefixes):
-                    rows.append((row(stored.sequence, topic, stored.payload), stored.timestamp_ns))
-        return rows
+            return Events.empty()
+        topics, exact, prefixes = self._topics, self._exact, self._prefixes
+        while not self._read.done:
+            batch = self._read.next_batch(count)
+            names = list(map(topics, batch.subjects))
+            if not exact:
+                keep = [i for i, t in enumerate(names) if any(t.startswith(p) for p in prefixes)]
+                if len(keep) < len(names):
+                    batch = Batch(
+                        [batch.sequences[i] for i in keep],
+                        [batch.subjects[i] for i in keep],
+                        [batch.payloads[i] for i in keep],
+                        [batch.stamps[i] for i in keep],
+                    )
+                    names = [names[i] for i in keep]
+            if names:
+                return Events(batch.sequences, names, unpack_bodies(batch.payloads), batch.stamps)
+        return Events.empty()
 
     def take_behind(self) -> int:
         """Times since the last call that the consumer's replica lagged behind the

@@ -9,10 +9,13 @@ time stored, how many are left) without a message object or a header parse.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from bus.natswire import codec, jsapi
@@ -45,6 +48,73 @@ class Stored(NamedTuple):
     payload: bytes
     #: When the stream stored it, nanoseconds since the epoch.
     timestamp_ns: int
+
+
+@dataclass
+class Batch:
+    """Stored messages as columns, in the stream's order."""
+
+    sequences: list[int]
+    subjects: list[bytes]
+    payloads: list[bytes]
+    #: When the stream stored each, nanoseconds since the epoch.
+    stamps: list[int]
+
+
+Columns = tuple[int, list[int], list[bytes], list[bytes], list[int], list[int]]
+
+
+def _deliveries(messages: list[Msg], start: int, sid: int, limit: int) -> Columns:
+    """JetStream deliveries (reply ``$JS.ACK...``) on ``sid`` from ``messages[start]`` on,
+    as columns (sequence, subject, payload, time stored, pending), at most ``limit``;
+    other subscriptions' messages are skipped. Also the index it stopped at: the first
+    other message of ``sid``, one whose reply subject is not plain, or after the last
+    taken. What bus/natswire/_scan.c does, for where it is not built."""
+    sequences: list[int] = []
+    subjects: list[bytes] = []
+    payloads: list[bytes] = []
+    stamps: list[int] = []
+    pending: list[int] = []
+    start = len(messages) if start < 0 else start
+    index = start
+    for index in range(start, len(messages)):
+        if len(sequences) >= limit:
+            break
+        message = messages[index]
+        if message.sid != sid:
+            continue
+        reply = message.reply
+        if not reply.startswith(b"$JS.ACK."):
+            break
+        tokens = reply.split(b".")
+        if len(tokens) == 9:
+            read = tokens[5], tokens[7], tokens[8]
+        elif 11 <= len(tokens) <= 32:
+            read = tokens[7], tokens[9], tokens[10]
+        else:
+            break
+        a, b, c = read  # plain digits below 2**64, as the compiled reader takes them
+        if not (a.isdigit() and b.isdigit() and c.isdigit()):
+            break
+        if len(a) > 20 or len(b) > 20 or len(c) > 20:
+            break
+        sequence, stamp, left = int(a), int(b), int(c)
+        if sequence >= 1 << 64 or stamp >= 1 << 64 or left >= 1 << 64:
+            break
+        sequences.append(sequence)
+        subjects.append(message.subject)
+        payloads.append(message.payload)
+        stamps.append(stamp)
+        pending.append(left)
+    else:
+        index = max(start, len(messages))
+    return index, sequences, subjects, payloads, stamps, pending
+
+
+#: Deliveries as columns: compiled where it was built.
+deliveries: Callable[[list[Msg], int, int, int], Columns] = (
+    codec.native.deliveries if codec.native is not None else _deliveries
+)
 
 
 class RangeRead:
@@ -141,65 +211,96 @@ class RangeRead:
     def next(self, count: int = FETCH) -> list[Stored]:
         """The next stored messages of the range, in order, at most ``count``; an empty
         list once the range is read."""
-        out: list[Stored] = []
-        append = out.append
-        upto = self.upto
+        batch = self.next_batch(count)
+        return list(map(Stored, batch.sequences, batch.subjects, batch.payloads, batch.stamps))
+
+    def next_batch(self, count: int = FETCH) -> Batch:
+        """:meth:`next` as columns (no object per message)."""
+        out = Batch([], [], [], [])
         reply_sid = self.connection.reply_sid
         quiet_since = time.monotonic()
-        while not self._done and len(out) < count:
+        while not self._done and len(out.sequences) < count:
             if self._early:
                 messages = list(self._early)
                 self._early.clear()
             else:
                 self._pull()
                 messages = self.connection.read(EXPIRES + self.connection.timeout)
-            for index, message in enumerate(messages):
-                if message.sid != reply_sid:
-                    continue
-                reply = message.reply
-                if not reply.startswith(b"$JS.ACK."):
-                    # A status on a pull request's inbox: it ended, or a heartbeat.
-                    code = codec.status(message.headers)
-                    if code in (NO_MESSAGES, REQUEST_TIMEOUT):
-                        self._ended(message.subject)
-                        if not self.follow and time.monotonic() - quiet_since > STALL:
-                            raise TimeoutError(
-                                f"stream {self.stream} sent nothing for {STALL:g}s though "
-                                f"events above {self.after} are pending"
-                            )
-                    elif code and code != IDLE_HEARTBEAT:
-                        raise jsapi.JetStreamError(code, 0, codec.description(message.headers))
-                    continue
-                # Requests are served in the order they were made: this fills the first.
-                head = self._requests[0] if self._requests else None
-                if head is not None:
-                    head[1] -= 1
-                    if not head[1]:
-                        self._requests.popleft()
-                tokens = reply.split(b".")
-                if len(tokens) == 9:
-                    sequence, stamp, pending = tokens[5], tokens[7], tokens[8]
-                else:
-                    sequence, stamp, pending = tokens[7], tokens[9], tokens[10]
-                seq = int(sequence)
-                if seq > upto:
-                    self._done = True
-                    break
-                append(Stored(seq, message.subject, message.payload, int(stamp)))
-                self.after = seq
-                if seq == upto or (
-                    pending == b"0" and not self.follow and self._nothing_after(seq)
-                ):
-                    self._done = True
-                    break
-                if len(out) >= count:
-                    self._early.extend(messages[index + 1 :])
-                    break
-            if out:
+            index, size = 0, len(messages)
+            while index < size and not self._done:
+                wanted = count - len(out.sequences)
+                index, sequences, subjects, payloads, stamps, pending = deliveries(
+                    messages, index, reply_sid, wanted
+                )
+                if sequences:
+                    self._served(len(sequences))
+                    taken = self._taken(sequences, pending)
+                    out.sequences += sequences[:taken]
+                    out.subjects += subjects[:taken]
+                    out.payloads += payloads[:taken]
+                    out.stamps += stamps[:taken]
+                    if self._done:
+                        break
+                    if len(out.sequences) >= count:
+                        self._early.extend(messages[index:])
+                        break
+                if index < size:
+                    self._other(messages[index], quiet_since)
+                    index += 1
+            if out.sequences:
                 quiet_since = time.monotonic()
             if self.follow:
                 break
         return out
+
+    def _taken(self, sequences: list[int], pending: list[int]) -> int:
+        """How many of these deliveries belong to the range (all but those above
+        ``upto``); marks the read done when it ends among them."""
+        taken = len(sequences)
+        if sequences[-1] > self.upto:
+            taken = bisect.bisect_right(sequences, self.upto)
+            self._done = True
+        if not self.follow:
+            # The first that is the last wanted, or that the consumer says ends what
+            # the stream holds (and the leader agrees), ends the read.
+            for index in range(taken):
+                seq = sequences[index]
+                if seq == self.upto or (pending[index] == 0 and self._nothing_after(seq)):
+                    taken = index + 1
+                    self._done = True
+                    break
+        if taken:
+            self.after = sequences[taken - 1]
+        return taken
+
+    def _served(self, delivered: int) -> None:
+        """Requests are served in the order they were made: deliveries fill the first."""
+        requests = self._requests
+        while delivered and requests:
+            head = requests[0]
+            share = min(delivered, head[1])
+            head[1] -= share
+            delivered -= share
+            if not head[1]:
+                requests.popleft()
+
+    def _other(self, message: Msg, quiet_since: float) -> None:
+        """A message of the reply subscription that is not a delivery: a pull request's
+        status (ended, or a heartbeat); another subscription's is ignored."""
+        if message.sid != self.connection.reply_sid:
+            return
+        if message.reply.startswith(b"$JS.ACK."):
+            raise codec.ProtocolError(f"a delivery's reply subject unread: {message.reply[:200]!r}")
+        code = codec.status(message.headers)
+        if code in (NO_MESSAGES, REQUEST_TIMEOUT):
+            self._ended(message.subject)
+            if not self.follow and time.monotonic() - quiet_since > STALL:
+                raise TimeoutError(
+                    f"stream {self.stream} sent nothing for {STALL:g}s though "
+                    f"events above {self.after} are pending"
+                )
+        elif code and code != IDLE_HEARTBEAT:
+            raise jsapi.JetStreamError(code, 0, codec.description(message.headers))
 
     def close(self) -> None:
         """Delete the consumer (best effort: it goes by itself when idle)."""

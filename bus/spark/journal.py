@@ -294,10 +294,10 @@ def events_table(
     timestamp: Sequence[bytes],
     event_id: Sequence[bytes],
     payload: Sequence[bytes],
-    received_at: Sequence[int | None],
+    received_at: Sequence[int | None] | pa.Array,
 ) -> pa.Table:
     """Raw event columns as a table of :data:`ARROW_SCHEMA` (``received_at`` in
-    microseconds since the epoch), decoded column-wise."""
+    microseconds since the epoch, or already an array of its type), decoded column-wise."""
     arrays = [
         _text_column(topic),
         pa.array(seq, pa.int64()),
@@ -305,7 +305,7 @@ def events_table(
         _timestamp_column(timestamp),
         _text_column(event_id),
         pa.array(payload, pa.binary()),
-        pa.array(received_at, UTC_MICROS),
+        received_at if isinstance(received_at, pa.Array) else pa.array(received_at, UTC_MICROS),
     ]
     return pa.Table.from_arrays(arrays, schema=ARROW_SCHEMA)
 

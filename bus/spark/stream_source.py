@@ -18,13 +18,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from bus.spark.journal import DataLossError, events_table
+from bus.spark.journal import UTC_MICROS, DataLossError, events_table
 from bus.spark.options import SourceOptions, StreamOptions, split_sequences
+
+if TYPE_CHECKING:
+    from bus.eventbus.stream_read import Events
 
 log = logging.getLogger(__name__)
 
@@ -162,22 +166,21 @@ class StreamAccess:
                         f"{message}. Set failOnDataLoss=false to skip lost ranges and continue."
                     )
                 log.warning("eventbus: %s; skipped because failOnDataLoss=false", message)
-            while rows := reader.next(BATCH_ROWS):
-                yield from _table(rows).to_batches()
+            while events := reader.next_events(BATCH_ROWS):
+                yield from _table(events).to_batches()
         finally:
             reader.close()
 
 
-def _table(rows: list[tuple[Any, Any]]) -> pa.Table:
-    columns: tuple[list[Any], ...] = ([], [], [], [], [], [], [])
-    topic, seq, producer, timestamp, event_id, payload, stored = columns
-    for (sequence, topic_, producer_, timestamp_, uuid, data), at in rows:
-        topic.append(topic_)
-        seq.append(sequence)
-        producer.append(producer_)
-        timestamp.append(timestamp_)
-        event_id.append(uuid)
-        payload.append(data)
+def _table(events: Events) -> pa.Table:
+    producer, timestamp, event_id, payload = zip(*events.bodies, strict=True)
+    return events_table(
+        events.topics,
+        events.sequences,
+        producer,
+        timestamp,
+        event_id,
+        payload,
         # received_at: when the stream stored it (the journal's is when it was journaled).
-        stored.append(at // 1000)
-    return events_table(topic, seq, producer, timestamp, event_id, payload, stored)
+        pc.divide(pa.array(events.stamps, pa.int64()), 1000).cast(UTC_MICROS),
+    )

@@ -1,0 +1,168 @@
+"""The compiled NATS scanner (bus/natswire/_scan.c) against the Python code it speeds up:
+for any bytes, split anywhere, the parser gives the same messages and the same errors with
+it and without it; JetStream deliveries read into the same columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bus.natswire import codec, ranged
+from bus.natswire.codec import Control, Msg
+
+pytestmark = pytest.mark.skipif(codec.native is None, reason="the compiled scanner is not built")
+
+SUBJECTS = st.sampled_from([b"a", b"events.x.y", b"_INBOX.abc.7", b"$JS.API.INFO", b"q"])
+NUMBERS = st.one_of(
+    st.integers(0, 2**70).map(lambda n: str(n).encode()),
+    st.sampled_from([b"", b"+1", b"-1", b"1_0", b" 2", b"x", b"007", b"18446744073709551616"]),
+)
+
+
+@st.composite
+def message(draw: Any) -> bytes:
+    payload = draw(st.binary(max_size=40))
+    headers = draw(st.sampled_from([b"", b"NATS/1.0\r\n\r\n", b"NATS/1.0 404 No Messages\r\n\r\n"]))
+    subject = draw(SUBJECTS)
+    sid = draw(st.one_of(st.integers(0, 99).map(lambda n: str(n).encode()), NUMBERS))
+    reply = draw(
+        st.one_of(st.just(b""), SUBJECTS, st.just(b"$JS.ACK.S.C.1.5.5.1795814609528077441.0"))
+    )
+    body = headers + payload
+    honest = draw(st.booleans())
+    total = str(len(body)).encode() if honest else draw(NUMBERS)
+    ending = b"\r\n" if draw(st.integers(0, 9)) else draw(st.sampled_from([b"", b"\n", b"xx"]))
+    words = [b"HMSG" if headers else b"MSG", subject, sid] + ([reply] if reply else [])
+    if headers:
+        words.append(str(len(headers)).encode() if honest else draw(NUMBERS))
+    words.append(total)
+    separator = draw(st.sampled_from([b" ", b" ", b" ", b"  "]))
+    return separator.join(words) + b"\r\n" + body + ending
+
+
+CONTROLS = st.sampled_from(
+    [
+        b"PING\r\n",
+        b"PONG\r\n",
+        b"+OK\r\n",
+        b"ping\r\n",
+        b"PING x\r\n",
+        b'INFO {"server_id":"x"}\r\n',
+        b"-ERR 'Stale Connection'\r\n",
+        b"NOPE\r\n",
+        b"MSG a\r\n",
+        b"\r\n",
+        b"PI\rNG\r\n",
+    ]
+)
+
+
+def outcome(chunks: list[bytes], compiled: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(codec, "native", codec.native if compiled else None)
+    parser = codec.Parser()
+    seen: list[Msg | Control] = []
+    try:
+        for chunk in chunks:
+            seen.extend(parser.feed(chunk))
+    except Exception as error:  # the error is part of the outcome
+        return seen, type(error).__name__, str(error)
+    return seen, parser._buffer
+
+
+native = codec.native
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    items=st.lists(st.one_of(message(), CONTROLS), max_size=12),
+    cuts=st.lists(st.integers(0, 2000), max_size=6),
+)
+def test_the_scanner_parses_any_bytes_as_the_python_parser_does(
+    items: list[bytes], cuts: list[int]
+) -> None:
+    data = b"".join(items)
+    points = sorted({min(cut, len(data)) for cut in cuts})
+    chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    with pytest.MonkeyPatch.context() as patch:
+        fast = outcome(chunks, True, patch)
+        slow = outcome(chunks, False, patch)
+    assert codec.native is native
+    assert fast == slow
+    for item in fast[0]:
+        assert type(item) in (Msg, Control)
+
+
+def test_the_scanner_makes_the_parsers_own_types() -> None:
+    parser = codec.Parser()
+    got = parser.feed(b"MSG a 1 r 2\r\nhi\r\nHMSG b 2 12 14\r\nNATS/1.0\r\n\r\nyo\r\nPING\r\n")
+    assert got == [
+        Msg(b"a", 1, b"r", b"", b"hi"),
+        Msg(b"b", 2, b"", b"NATS/1.0\r\n\r\n", b"yo"),
+        Control(b"PING", b""),
+    ]
+    assert [type(item) for item in got] == [Msg, Msg, Control]
+    assert got[0].payload == b"hi" and got[1].headers.startswith(b"NATS/1.0")
+
+
+REPLIES = st.one_of(
+    st.builds(
+        lambda seq, stamp, pending: b"$JS.ACK.S.C.1.%s.%d.%s.%s" % (seq, 3, stamp, pending),
+        NUMBERS,
+        NUMBERS,
+        NUMBERS,
+    ),
+    st.builds(
+        lambda seq, stamp, pending, extra: (
+            b"$JS.ACK.D.H.S.C.1.%s.4.%s.%s" % (seq, stamp, pending) + extra
+        ),
+        NUMBERS,
+        NUMBERS,
+        NUMBERS,
+        st.sampled_from([b"", b".r", b".r.s", b".a" * 25]),
+    ),
+    st.sampled_from([b"", b"_INBOX.x.1", b"$JS.ACK.", b"$JS.ACK.a.b"]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    messages=st.lists(
+        st.builds(Msg, SUBJECTS, st.integers(0, 3), REPLIES, st.just(b""), st.binary(max_size=8)),
+        max_size=12,
+    ),
+    start=st.integers(-2, 13),
+    sid=st.integers(0, 3),
+    limit=st.integers(1, 14),
+)
+def test_deliveries_read_as_the_python_code_reads_them(
+    messages: list[Msg], start: int, sid: int, limit: int
+) -> None:
+    assert native is not None
+    assert native.deliveries(messages, start, sid, limit) == ranged._deliveries(
+        messages, start, sid, limit
+    )
+
+
+def test_deliveries_take_both_reply_forms_and_stop_at_a_status() -> None:
+    assert native is not None
+    messages = [
+        Msg(b"e.a", 9, b"$JS.ACK.S.C.1.41.41.1795814609528077441.2", b"", b"one"),
+        Msg(b"other", 5, b"", b"", b"skipped"),
+        Msg(b"e.b", 9, b"$JS.ACK.dom.hash.S.C.1.42.42.1795814609528077442.0.tok", b"", b"two"),
+        Msg(b"_INBOX.x.1", 9, b"", b"NATS/1.0 404 No Messages\r\n\r\n", b""),
+        Msg(b"e.c", 9, b"$JS.ACK.S.C.1.43.43.1795814609528077443.0", b"", b"three"),
+    ]
+    for read in (native.deliveries, ranged._deliveries):
+        assert read(messages, 0, 9, 100) == (
+            3,
+            [41, 42],
+            [b"e.a", b"e.b"],
+            [b"one", b"two"],
+            [1795814609528077441, 1795814609528077442],
+            [2, 0],
+        )
+        assert read(messages, 0, 9, 1)[0] == 1
+        assert read(messages, 4, 9, 100)[1] == [43]
