@@ -91,6 +91,7 @@ class SnapshotStream:
     """One SYNCSTART's answer: reads the store chunk by chunk and sends what fits."""
 
     __slots__ = (
+        "_ahead",
         "_finished",
         "_pending",
         "_sequences",
@@ -141,6 +142,9 @@ class SnapshotStream:
         self._finished = False
         #: The rows asked of a log that answers later (None: none asked).
         self.reading: defer.Deferred[Any] | None = None
+        #: Such a log's next chunk, asked as soon as this one came (its reading overlaps
+        #: the sending of this one: the log's thread and servers work meanwhile).
+        self._ahead: defer.Deferred[Any] | None = None
 
     @property
     def prepared(self) -> int:
@@ -149,20 +153,37 @@ class SnapshotStream:
 
     def _refill(self, store: RowSource, chunk: int, syncend_current: bool) -> None:
         self.chunk = chunk = min(self.chunk * 2, chunk) if self.chunk else chunk
-        rows = store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
+        ahead, self._ahead = self._ahead, None
+        rows = (
+            ahead
+            if ahead is not None
+            else store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
+        )
         if isinstance(rows, defer.Deferred):
             self.reading = rows  # _took clears it, at once if the rows are in already
-            rows.addCallback(self._took, syncend_current)
+            rows.addCallback(self._took, syncend_current, store, chunk)
             return
         self._took(rows, syncend_current)
 
-    def _took(self, rows: list[Row], syncend_current: bool) -> None:
+    def _took(
+        self,
+        rows: list[Row],
+        syncend_current: bool,
+        store: RowSource | None = None,
+        chunk: int = 0,
+    ) -> None:
+        """Prepare the messages of ``rows``; with ``store`` (a log that answers later),
+        ask for the next chunk at once."""
         self.reading = None
         identity, encoding = self.identity, self.encoding
         if rows:
             self.position = self.highest_sent = rows[-1][0]
             self._pending = codec.sync_messages(identity, rows, encoding)
             self._sequences = [row[0] for row in rows]
+            if store is not None and not self.done:
+                ahead = store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
+                if isinstance(ahead, defer.Deferred):
+                    self._ahead = ahead
             return
         end = self.upto if syncend_current or self.highest_sent == 0 else self.highest_sent
         self._pending = [[identity, *codec.sync_end_frames(self.request.spec, end, encoding)]]
@@ -207,6 +228,12 @@ class SnapshotStream:
             return "finished", total
         return "more", total
 
+    def drop_ahead(self) -> None:
+        """Forget the chunk read ahead (the stream ended, or moved back)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.addErrback(lambda _failure: None)  # nobody waits for it
+
     def shrink(self, keep: int) -> None:
         """Give back prepared messages beyond the first ``keep``; they are read again,
         ``keep`` at first."""
@@ -215,6 +242,7 @@ class SnapshotStream:
         self.chunk = keep
         if len(self._pending) <= keep or self._finished:
             return
+        self.drop_ahead()  # read from where the kept messages end instead
         del self._pending[keep:]
         del self._sequences[keep:]
         self.position = self.highest_sent = self._sequences[-1]
@@ -360,6 +388,7 @@ class SnapshotScheduler:
         self, stream: SnapshotStream, outcome: Literal["served", "aborted", "stalled"]
     ) -> None:
         stream.done = True
+        stream.drop_ahead()
         self.streams.discard(stream)
         self._hot.discard(stream)
         left = self.per_client[stream.identity] - 1
@@ -539,6 +568,7 @@ class SnapshotScheduler:
         self.aborted += len(self.streams)
         for stream in self.streams:
             stream.done = True
+            stream.drop_ahead()
         self.streams.clear()
         self.per_client.clear()
         self.waiting.clear()
@@ -555,6 +585,7 @@ class SnapshotScheduler:
         self._memory.stop()
         for stream in self.streams:
             stream.done = True
+            stream.drop_ahead()
         self.streams.clear()
         self.per_client.clear()
         self.waiting.clear()
