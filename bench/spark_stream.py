@@ -1,14 +1,17 @@
 """Catch-up speed of the ``eventbus`` source reading a JetStream stream, beside the same
 source reading a journal of the same events, and beside raw nats-py reading the stream in
-one process; and how it scales from one executor core to two.
+one process; and how it scales from one Spark worker to two.
 
-    python bench/spark_stream.py [--events 200000] [--repeat 3]
+    python bench/spark_stream.py [--events 200000] [--repeat 3] [--spark standalone|local]
+                                 [--sink parquet|noop]
 
 Starts one nats-server on 127.0.0.1 (R1), fills a stream with synthetic events the way a
 front-end does (same subjects and body), writes a journal of the same events, then, in a
-child process per Spark master (``local[1]``, ``local[2]``: one and two executor cores
-on this 2-core machine), times batch reads of everything into Spark's ``noop`` sink
-(every column materialised), median of ``--repeat`` warm runs:
+child process (the driver) per cluster size, times batch reads of everything into a
+Parquet sink (``--sink noop``: Spark's ``noop`` sink, every column materialised, nothing
+written), median of ``--repeat`` warm runs. The cluster (``--spark standalone``, the
+default) is Spark's standalone master and one, then two, workers of one core each, all on
+127.0.0.1; ``--spark local`` runs ``local[1]`` and ``local[2]`` in the driver instead.
 
 * stream source (``.option("nats", ...)``, ``minPartitions`` = cores);
 * journal source (``.option("path", ...)``), same events: the baseline;
@@ -16,7 +19,7 @@ on this 2-core machine), times batch reads of everything into Spark's ``noop`` s
   gets from the server with the NATS client of the registry;
 * raw ``bus.natswire``, one process: the ranged read the executors use, without Spark.
 
-Targets: stream >= 1.0 x journal with two cores; two cores >= 1.6 x one core.
+Targets: stream >= 1.0 x journal with two workers; two workers >= 1.6 x one.
 """
 
 from __future__ import annotations
@@ -116,8 +119,8 @@ def wire_read(url: str, count: int) -> None:
     settings = JetStreamSettings((url,), stream=STREAM, subject_prefix="bench")
     reader = RangeReader(settings, 0, count).open()
     read = 0
-    while rows := reader.next(20_000):
-        read += len(rows)
+    while events := reader.next_events(20_000):
+        read += len(events)
     reader.close()
     assert read == count
 
@@ -136,11 +139,20 @@ def child(args: argparse.Namespace) -> None:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.executor.cores", "1")
+        .config("spark.executor.memory", "1g")
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    cores = spark.sparkContext.defaultParallelism
+    cores = args.cores
+    out = Path(args.out)
+
+    def sink(frame: Any, name: str) -> None:
+        if args.sink == "noop":
+            frame.write.format("noop").mode("overwrite").save()
+        else:
+            frame.write.mode("overwrite").parquet(str(out / name))
 
     def stream() -> None:
         frame = (
@@ -151,7 +163,7 @@ def child(args: argparse.Namespace) -> None:
             .option("minPartitions", str(cores))
             .load()
         )
-        frame.write.format("noop").mode("overwrite").save()
+        sink(frame, "stream")
 
     def journal() -> None:
         frame = (
@@ -160,18 +172,82 @@ def child(args: argparse.Namespace) -> None:
             .option("minPartitions", str(cores))
             .load()
         )
-        frame.write.format("noop").mode("overwrite").save()
+        sink(frame, "journal")
 
     result = {"stream": timed(stream, args.repeat), "journal": timed(journal, args.repeat)}
     spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
 
 
+class Standalone:
+    """Spark's standalone master and workers of one core each, on 127.0.0.1."""
+
+    def __init__(self, scratch: Path, env: dict[str, str]) -> None:
+        import pyspark
+
+        from bus.natsserver import free_ports
+
+        self.spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+        self.scratch, self.env = scratch, {**env, "SPARK_LOCAL_IP": "127.0.0.1"}
+        self.port, self.ui = free_ports(2)
+        self.url = f"spark://127.0.0.1:{self.port}"
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def _start(self, name: str, argv: list[str]) -> None:
+        with (self.scratch / f"{name}.log").open("wb") as log:
+            self.processes.append(
+                subprocess.Popen(argv, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+            )
+
+    def _log(self, name: str) -> str:
+        return (self.scratch / f"{name}.log").read_text(errors="replace")
+
+    def start(self) -> None:
+        self._start("master", [self.spark_class, "org.apache.spark.deploy.master.Master",
+                               "--host", "127.0.0.1", "--port", str(self.port),
+                               "--webui-port", str(self.ui)])  # fmt: skip
+
+    def workers(self, count: int) -> None:
+        """Start workers until ``count`` are registered with the master."""
+        from bus.natsserver import free_ports
+
+        while len(self.processes) - 1 < count:
+            n = len(self.processes)
+            (self.scratch / f"work-{n}").mkdir(exist_ok=True)
+            self._start(f"worker-{n}", [
+                self.spark_class, "org.apache.spark.deploy.worker.Worker", self.url,
+                "--host", "127.0.0.1", "--cores", "1", "--memory", "1500m",
+                "--webui-port", str(free_ports(1)[0]), "--work-dir", str(self.scratch / f"work-{n}"),
+            ])  # fmt: skip
+        deadline = time.monotonic() + 120
+        while self._log("master").count("Registering worker") < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{count} Spark workers did not register: {self._log('master')}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--spark", choices=("standalone", "local"), default="standalone",
+        help="a standalone master with one, then two, one-core workers; or local[1], local[2]",
+    )  # fmt: skip
+    parser.add_argument("--sink", choices=("parquet", "noop"), default="parquet")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cores", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--master", help=argparse.SUPPRESS)
     parser.add_argument("--nats", help=argparse.SUPPRESS)
     parser.add_argument("--journal", help=argparse.SUPPRESS)
@@ -202,15 +278,28 @@ def main() -> int:
         write_journal(journal, args.events)
         raw = timed(lambda: raw_read(url, args.events), args.repeat)
         wire = timed(lambda: wire_read(url, args.events), args.repeat)
-        seconds: dict[str, dict[str, float]] = {}
-        for master in ("local[1]", "local[2]"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", "--master", master, "--nats", url,
-                 "--journal", str(journal), "--repeat", str(args.repeat)],
-                env=env, capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-            seconds[master] = json.loads(line.removeprefix("RESULT "))
+        seconds: dict[int, dict[str, float]] = {}
+        cluster = Standalone(scratch, env) if args.spark == "standalone" else None
+        try:
+            if cluster is not None:
+                cluster.start()
+            for size in (1, 2):
+                if cluster is not None:
+                    cluster.workers(size)
+                master = cluster.url if cluster is not None else f"local[{size}]"
+                out = subprocess.run(
+                    [sys.executable, __file__, "--child", "--master", master, "--nats", url,
+                     "--journal", str(journal), "--repeat", str(args.repeat),
+                     "--cores", str(size), "--sink", args.sink, "--out", str(scratch / "out")],
+                    env=env, capture_output=True, text=True,
+                )  # fmt: skip
+                if out.returncode:
+                    raise RuntimeError(f"the driver failed: {out.stderr[-3000:]}")
+                line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+                seconds[size] = json.loads(line.removeprefix("RESULT "))
+        finally:
+            if cluster is not None:
+                cluster.stop()
     finally:
         nats.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -218,26 +307,27 @@ def main() -> int:
     def rate(s: float) -> float:
         return args.events / s
 
-    print(f"\n{args.events:,} rows, noop sink, median of {args.repeat} warm runs")
+    unit = "worker" if args.spark == "standalone" else "core"
+    print(f"\n{args.events:,} rows, {args.sink} sink, median of {args.repeat} warm runs")
     print(f"  {'':10s} {'stream source':>15s} {'journal source':>15s} {'ratio':>6s}")
-    for master, figures in seconds.items():
+    for size, figures in seconds.items():
         print(
-            f"  {master:10s} {rate(figures['stream']):>11,.0f} r/s"
+            f"  {size} {unit + 's' * (size > 1):8s} {rate(figures['stream']):>11,.0f} r/s"
             f" {rate(figures['journal']):>11,.0f} r/s"
             f" {figures['journal'] / figures['stream']:5.2f}x"
         )
     print(f"  raw nats-py, one process: {rate(raw):,.0f} r/s")
     print(f"  raw bus.natswire (the executors' reader), one process: {rate(wire):,.0f} r/s")
-    two, one = seconds["local[2]"], seconds["local[1]"]
+    two, one = seconds[2], seconds[1]
     versus = two["journal"] / two["stream"]
     scaling = one["stream"] / two["stream"]
     print("SUMMARY")
     print(
-        f"  stream vs journal, two cores: {versus:.2f}x "
+        f"  stream vs journal, two {unit}s: {versus:.2f}x "
         f"({'PASS' if versus >= TARGET_VS_JOURNAL else 'MISS'} >= {TARGET_VS_JOURNAL})"
     )
     print(
-        f"  one core -> two cores: {scaling:.2f}x "
+        f"  one {unit} -> two: {scaling:.2f}x "
         f"({'PASS' if scaling >= TARGET_SCALING else 'MISS'} >= {TARGET_SCALING})"
     )
     print(f"  stream source vs raw nats-py: {raw / two['stream']:.2f}x")
