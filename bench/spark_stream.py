@@ -47,14 +47,21 @@ TARGET_SCALING = 1.6
 STREAM = "BENCH"
 
 
-def timed(run: Callable[[], None], repeat: int) -> float:
+def timed(run: Callable[[], None], repeat: int) -> tuple[float, float]:
+    """Median seconds of ``repeat`` warm runs, and the median CPU seconds the whole
+    machine was busy during one (every process: Spark's JVMs, its Python workers, the
+    nats-server)."""
+    from _common import _machine_busy_seconds
+
     run()  # warm-up: JIT, Python workers, connections
-    samples = []
+    samples, busy = [], []
     for _ in range(repeat):
+        before = _machine_busy_seconds()
         start = time.perf_counter()
         run()
         samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        busy.append(_machine_busy_seconds() - before)
+    return statistics.median(samples), statistics.median(busy)
 
 
 def fill(url: str, count: int) -> None:
@@ -174,7 +181,16 @@ def child(args: argparse.Namespace) -> None:
         )
         sink(frame, "journal")
 
-    result = {"stream": timed(stream, args.repeat), "journal": timed(journal, args.repeat)}
+    (stream_s, stream_cpu), (journal_s, journal_cpu) = (
+        timed(stream, args.repeat),
+        timed(journal, args.repeat),
+    )
+    result = {
+        "stream": stream_s,
+        "journal": journal_s,
+        "stream_cpu": stream_cpu,
+        "journal_cpu": journal_cpu,
+    }
     spark.stop()
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -276,8 +292,8 @@ def main() -> int:
         print(f"stream: {args.events:,} events in {time.perf_counter() - start:.1f} s")
         journal = scratch / "journal"
         write_journal(journal, args.events)
-        raw = timed(lambda: raw_read(url, args.events), args.repeat)
-        wire = timed(lambda: wire_read(url, args.events), args.repeat)
+        raw = timed(lambda: raw_read(url, args.events), args.repeat)[0]
+        wire = timed(lambda: wire_read(url, args.events), args.repeat)[0]
         seconds: dict[int, dict[str, float]] = {}
         cluster = Standalone(scratch, env) if args.spark == "standalone" else None
         try:
@@ -315,6 +331,16 @@ def main() -> int:
             f"  {size} {unit + 's' * (size > 1):8s} {rate(figures['stream']):>11,.0f} r/s"
             f" {rate(figures['journal']):>11,.0f} r/s"
             f" {figures['journal'] / figures['stream']:5.2f}x"
+        )
+    cores = os.cpu_count() or 1
+    print(f"  CPU per row, every process of the machine ({cores} cores):")
+    for size, figures in seconds.items():
+        stream_us = figures["stream_cpu"] / args.events * 1e6
+        journal_us = figures["journal_cpu"] / args.events * 1e6
+        print(
+            f"    {size} {unit + 's' * (size > 1):8s} stream {stream_us:5.2f} us, journal "
+            f"{journal_us:5.2f} us: with every core busy the stream could reach "
+            f"{journal_us / stream_us:.2f}x the journal here"
         )
     print(f"  raw nats-py, one process: {rate(raw):,.0f} r/s")
     print(f"  raw bus.natswire (the executors' reader), one process: {rate(wire):,.0f} r/s")
