@@ -130,7 +130,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
-def _machine_busy_seconds() -> float:
+def machine_busy_seconds() -> float:
     """CPU seconds spent busy on all cores since boot (from /proc/stat)."""
     with open("/proc/stat") as stat:
         fields = [int(x) for x in stat.readline().split()[1:]]
@@ -157,7 +157,7 @@ class CpuAccount:
 
     def __init__(self, live: Sequence[int] = ()) -> None:
         self._live = {pid: _cpu_or_none(pid) for pid in live}
-        self._busy = _machine_busy_seconds()
+        self._busy = machine_busy_seconds()
         self._own = _own_seconds()
         self._wall = time.monotonic()
         self.foreign_cores = 0.0
@@ -165,7 +165,7 @@ class CpuAccount:
 
     def stop(self) -> float:
         self.wall = max(time.monotonic() - self._wall, 1e-9)
-        busy = _machine_busy_seconds() - self._busy
+        busy = machine_busy_seconds() - self._busy
         own = _own_seconds() - self._own
         for pid, before in self._live.items():
             after = _cpu_or_none(pid)

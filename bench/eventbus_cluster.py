@@ -58,6 +58,7 @@ from _common import (
     cpu_seconds,
     fmt_rate,
     machine,
+    machine_busy_seconds,
     median,
     server_prefix,
     summary,
@@ -182,9 +183,11 @@ def throughput_once(
         publisher.wait_ready()
         nats_pids = nats.pids() if nats else []
         server_cpu, nats_cpu = cpu_seconds(server.pid), cpu_of(nats_pids)
+        busy = machine_busy_seconds()
         publisher.go()
         sent = publisher.result()
         received = subscriber.result()
+        busy = machine_busy_seconds() - busy
         server_cpu = cpu_seconds(server.pid) - server_cpu
         nats_cpu = cpu_of(nats_pids) - nats_cpu
         status = server.status()
@@ -198,6 +201,8 @@ def throughput_once(
         "end_to_end_rate": received["received"] / max(received["t_last"] - sent["t_start"], 1e-9),
         "server_cpu_us_per_event": server_cpu / events * 1e6,
         "nats_cpu_us_per_event": nats_cpu / events * 1e6,
+        # Every process of the machine: the clients, the servers, the nats-servers.
+        "machine_cpu_us_per_event": busy / events * 1e6,
         "max_timer_lag_ms": status.get("max_timer_lag_ms"),
         "accepted": status.get("accepted"),
         "jetstream": status.get("jetstream"),
@@ -607,6 +612,19 @@ def main() -> int:
                         )
                         for kind in KINDS
                     ),
+                )
+            )
+            busy_per_event = {
+                kind: median([r["machine_cpu_us_per_event"] for r in runs[kind]]) for kind in KINDS
+            }
+            bound = (os.cpu_count() or 1) / (busy_per_event["r3"] / 1e6)
+            details.append(
+                (
+                    "machine CPU",
+                    "per event, every process (clients, servers, nats-servers): "
+                    + "; ".join(f"{LABELS[kind]} {busy_per_event[kind]:.1f} us" for kind in KINDS)
+                    + f"; so with all {os.cpu_count()} cores busy R3 could deliver at most "
+                    f"{fmt_rate(bound)} ev/s here, {bound / rate['sqlite']:.2f} x SQLite's rate",
                 )
             )
             figures["delivered_r3"] = Figure(rate["r3"], "events/s")

@@ -42,9 +42,9 @@ from _common import (
     Cleanup,
     Worker,
     _children,
-    _machine_busy_seconds,
     add_common_arguments,
     machine,
+    machine_busy_seconds,
     median,
     server_prefix,
     summary,
@@ -232,7 +232,7 @@ class TreeCpuAccount:
 
     def __init__(self) -> None:
         self._start = self._tree()
-        self._busy = _machine_busy_seconds()
+        self._busy = machine_busy_seconds()
         self._wall = time.monotonic()
 
     @staticmethod
@@ -253,7 +253,7 @@ class TreeCpuAccount:
 
     def stop(self) -> float:
         wall = max(time.monotonic() - self._wall, 1e-9)
-        busy = _machine_busy_seconds() - self._busy
+        busy = machine_busy_seconds() - self._busy
         own = self._tree() - self._start
         return max(busy - own, 0.0) / wall
 

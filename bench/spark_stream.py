@@ -51,16 +51,16 @@ def timed(run: Callable[[], None], repeat: int) -> tuple[float, float]:
     """Median seconds of ``repeat`` warm runs, and the median CPU seconds the whole
     machine was busy during one (every process: Spark's JVMs, its Python workers, the
     nats-server)."""
-    from _common import _machine_busy_seconds
+    from _common import machine_busy_seconds
 
     run()  # warm-up: JIT, Python workers, connections
     samples, busy = [], []
     for _ in range(repeat):
-        before = _machine_busy_seconds()
+        before = machine_busy_seconds()
         start = time.perf_counter()
         run()
         samples.append(time.perf_counter() - start)
-        busy.append(_machine_busy_seconds() - before)
+        busy.append(machine_busy_seconds() - before)
     return statistics.median(samples), statistics.median(busy)
 
 

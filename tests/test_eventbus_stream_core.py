@@ -59,6 +59,26 @@ def test_one_batch_in_flight_refused_then_resent_whole_and_the_collector_held() 
     assert core.collector_paused
 
 
+def test_a_full_backlog_holds_the_collector_until_half_of_it_is_stored() -> None:
+    core, _ = made(batch_limit=2, hold_limit=8)
+    core.collect([pub(n) for n in range(7)])
+    assert not core.collector_paused
+    core.collect([pub(7)])  # 8 wait: the limit
+    assert core.collector_paused
+    sequence = 0
+    for left in (6, 4):  # stored two at a time: still more than half wait
+        batch = core.take_append()
+        assert batch is not None
+        core.appended(list(range(sequence + 1, sequence + 1 + len(batch))))
+        sequence += len(batch)
+        assert core.backlog() == left and core.collector_paused == (left > 4)
+    assert not core.collector_paused  # 4 wait: half, read again
+    core.collect([pub(n) for n in range(8, 11)])
+    assert not core.collector_paused  # 7 below the limit
+    core.collect([pub(11)])
+    assert core.collector_paused
+
+
 def test_the_feed_is_broadcast_once_in_order_with_repeats_skipped_and_holes_counted() -> None:
     core, _ = made()
     fields = [(f"/t/{n}/".encode(), b"p", b"t", b"u", b"\xc0") for n in range(8)]

@@ -49,6 +49,7 @@ from bus.eventbus.stream_read import (
     encode,
     unpack_bodies,
 )
+from bus.handoff import Handoff
 from bus.natswire import jsapi
 from bus.natswire.blocking import ConnectError, Connection
 from bus.natswire.codec import ProtocolError
@@ -323,6 +324,7 @@ class JetStreamLog:
         """The feed's thread."""
         topics = Topics(self.settings.subject_prefix)
         call = self.reactor.callFromThread
+        handoff: Handoff[Row] = Handoff(self.reactor, deliver)
         everything = [self.settings.subject_prefix + ".>"]
         pause = 0.0
         while not self._closed:
@@ -340,7 +342,7 @@ class JetStreamLog:
                         after = stored.sequences[-1]
                         names = list(map(topics, stored.subjects))
                         bodies = unpack_bodies(stored.payloads)
-                        call(deliver, Events(stored.sequences, names, bodies, stored.stamps).rows())
+                        handoff.put(Events(stored.sequences, names, bodies, stored.stamps).rows())
             except Exception as error:
                 if made is not None:
                     self._lost("feed", made)

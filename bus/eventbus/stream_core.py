@@ -12,8 +12,9 @@ sequence space). :class:`StreamCore` decides:
   keeps the batch, which the service resends whole after its delay
   (:meth:`StreamCore.retry`): events the stream had already taken are dropped there as
   duplicates by their uuid.
-- **the collector's pause**: while a batch is refused, or while more events wait than
-  ``hold_limit``, the collector is not read (ZeroMQ back-pressure to publishers).
+- **the collector's pause**: while a batch is refused, or once ``hold_limit`` events
+  wait, the collector is not read (ZeroMQ back-pressure to publishers) until half of them
+  are stored: a pause and a resume per batch stored would cost more than the batch.
 - **broadcasts**: :meth:`StreamCore.committed` takes the stream's events in order and
   makes them broadcasts; a sequence seen already (a feed that restarted) is skipped, and
   a jump (events the stream's limits removed before this front-end read them) is counted.
@@ -71,6 +72,8 @@ class StreamCore(Intake):
         self.skipped = 0
         #: Events the stream acknowledged as held already (the same uuid, resent).
         self.duplicates = 0
+        #: The backlog reached ``hold_limit`` and has not yet drained to half of it.
+        self.holding = False
 
     # -- appends -------------------------------------------------------------------------------
 
@@ -82,6 +85,8 @@ class StreamCore(Intake):
         if any(3 * len(event[0]) > limit - len(self.subject_prefix) for event in fields):
             fields = [event for event in fields if self._fits(event)]
         self.pending.extend(fields)
+        if len(self.pending) + len(self.in_flight) >= self.hold_limit:
+            self.holding = True
 
     def _fits(self, event: EventFields) -> bool:
         length = len(subjects.subject(self.subject_prefix, event[0]))
@@ -97,7 +102,7 @@ class StreamCore(Intake):
 
     @property
     def collector_paused(self) -> bool:
-        return self.refused or len(self.pending) + len(self.in_flight) >= self.hold_limit
+        return self.refused or self.holding
 
     def take_append(self) -> list[EventFields] | None:
         """The next batch to hand to the stream, or None (one is in flight, or refused,
@@ -115,6 +120,8 @@ class StreamCore(Intake):
         batch, self.in_flight = self.in_flight, []
         self.refused = False
         self.storage_error = None
+        if self.holding and len(self.pending) <= self.hold_limit // 2:
+            self.holding = False
         stored = sum(1 for sequence in sequences if sequence)
         self.duplicates += len(batch) - stored
         self.accepted += len(batch)
