@@ -130,6 +130,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def cpu_of(pids: Sequence[int]) -> float:
+    """CPU seconds of these processes so far (those gone count nothing)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError):
+            total += cpu_seconds(pid)
+    return total
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds spent busy on all cores since boot (from /proc/stat)."""
     with open("/proc/stat") as stat:

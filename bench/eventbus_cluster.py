@@ -32,7 +32,6 @@ SQLite) is the baseline.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -55,6 +54,7 @@ from _common import (
     Worker,
     add_common_arguments,
     cpu_latency,
+    cpu_of,
     cpu_seconds,
     fmt_rate,
     machine,
@@ -157,14 +157,6 @@ def start_bus(
         return stack.server(BusServer(root / "sqlite", prefix=prefix, extra=COMMON)), None
     nats = start_nats(stack, root / "nats", 1 if kind == "r1" else 3)
     return start_front_end(stack, root / "front-end", nats, prefix), nats
-
-
-def cpu_of(pids: Sequence[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError):
-            total += cpu_seconds(pid)
-    return total
 
 
 # -- 1. delivered events/s ------------------------------------------------------------------
