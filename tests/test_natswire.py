@@ -189,6 +189,40 @@ def test_a_ranged_read_keeps_to_its_range_and_its_filters(filled: str) -> None:
     assert read_all(filled, 2500, 2500, ["t.>"], 10) == []
 
 
+def test_a_consumer_request_never_answered_is_asked_again_and_makes_one_consumer(
+    filled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request to make the read's consumer that reaches no meta leader (one being elected)
+    is never answered: the read asks again soon, and, its consumer being named, the server
+    holds one consumer however many times it was asked."""
+    from bus.natswire import ranged
+    from bus.natswire.blocking import Connection
+    from bus.natswire.ranged import RangeRead
+
+    monkeypatch.setattr(ranged, "CREATE_ATTEMPT", 0.5)
+    with Connection([filled]) as connection:
+        request = connection.request
+        unanswered = []
+
+        def lose_the_first_answer(subject: str, payload: bytes, timeout: Any = None) -> Any:
+            if ".CONSUMER.CREATE." in subject and not unanswered:
+                unanswered.append(subject)
+                request(subject, payload, timeout)  # the server makes it; the answer is lost
+                raise TimeoutError("no answer")
+            return request(subject, payload, timeout)
+
+        monkeypatch.setattr(connection, "request", lose_the_first_answer)
+        reader = RangeRead(connection, "R", 0, 2500, ["t.>"]).open()
+        assert unanswered and unanswered[0].endswith("." + reader.consumer)
+        names = jsapi.answer(request(f"{jsapi.API}.CONSUMER.NAMES.R", b"").payload)
+        assert names["consumers"] == [reader.consumer]
+        rows = []
+        while chunk := reader.next(1000):
+            rows.extend(chunk)
+        assert [r.sequence for r in rows] == list(range(1, 2501))
+        reader.close()
+
+
 def test_a_start_that_retention_removed_shows_as_the_first_stored(nats_server: Any) -> None:
     from bus.natswire.blocking import Connection
     from bus.natswire.ranged import RangeRead

@@ -60,8 +60,9 @@ def message_get(stream: str) -> str:
     return f"{API}.STREAM.MSG.GET.{stream}"
 
 
-def consumer_create(stream: str) -> str:
-    return f"{API}.CONSUMER.CREATE.{stream}"
+def consumer_create(stream: str, name: str = "") -> str:
+    """Making a consumer; one of ours named (``name``) is made once however often asked."""
+    return f"{API}.CONSUMER.CREATE.{stream}.{name}" if name else f"{API}.CONSUMER.CREATE.{stream}"
 
 
 def consumer_delete(stream: str, consumer: str) -> str:
@@ -72,9 +73,12 @@ def consumer_next(stream: str, consumer: str) -> str:
     return f"{API}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
 
-def ranged_consumer(stream: str, start: int, filters: list[str], idle: float = 30.0) -> bytes:
+def ranged_consumer(
+    stream: str, start: int, filters: list[str], idle: float = 30.0, name: str = ""
+) -> bytes:
     """An ephemeral pull consumer from ``start`` with no acks, on one replica, in memory:
-    a read, not a subscription (gone ``idle`` seconds after its reader)."""
+    a read, not a subscription (gone ``idle`` seconds after its reader). Named, asking
+    again for it is safe (:func:`consumer_create`)."""
     config: dict[str, Any] = {
         "deliver_policy": "by_start_sequence",
         "opt_start_seq": start,
@@ -84,6 +88,8 @@ def ranged_consumer(stream: str, start: int, filters: list[str], idle: float = 3
         "num_replicas": 1,
         "mem_storage": True,
     }
+    if name:
+        config["name"] = name
     if len(filters) == 1:
         config["filter_subject"] = filters[0]
     elif filters:

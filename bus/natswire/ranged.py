@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
@@ -33,9 +34,12 @@ EXPIRES = 1.0
 STALL = 10.0
 
 #: Seconds a consumer's making may take: after a node is lost JetStream places consumers
-#: once its meta leader knows (seen taking over 4 s); a shorter wait would only give up
-#: and ask again, leaving a consumer behind each time.
+#: once its meta leader knows (seen taking over 4 s).
 API_TIMEOUT = 15.0
+#: Seconds one request to make it waits before it is asked again: a request that reached
+#: no meta leader (it was being elected) is never answered, and the consumer is named, so
+#: asking again makes no second one.
+CREATE_ATTEMPT = 2.0
 
 NO_MESSAGES, REQUEST_TIMEOUT, CONFLICT, IDLE_HEARTBEAT = 404, 408, 409, 100
 
@@ -161,18 +165,29 @@ class RangeRead:
         if check_retention:
             state = jsapi.answer(connection.request(jsapi.stream_info(self.stream), b"").payload)
             self.first_stored = int(state["state"]["first_seq"])
-        made = jsapi.answer(
-            connection.request(
-                jsapi.consumer_create(self.stream),
-                jsapi.ranged_consumer(self.stream, self.after + 1, self.filters),
-                timeout=max(connection.timeout, API_TIMEOUT),
-            ).payload
-        )
+        made = self._create(f"read-{secrets.token_hex(8)}")
         self.consumer = made["name"]
         if int(made.get("num_pending", 0)) == 0 and not self.follow:
             # Nothing under the filters above ``after``, as the consumer's replica sees it.
             self._done = self._nothing_after(self.after)
         return self
+
+    def _create(self, name: str) -> dict[str, Any]:
+        """Make the consumer, asking again every :data:`CREATE_ATTEMPT` seconds for up to
+        :data:`API_TIMEOUT` (or the connection's timeout, if longer)."""
+        subject = jsapi.consumer_create(self.stream, name)
+        config = jsapi.ranged_consumer(self.stream, self.after + 1, self.filters, name=name)
+        deadline = time.monotonic() + max(self.connection.timeout, API_TIMEOUT)
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                answer = self.connection.request(subject, config, timeout=min(CREATE_ATTEMPT, left))
+            except TimeoutError:
+                if left <= CREATE_ATTEMPT:
+                    raise
+                continue
+            made: dict[str, Any] = jsapi.answer(answer.payload)
+            return made
 
     def _pull(self) -> None:
         subject = jsapi.consumer_next(self.stream, self.consumer)
