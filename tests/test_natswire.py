@@ -177,6 +177,18 @@ def test_a_ranged_read_gives_every_stored_message_in_order_once(filled: str, cou
     assert all(r.timestamp_ns > 1_600_000_000 * 10**9 for r in rows)
 
 
+def test_a_ranged_read_gives_the_same_without_the_compiled_scanner(
+    filled: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bus.natswire import ranged
+
+    fast = read_all(filled, 0, 2500, ["t.>"], 700)
+    monkeypatch.setattr(codec, "native", None)
+    monkeypatch.setattr(ranged, "deliveries", ranged._deliveries)
+    slow = read_all(filled, 0, 2500, ["t.>"], 700)
+    assert slow == fast and len(slow) == 2500
+
+
 def test_a_ranged_read_keeps_to_its_range_and_its_filters(filled: str) -> None:
     middle = read_all(filled, 100, 1800, ["t.>"], 333)
     assert [r.sequence for r in middle] == list(range(101, 1801))

@@ -4,6 +4,10 @@ it and without it; JetStream deliveries read into the same columns."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -13,7 +17,22 @@ from hypothesis import strategies as st
 from bus.natswire import codec, ranged
 from bus.natswire.codec import Control, Msg
 
-pytestmark = pytest.mark.skipif(codec.native is None, reason="the compiled scanner is not built")
+needs_native = pytest.mark.skipif(codec.native is None, reason="the compiled scanner is not built")
+
+
+def test_it_is_built_wherever_a_c_compiler_is() -> None:
+    # Optional at install time, so a build that failed would go unnoticed but for this.
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: NATS is parsed in Python")
+    assert codec.native is not None
+
+
+def test_bus_native_nats_0_turns_it_off() -> None:
+    code = "from bus.natswire import codec, ranged; print(codec.native, ranged.deliveries.__name__)"
+    env = {**os.environ, "BUS_NATIVE_NATS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["None", "_deliveries"], out.stderr
+
 
 SUBJECTS = st.sampled_from([b"a", b"events.x.y", b"_INBOX.abc.7", b"$JS.API.INFO", b"q"])
 NUMBERS = st.one_of(
@@ -75,6 +94,7 @@ def outcome(chunks: list[bytes], compiled: bool, monkeypatch: pytest.MonkeyPatch
 native = codec.native
 
 
+@needs_native
 @settings(max_examples=400, deadline=None)
 @given(
     items=st.lists(st.one_of(message(), CONTROLS), max_size=12),
@@ -95,6 +115,7 @@ def test_the_scanner_parses_any_bytes_as_the_python_parser_does(
         assert type(item) in (Msg, Control)
 
 
+@needs_native
 def test_the_scanner_makes_the_parsers_own_types() -> None:
     parser = codec.Parser()
     got = parser.feed(b"MSG a 1 r 2\r\nhi\r\nHMSG b 2 12 14\r\nNATS/1.0\r\n\r\nyo\r\nPING\r\n")
@@ -127,6 +148,7 @@ REPLIES = st.one_of(
 )
 
 
+@needs_native
 @settings(max_examples=400, deadline=None)
 @given(
     messages=st.lists(
@@ -146,6 +168,7 @@ def test_deliveries_read_as_the_python_code_reads_them(
     )
 
 
+@needs_native
 def test_deliveries_take_both_reply_forms_and_stop_at_a_status() -> None:
     assert native is not None
     messages = [

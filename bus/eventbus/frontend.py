@@ -34,6 +34,7 @@ from bus.eventbus.server import EventBusService
 from bus.eventbus.snapshots import SnapshotScheduler
 from bus.eventbus.stream_core import StreamCore
 from bus.metrics import Metric, counter, gauge
+from bus.natswire import codec as nats_codec
 
 #: A refused batch is sent again soon and often: the stream stores a resent event once,
 #: and a new leader (elected 4-9 s after one dies) should not wait on a long back-off.
@@ -116,8 +117,9 @@ class EventBusFrontEnd(EventBusService):
         log.info(
             "event bus front-end serving snapshot {snapshot}, publisher {publisher}, "
             "collector {collector}; log: JetStream stream {stream} ({replicas} replicas, "
-            "{appends}) on {servers} at sequence {sequence}",
+            "{appends}, NATS parsed {parsed}) on {servers} at sequence {sequence}",
             appends="atomic batches" if stream.atomic else "a message at a time",
+            parsed="by the compiled scanner" if nats_codec.native is not None else "in Python",
             snapshot=self.endpoints["snapshot"],
             publisher=self.endpoints["publisher"],
             collector=self.endpoints["collector"],
