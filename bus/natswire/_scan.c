@@ -39,6 +39,24 @@ static int digits(const char *text, Py_ssize_t size, unsigned long long *value) 
     return 1;
 }
 
+/* Split ``text`` on every ``separator``, as bytes.split does: the parts' starts and sizes,
+ * at most ``most``; the count, or ``most + 1`` when there are more. */
+static int split(const char *text, Py_ssize_t size, char separator, const char **part,
+                 Py_ssize_t *part_size, int most) {
+    int count = 0;
+    const char *from = text;
+    const char *end = text + size;
+    for (;;) {
+        const char *found = memchr(from, separator, (size_t)(end - from));
+        if (count == most) return most + 1;
+        part[count] = from;
+        part_size[count] = (found ? found : end) - from;
+        count++;
+        if (!found) return count;
+        from = found + 1;
+    }
+}
+
 /* An instance of a tuple subclass (a NamedTuple) holding ``items``, which it steals. */
 static PyObject *named(PyTypeObject *type, PyObject **items, Py_ssize_t count) {
     PyObject *made = type->tp_alloc(type, count);
@@ -48,6 +66,22 @@ static PyObject *named(PyTypeObject *type, PyObject **items, Py_ssize_t count) {
     }
     for (Py_ssize_t i = 0; i < count; i++) PyTuple_SET_ITEM(made, i, items[i]);
     return made;
+}
+
+/* Append to ``out`` an instance of ``type`` holding ``items``, which it steals (one that is
+ * NULL, a failed allocation, fails it all); -1 with an exception set on failure. */
+static int append_named(PyObject *out, PyTypeObject *type, PyObject **items, Py_ssize_t count) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (items[i] == NULL) {
+            for (Py_ssize_t j = 0; j < count; j++) Py_XDECREF(items[j]);
+            return -1;
+        }
+    }
+    PyObject *made = named(type, items, count);
+    if (made == NULL) return -1;
+    int failed = PyList_Append(out, made);
+    Py_DECREF(made);
+    return failed;
 }
 
 static int tuple_type(PyObject *type) {
@@ -83,22 +117,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         Py_ssize_t start = position + length + 2; /* the payload's first octet */
         if (length >= 4 && (memcmp(line, "MSG ", 4) == 0 || memcmp(line, "HMSG", 4) == 0)) {
             int headers = line[0] == 'H';
-            /* Split on single spaces, as bytes.split(b" ") does. */
             const char *part[MAX_PARTS];
             Py_ssize_t part_size[MAX_PARTS];
-            int parts = 0;
-            const char *from = line;
-            const char *end = line + length;
-            for (;;) {
-                const char *space = memchr(from, ' ', (size_t)(end - from));
-                const char *stop = space ? space : end;
-                if (parts == MAX_PARTS) { parts++; break; }
-                part[parts] = from;
-                part_size[parts] = stop - from;
-                parts++;
-                if (!space) break;
-                from = space + 1;
-            }
+            int parts = split(line, length, ' ', part, part_size, MAX_PARTS);
             if (headers ? (parts != 5 && parts != 6) : (parts != 4 && parts != 5)) break;
             if (part_size[0] != (headers ? 4 : 3)) break; /* "HMSGX ..." */
             int has_reply = parts == (headers ? 6 : 5);
@@ -117,15 +138,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             items[3] = PyBytes_FromStringAndSize(data + start, (Py_ssize_t)header_size);
             items[4] = PyBytes_FromStringAndSize(data + start + header_size,
                                                  (Py_ssize_t)(total - header_size));
-            if (!items[0] || !items[1] || !items[2] || !items[3] || !items[4]) {
-                for (int i = 0; i < 5; i++) Py_XDECREF(items[i]);
-                goto fail;
-            }
-            PyObject *msg = named((PyTypeObject *)msg_type, items, 5);
-            if (msg == NULL) goto fail;
-            int failed = PyList_Append(out, msg);
-            Py_DECREF(msg);
-            if (failed) goto fail;
+            if (append_named(out, (PyTypeObject *)msg_type, items, 5)) goto fail;
             position = start + (Py_ssize_t)total + 2;
             continue;
         }
@@ -135,16 +148,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         else if (length == 3 && memcmp(line, "+OK", 3) == 0) word = "+OK";
         if (word == NULL) break; /* INFO, -ERR, lower case, arguments: Python's */
         PyObject *items[2] = {PyBytes_FromString(word), PyBytes_FromStringAndSize(NULL, 0)};
-        if (!items[0] || !items[1]) {
-            Py_XDECREF(items[0]);
-            Py_XDECREF(items[1]);
-            goto fail;
-        }
-        PyObject *control = named((PyTypeObject *)control_type, items, 2);
-        if (control == NULL) goto fail;
-        int failed = PyList_Append(out, control);
-        Py_DECREF(control);
-        if (failed) goto fail;
+        if (append_named(out, (PyTypeObject *)control_type, items, 2)) goto fail;
         position = start;
     }
     PyBuffer_Release(&view);
@@ -164,19 +168,8 @@ static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *se
                       unsigned long long *stamp, unsigned long long *pending) {
     const char *token[MAX_TOKENS];
     Py_ssize_t token_size[MAX_TOKENS];
-    int count = 0;
-    const char *from = reply;
-    const char *end = reply + size;
-    for (;;) {
-        const char *dot = memchr(from, '.', (size_t)(end - from));
-        const char *stop = dot ? dot : end;
-        if (count == MAX_TOKENS) return 0;
-        token[count] = from;
-        token_size[count] = stop - from;
-        count++;
-        if (!dot) break;
-        from = dot + 1;
-    }
+    int count = split(reply, size, '.', token, token_size, MAX_TOKENS);
+    if (count > MAX_TOKENS) return 0;
     int s = 5, t = 7, p = 8;
     if (count != 9) {
         if (count < 11) return 0;
