@@ -10,7 +10,6 @@ misses messages, as with eventmq's own service. Both ports take CURVE through
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import zmq
@@ -22,6 +21,7 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.emqp.pubsub_core import PubsubConfig, Relay
 from bus.metrics import Metric, counter, counters_by, gauge
 from bus.statusjson import config_json
+from bus.transport.curve import role_policy
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import (
@@ -35,18 +35,7 @@ from bus.transport.zmqsocket import (
 log = Logger(namespace="bus.emqp.pubsub")
 
 #: The ports a key may connect to, by the ``role`` of its certificate (comma-separated).
-_ROLE_OF_DOMAIN = {"emqp-publish": "publisher", "emqp-subscribe": "subscriber"}
-
-
-def _role_policy(domain: str, key: bytes, metadata: Mapping[str, str]) -> str | None:
-    """A key whose certificate names roles connects only to their ports (refused at the
-    CURVE handshake, as ``role``); a key without ``role`` to both."""
-    roles = metadata.get("role")
-    if roles is None:
-        return None
-    wanted = _ROLE_OF_DOMAIN.get(domain)
-    allowed = {part.strip() for part in roles.split(",")}
-    return None if wanted is None or wanted in allowed else "role"
+_role_policy = role_policy({"emqp-publish": "publisher", "emqp-subscribe": "subscriber"})
 
 
 class PubsubService(Service):

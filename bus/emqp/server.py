@@ -37,6 +37,7 @@ from bus.files import replace_atomically, write_status_json
 from bus.memory import MemoryRelease
 from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.statusjson import config_json
+from bus.transport.curve import role_policy
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
@@ -86,18 +87,10 @@ _COUNTER_HELP = {
     "refused_unstored": "Guaranteed requests and schedule changes refused because the job store could not take them",
 }
 
-_ROLE_OF_DOMAIN = {"emqp-worker": "worker", "emqp-client": "client", "emqp-admin": "admin"}
-
-
-def _role_policy(domain: str, key: bytes, metadata: Mapping[str, str]) -> str | None:
-    """A key whose certificate names roles connects only to their ports (refused at the
-    CURVE handshake, as ``role``); a key without ``role`` to every port."""
-    roles = metadata.get("role")
-    if roles is None:
-        return None
-    wanted = _ROLE_OF_DOMAIN.get(domain)
-    allowed = {part.strip() for part in roles.split(",")}
-    return None if wanted is None or wanted in allowed else "role"
+#: The ports a key may connect to, by the ``role`` of its certificate (comma-separated).
+_role_policy = role_policy(
+    {"emqp-worker": "worker", "emqp-client": "client", "emqp-admin": "admin"}
+)
 
 
 def _queues(metadata: Mapping[str, str]) -> Queues:

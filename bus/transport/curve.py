@@ -237,6 +237,22 @@ class ReactorAuthenticator(zmq.auth.Authenticator):
 ZapPolicy = Callable[[str, bytes, Mapping[str, str]], "str | None"]
 
 
+def role_policy(role_of_domain: Mapping[str, str]) -> ZapPolicy:
+    """A key whose certificate names roles (``role = worker, client``) connects only to
+    the ports of those roles (the ZAP domains of ``role_of_domain``), refused at the CURVE
+    handshake as ``role``; a key without ``role`` to every port."""
+
+    def policy(domain: str, key: bytes, metadata: Mapping[str, str]) -> str | None:
+        roles = metadata.get("role")
+        if roles is None:
+            return None
+        wanted = role_of_domain.get(domain)
+        allowed = {part.strip() for part in roles.split(",")}
+        return None if wanted is None or wanted in allowed else "role"
+
+    return policy
+
+
 class _KeyCheck:
     """The credentials provider zmq.auth calls for every CURVE handshake of a domain."""
 
