@@ -45,6 +45,32 @@ def fail(prog: str, sentence: object, status: int = 1) -> NoReturn:
     raise SystemExit(status)
 
 
+def react(
+    prog: str,
+    run: Callable[[Any], Any],
+    expected: tuple[type[BaseException], ...],
+    describe: Callable[[BaseException], object] = lambda error: error,
+) -> NoReturn:
+    """Run ``run(reactor)`` (a Deferred) with Twisted's ``task.react``. A failure ends the
+    program with one line, ``PROG: ...``, and status 1: ``describe(error)`` for an
+    ``expected`` error, a request to report it for any other (a defect of the tool, never
+    a traceback); a ``SystemExit`` (the command said why already) goes through."""
+    from twisted.internet import defer, task
+
+    def explain(failure: Any) -> Any:
+        if failure.check(SystemExit):
+            return failure
+        error = failure.value
+        if failure.check(*expected):
+            what = describe(error)
+        else:
+            what = f"unexpected {type(error).__name__} ({error}): please report it"
+        fail(prog, one_line(what) or type(error).__name__)
+
+    task.react(lambda reactor: defer.maybeDeferred(run, reactor).addErrback(explain))
+    raise AssertionError("task.react always exits")
+
+
 # -- options on either side of the subcommand ------------------------------------------------
 
 

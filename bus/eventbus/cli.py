@@ -26,7 +26,15 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.python.failure import Failure
 
-from bus.cliargs import CliParser, host_port, one_line, parse, positive_seconds, whole_number
+from bus.cliargs import (
+    CliParser,
+    host_port,
+    one_line,
+    parse,
+    positive_seconds,
+    react,
+    whole_number,
+)
 from bus.eventbus.codec import Dialect, Event
 from bus.eventbus.config import DEFAULT_DATA_DIR
 from bus.transport.curve_settings import add_client_curve_arguments
@@ -651,18 +659,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             _err(f"eventbus-cli {args.command}: {one_line(error)}")
             raise SystemExit(1) from None
 
-    def explain(failure: Any) -> Any:
-        if failure.check(SystemExit):
-            return failure  # the command said why already
-        if failure.check(ConditionTimeout, ValueError, OSError, defer.TimeoutError):
-            what: object = failure.value
-        else:  # a defect of this tool: still one line, never a traceback
-            value = failure.value
-            what = f"unexpected {type(value).__name__} ({value}): please report it"
-        _err(f"eventbus-cli {args.command}: {one_line(what) or type(failure.value).__name__}")
-        raise SystemExit(1)
-
-    task.react(lambda reactor: defer.maybeDeferred(args.run, reactor, args).addErrback(explain))
+    react(
+        f"eventbus-cli {args.command}",
+        lambda reactor: args.run(reactor, args),
+        (ConditionTimeout, ValueError, OSError, defer.TimeoutError),
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 
 from bus.cliargs import (
     CliParser,
@@ -32,6 +32,7 @@ from bus.cliargs import (
     one_line,
     parse,
     positive_seconds,
+    react,
     tcp_endpoint,
     whole_number,
 )
@@ -245,20 +246,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         _err(f"mc0-cli {args.command}: {one_line(error)}")
         raise SystemExit(1) from None
 
-    def explain(failure: Any) -> None:
-        if failure.check(defer.TimeoutError):
-            what: object = "no answer in time"
-        elif failure.check(zmq.ZMQError):
-            what = f"cannot connect to {args.server}: {zmq.strerror(failure.value.errno or 0)}"
-        elif failure.check(ValueError, OSError, KeyFileError, Mc0CommandError, Mc0ConnectionLost):
-            what = failure.value
-        else:  # a defect of this tool: still one line, never a traceback
-            value = failure.value
-            what = f"unexpected {type(value).__name__} ({value}): please report it"
-        _err(f"mc0-cli {args.command}: {one_line(what)}")
-        raise SystemExit(1)
+    def describe(error: BaseException) -> object:
+        if isinstance(error, defer.TimeoutError):
+            return "no answer in time"
+        if isinstance(error, zmq.ZMQError):
+            return f"cannot connect to {args.server}: {zmq.strerror(error.errno or 0)}"
+        return error
 
-    task.react(lambda reactor: defer.maybeDeferred(args.run, reactor, args).addErrback(explain))
+    react(
+        f"mc0-cli {args.command}",
+        lambda reactor: args.run(reactor, args),
+        (defer.TimeoutError, zmq.ZMQError, ValueError, OSError, KeyFileError, Mc0CommandError,
+         Mc0ConnectionLost),
+        describe,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
