@@ -218,3 +218,45 @@ def test_rows_a_log_gives_later_are_sent_once_in_and_asked_for_once() -> None:
     assert run(answer, later, sock, chunk=3) == "finished"  # type: ignore[arg-type]
     assert [SEQUENCE.unpack(m[3])[0] for m in sock.sent] == [1, 2, 3, 4, 5, 5]
     assert sock.sent[-1][1] == b"SYNCEND"
+
+
+def test_a_log_that_answers_later_is_asked_for_the_next_chunk_as_soon_as_one_comes() -> None:
+    later = LaterLog(log_of([f"/t/{i}/" for i in range(8)]))
+    sock = FakeSocket()
+    answer = stream([b"SYNCSTART", b"", SEQUENCE.pack(0)], 8)
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    later.answer()  # 1-3 came: 4-6 are asked for before any of them is sent
+    assert [rows[0][0] for _, rows in later.asked] == [4] and sock.sent == []
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    assert len(sock.sent) == 3 and len(later.asked) == 1  # sent; 4-6 asked for once
+    later.answer()  # 4-6 came: 7-8 asked for
+    assert [rows[0][0] for _, rows in later.asked] == [7]
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    later.answer()  # 7-8 came: the empty read that ends it asked for
+    assert run(answer, later, sock, chunk=3) == "reading"  # type: ignore[arg-type]
+    later.answer()
+    assert run(answer, later, sock, chunk=3) == "finished"  # type: ignore[arg-type]
+    assert [SEQUENCE.unpack(m[3])[0] for m in sock.sent] == [*range(1, 9), 8]
+
+
+def test_a_chunk_read_ahead_is_dropped_when_the_stream_moves_back_or_ends() -> None:
+    later = LaterLog(log_of([f"/t/{i}/" for i in range(9)]))
+    sock = FakeSocket(room=0)
+    answer = stream([b"SYNCSTART", b"", SEQUENCE.pack(0)], 9)
+    assert run(answer, later, sock, chunk=4) == "reading"  # type: ignore[arg-type]
+    later.answer()  # 1-4 came, 5-8 asked for
+    ahead, _ = later.asked[0]
+    answer.shrink(1)  # a client that took nothing: keep 1, read on from 2
+    assert answer.position == 1
+    ahead.errback(RuntimeError("its reader failed"))
+    assert ahead.result is None  # dropped: its failure handled, never an unhandled error
+    later.asked.clear()
+    sock.room = None
+    assert run(answer, later, sock, chunk=4) == "reading"  # type: ignore[arg-type]
+    assert later.asked[0][1][0][0] == 2  # read again from where the kept message ends
+    later.answer()
+    answer.done = True
+    answer.drop_ahead()  # the stream ended: its read ahead may fail unheard
+    last, _ = later.asked[0]
+    last.errback(RuntimeError("closed"))
+    assert last.result is None

@@ -566,6 +566,9 @@ class SnapshotScheduler:
         """End every stream and forget queued requests (a server that stopped being the
         active of its pair): their clients see no SYNCEND and ask again elsewhere."""
         self.aborted += len(self.streams)
+        self._forget_all()
+
+    def _forget_all(self) -> None:
         for stream in self.streams:
             stream.done = True
             stream.drop_ahead()
@@ -583,12 +586,4 @@ class SnapshotScheduler:
                 call.cancel()
         self._run_call = self._retry_call = None
         self._memory.stop()
-        for stream in self.streams:
-            stream.done = True
-            stream.drop_ahead()
-        self.streams.clear()
-        self.per_client.clear()
-        self.waiting.clear()
-        self._ready.clear()
-        self._blocked.clear()
-        self._hot.clear()
+        self._forget_all()
