@@ -78,3 +78,43 @@ def test_zyre_contesting_a_group_keeps_its_link_and_goodbye_ends_it_at_once() ->
         quiet.close()
         zyre.close()
         yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_elect_relayed_before_the_newcomers_hello_is_answered_after_it() -> Any:
+    """Issue 35, through real sockets: a contester relays a newcomer's ELECT to us before the
+    newcomer's HELLO came (it greeted the contester first). zyre's count would then run one
+    member short: the wave echoed to the relay at once and never passed on to the newcomer,
+    whose election stalls. The node answers the relay once the HELLO came, as if it had come
+    first: ELECT to the newcomer, then one echo to the relay after the newcomer's own."""
+    port = free_udp_port()
+    node = ZreNode(fast_config(port, name="bus", groups=["G"], evasive=30.0, expired=60.0))
+    node.startService()
+    relay = FakeZyre(port, name="relay", groups=["G"])
+    newcomer = FakeZyre(port, name="newcomer", groups=["G"], greet_back=False)
+    ours = codec.identity_of(node.uuid)
+    challenger = newcomer.uuid_text
+
+    def elects(fake: FakeZyre) -> list[codec.Message]:
+        return [m for i, m in fake.received if i == ours and isinstance(m, codec.Elect)]
+
+    try:
+        yield wait_until(lambda: relay.uuid in node.peers(), what="the relay's HELLO")
+        # The node heard the newcomer's beacon and greeted it; the newcomer has not answered.
+        yield wait_until(lambda: newcomer.unanswered is not None, what="our HELLO to it")
+        relay.send(codec.Elect(0, "G", challenger))
+        assert node.core is not None
+        yield wait_until(lambda: node.core.elections_held == 1, what="the relay held")
+        assert node.core.elections.running() == {} and elects(relay) == []
+        newcomer.greet()
+        newcomer.send(codec.Elect(0, "G", challenger))
+        yield wait_until(lambda: elects(relay), what="the echo to the relay")
+        assert elects(newcomer) == [codec.Elect(2, "G", challenger)]
+        [echo] = elects(relay)
+        assert echo.challenger == challenger  # type: ignore[union-attr]
+        assert node.core.elections.running() == {"G": challenger}
+        assert node.status()["elections_held"] == 1 and node.drops.total == 0
+    finally:
+        newcomer.close()
+        relay.close()
+        yield node.stopService()

@@ -644,6 +644,7 @@ class ZreNode(Service):
             "peer_sockets": self.budget.in_use,
             "peer_sockets_capacity": self.budget.capacity,
             "ignored": dict(core.ignored) if core else {},
+            "elections_held": core.elections_held if core else 0,
             "groups": list(core.own_groups) if core else [],
             "peer_groups": {g: len(m) for g, m in core.peer_groups.items()} if core else {},
             "events": dict(self.events_by_type),
