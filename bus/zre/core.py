@@ -531,13 +531,24 @@ class ZreCore:
         group = message.group
         queue = self._held.get(group)
         if queue is None:
-            if group not in self.own_groups or self._greeted_us(message):
+            if group not in self.own_groups or not self._may_wait(message):
                 self._on_election(node, message)
                 return
             queue = self._held[group] = deque()
             self.elections_held += 1
         queue.append(_HeldElection(node, message, now))
         self._release(group, now)
+
+    def _may_wait(self, message: Elect | Leader) -> bool:
+        """Whether a message opens a wait: only one that names a node not greeted yet and
+        that counts (an ELECT that starts a wave, a LEADER while one is followed): one that
+        is ignored whatever the members are never holds the group's next messages back."""
+        if self._greeted_us(message):
+            return False
+        following = self.elections.following(message.group)
+        if isinstance(message, Elect):
+            return following is None or message.challenger < following
+        return following is not None
 
     def _greeted_us(self, message: Elect | Leader) -> bool:
         """Whether the node an election message names is a ready peer (or one we never wait
@@ -553,13 +564,13 @@ class ZreCore:
         return peer is not None and peer.ready
 
     def _release(self, group: str, now: float, force: bool = False) -> None:
-        """Answer ``group``'s held election messages, in order, up to the first one still
-        waiting for a HELLO (none with ``force``)."""
+        """Answer ``group``'s held election messages, in order, up to the first one that
+        still has to wait for a HELLO (none with ``force``)."""
         queue = self._held.get(group)
         hold = self.settings.election_hold
         while queue:
             head = queue[0]
-            if not force and now - head.arrived < hold and not self._greeted_us(head.message):
+            if not force and now - head.arrived < hold and self._may_wait(head.message):
                 return
             queue.popleft()
             self._on_election(head.node, head.message)

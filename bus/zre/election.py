@@ -119,6 +119,11 @@ class Elections:
         """We left ``group``."""
         self._running.pop(group, None)
 
+    def following(self, group: str) -> str | None:
+        """The challenger followed in ``group`` (None: no election under way)."""
+        election = self._running.get(group)
+        return election.challenger if election is not None else None
+
     def running(self) -> dict[str, str]:
         """Each group's election under way: the challenger we follow."""
         return {group: e.challenger for group, e in self._running.items()}
