@@ -118,3 +118,38 @@ def test_an_elect_relayed_before_the_newcomers_hello_is_answered_after_it() -> A
         newcomer.close()
         relay.close()
         yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stray_leader_that_comes_last_does_not_name_the_leader() -> Any:
+    """Issue 35, through real sockets: three zyres finish a wave for the best of them; the
+    worst, which restarted its election late, sends LEADER(itself) last. zyre would report
+    that one; the node reports the best id the election named, as the zyres did."""
+    port = free_udp_port()
+    node = ZreNode(fast_config(port, name="bus", groups=["G"], evasive=30.0, expired=60.0))
+    events = EventLog()
+    node.add_listener(events)
+    node.startService()
+    zyres = sorted(
+        (FakeZyre(port, name=f"z{n}", groups=["G"]) for n in range(3)),
+        key=lambda z: z.uuid_text,
+    )
+    best, middle, worst = zyres
+    try:
+        yield wait_until(lambda: {z.uuid for z in zyres} <= set(node.peers()), what="HELLOs")
+        for zyre in zyres:
+            zyre.send(codec.Elect(0, "G", best.uuid_text))
+        best.send(codec.Leader(0, "G", best.uuid_text))
+        middle.send(codec.Leader(0, "G", best.uuid_text))
+        # Sent once the node read the others (HELLOs, ELECTs, LEADERs), so that it comes last.
+        yield wait_until(lambda: node.messages_received >= 8, what="the two LEADERs")
+        assert node.core is not None and node.core.elections.running() == {"G": best.uuid_text}
+        worst.send(codec.Leader(0, "G", worst.uuid_text))
+        yield wait_until(lambda: events.of("LEADER"), what="the decision")
+        [leader] = events.of("LEADER")
+        assert (leader.peer, leader.leader) == (best.uuid, best.uuid_text)
+        assert node.core.elections.leaders == {"G": best.uuid_text}
+    finally:
+        for zyre in zyres:
+            zyre.close()
+        yield node.stopService()
