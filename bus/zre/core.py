@@ -14,11 +14,10 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
 * zyre's extensions count in the sequence like any message: GOODBYE is EXIT at once;
   ELECT and LEADER are answered as a zyre member that never contests answers them
   (:mod:`bus.zre.election`), and an election decided (a LEADER from every member) is an
-  event naming the leader; an ELECT or LEADER naming a node that has not greeted us yet
-  waits for its HELLO (at most ``election_hold``), with the group's election messages behind
-  it, so that a newcomer is a member before its wave is counted; any well-framed unknown
-  command is
-  counted (``ignored``) and otherwise not acted on;
+  event naming the leader; an ELECT or LEADER that counts and names a node that has not
+  greeted us yet waits for its HELLO (at most ``election_hold``), with the group's election
+  messages behind it, so that a newcomer is a member before its wave is counted; any
+  well-framed unknown command is counted (``ignored``) and otherwise not acted on;
 * peers found by beacon and not greeted yet are bounded (``max_pending``; a forged beacon
   flood is refused and counted) and forgotten after ``pending_expired`` without a HELLO;
 * silent for ``evasive``: EVASIVE and a PING; for twice that, SILENT; for ``expired``: EXIT;
@@ -516,8 +515,9 @@ class ZreCore:
             self._peer_leaves(peer, message.group)
 
     def _election(self, node: bytes, message: Elect | Leader, now: float) -> None:
-        """An ELECT or LEADER from ``node``, answered now or, when it names a node that has
-        not greeted us yet, once that node's HELLO came (or ``election_hold`` passed).
+        """An ELECT or LEADER from ``node``, answered now or, when it counts and names a node
+        that has not greeted us yet (:meth:`_may_wait`), once that node's HELLO came (or
+        ``election_hold`` passed).
 
         zyre's echo wave counts messages against the group's members, so a member must
         count a newcomer's wave with the newcomer among them: a contester relays the
