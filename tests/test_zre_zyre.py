@@ -153,3 +153,37 @@ def test_a_stray_leader_that_comes_last_does_not_name_the_leader() -> Any:
         for zyre in zyres:
             zyre.close()
         yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_member_that_joins_during_a_wave_gets_its_elect() -> Any:
+    """Issue 35, through real sockets: the node follows a wave (its challenger's ELECT came
+    first) when a newcomer's HELLO names the group. A plain zyre never sends the newcomer
+    that wave's ELECT, and the newcomer, which waits for one from every member, stalls; the
+    node sends it one, as if the newcomer had been a member when the wave came."""
+    port = free_udp_port()
+    node = ZreNode(fast_config(port, name="bus", groups=["G"], evasive=30.0, expired=60.0))
+    node.startService()
+    challenger = FakeZyre(port, name="challenger", groups=["G"])
+    newcomer = FakeZyre(port, name="newcomer", groups=["G"], greet_back=False)
+    ours = codec.identity_of(node.uuid)
+
+    def elects(fake: FakeZyre) -> list[codec.Message]:
+        return [m for i, m in fake.received if i == ours and isinstance(m, codec.Elect)]
+
+    try:
+        yield wait_until(lambda: challenger.uuid in node.peers(), what="the challenger's HELLO")
+        challenger.send(codec.Elect(0, "G", challenger.uuid_text))
+        # Its one member's ELECT: echoed to it at once; the node follows its wave.
+        yield wait_until(lambda: elects(challenger), what="the echo")
+        yield wait_until(lambda: newcomer.unanswered is not None, what="our HELLO to it")
+        newcomer.greet()
+        yield wait_until(lambda: elects(newcomer), what="the wave's ELECT to the newcomer")
+        assert elects(newcomer) == [codec.Elect(2, "G", challenger.uuid_text)]
+        assert node.core is not None
+        assert node.core.elections.running() == {"G": challenger.uuid_text}
+        assert len(elects(challenger)) == 1 and node.drops.total == 0
+    finally:
+        newcomer.close()
+        challenger.close()
+        yield node.stopService()

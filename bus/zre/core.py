@@ -627,6 +627,7 @@ class ZreCore:
         peer.groups.add(group)
         self.peer_groups.setdefault(group, set()).add(peer.uuid)
         self.emit(ZreEvent("JOIN", peer.uuid, peer.name, group=group))
+        self._answer(self.elections.member_joined(group, peer.uuid))
 
     def _peer_leaves(self, peer: Peer, group: str) -> None:
         if group not in peer.groups:

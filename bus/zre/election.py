@@ -24,8 +24,13 @@ the zyres around us cannot tell us from one of their own:
   where that stray came last, zyre's rule made our node name another leader than the zyres
   (issue 35, two of three splits captured against zyre). The messages we send are zyre's
   either way; only what we report differs, and only when the LEADERs disagree;
-* a member that does not contest never starts, nor restarts, an election: membership
-  changes leave the election as it is (the contesters start theirs over).
+* a member that does not contest never starts, nor restarts, an election (the contesters
+  start theirs over on membership changes);
+* a peer that becomes a member while we follow a wave gets ELECT(the followed challenger)
+  from us, as it would have had it been a member when the wave came. zyre sends it nothing:
+  the newcomer then never has the ELECT of every member that it waits for before echoing
+  the wave, and the election stalls (issue 35, captured against zyre: the best
+  challenger's ELECT reached our node just before the newcomer's HELLO).
 
 We send to every member of the group, as zyre does: in a group where zyre holds elections,
 zyre's contesters send ELECT to every member themselves. Only groups we joined are followed
@@ -120,6 +125,15 @@ class Elections:
         del self._running[group]
         self.leaders[group] = election.best
         return election.best, sends
+
+    def member_joined(self, group: str, peer: bytes) -> list[Send]:
+        """``peer`` became a member of ``group``: ELECT(the followed challenger) to it when
+        we follow a wave (not to the wave's father: it is a member already)."""
+        election = self._running.get(group) if self._joined(group) else None
+        if election is None or peer == election.father:
+            return []
+        self.answered += 1
+        return [(peer, Elect(0, group, election.challenger))]
 
     def left(self, group: str) -> None:
         """We left ``group``."""
