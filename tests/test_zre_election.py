@@ -59,7 +59,7 @@ def test_the_leader_is_decided_only_after_a_leader_from_every_member() -> None:
     )
     # Issue 35, 3: a LEADER naming someone else decides nothing before the count is full...
     assert e.on_leader(B, "G", "B") == (None, [])
-    # ...the last one of the count decides: the best id the election named (A, not B).
+    # ...the last one of the count decides: the challenger followed (A, not B).
     assert e.on_leader(C, "G", "A") == ("A", [])
     assert e.leaders == {"G": "A"}
 
@@ -105,7 +105,8 @@ def test_our_node_leads_to_agreement_at_least_as_often_as_a_plain_zyre() -> None
     joining first, second, third or last, over 1,000 interleavings each: with our node in
     fourth place, every node names one leader at least as often as with a plain zyre there,
     and two leaders are named no more often. Ours answers as a plain zyre does, but for two
-    things (issue 35): it reports the best id the election named, not the last LEADER's,
+    things (issue 35): it reports the challenger whose wave it followed, not the last
+    LEADER's,
     and it sends a peer that joins during a wave the ELECT a plain zyre never sends it.
     (Most splits in this model are the zyres' own; over fewer interleavings the counts of
     either side move by a few.)"""
@@ -127,7 +128,7 @@ def test_our_node_leads_to_agreement_at_least_as_often_as_a_plain_zyre() -> None
 def test_a_stray_leader_that_comes_last_does_not_name_the_leader() -> None:
     """Issue 35: a contester that restarted its election late sends LEADER(itself) into a
     count whose other LEADERs name the wave's challenger; zyre reports whichever came last,
-    we report the best one named (as the other zyres did in the captured splits)."""
+    we report the challenger whose wave we followed (as the zyres did in the captures)."""
     e = elections([A, B, C])
     for member in (A, B, C):
         e.on_elect(member, "G", "A")
@@ -135,9 +136,10 @@ def test_a_stray_leader_that_comes_last_does_not_name_the_leader() -> None:
     assert e.on_leader(B, "G", "A") == (None, [])
     assert e.on_leader(C, "G", "C") == ("A", [])  # C's stray came last
     assert e.leaders == {"G": "A"}
-    # A LEADER naming a better node than the one we followed names the leader.
+    # Nor does a LEADER left over from an election just over (its count full), landing in
+    # the count of the next one: the wave followed to the end names the leader.
     e = elections([A, B])
     e.on_elect(A, "G", "B")
     e.on_elect(B, "G", "B")
     assert e.on_leader(A, "G", "A")[0] is None  # type: ignore[index]
-    assert e.on_leader(B, "G", "B") == ("A", [])
+    assert e.on_leader(B, "G", "B") == ("B", [])

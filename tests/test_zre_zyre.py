@@ -124,7 +124,7 @@ def test_an_elect_relayed_before_the_newcomers_hello_is_answered_after_it() -> A
 def test_a_stray_leader_that_comes_last_does_not_name_the_leader() -> Any:
     """Issue 35, through real sockets: three zyres finish a wave for the best of them; the
     worst, which restarted its election late, sends LEADER(itself) last. zyre would report
-    that one; the node reports the best id the election named, as the zyres did."""
+    that one; the node reports the challenger whose wave it followed, as the zyres did."""
     port = free_udp_port()
     node = ZreNode(fast_config(port, name="bus", groups=["G"], evasive=30.0, expired=60.0))
     events = EventLog()

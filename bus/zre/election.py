@@ -17,13 +17,15 @@ the zyres around us cannot tell us from one of their own:
 * a LEADER while a challenger is followed: the first one of the wave sends LEADER(the
   followed challenger) to every member; every LEADER counts; when the count equals the
   number of members, the election is over; a LEADER while none is followed is ignored;
-* the leader we report is the best id the election named: the followed challenger or a
-  LEADER's leader, the smallest. zyre reports the last LEADER's leader instead, but a LEADER
-  names its sender's challenger, and a contester that restarted its election late (on a
-  HELLO that came after it had followed the best wave) sends LEADER(itself) into the count:
-  where that stray came last, zyre's rule made our node name another leader than the zyres
-  (issue 35, two of three splits captured against zyre). The messages we send are zyre's
-  either way; only what we report differs, and only when the LEADERs disagree;
+* the leader we report is the challenger whose wave we followed to the end. zyre reports
+  the last LEADER's leader instead, but a LEADER names its sender's challenger, not the
+  leader: a contester that restarted its election late (on a HELLO that came after it had
+  followed the best wave) sends LEADER(itself) into the count, and a LEADER of an election
+  just over can land in the count of the next one. Where such a LEADER came last, zyre's
+  rule made our node name another leader than the zyres (issue 35, two of three splits
+  captured against zyre; naming the smallest id of the count instead failed on the second
+  case). The messages we send are zyre's either way; only what we report differs, and only
+  when the LEADERs disagree;
 * a member that does not contest never starts, nor restarts, an election (the contesters
   start theirs over on membership changes);
 * a peer that becomes a member while we follow a wave gets ELECT(the followed challenger)
@@ -60,8 +62,6 @@ class _Election:
     elects: int = 0
     #: LEADER messages had.
     leaders: int = 0
-    #: The best (smallest) id named so far: the challenger, or a LEADER's leader.
-    best: str = ""
 
 
 class Elections:
@@ -93,7 +93,7 @@ class Elections:
         sends: list[Send] = []
         if election is None or challenger < election.challenger:
             # A better challenger: follow it, and tell every member but its messenger.
-            election = self._running[group] = _Election(challenger, father=peer, best=challenger)
+            election = self._running[group] = _Election(challenger, father=peer)
             sends = [(m, Elect(0, group, challenger)) for m in members if m != peer]
         elif challenger != election.challenger:
             return None  # worse than the one we follow: zyre ignores it too
@@ -118,13 +118,12 @@ class Elections:
         if election.leaders == 0:
             sends = [(m, Leader(0, group, election.challenger)) for m in members]
         election.leaders += 1
-        election.best = min(election.best, leader)
         self.answered += len(sends)
         if election.leaders != len(members):
             return None, sends
         del self._running[group]
-        self.leaders[group] = election.best
-        return election.best, sends
+        self.leaders[group] = election.challenger
+        return election.challenger, sends
 
     def member_joined(self, group: str, peer: bytes) -> list[Send]:
         """``peer`` became a member of ``group``: ELECT(the followed challenger) to it when
