@@ -8,7 +8,12 @@ nodes naming different leaders as their last report) and *agreement* (all four n
 same leader). Issue 35: never a split with our node, and agreement at least as often as
 with the control (zyre alone sometimes leaves a late contester without a LEADER).
 
-    python bench/zre_zyre_elections.py [--runs 32]   (root; zyre built: bench/README.md)
+    python bench/zre_zyre_elections.py [--runs 32] [--json FILE] [--trace DIR]
+    (root; zyre built: bench/README.md)
+
+``--trace DIR`` records the bridge (bench/_zre_capture.py) and writes, for every run that
+did not agree, ``DIR/run-N-FOURTH.txt``: each beacon, connect and ZRE command between the
+four nodes on one clock, and what each node reported.
 """
 
 from __future__ import annotations
@@ -17,14 +22,22 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from _zre_capture import BridgeCapture, decode, timeline  # noqa: E402
+
 from tests.netns import make_hosts  # noqa: E402
-from tests.zre_zyre_real import SKIP_REASON, election_run, zyre_peer_program  # noqa: E402
+from tests.zre_zyre_real import (  # noqa: E402
+    SKIP_REASON,
+    ElectionRun,
+    election_run,
+    zyre_peer_program,
+)
 
 POSITIONS = ("first", "second", "third", "last")
 
@@ -33,6 +46,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30, help="runs with each fourth node")
     parser.add_argument("--json", type=Path, default=None, help="write every run here")
+    parser.add_argument(
+        "--trace", type=Path, default=None, help="capture the bridge; trace runs that split"
+    )
     args = parser.parse_args()
     program = zyre_peer_program()
     if program is None:
@@ -41,13 +57,21 @@ def main() -> int:
     hosts = make_hosts(["n0", "n1", "n2", "n3"])
     tally: Counter[tuple[str, str]] = Counter()
     runs = []
+    capture: BridgeCapture | None = None
+    traced: list[tuple[str, float, float, ElectionRun]] = []
     try:
+        if args.trace:
+            args.trace.mkdir(parents=True, exist_ok=True)
+            capture = BridgeCapture(hosts.switch, args.trace / "bridge.capture")
         with tempfile.TemporaryDirectory() as tmp:
             for n in range(args.runs):
                 position = n % 4
                 for fourth in ("ours", "zyre"):
+                    started = time.time()
                     run = election_run(program, hosts, fourth, position, Path(tmp))
                     verdict = "split" if run.split else "agreed" if run.agreed else "partial"
+                    if capture is not None and verdict != "agreed":
+                        traced.append((f"run-{n}-{fourth}", started, time.time(), run))
                     tally[(fourth, verdict)] += 1
                     runs.append(
                         {"run": n, "position": POSITIONS[position], "fourth": fourth}
@@ -59,7 +83,11 @@ def main() -> int:
                         flush=True,
                     )
     finally:
+        if capture is not None:
+            capture.stop()
         hosts.delete()
+    if capture is not None and args.trace:
+        _write_traces(args.trace, capture.path, hosts.addresses, traced)
     for fourth in ("ours", "zyre"):
         total = sum(tally[(fourth, v)] for v in ("agreed", "partial", "split"))
         print(
@@ -71,6 +99,27 @@ def main() -> int:
     ok = tally[("ours", "split")] == 0 and tally[("ours", "agreed")] >= tally[("zyre", "agreed")]
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
+
+
+def _write_traces(
+    where: Path,
+    capture: Path,
+    addresses: dict[str, str],
+    traced: list[tuple[str, float, float, ElectionRun]],
+) -> None:
+    events = decode(capture)
+    hosts = {
+        address: "fourth" if host == "n3" else f"zy{host[1:]}"
+        for host, address in addresses.items()
+    }
+    for name, start, end, run in traced:
+        nodes = {uuid.upper(): node for node, uuid in run.ids.items()}
+        lines = timeline(events, start, end, hosts, nodes, run.reports)
+        verdict = "split" if run.split else "partial"
+        head = f"{name}: {POSITIONS[run.position]}, {verdict}; " + ", ".join(
+            f"{node}={nodes.get(leader or '', '-')}" for node, leader in run.leaders.items()
+        )
+        (where / f"{name}.txt").write_text("\n".join([head, *lines]) + "\n")
 
 
 if __name__ == "__main__":

@@ -284,11 +284,71 @@ def test_a_decided_election_is_an_event_naming_the_leader() -> None:
     assert (event.peer, event.name, event.group, event.leader) == (PEER, "n32", "G", leader)
     sent = h.sent_to(PEER)
     assert [type(m) for m in sent][-2:] == [codec.Elect, codec.Leader]
-    # An election naming a node we do not know decides nothing we can tell about.
+    # An election naming a node we do not know waits for its HELLO, then for no longer than
+    # election_hold, and decides nothing we can tell about.
     other = "30303030303030303030303030303030"
     h.message_from(PEER, codec.Elect(6, "G", other))
     h.message_from(PEER, codec.Leader(7, "G", other))
+    assert h.core.elections.running() == {} and h.core.elections_held == 1
+    h.clock.advance(0.5)
+    h.core.tick()
+    assert h.core.elections.running() == {}  # decided at once: PEER is the one member
     assert h.types()[-1] == "SHOUT" and h.core.ignored["leader-unknown"] == 1
+
+
+NEWCOMER = b"\x50" * 16
+
+
+def test_a_relayed_elect_naming_a_newcomer_waits_for_its_hello() -> None:
+    """Issue 35: a contester relays a newcomer's ELECT as soon as the newcomer greeted it;
+    when the relay comes before the newcomer's own HELLO, zyre's count runs one member short
+    (the wave is echoed twice to its father and never reaches the newcomer, whose election
+    stalls). The relay waits for the HELLO, so the newcomer is a member when it counts."""
+    h = Harness()
+    h.core.join("G")
+    h.hello_from(PEER, groups=("G",))
+    h.hello_from(OTHER, groups=("G",))
+    h.core.on_beacon(codec.Beacon(NEWCOMER, 50123), "127.0.0.1")  # greeted, no HELLO yet
+    newcomer = NEWCOMER.hex().upper()
+    h.message_from(PEER, codec.Elect(2, "G", newcomer))  # relayed: waits
+    h.message_from(OTHER, codec.Elect(2, "G", newcomer))  # behind it, in order
+    assert h.core.elections.running() == {} and h.core.elections_held == 1
+    assert [type(m) for m in h.sent_to(OTHER)] == [Hello]
+    h.hello_from(NEWCOMER, groups=("G",))
+    # Now answered as if the HELLO had come first: the wave goes on to the newcomer too.
+    assert h.core.elections.running() == {"G": newcomer}
+    assert h.sent_to(NEWCOMER)[-1] == codec.Elect(2, "G", newcomer)
+    assert h.sent_to(OTHER)[-1] == codec.Elect(2, "G", newcomer)
+    # The newcomer's own ELECT makes three, the members: echoed once, to the father.
+    h.message_from(NEWCOMER, codec.Elect(2, "G", newcomer))
+    assert [m for m in h.sent_to(PEER) if isinstance(m, codec.Elect)] == [
+        codec.Elect(2, "G", newcomer)
+    ]
+
+
+def test_held_election_messages_keep_each_peers_order() -> None:
+    """A JOIN, LEAVE or exit of a peer whose ELECT is held goes after that ELECT; LEADER
+    naming a newcomer waits too; a peer we know already is answered at once."""
+    h = Harness()
+    h.core.join("G")
+    h.hello_from(PEER, groups=("G",))
+    h.hello_from(OTHER, groups=("G",))
+    newcomer = NEWCOMER.hex().upper()
+    h.message_from(PEER, codec.Elect(2, "G", newcomer))
+    assert h.core.elections.running() == {}
+    h.message_from(PEER, codec.Leave(3, "G", 1))  # PEER's own order: its ELECT first
+    assert h.core.elections.running() == {"G": newcomer}
+    assert h.types()[-1] == "LEAVE"
+    # A LEADER naming a node that has not greeted us waits as well.
+    h.message_from(OTHER, codec.Leader(2, "G", newcomer))
+    assert h.core.ignored["leader"] == 0 and h.core.elections_held == 2
+    h.core.on_beacon(codec.Beacon(OTHER, 0), "127.0.0.1")  # OTHER leaves: its LEADER first
+    assert h.types()[-1] == "EXIT" and h.core.elections.running() == {}
+    # Named a ready peer: no wait.
+    peer = PEER.hex().upper()
+    h.message_from(PEER, codec.Join(4, "G", 2))
+    h.message_from(PEER, codec.Elect(5, "G", peer))
+    assert h.core.elections.running() == {"G": peer} and h.core.elections_held == 2
 
 
 def test_goodbye_is_exit_at_once() -> None:

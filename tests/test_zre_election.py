@@ -4,8 +4,6 @@ step and against a model of zyre's algorithm over many interleavings."""
 
 from __future__ import annotations
 
-import pytest
-
 from bus.zre.codec import Elect, Leader
 from bus.zre.election import Elections
 from tests.zre_peers.zyre_election_model import contest_run
@@ -59,9 +57,9 @@ def test_the_leader_is_decided_only_after_a_leader_from_every_member() -> None:
         None,
         [(A, Leader(0, "G", "A")), (B, Leader(0, "G", "A")), (C, Leader(0, "G", "A"))],
     )
-    # Issue 35, 3: a later LEADER naming someone else does not replace anything yet...
+    # Issue 35, 3: a LEADER naming someone else decides nothing before the count is full...
     assert e.on_leader(B, "G", "B") == (None, [])
-    # ...the last one of the count decides (zyre keeps the last LEADER's leader).
+    # ...the last one of the count decides: the challenger followed (A, not B).
     assert e.on_leader(C, "G", "A") == ("A", [])
     assert e.leaders == {"G": "A"}
 
@@ -75,6 +73,24 @@ def test_a_leader_without_an_election_and_groups_we_are_not_in_are_ignored() -> 
     assert outside.running() == {} and outside.answered == 0
 
 
+def test_a_member_that_joins_during_a_wave_gets_its_elect() -> None:
+    """Issue 35: the best challenger's ELECT came before a newcomer's HELLO; a plain zyre
+    never sends the newcomer that wave, and the newcomer, which waits for an ELECT from
+    every member before it echoes, stalls the election. Ours sends it on joining."""
+    members = [A, B]
+    e = elections(members)
+    assert e.member_joined("G", C) == []  # no wave followed: nothing to catch up on
+    assert e.on_elect(A, "G", "A") == [(B, Elect(0, "G", "A"))]
+    members.append(C)
+    assert e.member_joined("G", C) == [(C, Elect(0, "G", "A"))]
+    assert e.member_joined("G", A) == []  # the father had it
+    # The newcomer's own ELECT(A) then counts like any member's.
+    assert e.on_elect(B, "G", "A") == []
+    assert e.on_elect(C, "G", "A") == [(A, Elect(0, "G", "A"))]
+    outside = elections([A], joined=False)
+    assert outside.member_joined("G", C) == []
+
+
 def test_leaving_a_group_ends_its_election() -> None:
     e = elections([A, B])
     e.on_elect(A, "G", "A")
@@ -84,16 +100,46 @@ def test_leaving_a_group_ends_its_election() -> None:
     assert e.on_elect(B, "G", "B") == [(A, Elect(0, "G", "B"))]
 
 
-@pytest.mark.parametrize("position", [0, 1, 2, 3], ids=["first", "second", "third", "last"])
-def test_our_node_does_what_a_plain_zyre_does_in_every_interleaving(position: int) -> None:
+def test_our_node_leads_to_agreement_at_least_as_often_as_a_plain_zyre() -> None:
     """Three contesting zyres (a model of zyre's algorithm from its source) and a fourth node
-    joining at ``position``: for 150 interleavings each, our node in fourth place leads every
-    node to the same reports as a plain zyre in its place, message for message."""
-    agreed = 0
-    for seed in range(150):
-        ours = contest_run(seed, "ours", position)
-        control = contest_run(seed, "zyre", position)
-        assert ours.leaders == control.leaders, f"seed {seed}"
-        agreed += ours.agreed
-    # The model's scheduler is adversarial (any link may go next), yet most runs agree.
-    assert agreed > 75
+    joining first, second, third or last, over 1,000 interleavings each: with our node in
+    fourth place, every node names one leader at least as often as with a plain zyre there,
+    and two leaders are named no more often. Ours answers as a plain zyre does, but for two
+    things (issue 35): it reports the challenger whose wave it followed, not the last
+    LEADER's,
+    and it sends a peer that joins during a wave the ELECT a plain zyre never sends it.
+    (Most splits in this model are the zyres' own; over fewer interleavings the counts of
+    either side move by a few.)"""
+    for position in range(4):
+        agreed = control_agreed = splits = control_splits = 0
+        for seed in range(1000):
+            ours = contest_run(seed, "ours", position)
+            control = contest_run(seed, "zyre", position)
+            agreed += ours.agreed
+            control_agreed += control.agreed
+            splits += ours.split
+            control_splits += control.split
+        assert agreed >= control_agreed, (position, agreed, control_agreed)
+        assert splits <= control_splits, (position, splits, control_splits)
+        # The model's scheduler is adversarial (any link may go next), yet most runs agree.
+        assert agreed > 800, (position, agreed)
+
+
+def test_a_stray_leader_that_comes_last_does_not_name_the_leader() -> None:
+    """Issue 35: a contester that restarted its election late sends LEADER(itself) into a
+    count whose other LEADERs name the wave's challenger; zyre reports whichever came last,
+    we report the challenger whose wave we followed (as the zyres did in the captures)."""
+    e = elections([A, B, C])
+    for member in (A, B, C):
+        e.on_elect(member, "G", "A")
+    assert e.on_leader(A, "G", "A")[0] is None  # type: ignore[index]
+    assert e.on_leader(B, "G", "A") == (None, [])
+    assert e.on_leader(C, "G", "C") == ("A", [])  # C's stray came last
+    assert e.leaders == {"G": "A"}
+    # Nor does a LEADER left over from an election just over (its count full), landing in
+    # the count of the next one: the wave followed to the end names the leader.
+    e = elections([A, B])
+    e.on_elect(A, "G", "B")
+    e.on_elect(B, "G", "B")
+    assert e.on_leader(A, "G", "A")[0] is None  # type: ignore[index]
+    assert e.on_leader(B, "G", "B") == ("B", [])

@@ -78,3 +78,112 @@ def test_zyre_contesting_a_group_keeps_its_link_and_goodbye_ends_it_at_once() ->
         quiet.close()
         zyre.close()
         yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_elect_relayed_before_the_newcomers_hello_is_answered_after_it() -> Any:
+    """Issue 35, through real sockets: a contester relays a newcomer's ELECT to us before the
+    newcomer's HELLO came (it greeted the contester first). zyre's count would then run one
+    member short: the wave echoed to the relay at once and never passed on to the newcomer,
+    whose election stalls. The node answers the relay once the HELLO came, as if it had come
+    first: ELECT to the newcomer, then one echo to the relay after the newcomer's own."""
+    port = free_udp_port()
+    node = ZreNode(fast_config(port, name="bus", groups=["G"], evasive=30.0, expired=60.0))
+    node.startService()
+    relay = FakeZyre(port, name="relay", groups=["G"])
+    newcomer = FakeZyre(port, name="newcomer", groups=["G"], greet_back=False)
+    ours = codec.identity_of(node.uuid)
+    challenger = newcomer.uuid_text
+
+    def elects(fake: FakeZyre) -> list[codec.Message]:
+        return [m for i, m in fake.received if i == ours and isinstance(m, codec.Elect)]
+
+    try:
+        yield wait_until(lambda: relay.uuid in node.peers(), what="the relay's HELLO")
+        # The node heard the newcomer's beacon and greeted it; the newcomer has not answered.
+        yield wait_until(lambda: newcomer.unanswered is not None, what="our HELLO to it")
+        relay.send(codec.Elect(0, "G", challenger))
+        assert node.core is not None
+        yield wait_until(lambda: node.core.elections_held == 1, what="the relay held")
+        assert node.core.elections.running() == {} and elects(relay) == []
+        newcomer.greet()
+        newcomer.send(codec.Elect(0, "G", challenger))
+        yield wait_until(lambda: elects(relay), what="the echo to the relay")
+        assert elects(newcomer) == [codec.Elect(2, "G", challenger)]
+        [echo] = elects(relay)
+        assert echo.challenger == challenger  # type: ignore[union-attr]
+        assert node.core.elections.running() == {"G": challenger}
+        assert node.status()["elections_held"] == 1 and node.drops.total == 0
+    finally:
+        newcomer.close()
+        relay.close()
+        yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stray_leader_that_comes_last_does_not_name_the_leader() -> Any:
+    """Issue 35, through real sockets: three zyres finish a wave for the best of them; the
+    worst, which restarted its election late, sends LEADER(itself) last. zyre would report
+    that one; the node reports the challenger whose wave it followed, as the zyres did."""
+    port = free_udp_port()
+    node = ZreNode(fast_config(port, name="bus", groups=["G"], evasive=30.0, expired=60.0))
+    events = EventLog()
+    node.add_listener(events)
+    node.startService()
+    zyres = sorted(
+        (FakeZyre(port, name=f"z{n}", groups=["G"]) for n in range(3)),
+        key=lambda z: z.uuid_text,
+    )
+    best, middle, worst = zyres
+    try:
+        yield wait_until(lambda: {z.uuid for z in zyres} <= set(node.peers()), what="HELLOs")
+        for zyre in zyres:
+            zyre.send(codec.Elect(0, "G", best.uuid_text))
+        best.send(codec.Leader(0, "G", best.uuid_text))
+        middle.send(codec.Leader(0, "G", best.uuid_text))
+        # Sent once the node read the others (HELLOs, ELECTs, LEADERs), so that it comes last.
+        yield wait_until(lambda: node.messages_received >= 8, what="the two LEADERs")
+        assert node.core is not None and node.core.elections.running() == {"G": best.uuid_text}
+        worst.send(codec.Leader(0, "G", worst.uuid_text))
+        yield wait_until(lambda: events.of("LEADER"), what="the decision")
+        [leader] = events.of("LEADER")
+        assert (leader.peer, leader.leader) == (best.uuid, best.uuid_text)
+        assert node.core.elections.leaders == {"G": best.uuid_text}
+    finally:
+        for zyre in zyres:
+            zyre.close()
+        yield node.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_member_that_joins_during_a_wave_gets_its_elect() -> Any:
+    """Issue 35, through real sockets: the node follows a wave (its challenger's ELECT came
+    first) when a newcomer's HELLO names the group. A plain zyre never sends the newcomer
+    that wave's ELECT, and the newcomer, which waits for one from every member, stalls; the
+    node sends it one, as if the newcomer had been a member when the wave came."""
+    port = free_udp_port()
+    node = ZreNode(fast_config(port, name="bus", groups=["G"], evasive=30.0, expired=60.0))
+    node.startService()
+    challenger = FakeZyre(port, name="challenger", groups=["G"])
+    newcomer = FakeZyre(port, name="newcomer", groups=["G"], greet_back=False)
+    ours = codec.identity_of(node.uuid)
+
+    def elects(fake: FakeZyre) -> list[codec.Message]:
+        return [m for i, m in fake.received if i == ours and isinstance(m, codec.Elect)]
+
+    try:
+        yield wait_until(lambda: challenger.uuid in node.peers(), what="the challenger's HELLO")
+        challenger.send(codec.Elect(0, "G", challenger.uuid_text))
+        # Its one member's ELECT: echoed to it at once; the node follows its wave.
+        yield wait_until(lambda: elects(challenger), what="the echo")
+        yield wait_until(lambda: newcomer.unanswered is not None, what="our HELLO to it")
+        newcomer.greet()
+        yield wait_until(lambda: elects(newcomer), what="the wave's ELECT to the newcomer")
+        assert elects(newcomer) == [codec.Elect(2, "G", challenger.uuid_text)]
+        assert node.core is not None
+        assert node.core.elections.running() == {"G": challenger.uuid_text}
+        assert len(elects(challenger)) == 1 and node.drops.total == 0
+    finally:
+        newcomer.close()
+        challenger.close()
+        yield node.stopService()

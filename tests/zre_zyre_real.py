@@ -63,6 +63,10 @@ class ElectionRun:
     fourth: str
     position: int
     leaders: dict[str, str | None] = field(default_factory=dict)
+    #: Each node's UUID (lower-case hex), by node name.
+    ids: dict[str, str] = field(default_factory=dict)
+    #: Every LEADER each node reported: (wall-clock time it reached us, node, leader id).
+    reports: list[tuple[float, str, str]] = field(default_factory=list)
 
     @property
     def split(self) -> bool:
@@ -142,11 +146,15 @@ def election_run(
                 _settle(started, 6, until_all=True)
             start(index)
         _settle(started, 8)
-        leaders: dict[str, str | None] = {}
+        run = ElectionRun(fourth, position, ids=dict(zip(names, ids, strict=True)))
+        wall = time.time() - time.monotonic()
         for name, peer in zip(names, started, strict=True):
             reports = peer.events("LEADER")
-            leaders[name] = str(reports[-1]["leader"]).upper() if reports else None
-        return ElectionRun(fourth, position, leaders)
+            run.leaders[name] = str(reports[-1]["leader"]).upper() if reports else None
+            for line in reports:
+                when = wall + peer.arrival(line)
+                run.reports.append((when, name, str(line["leader"]).upper()))
+        return run
     finally:
         for peer in started:
             peer.stop()

@@ -14,8 +14,10 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
 * zyre's extensions count in the sequence like any message: GOODBYE is EXIT at once;
   ELECT and LEADER are answered as a zyre member that never contests answers them
   (:mod:`bus.zre.election`), and an election decided (a LEADER from every member) is an
-  event naming the leader; any well-framed unknown command is
-  counted (``ignored``) and otherwise not acted on;
+  event naming the leader; an ELECT or LEADER that counts and names a node that has not
+  greeted us yet waits for its HELLO (at most ``election_hold``), with the group's election
+  messages behind it, so that a newcomer is a member before its wave is counted; any
+  well-framed unknown command is counted (``ignored``) and otherwise not acted on;
 * peers found by beacon and not greeted yet are bounded (``max_pending``; a forged beacon
   flood is refused and counted) and forgotten after ``pending_expired`` without a HELLO;
 * silent for ``evasive``: EVASIVE and a PING; for twice that, SILENT; for ``expired``: EXIT;
@@ -27,7 +29,7 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
 from __future__ import annotations
 
 import uuid as uuidlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -133,6 +135,9 @@ class ZreSettings:
     public_key: bytes | None = None
     #: With CURVE: whether a peer's key (Z85) may be met (an allow-list; None: any key).
     key_allowed: Callable[[bytes], bool] | None = None
+    #: How long an ELECT or LEADER naming a node that has not greeted us yet waits for its
+    #: HELLO (see :meth:`ZreCore._election`); it comes within milliseconds.
+    election_hold: float = 0.5
 
 
 @dataclass(slots=True)
@@ -172,6 +177,15 @@ class PendingLink:
     sent_sequence: int = 0
     hello_sent: bool = False
     seed: bool = False
+
+
+@dataclass(slots=True)
+class _HeldElection:
+    """An election message waiting for the HELLO of the node it names."""
+
+    node: bytes
+    message: Elect | Leader
+    arrived: float
 
 
 #: Identities remembered by the mailbox's reader before it starts over (a flood of made-up
@@ -218,6 +232,10 @@ class ZreCore:
             lambda group: self.peer_groups.get(group, ()),
             lambda group: group in self.own_groups,
         )
+        #: Each group's election messages waiting for a newcomer's HELLO, in arrival order.
+        self._held: dict[str, deque[_HeldElection]] = {}
+        #: Election messages that had to wait for a HELLO (the first of each wait).
+        self.elections_held = 0
 
     @property
     def version(self) -> int:
@@ -409,24 +427,11 @@ class ZreCore:
             self.emit(ZreEvent("SHOUT", node, peer.name, message.group, message.content))
         elif isinstance(message, Whisper):
             self.emit(ZreEvent("WHISPER", node, peer.name, None, message.content))
-        elif isinstance(message, Leader):
-            outcome = self.elections.on_leader(node, message.group, message.leader)
-            if outcome is None:
-                self.ignored["leader"] += 1  # no election of ours under way (zyre: "no CAW")
-            else:
-                decided, sends = outcome
-                self._answer(sends)
-                if decided is not None:
-                    self._decided(message.group, decided)
+        elif isinstance(message, Elect | Leader):
+            self._election(node, message, now)
         elif isinstance(message, Goodbye):
             # zyre in gossip mode says it is leaving: gone now, as zyre itself does.
             self.remove_peer(peer)
-        elif isinstance(message, Elect):
-            answers = self.elections.on_elect(node, message.group, message.challenger)
-            if answers is None:
-                self.ignored["elect"] += 1  # not our group, or a challenger zyre ignores too
-            else:
-                self._answer(answers)
         elif isinstance(message, Unknown):
             self.ignored["unknown-command"] += 1
         elif isinstance(message, Join | Leave):
@@ -479,6 +484,8 @@ class ZreCore:
         for group in hello.groups:
             self._peer_joins(peer, group)
         peer.status = hello.status
+        for group in list(self._held):
+            self._release(group, now)
         told = _told_endpoints(peer.headers.get(PEERS_HEADER, ""))
         if told:
             known = self._endpoints()
@@ -491,6 +498,7 @@ class ZreCore:
                     self.connect_endpoint(endpoint)
 
     def _on_membership(self, peer: Peer, message: Join | Leave, identity: bytes) -> None:
+        self._release_from(peer.uuid, message.group)
         expected = (peer.status + 1) & 0xFF
         if message.status != expected:
             self.status_mismatches += 1
@@ -505,6 +513,94 @@ class ZreCore:
             self._peer_joins(peer, message.group)
         else:
             self._peer_leaves(peer, message.group)
+
+    def _election(self, node: bytes, message: Elect | Leader, now: float) -> None:
+        """An ELECT or LEADER from ``node``, answered now or, when it counts and names a node
+        that has not greeted us yet (:meth:`_may_wait`), once that node's HELLO came (or
+        ``election_hold`` passed).
+
+        zyre's echo wave counts messages against the group's members, so a member must
+        count a newcomer's wave with the newcomer among them: a contester relays the
+        newcomer's ELECT as soon as the newcomer greeted *it*, and when that relay comes
+        before the newcomer's own HELLO here (it greeted us last), a member counts one member
+        short, echoes to its father twice and never passes the wave on to the newcomer,
+        whose election then stalls. Holding the relay (and the group's election messages
+        behind it, in order) until the HELLO is an order the network could have delivered
+        too: the HELLO comes on another link than anything held, and each link's messages
+        keep their order (see :meth:`_release_from`)."""
+        group = message.group
+        queue = self._held.get(group)
+        if queue is None:
+            if group not in self.own_groups or not self._may_wait(message):
+                self._on_election(node, message)
+                return
+            queue = self._held[group] = deque()
+            self.elections_held += 1
+        queue.append(_HeldElection(node, message, now))
+        self._release(group, now)
+
+    def _may_wait(self, message: Elect | Leader) -> bool:
+        """Whether a message opens a wait: only one that names a node not greeted yet and
+        that counts (an ELECT that starts a wave, a LEADER while one is followed): one that
+        is ignored whatever the members are never holds the group's next messages back."""
+        if self._greeted_us(message):
+            return False
+        following = self.elections.following(message.group)
+        if isinstance(message, Elect):
+            return following is None or message.challenger < following
+        return following is not None
+
+    def _greeted_us(self, message: Elect | Leader) -> bool:
+        """Whether the node an election message names is a ready peer (or one we never wait
+        for: ourselves, or not an id at all)."""
+        named = message.challenger if isinstance(message, Elect) else message.leader
+        try:
+            node = bytes.fromhex(named)
+        except ValueError:
+            return True
+        if len(node) != 16 or node == self.settings.uuid:
+            return True
+        peer = self.peers.get(node)
+        return peer is not None and peer.ready
+
+    def _release(self, group: str, now: float, force: bool = False) -> None:
+        """Answer ``group``'s held election messages, in order, up to the first one that
+        still has to wait for a HELLO (none with ``force``)."""
+        queue = self._held.get(group)
+        hold = self.settings.election_hold
+        while queue:
+            head = queue[0]
+            if not force and now - head.arrived < hold and self._may_wait(head.message):
+                return
+            queue.popleft()
+            self._on_election(head.node, head.message)
+        self._held.pop(group, None)
+
+    def _release_from(self, node: bytes, group: str | None = None) -> None:
+        """Before a membership change that ``node`` makes (a JOIN, a LEAVE, its exit): answer
+        the held election messages it sent first, so that its own messages keep their order
+        (a newcomer's HELLO goes ahead of held messages: none of them can be its own)."""
+        for name in [group] if group is not None else list(self._held):
+            queue = self._held.get(name)
+            if queue and any(held.node == node for held in queue):
+                self._release(name, self.clock(), force=True)
+
+    def _on_election(self, node: bytes, message: Elect | Leader) -> None:
+        if isinstance(message, Leader):
+            outcome = self.elections.on_leader(node, message.group, message.leader)
+            if outcome is None:
+                self.ignored["leader"] += 1  # no election of ours under way (zyre: "no CAW")
+                return
+            decided, sends = outcome
+            self._answer(sends)
+            if decided is not None:
+                self._decided(message.group, decided)
+            return
+        answers = self.elections.on_elect(node, message.group, message.challenger)
+        if answers is None:
+            self.ignored["elect"] += 1  # not our group, or a challenger zyre ignores too
+        else:
+            self._answer(answers)
 
     def _decided(self, group: str, leader: str) -> None:
         """An election is over: tell about its leader, as zyre does, only when the leader is a
@@ -531,6 +627,7 @@ class ZreCore:
         peer.groups.add(group)
         self.peer_groups.setdefault(group, set()).add(peer.uuid)
         self.emit(ZreEvent("JOIN", peer.uuid, peer.name, group=group))
+        self._answer(self.elections.member_joined(group, peer.uuid))
 
     def _peer_leaves(self, peer: Peer, group: str) -> None:
         if group not in peer.groups:
@@ -566,6 +663,8 @@ class ZreCore:
     def remove_peer(self, peer: Peer) -> None:
         if self.peers.get(peer.uuid) is not peer:
             return
+        if peer.ready:
+            self._release_from(peer.uuid)
         del self.peers[peer.uuid]
         self.unready.pop(peer.uuid, None)
         self.links.close(peer.key)
@@ -613,6 +712,8 @@ class ZreCore:
                 peer.evasive = True
                 self.emit(ZreEvent("EVASIVE", peer.uuid, peer.name))
                 self._send_to(peer, Ping(0))
+        for group in list(self._held):
+            self._release(group, now)
         for endpoint, link in list(self.pending.items()):
             if now - link.opened_at >= settings.expired:
                 del self.pending[endpoint]
@@ -635,6 +736,7 @@ class ZreCore:
             return
         self.own_groups.remove(group)
         self.elections.left(group)
+        self._held.pop(group, None)
         self.status = (self.status + 1) & 0xFF
         for peer in self._greeted():
             self._send_to(peer, Leave(0, group, self.status))
@@ -742,6 +844,7 @@ class ZreCore:
         self.unready.clear()
         self.pending.clear()
         self.peer_groups.clear()
+        self._held.clear()
 
 
 def _pending_key(endpoint: str) -> str:

@@ -15,11 +15,24 @@ the zyres around us cannot tell us from one of their own:
   sender is the one member);
 * an ELECT naming a worse challenger is ignored;
 * a LEADER while a challenger is followed: the first one of the wave sends LEADER(the
-  followed challenger) to every member; every LEADER counts and its leader is kept; when the
-  count equals the number of members, the election is over and the leader decided (the
-  last LEADER's); a LEADER while none is followed is ignored;
-* a member that does not contest never starts, nor restarts, an election: membership
-  changes leave the election as it is (the contesters start theirs over).
+  followed challenger) to every member; every LEADER counts; when the count equals the
+  number of members, the election is over; a LEADER while none is followed is ignored;
+* the leader we report is the challenger whose wave we followed to the end. zyre reports
+  the last LEADER's leader instead, but a LEADER names its sender's challenger, not the
+  leader: a contester that restarted its election late (on a HELLO that came after it had
+  followed the best wave) sends LEADER(itself) into the count, and a LEADER of an election
+  just over can land in the count of the next one. Where such a LEADER came last, zyre's
+  rule made our node name another leader than the zyres (issue 35, two of three splits
+  captured against zyre; naming the smallest id of the count instead failed on the second
+  case). The messages we send are zyre's either way; only what we report differs, and only
+  when the LEADERs disagree;
+* a member that does not contest never starts, nor restarts, an election (the contesters
+  start theirs over on membership changes);
+* a peer that becomes a member while we follow a wave gets ELECT(the followed challenger)
+  from us, as it would have had it been a member when the wave came. zyre sends it nothing:
+  the newcomer then never has the ELECT of every member that it waits for before echoing
+  the wave, and the election stalls (issue 35, captured against zyre: the best
+  challenger's ELECT reached our node just before the newcomer's HELLO).
 
 We send to every member of the group, as zyre does: in a group where zyre holds elections,
 zyre's contesters send ELECT to every member themselves. Only groups we joined are followed
@@ -49,8 +62,6 @@ class _Election:
     elects: int = 0
     #: LEADER messages had.
     leaders: int = 0
-    #: The leader named by the last LEADER.
-    leader: str | None = None
 
 
 class Elections:
@@ -107,17 +118,30 @@ class Elections:
         if election.leaders == 0:
             sends = [(m, Leader(0, group, election.challenger)) for m in members]
         election.leaders += 1
-        election.leader = leader
         self.answered += len(sends)
         if election.leaders != len(members):
             return None, sends
         del self._running[group]
-        self.leaders[group] = leader
-        return leader, sends
+        self.leaders[group] = election.challenger
+        return election.challenger, sends
+
+    def member_joined(self, group: str, peer: bytes) -> list[Send]:
+        """``peer`` became a member of ``group``: ELECT(the followed challenger) to it when
+        we follow a wave (not to the wave's father: it is a member already)."""
+        election = self._running.get(group) if self._joined(group) else None
+        if election is None or peer == election.father:
+            return []
+        self.answered += 1
+        return [(peer, Elect(0, group, election.challenger))]
 
     def left(self, group: str) -> None:
         """We left ``group``."""
         self._running.pop(group, None)
+
+    def following(self, group: str) -> str | None:
+        """The challenger followed in ``group`` (None: no election under way)."""
+        election = self._running.get(group)
+        return election.challenger if election is not None else None
 
     def running(self) -> dict[str, str]:
         """Each group's election under way: the challenger we follow."""

@@ -98,6 +98,10 @@ class ZreNode(Service):
         self.log_endpoint = ""
         self._log_senders: dict[bytes, ZmqSocket] = {}
         self._dealers: dict[str, ZmqSocket] = {}
+        #: A peer DEALER made ahead, so that a new peer is connected to (and greeted) without
+        #: waiting for a socket to be made; made again after each use, off that path.
+        self._spare_dealer: ZmqSocket | None = None
+        self._spare_due: Any = None
         #: ZGOSSIP: the hub's ROUTER, and a DEALER per hub we are a client of.
         self.gossip: GossipCore | None = None
         self.gossip_hub: ZmqSocket | None = None
@@ -218,6 +222,7 @@ class ZreNode(Service):
             key_allowed=self._key_allowed if config.peer_certs else None,
         )
         self.core = ZreCore(settings, _Dealers(self), self.reactor.seconds, self._emit, self._drop)
+        self._make_spare()
         port = config.beacon_port
         if port:
             try:
@@ -560,6 +565,31 @@ class ZreNode(Service):
             self.drops.drop("socket-error", f"cannot open a peer socket: {error}")
             return None
 
+    def _peer_dealer(self) -> ZmqSocket | None:
+        """A DEALER for a new peer: the one made ahead, else a new one (None: counted)."""
+        dealer, self._spare_dealer = self._spare_dealer, None
+        if dealer is None:
+            dealer = self._make_dealer()
+        if self._spare_due is None and self.core is not None:
+            self._spare_due = self.reactor.callLater(0, self._make_spare)
+        return dealer
+
+    def _make_spare(self) -> None:
+        self._spare_due = None
+        # Never the last of the budget: a peer's own link comes first.
+        if self._spare_dealer is None and self.core is not None and self.budget.available > 1:
+            self._spare_dealer = self._make_dealer()
+
+    def _make_dealer(self) -> ZmqSocket | None:
+        return self._peer_socket(
+            zmq.DEALER,
+            # zyre's HWM: 100 messages a second for the 30 s a peer may be silent.
+            SocketOptions(
+                identity=codec.identity_of(self.uuid), send_hwm=3000, linger_ms=0, receive_hwm=10
+            ),
+            "peer",
+        )
+
     def _close_peer_socket(self, sock: ZmqSocket) -> None:
         if not sock.closed:
             sock.shutdown()
@@ -608,7 +638,11 @@ class ZreNode(Service):
         if self.core is not None:
             self.core.close()
             self.core = None
-        for sock in [*self._dealers.values(), *self._log_senders.values()]:
+        if self._spare_due is not None and self._spare_due.active():
+            self._spare_due.cancel()
+        self._spare_due = None
+        spare, self._spare_dealer = self._spare_dealer, None
+        for sock in [*self._dealers.values(), *self._log_senders.values(), *filter(None, [spare])]:
             self._close_peer_socket(sock)
         self._dealers.clear()
         self._log_senders.clear()
@@ -644,6 +678,7 @@ class ZreNode(Service):
             "peer_sockets": self.budget.in_use,
             "peer_sockets_capacity": self.budget.capacity,
             "ignored": dict(core.ignored) if core else {},
+            "elections_held": core.elections_held if core else 0,
             "groups": list(core.own_groups) if core else [],
             "peer_groups": {g: len(m) for g, m in core.peer_groups.items()} if core else {},
             "events": dict(self.events_by_type),
@@ -759,14 +794,7 @@ class _Dealers:
         old: ZmqSocket | None = node._dealers.pop(key, None)
         if old is not None:
             node._close_peer_socket(old)
-        dealer = node._peer_socket(
-            zmq.DEALER,
-            # zyre's HWM: 100 messages a second for the 30 s a peer may be silent.
-            SocketOptions(
-                identity=codec.identity_of(node.uuid), send_hwm=3000, linger_ms=0, receive_hwm=10
-            ),
-            "peer",
-        )
+        dealer = node._peer_dealer()
         if dealer is None:
             return False
         keys = node.curve.keys

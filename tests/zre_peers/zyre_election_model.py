@@ -170,8 +170,9 @@ class OursInModel(Node):
     def receive(self, peer: str, message: Message) -> None:
         if isinstance(message, Join):
             self.peer_groups.setdefault(message.group, set()).add(peer)
-            return
-        if isinstance(message, Elect):
+            # As the node's core does on a JOIN (or a HELLO naming the group).
+            sends = self.elections.member_joined(message.group, peer.encode())
+        elif isinstance(message, Elect):
             sends = self.elections.on_elect(peer.encode(), message.group, message.challenger)
         else:
             outcome = self.elections.on_leader(peer.encode(), message.group, message.leader)

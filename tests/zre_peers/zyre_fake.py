@@ -45,8 +45,13 @@ class FakeZyre:
         groups: Sequence[str] = (),
         beacon_interval: float = 0.1,
         keys: CurveKeyPair | None = None,
+        greet_back: bool = True,
     ) -> None:
         self.keys = keys
+        #: False: a HELLO is kept in :attr:`unanswered` until :meth:`greet` (a zyre whose
+        #: greeting is slow to come, as a newcomer's is under load).
+        self.greet_back = greet_back
+        self.unanswered: codec.Hello | None = None
         #: HELLOs ignored for want of X-PUBLICKEY (with ``keys``).
         self.downgrades_refused = 0
         self.uuid = uuidlib.uuid4().bytes
@@ -95,28 +100,10 @@ class FakeZyre:
             message = codec.parse(frames)
             self.received.append((identity, message))
             if isinstance(message, codec.Hello) and self.dealer is None:
-                headers = dict(message.headers)
-                server_key = headers.get(codec.PUBLIC_KEY_HEADER)
-                if self.keys is not None and server_key is None:
-                    self.downgrades_refused += 1
+                if not self.greet_back:
+                    self.unanswered = message
                     continue
-                # zyre requires the peer on its HELLO: connect to it and greet back.
-                self.dealer = self.factory.socket(
-                    zmq.DEALER,
-                    None,
-                    SocketOptions(identity=codec.identity_of(self.uuid), linger_ms=0),
-                    name="zyre-peer",
-                )
-                own: tuple[tuple[str, str], ...] = ()
-                if self.keys is not None and server_key is not None:
-                    make_curve_client(self.dealer, server_key.encode(), self.keys)
-                    own = ((codec.PUBLIC_KEY_HEADER, self.keys.public.decode()),)
-                self.dealer.connect(message.endpoint)
-                self.send(
-                    codec.Hello(
-                        0, self.endpoint, tuple(self.groups), self.status, self.name, dict(own)
-                    )
-                )
+                self._greet(message)
             elif isinstance(message, codec.Ping):
                 self.send(codec.PingOk(0))
             elif isinstance(message, codec.Elect) and message.group in self.contesting:
@@ -126,6 +113,35 @@ class FakeZyre:
                     self.send(codec.Leader(0, message.group, self.uuid_text))
             elif isinstance(message, codec.Leader) and self.leader_sent:
                 self.elected.append(message.leader)
+
+    def greet(self) -> None:
+        """Greet back the node whose HELLO waits (``greet_back=False``)."""
+        assert self.unanswered is not None, "no HELLO waits for an answer"
+        self.greet_back = True
+        hello, self.unanswered = self.unanswered, None
+        self._greet(hello)
+
+    def _greet(self, message: codec.Hello) -> None:
+        headers = dict(message.headers)
+        server_key = headers.get(codec.PUBLIC_KEY_HEADER)
+        if self.keys is not None and server_key is None:
+            self.downgrades_refused += 1
+            return
+        # zyre requires the peer on its HELLO: connect to it and greet back.
+        self.dealer = self.factory.socket(
+            zmq.DEALER,
+            None,
+            SocketOptions(identity=codec.identity_of(self.uuid), linger_ms=0),
+            name="zyre-peer",
+        )
+        own: tuple[tuple[str, str], ...] = ()
+        if self.keys is not None and server_key is not None:
+            make_curve_client(self.dealer, server_key.encode(), self.keys)
+            own = ((codec.PUBLIC_KEY_HEADER, self.keys.public.decode()),)
+        self.dealer.connect(message.endpoint)
+        self.send(
+            codec.Hello(0, self.endpoint, tuple(self.groups), self.status, self.name, dict(own))
+        )
 
     def send(self, message: codec.Message) -> None:
         """Send ``message`` on the DEALER with the next sequence number."""
