@@ -477,22 +477,19 @@ class JetStreamJobs:
             self._append_failed(msgid, failure)
 
     def _batch_answered(self, msgids: list[bytes], msg: Msg) -> None:
-        payload = msg.payload
-        if b'"error"' in payload:
-            try:
-                jsapi.answer(payload)
-            except jsapi.JetStreamError as error:
-                if error.err_code == jsapi.DUPLICATE_IN_BATCH:
-                    # A resend of ids the stream holds: each alone, where it drops repeats.
-                    self.batches_resent_each += 1
-                    for msgid in msgids:
-                        entry = self.appending.pop(msgid, None)
-                        if entry is not None:
-                            self._send_append(msgid, entry)
-                    return
-                for msgid in msgids:
-                    self._append_failed(msgid, Failure(error))
-                return
+        error = jsapi.refused(msg.payload)
+        if error is not None and error.err_code == jsapi.DUPLICATE_IN_BATCH:
+            # A resend of ids the stream holds: each alone, where it drops repeats.
+            self.batches_resent_each += 1
+            for msgid in msgids:
+                entry = self.appending.pop(msgid, None)
+                if entry is not None:
+                    self._send_append(msgid, entry)
+            return
+        if error is not None:
+            for msgid in msgids:
+                self._append_failed(msgid, Failure(error))
+            return
         for msgid in msgids:
             self._append_stored(msgid)
 

@@ -35,6 +35,18 @@ def answer(payload: bytes) -> dict[str, Any]:
     return reply
 
 
+def refused(payload: bytes) -> JetStreamError | None:
+    """The error a reply carries, or None. The JSON is read only when the bytes may hold an
+    error: most acknowledgements carry none."""
+    if b'"error"' not in payload:
+        return None
+    try:
+        answer(payload)
+    except JetStreamError as error:
+        return error
+    return None
+
+
 def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """What a stream found has that the options do not say, one phrase each (numbers in
     floats compared to a thousandth)."""

@@ -99,13 +99,11 @@ class Publisher:
             if message.subject != reply:
                 continue
             payload = message.payload
-            if b'"error"' in payload:
-                try:
-                    jsapi.answer(payload)
-                except jsapi.JetStreamError as error:
-                    if error.err_code == jsapi.DUPLICATE_IN_BATCH:
-                        raise _Repeated() from None
-                    raise PublishError(str(error)) from None
+            error = jsapi.refused(payload)
+            if error is not None:
+                if error.err_code == jsapi.DUPLICATE_IN_BATCH:
+                    raise _Repeated()
+                raise PublishError(str(error))
             top, count = _number(payload, _SEQ), _number(payload, _COUNT)
             if top is None or count != last:
                 raise PublishError(f"not an acknowledgement of the batch: {payload[:200]!r}")
