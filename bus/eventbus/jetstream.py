@@ -47,7 +47,6 @@ from bus.eventbus.stream_read import (
     Topics,
     connection,
     encode,
-    unpack_bodies,
 )
 from bus.handoff import Handoff
 from bus.natswire import jsapi
@@ -341,8 +340,7 @@ class JetStreamLog:
                     if stored.sequences:
                         after = stored.sequences[-1]
                         names = list(map(topics, stored.subjects))
-                        bodies = unpack_bodies(stored.payloads)
-                        handoff.put(Events(stored.sequences, names, bodies, stored.stamps).rows())
+                        handoff.put(Events.decoded(stored, names).rows())
             except Exception as error:
                 if made is not None:
                     self._lost("feed", made)

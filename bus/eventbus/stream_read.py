@@ -121,6 +121,11 @@ class Events:
     def empty(cls) -> Events:
         return cls([], [], [], [])
 
+    @classmethod
+    def decoded(cls, batch: Batch, topics: list[bytes]) -> Events:
+        """The events of stored messages whose subjects gave ``topics``."""
+        return cls(batch.sequences, topics, unpack_bodies(batch.payloads), batch.stamps)
+
     def __len__(self) -> int:
         return len(self.sequences)
 
@@ -169,9 +174,9 @@ class RangeReader:
     """Events with ``after < sequence <= upto`` under ``prefixes`` (all when empty), in
     the stream's order, read through a pull consumer whose subject filters keep what is
     filtered out on the server (:class:`bus.natswire.ranged.RangeRead`), on a blocking
-    connection of the reader's own. :meth:`next` gives the next rows, each with the time
-    the stream stored it (nanoseconds since the epoch); an empty list once the range is
-    read. Blocking: call it from a thread of its own (a Spark task, the reactor's pool).
+    connection of the reader's own. :meth:`next_events` gives the next events as columns,
+    with the time the stream stored each (nanoseconds since the epoch); none once the range
+    is read. Blocking: call it from a thread of its own (a Spark task, the reactor's pool).
 
     The first message may lie above ``after + 1`` when the stream's retention removed the
     start: opened with ``check_retention``, :attr:`first_stored` is the stream's first
@@ -211,13 +216,8 @@ class RangeReader:
         """Everything of the range was read."""
         return self._read is None or self._read.done
 
-    def next(self, count: int = FETCH) -> list[tuple[Row, int]]:
-        """The next rows, each with the time the stream stored it; empty at the end."""
-        events = self.next_events(count)
-        return list(zip(events.rows(), events.stamps, strict=True))
-
     def next_events(self, count: int = FETCH) -> Events:
-        """:meth:`next` as columns, the bodies unpacked but no row made."""
+        """The next events (at most ``count``), the bodies unpacked; empty at the end."""
         if self._read is None:
             return Events.empty()
         topics, exact, prefixes = self._topics, self._exact, self._prefixes
@@ -235,7 +235,7 @@ class RangeReader:
                     )
                     names = [names[i] for i in keep]
             if names:
-                return Events(batch.sequences, names, unpack_bodies(batch.payloads), batch.stamps)
+                return Events.decoded(batch, names)
         return Events.empty()
 
     def take_behind(self) -> int:

@@ -300,10 +300,8 @@ class RangeRead:
                 requests.popleft()
 
     def _other(self, message: Msg, quiet_since: float) -> None:
-        """A message of the reply subscription that is not a delivery: a pull request's
-        status (ended, or a heartbeat); another subscription's is ignored."""
-        if message.sid != self.connection.reply_sid:
-            return
+        """A message of the reply subscription that is not a delivery (:func:`deliveries`
+        stops only at those): a pull request's status (ended, or a heartbeat)."""
         if message.reply.startswith(b"$JS.ACK."):
             raise codec.ProtocolError(f"a delivery's reply subject unread: {message.reply[:200]!r}")
         code = codec.status(message.headers)
