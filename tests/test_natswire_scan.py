@@ -126,6 +126,9 @@ def test_the_scanner_makes_the_parsers_own_types() -> None:
     ]
     assert [type(item) for item in got] == [Msg, Msg, Control]
     assert got[0].payload == b"hi" and got[1].headers.startswith(b"NATS/1.0")
+    assert native is not None
+    with pytest.raises(ValueError, match="before the buffer"):
+        native.scan(b"PING\r\n", -1, Msg, Control)
 
 
 REPLIES = st.one_of(

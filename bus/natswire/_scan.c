@@ -107,8 +107,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     const char *data = view.buf;
     Py_ssize_t size = view.len;
-    PyObject *out = PyList_New(0);
-    if (out == NULL || position < 0) goto fail;
+    PyObject *out = NULL;
+    if (position < 0) {
+        PyErr_SetString(PyExc_ValueError, "a position before the buffer");
+        goto fail;
+    }
+    out = PyList_New(0);
+    if (out == NULL) goto fail;
     while (position < size) {
         const char *line = data + position;
         const char *cr = memchr(line, '\r', (size_t)(size - position));
