@@ -6,6 +6,7 @@ unreachable server or a stream of other settings is one clear start-up error."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.store import Retention
 from bus.natsserver import NatsCluster
 from bus.natswire import jsapi
+from bus.natswire.ranged import RangeRead
 from bus.testing import wait_until
 from tests.ports import free_port, nats_cluster
 
@@ -249,3 +251,39 @@ def test_a_readers_lag_at_the_end_is_counted_once() -> None:
     assert reader.take_behind() == 0
     read.behind = 3
     assert reader.take_behind() == 1
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_feed_failing_before_the_reactor_heard_it_started_follows_on(
+    nats_server: NatsCluster, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """The feed's first batch fails while the reactor has not yet run "started": the
+    follow still answers once, with success, and the feed reads on (it used to answer
+    twice, an AlreadyCalledError in the reactor, and end its thread: a silent feed)."""
+    stream, opening = opened(nats_server)
+    failed: list[int] = []
+    first_batch = RangeRead.next_batch
+
+    def fail_once(self: RangeRead, *args: Any, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(1)
+            raise ConnectionError("lost before the first batch")
+        return first_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(RangeRead, "next_batch", fail_once)
+    try:
+        yield opening
+        yield stream.append([event(b"/a/", n) for n in range(3)])
+        fed: list[Row] = []
+        following = stream.follow(0, fed.extend)
+        # The reactor is held while the thread opens, fails and tries again.
+        deadline = time.monotonic() + 10
+        while not failed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        yield following
+        yield wait_until(lambda: len(fed) == 3, what="the feed after its failure")
+        assert [row[0] for row in fed] == [1, 2, 3]
+        assert failed and stream.disconnects == 1
+    finally:
+        yield stream.close()

@@ -325,6 +325,10 @@ class JetStreamLog:
         call = self.reactor.callFromThread
         handoff: Handoff[Row] = Handoff(self.reactor, deliver)
         everything = [self.settings.subject_prefix + ".>"]
+        # Kept here, not read from ``started.called``: the reactor runs the callback
+        # later, and a failure before it does must not answer ``started`` twice (nor
+        # end the feed as a first failure would).
+        answered = False
         pause = 0.0
         while not self._closed:
             made: Connection | None = None
@@ -332,7 +336,8 @@ class JetStreamLog:
                 made = self._data_connection("feed")
                 reader = RangeRead(made, self.settings.stream, after, 0, everything, follow=True)
                 reader.open()
-                if not started.called:
+                if not answered:
+                    answered = True
                     call(started.callback, None)
                 pause = 0.0
                 while not self._closed:
@@ -346,7 +351,7 @@ class JetStreamLog:
                     self._lost("feed", made)
                 if self._closed:
                     break
-                if not started.called:
+                if not answered:
                     call(started.errback, StorageError(error))
                     return
                 message = str(error) or type(error).__name__
