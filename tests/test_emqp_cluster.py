@@ -354,3 +354,44 @@ def test_a_request_resent_at_another_broker_is_stored_once(
     finally:
         for peer in peers:
             peer.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_named_error_takes_and_runs_guaranteed_requests(
+    tmp_path: Path, nats_server: Any
+) -> Any:
+    """Every acknowledgement then holds the bytes "error" (the stream's name): each is still
+    read as stored (a check on those bytes alone took every append for a refusal)."""
+    one = BrokerProcess(
+        tmp_path / "a", None, "--store", "jetstream", "--nats", ",".join(nats_server.urls),
+        "--nats-stream", "error", "--heartbeat-interval", "10s",
+    )  # fmt: skip
+    peers: list[Any] = []
+    try:
+        yield wait_until(lambda: streaming(one), timeout=60, what="the broker")
+        worker = RawWorker(one.endpoints["worker"])
+        client = RawClient(one.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        worker.ready(3)
+        sent = []
+        for n in (1, 2):  # one at a time: each appended alone (a burst is an atomic batch)
+            sent.append(client.request("default", {"n": n}, b"guarantee,reply-requested"))
+            yield wait_until(lambda: one.status()["counters"]["requests"] == len(sent),
+                             what="the request taken")  # fmt: skip
+        yield wait_until(lambda: len(worker.requests()) == 2, timeout=30, what="both run")
+        for request in worker.requests():
+            worker.reply(request, "done")
+        yield wait_until(
+            lambda: all(client.results(m) == [{"value": "done"}] for m in sent), what="answers"
+        )
+        yield wait_until(lambda: one.status()["jetstream"]["acks"] == 2, what="acknowledged")
+        status = one.status()
+        assert status["jetstream"]["refusals"] == 0 and status["counters"]["requests"] == 2
+        with Connection(nats_server.urls) as nats:
+            state = jsapi.answer(nats.request(jsapi.stream_info("error"), b"").payload)["state"]
+        assert state["last_seq"] == 2
+    finally:
+        for peer in peers:
+            peer.close()
+        one.stop()

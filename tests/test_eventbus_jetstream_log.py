@@ -287,3 +287,18 @@ def test_a_feed_failing_before_the_reactor_heard_it_started_follows_on(
         assert failed and stream.disconnects == 1
     finally:
         yield stream.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_named_error_stores_and_reads(nats_server: NatsCluster) -> Any:
+    """Every acknowledgement then holds the bytes "error" (the stream's name): it is still
+    read as stored (a check on those bytes alone refused every append)."""
+    stream, opening = opened(nats_server, stream="error", subject_prefix="error")
+    try:
+        yield opening
+        sequences = yield stream.append([event(b"/e/", n) for n in range(3)])
+        assert sequences == [1, 2, 3]
+        rows = yield stream.read_rows(0, 3)
+        assert [(row[0], row[1]) for row in rows] == [(1, b"/e/"), (2, b"/e/"), (3, b"/e/")]
+    finally:
+        yield stream.close()

@@ -505,10 +505,12 @@ class JetStreamJobs:
         )
 
     def _append_answered(self, msgid: bytes, msg: Msg) -> None:
-        if b'"error"' in msg.payload or b'"seq"' not in msg.payload:  # else: stored
+        # Most acknowledgements hold a "seq" and no "error": only the others are parsed
+        # (the bytes "error" may also be the stream's name).
+        if b'"error"' in msg.payload or b'"seq"' not in msg.payload:
             try:
-                jsapi.answer(msg.payload)
-                raise ValueError(f"not a JetStream acknowledgement: {msg.payload[:200]!r}")
+                if not isinstance(jsapi.answer(msg.payload).get("seq"), int):
+                    raise ValueError(f"not a JetStream acknowledgement: {msg.payload[:200]!r}")
             except (jsapi.JetStreamError, ValueError) as error:
                 self._append_failed(msgid, Failure(error))
                 return

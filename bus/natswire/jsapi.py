@@ -25,8 +25,11 @@ class JetStreamError(Exception):
 
 
 def answer(payload: bytes) -> dict[str, Any]:
-    """A reply's JSON, or :class:`JetStreamError` when it is an error."""
-    reply: dict[str, Any] = json.loads(payload)
+    """A reply's JSON object, :class:`JetStreamError` when it is an error, or ValueError
+    when it is no JSON object."""
+    reply = json.loads(payload)
+    if not isinstance(reply, dict):
+        raise ValueError(f"a JetStream reply that is no JSON object: {payload[:200]!r}")
     error = reply.get("error")
     if error:
         raise JetStreamError(
@@ -36,14 +39,17 @@ def answer(payload: bytes) -> dict[str, Any]:
 
 
 def refused(payload: bytes) -> JetStreamError | None:
-    """The error a reply carries, or None. The JSON is read only when the bytes may hold an
-    error: most acknowledgements carry none."""
+    """The error a reply carries, or None (also for no JSON object: the caller finds it
+    is no acknowledgement). The JSON is read only when the bytes may hold an error: most
+    acknowledgements carry none."""
     if b'"error"' not in payload:
         return None
     try:
         answer(payload)
     except JetStreamError as error:
         return error
+    except ValueError:
+        return None
     return None
 
 

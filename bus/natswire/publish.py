@@ -157,12 +157,11 @@ class Publisher:
             if not 0 <= index < len(messages) or sequences[index]:
                 continue  # an answer to an earlier batch, after its deadline
             payload = message.payload
-            sequence = None if b'"error"' in payload else _number(payload, _SEQ)
+            error = jsapi.refused(payload)
+            if error is not None:
+                raise PublishError(str(error))
+            sequence = _number(payload, _SEQ)
             if sequence is None:
-                try:
-                    jsapi.answer(payload)
-                except jsapi.JetStreamError as error:
-                    raise PublishError(str(error)) from None
                 raise PublishError(f"not an acknowledgement: {payload[:200]!r}")
             sequences[index] = sequence
             left -= 1
