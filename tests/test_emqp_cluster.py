@@ -80,6 +80,18 @@ def streaming(process: BrokerProcess) -> bool:
     return process.ready() and bool((process.status().get("jetstream") or {}).get("ready"))
 
 
+@defer.inlineCallbacks
+def worker_and_client(process: BrokerProcess, peers: list[Any]) -> Any:
+    """Once ``process`` streams: a raw worker whose INFORM it acknowledged and a raw
+    client, both on it (and in ``peers``, to be closed)."""
+    yield wait_until(lambda: streaming(process), timeout=60, what="the broker")
+    worker = RawWorker(process.endpoints["worker"])
+    client = RawClient(process.endpoints["client"])
+    peers += [worker, client]
+    yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+    return worker, client
+
+
 @pytest_twisted.inlineCallbacks
 def test_a_request_at_one_broker_runs_on_a_worker_of_another(
     tmp_path: Path, cluster: Any, brokers: Any
@@ -218,11 +230,7 @@ def test_without_a_quorum_the_client_port_waits_and_nothing_is_acknowledged(
     a = broker(tmp_path, "a", cluster, "--nats", cluster.urls[0])
     peers: list[Any] = []
     try:
-        yield wait_until(lambda: streaming(a), timeout=60, what="the broker")
-        worker = RawWorker(a.endpoints["worker"])
-        client = RawClient(a.endpoints["client"])
-        peers += [worker, client]
-        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        worker, client = yield worker_and_client(a, peers)
         beating = task.LoopingCall(worker.heartbeat)
         beating.start(1.0)
         peers.append(SimpleNamespace(close=beating.stop))
@@ -368,11 +376,7 @@ def test_a_stream_named_error_takes_and_runs_guaranteed_requests(
     )  # fmt: skip
     peers: list[Any] = []
     try:
-        yield wait_until(lambda: streaming(one), timeout=60, what="the broker")
-        worker = RawWorker(one.endpoints["worker"])
-        client = RawClient(one.endpoints["client"])
-        peers += [worker, client]
-        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        worker, client = yield worker_and_client(one, peers)
         worker.ready(3)
         sent = []
         for n in (1, 2):  # one at a time: each appended alone (a burst is an atomic batch)

@@ -18,10 +18,15 @@ from bus.eventbus.client import EventBusPublisher, EventBusSubscriber
 from bus.eventbus.codec import Event, sync_start_frames
 from bus.eventbus.config import PairConfig
 from bus.eventbus.store import EventStore
+from bus.polling import ConditionTimeout
 from bus.testing import RawPeer, start_bus, wait_until
 from tests.ports import free_port
 
-TIMEOUT = 1.0
+#: --ha-failover-timeout and --ha-alone-timeout. Both halves share this process's reactor
+#: and GIL: one half's stop, or a collection in a loaded full run, can hold the other past
+#: half the shorter timeout, which it must take for a pause of its own (pair_core: a passive
+#: then stops counting itself in sync). 2 s, as the process tests use, leaves room.
+TIMEOUT = 2.0
 
 
 class Pair:
@@ -91,9 +96,13 @@ def voted_active(server: Any, timeout: float = 10.0, what: str = "active") -> An
             voter.send(sync_start_frames((), 0))
         return bool(server.pair.state == "active")
 
-    return wait_until(active, timeout=timeout, what=what).addBoth(
-        lambda result: (voter.close(), result)[1]
-    )
+    def explain(failure: Any) -> Any:
+        # What the pair's state machine thought, for a failure seen only in CI's log.
+        failure.trap(ConditionTimeout)
+        raise ConditionTimeout(f"{failure.value}; the pair: {server.pair.status()}")
+
+    waited = wait_until(active, timeout=timeout, what=what).addErrback(explain)
+    return waited.addBoth(lambda result: (voter.close(), result)[1])
 
 
 @pytest_twisted.inlineCallbacks
