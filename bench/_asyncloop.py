@@ -1,5 +1,6 @@
 """An asyncio loop on a thread of its own, for an asyncio client (nats-py) in a Twisted
-process whose reactor stays what it is.
+process whose reactor stays what it is. The product used it while the Event BUS's
+stream management ran on nats-py; it now lives here, for bench/nats_loop.py only.
 
 Measured before choosing (``bench/nats_loop.py``): nats-py driven from its own loop thread
 publishes and replays as fast as nats-py alone, one thread hop each way per batch, and the
