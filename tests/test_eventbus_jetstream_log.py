@@ -261,30 +261,31 @@ def test_a_feed_failing_before_the_reactor_heard_it_started_follows_on(
     follow still answers once, with success, and the feed reads on (it used to answer
     twice, an AlreadyCalledError in the reactor, and end its thread: a silent feed)."""
     stream, opening = opened(nats_server)
-    failed: list[int] = []
-    first_batch = RangeRead.next_batch
+    batches: list[int] = []
+    next_batch = RangeRead.next_batch
 
-    def fail_once(self: RangeRead, *args: Any, **kwargs: Any) -> Any:
-        if not failed:
-            failed.append(1)
+    def fail_first(self: RangeRead, *args: Any, **kwargs: Any) -> Any:
+        batches.append(1)
+        if len(batches) == 1:
             raise ConnectionError("lost before the first batch")
-        return first_batch(self, *args, **kwargs)
+        return next_batch(self, *args, **kwargs)
 
-    monkeypatch.setattr(RangeRead, "next_batch", fail_once)
+    monkeypatch.setattr(RangeRead, "next_batch", fail_first)
     try:
         yield opening
         yield stream.append([event(b"/a/", n) for n in range(3)])
         fed: list[Row] = []
         following = stream.follow(0, fed.extend)
-        # The reactor is held while the thread opens, fails and tries again.
+        # The reactor is held until the thread failed and read on, or ended (the bug).
+        feed = stream._feed_thread
+        assert feed is not None
         deadline = time.monotonic() + 10
-        while not failed and time.monotonic() < deadline:
+        while len(batches) < 2 and feed.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.2)
         yield following
         yield wait_until(lambda: len(fed) == 3, what="the feed after its failure")
         assert [row[0] for row in fed] == [1, 2, 3]
-        assert failed and stream.disconnects == 1
+        assert stream.disconnects == 1
     finally:
         yield stream.close()
 

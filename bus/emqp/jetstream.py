@@ -505,15 +505,11 @@ class JetStreamJobs:
         )
 
     def _append_answered(self, msgid: bytes, msg: Msg) -> None:
-        # Most acknowledgements hold a "seq" and no "error": only the others are parsed
-        # (the bytes "error" may also be the stream's name).
-        if b'"error"' in msg.payload or b'"seq"' not in msg.payload:
-            try:
-                if not isinstance(jsapi.answer(msg.payload).get("seq"), int):
-                    raise ValueError(f"not a JetStream acknowledgement: {msg.payload[:200]!r}")
-            except (jsapi.JetStreamError, ValueError) as error:
-                self._append_failed(msgid, Failure(error))
-                return
+        try:
+            jsapi.stored_sequence(msg.payload)
+        except (jsapi.JetStreamError, ValueError) as error:
+            self._append_failed(msgid, Failure(error))
+            return
         self._append_stored(msgid)
 
     def _append_stored(self, msgid: bytes) -> None:

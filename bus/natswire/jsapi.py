@@ -53,6 +53,37 @@ def refused(payload: bytes) -> JetStreamError | None:
     return None
 
 
+#: Where an acknowledgement gives the stream sequence (of the last message, for a batch).
+SEQ_KEY = b'"seq":'
+
+
+def number_in(payload: bytes, key: bytes) -> int | None:
+    """The digits after ``key`` (such as ``b'"seq":'``) in a reply, without a JSON parse
+    (an acknowledgement is read for every message stored), or None."""
+    at = payload.find(key)
+    if at < 0:
+        return None
+    end = at + len(key)
+    while payload[end : end + 1] == b" ":
+        end += 1
+    stop = end
+    while stop < len(payload) and payload[stop] in b"0123456789":
+        stop += 1
+    return int(payload[end:stop]) if stop > end else None
+
+
+def stored_sequence(payload: bytes) -> int:
+    """The stream sequence a publish's acknowledgement gives, :class:`JetStreamError` when
+    it is a refusal, or ValueError when it is no acknowledgement."""
+    error = refused(payload)
+    if error is not None:
+        raise error
+    sequence = number_in(payload, SEQ_KEY)
+    if sequence is None:
+        raise ValueError(f"not an acknowledgement: {payload[:200]!r}")
+    return sequence
+
+
 def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """What a stream found has that the options do not say, one phrase each (numbers in
     floats compared to a thousandth)."""

@@ -27,7 +27,6 @@ from bus.natswire.blocking import Connection
 from bus.natswire.codec import Msg
 
 NO_RESPONDERS = 503
-_SEQ = b'"seq":'
 _COUNT = b'"count":'
 
 
@@ -37,19 +36,6 @@ class PublishError(Exception):
 
 class _Repeated(Exception):
     """JetStream refused an atomic batch for an id it holds already (or twice in it)."""
-
-
-def _number(payload: bytes, key: bytes) -> int | None:
-    at = payload.find(key)
-    if at < 0:
-        return None
-    end = at + len(key)
-    while payload[end : end + 1] == b" ":
-        end += 1
-    stop = end
-    while stop < len(payload) and payload[stop] in b"0123456789":
-        stop += 1
-    return int(payload[end:stop]) if stop > end else None
 
 
 Messages = Sequence[tuple[bytes, bytes, bytes]]
@@ -104,7 +90,7 @@ class Publisher:
                 if error.err_code == jsapi.DUPLICATE_IN_BATCH:
                     raise _Repeated()
                 raise PublishError(str(error))
-            top, count = _number(payload, _SEQ), _number(payload, _COUNT)
+            top, count = jsapi.number_in(payload, jsapi.SEQ_KEY), jsapi.number_in(payload, _COUNT)
             if top is None or count != last:
                 raise PublishError(f"not an acknowledgement of the batch: {payload[:200]!r}")
             # An atomic batch is stored in one piece: its sequences run up to the top.
@@ -156,14 +142,10 @@ class Publisher:
             index = int(message.subject[skip:]) - first
             if not 0 <= index < len(messages) or sequences[index]:
                 continue  # an answer to an earlier batch, after its deadline
-            payload = message.payload
-            error = jsapi.refused(payload)
-            if error is not None:
-                raise PublishError(str(error))
-            sequence = _number(payload, _SEQ)
-            if sequence is None:
-                raise PublishError(f"not an acknowledgement: {payload[:200]!r}")
-            sequences[index] = sequence
+            try:
+                sequences[index] = jsapi.stored_sequence(message.payload)
+            except (jsapi.JetStreamError, ValueError) as error:
+                raise PublishError(str(error)) from None
             left -= 1
             if not left:
                 return sequences
