@@ -1,13 +1,14 @@
 # Two commands for a fresh machine (Python 3.11, make):
 #   make run    set up .venv and run `twistd -n eventbus` (127.0.0.1:5556-5558, log in ./eventbus-data)
 #   make test   set up .venv with test and Spark extras (and .venv-interop with the real
-#               eventmq) and run the whole test suite
+#               eventmq), build the sdist and the wheel, install the wheel into two venvs
+#               outside the checkout (every extra, none), and run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp
+.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +27,38 @@ $(VENV)/.test-deps: setup.cfg setup.py pyproject.toml bus/transport/_frames.c bu
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark,cluster,redis]"
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/echo-service
 	touch $@ $(VENV)/.run-deps
+
+# What users install: the sdist and the wheel built from it (PyPA's build), checked by twine.
+# tests/test_installed_*.py run the product from this wheel, installed into two venvs outside
+# the checkout (WHEEL_HOME): one with every extra, one bare (what `pip install bus` gives).
+DIST ?= dist
+WHEEL_HOME ?= $(or $(TMPDIR),/tmp)/bus-wheel-$(shell printf %s "$(CURDIR)" | cksum | cut -d' ' -f1)
+DIST_SOURCES := $(shell find bus twisted -name __pycache__ -prune -o -type f \
+	\( -name '*.py' -o -name '*.c' -o -name '*.html' -o -name '*.css' -o -name '*.js' \
+	-o -name py.typed \) -print) setup.cfg setup.py pyproject.toml MANIFEST.in README.md \
+	CHANGELOG.md LICENSE
+
+$(DIST)/.built: $(DIST_SOURCES) | $(VENV)/.test-deps
+	rm -rf $(DIST) build
+	$(BIN)/python -m build --outdir $(DIST) . > $(VENV)/build.log 2>&1 \
+		|| { cat $(VENV)/build.log; exit 1; }
+	$(BIN)/twine check --strict $(DIST)/*
+	touch $@
+
+dist: $(DIST)/.built
+
+# A venv is made once; each new wheel replaces the installed one (pip removes every file
+# the old one installed), and its extras' requirements are brought up to date.
+$(WHEEL_HOME)/%/.installed: $(DIST)/.built
+	test -x $(WHEEL_HOME)/$*/bin/python || $(PYTHON) -m venv $(WHEEL_HOME)/$*
+	$(WHEEL_HOME)/$*/bin/python -m pip install --quiet --upgrade pip
+	$(WHEEL_HOME)/$*/bin/python -m pip install --quiet --force-reinstall --no-deps $(DIST)/*.whl
+	$(WHEEL_HOME)/$*/bin/python -m pip install --quiet \
+		"$$(ls $(DIST)/*.whl)$(if $(filter full,$*),$(FULL_EXTRAS))"
+	touch $@
+
+FULL_EXTRAS = [cluster,spark,redis]
+INSTALLED = $(WHEEL_HOME)/full/.installed $(WHEEL_HOME)/bare/.installed
 
 # The real eventmq 0.3.13 for the eMQP interoperability tests, in its own venv: it pins
 # pyzmq 18.1.0, which does not build on this Python, so it goes in without its pins (redis:
@@ -98,8 +131,9 @@ nemesis: $(VENV)/.test-deps
 nemesis-emqp: $(VENV)/.test-deps $(INTEROP)/.installed
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-15} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_emqp_nemesis.py
 
-test: $(VENV)/.test-deps $(INTEROP)/.installed browser redis-server prometheus
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+test: $(VENV)/.test-deps $(INTEROP)/.installed $(INSTALLED) browser redis-server prometheus
+	BUS_DIST=$(abspath $(DIST)) BUS_WHEEL_VENV=$(WHEEL_HOME)/full BUS_BARE_VENV=$(WHEEL_HOME)/bare \
+		$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench examples
@@ -118,4 +152,4 @@ bench: $(VENV)/.run-deps
 	@echo "see bench/README.md"
 
 clean:
-	rm -rf $(VENV) $(INTEROP) build *.egg-info
+	rm -rf $(VENV) $(INTEROP) $(DIST) $(WHEEL_HOME) build *.egg-info
