@@ -10,7 +10,16 @@ The schedules' watch: each watch delivers to an inbox of its own and the one bef
 listened to any more; one retry waits at a time. Before, every watch made again (after a
 reconnection, or a lost change) delivered to the same inbox as the ones before, which stayed:
 their sequences interleaved, each looked like a lost change and made one more watch, until
-JetStream's consumer limit refused them and the retries went on without end."""
+JetStream's consumer limit refused them and the retries went on without end.
+
+Pulls: a pull is forgotten and asked again once past its expiry without an end (a consumer
+leader elected anew, or cut away, forgets its pulls and sends nothing); a pull ended by "no
+responders" or "Consumer Deleted" has the consumer made again. Before, the broker waited for
+an end that never came, and the queue was never pulled again (issue 49).
+
+A schedule's run that another broker is storing at the same moment (JetStream's "duplicate
+message id is in process") is the race by which a run is stored once, not a refusal: the
+client port does not pause for it."""
 
 from __future__ import annotations
 
@@ -20,7 +29,8 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 
 from bus.emqp.config import JetStreamSettings
-from bus.emqp.jetstream import JetStreamJobs
+from bus.emqp.jetstream import PULL_GRACE, JetStreamJobs
+from bus.natswire.codec import Msg
 from bus.transport.nats import NotConnected
 
 HANDLE = b"$JS.ACK.EMQP.q_default.1.7.7.1700000000000000000.0"
@@ -37,6 +47,18 @@ class FakeNats:
         self.requests: list[tuple[bytes, bytes, defer.Deferred[Any]]] = []
         self.subscriptions: dict[str, Any] = {}
         self.jetstream_asked: list[tuple[str, Any, defer.Deferred[Any]]] = []
+        self.published: list[tuple[bytes, bytes, bytes]] = []
+
+    def publish(
+        self, subject: bytes, payload: bytes, headers: bytes = b"", reply: bytes = b""
+    ) -> None:
+        if not self.connected:
+            raise NotConnected("down")
+        self.published.append((subject, payload, reply))
+
+    def pulls(self) -> list[bytes]:
+        """The reply subjects of the pulls sent."""
+        return [reply for subject, _, reply in self.published if b".MSG.NEXT." in subject]
 
     def subscribe(self, subject: str, callback: Any, queue: str = "") -> str:
         self.subscriptions[subject] = callback
@@ -71,16 +93,18 @@ class FakeNats:
         return [subject for subject, payload, _ in self.requests if payload == b"+ACK"]
 
 
-def jobs() -> tuple[JetStreamJobs, FakeNats, Clock]:
+def jobs(
+    on_change: Any = lambda: None, on_appended: Any = lambda _: None
+) -> tuple[JetStreamJobs, FakeNats, Clock]:
     clock = Clock()
     made = JetStreamJobs(
         clock,
-        JetStreamSettings(servers=("nats://127.0.0.1:4222",), ack_wait=4.0),
+        JetStreamSettings(servers=("nats://127.0.0.1:4222",), ack_wait=4.0, pull_expires=5.0),
         b"broker-a",
         on_job=lambda *_: None,
         on_answer=lambda _: None,
-        on_appended=lambda _: None,
-        on_change=lambda: None,
+        on_appended=on_appended,
+        on_change=on_change,
         held=lambda: [],
     )
     fake = FakeNats()
@@ -172,3 +196,101 @@ def test_failed_watches_wait_for_one_retry_at_a_time() -> None:
     watches(fake)[-1][1].callback({"name": "w"})
     clock.advance(10.0)
     assert len(watches(fake)) == 5
+
+
+def serving(changes: list[int]) -> tuple[JetStreamJobs, FakeNats, Clock]:
+    """A broker whose queue ``default`` has its consumer, pulls enabled."""
+    stream, fake, clock = jobs(on_change=lambda: changes.append(1))
+    stream._pull_inbox = "_EMQP.broker-a.1"
+    stream._consumers.add(b"default")
+    return stream, fake, clock
+
+
+def test_a_pull_the_server_never_ends_is_forgotten_and_asked_again() -> None:
+    changes: list[int] = []
+    stream, fake, clock = serving(changes)
+    stream.pull({b"default": 4})
+    assert len(fake.pulls()) == 1
+    stream.pull({b"default": 4})
+    assert len(fake.pulls()) == 1  # the open pull covers it
+    clock.advance(5.0 + PULL_GRACE / 2)
+    stream._watch_pulls()
+    assert stream.status()["pulls_open"] == 1  # not past its expiry and grace yet
+    clock.advance(PULL_GRACE)
+    stream._watch_pulls()
+    # Its consumer's leader changed and forgot it: no 408 will come.
+    assert stream.status()["pulls_open"] == 0
+    assert stream.status()["pulls_lapsed"] == 1
+    assert changes, "the service was not told to pull again"
+    stream.pull({b"default": 4})
+    assert len(fake.pulls()) == 2
+
+
+def test_a_pull_the_server_ends_is_not_counted_as_lapsed() -> None:
+    changes: list[int] = []
+    stream, fake, clock = serving(changes)
+    stream.pull({b"default": 4})
+    [reply] = fake.pulls()
+    stream._delivered(Msg(reply, 1, b"", b"NATS/1.0 408 Request Timeout\r\n\r\n", b""))
+    clock.advance(10.0)
+    stream._watch_pulls()
+    assert stream.status()["pulls_lapsed"] == 0
+    assert stream.status()["consumers_lost"] == 0
+
+
+def test_a_pull_no_consumer_answers_has_the_consumer_made_again() -> None:
+    for headers in (b"NATS/1.0 503\r\n\r\n", b"NATS/1.0 409 Consumer Deleted\r\n\r\n"):
+        changes: list[int] = []
+        stream, fake, _ = serving(changes)
+        stream.pull({b"default": 4})
+        [reply] = fake.pulls()
+        stream._delivered(Msg(reply, 1, b"", headers, b""))
+        assert stream.status()["consumers_lost"] == 1
+        stream.pull({b"default": 4})
+        assert len(fake.pulls()) == 1  # no pull to a consumer that is not there
+        [(subject, _, _)] = fake.requests
+        assert subject.startswith(b"$JS.API.CONSUMER.CREATE.EMQP."), subject
+
+
+def test_the_queues_pending_and_last_delivery_are_in_the_status() -> None:
+    stream, fake, clock = serving([])
+    stream.pull({b"default": 4})
+    assert len(fake.pulls()) == 1
+    clock.advance(2.0)
+    handle = b"$JS.ACK.EMQP.q_default.1.7.7.1700000000000000000.39"
+    stream._delivered(Msg(b"emqp.jobs.default", 1, handle, b"", b"not a request"))
+    clock.advance(1.0)
+    seen = stream.status()["queues"]["default"]
+    assert seen == {"pending": 39, "ready_slots": 4, "pulls_open": 1, "last_delivery_s_ago": 1.0}
+
+
+ERROR_10158 = (
+    b'{"type":"io.nats.jetstream.api.v1.pub_ack_response","error":{"code":409,'
+    b'"err_code":10158,"description":"duplicate message id is in process"}}'
+)
+
+
+def test_a_schedule_run_another_broker_is_storing_is_no_refusal() -> None:
+    appended: list[bytes] = []
+    stream, fake, _ = jobs(on_appended=appended.append)
+    moved_on: list[int] = []
+    stream._then[b"run-1"] = lambda: moved_on.append(1)
+    stream._send_append(b"run-1", (b"emqp.jobs.default", b"run-1", b"body"))
+    [(_, _, answer)] = fake.requests
+    answer.callback(Msg(b"_INBOX.x", 1, b"", b"", ERROR_10158))
+    assert appended == [b"run-1"]  # stored once, by the other broker
+    assert moved_on == []  # the other broker moves the schedule on
+    assert stream.refusing is False
+    assert stream.status()["schedule_runs_raced"] == 1
+    assert stream.status()["refusals"] == 0
+
+
+def test_a_request_of_a_client_in_process_elsewhere_is_still_retried() -> None:
+    stream, fake, clock = jobs()
+    stream._send_append(b"req-1", (b"emqp.jobs.default", b"req-1", b"body"))
+    [(_, _, answer)] = fake.requests
+    answer.callback(Msg(b"_INBOX.x", 1, b"", b"", ERROR_10158))
+    # Not a schedule's run: this broker's own request, which must be stored: sent again.
+    assert stream.status()["refusals"] == 1
+    clock.advance(0.2)
+    assert len(fake.requests) == 2

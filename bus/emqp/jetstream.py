@@ -44,6 +44,11 @@ _PROGRESS = b"+WPI"
 PULL_AT_LEAST = 8
 #: How long a schedule's change is tried while JetStream cannot store it.
 SCHEDULE_PATIENCE = 15.0
+#: How long past its expiry a pull may stay unanswered before it is taken for lost: a
+#: consumer leader elected anew, or cut away, forgets its pulls and never ends them.
+PULL_GRACE = 1.0
+#: JetStream's error for a message id another append of the same id is storing now.
+DUPLICATE_IN_PROCESS = 10158
 
 
 @dataclass(slots=True)
@@ -52,6 +57,20 @@ class _Pull:
     #: The subject its requests come under (they do not come on the pull's own).
     subject: bytes
     left: int
+    #: When it is taken for lost if the server has not ended it (reactor seconds).
+    until: float
+
+
+@dataclass(slots=True)
+class QueueSeen:
+    """What this broker knows of a queue's consumer, for /status and /metrics."""
+
+    #: Requests the consumer has not delivered yet (its latest word: a delivery or its info).
+    pending: int = 0
+    #: When a request of this queue was last delivered here (reactor seconds; 0: never).
+    last_delivery: float = 0.0
+    #: When the consumer's info was last read (reactor seconds; 0: never).
+    info_at: float = 0.0
 
 
 class JetStreamJobs:
@@ -120,6 +139,18 @@ class JetStreamJobs:
         self._pull_ids = itertools.count(1)
         self._pull_inbox = ""
         self.pulled = 0
+        #: Pulls past their expiry that no status ended, forgotten and asked again.
+        self.pulls_lapsed = 0
+        #: Pulls ended because their consumer is gone (made again before the next).
+        self.consumers_lost = 0
+        #: Per queue served: pending, last delivery (see :class:`QueueSeen`).
+        self.queues: dict[bytes, QueueSeen] = {}
+        #: What the service last wanted pulled, by queue (its ready workers' slots).
+        self.wanted: dict[bytes, int] = {}
+        self._pull_watch: Any = None
+        #: Schedule runs another broker was storing at the same moment (the race by which
+        #: a run is stored once): not a refusal.
+        self.schedule_runs_raced = 0
         self.acks = 0
         #: Acknowledgements the stream has not confirmed yet: handle -> when first said.
         self._acking: dict[bytes, float] = {}
@@ -206,6 +237,9 @@ class JetStreamJobs:
         self._progress_loop = LoopingCall(self._in_progress)
         self._progress_loop.clock = self.reactor
         self._progress_loop.start(settings.ack_wait / 4, now=False)
+        self._pull_watch = LoopingCall(self._watch_pulls)
+        self._pull_watch.clock = self.reactor
+        self._pull_watch.start(max(settings.pull_expires / 4, 0.25), now=False)
 
     def _watch(self) -> defer.Deferred[Any]:
         """(Again) the bucket's keys, then its changes, to this broker. Each watch is a
@@ -323,6 +357,8 @@ class JetStreamJobs:
     def close(self) -> None:
         if self._progress_loop is not None and self._progress_loop.running:
             self._progress_loop.stop()
+        if self._pull_watch is not None and self._pull_watch.running:
+            self._pull_watch.stop()
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
         if self._watch_retry is not None and self._watch_retry.active():
@@ -507,7 +543,17 @@ class JetStreamJobs:
     def _append_answered(self, msgid: bytes, msg: Msg) -> None:
         try:
             jsapi.stored_sequence(msg.payload)
-        except (jsapi.JetStreamError, ValueError) as error:
+        except jsapi.JetStreamError as error:
+            if error.err_code == DUPLICATE_IN_PROCESS and msgid in self._then:
+                # A schedule's run that another broker is storing this very moment: the
+                # run is stored once, by that broker, which also moves the schedule on.
+                self.schedule_runs_raced += 1
+                del self._then[msgid]
+                self._append_stored(msgid)
+                return
+            self._append_failed(msgid, Failure(error))
+            return
+        except ValueError as error:
             self._append_failed(msgid, Failure(error))
             return
         self._append_stored(msgid)
@@ -606,6 +652,10 @@ class JetStreamJobs:
     def pull(self, wanted: dict[bytes, int]) -> None:
         """Ask the queues' consumers for what this broker's ready workers can take, less
         what pulls already asked for."""
+        self.wanted = wanted
+        for queue in wanted:
+            if queue not in self.queues:
+                self.queues[queue] = QueueSeen()
         if not self.client.connected or not self._pull_inbox:
             return
         asked: dict[bytes, int] = {}
@@ -658,8 +708,57 @@ class JetStreamJobs:
         except NotConnected:
             return
         self._pulls[reply] = _Pull(
-            queue, jobstream.job_subject(self._prefix, queue).encode(), count
+            queue,
+            jobstream.job_subject(self._prefix, queue).encode(),
+            count,
+            self.reactor.seconds() + self.settings.pull_expires + PULL_GRACE,
         )
+
+    def _watch_pulls(self) -> None:
+        """Forget the pulls past their expiry that no status ended (their consumer's
+        leader changed or was cut away: it forgot them), so that the queue is pulled
+        again; and read the consumers' info now and then (pending, for /status)."""
+        now = self.reactor.seconds()
+        lapsed = [reply for reply, pull in self._pulls.items() if pull.until < now]
+        for reply in lapsed:
+            del self._pulls[reply]
+        if lapsed:
+            self.pulls_lapsed += len(lapsed)
+            log.info(
+                "JetStream: {count} pull(s) past their expiry without an end, asked again",
+                count=len(lapsed),
+            )
+            self._on_change()
+        if not self.client.connected:
+            return
+        for queue in list(self._consumers):
+            seen = self.queues.setdefault(queue, QueueSeen())
+            if now - seen.info_at >= self.settings.pull_expires:
+                seen.info_at = now
+                self._read_consumer(queue, seen)
+
+    def _read_consumer(self, queue: bytes, seen: QueueSeen) -> None:
+        name = jobstream.consumer_name(queue)
+        subject = f"{jsapi.API}.CONSUMER.INFO.{self._stream}.{name}"
+
+        def read(info: dict[str, Any]) -> None:
+            seen.pending = int(info.get("num_pending", 0))
+
+        def failed(failure: Failure) -> None:
+            if isinstance(failure.value, jsapi.JetStreamError) and failure.value.code == 404:
+                self._consumer_gone(queue)  # deleted: made again before the next pull
+
+        answer = self.client.jetstream(subject, timeout=self.settings.ack_timeout)
+        answer.addCallbacks(read, failed)
+
+    def _consumer_gone(self, queue: bytes) -> None:
+        if queue in self._consumers:
+            self._consumers.discard(queue)
+            self.consumers_lost += 1
+            log.warn(
+                "JetStream: the consumer of queue {queue} is gone; made again",
+                queue=queue.decode("utf-8", "replace"),
+            )
 
     def _delivered(self, msg: Msg) -> None:
         status = codec.status(msg.headers)
@@ -667,7 +766,14 @@ class JetStreamJobs:
             # The end of a pull, on its own reply subject: 404/408/409 (nothing left,
             # expired, the consumer changed); 100 is an idle heartbeat.
             if status != 100:
-                self._pulls.pop(msg.subject, None)
+                pull = self._pulls.pop(msg.subject, None)
+                if pull is not None and (
+                    status == 503
+                    or (status == 409 and codec.description(msg.headers) == "Consumer Deleted")
+                ):
+                    # No consumer answers its subject (503: no responders) or it was
+                    # deleted: made again before the next pull.
+                    self._consumer_gone(pull.queue)
                 self._on_change()
             return
         # A request comes with the subject it was stored under, which names its queue:
@@ -680,6 +786,11 @@ class JetStreamJobs:
                 pull.left -= 1
                 if pull.left == 0:
                     del self._pulls[reply]
+                seen = self.queues.get(pull.queue)
+                if seen is not None:
+                    seen.last_delivery = self.reactor.seconds()
+                    with contextlib.suppress(ValueError):
+                        seen.pending = jsapi.delivery(msg.reply).pending
                 break
         self.pulled += 1
         try:
@@ -730,6 +841,9 @@ class JetStreamJobs:
             "refusing": self.refusal,
             "refusals": self.refusals,
             "pulls_open": len(self._pulls),
+            "pulls_lapsed": self.pulls_lapsed,
+            "consumers_lost": self.consumers_lost,
+            "queues": self.queue_status(),
             "pulled": self.pulled,
             "acks": self.acks,
             "acks_unconfirmed": self.acks_unconfirmed,
@@ -740,8 +854,33 @@ class JetStreamJobs:
             "bad_messages": self.bad_messages,
             "bucket": f"KV_{self.bucket}",
             "schedule_conflicts": self.schedule_conflicts,
+            "schedule_runs_raced": self.schedule_runs_raced,
             "atomic_batches": self.atomic_batches,
             "batches_resent_each": self.batches_resent_each,
             "offers_sent": self.offers_sent,
             "offers_taken": self.offers_taken,
+        }
+
+    def pulls_open(self) -> dict[bytes, int]:
+        """Open pulls by queue."""
+        opened: dict[bytes, int] = {}
+        for pull in self._pulls.values():
+            opened[pull.queue] = opened.get(pull.queue, 0) + 1
+        return opened
+
+    def queue_status(self) -> dict[str, dict[str, Any]]:
+        """Each queue served: the consumer's pending requests, this broker's ready slots
+        and open pulls, and how long since a request of it was last delivered here."""
+        now = self.reactor.seconds()
+        opened = self.pulls_open()
+        return {
+            queue.decode("utf-8", "replace"): {
+                "pending": seen.pending,
+                "ready_slots": self.wanted.get(queue, 0),
+                "pulls_open": opened.get(queue, 0),
+                "last_delivery_s_ago": round(now - seen.last_delivery, 3)
+                if seen.last_delivery
+                else None,
+            }
+            for queue, seen in sorted(self.queues.items())
         }

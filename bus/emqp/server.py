@@ -855,6 +855,54 @@ class EmqpService(Service):
                 "Guaranteed requests sent to the stream and not yet acknowledged",
                 len(stream.appending),
             ),
+            counter(
+                "emqp_jetstream_pulls_lapsed",
+                "Pulls past their expiry that the server never ended (a consumer leader "
+                "changed), asked again",
+                stream.pulls_lapsed,
+            ),
+            counter(
+                "emqp_jetstream_consumers_lost",
+                "Queue consumers found gone (deleted, or none answering), made again",
+                stream.consumers_lost,
+            ),
+            counter(
+                "emqp_jetstream_schedule_runs_raced",
+                "Schedule runs another broker stored at the same moment (stored once)",
+                stream.schedule_runs_raced,
+            ),
+            *self._queue_stream_metrics(stream),
+        ]
+
+    @staticmethod
+    def _queue_stream_metrics(stream: JetStreamJobs) -> list[Metric]:
+        seen = {q.decode("utf-8", "replace"): s for q, s in stream.queues.items()}
+        opened = stream.pulls_open()
+        return [
+            gauges_by(
+                "emqp_jetstream_queue_pending",
+                "Requests of a queue its JetStream consumer has not delivered yet",
+                "queue",
+                {name: s.pending for name, s in seen.items()},
+            ),
+            gauges_by(
+                "emqp_jetstream_queue_ready_slots",
+                "Requests of a queue this broker's ready workers could start now",
+                "queue",
+                {q.decode("utf-8", "replace"): n for q, n in stream.wanted.items()},
+            ),
+            gauges_by(
+                "emqp_jetstream_queue_pulls_open",
+                "Pulls this broker has open for a queue",
+                "queue",
+                {q.decode("utf-8", "replace"): n for q, n in opened.items()},
+            ),
+            gauges_by(
+                "emqp_jetstream_queue_last_delivery_timestamp_seconds",
+                "When a request of a queue was last delivered to this broker (0: never)",
+                "queue",
+                {name: s.last_delivery for name, s in seen.items()},
+            ),
         ]
 
     def _report(self) -> None:
