@@ -20,7 +20,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from bus.activity import NO_ACTIVITY, ActivitySink, LocalBus
-from bus.errors import StartupError
+from bus.errors import StartFailed, StartupError
 from bus.memory import freeze_startup_objects
 from bus.transport.inbound import DescriptorLimits
 
@@ -66,10 +66,6 @@ class Composed:
     #: How this service's options are spelled on the command line (``spark-bridge-``).
     option_prefix: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
-
-
-class StartFailed(Exception):
-    """A composed service could not start; the message is the one line for operators."""
 
 
 class ProductService(MultiService):
@@ -230,13 +226,9 @@ class ProductService(MultiService):
 
 def describe_start_failure(entry: Composed, error: BaseException) -> str:
     """``cannot start eventbus: --port 5556: address already in use (tcp://...)``."""
-    what = f"cannot start {entry.name}"
     if isinstance(error, StartupError):
-        flag = f"--{entry.option_prefix}{error.option}"
-        value = entry.options.get(error.option)
-        shown = f"{flag} {value}" if value not in (None, "") else flag
-        return f"{what}: {shown}: {error.cause}"
-    return f"{what}: {type(error).__name__}: {error}"
+        return error.line(entry.name, entry.option_prefix, entry.options.get(error.option))
+    return f"cannot start {entry.name}: {type(error).__name__}: {error}"
 
 
 def _exit_with(status: int) -> None:

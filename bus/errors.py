@@ -1,4 +1,7 @@
-"""The one exception family that codecs raise for malformed input."""
+"""The one exception family that codecs raise for malformed input, and what a service that
+cannot start raises."""
+
+from typing import Any
 
 
 class ProtocolError(ValueError):
@@ -19,13 +22,27 @@ class StartupError(Exception):
     """A service cannot start because of one of its settings (a busy port, a bad key file).
 
     ``option`` is the option's name as the service's tap spells it (``port``); composition
-    adds the service's prefix and the value when it tells the operator.
+    adds the service's prefix and the value when it tells the operator (:meth:`line`). An
+    empty ``option``: the service itself, whatever its options say (a missing extra).
     """
 
     def __init__(self, option: str, cause: str) -> None:
-        super().__init__(f"--{option}: {cause}")
+        super().__init__(f"--{option}: {cause}" if option else cause)
         self.option = option
         self.cause = cause
+
+    def line(self, service: str, prefix: str = "", value: Any = None) -> str:
+        """The one line for operators: ``cannot start eventbus: --port 5556: CAUSE``
+        (``prefix``: how the service's options are spelled where it runs)."""
+        if not self.option:
+            return f"cannot start {service}: {self.cause}"
+        flag = f"--{prefix}{self.option}"
+        shown = f"{flag} {value}" if value not in (None, "") else flag
+        return f"cannot start {service}: {shown}: {self.cause}"
+
+
+class StartFailed(Exception):
+    """A service could not start; the message is the one line for operators."""
 
 
 class StorageError(Exception):

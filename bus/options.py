@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from twisted.python import reflect, usage
 
+from bus.errors import StartFailed, StartupError
 from bus.services import service_names
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -256,7 +257,8 @@ class ServiceOptions(usage.Options):
             raise usage.UsageError(self.explain(str(error))) from None
 
     def parseOptions(self, options: Sequence[str] | None = None) -> None:
-        """Parse the command line over the layered defaults; a usage error is one line."""
+        """Parse the command line over the layered defaults; a usage error is one line, and
+        so is what the options ask for that is not there (a missing extra, bus.extras)."""
         try:
             self.parse_layered(options)
         except usage.UsageError as error:
@@ -266,6 +268,16 @@ class ServiceOptions(usage.Options):
             raise SystemExit(
                 f"twistd {self.service}: {error}\n(twistd {self.service} --help lists its options)"
             ) from None
+        except (StartupError, StartFailed) as error:
+            if self.parent is None:
+                raise
+            # Status 1, as when a service cannot start; --help would not help.
+            line = (
+                error.line(self.service, "", self.get(error.option))
+                if isinstance(error, StartupError)
+                else str(error)
+            )
+            raise SystemExit(f"twistd {self.service}: {line}") from None
 
     def explain(self, message: str) -> str:
         """Twisted's usage error ``message``, reworded for operators (with the closest option)."""

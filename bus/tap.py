@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from bus.composition import Composition, ProductService, bound_inbound, hold_cpu_latency
+from bus.errors import StartFailed, StartupError
 from bus.eventbus.tap import Options as EventBusOptions
 from bus.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
 from bus.services import ServiceEntry, discovery_problems, entry, services
@@ -223,6 +224,9 @@ class _ProductOptions(ServiceOptions):
                 if _prefix(name):
                     message = message.replace("--", f"--{_prefix(name)}")
                 raise usage.UsageError(message) from None
+            except StartupError as error:  # what its options ask for is missing (bus.extras)
+                line = error.line(name, _prefix(name), sub.get(error.option))
+                raise StartFailed(line) from None
             for option in PROCESS_OPTION_NAMES:
                 if sub.get(option) is not None:  # from its table or its environment
                     raise usage.UsageError(
