@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bus.cliargs import fail
+from bus.extras import MissingExtra, require
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
@@ -334,7 +337,13 @@ def build_session(master: str | None, shuffle_partitions: int) -> SparkSession:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # the driver and the source's workers: one line now, not a worker's traceback later
+        require("pyspark", "spark", "the Spark pipeline")
+        require("pyarrow", "spark", "the Spark pipeline")
+    except MissingExtra as error:
+        fail(parser.prog, error)
     config = PipelineConfig(
         journal=args.journal or "",
         nats=args.nats or "",

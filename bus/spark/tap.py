@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from bus.extras import require
 from bus.options import ServiceOptions, optional_duration, parse_duration
 from bus.spark.config import BridgeConfig
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
@@ -71,11 +72,12 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> BridgeConfig:
-
+    """The bridge's settings; a usage error for a bad value, and MissingExtra (one line at
+    start, bus.extras) without pyarrow, which writes the journal's segments."""
     max_bytes = options.get("retention-max-bytes")
     if (options.get("dialect") or "spec") not in ("spec", "original"):
         raise usage.UsageError("--dialect must be spec or original")
-    return BridgeConfig(
+    config = BridgeConfig(
         journal_dir=Path(options["journal-dir"]),
         roll_events=int(options["roll-events"]),
         roll_seconds=parse_duration(options["roll-seconds"]),
@@ -85,6 +87,8 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> BridgeConfig
         storage_retry_max=parse_duration(options.get("storage-retry-max", "5s")),
         dialect=options.get("dialect") or "spec",
     )
+    require("pyarrow.parquet", "spark", "the bridge's Parquet journal", "journal-dir")
+    return config
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> SparkBridgeService:
