@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from bus.cliargs import CliParser, whole_number
+from bus.cliargs import CliParser, fail, whole_number
 from bus.natsserver import NatsCluster, NatsServerMissing
 
 
@@ -82,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         cluster.start()
     except NatsServerMissing as error:
-        print(f"bus-cluster: {error}", file=sys.stderr)
-        return 2
+        fail("bus-cluster", error)
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:

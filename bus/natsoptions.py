@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from twisted.python import usage
 
+from bus.extras import require, require_tls
 from bus.natswire.settings import NatsSettings
 
 Settings = TypeVar("Settings", bound=NatsSettings)
@@ -65,6 +66,7 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
         return None
     if not servers:
         raise usage.UsageError("--store jetstream needs --nats nats://HOST:PORT[,...]")
+    _require_extras(options, servers)
 
     def path(name: str) -> Path | None:
         value = options.get(name)
@@ -88,3 +90,15 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
         )
     except ValueError as error:
         raise usage.UsageError(str(error)) from None
+
+
+def _require_extras(options: Mapping[str, Any], servers: tuple[str, ...]) -> None:
+    """What the cluster extra brings, when these options need it: found now, one line at
+    start (bus.extras), rather than when the first connection is refused."""
+    if options.get("nats-creds"):
+        require("nkeys", "cluster", "a NATS credentials file", "nats-creds")
+    tls = [name for name in ("nats-tls-ca", "nats-tls-cert", "nats-tls-key") if options.get(name)]
+    if not tls and any(url.startswith("tls://") for url in servers):
+        tls = ["nats"]
+    if tls:
+        require_tls("TLS to the NATS servers", tls[0])

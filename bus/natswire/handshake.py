@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
+from bus.extras import MissingExtra, require
+
 DEFAULT_PORT = 4222
 
 
@@ -61,12 +63,11 @@ def credentials(path: Path) -> tuple[str, bytes]:
 
 
 def sign(seed: bytes, nonce: str) -> str:
+    # The services ask for nkeys as their options are read; Spark's executors, here.
     try:
-        import nkeys  # type: ignore[import-not-found]
-    except ImportError:
-        raise ConnectError(
-            "a credentials file needs the nkeys package (pip install nkeys)"
-        ) from None
+        nkeys = require("nkeys", "cluster", "a NATS credentials file")
+    except MissingExtra as error:
+        raise ConnectError(str(error)) from None
     signed = nkeys.from_seed(seed).sign(nonce.encode())
     return base64.urlsafe_b64encode(signed).decode().rstrip("=")
 

@@ -30,6 +30,7 @@ from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from bus.extras import MissingExtra, require_tls
 from bus.natswire import codec, handshake, jsapi
 from bus.natswire.codec import Control, Msg, ProtocolError
 from bus.natswire.handshake import ConnectError, Server
@@ -61,23 +62,22 @@ class NatsTLS:
     key: Path | None = None
 
     def options(self, hostname: str) -> Any:
+        # The options that ask for TLS had it checked at start (bus.natsoptions); a server
+        # that requires TLS unasked finds out here.
         try:
-            from twisted.internet import ssl
-        except ImportError:  # pragma: no cover - Twisted always has the module
-            raise ConnectError("TLS needs pyOpenSSL: pip install 'twisted[tls]'") from None
-        try:
-            trust = ssl.Certificate.loadPEM(self.ca.read_bytes()) if self.ca is not None else None
-            client = None
-            if self.cert is not None:
-                pem = self.cert.read_bytes()
-                if self.key is not None:
-                    pem += b"\n" + self.key.read_bytes()
-                client = ssl.PrivateCertificate.loadPEM(pem)
-            return ssl.optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client)
-        except (ImportError, NotImplementedError) as error:
-            raise ConnectError(
-                f"TLS needs pyOpenSSL: pip install 'twisted[tls]' ({error})"
-            ) from None
+            require_tls("TLS to the NATS servers")
+        except MissingExtra as error:
+            raise ConnectError(str(error)) from None
+        from twisted.internet import ssl
+
+        trust = ssl.Certificate.loadPEM(self.ca.read_bytes()) if self.ca is not None else None
+        client = None
+        if self.cert is not None:
+            pem = self.cert.read_bytes()
+            if self.key is not None:
+                pem += b"\n" + self.key.read_bytes()
+            client = ssl.PrivateCertificate.loadPEM(pem)
+        return ssl.optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client)
 
 
 @dataclass(slots=True)
@@ -152,8 +152,10 @@ class _Wire(Protocol):
         tls = handshake.wants_tls(self.address, self.info, client.tls is not None)
         try:
             if tls:
+                # The options first: without pyOpenSSL the transport has no startTLS at all.
+                context = (client.tls or NatsTLS()).options(self.address.host)
                 transport: Any = self.transport
-                transport.startTLS((client.tls or NatsTLS()).options(self.address.host))
+                transport.startTLS(context)
             options = handshake.connect_options(
                 self.address, self.info, client.name, tls, client.creds
             )
