@@ -11,7 +11,7 @@ it down after each run). Under Python 3 its check for a hash already listed neve
 hashes are taken once here.
 
 :func:`stored_schedule` judges one key's value (no I/O). :func:`read_redis` reads a running
-Redis through the ``redis`` package (the ``redis`` extra: ``pip install 'bus[redis]'``), and
+Redis through the ``redis`` package (the ``redis`` extra: ``pip install "bus[redis]"``), and
 :func:`read_dump` a dump file (RDB) by loading it into a private ``redis-server`` that
 listens on a Unix socket only, saves nothing, and is stopped once read. The RDB format is
 not parsed here: its encodings change with Redis releases (ziplists became listpacks in 7.0,
@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from bus.extras import MissingExtra, require
 
 #: The list of the hashes of eventmq's schedules.
 INDEX_KEY: Final = b"interval_jobs"
@@ -108,12 +110,9 @@ def _unique(hashes: list[bytes]) -> list[bytes]:
 
 def _redis_module() -> Any:
     try:
-        import redis
-    except ImportError:
-        raise RedisReadError(
-            "reading Redis needs the redis package: pip install 'bus[redis]'"
-        ) from None
-    return redis
+        return require("redis", "redis", "reading eventmq's Redis", package="the redis package")
+    except MissingExtra as error:
+        raise RedisReadError(str(error)) from None
 
 
 def _read(client: Any, where: str) -> tuple[list[StoredSchedule], int]:
