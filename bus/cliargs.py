@@ -7,6 +7,8 @@ parsed.
 - :func:`options_anywhere`: ``dbp-cli --dialect hermes services`` and ``dbp-cli services
   --dialect hermes`` are the same command line; so are ``mc0-cli --timeout 5 ping`` and
   ``mc0-cli ping --timeout 5``.
+- :func:`add_version`: ``PROG --version`` prints ``PROG (bus) VERSION``, the same for
+  every tool.
 - Argument types (``type=``) that refuse a bad value at parse time with a sentence:
   :func:`positive_seconds`, :func:`seconds_or_zero`, :func:`duration`, :func:`port`,
   :func:`whole_number`, :func:`tcp_endpoint`, :func:`host_port`.
@@ -21,6 +23,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from bus import version_line
+
 #: The exit status of a usage error (argparse's own).
 USAGE = 2
 
@@ -31,6 +35,16 @@ class CliParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         top = self.prog.split(" ")[0]
         self.exit(USAGE, f"{self.prog}: {one_line(message)} (see {top} --help)\n")
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """``--version``: ``PROG (bus) VERSION`` on stdout, and exit status 0."""
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_line(parser.prog),
+        help="print the version of bus and exit",
+    )
 
 
 def one_line(text: object) -> str:

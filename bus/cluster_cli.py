@@ -21,12 +21,13 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from bus.cliargs import CliParser, fail, whole_number
+from bus.cliargs import CliParser, add_version, fail, whole_number
 from bus.natsserver import NatsCluster, NatsServerMissing
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = CliParser(prog="bus-cluster", description=__doc__.splitlines()[0])
+    add_version(parser)
     # Each is the first of a run of ports: front-end N uses PORT + 3 N .. + 2 (N up to 8).
     first_port = whole_number(1, 65535 - 3 * 9)
     parser.add_argument("--dir", default="cluster-data", help="where the servers keep data")

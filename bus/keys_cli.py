@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from bus.cliargs import add_version
+
 #: eMQP's ports a key may connect to: the broker's, then its PUBLISH service's.
 ROLES = ("worker", "client", "admin", "publisher", "subscriber")
 COMMANDS = ("make", "set", "show")
@@ -148,6 +150,7 @@ def parser_for(command: str, prog: str = "bus-keys") -> argparse.ArgumentParser:
         "NAME.key_secret (keep it private). Also: bus-keys make NAME DIR (any NAME), "
         "bus-keys set FILE.key, bus-keys show FILE.",
     )
+    add_version(parser)
     parser.add_argument("name")
     parser.add_argument("directory")
     _rights_arguments(parser)

@@ -15,10 +15,11 @@ import re
 import tomllib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from twisted.python import reflect, usage
 
+from bus import version_line
 from bus.errors import StartFailed, StartupError
 from bus.services import service_names
 
@@ -214,6 +215,12 @@ class ServiceOptions(usage.Options):
         #: Option -> where its value came from, for those set by the config file or the
         #: environment (:meth:`apply_defaults`).
         self.sources: dict[str, str] = {}
+
+    def opt_version(self) -> NoReturn:
+        """Print the version of bus and exit."""
+        program = f"twistd {self.service}" if self.parent is not None else self.service
+        print(version_line(program))
+        raise SystemExit(0)
 
     def opt_config(self, path: str) -> None:
         """TOML file, a table per service ([eventbus], [spark-bridge]); environment and command line win."""

@@ -285,7 +285,7 @@ CASES = [
     ("zre-ping", ["--evasive", "{}"], "duration"),
     ("zre-ping", ["--expired", "{}"], "duration"),
     ("zre-ping", ["--peer", "{}"], "endpoint"),
-    ("zre-ping", ["--version", "{}"], "choice"),
+    ("zre-ping", ["--zre-version", "{}"], "choice"),
     ("bus-keys", ["alice", "{dir}", "--role", "{}"], "role"),
     ("bus-keys", ["--role", "{}", "make", "alice", "{dir}"], "role"),
     ("bus-keys", ["alice", "{dir}", "--publish", "{}"], "subtree"),

@@ -13,13 +13,22 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bus.cliargs import CliParser, one_line, parse, positive_seconds, tcp_endpoint, whole_number
+from bus.cliargs import (
+    CliParser,
+    add_version,
+    one_line,
+    parse,
+    positive_seconds,
+    tcp_endpoint,
+    whole_number,
+)
 from bus.dbp.config import DEFAULT_BEACON_PORT
 from bus.transport.curve_settings import add_client_curve_arguments
 
 
 def parser() -> argparse.ArgumentParser:
     p = CliParser(prog="dbp-cli", description=__doc__.split("\n\n")[0])
+    add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
     services = sub.add_parser(
         "services",

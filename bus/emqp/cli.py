@@ -34,7 +34,7 @@ from typing import Any, Literal
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from bus.cliargs import CliParser, parse, whole_number
+from bus.cliargs import CliParser, add_version, parse, whole_number
 from bus.transport.curve_settings import add_client_curve_arguments
 from bus.transport.probe import Listener, probe_port
 
@@ -762,6 +762,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(__doc__ or "").split("\n")[0],
         epilog=f"A command's options may also stand before it. {exit_status}",
     )
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     sub = commands.add_parser(
         "submit",

@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 
 from bus.cliargs import (
     CliParser,
+    add_version,
     host_port,
     one_line,
     parse,
@@ -557,6 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="A command's options may also stand before it (eventbus-cli --timeout 5 status).",
     )
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True)
 
     def server_option(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from twisted.internet import defer
 
 from bus.cliargs import (
     CliParser,
+    add_version,
     duration,
     one_line,
     parse,
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Options may stand on either side of the command. Exit status: 0 on success, "
         "1 with one sentence on stderr otherwise, 2 for a bad option.",
     )
+    add_version(parser)
     parser.add_argument(
         "--server", default=DEFAULT_SERVER, type=tcp_endpoint, help="broker endpoint (%(default)s)"
     )

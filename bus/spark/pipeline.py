@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bus.cliargs import fail
+from bus.cliargs import add_version, fail
 from bus.extras import MissingExtra, require
 
 if TYPE_CHECKING:
@@ -235,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--output /data/lake --checkpoint /data/lake-checkpoints --available-now"
         ),
     )
+    add_version(parser)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--journal", metavar="DIR", help="journal directory (the bridge's)")
     source.add_argument(

@@ -57,13 +57,14 @@ def emit(line: dict[str, Any]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from bus.cliargs import CliParser, duration, port, tcp_endpoint
+    from bus.cliargs import CliParser, add_version, duration, port, tcp_endpoint
 
     def peer(text: str) -> str:
         endpoint, bar, key = text.partition("|")
         return tcp_endpoint(endpoint) + bar + key
 
     p = CliParser(prog="zre-ping", description=__doc__.split("\n\n")[0])
+    add_version(p)
     p.add_argument("--interface", default="lo", help="network interface (default lo)")
     p.add_argument(
         "--group",
@@ -72,7 +73,12 @@ def parser() -> argparse.ArgumentParser:
         help="group to join and shout to (repeatable; default GLOBAL)",
     )
     p.add_argument("--name", default="", help="this node's name")
-    p.add_argument("--version", choices=["1", "2"], default="2", help="2: 36/ZRE, 1: 20/ZRE")
+    p.add_argument(
+        "--zre-version",
+        choices=["1", "2"],
+        default="2",
+        help="2: 36/ZRE, 1: 20/ZRE (as twistd -n eventbus spells it; --version 1 also works)",
+    )
     p.add_argument(
         "--peer",
         action="append",
@@ -115,8 +121,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def former_spelling(argv: Sequence[str]) -> list[str]:
+    """``--version 1|2`` (its spelling before 0.1.1, and twistd -n zre's) as ``--zre-version``:
+    ``--version`` alone prints the version of bus."""
+    args = list(argv)
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg.startswith("--version="):
+            args[index] = "--zre-version=" + arg.partition("=")[2]
+        elif arg == "--version" and index + 1 < len(args) and not args[index + 1].startswith("-"):
+            args[index] = "--zre-version"
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_args(former_spelling(sys.argv[1:] if argv is None else argv))
     groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor
 
@@ -129,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         interface=args.interface,
         port=args.port,
         groups=groups,
-        version=VERSION_20 if args.version == "1" else VERSION_36,
+        version=VERSION_20 if args.zre_version == "1" else VERSION_36,
         peers=list(args.peer),
         evasive=args.evasive,
         expired=args.expired,
