@@ -3,14 +3,15 @@
 
 One port for operators (``--http-port``, default 8642). ``/metrics`` is prometheus_client's
 Twisted resource over a registry of our own: the services' counters, read on the reactor
-thread at scrape time (the resource runs collectors in a worker thread), and the process's
-CPU, memory and descriptors.
+thread at scrape time (the resource runs collectors in a worker thread), the process's
+CPU, memory and descriptors, and the release (``bus_build_info``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,6 +22,7 @@ from twisted.internet import error as internet_error
 from twisted.logger import Logger
 from twisted.web import resource, server
 
+from bus import __version__
 from bus.console.api import OPEN_SEGMENTS, Console, folder, put
 from bus.console.tail import Source
 from bus.console.view import Named, read_status
@@ -42,6 +44,7 @@ def service_status(services: Named, started: float) -> dict[str, Any]:
             entry["status_error"] = error
         described[name] = entry
     return {
+        "version": __version__,
         "pid": os.getpid(),
         "uptime_s": round(time.time() - started, 3),
         "services": described,
@@ -194,7 +197,7 @@ class StatusWebService(Service):
         self.on_listening = on_listening
 
     def startService(self) -> None:
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import CollectorRegistry, Info
         from prometheus_client.process_collector import ProcessCollector
         from prometheus_client.twisted import MetricsResource
 
@@ -202,6 +205,10 @@ class StatusWebService(Service):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_ServicesCollector(self.services, self.reactor))
         ProcessCollector(registry=registry)
+        # bus_build_info{version, python} 1: which release answers, for dashboards and alerts.
+        Info("bus_build", "The release of bus and the Python that runs it", registry=registry).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
         root = folder()
         put(root, b"status", _Status(self.services, started))
         put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]

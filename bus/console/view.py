@@ -17,6 +17,7 @@ from typing import Any
 
 from twisted.application.service import Service
 
+from bus import __version__
 from bus.contract import Charted, Detailed, Reports
 
 #: The most entries of one list or mapping a console is sent.
@@ -113,6 +114,7 @@ def snapshot(services: Named, started: float) -> tuple[dict[str, Any], dict[str,
         counts[name] = found
     state = {
         "time": round(time.time(), 3),
+        "version": __version__,
         "pid": os.getpid(),
         "uptime_s": round(time.time() - started, 3),
         "services": described,

@@ -344,7 +344,8 @@ function otherView(s) {
 
 function render(state) {
   const now = state.t || state.time;
-  $("process").textContent = "pid " + state.pid + ", up " + duration(state.uptime_s);
+  $("process").textContent =
+    "bus " + state.version + ", pid " + state.pid + ", up " + duration(state.uptime_s);
   $("services").replaceChildren(...state.services.map((s) => card(s, now)));
   for (const s of state.services) {
     if (s.name === "http") continue;
