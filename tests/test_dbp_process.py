@@ -23,6 +23,7 @@ from tests.netns import (
     poll_until,
     readdress_without_broadcast,
 )
+from tests.processes import reported
 from tests.test_product_process import CLEAN_EXIT, CLI, TWISTD, Product, environment
 from tests.zre_helpers import free_udp_port
 
@@ -151,7 +152,7 @@ def test_composed_catalog_publishes_the_catalog_history_on_the_bus(tmp_path: Pat
     )  # fmt: skip
     service = None
     try:
-        yield wait_until(product.ready, timeout=60, what="product started")
+        yield reported(product.ready, what="product started")
         status = product.status()
         catalog = status["services"]["dbp"]
         assert catalog["beacon"] == f"127.255.255.255:{beacon}"

@@ -27,7 +27,7 @@ from bus.emqp.worker import EmqpWorker
 from bus.testing import RawPeer, start_broker, wait_until
 from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
-from tests.processes import BrokerProcess
+from tests.processes import BrokerProcess, reported
 from tests.test_emqp_interop import JOBS, InteropProcess, free_slots, job_manager, run_real_client
 
 Message = list[bytes]
@@ -359,7 +359,7 @@ def test_a_cron_schedule_of_eventmq_runs_at_once_unless_no_haste(
     patient = BrokerProcess(tmp_path / "patient", None, "--no-haste")
     worker = None
     try:
-        yield wait_until(lambda: hasty.ready() and patient.ready(), timeout=30, what="brokers")
+        yield reported(lambda: hasty.ready() and patient.ready(), what="brokers")
         worker = EmqpWorker(hasty.endpoints["worker"], slots=1, heartbeat_interval=0.2)
         worker.startService()
         yield wait_until(lambda: worker.registered, what="our worker")

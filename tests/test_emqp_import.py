@@ -22,7 +22,7 @@ import pytest_twisted
 from bus.emqp.worker import EmqpWorker
 from bus.testing import wait_until
 from tests.ports import free_ports
-from tests.processes import BrokerProcess, CommandProcess
+from tests.processes import BrokerProcess, CommandProcess, reported
 from tests.test_emqp_interop import INTEROP_PYTHON, JOBS, InteropProcess
 
 redis = pytest.importorskip(
@@ -107,7 +107,7 @@ class Cli(CommandProcess):
 def emqp_cli(cleanup: list[Any], *args: str) -> Any:
     command = Cli(*args)
     cleanup.append(command)
-    yield wait_until(command.finished, timeout=60, what=f"emqp-cli {' '.join(args)}")
+    yield command.ended()
     return command
 
 
@@ -180,7 +180,7 @@ def test_schedules_of_eventmqs_redis_are_imported_into_twistd_emqp(
 
     broker = BrokerProcess(tmp_path / "emqp", None)
     processes.append(broker)
-    yield wait_until(broker.ready, timeout=30, what="twistd -n emqp")
+    yield reported(broker.ready, what="twistd -n emqp")
     admin = broker.endpoints["admin"]
     worker = EmqpWorker(broker.endpoints["worker"], slots=2, heartbeat_interval=0.2)
     worker.startService()

@@ -25,7 +25,7 @@ from bus.emqp.client import EmqpClient
 from bus.emqp.worker import EmqpWorker
 from bus.testing import start_broker, wait_until
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, BrokerProcess
+from tests.processes import CLEAN_EXIT, BrokerProcess, reported
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
@@ -275,7 +275,7 @@ def test_the_real_job_manager_serves_again_after_the_broker_restarts(
     client = None
     try:
         brokers.append(BrokerProcess(data, ports))
-        yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+        yield reported(brokers[-1].ready, what="the broker")
         # Its defaults (heartbeat every 3 s, silence judged per 5 s, liveness 3) scaled down
         # to 1 s and 2 s: it notices silence after about 6 s instead of 15.
         job_manager(
@@ -288,7 +288,7 @@ def test_the_real_job_manager_serves_again_after_the_broker_restarts(
             code = brokers[-1].stop(stop)
             assert code == -signal.SIGKILL if stop == signal.SIGKILL else code in CLEAN_EXIT
             brokers.append(BrokerProcess(data, ports))
-            yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+            yield reported(brokers[-1].ready, what="the broker again")
             # Our client reconnects by itself; the job waits for the job manager's INFORM.
             assert (yield client.submit("default", body).addTimeout(60, reactor)) == 5
             yield wait_until(
@@ -324,7 +324,7 @@ def test_the_real_schedule_call_runs_on_our_scheduler_and_goes_on_after_a_restar
         return [float(line.split()[0]) for line in text.splitlines()]
 
     try:
-        yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+        yield reported(brokers[-1].ready, what="the broker")
         worker = EmqpWorker(brokers[-1].endpoints["worker"], slots=2, heartbeat_interval=0.2)
         worker.startService()
         yield wait_until(lambda: worker.registered, what="our worker")
@@ -345,7 +345,7 @@ def test_the_real_schedule_call_runs_on_our_scheduler_and_goes_on_after_a_restar
         # Down for 3 s (part of the scenario, not a synchronisation): three runs missed.
         yield task.deferLater(reactor, 3.0, lambda: None)
         brokers.append(BrokerProcess(data, ports))
-        yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+        yield reported(brokers[-1].ready, what="the broker again")
         yield wait_until(lambda: len(runs()) >= before + 3, timeout=30, what="runs again")
         after = runs()[before:]
         # That the three missed runs are not made up at once is the scheduler's rule, tested

@@ -20,7 +20,7 @@ from bus.emqp.worker import EmqpWorker
 from bus.eventbus.codec import HEARTBEAT_TOPIC
 from bus.testing import RawPeer, wait_until
 from tests.emqp_helpers import RawWorker
-from tests.processes import BrokerProcess
+from tests.processes import BrokerProcess, reported
 from tests.test_product_process import Product, environment, metric_samples
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
@@ -44,7 +44,7 @@ def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
     broker = BrokerProcess(data)
     restarted = client = worker = stuck = None
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         endpoints, ports = broker.endpoints, broker.ports()
         stuck = RawWorker(endpoints["worker"])  # takes one request and never answers
         yield wait_until(stuck.acked, what="ACK")
@@ -61,7 +61,7 @@ def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
         assert broker.stop(signal.SIGKILL) == -signal.SIGKILL
         stuck.close()
         restarted = BrokerProcess(data, ports)
-        yield wait_until(restarted.ready, timeout=30, what="the broker again")
+        yield reported(restarted.ready, what="the broker again")
         assert restarted.status()["counters"]["restored"] == 20
         assert restarted.status()["stored"] == 20
         # Our client's socket reconnects by itself, with the same identity.
@@ -94,14 +94,14 @@ def test_our_worker_informs_again_after_a_kill_9_of_the_broker(tmp_path: Path) -
     broker = BrokerProcess(data)
     restarted = client = worker = None
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         endpoints, ports = broker.endpoints, broker.ports()
         worker = EmqpWorker(endpoints["worker"], handlers={"add": add}, heartbeat_interval=0.2)
         worker.startService()
         yield wait_until(lambda: worker.registered, what="the worker's ACK")
         assert broker.stop(signal.SIGKILL) == -signal.SIGKILL  # no KBYE: it just vanishes
         restarted = BrokerProcess(data, ports)
-        yield wait_until(restarted.ready, timeout=30, what="the broker again")
+        yield reported(restarted.ready, what="the broker again")
         # The new broker answers the worker's HEARTBEAT with KBYE (or the worker notices
         # the silence); either way it INFORMs again and serves.
         yield wait_until(lambda: worker.informs >= 2 and worker.registered, what="re-INFORM")
@@ -126,7 +126,7 @@ def test_composed_into_the_product_its_job_life_is_on_the_bus(tmp_path: Path) ->
     )  # fmt: skip
     subscriber = client = worker = None
     try:
-        yield wait_until(product.ready, timeout=60, what="the product")
+        yield reported(product.ready, what="the product")
         status = product.status()["services"]
         assert set(status) == {"eventbus", "emqp", "http"}
         emqp = status["emqp"]["endpoints"]
@@ -183,7 +183,7 @@ def test_emqp_cli_submit_and_status(tmp_path: Path) -> Any:
     broker = BrokerProcess(tmp_path / "emqp")
     worker = None
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         endpoints = broker.endpoints
         worker = EmqpWorker(
             endpoints["worker"], slots=2, handlers={"add": add}, heartbeat_interval=0.2
@@ -264,7 +264,7 @@ def test_a_client_that_never_reads_costs_bounded_memory_given_back_when_it_goes(
     context = zmq.Context()
     worker = None
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         rss = psutil.Process(broker.process.pid).memory_info
         worker = RawWorker(broker.endpoints["worker"])
         yield wait_until(worker.acked, what="ACK")

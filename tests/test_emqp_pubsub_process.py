@@ -17,7 +17,7 @@ from bus import tap
 from bus.emqp import pubsub_codec
 from bus.testing import RawPeer, wait_until
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, TWISTD, TwistdProcess
+from tests.processes import CLEAN_EXIT, TWISTD, TwistdProcess, reported
 from tests.test_emqp_interop import InteropProcess
 from tests.test_emqp_pubsub import EXPECTED, interop, publish_with_eventmq
 from tests.test_product_process import Product, environment, metric_samples
@@ -98,7 +98,7 @@ def test_composed_it_reports_on_status_and_metrics_and_publishes_onto_the_bus(
     )  # fmt: skip
     peers: list[RawPeer] = []
     try:
-        yield wait_until(product.ready, timeout=30, what="the product")
+        yield reported(product.ready, what="the product")
         services = product.status()["services"]
         assert list(services) == ["eventbus", "emqp-pubsub", "http"]  # after the bus (AFTER)
         endpoints = services["emqp-pubsub"]["endpoints"]

@@ -13,6 +13,7 @@ import pytest_twisted
 
 from bus.testing import wait_until
 from bus.zre.node import ZreNode
+from tests.processes import reported
 from tests.test_product_process import CLEAN_EXIT, CLI, TWISTD, Product, environment
 from tests.zre_helpers import EventLog, fast_config, free_udp_port
 
@@ -36,7 +37,7 @@ def test_composed_zre_publishes_membership_on_the_bus(tmp_path: Path) -> Any:
     node.add_listener(events)
     node.startService()
     try:
-        yield wait_until(product.ready, timeout=60, what="product started")
+        yield reported(product.ready, what="product started")
         yield wait_until(lambda: events.of("JOIN"), timeout=20, what="composed node's JOIN")
         [enter] = events.of("ENTER")
         assert enter.name == "composed"
