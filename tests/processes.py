@@ -33,11 +33,13 @@ CLEAN_EXIT = (0, -signal.SIGTERM)
 #: (it is ready, it ended, it died): this bound is only ever reached by a hang.
 START_BOUND = 120.0
 
-#: The option that bounds what each tool does once it runs (seconds; 0: no bound).
+#: Each tool's module, the function there that builds its parser, and the option that
+#: bounds what it does once it runs (seconds; 0: no bound).
 _OWN_BOUNDS = {
-    "eventbus-cli": ("bus.eventbus.cli", "timeout"),
-    "emqp-cli": ("bus.emqp.cli", "wait"),
-    "mc0-cli": ("bus.mc0.cli", "timeout"),
+    "eventbus-cli": ("bus.eventbus.cli", "build_parser", "timeout"),
+    "emqp-cli": ("bus.emqp.cli", "build_parser", "wait"),
+    "mc0-cli": ("bus.mc0.cli", "build_parser", "timeout"),
+    "dbp-cli": ("bus.dbp.cli", "parser", "timeout"),
 }
 
 
@@ -50,8 +52,8 @@ def own_bound(program: str, args: Sequence[str]) -> float:
         return 0.0
     from bus.cliargs import parse
 
-    module, option = _OWN_BOUNDS[program]
-    parser = importlib.import_module(module).build_parser()
+    module, factory, option = _OWN_BOUNDS[program]
+    parser = getattr(importlib.import_module(module), factory)()
     parser.error = lambda message: sys.exit(2)  # type: ignore[method-assign]
     try:
         parsed = parse(parser, list(args))
@@ -74,6 +76,17 @@ def ended(process: subprocess.Popen[Any], within: float, what: str = "") -> defe
         what=what or f"{process.args!r} to end",
     )
     return waited.addCallback(lambda _: process.returncode)
+
+
+def exit_status(process: subprocess.Popen[Any], within: float = 0.0) -> int:
+    """``process``'s exit status once it has ended, waited for by blocking (no reactor to
+    keep): ``within`` its own bound once it runs, and :data:`START_BOUND` for its start."""
+    try:
+        return process.wait(START_BOUND + within)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"{process.args!r} still running {START_BOUND + within:g} s after it started"
+        ) from None
 
 
 def reported(
