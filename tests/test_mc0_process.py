@@ -91,9 +91,9 @@ def test_twistd_mc0_with_its_own_keys_and_the_cli(tmp_path: Path) -> Any:
             cwd=tmp_path,
             env=environment(),
         )
-        yield wait_until(
+        yield reported(
             lambda: "subscribed to news" in follower_err.read_text(),
-            timeout=30,
+            follower,
             what="the subscriber's SUB acknowledged",
         )
         put = run(
