@@ -59,6 +59,11 @@ class MemoryRelease:
         if self._call is None and not self._stopped:
             self._call = self.reactor.callLater(self.delay, self._release)
 
+    @property
+    def pending(self) -> bool:
+        """A hand-back is due (something freed since the last one has not been handed back)."""
+        return self._call is not None
+
     def _release(self) -> None:
         self._call = None
         self.releases += 1

@@ -21,6 +21,8 @@ from typing import Any, TextIO
 
 import pytest
 
+from tests.processes import START_BOUND
+
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
@@ -162,7 +164,8 @@ class LinePeer:
 
     @property
     def ready(self) -> dict[str, Any]:
-        return self.wait_for("READY")
+        """Its READY line: it is up (a process that ended before is said at once)."""
+        return self.wait_for("READY", timeout=START_BOUND)
 
     def stop(self, timeout: float = 10.0) -> None:
         if self.process.poll() is None:

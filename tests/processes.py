@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -10,9 +11,11 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from twisted.internet import defer
 
 from tests.ports import free_port
 
@@ -22,6 +25,87 @@ TWISTD = str(Path(sys.executable).with_name("twistd"))
 ROOT = Path(__file__).resolve().parent.parent
 # twistd re-raises the signal that stopped the reactor once shutdown is complete.
 CLEAN_EXIT = (0, -signal.SIGTERM)
+
+#: How long a child may take to start (Python, Twisted's imports, its own set-up) before a
+#: wait on it is taken for a hang. eventbus-cli starts in 0.75 s on a quiet machine; with
+#: the suite's workers and other processes on two cores it took several times that (CI saw
+#: two of them not finished within 10 s). A wait on a child ends when the child reports
+#: (it is ready, it ended, it died): this bound is only ever reached by a hang.
+START_BOUND = 120.0
+
+#: Each tool's module, the function there that builds its parser, and the option that
+#: bounds what it does once it runs (seconds; 0: no bound).
+_OWN_BOUNDS = {
+    "eventbus-cli": ("bus.eventbus.cli", "build_parser", "timeout"),
+    "emqp-cli": ("bus.emqp.cli", "build_parser", "wait"),
+    "mc0-cli": ("bus.mc0.cli", "build_parser", "timeout"),
+    "dbp-cli": ("bus.dbp.cli", "parser", "timeout"),
+}
+
+
+def own_bound(program: str, args: Sequence[str]) -> float:
+    """How long ``program`` run with ``args`` may work once started, by its own option
+    (``--timeout``, emqp-cli's ``--wait``), read with the tool's own parser: its default
+    when the arguments do not say. 0 for a tool without such an option, or arguments it
+    refuses (it ends at once)."""
+    if program not in _OWN_BOUNDS:
+        return 0.0
+    from bus.cliargs import parse
+
+    module, factory, option = _OWN_BOUNDS[program]
+    parser = getattr(importlib.import_module(module), factory)()
+    parser.error = lambda message: sys.exit(2)  # type: ignore[method-assign]
+    try:
+        parsed = parse(parser, list(args))
+    except SystemExit:
+        return 0.0
+    return max(0.0, float(getattr(parsed, option, 0.0) or 0.0))
+
+
+def ended(process: subprocess.Popen[Any], within: float, what: str = "") -> defer.Deferred[int]:
+    """Fire with ``process``'s exit status once it has ended, waited for on the reactor (the
+    servers of this process keep serving meanwhile). ``within``: the bound the child keeps
+    on its own work once it runs (a CLI's ``--timeout``); the wait fails only
+    :data:`START_BOUND` seconds after that, for a child that hangs."""
+    from bus.testing import wait_until
+
+    waited = wait_until(
+        lambda: process.poll() is not None,
+        timeout=START_BOUND + within,
+        interval=0.02,
+        what=what or f"{process.args!r} to end",
+    )
+    return waited.addCallback(lambda _: process.returncode)
+
+
+def exit_status(process: subprocess.Popen[Any], within: float = 0.0) -> int:
+    """``process``'s exit status once it has ended, waited for by blocking (no reactor to
+    keep): ``within`` its own bound once it runs, and :data:`START_BOUND` for its start."""
+    try:
+        return process.wait(START_BOUND + within)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(
+            f"{process.args!r} still running {START_BOUND + within:g} s after it started"
+        ) from None
+
+
+def reported(
+    condition: Callable[[], object], *children: subprocess.Popen[Any], what: str
+) -> defer.Deferred[None]:
+    """Wait on the reactor until ``condition()`` holds: what a child that is starting does
+    once it runs (it is ready, it wrote a line, it registered). Fails as soon as one of
+    ``children`` has ended without it, and after :data:`START_BOUND` for one that hangs."""
+    from bus.testing import wait_until
+
+    def done() -> bool:
+        if condition():
+            return True
+        for child in children:
+            if child.poll() is not None:
+                raise AssertionError(f"{child.args!r} exited with {child.returncode} before {what}")
+        return False
+
+    return wait_until(done, timeout=START_BOUND, interval=0.02, what=what)
 
 
 def wait_for(
@@ -46,6 +130,7 @@ class CommandProcess:
     program = ""
 
     def __init__(self, *args: str) -> None:
+        self.args = args
         self.stdout = tempfile.TemporaryFile("w+")
         self.stderr = tempfile.TemporaryFile("w+")
         self.process = subprocess.Popen(
@@ -73,6 +158,11 @@ class CommandProcess:
 
     def finished(self) -> bool:
         return self.process.poll() is not None
+
+    def ended(self) -> defer.Deferred[int]:
+        """Its exit status once it has ended (:func:`ended`), within its own bound."""
+        what = f"{self.program} {' '.join(self.args)} to end"
+        return ended(self.process, own_bound(self.program, self.args), what)
 
     def lines(self) -> list[dict[str, Any]]:
         """Its standard output as JSON lines."""

@@ -13,10 +13,9 @@ import pytest_twisted
 from bus.cpulatency import DEVICE, CpuLatencyService, current
 from bus.errors import StartupError
 from bus.tap import Options, compose
-from bus.testing import wait_until
 from tests.ports import free_ports
 
-from .processes import CLEAN_EXIT, TWISTD, TwistdProcess
+from .processes import CLEAN_EXIT, TWISTD, TwistdProcess, reported
 from .test_product_process import environment
 
 #: A bound no one else on a test machine asks for, so that the kernel's minimum is ours.
@@ -58,7 +57,7 @@ def test_the_product_holds_the_bound_while_it_runs_and_lets_go_when_it_stops(
     assert current() > BOUND
     broker = Broker(tmp_path, "--cpu-latency-us", str(BOUND), alone=alone)
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         assert current() == BOUND
         assert f"wake-up latency at {BOUND} us" in broker.output()
     finally:

@@ -24,7 +24,7 @@ from bus.testing import wait_until
 from bus.transport.certs import directory_signature, write_certificate
 from bus.transport.curve import CurveKeyPair
 from tests.curve_helpers import Keys
-from tests.processes import CLEAN_EXIT, ServerProcess
+from tests.processes import CLEAN_EXIT, ServerProcess, reported
 
 _OUTCOMES = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 
@@ -72,7 +72,7 @@ def test_keys_come_and_go_whatever_else_is_in_the_directory(
     served: tuple[ServerProcess, Keys],
 ) -> Any:
     server, keys = served
-    yield wait_until(server.ready, timeout=30, what="the bus")
+    yield reported(server.ready, what="the bus")
     endpoint = server.status()["endpoints"]["snapshot"]
     public = keys.server.public
 

@@ -32,7 +32,7 @@ class Command(CommandProcess):
 def ran(cleanup: list[Any], program: str, *args: str) -> Any:
     command = Command(program, *args)
     cleanup.append(command)
-    yield wait_until(command.finished, timeout=30, what=f"{program} {' '.join(args)}")
+    yield command.ended()
     return command
 
 

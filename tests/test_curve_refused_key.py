@@ -14,7 +14,7 @@ from bus.testing import start_bus, wait_until
 from bus.transport.certs import write_certificate
 from bus.transport.curve import CurveKeyPair
 from tests.curve_helpers import Keys
-from tests.processes import BrokerProcess
+from tests.processes import BrokerProcess, reported
 from tests.test_curve_cli import ran
 from tests.test_emqp_worker_command import WorkerProcess
 
@@ -48,7 +48,7 @@ def test_emqp_worker_says_the_broker_refused_its_key(
 
 @pytest_twisted.inlineCallbacks
 def _workers_are_told(tmp_path: Path, keys: Keys, cleanup: list[Any], broker: Any) -> Any:
-    yield wait_until(broker.ready, timeout=30, what="twistd -n emqp over CURVE")
+    yield reported(broker.ready, what="twistd -n emqp over CURVE")
     endpoint = broker.endpoints["worker"]
     stranger, stranger_key = unlisted(keys, "stranger")
     web = keys.root / "private" / "web.key_secret"

@@ -28,6 +28,7 @@ from twisted.logger import globalLogPublisher
 from bus.dbp import codec
 from bus.dbp.client import CatalogClient, ServiceRegistration
 from bus.testing import RawPeer, wait_until
+from tests.processes import START_BOUND, own_bound
 from tests.test_dbp_server import (
     Activity,
     CatalogMaker,
@@ -178,8 +179,13 @@ def hermes_catalog() -> Iterator[FakeHermesCatalog]:
 
 
 def run_cli(*args: str) -> Any:
+    timeout = START_BOUND + own_bound("dbp-cli", ["services", *args])  # its own, and its start
     return threads.deferToThread(
-        subprocess.run, [DBP_CLI, "services", *args], capture_output=True, text=True, timeout=30
+        subprocess.run,
+        [DBP_CLI, "services", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

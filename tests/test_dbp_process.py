@@ -15,7 +15,6 @@ import pytest
 import pytest_twisted
 
 from bus.dbp.client import ServiceRegistration
-from bus.testing import wait_until
 from tests.netns import (
     LinePeer,
     NamespacePair,
@@ -23,6 +22,7 @@ from tests.netns import (
     poll_until,
     readdress_without_broadcast,
 )
+from tests.processes import START_BOUND, reported
 from tests.test_product_process import CLEAN_EXIT, CLI, TWISTD, Product, environment
 from tests.zre_helpers import free_udp_port
 
@@ -58,7 +58,8 @@ def test_catalog_in_a_namespace_beacon_udp_heartbeats_fallback_and_expiry(
         [sys.executable, str(SERVICE), "sensor", pair.addr_b, "7100"], tmp_path / "svc.log", pair.b
     )
     try:
-        found = service.wait_for("FOUND", timeout=30)
+        # Both just started: the catalog's twistd and the service's Python.
+        found = service.wait_for("FOUND", timeout=START_BOUND)
         assert found["endpoint"] == f"tcp://{pair.addr_a}:5246"  # the beacon crossed the veth
         registered = service.wait_for("REGISTERED", timeout=30)
         assert registered["config"]["udp_port"] == 5246
@@ -117,13 +118,13 @@ def test_beacon_on_an_address_added_without_brd_and_a_hermes_service_from_the_pe
     endpoint = f"tcp://{pair.addr_a}:5246"
     hermes = None
     try:
-        listener.wait_for("READY")
-        heard = listener.wait_for("HEARD", timeout=30)
+        listener.wait_for("READY", timeout=START_BOUND)
+        heard = listener.wait_for("HEARD", timeout=START_BOUND)  # the catalog's start
         assert (heard["data"], heard["from"]) == ("SHALOM 5246", pair.addr_a)
         hermes = LinePeer(
             [sys.executable, str(HERMES_SERVICE), endpoint, "Rohan"], tmp_path / "h.log", pair.b
         )
-        reply = hermes.wait_for("REPLY", timeout=30)
+        reply = hermes.wait_for("REPLY", timeout=START_BOUND)  # its start
         assert (reply["command"], reply["time_size"]) == ("OwO", 4)
         run = subprocess.run(
             ["ip", "netns", "exec", pair.b, DBP_CLI, "services", "Rohan", "--catalog", endpoint],
@@ -151,7 +152,7 @@ def test_composed_catalog_publishes_the_catalog_history_on_the_bus(tmp_path: Pat
     )  # fmt: skip
     service = None
     try:
-        yield wait_until(product.ready, timeout=60, what="product started")
+        yield reported(product.ready, what="product started")
         status = product.status()
         catalog = status["services"]["dbp"]
         assert catalog["beacon"] == f"127.255.255.255:{beacon}"
@@ -177,11 +178,12 @@ def test_composed_catalog_publishes_the_catalog_history_on_the_bus(tmp_path: Pat
                 [CLI, "snapshot", "/dbp/", "--server", server],
                 capture_output=True,
                 text=True,
-                timeout=30,
+                timeout=START_BOUND + 60,  # its own 60 s
             )
             return [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
 
-        yield wait_until(lambda: len(stored()) >= 3, timeout=20, what="activity stored")
+        # Each look starts an eventbus-cli: bounded by what it reports, not by its start.
+        yield reported(lambda: len(stored()) >= 3, what="activity stored")
         events = stored()
         assert [e["topic"] for e in events] == [
             "/dbp/services/billing/registered/",

@@ -16,7 +16,7 @@ from bus.emqp.worker import EmqpWorker
 from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
-from tests.processes import CommandProcess
+from tests.processes import CommandProcess, reported
 
 ADD = '["add", {"a": 1, "b": 2}]'
 
@@ -40,7 +40,7 @@ def ran(cleanup: list[Any], *args: str) -> Any:
     """The finished command, waited for on the reactor (the broker keeps answering)."""
     command = Cli(*args)
     cleanup.append(command)
-    yield wait_until(command.finished, timeout=30, what=f"emqp-cli {' '.join(args)}")
+    yield command.ended()
     return command
 
 
@@ -111,7 +111,8 @@ def test_results_of_a_worker_and_the_status(tmp_path: Path, cleanup: list[Any]) 
         Cli("submit", "default", '["fail", {}]', *ports(broker), "--wait", "20"),
     ]
     cleanup.extend(commands)
-    yield wait_until(lambda: all(c.finished() for c in commands), timeout=30, what="the CLIs")
+    for command in commands:
+        yield command.ended()
     value, dispatched, failed = commands
     assert (value.code, value.out, value.err) == (0, "3\n", "")
     assert (dispatched.code, dispatched.err) == (0, "")
@@ -228,7 +229,8 @@ def test_bad_input_is_refused_before_anything_is_sent(cleanup: list[Any]) -> Any
     ]
     commands = [Cli("submit", *args) for args, _ in cases]
     cleanup.extend(commands)
-    yield wait_until(lambda: all(c.finished() for c in commands), timeout=30, what="the CLIs")
+    for command in commands:
+        yield command.ended()
     for command, (args, expected) in zip(commands, cases, strict=True):
         assert one_failure(command).startswith(f"emqp-cli submit: {expected}"), args
 
@@ -239,7 +241,7 @@ def test_ctrl_c_says_what_was_waited_for(tmp_path: Path, cleanup: list[Any]) -> 
     command = Cli("submit", "default", ADD, *ports(broker), "--wait", "0")
     cleanup.append(command)
     # The request leaves once the CLI's reactor runs, so its SIGINT handler is in place.
-    yield wait_until(lambda: broker.broker.requests == 1, timeout=30, what="the request")
+    yield reported(lambda: broker.broker.requests == 1, command.process, what="the request")
     command.process.send_signal(signal.SIGINT)
     yield wait_until(command.finished, timeout=30, what="the CLI to stop")
     assert re.fullmatch(

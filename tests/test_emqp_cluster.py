@@ -25,7 +25,7 @@ from bus.natswire.blocking import Connection
 from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import nats_cluster
-from tests.processes import BrokerProcess
+from tests.processes import BrokerProcess, reported
 from tests.test_emqp_interop import JOBS, InteropProcess, free_slots, job_manager, run_real_client
 
 pytest.importorskip("nats")
@@ -84,7 +84,7 @@ def streaming(process: BrokerProcess) -> bool:
 def worker_and_client(process: BrokerProcess, peers: list[Any]) -> Any:
     """Once ``process`` streams: a raw worker whose INFORM it acknowledged and a raw
     client, both on it (and in ``peers``, to be closed)."""
-    yield wait_until(lambda: streaming(process), timeout=60, what="the broker")
+    yield reported(lambda: streaming(process), what="the broker")
     worker = RawWorker(process.endpoints["worker"])
     client = RawClient(process.endpoints["client"])
     peers += [worker, client]
@@ -99,7 +99,7 @@ def test_a_request_at_one_broker_runs_on_a_worker_of_another(
     a, b = brokers()
     peers: list[Any] = []
     try:
-        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
         worker = RawWorker(b.endpoints["worker"])
         client = RawClient(a.endpoints["client"])
         peers += [worker, client]
@@ -140,7 +140,7 @@ def test_a_broker_killed_holding_requests_loses_none(
     peers: list[Any] = []
     client = None
     try:
-        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
         stuck = RawWorker(b.endpoints["worker"])  # takes requests and never answers
         peers.append(stuck)
         yield wait_until(stuck.acked, what="the stuck worker's INFORM acknowledged")
@@ -178,9 +178,9 @@ def test_eventmqs_own_client_and_job_manager_meet_across_two_brokers(
 ) -> Any:
     """eventmq 0.3.13 unchanged: its job manager at b, its client at a."""
     a, b = brokers("--heartbeat-interval", "3s")
-    yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
-    job_manager(b, eventmq, tmp_path, jobs=2)
-    yield wait_until(lambda: free_slots(b) == 2, timeout=30, what="two READYs at b")
+    yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
+    manager = job_manager(b, eventmq, tmp_path, jobs=2)
+    yield reported(lambda: free_slots(b) == 2, manager.process, what="two READYs at b")
     requests = [
         {"func": f"{JOBS}.add", "args": [i, 10], "reply": True, "guarantee": True} for i in range(4)
     ]
@@ -204,7 +204,7 @@ def test_a_worker_with_one_slot_takes_a_queue_one_by_one(
     a, b = brokers()
     peers: list[Any] = []
     try:
-        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
         worker = RawWorker(b.endpoints["worker"])
         client = RawClient(a.endpoints["client"])
         peers += [worker, client]
@@ -272,7 +272,7 @@ def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
     a, b = brokers()
     peers: list[Any] = []
     try:
-        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
         workers = [RawWorker(p.endpoints["worker"]) for p in (a, b)]
         peers += workers
         for worker in workers:
@@ -331,7 +331,7 @@ def test_a_request_resent_at_another_broker_is_stored_once(
     a, b = brokers()
     peers: list[Any] = []
     try:
-        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
         first = RawClient(a.endpoints["client"])
         peers.append(first)
         frames = codec.request("default", b"1", b"guarantee,reply-requested")

@@ -26,7 +26,14 @@ from bus.transport.certs import write_certificate
 from tests.curve_helpers import Keys
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, TWISTD, BrokerProcess, ServerProcess, TwistdProcess
+from tests.processes import (
+    CLEAN_EXIT,
+    TWISTD,
+    BrokerProcess,
+    ServerProcess,
+    TwistdProcess,
+    reported,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_BIN = ROOT / ".venv-interop" / "bin"
@@ -174,7 +181,7 @@ def test_eventmq_conf_serves_where_eventmqs_router_serves(tmp_path: Path) -> Any
         workdir.mkdir()
         broker = EmqpAlone(workdir, *args, env=env)
         try:
-            yield wait_until(broker.ready, timeout=30, what=f"the broker with {how}")
+            yield reported(broker.ready, what=f"the broker with {how}")
             assert broker.status()["endpoints"] == endpoints, how
             status = yield serves(endpoints)
             assert "inflight_messages_by_queue" in status
@@ -217,7 +224,7 @@ def test_our_options_environment_and_router_section_over_eventmqs_global(
         },
     )  # fmt: skip
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         ours = {
             "worker": f"tcp://127.0.0.1:{first + 6}",  # EVENTMQ_BACKEND_ADDR over the file
             "client": f"tcp://127.0.0.1:{first + 4}",  # [router] over [global]
@@ -268,7 +275,7 @@ def test_sighup_reads_eventmq_conf_again_as_eventmqs_router_does(tmp_path: Path)
 
     broker = EmqpAlone(tmp_path, "-C", str(conf))
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         yield serves(endpoints)
 
         def after_sighup(text: str) -> Any:
@@ -336,7 +343,7 @@ def test_sighup_takes_a_new_curve_allow_list_directory(tmp_path: Path) -> Any:
         return sum(broker.status().get("curve", {}).get("refused", {}).values())
 
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         yield answered(old_key)
         peer = RawPeer.dealer(admin, curve=(keys.server.public, new_key))
         yield wait_until(lambda: refused() == 1, timeout=30, what="the new key refused")
@@ -382,7 +389,7 @@ def test_sighup_in_the_product_reloads_emqp_and_keeps_the_event_bus(
             return {}
 
     try:
-        yield wait_until(product.ready, timeout=60, what="the product")
+        yield reported(product.ready, what="the product")
         yield wait_until(lambda: emqp_status().get("endpoints"), timeout=30, what="emqp")
         assert emqp_status()["endpoints"] == endpoints
         yield serves(endpoints)
@@ -397,7 +404,7 @@ def test_sighup_in_the_product_reloads_emqp_and_keeps_the_event_bus(
         yield serves(endpoints)
         # The Event BUS goes on: its status.json is written again after the SIGHUP.
         product.status_path.unlink()
-        yield wait_until(product.ready, timeout=30, what="the Event BUS's status again")
+        yield reported(product.ready, what="the Event BUS's status again")
     finally:
         _stopped(product)
 
@@ -421,7 +428,7 @@ def test_the_log_of_dropped_answers_adds_up_to_status(tmp_path: Path) -> Any:
     context = zmq.Context()
     worker = None
     try:
-        yield wait_until(broker.ready, timeout=30, what="the broker")
+        yield reported(broker.ready, what="the broker")
         worker = RawWorker(broker.endpoints["worker"])
         yield wait_until(worker.acked, what="ACK")
         worker.ready(300)

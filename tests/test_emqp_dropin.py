@@ -27,8 +27,15 @@ from bus.emqp.worker import EmqpWorker
 from bus.testing import RawPeer, start_broker, wait_until
 from tests.emqp_helpers import RawClient, RawWorker, broker_in
 from tests.ports import free_ports
-from tests.processes import BrokerProcess
-from tests.test_emqp_interop import JOBS, InteropProcess, free_slots, job_manager, run_real_client
+from tests.processes import BrokerProcess, reported
+from tests.test_emqp_interop import (
+    JOBS,
+    SENT_LINGER,
+    InteropProcess,
+    free_slots,
+    job_manager,
+    run_real_client,
+)
 
 Message = list[bytes]
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,8 +289,8 @@ def test_status_has_eventmq_keys_with_real_values(
     theirs = yield emq_cli(eventmq_router["admin"], "status")
     assert set(theirs["status"]["value"]) == EVENTMQ_STATUS_KEYS  # what monitoring reads
     broker = broker_in(tmp_path, cleanup)
-    job_manager(broker, processes, tmp_path, jobs=2)
-    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="two READYs")
+    manager = job_manager(broker, processes, tmp_path, jobs=2)
+    yield reported(lambda: free_slots(broker) == 2, manager.process, what="two READYs")
     requests = [{"func": f"{JOBS}.add", "args": [i, 1], "reply": True} for i in range(3)]
     answers = yield run_real_client(broker, processes, tmp_path, requests)
     assert [a["result"] for a in answers] == [{"value": i + 1} for i in range(3)]
@@ -319,7 +326,7 @@ def _schedule_with_eventmq(
         timing, log=tmp_path / "schedule.log",
     )  # fmt: skip
     processes.append(sender)
-    yield wait_until(sender.finished, timeout=30, what="the SCHEDULE sent")
+    yield sender.ended(SENT_LINGER, "the SCHEDULE sent")
     assert sender.process.returncode == 0, sender.log_path.read_text()
 
 
@@ -359,7 +366,7 @@ def test_a_cron_schedule_of_eventmq_runs_at_once_unless_no_haste(
     patient = BrokerProcess(tmp_path / "patient", None, "--no-haste")
     worker = None
     try:
-        yield wait_until(lambda: hasty.ready() and patient.ready(), timeout=30, what="brokers")
+        yield reported(lambda: hasty.ready() and patient.ready(), what="brokers")
         worker = EmqpWorker(hasty.endpoints["worker"], slots=1, heartbeat_interval=0.2)
         worker.startService()
         yield wait_until(lambda: worker.registered, what="our worker")

@@ -22,7 +22,7 @@ from bus.emqp.client import list_schedules
 from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, BrokerProcess
+from tests.processes import CLEAN_EXIT, BrokerProcess, reported
 from tests.small_disk import fill, small_tmpfs
 
 HEADERS = b"reply-requested,guarantee"
@@ -57,7 +57,7 @@ def test_acknowledged_guaranteed_requests_survive_a_full_disk(tmp_path: Path) ->
         brokers = [BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs))]
         client = worker = None
         try:
-            yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+            yield reported(brokers[-1].ready, what="the broker")
             worker = RawWorker(brokers[-1].endpoints["worker"], [[10, "q"]])  # never replies
             yield wait_until(worker.acked, what="the worker's ACK")
             worker.ready(1000)
@@ -89,7 +89,7 @@ def test_acknowledged_guaranteed_requests_survive_a_full_disk(tmp_path: Path) ->
             # kill -9 on a full disk too: nothing acknowledged is lost there either.
             filler.unlink()
             brokers.append(BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs)))
-            yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+            yield reported(brokers[-1].ready, what="the broker again")
             assert brokers[-1].status()["counters"]["restored"] == 300
             filler = fill(disk)
             killed = [client.request("q", BODY, HEADERS) for _ in range(50)]
@@ -97,7 +97,7 @@ def test_acknowledged_guaranteed_requests_survive_a_full_disk(tmp_path: Path) ->
             assert brokers[-1].stop(signal.SIGKILL) == -signal.SIGKILL
             filler.unlink()
             brokers.append(BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs)))
-            yield wait_until(brokers[-1].ready, timeout=30, what="the broker a third time")
+            yield reported(brokers[-1].ready, what="the broker a third time")
             # Exactly what was acknowledged: the first 300, and none of those refused or
             # never acknowledged.
             status = brokers[-1].status()
@@ -145,7 +145,7 @@ def test_schedules_are_answered_only_once_stored_on_a_full_disk(tmp_path: Path) 
         brokers = [BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs))]
         client = None
         try:
-            yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+            yield reported(brokers[-1].ready, what="the broker")
             client = RawClient(brokers[-1].endpoints["client"])
             before = send_schedules(client, 0, 5)
             yield wait_until(lambda: len(schedule_answers(client, before)) == 5, what="5 answers")
@@ -172,7 +172,7 @@ def test_schedules_are_answered_only_once_stored_on_a_full_disk(tmp_path: Path) 
             assert brokers[-1].stop(signal.SIGKILL) == -signal.SIGKILL
             filler.unlink()
             brokers.append(BrokerProcess(data, ports, *SLOW_HEARTBEAT, log_path=next(logs)))
-            yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+            yield reported(brokers[-1].ready, what="the broker again")
             # Every schedule answered is stored; a few of the last batch may be stored
             # without their answer (the WAL's free pages took them, the answer was on its way).
             answered = {

@@ -22,8 +22,8 @@ import pytest_twisted
 from bus.emqp.worker import EmqpWorker
 from bus.testing import wait_until
 from tests.ports import free_ports
-from tests.processes import BrokerProcess, CommandProcess
-from tests.test_emqp_interop import INTEROP_PYTHON, JOBS, InteropProcess
+from tests.processes import BrokerProcess, CommandProcess, reported
+from tests.test_emqp_interop import INTEROP_PYTHON, JOBS, SENT_LINGER, InteropProcess
 
 redis = pytest.importorskip(
     "redis", reason="the redis extra is not installed (pip install 'bus[redis]')"
@@ -107,7 +107,7 @@ class Cli(CommandProcess):
 def emqp_cli(cleanup: list[Any], *args: str) -> Any:
     command = Cli(*args)
     cleanup.append(command)
-    yield wait_until(command.finished, timeout=60, what=f"emqp-cli {' '.join(args)}")
+    yield command.ended()
     return command
 
 
@@ -140,14 +140,15 @@ def test_schedules_of_eventmqs_redis_are_imported_into_twistd_emqp(
         "router.py", router["worker"], router["client"], router["admin"],
         str(tmp_path / "wal" / "wal.log"), log=tmp_path / "router.log",
     ))  # fmt: skip
-    processes.append(InteropProcess(
+    scheduler = InteropProcess(
         "scheduler.py", router["client"], log=tmp_path / "scheduler.log",
         env={"EVENTMQ_RQ_HOST": "127.0.0.1", "EVENTMQ_RQ_PORT": str(redis_server.port),
              "EVENTMQ_RQ_DB": str(DB)},
-    ))  # fmt: skip
+    )  # fmt: skip
+    processes.append(scheduler)
     scheduler_log = tmp_path / "scheduler.log"
-    yield wait_until(
-        lambda: "Received ACK" in scheduler_log.read_text(), timeout=30,
+    yield reported(
+        lambda: "Received ACK" in scheduler_log.read_text(), scheduler.process,
         what="eventmq's scheduler taken in by its router",
     )  # fmt: skip
     every, fast_cron, weekdays = (tmp_path / f"{n}.txt" for n in ("every", "fast", "weekdays"))
@@ -158,7 +159,7 @@ def test_schedules_of_eventmqs_redis_are_imported_into_twistd_emqp(
             log=tmp_path / "schedule.log",
         )  # fmt: skip
         processes.append(sender)
-        yield wait_until(sender.finished, timeout=30, what="eventmq's SCHEDULE sent")
+        yield sender.ended(SENT_LINGER, "eventmq's SCHEDULE sent")
         assert sender.process.returncode == 0, sender.log_path.read_text()
     store = redis_server.client
     yield wait_until(
@@ -180,7 +181,7 @@ def test_schedules_of_eventmqs_redis_are_imported_into_twistd_emqp(
 
     broker = BrokerProcess(tmp_path / "emqp", None)
     processes.append(broker)
-    yield wait_until(broker.ready, timeout=30, what="twistd -n emqp")
+    yield reported(broker.ready, what="twistd -n emqp")
     admin = broker.endpoints["admin"]
     worker = EmqpWorker(broker.endpoints["worker"], slots=2, heartbeat_interval=0.2)
     worker.startService()

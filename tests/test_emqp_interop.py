@@ -19,18 +19,22 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 
 from bus.emqp.client import EmqpClient
 from bus.emqp.worker import EmqpWorker
 from bus.testing import start_broker, wait_until
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, BrokerProcess
+from tests.processes import CLEAN_EXIT, BrokerProcess, ended, reported
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
 SCRIPTS = Path(__file__).resolve().parent / "emqp_interop"
 JOBS = "tests.emqp_interop.jobs"
+#: How long schedule.py and publish.py take, at most, to get what they send out once it is
+#: sent (their socket's linger), and client.py waits for its answers: their own bounds.
+SENT_LINGER = 5.0
+CLIENT_WAIT = 30.0
 
 
 class InteropProcess:
@@ -62,6 +66,11 @@ class InteropProcess:
 
     def finished(self) -> bool:
         return self.process.poll() is not None
+
+    def ended(self, within: float, what: str) -> defer.Deferred[int]:
+        """Its exit status once it has ended, ``within`` its own bound once it runs
+        (:func:`tests.processes.ended`)."""
+        return ended(self.process, within, what)
 
     def kill(self) -> None:
         """kill -9 of the whole group: the job manager and its worker processes."""
@@ -112,7 +121,7 @@ def run_real_client(
         "client.py", broker.endpoints["client"], json.dumps(requests), log=tmp_path / "client.log"
     )
     processes.append(client)
-    yield wait_until(client.finished, timeout=60, what="the real client to finish")
+    yield client.ended(CLIENT_WAIT, "the real client to finish")
     assert client.process.returncode == 0, client.log_path.read_text()
     assert client.process.stdout is not None
     return [json.loads(line) for line in client.process.stdout.read().splitlines()]
@@ -126,7 +135,7 @@ def test_the_real_job_manager_runs_jobs_of_the_real_client(
     cleanup.append(broker)
     manager = job_manager(broker, processes, tmp_path, jobs=2)
     # It INFORMs, is ACKed, starts its workers at our first HEARTBEAT and sends READYs.
-    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="two READYs")
+    yield reported(lambda: free_slots(broker) == 2, manager.process, what="two READYs")
     assert not manager.finished()
     record = tmp_path / "record.txt"
     requests = [{"func": f"{JOBS}.record", "args": [str(record), f"job-{i}"]} for i in range(3)]
@@ -154,10 +163,10 @@ def test_the_real_job_manager_runs_jobs_of_our_client(
 ) -> Any:
     broker = start_broker(tmp_path / "emqp")
     cleanup.append(broker)
-    job_manager(broker, processes, tmp_path, jobs=2)
+    manager = job_manager(broker, processes, tmp_path, jobs=2)
     client = EmqpClient(broker.endpoints["client"])
     cleanup.append(client)
-    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="two READYs")
+    yield reported(lambda: free_slots(broker) == 2, manager.process, what="two READYs")
     body = ["run", {"path": JOBS, "callable": "add", "args": [20, 22]}]
     assert (yield client.submit("default", body)) == 42
     assert (yield client.submit("default", body, guarantee=True, retries=1, timeout=30)) == 42
@@ -208,7 +217,7 @@ def test_a_guaranteed_job_outlives_a_killed_job_manager(
     first = job_manager(broker, processes, tmp_path, jobs=1, HEARTBEAT_INTERVAL="1")
     client = EmqpClient(broker.endpoints["client"])
     cleanup.append(client)
-    yield wait_until(lambda: free_slots(broker) == 1, timeout=30, what="a READY")
+    yield reported(lambda: free_slots(broker) == 1, first.process, what="a READY")
     marker = tmp_path / "marker"
     body = ["run", {"path": JOBS, "callable": "slow_the_first_time", "args": [str(marker), "ok"]}]
     result = client.submit("default", body, guarantee=True)
@@ -234,7 +243,7 @@ def test_the_real_scheduler_gets_schedule_and_unschedule_through_an_external_bro
     cleanup.append(worker)
     scheduler = InteropProcess("scheduler.py", broker.endpoints["client"], log=tmp_path / "s.log")
     processes.append(scheduler)
-    yield wait_until(lambda: broker.status()["schedulers"], timeout=30, what="its INFORM")
+    yield reported(lambda: broker.status()["schedulers"], scheduler.process, what="its INFORM")
     record = tmp_path / "record.txt"
 
     def lines(word: str) -> int:
@@ -247,7 +256,7 @@ def test_the_real_scheduler_gets_schedule_and_unschedule_through_an_external_bro
             json.dumps([str(record), word]), "1", *unschedule, log=tmp_path / "schedule.log",
         )  # fmt: skip
         processes.append(sender)
-        return wait_until(sender.finished, timeout=30, what="the SCHEDULE sent")
+        return sender.ended(SENT_LINGER, "the SCHEDULE sent")
 
     yield real_schedule("tick")
     # Run at once ("haste"), then every second: the scheduler's REQUESTs reach our worker.
@@ -275,7 +284,7 @@ def test_the_real_job_manager_serves_again_after_the_broker_restarts(
     client = None
     try:
         brokers.append(BrokerProcess(data, ports))
-        yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+        yield reported(brokers[-1].ready, what="the broker")
         # Its defaults (heartbeat every 3 s, silence judged per 5 s, liveness 3) scaled down
         # to 1 s and 2 s: it notices silence after about 6 s instead of 15.
         job_manager(
@@ -288,7 +297,7 @@ def test_the_real_job_manager_serves_again_after_the_broker_restarts(
             code = brokers[-1].stop(stop)
             assert code == -signal.SIGKILL if stop == signal.SIGKILL else code in CLEAN_EXIT
             brokers.append(BrokerProcess(data, ports))
-            yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+            yield reported(brokers[-1].ready, what="the broker again")
             # Our client reconnects by itself; the job waits for the job manager's INFORM.
             assert (yield client.submit("default", body).addTimeout(60, reactor)) == 5
             yield wait_until(
@@ -324,7 +333,7 @@ def test_the_real_schedule_call_runs_on_our_scheduler_and_goes_on_after_a_restar
         return [float(line.split()[0]) for line in text.splitlines()]
 
     try:
-        yield wait_until(brokers[-1].ready, timeout=30, what="the broker")
+        yield reported(brokers[-1].ready, what="the broker")
         worker = EmqpWorker(brokers[-1].endpoints["worker"], slots=2, heartbeat_interval=0.2)
         worker.startService()
         yield wait_until(lambda: worker.registered, what="our worker")
@@ -333,7 +342,7 @@ def test_the_real_schedule_call_runs_on_our_scheduler_and_goes_on_after_a_restar
             json.dumps([str(record)]), "1", log=tmp_path / "schedule.log",
         )  # fmt: skip
         processes.append(sender)
-        yield wait_until(sender.finished, timeout=30, what="the SCHEDULE sent")
+        yield sender.ended(SENT_LINGER, "the SCHEDULE sent")
         yield wait_until(lambda: runs(), timeout=10, what="the first run (at once)")
         started = runs()[0]
         yield wait_until(lambda: len(runs()) >= 4, timeout=10, what="three more runs")
@@ -345,7 +354,7 @@ def test_the_real_schedule_call_runs_on_our_scheduler_and_goes_on_after_a_restar
         # Down for 3 s (part of the scenario, not a synchronisation): three runs missed.
         yield task.deferLater(reactor, 3.0, lambda: None)
         brokers.append(BrokerProcess(data, ports))
-        yield wait_until(brokers[-1].ready, timeout=30, what="the broker again")
+        yield reported(brokers[-1].ready, what="the broker again")
         yield wait_until(lambda: len(runs()) >= before + 3, timeout=30, what="runs again")
         after = runs()[before:]
         # That the three missed runs are not made up at once is the scheduler's rule, tested

@@ -39,7 +39,8 @@ import pytest
 
 from bus.natsserver import NatsCluster
 from tests.netns import Hosts, HostService, make_hosts, nats_on_hosts, poll_until
-from tests.test_emqp_interop import JOBS, InteropProcess
+from tests.processes import START_BOUND
+from tests.test_emqp_interop import JOBS, SENT_LINGER, InteropProcess
 
 pytest.importorskip("nats")
 
@@ -262,7 +263,7 @@ def test_no_acknowledged_request_is_lost_through_rounds_of_faults(
             log=tmp_path / "schedule.log", prefix=hosts.prefix("b1"),
         )  # fmt: skip
         eventmq.append(schedule)
-        poll_until(schedule.finished, 30, "the SCHEDULE sent")
+        poll_until(schedule.finished, START_BOUND + SENT_LINGER, "the SCHEDULE sent")
         for name, broker in brokers.items():
             clients[name] = InteropProcess(
                 "nemesis_client.py", broker.client, f"c{name}",

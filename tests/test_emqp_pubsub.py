@@ -23,7 +23,7 @@ from bus.emqp.pubsub_server import PubsubService
 from bus.testing import RawPeer, wait_until
 from tests.curve_helpers import Keys
 from tests.ports import free_ports
-from tests.test_emqp_interop import InteropProcess
+from tests.test_emqp_interop import SENT_LINGER, InteropProcess
 
 #: What the publisher sends, in order: the last one is on a subscribed topic, so once it
 #: arrived everything before it has (one PUB, one connection: in order).
@@ -97,7 +97,7 @@ def publish_with_eventmq(
             what=f"a sync publication through {name}",
         )
         ready.touch()
-        yield wait_until(publisher.finished, timeout=60, what="eventmq's publisher to finish")
+        yield publisher.ended(SENT_LINGER, "eventmq's publisher to finish")
         assert publisher.process.returncode == 0, publisher.log_path.read_text()
 
         def published() -> list[list[bytes]]:

@@ -17,7 +17,7 @@ from bus import tap
 from bus.emqp import pubsub_codec
 from bus.testing import RawPeer, wait_until
 from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, TWISTD, TwistdProcess
+from tests.processes import CLEAN_EXIT, TWISTD, TwistdProcess, exit_status, reported
 from tests.test_emqp_interop import InteropProcess
 from tests.test_emqp_pubsub import EXPECTED, interop, publish_with_eventmq
 from tests.test_product_process import Product, environment, metric_samples
@@ -42,7 +42,7 @@ def test_twistd_emqp_pubsub_serves_eventmq_s_publisher_alone(
     )  # fmt: skip
     try:
         line = f"publishers to tcp://127.0.0.1:{port}, subscribers on tcp://127.0.0.1:{port + 1}"
-        yield wait_until(lambda: line in alone.output(), timeout=30, what=line)
+        yield reported(lambda: line in alone.output(), alone.process, what=line)
         received = yield publish_with_eventmq(
             f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 1}", tmp_path, interop, "alone"
         )
@@ -63,7 +63,7 @@ def test_twistd_emqp_pubsub_refuses_a_busy_port_in_one_line(tmp_path: Path) -> N
              "--outgoing-port", str(port + 1)],
             tmp_path / "busy.log", environment(), tmp_path,
         )  # fmt: skip
-        code = alone.process.wait(timeout=60)
+        code = exit_status(alone.process)  # it only starts, and refuses
         alone.log.close()
     assert code == 1, alone.output()
     assert f"cannot start emqp-pubsub: --incoming-port {port}: " in alone.output()
@@ -98,7 +98,7 @@ def test_composed_it_reports_on_status_and_metrics_and_publishes_onto_the_bus(
     )  # fmt: skip
     peers: list[RawPeer] = []
     try:
-        yield wait_until(product.ready, timeout=30, what="the product")
+        yield reported(product.ready, what="the product")
         services = product.status()["services"]
         assert list(services) == ["eventbus", "emqp-pubsub", "http"]  # after the bus (AFTER)
         endpoints = services["emqp-pubsub"]["endpoints"]

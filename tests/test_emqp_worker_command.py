@@ -22,6 +22,7 @@ from twisted.python import usage
 from bus.emqp.client import EmqpClient, JobFailed
 from bus.testing import wait_until
 from tests.emqp_helpers import broker_in
+from tests.processes import reported
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -166,7 +167,7 @@ def test_run_bodies_and_handlers_run_in_job_processes_by_queue_weight(
         tmp_path, cleanup, "--broker", endpoint, "--queues", "10:default,5:mail", "--slots",
         "1", "--handlers", f"{HERE}:HANDLERS", "--stats-interval", "0.1s",
     )  # fmt: skip
-    yield wait_until(lambda: free_slots(broker) == 1, timeout=30, what="the worker's READY")
+    yield reported(lambda: free_slots(broker) == 1, process.process, what="the worker's READY")
     assert workers_seen(broker)[0]["queues"] == [[10, "default"], [5, "mail"]]
     assert f"broker {endpoint}, queues 10:default,5:mail, slots 1, pool process" in (
         process.output()
@@ -206,7 +207,7 @@ def test_a_job_that_ends_its_process_fails_alone_and_the_next_runs(
 ) -> Any:
     broker = broker_in(tmp_path, cleanup)
     process = worker(tmp_path, cleanup, "--broker", broker.endpoints["worker"], "--slots", "1")
-    yield wait_until(lambda: free_slots(broker) == 1, timeout=30, what="the worker's READY")
+    yield reported(lambda: free_slots(broker) == 1, process.process, what="the worker's READY")
     client = client_of(broker, cleanup)
     record = tmp_path / "record.txt"
     yield client.submit("default", run("record", str(record), "before"))
@@ -263,7 +264,7 @@ max_job_count = 1
         "--handlers", f"{HERE}:HANDLERS", env=env, twistd=True,
     )  # fmt: skip
     # The broker's address came from the file: the worker found it.
-    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="two READYs")
+    yield reported(lambda: free_slots(broker) == 2, process.process, what="two READYs")
     assert workers_seen(broker)[0]["queues"] == [[7, "flag"]]
     client = client_of(broker, cleanup)
     with pytest.raises(JobFailed) as refused:
@@ -273,7 +274,8 @@ max_job_count = 1
     assert (yield client.submit("flag", ["double", 5])) == 10
     # Setup once in each job process (two at start, one more after max_job_count = 1 ended
     # the first job's); entry and exit around each job, the refused one never reached one.
-    yield wait_until(lambda: len(lines(hooks)) == 7, what="the hooks")
+    # The third setup is in a job process started after the first job's ended.
+    yield reported(lambda: len(lines(hooks)) == 7, process.process, what="the hooks")
     seen = lines(hooks)
     assert sorted(word for word, _ in seen) == ["entry"] * 2 + ["exit"] * 2 + ["setup"] * 3
     entries = [pid for word, pid in seen if word == "entry"]
@@ -300,7 +302,7 @@ def test_sigterm_lets_the_running_job_finish_then_says_kbye(
         tmp_path, cleanup, "--broker", broker.endpoints["worker"], "--slots", "1",
         "--heartbeat-interval", "0.2s",
     )  # fmt: skip
-    yield wait_until(lambda: free_slots(broker) == 1, timeout=30, what="the worker's READY")
+    yield reported(lambda: free_slots(broker) == 1, process.process, what="the worker's READY")
     client = client_of(broker, cleanup)
     record, started = tmp_path / "record.txt", tmp_path / "started.txt"
     slow = client.submit("default", run("begin_then_record", str(started), str(record), "slow", 3))
@@ -333,7 +335,9 @@ def test_the_grace_period_or_a_second_sigterm_ends_running_jobs(
     endpoint = broker.endpoints["worker"]
     brief = worker(tmp_path, cleanup, "--broker", endpoint, "-Q", "brief", "--grace-period", "0.5s")
     patient = worker(tmp_path, cleanup, "--broker", endpoint, "-Q", "patient", "-J", "1")
-    yield wait_until(lambda: free_slots(broker) == 5, timeout=30, what="both workers' READYs")
+    yield reported(
+        lambda: free_slots(broker) == 5, brief.process, patient.process, what="both workers' READYs"
+    )
     client = client_of(broker, cleanup)
     record, started = tmp_path / "record.txt", tmp_path / "started.txt"
     stuck = {

@@ -16,6 +16,7 @@ import pytest_twisted
 
 from bus.testing import wait_until
 from tests.emqp_helpers import broker_in
+from tests.processes import reported
 from tests.test_emqp_interop import INTEROP_PYTHON, InteropProcess, processes, run_real_client
 from tests.test_emqp_worker_command import (
     JOBS,
@@ -54,12 +55,14 @@ def test_failed_and_timed_out_jobs_answer_the_value_eventmqs_job_manager_answers
     tmp_path: Path, processes: list[InteropProcess], cleanup: list[Any]
 ) -> Any:
     broker = broker_in(tmp_path, cleanup)
-    real_job_manager(broker, processes, tmp_path, "theirs", GLOBAL_TIMEOUT="1")
+    manager = real_job_manager(broker, processes, tmp_path, "theirs", GLOBAL_TIMEOUT="1")
     ours = worker(
         tmp_path, cleanup, "--broker", broker.endpoints["worker"], "-Q", "ours", "--slots", "1",
         env={"EVENTMQ_GLOBAL_TIMEOUT": "1"},
     )  # fmt: skip
-    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="both job managers")
+    yield reported(
+        lambda: free_slots(broker) == 2, manager.process, ours.process, what="both job managers"
+    )
     started, record = tmp_path / "started.txt", tmp_path / "record.txt"
     requests = [
         request
@@ -94,7 +97,7 @@ def test_a_timed_out_job_is_ended_before_the_broker_retries_it(
 ) -> Any:
     broker = broker_in(tmp_path, cleanup)
     ours = worker(tmp_path, cleanup, "--broker", broker.endpoints["worker"], "--slots", "4")
-    yield wait_until(lambda: free_slots(broker) == 4, timeout=30, what="the worker's READYs")
+    yield reported(lambda: free_slots(broker) == 4, ours.process, what="the worker's READYs")
     started, record = tmp_path / "started.txt", tmp_path / "record.txt"
     slow = {"func": f"{JOBS}.begin_then_record", "args": [str(started), str(record), "slow", 6],
             "reply": True, "guarantee": True, "retries": 2, "timeout": 2}  # fmt: skip
@@ -115,7 +118,7 @@ def test_every_process_of_a_killed_worker_ends_with_it(tmp_path: Path, cleanup: 
     broker = broker_in(tmp_path, cleanup)
     client = client_of(broker, cleanup)
     ours = worker(tmp_path, cleanup, "--broker", broker.endpoints["worker"], "--slots", "2")
-    yield wait_until(lambda: free_slots(broker) == 2, timeout=30, what="the worker's READYs")
+    yield reported(lambda: free_slots(broker) == 2, ours.process, what="the worker's READYs")
     started, record = tmp_path / "started.txt", tmp_path / "record.txt"
     busy = client.submit("default", run("begin_then_record", str(started), str(record), "x", 120))
     busy.addErrback(lambda _: None)  # never answered: its worker dies
@@ -151,7 +154,9 @@ def test_emq_jobmanagers_command_line_runs_emqp_worker(
     )
     processes.append(theirs)
     ours = worker(tmp_path, cleanup, *command_line)
-    yield wait_until(lambda: free_slots(broker) == 4, timeout=30, what="both job managers")
+    yield reported(
+        lambda: free_slots(broker) == 4, theirs.process, ours.process, what="both job managers"
+    )
     assert sorted(seen["queues"] for seen in workers_seen(broker)) == [
         [[10, "default"]],
         [[10, "default"], [10, "mail"]],
@@ -183,7 +188,7 @@ def test_sighup_reads_the_settings_again_and_never_ends_the_worker(
 
     settings('[[10, "a"]]', 1)
     ours = worker(tmp_path, cleanup, "-C", str(config), twistd=True)
-    yield wait_until(lambda: free_slots(broker) == 1, timeout=30, what="the worker's READY")
+    yield reported(lambda: free_slots(broker) == 1, ours.process, what="the worker's READY")
     client = client_of(broker, cleanup)
     started, record = tmp_path / "started.txt", tmp_path / "record.txt"
     running = client.submit("a", run("begin_then_record", str(started), str(record), "x", 1))

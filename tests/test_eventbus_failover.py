@@ -23,7 +23,7 @@ from bus.eventbus.codec import Event
 from bus.natsserver import NatsCluster
 from bus.testing import wait_until
 from tests.ports import free_ports
-from tests.processes import ServerProcess
+from tests.processes import ServerProcess, reported
 
 pytest.importorskip("nats")
 
@@ -98,7 +98,7 @@ def test_clients_fail_over_between_front_ends_with_no_duplicate_and_no_hole(
     publisher = ConfirmedPublisher(addresses, "failover", resend_after=3.0, failover_after=0.5)
     traffic: Traffic | None = None
     try:
-        yield wait_until(lambda: all(end.ready() for end in ends), timeout=30, what="front-ends")
+        yield reported(lambda: all(end.ready() for end in ends), what="front-ends")
         subscriber.startService()
         publisher.startService()
         yield publisher.when_ready()
@@ -120,7 +120,7 @@ def test_clients_fail_over_between_front_ends_with_no_duplicate_and_no_hole(
         )
 
         ends[0] = front_end(nats, tmp_path, "a2", ports[0])
-        yield wait_until(ends[0].ready, timeout=30, what="a again")
+        yield reported(ends[0].ready, what="a again")
         # SIGSTOP of the front-end in use now, continued once the clients left it: it then
         # stores late what it had been sent, which the publisher resent through a.
         ends[1].process.send_signal(signal.SIGSTOP)
@@ -171,7 +171,7 @@ def test_a_confirmed_publisher_on_one_sqlite_server_confirms_and_never_resends(
     server = ServerProcess(tmp_path / "one", "--services", "eventbus", port=free_ports(3))
     publisher = None
     try:
-        yield wait_until(server.ready, timeout=30, what="server")
+        yield reported(server.ready, what="server")
         publisher = ConfirmedPublisher(server.address, "one", resend=False)
         publisher.startService()
         first = yield publisher.publish("/one/", 1)

@@ -15,6 +15,7 @@ from twisted.logger import LogEvent, formatEvent, globalLogPublisher
 
 from bus.eventbus.codec import Event
 from bus.testing import wait_until
+from tests.processes import reported
 
 from .fake_original import FakeOriginalBus
 from .test_eventbus_cli import Command
@@ -133,21 +134,21 @@ def test_cli_publish_snapshot_and_tail_with_the_original_dialect(
 ) -> Any:
     server = original.address
     first = Command("publish", "--server", server, "--dialect", "original", "/a/1/", '{"n": 1}')
-    yield wait_until(first.finished, timeout=30)
+    yield first.ended()
     assert first.process.returncode == 0, first.err
     assert first.lines()[0]["seq"] == 1
     publish(original, 2).close()
     yield wait_until(lambda: original.sequence == 2)
 
     dump = Command("snapshot", "--server", server, "--dialect", "original", "/a/", "/orders/")
-    yield wait_until(dump.finished, timeout=30)
+    yield dump.ended()
     assert dump.process.returncode == 0, dump.err
     assert [line["seq"] for line in dump.lines()] == [1, 2]
     assert "2 events, snapshot complete at sequence 2" in dump.err
 
     tail = Command("tail", "--server", server, "--dialect", "original", "--since", "1")
     try:
-        yield wait_until(lambda: tail.out.count("\n") >= 1, timeout=30)
+        yield reported(lambda: tail.out.count("\n") >= 1, tail.process, what="tail's event")
         publish(original, 3).close()
         yield wait_until(lambda: tail.out.count("\n") >= 2, timeout=30)
     finally:
@@ -167,7 +168,7 @@ def test_cli_with_the_default_dialect_ends_with_one_line_that_suggests_original(
         Command("tail", "--server", server, "--timeout", "1"),
     ]
     for command in commands:
-        yield wait_until(command.finished, timeout=30)
+        yield command.ended()
     waited_for = ["a heartbeat from", "SYNCEND from", "the first snapshot from"]
     for command, what in zip(commands, waited_for, strict=True):
         assert command.process.returncode == 1, command.err
@@ -188,7 +189,7 @@ def test_cli_against_nothing_ends_with_one_line_naming_the_server() -> Any:
         Command("tail", "--server", dead, "--dialect", "original", "--timeout", "0.5"),
     ]
     for command in commands:
-        yield wait_until(command.finished, timeout=30)
+        yield command.ended()
         assert command.process.returncode == 1
         [line] = command.err.strip().splitlines()
         assert dead in line and "timed out" in line and "original" not in line.split(":")[-1]
@@ -209,7 +210,7 @@ def test_cli_recognises_the_originals_answer_as_it_arrives() -> Any:
             Command("publish", "--server", server, "/a/", "1"),
         ]
         for command in commands:
-            yield wait_until(command.finished, timeout=90)
+            yield command.ended()
         for command in commands:
             assert command.process.returncode == 1, command.err
             [line] = command.err.strip().splitlines()

@@ -12,7 +12,7 @@ import pytest_twisted
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber
 from bus.eventbus.store import EventStore
 from bus.testing import wait_until
-from tests.processes import CLEAN_EXIT, TWISTD, ServerProcess
+from tests.processes import CLEAN_EXIT, TWISTD, ServerProcess, reported
 
 
 @pytest_twisted.inlineCallbacks
@@ -23,7 +23,7 @@ def test_events_a_subscriber_received_survive_kill_9(tmp_path: Path) -> Any:
     received: list[Any] = []
     subscriber = publisher = None
     try:
-        yield wait_until(server.ready, timeout=30, what="server start")
+        yield reported(server.ready, what="server start")
         address = server.address
         subscriber = EventBusSubscriber([address], [], received.append, heartbeat_timeout=None)
         subscriber.startService()
@@ -57,7 +57,7 @@ def test_events_a_subscriber_received_survive_kill_9(tmp_path: Path) -> Any:
     # A restarted server continues the sequence.
     again = ServerProcess(data, port=0)
     try:
-        yield wait_until(again.ready, timeout=30, what="restart")
+        yield reported(again.ready, what="restart")
         assert again.status()["sequence"] == max(s for s, _ in stored)
     finally:
         assert again.stop() in CLEAN_EXIT
@@ -70,7 +70,7 @@ def test_sigterm_stops_cleanly_with_everything_stored(tmp_path: Path) -> Any:
     server = ServerProcess(data, "--dialect", "original")
     publisher = None
     try:
-        yield wait_until(server.ready, timeout=30, what="server start")
+        yield reported(server.ready, what="server start")
         publisher = EventBusPublisher(server.address, producer_id="term")
         for i in range(500):
             publisher.publish("/term/", i)
@@ -97,7 +97,7 @@ def test_tac_file_serves_with_environment_settings(tmp_path: Path) -> Any:
     server = ServerProcess(data, tac=True)
     publisher = None
     try:
-        yield wait_until(server.ready, timeout=30, what="tac server start")
+        yield reported(server.ready, what="tac server start")
         publisher = EventBusPublisher(server.address, producer_id="tac")
         publisher.publish("/tac/", "hello")
         yield wait_until(lambda: server.status().get("sequence") == 1)

@@ -21,7 +21,7 @@ from bus.testing import RawPeer, wait_until
 from bus.transport import frames
 from tests.ports import free_port
 
-from .processes import CLEAN_EXIT, ROOT, TWISTD, TwistdProcess
+from .processes import CLEAN_EXIT, ROOT, TWISTD, TwistdProcess, reported
 from .test_product_process import Product, environment
 
 
@@ -59,7 +59,7 @@ def test_a_declared_service_runs_in_the_product_like_a_built_in_one(tmp_path: Pa
     )  # fmt: skip
     peers: list[RawPeer] = []
     try:
-        yield wait_until(product.ready, timeout=30, what="the product")
+        yield reported(product.ready, what="the product")
         services = product.status()["services"]
         assert list(services) == ["eventbus", "echo", "http"]  # after what it needs (its AFTER)
         feed = RawPeer.sub(services["eventbus"]["endpoints"]["publisher"], (b"/echo/",))

@@ -24,7 +24,7 @@ from bus.spark.bridge import SparkBridgeService
 from bus.spark.config import BridgeConfig
 from bus.spark.journal import JournalReader
 from bus.testing import start_bus, wait_until
-from tests.processes import CLEAN_EXIT, ServerProcess
+from tests.processes import CLEAN_EXIT, ServerProcess, reported
 from tests.small_disk import fill, small_tmpfs
 
 
@@ -42,7 +42,7 @@ def test_server_on_a_full_disk_pauses_catches_up_and_stops_on_sigterm(tmp_path: 
         received: list[Any] = []
         subscriber = publisher = None
         try:
-            yield wait_until(server.ready, timeout=30, what="server start")
+            yield reported(server.ready, what="server start")
             subscriber = EventBusSubscriber(
                 [server.address], [], received.append, heartbeat_timeout=None
             )
@@ -108,7 +108,7 @@ def test_server_on_a_full_disk_pauses_catches_up_and_stops_on_sigterm(tmp_path: 
         # A restart on the still-full disk serves, and stops on SIGTERM.
         again = ServerProcess(data, log_path=tmp_path / "restart.log")
         try:
-            yield wait_until(again.ready, timeout=30, what="restart on a full disk")
+            yield reported(again.ready, what="restart on a full disk")
         finally:
             assert again.stop(signal.SIGTERM) in CLEAN_EXIT
 

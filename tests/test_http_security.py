@@ -124,7 +124,6 @@ def test_the_http_port_binds_loopback_whatever_the_bus_binds() -> None:
 
 @pytest_twisted.inlineCallbacks
 def test_eventbus_cli_status_bears_the_token(tmp_path: Path, cleanup: list[Any]) -> Any:
-    from bus.testing import wait_until
     from tests.processes import CommandProcess
 
     class Cli(CommandProcess):
@@ -134,10 +133,14 @@ def test_eventbus_cli_status_bears_the_token(tmp_path: Path, cleanup: list[Any])
     token.write_text("letmein\n")
     service = web(cleanup, token_file=token)
     address = f"127.0.0.1:{service.port}"
-    asked = Cli("status", "--http", address, "--token-file", str(token))
-    without = Cli("status", "--http", address)
+    # Their answers come from this process's reactor, which a loaded machine may hold up
+    # past the status command's 3 s default: a timeout of 30 s.
+    asked = Cli("status", "--http", address, "--token-file", str(token), "--timeout", "30")
+    without = Cli("status", "--http", address, "--timeout", "30")
     cleanup += [asked, without]
-    yield wait_until(lambda: asked.finished() and without.finished())
+    # Each ends by itself, within its --timeout of having started.
+    yield asked.ended()
+    yield without.ended()
     assert asked.code == 0, asked.err
     assert '"services"' in asked.out
     assert "HTTP 401: it wants a bearer token (--token-file)" in without.err

@@ -31,7 +31,7 @@ import pytest
 from tests.curve_helpers import Keys
 from tests.flood import Flood, cpu_share, open_descriptors
 from tests.ports import free_port
-from tests.processes import CLEAN_EXIT, TWISTD, wait_for
+from tests.processes import CLEAN_EXIT, START_BOUND, TWISTD, own_bound, wait_for
 
 LIMIT = 1024
 BIN = Path(sys.executable).parent
@@ -108,7 +108,9 @@ def port_of(endpoint: str) -> int:
     return int(endpoint.rpartition(":")[2])
 
 
-def cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """The tool ``args[0]`` run to its end, within its own --timeout (and its start)."""
+    timeout = START_BOUND + own_bound(args[0], args[1:])
     return subprocess.run(
         [str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=timeout
     )

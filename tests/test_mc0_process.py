@@ -15,6 +15,7 @@ import pytest
 import pytest_twisted
 
 from bus.testing import wait_until
+from tests.processes import reported
 from tests.test_product_process import (
     CLEAN_EXIT,
     TWISTD,
@@ -73,7 +74,7 @@ def test_twistd_mc0_with_its_own_keys_and_the_cli(tmp_path: Path) -> Any:
     broker = Broker(tmp_path)
     follower = None
     try:
-        yield wait_until(broker.ready, timeout=60, what="twistd mc0 started")
+        yield reported(broker.ready, what="twistd mc0 started")
         public = (tmp_path / "mc0-data" / "server.key").read_text()
         logged = next(line for line in broker.output().splitlines() if "public key" in line)
         key = logged.rsplit(" ", 1)[-1]
@@ -90,9 +91,9 @@ def test_twistd_mc0_with_its_own_keys_and_the_cli(tmp_path: Path) -> Any:
             cwd=tmp_path,
             env=environment(),
         )
-        yield wait_until(
+        yield reported(
             lambda: "subscribed to news" in follower_err.read_text(),
-            timeout=30,
+            follower,
             what="the subscriber's SUB acknowledged",
         )
         put = run(
@@ -142,7 +143,7 @@ def test_twistd_mc0_with_its_own_keys_and_the_cli(tmp_path: Path) -> Any:
     # The second start reuses the key pair.
     again = Broker(tmp_path)
     try:
-        yield wait_until(again.ready, timeout=60)
+        yield reported(again.ready, what="it")
         assert again.output().count("created the mc0 server key pair") == 1
         assert key in again.output().split("created the mc0 server key pair")[-1]
     finally:
@@ -177,7 +178,7 @@ def test_composed_mc0_mirrors_puts_onto_the_bus_and_reports(tmp_path: Path) -> A
     )  # fmt: skip
     connector = None
     try:
-        yield wait_until(product.ready, timeout=60, what="product started")
+        yield reported(product.ready, what="product started")
         connector = Mc0Connector(
             f"tcp://127.0.0.1:{mc0_port}",
             server_key=load_public_key(tmp_path / "mc0-data" / "server.key"),

@@ -20,7 +20,7 @@ from bus.services import SERVICE_NAMES
 from bus.testing import wait_until
 from tests.ports import free_port
 
-from .processes import CLEAN_EXIT, TWISTD, TwistdProcess
+from .processes import CLEAN_EXIT, TWISTD, TwistdProcess, reported
 
 CLI = str(Path(sys.executable).with_name("eventbus-cli"))
 
@@ -95,7 +95,7 @@ def test_composed_product_with_config_file_environment_and_command_line(tmp_path
     )  # fmt: skip
     publisher = None
     try:
-        yield wait_until(product.ready, timeout=60, what="product started")
+        yield reported(product.ready, what="product started")
         status = product.status()
         assert set(status["services"]) == {"eventbus", "spark-bridge", "http"}
         bus = status["services"]["eventbus"]

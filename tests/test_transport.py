@@ -429,6 +429,49 @@ def test_watch_connections_counts_peers_as_they_come_and_go(factory: Any) -> Any
     assert router.closed
 
 
+def test_peer_outboxes_hand_memory_back_once_small_drops_add_up() -> None:
+    """Answers of 100 kB dropped one at a time for a client that does not read are each
+    below the MiB worth a hand-back: together they are not (2,000 of them left 190 MB of
+    a broker's RSS with glibc while the client stayed)."""
+    from twisted.internet.task import Clock
+    from twisted.logger import Logger
+
+    from bus.memory import MemoryRelease
+    from bus.transport.outbox import PeerOutboxes
+
+    class FullPipe:
+        """A ROUTER whose peer's pipe is full."""
+
+        closed = False
+
+        def raw_send(self, frame: bytes, flags: int) -> None:
+            raise zmq.Again
+
+        def look_for_input(self) -> None:
+            pass
+
+    clock = Clock()
+    memory = MemoryRelease(clock, delay=1.0)
+    outboxes = PeerOutboxes(
+        clock, Logger(), linger=30, max_bytes=100_000, max_messages=10**6, memory=memory
+    )
+    sock: Any = FullPipe()
+    answer = [b"client", b"x" * 100_000]
+    try:
+        outboxes.send(sock, [answer] * 11)  # one waits, ten dropped: 1,000,060 bytes
+        assert outboxes.held_messages == 1 and outboxes.dropped["queue-full"] == 10
+        assert not memory.pending
+        outboxes.send(sock, [answer])  # a MiB dropped in all
+        assert memory.pending
+        clock.advance(1.0)
+        assert memory.releases == 1 and not memory.pending
+        outboxes.send(sock, [answer] * 10)  # counted again from the hand-back
+        assert not memory.pending
+    finally:
+        outboxes.stop()
+        memory.stop()
+
+
 @pytest_twisted.inlineCallbacks
 def test_peer_outboxes_hold_in_order_bound_by_bytes_and_deliver_when_read(factory: Any) -> Any:
     from twisted.logger import Logger

@@ -168,7 +168,7 @@ def test_two_curve_nodes_in_namespaces_and_a_plain_one_refused(
 def test_zre_ping_and_twistd_zre_take_a_certificate(tmp_path: Path) -> Any:
     import subprocess
 
-    from tests.processes import TWISTD
+    from tests.processes import TWISTD, reported
 
     port = free_udp_port()
     ping_cert, _ = cert(tmp_path, "ping")
@@ -193,9 +193,9 @@ def test_zre_ping_and_twistd_zre_take_a_certificate(tmp_path: Path) -> Any:
     node.add_listener(events)
     node.startService()
     try:
-        yield wait_until(
+        yield reported(
             lambda: {e.name for e in events.of("ENTER")} >= {"ping", "daemon"},
-            timeout=30,
+            *children,
             what="both children met over CURVE",
         )
         yield wait_until(lambda: events.of("SHOUT"), timeout=10, what="zre-ping's shout")

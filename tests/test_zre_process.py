@@ -13,6 +13,7 @@ import pytest_twisted
 
 from bus.testing import wait_until
 from bus.zre.node import ZreNode
+from tests.processes import START_BOUND, reported
 from tests.test_product_process import CLEAN_EXIT, CLI, TWISTD, Product, environment
 from tests.zre_helpers import EventLog, fast_config, free_udp_port
 
@@ -36,7 +37,7 @@ def test_composed_zre_publishes_membership_on_the_bus(tmp_path: Path) -> Any:
     node.add_listener(events)
     node.startService()
     try:
-        yield wait_until(product.ready, timeout=60, what="product started")
+        yield reported(product.ready, what="product started")
         yield wait_until(lambda: events.of("JOIN"), timeout=20, what="composed node's JOIN")
         [enter] = events.of("ENTER")
         assert enter.name == "composed"
@@ -52,11 +53,12 @@ def test_composed_zre_publishes_membership_on_the_bus(tmp_path: Path) -> Any:
         def stored() -> list[dict[str, Any]]:
             run = subprocess.run(
                 [CLI, "snapshot", "/zre/", "--server", server],
-                capture_output=True, text=True, timeout=30,
+                capture_output=True, text=True, timeout=START_BOUND + 60,  # its own 60 s
             )  # fmt: skip
             return [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
 
-        yield wait_until(lambda: len(stored()) >= 2, timeout=20, what="activity stored")
+        # Each look starts an eventbus-cli: bounded by what it reports, not by its start.
+        yield reported(lambda: len(stored()) >= 2, what="activity stored")
         topics = {event["topic"]: event for event in stored()}
         enter_topic = f"/zre/peers/{node.uuid_hex}/enter/"
         assert enter_topic in topics, topics
@@ -84,7 +86,7 @@ def test_twistd_zre_alone_leaves_with_its_beacon_on_sigterm(tmp_path: Path) -> A
     node.add_listener(events)
     node.startService()
     try:
-        yield wait_until(lambda: events.of("ENTER"), timeout=30, what="ENTER of twistd zre")
+        yield reported(lambda: events.of("ENTER"), process, what="ENTER of twistd zre")
         assert events.of("ENTER")[0].name == "alone"
         process.terminate()
         yield wait_until(lambda: events.of("EXIT"), timeout=10, what="EXIT by leaving beacon")

@@ -739,6 +739,9 @@ class EmqpService(Service):
             "answers_held": self.answers.held_messages,
             "answers_held_bytes": self.answers.held_bytes,
             "answers_dropped": dict(self.answers.dropped),
+            # Free memory handed back to the system (malloc_trim) and whether one is due.
+            "memory_releases": self._memory.releases,
+            "memory_release_pending": self._memory.pending,
             "worker_send_failures": self.worker_send_failures,
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "curve": self.curve.status(),
