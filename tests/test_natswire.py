@@ -400,3 +400,52 @@ def test_a_replica_that_lags_does_not_end_a_read_short() -> None:
     assert [r.sequence for r in rows] == [1, 2, 3]
     assert reader.behind == 1  # the replica said "nothing" after 1; the leader had 2
     assert lagging.asked == [{"seq": 2, "next_by_subj": "s.>"}]
+
+
+class FreshConsumer:
+    """A connection whose consumer was just made on another server: its first
+    ``unanswered`` pulls find no responder (status 503), then it delivers 1..3."""
+
+    reply_sid = 1
+    timeout = 1.0
+
+    def __init__(self, unanswered: int) -> None:
+        self.inboxes = itertools.count(1)
+        self.pulls: list[bytes] = []
+        self.unanswered = unanswered
+
+    def new_inbox(self) -> str:
+        return f"_INBOX.t.{next(self.inboxes)}"
+
+    def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        self.pulls.append(reply.encode())
+
+    def request(self, subject: str, payload: bytes, timeout: float | None = None) -> Msg:
+        assert subject.startswith("$JS.API.CONSUMER.CREATE.")
+        return Msg(b"r", 1, b"", b"", b'{"name":"c","num_pending":3}')
+
+    def read(self, timeout: float | None = None) -> list[Msg]:
+        if self.unanswered:
+            self.unanswered -= 1
+            return [Msg(self.pulls[-1], 1, b"", b"NATS/1.0 503\r\n\r\n", b"")]
+        reply = b"$JS.ACK.S.c.1.%d.%d.1700000000000000000.%d"
+        return [Msg(b"s.x", 1, reply % (n, n, 3 - n), b"", b"%d" % n) for n in (1, 2, 3)]
+
+
+def test_pulls_a_consumer_just_made_does_not_answer_yet_are_sent_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bus.natswire import ranged
+    from bus.natswire.ranged import RangeRead
+
+    monkeypatch.setattr(ranged, "REPULL", 0.001)
+    fresh = FreshConsumer(unanswered=5)
+    reader = RangeRead(fresh, "S", 0, 3, ["s.>"]).open()  # type: ignore[arg-type]
+    assert [r.sequence for r in reader.next(10)] == [1, 2, 3]
+    assert len(fresh.pulls) > 5  # each unanswered pull sent again
+    # One that never answers (its server is gone): the read fails once the grace is over.
+    monkeypatch.setattr(ranged, "NO_RESPONDERS_GRACE", 0.05)
+    gone = RangeRead(FreshConsumer(unanswered=10**6), "S", 0, 3, ["s.>"]).open()  # type: ignore[arg-type]
+    with pytest.raises(jsapi.JetStreamError, match="no responders for consumer c") as raised:
+        gone.next(10)
+    assert raised.value.code == 503
