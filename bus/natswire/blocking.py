@@ -4,7 +4,8 @@ its thread (a Spark task, a worker thread), where an event loop would only add c
 It takes the servers, credentials and TLS settings the front-ends take (URLs with
 ``user:password@`` or ``token@``, ``tls://``, a credentials file, a CA and a client
 certificate) and tries the servers in order until one admits it. There is no
-reconnection: a reader that loses its connection fails, and its caller reads again.
+reconnection here: a reader that loses its connection fails, and its caller connects
+again, to the next server (:mod:`bus.natswire.failover` does it for Spark's source).
 """
 
 from __future__ import annotations
@@ -55,12 +56,17 @@ class Connection:
         self._inbox = "_INBOX." + base64.urlsafe_b64encode(os.urandom(12)).decode()
         self._replies = itertools.count(1)
         self._reply_sid = 0
+        #: The server's INFO: the one it began with, then any it sent since (a cluster's
+        #: ``connect_urls`` as they change, ``ldm`` when it goes into lame-duck mode).
         self.info: dict[str, Any] = {}
+        #: The URL (of ``servers``) of the server that admitted us.
+        self.server = ""
         self._sock: socket.socket | ssl.SSLSocket | None = None
         reasons = []
         for url in servers:
             try:
                 self._connect(url)
+                self.server = url
                 break
             except (OSError, ProtocolError, ConnectError) as error:
                 reasons.append(f"{url}: {error or type(error).__name__}")
@@ -139,6 +145,8 @@ class Connection:
                     self._send(codec.PONG)
                 elif item.op == b"-ERR":
                     raise ProtocolError(item.argument.decode("utf-8", "replace"))
+                elif item.op == b"INFO":
+                    self.info = codec.info(item)
         return items
 
     # -- what callers use ----------------------------------------------------------------------

@@ -1,0 +1,136 @@
+"""bus.natswire.failover, the blocking client's way through a cluster, against real
+sockets: a closed port, a port that accepts and says nothing, a real nats-server; and
+what counts as passing."""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from bus.natswire import jsapi
+from bus.natswire.blocking import Connection
+from bus.natswire.codec import ProtocolError
+from bus.natswire.failover import Failover, Retry, Unavailable, discovered, passing
+from bus.natswire.handshake import ConnectError
+from tests.ports import free_port
+
+pytest.importorskip("nats")
+
+connect = functools.partial(Connection, timeout=0.5)
+hasty = functools.partial(Connection, timeout=0.2)
+
+
+@pytest.fixture
+def closed() -> str:
+    """A port nothing listens on: a connection is refused at once."""
+    return f"nats://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A port that accepts (the kernel completes the handshake) and never says a word."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield f"nats://127.0.0.1:{listener.getsockname()[1]}"
+
+
+class Clock:
+    """Time that moves only when the failover sleeps: its pauses, counted exactly."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.pauses: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        self.now += seconds
+
+
+def test_what_passes_and_what_lasts() -> None:
+    assert passing(ConnectionError("the NATS server closed the connection"))
+    assert passing(ConnectionRefusedError("no responders for $JS.API.STREAM.INFO.S"))
+    assert passing(TimeoutError("nothing from the NATS server in 5s"))
+    assert passing(ConnectError("nats://a:4222: [Errno 111] Connection refused"))
+    assert passing(ProtocolError("Stale Connection"))
+    assert passing(jsapi.JetStreamError(503, 10008, "JetStream system temporarily unavailable"))
+    assert passing(jsapi.JetStreamError(503, 0, "No Responders"))
+    assert passing(jsapi.JetStreamError(500, 10009, "JetStream cluster can not handle request"))
+    assert passing(jsapi.JetStreamError(500, 10118, "stream is offline"))
+    assert passing(jsapi.JetStreamError(500, 0, "no leader elected yet"))
+    # Asking again changes nothing.
+    assert not passing(jsapi.JetStreamError(404, 10059, "stream not found"))
+    assert not passing(jsapi.JetStreamError(503, 10039, "JetStream not enabled for account"))
+    assert not passing(ProtocolError("Authorization Violation"))
+    assert not passing(ConnectError("nats://a:4222: Authorization Violation"))
+    assert not passing(ConnectError("nats://a:4222: [SSL: CERTIFICATE_VERIFY_FAILED] ..."))
+    assert not passing(ValueError("a JetStream reply that is no JSON object"))
+    assert not passing(KeyError("state"))
+
+
+def test_servers_that_refuse_or_say_nothing_are_left_for_one_that_answers(
+    closed: str, silent: str, nats_server: Any
+) -> None:
+    good = nats_server.urls[0]
+    failover = Failover([closed, silent, good], connect, Retry(within=30), discover=False)
+    try:
+        answer = failover.call("asking", lambda c: c.request("$JS.API.INFO", b""))
+        assert jsapi.answer(answer.payload)["type"].endswith("account_info_response")
+        assert failover.current is not None and failover.current.server == good
+        assert failover.tried == [closed, silent, good]
+        assert failover.retried == 0  # one connection tried them in turn
+        # A failure leaves the connection; the next one starts after its server (and
+        # comes round to it again).
+        attempts: list[str] = []
+
+        def fails_once(connection: Connection) -> str:
+            attempts.append(connection.server)
+            if len(attempts) == 1:
+                raise ConnectionError("the NATS server closed the connection")
+            return connection.server
+
+        assert failover.call("asking", fails_once) == good
+        assert attempts == [good, good] and failover.retried == 1
+    finally:
+        failover.close()
+
+
+def test_the_bound_ends_in_one_line_naming_the_servers_and_the_last_cause(
+    closed: str, silent: str
+) -> None:
+    clock = Clock()
+    failover = Failover(
+        [closed, silent], hasty, Retry(within=4, first=0.1, most=1), discover=False,
+        clock=clock, sleep=clock.sleep,
+    )  # fmt: skip
+    with pytest.raises(Unavailable) as raised:
+        failover.call("asking for stream S's state", lambda c: c.request("x", b""))
+    said = str(raised.value)
+    assert "\n" not in said
+    assert said.startswith("asking for stream S's state still failing after 3.5s ")
+    assert f"(servers tried: {closed}, {silent}); last: " in said
+    assert "Connection refused" in said and "nothing from the NATS server in 0.2s" in said
+    # Pauses doubled up to the cap, and none that would end past the bound.
+    assert clock.pauses == [0.1, 0.2, 0.4, 0.8, 1, 1]
+    # Without a bound: one try, and the same line.
+    once = Failover([closed], hasty, Retry(within=0), discover=False, sleep=clock.sleep)
+    with pytest.raises(Unavailable, match=rf"^asking failed \(servers tried: {closed}\); last: "):
+        once.call("asking", lambda c: c.request("x", b""))
+    # What lasts fails at once, as it is.
+    with pytest.raises(ConnectError, match="no host"):
+        Failover(["nats://:4222"], connect)
+
+
+def test_urls_the_cluster_names_keep_the_scheme_and_credentials_of_the_one_given() -> None:
+    assert discovered("tls://u:p@h1:4222", ["10.0.0.2:4222", "[::1]:4223"]) == [
+        "tls://u:p@10.0.0.2:4222",
+        "tls://u:p@[::1]:4223",
+    ]
+    assert discovered("h1:4222", ["h2:4222"]) == ["nats://h2:4222"]
