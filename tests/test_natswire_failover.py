@@ -1,12 +1,14 @@
 """bus.natswire.failover, the blocking client's way through a cluster, against real
-sockets: a closed port, a port that accepts and says nothing, a real nats-server; and
-what counts as passing."""
+sockets: a closed port, a port that accepts and says nothing, real nats-servers, one of
+them killed (kill -9) under a read; and what counts as passing."""
 
 from __future__ import annotations
 
 import functools
+import signal
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from bus.natswire.blocking import Connection
 from bus.natswire.codec import ProtocolError
 from bus.natswire.failover import Failover, Retry, Unavailable, discovered, passing
 from bus.natswire.handshake import ConnectError
-from tests.ports import free_port
+from tests.ports import free_port, nats_cluster
 
 pytest.importorskip("nats")
 
@@ -134,3 +136,72 @@ def test_urls_the_cluster_names_keep_the_scheme_and_credentials_of_the_one_given
         "tls://u:p@[::1]:4223",
     ]
     assert discovered("h1:4222", ["h2:4222"]) == ["nats://h2:4222"]
+
+
+def test_a_read_goes_on_from_the_last_event_given_when_its_server_is_killed(
+    tmp_path: Path,
+) -> None:
+    """Given n1 alone, a read learns n2 and n3 from the cluster; n1, the stream's leader,
+    is killed between two batches: the read goes on from a server it learnt while the
+    cluster elects a leader, and every event comes once, in order."""
+    from bus.eventbus.config import JetStreamSettings
+    from bus.eventbus.stream_read import RangeReader, failover, stream_state
+    from bus.spark.synthetic import events
+    from tests.jetstream_helpers import lead, make_stream, publish
+
+    cluster = nats_cluster(tmp_path / "nats", size=3)
+    cluster.start()
+    try:
+        make_stream(cluster.urls)
+        publish(cluster.urls, list(events(1, 3000)))
+        lead(cluster, "n1")
+        settings = JetStreamSettings((cluster.urls[0],))
+        reader = RangeReader(settings, 0, 3000, retry=Retry(within=60)).open()
+        state = failover(settings, retry=Retry(within=60))
+        try:
+            assert state.call("state", lambda c: stream_state(c, "EVENTBUS"))["last_seq"] == 3000
+            assert sorted(state.servers[1:]) == sorted(cluster.urls[1:])  # learnt
+            read = list(reader.next_events(1000).sequences)
+            cluster.kill(cluster.nodes[0], signal.SIGKILL)
+            while chunk := reader.next_events(1000):
+                read += chunk.sequences
+            assert read == list(range(1, 3001))
+            assert reader.take_removed() == []
+            after = state.call("state", lambda c: stream_state(c, "EVENTBUS"))
+            assert after["last_seq"] == 3000
+            assert state.current is not None and state.current.server in cluster.urls[1:]
+        finally:
+            reader.close()
+            state.close()
+    finally:
+        cluster.stop()
+
+
+def test_what_retention_removed_before_a_read_made_again_reached_it_is_reported(
+    nats_server: Any,
+) -> None:
+    from bus.eventbus.config import JetStreamSettings
+    from bus.eventbus.stream_read import RangeReader
+    from bus.spark.synthetic import events
+    from tests.jetstream_helpers import make_stream, publish
+
+    url = nats_server.urls[0]
+    make_stream([url], replicas=1, max_msgs=1000)  # the newest 1000 kept
+    publish([url], list(events(1, 1000)))
+    reader = RangeReader(JetStreamSettings((url,)), 0, 1000, retry=Retry(within=30))
+    try:
+        reader.open(check_retention=True)
+        assert reader.take_removed() == []
+        assert reader.next_events(100).sequences == list(range(1, 101))
+        publish([url], list(events(1001, 500)))  # 1..500 go
+        assert reader._failover is not None
+        # Its connection left (as after a failure): the read is made again from 100,
+        # whatever it had received beyond what it gave.
+        reader._failover.drop()
+        rest = []
+        while chunk := reader.next_events(1000):
+            rest += chunk.sequences
+        assert reader.take_removed() == [(101, 500)]
+        assert rest == list(range(501, 1001))
+    finally:
+        reader.close()

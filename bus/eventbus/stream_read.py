@@ -23,7 +23,8 @@ import msgpack
 from bus.eventbus import subjects
 from bus.natswire import jsapi
 from bus.natswire.blocking import Connection
-from bus.natswire.ranged import FETCH, Batch, RangeRead
+from bus.natswire.failover import ONCE, Failover, Retry
+from bus.natswire.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
 
 if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
     from bus.eventbus.codec import EventFields
@@ -86,9 +87,30 @@ def connection(
     )
 
 
+def failover(
+    settings: JetStreamSettings,
+    name: str = "bus-reader",
+    retry: Retry = ONCE,
+    timeout: float | None = None,
+) -> Failover:
+    """Connections to the servers in turn, and operations tried again on the next
+    within ``retry``'s bound (:mod:`bus.natswire.failover`)."""
+    connect = functools.partial(
+        Connection,
+        timeout=settings.connect_timeout if timeout is None else timeout,
+        tls=tls_context(settings),
+        creds=settings.creds,
+        name=name,
+    )
+    return Failover(settings.servers, connect, retry)
+
+
 def stream_state(connection: Connection, stream: str) -> dict[str, Any]:
-    """The stream's ``state`` (``first_seq``, ``last_seq``, ``messages``, ...)."""
-    info = jsapi.answer(connection.request(jsapi.stream_info(stream), b"").payload)
+    """The stream's ``state`` (``first_seq``, ``last_seq``, ``messages``, ...), waited
+    for :data:`bus.natswire.ranged.CREATE_ATTEMPT` seconds: a stream with no leader
+    (one being elected) does not answer, and a failover asks again."""
+    asked = connection.request(jsapi.stream_info(stream), b"", timeout=CREATE_ATTEMPT)
+    info = jsapi.answer(asked.payload)
     state: dict[str, Any] = info["state"]
     return state
 
@@ -178,38 +200,76 @@ class RangeReader:
     with the time the stream stored each (nanoseconds since the epoch); none once the range
     is read. Blocking: call it from a thread of its own (a Spark task, the reactor's pool).
 
+    With a ``retry`` (:class:`bus.natswire.failover.Retry`), a read that fails for passing
+    reasons (a server lost, JetStream electing a leader) is made again on the next server
+    from just after the last event it gave, within the retry's bound; without one, it
+    fails at the first failure.
+
     The first message may lie above ``after + 1`` when the stream's retention removed the
     start: opened with ``check_retention``, :attr:`first_stored` is the stream's first
-    sequence then."""
+    sequence then, and :meth:`take_removed` gives the ranges retention took from under
+    the read (at its start, or before a read made again had reached them)."""
 
     def __init__(
-        self, settings: JetStreamSettings, after: int, upto: int, name: str = "bus-reader"
+        self,
+        settings: JetStreamSettings,
+        after: int,
+        upto: int,
+        name: str = "bus-reader",
+        retry: Retry = ONCE,
     ) -> None:
         self.settings, self.name = settings, name
         self.after, self.upto = after, upto
-        self._connection: Connection | None = None
+        self.retry = retry
+        #: Every event up to here was given (or left out by the prefixes).
+        self.position = after
+        self._failover: Failover | None = None
         self._read: RangeRead | None = None
         self._prefixes: list[bytes] = []
+        self._filters: list[str] = []
         self._exact = True
+        self._check_retention = False
         self._topics = Topics(settings.subject_prefix)
+        self._behind_before = 0  # counted by reads made again since
         self._behind_taken = 0
+        self._removed: list[tuple[int, int]] = []
         self.first_stored = 0
 
     def open(self, prefixes: Sequence[bytes] = (), check_retention: bool = False) -> RangeReader:
         self._prefixes = list(prefixes)
-        filters, self._exact = subjects.filters(self.settings.subject_prefix, self._prefixes)
+        self._filters, self._exact = subjects.filters(self.settings.subject_prefix, self._prefixes)
         if self.after >= self.upto:
             return self
-        self._connection = connection(self.settings, self.name)
+        self._check_retention = check_retention
+        self._failover = failover(self.settings, self.name, self.retry)
         try:
-            self._read = RangeRead(
-                self._connection, self.settings.stream, self.after, self.upto, filters
-            ).open(check_retention)
+            read = self._failover.call(self._doing(), self._reading)
         except BaseException:
             self.close()
             raise
-        self.first_stored = self._read.first_stored
+        self.first_stored = read.first_stored
         return self
+
+    def _doing(self) -> str:
+        return f"reading stream {self.settings.stream} after {self.position} up to {self.upto}"
+
+    def _reading(self, connection: Connection) -> RangeRead:
+        """The read on ``connection``: the one there is, or one made from :attr:`position`
+        when there is none or it was on a connection since left."""
+        read = self._read
+        if read is not None and read.connection is connection:
+            return read
+        if read is not None:
+            # Its connection is closed: its consumer goes by itself when idle.
+            self._behind_before += read.behind
+            self._read = None
+        read = RangeRead(
+            connection, self.settings.stream, self.position, self.upto, self._filters
+        ).open(self._check_retention)
+        if self._check_retention and read.first_stored > self.position + 1:
+            self._removed.append((self.position + 1, min(read.first_stored - 1, self.upto)))
+        self._read = read
+        return read
 
     @property
     def done(self) -> bool:
@@ -218,11 +278,16 @@ class RangeReader:
 
     def next_events(self, count: int = FETCH) -> Events:
         """The next events (at most ``count``), the bodies unpacked; empty at the end."""
-        if self._read is None:
+        if self._read is None or self._failover is None:
             return Events.empty()
         topics, exact, prefixes = self._topics, self._exact, self._prefixes
+        doing = self._doing
         while not self._read.done:
-            batch = self._read.next_batch(count)
+            batch = self._failover.call(
+                doing(), lambda connection: self._reading(connection).next_batch(count)
+            )
+            if batch.sequences:
+                self.position = batch.sequences[-1]
             names = list(map(topics, batch.subjects))
             if not exact:
                 keep = [i for i, t in enumerate(names) if any(t.startswith(p) for p in prefixes)]
@@ -238,21 +303,28 @@ class RangeReader:
                 return Events.decoded(batch, names)
         return Events.empty()
 
+    def take_removed(self) -> list[tuple[int, int]]:
+        """Ranges ``(first, last)`` of the read that retention removed before they were
+        read, found since the last call (with ``check_retention``)."""
+        removed, self._removed = self._removed, []
+        return removed
+
     def take_behind(self) -> int:
         """Times since the last call that the consumer's replica lagged behind the
         stream's leader at the read's end (:attr:`bus.natswire.ranged.RangeRead.behind`)."""
         if self._read is None:
             return 0
-        behind = self._read.behind - self._behind_taken
-        self._behind_taken = self._read.behind
+        counted = self._behind_before + self._read.behind
+        behind = counted - self._behind_taken
+        self._behind_taken = counted
         return behind
 
     def close(self) -> None:
         read, self._read = self._read, None
-        connection, self._connection = self._connection, None
+        connected, self._failover = self._failover, None
         try:
-            if read is not None:
-                read.close()
+            if read is not None and connected is not None and read.connection is connected.current:
+                read.close()  # its consumer deleted, where its connection is still up
         finally:
-            if connection is not None:
-                connection.close()
+            if connected is not None:
+                connected.close()

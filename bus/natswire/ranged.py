@@ -36,9 +36,9 @@ STALL = 10.0
 #: Seconds a consumer's making may take: after a node is lost JetStream places consumers
 #: once its meta leader knows (seen taking over 4 s).
 API_TIMEOUT = 15.0
-#: Seconds one request to make it waits before it is asked again: a request that reached
-#: no meta leader (it was being elected) is never answered, and the consumer is named, so
-#: asking again makes no second one.
+#: Seconds one request to make it (or for the stream's state) waits before it is asked
+#: again: a request that reached no leader (one being elected) is never answered, and
+#: the consumer is named, so asking again makes no second one.
 CREATE_ATTEMPT = 2.0
 
 #: Seconds a read's pulls may find no responder before its consumer is taken for gone
@@ -173,7 +173,10 @@ class RangeRead:
             return self
         connection = self.connection
         if check_retention:
-            state = jsapi.answer(connection.request(jsapi.stream_info(self.stream), b"").payload)
+            # Not waited for long: a stream with no leader does not answer, and the
+            # caller's failover asks again (bus.natswire.failover).
+            asked = connection.request(jsapi.stream_info(self.stream), b"", CREATE_ATTEMPT)
+            state = jsapi.answer(asked.payload)
             self.first_stored = int(state["state"]["first_seq"])
         made = self._create(f"read-{secrets.token_hex(8)}")
         self.consumer = made["name"]

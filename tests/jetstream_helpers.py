@@ -1,0 +1,105 @@
+"""A replicated stream for tests that kill nats-servers under a reader: made as the
+front-ends make theirs, filled as they fill it (through nats-py, a client independent of
+the product's), its leader moved to the server a test means to kill."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from bus.eventbus import subjects
+from bus.eventbus.codec import Event
+from bus.natsserver import NatsCluster
+
+
+def make_stream(
+    urls: Sequence[str], name: str = "EVENTBUS", replicas: int = 3, **config: Any
+) -> None:
+    """Stream ``name`` (subjects ``<name lowercased>.>``, more of its ``config`` as
+    nats-py names it), once the cluster elected its meta leader."""
+    import nats as nats_py
+    from nats.js.api import StreamConfig
+
+    async def go() -> None:
+        nc = await nats_py.connect(servers=list(urls))
+        try:
+            js = nc.jetstream()
+            made = StreamConfig(
+                name=name, subjects=[f"{name.lower()}.>"], num_replicas=replicas, **config
+            )
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    await js.add_stream(made)
+                    return
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+        finally:
+            await nc.close()
+
+    asyncio.run(go())
+
+
+def publish(urls: Sequence[str], batch: Sequence[Event], prefix: str = "eventbus") -> None:
+    """Append events as a front-end does (its body, its subjects, the uuid as
+    ``Nats-Msg-Id``), each chunk sent again until the stream acknowledged all of it: through
+    an election, the stream stores each event once."""
+    import nats as nats_py
+
+    from bus.eventbus.stream_read import encode
+
+    async def go() -> None:
+        nc = await nats_py.connect(
+            servers=list(urls), reconnect_time_wait=0.1, max_reconnect_attempts=-1
+        )
+        js = nc.jetstream(timeout=5)
+        for start in range(0, len(batch), 1000):
+            chunk = batch[start : start + 1000]
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    futures = [
+                        await js.publish_async(
+                            subjects.subject(prefix, e.topic),
+                            encode((e.topic, e.producer, e.timestamp, e.uuid, e.data)),
+                            headers={"Nats-Msg-Id": e.uuid.decode()},
+                        )
+                        for e in chunk
+                    ]
+                    await asyncio.wait_for(asyncio.gather(*futures), 10)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
+        await nc.close()
+
+    asyncio.run(go())
+
+
+def stream_info(url: str, name: str) -> dict[str, Any]:
+    from bus.natswire import jsapi
+    from bus.natswire.blocking import Connection
+
+    with Connection([url]) as connection:
+        return jsapi.answer(connection.request(jsapi.stream_info(name), b"").payload)
+
+
+def lead(cluster: NatsCluster, node: str, name: str = "EVENTBUS") -> None:
+    """Move the stream's leadership to ``node`` (killing it then makes the cluster elect
+    another: the slow case)."""
+    from bus.natswire.blocking import Connection
+
+    preferred = json.dumps({"placement": {"preferred": node}}).encode()
+    deadline = time.monotonic() + 60
+    while (stream_info(cluster.urls[0], name).get("cluster") or {}).get("leader") != node:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{node} did not become stream {name}'s leader")
+        with Connection(cluster.urls) as connection:
+            connection.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", preferred, timeout=10)
+        time.sleep(0.2)  # polled: the new leader is known a moment after it answered
