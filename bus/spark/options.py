@@ -43,8 +43,13 @@ KNOWN_OPTIONS: Final = frozenset(
         "natstlsca",
         "natstlscert",
         "natstlskey",
+        "natsretrytimeout",
     }
 )
+
+#: Seconds the stream source keeps trying what fails for passing reasons (a NATS server
+#: lost, JetStream electing a leader): option ``natsRetryTimeout``.
+DEFAULT_NATS_RETRY_TIMEOUT: Final = 60.0
 
 
 class OptionError(ValueError):
@@ -92,14 +97,15 @@ def _bool(name: str, text: str) -> bool:
     return lowered == "true"
 
 
-def _seconds(name: str, text: str) -> float:
+def _seconds(name: str, text: str, zero: bool = False) -> float:
+    """A duration (``30s``, ``2m``, ``1.5``), positive (or zero, with ``zero``)."""
     from bus.options import parse_duration
 
     try:
         value = parse_duration(text)
-    except ValueError:
+    except Exception:  # twisted's UsageError
         value = -1.0
-    if value <= 0:
+    if value < 0 or (value == 0 and not zero):
         raise OptionError(f"{name} must be a duration such as 30s or 2m, not {text!r}")
     return value
 
@@ -116,6 +122,9 @@ class StreamOptions:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    #: Seconds a read or a request that fails for passing reasons is tried again (on
+    #: the next server) before it fails the task or the query (``natsRetryTimeout``).
+    retry_timeout: float = DEFAULT_NATS_RETRY_TIMEOUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +169,11 @@ class SourceOptions:
                 tls_ca=given.get("natstlsca") or None,
                 tls_cert=given.get("natstlscert") or None,
                 tls_key=given.get("natstlskey") or None,
+                retry_timeout=_seconds(
+                    "natsRetryTimeout",
+                    given.get("natsretrytimeout", f"{DEFAULT_NATS_RETRY_TIMEOUT:g}s"),
+                    zero=True,
+                ),
             )
             if servers
             else None

@@ -6,8 +6,11 @@ The driver side (the long-lived runner that plans offsets) keeps one connection 
 the stream's state; an executor opens one per partition and reads it through
 :class:`bus.eventbus.stream_read.RangeReader`, whose subject filters keep what
 ``subscribe`` leaves out on the server. Both are blocking connections of
-:mod:`bus.natswire` (no event loop, no nats-py: a tenth of its cost per event). Nothing
-is kept across pickling but the options.
+:mod:`bus.natswire` (no event loop, no nats-py: a tenth of its cost per event), made and
+made again through one :class:`bus.natswire.failover.Failover` each: a server lost or
+silent is left for the next, and what JetStream cannot answer while it elects a leader
+is asked again, for up to ``natsRetryTimeout``. Nothing is kept across pickling but the
+options.
 
 A range ``(start, end]`` at or below the stream's last sequence always reads the same
 events while retention keeps them, which is what makes a replayed micro-batch identical.
@@ -63,11 +66,17 @@ def _settings(options: StreamOptions) -> Any:
     )
 
 
-def _connection(options: StreamOptions) -> Any:
-    """A blocking connection (:mod:`bus.natswire`) to the first server that admits it."""
-    from bus.eventbus.stream_read import connection
+def _retry(options: StreamOptions) -> Any:
+    from bus.natswire.failover import Retry
 
-    return connection(_settings(options), name="spark-eventbus")
+    return Retry(within=options.retry_timeout)
+
+
+def _failover(options: StreamOptions) -> Any:
+    """Blocking connections (:mod:`bus.natswire`) to the servers in turn."""
+    from bus.eventbus.stream_read import failover
+
+    return failover(_settings(options), name="spark-eventbus", retry=_retry(options))
 
 
 def _lost(first: int, last: int, stream: str) -> str:
@@ -85,11 +94,11 @@ class StreamAccess:
         self.options = options
         self.stream = options.stream
         self.name = f"stream {options.stream.stream}"
-        self._connection: Any = None
+        self._failover: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_connection"] = None  # sockets and loops stay where they were made
+        state["_failover"] = None  # sockets stay where they were made
         return state
 
     # -- the driver's side -----------------------------------------------------------------
@@ -97,13 +106,13 @@ class StreamAccess:
     def _state(self) -> dict[str, Any]:
         from bus.eventbus.stream_read import stream_state
 
-        if self._connection is None:
-            self._connection = _connection(self.stream)
-        try:
-            return stream_state(self._connection, self.stream.stream)
-        except Exception:
-            self.close()  # a fresh connection next time (the server may have moved)
-            raise
+        if self._failover is None:
+            self._failover = _failover(self.stream)
+        name = self.stream.stream
+        state: dict[str, Any] = self._failover.call(
+            f"asking for stream {name}'s state", lambda c: stream_state(c, name)
+        )
+        return state
 
     def start_offset(self) -> int:
         """Just below the first event the stream still holds."""
@@ -133,9 +142,9 @@ class StreamAccess:
         ]
 
     def close(self) -> None:
-        if self._connection is not None:
-            connection, self._connection = self._connection, None
-            connection.close()
+        if self._failover is not None:
+            failover, self._failover = self._failover, None
+            failover.close()
 
     # -- an executor's side ----------------------------------------------------------------
 
@@ -150,26 +159,34 @@ class StreamAccess:
         options = self.stream
         prefixes = [p.encode("utf-8") for p in self.options.prefixes]
         reader = RangeReader(
-            _settings(options), partition.start, partition.end, name="spark-eventbus"
+            _settings(options),
+            partition.start,
+            partition.end,
+            name="spark-eventbus",
+            retry=_retry(options),
         )
         try:
             reader.open(prefixes, check_retention=True)
-            if reader.first_stored > partition.start + 1:
-                # Removed between planning and reading.
-                message = _lost(
-                    partition.start + 1,
-                    min(reader.first_stored - 1, partition.end),
-                    options.stream,
-                )
-                if self.options.fail_on_data_loss:
-                    raise DataLossError(
-                        f"{message}. Set failOnDataLoss=false to skip lost ranges and continue."
-                    )
-                log.warning("eventbus: %s; skipped because failOnDataLoss=false", message)
-            while events := reader.next_events(BATCH_ROWS):
+            self._removed(reader)
+            while True:
+                events = reader.next_events(BATCH_ROWS)
+                self._removed(reader)
+                if not events:
+                    break
                 yield from _table(events).to_batches()
         finally:
             reader.close()
+
+    def _removed(self, reader: Any) -> None:
+        """What retention removed before the reader got to it (at its start, or while a
+        read was made again): data loss, or a warning with ``failOnDataLoss=false``."""
+        for first, last in reader.take_removed():
+            message = _lost(first, last, self.stream.stream)
+            if self.options.fail_on_data_loss:
+                raise DataLossError(
+                    f"{message}. Set failOnDataLoss=false to skip lost ranges and continue."
+                )
+            log.warning("eventbus: %s; skipped because failOnDataLoss=false", message)
 
 
 def _table(events: Events) -> pa.Table:

@@ -217,6 +217,13 @@ def test_options_name_one_log_and_refuse_nonsense() -> None:
         "nats://b:4222",
     )
     assert parsed.max_offsets_per_trigger == 10
+    assert parsed.stream.retry_timeout == 60.0
+    for given, seconds in (("90s", 90.0), ("2m", 120.0), ("0", 0.0)):
+        options = {"nats": "nats://a:4222", "natsRetryTimeout": given}
+        stream = SourceOptions.parse(options, streaming=True).stream
+        assert stream is not None and stream.retry_timeout == seconds
+    with pytest.raises(OptionError, match="natsRetryTimeout must be a duration"):
+        SourceOptions.parse({"nats": "nats://a:4222", "natsRetryTimeout": "soon"}, streaming=True)
 
 
 def test_an_executor_reading_the_stream_imports_nothing_of_twisted() -> None:
