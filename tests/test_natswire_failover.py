@@ -130,6 +130,33 @@ def test_the_bound_ends_in_one_line_naming_the_servers_and_the_last_cause(
         Failover(["nats://:4222"], connect)
 
 
+def test_a_server_in_lame_duck_mode_is_left_before_the_next_request(tmp_path: Path) -> None:
+    """Its INFO says ``ldm`` (nats-server's SIGUSR2): the next request goes elsewhere,
+    before the server closes anything."""
+    from tests.processes import wait_for
+
+    one, other = (nats_cluster(tmp_path / name, size=1) for name in ("a", "b"))
+    one.start()
+    other.start()
+    failover = Failover([one.urls[0], other.urls[0]], connect, discover=False)
+    try:
+
+        def ask(connection: Connection) -> str:
+            # A round trip (the server says no one listens); what it sent comes with it.
+            with pytest.raises(ConnectionRefusedError):
+                connection.request("nobody.listens", b"")
+            return connection.server
+
+        assert failover.call("asking", ask) == one.urls[0]
+        one.kill(one.nodes[0], signal.SIGUSR2)
+        wait_for(lambda: failover.call("asking", ask) == other.urls[0], timeout=30)
+        assert failover.retried == 0  # left, not failed
+    finally:
+        failover.close()
+        one.kill(one.nodes[0], signal.SIGKILL)  # in lame-duck mode a stop waits 10 s
+        other.stop()
+
+
 def test_urls_the_cluster_names_keep_the_scheme_and_credentials_of_the_one_given() -> None:
     assert discovered("tls://u:p@h1:4222", ["10.0.0.2:4222", "[::1]:4223"]) == [
         "tls://u:p@10.0.0.2:4222",
