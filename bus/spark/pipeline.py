@@ -61,6 +61,8 @@ class PipelineConfig:
     nats: str = ""
     stream: str = "EVENTBUS"
     subject_prefix: str = "eventbus"
+    #: With ``nats``: the source's ``natsRetryTimeout`` (None: its default).
+    nats_retry_timeout: float | None = None
 
     def output_path(self, name: str) -> str:
         return str(Path(self.output) / name)
@@ -77,6 +79,8 @@ def read_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
             .option("stream", config.stream)
             .option("subjectPrefix", config.subject_prefix)
         )
+        if config.nats_retry_timeout is not None:
+            reader = reader.option("natsRetryTimeout", f"{config.nats_retry_timeout:g}s")
     else:
         reader = reader.option("path", config.journal)
     reader = (
@@ -247,6 +251,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--subject-prefix", default="eventbus", help="with --nats: the stream's subject prefix"
     )
+    parser.add_argument(
+        "--nats-retry-timeout",
+        type=_duration,
+        metavar="DURATION",
+        help="with --nats: how long a read or a request that fails while a NATS server is "
+        "lost or JetStream elects a leader is tried again on the next server (default 60s)",
+    )
     parser.add_argument("--output", required=True, metavar="DIR", help="output directory")
     parser.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="checkpoint directory (keep it!)"
@@ -316,6 +327,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _duration(text: str) -> float:
+    """Seconds from ``30s``, ``2m``, ``0`` (argparse's type: its error in one line)."""
+    from bus.options import parse_duration
+
+    try:
+        return parse_duration(text)
+    except Exception:  # twisted's UsageError
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 30s, 2m or 0)") from None
+
+
 def build_session(master: str | None, shuffle_partitions: int) -> SparkSession:
     # Executors must run this interpreter: it is the one with bus and pyarrow installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -350,6 +371,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nats=args.nats or "",
         stream=args.stream,
         subject_prefix=args.subject_prefix,
+        nats_retry_timeout=args.nats_retry_timeout,
         output=args.output,
         checkpoint=args.checkpoint,
         subscribe=args.subscribe,

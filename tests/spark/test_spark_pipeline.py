@@ -100,6 +100,42 @@ def test_pipeline_help_names_every_option() -> None:
         assert option in result.stdout
 
 
+def test_the_nats_retry_timeout_reaches_the_source_and_nonsense_is_one_line() -> None:
+    from bus.spark.pipeline import build_parser, read_events
+
+    class Reader:
+        def __init__(self) -> None:
+            self.options: dict[str, str] = {}
+
+        def format(self, name: str) -> Reader:
+            return self
+
+        def option(self, key: str, value: str) -> Reader:
+            self.options[key] = value
+            return self
+
+        def load(self) -> Reader:
+            return self
+
+    class Spark:
+        readStream = Reader()
+
+    given = ["--nats", "nats://h:4222", "--output", "o", "--checkpoint", "c"]
+    args = build_parser().parse_args([*given, "--nats-retry-timeout", "2m"])
+    assert args.nats_retry_timeout == 120.0
+    config = PipelineConfig(
+        journal="", output="o", checkpoint="c", nats="nats://h:4222", nats_retry_timeout=120.0
+    )
+    read_events(Spark(), config)  # type: ignore[arg-type]
+    assert Spark.readStream.options["natsRetryTimeout"] == "120s"
+    result = subprocess.run(
+        [sys.executable, "-m", "bus.spark.pipeline", *given, "--nats-retry-timeout", "soon"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--nats-retry-timeout: not a duration: 'soon'" in result.stderr.strip().splitlines()[-1]
+
+
 def test_a_driver_killed_mid_stream_resumes_exactly_once(spark: Any, workdir: Path) -> None:
     journal, output, checkpoint = workdir / "journal", workdir / "out", workdir / "checkpoint"
     total = 60_000
