@@ -32,7 +32,7 @@ from bus.natswire.blocking import Connection
 from bus.natswire.codec import ProtocolError
 from bus.natswire.handshake import ConnectError
 
-__all__ = ["Failover", "Retry", "Unavailable", "passing"]
+__all__ = ["ONCE", "Failover", "Retry", "Unavailable", "discovered", "passing"]
 
 T = TypeVar("T")
 
@@ -197,7 +197,7 @@ class Failover:
         """``operation(connection)``, tried again (on a new connection, to the next server)
         while it fails for passing reasons, for up to :attr:`Retry.within` seconds from the
         first failure; then :class:`Unavailable`, naming ``what``, the servers tried and
-        the last cause. Other failures are raised as they are."""
+        the last cause. Other failures are raised as they are (the connection left too)."""
         first_failure: float | None = None
         pause = self.retry.first
         while True:
@@ -207,9 +207,9 @@ class Failover:
                 server = connection.server
                 done = operation(connection)
             except Exception as error:
+                self.drop()  # whatever it was, the next operation starts afresh
                 if not passing(error):
                     raise
-                self.drop()
                 now = self._clock()
                 if first_failure is None:
                     first_failure = now
