@@ -25,7 +25,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,11 @@ class PipelineConfig:
     subject_prefix: str = "eventbus"
     #: With ``nats``: the source's ``natsRetryTimeout`` (None: its default).
     nats_retry_timeout: float | None = None
+    #: A query that fails is started again from its checkpoint this many times (exactly
+    #: once still: the checkpoint says what was committed) before the pipeline fails.
+    max_restarts: int = 3
+    #: The first wait before a restart; each next one waits twice as long.
+    restart_delay: float = 5.0
 
     def output_path(self, name: str) -> str:
         return str(Path(self.output) / name)
@@ -140,36 +146,84 @@ def start_queries(spark: SparkSession, config: PipelineConfig) -> list[Streaming
     from bus.spark import register
 
     register(spark)
+    names = [EVENTS, COUNTS] if config.counts else [EVENTS]
+    return [start_query(spark, config, name) for name in names]
+
+
+def start_query(spark: SparkSession, config: PipelineConfig, name: str) -> StreamingQuery:
+    """Start one of the pipeline's queries (:data:`EVENTS` or :data:`COUNTS`), from its
+    checkpoint when it has one."""
     trigger: dict[str, Any] = (
         {"availableNow": True}
         if config.available_now
         else {"processingTime": f"{config.trigger_seconds} seconds"}
     )
-    queries = [
-        landed(read_events(spark, config), config.time_column)
-        .writeStream.queryName(EVENTS)
-        .format("parquet")
-        .partitionBy("date", "topic_root")
-        .option("path", config.output_path(EVENTS))
-        .option("checkpointLocation", config.checkpoint_path(EVENTS))
+    if name == EVENTS:
+        writer = (
+            landed(read_events(spark, config), config.time_column)
+            .writeStream.format("parquet")
+            .partitionBy("date", "topic_root")
+        )
+    else:
+        writer = windowed_counts(
+            read_events(spark, config), config.time_column, config.window, config.watermark
+        ).writeStream.format("parquet")
+    return (
+        writer.queryName(name)
+        .option("path", config.output_path(name))
+        .option("checkpointLocation", config.checkpoint_path(name))
         .outputMode("append")
         .trigger(**trigger)
         .start()
-    ]
-    if config.counts:
-        counts = windowed_counts(
-            read_events(spark, config), config.time_column, config.window, config.watermark
-        )
-        queries.append(
-            counts.writeStream.queryName(COUNTS)
-            .format("parquet")
-            .option("path", config.output_path(COUNTS))
-            .option("checkpointLocation", config.checkpoint_path(COUNTS))
-            .outputMode("append")
-            .trigger(**trigger)
-            .start()
-        )
-    return queries
+    )
+
+
+def run_queries(
+    spark: SparkSession,
+    config: PipelineConfig,
+    queries: list[StreamingQuery],
+    stopping: Callable[[], bool],
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait for the queries to end (``availableNow``) or for a failure; a query that fails
+    is started again from its checkpoint up to ``config.max_restarts`` times, after a wait
+    that doubles each time (Spark's own start-up guesses fail a query on a busy host: a
+    Python worker that takes over 10 s to connect back). True when every query ended
+    well."""
+    restarts = 0
+    while True:
+        try:
+            if config.available_now:
+                for query in queries:
+                    query.awaitTermination()
+            else:
+                spark.streams.awaitAnyTermination()
+        except Exception as error:  # a query's failure, already reported by the listener
+            failed = [i for i, q in enumerate(queries) if not q.isActive and q.exception()]
+            if stopping() or not failed or restarts >= config.max_restarts:
+                print(f"pipeline failed: {_first_line(error)}", file=sys.stderr, flush=True)
+                return False
+            delay = config.restart_delay * 2**restarts
+            restarts += 1
+            names = ", ".join(queries[i].name or "?" for i in failed)
+            print(
+                f"query {names} failed ({_first_line(error)}): started again from its "
+                f"checkpoint in {delay:g}s (restart {restarts} of {config.max_restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
+            sleep(delay)
+            if stopping():
+                return False
+            spark.streams.resetTerminated()
+            for i in failed:
+                queries[i] = start_query(spark, config, queries[i].name or EVENTS)
+            continue
+        return stopping() or not any(q.exception() is not None for q in queries)
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
 
 
 # -- progress on the console -------------------------------------------------------------
@@ -318,6 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--no-counts", dest="counts", action="store_false", help="land only")
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="a query that fails is started again from its checkpoint up to N times "
+        "(default 3; 0: the first failure ends the pipeline)",
+    )
+    parser.add_argument(
+        "--restart-delay",
+        type=_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="the wait before the first restart, doubled for each next one (default 5s)",
+    )
+    parser.add_argument(
         "--shuffle-partitions",
         type=int,
         default=4,
@@ -385,37 +454,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         window=args.window,
         watermark=args.watermark,
         counts=args.counts,
+        max_restarts=args.max_restarts,
+        restart_delay=args.restart_delay,
     )
+    if args.max_restarts < 0:
+        parser.error("--max-restarts: give 0 or more")
     spark = build_session(args.master, args.shuffle_partitions)
     spark.sparkContext.setLogLevel("WARN")
     spark.streams.addListener(_progress_listener())
     queries = start_queries(spark, config)
 
+    stopped: list[int] = []
+
     def stop(signum: int, frame: object) -> None:
         print(f"signal {signum}: stopping queries", flush=True)
+        stopped.append(signum)
         for query in queries:
             query.stop()
 
     signal.signal(signal.SIGTERM, stop)
-    failed = False
+    ok = True
     try:
-        if config.available_now:
-            for query in queries:
-                query.awaitTermination()
-        else:
-            spark.streams.awaitAnyTermination()
+        ok = run_queries(spark, config, queries, lambda: bool(stopped))
     except KeyboardInterrupt:
         stop(signal.SIGINT, None)
-    except Exception as error:  # the query's failure, already reported by the listener
-        print(f"pipeline failed: {error}", file=sys.stderr, flush=True)
-        failed = True
     for query in queries:
         if query.isActive:
             query.stop()
-        if query.exception() is not None:
-            failed = True
     spark.stop()
-    return 1 if failed else 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -11,8 +11,15 @@ from typing import Any
 
 import pytest
 
-from bus.spark.journal import JournalReader
-from bus.spark.pipeline import COUNTS, EVENTS, PipelineConfig, progress_line, start_queries
+from bus.spark.journal import JournalReader, segment_name
+from bus.spark.pipeline import (
+    COUNTS,
+    EVENTS,
+    PipelineConfig,
+    progress_line,
+    run_queries,
+    start_queries,
+)
 from bus.spark.synthetic import expected_counts, write_journal
 
 from .driver import run_killed_then_resumed
@@ -150,3 +157,56 @@ def test_a_driver_killed_mid_stream_resumes_exactly_once(spark: Any, workdir: Pa
     run_killed_then_resumed(args, log, commits, offsets, total)
     check_landed_events(spark, output, total)
     assert landed_counts(spark, output) == as_local(closed_window_counts(journal, 60, 30))
+
+
+def test_a_failed_query_is_started_again_from_its_checkpoint(spark: Any, workdir: Path) -> None:
+    """A query that fails (here: a journal segment that cannot be read, made whole again
+    during the wait before the restart; on a busy host, Spark's own 10 s guess of a Python
+    worker's start) goes on from its checkpoint: every event lands once."""
+    journal, output = workdir / "journal", workdir / "out"
+    write_journal(journal, 3000, per_segment=1000, per_append=100)
+    second = journal / segment_name(1001, 2000)
+    whole = second.read_bytes()
+    second.write_bytes(b"not parquet" * 100)
+    config = PipelineConfig(
+        journal=str(journal),
+        output=str(output),
+        checkpoint=str(workdir / "checkpoint"),
+        available_now=True,
+        max_offsets_per_trigger=1000,
+        counts=False,
+        max_restarts=2,
+        restart_delay=7.0,
+    )
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        second.write_bytes(whole)  # the fault passes while the pipeline waits
+
+    queries = start_queries(spark, config)
+    assert run_queries(spark, config, queries, lambda: False, sleep=wait)
+    assert waits == [7.0]
+    assert queries[0].exception() is None
+    check_landed_events(spark, output, 3000)
+
+
+def test_a_query_that_keeps_failing_ends_the_pipeline_after_its_restarts(
+    spark: Any, workdir: Path
+) -> None:
+    journal = workdir / "journal"
+    write_journal(journal, 1000, per_segment=1000, per_append=100)
+    (journal / segment_name(1, 1000)).write_bytes(b"not parquet" * 100)
+    config = PipelineConfig(
+        journal=str(journal),
+        output=str(workdir / "out"),
+        checkpoint=str(workdir / "checkpoint"),
+        available_now=True,
+        counts=False,
+        max_restarts=2,
+        restart_delay=1.0,
+    )
+    waits: list[float] = []
+    queries = start_queries(spark, config)
+    assert not run_queries(spark, config, queries, lambda: False, sleep=waits.append)
+    assert waits == [1.0, 2.0]  # doubled each time, then given up
