@@ -27,10 +27,14 @@ When a schedule runs (the rules an operator can rely on)
 - Never a burst: when a schedule is overdue by more than one period (the process stalled,
   the clock jumped ahead, the broker was down), it runs once, and its next run is the next
   time of its rhythm after now. The missed runs are not made up.
+- Never two runs of an interval schedule closer than half its interval: after a run that
+  left more than half an interval late, the next is the first point of its rhythm at least
+  half an interval after it (a 60 s schedule run 40 s late skips the point 20 s later).
 - After a restart: :meth:`ScheduleBook.restore` loads the stored schedules, and the next
   :meth:`ScheduleBook.due` runs each one that missed runs while the broker was down exactly
   once (like systemd's ``Persistent=true`` or anacron); then each continues in its rhythm
-  (interval: the next point of its original phase after now; cron: the next cron time).
+  (interval: the next point of its original phase at least half an interval after that
+  run; cron: the next cron time).
 - The same job is the same schedule: a schedule's id is a hash of its job (eventmq's: the
   body's path, callable, args, kwargs, class_args and class_kwargs), so UNSCHEDULE with the
   same body removes it. A SCHEDULE identical to the one in place changes nothing (an
@@ -533,8 +537,11 @@ class ScheduleBook:
             if old is not None:
                 self._forget(old)
             interval = schedule.spec.interval
-            if interval is not None and schedule.next_due > now + interval:
-                schedule.next_due = now + interval  # stored under a clock ahead of this one
+            # A run waits at most 1.5 intervals for the next (half an interval after a late
+            # one, then the next point of its rhythm): longer, it was stored under a clock
+            # ahead of this one.
+            if interval is not None and schedule.next_due > now + 1.5 * interval:
+                schedule.next_due = now + interval
             self._by_id[schedule.id] = schedule
             self._push(schedule)
         self._last_now = max(self._last_now, now)
@@ -612,9 +619,10 @@ class ScheduleBook:
         interval = spec.interval
         if interval is not None:
             following = due_at + interval
-            if following <= now:  # late by a whole interval or more: skip to the rhythm after now
-                following = due_at + (math.floor((now - due_at) / interval) + 1) * interval
-                while following <= now:
+            earliest = now + interval / 2
+            if following < earliest:  # late by over half an interval: the first point after it
+                following = due_at + math.ceil((earliest - due_at) / interval) * interval
+                while following < earliest:
                     following += interval
             return following
         cron = spec.cron
