@@ -55,6 +55,7 @@ from _common import (
     Cleanup,
     CpuAccount,
     EmqpBroker,
+    Figure,
     RunQueueSampler,
     Worker,
     add_common_arguments,
@@ -618,6 +619,13 @@ def main() -> None:
         ],
         json_path=args.json,
         record={"runs": runs},
+        figures={
+            "lateness_p50": Figure(p50, "ms", better="lower"),
+            "lateness_p99": Figure(p99, "ms", better="lower"),
+            "delivered": Figure(med("schedules", "delivered_per_s"), "runs/s"),
+            "broker_cores": Figure(cores, "cores", better="lower"),
+            "broker_cpu_vs_baseline": Figure(cores / base_cores, "x", better="lower"),
+        },
     )
 
 

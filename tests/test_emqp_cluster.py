@@ -7,9 +7,12 @@ JetStream cannot store, the client port waits and nothing is acknowledged."""
 
 from __future__ import annotations
 
+import base64
+import itertools
 import json
 import signal
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,8 +21,9 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor, task
 
-from bus.emqp import codec
+from bus.emqp import codec, jobstream
 from bus.emqp.client import EmqpClient
+from bus.natswire import codec as natscodec
 from bus.natswire import jsapi
 from bus.natswire.blocking import Connection
 from bus.testing import wait_until
@@ -317,6 +321,84 @@ def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
         (entry,) = map(json.loads, listed.out.splitlines())
         assert entry["id"] == schedule and entry["runs"] >= seen + 3
     finally:
+        for peer in peers:
+            peer.close()
+
+
+def stored_runs(urls: list[str]) -> dict[bytes, float]:
+    """Every message of the stream EMQP: its Nats-Msg-Id -> when the stream stored it."""
+    stored = {}
+    with Connection(urls) as nats:
+        info = jsapi.answer(nats.request(jsapi.stream_info("EMQP"), b"").payload)["state"]
+        for seq in range(info["first_seq"], info["last_seq"] + 1):
+            reply = nats.request(jsapi.message_get("EMQP"), json.dumps({"seq": seq}).encode())
+            try:
+                message = jsapi.answer(reply.payload)["message"]
+            except jsapi.JetStreamError:
+                continue  # removed (none is: the workers answer none)
+            headers = base64.b64decode(message["hdrs"])
+            msg_id = natscodec.header(headers, b"Nats-Msg-Id")
+            assert msg_id is not None
+            stored[msg_id] = datetime.fromisoformat(message["time"]).timestamp()
+    return stored
+
+
+def stream_server(cluster: Any) -> Any:
+    """The nats-server that holds the stream EMQP (its only replica, with R1)."""
+    with Connection(cluster.urls) as nats:
+        info = jsapi.answer(nats.request(jsapi.stream_info("EMQP"), b"").payload)
+    (node,) = [n for n in cluster.nodes if n.name == info["cluster"]["leader"]]
+    return node
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_that_stops_storing_brings_one_run_after_it_not_a_burst(
+    tmp_path: Path, cluster: Any, brokers: Any, cleanup: list[Any]
+) -> Any:
+    """The stream's only server stopped (SIGSTOP) for five intervals of a 1 s schedule:
+    afterwards the runs the workers got were stored at least half an interval apart (before:
+    the runs each broker fired meanwhile were all stored at once when it came back)."""
+    from tests.test_emqp_cli import ran
+
+    a, b = brokers("--nats-replicas", "1")
+    peers: list[Any] = []
+    stopped = None
+    try:
+        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
+        # The workers hold every run (never answer): each stays in the stream, with the
+        # time the stream stored it.
+        workers = [RawWorker(p.endpoints["worker"]) for p in (a, b)]
+        peers += workers
+        for worker in workers:
+            yield wait_until(worker.acked, what="a worker's INFORM acknowledged")
+            worker.ready(100)
+        added = yield ran(
+            cleanup, "schedule", "default", '["tick"]', "--every", "1s",
+            "--admin", a.endpoints["admin"],
+        )  # fmt: skip
+        assert added.code == 0, added.err
+
+        def runs() -> set[bytes]:
+            return {r[3] for w in workers for r in w.requests()}
+
+        yield wait_until(lambda: len(runs()) >= 3, timeout=30, what="three runs")
+        stopped = stream_server(cluster)
+        cluster.kill(stopped, signal.SIGSTOP)
+        yield task.deferLater(reactor, 5.0, lambda: None)  # the fault: five intervals
+        cluster.kill(stopped, signal.SIGCONT)
+        stopped = None
+        before = len(runs())
+        yield wait_until(lambda: len(runs()) >= before + 4, timeout=60, what="runs after it")
+        stored = stored_runs(cluster.urls)
+        times = sorted(stored[jobstream.msg_id(msgid)] for msgid in runs())
+        gaps = [round(later - earlier, 3) for earlier, later in itertools.pairwise(times)]
+        assert max(gaps) >= 3, gaps  # nothing stored while its server was stopped
+        # No burst: one run in the outage's wake, then one a second (the rule's half an
+        # interval, less a margin for the clock's reading; a burst is milliseconds apart).
+        assert min(gaps) >= 0.45, gaps
+    finally:
+        if stopped is not None:
+            cluster.kill(stopped, signal.SIGCONT)
         for peer in peers:
             peer.close()
 

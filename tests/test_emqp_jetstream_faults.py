@@ -17,9 +17,11 @@ leader elected anew, or cut away, forgets its pulls and sends nothing); a pull e
 responders" or "Consumer Deleted" has the consumer made again. Before, the broker waited for
 an end that never came, and the queue was never pulled again (issue 49).
 
-A schedule's run that another broker is storing at the same moment (JetStream's "duplicate
-message id is in process") is the race by which a run is stored once, not a refusal: the
-client port does not pause for it."""
+A schedule's run is appended apart from the requests: its answer goes to the schedule gate
+(bus.emqp.schedule_gate), which alone appends it again; no answer of it, not even another
+broker's append of the same run in process (JetStream's "duplicate message id is in
+process"), pauses the client port. A schedule's compare-and-set tells a change that came
+first (another broker's) from a failure."""
 
 from __future__ import annotations
 
@@ -28,8 +30,13 @@ from typing import Any
 from twisted.internet import defer
 from twisted.internet.task import Clock
 
+from bus.emqp import codec, jobstream, schedule_gate
 from bus.emqp.config import JetStreamSettings
+from bus.emqp.core import Job
 from bus.emqp.jetstream import PULL_GRACE, JetStreamJobs
+from bus.emqp.schedule_gate import PutRow
+from bus.emqp.schedules import ScheduleRow
+from bus.natswire import jsapi
 from bus.natswire.codec import Msg
 from bus.transport.nats import NotConnected
 
@@ -94,7 +101,7 @@ class FakeNats:
 
 
 def jobs(
-    on_change: Any = lambda: None, on_appended: Any = lambda _: None
+    on_change: Any = lambda: None, on_appended: Any = lambda _: None, **more: Any
 ) -> tuple[JetStreamJobs, FakeNats, Clock]:
     clock = Clock()
     made = JetStreamJobs(
@@ -106,6 +113,7 @@ def jobs(
         on_appended=on_appended,
         on_change=on_change,
         held=lambda: [],
+        **more,
     )
     fake = FakeNats()
     made.client = fake  # type: ignore[assignment]
@@ -270,19 +278,68 @@ ERROR_10158 = (
 )
 
 
-def test_a_schedule_run_another_broker_is_storing_is_no_refusal() -> None:
+def run_job(msgid: bytes) -> Job:
+    return Job(msgid, b"", b"default", codec.NO_HEADERS, b'["tick"]', 0.0, 0, False)
+
+
+def streamed(job: Job) -> jobstream.StreamedJob:
+    return jobstream.StreamedJob(b"broker-a", b"", job.msgid, job.queue, b"", job.body, 0.0, 0)
+
+
+def test_a_schedule_run_is_appended_alone_and_only_the_gate_appends_it_again() -> None:
+    told: list[tuple[str, bytes, bool]] = []
     appended: list[bytes] = []
-    stream, fake, _ = jobs(on_appended=appended.append)
-    moved_on: list[int] = []
-    stream._then[b"run-1"] = lambda: moved_on.append(1)
-    stream._send_append(b"run-1", (b"emqp.jobs.default", b"run-1", b"body"))
-    [(_, _, answer)] = fake.requests
-    answer.callback(Msg(b"_INBOX.x", 1, b"", b"", ERROR_10158))
-    assert appended == [b"run-1"]  # stored once, by the other broker
-    assert moved_on == []  # the other broker moves the schedule on
-    assert stream.refusing is False
-    assert stream.status()["schedule_runs_raced"] == 1
-    assert stream.status()["refusals"] == 0
+    stream, fake, clock = jobs(
+        on_appended=appended.append, on_schedule_run=lambda *a: told.append(a)
+    )
+    answers = [
+        b'{"stream":"EMQP","seq":7}',
+        b'{"stream":"EMQP","seq":7,"duplicate": true}',  # another broker's, stored
+        ERROR_10158,  # another broker's, being stored now
+        b'{"error":{"code":503,"err_code":10077,"description":"no quorum"}}',
+    ]
+    for n, payload in enumerate(answers):
+        stream.carry_out([("schedule-run", ("s1", run_job(b"run-%d" % n)))], [], streamed)
+        fake.requests[-1][2].callback(Msg(b"_INBOX.x", 1, b"", b"", payload))
+    stream.carry_out([("schedule-run", ("s1", run_job(b"run-4")))], [], streamed)
+    fake.requests[-1][2].errback(TimeoutError("no answer"))
+    assert told == [
+        ("s1", b"run-0", True),
+        ("s1", b"run-1", True),
+        ("s1", b"run-2", False),
+        ("s1", b"run-3", False),
+        ("s1", b"run-4", False),
+    ]
+    assert appended == []  # not a request of this broker's clients
+    clock.advance(10)
+    assert len(fake.requests) == 5  # never sent again here
+    status = stream.status()
+    assert (status["schedule_runs_raced"], status["schedule_runs_refused"]) == (1, 2)
+    assert stream.refusing is False and status["refusals"] == 0  # the client port goes on
+
+
+def test_a_schedule_compare_and_set_tells_a_change_first_from_a_failure() -> None:
+    told: list[tuple[str, int, str, int]] = []
+    stream, fake, _ = jobs(on_schedule_put=lambda *a: told.append(a))
+    row = ScheduleRow("s1", b"default", b"", 1.0, None, b'["tick"]', 0.0, 5.0, 3, 4.0)
+    answers = [
+        b'{"stream":"KV_EMQP_SCHEDULES","seq":42}',
+        b'{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 41"}}',
+        b'{"error":{"code":503,"err_code":10077,"description":"no quorum"}}',
+    ]
+    for token, payload in enumerate(answers, 1):
+        stream.carry_out([("schedule-cas", PutRow("s1", row, True, 40, token))], [], streamed)
+        subject, body, answer = fake.requests[-1]
+        assert subject == b"$KV.EMQP_SCHEDULES." + jobstream.token(b"s1").encode()
+        assert jobstream.decode_row(body) == (tuple(row), True)
+        answer.callback(Msg(b"_INBOX.x", 1, b"", b"", payload))
+    assert told == [
+        ("s1", 1, schedule_gate.TAKEN, 42),
+        ("s1", 2, schedule_gate.CONFLICT, 0),
+        ("s1", 3, schedule_gate.FAILED, 0),
+    ]
+    assert stream.status()["schedule_conflicts"] == 1
+    assert jsapi.refused(answers[1]) is not None
 
 
 def test_a_request_of_a_client_in_process_elsewhere_is_still_retried() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -109,6 +110,18 @@ def test_late_by_several_intervals_runs_once_then_skips_to_the_phase() -> None:
     assert schedule.runs == 2
 
 
+def test_a_run_late_by_over_half_an_interval_moves_the_next_one_on() -> None:
+    book = ScheduleBook()
+    schedule, _ = book.add(every(60), T0)
+    book.due(T0)
+    assert book.due(T0 + 60 + 29) == [schedule]  # 29 s late: the next point, 31 s on
+    assert schedule.next_due == T0 + 120
+    assert book.due(T0 + 120 + 40) == [schedule]  # 40 s late: not 20 s on, 80 s on
+    assert schedule.next_due == T0 + 240
+    assert book.due(T0 + 240 + 30) == [schedule]  # exactly half: the next point, 30 s on
+    assert schedule.next_due == T0 + 300
+
+
 def test_run_count_limits_the_runs_then_the_schedule_leaves() -> None:
     book = ScheduleBook()
     schedule, _ = book.add(every(10, headers=b"run_count:3"), T0)
@@ -158,7 +171,8 @@ def test_scheduling_the_same_job_again_replaces_it() -> None:
     assert book.get(first.id) is second and second.spec.queue == b"emails"
     assert second.next_due == T0 + 10  # a new schedule: at once, then every 30 s
     assert book.due(T0 + 10) == [second]
-    assert book.due(T0 + 60) == [second]  # the old entry (T0 + 60) is gone: one run
+    assert book.due(T0 + 40) == [second]
+    assert book.due(T0 + 60) == []  # the old entry (T0 + 60) is gone
     assert second.next_due == T0 + 70
     # A cron replacing an interval.
     third, replaced = book.add(ScheduleSpec(b"emails", b"", None, "0 * * * *", job()), T0 + 61)
@@ -411,8 +425,8 @@ def test_restore_after_a_downtime_runs_each_once_then_keeps_the_phase() -> None:
     assert book.due(now) == []
     restored = book.get(interval.id)
     assert restored is not None and restored.runs == 2
-    assert restored.next_due > now and (restored.next_due - T0) % 60 == 0
-    assert restored.next_due - now <= 60
+    assert (restored.next_due - T0) % 60 == 0
+    assert 30 <= restored.next_due - now <= 90  # at least half an interval after its run
     assert book.get(crontab.id).next_due == utc(2024, 1, 1, 15, 5)  # type: ignore[union-attr]
 
 
@@ -500,12 +514,26 @@ def test_runs_over_a_span_follow_the_interval(period: int, fractions: list[float
     schedule, _ = book.add(every(period), T0)
     now = T0
     runs = len(book.due(now))
-    for fraction in fractions:  # polled more often than the interval
-        now += fraction * period * 0.99
+    for fraction in fractions:  # polled more often than twice an interval: never skips
+        now += fraction * period * 0.49
         runs += len(book.due(now))
     span = now - T0
     assert span / period - 1 <= runs <= span / period + 1
     assert runs == schedule.runs
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 300), steps)
+def test_never_two_runs_closer_than_half_an_interval(period: int, gaps: list[float]) -> None:
+    book = ScheduleBook()
+    book.add(every(period), T0)
+    now, ran = T0, []
+    for gap in [0.0, *gaps]:  # polled at any times: a stalled process, a late timer
+        now += gap
+        if book.due(now):
+            ran.append(now)
+    assert all(later - earlier >= period / 2 for earlier, later in itertools.pairwise(ran))
+    assert all((s.next_due - T0) % period == 0 for s in book)  # in its phase
 
 
 @settings(max_examples=100, deadline=None)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.droplog import DropCounter
 from bus.emqp import codec, jobstream
 from bus.emqp.codec import PROTOCOL, EmqpError, Headers
+from bus.emqp.schedule_gate import AppendRun, PutRow, RunFired, ScheduleGate
 from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, job_of, unschedule_id
 from bus.emqp.store import JobStore, StoredJob
 from bus.transport.names import peer_name
@@ -142,14 +142,6 @@ def _headers_of(raw: bytes) -> codec.Headers:
         return codec.NO_HEADERS
 
 
-def run_msgid(schedule_id: str, run: int) -> bytes:
-    """The msgid of a schedule's run: the same at every broker that fires it."""
-    return str(uuid.uuid5(_RUNS, f"{schedule_id}/{run}")).encode()
-
-
-_RUNS = uuid.UUID("5c3b0e5e-7a0b-4d55-9a59-0e2b3c1f6e01")
-
-
 def _schedule_queue(command: codec.Schedule) -> bytes | None:
     try:
         return ScheduleSpec.from_frames(command.fields).queue
@@ -198,6 +190,10 @@ class Broker:
             ScheduleBook(settings.max_schedules, cron_haste=settings.cron_haste)
             if settings.scheduler == "builtin"
             else None
+        )
+        #: In a cluster, which broker fires each run and when (the bucket decides).
+        self.schedule_gate = (
+            ScheduleGate(self.schedules) if streamed and self.schedules is not None else None
         )
         self._scheduler_turn = 0
         self.jobs: dict[bytes, Job] = {}
@@ -557,7 +553,7 @@ class Broker:
                 schedule, replaced = book.add(spec, now)
                 self.schedules_added += 1
                 if self.streamed:
-                    self.to_stream.append(("schedule-put", schedule.to_row()))
+                    self.to_stream.append(("schedule-put", (schedule.to_row(), schedule.pending)))
                 elif self.store is not None:
                     self.store.put_schedule(schedule.to_row())
                 value = {
@@ -582,10 +578,8 @@ class Broker:
 
     def schedule_kept(self, schedule_id: str, revision: int, error: str | None = None) -> None:
         """The bucket took a schedule's change (its new ``revision``), or refused it:
-        the answers that waited go out."""
-        schedule = self.schedules.get(schedule_id) if self.schedules is not None else None
-        if schedule is not None and revision > schedule.revision:
-            schedule.revision = revision
+        the answers that waited go out. The book learns the row from the watch (a row
+        added here fires only once the bucket is known to hold it)."""
         for held in self.schedule_answers.pop(schedule_id, []):
             if error is None:
                 held.outbox.append(held.message)
@@ -595,25 +589,34 @@ class Broker:
                 held.outbox.append([origin, b"", PROTOCOL, _REPLY, _new_msgid(), result, msgid])
 
     def on_schedule_change(
-        self, schedule_id: str, row: tuple[Any, ...] | None, revision: int
+        self, schedule_id: str, row: tuple[Any, ...] | None, pending: bool, revision: int
     ) -> None:
-        """What the cluster's bucket says of a schedule now (a put, a run fired
-        anywhere, a removal): the book follows it."""
-        book = self.schedules
-        if book is None:
-            return
-        if row is None:
-            current = book.get(schedule_id)
-            if current is not None and current.revision <= revision:
-                book.remove(schedule_id)
-                self._publish(
-                    "/emqp/schedule/removed/", {"schedule": schedule_id, "reason": "cluster"}
-                )
+        """What the cluster's bucket says of a schedule now (a put, a run fired or
+        stored anywhere, a removal): the book follows it."""
+        gate = self.schedule_gate
+        if gate is None:
             return
         try:
-            book.put(row, revision, self.clock())
+            changed = gate.on_row(schedule_id, row, pending, revision, self.clock())
         except EmqpError as error:
             self.log.error("a schedule in the bucket is not loaded: {error}", error=str(error))
+            return
+        if changed and row is None:
+            self._publish("/emqp/schedule/removed/", {"schedule": schedule_id, "reason": "cluster"})
+
+    def schedule_put_answered(
+        self, schedule_id: str, token: int, outcome: str, revision: int
+    ) -> None:
+        """The bucket's answer to a compare-and-set the gate asked for."""
+        if self.schedule_gate is not None:
+            self.schedule_gate.on_put(schedule_id, token, outcome, revision, self.clock())
+            self._carry_out_gate()
+
+    def schedule_run_answered(self, schedule_id: str, msgid: bytes, stored: bool) -> None:
+        """The stream's answer to a schedule run's append."""
+        if self.schedule_gate is not None:
+            self.schedule_gate.on_append(schedule_id, msgid, stored, self.clock())
+            self._carry_out_gate()
 
     def _answer_once_stored(
         self, origin: bytes, msgid: bytes, value: Any, outbox: list[Message]
@@ -657,27 +660,27 @@ class Broker:
 
     def fire_schedules(self) -> int:
         """Every schedule due now becomes a request on its queue (guaranteed when its
-        headers say so), as if a client had sent it; its run is stored."""
+        headers say so), as if a client had sent it; its run is stored. In a cluster the
+        gate decides (:mod:`bus.emqp.schedule_gate`): the runs this broker won."""
         book = self.schedules
         if book is None:
             return 0
         now = self.clock()
+        if self.schedule_gate is not None:
+            self.schedule_gate.tick(now)
+            return self._carry_out_gate()
         due = book.due(now)
         store = self.store
         for schedule in due:
             spec = schedule.spec
             self.schedules_fired += 1
             headers = _headers_of(spec.headers)
-            if self.streamed:
-                msgid = run_msgid(schedule.id, schedule.runs)
-                self._fire_in_cluster(schedule, msgid, headers, now)
-            else:
-                msgid = _new_msgid()
-                if store is not None:
-                    if schedule.finished:
-                        store.remove_schedule(schedule.id)
-                    else:
-                        store.put_schedule(schedule.to_row())
+            msgid = _new_msgid()
+            if store is not None:
+                if schedule.finished:
+                    store.remove_schedule(schedule.id)
+                else:
+                    store.put_schedule(schedule.to_row())
             if self._publishing:
                 self._publish(
                     "/emqp/schedule/fired/",
@@ -685,24 +688,47 @@ class Broker:
                 )
             if schedule.finished:
                 self._schedule_gone(schedule.id, "run-count")
-            if not self.streamed:
-                self._on_request(b"", codec.Request(msgid, spec.queue, headers, spec.body), now)
+            self._on_request(b"", codec.Request(msgid, spec.queue, headers, spec.body), now)
         return len(due)
 
-    def _fire_in_cluster(
-        self, schedule: Schedule, msgid: bytes, headers: codec.Headers, now: float
-    ) -> None:
-        """A run goes to the stream under a msgid every broker makes alike (the stream
-        stores it once whichever brokers fire it), then the bucket's compare-and-set
-        from the revision the book knew (:meth:`ScheduleBook.due` leaves it) says the
-        run happened: one broker's wins, the others' books follow the bucket."""
+    def _carry_out_gate(self) -> int:
+        """What the gate asked for goes to the stream; returns the runs this broker won."""
+        assert self.schedule_gate is not None
+        fired = 0
+        for command in self.schedule_gate.drain():
+            if isinstance(command, PutRow):
+                self.to_stream.append(("schedule-cas", command))
+            elif isinstance(command, AppendRun):
+                self.to_stream.append(
+                    ("schedule-run", (command.schedule.id, self._run_job(command)))
+                )
+            elif isinstance(command, RunFired):
+                fired += 1
+                self.schedules_fired += 1
+                if self.schedules is not None:
+                    self.schedules.lateness.append(command.late)
+                if self._publishing:
+                    self._publish(
+                        "/emqp/schedule/fired/",
+                        {
+                            "schedule": command.schedule.id,
+                            "msgid": peer_name(command.msgid),
+                            "run": command.run,
+                        },
+                    )
+            else:
+                self._schedule_gone(command.schedule_id, "run-count")
+        return fired
+
+    def _run_job(self, command: AppendRun) -> Job:
+        """A run as a request for the stream; every broker that appends it makes the same
+        msgid (the stream keeps the first)."""
+        spec = command.schedule.spec
+        headers = _headers_of(spec.headers)
         retries = headers.retry_count
         if retries is None:
             retries = self.settings.guarantee_retries if headers.guarantee else 0
-        spec = schedule.spec
-        job = Job(msgid, b"", spec.queue, headers, spec.body, now, retries, False)
-        row = None if schedule.finished else schedule.to_row()
-        self.to_stream.append(("schedule-fire", (job, schedule.id, row, schedule.revision)))
+        return Job(command.msgid, b"", spec.queue, headers, spec.body, self.clock(), retries, False)
 
     def restore_schedules(self) -> int:
         """Load the stored schedules (after a restart): each that missed runs while the
@@ -1321,6 +1347,7 @@ class Broker:
             "scheduler": self.settings.scheduler,
             "schedule_lateness_ms": self._lateness_ms(),
             "schedules_count": len(self.schedules) if self.schedules is not None else 0,
+            **self._gate_status(),
             "schedules": (
                 self.schedules.listing(now, limit=in_flight_limit)
                 if self.schedules is not None
@@ -1331,6 +1358,17 @@ class Broker:
             "waiting": sum(len(q.waiting) for q in self.queues.values()),
             "counters": self.counters(),
             **self.eventmq_status(now),
+        }
+
+    def _gate_status(self) -> dict[str, int]:
+        """In a cluster: runs fired and not yet stored that this broker knows of (at most
+        one per schedule), and runs it appended for a broker that fired them."""
+        gate = self.schedule_gate
+        if gate is None:
+            return {}
+        return {
+            "schedule_runs_unstored": gate.unstored,
+            "schedule_runs_taken_over": gate.taken_over,
         }
 
     def eventmq_status(self, now: float) -> dict[str, dict[str, int]]:

@@ -23,9 +23,10 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.emqp import jobstream
+from bus.emqp import jobstream, schedule_gate
 from bus.emqp.config import JetStreamSettings
 from bus.emqp.core import Job, Message
+from bus.emqp.schedule_gate import PutRow
 from bus.errors import StartupError
 from bus.natswire import codec, jsapi
 from bus.natswire.codec import Msg
@@ -49,6 +50,8 @@ SCHEDULE_PATIENCE = 15.0
 PULL_GRACE = 1.0
 #: JetStream's error for a message id another append of the same id is storing now.
 DUPLICATE_IN_PROCESS = 10158
+#: JetStream's error for a compare-and-set whose key is no longer at the revision given.
+WRONG_LAST_SEQUENCE = 10071
 
 
 @dataclass(slots=True)
@@ -87,8 +90,10 @@ class JetStreamJobs:
         on_appended: Callable[[bytes], None],
         on_change: Callable[[], None],
         held: Callable[[], list[bytes]],
-        on_schedule: Callable[[str, tuple[Any, ...] | None, int], None] = lambda *_: None,
+        on_schedule: Callable[[str, tuple[Any, ...] | None, bool, int], None] = lambda *_: None,
         on_schedule_kept: Callable[[str, int, str | None], None] = lambda *_: None,
+        on_schedule_put: Callable[[str, int, str, int], None] = lambda *_: None,
+        on_schedule_run: Callable[[str, bytes, bool], None] = lambda *_: None,
         on_offered: Callable[[jobstream.StreamedJob], bool] = lambda _: False,
         on_forwarded: Callable[[bytes, bool], None] = lambda *_: None,
     ) -> None:
@@ -102,6 +107,8 @@ class JetStreamJobs:
         self._held = held
         self._on_schedule = on_schedule
         self._on_schedule_kept = on_schedule_kept
+        self._on_schedule_put = on_schedule_put
+        self._on_schedule_run = on_schedule_run
         self._on_offered = on_offered
         self._on_forwarded = on_forwarded
         #: The offer subscriptions of the queues this broker serves.
@@ -149,8 +156,10 @@ class JetStreamJobs:
         self.wanted: dict[bytes, int] = {}
         self._pull_watch: Any = None
         #: Schedule runs another broker was storing at the same moment (the race by which
-        #: a run is stored once): not a refusal.
+        #: a run is stored once): appended again a moment later, not a refusal.
         self.schedule_runs_raced = 0
+        #: Schedule runs' appends the stream refused or did not answer (tried again).
+        self.schedule_runs_refused = 0
         self.acks = 0
         #: Acknowledgements the stream has not confirmed yet: handle -> when first said.
         self._acking: dict[bytes, float] = {}
@@ -171,8 +180,6 @@ class JetStreamJobs:
         self._batch_numbers = itertools.count(1)
         self._batch_tag = os.urandom(6).hex().encode()
         self._subjects: dict[bytes, bytes] = {}
-        #: What follows an append once stored (a schedule's compare-and-set), by msgid.
-        self._then: dict[bytes, Callable[[], None]] = {}
         self._progress_loop: Any = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -281,7 +288,7 @@ class JetStreamJobs:
             consumer_sequence = jsapi.consumer_sequence(msg.reply)
             schedule_id = jobstream.key_of(self.bucket, msg.subject.decode())
             operation = codec.header(msg.headers, b"KV-Operation") if msg.headers else None
-            row = None if operation else jobstream.decode_row(msg.payload)
+            row, pending = (None, False) if operation else jobstream.decode_row(msg.payload)
         except (ValueError, jobstream.JobBodyError) as error:
             self.bad_messages += 1
             log.warn("JetStream: a schedule that cannot be read: {error}", error=str(error))
@@ -292,12 +299,16 @@ class JetStreamJobs:
             self._watch()
             return
         self._watch_sequence = consumer_sequence
-        self._on_schedule(schedule_id, row, delivery.stream_sequence)
+        self._on_schedule(schedule_id, row, pending, delivery.stream_sequence)
 
     # -- schedules ----------------------------------------------------------------------------
 
     def _put_schedule(
-        self, schedule_id: str, row: tuple[Any, ...] | None, expected: int | None = None
+        self,
+        schedule_id: str,
+        row: tuple[Any, ...] | None,
+        expected: int | None = None,
+        pending: bool = False,
     ) -> defer.Deferred[Any]:
         """Put (or delete, for None) a schedule's key; with ``expected``, only if the key
         is still at that revision."""
@@ -307,7 +318,7 @@ class JetStreamJobs:
         if expected is not None:
             fields[b"Nats-Expected-Last-Subject-Sequence"] = str(expected).encode()
         headers = codec.header_block(fields) if fields else b""
-        payload = jobstream.encode_row(row) if row is not None else b""
+        payload = jobstream.encode_row(row, pending) if row is not None else b""
         subject = jobstream.key_subject(self.bucket, schedule_id).encode()
         return self.client.request(
             subject, payload, headers, timeout=self.settings.ack_timeout
@@ -322,7 +333,11 @@ class JetStreamJobs:
         return kept
 
     def _keep_schedule(
-        self, schedule_id: str, row: tuple[Any, ...] | None, waited: float = 0.0
+        self,
+        schedule_id: str,
+        row: tuple[Any, ...] | None,
+        pending: bool = False,
+        waited: float = 0.0,
     ) -> None:
         """Put it, again and again while JetStream cannot (no leader yet, no quorum) for
         about ``SCHEDULE_PATIENCE`` seconds; then its SCHEDULE is refused."""
@@ -330,29 +345,64 @@ class JetStreamJobs:
         def refused(failure: Failure) -> None:
             if waited < SCHEDULE_PATIENCE:
                 delay = min(0.25 + waited / 2, 2.0)
-                self.reactor.callLater(delay, self._keep_schedule, schedule_id, row, waited + delay)
+                self.reactor.callLater(
+                    delay, self._keep_schedule, schedule_id, row, pending, waited + delay
+                )
                 return
             self._on_schedule_kept(schedule_id, 0, failure.getErrorMessage())
             self._on_change()
 
-        self._put_schedule(schedule_id, row).addCallbacks(self._kept(schedule_id), refused)
+        self._put_schedule(schedule_id, row, pending=pending).addCallbacks(
+            self._kept(schedule_id), refused
+        )
 
-    def _fire(
-        self, job: Job, stored: jobstream.StreamedJob, schedule_id: str, row: Any, revision: int
-    ) -> None:
-        """The run first (stored once whoever fires it), then the schedule's next state
-        if nobody changed it since ``revision``."""
+    def _schedule_cas(self, put: PutRow) -> None:
+        """A step of a schedule's run (see :mod:`bus.emqp.schedule_gate`): the bucket's
+        compare-and-set, its answer to the gate. Never tried again here: the gate decides."""
 
-        def appended() -> None:
-            def lost(failure: Failure) -> None:
-                self.schedule_conflicts += 1  # another broker's, or a change: the watch says
+        def taken(answer: dict[str, Any]) -> None:
+            revision = int(answer.get("seq", 0))
+            self._on_schedule_put(put.schedule_id, put.token, schedule_gate.TAKEN, revision)
 
-            self._put_schedule(schedule_id, row, revision).addCallbacks(
-                self._kept(schedule_id), lost
-            )
+        def refused(failure: Failure) -> None:
+            error = failure.value
+            if isinstance(error, jsapi.JetStreamError) and error.err_code == WRONG_LAST_SEQUENCE:
+                self.schedule_conflicts += 1  # another broker's change came first
+                outcome = schedule_gate.CONFLICT
+            else:
+                outcome = schedule_gate.FAILED
+            self._on_schedule_put(put.schedule_id, put.token, outcome, 0)
 
-        self._then[job.msgid] = appended
-        self._append(job, stored)
+        asked = self._put_schedule(put.schedule_id, put.row, put.expected, put.pending)
+        asked.addCallbacks(taken, refused)
+
+    def _append_run(self, schedule_id: str, job: Job, stored: jobstream.StreamedJob) -> None:
+        """A schedule's run, alone and apart from the requests' appends: never retried
+        here (the gate appends it again, one at a time, while its row is pending), and its
+        refusal does not pause the client port."""
+        subject, message_id, body = self._entry(job, stored)
+        answer = self.client.request(
+            subject, body, jsapi.msg_id_headers(message_id), timeout=self.settings.ack_timeout
+        )
+
+        def answered(msg: Msg) -> None:
+            error = jsapi.refused(msg.payload)
+            if error is None and jsapi.number_in(msg.payload, jsapi.SEQ_KEY) is not None:
+                self._on_schedule_run(schedule_id, job.msgid, True)
+                return
+            if error is not None and error.err_code == DUPLICATE_IN_PROCESS:
+                # Another broker's append of this run is being stored this very moment:
+                # asked again shortly, when the stream answers "duplicate".
+                self.schedule_runs_raced += 1
+            else:
+                self.schedule_runs_refused += 1
+            self._on_schedule_run(schedule_id, job.msgid, False)
+
+        def failed(_: Failure) -> None:
+            self.schedule_runs_refused += 1
+            self._on_schedule_run(schedule_id, job.msgid, False)
+
+        answer.addCallbacks(answered, failed)
 
     def close(self) -> None:
         if self._progress_loop is not None and self._progress_loop.running:
@@ -405,12 +455,15 @@ class JetStreamJobs:
             elif what == "forward":
                 self._offer(value, job_of(value))
             elif what == "schedule-put":
-                self._keep_schedule(value[0], value)
+                row, pending = value
+                self._keep_schedule(row[0], row, pending)
             elif what == "schedule-delete":
                 self._keep_schedule(value, None)
-            elif what == "schedule-fire":
-                job, schedule_id, row, revision = value
-                self._fire(job, job_of(job), schedule_id, row, revision)
+            elif what == "schedule-cas":
+                self._schedule_cas(value)
+            elif what == "schedule-run":
+                schedule_id, job = value
+                self._append_run(schedule_id, job, job_of(job))
             elif what == "term":
                 self._tell_stream(value, _TERM)
                 self.terms += 1
@@ -477,9 +530,6 @@ class JetStreamJobs:
             reason=self._ack_reason,
         )
 
-    def _append(self, job: Job, stored: jobstream.StreamedJob) -> None:
-        self._send_append(job.msgid, self._entry(job, stored))
-
     def _send_batch(self, batch: list[tuple[bytes, tuple[bytes, bytes, bytes]]]) -> None:
         """One of JetStream's atomic batches: stored whole or not at all, one
         acknowledgement for all (one proposal to the replicas, not one each)."""
@@ -544,13 +594,6 @@ class JetStreamJobs:
         try:
             jsapi.stored_sequence(msg.payload)
         except jsapi.JetStreamError as error:
-            if error.err_code == DUPLICATE_IN_PROCESS and msgid in self._then:
-                # A schedule's run that another broker is storing this very moment: the
-                # run is stored once, by that broker, which also moves the schedule on.
-                self.schedule_runs_raced += 1
-                del self._then[msgid]
-                self._append_stored(msgid)
-                return
             self._append_failed(msgid, Failure(error))
             return
         except ValueError as error:
@@ -561,9 +604,6 @@ class JetStreamJobs:
     def _append_stored(self, msgid: bytes) -> None:
         if self.appending.pop(msgid, None) is None:
             return
-        then = self._then.pop(msgid, None)
-        if then is not None:
-            then()
         if self.refused_since is not None and not self._retry:
             log.info(
                 "JetStream stores again after {seconds:.1f}s",
@@ -855,6 +895,7 @@ class JetStreamJobs:
             "bucket": f"KV_{self.bucket}",
             "schedule_conflicts": self.schedule_conflicts,
             "schedule_runs_raced": self.schedule_runs_raced,
+            "schedule_runs_refused": self.schedule_runs_refused,
             "atomic_batches": self.atomic_batches,
             "batches_resent_each": self.batches_resent_each,
             "offers_sent": self.offers_sent,

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgpack
 
+from bus.emqp.schedules import ROW_FIELDS
 from bus.natswire.tokens import SubjectError, token, untoken
 
 #: The version of :class:`StreamedJob`'s body; a broker refuses bodies it cannot read.
@@ -161,11 +162,9 @@ def consumer_config(stream: str, prefix: str, queue: bytes, ack_wait: float) -> 
 # -- schedules: a JetStream key-value bucket ------------------------------------------------------
 #
 # Every broker keeps the same schedules: SCHEDULE and UNSCHEDULE at any broker put or delete the
-# schedule's key, and every broker watches the bucket. A run due is fired by every broker that
-# sees it due: each appends the run under the same msgid (:func:`bus.emqp.core.run_msgid`, so
-# the stream stores it once) and then sets the schedule's next state with compare-and-set from
-# the revision it knew; one wins, the others follow the bucket. The bucket is a standard one
-# (``nats kv`` reads it): stream ``KV_<bucket>``, subjects ``$KV.<bucket>.<key>``.
+# schedule's key, and every broker watches the bucket. Which broker fires a run, and when, is
+# decided by compare-and-set on the key (:mod:`bus.emqp.schedule_gate`). The bucket is a
+# standard one (``nats kv`` reads it): stream ``KV_<bucket>``, subjects ``$KV.<bucket>.<key>``.
 
 
 def bucket_name(stream: str) -> str:
@@ -200,19 +199,26 @@ def key_of(bucket: str, subject: str) -> str:
     return untoken(subject[len(head) :]).decode("ascii")
 
 
-def encode_row(row: tuple[Any, ...]) -> bytes:
-    packed: bytes = msgpack.packb([BODY_VERSION, *row], use_bin_type=True)
+def encode_row(row: tuple[Any, ...], pending: bool = False) -> bytes:
+    """A schedule's key: its row (:class:`bus.emqp.schedules.ScheduleRow`), then whether
+    its last run is fired and not yet stored (see :mod:`bus.emqp.schedule_gate`)."""
+    packed: bytes = msgpack.packb([BODY_VERSION, *row, pending], use_bin_type=True)
     return packed
 
 
-def decode_row(data: bytes) -> tuple[Any, ...]:
+def decode_row(data: bytes) -> tuple[tuple[Any, ...], bool]:
+    """:func:`encode_row`'s row and pending flag (a row written before the flag: not
+    pending)."""
     try:
         fields = msgpack.unpackb(data, raw=False)
     except Exception as error:  # msgpack raises several kinds for broken bytes
         raise JobBodyError(f"not msgpack: {error}") from None
     if not isinstance(fields, list) or not fields or fields[0] != BODY_VERSION:
         raise JobBodyError("not a schedule of this version")
-    return tuple(fields[1:])
+    row = fields[1:]
+    if len(row) == len(ROW_FIELDS) + 1:
+        return tuple(row[:-1]), row[-1] is True
+    return tuple(row), False
 
 
 def watch_config(bucket: str, deliver: str) -> dict[str, Any]:

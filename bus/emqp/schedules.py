@@ -27,10 +27,16 @@ When a schedule runs (the rules an operator can rely on)
 - Never a burst: when a schedule is overdue by more than one period (the process stalled,
   the clock jumped ahead, the broker was down), it runs once, and its next run is the next
   time of its rhythm after now. The missed runs are not made up.
+- Never two runs of an interval schedule closer than half its interval: after a run that
+  left more than half an interval late, the next is the first point of its rhythm at least
+  half an interval after it (a 60 s schedule run 40 s late skips the point 20 s later).
 - After a restart: :meth:`ScheduleBook.restore` loads the stored schedules, and the next
   :meth:`ScheduleBook.due` runs each one that missed runs while the broker was down exactly
   once (like systemd's ``Persistent=true`` or anacron); then each continues in its rhythm
-  (interval: the next point of its original phase after now; cron: the next cron time).
+  (interval: the next point of its original phase at least half an interval after that
+  run; cron: the next cron time).
+- In a cluster (``--store jetstream``) the same rules hold across the brokers, the time of
+  a run being when the stream stored it: see :mod:`bus.emqp.schedule_gate`.
 - The same job is the same schedule: a schedule's id is a hash of its job (eventmq's: the
   body's path, callable, args, kwargs, class_args and class_kwargs), so UNSCHEDULE with the
   same body removes it. A SCHEDULE identical to the one in place changes nothing (an
@@ -381,6 +387,9 @@ class Schedule:
     finished: bool = False
     #: Its revision in the cluster's key-value bucket (``--store jetstream``; 0: none).
     revision: int = 0
+    #: In the bucket: run ``runs`` is fired and not yet stored in the stream (``next_due``
+    #: is then its due time). See :mod:`bus.emqp.schedule_gate`.
+    pending: bool = False
     # The heap entry that is current for this schedule (0: none): older ones are stale.
     _token: int = field(default=0, repr=False)
 
@@ -533,17 +542,22 @@ class ScheduleBook:
             if old is not None:
                 self._forget(old)
             interval = schedule.spec.interval
-            if interval is not None and schedule.next_due > now + interval:
-                schedule.next_due = now + interval  # stored under a clock ahead of this one
+            # A run waits at most 1.5 intervals for the next (half an interval after a late
+            # one, then the next point of its rhythm): longer, it was stored under a clock
+            # ahead of this one.
+            if interval is not None and schedule.next_due > now + 1.5 * interval:
+                schedule.next_due = now + interval
             self._by_id[schedule.id] = schedule
             self._push(schedule)
         self._last_now = max(self._last_now, now)
         return errors
 
-    def put(self, row: Sequence[object], revision: int, now: float) -> Schedule | None:
-        """A schedule as the cluster's bucket holds it now (another broker's change, or
-        a run it fired): replaces this book's; None when the book knows a later one.
-        Raises :class:`ScheduleError` for a row that holds no valid schedule."""
+    def put(
+        self, row: Sequence[object], revision: int, now: float, pending: bool = False
+    ) -> Schedule | None:
+        """A schedule as the cluster's bucket holds it at ``revision``: replaces this
+        book's; None when the book knows a later one (the book never runs ahead of the
+        bucket). Raises :class:`ScheduleError` for a row that holds no valid schedule."""
         schedule_id = row[0] if row else None
         old = self._by_id.get(schedule_id) if isinstance(schedule_id, str) else None
         if old is not None and old.revision > revision:
@@ -554,14 +568,7 @@ class ScheduleBook:
         assert isinstance(schedule_id, str)
         schedule = self._by_id[schedule_id]
         schedule.revision = revision
-        if old is not None and old.runs > schedule.runs:
-            # This book already fired a later run (its change is on its way): keep it.
-            schedule.runs, schedule.next_due, schedule.last_run = (
-                old.runs,
-                old.next_due,
-                old.last_run,
-            )
-            self._push(schedule)
+        schedule.pending = pending
         return schedule
 
     # -- time ------------------------------------------------------------------------------------
@@ -606,15 +613,45 @@ class ScheduleBook:
                 self._push(schedule)
         return fired
 
+    def wake(self, now: float) -> list[Schedule]:
+        """The cluster's :meth:`due`: every schedule whose time has come (its due time, or
+        one given to :meth:`wake_at`), out of the heap and not advanced: the caller
+        (:class:`bus.emqp.schedule_gate.ScheduleGate`) decides what each does, and puts it
+        back with :meth:`wake_at` or :meth:`put`."""
+        if now < self._last_now - CLOCK_STEP_BACK:
+            self._clock_set_back(now)
+        self._last_now = now
+        heap = self._heap
+        woken: list[Schedule] = []
+        while heap and heap[0][0] <= now:
+            _, token, schedule = heapq.heappop(heap)
+            if schedule._token != token:
+                self._stale -= 1
+                continue
+            schedule._token = 0
+            woken.append(schedule)
+        return woken
+
+    def wake_at(self, schedule: Schedule, when: float) -> None:
+        """:meth:`wake` gives ``schedule`` at ``when`` (instead of any time set before)."""
+        if self._by_id.get(schedule.id) is schedule:
+            self._push(schedule, when)
+
+    def following(self, spec: ScheduleSpec, due_at: float, ran: float) -> float | None:
+        """When a schedule runs next after its run due at ``due_at`` that ran at ``ran``
+        (None: its cron line has no next time)."""
+        return self._after_run(spec, due_at, ran, {})
+
     def _after_run(
         self, spec: ScheduleSpec, due_at: float, now: float, cron_times: dict[str, float]
     ) -> float | None:
         interval = spec.interval
         if interval is not None:
             following = due_at + interval
-            if following <= now:  # late by a whole interval or more: skip to the rhythm after now
-                following = due_at + (math.floor((now - due_at) / interval) + 1) * interval
-                while following <= now:
+            earliest = now + interval / 2
+            if following < earliest:  # late by over half an interval: the first point after it
+                following = due_at + math.ceil((earliest - due_at) / interval) * interval
+                while following < earliest:
                     following += interval
             return following
         cron = spec.cron
@@ -643,11 +680,12 @@ class ScheduleBook:
 
     # -- the heap --------------------------------------------------------------------------------
 
-    def _push(self, schedule: Schedule) -> None:
+    def _push(self, schedule: Schedule, when: float | None = None) -> None:
         if schedule._token:
             self._stale += 1  # its previous entry is still in the heap
         schedule._token = next(self._tokens)
-        heapq.heappush(self._heap, (schedule.next_due, schedule._token, schedule))
+        at = schedule.next_due if when is None else when
+        heapq.heappush(self._heap, (at, schedule._token, schedule))
 
     def _forget(self, schedule: Schedule) -> None:
         del self._by_id[schedule.id]
@@ -658,7 +696,8 @@ class ScheduleBook:
                 self._rebuild()
 
     def _rebuild(self) -> None:
-        self._heap = [(s.next_due, s._token, s) for s in self._by_id.values()]
+        # Those out of the heap (token 0: the cluster's, waiting for an answer) stay out.
+        self._heap = [(s.next_due, s._token, s) for s in self._by_id.values() if s._token]
         heapq.heapify(self._heap)
         self._stale = 0
 

@@ -193,8 +193,10 @@ class EmqpService(Service):
                 on_appended=self._soon(broker.stream_appended),
                 on_change=self._stream_changed,
                 held=broker.held_handles,
-                on_schedule=self._schedule_changed,
+                on_schedule=self._schedules_told(broker.on_schedule_change),
                 on_schedule_kept=self._soon(broker.schedule_kept),
+                on_schedule_put=self._schedules_told(broker.schedule_put_answered),
+                on_schedule_run=self._schedules_told(broker.schedule_run_answered),
                 on_offered=self._offered,
                 on_forwarded=self._forwarded,
             )
@@ -287,13 +289,16 @@ class EmqpService(Service):
         self._flush_call = None
         self._flush()
 
-    def _schedule_changed(
-        self, schedule_id: str, row: tuple[Any, ...] | None, revision: int
-    ) -> None:
-        assert self.broker is not None
-        self.broker.on_schedule_change(schedule_id, row, revision)
-        self._arm_schedules()
-        self._flush_soon()
+    def _schedules_told(self, handle: Callable[..., None]) -> Callable[..., None]:
+        """``handle`` (the bucket or the stream told of a schedule), then its timer armed
+        again and what it produced sent at the end of this reactor turn."""
+
+        def handled(*args: Any) -> None:
+            handle(*args)
+            self._arm_schedules()
+            self._flush_soon()
+
+        return handled
 
     def _offered(self, stored: Any) -> bool:
         assert self.broker is not None
@@ -831,6 +836,7 @@ class EmqpService(Service):
         stream = self.stream
         if stream is None:
             return []
+        gate = self.broker.schedule_gate if self.broker is not None else None
         return [
             gauge(
                 "emqp_jetstream_connected",
@@ -873,6 +879,16 @@ class EmqpService(Service):
                 "emqp_jetstream_schedule_runs_raced",
                 "Schedule runs another broker stored at the same moment (stored once)",
                 stream.schedule_runs_raced,
+            ),
+            counter(
+                "emqp_jetstream_schedule_runs_refused",
+                "Appends of schedule runs the stream refused or did not answer (tried again)",
+                stream.schedule_runs_refused,
+            ),
+            gauge(
+                "emqp_jetstream_schedule_runs_unstored",
+                "Schedule runs fired and not yet stored in the stream (at most one a schedule)",
+                gate.unstored if gate is not None else 0,
             ),
             *self._queue_stream_metrics(stream),
         ]
