@@ -72,19 +72,22 @@ def kill_first_once_a_batch_landed(cluster: NatsCluster, query: Any) -> int:
     return done
 
 
+def into_parquet(events: Any, workdir: Path, **trigger: Any) -> Any:
+    """A query landing ``events`` in WORKDIR/data (checkpoint WORKDIR/checkpoint)."""
+    return (
+        events.writeStream.format("parquet")
+        .option("path", str(workdir / "data"))
+        .option("checkpointLocation", str(workdir / "checkpoint"))
+        .trigger(**trigger)
+        .start()
+    )
+
+
 def test_an_available_now_query_reads_on_when_the_first_server_is_killed(
     spark: Any, cluster: NatsCluster, workdir: Path
 ) -> None:
     publish(cluster.urls, list(events(1, 12_000)))
-    query = (
-        reader(spark, cluster)
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(workdir / "data"))
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
+    query = into_parquet(reader(spark, cluster).load(), workdir, availableNow=True)
     before = kill_first_once_a_batch_landed(cluster, query)
     query.awaitTermination(300)  # raises what ended the query
     assert not query.isActive
@@ -97,15 +100,7 @@ def test_a_streaming_query_reads_on_when_the_first_server_is_killed(
     spark: Any, cluster: NatsCluster, workdir: Path
 ) -> None:
     publish(cluster.urls, list(events(1, 5000)))
-    query = (
-        reader(spark, cluster)
-        .load()
-        .writeStream.format("parquet")
-        .option("path", str(workdir / "data"))
-        .option("checkpointLocation", str(workdir / "checkpoint"))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
+    query = into_parquet(reader(spark, cluster).load(), workdir, processingTime="200 milliseconds")
     try:
         kill_first_once_a_batch_landed(cluster, query)
         # Published while the cluster elects anew, through the servers left.
