@@ -29,7 +29,7 @@ from twisted.logger import Logger
 
 from bus.emqp import codec, schedule_gate
 from bus.emqp.core import Broker, BrokerSettings
-from bus.emqp.schedule_gate import TAKEOVER, PutRow, run_msgid
+from bus.emqp.schedule_gate import TAKEOVER, AppendRun, PutRow, ScheduleGate, run_msgid
 from bus.emqp.schedules import ScheduleBook, ScheduleSpec, cron_next
 
 log = Logger(namespace="test.emqp.schedule_gate")
@@ -505,6 +505,38 @@ def test_any_faults_store_each_run_once_half_an_interval_apart_and_lose_none(
     check(cluster, cron, None)
     # A run the bucket says fired is stored (at least once): the stream and brokers are back.
     assert all(run.msgid in cluster.stream for run in cluster.fired)
+
+
+# -- one broker's gate, step by step ------------------------------------------------------------
+
+
+def test_a_newer_pending_run_replaces_the_one_this_broker_appends() -> None:
+    """At most one append per schedule: a run the bucket says fired after the one this
+    broker appends (a schedule put again elsewhere, say) takes its place; the older one's
+    answer changes nothing."""
+    book = ScheduleBook(tz=UTC)
+    gate = ScheduleGate(book)
+    made, _ = ScheduleBook().add(every(1), T0)
+    row = made.to_row()
+    gate.on_row(made.id, row._replace(runs=1, last_run=T0), True, 5, T0)  # run 1, elsewhere
+    gate.tick(T0)
+    assert gate.drain() == []  # its broker appends it; this one waits the grace
+    gate.tick(T0 + TAKEOVER)
+    (first,) = gate.drain()
+    assert isinstance(first, AppendRun) and first.run == 1
+    newer = row._replace(runs=2, next_due=T0 + 1, last_run=T0 + 1.2)
+    gate.on_row(made.id, newer, True, 7, T0 + 1.2)
+    gate.on_append(made.id, first.msgid, False, T0 + 1.3)  # the old one's refusal: moot
+    gate.tick(T0 + 1.3)
+    assert gate.drain() == [] and gate.unstored == 1
+    gate.tick(T0 + 1.3 + TAKEOVER)  # the grace from when this broker saw it
+    (second,) = gate.drain()
+    assert isinstance(second, AppendRun) and second.run == 2
+    gate.on_append(made.id, second.msgid, True, T0 + 2.4)
+    (stored,) = gate.drain()
+    assert isinstance(stored, PutRow) and stored.expected == 7 and not stored.pending
+    assert stored.row is not None and stored.row.runs == 2
+    assert stored.row.next_due == T0 + 3  # the first point 0.5 s after 2.4 s
 
 
 # -- the core's side ---------------------------------------------------------------------------
