@@ -593,10 +593,7 @@ class JetStreamJobs:
     def _append_answered(self, msgid: bytes, msg: Msg) -> None:
         try:
             jsapi.stored_sequence(msg.payload)
-        except jsapi.JetStreamError as error:
-            self._append_failed(msgid, Failure(error))
-            return
-        except ValueError as error:
+        except (jsapi.JetStreamError, ValueError) as error:
             self._append_failed(msgid, Failure(error))
             return
         self._append_stored(msgid)
@@ -694,8 +691,7 @@ class JetStreamJobs:
         what pulls already asked for."""
         self.wanted = wanted
         for queue in wanted:
-            if queue not in self.queues:
-                self.queues[queue] = QueueSeen()
+            self.queues.setdefault(queue, QueueSeen())
         if not self.client.connected or not self._pull_inbox:
             return
         asked: dict[bytes, int] = {}
@@ -818,24 +814,22 @@ class JetStreamJobs:
             return
         # A request comes with the subject it was stored under, which names its queue:
         # it counts against that queue's oldest pull.
+        seen = None
         for reply, pull in self._pulls.items():
-            if (
-                pull.left > 0
-                and jobstream.job_subject(self._prefix, pull.queue).encode() == msg.subject
-            ):
+            if pull.left > 0 and pull.subject == msg.subject:
                 pull.left -= 1
                 if pull.left == 0:
                     del self._pulls[reply]
                 seen = self.queues.get(pull.queue)
                 if seen is not None:
                     seen.last_delivery = self.reactor.seconds()
-                    with contextlib.suppress(ValueError):
-                        seen.pending = jsapi.delivery(msg.reply).pending
                 break
         self.pulled += 1
         try:
+            delivered, pending = jsapi.delivered_and_pending(msg.reply)
+            if seen is not None:
+                seen.pending = pending
             stored = jobstream.decode(msg.payload)
-            delivered = jsapi.delivered(msg.reply)
         except (jobstream.JobBodyError, ValueError) as error:
             self.bad_messages += 1
             log.warn(

@@ -181,9 +181,11 @@ def delivery(reply: bytes) -> Delivery:
     return Delivery(int(tokens[1]), int(tokens[3]), int(tokens[4]))
 
 
-def delivered(reply: bytes) -> int:
-    """How many times the stream delivered this message (this time included)."""
-    return int(_ack_tokens(reply)[0])
+def delivered_and_pending(reply: bytes) -> tuple[int, int]:
+    """How many times the stream delivered this message (this time included), and how many
+    messages are left for the consumer after it: one reading of the reply subject."""
+    tokens = _ack_tokens(reply)
+    return int(tokens[0]), int(tokens[4])
 
 
 def consumer_sequence(reply: bytes) -> int:
