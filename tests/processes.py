@@ -78,6 +78,17 @@ def ended(process: subprocess.Popen[Any], within: float, what: str = "") -> defe
     return waited.addCallback(lambda _: process.returncode)
 
 
+def only_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a command that refused to start ended with: status 1, nothing else
+    said, no traceback."""
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output
+    lines = output.splitlines()
+    assert len(lines) == 1, output
+    return lines[0]
+
+
 def exit_status(process: subprocess.Popen[Any], within: float = 0.0) -> int:
     """``process``'s exit status once it has ended, waited for by blocking (no reactor to
     keep): ``within`` its own bound once it runs, and :data:`START_BOUND` for its start."""

@@ -16,6 +16,7 @@ import pytest
 
 from tests.installed import BARE, FULL, artifact, environment, needs_artifacts, run
 from tests.ports import free_port
+from tests.processes import only_line
 
 pytestmark = needs_artifacts
 
@@ -46,13 +47,7 @@ def one_line(venv: Path, *argv: str, cwd: Path) -> str:
     env["PATH"] = os.pathsep.join(
         d for d in env["PATH"].split(os.pathsep) if not (Path(d) / "nats-server").exists()
     )
-    result = run(venv, *argv, cwd=cwd, env=env)
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output
-    assert "Traceback" not in output
-    lines = output.splitlines()
-    assert len(lines) == 1, output
-    return lines[0]
+    return only_line(run(venv, *argv, cwd=cwd, env=env))
 
 
 def test_the_bare_venv_lacks_the_extras(tmp_path: Path) -> None:

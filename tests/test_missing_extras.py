@@ -18,6 +18,7 @@ import pytest
 from bus.errors import StartupError
 from bus.extras import MissingExtra, require
 from tests.ports import free_port
+from tests.processes import only_line
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,13 +46,9 @@ def without(tmp_path: Path, *modules: str) -> dict[str, str]:
 
 def one_line(command: list[str], env: dict[str, str], cwd: Path) -> str:
     """The one line ``command`` ends with (status 1, nothing else said, no traceback)."""
-    run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
-    output = run.stdout + run.stderr
-    assert run.returncode == 1, output
-    assert "Traceback" not in output
-    lines = output.splitlines()
-    assert len(lines) == 1, output
-    return lines[0]
+    return only_line(
+        subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    )
 
 
 # -- the Spark bridge and the pipeline without pyarrow or pyspark -------------------------------
