@@ -267,6 +267,28 @@ def test_without_a_quorum_the_client_port_waits_and_nothing_is_acknowledged(
         a.stop()
 
 
+@defer.inlineCallbacks
+def workers_and_a_schedule(
+    a: BrokerProcess, b: BrokerProcess, peers: list[Any], cleanup: list[Any], ready: int
+) -> Any:
+    """Once both brokers stream: a raw worker on each (in ``peers``) with ``ready`` slots,
+    and a 1 s schedule of ``["tick"]`` added at ``a`` by emqp-cli (its run, which worked)."""
+    from tests.test_emqp_cli import ran
+
+    yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
+    workers = [RawWorker(p.endpoints["worker"]) for p in (a, b)]
+    peers += workers
+    for worker in workers:
+        yield wait_until(worker.acked, what="a worker's INFORM acknowledged")
+        worker.ready(ready)
+    added = yield ran(
+        cleanup, "schedule", "default", '["tick"]', "--every", "1s",
+        "--admin", a.endpoints["admin"],
+    )  # fmt: skip
+    assert added.code == 0, added.err
+    return workers, added
+
+
 @pytest_twisted.inlineCallbacks
 def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
     tmp_path: Path, cluster: Any, brokers: Any, cleanup: list[Any]
@@ -276,17 +298,7 @@ def test_a_schedule_fires_once_across_brokers_and_goes_on_when_one_dies(
     a, b = brokers()
     peers: list[Any] = []
     try:
-        yield reported(lambda: streaming(a) and streaming(b), what="both brokers")
-        workers = [RawWorker(p.endpoints["worker"]) for p in (a, b)]
-        peers += workers
-        for worker in workers:
-            yield wait_until(worker.acked, what="a worker's INFORM acknowledged")
-            worker.ready(50)
-        added = yield ran(
-            cleanup, "schedule", "default", '["tick"]', "--every", "1s",
-            "--admin", a.endpoints["admin"],
-        )  # fmt: skip
-        assert added.code == 0, added.err
+        workers, added = yield workers_and_a_schedule(a, b, peers, cleanup, ready=50)
         schedule = json.loads(added.out)["schedule"]
         listed = yield ran(cleanup, "schedules", "--admin", b.endpoints["admin"])
         assert [json.loads(line)["id"] for line in listed.out.splitlines()] == [schedule]
@@ -358,25 +370,14 @@ def test_a_stream_that_stops_storing_brings_one_run_after_it_not_a_burst(
     """The stream's only server stopped (SIGSTOP) for five intervals of a 1 s schedule:
     afterwards the runs the workers got were stored at least half an interval apart (before:
     the runs each broker fired meanwhile were all stored at once when it came back)."""
-    from tests.test_emqp_cli import ran
 
     a, b = brokers("--nats-replicas", "1")
     peers: list[Any] = []
     stopped = None
     try:
-        yield wait_until(lambda: streaming(a) and streaming(b), timeout=60, what="both brokers")
         # The workers hold every run (never answer): each stays in the stream, with the
         # time the stream stored it.
-        workers = [RawWorker(p.endpoints["worker"]) for p in (a, b)]
-        peers += workers
-        for worker in workers:
-            yield wait_until(worker.acked, what="a worker's INFORM acknowledged")
-            worker.ready(100)
-        added = yield ran(
-            cleanup, "schedule", "default", '["tick"]', "--every", "1s",
-            "--admin", a.endpoints["admin"],
-        )  # fmt: skip
-        assert added.code == 0, added.err
+        workers, _ = yield workers_and_a_schedule(a, b, peers, cleanup, ready=100)
 
         def runs() -> set[bytes]:
             return {r[3] for w in workers for r in w.requests()}
