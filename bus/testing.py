@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bus.eventbus.config import EventBusConfig
-from bus.polling import ConditionTimeout, wait_until
+from bus.util.polling import ConditionTimeout, wait_until
 
 if TYPE_CHECKING:
     from bus.emqp.server import EmqpService
@@ -140,7 +140,7 @@ def start_broker(
     """Start an eMQP broker on free ports of 127.0.0.1 with its store in ``data_dir``;
     ``settings`` override :class:`bus.emqp.core.BrokerSettings` fields (or, for those it
     lacks, :class:`bus.emqp.config.EmqpConfig` fields). Its ``endpoints`` name the ports."""
-    from bus.activity import NO_ACTIVITY
+    from bus.application.activity import NO_ACTIVITY
     from bus.emqp.config import EmqpConfig
     from bus.emqp.core import BrokerSettings
     from bus.emqp.server import EmqpService

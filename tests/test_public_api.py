@@ -11,11 +11,11 @@ import pytest
 
 #: What docs/extending.md tells a service author to use.
 PUBLIC_API = (
-    "bus.services",
-    "bus.options",
-    "bus.composition",
-    "bus.activity",
-    "bus.metrics",
+    "bus.application.services",
+    "bus.application.options",
+    "bus.application.composition",
+    "bus.application.activity",
+    "bus.application.metrics",
     "bus.errors",
     "bus.transport.zmqsocket",
     "bus.transport.udp",

@@ -20,14 +20,12 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.application.activity import NO_ACTIVITY, ActivitySink
+from bus.application.metrics import Metric, counter, counters_by, gauge
 from bus.dbp import codec
 from bus.dbp.config import CatalogConfig
 from bus.dbp.core import CatalogCore, CatalogSettings
-from bus.droplog import DropCounter
 from bus.errors import StartupError
-from bus.files import replace_atomically
-from bus.metrics import Metric, counter, counters_by, gauge
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.udp import BeaconSender, InterfaceError, UdpPort, interface_address
@@ -39,6 +37,8 @@ from bus.transport.zmqsocket import (
     bind_failure,
     reactor_of,
 )
+from bus.util.droplog import DropCounter
+from bus.util.files import replace_atomically
 
 log = Logger(namespace="bus.dbp")
 
@@ -324,7 +324,7 @@ class CatalogService(Service):
             "curve": self.curve.status(),
         }
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"messages": "messages", "heartbeats": "udp_heartbeats_received"}
 
     def details(self, limit: int = 100) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from bus.application.options import ServiceOptions, parse_duration
 from bus.dbp.config import (
     DEFAULT_BEACON_PORT,
     DEFAULT_PORT,
@@ -16,11 +17,10 @@ from bus.dbp.config import (
     CatalogConfig,
     read_allow_file,
 )
-from bus.options import ServiceOptions, parse_duration
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.application.composition import Composition, ProductService
     from bus.dbp.server import CatalogService
 
 
@@ -114,6 +114,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.application.composition import standalone
 
     return standalone("dbp", build, options)

@@ -17,10 +17,10 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.application.activity import NO_ACTIVITY, ActivitySink
+from bus.application.metrics import Metric, counter, counters_by, gauge
+from bus.application.statusjson import config_json
 from bus.emqp.pubsub_core import PubsubConfig, Relay
-from bus.metrics import Metric, counter, counters_by, gauge
-from bus.statusjson import config_json
 from bus.transport.curve import role_policy
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
@@ -155,7 +155,7 @@ class PubsubService(Service):
         sockets = (("incoming", self.incoming), ("outgoing", self.outgoing))
         return {name: sock.connections for name, sock in sockets if sock is not None}
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"publications": "published"}
 
     def status(self) -> dict[str, Any]:

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from bus.application.options import ServiceOptions, parse_duration
 from bus.emqp.pubsub_core import DEFAULT_INCOMING_PORT, DEFAULT_OUTGOING_PORT, PubsubConfig
-from bus.options import ServiceOptions, parse_duration
 from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.application.composition import Composition, ProductService
     from bus.emqp.pubsub_server import PubsubService
 
 
@@ -104,6 +104,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.application.composition import standalone
 
     return standalone("emqp-pubsub", build, options)

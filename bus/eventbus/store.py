@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bus.errors import StorageError
 from bus.eventbus.codec import Event, EventFields
-from bus.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
+from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
 
 DB_NAME = "events.sqlite3"
 

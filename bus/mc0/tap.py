@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from bus.application.options import ServiceOptions, parse_duration
 from bus.mc0.codec import MAX_TTL_MS
 from bus.mc0.config import DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_PORT, Mc0Config
-from bus.options import ServiceOptions, parse_duration
 from bus.transport.curve_settings import CurveSettings, curve_options, curve_settings
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.application.composition import Composition, ProductService
     from bus.mc0.server import Mc0Service
 
 
@@ -106,6 +106,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.application.composition import standalone
 
     return standalone("mc0", build, options)

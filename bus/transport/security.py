@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 import zmq
 from twisted.logger import Logger
 
+from bus.application.metrics import Metric, counters_by, gauge
 from bus.errors import StartupError
-from bus.metrics import Metric, counters_by, gauge
 from bus.transport.curve import (
     ClientCurve,
     CurveKeyPair,

@@ -8,9 +8,9 @@ import zmq
 from twisted.application.service import Service
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.application.activity import NO_ACTIVITY, ActivitySink
+from bus.application.metrics import Metric, counter, counters_by
 from bus.errors import StartupError
-from bus.metrics import Metric, counter, counters_by
 from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from echo_service.core import EchoCore
 

@@ -1,0 +1,220 @@
+"""One NATS connection over a plain socket, driven synchronously: for a reader that owns
+its thread (a Spark task, a worker thread), where an event loop would only add cost.
+
+It takes the servers, credentials and TLS settings the front-ends take (URLs with
+``user:password@`` or ``token@``, ``tls://``, a credentials file, a CA and a client
+certificate) and tries the servers in order until one admits it. There is no
+reconnection here: a reader that loses its connection fails, and its caller connects
+again, to the next server (:mod:`bus.nats.failover` does it for Spark's source).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import itertools
+import os
+import socket
+import ssl
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bus.nats import codec, handshake
+from bus.nats.codec import Control, Msg, ProtocolError
+from bus.nats.handshake import ConnectError, credentials
+
+__all__ = ["READ_SIZE", "ConnectError", "Connection", "credentials"]
+
+#: Bytes asked of the socket at once.
+READ_SIZE = 1 << 18
+
+
+class Connection:
+    """A connected client: :meth:`request`, :meth:`subscribe`, :meth:`publish` and
+    :meth:`read` what the subscriptions receive."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        *,
+        timeout: float = 5.0,
+        tls: ssl.SSLContext | None = None,
+        creds: Path | None = None,
+        name: str = "bus",
+    ) -> None:
+        self.timeout = timeout
+        self._tls = tls
+        self._creds = creds
+        self._name = name
+        self._parser = codec.Parser()
+        self._pending: deque[Msg] = deque()
+        self._controls: deque[Control] = deque()
+        self._sids = itertools.count(1)
+        self._inbox = "_INBOX." + base64.urlsafe_b64encode(os.urandom(12)).decode()
+        self._replies = itertools.count(1)
+        self._reply_sid = 0
+        #: The server's INFO: the one it began with, then any it sent since (a cluster's
+        #: ``connect_urls`` as they change, ``ldm`` when it goes into lame-duck mode).
+        self.info: dict[str, Any] = {}
+        #: The URL (of ``servers``) of the server that admitted us.
+        self.server = ""
+        self._sock: socket.socket | ssl.SSLSocket | None = None
+        reasons = []
+        for url in servers:
+            try:
+                self._connect(url)
+                self.server = url
+                break
+            except (OSError, ProtocolError, ConnectError) as error:
+                reasons.append(f"{url}: {error or type(error).__name__}")
+                self._drop()
+        else:
+            raise ConnectError("; ".join(reasons) or "no server given")
+
+    # -- connecting ----------------------------------------------------------------------------
+
+    def _connect(self, url: str) -> None:
+        address = handshake.server(url)
+        sock = socket.create_connection((address.host, address.port), self.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._parser = codec.Parser()
+        self._controls.clear()
+        first = self._control()
+        if first.op != b"INFO":
+            raise ProtocolError(f"the server began with {first.op!r}, not INFO")
+        self.info = codec.info(first)
+        tls = self._tls
+        if tls is None and handshake.wants_tls(address, self.info, False):
+            tls = ssl.create_default_context()
+        if tls is not None:
+            self._sock = tls.wrap_socket(sock, server_hostname=address.host)
+        options = handshake.connect_options(
+            address, self.info, self._name, tls is not None, self._creds
+        )
+        self._send(codec.connect(options) + codec.PING)
+        # The server answers PONG once it admitted us, or -ERR (authorization
+        # violation), which _receive raises.
+        while self._control().op != b"PONG":
+            pass
+        self._reply_sid = next(self._sids)
+        self._send(codec.sub(self._inbox + ".>", self._reply_sid))
+
+    def _control(self) -> Control:
+        """The next control line while connecting (nothing is subscribed yet)."""
+        deadline = time.monotonic() + self.timeout
+        while not self._controls:
+            self._controls.extend(
+                item for item in self._receive(deadline) if isinstance(item, Control)
+            )
+        return self._controls.popleft()
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    # -- the wire ------------------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        assert self._sock is not None, "not connected"
+        self._sock.sendall(data)
+
+    def _receive(self, deadline: float) -> list[Msg | Control]:
+        """What one read of the socket brings, parsed; PINGs answered, errors raised."""
+        assert self._sock is not None, "not connected"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"nothing from the NATS server in {self.timeout:g}s")
+        self._sock.settimeout(left)
+        try:
+            data = self._sock.recv(READ_SIZE)
+        except TimeoutError:
+            raise TimeoutError(f"nothing from the NATS server in {self.timeout:g}s") from None
+        if not data:
+            raise ConnectionError("the NATS server closed the connection")
+        items = self._parser.feed(data)
+        for item in items:
+            if isinstance(item, Control):
+                if item.op == b"PING":
+                    self._send(codec.PONG)
+                elif item.op == b"-ERR":
+                    raise ProtocolError(item.argument.decode("utf-8", "replace"))
+                elif item.op == b"INFO":
+                    self.info = codec.info(item)
+        return items
+
+    # -- what callers use ----------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Bytes already framed (:mod:`bus.nats.codec`), in one write."""
+        self._send(data)
+
+    def shutdown(self) -> None:
+        """Wake a read blocked in another thread: it fails as a lost connection."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def new_inbox(self) -> str:
+        """A reply subject whose answers :meth:`read` gives with :attr:`reply_sid`."""
+        return f"{self._inbox}.{next(self._replies)}"
+
+    @property
+    def reply_sid(self) -> int:
+        return self._reply_sid
+
+    def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        self._send(codec.pub(subject.encode(), payload, reply.encode()))
+
+    def subscribe(self, subject: str) -> int:
+        sid = next(self._sids)
+        self._send(codec.sub(subject, sid))
+        return sid
+
+    def unsubscribe(self, sid: int) -> None:
+        self._send(codec.unsub(sid))
+
+    def read(self, timeout: float | None = None) -> list[Msg]:
+        """The messages that arrived (at least one), waiting up to ``timeout``."""
+        if self._pending:
+            out = list(self._pending)
+            self._pending.clear()
+            return out
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            messages = [item for item in self._receive(deadline) if isinstance(item, Msg)]
+            if messages:
+                return messages
+
+    def request(self, subject: str, payload: bytes, timeout: float | None = None) -> Msg:
+        """Publish with a reply subject of our own and wait for the one answer; other
+        messages that arrive meanwhile are kept for :meth:`read`. A request nobody
+        listens to fails at once (the server's no-responders status)."""
+        inbox = self.new_inbox().encode()
+        self.publish(subject, payload, inbox.decode())
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            for item in self._receive(deadline):
+                if not isinstance(item, Msg):
+                    continue
+                if item.subject == inbox:
+                    if codec.status(item.headers) == 503:
+                        raise ConnectionRefusedError(f"no responders for {subject}")
+                    return item
+                self._pending.append(item)
+
+    def close(self) -> None:
+        self._drop()
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
