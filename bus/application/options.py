@@ -212,6 +212,9 @@ class ServiceOptions(usage.Options):
             self[name] = []
         self["config"] = None
         self._set_on_command_line: set[str] = set()
+        #: Config-table keys that belong to the process composing this service (the
+        #: product's own options), set by :meth:`apply_defaults`.
+        self.also_known: frozenset[str] = frozenset()
         #: Option -> where its value came from, for those set by the config file or the
         #: environment (:meth:`apply_defaults`).
         self.sources: dict[str, str] = {}
@@ -312,7 +315,9 @@ class ServiceOptions(usage.Options):
     ) -> None:
         """Take values from the config file's table, then from the environment (stronger).
         Keys of the table that are neither this service's options nor ``also_known`` are a
-        usage error naming the valid ones."""
+        usage error naming the valid ones. ``also_known`` is kept: a service that reads its
+        options again (SIGHUP) knows the composing product's names without importing it."""
+        self.also_known = frozenset(also_known)
         known_tables = frozenset(service_names()) | self.extra_tables
         unknown_tables = sorted(set(tables) - known_tables)
         if unknown_tables:
