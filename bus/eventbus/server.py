@@ -31,7 +31,6 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
 from bus.application.statusjson import config_json
 from bus.eventbus import codec, rights
@@ -41,7 +40,7 @@ from bus.eventbus.core import Broadcast, EventBusCore
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
-from bus.eventbus.store import EventStore
+from bus.eventbus.store import EventStore, LogUpkeep
 from bus.extension import (
     Metric,
     SocketFactory,
@@ -61,7 +60,6 @@ from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_failure
 from bus.util.droplog import DropCounter, RateLimit
 from bus.util.files import write_status_json
-from bus.util.workers import SerialWork
 
 log = Logger(namespace="bus.eventbus")
 
@@ -97,16 +95,15 @@ class EventBusService(Service):
         self.snapshots: SnapshotScheduler
         self.max_lag = 0.0
         self._lag_expected = 0.0
-        self._retention_task: Any = None
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
-        self._checkpoints = SerialWork(self.reactor, "eventbus-checkpoint", self._checkpoint_failed)
+        #: The log's checkpoints, retention passes and close (into whichever log the core has).
+        self.upkeep = LogUpkeep(
+            self.reactor, lambda: self.core.log, config.retention, clock=clock, logger=log
+        )
         #: Where the product serves ``/status`` (``host:port``), if it does: recorded in
         #: status.json, so that ``eventbus-cli status --data-dir`` finds this process.
         self.status_address: Callable[[], str | None] = lambda: None
-        #: Store operations that failed besides appends (the core counts those):
-        #: checkpoints, retention steps, the final checkpoint at close.
-        self._other_storage_errors = 0
         self._retry: DelayedCall | None = None
         self._retry_delay = config.storage_retry_min
         self._faults = RateLimit(clock)
@@ -161,7 +158,7 @@ class EventBusService(Service):
         self.ports.open(self._open_ports, undo=self._undo_start)
         Service.startService(self)
         self.ports.announce(config.bind, self.endpoints.values())
-        self._checkpoints.start()
+        self.upkeep.start()
         self._started_at = self.clock()
         every = self.ports.periodic.every
         if config.heartbeat_interval > 0:
@@ -170,8 +167,8 @@ class EventBusService(Service):
             self._write_status()
             every(config.stats_interval, self._report)
         if config.retention.enabled and config.retention_interval > 0:
-            every(config.retention_interval, self._start_retention, now=True)
-        every(config.checkpoint_interval, self._checkpoint)
+            every(config.retention_interval, self.upkeep.retain, now=True)
+        every(config.checkpoint_interval, self.upkeep.checkpoint)
         self._lag_expected = self.reactor.seconds() + 0.01
         every(0.01, self._measure_lag)
         log.info(
@@ -359,15 +356,14 @@ class EventBusService(Service):
         self.snapshot_socket = self.publisher_socket = self.collector_socket = None
 
     def stopService(self) -> defer.Deferred[None]:
+        """Store and broadcast what was received, close the sockets, then the log; fires
+        once it is closed (the same Deferred to every call)."""
         if self._stopping is not None:
             return self._stopping
         Service.stopService(self)
         self.ports.periodic.stop_all()
         if self.pair is not None:
             self.pair.tick()
-        if self._retention_task is not None:
-            self._retention_task.stop()
-            self._retention_task = None
         self.snapshots.stop()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
@@ -389,36 +385,11 @@ class EventBusService(Service):
             self.pair.stop()
         self._close_sockets()
         self.ports.close()
-        self._stopping = defer.Deferred()
-        # The store closes once a checkpoint running in its thread is done, or once
-        # stop_timeout says it will not be soon: a stop never hangs on the disk.
-        self._checkpoints.idle(self.config.stop_timeout).addCallback(self._close_store)
+        self._stopping = self.upkeep.close(self.config.stop_timeout).addCallback(self._stopped)
         return self._stopping
 
-    def _close_store(self, checkpoint_finished: bool) -> None:
-        try:
-            if checkpoint_finished:
-                self._checkpoints.stop()
-            else:
-                log.warn(
-                    "a WAL checkpoint still runs after {timeout}s: closing without it",
-                    timeout=self.config.stop_timeout,
-                )
-            self.store.close(checkpoint_running=not checkpoint_finished)
-        except StorageError as error:
-            self._other_storage_errors += 1
-            log.error(
-                "event log {path} closed without its final checkpoint ({error}): the WAL "
-                "keeps every stored event and the next start reads it",
-                path=str(self.store.path),
-                error=str(error),
-            )
-        except Exception:
-            log.failure("closing the event log failed")
-        finally:
-            log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
-            assert self._stopping is not None
-            self._stopping.callback(None)
+    def _stopped(self, _: None) -> None:
+        log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
 
     def _drain_collector(self, limit: int = 1_000_000) -> None:
         """Store and broadcast what the collector already holds, so a clean stop loses
@@ -571,19 +542,6 @@ class EventBusService(Service):
         self._carry_out()
         return True
 
-    def _storage_fault(self, what: str, error: StorageError) -> None:
-        """A background store operation failed: counted, and reported rate-limited."""
-        self._other_storage_errors += 1
-        failures = self._faults.due(what)
-        if failures is not None:
-            log.warn(
-                "event log {what} failed ({error}); {failures} failures since the last "
-                "report; nothing stored is lost, it is retried",
-                what=what,
-                error=str(error),
-                failures=failures,
-            )
-
     # -- in-process publishing: composed services' activity ---------------------------------
 
     def activity_sink(self, producer: str) -> LocalPublisher:
@@ -682,7 +640,7 @@ class EventBusService(Service):
     def storage_errors(self) -> int:
         """Failed store operations: appends (each attempt), checkpoints, retention steps,
         the final checkpoint at close."""
-        return self.core.append_failures + self._other_storage_errors
+        return self.core.append_failures + self.upkeep.failures
 
     # -- periodic work ---------------------------------------------------------------------
 
@@ -700,57 +658,12 @@ class EventBusService(Service):
                 )
             )
 
-    def _checkpoint(self) -> None:
-        """Move the WAL into the database on a worker thread (SQLite releases the GIL)."""
-        self._checkpoints.run(self.store.checkpoint)
-
-    def _checkpoint_failed(self, failure: Failure) -> None:
-        if isinstance(failure.value, StorageError):
-            self._storage_fault("WAL checkpoint", failure.value)
-        else:
-            log.failure("WAL checkpoint failed", failure)
-
     def _measure_lag(self) -> None:
         now = self.reactor.seconds()
         self.max_lag = max(self.max_lag, now - self._lag_expected)
         self._lag_expected = now + 0.01
         if self.pair is not None:
             self.pair.tick()
-
-    def _start_retention(self) -> None:
-        if self._retention_task is not None:
-            return  # the previous pass is still running
-        from twisted.internet.task import Cooperator
-
-        cooperator = Cooperator(scheduler=lambda work: self.reactor.callLater(0, work))
-        self._retention_task = cooperator.cooperate(self._retention_steps())
-
-    def _retention_steps(self) -> Any:
-        retention = self.config.retention
-        deleted = 0
-        try:
-            if retention.max_age is not None:
-                cutoff = self.clock() - retention.max_age
-                while (n := self.store.expire_older_than(cutoff)) > 0:
-                    deleted += n
-                    yield None
-            if retention.max_count is not None:
-                while (n := self.store.trim_to_count(retention.max_count)) > 0:
-                    deleted += n
-                    yield None
-            if retention.latest_per_topic:
-                while True:
-                    n, finished = self.store.compact_step()
-                    deleted += n
-                    if finished:
-                        break
-                    yield None
-        except StorageError as error:
-            self._storage_fault("retention", error)
-        finally:
-            self._retention_task = None
-        if deleted:
-            log.info("retention removed {deleted} events", deleted=deleted)
 
     #: The console's charts (see :mod:`bus.web.console.view`): events stored, snapshot traffic.
     console_rates = {"events": "sequence", "snapshot messages": "snapshot_messages_sent"}
