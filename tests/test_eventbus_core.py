@@ -12,7 +12,7 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
-from twisted.logger import Logger
+from twisted.logger import LogEvent, Logger, formatEvent
 
 from bus.eventbus import codec
 from bus.eventbus.codec import EventFields
@@ -424,3 +424,53 @@ def test_after_a_restart_and_retention_that_left_nothing_the_core_goes_on_from_t
         assert [e.sequence for e in store.read(0)] == [6]
     finally:
         store.close()
+
+
+# -- what the service used to decide: when to retry, what a key receives, held SYNCSTARTs ----------
+
+
+def lines(events: list[LogEvent]) -> list[str]:
+    return [f"{event['log_level'].name}: {formatEvent(event)}" for event in events]
+
+
+def test_refused_events_are_retried_ever_later_reported_once_in_ten_seconds_until_stored() -> None:
+    clock = Clock()
+    clock.advance(1_000)
+    said: list[LogEvent] = []
+    memory = MemoryEventLog()
+    core = EventBusCore(
+        memory,
+        max_data_bytes=1024,
+        clock=clock.seconds,
+        logger=Logger(namespace="test", observer=said.append),
+        retry_min=0.5,
+        retry_max=3.0,
+    )
+    memory.refusing = "No space left on device"
+    core.collect([pub(b"/a/", 1), pub(b"/a/", 2)])
+    delays = [core.next_retry()]
+    for _ in range(6):
+        clock.advance(delays[-1])
+        assert not core.retry_waiting()
+        delays.append(core.next_retry())
+    assert delays == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0]
+    # One line for the first refusal; the next one, due ten seconds later (at 12.5 s),
+    # tells of the attempts held back meanwhile.
+    [first, second] = lines(said)
+    assert first.startswith("error: event log :memory: cannot write (")
+    assert "No space left on device" in first and "2 events waiting" in first
+    assert "(1 failed attempts since the last report)" in first
+    assert "(6 failed attempts since the last report)" in second
+    assert core.append_failures == 7 and core.collector_paused
+    memory.refusing = None
+    clock.advance(3.0)
+    assert core.retry_waiting() and not core.collector_paused
+    assert lines(said)[-1] == (
+        "info: event log :memory: writes again after 15.5s: stored 2 waiting events; "
+        "collector resumed"
+    )
+    assert broadcast_sequences(core) == [1, 2]
+    # The next refusal is news: retried soon and reported at once.
+    memory.refusing = "I/O error"
+    core.collect([pub(b"/b/", 3)])
+    assert core.next_retry() == 0.5 and "I/O error" in lines(said)[-1]

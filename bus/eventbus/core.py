@@ -36,7 +36,7 @@ from bus.eventbus.eventlog import EventLog, PairLog
 from bus.eventbus.pair_core import Change
 from bus.eventbus.rights import Subtrees
 from bus.extension import StorageError
-from bus.util.droplog import DropCounter
+from bus.util.droplog import DropCounter, RateLimit
 
 #: A key's publish subtrees (None: every topic) by its Z85 User-Id.
 PublishRights = Callable[[str], Subtrees]
@@ -209,6 +209,8 @@ class EventBusCore(Intake, Generic[L]):
         clock: Callable[[], float],
         logger: Logger,
         local_limit: int = 200_000,
+        retry_min: float = 0.5,
+        retry_max: float = 5.0,
     ) -> None:
         super().__init__(
             max_data_bytes=max_data_bytes, clock=clock, logger=logger, local_limit=local_limit
@@ -229,10 +231,16 @@ class EventBusCore(Intake, Generic[L]):
         self.unreleased: deque[tuple[int, list[EventFields]]] = deque()
         #: Events that arrived while the log could not write them, in order.
         self.waiting: list[EventFields] = []
+        #: How long the service waits before it retries them: ``retry_min``, doubling up
+        #: to ``retry_max`` while the log refuses (:meth:`next_retry`).
+        self.retry_min, self.retry_max = retry_min, retry_max
+        self.retry_delay = retry_min
+        self._reports = RateLimit(clock)
 
     # -- store, then broadcast ---------------------------------------------------------------
 
     def backlog(self) -> int:
+        """Accepted events not yet in the log: those waiting while it refuses."""
         return len(self.waiting)
 
     @property
@@ -261,8 +269,26 @@ class EventBusCore(Intake, Generic[L]):
             self.blocked_since = self.clock()
             self._refused(error)
 
+    def next_retry(self) -> float:
+        """The log refused the waiting events (again): say so, in one error line at most
+        every ten seconds, and return how long to wait before :meth:`retry_waiting`."""
+        failures = self._reports.due("append")
+        if failures is not None:
+            self.logger.error(
+                "event log {path} cannot write ({error}): collector paused, {waiting} events "
+                "waiting; retrying ({failures} failed attempts since the last report)",
+                path=str(self.log.path),
+                error=self.storage_error,
+                waiting=len(self.waiting),
+                failures=failures,
+            )
+        delay = self.retry_delay
+        self.retry_delay = min(delay * 2, self.retry_max)
+        return delay
+
     def retry_waiting(self) -> bool:
-        """Try the waiting events once more; True once they are stored (and broadcast)."""
+        """Try the waiting events once more; True once they are stored (and broadcast),
+        which one line says, and the next refusal is retried soon and reported at once."""
         waiting = self.waiting
         if not waiting:
             return True
@@ -273,6 +299,15 @@ class EventBusCore(Intake, Generic[L]):
             return False
         self.waiting = []
         self.storage_error = None
+        self.retry_delay = self.retry_min
+        self._reports.reset("append")
+        self.logger.info(
+            "event log {path} writes again after {seconds:.1f}s: stored {count} waiting "
+            "events; collector resumed",
+            path=str(self.log.path),
+            seconds=self.clock() - self.blocked_since,
+            count=len(waiting),
+        )
         return True
 
     def _refused(self, error: StorageError) -> None:

@@ -104,8 +104,8 @@ class EventBusService(Service):
         #: Where the product serves ``/status`` (``host:port``), if it does: recorded in
         #: status.json, so that ``eventbus-cli status --data-dir`` finds this process.
         self.status_address: Callable[[], str | None] = lambda: None
+        #: The retry of events the log refused (when: the core says).
         self._retry: DelayedCall | None = None
-        self._retry_delay = config.storage_retry_min
         self._faults = RateLimit(clock)
         #: Half of a primary/backup pair (None: a server alone).
         self.pair: Pair | None = None
@@ -146,6 +146,8 @@ class EventBusService(Service):
             clock=self.clock,
             logger=log,
             local_limit=config.collector_hwm,
+            retry_min=config.storage_retry_min,
+            retry_max=config.storage_retry_max,
         )
         self.core.woken = self._pair_acted
         self.snapshots = SnapshotScheduler(
@@ -370,7 +372,8 @@ class EventBusService(Service):
         self._retry = None
         core = self.core
         if core.waiting:
-            self._store_waiting()  # one last attempt, no more
+            core.retry_waiting()  # one last attempt, no more
+            self._carry_out()
         if not core.waiting:
             self._drain_collector()
             self._flush_local()
@@ -426,13 +429,20 @@ class EventBusService(Service):
 
     def _carry_out(self) -> None:
         """Do what the core decided: broadcast what clients may see, in order; pause the
-        collector while the core says so (and retry later while the log refuses)."""
+        collector while the core says so (and retry when it says while the log refuses)."""
         core = self.core
         if core.broadcasts:
             self._broadcast(core.take_broadcasts())
         self._read_collector_as_core_says()
         if core.waiting and self._retry is None:
-            self._storage_failed()
+            delay = core.next_retry()
+            if self.running:
+                self._retry = self.reactor.callLater(delay, self._retry_waiting)
+
+    def _retry_waiting(self) -> None:
+        self._retry = None
+        self.core.retry_waiting()  # once stored, the collector is read again
+        self._carry_out()
 
     def _read_collector_as_core_says(self) -> None:
         sock = self.collector_socket
@@ -500,47 +510,6 @@ class EventBusService(Service):
         for at, identity, request in requests:
             if now - at <= self.config.pair.failover_timeout * 2:
                 self.snapshots.request(identity, request)
-
-    # -- when the store cannot write ---------------------------------------------------------
-
-    def _storage_failed(self) -> None:
-        """A refused batch waits: say so (rate-limited) and retry it later."""
-        failures = self._faults.due("append")
-        if failures is not None:
-            log.error(
-                "event log {path} cannot write ({error}): collector paused, {waiting} events "
-                "waiting; retrying ({failures} failed attempts since the last report)",
-                path=str(self.store.path),
-                error=self.core.storage_error,
-                waiting=len(self.core.waiting),
-                failures=failures,
-            )
-        if self.running:
-            self._retry = self.reactor.callLater(self._retry_delay, self._retry_waiting)
-            self._retry_delay = min(self._retry_delay * 2, self.config.storage_retry_max)
-
-    def _retry_waiting(self) -> None:
-        self._retry = None
-        self._store_waiting()  # once stored, the collector is read again
-
-    def _store_waiting(self) -> bool:
-        """Try the waiting events once more; True once they are stored and broadcast."""
-        core = self.core
-        count = len(core.waiting)
-        if not core.retry_waiting():
-            self._carry_out()  # still refused: say so, and retry later
-            return False
-        self._retry_delay = self.config.storage_retry_min
-        self._faults.reset("append")
-        log.info(
-            "event log {path} writes again after {seconds:.1f}s: stored {count} waiting "
-            "events; collector resumed",
-            path=str(self.store.path),
-            seconds=self.clock() - core.blocked_since,
-            count=count,
-        )
-        self._carry_out()
-        return True
 
     # -- in-process publishing: composed services' activity ---------------------------------
 
