@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from twisted.logger import LogEvent, Logger, formatEvent
 
 from bus.eventbus import codec
-from bus.eventbus.codec import EventFields
+from bus.eventbus.codec import EventFields, SnapshotRequest
 from bus.eventbus.core import EventBusCore, Turn
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair_core import Change
@@ -115,6 +115,7 @@ class FakePair:
         self.forwarded: list[EventFields] = []
         self.passive_got: list[int] = []
         self.held: list[EventFields] = []
+        self.votes = 0
 
     def stores(self) -> bool:
         return self.active
@@ -131,6 +132,12 @@ class FakePair:
     def take_held(self) -> list[EventFields]:
         held, self.held = self.held, []
         return held
+
+    def serves(self) -> bool:
+        return self.active
+
+    def vote(self) -> None:
+        self.votes += 1
 
 
 def test_in_a_pair_a_batch_is_released_only_as_far_as_the_pair_allows() -> None:
@@ -474,3 +481,56 @@ def test_refused_events_are_retried_ever_later_reported_once_in_ten_seconds_unti
     memory.refusing = "I/O error"
     core.collect([pub(b"/b/", 3)])
     assert core.next_retry() == 0.5 and "I/O error" in lines(said)[-1]
+
+
+def syncstart(*subtrees: bytes) -> list[bytes]:
+    return [b"client", *codec.sync_start_frames(subtrees, 0)]
+
+
+def subtrees_of(request: SnapshotRequest | None) -> tuple[bytes, ...] | None:
+    return None if request is None else request.subtrees
+
+
+def test_a_syncstart_is_parsed_and_narrowed_to_what_its_key_may_receive() -> None:
+    core, _, _ = made()
+    core.subscribe_rights = lambda key: (b"/orders/",) if key == "K1" else None
+    # Without rights in force (no User-Id), as asked.
+    assert subtrees_of(core.snapshot_request(syncstart(b"/a/"), None)) == (b"/a/",)
+    assert subtrees_of(core.snapshot_request(syncstart(), "K1")) == (b"/orders/",)
+    assert subtrees_of(core.snapshot_request(syncstart(b"/orders/1/"), "K1")) == (b"/orders/1/",)
+    assert subtrees_of(core.snapshot_request(syncstart(b"/a/"), "K2")) == (b"/a/",)
+    request = core.snapshot_request(syncstart(b"/a/"), "K1")
+    assert subtrees_of(request) == (codec.PROBE_SUBTREE,)  # a lone SYNCEND
+    assert core.narrowed_snapshots == 2
+    assert core.snapshot_request([b"client", b"SYNCSTART"], None) is None
+    assert sum(core.drops.counts.values()) == 1
+
+
+def test_a_subscription_is_narrowed_to_what_its_key_may_receive() -> None:
+    core, _, _ = made()
+    core.subscribe_rights = lambda key: (b"/orders/",) if key == "K1" else None
+    assert core.subscription(b"\x01/", "K1") == (True, [b"/orders/"])
+    assert core.subscription(b"\x00/orders/9/", "K1") == (False, [b"/orders/9/"])
+    assert core.subscription(b"\x01/billing/", "K1") == (True, [])
+    assert core.subscription(b"\x01/billing/", "K2") == (True, [b"/billing/"])
+    assert core.subscription(b"\x02/", "K1") is None and core.subscription(b"", "K1") is None
+    assert core.narrowed_subscriptions == 2
+
+
+def test_a_syncstart_reaching_a_server_that_does_not_serve_is_a_vote_answered_if_recent() -> None:
+    core, _, clock = made()
+    pair = FakePair()
+    core.pair = pair
+    pair.active = False
+    assert core.snapshot_request(syncstart(b"/old/"), None) is None
+    clock.advance(1.5)
+    assert core.snapshot_request(syncstart(b"/new/"), None) is None
+    assert pair.votes == 2 and [held[1] for held in core.held_requests] == [b"client"] * 2
+    clock.advance(1.0)
+    # This server takes over: what its clients still wait for (here 2 s) is answered.
+    pair.active = True
+    [(identity, request)] = core.take_held_requests(2.0)
+    assert identity == b"client" and request.subtrees == (b"/new/",)
+    assert not core.held_requests and core.take_held_requests(2.0) == []
+    assert subtrees_of(core.snapshot_request(syncstart(b"/now/"), None)) == (b"/now/",)
+    assert pair.votes == 2

@@ -25,21 +25,24 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
 from twisted.logger import Logger
 
 from bus.eventbus import codec, rights
-from bus.eventbus.codec import EventBusError, EventFields
+from bus.eventbus.codec import EventBusError, EventFields, SnapshotRequest
 from bus.eventbus.eventlog import EventLog, PairLog
 from bus.eventbus.pair_core import Change
 from bus.eventbus.rights import Subtrees
 from bus.extension import StorageError
 from bus.util.droplog import DropCounter, RateLimit
 
-#: A key's publish subtrees (None: every topic) by its Z85 User-Id.
+#: A key's subtrees for one right (None: every topic) by its Z85 User-Id.
 PublishRights = Callable[[str], Subtrees]
+
+#: SYNCSTARTs a server that does not serve holds, at most (the oldest go first).
+HELD_REQUESTS = 1024
 
 #: The log a core stores into: any :class:`EventLog`; a paired core's is a :class:`PairLog`.
 L = TypeVar("L", bound=EventLog)
@@ -66,6 +69,14 @@ class PairRelease(Protocol):
 
     def take_held(self) -> list[EventFields]:
         """What publishers handed this server while it was not active (and forget it)."""
+        ...
+
+    def serves(self) -> bool:
+        """Whether this server serves clients now (the active)."""
+        ...
+
+    def vote(self) -> None:
+        """A client turned to this server."""
         ...
 
 
@@ -107,6 +118,9 @@ class Intake:
         self.drops = DropCounter(logger, "message", clock)
         #: With publish rights in force: each PUB's key's subtrees (None: no check).
         self.publish_rights: PublishRights | None = None
+        #: What each key may receive, live and in snapshots (with an allow-list: the
+        #: service sets it); wider subscriptions and SYNCSTARTs are narrowed to it.
+        self.subscribe_rights: PublishRights = lambda user_id: rights.EVERYTHING
         #: What clients may see now, in order; the service takes it (:meth:`take_broadcasts`).
         self.broadcasts: list[Broadcast] = []
         #: Events made in this process (composed services' activity), stored as one batch.
@@ -123,6 +137,9 @@ class Intake:
         self.refused_storage = 0
         #: Failed appends (each attempt).
         self.append_failures = 0
+        #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
+        self.narrowed_subscriptions = 0
+        self.narrowed_snapshots = 0
 
     def accept(self, fields: list[EventFields]) -> None:
         raise NotImplementedError
@@ -197,6 +214,37 @@ class Intake:
             self.local_accepted += len(batch)
             self.accept(batch)
 
+    # -- the publisher and snapshot ports: what a key may receive --------------------------------
+
+    def subscription(self, message: bytes, user_id: str) -> tuple[bool, list[bytes]] | None:
+        """An XPUB subscription message from ``user_id``'s key: whether it subscribes
+        (else unsubscribes), and the prefixes it comes to within the key's rights; None
+        for a message that is neither."""
+        if not message or message[0] not in (0, 1):
+            return None
+        wanted = message[1:]
+        prefixes = rights.narrow(wanted, self.subscribe_rights(user_id))
+        if prefixes != [wanted]:
+            self.narrowed_subscriptions += 1
+        return message[0] == 1, prefixes
+
+    def snapshot_request(self, frames: list[bytes], user_id: str | None) -> SnapshotRequest | None:
+        """A SYNCSTART read from the snapshot port (``[identity, *frames]``), narrowed to
+        what its key may receive when rights apply (``user_id``), to answer now; None for
+        a malformed one (dropped, counted)."""
+        try:
+            request = codec.parse_sync_start(frames[1:])
+        except EventBusError as error:
+            self.drops.drop(error.reason, str(error), frames[0])
+            return None
+        if user_id is None:
+            return request
+        subtrees = rights.narrow_snapshot(request.subtrees, self.subscribe_rights(user_id))
+        if subtrees == request.subtrees:
+            return request
+        self.narrowed_snapshots += 1
+        return replace(request, subtrees=subtrees)
+
 
 class EventBusCore(Intake, Generic[L]):
     """What the bus accepts, stores and broadcasts (see the module's text)."""
@@ -236,6 +284,11 @@ class EventBusCore(Intake, Generic[L]):
         self.retry_min, self.retry_max = retry_min, retry_max
         self.retry_delay = retry_min
         self._reports = RateLimit(clock)
+        #: SYNCSTARTs that reached this server while it did not serve: (when, identity,
+        #: request), answered if it takes over soon enough (:meth:`take_held_requests`).
+        self.held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(
+            maxlen=HELD_REQUESTS
+        )
 
     # -- store, then broadcast ---------------------------------------------------------------
 
@@ -349,6 +402,27 @@ class EventBusCore(Intake, Generic[L]):
                 unreleased.popleft()
             self.broadcasts.append(Broadcast(first, fields))
             self.released = first + count - 1
+
+    # -- SYNCSTARTs while the pair does not serve -------------------------------------------------
+
+    def snapshot_request(self, frames: list[bytes], user_id: str | None) -> SnapshotRequest | None:
+        """As :meth:`Intake.snapshot_request`; in a pair that does not serve now, the
+        request is held instead and counts as a client's vote (it turned here)."""
+        request = super().snapshot_request(frames, user_id)
+        pair = self.pair
+        if request is None or pair is None or pair.serves():
+            return request
+        # Held before the vote: a vote that makes this server active answers it at once.
+        self.held_requests.append((self.clock(), frames[0], request))
+        pair.vote()
+        return None
+
+    def take_held_requests(self, max_age: float) -> list[tuple[bytes, SnapshotRequest]]:
+        """The held SYNCSTARTs at most ``max_age`` seconds old (their clients still wait),
+        to answer now that this server serves; the others are forgotten too."""
+        now = self.clock()
+        held, self.held_requests = self.held_requests, deque(maxlen=HELD_REQUESTS)
+        return [(identity, request) for at, identity, request in held if now - at <= max_age]
 
     def take_turns(self) -> list[Turn]:
         """The pair's turns to act on, in order (and forget them); act on them before

@@ -19,9 +19,8 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from twisted.logger import Logger
 
 from bus.application.statusjson import config_json
 from bus.eventbus import codec, rights
-from bus.eventbus.codec import EventBusError, SnapshotRequest
+from bus.eventbus.codec import EventBusError
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.core import Broadcast, EventBusCore
 from bus.eventbus.eventlog import PairLog
@@ -120,13 +119,8 @@ class EventBusService(Service):
         #: and looking its rights up is a cost on the collector's hot path).
         self._publish_rights = False
         self.curve.on_reload.append(self._rights_changed)
-        #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
-        self.narrowed_subscriptions = 0
-        self.narrowed_snapshots = 0
         #: Told every batch broadcast (see :meth:`watch`).
         self._watchers: list[Watcher] = []
-        #: SYNCSTARTs that reached a server that is not active: answered if it takes over.
-        self._held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(maxlen=1024)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -321,17 +315,13 @@ class EventBusService(Service):
             return
         user_ids = sock.peer_user_ids
         for index, frames in enumerate(batch):
-            message = frames[0]
-            if not message or message[0] not in (0, 1):
-                continue
             user_id = user_ids[index] if index < len(user_ids) else ""
-            allowed = self.curve.rights(user_id, rights.subscribe_subtrees)
-            prefixes = rights.narrow(message[1:], allowed)
-            if prefixes != [message[1:]]:
-                self.narrowed_subscriptions += 1
-            apply = sock.socket.subscribe if message[0] == 1 else sock.socket.unsubscribe
-            for prefix in prefixes:
-                apply(prefix)
+            wanted = self.core.subscription(frames[0], user_id)
+            if wanted is not None:
+                subscribe, prefixes = wanted
+                apply = sock.socket.subscribe if subscribe else sock.socket.unsubscribe
+                for prefix in prefixes:
+                    apply(prefix)
 
     def _subscriber_event(self, event: int) -> None:
         # A subscriber connecting to a server that is not active turned to it: a vote.
@@ -418,10 +408,9 @@ class EventBusService(Service):
         self._publish_rights = self.curve.uses("publish")
         if self.collector_socket is not None:
             self.collector_socket.keep_user_ids = self._publish_rights
-        self.core.publish_rights = self._publish_of if self._publish_rights else None
-
-    def _publish_of(self, user_id: str) -> rights.Subtrees:
-        return self.curve.rights(user_id, rights.publish_subtrees)
+        publish = partial(self.curve.rights, read=rights.publish_subtrees)
+        self.core.publish_rights = publish if self._publish_rights else None
+        self.core.subscribe_rights = partial(self.curve.rights, read=rights.subscribe_subtrees)
 
     def _accept(self, accepted: list[codec.EventFields]) -> None:
         self.core.accept(accepted)
@@ -496,20 +485,14 @@ class EventBusService(Service):
         self._carry_out()
         for turn in turns:
             if turn.state == "active":
-                self._answer_held_requests()
+                # SYNCSTARTs held while it did not serve, whose clients still wait.
+                assert self.config.pair is not None
+                max_age = self.config.pair.failover_timeout * 2
+                for identity, request in core.take_held_requests(max_age):
+                    self.snapshots.request(identity, request)
             else:
                 # Streams in progress end: their clients ask the active.
                 self.snapshots.abandon_all()
-
-    def _answer_held_requests(self) -> None:
-        """SYNCSTARTs that reached this server while it did not serve, recent enough that
-        their clients still wait."""
-        assert self.config.pair is not None
-        now = self.reactor.seconds()
-        requests, self._held_requests = self._held_requests, deque(maxlen=1024)
-        for at, identity, request in requests:
-            if now - at <= self.config.pair.failover_timeout * 2:
-                self.snapshots.request(identity, request)
 
     # -- in-process publishing: composed services' activity ---------------------------------
 
@@ -541,31 +524,13 @@ class EventBusService(Service):
     # -- the snapshot port: SYNCSTART in, SYNC... SYNCEND out ------------------------------
 
     def _on_snapshot_requests(self, batch: list[list[bytes]]) -> None:
-        pair = self.pair
         sock = self.snapshot_socket
         user_ids = sock.peer_user_ids if sock is not None else []
         for index, frames in enumerate(batch):
-            try:
-                request = codec.parse_sync_start(frames[1:])
-            except EventBusError as error:
-                self.drops.drop(error.reason, str(error), frames[0])
-                continue
-            if user_ids:
-                request = self._narrowed(request, user_ids[index])
-            if pair is not None and not pair.serves():
-                # A client turned here: a vote; answered only if this server takes over.
-                self._held_requests.append((self.reactor.seconds(), frames[0], request))
-                pair.vote()
-                continue
-            self.snapshots.request(frames[0], request)
-
-    def _narrowed(self, request: SnapshotRequest, user_id: str) -> SnapshotRequest:
-        allowed = self.curve.rights(user_id, rights.subscribe_subtrees)
-        subtrees = rights.narrow_snapshot(request.subtrees, allowed)
-        if subtrees == request.subtrees:
-            return request
-        self.narrowed_snapshots += 1
-        return replace(request, subtrees=subtrees)
+            # Parsed, narrowed to the key's rights, or held while the pair does not serve.
+            request = self.core.snapshot_request(frames, user_ids[index] if user_ids else None)
+            if request is not None:
+                self.snapshots.request(frames[0], request)
 
     @property
     def streams(self) -> set[SnapshotStream]:
@@ -610,6 +575,16 @@ class EventBusService(Service):
         """Failed store operations: appends (each attempt), checkpoints, retention steps,
         the final checkpoint at close."""
         return self.core.append_failures + self.upkeep.failures
+
+    @property
+    def narrowed_subscriptions(self) -> int:
+        """Subscriptions wider than their key's rights, narrowed to them."""
+        return self.core.narrowed_subscriptions
+
+    @property
+    def narrowed_snapshots(self) -> int:
+        """SYNCSTARTs wider than their key's rights, narrowed to them."""
+        return self.core.narrowed_snapshots
 
     # -- periodic work ---------------------------------------------------------------------
 
@@ -671,8 +646,8 @@ class EventBusService(Service):
             "http": self.status_address(),
             "curve": {
                 **self.curve.status(),
-                "narrowed_subscriptions": self.narrowed_subscriptions,
-                "narrowed_snapshots": self.narrowed_snapshots,
+                "narrowed_subscriptions": core.narrowed_subscriptions,
+                "narrowed_snapshots": core.narrowed_snapshots,
             },
             "endpoints": self.endpoints,
             "config": config_json(self.config),
