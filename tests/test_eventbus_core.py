@@ -534,3 +534,21 @@ def test_a_syncstart_reaching_a_server_that_does_not_serve_is_a_vote_answered_if
     assert not core.held_requests and core.take_held_requests(2.0) == []
     assert subtrees_of(core.snapshot_request(syncstart(b"/now/"), None)) == (b"/now/",)
     assert pair.votes == 2
+
+
+def test_activity_is_an_event_checked_as_a_pub_and_queued_with_the_others() -> None:
+    core, memory, _ = made()
+    assert core.publish_activity(b"emqp", "/emqp/job/", {"id": 1}) is True
+    assert core.publish_activity(b"emqp", "/emqp/job/", [2]) is False
+    for topic, value in (("", 1), ("/" * 5000, 1), ("/x/", object()), ("/x/", "y" * 2000)):
+        try:
+            core.publish_activity(b"emqp", topic, value)
+        except ValueError as error:
+            assert str(error).startswith(f"cannot publish to {topic!r}: ")
+        else:
+            raise AssertionError(f"{topic!r}: {value!r} was queued")
+    core.flush_local()
+    assert [msgpack.unpackb(row[5]) for row in memory.rows] == [{"id": 1}, [2]]
+    assert {row[2] for row in memory.rows} == {b"emqp"} and core.local_accepted == 2
+    codec.check_timestamp(memory.rows[0][3])
+    assert len({row[4] for row in memory.rows}) == 2  # a uuid each

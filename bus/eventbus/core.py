@@ -23,11 +23,13 @@ take it.
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Generic, Protocol, TypeVar
 
+import msgpack
 from twisted.logger import Logger
 
 from bus.eventbus import codec, rights
@@ -142,6 +144,7 @@ class Intake:
         self.narrowed_snapshots = 0
 
     def accept(self, fields: list[EventFields]) -> None:
+        """Take a batch of valid events (a subclass stores or appends them)."""
         raise NotImplementedError
 
     def backlog(self) -> int:
@@ -208,7 +211,22 @@ class Intake:
         self.local.append(fields)
         return len(self.local) == 1
 
+    def publish_activity(self, producer: bytes, topic: str, value: object) -> bool:
+        """Queue ``value`` (anything msgpack encodes) under ``topic`` as an event made in
+        this process by ``producer``, checked as a PUB would be (ValueError if it cannot
+        be one); True as :meth:`publish_local` says it."""
+        topic_bytes = topic.encode("utf-8")
+        try:
+            data = msgpack.packb(value, use_bin_type=True)
+            codec.check_topic(topic_bytes)
+            codec.check_payload(data, self.max_data_bytes)
+        except (EventBusError, TypeError) as error:
+            raise ValueError(f"cannot publish to {topic!r}: {error}") from None
+        event_id = str(uuid.uuid4()).encode("ascii")
+        return self.publish_local((topic_bytes, producer, codec.iso_timestamp(), event_id, data))
+
     def flush_local(self) -> None:
+        """Accept the events made in this process as one batch."""
         batch, self.local = self.local, []
         if batch:
             self.local_accepted += len(batch)

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import random
 import time
-import uuid
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import zmq
 from twisted.application.service import Service
 from twisted.internet import defer
@@ -33,7 +31,6 @@ from twisted.logger import Logger
 
 from bus.application.statusjson import config_json
 from bus.eventbus import codec, rights
-from bus.eventbus.codec import EventBusError
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.core import Broadcast, EventBusCore
 from bus.eventbus.eventlog import PairLog
@@ -508,10 +505,11 @@ class EventBusService(Service):
         host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "*") else self.config.bind
         return [f"{host}:{self.port}"]
 
-    def publish_local(self, fields: codec.EventFields) -> None:
-        """Queue an event made in this process; the queue is stored and broadcast as one
-        batch on the next reactor turn, like a batch read from the collector."""
-        if self.core.publish_local(fields) and self._local_flush is None:
+    def publish_activity(self, producer: bytes, topic: str, value: object) -> None:
+        """Queue an event made in this process (see :meth:`EventBusCore.publish_activity`);
+        the queue is stored and broadcast as one batch on the next reactor turn, like a
+        batch read from the collector."""
+        if self.core.publish_activity(producer, topic, value) and self._local_flush is None:
             self._local_flush = self.reactor.callLater(0, self._flush_local)
 
     def _flush_local(self) -> None:
@@ -777,12 +775,5 @@ class LocalPublisher:
         self.producer = producer.encode("utf-8")
 
     def publish(self, topic: str, value: object) -> None:
-        topic_bytes = topic.encode("utf-8")
-        try:
-            data = msgpack.packb(value, use_bin_type=True)
-            codec.check_topic(topic_bytes)
-            codec.check_payload(data, self._bus.config.max_data_bytes)
-        except (EventBusError, TypeError) as error:
-            raise ValueError(f"cannot publish to {topic!r}: {error}") from None
-        event_id = str(uuid.uuid4()).encode("ascii")
-        self._bus.publish_local((topic_bytes, self.producer, codec.iso_timestamp(), event_id, data))
+        """Queue ``value`` under ``topic`` (ValueError when it cannot be an event)."""
+        self._bus.publish_activity(self.producer, topic, value)
