@@ -552,3 +552,30 @@ def test_activity_is_an_event_checked_as_a_pub_and_queued_with_the_others() -> N
     assert {row[2] for row in memory.rows} == {b"emqp"} and core.local_accepted == 2
     codec.check_timestamp(memory.rows[0][3])
     assert len({row[4] for row in memory.rows}) == 2  # a uuid each
+
+
+def test_status_and_metrics_say_the_counts_as_kept() -> None:
+    core, memory, _ = made(limit=1)
+    core.collect([pub(b"/a/", 1), [b"peer", b"junk"]])
+    core.publish_local((b"/l/", b"p", b"t", UUID, b"\xc0"))
+    core.flush_local()
+    memory.refusing = "full"
+    core.collect([pub(b"/b/", 2)])
+    assert core.status() == {
+        "accepted": 2,
+        "accepted_bytes": len(pub(b"/a/", 1)[6]) + 1,
+        "accepted_local": 1,
+        "dropped": {"frame-count": 1},
+        "refused_storage": 1,
+        "storage_error": "[Errno 28] full",
+        "collector_paused": True,
+    }
+    samples = {m.name: [s.value for s in m.samples] for m in core.metrics()}
+    assert samples == {
+        "eventbus_events_accepted": [2],
+        "eventbus_event_bytes_accepted": [core.bytes_accepted],
+        "eventbus_events_local": [1],
+        "eventbus_messages_dropped": [1],
+        "eventbus_events_refused_storage": [1],
+        "eventbus_collector_paused": [1.0],
+    }

@@ -27,7 +27,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgpack
 from twisted.logger import Logger
@@ -37,7 +37,7 @@ from bus.eventbus.codec import EventBusError, EventFields, SnapshotRequest
 from bus.eventbus.eventlog import EventLog, PairLog
 from bus.eventbus.pair_core import Change
 from bus.eventbus.rights import Subtrees
-from bus.extension import StorageError
+from bus.extension import Metric, StorageError, counter, counters_by, gauge
 from bus.util.droplog import DropCounter, RateLimit
 
 #: A key's subtrees for one right (None: every topic) by its Z85 User-Id.
@@ -151,6 +151,11 @@ class Intake:
         """Accepted events not yet in the log."""
         raise NotImplementedError
 
+    @property
+    def collector_paused(self) -> bool:
+        """True while the collector must not be read (a subclass says when)."""
+        raise NotImplementedError
+
     def take_broadcasts(self) -> list[Broadcast]:
         """What to broadcast now, in order (and forget it)."""
         broadcasts, self.broadcasts = self.broadcasts, []
@@ -262,6 +267,52 @@ class Intake:
             return request
         self.narrowed_snapshots += 1
         return replace(request, subtrees=subtrees)
+
+    # -- what it says --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The counters in ``/status`` (and status.json), as kept."""
+        return {
+            "accepted": self.accepted,
+            "accepted_bytes": self.bytes_accepted,
+            "accepted_local": self.local_accepted,
+            "dropped": dict(self.drops.counts),
+            "refused_storage": self.refused_storage,
+            "storage_error": self.storage_error,
+            "collector_paused": self.collector_paused,
+        }
+
+    def metrics(self) -> list[Metric]:
+        """The counters above as Prometheus families (see :mod:`bus.web.server`)."""
+        return [
+            counter("eventbus_events_accepted", "Events stored and broadcast", self.accepted),
+            counter(
+                "eventbus_event_bytes_accepted",
+                "Event data bytes stored and broadcast",
+                self.bytes_accepted,
+            ),
+            counter(
+                "eventbus_events_local",
+                "Events published in-process by composed services",
+                self.local_accepted,
+            ),
+            counters_by(
+                "eventbus_messages_dropped",
+                "Bad messages dropped, by reason",
+                "reason",
+                self.drops.counts,
+            ),
+            counter(
+                "eventbus_events_refused_storage",
+                "Events the store refused (full disk, I/O error); each waits and is stored later",
+                self.refused_storage,
+            ),
+            gauge(
+                "eventbus_collector_paused",
+                "1 while refused events wait for the store and the collector is not read",
+                float(self.collector_paused),
+            ),
+        ]
 
 
 class EventBusCore(Intake, Generic[L]):

@@ -45,7 +45,6 @@ from bus.extension import (
     StorageError,
     ZmqSocket,
     counter,
-    counters_by,
     gauge,
     gauges_by,
     reactor_of,
@@ -612,32 +611,19 @@ class EventBusService(Service):
 
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
-        snapshots, core = self.snapshots, self.core
+        core, store = self.core, self.store
         if self.pair is not None:
             self.pair.tick()
         return {
-            "store_id": self.store.store_id,
-            "sequence": self.store.last_sequence,
+            "store_id": store.store_id,
+            "sequence": store.last_sequence,
             "released": self.released,
             "ha": None if self.pair is None else self.pair.status(),
-            "accepted": core.accepted,
-            "accepted_bytes": core.bytes_accepted,
-            "accepted_local": core.local_accepted,
-            "dropped": dict(core.drops.counts),
-            "clients": self.connections(),
-            "refused_storage": core.refused_storage,
+            **core.status(),
             "storage_errors": self.storage_errors,
-            "storage_error": core.storage_error,
             "storage_waiting": len(core.waiting),
-            "collector_paused": self.collector_paused,
-            "snapshots_served": snapshots.served,
-            "snapshots_aborted": snapshots.aborted,
-            "snapshots_stalled": snapshots.stalled,
-            "snapshots_queued": snapshots.queued,
-            "snapshots_refused": snapshots.refused,
-            "snapshots_active": len(snapshots.streams),
-            "snapshots_waiting": len(snapshots.waiting),
-            "snapshot_messages_sent": snapshots.messages_sent,
+            "clients": self.connections(),
+            **self.snapshots.status(),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": self._uptime(),
             "time": round(self.clock(), 3),
@@ -653,74 +639,22 @@ class EventBusService(Service):
 
     def metrics(self) -> list[Metric]:
         """Prometheus families of the counters above (see bus.web.server)."""
-        store, core = self.store, self.core
+        store = self.store
         return [
             *self.curve.metrics(),
             gauge("eventbus_sequence", "Highest sequence in the event log", store.last_sequence),
-            counter("eventbus_events_accepted", "Events stored and broadcast", self.accepted),
-            counter(
-                "eventbus_event_bytes_accepted",
-                "Event data bytes stored and broadcast",
-                core.bytes_accepted,
-            ),
-            counter(
-                "eventbus_events_local",
-                "Events published in-process by composed services",
-                core.local_accepted,
-            ),
-            counters_by(
-                "eventbus_messages_dropped",
-                "Bad messages dropped, by reason",
-                "reason",
-                self.drops.counts,
-            ),
-            counter(
-                "eventbus_events_refused_storage",
-                "Events the store refused (full disk, I/O error); each waits and is stored later",
-                core.refused_storage,
-            ),
+            *self.core.metrics(),
             counter(
                 "eventbus_storage_errors",
                 "Failed store operations (appends, checkpoints, retention)",
                 self.storage_errors,
             ),
-            gauge(
-                "eventbus_collector_paused",
-                "1 while refused events wait for the store and the collector is not read",
-                float(self.collector_paused),
-            ),
-            counter("eventbus_snapshots_served", "Snapshots streamed whole", self.snapshots_served),
-            counter(
-                "eventbus_snapshots_aborted",
-                "Snapshots whose client went away",
-                self.snapshots_aborted,
-            ),
+            *self.snapshots.metrics(),
             gauges_by(
                 "eventbus_connections",
                 "TCP peers connected now, by socket",
                 "socket",
                 self.connections(),
-            ),
-            gauge("eventbus_snapshots_active", "Snapshots being streamed", len(self.streams)),
-            gauge(
-                "eventbus_snapshots_waiting",
-                "SYNCSTARTs queued for a free stream",
-                len(self.snapshots.waiting),
-            ),
-            counter(
-                "eventbus_snapshots_stalled",
-                "Snapshots abandoned because their client stopped reading",
-                self.snapshots.stalled,
-            ),
-            counter(
-                "eventbus_snapshots_refused",
-                "SYNCSTARTs dropped unanswered with the queue full",
-                self.snapshots.refused,
-            ),
-            counter(
-                "eventbus_snapshot_messages_sent",
-                "SYNC and SYNCEND messages sent",
-                self.snapshots.messages_sent,
             ),
             gauge(
                 "eventbus_store_bytes", "Event log size on disk (database and WAL)", store.size()
