@@ -12,6 +12,11 @@ batch), the collector stops reading (ZeroMQ queues up to its receive HWM, then p
 feel backpressure), and a timer retries the batch with backoff until it is stored; then
 the collector reads again. One rate-limited error line says so, one line says when it
 recovers, and ``refused_storage`` counts the events that had to wait.
+
+The core decides (:mod:`bus.eventbus.core`: what is stored, broadcast, held, retried when,
+what a key may receive); the log's checkpoints, retention and close are the store's
+(:class:`bus.eventbus.store.LogUpkeep`). This service reads the sockets into them, sends
+what they produced, and keeps the timers.
 """
 
 from __future__ import annotations
@@ -121,6 +126,7 @@ class EventBusService(Service):
     # -- lifecycle -----------------------------------------------------------------------
 
     def startService(self) -> None:
+        """Open the log, bind the ports (a StartupError names the option), start the timers."""
         config = self.config
         try:
             store = EventStore(
@@ -408,10 +414,6 @@ class EventBusService(Service):
         self.core.publish_rights = publish if self._publish_rights else None
         self.core.subscribe_rights = partial(self.curve.rights, read=rights.subscribe_subtrees)
 
-    def _accept(self, accepted: list[codec.EventFields]) -> None:
-        self.core.accept(accepted)
-        self._carry_out()
-
     def _carry_out(self) -> None:
         """Do what the core decided: broadcast what clients may see, in order; pause the
         collector while the core says so (and retry when it says while the log refuses)."""
@@ -501,6 +503,7 @@ class EventBusService(Service):
         return self.curve.own_client()
 
     def client_addresses(self) -> list[str]:
+        """``host:port`` a client in this process connects to."""
         host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "*") else self.config.bind
         return [f"{host}:{self.port}"]
 
@@ -536,10 +539,12 @@ class EventBusService(Service):
 
     @property
     def snapshots_served(self) -> int:
+        """Snapshots streamed whole."""
         return self.snapshots.served
 
     @property
     def snapshots_aborted(self) -> int:
+        """Snapshots whose client went away."""
         return self.snapshots.aborted
 
     # -- the core's state, as the service has always shown it ---------------------------------
@@ -551,6 +556,7 @@ class EventBusService(Service):
 
     @property
     def drops(self) -> DropCounter:
+        """Bad messages dropped, by reason."""
         return self.core.drops
 
     @property
@@ -560,6 +566,7 @@ class EventBusService(Service):
 
     @property
     def accepted(self) -> int:
+        """Events stored and broadcast."""
         return self.core.accepted
 
     @property
