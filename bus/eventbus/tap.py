@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import optional_duration
 from bus.eventbus.codec import SequenceEncoding
 from bus.eventbus.config import (
     DEFAULT_BIND,
@@ -29,6 +28,7 @@ from bus.eventbus.store import Retention
 from bus.extension import ServiceOptions, curve_settings, parse_duration
 from bus.nats.options import nats_options, nats_settings
 from bus.transport.curve_settings import CURVE_OPTIONS
+from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
     from bus.eventbus.server import EventBusService

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import optional_duration
 from bus.extension import ServiceOptions, parse_duration
 from bus.spark.config import BridgeConfig
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 from bus.util.extras import require
+from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
     from bus.extension import Composition, ProductService
