@@ -139,7 +139,7 @@ test: $(VENV)/.test-deps $(INTEROP)/.installed $(INSTALLED) browser redis-server
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench examples
 	$(BIN)/ruff format --check bus tests bench examples
-	$(BIN)/mypy bus
+	$(BIN)/mypy bus tests/contract_check.py
 	$(BIN)/mypy examples/echo-service/echo_service
 
 # The API reference in build/apidocs (index.html); a broken cross-reference or a docstring

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.composition import Composition, ProductService, bound_inbound, hold_cpu_latency
-from bus.application.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
+from bus.application.composition import bound_inbound, hold_cpu_latency
+from bus.application.options import PROCESS_OPTION_NAMES, OptionSpec
 from bus.application.services import ServiceEntry, discovery_problems, entry, services
-from bus.errors import StartFailed, StartupError
 from bus.eventbus.tap import Options as EventBusOptions
+from bus.extension import Composition, ProductService, ServiceOptions, StartFailed, StartupError
 
 if TYPE_CHECKING:
     from twisted.application.service import Service

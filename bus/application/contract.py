@@ -2,8 +2,8 @@
 
 A service is a Twisted ``IService``; beyond that it may offer any
 of these, and ``/status``, ``/metrics`` and the console use what it offers (checked with
-``isinstance`` at run time, and by mypy for the services of this package: see the bottom
-of this module). A third-party service states the same methods and is served alike
+``isinstance`` at run time, and by mypy for the services of this package:
+``tests/contract_check.py``, which ``make lint`` checks). A third-party service states the same methods and is served alike
 (``docs/extending.md``).
 
 - :class:`Reports`: ``status()``, a JSON-ready dict (``/status``, the console);
@@ -16,63 +16,45 @@ of this module). A third-party service states the same methods and is served ali
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
 class Reports(Protocol):
-    def status(self) -> dict[str, Any]: ...
+    """A service that says how it is: ``/status`` and the console's cards."""
+
+    def status(self) -> dict[str, Any]:
+        """The service's state as JSON-ready values: settings, counts, peers."""
+        ...
 
 
 @runtime_checkable
 class Measured(Protocol):
-    def metrics(self) -> list[Any]: ...
+    """A service that offers Prometheus metric families on ``/metrics``."""
+
+    def metrics(self) -> list[Any]:
+        """Its metric families (``prometheus_client`` ``Metric`` objects), built now."""
+        ...
 
 
 @runtime_checkable
 class Detailed(Protocol):
-    def details(self, limit: int = 100) -> dict[str, Any]: ...
+    """A service with lists too long for ``/status``, which the console pages through."""
+
+    def details(self, limit: int = 100) -> dict[str, Any]:
+        """Its longer lists (peers, services), at most ``limit`` entries each."""
+        ...
 
 
 @runtime_checkable
 class Charted(Protocol):
+    """A service whose rates the console charts."""
+
     @property
-    def console_rates(self) -> Mapping[str, str]: ...
+    def console_rates(self) -> Mapping[str, str]:
+        """Chart label -> dotted path of a cumulative count in ``status()``."""
+        ...
 
 
 class Observable(Reports, Measured, Protocol):
     """Every service of this package: its status and its metrics."""
-
-
-if TYPE_CHECKING:  # mypy checks that each service of the package keeps the contract
-    from bus.dbp.server import CatalogService
-    from bus.emqp.server import EmqpService
-    from bus.eventbus.server import EventBusService
-    from bus.mc0.server import Mc0Service
-    from bus.spark.bridge import SparkBridgeService
-    from bus.web.server import StatusWebService
-    from bus.zre.node import ZreNode
-
-    def _observable(
-        service: EventBusService
-        | EmqpService
-        | CatalogService
-        | Mc0Service
-        | ZreNode
-        | SparkBridgeService
-        | StatusWebService,
-    ) -> Observable:
-        return service
-
-    def _charted(
-        service: EventBusService
-        | EmqpService
-        | CatalogService
-        | Mc0Service
-        | ZreNode
-        | SparkBridgeService,
-    ) -> Charted:
-        return service
-
-    def _detailed(service: CatalogService | Mc0Service | ZreNode) -> Detailed:
-        return service

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import ServiceOptions, parse_duration
 from bus.dbp.config import (
     DEFAULT_BEACON_PORT,
     DEFAULT_PORT,
@@ -17,11 +16,12 @@ from bus.dbp.config import (
     CatalogConfig,
     read_allow_file,
 )
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.application.composition import Composition, ProductService
     from bus.dbp.server import CatalogService
+    from bus.extension import Composition, ProductService
 
 
 #: Started after the Event BUS when both run: composed, it publishes its activity
@@ -119,6 +119,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """The catalog alone (``twistd -n dbp``)."""
-    from bus.application.composition import standalone
+    from bus.extension import standalone
 
     return standalone("dbp", build, options)

@@ -740,8 +740,8 @@ _IMPORT_ONLY = ("redis", "rdb", "redis_server", "replace", "haste")
 
 
 def _check_schedule(args: argparse.Namespace) -> None:
-    from bus.application.options import parse_duration
     from bus.emqp import codec
+    from bus.extension import parse_duration
 
     try:
         codec.queue_name(args.queue.encode("utf-8", "surrogateescape"))

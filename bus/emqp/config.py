@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.emqp.core import BrokerSettings
+from bus.extension import CurveSettings
 from bus.nats.settings import NatsSettings
-from bus.transport.curve_settings import CurveSettings
 from bus.util.sqlitewal import Durability
 
 DEFAULT_BIND = "127.0.0.1"

@@ -27,7 +27,7 @@ from bus.emqp import jobstream, schedule_gate
 from bus.emqp.config import JetStreamSettings
 from bus.emqp.core import Job, Message
 from bus.emqp.schedule_gate import PutRow
-from bus.errors import StartupError
+from bus.extension import StartupError
 from bus.nats import codec, jsapi
 from bus.nats.client import NotConnected, Subscription, client_for, stream_ready
 from bus.nats.codec import Msg

@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 
 from twisted.logger import Logger
 
-from bus.application.activity import NO_ACTIVITY, ActivitySink
 from bus.emqp import pubsub_codec
-from bus.errors import ProtocolError
-from bus.transport.curve_settings import CurveSettings
+from bus.extension import NO_ACTIVITY, ActivitySink, CurveSettings, ProtocolError
 from bus.transport.names import peer_name
 from bus.util.droplog import DropCounter
 

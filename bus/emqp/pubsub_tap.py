@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import ServiceOptions, parse_duration
 from bus.emqp.pubsub_core import DEFAULT_INCOMING_PORT, DEFAULT_OUTGOING_PORT, PubsubConfig
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.application.composition import Composition, ProductService
     from bus.emqp.pubsub_server import PubsubService
+    from bus.extension import Composition, ProductService
 
 
 #: Started after the Event BUS when both run: composed, it mirrors each publication onto
@@ -108,6 +108,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """The PUBLISH service alone (``twistd -n emqp-pubsub``)."""
-    from bus.application.composition import standalone
+    from bus.extension import standalone
 
     return standalone("emqp-pubsub", build, options)

@@ -19,7 +19,7 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from bus.errors import StorageError
+from bus.extension import StorageError
 from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
 
 DB_NAME = "emqp.sqlite3"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 from twisted.python import usage
 
-from bus.application.options import ServiceOptions, config_path_in, parse_duration, parse_size
+from bus.application.options import config_path_in
 from bus.application.sighup import on_sighup
 from bus.emqp.config import (
     DEFAULT_ADMIN_PORT,
@@ -35,12 +35,13 @@ from bus.emqp.eventmq_settings import (
     read_eventmq_settings,
     value_in,
 )
+from bus.extension import ServiceOptions, curve_settings, parse_duration, parse_size
 from bus.nats.options import nats_options, nats_settings
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.application.composition import Composition, ProductService
     from bus.emqp.server import EmqpService
+    from bus.extension import Composition, ProductService
 
 
 log = Logger(namespace="bus.emqp")
@@ -190,13 +191,10 @@ class Options(ServiceOptions):
             return fresh
         # Composed into the product: its --config file, then this service's own options.
         from bus.application.options import load_config_file
-        from bus.tap import product_option_names
 
         path = config_path_in(sys.argv[1:]) or os.environ.get("EVENTBUS_CONFIG") or ""
         tables = load_config_file(path) if path else {}
-        ServiceOptions.apply_defaults(
-            fresh, tables, os.environ, path, also_known=product_option_names()
-        )
+        ServiceOptions.apply_defaults(fresh, tables, os.environ, path, also_known=self.also_known)
         fresh.parse_command_line(self._args)
         return fresh
 
@@ -422,6 +420,6 @@ def reload_settings(service: EmqpService, options: Options) -> None:
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """The broker alone (``twistd -n emqp``)."""
-    from bus.application.composition import standalone
+    from bus.extension import standalone
 
     return standalone("emqp", build, options)

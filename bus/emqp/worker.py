@@ -57,9 +57,8 @@ from bus.emqp.worker_process import (
     run_setup,
     start_job_process,
 )
-from bus.errors import StartupError
+from bus.extension import SocketFactory, SocketOptions, StartupError, ZmqSocket, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.util.droplog import DropCounter
 from bus.util.periodic import Periodic
 from bus.util.workers import worker_pool

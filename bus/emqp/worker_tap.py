@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 from twisted.python import usage
 
-from bus.application.options import ConfigTables, ServiceOptions, ValueHint, parse_duration
+from bus.application.options import ConfigTables, ValueHint
 from bus.application.sighup import on_sighup
 from bus.emqp import codec
 from bus.emqp.eventmq_settings import (
@@ -33,12 +33,13 @@ from bus.emqp.eventmq_settings import (
     value_in,
 )
 from bus.emqp.worker_process import JobHooks
+from bus.extension import ServiceOptions, parse_duration
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 from bus.util.cliargs import tcp_endpoint
 
 if TYPE_CHECKING:
-    from bus.application.composition import Composition, ProductService
     from bus.emqp.worker import EmqpWorker
+    from bus.extension import Composition, ProductService
 
 log = Logger(namespace="bus.emqp.worker")
 
@@ -477,7 +478,7 @@ def end_jobs_at_second_signal(worker: EmqpWorker) -> None:
 
 def makeService(options: usage.Options | Mapping[str, Any]) -> ProductService:
     """The worker alone (``emqp-worker``, ``twistd -n emqp-worker``)."""
-    from bus.application.composition import standalone
+    from bus.extension import standalone
 
     return standalone(NAME, build, options)
 

@@ -129,8 +129,7 @@ class SnapshotQuery:
         import zmq
 
         from bus.eventbus import codec
-        from bus.transport.zmqsocket import SocketOptions
-        from bus.util.polling import ConditionTimeout
+        from bus.extension import ConditionTimeout, SocketOptions
 
         done: defer.Deferred[int] = defer.Deferred()
 
@@ -224,8 +223,8 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
     no key, refuses the key it was given, or answers like the original Node.js
     implementation, say so in the same line."""
     from bus.eventbus.client import ServerAddress
+    from bus.extension import ConditionTimeout
     from bus.transport.probe import probe_key, probe_port, refused_key
-    from bus.util.polling import ConditionTimeout
 
     try:
         result = yield waiting
@@ -252,8 +251,7 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
 def _answers_like_the_original(reactor: Any, server: Any, curve: Any = None) -> Any:
     from bus.eventbus import codec
     from bus.eventbus.codec import EventBusError
-    from bus.transport.zmqsocket import SocketFactory
-    from bus.util.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout, SocketFactory
 
     factory = SocketFactory(reactor, curve=curve)
     query = SnapshotQuery(reactor, factory, server, Dialect.ORIGINAL)
@@ -273,8 +271,7 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
 
     from bus.eventbus import codec
     from bus.eventbus.client import EventBusPublisher, ServerAddress
-    from bus.transport.zmqsocket import SocketFactory, SocketOptions
-    from bus.util.polling import wait_until
+    from bus.extension import SocketFactory, SocketOptions, wait_until
 
     servers = args.server_list or [DEFAULT_SERVER]
     args.server = servers[0]
@@ -334,7 +331,7 @@ def _publish_confirmed(reactor: Any, args: argparse.Namespace, servers: list[str
     """Through the first of several servers that answers; resent after a failover (JetStream
     front-ends store it once), confirmed by the log itself."""
     from bus.eventbus.confirmed import ConfirmedPublisher
-    from bus.util.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     publisher = ConfirmedPublisher(servers, args.producer, reactor=reactor, curve=_curve(args))
     publisher.startService()
@@ -359,7 +356,7 @@ def _find_in_log(
     reactor: Any, query: SnapshotQuery, args: argparse.Namespace, event_id: str, since: int
 ) -> Any:
     """The sequence the server stored ``event_id`` under, asked of its log until found."""
-    from bus.util.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     deadline = reactor.seconds() + args.timeout
     found: list[int] = []
@@ -387,7 +384,7 @@ def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
     """``eventbus-cli snapshot``: every event of the subtrees as JSON lines, then a count on
     stderr."""
     from bus.eventbus.client import ServerAddress
-    from bus.transport.zmqsocket import SocketFactory
+    from bus.extension import SocketFactory
 
     factory = SocketFactory(reactor, curve=_curve(args))
     count = 0
@@ -412,7 +409,7 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
     """``eventbus-cli tail``: the subtrees' events as JSON lines, from a snapshot and then live,
     until interrupted."""
     from bus.eventbus.client import EventBusSubscriber, FileCursor
-    from bus.util.polling import wait_until
+    from bus.extension import wait_until
 
     servers = args.server_list or [DEFAULT_SERVER]
     subscriber = EventBusSubscriber(
@@ -661,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run ``eventbus-cli`` on ``argv`` (default: the command line)."""
-    from bus.util.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     args = parse(build_parser(), argv)
     if hasattr(args, "server_key"):

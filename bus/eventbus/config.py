@@ -8,8 +8,8 @@ from typing import Literal
 
 from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
 from bus.eventbus.store import Retention
+from bus.extension import CurveSettings
 from bus.nats.settings import NatsSettings
-from bus.transport.curve_settings import CurveSettings
 from bus.util.sqlitewal import Durability
 
 SyncEndSequence = Literal["highest", "current"]

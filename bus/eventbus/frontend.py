@@ -25,8 +25,6 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.application.metrics import Metric, counter, gauge
-from bus.errors import StartupError
 from bus.eventbus.codec import EventFields
 from bus.eventbus.config import EventBusConfig, JetStreamSettings
 from bus.eventbus.eventlog import Row
@@ -34,6 +32,7 @@ from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.server import EventBusService
 from bus.eventbus.snapshots import SnapshotScheduler
 from bus.eventbus.stream_core import StreamCore
+from bus.extension import Metric, StartupError, counter, gauge
 from bus.nats import codec as nats_codec
 
 #: A refused batch is sent again soon and often: the stream stores a resent event once,

@@ -35,7 +35,6 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from bus.errors import StartupError, StorageError
 from bus.eventbus.codec import EventFields
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
@@ -48,6 +47,7 @@ from bus.eventbus.stream_read import (
     connection,
     encode,
 )
+from bus.extension import StartupError, StorageError
 from bus.nats import jsapi
 from bus.nats.blocking import ConnectError, Connection
 from bus.nats.client import client_for, stream_ready

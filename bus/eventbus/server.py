@@ -33,9 +33,7 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.application.metrics import Metric, counter, counters_by, gauge, gauges_by
 from bus.application.statusjson import config_json
-from bus.errors import StartupError, StorageError
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
@@ -44,16 +42,23 @@ from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import EventStore
+from bus.extension import (
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    StorageError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    gauges_by,
+    reactor_of,
+)
 from bus.transport.curve import ClientCurve
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import (
-    SocketFactory,
-    SocketOptions,
-    ZmqSocket,
-    bind_failure,
-    reactor_of,
-)
+from bus.transport.zmqsocket import bind_failure
 from bus.util.droplog import DropCounter, RateLimit
 from bus.util.files import write_status_json
 from bus.util.workers import SerialWork

@@ -54,7 +54,7 @@ from bus.util.memory import MemoryRelease
 
 if TYPE_CHECKING:
     from bus.eventbus.eventlog import Row, RowSource
-    from bus.transport.zmqsocket import ZmqSocket
+    from bus.extension import ZmqSocket
 
 log = Logger(namespace="bus.eventbus.snapshots")
 

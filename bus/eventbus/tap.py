@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import ServiceOptions, optional_duration, parse_duration
 from bus.eventbus.codec import SequenceEncoding
 from bus.eventbus.config import (
     DEFAULT_BIND,
@@ -26,12 +25,14 @@ from bus.eventbus.config import (
     original_dialect,
 )
 from bus.eventbus.store import Retention
+from bus.extension import ServiceOptions, curve_settings, parse_duration
 from bus.nats.options import nats_options, nats_settings
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.transport.curve_settings import CURVE_OPTIONS
+from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
-    from bus.application.composition import Composition, ProductService
     from bus.eventbus.server import EventBusService
+    from bus.extension import Composition, ProductService
 
 
 class Options(ServiceOptions):
@@ -309,6 +310,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """The Event BUS alone (``twistd -n eventbus --services eventbus`` does the same)."""
-    from bus.application.composition import standalone
+    from bus.extension import standalone
 
     return standalone("eventbus", build, options)

@@ -34,9 +34,8 @@ from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
-from bus.application.metrics import Metric, counter, gauge
-from bus.errors import StartupError
 from bus.eventbus.codec import Event
+from bus.extension import Metric, StartupError, counter, gauge
 from bus.spark.config import BridgeConfig
 from bus.spark.journal import JournalError, JournalWriter
 from bus.util.droplog import RateLimit
@@ -73,7 +72,7 @@ class SparkBridgeService(Service):
     ) -> None:
         """``curve``: a ClientCurve, or a callable giving one (or None) at start: the bus
         speaks CURVE."""
-        from bus.transport.zmqsocket import reactor_of
+        from bus.extension import reactor_of
 
         self._servers = servers
         self._curve = curve

@@ -102,7 +102,7 @@ def _bool(name: str, text: str) -> bool:
 
 def _seconds(name: str, text: str, zero: bool = False) -> float:
     """A duration (``30s``, ``2m``, ``1.5``), positive (or zero, with ``zero``)."""
-    from bus.application.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         value = parse_duration(text)

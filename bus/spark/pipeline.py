@@ -406,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _duration(text: str) -> float:
     """Seconds from ``30s``, ``2m``, ``0`` (argparse's type: its error in one line)."""
-    from bus.application.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         return parse_duration(text)

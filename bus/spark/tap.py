@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import ServiceOptions, optional_duration, parse_duration
+from bus.extension import ServiceOptions, parse_duration
 from bus.spark.config import BridgeConfig
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
 from bus.util.extras import require
+from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
-    from bus.application.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from bus.spark.bridge import SparkBridgeService
 
 DEFAULT_SERVER = "127.0.0.1:5556"
@@ -111,6 +112,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """The bridge alone (``twistd -n spark-bridge``)."""
-    from bus.application.composition import standalone
+    from bus.extension import standalone
 
     return standalone("spark-bridge", build, options)

@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 import zmq
 from twisted.logger import Logger
 
-from bus.application.metrics import Metric, counters_by, gauge
 from bus.errors import StartupError
 from bus.transport.curve import (
     ClientCurve,
@@ -42,6 +41,7 @@ from bus.transport.curve import (
     server_key_pair,
 )
 from bus.transport.curve_settings import CurveSettings
+from bus.util.metrics import Metric, counters_by, gauge
 
 log = Logger(namespace="bus.transport.security")
 

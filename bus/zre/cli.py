@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor
 
-    from bus.errors import StartupError
+    from bus.extension import StartupError
     from bus.util.periodic import Periodic
     from bus.zre.node import ZreNode, log
 

@@ -23,23 +23,27 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zmq.utils import z85
 
-from bus.application.activity import NO_ACTIVITY, ActivitySink
-from bus.application.metrics import Metric, counter, counters_by, gauge
-from bus.errors import StartupError
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    BeaconSender,
+    CurveSettings,
+    DescriptorBudget,
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    listen_shared,
+    reactor_of,
+)
 from bus.transport.curve import make_curve_client
-from bus.transport.curve_settings import CurveSettings
-from bus.transport.fdbudget import DescriptorBudget
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.udp import (
-    BeaconSender,
-    InterfaceAddress,
-    InterfaceError,
-    UdpListener,
-    interface_address,
-    listen_shared,
-)
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.transport.udp import InterfaceAddress, InterfaceError, UdpListener, interface_address
 from bus.util.droplog import DropCounter
 from bus.zre import codec
 from bus.zre.codec import VERSION_20, VERSION_36, LogRecord, ZreError

@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import ServiceOptions, parse_duration
+from bus.extension import ServiceOptions, parse_duration
 
 if TYPE_CHECKING:
-    from bus.application.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from bus.zre.config import ZreConfig
     from bus.zre.node import ZreNode
 
@@ -196,6 +196,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """The node alone (``twistd -n zre``)."""
-    from bus.application.composition import standalone
+    from bus.extension import standalone
 
     return standalone("zre", build, options)
