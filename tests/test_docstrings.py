@@ -31,10 +31,6 @@ import bus
 NOT_YET_CHECKED = frozenset(
     {
         "bus.eventbus.server",
-        "bus.application.contract",
-        "bus.testing",
-        "bus.extension",
-        "bus.tap",
     }
 )
 
