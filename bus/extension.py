@@ -11,12 +11,12 @@ Errors (:mod:`bus.errors`)
     :class:`StartupError` (an option that cannot be honoured, named), :class:`StartFailed`,
     :class:`StorageError`.
 Options and composition (:mod:`bus.application`)
-    :class:`ServiceOptions` (the base of every tap's ``Options``), :func:`parse_duration`,
-    :func:`parse_size`, :func:`parse_bool`; :class:`Composition` (what a tap's ``build``
+    :class:`ServiceOptions` (the base of every tap's ``Options``); :func:`parse_duration`,
+    :func:`parse_size`, :func:`parse_bool` (values as people write them); :class:`Composition` (what a tap's ``build``
     adds to the product), :class:`ProductService`, :func:`standalone` (``twistd -n NAME``).
 What a service reports
     :class:`ActivitySink` and :data:`NO_ACTIVITY` (its activity, published on the bus when
-    composed); :class:`Metric`, :func:`counter`, :func:`gauge`, :func:`counters_by`,
+    composed); ``Metric``, :func:`counter`, :func:`gauge`, :func:`counters_by`,
     :func:`gauges_by` (``/metrics``); the typed contract of ``/status`` and the console:
     :class:`Reports`, :class:`Measured`, :class:`Detailed`, :class:`Charted`,
     :class:`Observable`.
@@ -43,19 +43,19 @@ _HOMES = {
     "StartFailed": "bus.errors",
     "StorageError": "bus.errors",
     "ServiceOptions": "bus.application.options",
-    "parse_duration": "bus.application.options",
-    "parse_size": "bus.application.options",
-    "parse_bool": "bus.application.options",
+    "parse_duration": "bus.util.values",
+    "parse_size": "bus.util.values",
+    "parse_bool": "bus.util.values",
     "Composition": "bus.application.composition",
     "ProductService": "bus.application.composition",
     "standalone": "bus.application.composition",
     "ActivitySink": "bus.application.activity",
     "NO_ACTIVITY": "bus.application.activity",
-    "Metric": "bus.application.metrics",
-    "counter": "bus.application.metrics",
-    "gauge": "bus.application.metrics",
-    "counters_by": "bus.application.metrics",
-    "gauges_by": "bus.application.metrics",
+    "Metric": "bus.util.metrics",
+    "counter": "bus.util.metrics",
+    "gauge": "bus.util.metrics",
+    "counters_by": "bus.util.metrics",
+    "gauges_by": "bus.util.metrics",
     "Reports": "bus.application.contract",
     "Measured": "bus.application.contract",
     "Detailed": "bus.application.contract",
@@ -64,7 +64,7 @@ _HOMES = {
     "SocketFactory": "bus.transport.zmqsocket",
     "SocketOptions": "bus.transport.zmqsocket",
     "ZmqSocket": "bus.transport.zmqsocket",
-    "reactor_of": "bus.transport.zmqsocket",
+    "reactor_of": "bus.util.reactor",
     "DescriptorBudget": "bus.transport.fdbudget",
     "curve_options": "bus.transport.curve_settings",
     "curve_settings": "bus.transport.curve_settings",
@@ -120,15 +120,17 @@ if TYPE_CHECKING:
     from bus.application.activity import NO_ACTIVITY, ActivitySink
     from bus.application.composition import Composition, ProductService, standalone
     from bus.application.contract import Charted, Detailed, Measured, Observable, Reports
-    from bus.application.metrics import Metric, counter, counters_by, gauge, gauges_by
-    from bus.application.options import ServiceOptions, parse_bool, parse_duration, parse_size
+    from bus.application.options import ServiceOptions
     from bus.errors import ProtocolError, StartFailed, StartupError, StorageError
     from bus.transport.curve_settings import CurveSettings, curve_options, curve_settings
     from bus.transport.fdbudget import DescriptorBudget
     from bus.transport.testing import RawPeer
     from bus.transport.udp import BeaconSender, listen_shared
-    from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket
+    from bus.util.metrics import Metric, counter, counters_by, gauge, gauges_by
     from bus.util.polling import ConditionTimeout, wait_until
+    from bus.util.reactor import reactor_of
+    from bus.util.values import parse_bool, parse_duration, parse_size
 
 
 if not TYPE_CHECKING:  # hidden from mypy, which would type every name Any through it

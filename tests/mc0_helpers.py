@@ -47,7 +47,8 @@ class RawMc0Peer:
         import zmq
 
         from bus.transport.curve import CurveKeyPair, make_curve_client
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+        from bus.transport.zmqsocket import SocketFactory, SocketOptions
+        from bus.util.reactor import reactor_of
 
         self.factory = SocketFactory(reactor_of(None))
         self.messages: list[list[bytes]] = []

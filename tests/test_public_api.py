@@ -28,7 +28,7 @@ PUBLIC_API = (
     "bus.application.options",
     "bus.application.composition",
     "bus.application.activity",
-    "bus.application.metrics",
+    "bus.util.metrics",
     "bus.errors",
     "bus.transport.zmqsocket",
     "bus.transport.udp",

@@ -144,7 +144,7 @@ class Intake:
         self.narrowed_snapshots = 0
 
     def accept(self, fields: list[EventFields]) -> None:
-        """Take a batch of valid events (a subclass stores or appends them)."""
+        """Take a batch of valid events, to be stored and broadcast in order."""
         raise NotImplementedError
 
     def backlog(self) -> int:
@@ -231,7 +231,7 @@ class Intake:
         return self.publish_local((topic_bytes, producer, codec.iso_timestamp(), event_id, data))
 
     def flush_local(self) -> None:
-        """Accept the events made in this process as one batch."""
+        """Accept the events of this process queued by :meth:`publish_local`."""
         batch, self.local = self.local, []
         if batch:
             self.local_accepted += len(batch)

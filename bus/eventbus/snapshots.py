@@ -624,7 +624,7 @@ class SnapshotScheduler:
         self._hot.clear()
 
     def stop(self) -> None:
-        """End every stream and timer: the service stops."""
+        """Cancel the turns and retries, and forget every stream."""
         self._stopped = True
         for call in (self._run_call, self._retry_call):
             if call is not None and call.active():

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.application.options import optional_duration
 from bus.eventbus.codec import SequenceEncoding
 from bus.eventbus.config import (
     DEFAULT_BIND,
@@ -29,6 +28,7 @@ from bus.eventbus.store import Retention
 from bus.extension import ServiceOptions, curve_settings, parse_duration
 from bus.nats.options import nats_options, nats_settings
 from bus.transport.curve_settings import CURVE_OPTIONS
+from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
     from bus.eventbus.server import EventBusService
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 
 class Options(ServiceOptions):
+    """The Event BUS's options (``twistd -n eventbus`` offers them unprefixed)."""
+
     service = "eventbus"
     env_prefix = "EVENTBUS"
     synopsis = "[options]"
@@ -176,6 +178,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConfig:
+    """The server's settings from its options; a usage error names the option at fault."""
     dialect = options["dialect"]
     if dialect not in ("spec", "original"):
         raise usage.UsageError("--dialect must be spec or original")

@@ -24,7 +24,8 @@ class RawPeer:
         connect as a CURVE client; ``bind``: bind ``endpoint`` (a fake server) rather
         than connect to it."""
         from bus.transport.curve import make_curve_client
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+        from bus.transport.zmqsocket import SocketFactory, SocketOptions
+        from bus.util.reactor import reactor_of
 
         self.factory = SocketFactory(reactor_of(reactor))
         self.messages: list[list[bytes]] = []

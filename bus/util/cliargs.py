@@ -191,7 +191,7 @@ def duration(text: str) -> float:
     """A duration (``30s``, ``250ms``, ``10m``, a number of seconds), more than 0: seconds."""
     from twisted.python import usage
 
-    from bus.application.options import parse_duration
+    from bus.util.values import parse_duration
 
     try:
         value = parse_duration(text)

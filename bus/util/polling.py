@@ -22,7 +22,7 @@ def wait_until(
 ) -> defer.Deferred[None]:
     """Fire once ``predicate()`` is true; fail with :class:`ConditionTimeout` after
     ``timeout`` seconds. Polls on the reactor, so servers keep running meanwhile."""
-    from bus.transport.zmqsocket import reactor_of
+    from bus.util.reactor import reactor_of
 
     clock = reactor_of(reactor)
     deadline = time.monotonic() + timeout

@@ -52,7 +52,9 @@ def service_status(services: Named, started: float) -> dict[str, Any]:
 
 
 def service_metrics(services: Named) -> list[Any]:
-    from bus.application.metrics import gauges_by
+    """``bus_service_up`` for every composed service, and the metrics of each running one that has
+    them (:class:`bus.application.contract.Measured`)."""
+    from bus.util.metrics import gauges_by
 
     families = [
         gauges_by(
@@ -95,8 +97,10 @@ def process_status() -> dict[str, Any]:
 
 
 def process_metrics() -> list[Any]:
-    from bus.application.metrics import counters_by, gauge, gauges_by
+    """The process's descriptor limit and the connections others hold and were refused on its ZeroMQ
+    ports."""
     from bus.transport.inbound import policy
+    from bus.util.metrics import counters_by, gauge, gauges_by
 
     described = process_status()
     inbound = described["inbound_connections"]
@@ -176,7 +180,7 @@ class StatusWebService(Service):
         """``token_file``: every request must bear its token (see :mod:`bus.web.auth`),
         ``/metrics`` excepted with ``metrics_open``. ``tail_source``: the Event BUS the
         console's topic tail watches (see :mod:`bus.web.console.tail`)."""
-        from bus.transport.zmqsocket import reactor_of
+        from bus.util.reactor import reactor_of
 
         self.services = services
         self.token_file = token_file
@@ -263,6 +267,7 @@ class StatusWebService(Service):
         return None if listening is None else listening.stopListening()
 
     def status(self) -> dict[str, Any]:
+        """The port itself: endpoint, token, refusals, the process and the console."""
         guard = self.guard
         return {
             "endpoint": f"http://{self.interface}:{self.port}/",
@@ -275,7 +280,8 @@ class StatusWebService(Service):
         }
 
     def metrics(self) -> list[Any]:
-        from bus.application.metrics import counters_by
+        """The HTTP port's refusals and :func:`process_metrics`."""
+        from bus.util.metrics import counters_by
 
         refused = dict(self.guard.refusals) if self.guard is not None else {}
         return [
