@@ -88,6 +88,15 @@ class Product(TwistdProcess):
         assert code == 200, body
         return dict(json.loads(body)["services"]["http"])
 
+    def closed_at_least(self, reason: str, count: int, what: str) -> None:
+        """Wait until the port says it closed ``count`` connections (or refused requests)
+        for ``reason``."""
+        wait_for(
+            lambda: self.http_status()["refused_at_headers"].get(reason, 0) >= count,
+            timeout=120,
+            what=what,
+        )
+
     def timed_status(self, source: str = "127.0.0.1") -> float:
         """Seconds an authorized /status took, from the connection to the last byte."""
         started = time.monotonic()
@@ -289,11 +298,7 @@ def test_waiting_connections_from_one_address_are_bounded(fresh_product: Product
     is over (the oldest give way) and the port serves others meanwhile."""
     flood = Flood(fresh_product.http_port, 150, kind="silent", source="127.0.0.2")
     try:
-        wait_for(
-            lambda: fresh_product.http_status()["refused_at_headers"].get("displaced", 0) >= 86,
-            timeout=120,
-            what="the server to close the oldest 86",
-        )
+        fresh_product.closed_at_least("displaced", 86, "the server to close the oldest 86")
         assert flood.still_open() <= 64
         assert fresh_product.get("/status")[0] == 200  # another connection is served
     finally:
@@ -336,6 +341,17 @@ def _served_meanwhile(product: Product, source: str, what: str) -> dict[str, Any
     return {"status": latencies, "stream": stream}
 
 
+def _print_the_flood(product: Product, attack: Slowloris) -> dict[str, Any]:
+    """What the attacker and the server say of the flood (printed); the server's words."""
+    status = product.http_status()
+    print(
+        f"attacker: {attack.connected()} connections open now, {attack.opened} opened, "
+        f"{attack.closed} closed by the server; server: {status['connections']}, "
+        f"closed {status['refused_at_headers']}"
+    )
+    return status
+
+
 def test_a_slowloris_from_many_addresses_leaves_the_operator_served(
     fresh_product: Product,
 ) -> None:
@@ -353,20 +369,11 @@ def test_a_slowloris_from_many_addresses_leaves_the_operator_served(
             what="the slowloris holding 500 places",
         )
         first = _served_meanwhile(fresh_product, "127.0.0.1", "600 slowloris connections")
-        wait_for(
-            lambda: (
-                fresh_product.http_status()["refused_at_headers"].get("header-deadline", 0) >= 50
-            ),
-            timeout=120,
-            what="the header deadline to cut the slowloris' first connections",
+        fresh_product.closed_at_least(
+            "header-deadline", 50, "the header deadline to cut the slowloris' first connections"
         )
         again = _served_meanwhile(fresh_product, "127.0.0.1", "after the deadline's cuts")
-        status = fresh_product.http_status()
-        print(
-            f"attacker: {attack.connected()} connections open now, {attack.opened} opened, "
-            f"{attack.closed} closed by the server; "
-            f"server: {status['connections']}, closed {status['refused_at_headers']}"
-        )
+        status = _print_the_flood(fresh_product, attack)
     assert len(first["status"]) == len(again["status"]) == 5
     assert status["refused_at_headers"]["displaced"] > 0
 
@@ -378,22 +385,14 @@ def test_a_slowloris_from_the_operators_own_address_leaves_the_operator_served(
     from: the oldest give way past 64 waiting, and the operator's /status and stream are
     served all along."""
     with Slowloris(fresh_product.http_port, ["127.0.0.1"], per_source=500) as attack:
-        wait_for(
-            lambda: (
-                attack.rounds >= 3
-                and fresh_product.http_status()["refused_at_headers"].get("displaced", 0) >= 400
-            ),
-            timeout=120,
-            what="the slowloris past the address's bound, its oldest displaced",
+        wait_for(lambda: attack.rounds >= 3, timeout=120, what="three rounds of the slowloris")
+        fresh_product.closed_at_least(
+            "displaced", 400, "the slowloris past the address's bound, its oldest displaced"
         )
         served = _served_meanwhile(fresh_product, "127.0.0.1", "500 slowloris from 127.0.0.1")
-        status = fresh_product.http_status()
-        print(
-            f"attacker: {attack.connected()} connections open now, {attack.opened} opened, "
-            f"{attack.closed} closed by the server; server: {status['connections']}, "
-            f"closed {status['refused_at_headers']}"
-        )
+        status = _print_the_flood(fresh_product, attack)
     assert len(served["status"]) == 5
+    assert status["refused_at_headers"]["displaced"] >= 400
 
 
 def test_200_concurrent_authorized_requests_from_one_address_are_all_answered(
@@ -440,11 +439,7 @@ def test_a_trusted_proxy_is_bounded_by_its_clients(tmp_path: Path) -> None:
         from_proxy = Flood(proxied.http_port, 100, kind="silent", source="127.0.0.1")
         from_peer = Flood(proxied.http_port, 100, kind="silent", source="127.0.0.2")
         try:
-            wait_for(
-                lambda: proxied.http_status()["refused_at_headers"].get("displaced", 0) >= 36,
-                timeout=120,
-                what="the untrusted address trimmed to 64",
-            )
+            proxied.closed_at_least("displaced", 36, "the untrusted address trimmed to 64")
             # The proxy's connections are older, yet none gave way.
             assert from_proxy.still_open() == 100
             assert from_peer.still_open() <= 64
