@@ -31,6 +31,7 @@ from bus.util.cliargs import (
 
 
 def parser() -> argparse.ArgumentParser:
+    """``dbp-cli``'s command line."""
     p = CliParser(prog="dbp-cli", description=__doc__.split("\n\n")[0])
     add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
@@ -61,6 +62,7 @@ class NoAnswer(Exception):
 
 @interruptible("dbp-cli")
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``dbp-cli`` on ``argv`` (default: the command line) and exit with its status."""
     p = parser()
     args = parse(p, argv)
     import zmq

@@ -62,6 +62,7 @@ def _text(value: bytes) -> Any:
 
 
 def delivery_json(delivery: Any) -> str:
+    """A MESSAGE as the JSON line ``mc0-cli sub`` prints."""
     return json.dumps(
         {
             "topic": _text(delivery.topic),
@@ -120,6 +121,7 @@ def _connected(
 
 @defer.inlineCallbacks
 def put(reactor: Any, args: argparse.Namespace) -> Any:
+    """``mc0-cli put``: one PUT, waiting for the broker's OK."""
     connector = _connector(reactor, args)
     try:
         yield _connected(reactor, connector, args, "nothing put")
@@ -136,6 +138,8 @@ def put(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+    """``mc0-cli sub``: the topics' messages as JSON lines, until ``--count`` of them or an
+    interruption."""
     done: defer.Deferred[None] = defer.Deferred()
     seen = [0]
 
@@ -176,6 +180,7 @@ def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
 
 @defer.inlineCallbacks
 def ping(reactor: Any, args: argparse.Namespace) -> Any:
+    """``mc0-cli ping``: time the connection and ``--count`` NOOP round trips, printed as JSON."""
     connector = _connector(reactor, args)
     try:
         started = time.perf_counter()
@@ -213,6 +218,7 @@ def _header(text: str) -> tuple[bytes, bytes]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``mc0-cli``'s command line."""
     parser = CliParser(
         prog="mc0-cli",
         description=__doc__.split("\n\n")[0],
@@ -256,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 @interruptible("mc0-cli")
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``mc0-cli`` on ``argv`` (default: the command line)."""
     import zmq
 
     from bus.mc0.client import Mc0CommandError, Mc0ConnectionLost

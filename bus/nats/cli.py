@@ -35,7 +35,7 @@ from bus.util.cliargs import (
 
 
 def parser() -> argparse.ArgumentParser:
-    """The command line's parser."""
+    """``bus-cluster``'s command line."""
     parser = CliParser(prog="bus-cluster", description=__doc__.splitlines()[0])
     add_version(parser)
     # Each is the first of a run of ports: front-end N uses PORT + 3 N .. + 2 (N up to 8).
@@ -64,10 +64,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """``bus-cluster``'s arguments."""
     return parser().parse_args(argv)
 
 
 def front_end_command(urls: list[str], port: int, http_port: int, data_dir: Path) -> list[str]:
+    """The ``twistd`` command of one Event BUS front-end on the cluster's stream (three
+    replicas)."""
     return [
         str(Path(sys.executable).parent / "twistd"),
         "-n",
@@ -92,8 +95,8 @@ def front_end_command(urls: list[str], port: int, http_port: int, data_dir: Path
 
 @interruptible("bus-cluster")
 def main(argv: list[str] | None = None) -> int:
-    """Run the cluster until SIGTERM (status 0) or Ctrl-C (one line saying what it
-    stopped, status 130)."""
+    """Run ``bus-cluster``: start the servers and the front-ends, wait for a signal, stop them
+    all; SIGTERM ends it with status 0, Ctrl-C with one line saying what it stopped and 130."""
     args = parse(argv)
     directory = args.dir.resolve()
     progress = Progress("bus-cluster", "starting the NATS servers", "nothing started")

@@ -62,6 +62,8 @@ class NatsTLS:
     key: Path | None = None
 
     def options(self, hostname: str) -> Any:
+        """Twisted's client TLS options for the server at ``hostname``; :class:`ConnectError` when
+        the ``cluster`` extra's TLS is not installed."""
         # The options that ask for TLS had it checked at start (bus.nats.options); a server
         # that requires TLS unasked finds out here.
         try:
@@ -82,6 +84,9 @@ class NatsTLS:
 
 @dataclass(slots=True)
 class Subscription:
+    """A subscription of :meth:`NatsClient.subscribe`: what to pass to
+    :meth:`NatsClient.unsubscribe`."""
+
     subject: str
     callback: Callable[[Msg], None]
     queue: str
@@ -241,9 +246,11 @@ class NatsClient:
 
     @property
     def connected(self) -> bool:
+        """A connection is open and its handshake done."""
         return self._wire is not None and self._wire.ready
 
     def start(self) -> None:
+        """Connect, and keep connecting when the connection is lost, until :meth:`stop`."""
         if self._running:
             return
         self._running = True
@@ -269,6 +276,8 @@ class NatsClient:
         return waiting
 
     def stop(self) -> None:
+        """Close the connection and stop reconnecting; whatever waits fails with
+        :class:`NotConnected`."""
         self._running = False
         for call in (self._attempt, self._pinger, self._sweeper):
             if call is not None and call.active():
@@ -310,6 +319,7 @@ class NatsClient:
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
+        """End ``subscription``, here and (when connected) at the server."""
         if self._subscriptions.pop(subscription.sid, None) is not None and self.connected:
             self._write(codec.unsub(subscription.sid))
 
@@ -544,6 +554,7 @@ async def stream_ready(
 
 
 def pause(reactor: Any, seconds: float) -> defer.Deferred[None]:
+    """A Deferred that fires after ``seconds`` on ``reactor``."""
     from twisted.internet.task import deferLater
 
     return deferLater(reactor, seconds, lambda: None)

@@ -243,6 +243,7 @@ class Failover:
         return f"{what}{still} (servers tried: {', '.join(self.tried)}); last: {cause}"
 
     def close(self) -> None:
+        """Leave the connection (as :meth:`drop`)."""
         self.drop()
 
 

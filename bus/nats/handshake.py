@@ -35,6 +35,8 @@ class Server(NamedTuple):
 
 
 def server(url: str) -> Server:
+    """One address of ``--nats`` (``[nats|tls]://[user:password@|token@]host[:port]``) parsed;
+    :class:`ConnectError` when it has no host or a bad port."""
     parts = urlsplit(url if "://" in url else "nats://" + url)
     user = unquote(parts.username) if parts.username else None
     password = unquote(parts.password) if parts.password is not None else None
@@ -63,6 +65,8 @@ def credentials(path: Path) -> tuple[str, bytes]:
 
 
 def sign(seed: bytes, nonce: str) -> str:
+    """The server's ``nonce`` signed with the credentials' ``seed`` (``nkeys``, which the
+    ``cluster`` extra installs)."""
     # The services ask for nkeys as their options are read; Spark's executors, here.
     try:
         nkeys = require("nkeys", "cluster", "a NATS credentials file")
@@ -73,6 +77,7 @@ def sign(seed: bytes, nonce: str) -> str:
 
 
 def wants_tls(address: Server, info: dict[str, Any], configured: bool) -> bool:
+    """Whether to start TLS: asked for in the options or the URL, or required by the server."""
     return configured or address.tls or bool(info.get("tls_required"))
 
 

@@ -10,6 +10,9 @@ from pathlib import Path
 
 @dataclass(frozen=True, slots=True)
 class NatsSettings:
+    """The JetStream store's settings: servers, stream, subjects, replicas, credentials, TLS and the
+    duplicate window."""
+
     servers: tuple[str, ...]
     stream: str = ""
     subject_prefix: str = ""

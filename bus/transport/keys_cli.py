@@ -159,12 +159,12 @@ def parser_for(command: str, prog: str = "bus-keys") -> argparse.ArgumentParser:
 
 @interruptible("bus-keys")
 def main(argv: Sequence[str] | None = None) -> None:
-    """``bus-keys``: see the module's text."""
+    """Run ``bus-keys`` on ``argv`` (default: the command line)."""
     run(argv, "bus-keys")
 
 
 def run(argv: Sequence[str] | None, prog: str) -> None:
-    """``PROG ARGV`` (``bus-keys`` or ``mc0-keys``)."""
+    """Run ``PROG`` (``bus-keys`` or ``mc0-keys``) on ``argv`` (default: the command line)."""
     from bus.transport.certs import (
         generate_key_pair,
         read_certificate,

@@ -57,6 +57,7 @@ class CliParser(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: Any = None
     ) -> tuple[argparse.Namespace, list[str]]:
+        """argparse's, the arguments kept to name an unknown option in :meth:`error`."""
         self._given = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args(args, namespace)
 
@@ -163,12 +164,15 @@ class Progress:
 
     @property
     def done(self) -> str:
+        """What the command has done, as its line says it."""
         return self._done() if callable(self._done) else self._done
 
     def elapsed(self) -> str:
+        """Time since the command began, as its line says it."""
         return seconds_text(self._clock() - self.started)
 
     def sentence(self) -> str:
+        """``interrupted after 2.7 s, DOING; DONE``."""
         return f"interrupted after {self.elapsed()}, {self.doing}; {self.done}"
 
     def end(self) -> NoReturn:

@@ -172,6 +172,7 @@ class TrustedProxies:
         return hops[0] if hops else peer
 
     def describe(self) -> dict[str, Any]:
+        """The proxies and their header, as ``/status`` shows them."""
         return {"networks": [str(n) for n in self.networks], "header": self.header}
 
 
@@ -204,6 +205,7 @@ class ConnectionBounds:
 
     @property
     def open(self) -> int:
+        """Connections open now, waiting and serving."""
         return len(self._waiting) + len(self._serving)
 
     # A connection's address for the per-address bound: None for a trusted proxy (its
@@ -399,6 +401,7 @@ class HeadersFirstChannel(http.HTTPChannel):
         self._answer_and_close(408, "header-deadline", "the request's headers came too slowly")
 
     def allContentReceived(self) -> None:
+        """The request is complete: no deadline any more, and it is serving."""
         self._cancel_deadline()
         bounds = _bounds_of(self)
         if bounds is not None:
@@ -424,6 +427,9 @@ class HeadersFirstChannel(http.HTTPChannel):
     # -- the request's headers
 
     def allHeadersReceived(self) -> None:
+        """Answer 413 to a request announcing a body, 405 to a method not served and 503 to a
+        client with too many requests in progress without the token, before any of a body is
+        read; let the others on."""
         method = getattr(self, "_command", b"")
         request = self.requests[-1]
         bounds = _bounds_of(self)

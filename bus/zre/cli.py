@@ -29,6 +29,7 @@ from bus.zre.core import ZreEvent
 
 
 def content_json(content: Sequence[bytes]) -> list[Any]:
+    """Content frames as JSON: text where a frame is UTF-8, else ``{"base64": ...}``."""
     items: list[Any] = []
     for frame in content:
         try:
@@ -39,6 +40,7 @@ def content_json(content: Sequence[bytes]) -> list[Any]:
 
 
 def event_json(event: ZreEvent) -> dict[str, Any]:
+    """One node event as the JSON line ``zre-ping`` prints."""
     line: dict[str, Any] = {"event": event.type, "peer": event.peer_hex, "name": event.name}
     if event.group is not None:
         line["group"] = event.group
@@ -54,11 +56,13 @@ def event_json(event: ZreEvent) -> dict[str, Any]:
 
 
 def emit(line: dict[str, Any]) -> None:
+    """Print ``line`` as one JSON line on stdout, at once."""
     sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 
 def parser() -> argparse.ArgumentParser:
+    """``zre-ping``'s command line."""
     from bus.util.cliargs import (
         CliParser,
         add_version,
@@ -149,7 +153,8 @@ def former_spelling(argv: Sequence[str]) -> list[str]:
 
 @interruptible("zre-ping")
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run until SIGTERM (status 0) or Ctrl-C (one line saying what it did, status 130)."""
+    """Run ``zre-ping`` on ``argv`` (default: the command line) until SIGTERM (exit status 0)
+    or Ctrl-C (one line saying what it did, status 130)."""
     args = parser().parse_args(former_spelling(sys.argv[1:] if argv is None else argv))
     groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor
