@@ -97,6 +97,15 @@ WAITING = [
     ("emqp-cli submit", ["submit", "default", "[]", "--broker", "tcp://127.0.0.1:{port}", "--admin",
                   "tcp://127.0.0.1:{other}", "--wait", FOREVER],
      "before the broker at tcp://127.0.0.1:{port} dispatched the request"),
+    *[
+        (f"emqp-cli {command}", [command, *given, "--admin", "tcp://127.0.0.1:{port}", "--wait",
+                                 FOREVER], f"before tcp://127.0.0.1:{{port}} answered {verb}")
+        for command, given, verb in [
+            ("schedule", ["q", "[]", "--every", "1h"], "SCHEDULE"),
+            ("unschedule", ["abc"], "UNSCHEDULE"),
+            ("schedules", [], "SCHEDULES"),
+        ]
+    ],
     ("emqp-worker", ["--broker", "tcp://127.0.0.1:{port}"],
      "serving the broker at tcp://127.0.0.1:{port}; 0 job(s) run, 0 failed; it has stopped"),
 ]  # fmt: skip
