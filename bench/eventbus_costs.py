@@ -158,7 +158,7 @@ def server_costs(
         empty(sub)
         best: dict[str, float] | None = None
         commit_times: list[float] = []
-        accepted_before = service.accepted
+        accepted_before = service.core.accepted
         for _ in range(rounds):
             store_proxy.seconds.clear()
             pub_proxy.seconds.clear()
@@ -177,7 +177,7 @@ def server_costs(
                 best = current
             empty(sub)
         assert best is not None
-        accepted = (service.accepted - accepted_before) // rounds
+        accepted = (service.core.accepted - accepted_before) // rounds
         if accepted != events:
             print(
                 f"warning: {events - accepted} PUBs of a round were not accepted", file=sys.stderr

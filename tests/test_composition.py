@@ -113,7 +113,7 @@ def test_other_services_publish_their_activity_into_the_bus_log(tmp_path: Path) 
         # A SUB's subscription reaches the PUB a moment after it connects: publish until seen.
         while not sub.messages:
             sink.publish("/emqp/job/queued/", {"queue": "default", "n": 0})
-            yield wait_until(lambda: bus.accepted > 0)
+            yield wait_until(lambda: bus.core.accepted > 0)
             yield _pause(0.02)
         for n in range(1, 4):
             sink.publish("/emqp/job/queued/", {"queue": "default", "n": n})
@@ -162,7 +162,7 @@ def test_status_and_metrics_over_http_match_what_was_published(tmp_path: Path) -
                 )
             )
         publisher.send([b"/orders/", b"garbage"])
-        yield wait_until(lambda: bus.accepted == 25 and bus.drops.total == 1)
+        yield wait_until(lambda: bus.core.accepted == 25 and bus.core.drops.total == 1)
         agent = Agent(reactor)
         response = yield agent.request(b"GET", f"http://127.0.0.1:{web.port}/status".encode())
         status = json.loads((yield readBody(response)))

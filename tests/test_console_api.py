@@ -171,7 +171,7 @@ def test_the_tail_sends_its_subtree_at_most_twenty_a_second_and_says_what_it_ski
     assert sequences == sorted(sequences)
     tail.transport.loseConnection()
     yield wait_until(lambda: not web.console.tails.watching, what="the tail stopped watching")
-    assert bus._watchers == []  # nothing left on the broadcast path
+    assert bus.watchers.watchers == []  # nothing left on the broadcast path
 
 
 @pytest_twisted.inlineCallbacks

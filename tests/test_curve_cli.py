@@ -135,7 +135,7 @@ def test_eventbus_cli_publishes_and_reads_its_subtrees_over_curve(
     )
     assert confirmed.code == 0, confirmed.err
     assert json.loads(confirmed.out)["seq"] == 2  # /billing/1/ was dropped, not stored
-    assert bus.drops.counts["forbidden-topic"] == 1
+    assert bus.core.drops.counts["forbidden-topic"] == 1
     dumped = yield ran(cleanup, "eventbus-cli", "snapshot", "--server", server, *curve)
     assert dumped.code == 0, dumped.err
     assert [json.loads(line)["topic"] for line in dumped.out.splitlines()] == [

@@ -87,7 +87,7 @@ def test_a_publisher_outside_its_subtrees_is_dropped_and_counted(
     anything.send(pub("/billing/2/"))
     yield wait_until(
         lambda: (
-            curve_bus.store.last_sequence == 3 and curve_bus.drops.counts["forbidden-topic"] == 1
+            curve_bus.store.last_sequence == 3 and curve_bus.core.drops.counts["forbidden-topic"] == 1
         ),
         what="three events stored, one dropped",
     )
@@ -123,7 +123,7 @@ def test_a_subscriber_receives_only_its_subtrees_and_heartbeats(
     yield wait_until(lambda: len(events(everyone)) == 3, what="all three broadcast")
     yield wait_until(lambda: len(events(sub)) == 2, what="the two /orders/ events")
     assert [m[0] for m in events(sub)] == [b"/orders/1/", b"/orders/2/"]
-    assert curve_bus.narrowed_subscriptions >= 1
+    assert curve_bus.core.narrowed_subscriptions >= 1
 
 
 @pytest_twisted.inlineCallbacks
@@ -150,7 +150,7 @@ def test_a_snapshot_is_narrowed_to_the_keys_subtrees(
         )
         assert [m[1] for m in snap.messages[:-1]] == expected
         assert snap.messages[-1][1] == spec  # the client's own spec, as it asked
-    assert curve_bus.narrowed_snapshots == 2
+    assert curve_bus.core.narrowed_snapshots == 2
 
 
 @pytest_twisted.inlineCallbacks
@@ -170,7 +170,7 @@ def test_a_changed_allow_list_takes_effect_without_a_restart(
     cleanup.append(second)
     second.send(pub("/late/1/"))
     second.send(pub("/early/"))
-    yield wait_until(lambda: curve_bus.drops.counts["forbidden-topic"] == 1, what="rights apply")
+    yield wait_until(lambda: curve_bus.core.drops.counts["forbidden-topic"] == 1, what="rights apply")
     yield wait_until(lambda: curve_bus.store.last_sequence >= 1, what="stored")
     topics = [e.topic for e in curve_bus.store.read(0)]
     assert b"/late/1/" in topics
@@ -255,7 +255,7 @@ def test_publish_rights_are_checked_from_the_moment_a_certificate_names_them(
     publisher.send(pub("/billing/2/"))
     publisher.send(pub("/orders/3/"))
     yield wait_until(lambda: curve_bus.store.last_sequence == 2, what="the allowed event")
-    assert curve_bus.drops.counts["forbidden-topic"] == 1
+    assert curve_bus.core.drops.counts["forbidden-topic"] == 1
     assert [e.topic for e in curve_bus.store.read(0)] == [b"/billing/1/", b"/orders/3/"]
 
 
@@ -281,5 +281,5 @@ def test_what_a_stop_drains_from_the_collector_is_checked_against_rights_too(
         return bool(curve_bus.store.last_sequence == 2)
 
     yield wait_until(drained, what="the drain read both")
-    assert curve_bus.drops.counts["forbidden-topic"] == 1
+    assert curve_bus.core.drops.counts["forbidden-topic"] == 1
     assert [e.topic for e in curve_bus.store.read(0)] == [b"/orders/0/", b"/orders/2/"]

@@ -116,7 +116,7 @@ def test_while_the_stream_cannot_store_nothing_is_broadcast_and_all_is_stored_af
             for i in range(30):
                 producer.send(pub(f"/during/{i}/"))
             yield wait_until(lambda: one.core.refused, timeout=15, what="a refused append")
-            assert one.collector_paused and len(events(sub)) == 1
+            assert one.core.collector_paused and len(events(sub)) == 1
         finally:
             nats_server.kill(node, signal.SIGCONT)
         yield wait_until(lambda: len(events(sub)) == 31, timeout=30, what="stored after")
@@ -124,7 +124,7 @@ def test_while_the_stream_cannot_store_nothing_is_broadcast_and_all_is_stored_af
         assert topics == [b"/before/", *(f"/during/{i}/".encode() for i in range(30))]
         assert [seq(m[1]) for m in events(sub)] == list(range(1, 32))
         # The acknowledgement may come after the feed broadcast the events.
-        yield wait_until(lambda: not one.collector_paused, what="the collector read again")
+        yield wait_until(lambda: not one.core.collector_paused, what="the collector read again")
         assert one.core.refused_storage >= 1 and one.core.storage_error is None
     finally:
         yield one.stopService()

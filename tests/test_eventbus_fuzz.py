@@ -237,7 +237,7 @@ def test_server_survives_garbage_and_accounts_for_every_message(
     server = bus.server
     if not bus.in_sync:
         # A previous example failed: take the server's state as the new baseline.
-        yield wait_until(lambda: not server.streams, what="snapshot streams to finish")
+        yield wait_until(lambda: not server.snapshots.streams, what="snapshot streams to finish")
         bus.stored = bus.store_contents()
         bus.in_sync = True
     try:
@@ -251,7 +251,7 @@ def test_server_survives_garbage_and_accounts_for_every_message(
 def run_example(bus: FuzzedBus, batch: list[Action]) -> Any:
     server = bus.server
     bus.examples += 1
-    drops_before = Counter(server.drops.counts)
+    drops_before = Counter(server.core.drops.counts)
     last_before = server.store.last_sequence
     broadcasts_before = len(bus.broadcasts())
     snapshot_replies_before = len(bus.snapshot.messages)
@@ -301,7 +301,7 @@ def run_example(bus: FuzzedBus, batch: list[Action]) -> Any:
         lambda: sum(m[0] == SYNCEND for m in replies()) >= expected_syncends,
         what="a SYNCEND for every valid SYNCSTART",
     )
-    yield wait_until(lambda: not server.streams, what="snapshot streams to finish")
+    yield wait_until(lambda: not server.snapshots.streams, what="snapshot streams to finish")
 
     # Every valid PUB stored exactly once, in order, under consecutive sequences; nothing
     # stored before was lost.
@@ -318,8 +318,8 @@ def run_example(bus: FuzzedBus, batch: list[Action]) -> Any:
     assert [stored_body(m) for m in new_broadcasts] == expected_new
 
     # Every bad message counted under the codec's reason, and nothing else counted.
-    assert Counter(server.drops.counts) - drops_before == expected_drops
-    assert sum(server.drops.counts.values()) == sum(drops_before.values()) + sum(
+    assert Counter(server.core.drops.counts) - drops_before == expected_drops
+    assert sum(server.core.drops.counts.values()) == sum(drops_before.values()) + sum(
         expected_drops.values()
     )
 
@@ -331,7 +331,7 @@ def run_example(bus: FuzzedBus, batch: list[Action]) -> Any:
     probe_syncs = [m for m in replies() if m[0] == SYNC and m[1] == probe_topic]
     assert probe_syncs and all(codec.decode_sequence(m[2])[0] == last for m in probe_syncs)
     assert all(len(m) == 7 for m in replies() if m[0] == SYNC)
-    assert server.snapshots_aborted == 0
+    assert server.snapshots.aborted == 0
 
 
 # -- beyond the socket's own limit -------------------------------------------------------------------
@@ -363,11 +363,11 @@ def test_a_frame_over_the_socket_limit_disconnects_only_that_peer(
         yield wait_until(lambda: server.store.last_sequence == 1)
         # libzmq refused the message before the server saw it: nothing stored, nothing counted
         assert [e.topic for e in server.store.read(0)] == [b"/ok/"]
-        assert server.drops.total == 0
+        assert server.core.drops.total == 0
         honest.send([*good[:4], str(uuid.uuid4()).encode(), b"\x02"])
         yield wait_until(lambda: server.store.last_sequence == 2)
         yield wait_until(lambda: len([m for m in sub.messages if m[0] == b"/ok/"]) == 2)
-        assert server.drops.total == 0
+        assert server.core.drops.total == 0
         assert [e.topic for e in server.store.read(0)] == [b"/ok/", b"/ok/"]
     finally:
         yield server.stopService()

@@ -205,4 +205,4 @@ def test_a_running_pair_survives_link_garbage(fuzzed_pair: FuzzedPair,
     assert [e.sequence for e in mine] == list(range(start + 1, start + valid + 1))
     assert mine == theirs
     # Released once the passive's acknowledgement is back.
-    yield wait_until(lambda: primary.released == start + valid, what="released")
+    yield wait_until(lambda: primary.core.released == start + valid, what="released")

@@ -112,7 +112,7 @@ def test_original_dialect_text_sequences_null_and_one_shot_publishers(
         assert [m[1] for m in got] == [b"1", b"2", b"3"]
         assert sorted(m[0] for m in got) == [b"/node/0/", b"/node/1/", b"/node/2/"]
         assert all(m[1].isdigit() for m in sub.messages if m[0] == HEARTBEAT_TOPIC)
-        assert server.drops.total == 0
+        assert server.core.drops.total == 0
     finally:
         yield server.stopService()
 

@@ -387,7 +387,7 @@ def healthy_client(server: Any, peers: list[Any]) -> RawPeer:
 
 def blocked(server: Any, count: int) -> bool:
     """``count`` streams are waiting for their clients and hold little prepared data."""
-    streams = list(server.streams)
+    streams = list(server.snapshots.streams)
     return len(streams) == count and all(
         s.delay > 0.1 and s.prepared <= KEEP_WHEN_BLOCKED for s in streams
     )
@@ -443,7 +443,7 @@ def test_a_healthy_client_gets_its_snapshot_while_stuck_clients_wait(
         assert sequences(healthy.messages) == list(range(1, EVENTS + 1))
         assert healthy.messages[-1] == [b"SYNCEND", b"", SEQUENCE.pack(EVENTS)]
         assert server.snapshots.served == 1
-        assert len(server.streams) == 8  # the stuck ones still wait, not abandoned
+        assert len(server.snapshots.streams) == 8  # the stuck ones still wait, not abandoned
     finally:
         yield server.stopService()
 
@@ -459,7 +459,7 @@ def test_beyond_the_cap_requests_wait_then_are_refused_without_a_syncend(
         yield fill(server, peers)
         first = stuck_client(server, peers)
         stuck_client(server, peers)
-        yield wait_until(lambda: len(server.streams) == 2)
+        yield wait_until(lambda: len(server.snapshots.streams) == 2)
         waiting = healthy_client(server, peers)
         yield wait_until(lambda: server.snapshots.queued == 1)
         refused = healthy_client(server, peers)
@@ -514,7 +514,7 @@ def test_the_subscriber_asks_again_until_a_refused_snapshot_is_served(
     try:
         yield fill(server, peers, count=300)
         stuck_client(server, peers)  # holds the only slot until it is abandoned
-        yield wait_until(lambda: len(server.streams) == 1)
+        yield wait_until(lambda: len(server.snapshots.streams) == 1)
         delivered: list[int] = []
         subscriber = EventBusSubscriber(
             [f"127.0.0.1:{server.port}"],

@@ -73,7 +73,7 @@ def test_a_store_that_cannot_write_pauses_the_collector_then_catches_up(
         cap_store(server, pages_in_use(server))
         for frames in sent[20:]:
             producer.send(frames)
-        yield wait_until(lambda: server.collector_paused, what="collector paused")
+        yield wait_until(lambda: server.core.collector_paused, what="collector paused")
         yield wait_until(lambda: server.storage_errors >= 3, what="retries")
         status = server.status()
         assert status["collector_paused"] is True
@@ -122,7 +122,7 @@ def test_stop_while_the_store_cannot_write_finishes_and_keeps_what_was_stored(
         cap_store(server, pages_in_use(server))
         for i in range(1000):
             producer.send(pub(f"/stop/{i}/", "y" * 300))
-        yield wait_until(lambda: server.collector_paused, what="collector paused")
+        yield wait_until(lambda: server.core.collector_paused, what="collector paused")
         stored = server.store.last_sequence
         yield server.stopService()
         stopped = True

@@ -6,9 +6,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
+import zmq
+
+from bus.eventbus.codec import (
+    DEFAULT_MAX_DATA_BYTES,
+    MAX_SUBTREE_SPEC_BYTES,
+    MAX_TOPIC_BYTES,
+    SequenceEncoding,
+)
 from bus.eventbus.store import Retention
-from bus.extension import CurveSettings
+from bus.extension import CurveSettings, SocketOptions
 from bus.nats.settings import NatsSettings
 from bus.util.sqlitewal import Durability
 
@@ -66,6 +73,22 @@ class JetStreamSettings(NatsSettings):
 
     stream: str = "EVENTBUS"
     subject_prefix: str = "eventbus"
+
+
+@dataclass(frozen=True, slots=True)
+class PortSocket:
+    """What one of the three ports' sockets is, as the settings make it
+    (:meth:`EventBusConfig.port_sockets`): plain data, opened by the service."""
+
+    #: ``snapshot``, ``publisher`` or ``collector`` (the socket's name, its ZAP domain's tail).
+    name: str
+    #: The ZeroMQ socket type.
+    kind: int
+    options: SocketOptions
+    #: Messages read per reactor turn.
+    read_budget: int
+    #: XPUB_MANUAL: the server applies each subscription itself (narrowed to its key's rights).
+    manual_subscriptions: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +171,41 @@ class EventBusConfig:
     def collector_port(self) -> int:
         """The ROUTER that takes PUBs: ``port`` + 2."""
         return self.port + 2
+
+    def port_sockets(
+        self, *, rights: bool, publish_rights: bool
+    ) -> tuple[PortSocket, PortSocket, PortSocket]:
+        """The sockets of ports P, P+1 and P+2. ``rights``: an allow-list of client keys
+        applies (each message's User-Id is kept, subscriptions are the server's to apply);
+        ``publish_rights``: PUBs are checked against their key's publish subtrees."""
+        keepalive = self.tcp_keepalive_idle
+        snapshot = SocketOptions(
+            send_hwm=self.snapshot_hwm,
+            send_buffer=self.snapshot_send_buffer,
+            receive_hwm=1000,
+            router_mandatory=True,
+            tcp_keepalive_idle=keepalive,
+            max_message_size=MAX_SUBTREE_SPEC_BYTES + 1024,
+            linger_ms=0,
+            peer_user_ids=rights,
+        )
+        # With an allow-list, subscriptions are the server's to apply (XPUB_MANUAL): one at
+        # a time (read_budget 1), since libzmq applies ours to the pipe last read from.
+        publisher = SocketOptions(
+            send_hwm=self.publish_hwm, tcp_keepalive_idle=keepalive, peer_user_ids=rights
+        )
+        collector = SocketOptions(
+            receive_hwm=self.collector_hwm,
+            tcp_keepalive_idle=keepalive,
+            max_message_size=self.max_data_bytes + MAX_TOPIC_BYTES + 4096,
+            linger_ms=0,
+            peer_user_ids=publish_rights,
+        )
+        return (
+            PortSocket("snapshot", zmq.ROUTER, snapshot, self.read_budget),
+            PortSocket("publisher", zmq.XPUB if rights else zmq.PUB, publisher, 1, rights),
+            PortSocket("collector", zmq.ROUTER, collector, self.read_budget),
+        )
 
 
 def original_dialect(config: EventBusConfig) -> EventBusConfig:

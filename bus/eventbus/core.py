@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar
 
 import msgpack
@@ -34,6 +35,7 @@ from twisted.logger import Logger
 
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, EventFields, SnapshotRequest
+from bus.eventbus.config import EventBusConfig
 from bus.eventbus.eventlog import EventLog, PairLog
 from bus.eventbus.pair_core import Change
 from bus.eventbus.rights import Subtrees
@@ -42,6 +44,15 @@ from bus.util.droplog import DropCounter, RateLimit
 
 #: A key's subtrees for one right (None: every topic) by its Z85 User-Id.
 PublishRights = Callable[[str], Subtrees]
+
+
+class RightsOf(Protocol):
+    """The allow-list's lookup (:meth:`bus.transport.security.ServerCurve.rights`)."""
+
+    def __call__(self, user_id: str, read: Callable[[Mapping[str, str]], Subtrees]) -> Subtrees:
+        """``read(metadata)`` of the certificate of the key behind ``user_id``."""
+        ...
+
 
 #: SYNCSTARTs a server that does not serve holds, at most (the oldest go first).
 HELD_REQUESTS = 1024
@@ -88,6 +99,38 @@ class Broadcast:
 
     first: int
     fields: list[EventFields]
+
+
+#: Told each batch of events as it is broadcast: its first sequence and the events' fields.
+Watcher = Callable[[int, list[EventFields]], None]
+
+
+class Watchers:
+    """Who in this process is told every batch broadcast, with no socket (the console's
+    topic tail). A watcher must be quick: it runs on the broadcast path."""
+
+    def __init__(self, logger: Logger) -> None:
+        self.logger = logger
+        self.watchers: list[Watcher] = []
+
+    def watch(self, watcher: Watcher) -> Callable[[], None]:
+        """Call ``watcher(first_sequence, fields)`` with every batch as it is broadcast;
+        returns the function that stops it."""
+        self.watchers.append(watcher)
+
+        def unwatch() -> None:
+            if watcher in self.watchers:
+                self.watchers.remove(watcher)
+
+        return unwatch
+
+    def tell(self, batch: Broadcast) -> None:
+        """Tell every watcher of ``batch`` (a watcher's bug does not stop the broadcast)."""
+        for watcher in list(self.watchers):
+            try:
+                watcher(batch.first, batch.fields)
+            except Exception:
+                self.logger.failure("a watcher of the broadcast failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +205,14 @@ class Intake:
         return broadcasts
 
     # -- in --------------------------------------------------------------------------------
+
+    def use_rights(self, rights_of: RightsOf, *, check_publish: bool) -> None:
+        """Take each key's rights from ``rights_of`` (the allow-list, read again): what it
+        may receive always, what it may publish only when ``check_publish`` (some
+        certificate names ``publish``: checking costs a lookup per PUB)."""
+        publish = partial(rights_of, read=rights.publish_subtrees)
+        self.publish_rights = publish if check_publish else None
+        self.subscribe_rights = partial(rights_of, read=rights.subscribe_subtrees)
 
     def collect(self, batch: list[list[bytes]], user_ids: list[str] | None = None) -> None:
         """A batch read from the collector: ``[identity, *PUB frames]`` each, and with
@@ -317,6 +368,21 @@ class Intake:
 
 class EventBusCore(Intake, Generic[L]):
     """What the bus accepts, stores and broadcasts (see the module's text)."""
+
+    @classmethod
+    def of_bus(
+        cls, log: L, settings: EventBusConfig, *, clock: Callable[[], float], logger: Logger
+    ) -> EventBusCore[L]:
+        """The core of a bus that ``settings`` describe, storing into ``log``."""
+        return cls(
+            log,
+            max_data_bytes=settings.max_data_bytes,
+            clock=clock,
+            logger=logger,
+            local_limit=settings.collector_hwm,
+            retry_min=settings.storage_retry_min,
+            retry_max=settings.storage_retry_max,
+        )
 
     def __init__(
         self,

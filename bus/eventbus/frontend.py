@@ -100,7 +100,7 @@ class EventBusFrontEnd(EventBusService):
             subject_prefix=self.stream_settings.subject_prefix,
         )
         self.snapshots = SnapshotScheduler(
-            self.reactor, stream, config, lambda: self.snapshot_socket, lambda: self.released
+            self.reactor, stream, config, lambda: self.snapshot_socket, lambda: self.core.released
         )
         self.ports.open(self._open_ports, undo=self._close_sockets)
         Service.startService(self)
@@ -233,7 +233,7 @@ class EventBusFrontEnd(EventBusService):
             self._resend.cancel()
         self._close_sockets()
         self.ports.close()
-        last = self.released
+        last = self.core.released
 
         def closed(_: object) -> None:
             log.info("event bus front-end stopped at sequence {sequence}", sequence=last)

@@ -28,7 +28,7 @@ from twisted.logger import Logger
 
 from bus.eventbus import codec, pair_codec
 from bus.eventbus.codec import EventBusError, EventFields
-from bus.eventbus.config import PairConfig
+from bus.eventbus.config import EventBusConfig, PairConfig
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair_codec import Ack, Events, Forward, Join, PairError, PeerState, Rewind
 from bus.eventbus.pair_core import Change, PairCore
@@ -45,6 +45,7 @@ from bus.extension import (
 )
 from bus.transport.curve import make_curve_client
 from bus.transport.security import ServerCurve
+from bus.transport.zmqsocket import bind_failure
 from bus.util.droplog import DropCounter, RateLimit
 from bus.util.periodic import Periodic
 
@@ -187,8 +188,45 @@ class Pair:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    @classmethod
+    def of_bus(
+        cls,
+        host: PairHost,
+        settings: EventBusConfig,
+        *,
+        base_port: int,
+        reactor: Any,
+        factory: SocketFactory,
+        clock: Callable[[], float],
+        curve: ServerCurve | None,
+    ) -> Pair:
+        """The half ``settings.pair`` describes, of the bus whose ports start at
+        ``base_port`` (not started: see :meth:`start`)."""
+        assert settings.pair is not None
+        return cls(
+            host,
+            settings.pair,
+            bind=settings.bind,
+            base_port=base_port,
+            reactor=reactor,
+            factory=factory,
+            max_data_bytes=settings.max_data_bytes,
+            hold_limit=settings.collector_hwm,
+            clock=clock,
+            curve=curve,
+        )
+
     def start(self) -> None:
-        """Bind the link (raises zmq.ZMQError), connect to the peer, start beating."""
+        """Bind the link (a :class:`bus.errors.StartupError` names ``ha-port``, or ``bind``),
+        connect to the peer, start beating."""
+        try:
+            self._start()
+        except zmq.ZMQError as error:
+            port = self.config.port or self.base_port + 3
+            what = f"the pair link on {self.bind_host}:{port}"
+            raise bind_failure(error, "ha-port", what) from None
+
+    def _start(self) -> None:
         config = self.config
         store = self.host.log
         now = self.reactor.seconds()

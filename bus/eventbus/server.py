@@ -21,10 +21,8 @@ what they produced, and keeps the timers.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +33,16 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
 from bus.application.statusjson import config_json
-from bus.eventbus import codec, rights
-from bus.eventbus.config import EventBusConfig
-from bus.eventbus.core import Broadcast, EventBusCore
+from bus.eventbus import codec
+from bus.eventbus.config import EventBusConfig, PortSocket
+from bus.eventbus.core import Broadcast, EventBusCore, Watcher, Watchers
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
-from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
+from bus.eventbus.snapshots import SnapshotScheduler
 from bus.eventbus.store import EventStore, LogUpkeep
 from bus.extension import (
     Metric,
     SocketFactory,
-    SocketOptions,
     StartupError,
     StorageError,
     ZmqSocket,
@@ -57,16 +54,11 @@ from bus.extension import (
 from bus.transport.curve import ClientCurve
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import bind_failure
-from bus.util.droplog import DropCounter, RateLimit
+from bus.transport.zmqsocket import bind_consecutive
+from bus.util.droplog import RateLimit
 from bus.util.files import write_status_json
 
 log = Logger(namespace="bus.eventbus")
-
-#: Told each batch of events as it is broadcast: its first sequence and the events' fields.
-Watcher = Callable[[int, list[codec.EventFields]], None]
-
-_BIND_ATTEMPTS = 50
 
 
 class EventBusService(Service):
@@ -121,7 +113,7 @@ class EventBusService(Service):
         self._publish_rights = False
         self.curve.on_reload.append(self._rights_changed)
         #: Told every batch broadcast (see :meth:`watch`).
-        self._watchers: list[Watcher] = []
+        self.watchers = Watchers(log)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -136,22 +128,14 @@ class EventBusService(Service):
             )
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
-        self.core = EventBusCore(
-            store,
-            max_data_bytes=config.max_data_bytes,
-            clock=self.clock,
-            logger=log,
-            local_limit=config.collector_hwm,
-            retry_min=config.storage_retry_min,
-            retry_max=config.storage_retry_max,
-        )
+        self.core = EventBusCore.of_bus(store, config, clock=self.clock, logger=log)
         self.core.woken = self._pair_acted
         self.snapshots = SnapshotScheduler(
             self.reactor,
             store,
             config,
             lambda: self.snapshot_socket,
-            released=lambda: self.released,
+            released=lambda: self.core.released,
         )
         self.ports.open(self._open_ports, undo=self._undo_start)
         Service.startService(self)
@@ -181,7 +165,11 @@ class EventBusService(Service):
 
     def _open_ports(self, factory: SocketFactory) -> None:
         self._rights_changed()
-        self._bind_all()
+        config = self.config
+        # Port 0: P, P+1 and P+2 free at some random P (another process may hold P+1).
+        bind_consecutive(
+            self._open_sockets, self._close_sockets, base=config.port, count=3, host=config.bind
+        )
         if self.config.pair is not None:
             self._start_pair()
 
@@ -192,108 +180,34 @@ class EventBusService(Service):
         self.store.close()
 
     def _start_pair(self) -> None:
-        assert self.ports.factory is not None and self.config.pair is not None
-        self.pair = Pair(
+        assert self.ports.factory is not None
+        self.pair = Pair.of_bus(
             self.core,
-            self.config.pair,
-            bind=self.config.bind,
+            self.config,
             base_port=self.port,
             reactor=self.reactor,
             factory=self.ports.factory,
-            max_data_bytes=self.config.max_data_bytes,
-            hold_limit=self.config.collector_hwm,
             clock=self.clock,
             curve=self.curve,
         )
         self.core.pair = self.pair
-        try:
-            self.pair.start()
-        except zmq.ZMQError as error:
-            port = self.config.pair.port or self.port + 3
-            what = f"the pair link on {self.config.bind}:{port}"
-            raise bind_failure(error, "ha-port", what) from None
+        self.pair.start()  # a StartupError names --ha-port
         self.endpoints["pair"] = self.pair.endpoint
 
-    def _bind_all(self) -> None:
-        assert self.ports.factory is not None
-        config = self.config
-        if config.port:
-            try:
-                self._open_sockets(config.port)
-            except zmq.ZMQError as error:
-                what = f"{config.bind}, ports {config.port}-{config.port + 2}"
-                raise bind_failure(error, "port", what) from None
-            return
-        rng = random.Random()
-        for _ in range(_BIND_ATTEMPTS):
-            base = rng.randrange(20000, 60000)
-            try:
-                self._open_sockets(base)
-                return
-            except zmq.ZMQError as error:
-                if error.errno != zmq.EADDRINUSE:
-                    raise
-                self._close_sockets()
-        raise RuntimeError("no free port triple found")
-
     def _open_sockets(self, port: int) -> None:
-        assert self.ports.factory is not None
-        config = self.config
-        keepalive = config.tcp_keepalive_idle
-        host = config.bind
+        """Open the three ports' sockets as the settings make them, bound to P, P+1, P+2."""
         rights_on = self._rights
-        self.snapshot_socket = self.ports.factory.socket(
-            zmq.ROUTER,
-            self._on_snapshot_requests,
-            SocketOptions(
-                send_hwm=config.snapshot_hwm,
-                send_buffer=config.snapshot_send_buffer,
-                receive_hwm=1000,
-                router_mandatory=True,
-                tcp_keepalive_idle=keepalive,
-                max_message_size=codec.MAX_SUBTREE_SPEC_BYTES + 1024,
-                linger_ms=0,
-                peer_user_ids=rights_on,
-            ),
-            read_budget=config.read_budget,
-            name="snapshot",
+        snapshot, publisher, collector = self.config.port_sockets(
+            rights=rights_on, publish_rights=self._publish_rights
         )
-        # With an allow-list, subscriptions are the server's to apply (XPUB_MANUAL): one at
-        # a time (read_budget 1), since libzmq applies ours to the pipe last read from.
-        self.publisher_socket = self.ports.factory.socket(
-            zmq.XPUB if rights_on else zmq.PUB,
-            self._on_subscriptions if rights_on else None,
-            SocketOptions(
-                send_hwm=config.publish_hwm,
-                tcp_keepalive_idle=keepalive,
-                peer_user_ids=rights_on,
-            ),
-            read_budget=1,
-            name="publisher",
+        self.snapshot_socket = self._socket(snapshot, self._on_snapshot_requests)
+        self.publisher_socket = self._socket(
+            publisher, self._on_subscriptions if rights_on else None
         )
-        if rights_on:
-            self.publisher_socket.socket.set(zmq.XPUB_MANUAL, 1)
-        self.collector_socket = self.ports.factory.socket(
-            zmq.ROUTER,
-            self._on_collected,
-            SocketOptions(
-                receive_hwm=config.collector_hwm,
-                tcp_keepalive_idle=keepalive,
-                max_message_size=config.max_data_bytes + codec.MAX_TOPIC_BYTES + 4096,
-                linger_ms=0,
-                peer_user_ids=self._publish_rights,
-            ),
-            read_budget=config.read_budget,
-            name="collector",
-        )
-        secure = self.curve.secure
-        secure(self.snapshot_socket, "eventbus-snapshot")
-        secure(self.publisher_socket, "eventbus-publisher")
-        secure(self.collector_socket, "eventbus-collector")
+        self.collector_socket = self._socket(collector, self._on_collected)
         self.endpoints = {
-            "snapshot": self.snapshot_socket.bind(f"tcp://{host}:{port}"),
-            "publisher": self.publisher_socket.bind(f"tcp://{host}:{port + 1}"),
-            "collector": self.collector_socket.bind(f"tcp://{host}:{port + 2}"),
+            name: sock.bind(f"tcp://{self.config.bind}:{port + offset}")
+            for offset, (name, sock) in enumerate(self._sockets())
         }
         self.port = port
         self.snapshot_socket.on_signal = self.snapshots.writable
@@ -301,6 +215,24 @@ class EventBusService(Service):
         self.snapshot_socket.watch_connections(zmq.EVENT_DISCONNECTED, self._snapshot_event)
         self.publisher_socket.watch_connections(zmq.EVENT_ACCEPTED, self._subscriber_event)
         self.collector_socket.watch_connections()
+
+    def _socket(self, port: PortSocket, on_messages: Callable[..., None] | None) -> ZmqSocket:
+        assert self.ports.factory is not None
+        options, budget = port.options, port.read_budget
+        sock = self.ports.factory.socket(port.kind, on_messages, options, budget, port.name)
+        if port.manual_subscriptions:
+            sock.socket.set(zmq.XPUB_MANUAL, 1)
+        self.curve.secure(sock, f"eventbus-{port.name}")
+        return sock
+
+    def _sockets(self) -> list[tuple[str, ZmqSocket]]:
+        """The ports' sockets open now, by name, in port order."""
+        sockets = (
+            ("snapshot", self.snapshot_socket),
+            ("publisher", self.publisher_socket),
+            ("collector", self.collector_socket),
+        )
+        return [(name, sock) for name, sock in sockets if sock is not None]
 
     # -- what a client key may do (CURVE with --client-certs) -------------------------------
 
@@ -336,17 +268,11 @@ class EventBusService(Service):
 
     def connections(self) -> dict[str, int]:
         """TCP peers connected now, by socket."""
-        sockets = (
-            ("snapshot", self.snapshot_socket),
-            ("publisher", self.publisher_socket),
-            ("collector", self.collector_socket),
-        )
-        return {name: sock.connections for name, sock in sockets if sock is not None}
+        return {name: sock.connections for name, sock in self._sockets()}
 
     def _close_sockets(self) -> None:
-        for sock in (self.snapshot_socket, self.publisher_socket, self.collector_socket):
-            if sock is not None:
-                sock.shutdown()
+        for _, sock in self._sockets():
+            sock.shutdown()
         self.snapshot_socket = self.publisher_socket = self.collector_socket = None
 
     def stopService(self) -> defer.Deferred[None]:
@@ -410,9 +336,7 @@ class EventBusService(Service):
         self._publish_rights = self.curve.uses("publish")
         if self.collector_socket is not None:
             self.collector_socket.keep_user_ids = self._publish_rights
-        publish = partial(self.curve.rights, read=rights.publish_subtrees)
-        self.core.publish_rights = publish if self._publish_rights else None
-        self.core.subscribe_rights = partial(self.curve.rights, read=rights.subscribe_subtrees)
+        self.core.use_rights(self.curve.rights, check_publish=self._publish_rights)
 
     def _carry_out(self) -> None:
         """Do what the core decided: broadcast what clients may see, in order; pause the
@@ -446,27 +370,13 @@ class EventBusService(Service):
         for batch in batches:
             if pub is not None:
                 pub.send_many(codec.broadcast_messages(batch.first, batch.fields, encoding))
-            if self._watchers:
-                self._tell_watchers(batch.first, batch.fields)
+            if self.watchers.watchers:
+                self.watchers.tell(batch)
 
     def watch(self, watcher: Watcher) -> Callable[[], None]:
-        """Call ``watcher(first_sequence, fields)`` with every batch as it is broadcast
-        (in this process, with no socket: the console's topic tail); returns the function
-        that stops it. A watcher must be quick: it runs on the broadcast path."""
-        self._watchers.append(watcher)
-
-        def unwatch() -> None:
-            if watcher in self._watchers:
-                self._watchers.remove(watcher)
-
-        return unwatch
-
-    def _tell_watchers(self, first: int, fields: list[codec.EventFields]) -> None:
-        for watcher in list(self._watchers):
-            try:
-                watcher(first, fields)
-            except Exception:  # a watcher's bug must not stop the broadcast
-                log.failure("a watcher of the broadcast failed")
+        """Call ``watcher(first_sequence, fields)`` with every batch as it is broadcast, in
+        this process (see :class:`bus.eventbus.core.Watchers`); returns the function that stops it."""
+        return self.watchers.watch(watcher)
 
     # -- what the pair did through the core ---------------------------------------------------
 
@@ -532,22 +442,7 @@ class EventBusService(Service):
             if request is not None:
                 self.snapshots.request(frames[0], request)
 
-    @property
-    def streams(self) -> set[SnapshotStream]:
-        """The snapshot streams running now."""
-        return self.snapshots.streams
-
-    @property
-    def snapshots_served(self) -> int:
-        """Snapshots streamed whole."""
-        return self.snapshots.served
-
-    @property
-    def snapshots_aborted(self) -> int:
-        """Snapshots whose client went away."""
-        return self.snapshots.aborted
-
-    # -- the core's state, as the service has always shown it ---------------------------------
+    # -- the log and its errors ----------------------------------------------------------------
 
     @property
     def store(self) -> PairLog:
@@ -555,40 +450,10 @@ class EventBusService(Service):
         return self.core.log
 
     @property
-    def drops(self) -> DropCounter:
-        """Bad messages dropped, by reason."""
-        return self.core.drops
-
-    @property
-    def released(self) -> int:
-        """The highest sequence clients may see (see :attr:`EventBusCore.released`)."""
-        return self.core.released
-
-    @property
-    def accepted(self) -> int:
-        """Events stored and broadcast."""
-        return self.core.accepted
-
-    @property
-    def collector_paused(self) -> bool:
-        """True while refused events wait for the store (the collector is not read)."""
-        return self.core.collector_paused
-
-    @property
     def storage_errors(self) -> int:
         """Failed store operations: appends (each attempt), checkpoints, retention steps,
         the final checkpoint at close."""
         return self.core.append_failures + self.upkeep.failures
-
-    @property
-    def narrowed_subscriptions(self) -> int:
-        """Subscriptions wider than their key's rights, narrowed to them."""
-        return self.core.narrowed_subscriptions
-
-    @property
-    def narrowed_snapshots(self) -> int:
-        """SYNCSTARTs wider than their key's rights, narrowed to them."""
-        return self.core.narrowed_snapshots
 
     # -- periodic work ---------------------------------------------------------------------
 
@@ -600,7 +465,7 @@ class EventBusService(Service):
         if pub is not None and not pub.closed:
             pub.send_frames(
                 codec.heartbeat_frames(
-                    self.released if sequence is None else sequence,
+                    self.core.released if sequence is None else sequence,
                     self.store.store_id,
                     self.config.sequence_encoding,
                 )
@@ -624,7 +489,7 @@ class EventBusService(Service):
         return {
             "store_id": store.store_id,
             "sequence": store.last_sequence,
-            "released": self.released,
+            "released": self.core.released,
             "ha": None if self.pair is None else self.pair.status(),
             **core.status(),
             "storage_errors": self.storage_errors,
@@ -675,7 +540,7 @@ class EventBusService(Service):
             gauge(
                 "eventbus_released_sequence",
                 "Highest sequence clients may see (in a pair: what the passive holds)",
-                self.released,
+                self.core.released,
             ),
             *(self.pair.metrics() if self.pair is not None else []),
         ]

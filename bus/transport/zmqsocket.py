@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import random
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -706,3 +707,37 @@ def bind_failure(error: zmq.ZMQError, port_option: str, what: str) -> StartupErr
     address to bind (no such interface or address here)."""
     option = port_option if error.errno == zmq.EADDRINUSE else "bind"
     return StartupError(option, f"cannot bind {what}: {error.strerror}")
+
+
+def bind_consecutive(
+    open_at: Callable[[int], None],
+    close: Callable[[], None],
+    *,
+    base: int,
+    count: int,
+    host: str,
+    port_option: str = "port",
+    attempts: int = 50,
+) -> None:
+    """Open ``count`` consecutive ports from ``base`` with ``open_at(base)`` (which raises
+    zmq.ZMQError when a bind fails). ``base`` 0: a random free base in 20000-59999, calling
+    ``close()`` after each base found in use, ``attempts`` times at most (RuntimeError).
+    A given base that cannot bind is a :class:`bus.errors.StartupError` naming
+    ``port_option`` (or ``bind``: see :func:`bind_failure`)."""
+    if base:
+        try:
+            open_at(base)
+        except zmq.ZMQError as error:
+            what = f"{host}, ports {base}-{base + count - 1}"
+            raise bind_failure(error, port_option, what) from None
+        return
+    rng = random.Random()
+    for _ in range(attempts):
+        try:
+            open_at(rng.randrange(20000, 60000))
+            return
+        except zmq.ZMQError as error:
+            if error.errno != zmq.EADDRINUSE:
+                raise
+            close()
+    raise RuntimeError(f"no {count} consecutive free ports found on {host}")
