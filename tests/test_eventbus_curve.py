@@ -87,7 +87,8 @@ def test_a_publisher_outside_its_subtrees_is_dropped_and_counted(
     anything.send(pub("/billing/2/"))
     yield wait_until(
         lambda: (
-            curve_bus.store.last_sequence == 3 and curve_bus.core.drops.counts["forbidden-topic"] == 1
+            curve_bus.store.last_sequence == 3
+            and curve_bus.core.drops.counts["forbidden-topic"] == 1
         ),
         what="three events stored, one dropped",
     )
@@ -170,7 +171,9 @@ def test_a_changed_allow_list_takes_effect_without_a_restart(
     cleanup.append(second)
     second.send(pub("/late/1/"))
     second.send(pub("/early/"))
-    yield wait_until(lambda: curve_bus.core.drops.counts["forbidden-topic"] == 1, what="rights apply")
+    yield wait_until(
+        lambda: curve_bus.core.drops.counts["forbidden-topic"] == 1, what="rights apply"
+    )
     yield wait_until(lambda: curve_bus.store.last_sequence >= 1, what="stored")
     topics = [e.topic for e in curve_bus.store.read(0)]
     assert b"/late/1/" in topics
