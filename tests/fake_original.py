@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from bus.transport.zmqsocket import SocketFactory, SocketOptions
+from bus.transport.zmqsocket import SocketFactory, SocketOptions, bind_consecutive
 
 _LEADING_INTEGER = re.compile(r"\s*([+-]?\d+)")
 
@@ -42,17 +42,15 @@ class FakeOriginalBus:
         #: Sequences stored but not broadcast (to show that clients heal lost tails).
         self.lose_broadcasts: set[int] = set()
         # P, P+1 and P+2 must all be free: another test may hold P+1 or P+2.
-        for _ in range(50):
-            try:
-                self._bind_ports(reactor)
-                return
-            except zmq.ZMQError as error:
-                self.factory.shutdown()
-                if error.errno != zmq.EADDRINUSE:
-                    raise
-        raise RuntimeError("no free port triple for the fake original bus")
+        bind_consecutive(
+            lambda base: self._bind_ports(reactor, base),
+            lambda: self.factory.shutdown(),
+            base=0,
+            count=3,
+            host="127.0.0.1",
+        )
 
-    def _bind_ports(self, reactor: Any) -> None:
+    def _bind_ports(self, reactor: Any, port: int) -> None:
         self.factory = SocketFactory(reactor)
         self.snapshot = self.factory.socket(
             zmq.ROUTER, self._on_snapshot, SocketOptions(linger_ms=0), name="fake-snapshot"
@@ -63,8 +61,8 @@ class FakeOriginalBus:
         self.collector = self.factory.socket(
             zmq.ROUTER, self._on_collected, SocketOptions(linger_ms=0), name="fake-collector"
         )
-        endpoint = self.snapshot.bind("tcp://127.0.0.1:*")
-        self.port = int(endpoint.rsplit(":", 1)[1])
+        self.port = port
+        self.snapshot.bind(f"tcp://127.0.0.1:{port}")
         self.publisher.bind(f"tcp://127.0.0.1:{self.port + 1}")
         self.collector.bind(f"tcp://127.0.0.1:{self.port + 2}")
 
