@@ -34,11 +34,14 @@ class StartupError(Exception):
     def line(self, service: str, prefix: str = "", value: Any = None) -> str:
         """The one line for operators: ``cannot start eventbus: --port 5556: CAUSE``
         (``prefix``: how the service's options are spelled where it runs)."""
+        # A URL's password or token is never printed (bus.extras imports this module).
+        from bus.natswire.credentials import redacted
+
         if not self.option:
-            return f"cannot start {service}: {self.cause}"
+            return f"cannot start {service}: {redacted(self.cause)}"
         flag = f"--{prefix}{self.option}"
-        shown = f"{flag} {value}" if value not in (None, "") else flag
-        return f"cannot start {service}: {shown}: {self.cause}"
+        shown = f"{flag} {redacted(str(value))}" if value not in (None, "") else flag
+        return f"cannot start {service}: {shown}: {redacted(self.cause)}"
 
 
 class StartFailed(Exception):
