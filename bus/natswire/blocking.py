@@ -184,17 +184,20 @@ class Connection:
         messages kept for :meth:`read`; a lost connection raises as a read would."""
         sock = self._sock
         assert sock is not None, "not connected"
-        while True:
-            sock.settimeout(0.0)
-            try:
-                data = sock.recv(READ_SIZE)
-            except (BlockingIOError, ssl.SSLWantReadError):
-                return
-            if not data:
-                raise ConnectionError("the NATS server closed the connection")
-            for item in self._parsed(data):
-                if isinstance(item, Msg):
-                    self._keep(item)
+        sock.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    data = sock.recv(READ_SIZE)
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    return
+                if not data:
+                    raise ConnectionError("the NATS server closed the connection")
+                for item in self._parsed(data):
+                    if isinstance(item, Msg):
+                        self._keep(item)
+        finally:
+            sock.settimeout(self.timeout)  # a send after it blocks as sends do
 
     def flush(self, timeout: float | None = None) -> None:
         """PING, and wait for the server's PONG: everything sent before it was read by the
