@@ -69,9 +69,10 @@ class Rotation:
     def reached(self, url: str, info: Mapping[str, Any]) -> list[str]:
         """``url``'s server admitted us with ``info``: the next attempt starts after it.
         The servers learnt from ``info`` (see :meth:`learn`)."""
+        added = self.learn(url, info)
         if url in self.servers:
             self._next = (self.servers.index(url) + 1) % len(self.servers)
-        return self.learn(url, info)
+        return added
 
     def learn(self, reached: str, info: Mapping[str, Any]) -> list[str]:
         """Add the servers ``info`` (an INFO from ``reached``'s server) names that are not
