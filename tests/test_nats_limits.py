@@ -30,6 +30,7 @@ from bus.natswire import jsapi
 from bus.natswire.blocking import Connection
 from bus.natswire.limits import longest_control_line
 from bus.natswire.publish import Publisher, TooLarge
+from bus.testing import wait_until
 from bus.transport.nats import MessageTooLarge, NatsClient
 from tests.eventbus_helpers import TIMESTAMP
 from tests.ports import nats_cluster
@@ -311,3 +312,48 @@ def test_the_front_end_said_at_start_what_the_servers_take(front_end: FrontEnd) 
     assert f"--max-event-size {codec.DEFAULT_MAX_DATA_BYTES} is more than the NATS" in log
     assert "too-large-for-stream" in log
     assert os.path.exists(front_end.process.status_path)
+
+
+# -- eMQP's guaranteed requests -----------------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_guaranteed_request_the_servers_cannot_take_is_refused_to_its_client_alone(
+    small: str, tmp_path_factory: pytest.TempPathFactory, peers: list[Any]
+) -> Any:
+    from tests.emqp_helpers import RawClient, RawWorker
+    from tests.processes import BrokerProcess, reported
+
+    broker = BrokerProcess(
+        tmp_path_factory.mktemp("broker") / "b",
+        None,
+        "--store", "jetstream", "--nats", small, "--heartbeat-interval", "10s",
+    )  # fmt: skip
+    try:
+        yield reported(
+            lambda: broker.ready() and (broker.status().get("jetstream") or {}).get("ready"),
+            what="the broker",
+        )
+        worker = RawWorker(broker.endpoints["worker"])
+        client = RawClient(broker.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        guaranteed = b"guarantee,reply-requested"
+        large = client.request("default", "x" * SMALL_PAYLOAD, guaranteed)
+        small_one = client.request("default", {"n": 1}, guaranteed)
+        yield wait_until(lambda: client.results(large), what="the large one refused")
+        [refused] = client.results(large)
+        assert refused["error"] == "too-large-for-stream"
+        worker.ready()
+        yield wait_until(lambda: worker.requests(), timeout=30, what="the small one dispatched")
+        assert [r[3] for r in worker.requests()] == [small_one]
+        # status.json is written every 0.1 s.
+        yield wait_until(lambda: broker.status()["jetstream"]["too_large"] == 1)
+        status = broker.status()
+        assert status["jetstream"]["disconnects"] == 0
+        assert not status["jetstream"]["refusing"]
+    finally:
+        broker.stop()
+    assert "--max-message-size 1048576 is more than the NATS servers take" in (
+        broker.log_path.read_text()
+    )
