@@ -1,6 +1,7 @@
 """The one exception family that codecs raise for malformed input, and what a service that
 cannot start raises."""
 
+import re
 from typing import Any
 
 
@@ -34,9 +35,6 @@ class StartupError(Exception):
     def line(self, service: str, prefix: str = "", value: Any = None) -> str:
         """The one line for operators: ``cannot start eventbus: --port 5556: CAUSE``
         (``prefix``: how the service's options are spelled where it runs)."""
-        # A URL's password or token is never printed (bus.extras imports this module).
-        from bus.natswire.credentials import redacted
-
         if not self.option:
             return f"cannot start {service}: {redacted(self.cause)}"
         flag = f"--{prefix}{self.option}"
@@ -58,3 +56,18 @@ class StorageError(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+#: ``scheme://userinfo@`` anywhere in a text.
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@,;'\"]+)@")
+
+
+def redacted(text: str) -> str:
+    """``text`` with every URL's password or token shown as ``***`` (its user stays):
+    what operators are told never carries a secret a URL held (``nats://u:pw@h``)."""
+
+    def hide(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}:***@" if colon else f"{match.group(1)}***@"
+
+    return _USERINFO.sub(hide, text)

@@ -1,10 +1,10 @@
-"""``twistd -n eventbus``: the whole product, one :class:`bus.composition.ProductService`
+"""``twistd -n eventbus``: the whole product, one :class:`bus.application.composition.ProductService`
 holding a service per protocol, plus ``/status`` and ``/metrics`` over HTTP.
 
 ``--services`` chooses the services (default: every protocol). The Event BUS's own options are
 the product's, without a prefix (``--port``); every other service's options are offered with
 its name as prefix (``--spark-bridge-journal-dir``), derived from that service's own
-``Options`` (:mod:`bus.services` lists them), so each is written once. Precedence, for every
+``Options`` (:mod:`bus.application.services` lists them), so each is written once. Precedence, for every
 option of every service: command line > environment > ``--config`` file > default.
 """
 
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.composition import Composition, ProductService, bound_inbound, hold_cpu_latency
-from bus.errors import StartFailed, StartupError
+from bus.application.composition import bound_inbound, hold_cpu_latency
+from bus.application.options import PROCESS_OPTION_NAMES, OptionSpec
+from bus.application.services import ServiceEntry, discovery_problems, entry, services
 from bus.eventbus.tap import Options as EventBusOptions
-from bus.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
-from bus.services import ServiceEntry, discovery_problems, entry, services
+from bus.extension import Composition, ProductService, ServiceOptions, StartFailed, StartupError
 
 if TYPE_CHECKING:
     from twisted.application.service import Service
@@ -94,7 +94,9 @@ def _declared_tap(service: ServiceEntry) -> tuple[type[ServiceOptions], tuple[st
     module = importlib.import_module(service.tap)
     options_class = getattr(module, "Options", None)
     if not (isinstance(options_class, type) and issubclass(options_class, ServiceOptions)):
-        raise TypeError(f"{service.tap}.Options is not a bus.options.ServiceOptions subclass")
+        raise TypeError(
+            f"{service.tap}.Options is not a bus.application.options.ServiceOptions subclass"
+        )
     if not callable(getattr(module, "build", None)):
         raise TypeError(f"{service.tap} has no build(options, composition)")
     options_class.option_specs()  # a malformed options table fails here, not in --help
@@ -224,7 +226,7 @@ class _ProductOptions(ServiceOptions):
                 if _prefix(name):
                     message = message.replace("--", f"--{_prefix(name)}")
                 raise usage.UsageError(message) from None
-            except StartupError as error:  # what its options ask for is missing (bus.extras)
+            except StartupError as error:  # what its options ask for is missing (bus.util.extras)
                 line = error.line(name, _prefix(name), sub.get(error.option))
                 raise StartFailed(line) from None
             for option in PROCESS_OPTION_NAMES:
@@ -338,7 +340,7 @@ def compose(
         product.add(name, build(sub, composition), _prefix(name), sub)
     port = int(options["http-port"])
     if port:
-        from bus.statusweb import StatusWebService
+        from bus.web.server import StatusWebService
 
         services: list[tuple[str, Service]] = [(c.name, c.service) for c in product.composed]
 

@@ -50,7 +50,7 @@ def own_bound(program: str, args: Sequence[str]) -> float:
     refuses (it ends at once)."""
     if program not in _OWN_BOUNDS:
         return 0.0
-    from bus.cliargs import parse
+    from bus.util.cliargs import parse
 
     module, factory, option = _OWN_BOUNDS[program]
     parser = getattr(importlib.import_module(module), factory)()

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bus.cliargs import CliParser, options_anywhere
+from bus.util.cliargs import CliParser, options_anywhere
 
 BIN = Path(sys.executable).parent
 
@@ -118,7 +118,7 @@ def _nothing_runs() -> Iterator[None]:
     from twisted.internet import reactor, task
     from twisted.logger import globalLogBeginner
 
-    import bus.cluster_cli
+    import bus.nats.cli
     import bus.zre.node
 
     handler = signal.getsignal(signal.SIGINT)
@@ -127,7 +127,7 @@ def _nothing_runs() -> Iterator[None]:
             (reactor, "run"),
             (task, "react"),
             (globalLogBeginner, "beginLoggingTo"),
-            (bus.cluster_cli, "NatsCluster"),
+            (bus.nats.cli, "NatsCluster"),
             (bus.zre.node, "ZreNode"),
         ]:
             stack.enter_context(mock.patch.object(target, name, _refuse_to_run))
@@ -163,10 +163,10 @@ def _main(tool: str) -> Callable[[list[str]], Any]:
 
         return zre
     if tool == "bus-keys":
-        from bus.keys_cli import main as keys
+        from bus.transport.keys_cli import main as keys
 
         return keys
-    from bus.cluster_cli import main as cluster
+    from bus.nats.cli import main as cluster
 
     return cluster
 

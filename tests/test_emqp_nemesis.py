@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from tests.netns import Hosts, HostService, make_hosts, nats_on_hosts, poll_until
 from tests.processes import START_BOUND
 from tests.test_emqp_interop import JOBS, SENT_LINGER, InteropProcess

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from tests.netns import Hosts, HostService, LinePeer, make_hosts, nats_on_hosts, poll_until
 
 pytest.importorskip("nats")

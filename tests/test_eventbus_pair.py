@@ -18,8 +18,8 @@ from bus.eventbus.client import EventBusPublisher, EventBusSubscriber
 from bus.eventbus.codec import Event, sync_start_frames
 from bus.eventbus.config import PairConfig
 from bus.eventbus.store import EventStore
-from bus.polling import ConditionTimeout
 from bus.testing import RawPeer, start_bus, wait_until
+from bus.util.polling import ConditionTimeout
 from tests.ports import free_port
 
 #: --ha-failover-timeout and --ha-alone-timeout. Both halves share this process's reactor

@@ -17,7 +17,7 @@ from twisted.web.http_headers import Headers
 
 from bus import tap
 from bus.errors import StartupError
-from bus.statusweb import StatusWebService
+from bus.web.server import StatusWebService
 
 
 @defer.inlineCallbacks
@@ -86,7 +86,7 @@ def warnings() -> Iterator[list[str]]:
     lines: list[str] = []
 
     def observe(event: LogEvent) -> None:
-        if event.get("log_namespace") == "bus.statusweb" and event["log_level"].name == "warn":
+        if event.get("log_namespace") == "bus.web.server" and event["log_level"].name == "warn":
             lines.append(formatEvent(event))
 
     globalLogPublisher.addObserver(observe)

@@ -1,6 +1,6 @@
 """A missing optional extra (``spark``, ``cluster``, ``redis``) ends the real twistd or
 command-line tool with one line naming what needs it, the option and the pip command, exit
-status 1, no traceback, before anything starts (bus.extras).
+status 1, no traceback, before anything starts (bus.util.extras).
 
 An extra is made missing the way Python sees an absent package: a stub of each of its
 modules, first on ``PYTHONPATH``, raises the ``ModuleNotFoundError`` an absent one raises.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bus.errors import StartupError
-from bus.extras import MissingExtra, require
+from bus.util.extras import MissingExtra, require
 from tests.ports import free_port
 from tests.processes import only_line
 
@@ -227,7 +227,7 @@ def test_a_client_that_meets_a_credentials_file_without_nkeys_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Spark's executors read the stream with the blocking client: at connect time there."""
-    from bus.natswire.handshake import ConnectError, sign
+    from bus.nats.handshake import ConnectError, sign
 
     monkeypatch.setitem(sys.modules, "nkeys", None)  # import nkeys: ModuleNotFoundError
     with pytest.raises(ConnectError, match=r"needs nkeys, which is not installed: pip install"):

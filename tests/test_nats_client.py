@@ -1,4 +1,4 @@
-"""bus.transport.nats: the reactor's NATS client against real nats-server processes:
+"""bus.nats.client: the reactor's NATS client against real nats-server processes:
 publish and subscribe, requests and no-responders, JetStream's API; a token refused with
 the server's reason; a server killed: the client connects to another of its servers and
 its subscriptions work again there, and what waited on the lost connection fails at
@@ -15,10 +15,10 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor, task, threads
 
-from bus.natswire import jsapi
-from bus.natswire.codec import Msg
-from bus.natswire.handshake import ConnectError
-from bus.transport.nats import NatsClient, NoResponders, NotConnected
+from bus.nats import jsapi
+from bus.nats.client import NatsClient, NoResponders, NotConnected
+from bus.nats.codec import Msg
+from bus.nats.handshake import ConnectError
 from tests.ports import nats_cluster
 
 
@@ -212,8 +212,8 @@ def make_certificates(directory: Path) -> dict[str, Path]:
 def test_tls_to_the_servers_through_both_clients(tmp_path: Path) -> Any:
     """A nats-server that requires TLS: the reactor's client and the blocking one
     (natswire) connect with the CA that signed it and refuse one without it."""
-    from bus.natswire.blocking import Connection
-    from bus.transport.nats import NatsTLS
+    from bus.nats.blocking import Connection
+    from bus.nats.client import NatsTLS
 
     paths = make_certificates(tmp_path)
     nodes = nats_cluster(tmp_path / "nats", size=1)

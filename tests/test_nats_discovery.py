@@ -20,11 +20,11 @@ from twisted.internet import reactor, task, threads
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC, SEQUENCE
 from bus.eventbus.config import EventBusConfig, JetStreamSettings
-from bus.natsserver import NatsCluster, NatsNode, nats_server_binary
-from bus.natswire.codec import Msg
-from bus.natswire.rotation import Rotation
+from bus.nats.client import NatsClient
+from bus.nats.codec import Msg
+from bus.nats.rotation import Rotation
+from bus.nats.servers import NatsCluster, NatsNode, nats_server_binary
 from bus.testing import RawPeer, wait_until
-from bus.transport.nats import NatsClient
 from tests.eventbus_helpers import pub
 from tests.jetstream_helpers import lead
 from tests.ports import nats_cluster

@@ -26,12 +26,12 @@ from bus.eventbus import codec, subjects
 from bus.eventbus.codec import HEARTBEAT_TOPIC, EventFields
 from bus.eventbus.stream_core import StreamCore, largest_data
 from bus.eventbus.stream_read import encoded_size
-from bus.natswire import jsapi
-from bus.natswire.blocking import Connection
-from bus.natswire.limits import longest_control_line
-from bus.natswire.publish import Publisher, TooLarge
+from bus.nats import jsapi
+from bus.nats.blocking import Connection
+from bus.nats.client import MessageTooLarge, NatsClient
+from bus.nats.limits import longest_control_line
+from bus.nats.publish import Publisher, TooLarge
 from bus.testing import wait_until
-from bus.transport.nats import MessageTooLarge, NatsClient
 from tests.eventbus_helpers import TIMESTAMP
 from tests.ports import nats_cluster
 from tests.processes import ServerProcess, wait_for

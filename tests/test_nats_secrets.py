@@ -19,7 +19,8 @@ import pytest
 import pytest_twisted
 from twisted.python import usage
 
-from bus.natswire.credentials import (
+from bus.application.statusjson import config_json
+from bus.nats.credentials import (
     ENV_PASSWORD,
     ENV_TOKEN,
     Credentials,
@@ -29,8 +30,7 @@ from bus.natswire.credentials import (
     shown,
     split,
 )
-from bus.natswire.settings import NatsSettings
-from bus.statusjson import config_json
+from bus.nats.settings import NatsSettings
 from tests.ports import nats_cluster
 from tests.processes import TWISTD, BrokerProcess, ServerProcess, reported
 

@@ -13,7 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bus.cliargs import (
+from bus.dbp.config import DEFAULT_BEACON_PORT
+from bus.transport.curve_settings import add_client_curve_arguments
+from bus.util.cliargs import (
     CliParser,
     add_version,
     one_line,
@@ -22,8 +24,6 @@ from bus.cliargs import (
     tcp_endpoint,
     whole_number,
 )
-from bus.dbp.config import DEFAULT_BEACON_PORT
-from bus.transport.curve_settings import add_client_curve_arguments
 
 
 def parser() -> argparse.ArgumentParser:

@@ -28,10 +28,10 @@ from twisted.logger import Logger
 
 from bus.dbp import codec
 from bus.dbp.codec import DbpError, DbpMessage
-from bus.periodic import Periodic
+from bus.extension import SocketFactory, SocketOptions, ZmqSocket, listen_shared, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.udp import UdpListener, UdpPort, listen_shared
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.transport.udp import UdpListener, UdpPort
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.dbp")
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bus.transport.curve_settings import CurveSettings
+from bus.extension import CurveSettings
 
 DEFAULT_PORT = 5246
 DEFAULT_BEACON_PORT = 5245

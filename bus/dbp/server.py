@@ -20,25 +20,29 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.dbp import codec
 from bus.dbp.config import CatalogConfig
 from bus.dbp.core import CatalogCore, CatalogSettings
-from bus.droplog import DropCounter
-from bus.errors import StartupError
-from bus.files import replace_atomically
-from bus.metrics import Metric, counter, counters_by, gauge
-from bus.transport.security import ServerCurve
-from bus.transport.serving import ServerPorts
-from bus.transport.udp import BeaconSender, InterfaceError, UdpPort, interface_address
-from bus.transport.zmqsocket import (
-    PeerUnreachable,
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    BeaconSender,
+    Metric,
     SocketFactory,
     SocketOptions,
+    StartupError,
     ZmqSocket,
-    bind_failure,
+    counter,
+    counters_by,
+    gauge,
     reactor_of,
 )
+from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
+from bus.transport.udp import InterfaceError, UdpPort, interface_address
+from bus.transport.zmqsocket import PeerUnreachable, bind_failure
+from bus.util.droplog import DropCounter
+from bus.util.files import replace_atomically
 
 log = Logger(namespace="bus.dbp")
 
@@ -324,7 +328,7 @@ class CatalogService(Service):
             "curve": self.curve.status(),
         }
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"messages": "messages", "heartbeats": "udp_heartbeats_received"}
 
     def details(self, limit: int = 100) -> dict[str, Any]:

@@ -16,12 +16,12 @@ from bus.dbp.config import (
     CatalogConfig,
     read_allow_file,
 )
-from bus.options import ServiceOptions, parse_duration
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.dbp.server import CatalogService
+    from bus.extension import Composition, ProductService
 
 
 #: Started after the Event BUS when both run: composed, it publishes its activity
@@ -114,6 +114,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.extension import standalone
 
     return standalone("dbp", build, options)

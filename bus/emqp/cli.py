@@ -34,9 +34,9 @@ from typing import Any, Literal
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from bus.cliargs import CliParser, add_version, parse, whole_number
 from bus.transport.curve_settings import add_client_curve_arguments
 from bus.transport.probe import Listener, probe_port
+from bus.util.cliargs import CliParser, add_version, parse, whole_number
 
 #: The ports when neither an option nor ``EMQP_BROKER``/``EMQP_ADMIN`` names them (the
 #: environment is read when the parser is built, not when this module loads).
@@ -729,7 +729,7 @@ _IMPORT_ONLY = ("redis", "rdb", "redis_server", "replace", "haste")
 
 def _check_schedule(args: argparse.Namespace) -> None:
     from bus.emqp import codec
-    from bus.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         codec.queue_name(args.queue.encode("utf-8", "surrogateescape"))

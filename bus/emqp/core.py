@@ -30,14 +30,14 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import DropCounter
 from bus.emqp import codec, jobstream
 from bus.emqp.codec import PROTOCOL, EmqpError, Headers
 from bus.emqp.schedule_gate import AppendRun, PutRow, RunFired, ScheduleGate
 from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, job_of, unschedule_id
 from bus.emqp.store import JobStore, StoredJob
+from bus.extension import NO_ACTIVITY, ActivitySink
 from bus.transport.names import peer_name
+from bus.util.droplog import DropCounter
 
 _HEARTBEAT = codec.HEARTBEAT
 _REQUEST = codec.REQUEST

@@ -1,5 +1,5 @@
 """The broker's guaranteed requests in a JetStream stream (``--store jetstream``), on the
-reactor through :class:`bus.transport.nats.NatsClient` (no thread, no asyncio).
+reactor through :class:`bus.nats.client.NatsClient` (no thread, no asyncio).
 
 :class:`JetStreamJobs` does what the broker's core asks in ``to_stream`` and
 ``to_brokers`` (see :mod:`bus.emqp.jobstream` for the design): appends a request and
@@ -27,11 +27,11 @@ from bus.emqp import jobstream, schedule_gate
 from bus.emqp.config import JetStreamSettings
 from bus.emqp.core import Job, Message
 from bus.emqp.schedule_gate import PutRow
-from bus.errors import StartupError
-from bus.natswire import codec, jsapi
-from bus.natswire.codec import Msg
-from bus.natswire.handshake import ConnectError
-from bus.transport.nats import NotConnected, Subscription, client_for, stream_ready
+from bus.extension import StartupError
+from bus.nats import codec, jsapi
+from bus.nats.client import NotConnected, Subscription, client_for, stream_ready
+from bus.nats.codec import Msg
+from bus.nats.handshake import ConnectError
 
 log = Logger(namespace="bus.emqp.jetstream")
 

@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 
 from bus.emqp.schedules import ROW_FIELDS
-from bus.natswire.tokens import SubjectError, token, untoken
+from bus.nats.tokens import SubjectError, token, untoken
 
 #: The version of :class:`StreamedJob`'s body; a broker refuses bodies it cannot read.
 BODY_VERSION = 1

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from bus.emqp.pubsub_core import DEFAULT_INCOMING_PORT, DEFAULT_OUTGOING_PORT, PubsubConfig
-from bus.options import ServiceOptions, parse_duration
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.emqp.pubsub_server import PubsubService
+    from bus.extension import Composition, ProductService
 
 
 #: Started after the Event BUS when both run: composed, it mirrors each publication onto
@@ -104,6 +104,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.extension import standalone
 
     return standalone("emqp-pubsub", build, options)

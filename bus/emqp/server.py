@@ -24,31 +24,36 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import RateLimit
 from bus.emqp.config import EmqpConfig
 from bus.emqp.core import EVERY_QUEUE, Broker, Queues
+from bus.extension import NO_ACTIVITY, ActivitySink
+from bus.util.droplog import RateLimit
 
 if TYPE_CHECKING:
     from bus.emqp.jetstream import JetStreamJobs
+from bus.application.statusjson import config_json
 from bus.emqp.store import JobStore
-from bus.errors import StartupError, StorageError
-from bus.files import replace_atomically, write_status_json
-from bus.memory import MemoryRelease
-from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.statusjson import config_json
+from bus.extension import (
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    StorageError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    gauges_by,
+    reactor_of,
+)
 from bus.transport.curve import role_policy
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import (
-    SocketFactory,
-    SocketOptions,
-    ZmqSocket,
-    bind_failure,
-    reactor_of,
-)
-from bus.workers import SerialWork
+from bus.transport.zmqsocket import bind_failure
+from bus.util.files import replace_atomically, write_status_json
+from bus.util.memory import MemoryRelease
+from bus.util.workers import SerialWork
 
 log = Logger(namespace="bus.emqp")
 
@@ -733,7 +738,7 @@ class EmqpService(Service):
         )
         return {name: sock.connections for name, sock in sockets if sock is not None}
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"jobs": "counters.replied", "requests": "counters.requests"}
 
     def status(self) -> dict[str, Any]:

@@ -19,8 +19,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from bus.errors import StorageError
-from bus.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
+from bus.extension import StorageError
+from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
 
 DB_NAME = "emqp.sqlite3"
 

@@ -45,7 +45,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from bus.droplog import DropCounter
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
 from bus.emqp.worker_process import (
@@ -58,11 +57,11 @@ from bus.emqp.worker_process import (
     run_setup,
     start_job_process,
 )
-from bus.errors import StartupError
-from bus.periodic import Periodic
+from bus.extension import SocketFactory, SocketOptions, StartupError, ZmqSocket, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
-from bus.workers import worker_pool
+from bus.util.droplog import DropCounter
+from bus.util.periodic import Periodic
+from bus.util.workers import worker_pool
 
 log = Logger(namespace="bus.emqp.worker")
 

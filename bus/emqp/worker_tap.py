@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 from twisted.python import usage
 
-from bus.cliargs import tcp_endpoint
+from bus.application.options import ConfigTables, ValueHint
+from bus.application.sighup import on_sighup
 from bus.emqp import codec
 from bus.emqp.eventmq_settings import (
     SECTIONS,
@@ -32,13 +33,13 @@ from bus.emqp.eventmq_settings import (
     value_in,
 )
 from bus.emqp.worker_process import JobHooks
-from bus.options import ConfigTables, ServiceOptions, ValueHint, parse_duration
-from bus.sighup import on_sighup
+from bus.extension import ServiceOptions, parse_duration
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
+from bus.util.cliargs import tcp_endpoint
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.emqp.worker import EmqpWorker
+    from bus.extension import Composition, ProductService
 
 log = Logger(namespace="bus.emqp.worker")
 
@@ -405,7 +406,7 @@ def _shown(name: str, value: Any) -> str:
 
 
 def reload_settings(worker: EmqpWorker, options: Options) -> None:
-    """At SIGHUP (:mod:`bus.sighup`), as eventmq's job manager does: the same command line
+    """At SIGHUP (:mod:`bus.application.sighup`), as eventmq's job manager does: the same command line
     over the files and variables as they are now. Apply what changed and can change while running, log every change, and go on with
     the settings as they were when they cannot be read: a SIGHUP never ends the worker."""
     if worker.draining or not worker.running:
@@ -473,7 +474,7 @@ def end_jobs_at_second_signal(worker: EmqpWorker) -> None:
 
 
 def makeService(options: usage.Options | Mapping[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.extension import standalone
 
     return standalone(NAME, build, options)
 

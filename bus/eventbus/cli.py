@@ -26,7 +26,10 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.python.failure import Failure
 
-from bus.cliargs import (
+from bus.eventbus.codec import Dialect, Event
+from bus.eventbus.config import DEFAULT_DATA_DIR
+from bus.transport.curve_settings import add_client_curve_arguments
+from bus.util.cliargs import (
     CliParser,
     add_version,
     host_port,
@@ -36,9 +39,6 @@ from bus.cliargs import (
     react,
     whole_number,
 )
-from bus.eventbus.codec import Dialect, Event
-from bus.eventbus.config import DEFAULT_DATA_DIR
-from bus.transport.curve_settings import add_client_curve_arguments
 
 DEFAULT_SERVER = os.environ.get("EVENTBUS_SERVER", "127.0.0.1:5556")
 DEFAULT_DIALECT = os.environ.get("EVENTBUS_DIALECT", "spec")
@@ -126,8 +126,7 @@ class SnapshotQuery:
         import zmq
 
         from bus.eventbus import codec
-        from bus.polling import ConditionTimeout
-        from bus.transport.zmqsocket import SocketOptions
+        from bus.extension import ConditionTimeout, SocketOptions
 
         done: defer.Deferred[int] = defer.Deferred()
 
@@ -221,7 +220,7 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
     no key, refuses the key it was given, or answers like the original Node.js
     implementation, say so in the same line."""
     from bus.eventbus.client import ServerAddress
-    from bus.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
     from bus.transport.probe import probe_key, probe_port, refused_key
 
     try:
@@ -249,8 +248,7 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
 def _answers_like_the_original(reactor: Any, server: Any, curve: Any = None) -> Any:
     from bus.eventbus import codec
     from bus.eventbus.codec import EventBusError
-    from bus.polling import ConditionTimeout
-    from bus.transport.zmqsocket import SocketFactory
+    from bus.extension import ConditionTimeout, SocketFactory
 
     factory = SocketFactory(reactor, curve=curve)
     query = SnapshotQuery(reactor, factory, server, Dialect.ORIGINAL)
@@ -269,8 +267,7 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
 
     from bus.eventbus import codec
     from bus.eventbus.client import EventBusPublisher, ServerAddress
-    from bus.polling import wait_until
-    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+    from bus.extension import SocketFactory, SocketOptions, wait_until
 
     servers = args.server_list or [DEFAULT_SERVER]
     args.server = servers[0]
@@ -330,7 +327,7 @@ def _publish_confirmed(reactor: Any, args: argparse.Namespace, servers: list[str
     """Through the first of several servers that answers; resent after a failover (JetStream
     front-ends store it once), confirmed by the log itself."""
     from bus.eventbus.confirmed import ConfirmedPublisher
-    from bus.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     publisher = ConfirmedPublisher(servers, args.producer, reactor=reactor, curve=_curve(args))
     publisher.startService()
@@ -355,7 +352,7 @@ def _find_in_log(
     reactor: Any, query: SnapshotQuery, args: argparse.Namespace, event_id: str, since: int
 ) -> Any:
     """The sequence the server stored ``event_id`` under, asked of its log until found."""
-    from bus.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     deadline = reactor.seconds() + args.timeout
     found: list[int] = []
@@ -381,7 +378,7 @@ def _find_in_log(
 @defer.inlineCallbacks
 def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.eventbus.client import ServerAddress
-    from bus.transport.zmqsocket import SocketFactory
+    from bus.extension import SocketFactory
 
     factory = SocketFactory(reactor, curve=_curve(args))
     count = 0
@@ -404,7 +401,7 @@ def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
 @defer.inlineCallbacks
 def tail(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.eventbus.client import EventBusSubscriber, FileCursor
-    from bus.polling import wait_until
+    from bus.extension import wait_until
 
     servers = args.server_list or [DEFAULT_SERVER]
     subscriber = EventBusSubscriber(
@@ -651,7 +648,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from bus.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     args = parse(build_parser(), argv)
     if hasattr(args, "server_key"):

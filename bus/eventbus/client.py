@@ -25,14 +25,14 @@ from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
 from bus.eventbus import codec
 from bus.eventbus.codec import Dialect, Event, EventBusError, Heartbeat, SnapshotEnd
 from bus.eventbus.subscriber import SubscriberCore, snapshot_patience
-from bus.files import replace_atomically
-from bus.periodic import Periodic
+from bus.extension import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.util.droplog import DropCounter
+from bus.util.files import replace_atomically
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.eventbus.client")
 

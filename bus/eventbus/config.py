@@ -8,9 +8,9 @@ from typing import Literal
 
 from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
 from bus.eventbus.store import Retention
-from bus.natswire.settings import NatsSettings
-from bus.sqlitewal import Durability
-from bus.transport.curve_settings import CurveSettings
+from bus.extension import CurveSettings
+from bus.nats.settings import NatsSettings
+from bus.util.sqlitewal import Durability
 
 SyncEndSequence = Literal["highest", "current"]
 Replication = Literal["sync", "async"]

@@ -31,9 +31,9 @@ from twisted.logger import Logger
 
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber, ServerAddress
 from bus.eventbus.codec import Event
-from bus.periodic import Periodic
+from bus.extension import SocketFactory
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.eventbus.confirmed")
 

@@ -30,13 +30,13 @@ from typing import Generic, Protocol, TypeVar
 
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
-from bus.errors import StorageError
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, EventFields
 from bus.eventbus.eventlog import EventLog, PairLog
 from bus.eventbus.pair_core import Change
 from bus.eventbus.rights import Subtrees
+from bus.extension import StorageError
+from bus.util.droplog import DropCounter
 
 #: A key's publish subtrees (None: every topic) by its Z85 User-Id.
 PublishRights = Callable[[str], Subtrees]

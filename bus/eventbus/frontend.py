@@ -27,7 +27,6 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.errors import StartupError
 from bus.eventbus.codec import EventFields
 from bus.eventbus.config import EventBusConfig, JetStreamSettings
 from bus.eventbus.eventlog import Row
@@ -35,10 +34,10 @@ from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.server import EventBusService
 from bus.eventbus.snapshots import SnapshotScheduler
 from bus.eventbus.stream_core import StreamCore, largest_data
-from bus.metrics import Metric, counter, gauge
-from bus.natswire import codec as nats_codec
-from bus.natswire import jsapi
-from bus.natswire.publish import TooLarge
+from bus.extension import Metric, StartupError, counter, gauge
+from bus.nats import codec as nats_codec
+from bus.nats import jsapi
+from bus.nats.publish import TooLarge
 
 #: A refused batch is sent again soon and often: the stream stores a resent event once,
 #: and a new leader (elected 4-9 s after one dies) should not wait on a long back-off.

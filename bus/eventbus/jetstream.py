@@ -9,9 +9,9 @@ subject (:meth:`JetStreamLog.follow`): events published at one front-end are bro
 by all, under one sequence space, and nothing is broadcast before the stream
 acknowledged it.
 
-Two ways to the servers, each where it is best: :class:`bus.transport.nats.NatsClient`
+Two ways to the servers, each where it is best: :class:`bus.nats.client.NatsClient`
 (on the reactor, as eMQP's brokers use it) makes and checks the stream and reads its
-state; the events go through :mod:`bus.natswire` on threads of their own (a writer for
+state; the events go through :mod:`bus.nats` on threads of their own (a writer for
 the appends, one for the feed, the reactor's pool for snapshots), about eight times
 cheaper per event than nats-py was (docs/cluster.md). This class's methods are called in
 the reactor's thread, answer with Deferreds, and hand committed events back in batches
@@ -35,7 +35,6 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from bus.errors import StartupError, StorageError
 from bus.eventbus.codec import MAX_TOPIC_BYTES, EventFields
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
@@ -49,15 +48,16 @@ from bus.eventbus.stream_read import (
     encode,
     failover,
 )
-from bus.handoff import Handoff
-from bus.natswire import handshake, jsapi
-from bus.natswire.blocking import ConnectError, Connection
-from bus.natswire.codec import ProtocolError
-from bus.natswire.failover import Failover
-from bus.natswire.limits import longest_control_line
-from bus.natswire.publish import Publisher, PublishError, TooLarge
-from bus.natswire.ranged import RangeRead
-from bus.transport.nats import client_for, stream_ready
+from bus.extension import StartupError, StorageError
+from bus.nats import handshake, jsapi
+from bus.nats.blocking import ConnectError, Connection
+from bus.nats.client import client_for, stream_ready
+from bus.nats.codec import ProtocolError
+from bus.nats.failover import Failover
+from bus.nats.limits import longest_control_line
+from bus.nats.publish import Publisher, PublishError, TooLarge
+from bus.nats.ranged import RangeRead
+from bus.util.handoff import Handoff
 
 #: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
 _NANOSECONDS = ("max_age", "duplicate_window")
@@ -138,7 +138,7 @@ class JetStreamLog:
         #: (after, upto, subtrees): a snapshot reads on without a consumer per chunk.
         self._readers: OrderedDict[tuple[int, int, tuple[bytes, ...]], RangeReader] = OrderedDict()
         self._closed = False
-        #: The data path (bus.natswire): one writer thread and its connection for the
+        #: The data path (bus.nats): one writer thread and its connection for the
         #: appends, one thread for the feed.
         self._writer = ThreadPool(1, 1, name=f"nats-append-{settings.stream}")
         self._publisher: Publisher | None = None

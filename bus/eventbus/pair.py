@@ -26,19 +26,27 @@ from typing import Any, Protocol
 import zmq
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter, RateLimit
-from bus.errors import StorageError
 from bus.eventbus import codec, pair_codec
 from bus.eventbus.codec import EventBusError, EventFields
 from bus.eventbus.config import PairConfig
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair_codec import Ack, Events, Forward, Join, PairError, PeerState, Rewind
 from bus.eventbus.pair_core import Change, PairCore
-from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.periodic import Periodic
+from bus.extension import (
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StorageError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    gauges_by,
+)
 from bus.transport.curve import make_curve_client
 from bus.transport.security import ServerCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket
+from bus.util.droplog import DropCounter, RateLimit
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.eventbus.pair")
 

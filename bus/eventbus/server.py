@@ -33,8 +33,7 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.droplog import DropCounter, RateLimit
-from bus.errors import StartupError, StorageError
+from bus.application.statusjson import config_json
 from bus.eventbus import codec, rights
 from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
@@ -43,20 +42,26 @@ from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
 from bus.eventbus.store import EventStore
-from bus.files import write_status_json
-from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.statusjson import config_json
+from bus.extension import (
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    StorageError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    gauges_by,
+    reactor_of,
+)
 from bus.transport.curve import ClientCurve
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import (
-    SocketFactory,
-    SocketOptions,
-    ZmqSocket,
-    bind_failure,
-    reactor_of,
-)
-from bus.workers import SerialWork
+from bus.transport.zmqsocket import bind_failure
+from bus.util.droplog import DropCounter, RateLimit
+from bus.util.files import write_status_json
+from bus.util.workers import SerialWork
 
 log = Logger(namespace="bus.eventbus")
 
@@ -582,7 +587,7 @@ class EventBusService(Service):
     # -- in-process publishing: composed services' activity ---------------------------------
 
     def activity_sink(self, producer: str) -> LocalPublisher:
-        """What composition hands another service of this process (see bus.activity)."""
+        """What composition hands another service of this process (see bus.application.activity)."""
         return LocalPublisher(self, producer)
 
     def client_curve(self) -> ClientCurve | None:
@@ -747,7 +752,7 @@ class EventBusService(Service):
         if deleted:
             log.info("retention removed {deleted} events", deleted=deleted)
 
-    #: The console's charts (see :mod:`bus.console.view`): events stored, snapshot traffic.
+    #: The console's charts (see :mod:`bus.web.console.view`): events stored, snapshot traffic.
     console_rates = {"events": "sequence", "snapshot messages": "snapshot_messages_sent"}
 
     def status(self) -> dict[str, Any]:
@@ -792,7 +797,7 @@ class EventBusService(Service):
         }
 
     def metrics(self) -> list[Metric]:
-        """Prometheus families of the counters above (see bus.statusweb)."""
+        """Prometheus families of the counters above (see bus.web.server)."""
         store, core = self.store, self.core
         return [
             *self.curve.metrics(),
@@ -907,7 +912,7 @@ class EventBusService(Service):
 
 
 class LocalPublisher:
-    """An :class:`bus.activity.ActivitySink` on a bus of the same process: events go into
+    """An :class:`bus.application.activity.ActivitySink` on a bus of the same process: events go into
     its log under the next sequences, with no socket between."""
 
     def __init__(self, bus: EventBusService, producer: str) -> None:

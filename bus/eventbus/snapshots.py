@@ -49,12 +49,12 @@ from twisted.logger import Logger
 from bus.eventbus import codec
 from bus.eventbus.codec import SnapshotRequest
 from bus.eventbus.config import EventBusConfig
-from bus.memory import MemoryRelease
 from bus.transport.zmqsocket import PeerUnreachable
+from bus.util.memory import MemoryRelease
 
 if TYPE_CHECKING:
     from bus.eventbus.eventlog import Row, RowSource
-    from bus.transport.zmqsocket import ZmqSocket
+    from bus.extension import ZmqSocket
 
 log = Logger(namespace="bus.eventbus.snapshots")
 

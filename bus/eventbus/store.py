@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bus.errors import StorageError
 from bus.eventbus.codec import Event, EventFields
-from bus.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
+from bus.extension import StorageError
+from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
 
 DB_NAME = "events.sqlite3"
 

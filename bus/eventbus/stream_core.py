@@ -41,9 +41,9 @@ from bus.eventbus.codec import (
 from bus.eventbus.core import Broadcast, Intake
 from bus.eventbus.eventlog import Row
 from bus.eventbus.stream_read import encoded_size
-from bus.natswire import jsapi
-from bus.natswire.handshake import DEFAULT_MAX_PAYLOAD
-from bus.natswire.limits import DEFAULT_CONTROL_LINE
+from bus.nats import jsapi
+from bus.nats.handshake import DEFAULT_MAX_PAYLOAD
+from bus.nats.limits import DEFAULT_CONTROL_LINE
 
 #: The longest subject a front-end hands to NATS unless told what its servers read: a
 #: server's default control line less the rest of a publish's line.

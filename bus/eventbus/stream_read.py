@@ -3,7 +3,7 @@ the client's connection options, and an ordered read of a sequence range.
 
 The front-ends (:mod:`bus.eventbus.jetstream`, on threads of the reactor's pool) read
 snapshots with it; Spark's executors (:mod:`bus.spark.stream_source`) read their
-partitions with it in their task's thread. Both read through :mod:`bus.natswire`, about
+partitions with it in their task's thread. Both read through :mod:`bus.nats`, about
 ten times as fast as nats-py for a message per event (docs/cluster.md).
 
 A message's body is msgpack ``[producer, timestamp, uuid, data]`` (data: the event's own
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from bus.eventbus import subjects
-from bus.natswire import jsapi
-from bus.natswire.blocking import Connection
-from bus.natswire.failover import ONCE, Failover, Retry
-from bus.natswire.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
+from bus.nats import jsapi
+from bus.nats.blocking import Connection
+from bus.nats.failover import ONCE, Failover, Retry
+from bus.nats.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
 
 if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
     from bus.eventbus.codec import EventFields
@@ -72,7 +72,7 @@ def tls_context(settings: JetStreamSettings) -> ssl.SSLContext | None:
 def connection(
     settings: JetStreamSettings, name: str = "bus-reader", timeout: float | None = None
 ) -> Connection:
-    """A blocking connection to the first server that admits it (:mod:`bus.natswire`)."""
+    """A blocking connection to the first server that admits it (:mod:`bus.nats`)."""
     return _connector(settings, name, timeout)(settings.servers)
 
 
@@ -99,13 +99,13 @@ def failover(
 ) -> Failover:
     """Connections to the servers in turn (those the cluster names too, leaving one in
     lame-duck mode), and operations tried again on the next within ``retry``'s bound
-    (:mod:`bus.natswire.failover`)."""
+    (:mod:`bus.nats.failover`)."""
     return Failover(settings.servers, _connector(settings, name, timeout), retry)
 
 
 def stream_state(connection: Connection, stream: str) -> dict[str, Any]:
     """The stream's ``state`` (``first_seq``, ``last_seq``, ``messages``, ...), waited
-    for :data:`bus.natswire.ranged.CREATE_ATTEMPT` seconds: a stream with no leader
+    for :data:`bus.nats.ranged.CREATE_ATTEMPT` seconds: a stream with no leader
     (one being elected) does not answer, and a failover asks again."""
     asked = connection.request(jsapi.stream_info(stream), b"", timeout=CREATE_ATTEMPT)
     info = jsapi.answer(asked.payload)
@@ -193,12 +193,12 @@ class Subjects(_Remembered):
 class RangeReader:
     """Events with ``after < sequence <= upto`` under ``prefixes`` (all when empty), in
     the stream's order, read through a pull consumer whose subject filters keep what is
-    filtered out on the server (:class:`bus.natswire.ranged.RangeRead`), on a blocking
+    filtered out on the server (:class:`bus.nats.ranged.RangeRead`), on a blocking
     connection of the reader's own. :meth:`next_events` gives the next events as columns,
     with the time the stream stored each (nanoseconds since the epoch); none once the range
     is read. Blocking: call it from a thread of its own (a Spark task, the reactor's pool).
 
-    With a ``retry`` (:class:`bus.natswire.failover.Retry`), a read that fails for passing
+    With a ``retry`` (:class:`bus.nats.failover.Retry`), a read that fails for passing
     reasons (a server lost, JetStream electing a leader) is made again on the next server
     from just after the last event it gave, within the retry's bound; without one, it
     fails at the first failure.
@@ -309,7 +309,7 @@ class RangeReader:
 
     def take_behind(self) -> int:
         """Times since the last call that the consumer's replica lagged behind the
-        stream's leader at the read's end (:attr:`bus.natswire.ranged.RangeRead.behind`)."""
+        stream's leader at the read's end (:attr:`bus.nats.ranged.RangeRead.behind`)."""
         if self._read is None:
             return 0
         counted = self._behind_before + self._read.behind

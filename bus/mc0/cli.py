@@ -1,5 +1,5 @@
 """``mc0-cli``: put a message, follow topics, or time round trips against an mc0 broker
-(``mc0-keys``, now ``bus-keys``, makes a CURVE key pair: :mod:`bus.keys_cli`).
+(``mc0-keys``, now ``bus-keys``, makes a CURVE key pair: :mod:`bus.transport.keys_cli`).
 
     bus-keys alice ./mc0-clients            # alice.key (public) + alice.key_secret
     mc0-cli --cert ./mc0-clients/alice.key_secret sub mcollective.discovery
@@ -26,7 +26,7 @@ from typing import Any
 
 from twisted.internet import defer
 
-from bus.cliargs import (
+from bus.util.cliargs import (
     CliParser,
     add_version,
     duration,

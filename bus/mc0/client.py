@@ -30,11 +30,11 @@ import zmq
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
+from bus.extension import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.mc0 import codec
 from bus.mc0.codec import Framing, Mc0Error
 from bus.transport.curve import CurveKeyPair, make_curve_client
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.util.droplog import DropCounter
 
 log = Logger(namespace="bus.mc0.client")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bus.extension import CurveSettings
 from bus.mc0.core import BrokerSettings
-from bus.transport.curve_settings import CurveSettings
 
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_PORT = 61616

@@ -28,9 +28,9 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
 from bus.mc0 import codec
 from bus.mc0.codec import Framing, Mc0Error
+from bus.util.droplog import DropCounter
 
 log = Logger(namespace="bus.mc0")
 

@@ -9,13 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from bus.extension import (
+    CurveSettings,
+    ServiceOptions,
+    curve_options,
+    curve_settings,
+    parse_duration,
+)
 from bus.mc0.codec import MAX_TTL_MS
 from bus.mc0.config import DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_PORT, Mc0Config
-from bus.options import ServiceOptions, parse_duration
-from bus.transport.curve_settings import CurveSettings, curve_options, curve_settings
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from bus.mc0.server import Mc0Service
 
 
@@ -106,6 +111,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.extension import standalone
 
     return standalone("mc0", build, options)

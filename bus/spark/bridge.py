@@ -34,15 +34,14 @@ from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
-from bus.droplog import RateLimit
-from bus.errors import StartupError
 from bus.eventbus.codec import Event
-from bus.files import replace_atomically
-from bus.metrics import Metric, counter, gauge
-from bus.periodic import Periodic
+from bus.extension import Metric, StartupError, counter, gauge
 from bus.spark.config import BridgeConfig
 from bus.spark.journal import JournalError, JournalWriter
-from bus.workers import worker_pool
+from bus.util.droplog import RateLimit
+from bus.util.files import replace_atomically
+from bus.util.periodic import Periodic
+from bus.util.workers import worker_pool
 
 log = Logger(namespace="bus.spark.bridge")
 
@@ -69,7 +68,7 @@ class SparkBridgeService(Service):
     ) -> None:
         """``curve``: a ClientCurve, or a callable giving one (or None) at start: the bus
         speaks CURVE."""
-        from bus.transport.zmqsocket import reactor_of
+        from bus.extension import reactor_of
 
         self._servers = servers
         self._curve = curve
@@ -409,7 +408,7 @@ class SparkBridgeService(Service):
     def _write_state(self, state: dict[str, Any]) -> None:
         replace_atomically(self.config.journal_dir / BRIDGE_STATE, json.dumps(state), fsync=True)
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"journaled": "journaled"}
 
     def status(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
-from bus.natswire.credentials import Credentials, CredentialsError, split
+from bus.nats.credentials import Credentials, CredentialsError, split
 from bus.spark.journal import Coverage, Segment
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def _bool(name: str, text: str) -> bool:
 
 def _seconds(name: str, text: str, zero: bool = False) -> float:
     """A duration (``30s``, ``2m``, ``1.5``), positive (or zero, with ``zero``)."""
-    from bus.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         value = parse_duration(text)

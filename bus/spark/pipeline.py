@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bus.cliargs import add_version, fail
-from bus.extras import MissingExtra, require
+from bus.util.cliargs import add_version, fail
+from bus.util.extras import MissingExtra, require
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _duration(text: str) -> float:
     """Seconds from ``30s``, ``2m``, ``0`` (argparse's type: its error in one line)."""
-    from bus.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         return parse_duration(text)

@@ -6,8 +6,8 @@ The driver side (the long-lived runner that plans offsets) keeps one connection 
 the stream's state; an executor opens one per partition and reads it through
 :class:`bus.eventbus.stream_read.RangeReader`, whose subject filters keep what
 ``subscribe`` leaves out on the server. Both are blocking connections of
-:mod:`bus.natswire` (no event loop, no nats-py: a tenth of its cost per event), made and
-made again through one :class:`bus.natswire.failover.Failover` each: a server lost or
+:mod:`bus.nats` (no event loop, no nats-py: a tenth of its cost per event), made and
+made again through one :class:`bus.nats.failover.Failover` each: a server lost or
 silent is left for the next, and what JetStream cannot answer while it elects a leader
 is asked again, for up to ``natsRetryTimeout``. Nothing is kept across pickling but the
 options.
@@ -67,13 +67,13 @@ def _settings(options: StreamOptions) -> Any:
 
 
 def _retry(options: StreamOptions) -> Any:
-    from bus.natswire.failover import Retry
+    from bus.nats.failover import Retry
 
     return Retry(within=options.retry_timeout)
 
 
 def _failover(options: StreamOptions) -> Any:
-    """Blocking connections (:mod:`bus.natswire`) to the servers in turn."""
+    """Blocking connections (:mod:`bus.nats`) to the servers in turn."""
     from bus.eventbus.stream_read import failover
 
     return failover(_settings(options), name="spark-eventbus", retry=_retry(options))

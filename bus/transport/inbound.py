@@ -34,8 +34,8 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.droplog import RefusalCounter
 from bus.transport.fdbudget import DescriptorBudget, descriptor_limit
+from bus.util.droplog import RefusalCounter
 
 log = Logger(namespace="bus.transport.inbound")
 

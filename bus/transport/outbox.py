@@ -14,7 +14,7 @@ messages wait here, behind nothing and ahead of everything later for the same pe
   message is dropped and counted, so a client that never reads costs a bounded amount of
   memory (the socket's own send HWM bounds what libzmq holds for it);
 * memory that dropped messages and departed peers leave behind is handed back to the
-  system (:class:`bus.memory.MemoryRelease`), once what was dropped adds up to a MiB.
+  system (:class:`bus.util.memory.MemoryRelease`), once what was dropped adds up to a MiB.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import zmq
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
-from bus.memory import MemoryRelease
 from bus.transport.zmqsocket import ZmqSocket
+from bus.util.memory import MemoryRelease
 
 _NOBLOCK = zmq.NOBLOCK
 _MORE = zmq.NOBLOCK | zmq.SNDMORE

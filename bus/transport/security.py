@@ -29,7 +29,6 @@ import zmq
 from twisted.logger import Logger
 
 from bus.errors import StartupError
-from bus.metrics import Metric, counters_by, gauge
 from bus.transport.curve import (
     ClientCurve,
     CurveKeyPair,
@@ -42,6 +41,7 @@ from bus.transport.curve import (
     server_key_pair,
 )
 from bus.transport.curve_settings import CurveSettings
+from bus.util.metrics import Metric, counters_by, gauge
 
 log = Logger(namespace="bus.transport.security")
 

@@ -703,12 +703,3 @@ def bind_failure(error: zmq.ZMQError, port_option: str, what: str) -> StartupErr
     address to bind (no such interface or address here)."""
     option = port_option if error.errno == zmq.EADDRINUSE else "bind"
     return StartupError(option, f"cannot bind {what}: {error.strerror}")
-
-
-def reactor_of(reactor: Any | None) -> Any:
-    """The injected reactor, or the global one (imported only when needed)."""
-    if reactor is not None:
-        return reactor
-    from twisted.internet import reactor as global_reactor
-
-    return global_reactor

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bus.memory import freeze_startup_objects
+from bus.util.memory import freeze_startup_objects
 from bus.zre.codec import VERSION_20, VERSION_36
 from bus.zre.config import DEFAULT_PORT, ZreConfig
 from bus.zre.core import ZreEvent
@@ -57,7 +57,7 @@ def emit(line: dict[str, Any]) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    from bus.cliargs import CliParser, add_version, duration, port, tcp_endpoint
+    from bus.util.cliargs import CliParser, add_version, duration, port, tcp_endpoint
 
     def peer(text: str) -> str:
         endpoint, bar, key = text.partition("|")
@@ -140,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor
 
-    from bus.errors import StartupError
-    from bus.periodic import Periodic
+    from bus.extension import StartupError
+    from bus.util.periodic import Periodic
     from bus.zre.node import ZreNode, log
 
     config = ZreConfig(
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.shout(group, [f"ping {shouts} from {node.node_name}".encode()])
 
     node.add_listener(on_event)
-    # As the product does once its services started (bus.composition): what importing made
+    # As the product does once its services started (bus.application.composition): what importing made
     # leaves the collector's scans, so no full collection (20-30 ms) stalls the node later.
     freeze_startup_objects()
     try:

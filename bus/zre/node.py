@@ -23,24 +23,28 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zmq.utils import z85
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import DropCounter
-from bus.errors import StartupError
-from bus.metrics import Metric, counter, counters_by, gauge
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    BeaconSender,
+    CurveSettings,
+    DescriptorBudget,
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    listen_shared,
+    reactor_of,
+)
 from bus.transport.curve import make_curve_client
-from bus.transport.curve_settings import CurveSettings
-from bus.transport.fdbudget import DescriptorBudget
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.udp import (
-    BeaconSender,
-    InterfaceAddress,
-    InterfaceError,
-    UdpListener,
-    interface_address,
-    listen_shared,
-)
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.transport.udp import InterfaceAddress, InterfaceError, UdpListener, interface_address
+from bus.util.droplog import DropCounter
 from bus.zre import codec
 from bus.zre.codec import VERSION_20, VERSION_36, LogRecord, ZreError
 from bus.zre.config import ZreConfig
@@ -707,7 +711,7 @@ class ZreNode(Service):
             "messages_sent": gossip.sent,
         }
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"messages": "messages_received", "beacons": "beacons_received"}
 
     def details(self, limit: int = 100) -> dict[str, Any]:

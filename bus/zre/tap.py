@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.options import ServiceOptions, parse_duration
+from bus.extension import ServiceOptions, parse_duration
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from bus.zre.config import ZreConfig
     from bus.zre.node import ZreNode
 
@@ -191,6 +191,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    from bus.extension import standalone
 
     return standalone("zre", build, options)

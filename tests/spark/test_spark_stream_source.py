@@ -16,7 +16,7 @@ import pytest
 
 from bus.eventbus import subjects
 from bus.eventbus.codec import Event
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from bus.spark.options import SourceOptions
 from bus.spark.source import EventBusStreamReader
 from bus.spark.synthetic import events, expected_counts
