@@ -256,3 +256,33 @@ def test_a_front_end_leaves_a_server_in_lame_duck_mode_before_it_exits_losing_no
         if sending is not None and sending.running:
             sending.stop()
         yield end.stopService()
+
+
+def test_a_move_that_finds_no_other_server_stays_then_reconnects_as_after_any_loss() -> None:
+    """Sans network (a memory reactor): lame duck, no other server answers, the old one
+    closes; and the old one closing while the move is still being tried."""
+    from twisted.internet.error import ConnectionDone, ConnectionRefusedError
+    from twisted.internet.testing import MemoryReactorClock, StringTransport
+    from twisted.python.failure import Failure
+
+    for lost_first in (False, True):
+        memory = MemoryReactorClock()
+        client = NatsClient(memory, ["nats://a:4222", "nats://b:4222"], ping_interval=100)
+        client.start()
+        wire = memory.tcpClients[-1][2].buildProtocol(None)
+        wire.makeConnection(StringTransport())
+        wire.dataReceived(b'INFO {"max_payload": 1048576}\r\n')
+        wire.dataReceived(b"PONG\r\n")
+        assert client.connected and client.server == "nats://a:4222"
+        wire.dataReceived(b'INFO {"ldm": true}\r\n')
+        assert memory.tcpClients[-1][:2] == ("b", 4222)  # the move
+        refused = Failure(ConnectionRefusedError())
+        if lost_first:
+            wire.connectionLost(Failure(ConnectionDone()))
+        memory.tcpClients[-1][2].clientConnectionFailed(None, refused)
+        if not lost_first:
+            assert client.connected  # nowhere to go: stays until the server closes it
+            wire.connectionLost(Failure(ConnectionDone()))
+        memory.advance(5)
+        assert len(memory.tcpClients) == 3, "no attempt after the loss"
+        client.stop()

@@ -102,7 +102,7 @@ class EventBusFrontEnd(EventBusService):
             local_limit=config.collector_hwm,
             hold_limit=config.collector_hwm,
             subject_prefix=self.stream_settings.subject_prefix,
-            max_subject_bytes=stream.max_control_line - jsapi.PUBLISH_LINE_BEYOND_SUBJECT,
+            max_subject_bytes=max(0, stream.max_control_line - jsapi.PUBLISH_LINE_BEYOND_SUBJECT),
             max_message_bytes=min(stream.max_payload, stream.client.max_payload),
         )
         self._say_limits()

@@ -595,6 +595,8 @@ class NatsClient:
     def _move_next(self) -> None:
         if not self._move_candidates:
             self._moving_to = None  # none answered: stay until the server closes
+            if self._wire is None:
+                self._again()  # it closed meanwhile: connect as after any loss
             return
         self._moving_to = handshake.server(self._move_candidates.pop(0))
         self._dial(self._moving_to)
