@@ -7,9 +7,12 @@ Spark's source is read with them in tests/spark/test_spark_stream_source.py."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import secrets
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +42,7 @@ nkeys = pytest.importorskip("nkeys")
 PASSWORD = "pw-" + secrets.token_hex(8)
 TOKEN = "tk-" + secrets.token_hex(8)
 SEED = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-SECRETS = (PASSWORD, TOKEN, SEED.decode())
+SECRETS: tuple[str, ...] = (PASSWORD, TOKEN, SEED.decode())
 
 
 # -- what the credentials are, without servers -------------------------------------------------
@@ -131,16 +134,77 @@ USERS = f"""authorization {{
 }}"""
 
 
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _key(prefix: int) -> tuple[bytes, Any]:
+    seed = nkeys.encode_seed(os.urandom(32), prefix)
+    return seed, nkeys.from_seed(seed)
+
+
+def _jwt(issuer: Any, subject: str, kind: str, claims: dict[str, Any]) -> str:
+    """A JWT as nats-server's operator mode reads it: ed25519-nkey, signed by ``issuer``
+    (nsc makes them; the test makes its own, for an operator, two accounts and a user)."""
+    head = _b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
+    body = {
+        "jti": secrets.token_hex(16).upper(),
+        "iat": int(time.time()),
+        "iss": issuer.public_key.decode(),
+        "name": kind,
+        "sub": subject,
+        "nats": {"type": kind, "version": 2, **claims},
+    }
+    payload = _b64(json.dumps(body).encode())
+    return f"{head}.{payload}.{_b64(issuer.sign(f'{head}.{payload}'.encode()))}"
+
+
+USER_SEED, _USER = _key(nkeys.PREFIX_BYTE_USER)
+SECRETS += (USER_SEED.decode(),)
+
+
+def operator_mode() -> tuple[str, str]:
+    """nats-server's settings for an operator, a system account and an account with
+    JetStream; and the ``.creds`` file of a user of that account."""
+    _, operator = _key(nkeys.PREFIX_BYTE_OPERATOR)
+    _, account = _key(nkeys.PREFIX_BYTE_ACCOUNT)
+    _, system = _key(nkeys.PREFIX_BYTE_ACCOUNT)
+    unlimited = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+                 "wildcards": True, "conn": -1, "leaf": -1}  # fmt: skip
+    jetstream = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
+    ids = {name: pair.public_key.decode() for name, pair in (("a", account), ("s", system))}
+    settings = "\n".join([
+        f'operator: "{_jwt(operator, operator.public_key.decode(), "operator", {})}"',
+        f"system_account: {ids['s']}",
+        "resolver: MEMORY",
+        "resolver_preload: {",
+        f'  {ids["a"]}: "{_jwt(operator, ids["a"], "account", {"limits": {**unlimited, **jetstream}})}"',
+        f'  {ids["s"]}: "{_jwt(operator, ids["s"], "account", {"limits": unlimited})}"',
+        "}",
+    ])  # fmt: skip
+    user = _jwt(account, _USER.public_key.decode(), "user", {"pub": {}, "sub": {}, **unlimited})
+    creds = (
+        f"-----BEGIN NATS USER JWT-----\n{user}\n------END NATS USER JWT------\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{USER_SEED.decode()}\n------END USER NKEY SEED------\n"
+    )
+    return settings, creds
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A nats-server admitting alice (password) and an NKEY user, one admitting a token."""
+    """A nats-server admitting alice (password) and an NKEY user, one admitting a token,
+    one in operator mode (a user's .creds file)."""
+    settings, creds = operator_mode()
     users = nats_cluster(tmp_path_factory.mktemp("users"), size=1, extra=USERS)
     token = nats_cluster(tmp_path_factory.mktemp("token"), size=1, token=TOKEN)
-    users.start()
-    token.start()
-    yield {"users": users.urls[0], "token": token.urls[0]}
-    users.stop()
-    token.stop()
+    operator = nats_cluster(tmp_path_factory.mktemp("operator"), size=1, extra=settings)
+    started = [users, token, operator]
+    for each in started:
+        each.start()
+    yield {"users": users.urls[0], "token": token.urls[0], "operator": operator.urls[0],
+           "creds": creds}  # fmt: skip
+    for each in started:
+        each.stop()
 
 
 def secret_file(directory: Path, name: str, text: str) -> Path:
@@ -181,6 +245,7 @@ def test_front_ends_and_brokers_connect_with_secrets_they_never_print(
     password = secret_file(keys, "alice.password", PASSWORD)
     token = secret_file(keys, "token", TOKEN)
     seed = secret_file(keys, "user.nk", SEED.decode())
+    creds = secret_file(keys, "user.creds", servers["creds"])
     jetstream = ("--store", "jetstream", "--nats-stream")
     front_ends = {
         "password file": ServerProcess(
@@ -191,6 +256,10 @@ def test_front_ends_and_brokers_connect_with_secrets_they_never_print(
         "token file": ServerProcess(
             tmp_path / "e2", *jetstream, "E2", "--nats", servers["token"],
             "--nats-token-file", str(token), http=True,
+        ),
+        "credentials file": ServerProcess(
+            tmp_path / "e4", *jetstream, "E4", "--nats", servers["operator"],
+            "--nats-creds", str(creds), http=True,
         ),
         # The old way, a password in the URL: on the command line by the operator's
         # choice, and printed nowhere else.
