@@ -16,7 +16,7 @@ Options and composition (:mod:`bus.application`)
     adds to the product), :class:`ProductService`, :func:`standalone` (``twistd -n NAME``).
 What a service reports
     :class:`ActivitySink` and :data:`NO_ACTIVITY` (its activity, published on the bus when
-    composed); :class:`Metric`, :func:`counter`, :func:`gauge`, :func:`counters_by`,
+    composed); ``Metric``, :func:`counter`, :func:`gauge`, :func:`counters_by`,
     :func:`gauges_by` (``/metrics``); the typed contract of ``/status`` and the console:
     :class:`Reports`, :class:`Measured`, :class:`Detailed`, :class:`Charted`,
     :class:`Observable`.

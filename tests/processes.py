@@ -230,6 +230,8 @@ class ServerProcess(TwistdProcess):
         log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
         # The product composes mc0 and a DBP catalog by default: free ports, and their data
         # beside the server's log (off the data directory's disk, which a test may fill).
+        # And a ZRE node: without beacons, or every other ZRE node on the loopback (another
+        # test's) would put its ENTER and JOIN events on this server's bus.
         env = dict(
             os.environ,
             PYTHONUNBUFFERED="1",
@@ -238,6 +240,7 @@ class ServerProcess(TwistdProcess):
             MC0_DATA_DIR=str(log_path.parent / f"{data_dir.name}-mc0"),
             DBP_PORT="0",
             DBP_DATA_DIR=str(log_path.parent / f"{data_dir.name}-dbp"),
+            ZRE_PORT="0",
         )
         if tac:
             env.update(

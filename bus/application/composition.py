@@ -61,6 +61,9 @@ class Composition:
 
 @dataclass(slots=True)
 class Composed:
+    """One service of a composition, with the options it was built from, for ``/status``, the
+    console and the messages that name its options."""
+
     name: str
     service: Service
     #: How this service's options are spelled on the command line (``spark-bridge-``).
@@ -72,7 +75,8 @@ class ProductService(MultiService):
     """Starts its services in the order added and stops them in reverse, awaiting each stop.
 
     A service's ``startService`` may return a Deferred (as Buildbot's services do): the
-    next one starts once it fires. :meth:`when_started` tells when all have started. The failure is logged as one critical line; with
+    next one starts once it fires. :meth:`when_started` tells when all have started. When
+    one fails to start, the failure is logged as one critical line; with
     ``exit_on_failure`` (twistd and tac files) the process then ends with status 1, at once
     when the reactor is not running yet, else once the started services have stopped.
     """
@@ -94,6 +98,7 @@ class ProductService(MultiService):
 
     @property
     def reactor(self) -> Any:
+        """The reactor given, else the global one (imported only when first asked for)."""
         if self._reactor is None:
             from twisted.internet import reactor
 

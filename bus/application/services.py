@@ -30,6 +30,8 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 @dataclass(frozen=True, slots=True)
 class ServiceEntry:
+    """A service the product can compose: its name (``--services``) and the module of its tap."""
+
     name: str
     tap: str
     #: Part of the default ``--services`` (the protocols; the bridge is asked for).

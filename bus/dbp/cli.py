@@ -27,6 +27,7 @@ from bus.util.cliargs import (
 
 
 def parser() -> argparse.ArgumentParser:
+    """``dbp-cli``'s command line."""
     p = CliParser(prog="dbp-cli", description=__doc__.split("\n\n")[0])
     add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
@@ -52,6 +53,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``dbp-cli`` on ``argv`` (default: the command line); the exit status."""
     p = parser()
     args = parse(p, argv)
     import zmq

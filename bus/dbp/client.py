@@ -137,6 +137,7 @@ class CatalogClient:
             self._waiting.popleft().callback(body)
 
     def close(self) -> None:
+        """Fail the questions still waiting and close the socket."""
         while self._waiting:
             self._waiting.popleft().errback(ConnectionError("client closed"))
         self._factory.shutdown()
@@ -199,6 +200,7 @@ class ServiceRegistration(Service):
 
     @property
     def service_name(self) -> str:
+        """The name the service registers under."""
         return str(self.info.get("name", ""))
 
     # -- lifecycle ---------------------------------------------------------------------------

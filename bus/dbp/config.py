@@ -17,6 +17,8 @@ HERMES_SERVICES = ("expire", "keep")
 
 @dataclass(slots=True)
 class CatalogConfig:
+    """The catalog's addresses, beacon, heartbeats, allow file, data directory and bounds."""
+
     bind: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     beacon_interface: str = "lo"

@@ -59,6 +59,9 @@ def _names(metadata: Mapping[str, str]) -> frozenset[str] | None:
 
 
 class CatalogService(Service):
+    """The Core Catalog Service: its ROUTER, the UDP heartbeat port, the beacon and the registry on
+    disk, around :class:`bus.dbp.core.CatalogCore`."""
+
     def __init__(
         self, config: CatalogConfig, reactor: Any = None, activity: ActivitySink = NO_ACTIVITY
     ) -> None:
@@ -104,6 +107,7 @@ class CatalogService(Service):
 
     @property
     def registry_path(self) -> Path:
+        """Where the registry is saved."""
         return Path(self.config.data_dir) / REGISTRY_FILE
 
     # -- starting ----------------------------------------------------------------------------
@@ -308,6 +312,7 @@ class CatalogService(Service):
     # -- what it does ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """Ports, services, heartbeats and counts, for ``/status``."""
         entries = self.core.entries.values()
         return {
             "endpoint": self.endpoint,
@@ -350,6 +355,7 @@ class CatalogService(Service):
         return {"catalog": catalog}
 
     def metrics(self) -> list[Metric]:
+        """The services, messages and heartbeats, and CURVE, for ``/metrics``."""
         status = self.status()
         return [
             *self.curve.metrics(),

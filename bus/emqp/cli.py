@@ -168,14 +168,17 @@ class Run:
         self._stopping = False
 
     def elapsed(self) -> str:
+        """Time since the command started, as the messages write it."""
         return _seconds(self.reactor.seconds() - self.started)
 
     def say(self, sentence: str) -> None:
+        """Write the command's one line on stderr; later ones are not written."""
         if not self._reported:
             self._reported = True
             sys.stderr.write(f"emqp-cli {self.args.command}: {sentence}\n")
 
     def start(self) -> None:
+        """Run the command; the reactor stops when it ends, with :attr:`code` set."""
         self.reactor.addSystemEventTrigger("before", "shutdown", self._shutting_down)
         self.started = self.reactor.seconds()
         finished: defer.Deferred[None] = defer.maybeDeferred(self.args.run, self)
@@ -183,6 +186,7 @@ class Run:
         finished.addBoth(self._stop)
 
     def when_interrupted(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` if the command is interrupted before it ends."""
         self._on_interrupt.append(listener)
 
     def _succeeded(self, _: object) -> None:
@@ -213,6 +217,8 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Ended:
+    """How a wait of :func:`wait_for` ended, and with what."""
+
     how: Literal["answered", "out-of-time", "interrupted"]
     #: The awaited value, or its Failure, when ``how`` is ``answered``.
     result: Any = None
@@ -339,6 +345,8 @@ def failure_sentence(failed: Any, args: argparse.Namespace) -> str:
 
 @defer.inlineCallbacks
 def submit(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli submit``: send a REQUEST and print the worker's value (or, with ``--no-reply``,
+    the request's id once a worker has it)."""
     from bus.emqp import codec
     from bus.emqp.client import EmqpClient, JobFailed
 
@@ -510,6 +518,7 @@ def _ask_admin(
 
 @defer.inlineCallbacks
 def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli status``: the broker's STATUS, as JSON."""
     from bus.emqp.client import query_status
 
     url = run.args.admin.url
@@ -521,6 +530,7 @@ def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
 
 @defer.inlineCallbacks
 def schedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli schedule``: add (or replace) a schedule and print the broker's answer."""
     from bus.emqp.client import add_schedule
 
     args = run.args
@@ -539,6 +549,7 @@ def schedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
 
 @defer.inlineCallbacks
 def unschedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli unschedule``: remove a schedule by its id; an error when the broker keeps none."""
     from bus.emqp.client import remove_schedule
 
     args = run.args
@@ -555,6 +566,7 @@ def unschedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
 
 @defer.inlineCallbacks
 def schedules(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli schedules``: every schedule the broker keeps, as JSON lines."""
     from bus.emqp.client import list_schedules
 
     url = run.args.admin.url
@@ -754,6 +766,8 @@ def _check_schedule(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``emqp-cli``'s command line (``EMQP_BROKER`` and ``EMQP_ADMIN`` set the default
+    endpoints)."""
     exit_status = "Exit status: 0 on success, 1 with one sentence on stderr otherwise."
     broker = os.environ.get("EMQP_BROKER", BROKER)
     admin = os.environ.get("EMQP_ADMIN", ADMIN)
@@ -882,6 +896,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``emqp-cli`` on ``argv`` (default: the command line) and exit with its status."""
     # Ctrl-C while the rest loads or input is checked, before the reactor handles it: one
     # sentence, not a KeyboardInterrupt traceback. Set here, when the program runs: a
     # process that merely imports this module keeps its own SIGINT handling.

@@ -119,6 +119,7 @@ class EmqpClient:
 
     @property
     def outstanding(self) -> int:
+        """Requests sent and not yet answered."""
         return len(self._pending)
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:

@@ -409,6 +409,7 @@ class JetStreamJobs:
         answer.addCallbacks(answered, failed)
 
     def close(self) -> None:
+        """Stop the periodic work and the NATS client."""
         if self._progress_loop is not None and self._progress_loop.running:
             self._progress_loop.stop()
         if self._pull_watch is not None and self._pull_watch.running:
@@ -421,6 +422,7 @@ class JetStreamJobs:
 
     @property
     def connected(self) -> bool:
+        """Connected to a NATS server."""
         return self.client.connected
 
     def _connection_changed(self, up: bool) -> None:
@@ -442,6 +444,10 @@ class JetStreamJobs:
         answers: list[tuple[bytes, Message]],
         job_of: Callable[[Job], jobstream.StreamedJob],
     ) -> None:
+        """Do what the broker's core asked of the stream (``commands``, its ``to_stream``:
+        append, ack, nak, forward, the schedules' changes) and publish ``answers`` (its
+        ``to_brokers``) to the brokers their clients are connected to; ``job_of`` gives a
+        job as the stream keeps it."""
         batch: list[tuple[bytes, tuple[bytes, bytes, bytes]]] = []
         limit = self.client.max_payload
         for what, value in commands:
@@ -654,6 +660,7 @@ class JetStreamJobs:
 
     @property
     def refusing(self) -> bool:
+        """The last append was refused (a full stream, no quorum); the client port waits."""
         return self.refused_since is not None
 
     # -- requests not kept in the stream -------------------------------------------------------
@@ -876,6 +883,7 @@ class JetStreamJobs:
             self.bad_messages += 1
 
     def status(self) -> dict[str, Any]:
+        """The connection, the stream, appends, pulls and acknowledgements, for ``/status``."""
         return {
             "connected": self.client.connected,
             "ready": self.ready,

@@ -43,6 +43,9 @@ _role_policy = role_policy({"emqp-publish": "publisher", "emqp-subscribe": "subs
 
 
 class PubsubService(Service):
+    """eventmq's PUBLISH service: PUBLISH in on the incoming ROUTER, ``[topic, message]`` out on the
+    outgoing PUB (and onto the local bus when composed)."""
+
     name = "emqp-pubsub"
 
     def __init__(
@@ -156,6 +159,7 @@ class PubsubService(Service):
     # -- status ----------------------------------------------------------------------------------
 
     def connections(self) -> dict[str, int]:
+        """Peers connected to each port, by port."""
         sockets = (("incoming", self.incoming), ("outgoing", self.outgoing))
         return {name: sock.connections for name, sock in sockets if sock is not None}
 
@@ -163,6 +167,8 @@ class PubsubService(Service):
     console_rates = {"publications": "published"}
 
     def status(self) -> dict[str, Any]:
+        """Ports, connections, counts, the busiest topics, CURVE and the settings, for
+        ``/status``."""
         relay = self.relay
         return {
             "endpoints": self.endpoints,
@@ -181,6 +187,7 @@ class PubsubService(Service):
         }
 
     def metrics(self) -> list[Metric]:
+        """The service's counts and connections, and its CURVE, for ``/metrics``."""
         relay = self.relay
         connected = self.connections()
         families = self.curve.metrics()

@@ -24,6 +24,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd emqp-pubsub``'s options (``--emqp-pubsub-*`` of ``twistd eventbus``)."""
+
     service = "emqp-pubsub"
     env_prefix = "EMQP_PUBSUB"
     synopsis = "[options]"
@@ -72,6 +74,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> PubsubConfig:
+    """The service's settings from its options; a usage error names the option at fault."""
     ports = []
     for name in ("incoming-port", "outgoing-port"):
         port = int(options[name])
@@ -104,6 +107,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    """The PUBLISH service alone (``twistd -n emqp-pubsub``)."""
     from bus.extension import standalone
 
     return standalone("emqp-pubsub", build, options)

@@ -106,6 +106,10 @@ def _queues(metadata: Mapping[str, str]) -> Queues:
 
 
 class EmqpService(Service):
+    """The eMQP broker: its three ROUTERs, the :class:`bus.emqp.core.Broker` between them, and the
+    store of guaranteed requests (SQLite, or a JetStream stream), committed before anything a batch
+    produced is sent."""
+
     name = "emqp"
 
     def __init__(
@@ -731,6 +735,7 @@ class EmqpService(Service):
     # -- status ------------------------------------------------------------------------------------
 
     def connections(self) -> dict[str, int]:
+        """Peers connected to each port, by port."""
         sockets = (
             ("worker", self.worker_socket),
             ("client", self.client_socket),
@@ -742,6 +747,8 @@ class EmqpService(Service):
     console_rates = {"jobs": "counters.replied", "requests": "counters.requests"}
 
     def status(self) -> dict[str, Any]:
+        """The broker's state and the service's (ports, store, paused ports, held answers), for
+        ``/status`` and ``status.json``."""
         broker = self.broker
         described: dict[str, Any] = {
             "endpoints": self.endpoints,
@@ -775,6 +782,7 @@ class EmqpService(Service):
         return described
 
     def metrics(self) -> list[Metric]:
+        """The broker's counters and gauges, the store's and CURVE's, for ``/metrics``."""
         broker = self.broker
         if broker is None:
             return []

@@ -52,6 +52,9 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd emqp``'s options (``--emqp-*`` of ``twistd eventbus``), eventmq's router settings
+    beneath them."""
+
     service = "emqp"
     env_prefix = "EMQP"
     synopsis = "[options]"
@@ -270,6 +273,7 @@ def router_options(settings: EventmqSettings) -> dict[str, tuple[str, str]]:
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
+    """The broker's settings from its options; a usage error names the option at fault."""
     durability = options["durability"]
     if durability not in ("normal", "full"):
         raise usage.UsageError("--durability must be normal or full")
@@ -415,6 +419,7 @@ def reload_settings(service: EmqpService, options: Options) -> None:
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    """The broker alone (``twistd -n emqp``)."""
     from bus.extension import standalone
 
     return standalone("emqp", build, options)

@@ -72,6 +72,8 @@ _PROBE_SECONDS = 2.0
 
 
 class NoHandler(Exception):
+    """A request's body names no handler the worker has (and there is no default one)."""
+
     pass
 
 
@@ -143,6 +145,9 @@ class _JobProcess:
 
 
 class EmqpWorker(Service):
+    """An eMQP worker as a Twisted service: it INFORMs ``queues``, offers ``slots`` READYs, runs
+    each request's handler in its pool, REPLYs, and starts over with a broker that restarted."""
+
     def __init__(
         self,
         endpoint: str,
@@ -169,7 +174,8 @@ class EmqpWorker(Service):
         (0: none). ``job_timeout``: seconds a job may run when its request names no
         ``timeout:N`` (0: as long as it takes; eventmq's ``GLOBAL_TIMEOUT``); past its
         timeout a job's process is killed (the process pool only: a thread cannot be
-        ended). ``worker_name``: its name in its log. ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
+        ended). ``worker_name``: its name in its log. ``curve``: connect as a CURVE client (a
+        broker with ``--server-cert``)."""
         self.curve = curve
         if pool not in ("thread", "process"):
             raise ValueError("pool must be thread or process")

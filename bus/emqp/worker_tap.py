@@ -89,6 +89,7 @@ queue_list.wants = 'weight:name,... (a bare name weighs 10) or [[weight, "name"]
 
 
 def seconds(value: Any) -> float:
+    """A duration option's value in seconds; ValueError names what is wrong with it."""
     try:
         return parse_duration(value)
     except usage.UsageError as error:
@@ -153,6 +154,8 @@ def jobmanager_args(args: Sequence[str]) -> list[str]:
 
 
 class Options(ServiceOptions):
+    """``emqp-worker``'s options, eventmq's job manager settings beneath them."""
+
     service = NAME
     env_prefix = "EMQP_WORKER"
     # A TOML file shared with the product may hold the product's tables too.
@@ -474,6 +477,7 @@ def end_jobs_at_second_signal(worker: EmqpWorker) -> None:
 
 
 def makeService(options: usage.Options | Mapping[str, Any]) -> ProductService:
+    """The worker alone (``emqp-worker``, ``twistd -n emqp-worker``)."""
     from bus.extension import standalone
 
     return standalone(NAME, build, options)

@@ -55,6 +55,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def event_json(event: Event) -> str:
+    """One event as the JSON line the commands print."""
     try:
         value = _jsonable(event.value())
     except Exception:
@@ -121,6 +122,8 @@ class SnapshotQuery:
         timeout: float,
         on_event: Any = lambda event: None,
     ) -> defer.Deferred[int]:
+        """Ask for the events of ``subtrees`` above ``since``, each handed to ``on_event``; fires
+        with the SYNCEND's sequence, or fails when none came within ``timeout`` seconds."""
         import uuid
 
         import zmq
@@ -263,6 +266,7 @@ def _answers_like_the_original(reactor: Any, server: Any, curve: Any = None) -> 
 
 @defer.inlineCallbacks
 def publish(reactor: Any, args: argparse.Namespace) -> Any:
+    """``eventbus-cli publish``: one event, confirmed stored when asked (``--confirm``)."""
     import zmq
 
     from bus.eventbus import codec
@@ -377,6 +381,8 @@ def _find_in_log(
 
 @defer.inlineCallbacks
 def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
+    """``eventbus-cli snapshot``: every event of the subtrees as JSON lines, then a count on
+    stderr."""
     from bus.eventbus.client import ServerAddress
     from bus.extension import SocketFactory
 
@@ -400,6 +406,8 @@ def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
 
 @defer.inlineCallbacks
 def tail(reactor: Any, args: argparse.Namespace) -> Any:
+    """``eventbus-cli tail``: the subtrees' events as JSON lines, from a snapshot and then live,
+    until interrupted."""
     from bus.eventbus.client import EventBusSubscriber, FileCursor
     from bus.extension import wait_until
 
@@ -550,6 +558,7 @@ def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``eventbus-cli``'s command line."""
     parser = CliParser(
         prog="eventbus-cli",
         description=__doc__.split("\n\n")[0],
@@ -648,6 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``eventbus-cli`` on ``argv`` (default: the command line)."""
     from bus.extension import ConditionTimeout
 
     args = parse(build_parser(), argv)

@@ -125,6 +125,7 @@ class Intake:
         self.append_failures = 0
 
     def accept(self, fields: list[EventFields]) -> None:
+        """Take a batch of valid events, to be stored and broadcast in order."""
         raise NotImplementedError
 
     def backlog(self) -> int:
@@ -192,6 +193,7 @@ class Intake:
         return len(self.local) == 1
 
     def flush_local(self) -> None:
+        """Accept the events of this process queued by :meth:`publish_local`."""
         batch, self.local = self.local, []
         if batch:
             self.local_accepted += len(batch)

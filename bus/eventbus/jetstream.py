@@ -487,9 +487,11 @@ class JetStreamLog:
         return self.bytes
 
     def count(self) -> int:
+        """Events the stream holds (as of the last state read)."""
         return self.messages
 
     def close(self) -> defer.Deferred[None]:
+        """Stop reading and writing; fires once the writer's thread has finished its batch."""
         self._closed = True
         readers, self._readers = list(self._readers.values()), OrderedDict()
         for reader in readers:

@@ -580,6 +580,7 @@ class SnapshotScheduler:
         self._hot.clear()
 
     def stop(self) -> None:
+        """Cancel the turns and retries, and forget every stream."""
         self._stopped = True
         for call in (self._run_call, self._retry_call):
             if call is not None and call.active():

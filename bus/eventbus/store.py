@@ -89,6 +89,7 @@ class Retention:
 
     @property
     def enabled(self) -> bool:
+        """Some limit is set: retention has work to do."""
         return self.max_age is not None or self.max_count is not None or self.latest_per_topic
 
 
@@ -242,6 +243,7 @@ class EventStore:
         return self._meta(key)
 
     def set_meta(self, key: str, value: str) -> None:
+        """Keep ``value`` under ``key`` beside the log, committed at once."""
         db = self._db
 
         def write() -> None:
@@ -323,9 +325,11 @@ class EventStore:
         return self._db.execute(sql, params).fetchall()
 
     def count(self) -> int:
+        """Events held now."""
         return int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
 
     def first_sequence(self) -> int | None:
+        """The lowest sequence still held; None when the log is empty."""
         row = self._db.execute("SELECT MIN(seq) FROM events").fetchone()
         return None if row[0] is None else int(row[0])
 

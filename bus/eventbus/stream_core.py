@@ -178,6 +178,7 @@ class StreamCore(Intake):
 
     @property
     def collector_paused(self) -> bool:
+        """The collector is not read: the stream refuses appends, or as many events wait as may."""
         return self.refused or self.holding
 
     def take_append(self) -> list[EventFields] | None:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
 
 
 def encode(fields: EventFields) -> bytes:
+    """An event's fields as a stream message's body (the topic goes in the subject)."""
     _topic, producer, timestamp, uuid, data = fields
     body: bytes = msgpack.packb([producer, timestamp, uuid, data], use_bin_type=True)
     return body
@@ -48,6 +49,7 @@ def _bin_head(size: int) -> int:
 
 
 def decode(prefix: str, subject: str, body: bytes) -> EventFields:
+    """The fields of the event stored as ``body`` under ``subject``."""
     return row(0, subjects.topic(prefix, subject), body)[1:]
 
 
@@ -139,6 +141,7 @@ class Events:
 
     @classmethod
     def empty(cls) -> Events:
+        """No events."""
         return cls([], [], [], [])
 
     @classmethod
@@ -234,6 +237,8 @@ class RangeReader:
         self.first_stored = 0
 
     def open(self, prefixes: Sequence[bytes] = (), check_retention: bool = False) -> RangeReader:
+        """Start reading under ``prefixes`` (every topic when empty); with ``check_retention``,
+        :attr:`first_stored` says where the stream starts now. Returns the reader."""
         self._prefixes = list(prefixes)
         self._filters, self._exact = subjects.filters(self.settings.subject_prefix, self._prefixes)
         if self.after >= self.upto:
@@ -318,6 +323,7 @@ class RangeReader:
         return behind
 
     def close(self) -> None:
+        """Delete the consumer (where its connection is still up) and leave the connection."""
         read, self._read = self._read, None
         connected, self._failover = self._failover, None
         try:

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
 
 class Options(ServiceOptions):
+    """The Event BUS's options (``twistd -n eventbus`` offers them unprefixed)."""
+
     service = "eventbus"
     env_prefix = "EVENTBUS"
     synopsis = "[options]"
@@ -176,6 +178,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConfig:
+    """The server's settings from its options; a usage error names the option at fault."""
     dialect = options["dialect"]
     if dialect not in ("spec", "original"):
         raise usage.UsageError("--dialect must be spec or original")

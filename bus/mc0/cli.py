@@ -60,6 +60,7 @@ def _text(value: bytes) -> Any:
 
 
 def delivery_json(delivery: Any) -> str:
+    """A MESSAGE as the JSON line ``mc0-cli sub`` prints."""
     return json.dumps(
         {
             "topic": _text(delivery.topic),
@@ -115,6 +116,7 @@ def _connected(reactor: Any, connector: Any, timeout: float) -> defer.Deferred[N
 
 @defer.inlineCallbacks
 def put(reactor: Any, args: argparse.Namespace) -> Any:
+    """``mc0-cli put``: one PUT, waiting for the broker's OK."""
     connector = _connector(reactor, args)
     try:
         yield _connected(reactor, connector, args.timeout)
@@ -127,6 +129,8 @@ def put(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+    """``mc0-cli sub``: the topics' messages as JSON lines, until ``--count`` of them or an
+    interruption."""
     done: defer.Deferred[None] = defer.Deferred()
     seen = [0]
 
@@ -161,6 +165,7 @@ def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
 
 @defer.inlineCallbacks
 def ping(reactor: Any, args: argparse.Namespace) -> Any:
+    """``mc0-cli ping``: time the connection and ``--count`` NOOP round trips, printed as JSON."""
     connector = _connector(reactor, args)
     try:
         started = time.perf_counter()
@@ -194,6 +199,7 @@ def _header(text: str) -> tuple[bytes, bytes]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``mc0-cli``'s command line."""
     parser = CliParser(
         prog="mc0-cli",
         description=__doc__.split("\n\n")[0],
@@ -236,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``mc0-cli`` on ``argv`` (default: the command line)."""
     import zmq
 
     from bus.mc0.client import Mc0CommandError, Mc0ConnectionLost

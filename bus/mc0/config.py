@@ -15,6 +15,9 @@ DEFAULT_DATA_DIR = "mc0-data"
 
 @dataclass(frozen=True, slots=True)
 class Mc0Config:
+    """The broker's port, data directory, CURVE, mirroring onto the Event BUS, the rules of its core
+    and its sockets' bounds."""
+
     bind: str = DEFAULT_BIND
     port: int = DEFAULT_PORT
     data_dir: Path = Path(DEFAULT_DATA_DIR)

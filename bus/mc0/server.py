@@ -59,6 +59,8 @@ for _event in _HANDSHAKE_FAILURES:
 
 
 class Mc0Service(Service):
+    """The mc0 broker: its CURVE ROUTER, ZAP, and the :class:`bus.mc0.core.Broker`."""
+
     name = "mc0"
 
     def __init__(
@@ -114,6 +116,7 @@ class Mc0Service(Service):
 
     @property
     def zap(self) -> ZapHandler | None:
+        """The ZAP handler checking client keys (None: plain text)."""
         return self.curve.zap
 
     def _open_sockets(self, factory: SocketFactory) -> None:
@@ -232,6 +235,7 @@ class Mc0Service(Service):
     # -- what it does ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """The broker, the port, its security and handshakes, for ``/status``."""
         broker = self.broker.status() if self.broker is not None else {}
         zap = self.zap
         return {
@@ -282,6 +286,7 @@ class Mc0Service(Service):
         return {"client_list": clients, "topic_list": topics}
 
     def metrics(self) -> list[Metric]:
+        """Connections, handshakes, authentication and the broker's counts, for ``/metrics``."""
         broker = self.broker
         zap = self.zap
         families = [

@@ -30,6 +30,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd mc0``'s options (``--mc0-*`` of ``twistd eventbus``)."""
+
     service = "mc0"
     env_prefix = "MC0"
     synopsis = "[--bind ADDR] [--port P] [--server-cert FILE] [--client-certs DIR] [--plain]"
@@ -69,6 +71,7 @@ def _ms(options: usage.Options | dict[str, Any], name: str) -> int:
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
+    """The broker's settings from its options; a usage error names the option at fault."""
     from bus.mc0.core import BrokerSettings
 
     port = int(options["port"])
@@ -104,6 +107,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> Mc0Service:
+    """The broker; composed with the Event BUS, it may mirror PUTs onto it (``--mirror``)."""
     from bus.mc0.server import Mc0Service
 
     config = options.get("mc0-config") or config_from_options(options)
@@ -111,6 +115,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    """The broker alone (``twistd -n mc0``)."""
     from bus.extension import standalone
 
     return standalone("mc0", build, options)

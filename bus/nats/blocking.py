@@ -236,17 +236,21 @@ class Connection:
 
     @property
     def reply_sid(self) -> int:
+        """The subscription id of the answers to :meth:`new_inbox`'s subjects."""
         return self._reply_sid
 
     def publish(self, subject: str, payload: bytes, reply: str = "") -> None:
+        """Send ``payload`` to ``subject`` (answers to ``reply``, when given)."""
         self._send(codec.pub(subject.encode(), payload, reply.encode()))
 
     def subscribe(self, subject: str) -> int:
+        """Subscribe to ``subject``; its messages come from :meth:`read` with the sid returned."""
         sid = next(self._sids)
         self._send(codec.sub(subject, sid))
         return sid
 
     def unsubscribe(self, sid: int) -> None:
+        """End the subscription ``sid``."""
         self._send(codec.unsub(sid))
 
     def read(self, timeout: float | None = None) -> list[Msg]:
@@ -290,6 +294,7 @@ class Connection:
         self._pending_bytes += size
 
     def close(self) -> None:
+        """Close the socket; idempotent."""
         self._drop()
 
     def __enter__(self) -> Connection:

@@ -26,6 +26,7 @@ from bus.util.cliargs import CliParser, add_version, fail, whole_number
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """``bus-cluster``'s arguments."""
     parser = CliParser(prog="bus-cluster", description=__doc__.splitlines()[0])
     add_version(parser)
     # Each is the first of a run of ports: front-end N uses PORT + 3 N .. + 2 (N up to 8).
@@ -49,6 +50,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def front_end_command(urls: list[str], port: int, http_port: int, data_dir: Path) -> list[str]:
+    """The ``twistd`` command of one Event BUS front-end on the cluster's stream (three
+    replicas)."""
     return [
         str(Path(sys.executable).parent / "twistd"),
         "-n",
@@ -72,6 +75,8 @@ def front_end_command(urls: list[str], port: int, http_port: int, data_dir: Path
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``bus-cluster``: start the servers and the front-ends, wait for a signal, stop them
+    all."""
     args = parse(argv)
     directory = Path(args.dir).resolve()
     try:

@@ -85,6 +85,8 @@ class NatsTLS:
     key: Path | None = None
 
     def options(self, hostname: str) -> Any:
+        """Twisted's client TLS options for the server at ``hostname``; :class:`ConnectError` when
+        the ``cluster`` extra's TLS is not installed."""
         # The options that ask for TLS had it checked at start (bus.nats.options); a server
         # that requires TLS unasked finds out here.
         try:
@@ -105,6 +107,9 @@ class NatsTLS:
 
 @dataclass(slots=True)
 class Subscription:
+    """A subscription of :meth:`NatsClient.subscribe`: what to pass to
+    :meth:`NatsClient.unsubscribe`."""
+
     subject: str
     callback: Callable[[Msg], None]
     queue: str
@@ -303,6 +308,7 @@ class NatsClient:
 
     @property
     def connected(self) -> bool:
+        """A connection is open and its handshake done."""
         return self._wire is not None and self._wire.ready
 
     @property
@@ -323,6 +329,7 @@ class NatsClient:
         return dict(self._wire.info) if self._wire is not None else {}
 
     def start(self) -> None:
+        """Connect, and keep connecting when the connection is lost, until :meth:`stop`."""
         if self._running:
             return
         self._running = True
@@ -348,6 +355,8 @@ class NatsClient:
         return waiting
 
     def stop(self) -> None:
+        """Close the connection and stop reconnecting; whatever waits fails with
+        :class:`NotConnected`."""
         self._running = False
         calls = (self._attempt, self._pinger, self._sweeper, self._drainer, self._budget_reset)
         for call in calls:
@@ -415,6 +424,7 @@ class NatsClient:
         return subscription
 
     def unsubscribe(self, subscription: Subscription) -> None:
+        """End ``subscription``, here and (when connected) at the server."""
         if self._subscriptions.pop(subscription.sid, None) is not None and self.connected:
             self._write(codec.unsub(subscription.sid))
         subscription.waiting.clear()
@@ -830,6 +840,7 @@ async def stream_ready(
 
 
 def pause(reactor: Any, seconds: float) -> defer.Deferred[None]:
+    """A Deferred that fires after ``seconds`` on ``reactor``."""
     from twisted.internet.task import deferLater
 
     return deferLater(reactor, seconds, lambda: None)

@@ -69,6 +69,7 @@ class Parser:
         self._buffer = b""
 
     def feed(self, data: bytes) -> list[Msg | Control]:
+        """Take the bytes ``data`` and return every whole item they complete, in order."""
         buffer = self._buffer + data if self._buffer else data
         out: list[Msg | Control] = []
         if native is None:
@@ -154,25 +155,30 @@ def _parse(buffer: bytes, position: int, out: list[Msg | Control], once: bool) -
 
 
 def info(control: Control) -> dict[str, Any]:
+    """The JSON of an ``INFO`` line."""
     parsed: dict[str, Any] = json.loads(control.argument)
     return parsed
 
 
 def connect(options: dict[str, Any]) -> bytes:
+    """A ``CONNECT`` with ``options`` as its JSON."""
     return b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + CRLF
 
 
 def sub(subject: str, sid: int, queue: str = "") -> bytes:
+    """A ``SUB`` of ``subject`` as ``sid``, in ``queue``'s group when one is given."""
     if queue:
         return f"SUB {subject} {queue} {sid}\r\n".encode()
     return f"SUB {subject} {sid}\r\n".encode()
 
 
 def unsub(sid: int, after: int = 0) -> bytes:
+    """An ``UNSUB`` of ``sid``: at once, or after ``after`` more messages."""
     return f"UNSUB {sid} {after}\r\n".encode() if after else f"UNSUB {sid}\r\n".encode()
 
 
 def pub(subject: bytes, payload: bytes, reply: bytes = b"") -> bytes:
+    """A ``PUB`` of ``payload`` to ``subject``, its answers to ``reply`` when given."""
     head = b"PUB " + subject + (b" " + reply if reply else b"") + b" %d\r\n" % len(payload)
     return head + payload + CRLF
 
@@ -185,6 +191,7 @@ def hpub(subject: bytes, headers: bytes, payload: bytes, reply: bytes = b"") -> 
 
 
 def header_block(headers: dict[bytes, bytes]) -> bytes:
+    """A ``NATS/1.0`` header block of ``headers`` for :func:`hpub`."""
     lines = [b"NATS/1.0"]
     lines.extend(key + b": " + value for key, value in headers.items())
     return CRLF.join(lines) + CRLF + CRLF

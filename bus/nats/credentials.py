@@ -60,6 +60,7 @@ class Secret:
         self._value = value
 
     def reveal(self) -> str:
+        """The secret itself: for the ``CONNECT`` that sends it, nothing else."""
         return self._value
 
     def __repr__(self) -> str:
@@ -188,6 +189,7 @@ class Credentials:
 
     @property
     def given(self) -> bool:
+        """Whether any way in was given (else the servers must admit anyone)."""
         return any(getattr(self, name) is not None for name in self.__slots__)
 
     @property

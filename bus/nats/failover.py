@@ -228,6 +228,7 @@ class Failover:
         return f"{what}{still} (servers tried: {tried}); last: {cause}"
 
     def close(self) -> None:
+        """Leave the connection (as :meth:`drop`)."""
         self.drop()
 
 

@@ -41,6 +41,8 @@ class Server(NamedTuple):
 
 
 def server(url: str) -> Server:
+    """One address of ``--nats`` (``[nats|tls]://[user:password@|token@]host[:port]``) parsed;
+    :class:`ConnectError` when it has no host or a bad port."""
     parts = urlsplit(url if "://" in url else "nats://" + url)
     user, password, token = userinfo(url)
     try:
@@ -53,6 +55,7 @@ def server(url: str) -> Server:
 
 
 def wants_tls(address: Server, info: dict[str, Any], configured: bool) -> bool:
+    """Whether to start TLS: asked for in the options or the URL, or required by the server."""
     return configured or address.tls or bool(info.get("tls_required"))
 
 

@@ -100,6 +100,7 @@ def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
 
 
 def stream_info(stream: str) -> str:
+    """The request subject of a stream's configuration and state."""
     return f"{API}.STREAM.INFO.{stream}"
 
 
@@ -115,10 +116,12 @@ def consumer_create(stream: str, name: str = "") -> str:
 
 
 def consumer_delete(stream: str, consumer: str) -> str:
+    """The request subject deleting a consumer."""
     return f"{API}.CONSUMER.DELETE.{stream}.{consumer}"
 
 
 def consumer_next(stream: str, consumer: str) -> str:
+    """The request subject of a pull consumer's next messages (the body is :func:`pull`)."""
     return f"{API}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
 
 
@@ -147,6 +150,8 @@ def ranged_consumer(
 
 
 def pull(batch: int, expires: float, max_bytes: int = 0) -> bytes:
+    """A pull request's body: up to ``batch`` messages (and ``max_bytes``, when given), the request
+    expiring after ``expires`` seconds."""
     request: dict[str, Any] = {"batch": batch, "expires": int(expires * 1e9)}
     if max_bytes:
         request["max_bytes"] = max_bytes

@@ -164,6 +164,7 @@ class RangeRead:
 
     @property
     def done(self) -> bool:
+        """Everything up to ``upto`` was read."""
         return self._done
 
     def open(self, check_retention: bool = False) -> RangeRead:

@@ -24,6 +24,8 @@ class NatsServerMissing(MissingExtra):
 
 
 def nats_server_binary() -> str:
+    """The ``nats-server`` to run: the one beside the interpreter, else on ``PATH``;
+    :class:`NatsServerMissing` when there is none."""
     beside = Path(sys.executable).parent / "nats-server"
     if beside.exists():
         return str(beside)
@@ -64,6 +66,7 @@ class NatsNode:
 
     @property
     def url(self) -> str:
+        """Where clients reach this server."""
         return f"nats://{self.host}:{self.port}"
 
 
@@ -154,6 +157,7 @@ class NatsCluster:
 
     @property
     def urls(self) -> list[str]:
+        """Where clients reach each server, in order."""
         return [node.url for node in self.nodes]
 
     def start(self, node: NatsNode | None = None, timeout: float = 10.0) -> None:
@@ -196,12 +200,15 @@ class NatsCluster:
             return b"Server is ready" in log.read()
 
     def kill(self, node: NatsNode, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to ``node``'s server (a fault for a test); wait for it to end when the
+        signal ends it."""
         if node.process is not None and node.process.poll() is None:
             os.kill(node.process.pid, sig)
             if sig in (signal.SIGKILL, signal.SIGTERM):
                 node.process.wait(10)
 
     def stop(self) -> None:
+        """Stop every server: terminated, killed if still running 10 s later."""
         for node in self.nodes:
             if node.process is not None and node.process.poll() is None:
                 node.process.terminate()

@@ -12,6 +12,9 @@ from bus.nats.credentials import Credentials, split
 
 @dataclass(frozen=True, slots=True)
 class NatsSettings:
+    """The JetStream store's settings: servers, stream, subjects, replicas, credentials, TLS and the
+    duplicate window."""
+
     #: The servers' URLs, without credentials: a ``user:password@`` or ``token@`` given in
     #: them is moved to :attr:`credentials` as the settings are made, so that the servers
     #: may be printed anywhere.

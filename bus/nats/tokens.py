@@ -19,6 +19,7 @@ class SubjectError(ValueError):
 
 
 def token(segment: bytes) -> str:
+    """``segment`` as one subject token (escaped as the module says)."""
     if not segment:
         return _EMPTY
     safe = _SAFE
@@ -28,6 +29,8 @@ def token(segment: bytes) -> str:
 
 
 def untoken(token: str) -> bytes:
+    """The bytes of a token made by :func:`token`; :class:`SubjectError` for a token it could not
+    have made."""
     if token == _EMPTY:
         return b""
     out = bytearray()

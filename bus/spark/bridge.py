@@ -57,6 +57,10 @@ class StoreMismatch(Exception):
 
 
 class SparkBridgeService(Service):
+    """Journals the PUB feed of the bus at ``servers`` (the first that answers; a callable when they
+    are known only at start, as the local bus's are) into ``config``'s journal, without a gap it has
+    not recorded."""
+
     name = "spark-bridge"
 
     def __init__(
@@ -412,6 +416,8 @@ class SparkBridgeService(Service):
     console_rates = {"journaled": "journaled"}
 
     def status(self) -> dict[str, Any]:
+        """Sequences received and journaled, what waits for the writer, gaps, and whether the
+        journal blocks, for ``/status``."""
         return {
             "sequence": self._last,
             "journaled": self.journaled,
@@ -436,6 +442,7 @@ class SparkBridgeService(Service):
         return max(0, self._bus_sequence() - max(self.handed_to_journal, self._start))
 
     def metrics(self) -> list[Metric]:
+        """The same as :meth:`status`, as Prometheus families."""
         return [
             counter(
                 "spark_bridge_events_journaled", "Events written to the journal", self.journaled

@@ -62,6 +62,7 @@ class OptionError(ValueError):
 
 
 def offset(seq: int) -> dict[str, int]:
+    """The offset ``{"seq": N}`` of sequence ``seq``."""
     return {"seq": seq}
 
 
@@ -74,6 +75,8 @@ def offset_seq(value: Mapping[str, Any]) -> int:
 
 
 def parse_offset(name: str, text: str) -> OffsetSpec:
+    """Option ``name``'s text: ``earliest``, ``latest`` or the JSON ``{"seq": N}``;
+    :class:`OptionError` for anything else."""
     text = text.strip()
     if text.lower() in ("earliest", "latest"):
         return "earliest" if text.lower() == "earliest" else "latest"
@@ -156,6 +159,9 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+        """The source's options as Spark gives them (names in any case), checked: an
+        :class:`OptionError` names the option at fault. ``streaming``: for a streaming query
+        (starting at ``latest`` by default, no ``endingOffsets``), else for a batch read."""
         given = {key.lower(): str(value) for key, value in options.items()}
         unknown = sorted(set(given) - KNOWN_OPTIONS)
         if unknown:
@@ -244,9 +250,13 @@ class SourceOptions:
 class LogView(Protocol):
     """What planning asks of a log: a journal or a stream."""
 
-    def start_offset(self) -> int: ...
+    def start_offset(self) -> int:
+        """Just below the first sequence the log still holds."""
+        ...
 
-    def latest_sequence(self) -> int: ...
+    def latest_sequence(self) -> int:
+        """The log's last sequence."""
+        ...
 
 
 def resolve(spec: OffsetSpec, journal: LogView) -> int:

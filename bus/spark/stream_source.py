@@ -120,6 +120,7 @@ class StreamAccess:
         return int(state["first_seq"]) - 1 if state["messages"] else int(state["last_seq"])
 
     def latest_sequence(self) -> int:
+        """The stream's last sequence."""
         return int(self._state()["last_seq"])
 
     def plan(self, start: int, end: int) -> list[StreamPartition]:
@@ -142,6 +143,7 @@ class StreamAccess:
         ]
 
     def close(self) -> None:
+        """Leave the driver side's connection."""
         if self._failover is not None:
             failover, self._failover = self._failover, None
             failover.close()
@@ -149,6 +151,8 @@ class StreamAccess:
     # -- an executor's side ----------------------------------------------------------------
 
     def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The rows of ``partition``'s range, read from the stream with a connection of this
+        executor's own."""
         if not isinstance(partition, StreamPartition):
             return iter(())  # Spark's placeholder when a batch plan is empty
         return self._read(partition)

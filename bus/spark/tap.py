@@ -29,6 +29,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd spark-bridge``'s options (also ``--spark-bridge-*`` of ``twistd eventbus``)."""
+
     service = "spark-bridge"
     env_prefix = "SPARK_BRIDGE"
     synopsis = "--server HOST:PORT [--server BACKUP:PORT] --journal-dir DIR [options]"
@@ -93,6 +95,8 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> BridgeConfig
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> SparkBridgeService:
+    """The bridge; composed with the Event BUS and given no ``--server``, it journals the
+    local bus."""
     from bus.spark.bridge import SparkBridgeService
 
     config = options.get("bridge-config") or config_from_options(options)
@@ -107,6 +111,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    """The bridge alone (``twistd -n spark-bridge``)."""
     from bus.extension import standalone
 
     return standalone("spark-bridge", build, options)

@@ -158,6 +158,7 @@ def parser_for(command: str, prog: str = "bus-keys") -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "bus-keys") -> None:
+    """Run ``bus-keys`` (or ``mc0-keys``, as ``prog``) on ``argv`` (default: the command line)."""
     from bus.transport.certs import (
         generate_key_pair,
         read_certificate,

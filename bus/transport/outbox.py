@@ -63,6 +63,10 @@ class _PeerBox:
 
 
 class PeerOutboxes:
+    """The messages a ROUTER could not send yet, a box per (socket, peer), each bounded by
+    ``max_bytes`` and ``max_messages``, at most ``max_peers`` boxes; what a peer does not take
+    within ``linger`` seconds is dropped, counted in :attr:`dropped`."""
+
     def __init__(
         self,
         reactor: Any,
@@ -162,6 +166,7 @@ class PeerOutboxes:
             self._try(lambda box: box.sock is sock and not box.unreachable)
 
     def retry(self) -> None:
+        """Try again the boxes whose backoff has run out (the timer's call)."""
         self._timer = None
         now = self.reactor.seconds()
         self._try(lambda box: box.next_try <= now)
@@ -261,14 +266,17 @@ class PeerOutboxes:
 
     @property
     def held_messages(self) -> int:
+        """Messages waiting, over every peer."""
         return sum(len(box.messages) for box in self._boxes.values())
 
     @property
     def held_bytes(self) -> int:
+        """Bytes waiting, over every peer."""
         return sum(box.size for box in self._boxes.values())
 
     @property
     def peers(self) -> int:
+        """Peers with messages waiting."""
         return len(self._boxes)
 
     def stop(self) -> None:

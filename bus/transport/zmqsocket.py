@@ -127,10 +127,12 @@ class SocketFactory:
 
     @property
     def txzmq_factory(self) -> ZmqFactory:
+        """The txzmq factory (and its ZeroMQ context) the sockets are made with."""
         return self._factory
 
     @property
     def closed(self) -> bool:
+        """:meth:`shutdown` was called: its sockets and context are closed."""
         return self._closed
 
     def socket(
@@ -646,6 +648,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
 
     @property
     def closed(self) -> bool:
+        """The socket was closed."""
         return self.socket is None
 
     def shutdown(self) -> None:

@@ -30,6 +30,8 @@ class RateLimit:
         self._last_report: dict[str, float] = {}
 
     def due(self, key: str) -> int | None:
+        """Note one occurrence of ``key``: the number of occurrences the report now due stands for,
+        or None while it is held back."""
         self._held_back[key] += 1
         now = self._clock()
         last = self._last_report.get(key)
@@ -39,6 +41,7 @@ class RateLimit:
         return self._held_back.pop(key)
 
     def reset(self, key: str) -> None:
+        """Forget ``key``: its next occurrence is reported at once."""
         self._last_report.pop(key, None)
         self._held_back.pop(key, None)
 
@@ -56,6 +59,8 @@ class RefusalCounter:
         self._limit = RateLimit(clock, interval)
 
     def refuse(self, reason: str, **fields: object) -> None:
+        """Count a refusal for ``reason``, and log it unless that reason was logged within the
+        interval; ``fields`` fill the message."""
         self.counts[reason] += 1
         count = self._limit.due(reason)
         if count is not None:
@@ -63,6 +68,9 @@ class RefusalCounter:
 
 
 class DropCounter:
+    """Bad input from peers (``what``: "frames", "datagrams") dropped and counted by reason; each
+    reason logged at most once per ``interval``, with how many since the last line."""
+
     def __init__(
         self,
         log: Logger,
@@ -77,6 +85,7 @@ class DropCounter:
 
     @property
     def total(self) -> int:
+        """Drops counted, over every reason."""
         return sum(self.counts.values())
 
     def drop(self, reason: str, detail: str = "", peer: bytes | str = b"") -> None:

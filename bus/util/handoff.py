@@ -27,6 +27,7 @@ class Handoff(Generic[T]):
         self._posted = False
 
     def put(self, items: list[T]) -> None:
+        """Queue ``items`` for the reactor's thread; callable from any thread."""
         with self._lock:
             self._items.extend(items)
             if self._posted:

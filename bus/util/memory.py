@@ -56,6 +56,7 @@ class MemoryRelease:
         self.releases = 0
 
     def soon(self) -> None:
+        """Hand free memory back ``delay`` seconds from now, unless a hand-back is already due."""
         if self._call is None and not self._stopped:
             self._call = self.reactor.callLater(self.delay, self._release)
 
@@ -70,6 +71,7 @@ class MemoryRelease:
         release_free_memory()
 
     def stop(self) -> None:
+        """Cancel a pending hand-back; later calls of :meth:`soon` do nothing."""
         self._stopped = True
         if self._call is not None and self._call.active():
             self._call.cancel()

@@ -21,6 +21,8 @@ class Periodic:
     def every(
         self, interval: float, function: Callable[[], object], now: bool = False
     ) -> task.LoopingCall:
+        """Call ``function`` every ``interval`` seconds (first at once when ``now``) until
+        :meth:`stop_all`."""
         loop = task.LoopingCall(function)
         loop.clock = self.reactor
         name = getattr(function, "__name__", repr(function))
@@ -31,6 +33,7 @@ class Periodic:
         return loop
 
     def stop_all(self) -> None:
+        """Stop every loop started here; calling it again does nothing."""
         for loop in self._loops:
             if loop.running:
                 loop.stop()

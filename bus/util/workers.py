@@ -41,14 +41,18 @@ class SerialWork:
         self._running: defer.Deferred[Any] | None = None
 
     def start(self) -> None:
+        """Start the thread; idempotent."""
         if not self._pool.started:
             self._pool.start()
 
     @property
     def running(self) -> bool:
+        """A call is on the thread now."""
         return self._running is not None
 
     def run(self, function: Callable[[], object]) -> None:
+        """Run ``function`` on the thread, unless a call is still running (then skip it); a failure
+        goes to ``on_failure``."""
         if self._running is not None:
             return
 

@@ -104,6 +104,7 @@ class BearerGuard(resource.Resource):
 
     @property
     def refusals(self) -> Counter[str]:
+        """Requests refused, by reason."""
         return self._refusals.counts
 
     def _refuse(self, request: Any, reason: str) -> resource.Resource:

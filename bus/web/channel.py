@@ -62,6 +62,7 @@ class RefusalCounts(RefusalCounter):
         return True
 
     def opened(self, address: str, change: int) -> None:
+        """A connection from ``address`` opened (``change`` +1) or closed (-1)."""
         self.open += change
         self.open_by_address[address] += change
         if self.open_by_address[address] <= 0:
@@ -85,6 +86,8 @@ class HeadersFirstChannel(http.HTTPChannel):
         super().connectionLost(reason)  # type: ignore[no-untyped-call]
 
     def allHeadersReceived(self) -> None:
+        """Answer 413 to a request announcing a body and 405 to a method not served, before any of a
+        body is read; let the others on."""
         method = getattr(self, "_command", b"")
         request = self.requests[-1]
         chunked = request.requestHeaders.getRawHeaders(b"transfer-encoding")

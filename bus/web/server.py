@@ -52,6 +52,8 @@ def service_status(services: Named, started: float) -> dict[str, Any]:
 
 
 def service_metrics(services: Named) -> list[Any]:
+    """``bus_service_up`` for every composed service, and the metrics of each running one that has
+    them (:class:`bus.application.contract.Measured`)."""
     from bus.util.metrics import gauges_by
 
     families = [
@@ -95,6 +97,8 @@ def process_status() -> dict[str, Any]:
 
 
 def process_metrics() -> list[Any]:
+    """The process's descriptor limit and the connections others hold and were refused on its ZeroMQ
+    ports."""
     from bus.transport.inbound import policy
     from bus.util.metrics import counters_by, gauge, gauges_by
 
@@ -263,6 +267,7 @@ class StatusWebService(Service):
         return None if listening is None else listening.stopListening()
 
     def status(self) -> dict[str, Any]:
+        """The port itself: endpoint, token, refusals, the process and the console."""
         guard = self.guard
         return {
             "endpoint": f"http://{self.interface}:{self.port}/",
@@ -275,6 +280,7 @@ class StatusWebService(Service):
         }
 
     def metrics(self) -> list[Any]:
+        """The HTTP port's refusals and :func:`process_metrics`."""
         from bus.util.metrics import counters_by
 
         refused = dict(self.guard.refusals) if self.guard is not None else {}

@@ -27,6 +27,7 @@ from bus.zre.core import ZreEvent
 
 
 def content_json(content: Sequence[bytes]) -> list[Any]:
+    """Content frames as JSON: text where a frame is UTF-8, else ``{"base64": ...}``."""
     items: list[Any] = []
     for frame in content:
         try:
@@ -37,6 +38,7 @@ def content_json(content: Sequence[bytes]) -> list[Any]:
 
 
 def event_json(event: ZreEvent) -> dict[str, Any]:
+    """One node event as the JSON line ``zre-ping`` prints."""
     line: dict[str, Any] = {"event": event.type, "peer": event.peer_hex, "name": event.name}
     if event.group is not None:
         line["group"] = event.group
@@ -52,11 +54,13 @@ def event_json(event: ZreEvent) -> dict[str, Any]:
 
 
 def emit(line: dict[str, Any]) -> None:
+    """Print ``line`` as one JSON line on stdout, at once."""
     sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 
 def parser() -> argparse.ArgumentParser:
+    """``zre-ping``'s command line."""
     from bus.util.cliargs import CliParser, add_version, duration, port, tcp_endpoint
 
     def peer(text: str) -> str:
@@ -136,6 +140,8 @@ def former_spelling(argv: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``zre-ping`` on ``argv`` (default: the command line) until SIGTERM or Ctrl-C; the exit
+    status."""
     args = parser().parse_args(former_spelling(sys.argv[1:] if argv is None else argv))
     groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor

@@ -146,24 +146,31 @@ class ZreNode(Service):
 
     @property
     def uuid_hex(self) -> str:
+        """The node's UUID as 32 hex digits."""
         return uuidlib.UUID(bytes=self.uuid).hex
 
     def add_listener(self, listener: EventListener) -> None:
+        """Call ``listener`` with every event of the node (ENTER, JOIN, WHISPER...)."""
         self.listeners = (*self.listeners, listener)
 
     def join(self, group: str) -> None:
+        """Join ``group`` (the node must be running)."""
         self._running_core().join(group)
 
     def leave(self, group: str) -> None:
+        """Leave ``group`` (the node must be running)."""
         self._running_core().leave(group)
 
     def whisper(self, peer: bytes, content: Sequence[bytes]) -> bool:
+        """Send ``content`` to peer ``peer`` alone; False when it is not ready."""
         return self._running_core().whisper(peer, content)
 
     def shout(self, group: str, content: Sequence[bytes]) -> int:
+        """Send ``content`` to every ready peer of ``group``; how many."""
         return self._running_core().shout(group, content)
 
     def peers(self) -> list[bytes]:
+        """The UUIDs of the ready peers."""
         core = self.core
         return [p.uuid for p in core.peers.values() if p.ready] if core else []
 
@@ -662,6 +669,7 @@ class ZreNode(Service):
     # -- what it does ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """The node, its beacon, peers, groups and counts, for ``/status``."""
         core = self.core
         peers = list(core.peers.values()) if core else []
         return {
@@ -742,6 +750,7 @@ class ZreNode(Service):
         return {"peer_list": peers}
 
     def metrics(self) -> list[Metric]:
+        """Peers, events, messages, beacons and drops, and CURVE, for ``/metrics``."""
         status = self.status()
         return [
             *self.curve.metrics(),

@@ -25,6 +25,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd zre``'s options (``--zre-*`` of ``twistd eventbus``)."""
+
     service = "zre"
     env_prefix = "ZRE"
     synopsis = "[--name NAME] [--interface lo] [--group G]... [--peer tcp://HOST:PORT]..."
@@ -105,6 +107,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
+    """The node's settings from its options; a usage error names the option at fault."""
     from bus.zre.config import ZreConfig
 
     version = str(options["version"]).strip()
@@ -184,6 +187,7 @@ def _is_tcp_endpoint(endpoint: str) -> bool:
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> ZreNode:
+    """The node; composed with the Event BUS, its events go onto the bus under ``/zre/``."""
     from bus.zre.node import ZreNode
 
     config = options.get("zre-config") or config_from_options(options)
@@ -191,6 +195,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
+    """The node alone (``twistd -n zre``)."""
     from bus.extension import standalone
 
     return standalone("zre", build, options)

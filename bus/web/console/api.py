@@ -107,6 +107,7 @@ class Console:
         return sse("history", self.history.recent()) + sse("state", state)
 
     def status(self) -> dict[str, Any]:
+        """The console's streams and tails, for ``/status``."""
         return {
             "streams": len(self.streams.streams),
             "streams_opened": self.streams.opened,
@@ -116,6 +117,7 @@ class Console:
         }
 
     def stop(self) -> None:
+        """Close every open stream and tail."""
         self.streams.close_all()
         self.tails.close()
 

@@ -39,4 +39,5 @@ class RateHistory:
         return sample
 
     def recent(self) -> list[dict[str, Any]]:
+        """The samples kept, oldest first."""
         return list(self.samples)

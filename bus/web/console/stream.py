@@ -147,6 +147,7 @@ class StreamHub:
         return self._skipped_closed + sum(stream.skipped for stream in self.streams)
 
     def close_all(self) -> None:
+        """Close every open stream and stop ticking."""
         for stream in list(self.streams):
             stream.close()
         self._stop()

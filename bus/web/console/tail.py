@@ -66,6 +66,8 @@ class Group:
         self.skipped = 0
 
     def offer(self, frame: bytes) -> None:
+        """Send an encoded event to each tail with allowance left this second; the others count it
+        as skipped."""
         for tail in self.tails:
             if tail.allowance > 0 and tail.stream.send(frame):
                 tail.allowance -= 1
@@ -76,6 +78,7 @@ class Group:
                 tail.skipped += 1
 
     def refill(self) -> None:
+        """A new second: tell each tail what it skipped, and give it its allowance again."""
         for tail in self.tails:
             tail.skipped += self.skipped
             if tail.skipped and tail.stream.send(sse("skipped", {"events": tail.skipped})):
@@ -101,10 +104,12 @@ class TailHub:
 
     @property
     def tails(self) -> list[Tail]:
+        """Every open tail, over every subtree."""
         return [tail for group in self.groups.values() for tail in group.tails]
 
     @property
     def watching(self) -> bool:
+        """The hub watches the bus (a tail is open)."""
         return self._unwatch is not None
 
     def open(self, request: Any, prefix: bytes) -> str | None:
@@ -179,6 +184,7 @@ class TailHub:
             unwatch()
 
     def status(self) -> dict[str, Any]:
+        """Tails open, subtrees, events watched and sent, tails refused: for ``/status``."""
         tails = self.tails
         return {
             "tails": len(tails),
