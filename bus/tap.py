@@ -123,6 +123,28 @@ def _prefix(service: str) -> str:
     return "" if service == "eventbus" else f"{service}-"
 
 
+def _trusted_proxies(value: str) -> str:
+    from bus.web.channel import TrustedProxies
+
+    TrustedProxies.parse(value)  # checked now, used at composition
+    return value
+
+
+_trusted_proxies.wants = "addresses or networks, comma-separated (127.0.0.1,10.0.0.0/8)"  # type: ignore[attr-defined]
+
+
+def _forwarded_header(value: str) -> str:
+    from bus.web.channel import FORWARDED_HEADERS
+
+    header = value.strip().lower()
+    if header not in FORWARDED_HEADERS:
+        raise ValueError(value)
+    return header
+
+
+_forwarded_header.wants = "x-forwarded-for or forwarded"  # type: ignore[attr-defined]
+
+
 class _ProductOptions(ServiceOptions):
     service = "eventbus"
     env_prefix = "EVENTBUS"
@@ -165,6 +187,23 @@ class _ProductOptions(ServiceOptions):
             None,
             "File of a bearer token every HTTP request must carry (Authorization: Bearer "
             "TOKEN); re-read when it changes.",
+        ],
+        [
+            "http-trusted-proxy",
+            None,
+            None,
+            "Reverse proxies in front of the HTTP port (addresses or networks, "
+            "comma-separated) whose --http-forwarded-header names the client: the per-address "
+            "bounds then apply to that client, not to the proxy.",
+            _trusted_proxies,
+        ],
+        [
+            "http-forwarded-header",
+            None,
+            "x-forwarded-for",
+            "The header the trusted proxies name the client in: x-forwarded-for or forwarded "
+            "(RFC 7239); the other is never read.",
+            _forwarded_header,
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
     ]
@@ -350,7 +389,13 @@ def compose(
         def tail_source() -> Any:
             return composition.local_bus  # the console's topic tail watches this bus
 
+        from bus.web.channel import TrustedProxies
+
         token = options.get("http-token-file")
+        proxies = TrustedProxies.parse(
+            options.get("http-trusted-proxy"),
+            options.get("http-forwarded-header") or "x-forwarded-for",
+        )
         web = StatusWebService(
             services,
             port,
@@ -360,6 +405,7 @@ def compose(
             token_file=Path(token) if token else None,
             metrics_open=bool(options.get("http-metrics-open")),
             tail_source=tail_source,
+            trusted_proxies=proxies,
         )
         services.append(("http", web))  # its refusals in /status and /metrics too
         product.add("http", web, "", options)

@@ -133,12 +133,19 @@ def wait_for(
         time.sleep(interval)
 
 
+def _sigint_by_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class CommandProcess:
     """A command-line tool of the venv (``program``, set by a subclass) in a child process,
     its output in files so that a test can read it while the command runs (a pipe could fill
     up and block it)."""
 
     program = ""
+    #: Whether Ctrl-C (SIGINT) reaches it: a test runner's worker may ignore SIGINT, and a
+    #: child inherits that.
+    interruptible = False
 
     def __init__(self, *args: str) -> None:
         self.args = args
@@ -148,6 +155,7 @@ class CommandProcess:
             [str(Path(sys.executable).with_name(self.program)), *args],
             stdout=self.stdout,
             stderr=self.stderr,
+            preexec_fn=_sigint_by_default if self.interruptible else None,
         )
 
     @staticmethod

@@ -254,7 +254,7 @@ def test_an_active_back_from_a_pause_judges_it_before_announcing_or_serving(
         assert sent == []
         request = [b"client", *sync_start_frames((), 0)]
         primary._on_snapshot_requests([request])
-        assert [held[1] for held in primary._held_requests] == [b"client"]
+        assert [held[1] for held in primary.core.held_requests] == [b"client"]
         assert primary.snapshots.streams == set()
     finally:
         publisher.send_frames = real_send

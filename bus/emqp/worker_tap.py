@@ -35,7 +35,7 @@ from bus.emqp.eventmq_settings import (
 from bus.emqp.worker_process import JobHooks
 from bus.extension import ServiceOptions, parse_duration
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
-from bus.util.cliargs import tcp_endpoint
+from bus.util.cliargs import Progress, interruptible, tcp_endpoint
 
 if TYPE_CHECKING:
     from bus.emqp.worker import EmqpWorker
@@ -483,9 +483,11 @@ def makeService(options: usage.Options | Mapping[str, Any]) -> ProductService:
     return standalone(NAME, build, options)
 
 
+@interruptible(NAME)
 def main(argv: Sequence[str] | None = None) -> int:
     """``emqp-worker [options]``: the worker in the foreground, its log on stderr; exits 0
-    once stopped by SIGTERM or SIGINT, 1 when it cannot start, 2 on a usage error."""
+    once stopped by SIGTERM, 130 after Ctrl-C (its last line says what it did), 1 when it
+    cannot start, 2 on a usage error."""
     options = Options()
     options.synopsis = f"Usage: {NAME} [options]"
     try:
@@ -501,9 +503,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
     reactor: Any = global_reactor
     service = makeService(options)
+    worker: Any = next(entry.service for entry in service.composed if entry.name == NAME)
+    progress = Progress(
+        NAME,
+        f"serving the broker at {options['broker']}",
+        lambda: f"{worker.completed} job(s) run, {worker.failed} failed; it has stopped",
+    )
+    # The first Ctrl-C stops the reactor: the worker lets its running jobs finish (a second
+    # one ends them, see end_jobs_at_second_signal).
+    progress.catch(reactor)
     reactor.callWhenRunning(service.startService)
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.run()
+    if progress.interrupted:
+        progress.end()
     return 0
 
 

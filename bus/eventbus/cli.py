@@ -31,8 +31,10 @@ from bus.eventbus.config import DEFAULT_DATA_DIR
 from bus.transport.curve_settings import add_client_curve_arguments
 from bus.util.cliargs import (
     CliParser,
+    Progress,
     add_version,
     host_port,
+    interruptible,
     one_line,
     parse,
     positive_seconds,
@@ -281,8 +283,10 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
     dialect = Dialect(args.dialect)
     server = ServerAddress.parse(args.server)
     confirmations: list[list[bytes]] = []
+    progress: Progress = args.progress
     try:
         query = SnapshotQuery(reactor, factory, server, dialect)
+        progress.now(f"waiting for {server} to answer", "the event was not sent")
         if args.confirm and dialect.has_heartbeats:
             # Listen first, so the broadcast of our event (sent only once stored) is seen.
             listener = factory.socket(zmq.SUB, confirmations.extend, SocketOptions(linger_ms=0))
@@ -305,7 +309,12 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
             server, args.producer, reactor=reactor, factory=factory, dialect=dialect
         )
         event_id = publisher.publish(args.topic, _parse_value(args.value))
+        progress.now(f"sending the event to {server}", f"event {event_id} not sent")
         yield publisher.flush()
+        progress.now(
+            f"waiting for {server} to confirm it stored the event",
+            f"event {event_id} was sent, its storage not confirmed",
+        )
         if not args.confirm:
             _out(json.dumps({"uuid": event_id}))
             return
@@ -337,6 +346,10 @@ def _publish_confirmed(reactor: Any, args: argparse.Namespace, servers: list[str
     publisher.startService()
     try:
         event_id = str(uuid.uuid4())
+        args.progress.now(
+            f"waiting for one of {', '.join(servers)} to confirm the event",
+            f"event {event_id} may have been sent, its storage not confirmed",
+        )
         stored = publisher.publish(args.topic, _parse_value(args.value), event_id=event_id)
         stored.addTimeout(args.timeout, reactor)
         try:
@@ -396,6 +409,10 @@ def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
 
     try:
         server = ServerAddress.parse(args.server)
+        args.progress.now(
+            f"waiting for the end of {server}'s snapshot (SYNCEND)",
+            lambda: f"{count} event(s) printed, the snapshot not complete",
+        )
         query = SnapshotQuery(reactor, factory, server, Dialect(args.dialect))
         asked = query.ask([s.encode() for s in args.subtrees], args.since, args.timeout, on_event)
         end = yield _with_hint(reactor, args, asked)
@@ -412,10 +429,22 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
     from bus.extension import wait_until
 
     servers = args.server_list or [DEFAULT_SERVER]
+    printed, last = 0, 0
+
+    def on_event(event: Event) -> None:
+        nonlocal printed, last
+        _out(event_json(event))
+        printed, last = printed + 1, event.sequence
+
+    def done() -> str:
+        if not printed:
+            return "no event printed"
+        return f"{printed} event(s) printed, the last of sequence {last}"
+
     subscriber = EventBusSubscriber(
         servers,
         args.subtrees,
-        lambda event: _out(event_json(event)),
+        on_event,
         since=args.since,
         cursor=FileCursor(args.cursor) if args.cursor else None,
         reactor=reactor,
@@ -426,6 +455,8 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
     reactor.addSystemEventTrigger("before", "shutdown", subscriber.stopService)
     # Until the first snapshot is in, a server that does not answer is an error, not a wait.
     args.server = servers[0]
+    addresses = ", ".join(map(str, servers))
+    args.progress.now(f"waiting for the first snapshot from {addresses}", done)
     caught_up = wait_until(
         lambda: subscriber.core.stats.snapshots > 0 and not subscriber.core.syncing,
         timeout=args.timeout,
@@ -437,6 +468,7 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
     except Exception:
         yield subscriber.stopService()
         raise
+    args.progress.now(f"following {addresses}", done)
     yield defer.Deferred()  # live events until interrupted
 
 
@@ -503,12 +535,16 @@ def status(reactor: Any, args: argparse.Namespace) -> Any:
     """The status of the server whose data directory is named; else of the one answering
     on ``--http``, falling back to the default data directory's status.json."""
     token = _token(args)
+    where = args.data_dir if args.data_dir is not None else f"http://{args.http}/status"
+    args.progress.now(f"waiting for {where}'s status", "nothing printed")
     if args.data_dir is not None:
-        yield _status_of(reactor, Path(args.data_dir), args.timeout, token)
+        yield _status_of(reactor, Path(args.data_dir), args.timeout, token, args.progress)
         return
     try:
         live = yield _fetch_status(reactor, args.http, args.timeout, token)
     except Exception as error:  # refused, timed out, not ours: say so, then try the file
+        if args.progress.interrupted:  # Ctrl-C: no fallback, the interruption is said
+            raise
         reason = _reason(error)
     else:
         _out(json.dumps(live, indent=2, sort_keys=True))
@@ -526,7 +562,9 @@ def status(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 @defer.inlineCallbacks
-def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None) -> Any:
+def _status_of(
+    reactor: Any, data_dir: Path, timeout: float, token: bytes | None, progress: Progress
+) -> Any:
     """The server that keeps ``data_dir``: its live ``/status`` when its status.json says
     where that is and the bus there is the same store, else the file itself."""
     path = data_dir / "status.json"
@@ -545,6 +583,8 @@ def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None
     try:
         live = yield _fetch_status(reactor, address, timeout, token)
     except Exception as error:
+        if progress.interrupted:
+            raise
         reason = _reason(error)
     else:
         bus = live.get("services", {}).get("eventbus", {})
@@ -555,6 +595,30 @@ def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None
     _err(f"no answer about {data_dir} from http://{address}/status ({reason}); showing {path}"
          f"{_written_ago(recorded)}")  # fmt: skip
     _out(json.dumps(recorded, indent=2, sort_keys=True))
+
+
+def _checked(text: str, check: Any) -> str:
+    """``text`` if the server's own ``check`` of its bytes passes (an argument type)."""
+    from bus.eventbus.codec import EventBusError
+
+    try:
+        check(text.encode("utf-8", "surrogateescape"))
+    except EventBusError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}, the server would drop it") from None
+    return text
+
+
+def _topic(text: str) -> str:
+    """A topic the server takes in a PUB (its rules, from the codec)."""
+    from bus.eventbus.codec import check_published_topic
+
+    return _checked(text, check_published_topic)
+
+
+def _producer(text: str) -> str:
+    from bus.eventbus.codec import check_producer
+
+    return _checked(text, check_producer)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -593,9 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="host:port; repeat for failover servers, e.g. JetStream front-ends "
         f"(default {DEFAULT_SERVER})",
     )
-    p.add_argument("topic", help="topic, e.g. /orders/42/")
+    p.add_argument("topic", type=_topic, help="topic, e.g. /orders/42/")
     p.add_argument("value", nargs="?", default="null", help="JSON value (a bare word is a string)")
-    p.add_argument("--producer", default=f"eventbus-cli@{os.uname().nodename}")
+    p.add_argument("--producer", type=_producer, default=f"eventbus-cli@{os.uname().nodename}")
     p.add_argument(
         "--no-confirm",
         dest="confirm",
@@ -656,11 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible("eventbus-cli")
 def main(argv: Sequence[str] | None = None) -> None:
     """Run ``eventbus-cli`` on ``argv`` (default: the command line)."""
     from bus.extension import ConditionTimeout
 
     args = parse(build_parser(), argv)
+    args.progress = Progress(f"eventbus-cli {args.command}")
     if hasattr(args, "server_key"):
         try:  # a bad key file is said before anything runs
             _curve(args)
@@ -672,6 +738,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"eventbus-cli {args.command}",
         lambda reactor: args.run(reactor, args),
         (ConditionTimeout, ValueError, OSError, defer.TimeoutError),
+        progress=args.progress,
     )
 
 

@@ -199,6 +199,19 @@ def check_topic(topic: bytes) -> None:
     _check_text(topic, "topic", MAX_TOPIC_BYTES, "bad-topic")
 
 
+def check_published_topic(topic: bytes) -> None:
+    """A topic a PUB may carry (what :func:`parse_pub` checks of it): not empty, UTF-8, at
+    most MAX_TOPIC_BYTES, not reserved (``$``)."""
+    check_topic(topic)
+    if topic.startswith(RESERVED_PREFIX):
+        raise EventBusError("topics starting with $ are reserved", "reserved-topic")
+
+
+def check_producer(producer: bytes) -> None:
+    """A producer id a PUB may carry: UTF-8, at most MAX_PRODUCER_BYTES."""
+    _check_text(producer, "producer id", MAX_PRODUCER_BYTES, "bad-producer")
+
+
 def check_timestamp(timestamp: bytes) -> None:
     """Raise :class:`EventBusError` unless ``timestamp`` is a short ISO-8601 time."""
     if len(timestamp) > MAX_TIMESTAMP_BYTES:
@@ -237,11 +250,9 @@ def parse_pub(frames: list[bytes], max_data_bytes: int = DEFAULT_MAX_DATA_BYTES)
     if len(frames) != 6:
         raise EventBusError(f"PUB has {len(frames)} frames, expected 6", "frame-count")
     topic, sequence, producer, timestamp, uuid, data = frames
-    check_topic(topic)
-    if topic.startswith(RESERVED_PREFIX):
-        raise EventBusError("topics starting with $ are reserved", "reserved-topic")
+    check_published_topic(topic)
     decode_sequence(sequence)
-    _check_text(producer, "producer id", MAX_PRODUCER_BYTES, "bad-producer")
+    check_producer(producer)
     check_timestamp(timestamp)
     check_uuid(uuid)
     check_payload(data, max_data_bytes)

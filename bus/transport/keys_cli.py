@@ -26,20 +26,18 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
-from bus.util.cliargs import add_version
+from bus.util.cliargs import CliParser, add_version, directory, interruptible
 
 #: eMQP's ports a key may connect to: the broker's, then its PUBLISH service's.
 ROLES = ("worker", "client", "admin", "publisher", "subscriber")
 COMMANDS = ("make", "set", "show")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line and exit status 1, like every other error here."""
+class _Parser(CliParser):
+    """A mistake is one line and exit status 1, like every other error here."""
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(1, f"{self.prog}: {message} (see {self.prog} --help)\n")
+    usage_status = 1
 
 
 def _items(value: str, what: str) -> list[str]:
@@ -152,13 +150,21 @@ def parser_for(command: str, prog: str = "bus-keys") -> argparse.ArgumentParser:
     )
     add_version(parser)
     parser.add_argument("name")
-    parser.add_argument("directory")
+    parser.add_argument(
+        "directory", type=directory, help="where to write them (made if its parent exists)"
+    )
     _rights_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "bus-keys") -> None:
-    """Run ``bus-keys`` (or ``mc0-keys``, as ``prog``) on ``argv`` (default: the command line)."""
+@interruptible("bus-keys")
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``bus-keys`` on ``argv`` (default: the command line)."""
+    run(argv, "bus-keys")
+
+
+def run(argv: Sequence[str] | None, prog: str) -> None:
+    """Run ``PROG`` (``bus-keys`` or ``mc0-keys``) on ``argv`` (default: the command line)."""
     from bus.transport.certs import (
         generate_key_pair,
         read_certificate,
@@ -191,10 +197,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "bus-keys") -> None:
                 _err(f"    {key} = {value}")
         else:
             public, secret = generate_key_pair()
+            existed = args.directory.is_dir()
             public_path, secret_path = write_certificate(
                 args.directory, args.name, public, secret, _metadata(args)
             )
-            _err(f"wrote {public_path} and {secret_path}")
+            made = "" if existed else f"made {args.directory}, "
+            _err(f"{made}wrote {public_path} and {secret_path}")
             _out(public.decode("ascii"))
     except (KeyFileError, ValueError, OSError) as error:
         _err(f"{prog}: {error}")
@@ -227,9 +235,10 @@ def _other_half(path: Path) -> Path:
     return path.with_name(path.name + "_secret")
 
 
-def mc0_keys_main() -> None:
+@interruptible("mc0-keys")
+def mc0_keys_main(argv: Sequence[str] | None = None) -> None:
     """``mc0-keys NAME DIR``: the former name of ``bus-keys``."""
-    main(prog="mc0-keys")
+    run(argv, "mc0-keys")
 
 
 def _out(line: str) -> None:

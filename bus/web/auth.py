@@ -3,8 +3,8 @@
 ``--http-token-file FILE`` holds the token (surrounding whitespace ignored); the file is
 re-read when it changes, so a rotated token needs no restart. A request without
 ``Authorization: Bearer <token>`` gets 401 with ``WWW-Authenticate: Bearer realm="bus"``;
-refusals are counted by reason and logged, rate-limited, with the client's address (never
-with what it presented). Resources the operator leaves open (``/metrics`` with
+refusals are counted by reason and logged, rate-limited, with the client's address (the one
+a trusted proxy names, see :mod:`bus.web.channel`; never with what it presented). Resources the operator leaves open (``/metrics`` with
 ``--http-metrics-open``) are named by their first path segment.
 """
 
@@ -23,6 +23,7 @@ from twisted.web import resource
 
 from bus.errors import StartupError
 from bus.util.droplog import RefusalCounter
+from bus.web.channel import client_of
 
 log = Logger(namespace="bus.web.auth")
 
@@ -91,6 +92,10 @@ class BearerGuard(resource.Resource):
             return self._refuse(request, refusal).render(request)  # type: ignore[no-any-return]
         return self._root.render(request)  # type: ignore[no-any-return]
 
+    def bears_token(self, request: Any) -> bool:
+        """Whether ``request`` carries the token (checked as every resource checks it)."""
+        return self._refusal(request) is None
+
     def _refusal(self, request: Any) -> str | None:
         header = request.getHeader(b"authorization")
         if header is None:
@@ -108,7 +113,7 @@ class BearerGuard(resource.Resource):
         return self._refusals.counts
 
     def _refuse(self, request: Any, reason: str) -> resource.Resource:
-        self._refusals.refuse(reason, client=getattr(request.getClientAddress(), "host", "?"))
+        self._refusals.refuse(reason, client=client_of(request))
         request.setHeader(b"www-authenticate", b'Bearer realm="bus"')
         return _Unauthorized()  # type: ignore[no-untyped-call]
 

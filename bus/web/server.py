@@ -26,7 +26,13 @@ from bus import __version__
 from bus.application.contract import Measured
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
-from bus.web.channel import IDLE_TIMEOUT, HeadersFirstChannel, RefusalCounts
+from bus.web.channel import (
+    IDLE_TIMEOUT,
+    ConnectionBounds,
+    HeadersFirstChannel,
+    RefusalCounts,
+    TrustedProxies,
+)
 from bus.web.console.api import OPEN_SEGMENTS, Console, folder, put
 from bus.web.console.tail import Source
 from bus.web.console.view import Named, read_status
@@ -144,19 +150,15 @@ class _Status(resource.Resource):
 
 class _QuietSite(server.Site):
     """No access log line per request: a scraper every few seconds would drown the log.
-    GET and HEAD only, others refused at their headers (see :mod:`bus.web.channel`)."""
+    GET and HEAD only, others refused at their headers, and the connections bounded (see
+    :mod:`bus.web.channel`)."""
 
     noisy = False
     protocol = HeadersFirstChannel  # type: ignore[assignment]
-    header_refusals: RefusalCounts | None = None
-
-    def buildProtocol(self, addr: Any) -> Any:
-        """None (the connection closed at once) beyond the bounds of connections open in
-        all and from one address (:mod:`bus.web.channel`)."""
-        refusals = self.header_refusals
-        if refusals is not None and not refusals.admits(str(getattr(addr, "host", "?"))):
-            return None
-        return super().buildProtocol(addr)  # type: ignore[no-untyped-call]
+    #: The bounds every connection of the site is kept in (None: unbounded).
+    bounds: ConnectionBounds | None = None
+    #: Whether a request bears the token (None: the site wants none).
+    bears_token: Callable[[Any], bool] | None = None
 
     def log(self, request: Any) -> None:
         pass
@@ -176,10 +178,13 @@ class StatusWebService(Service):
         token_file: Path | None = None,
         metrics_open: bool = False,
         tail_source: Source | None = None,
+        trusted_proxies: TrustedProxies | None = None,
     ) -> None:
         """``token_file``: every request must bear its token (see :mod:`bus.web.auth`),
         ``/metrics`` excepted with ``metrics_open``. ``tail_source``: the Event BUS the
-        console's topic tail watches (see :mod:`bus.web.console.tail`)."""
+        console's topic tail watches (see :mod:`bus.web.console.tail`).
+        ``trusted_proxies``: reverse proxies whose forwarding header names the client
+        (see :mod:`bus.web.channel`)."""
         from bus.util.reactor import reactor_of
 
         self.services = services
@@ -193,8 +198,13 @@ class StatusWebService(Service):
         self.port = 0
         self._listening: Any = None
         self.tail_source: Source = tail_source or (lambda: None)
-        #: Requests refused at their headers (a method not served, a body), by reason.
+        #: Requests refused at their headers (a method not served, a body) and connections
+        #: the bounds closed, by reason.
         self.header_refusals = RefusalCounts(self.reactor.seconds)
+        #: Which connections are read, held or closed (see :mod:`bus.web.channel`).
+        self.bounds = ConnectionBounds(
+            self.header_refusals, self.reactor, trusted_proxies or TrustedProxies()
+        )
         #: The console (once started).
         self.console: Console | None = None
         #: Told ``host:port`` (as a client on this machine reaches it) once listening.
@@ -219,7 +229,9 @@ class StatusWebService(Service):
         self.console = Console(self.services, self.reactor, started, self.tail_source)
         self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
         site = _QuietSite(self._guarded(root), timeout=IDLE_TIMEOUT)  # type: ignore[no-untyped-call]
-        site.header_refusals = self.header_refusals
+        site.bounds = self.bounds
+        if self.guard is not None:
+            site.bears_token = self.guard.bears_token
         try:
             self._listening = self.reactor.listenTCP(
                 self.requested_port, site, backlog=1024, interface=self.interface
@@ -263,11 +275,13 @@ class StatusWebService(Service):
         Service.stopService(self)
         if self.console is not None:
             self.console.stop()
+        self.bounds.stop()
         listening, self._listening = self._listening, None
         return None if listening is None else listening.stopListening()
 
     def status(self) -> dict[str, Any]:
-        """The port itself: endpoint, token, refusals, the process and the console."""
+        """The port itself: endpoint, token, refusals, its connections and their bounds, the
+        process and the console."""
         guard = self.guard
         return {
             "endpoint": f"http://{self.interface}:{self.port}/",
@@ -275,15 +289,17 @@ class StatusWebService(Service):
             "metrics_open": self.metrics_open or guard is None,
             "refused": dict(guard.refusals) if guard is not None else {},
             "refused_at_headers": dict(self.header_refusals.counts),
+            "connections": self.bounds.status(),
             "process": process_status(),
             "console": self.console.status() if self.console is not None else None,
         }
 
     def metrics(self) -> list[Any]:
-        """The HTTP port's refusals and :func:`process_metrics`."""
-        from bus.util.metrics import counters_by
+        """The HTTP port's refusals, its connections and :func:`process_metrics`."""
+        from bus.util.metrics import counters_by, gauges_by
 
         refused = dict(self.guard.refusals) if self.guard is not None else {}
+        bounds = self.bounds.status()
         return [
             counters_by(
                 "bus_http_refusals",
@@ -294,8 +310,17 @@ class StatusWebService(Service):
             *process_metrics(),
             counters_by(
                 "bus_http_refused_at_headers",
-                "HTTP requests refused at their headers (a method not served, a body) and connections beyond the bounds, by reason",
+                "HTTP requests refused at their headers (a method not served, a body, too many "
+                "in progress from one client) and connections the bounds closed (displaced, "
+                "headers past their deadline, no place at all), by reason",
                 "reason",
                 dict(self.header_refusals.counts),
+            ),
+            gauges_by(
+                "bus_http_connections",
+                "HTTP connections open now: waiting for a request (or idle between two) and "
+                "serving one",
+                "state",
+                {state: float(bounds[state]) for state in ("waiting", "serving")},
             ),
         ]

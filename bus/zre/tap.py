@@ -183,7 +183,9 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
 
 def _is_tcp_endpoint(endpoint: str) -> bool:
     host, _, number = endpoint.removeprefix("tcp://").rpartition(":")
-    return endpoint.startswith("tcp://") and bool(host) and (number.isdigit() or number == "*")
+    # libzmq takes a port beyond 65535 modulo 65536, in silence.
+    port_ok = number == "*" or (number.isdigit() and int(number) <= 65535)
+    return endpoint.startswith("tcp://") and bool(host) and port_ok
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> ZreNode:
