@@ -49,7 +49,10 @@ class FakeNats:
     def __init__(self) -> None:
         self.connected = True
         self.server = "nats://127.0.0.1:4222"
+        self.servers = [self.server]
         self.disconnects = 0
+        self.lame_duck_moves = 0
+        self.max_payload = 1024 * 1024
         self.listeners: list[Any] = []
         self.requests: list[tuple[bytes, bytes, defer.Deferred[Any]]] = []
         self.subscriptions: dict[str, Any] = {}

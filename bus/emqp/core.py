@@ -981,6 +981,20 @@ class Broker:
             del self.jobs[msgid]
         self._publish_job("stored", msgid, job.queue)
 
+    def stream_too_large(self, msgid: bytes, size: int, limit: int) -> None:
+        """The stream's servers cannot take it (a ``size``-byte message, ``limit`` at most):
+        refused to its client, never sent (it would cost the connection)."""
+        job = self.appending.pop(msgid, None)
+        if job is None:
+            return
+        if self.jobs.get(msgid) is job:
+            del self.jobs[msgid]
+        self.rejected += 1
+        text = f"the request makes a {size}-byte NATS message; the servers take {limit}"
+        self.drops.drop("too-large-for-stream", text, job.client)
+        self._error(job.client, msgid, "too-large-for-stream", text, job.origin)
+        self._publish_job("rejected", msgid, job.queue, reason="too-large-for-stream")
+
     def on_stream_job(self, stored: jobstream.StreamedJob, handle: bytes, delivered: int) -> None:
         """A request the stream delivered to this broker (pulled for its READY workers);
         ``delivered``: how many times the stream has delivered it, this time included."""

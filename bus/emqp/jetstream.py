@@ -96,6 +96,7 @@ class JetStreamJobs:
         on_schedule_run: Callable[[str, bytes, bool], None] = lambda *_: None,
         on_offered: Callable[[jobstream.StreamedJob], bool] = lambda _: False,
         on_forwarded: Callable[[bytes, bool], None] = lambda *_: None,
+        on_too_large: Callable[[bytes, int, int], None] = lambda *_: None,
     ) -> None:
         self.reactor = reactor
         self.settings = settings
@@ -111,6 +112,9 @@ class JetStreamJobs:
         self._on_schedule_run = on_schedule_run
         self._on_offered = on_offered
         self._on_forwarded = on_forwarded
+        self._on_too_large = on_too_large
+        #: Requests refused because their message was more than the servers take.
+        self.too_large = 0
         #: The offer subscriptions of the queues this broker serves.
         self._offers: dict[bytes, Subscription] = {}
         self.offers_sent = 0
@@ -445,9 +449,18 @@ class JetStreamJobs:
         ``to_brokers``) to the brokers their clients are connected to; ``job_of`` gives a
         job as the stream keeps it."""
         batch: list[tuple[bytes, tuple[bytes, bytes, bytes]]] = []
+        limit = self.client.max_payload
         for what, value in commands:
             if what == "append":
-                batch.append((value.msgid, self._entry(value, job_of(value))))
+                entry = self._entry(value, job_of(value))
+                size = len(entry[2]) + jsapi.headers_most(entry[1])
+                if size > limit:
+                    # Sent, it would cost the connection and be resent for ever, holding
+                    # every client's guaranteed requests: refused here, to its client.
+                    self.too_large += 1
+                    self._on_too_large(value.msgid, size, limit)
+                    continue
+                batch.append((value.msgid, entry))
             elif what == "ack":
                 self._acking.setdefault(value, self.reactor.seconds())
                 self._ack(value)
@@ -875,6 +888,11 @@ class JetStreamJobs:
             "connected": self.client.connected,
             "ready": self.ready,
             "server": self.client.server,
+            "servers": list(self.client.servers),
+            "authentication": self.settings.credentials.kind,
+            "lame_duck_moves": self.client.lame_duck_moves,
+            "max_payload": self.client.max_payload,
+            "too_large": self.too_large,
             "stream": self._stream,
             "replicas": self.settings.replicas,
             "broker_id": self.broker_id.decode("ascii", "replace"),

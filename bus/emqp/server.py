@@ -208,6 +208,7 @@ class EmqpService(Service):
                 on_schedule_run=self._schedules_told(broker.schedule_run_answered),
                 on_offered=self._offered,
                 on_forwarded=self._forwarded,
+                on_too_large=self._soon(broker.stream_too_large),
             )
         self.ports.open(self._bind_all, undo=self._undo_start)
         Service.startService(self)
@@ -273,6 +274,15 @@ class EmqpService(Service):
                 stream=self.config.jetstream.stream,
                 servers=", ".join(self.config.jetstream.servers),
             )
+            if self.config.max_message_size >= stream.client.max_payload:
+                log.warn(
+                    "--max-message-size {size} is more than the NATS servers take "
+                    "({max_payload} bytes a message): a guaranteed request whose message "
+                    "exceeds it is refused to its client (too-large-for-stream). Lower "
+                    "--max-message-size, or raise max_payload in every server's configuration",
+                    size=self.config.max_message_size,
+                    max_payload=stream.client.max_payload,
+                )
             self._flush_soon()
 
         opening: defer.Deferred[None] = stream.open()

@@ -49,6 +49,8 @@ RESERVED_PREFIX: Final = b"$"
 MAX_TOPIC_BYTES: Final = 4096
 MAX_PRODUCER_BYTES: Final = 1024
 MAX_TIMESTAMP_BYTES: Final = 64
+#: A uuid's text (8-4-4-4-12 hex digits), the only form a PUB's uuid may take.
+UUID_BYTES: Final = 36
 MAX_SUBTREE_SPEC_BYTES: Final = 65536
 DEFAULT_MAX_DATA_BYTES: Final = 1024 * 1024
 

@@ -39,6 +39,15 @@ def encode(fields: EventFields) -> bytes:
     return body
 
 
+def encoded_size(fields: EventFields) -> int:
+    """``len(encode(fields))``, without encoding: msgpack's array of four ``bin``s."""
+    return 1 + sum(len(part) + _bin_head(len(part)) for part in fields[1:])
+
+
+def _bin_head(size: int) -> int:
+    return 2 if size < 0x100 else 3 if size < 0x10000 else 5
+
+
 def decode(prefix: str, subject: str, body: bytes) -> EventFields:
     """The fields of the event stored as ``body`` under ``subject``."""
     return row(0, subjects.topic(prefix, subject), body)[1:]
@@ -62,30 +71,25 @@ def tls_context(settings: JetStreamSettings) -> ssl.SSLContext | None:
     return context
 
 
-def connect_options(settings: JetStreamSettings) -> dict[str, Any]:
-    """nats-py's ``connect`` arguments for the servers, credentials and TLS settings say."""
-    options: dict[str, Any] = {
-        "servers": list(settings.servers),
-        "connect_timeout": settings.connect_timeout,
-    }
-    if settings.creds is not None:
-        options["user_credentials"] = str(settings.creds)
-    context = tls_context(settings)
-    if context is not None:
-        options["tls"] = context
-    return options
-
-
 def connection(
     settings: JetStreamSettings, name: str = "bus-reader", timeout: float | None = None
 ) -> Connection:
     """A blocking connection to the first server that admits it (:mod:`bus.nats`)."""
-    return Connection(
-        settings.servers,
+    return _connector(settings, name, timeout)(settings.servers)
+
+
+def _connector(
+    settings: JetStreamSettings, name: str, timeout: float | None
+) -> Callable[[Sequence[str]], Connection]:
+    """What connects to the first of some servers that admits it, as the settings say
+    (timeouts, TLS, credentials). No echo: a reader never wants its own messages."""
+    return functools.partial(
+        Connection,
         timeout=settings.connect_timeout if timeout is None else timeout,
         tls=tls_context(settings),
-        creds=settings.creds,
+        credentials=settings.credentials,
         name=name,
+        echo=False,
     )
 
 
@@ -95,16 +99,10 @@ def failover(
     retry: Retry = ONCE,
     timeout: float | None = None,
 ) -> Failover:
-    """Connections to the servers in turn, and operations tried again on the next
-    within ``retry``'s bound (:mod:`bus.nats.failover`)."""
-    connect = functools.partial(
-        Connection,
-        timeout=settings.connect_timeout if timeout is None else timeout,
-        tls=tls_context(settings),
-        creds=settings.creds,
-        name=name,
-    )
-    return Failover(settings.servers, connect, retry)
+    """Connections to the servers in turn (those the cluster names too, leaving one in
+    lame-duck mode), and operations tried again on the next within ``retry``'s bound
+    (:mod:`bus.nats.failover`)."""
+    return Failover(settings.servers, _connector(settings, name, timeout), retry)
 
 
 def stream_state(connection: Connection, stream: str) -> dict[str, Any]:

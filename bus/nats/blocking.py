@@ -19,17 +19,28 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bus.nats import codec, handshake
 from bus.nats.codec import Control, Msg, ProtocolError
-from bus.nats.handshake import ConnectError, credentials
+from bus.nats.credentials import Credentials, shown
+from bus.nats.handshake import ConnectError
 
-__all__ = ["READ_SIZE", "ConnectError", "Connection", "credentials"]
+__all__ = ["READ_SIZE", "ConnectError", "Connection", "Limits"]
 
 #: Bytes asked of the socket at once.
 READ_SIZE = 1 << 18
+
+
+class Limits(NamedTuple):
+    """How much may wait for a subscriber that is not reading (nats-py's pending limits)."""
+
+    messages: int
+    bytes: int
+
+
+#: nats-py's defaults for a subscription's pending messages and bytes.
+DEFAULT_PENDING = Limits(512 * 1024, 128 * 1024 * 1024)
 
 
 class Connection:
@@ -42,13 +53,21 @@ class Connection:
         *,
         timeout: float = 5.0,
         tls: ssl.SSLContext | None = None,
-        creds: Path | None = None,
+        credentials: Credentials | None = None,
         name: str = "bus",
+        echo: bool = True,
+        pending: Limits = DEFAULT_PENDING,
     ) -> None:
         self.timeout = timeout
         self._tls = tls
-        self._creds = creds
+        self._credentials = credentials
         self._name = name
+        self._echo = echo
+        #: What may wait for :meth:`read` while a request waits for its answer (nats-py's
+        #: pending limits): beyond it, messages are dropped and counted in :attr:`dropped`.
+        self.pending_limits = pending
+        self._pending_bytes = 0
+        self.dropped = 0
         self._parser = codec.Parser()
         self._pending: deque[Msg] = deque()
         self._controls: deque[Control] = deque()
@@ -69,7 +88,7 @@ class Connection:
                 self.server = url
                 break
             except (OSError, ProtocolError, ConnectError) as error:
-                reasons.append(f"{url}: {error or type(error).__name__}")
+                reasons.append(f"{shown(url)}: {error or type(error).__name__}")
                 self._drop()
         else:
             raise ConnectError("; ".join(reasons) or "no server given")
@@ -93,7 +112,7 @@ class Connection:
         if tls is not None:
             self._sock = tls.wrap_socket(sock, server_hostname=address.host)
         options = handshake.connect_options(
-            address, self.info, self._name, tls is not None, self._creds
+            address, self.info, self._name, tls is not None, self._credentials, self._echo
         )
         self._send(codec.connect(options) + codec.PING)
         # The server answers PONG once it admitted us, or -ERR (authorization
@@ -138,6 +157,10 @@ class Connection:
             raise TimeoutError(f"nothing from the NATS server in {self.timeout:g}s") from None
         if not data:
             raise ConnectionError("the NATS server closed the connection")
+        return self._parsed(data)
+
+    def _parsed(self, data: bytes) -> list[Msg | Control]:
+        """``data`` parsed; PINGs answered, errors raised, INFOs taken."""
         items = self._parser.feed(data)
         for item in items:
             if isinstance(item, Control):
@@ -155,12 +178,57 @@ class Connection:
         """Bytes already framed (:mod:`bus.nats.codec`), in one write."""
         self._send(data)
 
+    def poll(self) -> None:
+        """Take what the server sent meanwhile, without waiting: a new INFO (lame-duck
+        mode, the cluster's servers, a lower ``max_payload``) is read, PINGs answered,
+        messages kept for :meth:`read`; a lost connection raises as a read would."""
+        sock = self._sock
+        assert sock is not None, "not connected"
+        sock.settimeout(0.0)
+        try:
+            while True:
+                try:
+                    data = sock.recv(READ_SIZE)
+                except (BlockingIOError, ssl.SSLWantReadError):
+                    return
+                if not data:
+                    raise ConnectionError("the NATS server closed the connection")
+                for item in self._parsed(data):
+                    if isinstance(item, Msg):
+                        self._keep(item)
+        finally:
+            sock.settimeout(self.timeout)  # a send after it blocks as sends do
+
+    def flush(self, timeout: float | None = None) -> None:
+        """PING, and wait for the server's PONG: everything sent before it was read by the
+        server (nats-py's ``flush``); an ``-ERR`` it sent meanwhile raises. Messages that
+        arrive meanwhile are kept for :meth:`read`."""
+        self._send(codec.PING)
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while True:
+            for item in self._receive(deadline):
+                if isinstance(item, Msg):
+                    self._keep(item)
+                elif item.op == b"PONG":
+                    return
+
     def shutdown(self) -> None:
         """Wake a read blocked in another thread: it fails as a lost connection."""
         sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+
+    @property
+    def max_payload(self) -> int:
+        """The most bytes (headers and payload) one message may hold, as the server's
+        latest INFO says: a larger one would cost the connection."""
+        return int(self.info.get("max_payload") or handshake.DEFAULT_MAX_PAYLOAD)
+
+    @property
+    def lame_duck(self) -> bool:
+        """The server said it is in lame-duck mode: it closes its clients soon."""
+        return bool(self.info.get("ldm"))
 
     def new_inbox(self) -> str:
         """A reply subject whose answers :meth:`read` gives with :attr:`reply_sid`."""
@@ -190,6 +258,7 @@ class Connection:
         if self._pending:
             out = list(self._pending)
             self._pending.clear()
+            self._pending_bytes = 0
             return out
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
@@ -212,7 +281,17 @@ class Connection:
                     if codec.status(item.headers) == 503:
                         raise ConnectionRefusedError(f"no responders for {subject}")
                     return item
-                self._pending.append(item)
+                self._keep(item)
+
+    def _keep(self, item: Msg) -> None:
+        """A message for :meth:`read`, within the pending limits (else dropped, counted)."""
+        size = len(item.payload) + len(item.headers)
+        limits = self.pending_limits
+        if len(self._pending) >= limits.messages or self._pending_bytes + size > limits.bytes:
+            self.dropped += 1
+            return
+        self._pending.append(item)
+        self._pending_bytes += size
 
     def close(self) -> None:
         """Close the socket; idempotent."""

@@ -8,6 +8,15 @@ to what it was subscribed to. What cannot wait for a connection fails at once
 would. A server that stops answering PINGs is left after two intervals, so a half-open
 TCP connection (a host cut off by a partition) costs seconds, not minutes.
 
+What nats-py's users rely on is here too: the servers the cluster names in its INFO
+(``connect_urls``) join the rotation (:class:`bus.nats.rotation.Rotation`); a server
+that says it is in lame-duck mode (``ldm``) is left for another before it closes, the
+subscriptions moved with it; a message larger than the server's ``max_payload`` is refused
+here (:class:`MessageTooLarge`) instead of costing the connection; ``echo=False`` is
+nats-py's ``no_echo``; and each subscription has pending limits: a callback slower than
+its messages gets them a budget per reactor turn, the rest waiting up to its limits and
+dropped (counted) beyond, so that it never holds up the others or the PINGs.
+
 The eMQP broker's JetStream store and the Event BUS's stream management use it; see
 docs/cluster.md.
 """
@@ -19,8 +28,9 @@ import heapq
 import itertools
 import json
 import os
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +41,11 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from bus.nats import codec, handshake, jsapi
+from bus.nats.blocking import DEFAULT_PENDING, Limits
 from bus.nats.codec import Control, Msg, ProtocolError
+from bus.nats.credentials import Credentials
 from bus.nats.handshake import ConnectError, Server
+from bus.nats.rotation import Rotation
 from bus.nats.settings import NatsSettings
 from bus.util.extras import MissingExtra, require_tls
 
@@ -43,6 +56,11 @@ RETRY_FIRST = 0.1
 RETRY_LAST = 2.0
 #: How often requests past their timeout are failed (their timeouts are this coarse).
 SWEEP_INTERVAL = 0.1
+#: Messages handed to subscriptions' callbacks in one reactor turn, at most: the rest wait
+#: (within each subscription's pending limits) for the next turns.
+DELIVERY_BUDGET = 1000
+#: Seconds a connection left for lame-duck mode stays open for the answers on their way.
+LEAVING_GRACE = 1.0
 
 
 class NotConnected(Exception):
@@ -51,6 +69,11 @@ class NotConnected(Exception):
 
 class NoResponders(Exception):
     """A request to a subject nobody listens to (the server's 503)."""
+
+
+class MessageTooLarge(ValueError):
+    """A message (headers and payload) larger than the server's ``max_payload``: sent, it
+    would cost the connection (nats-py's ``MaxPayloadError``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +114,13 @@ class Subscription:
     callback: Callable[[Msg], None]
     queue: str
     sid: int
+    #: How much may wait for the callback (nats-py's pending limits).
+    limits: Limits = DEFAULT_PENDING
+    #: Messages waiting for the callback (past a turn's budget), and their bytes.
+    waiting: deque[Msg] = field(default_factory=deque)
+    waiting_bytes: int = 0
+    #: Messages dropped because the pending limits were reached (a slow consumer).
+    dropped: int = 0
 
 
 class _Wire(Protocol):
@@ -103,6 +133,8 @@ class _Wire(Protocol):
         self.ready = False
         self.info: dict[str, Any] = {}
         self.unanswered_pings = 0
+        #: Where its messages go; once it is left for lame-duck mode, only answers.
+        self.deliver: Callable[[Msg], None] = client._deliver
 
     def connectionMade(self) -> None:
         transport: Any = self.transport
@@ -124,9 +156,10 @@ class _Wire(Protocol):
         except (ProtocolError, ValueError) as error:
             self.client._refused(self, f"not the NATS protocol: {error}")
             return
+        deliver = self.deliver
         for item in items:
             if type(item) is Msg:
-                self.client._deliver(item)
+                deliver(item)
             else:
                 assert isinstance(item, Control)
                 self._control(item)
@@ -145,12 +178,14 @@ class _Wire(Protocol):
             self.info = codec.info(item)
             if first:
                 self._hello()
+            elif self.ready:
+                self.client._info(self)
         elif op == b"-ERR":
             text = item.argument.decode("utf-8", "replace")
             if not self.ready or "violation" in text.lower():
                 self.client._refused(self, text)
             else:
-                log.warn("NATS server {server} says: {text}", server=self.address.url, text=text)
+                log.warn("NATS server {server} says: {text}", server=self.address.shown, text=text)
 
     def _hello(self) -> None:
         client = self.client
@@ -162,7 +197,7 @@ class _Wire(Protocol):
                 transport: Any = self.transport
                 transport.startTLS(context)
             options = handshake.connect_options(
-                self.address, self.info, client.name, tls, client.creds
+                self.address, self.info, client.name, tls, client.credentials, client.echo
             )
         except (ConnectError, OSError) as error:
             client._refused(self, str(error))
@@ -173,18 +208,24 @@ class _Wire(Protocol):
         if self.unanswered_pings >= 2:
             log.warn(
                 "NATS server {server} did not answer two PINGs: leaving it",
-                server=self.address.url,
+                server=self.address.shown,
             )
             self.drop(abort=True)
             return
         self.unanswered_pings += 1
         self.out(codec.PING)
 
+    @property
+    def max_payload(self) -> int:
+        return int(self.info.get("max_payload") or handshake.DEFAULT_MAX_PAYLOAD)
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.client._lost(self, reason)
 
 
 class _Factory(ClientFactory):
+    noisy = False  # a line per attempt says nothing the client's own lines do not
+
     def __init__(self, client: NatsClient, address: Server) -> None:
         self.client = client
         self.address = address
@@ -205,22 +246,32 @@ class NatsClient:
         servers: Sequence[str],
         *,
         name: str = "bus",
-        creds: Path | None = None,
+        credentials: Credentials | None = None,
         tls: NatsTLS | None = None,
         ping_interval: float = 2.0,
         connect_timeout: float = 5.0,
+        echo: bool = True,
+        discover: bool = True,
     ) -> None:
         self.reactor = reactor
-        self.addresses = [handshake.server(url) for url in servers]
-        if not self.addresses:
-            raise ConnectError("no NATS server given")
+        #: The servers given, then those the cluster named; where the next attempt starts.
+        self.rotation = Rotation(servers, discover)
         self.name = name
-        self.creds = creds
+        self.credentials = credentials
         self.tls = tls
         self.ping_interval = ping_interval
         self.connect_timeout = connect_timeout
+        #: False: nats-py's ``no_echo`` (the server keeps our own messages from our
+        #: subscriptions).
+        self.echo = echo
         self._wire: _Wire | None = None
-        self._next = 0
+        #: Leaving a server in lame-duck mode: the server being connected to and those to
+        #: try after it; then the connection left, kept open a moment for the answers
+        #: already on their way.
+        self._moving_to: Server | None = None
+        self._move_candidates: list[str] = []
+        self._leaving: _Wire | None = None
+        self._failures_in_row = 0
         self._retry = RETRY_FIRST
         self._attempt: DelayedCall | None = None
         self._pinger: DelayedCall | None = None
@@ -236,10 +287,21 @@ class NatsClient:
         self._sweeper: DelayedCall | None = None
         self._first: list[defer.Deferred[None]] = []
         self._reasons: dict[str, str] = {}
-        #: Called with True when connected, False when the connection is lost.
+        #: Messages handed to callbacks since the last turn began, and the subscriptions
+        #: whose messages wait for a later turn (in the order they began waiting).
+        self._budget_used = 0
+        self._budget_reset: DelayedCall | None = None
+        self._backlogged: deque[Subscription] = deque()
+        self._drainer: DelayedCall | None = None
+        #: Called with True when connected (also after a move off a server in lame-duck
+        #: mode: a new connection), False when the connection is lost.
         self.listeners: list[Callable[[bool], None]] = []
         self.connects = 0
         self.disconnects = 0
+        #: Connections left for another because their server went into lame-duck mode.
+        self.lame_duck_moves = 0
+        #: Messages dropped over subscriptions' pending limits, all subscriptions together.
+        self.slow_consumer_drops = 0
         self.server: str | None = None
 
     # -- life --------------------------------------------------------------------------------
@@ -248,6 +310,23 @@ class NatsClient:
     def connected(self) -> bool:
         """A connection is open and its handshake done."""
         return self._wire is not None and self._wire.ready
+
+    @property
+    def servers(self) -> list[str]:
+        """The servers given, then those discovered."""
+        return self.rotation.servers
+
+    @property
+    def max_payload(self) -> int:
+        """The most bytes (headers and payload) one message may hold on the connection now
+        (the server's INFO; nats-server's default when not connected)."""
+        wire = self._wire
+        return wire.max_payload if wire is not None else handshake.DEFAULT_MAX_PAYLOAD
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """The latest INFO of the server connected to (empty when none)."""
+        return dict(self._wire.info) if self._wire is not None else {}
 
     def start(self) -> None:
         """Connect, and keep connecting when the connection is lost, until :meth:`stop`."""
@@ -279,13 +358,16 @@ class NatsClient:
         """Close the connection and stop reconnecting; whatever waits fails with
         :class:`NotConnected`."""
         self._running = False
-        for call in (self._attempt, self._pinger, self._sweeper):
+        calls = (self._attempt, self._pinger, self._sweeper, self._drainer, self._budget_reset)
+        for call in calls:
             if call is not None and call.active():
                 call.cancel()
-        self._attempt = self._pinger = self._sweeper = None
-        wire, self._wire = self._wire, None
-        if wire is not None:
-            wire.drop(abort=True)
+        self._attempt = self._pinger = self._sweeper = self._drainer = None
+        self._budget_reset = None
+        for wire in (self._wire, self._leaving):
+            if wire is not None:
+                wire.drop(abort=True)
+        self._wire = self._leaving = self._moving_to = None
         self._fail_waiting(NotConnected("the NATS client stopped"))
 
     # -- what callers use ----------------------------------------------------------------------
@@ -293,7 +375,15 @@ class NatsClient:
     def publish(
         self, subject: bytes, payload: bytes, headers: bytes = b"", reply: bytes = b""
     ) -> None:
-        """Send now, or raise :class:`NotConnected`. ``headers``: a whole header block."""
+        """Send now, or raise :class:`NotConnected` (or :class:`MessageTooLarge`).
+        ``headers``: a whole header block."""
+        wire = self._wire
+        if wire is not None and len(payload) + len(headers) > wire.max_payload:
+            raise MessageTooLarge(
+                f"a message of {len(payload) + len(headers)} bytes to "
+                f"{subject[:80].decode('utf-8', 'replace')}: the NATS server takes at most "
+                f"{wire.max_payload}"
+            )
         self._write(
             codec.hpub(subject, headers, payload, reply)
             if headers
@@ -301,18 +391,33 @@ class NatsClient:
         )
 
     def publish_raw(self, data: bytes) -> None:
-        """Commands already framed (:mod:`bus.nats.codec`), in one write."""
+        """Commands already framed (:mod:`bus.nats.codec`), in one write: the caller
+        keeps each message within :attr:`max_payload`."""
         self._write(data)
 
     def publish_many(self, messages: list[tuple[bytes, bytes]]) -> None:
         """Several messages (subject, payload) in one write."""
+        limit = self.max_payload
+        for subject, payload in messages:
+            if len(payload) > limit:
+                raise MessageTooLarge(
+                    f"a message of {len(payload)} bytes to "
+                    f"{subject[:80].decode('utf-8', 'replace')}: the NATS server takes at "
+                    f"most {limit}"
+                )
         self._write(b"".join(codec.pub(subject, payload) for subject, payload in messages))
 
     def subscribe(
-        self, subject: str, callback: Callable[[Msg], None], queue: str = ""
+        self,
+        subject: str,
+        callback: Callable[[Msg], None],
+        queue: str = "",
+        pending: Limits = DEFAULT_PENDING,
     ) -> Subscription:
-        """Kept across reconnections: sent again to each new connection."""
-        subscription = Subscription(subject, callback, queue, next(self._sids))
+        """Kept across reconnections: sent again to each new connection. ``pending``: how
+        much may wait for ``callback`` when it is slower than its messages (beyond, they
+        are dropped and counted: :attr:`Subscription.dropped`)."""
+        subscription = Subscription(subject, callback, queue, next(self._sids), pending)
         self._subscriptions[subscription.sid] = subscription
         if self.connected:
             self._write(codec.sub(subject, subscription.sid, queue))
@@ -322,17 +427,18 @@ class NatsClient:
         """End ``subscription``, here and (when connected) at the server."""
         if self._subscriptions.pop(subscription.sid, None) is not None and self.connected:
             self._write(codec.unsub(subscription.sid))
+        subscription.waiting.clear()
 
     def request(
         self, subject: bytes, payload: bytes, headers: bytes = b"", timeout: float = 5.0
     ) -> defer.Deferred[Msg]:
         """The one answer, or a failure: :class:`NotConnected`, :class:`NoResponders`,
-        ``TimeoutError``."""
+        :class:`MessageTooLarge`, ``TimeoutError``."""
         inbox = f"{self._inbox}.{next(self._replies)}".encode()
         answer: defer.Deferred[Msg] = defer.Deferred()
         try:
             self.publish(subject, payload, headers, inbox)
-        except NotConnected as error:
+        except (NotConnected, MessageTooLarge) as error:
             return defer.fail(error)
 
         # One timer for every request (a DelayedCall each costs more than the request).
@@ -384,8 +490,9 @@ class NatsClient:
         self._attempt = None
         if not self._running:
             return
-        address = self.addresses[self._next % len(self.addresses)]
-        self._next += 1
+        self._dial(handshake.server(self.rotation.take()))
+
+    def _dial(self, address: Server) -> None:
         self.reactor.connectTCP(
             address.host, address.port, _Factory(self, address), self.connect_timeout
         )
@@ -394,19 +501,23 @@ class NatsClient:
         if not self._running or self._attempt is not None:
             return
         # Every server once in a row, then wait: a cluster being restarted gets time.
-        delay = 0.0 if self._next % len(self.addresses) else self._retry
-        if delay:
+        self._failures_in_row += 1
+        delay = 0.0
+        if self._failures_in_row >= len(self.rotation.servers):
+            self._failures_in_row = 0
+            delay = self._retry
             self._retry = min(self._retry * 2, RETRY_LAST)
         self._attempt = self.reactor.callLater(delay, self._connect)
 
     def _failed(self, address: Server, reason: str) -> None:
-        self._reasons[address.url] = reason
-        self._again()
+        self._reasons[address.shown] = reason
+        if not self._move_failed(address):
+            self._again()
 
     def _refused(self, wire: _Wire, reason: str) -> None:
-        self._reasons[wire.address.url] = reason
+        self._reasons[wire.address.shown] = reason
         log.warn(
-            "NATS server {server} refused us: {reason}", server=wire.address.url, reason=reason
+            "NATS server {server} refused us: {reason}", server=wire.address.shown, reason=reason
         )
         wire.drop()
 
@@ -414,17 +525,28 @@ class NatsClient:
         if not self._running:
             wire.drop(abort=True)
             return
+        left = None
+        if wire.address is self._moving_to:
+            self._moving_to, self._move_candidates = None, []
+            left = self._leave(self._wire)
         self._wire = wire
         self._retry = RETRY_FIRST
+        self._failures_in_row = 0
         self._reasons.clear()
         self.connects += 1
-        self.server = wire.address.url
-        self._inbox_sid = next(self._sids)
-        lines = [codec.sub(self._inbox + ".>", self._inbox_sid)]
-        lines.extend(codec.sub(s.subject, s.sid, s.queue) for s in self._subscriptions.values())
-        wire.out(b"".join(lines))
-        self._schedule_ping()
-        log.info("connected to NATS server {server}", server=wire.address.url)
+        self._learn(wire, reached=True)
+        self._subscribe_all(wire)
+        if self._pinger is None or not self._pinger.active():
+            self._schedule_ping()
+        if left is not None:
+            self.lame_duck_moves += 1
+            log.info(
+                "moved to NATS server {server}, off {left} (lame-duck mode)",
+                server=wire.address.shown,
+                left=left.address.shown,
+            )
+        else:
+            log.info("connected to NATS server {server}", server=wire.address.shown)
         # Those listening now hear of it; one a waiter adds as it wakes has not missed it.
         listeners = list(self.listeners)
         first, self._first = self._first, []
@@ -432,6 +554,90 @@ class NatsClient:
             waiting.callback(None)
         for listener in listeners:
             listener(True)
+        if wire.info.get("ldm"):
+            self._lame_duck(wire)
+
+    def _subscribe_all(self, wire: _Wire) -> None:
+        self.server = wire.address.shown
+        self._inbox_sid = next(self._sids)
+        lines = [codec.sub(self._inbox + ".>", self._inbox_sid)]
+        lines.extend(codec.sub(s.subject, s.sid, s.queue) for s in self._subscriptions.values())
+        wire.out(b"".join(lines))
+
+    def _learn(self, wire: _Wire, reached: bool = False) -> None:
+        url = wire.address.url
+        rotation = self.rotation
+        added = rotation.reached(url, wire.info) if reached else rotation.learn(url, wire.info)
+        if added:
+            log.info(
+                "NATS servers learnt from the cluster: {servers}",
+                servers=", ".join(handshake.server(u).shown for u in added),
+            )
+
+    def _info(self, wire: _Wire) -> None:
+        """A new INFO from a connected server: the cluster's servers, lame-duck mode."""
+        self._learn(wire)
+        if wire is self._wire and wire.info.get("ldm"):
+            self._lame_duck(wire)
+
+    # -- lame-duck mode ------------------------------------------------------------------------
+
+    def _lame_duck(self, wire: _Wire) -> None:
+        """The server is draining: connect to another before it closes this connection;
+        once that one is ready (:meth:`_connected`), the subscriptions move to it."""
+        if self._moving_to is not None or not self._running:
+            return
+        others = self.rotation.elsewhere(wire.address.url)
+        if not others:
+            log.warn(
+                "NATS server {server} is in lame-duck mode and no other is known: staying "
+                "until it closes",
+                server=wire.address.shown,
+            )
+            return
+        log.info(
+            "NATS server {server} is in lame-duck mode: moving to another",
+            server=wire.address.shown,
+        )
+        self._move_candidates = others
+        self._move_next()
+
+    def _move_next(self) -> None:
+        if not self._move_candidates:
+            self._moving_to = None  # none answered: stay until the server closes
+            if self._wire is None:
+                self._again()  # it closed meanwhile: connect as after any loss
+            return
+        self._moving_to = handshake.server(self._move_candidates.pop(0))
+        self._dial(self._moving_to)
+
+    def _move_failed(self, address: Server) -> bool:
+        """Whether a connection attempt that failed was a move's (the next is tried)."""
+        if address is not self._moving_to:
+            return False
+        self._move_next()
+        return True
+
+    def _leave(self, old: _Wire | None) -> _Wire | None:
+        """The connection left for lame-duck mode: its subscriptions end there first (so
+        that no message comes twice) before they are made on the new one; it stays open a
+        moment for the answers on their way, then closes."""
+        if old is None or not old.ready:
+            return None
+        old.out(b"".join(codec.unsub(sid) for sid in self._subscriptions))
+        # Messages it still brings for the subscriptions may come on the new one too:
+        # a moment's gap rather than a message twice.
+        old.deliver = self._deliver_answer
+        self._leaving = old
+        self.reactor.callLater(LEAVING_GRACE, self._left, old)
+        return old
+
+    def _left(self, wire: _Wire) -> None:
+        if self._leaving is wire:
+            self._leaving = None
+        wire.drop()
+
+    # -- pings, losses -------------------------------------------------------------------------
 
     def _schedule_ping(self) -> None:
         self._pinger = self.reactor.callLater(self.ping_interval, self._ping)
@@ -443,10 +649,14 @@ class NatsClient:
             self._schedule_ping()
 
     def _lost(self, wire: _Wire, reason: Failure) -> None:
+        if wire is self._leaving:
+            self._leaving = None
+            return
         if wire is not self._wire:
             if not wire.ready:
-                self._reasons.setdefault(wire.address.url, reason.getErrorMessage())
-                self._again()
+                self._reasons.setdefault(wire.address.shown, reason.getErrorMessage())
+                if not self._move_failed(wire.address):
+                    self._again()
             return
         self._wire = None
         self.server = None
@@ -458,12 +668,13 @@ class NatsClient:
         if self._running:
             log.warn(
                 "lost NATS server {server}: {reason}",
-                server=wire.address.url,
+                server=wire.address.shown,
                 reason=reason.getErrorMessage(),
             )
             for listener in list(self.listeners):
                 listener(False)
-            self._again()
+            if self._moving_to is None:
+                self._again()
 
     def _fail_waiting(self, error: Exception) -> None:
         waiting, self._waiting = self._waiting, {}
@@ -471,26 +682,100 @@ class NatsClient:
         for answer, _, _ in waiting.values():
             answer.errback(error)
 
+    # -- delivery ------------------------------------------------------------------------------
+
+    def _deliver_answer(self, msg: Msg) -> None:
+        """An answer to a request (one that came on a connection since left included)."""
+        waiting = self._waiting.pop(msg.subject, None)
+        if waiting is None:
+            return  # answered after its timeout (or twice, over a move)
+        answer = waiting[0]
+        if codec.status(msg.headers) == 503:
+            answer.errback(NoResponders(f"no responders for {msg.subject.decode()}"))
+        else:
+            answer.callback(msg)
+
     def _deliver(self, msg: Msg) -> None:
         if msg.sid == self._inbox_sid:
-            waiting = self._waiting.pop(msg.subject, None)
-            if waiting is None:
-                return  # answered after its timeout
-            answer = waiting[0]
-            if codec.status(msg.headers) == 503:
-                answer.errback(NoResponders(f"no responders for {msg.subject.decode()}"))
-            else:
-                answer.callback(msg)
+            self._deliver_answer(msg)
             return
         subscription = self._subscriptions.get(msg.sid)
-        if subscription is not None:
-            try:
-                subscription.callback(msg)
-            except Exception:
-                log.failure("a NATS subscriber of {subject} failed", subject=subscription.subject)
+        if subscription is None:
+            return
+        if subscription.waiting or self._budget_used >= DELIVERY_BUDGET:
+            self._hold(subscription, msg)
+            return
+        self._spend()
+        self._call(subscription, msg)
+
+    def _spend(self) -> None:
+        """One delivery of this turn's budget; the budget is whole again next turn."""
+        self._budget_used += 1
+        if self._budget_reset is None:
+            self._budget_reset = self.reactor.callLater(0, self._new_turn)
+
+    def _new_turn(self) -> None:
+        self._budget_reset = None
+        self._budget_used = 0
+
+    def _call(self, subscription: Subscription, msg: Msg) -> None:
+        try:
+            subscription.callback(msg)
+        except Exception:
+            log.failure("a NATS subscriber of {subject} failed", subject=subscription.subject)
+
+    def _hold(self, subscription: Subscription, msg: Msg) -> None:
+        """Past the turn's budget: the message waits, within the subscription's limits."""
+        size = len(msg.payload) + len(msg.headers)
+        limits = subscription.limits
+        if (
+            len(subscription.waiting) >= limits.messages
+            or subscription.waiting_bytes + size > limits.bytes
+        ):
+            subscription.dropped += 1
+            self.slow_consumer_drops += 1
+            if subscription.dropped & (subscription.dropped - 1) == 0:  # 1, 2, 4, 8, ...
+                log.warn(
+                    "NATS subscriber of {subject} is slower than its messages: {dropped} "
+                    "dropped over its pending limits ({messages} messages, {bytes} bytes)",
+                    subject=subscription.subject,
+                    dropped=subscription.dropped,
+                    messages=limits.messages,
+                    bytes=limits.bytes,
+                )
+            return
+        if not subscription.waiting:
+            self._backlogged.append(subscription)
+        subscription.waiting.append(msg)
+        subscription.waiting_bytes += size
+        if self._drainer is None:
+            self._drainer = self.reactor.callLater(0, self._drain)
+
+    def _drain(self) -> None:
+        """A turn's budget of waiting messages, a subscription's share at a time in turn."""
+        self._drainer = None
+        backlogged = self._backlogged
+        while backlogged and self._budget_used < DELIVERY_BUDGET:
+            subscription = backlogged.popleft()
+            if self._subscriptions.get(subscription.sid) is not subscription:
+                subscription.waiting.clear()
+                subscription.waiting_bytes = 0
+                continue
+            share = max(1, (DELIVERY_BUDGET - self._budget_used) // (len(backlogged) + 1))
+            waiting = subscription.waiting
+            while waiting and share:
+                msg = waiting.popleft()
+                subscription.waiting_bytes -= len(msg.payload) + len(msg.headers)
+                share -= 1
+                self._spend()
+                self._call(subscription, msg)
+            if waiting:
+                backlogged.append(subscription)
+        if backlogged:
+            self._drainer = self.reactor.callLater(0, self._drain)
 
 
-def client_for(reactor: Any, settings: NatsSettings, name: str) -> NatsClient:
+def client_for(reactor: Any, settings: NatsSettings, name: str, echo: bool = True) -> NatsClient:
     """The client a service's JetStream store settings ask for (servers, credentials,
     TLS, pings)."""
     tls = (
@@ -502,10 +787,11 @@ def client_for(reactor: Any, settings: NatsSettings, name: str) -> NatsClient:
         reactor,
         settings.servers,
         name=name,
-        creds=settings.creds,
+        credentials=settings.credentials,
         tls=tls,
         ping_interval=settings.ping_interval,
         connect_timeout=settings.connect_timeout,
+        echo=echo,
     )
 
 

@@ -10,9 +10,9 @@ seconds from the first failure; then :class:`Unavailable` says in one line what 
 being done, the servers tried and the last cause. Anything else (a refused credential,
 a stream that does not exist) fails at once.
 
-The servers are those given, then those the cluster's INFO names (``connect_urls``) that
-were not given, with the scheme and credentials of the URL that reached it; a server in
-lame-duck mode (``ldm``) is left before the next operation.
+The servers go round as :class:`bus.nats.rotation.Rotation` says: those given, then
+those the cluster's INFO names (``connect_urls``); a server in lame-duck mode (``ldm``)
+is left before the next operation, for another.
 
 Spark's stream source uses it on its driver (the stream's state) and on its executors
 (each partition's read, :class:`bus.eventbus.stream_read.RangeReader`).
@@ -25,12 +25,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
-from urllib.parse import urlsplit
 
-from bus.nats import handshake, jsapi
+from bus.nats import jsapi
 from bus.nats.blocking import Connection
 from bus.nats.codec import ProtocolError
+from bus.nats.credentials import shown
 from bus.nats.handshake import ConnectError
+from bus.nats.rotation import Rotation, discovered
 
 __all__ = ["ONCE", "Failover", "Retry", "Unavailable", "discovered", "passing"]
 
@@ -97,20 +98,6 @@ def passing(error: BaseException) -> bool:
     return isinstance(error, OSError)
 
 
-def _key(url: str) -> tuple[str, int]:
-    address = handshake.server(url)
-    return address.host.lower(), address.port
-
-
-def discovered(reached: str, connect_urls: Sequence[str]) -> list[str]:
-    """URLs for a cluster's ``connect_urls`` (``host:port``), with the scheme and the
-    credentials of ``reached``, the URL whose server sent them."""
-    parts = urlsplit(reached if "://" in reached else "nats://" + reached)
-    userinfo = parts.netloc.rpartition("@")[0]
-    at = userinfo + "@" if userinfo else ""
-    return [f"{parts.scheme}://{at}{address}" for address in connect_urls if address]
-
-
 class Failover:
     """One connection at a time to the servers of a cluster (:meth:`connection`), left
     for the next server when it fails (:meth:`drop`), and operations on it tried again
@@ -130,57 +117,54 @@ class Failover:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        if not servers:
-            raise ConnectError("no server given")
-        for url in servers:
-            handshake.server(url)  # a URL that names no server fails now, not in a minute
-        self.servers = list(servers)
+        self.rotation = Rotation(servers, discover)
         self.retry = retry
-        self.discover = discover
         #: Every server tried, in the order first tried.
         self.tried: list[str] = []
         #: Failures that were tried again.
         self.retried = 0
+        #: Connections left because their server went into lame-duck mode.
+        self.left_lame_duck = 0
         self._connect, self._clock, self._sleep = connect, clock, sleep
-        self._known = {_key(url) for url in self.servers}
-        self._next = 0
         self._connection: Connection | None = None
 
+    @property
+    def servers(self) -> list[str]:
+        """The servers given, then those discovered."""
+        return self.rotation.servers
+
     def connection(self) -> Connection:
-        """The connection, made when there is none (or its server is in lame-duck mode),
-        to the servers in turn from the one after the last used."""
-        if self._connection is not None and self._connection.info.get("ldm"):
+        """The connection, made when there is none (or its server is in lame-duck mode:
+        then to the others first), to the servers in turn from the one after the last
+        used."""
+        order = None
+        current = self._connection
+        if current is not None:
+            try:
+                current.poll()  # an INFO that came meanwhile may say lame duck
+            except (OSError, ProtocolError) as error:
+                log.info("NATS server %s: %s", shown(current.server), error)
+                self.drop()
+                current = None
+        if current is not None and current.lame_duck:
+            log.info("NATS server %s is in lame-duck mode: leaving it", shown(current.server))
+            self.left_lame_duck += 1
+            order = [*self.rotation.elsewhere(current.server), current.server]
             self.drop()
         if self._connection is None:
-            order = self.servers[self._next :] + self.servers[: self._next]
+            order = order or self.rotation.order()
             try:
                 made = self._connect(order)
             except BaseException:
                 self._tried(order)
                 raise
             self._tried(order[: order.index(made.server) + 1] if made.server in order else order)
-            if made.server in self.servers:
-                self._next = (self.servers.index(made.server) + 1) % len(self.servers)
-            if self.discover:
-                self._learn(made)
+            self.rotation.reached(made.server, made.info)
             self._connection = made
         return self._connection
 
     def _tried(self, servers: Sequence[str]) -> None:
         self.tried += [url for url in servers if url not in self.tried]
-
-    def _learn(self, made: Connection) -> None:
-        urls = made.info.get("connect_urls") or []
-        if not isinstance(urls, list):
-            return
-        for url in discovered(made.server, [u for u in urls if isinstance(u, str)]):
-            try:
-                key = _key(url)
-            except ConnectError:
-                continue
-            if key not in self._known:
-                self._known.add(key)
-                self.servers.append(url)
 
     @property
     def current(self) -> Connection | None:
@@ -240,7 +224,8 @@ class Failover:
         """One line: what failed, for how long, on which servers, and the last cause."""
         cause = _cause(server, error)
         still = f" still failing after {failing:.1f}s" if self.retry.within > 0 else " failed"
-        return f"{what}{still} (servers tried: {', '.join(self.tried)}); last: {cause}"
+        tried = ", ".join(map(shown, self.tried))
+        return f"{what}{still} (servers tried: {tried}); last: {cause}"
 
     def close(self) -> None:
         """Leave the connection (as :meth:`drop`)."""
@@ -250,4 +235,4 @@ class Failover:
 def _cause(server: str, error: BaseException) -> str:
     """What failed, where (a ConnectError names each server itself)."""
     cause = str(error) or type(error).__name__
-    return f"{server}: {cause}" if server else cause
+    return f"{shown(server)}: {cause}" if server else cause

@@ -1,5 +1,6 @@
 """What a client says when it connects: the server addresses it is given (with their
-``user:password@`` or ``token@``) and the ``CONNECT`` options for the server's ``INFO``.
+``user:password@`` or ``token@``, which :attr:`Server.shown` hides) and the ``CONNECT``
+options for the server's ``INFO``.
 
 Both clients use it: :mod:`bus.nats.blocking` (threads, Spark's executors) and
 :mod:`bus.nats.client` (the reactor).
@@ -7,14 +8,14 @@ Both clients use it: :mod:`bus.nats.blocking` (threads, Spark's executors) and
 
 from __future__ import annotations
 
-import base64
-from pathlib import Path
 from typing import Any, NamedTuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
-from bus.util.extras import MissingExtra, require
+from bus.nats.credentials import Credentials, CredentialsError, shown, userinfo
 
 DEFAULT_PORT = 4222
+#: nats-server's ``max_payload`` unless configured, for a server whose INFO does not say.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
 
 class ConnectError(Exception):
@@ -33,47 +34,24 @@ class Server(NamedTuple):
     password: str | None
     token: str | None
 
+    @property
+    def shown(self) -> str:
+        """The URL as it may be printed (a password or token as ``***``)."""
+        return shown(self.url)
+
 
 def server(url: str) -> Server:
     """One address of ``--nats`` (``[nats|tls]://[user:password@|token@]host[:port]``) parsed;
     :class:`ConnectError` when it has no host or a bad port."""
     parts = urlsplit(url if "://" in url else "nats://" + url)
-    user = unquote(parts.username) if parts.username else None
-    password = unquote(parts.password) if parts.password is not None else None
-    token = None
-    if user is not None and password is None:
-        user, token = None, user
+    user, password, token = userinfo(url)
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError as error:
-        raise ConnectError(f"{url}: {error}") from None
+        raise ConnectError(f"{shown(url)}: {error}") from None
     if not parts.hostname:
-        raise ConnectError(f"{url}: no host")
+        raise ConnectError(f"{shown(url)}: no host")
     return Server(url, parts.hostname, port, parts.scheme == "tls", user, password, token)
-
-
-def credentials(path: Path) -> tuple[str, bytes]:
-    """The user JWT and the nkey seed of a NATS credentials file."""
-    blocks = []
-    lines = path.read_text().splitlines()
-    for index, line in enumerate(lines):
-        if line.startswith("-----BEGIN"):
-            blocks.append(lines[index + 1].strip())
-    if len(blocks) < 2:
-        raise ConnectError(f"{path}: not a NATS credentials file (a JWT and a seed)")
-    return blocks[0], blocks[1].encode()
-
-
-def sign(seed: bytes, nonce: str) -> str:
-    """The server's ``nonce`` signed with the credentials' ``seed`` (``nkeys``, which the
-    ``cluster`` extra installs)."""
-    # The services ask for nkeys as their options are read; Spark's executors, here.
-    try:
-        nkeys = require("nkeys", "cluster", "a NATS credentials file")
-    except MissingExtra as error:
-        raise ConnectError(str(error)) from None
-    signed = nkeys.from_seed(seed).sign(nonce.encode())
-    return base64.urlsafe_b64encode(signed).decode().rstrip("=")
 
 
 def wants_tls(address: Server, info: dict[str, Any], configured: bool) -> bool:
@@ -82,9 +60,16 @@ def wants_tls(address: Server, info: dict[str, Any], configured: bool) -> bool:
 
 
 def connect_options(
-    address: Server, info: dict[str, Any], name: str, tls: bool, creds: Path | None
+    address: Server,
+    info: dict[str, Any],
+    name: str,
+    tls: bool,
+    credentials: Credentials | None,
+    echo: bool = True,
 ) -> dict[str, Any]:
-    """``CONNECT``'s JSON for the server that sent ``info``."""
+    """``CONNECT``'s JSON for the server that sent ``info``: the credentials given, else
+    those of the address's URL. ``echo=False``: the server does not deliver this
+    connection's own messages to its subscriptions (nats-py's ``no_echo``)."""
     options: dict[str, Any] = {
         "verbose": False,
         "pedantic": False,
@@ -95,14 +80,16 @@ def connect_options(
         "protocol": 1,
         "headers": True,
         "no_responders": True,
+        "echo": echo,
     }
-    if address.user is not None:
+    if credentials is not None and credentials.given:
+        try:
+            options.update(credentials.fields(str(info.get("nonce", ""))))
+        except CredentialsError as error:
+            raise ConnectError(str(error)) from None
+    elif address.user is not None:
         options["user"] = address.user
         options["pass"] = address.password
     elif address.token is not None:
         options["auth_token"] = address.token
-    if creds is not None:
-        jwt, seed = credentials(creds)
-        options["jwt"] = jwt
-        options["sig"] = sign(seed, info.get("nonce", ""))
     return options

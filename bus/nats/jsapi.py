@@ -206,6 +206,12 @@ ATOMIC_LIMIT = 1000
 DUPLICATE_IN_BATCH = 10201
 
 
+def headers_most(msg_id: bytes) -> int:
+    """The most bytes the header block of a message published with this id takes, either
+    way (:func:`msg_id_headers`, or :func:`batch_headers` with our batch ids)."""
+    return len(msg_id) + _HEADERS_BEYOND_ID
+
+
 def msg_id_headers(msg_id: bytes) -> bytes:
     """The header block of a message the stream stores once per ``Nats-Msg-Id``."""
     return b"NATS/1.0\r\nNats-Msg-Id: " + msg_id + b"\r\n\r\n"
@@ -221,3 +227,12 @@ def batch_headers(msg_id: bytes, batch: bytes, index: int, commit: bool) -> byte
     if commit:
         headers += b"Nats-Batch-Commit: 1\r\n"
     return headers + b"\r\n"
+
+
+#: :func:`headers_most` less the id: a batch id (12 hex digits, ``-``, a count up to 20
+#: digits) at the batch's last place, committing.
+_HEADERS_BEYOND_ID = len(batch_headers(b"", b"f" * 12 + b"-" + b"9" * 20, ATOMIC_LIMIT, True))
+
+#: The most bytes of a publish's command line (``HPUB`` omitted) beyond its subject: the
+#: reply subject (an inbox and a count) and the header and total sizes, with the spaces.
+PUBLISH_LINE_BEYOND_SUBJECT = 96

@@ -1,6 +1,12 @@
 """The options that put a service's storage in NATS JetStream (``--store jetstream
 --nats URLS`` and the stream's name, replicas, credentials and TLS), the same for every
-service that has them: the Event BUS's log and eMQP's guaranteed requests."""
+service that has them: the Event BUS's log and eMQP's guaranteed requests.
+
+Secrets come from files (``--nats-password-file``, ``--nats-token-file``, ``--nats-nkey``,
+``--nats-creds``) or the environment (``BUS_NATS_PASSWORD``, ``BUS_NATS_TOKEN``), never
+from the command line, where every user of the host reads them; a ``user:password@`` or
+``token@`` in ``--nats`` still works, and is never printed
+(:mod:`bus.nats.credentials`)."""
 
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ from typing import Any, TypeVar
 
 from twisted.python import usage
 
+from bus.errors import StartupError
+from bus.nats.credentials import ENV_PASSWORD, ENV_TOKEN, Credentials, CredentialsError
 from bus.nats.settings import NatsSettings
 from bus.util.extras import require, require_tls
 
@@ -46,7 +54,28 @@ def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
             "With --store jetstream: the stream's replicas when it is made (3 in a cluster).",
             int,
         ],
-        ["nats-creds", None, None, "With --store jetstream: a NATS credentials file."],
+        [
+            "nats-user",
+            None,
+            None,
+            "With --store jetstream: the NATS user; its password from --nats-password-file or "
+            f"{ENV_PASSWORD} in the environment.",
+        ],
+        ["nats-password-file", None, None, "With --store jetstream: a file holding the password."],
+        [
+            "nats-token-file",
+            None,
+            None,
+            f"With --store jetstream: a file holding the NATS token (or {ENV_TOKEN} in the "
+            "environment).",
+        ],
+        ["nats-nkey", None, None, "With --store jetstream: a NATS user's NKEY seed file."],
+        [
+            "nats-creds",
+            None,
+            None,
+            "With --store jetstream: a NATS credentials file (user JWT and seed).",
+        ],
         ["nats-tls-ca", None, None, "With --store jetstream: the CA that signed the servers."],
         ["nats-tls-cert", None, None, "With --store jetstream: this client's TLS certificate."],
         ["nats-tls-key", None, None, "With --store jetstream: its private key."],
@@ -78,10 +107,20 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
         if options.get(option)
     }
     try:
-        return kind(
+        credentials = Credentials.from_options(
+            user=options.get("nats-user"),
+            password_file=options.get("nats-password-file"),
+            token_file=options.get("nats-token-file"),
+            nkey=options.get("nats-nkey"),
+            creds=options.get("nats-creds"),
+        )
+    except CredentialsError as error:
+        raise usage.UsageError(str(error)) from None
+    try:
+        settings = kind(
             servers=servers,
             replicas=int(options.get("nats-replicas") or 1),
-            creds=path("nats-creds"),
+            credentials=credentials,
             tls_ca=path("nats-tls-ca"),
             tls_cert=path("nats-tls-cert"),
             tls_key=path("nats-tls-key"),
@@ -90,6 +129,26 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
         )
     except ValueError as error:
         raise usage.UsageError(str(error)) from None
+    _check_files(settings.credentials)
+    return settings
+
+
+def _check_files(credentials: Credentials) -> None:
+    """The credentials' files read once now: one that is missing or not what it should be
+    ends the start in one line, naming its option, instead of failing every connection."""
+    option = (
+        "nats-password-file"
+        if credentials.password_file is not None
+        else "nats-token-file"
+        if credentials.token_file is not None
+        else "nats-nkey"
+        if credentials.nkey_file is not None
+        else "nats-creds"
+    )
+    try:
+        credentials.check()
+    except CredentialsError as error:
+        raise StartupError(option, str(error)) from None
 
 
 def _require_extras(options: Mapping[str, Any], servers: tuple[str, ...]) -> None:
@@ -97,6 +156,8 @@ def _require_extras(options: Mapping[str, Any], servers: tuple[str, ...]) -> Non
     start (bus.util.extras), rather than when the first connection is refused."""
     if options.get("nats-creds"):
         require("nkeys", "cluster", "a NATS credentials file", "nats-creds")
+    if options.get("nats-nkey"):
+        require("nkeys", "cluster", "an NKEY seed", "nats-nkey")
     tls = [name for name in ("nats-tls-ca", "nats-tls-cert", "nats-tls-key") if options.get(name)]
     if not tls and any(url.startswith("tls://") for url in servers):
         tls = ["nats"]

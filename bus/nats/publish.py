@@ -34,6 +34,18 @@ class PublishError(Exception):
     """The batch was not acknowledged whole."""
 
 
+class TooLarge(ValueError):
+    """Messages of the batch larger than the server takes (``max_payload``, headers
+    included): nothing of the batch was sent, which a larger one would cost the
+    connection."""
+
+    def __init__(self, indexes: list[int], limit: int) -> None:
+        super().__init__(f"{len(indexes)} messages larger than the {limit} bytes the server takes")
+        #: Where those messages are in the batch.
+        self.indexes = indexes
+        self.limit = limit
+
+
 class _Repeated(Exception):
     """JetStream refused an atomic batch for an id it holds already (or twice in it)."""
 
@@ -55,7 +67,17 @@ class Publisher:
         self.resent_each = 0
 
     def publish(self, messages: Messages, timeout: float) -> list[int]:
-        """``messages``: (subject, message id, body) each; the stream's sequences, in order."""
+        """``messages``: (subject, message id, body) each; the stream's sequences, in order.
+        :class:`TooLarge` (nothing sent) when some cannot fit in one message."""
+        limit = self.connection.max_payload
+        room = limit - jsapi.headers_most(b"")  # for the body and the id, either way
+        if any(len(body) + len(msg_id) > room for _, msg_id, body in messages):
+            over = [
+                index
+                for index, (_, msg_id, body) in enumerate(messages)
+                if len(body) + len(msg_id) > room
+            ]
+            raise TooLarge(over, limit)
         if not self.atomic:
             return self._each(messages, timeout)
         deadline = time.monotonic() + timeout

@@ -71,10 +71,15 @@ class NatsNode:
 
 
 def node_config(
-    node: NatsNode, routes: list[str], cluster: str = "bus", token: str | None = None
+    node: NatsNode,
+    routes: list[str],
+    cluster: str = "bus",
+    token: str | None = None,
+    extra: str = "",
 ) -> str:
     """A node's config file: JetStream on, in a cluster when it has routes, clients
-    admitted with ``token`` only when one is given."""
+    admitted with ``token`` only when one is given; ``extra``: more of nats-server's
+    settings (``max_payload``, an ``authorization`` block, lame-duck timings)."""
     lines = [
         f"server_name: {node.name}",
         f"listen: {node.host}:{node.port}",
@@ -89,6 +94,8 @@ def node_config(
             f"cluster {{ name: {cluster}\n  listen: {node.host}:{node.route_port}\n"
             f"  routes: [{', '.join(routes)}] }}"
         )
+    if extra:
+        lines.append(extra)
     return "\n".join(lines) + "\n"
 
 
@@ -107,6 +114,8 @@ class NatsCluster:
     route_ports: Sequence[int] | None = None
     #: Clients must give this token (``nats://TOKEN@host:port``); None: anyone.
     token: str | None = None
+    #: More of nats-server's settings for every node, as its config file writes them.
+    extra: str = ""
     #: One address per node (hosts of their own, e.g. network namespaces), else ``host``.
     hosts: Sequence[str] | None = None
     #: Runs a node's command elsewhere, e.g. ``["ip", "netns", "exec", NS]`` for node i:
@@ -144,7 +153,7 @@ class NatsCluster:
         )
         for node in self.nodes:
             node.store_dir.mkdir(parents=True, exist_ok=True)
-            node.config.write_text(node_config(node, routes, token=self.token))
+            node.config.write_text(node_config(node, routes, token=self.token, extra=self.extra))
 
     @property
     def urls(self) -> list[str]:

@@ -4,8 +4,10 @@ executors build it too."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from bus.nats.credentials import Credentials, split
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,12 +15,16 @@ class NatsSettings:
     """The JetStream store's settings: servers, stream, subjects, replicas, credentials, TLS and the
     duplicate window."""
 
+    #: The servers' URLs, without credentials: a ``user:password@`` or ``token@`` given in
+    #: them is moved to :attr:`credentials` as the settings are made, so that the servers
+    #: may be printed anywhere.
     servers: tuple[str, ...]
     stream: str = ""
     subject_prefix: str = ""
     replicas: int = 1
-    #: A NATS credentials file (``--nats-creds``), and TLS (``--nats-tls-*``).
-    creds: Path | None = None
+    #: Who the client is (``--nats-user`` and ``--nats-password-file``, ``--nats-token-file``,
+    #: ``--nats-nkey``, ``--nats-creds``, or what the URLs carried); TLS (``--nats-tls-*``).
+    credentials: Credentials = field(default_factory=Credentials)
     tls_ca: Path | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -33,5 +39,8 @@ class NatsSettings:
     def __post_init__(self) -> None:
         if not self.servers:
             raise ValueError("--nats names no server")
+        servers, credentials = split(self.servers, self.credentials)
+        object.__setattr__(self, "servers", servers)
+        object.__setattr__(self, "credentials", credentials)
         if not 1 <= self.replicas <= 5:
             raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")

@@ -59,7 +59,7 @@ def _settings(options: StreamOptions) -> Any:
         options.servers,
         stream=options.stream,
         subject_prefix=options.subject_prefix,
-        creds=path(options.creds),
+        credentials=options.credentials,
         tls_ca=path(options.tls_ca),
         tls_cert=path(options.tls_cert),
         tls_key=path(options.tls_key),
