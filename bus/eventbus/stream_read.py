@@ -40,7 +40,7 @@ def encode(fields: EventFields) -> bytes:
 
 
 def encoded_size(fields: EventFields) -> int:
-    """``len(encode(fields))``, without encoding: msgpack's array of four ``bin``s."""
+    """``len(encode(fields))``, without encoding: msgpack's array of four ``bin`` parts."""
     return 1 + sum(len(part) + _bin_head(len(part)) for part in fields[1:])
 
 
