@@ -14,16 +14,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# setup.py builds the optional C helpers (bus/transport/_frames.c, bus/natswire/_scan.c) in place;
+# setup.py builds the optional C helpers (bus/transport/_frames.c, bus/nats/_scan.c) in place;
 # bus/__init__.py holds the version that the installed metadata carries.
-$(VENV)/.run-deps: setup.cfg setup.py pyproject.toml bus/__init__.py bus/transport/_frames.c bus/natswire/_scan.c \
+$(VENV)/.run-deps: setup.cfg setup.py pyproject.toml bus/__init__.py bus/transport/_frames.c bus/nats/_scan.c \
 		| $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
 
 # The tests also run a third-party service, examples/echo-service, installed as its own
 # distribution (it declares itself in the bus.services entry point group).
-$(VENV)/.test-deps: setup.cfg setup.py pyproject.toml bus/__init__.py bus/transport/_frames.c bus/natswire/_scan.c \
+$(VENV)/.test-deps: setup.cfg setup.py pyproject.toml bus/__init__.py bus/transport/_frames.c bus/nats/_scan.c \
 		examples/echo-service/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark,cluster,redis]"
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/echo-service
@@ -140,7 +140,7 @@ test: $(VENV)/.test-deps $(INTEROP)/.installed $(INSTALLED) browser redis-server
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench examples
 	$(BIN)/ruff format --check bus tests bench examples
-	$(BIN)/mypy bus
+	$(BIN)/mypy bus tests/contract_check.py
 	$(BIN)/mypy examples/echo-service/echo_service
 
 # The API reference in build/apidocs (index.html); a broken cross-reference or a docstring

@@ -3,8 +3,8 @@
 ``bus.transport._frames`` reads and sends whole ZeroMQ messages a batch per call (see
 bus/transport/frames.py). ``optional=True``: where it cannot be built (no C compiler or
 no Python headers) the install goes on, and the transport reads and sends through pyzmq.
-``bus.natswire._scan`` parses NATS messages and JetStream deliveries (see
-bus/natswire/_scan.c); without it the Python parser does the same.
+``bus.nats._scan`` parses NATS messages and JetStream deliveries (see
+bus/nats/_scan.c); without it the Python parser does the same.
 """
 
 import sys
@@ -19,6 +19,6 @@ setup(
             libraries=["dl"] if sys.platform.startswith("linux") else [],
             optional=True,
         ),
-        Extension("bus.natswire._scan", ["bus/natswire/_scan.c"], optional=True),
+        Extension("bus.nats._scan", ["bus/nats/_scan.c"], optional=True),
     ]
 )

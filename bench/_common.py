@@ -857,7 +857,7 @@ def cpu_latency(microseconds: int | None) -> Iterator[list[tuple[str, str]]]:
     if microseconds is None:
         yield []
         return
-    from bus.cpulatency import CpuLatencyService
+    from bus.application.cpulatency import CpuLatencyService
 
     request = CpuLatencyService(microseconds)
     request.startService()

@@ -27,7 +27,7 @@ about 3 us of CPU per job for the client, where the raw pyzmq client of
 
 ``--cpu-latency-us 0`` holds the CPUs out of their idle states for the whole run (baseline
 and broker alike) and starts the broker with the product's option of that name: on a VM,
-waking an idle CPU costs more than the broker's pass (see bus/cpulatency.py).
+waking an idle CPU costs more than the broker's pass (see bus/application/cpulatency.py).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from _common import (
 from emqp_broker import Broker, build_c_peers, peer
 
 from bus.emqp import codec
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 
 SLOTS = 16
 WINDOW = 1_000

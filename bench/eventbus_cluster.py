@@ -1,6 +1,6 @@
 """Event BUS on a NATS JetStream cluster: delivered rate, snapshot, and the waits at faults.
 
-Everything on 127.0.0.1, real processes: nats-server nodes (``bus.natsserver``, JetStream
+Everything on 127.0.0.1, real processes: nats-server nodes (``bus.nats.servers``, JetStream
 on, fresh store directories for every run, so runs never share a stream) and Event BUS
 front-ends (``twistd -n eventbus --store jetstream --nats URLS --nats-replicas R``).
 Beside them, in the same run, the default server (``twistd -n eventbus``, its log in
@@ -68,7 +68,7 @@ from _common import (
     workdir,
 )
 
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 
 THIS = Path(__file__).resolve()
 
@@ -102,7 +102,7 @@ _DIE_WITH_US = (
 
 
 class Nats(NatsCluster):
-    """:class:`bus.natsserver.NatsCluster`, its nodes started through :data:`_DIE_WITH_US`
+    """:class:`bus.nats.servers.NatsCluster`, its nodes started through :data:`_DIE_WITH_US`
     (its ``prefix``; then a node is up when its log says so)."""
 
     def pids(self) -> list[int]:

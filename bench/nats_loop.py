@@ -163,7 +163,7 @@ def main() -> None:
     if args.way:  # one way, in this process
         print(json.dumps(WAYS[args.way](args.url, args.stream, args.events, args.batch)))
         return
-    from bus.natsserver import NatsCluster
+    from bus.nats.servers import NatsCluster
 
     with tempfile.TemporaryDirectory() as directory:
         cluster = NatsCluster(Path(directory), size=1)

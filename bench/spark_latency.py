@@ -375,7 +375,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         url = ""
         if stream:
             # The bus's log in a JetStream stream, read by the source itself: no bridge.
-            from bus.natsserver import NatsCluster
+            from bus.nats.servers import NatsCluster
 
             nats = NatsCluster(root / "nats", size=1)
             stack.callback(nats.stop)

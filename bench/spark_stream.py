@@ -17,7 +17,7 @@ default) is Spark's standalone master and one, then two, workers of one core eac
 * journal source (``.option("path", ...)``), same events: the baseline;
 * raw nats-py, one process, a pull consumer decoding every message: what one reader
   gets from the server with the NATS client of the registry;
-* raw ``bus.natswire``, one process: the ranged read the executors use, without Spark.
+* raw ``bus.nats``, one process: the ranged read the executors use, without Spark.
 
 Targets: stream >= 1.0 x journal with two workers; two workers >= 1.6 x one.
 """
@@ -119,7 +119,7 @@ def raw_read(url: str, count: int) -> None:
 
 
 def wire_read(url: str, count: int) -> None:
-    """bus.natswire alone: the ranged read the source's executors use, each row decoded."""
+    """bus.nats alone: the ranged read the source's executors use, each row decoded."""
     from bus.eventbus.config import JetStreamSettings
     from bus.eventbus.stream_read import RangeReader
 
@@ -201,7 +201,7 @@ class Standalone:
     def __init__(self, scratch: Path, env: dict[str, str]) -> None:
         import pyspark
 
-        from bus.natsserver import free_ports
+        from bus.nats.servers import free_ports
 
         self.spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
         self.scratch, self.env = scratch, {**env, "SPARK_LOCAL_IP": "127.0.0.1"}
@@ -225,7 +225,7 @@ class Standalone:
 
     def workers(self, count: int) -> None:
         """Start workers until ``count`` are registered with the master."""
-        from bus.natsserver import free_ports
+        from bus.nats.servers import free_ports
 
         while len(self.processes) - 1 < count:
             n = len(self.processes)
@@ -273,7 +273,7 @@ def main() -> int:
         return 0
     print("command:", shlex.join([sys.executable, *sys.argv]))
 
-    from bus.natsserver import NatsCluster
+    from bus.nats.servers import NatsCluster
     from bus.spark.synthetic import write_journal
 
     scratch = Path(tempfile.mkdtemp(prefix="bus-bench-spark-stream-"))
@@ -343,7 +343,7 @@ def main() -> int:
             f"{journal_us / stream_us:.2f}x the journal here"
         )
     print(f"  raw nats-py, one process: {rate(raw):,.0f} r/s")
-    print(f"  raw bus.natswire (the executors' reader), one process: {rate(wire):,.0f} r/s")
+    print(f"  raw bus.nats (the executors' reader), one process: {rate(wire):,.0f} r/s")
     two, one = seconds[2], seconds[1]
     versus = two["journal"] / two["stream"]
     scaling = one["stream"] / two["stream"]

@@ -190,8 +190,8 @@ def zyre_shout(binary: str, nodes: int, shouts: int) -> float:
 def run_nodes(args: argparse.Namespace) -> dict[str, Any]:
     from twisted.internet import reactor as global_reactor
 
-    from bus.polling import wait_until
     from bus.transport.zmqsocket import SocketFactory
+    from bus.util.polling import wait_until
     from bus.zre.config import ZreConfig
     from bus.zre.node import ZreNode
 

@@ -1,6 +1,7 @@
 """The one exception family that codecs raise for malformed input, and what a service that
 cannot start raises."""
 
+import re
 from typing import Any
 
 
@@ -35,10 +36,10 @@ class StartupError(Exception):
         """The one line for operators: ``cannot start eventbus: --port 5556: CAUSE``
         (``prefix``: how the service's options are spelled where it runs)."""
         if not self.option:
-            return f"cannot start {service}: {self.cause}"
+            return f"cannot start {service}: {redacted(self.cause)}"
         flag = f"--{prefix}{self.option}"
-        shown = f"{flag} {value}" if value not in (None, "") else flag
-        return f"cannot start {service}: {shown}: {self.cause}"
+        shown = f"{flag} {redacted(str(value))}" if value not in (None, "") else flag
+        return f"cannot start {service}: {shown}: {redacted(self.cause)}"
 
 
 class StartFailed(Exception):
@@ -55,3 +56,18 @@ class StorageError(Exception):
     def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.cause = cause
+
+
+#: ``scheme://userinfo@`` anywhere in a text.
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)([^\s/@,;'\"]+)@")
+
+
+def redacted(text: str) -> str:
+    """``text`` with every URL's password or token shown as ``***`` (its user stays):
+    what operators are told never carries a secret a URL held (``nats://u:pw@h``)."""
+
+    def hide(match: re.Match[str]) -> str:
+        user, colon, _ = match.group(2).partition(":")
+        return f"{match.group(1)}{user}:***@" if colon else f"{match.group(1)}***@"
+
+    return _USERINFO.sub(hide, text)

@@ -1,10 +1,10 @@
-"""``twistd -n eventbus``: the whole product, one :class:`bus.composition.ProductService`
+"""``twistd -n eventbus``: the whole product, one :class:`bus.application.composition.ProductService`
 holding a service per protocol, plus ``/status`` and ``/metrics`` over HTTP.
 
 ``--services`` chooses the services (default: every protocol). The Event BUS's own options are
 the product's, without a prefix (``--port``); every other service's options are offered with
 its name as prefix (``--spark-bridge-journal-dir``), derived from that service's own
-``Options`` (:mod:`bus.services` lists them), so each is written once. Precedence, for every
+``Options`` (:mod:`bus.application.services` lists them), so each is written once. Precedence, for every
 option of every service: command line > environment > ``--config`` file > default.
 """
 
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.composition import Composition, ProductService, bound_inbound, hold_cpu_latency
-from bus.errors import StartFailed, StartupError
+from bus.application.composition import bound_inbound, hold_cpu_latency
+from bus.application.options import PROCESS_OPTION_NAMES, OptionSpec
+from bus.application.services import ServiceEntry, discovery_problems, entry, services
 from bus.eventbus.tap import Options as EventBusOptions
-from bus.options import PROCESS_OPTION_NAMES, OptionSpec, ServiceOptions
-from bus.services import ServiceEntry, discovery_problems, entry, services
+from bus.extension import Composition, ProductService, ServiceOptions, StartFailed, StartupError
 
 if TYPE_CHECKING:
     from twisted.application.service import Service
@@ -94,7 +94,9 @@ def _declared_tap(service: ServiceEntry) -> tuple[type[ServiceOptions], tuple[st
     module = importlib.import_module(service.tap)
     options_class = getattr(module, "Options", None)
     if not (isinstance(options_class, type) and issubclass(options_class, ServiceOptions)):
-        raise TypeError(f"{service.tap}.Options is not a bus.options.ServiceOptions subclass")
+        raise TypeError(
+            f"{service.tap}.Options is not a bus.application.options.ServiceOptions subclass"
+        )
     if not callable(getattr(module, "build", None)):
         raise TypeError(f"{service.tap} has no build(options, composition)")
     options_class.option_specs()  # a malformed options table fails here, not in --help
@@ -119,6 +121,28 @@ def service_list(value: str | Sequence[str]) -> tuple[str, ...]:
 def _prefix(service: str) -> str:
     """How a service's options are spelled in the product: the Event BUS's bare."""
     return "" if service == "eventbus" else f"{service}-"
+
+
+def _trusted_proxies(value: str) -> str:
+    from bus.web.channel import TrustedProxies
+
+    TrustedProxies.parse(value)  # checked now, used at composition
+    return value
+
+
+_trusted_proxies.wants = "addresses or networks, comma-separated (127.0.0.1,10.0.0.0/8)"  # type: ignore[attr-defined]
+
+
+def _forwarded_header(value: str) -> str:
+    from bus.web.channel import FORWARDED_HEADERS
+
+    header = value.strip().lower()
+    if header not in FORWARDED_HEADERS:
+        raise ValueError(value)
+    return header
+
+
+_forwarded_header.wants = "x-forwarded-for or forwarded"  # type: ignore[attr-defined]
 
 
 class _ProductOptions(ServiceOptions):
@@ -163,6 +187,23 @@ class _ProductOptions(ServiceOptions):
             None,
             "File of a bearer token every HTTP request must carry (Authorization: Bearer "
             "TOKEN); re-read when it changes.",
+        ],
+        [
+            "http-trusted-proxy",
+            None,
+            None,
+            "Reverse proxies in front of the HTTP port (addresses or networks, "
+            "comma-separated) whose --http-forwarded-header names the client: the per-address "
+            "bounds then apply to that client, not to the proxy.",
+            _trusted_proxies,
+        ],
+        [
+            "http-forwarded-header",
+            None,
+            "x-forwarded-for",
+            "The header the trusted proxies name the client in: x-forwarded-for or forwarded "
+            "(RFC 7239); the other is never read.",
+            _forwarded_header,
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
     ]
@@ -224,7 +265,7 @@ class _ProductOptions(ServiceOptions):
                 if _prefix(name):
                     message = message.replace("--", f"--{_prefix(name)}")
                 raise usage.UsageError(message) from None
-            except StartupError as error:  # what its options ask for is missing (bus.extras)
+            except StartupError as error:  # what its options ask for is missing (bus.util.extras)
                 line = error.line(name, _prefix(name), sub.get(error.option))
                 raise StartFailed(line) from None
             for option in PROCESS_OPTION_NAMES:
@@ -338,7 +379,7 @@ def compose(
         product.add(name, build(sub, composition), _prefix(name), sub)
     port = int(options["http-port"])
     if port:
-        from bus.statusweb import StatusWebService
+        from bus.web.server import StatusWebService
 
         services: list[tuple[str, Service]] = [(c.name, c.service) for c in product.composed]
 
@@ -348,7 +389,13 @@ def compose(
         def tail_source() -> Any:
             return composition.local_bus  # the console's topic tail watches this bus
 
+        from bus.web.channel import TrustedProxies
+
         token = options.get("http-token-file")
+        proxies = TrustedProxies.parse(
+            options.get("http-trusted-proxy"),
+            options.get("http-forwarded-header") or "x-forwarded-for",
+        )
         web = StatusWebService(
             services,
             port,
@@ -358,6 +405,7 @@ def compose(
             token_file=Path(token) if token else None,
             metrics_open=bool(options.get("http-metrics-open")),
             tail_source=tail_source,
+            trusted_proxies=proxies,
         )
         services.append(("http", web))  # its refusals in /status and /metrics too
         product.add("http", web, "", options)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bus.eventbus.config import EventBusConfig
-from bus.polling import ConditionTimeout, wait_until
+from bus.transport.testing import RawPeer
+from bus.util.polling import ConditionTimeout, wait_until
 
 if TYPE_CHECKING:
     from bus.emqp.server import EmqpService
@@ -140,7 +141,7 @@ def start_broker(
     """Start an eMQP broker on free ports of 127.0.0.1 with its store in ``data_dir``;
     ``settings`` override :class:`bus.emqp.core.BrokerSettings` fields (or, for those it
     lacks, :class:`bus.emqp.config.EmqpConfig` fields). Its ``endpoints`` name the ports."""
-    from bus.activity import NO_ACTIVITY
+    from bus.application.activity import NO_ACTIVITY
     from bus.emqp.config import EmqpConfig
     from bus.emqp.core import BrokerSettings
     from bus.emqp.server import EmqpService
@@ -153,60 +154,3 @@ def start_broker(
     service = EmqpService(config, activity or NO_ACTIVITY, reactor=reactor)
     service.startService()
     return service
-
-
-class RawPeer:
-    """A raw ZeroMQ socket on the reactor that records every message it receives."""
-
-    def __init__(
-        self,
-        socket_type: int,
-        endpoint: str,
-        reactor: Any = None,
-        curve: tuple[bytes, Any] | None = None,
-        bind: bool = False,
-        **options: Any,
-    ) -> None:
-        """``curve``: (the server's Z85 public key, this peer's ``CurveKeyPair``) to
-        connect as a CURVE client; ``bind``: bind ``endpoint`` (a fake server) rather
-        than connect to it."""
-        from bus.transport.curve import make_curve_client
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
-
-        self.factory = SocketFactory(reactor_of(reactor))
-        self.messages: list[list[bytes]] = []
-        # Tests send bursts without yielding to the reactor: queue them rather than fail.
-        options.setdefault("send_hwm", 100_000)
-        self.socket = self.factory.socket(
-            socket_type, self.messages.extend, SocketOptions(linger_ms=0, **options)
-        )
-        if curve is not None:
-            make_curve_client(self.socket, *curve)
-        if bind:
-            self.socket.bind(endpoint)
-        else:
-            self.socket.connect(endpoint)
-
-    @classmethod
-    def sub(cls, endpoint: str, prefixes: tuple[bytes, ...] = (b"",), **options: Any) -> RawPeer:
-        import zmq
-
-        peer = cls(zmq.SUB, endpoint, **options)
-        for prefix in prefixes:
-            peer.socket.subscribe(prefix)
-        return peer
-
-    @classmethod
-    def dealer(cls, endpoint: str, **options: Any) -> RawPeer:
-        import zmq
-
-        return cls(zmq.DEALER, endpoint, **options)
-
-    def send(self, frames: list[bytes]) -> None:
-        """Send one multipart message (queued, never refused: tests send bursts)."""
-        if not self.socket.send_frames(frames):
-            raise RuntimeError("raw peer would block")
-
-    def close(self) -> None:
-        """Close the socket and its context."""
-        self.factory.shutdown()

@@ -8,14 +8,18 @@ Kinds of connection:
 - ``silent``: TCP only, nothing sent (libzmq waits for a greeting);
 - ``curve-greeting``: a ZMTP greeting asking for CURVE, then silence (a CURVE port's
   handshake left hanging).
+
+:class:`Slowloris` is the HTTP kind: half-sent requests, a header line now and then.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 
@@ -102,6 +106,97 @@ class Flood:
         for sock in self.sockets:
             sock.close()
         self.sockets.clear()
+
+
+class Slowloris:
+    """An HTTP slowloris in a thread of its own: ``per_source`` connections from each of
+    ``sources`` to ``port``, each sending ``GET path HTTP/1.1`` and then one more header line
+    every ``interval`` seconds, never the blank line that ends the headers. A connection the
+    server closes is opened again at the next round, as an attacker keeps up the pressure.
+    Counts the connections it opened and those the server closed (end of file, an
+    answer, or a reset)."""
+
+    def __init__(
+        self,
+        port: int,
+        sources: list[str],
+        per_source: int,
+        interval: float = 1.0,
+        path: str = "/status",
+    ) -> None:
+        self.port = port
+        self.interval = interval
+        self.request_line = f"GET {path} HTTP/1.1\r\nHost: x\r\n".encode()
+        self.slots: list[dict[str, object]] = [
+            {"source": source, "sock": None, "lines": 0}
+            for source in sources
+            for _ in range(per_source)
+        ]
+        self.opened = 0
+        self.closed = 0
+        #: Rounds done: every slot was tried (opened, or sent its next line).
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slowloris", daemon=True)
+
+    def __enter__(self) -> Slowloris:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        for slot in self.slots:
+            sock = slot["sock"]
+            if isinstance(sock, socket.socket):
+                sock.close()
+
+    def connected(self) -> int:
+        """Slots whose connection is open and has sent at least its request line."""
+        return sum(1 for slot in self.slots if slot["sock"] is not None and slot["lines"])
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for slot in self.slots:
+                self._step(slot)
+            self.rounds += 1
+            self._stop.wait(self.interval)
+
+    def _step(self, slot: dict[str, object]) -> None:
+        sock = slot["sock"]
+        if not isinstance(sock, socket.socket):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            sock.bind((str(slot["source"]), 0))
+            sock.connect_ex(("127.0.0.1", self.port))
+            slot.update(sock=sock, lines=0)
+            self.opened += 1
+            return  # its first line at the next round, once connected
+        try:
+            answer: bytes | None = sock.recv(4096)
+        except BlockingIOError:
+            answer = None  # nothing from the server: as it should be
+        except OSError as error:
+            answer = None if error.errno == errno.ENOTCONN else b""
+        if answer is not None:  # an answer (a 408) or the end: the server is done with it
+            self._closed(slot, sock)
+            return
+        lines = int(str(slot["lines"]))
+        line = self.request_line if lines == 0 else b"X-Slow-%d: x\r\n" % lines
+        try:
+            sock.send(line)
+        except BlockingIOError:
+            return
+        except OSError as error:
+            if error.errno != errno.ENOTCONN:
+                self._closed(slot, sock)
+            return
+        slot["lines"] = lines + 1
+
+    def _closed(self, slot: dict[str, object], sock: socket.socket) -> None:
+        sock.close()
+        slot.update(sock=None, lines=0)
+        self.closed += 1
 
 
 def closed_by_server(sock: socket.socket, wait: float = 0.2) -> bool:

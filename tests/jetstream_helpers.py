@@ -12,7 +12,7 @@ from typing import Any
 
 from bus.eventbus import subjects
 from bus.eventbus.codec import Event
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 
 
 def make_stream(
@@ -83,8 +83,8 @@ def publish(urls: Sequence[str], batch: Sequence[Event], prefix: str = "eventbus
 
 
 def stream_info(url: str, name: str) -> dict[str, Any]:
-    from bus.natswire import jsapi
-    from bus.natswire.blocking import Connection
+    from bus.nats import jsapi
+    from bus.nats.blocking import Connection
 
     with Connection([url]) as connection:
         return jsapi.answer(connection.request(jsapi.stream_info(name), b"").payload)
@@ -93,7 +93,7 @@ def stream_info(url: str, name: str) -> dict[str, Any]:
 def lead(cluster: NatsCluster, node: str, name: str = "EVENTBUS") -> None:
     """Move the stream's leadership to ``node`` (killing it then makes the cluster elect
     another: the slow case)."""
-    from bus.natswire.blocking import Connection
+    from bus.nats.blocking import Connection
 
     preferred = json.dumps({"placement": {"preferred": node}}).encode()
     deadline = time.monotonic() + 60
@@ -115,8 +115,8 @@ def leaders(
     JetStream's API says (``cluster.leader`` of STREAM.INFO and CONSUMER.INFO), keyed
     ``stream NAME`` and ``consumer STREAM/NAME``; one with no leader yet (an election under
     way) or unanswered is asked again, for up to ``within`` seconds."""
-    from bus.natswire import jsapi
-    from bus.natswire.blocking import Connection
+    from bus.nats import jsapi
+    from bus.nats.blocking import Connection
 
     asks = {f"stream {name}": jsapi.stream_info(name) for name in streams}
     asks.update({f"consumer {s}/{c}": f"{jsapi.API}.CONSUMER.INFO.{s}.{c}" for s, c in consumers})

@@ -17,7 +17,7 @@ def start_broker(data_dir: Path, activity: Any = None, **settings: Any) -> Any:
     fields; ``broker=`` takes a BrokerSettings). CURVE with the key pair kept in
     ``data_dir``, as the tap makes it, unless ``curve=`` says otherwise (``CurveSettings()``:
     ``--plain``). Stop it with ``stopService()``."""
-    from bus.activity import NO_ACTIVITY
+    from bus.application.activity import NO_ACTIVITY
     from bus.mc0.config import Mc0Config
     from bus.mc0.server import Mc0Service
     from bus.transport.curve_settings import CurveSettings
@@ -47,7 +47,8 @@ class RawMc0Peer:
         import zmq
 
         from bus.transport.curve import CurveKeyPair, make_curve_client
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+        from bus.transport.zmqsocket import SocketFactory, SocketOptions
+        from bus.util.reactor import reactor_of
 
         self.factory = SocketFactory(reactor_of(None))
         self.messages: list[list[bytes]] = []

@@ -363,10 +363,10 @@ class HostService:
 
 
 def nats_on_hosts(hosts: Hosts, names: list[str], directory: Path) -> Any:
-    """A :class:`bus.natsserver.NatsCluster` with one nats-server on each of ``names``'
+    """A :class:`bus.nats.servers.NatsCluster` with one nats-server on each of ``names``'
     hosts (its address, the usual ports: every host is a namespace of its own), started
     inside that host."""
-    from bus.natsserver import NatsCluster
+    from bus.nats.servers import NatsCluster
 
     return NatsCluster(
         directory,

@@ -76,9 +76,9 @@ def free_port() -> int:
 
 
 def nats_cluster(directory: Path, size: int, **settings: Any) -> Any:
-    """A :class:`bus.natsserver.NatsCluster` on ports kept for this test process, not ones
+    """A :class:`bus.nats.servers.NatsCluster` on ports kept for this test process, not ones
     the kernel could hand to another connection before nats-server binds them."""
-    from bus.natsserver import NatsCluster
+    from bus.nats.servers import NatsCluster
 
     clients, routes = free_ports(size), free_ports(size)
     return NatsCluster(

@@ -50,7 +50,7 @@ def own_bound(program: str, args: Sequence[str]) -> float:
     refuses (it ends at once)."""
     if program not in _OWN_BOUNDS:
         return 0.0
-    from bus.cliargs import parse
+    from bus.util.cliargs import parse
 
     module, factory, option = _OWN_BOUNDS[program]
     parser = getattr(importlib.import_module(module), factory)()
@@ -133,12 +133,19 @@ def wait_for(
         time.sleep(interval)
 
 
+def _sigint_by_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class CommandProcess:
     """A command-line tool of the venv (``program``, set by a subclass) in a child process,
     its output in files so that a test can read it while the command runs (a pipe could fill
     up and block it)."""
 
     program = ""
+    #: Whether Ctrl-C (SIGINT) reaches it: a test runner's worker may ignore SIGINT, and a
+    #: child inherits that.
+    interruptible = False
 
     def __init__(self, *args: str) -> None:
         self.args = args
@@ -148,6 +155,7 @@ class CommandProcess:
             [str(Path(sys.executable).with_name(self.program)), *args],
             stdout=self.stdout,
             stderr=self.stderr,
+            preexec_fn=_sigint_by_default if self.interruptible else None,
         )
 
     @staticmethod
@@ -230,6 +238,8 @@ class ServerProcess(TwistdProcess):
         log_path = log_path or data_dir.parent / f"{data_dir.name}.log"
         # The product composes mc0 and a DBP catalog by default: free ports, and their data
         # beside the server's log (off the data directory's disk, which a test may fill).
+        # And a ZRE node: without beacons, or every other ZRE node on the loopback (another
+        # test's) would put its ENTER and JOIN events on this server's bus.
         env = dict(
             os.environ,
             PYTHONUNBUFFERED="1",
@@ -238,6 +248,7 @@ class ServerProcess(TwistdProcess):
             MC0_DATA_DIR=str(log_path.parent / f"{data_dir.name}-mc0"),
             DBP_PORT="0",
             DBP_DATA_DIR=str(log_path.parent / f"{data_dir.name}-dbp"),
+            ZRE_PORT="0",
         )
         if tac:
             env.update(

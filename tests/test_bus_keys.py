@@ -32,7 +32,7 @@ def test_a_key_pair_with_rights_in_both_files(tmp_path: Path) -> None:
     public = read_certificate(tmp_path / "keys" / "orders.key")
     secret = read_certificate(tmp_path / "keys" / "orders.key_secret")
     assert made.stdout == public.public.decode() + "\n"
-    assert made.stderr == "wrote keys/orders.key and keys/orders.key_secret\n"
+    assert made.stderr == "made keys, wrote keys/orders.key and keys/orders.key_secret\n"
     expected = {
         "team": "ops",
         "publish": "/orders/,/billing/",
@@ -93,6 +93,8 @@ def test_rights_changed_in_place_and_shown(tmp_path: Path) -> None:
         (["x", "keys", "--meta", "novalue"], "write KEY=VALUE"),
         (["x", "keys", "--meta", "a b=1"], "letters, digits"),
         (["x"], "the following arguments are required: directory"),
+        (["x", "no/such"], "'no/such': its parent 'no' is not a directory"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
         (["a/b", "keys"], "'a/b' is not a name for a key"),
         (["show", "nothere.key"], "nothere.key: No such file or directory"),
         (["set", "nothere.key", "--role", "admin"], "nothere.key: No such file or directory"),

@@ -1,9 +1,11 @@
 """Every command-line tool checks its options when it parses them and says what is wrong in
-one line (exit status 1, or 2 for a usage error), never a traceback; and a program's options
-may stand on either side of its subcommand."""
+one line (exit status 1, or 2 for a usage error), never a traceback; an unknown option is
+named; and a program's options may stand on either side of its subcommand. Fuzzed: bad
+values option by option, and whole command lines made of each tool's own options."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import signal
@@ -18,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bus.cliargs import CliParser, options_anywhere
+from bus.util.cliargs import CliParser, options_anywhere
 
 BIN = Path(sys.executable).parent
 
@@ -80,6 +82,32 @@ def test_after_a_double_dash_nothing_moves() -> None:
         (["emqp-worker", "--broker", "bogus"], "--broker: 'bogus' is not an endpoint"),
         (["zre-ping", "--port", "-1"], "--port: '-1': give a whole number from 0 to 65535"),
         (["bus-cluster", "--front-ends", "0"], "--front-ends: '0': give a whole number"),
+        # issue 45: what a tool can judge is refused at once, an unknown option is named
+        (["eventbus-cli", "publish", "", "1"], "argument topic: '': empty topic"),
+        (["eventbus-cli", "publish", "$", "1"], "topics starting with $ are reserved"),
+        (["eventbus-cli", "publish", "/a/", "--producer", "p" * 2000], "longer than 1024 bytes"),
+        (["zre-ping", "--gossip-bind", "tcp://127.0.0.1:99999"], "port is not from 0 to 65535"),
+        (["zre-ping", "--gossip-connect", "tcp://nosuch.invalid:1"], "cannot be resolved"),
+        (["zre-ping", "--peer", "tcp://nosuch.invalid:1"], "cannot be resolved"),
+        (["bus-keys", "x", "/nonexistent/dir"], "its parent '/nonexistent' is not a directory"),
+        (["bus-cluster", "--dir", "/nonexistent/dir"], "its parent '/nonexistent' is not a"),
+        (["bus-cluster", "--dir", "/proc/nope"], "/proc/nope: No such file or directory"),
+        *[
+            ([tool, "--bogus"], "unrecognized arguments: --bogus")
+            for tool in (
+                "eventbus-cli",
+                "emqp-cli",
+                "mc0-cli",
+                "dbp-cli",
+                "zre-ping",
+                "bus-keys",
+                "mc0-keys",
+                "bus-cluster",
+            )
+        ],
+        (["emqp-worker", "--bogus"], "unknown option --bogus"),
+        (["emqp-cli", "--bogus", "status"], "unrecognized arguments: --bogus"),
+        (["dbp-cli", "services", "--bogus"], "unrecognized arguments: --bogus"),
     ],
 )
 def test_a_bad_option_is_one_line_and_a_failure_status(
@@ -95,6 +123,7 @@ def test_a_bad_option_is_one_line_and_a_failure_status(
         timeout=60,
     )
     assert run.returncode in (1, 2), run
+    assert list(tmp_path.iterdir()) == [], "a refused command made nothing"
     [line] = run.stderr.splitlines()
     assert "Traceback" not in run.stderr
     assert line.startswith(command[0])
@@ -118,23 +147,26 @@ def _nothing_runs() -> Iterator[None]:
     from twisted.internet import reactor, task
     from twisted.logger import globalLogBeginner
 
-    import bus.cluster_cli
+    import bus.nats.cli
     import bus.zre.node
 
-    handler = signal.getsignal(signal.SIGINT)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     with contextlib.ExitStack() as stack:
         for target, name in [
+            # The reactor may run in this process (pytest-twisted): nothing is scheduled on it.
+            (reactor, "callWhenRunning"),
             (reactor, "run"),
             (task, "react"),
             (globalLogBeginner, "beginLoggingTo"),
-            (bus.cluster_cli, "NatsCluster"),
+            (bus.nats.cli, "NatsCluster"),
             (bus.zre.node, "ZreNode"),
         ]:
             stack.enter_context(mock.patch.object(target, name, _refuse_to_run))
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, handler)  # emqp-cli sets its own early
+            for number, handler in handlers.items():  # the tools set theirs
+                signal.signal(number, handler)
 
 
 def _main(tool: str) -> Callable[[list[str]], Any]:
@@ -163,16 +195,17 @@ def _main(tool: str) -> Callable[[list[str]], Any]:
 
         return zre
     if tool == "bus-keys":
-        from bus.keys_cli import main as keys
+        from bus.transport.keys_cli import main as keys
 
         return keys
-    from bus.cluster_cli import main as cluster
+    from bus.nats.cli import main as cluster
 
     return cluster
 
 
-def run_in_process(tool: str, argv: list[str]) -> tuple[int, str]:
-    """Exit status and stderr of ``tool``'s main() over ``argv``."""
+def outcome_in_process(tool: str, argv: list[str]) -> tuple[int | None, str]:
+    """Exit status and stderr of ``tool``'s main() over ``argv``; None for the status of
+    a command line it took (it went on to run)."""
     err = io.StringIO()
     with (
         _nothing_runs(),
@@ -184,11 +217,19 @@ def run_in_process(tool: str, argv: list[str]) -> tuple[int, str]:
         except SystemExit as ended:
             code = ended.code
         except ReachedTheReactor:
-            pytest.fail(f"{tool} {argv}: a bad value was accepted and the command ran")
+            return None, err.getvalue()
     if isinstance(code, str):  # SystemExit("message"): printed by Python as one line
         err.write(code + "\n")
         code = 1
     return int(code or 0), err.getvalue()
+
+
+def run_in_process(tool: str, argv: list[str]) -> tuple[int, str]:
+    """Exit status and stderr of ``tool``'s main() over ``argv``, which it must refuse."""
+    code, err = outcome_in_process(tool, argv)
+    if code is None:
+        pytest.fail(f"{tool} {argv}: a bad value was accepted and the command ran")
+    return code, err
 
 
 _words = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.", min_size=1, max_size=12)
@@ -317,3 +358,131 @@ def test_bad_values_are_refused_in_one_line(
 
     with mock.patch.dict("os.environ", {"HOME": str(tmp_path)}):
         refused()
+
+
+# -- every tool, fuzzed with command lines of its own options ---------------------------------
+
+
+def _parsers(tool: str) -> list[argparse.ArgumentParser]:
+    """The parsers of ``tool`` (its subcommands' too, through :func:`_subcommand_parsers`)."""
+    if tool == "eventbus-cli":
+        from bus.eventbus.cli import build_parser as eventbus
+
+        return [eventbus()]
+    if tool == "emqp-cli":
+        from bus.emqp.cli import build_parser as emqp
+
+        return [emqp()]
+    if tool == "mc0-cli":
+        from bus.mc0.cli import build_parser as mc0
+
+        return [mc0()]
+    if tool == "dbp-cli":
+        from bus.dbp.cli import parser as dbp
+
+        return [dbp()]
+    if tool == "zre-ping":
+        from bus.zre.cli import parser as zre
+
+        return [zre()]
+    if tool == "bus-keys":
+        from bus.transport.keys_cli import parser_for
+
+        return [parser_for(command) for command in ("make", "set", "show")]
+    from bus.nats.cli import parser as cluster
+
+    return [cluster()]
+
+
+def _words_of(tool: str) -> tuple[list[str], list[str], list[str]]:
+    """``tool``'s options that take a value, its flags, and its subcommands' names."""
+    if tool == "emqp-worker":
+        from bus.emqp.worker_tap import Options
+
+        names = Options().longOpt
+        valued = [f"--{n[:-1]}" for n in names if n.endswith("=") and n != "handlers="]
+        flags = [f"--{n}" for n in names if not n.endswith("=")]
+        return valued, [*flags, "-Q", "-J"], []
+    valued: list[str] = []
+    flags: list[str] = []
+    commands: list[str] = []
+    pending = _parsers(tool)
+    while pending:
+        parser = pending.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                commands.extend(action.choices)
+                pending.extend(action.choices.values())
+            elif action.option_strings:
+                (valued if action.nargs != 0 else flags).extend(action.option_strings)
+    if tool == "bus-keys":
+        commands += ["make", "set", "show"]
+    return sorted(set(valued)), sorted(set(flags)), sorted(set(commands))
+
+
+#: Values as people mistype them and as they mean them; none names a Python module (an
+#: emqp-worker option imports what it names) or a host that is slow to look up.
+_VALUE = st.one_of(
+    st.sampled_from([
+        "", "0", "1", "2", "-1", "65535", "65536", "99999", "1.5", "nan", "inf", "1e9", "30s",
+        "250ms", "0s", "x", "-", "--", "tcp://127.0.0.1:9", "tcp://127.0.0.1:0",
+        "tcp://nosuch.invalid:1", "tcp://*:*", "tcp://127.0.0.1:99999", "ipc://x",
+        "127.0.0.1:9", "localhost:1", "/orders/", "$", "/", "a=b", "=", "spec", "hermes",
+        "original", "delimited", "worker", "admin", "10:default", "{tmp}", "{tmp}/new",
+        "{tmp}/no/such", "/proc/nope", "nosuch.key", "\u00e9", "[]", "{}", "null",
+    ]),
+    st.integers(-(10**6), 10**6).map(str),
+    st.text(alphabet=" -:/.,=|*0123456789\u00e9x", max_size=10),
+)  # fmt: skip
+
+_TOOLS = ["eventbus-cli", "emqp-cli", "mc0-cli", "dbp-cli", "zre-ping", "bus-keys",
+          "bus-cluster", "emqp-worker"]  # fmt: skip
+
+
+@st.composite
+def _command_lines(draw: st.DrawFn, tool: str) -> list[str]:
+    valued, flags, commands = _words_of(tool)
+    token = st.one_of(
+        st.sampled_from(valued).flatmap(lambda o: st.tuples(st.just(o), _VALUE).map(list)),
+        st.sampled_from(valued).flatmap(lambda o: _VALUE.map(lambda v: [f"{o}={v}"])),
+        st.sampled_from(flags).map(lambda f: [f]),
+        _VALUE.map(lambda v: [v]),
+        st.sampled_from(["--bogus", "-Z", "--", "--help", "--version"]).map(lambda w: [w]),
+    )
+    first = [draw(st.sampled_from(commands))] if commands and draw(st.booleans()) else []
+    rest = draw(st.lists(token, max_size=6))
+    words = first + [word for group in rest for word in group]
+    at = draw(st.integers(0, len(words)))
+    if commands and draw(st.booleans()):  # the subcommand after some options
+        words.insert(at, draw(st.sampled_from(commands)))
+    return words
+
+
+@pytest.mark.parametrize("tool", _TOOLS)
+def test_any_command_line_ends_in_one_line_or_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tool: str
+) -> None:
+    """Whatever the command line: the tool runs (it reached its reactor), or ends with
+    status 0 (--help, --version), or with 1 or 2 and one line on stderr naming the tool;
+    never a traceback."""
+    monkeypatch.chdir(tmp_path)  # bus-keys and bus-cluster write where they are told
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    @settings(
+        max_examples=150,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(argv=_command_lines(tool))
+    def ends_well(argv: list[str]) -> None:
+        argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
+        code, said = outcome_in_process(tool, argv)
+        if code is None:
+            return  # a command line it takes
+        assert "Traceback" not in said, (argv, said)
+        assert code in (0, 1, 2, 130), (argv, code, said)
+        if code:
+            lines = said.splitlines()
+            assert len(lines) == 1 and lines[0].startswith(tool), (argv, said)
+
+    ends_well()

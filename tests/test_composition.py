@@ -14,7 +14,7 @@ import pytest_twisted
 from twisted.application.service import Service
 from twisted.internet import defer, reactor
 
-from bus.composition import Composition, ProductService, StartFailed
+from bus.application.composition import Composition, ProductService, StartFailed
 from bus.errors import StartupError
 from bus.testing import RawPeer, start_bus, wait_until
 from tests.ports import free_port
@@ -142,7 +142,7 @@ def test_status_and_metrics_over_http_match_what_was_published(tmp_path: Path) -
     from prometheus_client.parser import text_string_to_metric_families
     from twisted.web.client import Agent, readBody
 
-    from bus.statusweb import StatusWebService
+    from bus.web.server import StatusWebService
 
     bus = start_bus(tmp_path / "bus")
     web = StatusWebService([("eventbus", bus)], free_port(), "127.0.0.1")
@@ -189,7 +189,7 @@ def test_status_and_metrics_over_http_match_what_was_published(tmp_path: Path) -
 
 
 def test_a_busy_http_port_is_a_startup_error_naming_the_option() -> None:
-    from bus.statusweb import StatusWebService
+    from bus.web.server import StatusWebService
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))

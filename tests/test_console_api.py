@@ -19,13 +19,13 @@ from twisted.application.service import Service
 from twisted.internet import defer, protocol, reactor
 from twisted.web.test.requesthelper import DummyRequest
 
-from bus.console.history import RateHistory
-from bus.console.tail import shown
-from bus.console.view import bounded, counters
 from bus.eventbus import codec
 from bus.eventbus.client import EventBusPublisher
-from bus.statusweb import StatusWebService
 from bus.testing import start_broker, start_bus, wait_until
+from bus.web.console.history import RateHistory
+from bus.web.console.tail import shown
+from bus.web.console.view import bounded, counters
+from bus.web.server import StatusWebService
 from tests.test_http_security import get
 
 
@@ -318,7 +318,7 @@ def test_any_event_a_publisher_sent_is_shown_without_an_error(
 @settings(max_examples=200, deadline=None)
 @given(query=st.binary(max_size=300))
 def test_any_tail_query_gets_an_answer_never_an_error(query: bytes) -> None:
-    from bus.console.api import Console
+    from bus.web.console.api import Console
 
     console = Console([], reactor, 0.0, lambda: None)
     resource = console_tail(console)
@@ -330,6 +330,6 @@ def test_any_tail_query_gets_an_answer_never_an_error(query: bytes) -> None:
 
 
 def console_tail(console: Any) -> Any:
-    from bus.console.api import _Tail
+    from bus.web.console.api import _Tail
 
     return _Tail(console)

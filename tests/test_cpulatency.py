@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 
-from bus.cpulatency import DEVICE, CpuLatencyService, current
+from bus.application.cpulatency import DEVICE, CpuLatencyService, current
 from bus.errors import StartupError
 from bus.tap import Options, compose
 from tests.ports import free_ports

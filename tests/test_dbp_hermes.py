@@ -143,7 +143,8 @@ class FakeHermesCatalog:
     records every message; any other time size gets no answer (Hermes' reactor dies)."""
 
     def __init__(self, services: dict[str, Any]) -> None:
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+        from bus.transport.zmqsocket import SocketFactory, SocketOptions
+        from bus.util.reactor import reactor_of
 
         self.services = services
         self.received: list[list[bytes]] = []

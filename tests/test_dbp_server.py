@@ -383,7 +383,8 @@ def test_the_beacon_finds_the_catalog_and_dbp_cli_lists_services(
 def test_the_library_registers_again_on_a_new_socket_after_disconnect() -> Any:
     """A raw ROUTER as the catalog: it approves, then says DISCONNECT; the service must
     register again, from a new socket (a new identity)."""
-    from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+    from bus.util.reactor import reactor_of
 
     factory = SocketFactory(reactor_of(None))
     received: list[list[bytes]] = []

@@ -23,9 +23,9 @@ from twisted.internet import defer, reactor, task
 
 from bus.emqp import codec, jobstream
 from bus.emqp.client import EmqpClient
-from bus.natswire import codec as natscodec
-from bus.natswire import jsapi
-from bus.natswire.blocking import Connection
+from bus.nats import codec as natscodec
+from bus.nats import jsapi
+from bus.nats.blocking import Connection
 from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker
 from tests.ports import nats_cluster

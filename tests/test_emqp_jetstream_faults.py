@@ -36,9 +36,9 @@ from bus.emqp.core import Job
 from bus.emqp.jetstream import PULL_GRACE, JetStreamJobs
 from bus.emqp.schedule_gate import PutRow
 from bus.emqp.schedules import ScheduleRow
-from bus.natswire import jsapi
-from bus.natswire.codec import Msg
-from bus.transport.nats import NotConnected
+from bus.nats import jsapi
+from bus.nats.client import NotConnected
+from bus.nats.codec import Msg
 
 HANDLE = b"$JS.ACK.EMQP.q_default.1.7.7.1700000000000000000.0"
 
@@ -49,7 +49,10 @@ class FakeNats:
     def __init__(self) -> None:
         self.connected = True
         self.server = "nats://127.0.0.1:4222"
+        self.servers = [self.server]
         self.disconnects = 0
+        self.lame_duck_moves = 0
+        self.max_payload = 1024 * 1024
         self.listeners: list[Any] = []
         self.requests: list[tuple[bytes, bytes, defer.Deferred[Any]]] = []
         self.subscriptions: dict[str, Any] = {}

@@ -68,7 +68,7 @@ from typing import Any
 import pytest
 
 from bus.emqp.jobstream import consumer_name
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from tests.jetstream_helpers import leaders
 from tests.nemesis import FrontEnd, SparkQuery, Window, check_sink
 from tests.netns import Hosts, HostService, LinePeer, make_hosts, nats_on_hosts, poll_until

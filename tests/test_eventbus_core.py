@@ -12,10 +12,10 @@ import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
-from twisted.logger import Logger
+from twisted.logger import LogEvent, Logger, formatEvent
 
 from bus.eventbus import codec
-from bus.eventbus.codec import EventFields
+from bus.eventbus.codec import EventFields, SnapshotRequest
 from bus.eventbus.core import EventBusCore, Turn
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair_core import Change
@@ -115,6 +115,7 @@ class FakePair:
         self.forwarded: list[EventFields] = []
         self.passive_got: list[int] = []
         self.held: list[EventFields] = []
+        self.votes = 0
 
     def stores(self) -> bool:
         return self.active
@@ -131,6 +132,12 @@ class FakePair:
     def take_held(self) -> list[EventFields]:
         held, self.held = self.held, []
         return held
+
+    def serves(self) -> bool:
+        return self.active
+
+    def vote(self) -> None:
+        self.votes += 1
 
 
 def test_in_a_pair_a_batch_is_released_only_as_far_as_the_pair_allows() -> None:
@@ -424,3 +431,151 @@ def test_after_a_restart_and_retention_that_left_nothing_the_core_goes_on_from_t
         assert [e.sequence for e in store.read(0)] == [6]
     finally:
         store.close()
+
+
+# -- what the service used to decide: when to retry, what a key receives, held SYNCSTARTs ----------
+
+
+def lines(events: list[LogEvent]) -> list[str]:
+    return [f"{event['log_level'].name}: {formatEvent(event)}" for event in events]
+
+
+def test_refused_events_are_retried_ever_later_reported_once_in_ten_seconds_until_stored() -> None:
+    clock = Clock()
+    clock.advance(1_000)
+    said: list[LogEvent] = []
+    memory = MemoryEventLog()
+    core = EventBusCore(
+        memory,
+        max_data_bytes=1024,
+        clock=clock.seconds,
+        logger=Logger(namespace="test", observer=said.append),
+        retry_min=0.5,
+        retry_max=3.0,
+    )
+    memory.refusing = "No space left on device"
+    core.collect([pub(b"/a/", 1), pub(b"/a/", 2)])
+    delays = [core.next_retry()]
+    for _ in range(6):
+        clock.advance(delays[-1])
+        assert not core.retry_waiting()
+        delays.append(core.next_retry())
+    assert delays == [0.5, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0]
+    # One line for the first refusal; the next one, due ten seconds later (at 12.5 s),
+    # tells of the attempts held back meanwhile.
+    [first, second] = lines(said)
+    assert first.startswith("error: event log :memory: cannot write (")
+    assert "No space left on device" in first and "2 events waiting" in first
+    assert "(1 failed attempts since the last report)" in first
+    assert "(6 failed attempts since the last report)" in second
+    assert core.append_failures == 7 and core.collector_paused
+    memory.refusing = None
+    clock.advance(3.0)
+    assert core.retry_waiting() and not core.collector_paused
+    assert lines(said)[-1] == (
+        "info: event log :memory: writes again after 15.5s: stored 2 waiting events; "
+        "collector resumed"
+    )
+    assert broadcast_sequences(core) == [1, 2]
+    # The next refusal is news: retried soon and reported at once.
+    memory.refusing = "I/O error"
+    core.collect([pub(b"/b/", 3)])
+    assert core.next_retry() == 0.5 and "I/O error" in lines(said)[-1]
+
+
+def syncstart(*subtrees: bytes) -> list[bytes]:
+    return [b"client", *codec.sync_start_frames(subtrees, 0)]
+
+
+def subtrees_of(request: SnapshotRequest | None) -> tuple[bytes, ...] | None:
+    return None if request is None else request.subtrees
+
+
+def test_a_syncstart_is_parsed_and_narrowed_to_what_its_key_may_receive() -> None:
+    core, _, _ = made()
+    core.subscribe_rights = lambda key: (b"/orders/",) if key == "K1" else None
+    # Without rights in force (no User-Id), as asked.
+    assert subtrees_of(core.snapshot_request(syncstart(b"/a/"), None)) == (b"/a/",)
+    assert subtrees_of(core.snapshot_request(syncstart(), "K1")) == (b"/orders/",)
+    assert subtrees_of(core.snapshot_request(syncstart(b"/orders/1/"), "K1")) == (b"/orders/1/",)
+    assert subtrees_of(core.snapshot_request(syncstart(b"/a/"), "K2")) == (b"/a/",)
+    request = core.snapshot_request(syncstart(b"/a/"), "K1")
+    assert subtrees_of(request) == (codec.PROBE_SUBTREE,)  # a lone SYNCEND
+    assert core.narrowed_snapshots == 2
+    assert core.snapshot_request([b"client", b"SYNCSTART"], None) is None
+    assert sum(core.drops.counts.values()) == 1
+
+
+def test_a_subscription_is_narrowed_to_what_its_key_may_receive() -> None:
+    core, _, _ = made()
+    core.subscribe_rights = lambda key: (b"/orders/",) if key == "K1" else None
+    assert core.subscription(b"\x01/", "K1") == (True, [b"/orders/"])
+    assert core.subscription(b"\x00/orders/9/", "K1") == (False, [b"/orders/9/"])
+    assert core.subscription(b"\x01/billing/", "K1") == (True, [])
+    assert core.subscription(b"\x01/billing/", "K2") == (True, [b"/billing/"])
+    assert core.subscription(b"\x02/", "K1") is None and core.subscription(b"", "K1") is None
+    assert core.narrowed_subscriptions == 2
+
+
+def test_a_syncstart_reaching_a_server_that_does_not_serve_is_a_vote_answered_if_recent() -> None:
+    core, _, clock = made()
+    pair = FakePair()
+    core.pair = pair
+    pair.active = False
+    assert core.snapshot_request(syncstart(b"/old/"), None) is None
+    clock.advance(1.5)
+    assert core.snapshot_request(syncstart(b"/new/"), None) is None
+    assert pair.votes == 2 and [held[1] for held in core.held_requests] == [b"client"] * 2
+    clock.advance(1.0)
+    # This server takes over: what its clients still wait for (here 2 s) is answered.
+    pair.active = True
+    [(identity, request)] = core.take_held_requests(2.0)
+    assert identity == b"client" and request.subtrees == (b"/new/",)
+    assert not core.held_requests and core.take_held_requests(2.0) == []
+    assert subtrees_of(core.snapshot_request(syncstart(b"/now/"), None)) == (b"/now/",)
+    assert pair.votes == 2
+
+
+def test_activity_is_an_event_checked_as_a_pub_and_queued_with_the_others() -> None:
+    core, memory, _ = made()
+    assert core.publish_activity(b"emqp", "/emqp/job/", {"id": 1}) is True
+    assert core.publish_activity(b"emqp", "/emqp/job/", [2]) is False
+    for topic, value in (("", 1), ("/" * 5000, 1), ("/x/", object()), ("/x/", "y" * 2000)):
+        try:
+            core.publish_activity(b"emqp", topic, value)
+        except ValueError as error:
+            assert str(error).startswith(f"cannot publish to {topic!r}: ")
+        else:
+            raise AssertionError(f"{topic!r}: {value!r} was queued")
+    core.flush_local()
+    assert [msgpack.unpackb(row[5]) for row in memory.rows] == [{"id": 1}, [2]]
+    assert {row[2] for row in memory.rows} == {b"emqp"} and core.local_accepted == 2
+    codec.check_timestamp(memory.rows[0][3])
+    assert len({row[4] for row in memory.rows}) == 2  # a uuid each
+
+
+def test_status_and_metrics_say_the_counts_as_kept() -> None:
+    core, memory, _ = made(limit=1)
+    core.collect([pub(b"/a/", 1), [b"peer", b"junk"]])
+    core.publish_local((b"/l/", b"p", b"t", UUID, b"\xc0"))
+    core.flush_local()
+    memory.refusing = "full"
+    core.collect([pub(b"/b/", 2)])
+    assert core.status() == {
+        "accepted": 2,
+        "accepted_bytes": len(pub(b"/a/", 1)[6]) + 1,
+        "accepted_local": 1,
+        "dropped": {"frame-count": 1},
+        "refused_storage": 1,
+        "storage_error": "[Errno 28] full",
+        "collector_paused": True,
+    }
+    samples = {m.name: [s.value for s in m.samples] for m in core.metrics()}
+    assert samples == {
+        "eventbus_events_accepted": [2],
+        "eventbus_event_bytes_accepted": [core.bytes_accepted],
+        "eventbus_events_local": [1],
+        "eventbus_messages_dropped": [1],
+        "eventbus_events_refused_storage": [1],
+        "eventbus_collector_paused": [1.0],
+    }

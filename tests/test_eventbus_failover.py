@@ -20,7 +20,7 @@ from twisted.internet import defer, reactor, task
 
 from bus.eventbus.client import EventBusSubscriber
 from bus.eventbus.codec import Event
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from bus.testing import wait_until
 from tests.ports import free_ports
 from tests.processes import ServerProcess, reported

@@ -16,7 +16,7 @@ import pytest_twisted
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC, SEQUENCE
 from bus.eventbus.config import EventBusConfig, JetStreamSettings
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from bus.testing import RawPeer, wait_until
 from tests.eventbus_helpers import pub
 

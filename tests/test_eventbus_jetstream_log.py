@@ -21,9 +21,9 @@ from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.store import Retention
-from bus.natsserver import NatsCluster
-from bus.natswire import jsapi
-from bus.natswire.ranged import RangeRead
+from bus.nats import jsapi
+from bus.nats.ranged import RangeRead
+from bus.nats.servers import NatsCluster
 from bus.testing import wait_until
 from tests.ports import free_port, nats_cluster
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from tests.nemesis import BIN, FrontEnd
 from tests.netns import Hosts, LinePeer, make_hosts, nats_on_hosts, poll_until
 

@@ -18,8 +18,8 @@ from bus.eventbus.client import EventBusPublisher, EventBusSubscriber
 from bus.eventbus.codec import Event, sync_start_frames
 from bus.eventbus.config import PairConfig
 from bus.eventbus.store import EventStore
-from bus.polling import ConditionTimeout
 from bus.testing import RawPeer, start_bus, wait_until
+from bus.util.polling import ConditionTimeout
 from tests.ports import free_port
 
 #: --ha-failover-timeout and --ha-alone-timeout. Both halves share this process's reactor
@@ -254,7 +254,7 @@ def test_an_active_back_from_a_pause_judges_it_before_announcing_or_serving(
         assert sent == []
         request = [b"client", *sync_start_frames((), 0)]
         primary._on_snapshot_requests([request])
-        assert [held[1] for held in primary._held_requests] == [b"client"]
+        assert [held[1] for held in primary.core.held_requests] == [b"client"]
         assert primary.snapshots.streams == set()
     finally:
         publisher.send_frames = real_send

@@ -10,8 +10,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+import pytest_twisted
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -23,7 +25,7 @@ from hypothesis.stateful import (
 )
 
 from bus.eventbus.codec import Event
-from bus.eventbus.store import DB_NAME, EventStore, Retention, prefix_upper_bound
+from bus.eventbus.store import DB_NAME, EventStore, LogUpkeep, Retention, prefix_upper_bound
 
 
 def event(topic: bytes, n: int = 0, sequence: int = 0) -> Event:
@@ -712,3 +714,161 @@ def test_opening_a_store_that_cannot_be_created_raises_storage_error(tmp_path: P
     (directory / DB_NAME).write_bytes(b"this is not a database file, " * 100)
     with pytest.raises(StorageError, match="not a database"):
         EventStore(directory)
+
+
+# -- a retention pass, and the log's upkeep on the reactor ---------------------------------------
+
+
+def test_a_retention_pass_deletes_by_age_count_then_latest_per_topic_a_chunk_a_step(
+    tmp_path: Path,
+) -> None:
+    store = EventStore(tmp_path, topic_index=True)
+    try:
+        store.append([event(b"/old/%d/" % (i % 3), i) for i in range(6000)], 1000.0)
+        store.append([event(b"/new/%d/" % (i % 2), i) for i in range(5200)], 2000.0)
+        retention = Retention(max_age=500.0, max_count=5100, latest_per_topic=True)
+        steps = list(retention.steps(lambda: store, 2400.0))
+        # Age: the 6000 old ones, 5000 a step; count: 100 more; then one compaction pass,
+        # its chunks of 5000 sequences.
+        assert steps[:3] == [5000, 1000, 100] and sum(steps) == 6000 + 100 + 5098
+        assert seqs(store.read(0)) == [11199, 11200]
+        assert sum(retention.steps(lambda: store, 2400.0)) == 0  # nothing more to do
+    finally:
+        store.close()
+
+
+def test_a_retention_pass_asks_for_the_log_at_every_step() -> None:
+    from bus.testing import MemoryEventLog
+
+    first, second = MemoryEventLog(), MemoryEventLog()
+    for log in (first, second):
+        log.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 3, 1.0)
+    logs = [first, second]
+    steps = Retention(max_count=1, latest_per_topic=True).steps(lambda: logs[0], 10.0)
+    assert next(steps) == 2
+    logs.pop(0)  # a pair replaced the log: the pass goes on in the new one
+    assert list(steps) == [2, 0]
+    assert first.count() == 1 and second.count() == 1
+
+
+class UpkeptLog:
+    """An event log for LogUpkeep: its retention and checkpoints fail on demand, its
+    checkpoint may block until released, and its close says how it was asked."""
+
+    def __init__(self) -> None:
+        from bus.testing import MemoryEventLog
+
+        self.memory = MemoryEventLog()
+        self.path = self.memory.path
+        self.failing: str | None = None
+        self.checkpoints = 0
+        self.blocked: Any = None
+        self.closed_with: list[bool] = []
+
+    def _fail(self) -> None:
+        from bus.errors import StorageError
+
+        if self.failing is not None:
+            raise StorageError(OSError(28, self.failing))
+
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
+        """Two events a step at most."""
+        self._fail()
+        extra = min(2, max(0, self.memory.count() - max_count))
+        del self.memory.rows[:extra]
+        return extra
+
+    def checkpoint(self) -> tuple[int, int]:
+        self.checkpoints += 1
+        if self.blocked is not None:
+            self.blocked.wait(10)
+        self._fail()
+        return 0, 0
+
+    def close(self, checkpoint_running: bool = False) -> None:
+        self.closed_with.append(checkpoint_running)
+        self._fail()
+
+
+def upkeep_of(log: UpkeptLog, reactor: Any, said: list[str], max_count: int = 0) -> LogUpkeep:
+    from twisted.logger import Logger, formatEvent
+
+    logger = Logger(
+        namespace="test",
+        observer=lambda e: said.append(f"{e['log_level'].name}: {formatEvent(e)}"),
+    )
+    retention = Retention(max_count=max_count)
+    return LogUpkeep(reactor, lambda: log, retention, clock=reactor.seconds, logger=logger)
+
+
+def test_retention_runs_on_the_reactor_one_pass_at_a_time_and_its_failures_are_counted() -> None:
+    from twisted.internet.task import Clock
+
+    clock, log, said = Clock(), UpkeptLog(), []
+    log.memory.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 5, 1.0)
+    upkeep = upkeep_of(log, clock, said)
+    upkeep.retain()
+    upkeep.retain()  # the pass has not ended: no second one
+    assert log.memory.count() == 5  # it runs on the reactor, in steps
+    while clock.getDelayedCalls():
+        clock.advance(0)
+    assert log.memory.count() == 0 and said == ["info: retention removed 5 events"]
+    # A step that fails ends the pass: counted, and said once in ten seconds.
+    log.memory.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 5, 1.0)
+    log.failing = "No space left on device"
+    for _ in range(3):
+        upkeep.retain()
+        clock.advance(1)
+    assert upkeep.failures == 3 and len(said) == 2
+    assert said[1].startswith("warn: event log retention failed (")
+    assert said[1].endswith(
+        "1 failures since the last report; nothing stored is lost, it is retried"
+    )
+
+
+def test_the_close_ends_retention_and_closes_the_log_whatever_its_final_checkpoint_does() -> None:
+    from twisted.internet.task import Clock
+
+    clock, log, said = Clock(), UpkeptLog(), []
+    log.memory.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 5, 1.0)
+    upkeep = upkeep_of(log, clock, said)
+    upkeep.retain()
+    log.failing = "No space left on device"
+    closed: list[object] = []
+    upkeep.close(3.0).addCallback(closed.append)
+    assert closed == [None] and log.closed_with == [False]
+    clock.advance(0)
+    assert log.memory.count() == 5  # the pass ended at the close, before its first step
+    assert upkeep.failures == 1 and said[-1].startswith(
+        "error: event log :memory: closed without its final checkpoint ("
+    )
+
+
+@pytest_twisted.inlineCallbacks
+def test_checkpoints_run_on_a_thread_and_a_close_waits_for_one_only_so_long() -> Any:
+    import threading
+
+    from twisted.internet import reactor
+
+    from bus.testing import wait_until
+
+    log, said = UpkeptLog(), []
+    upkeep = upkeep_of(log, reactor, said)
+    upkeep.start()
+    log.failing = "disk I/O error"
+    upkeep.checkpoint()
+    yield wait_until(lambda: upkeep.failures == 1, what="a failed checkpoint")
+    assert said == [
+        "warn: event log WAL checkpoint failed ([Errno 28] disk I/O error); 1 failures since "
+        "the last report; nothing stored is lost, it is retried"
+    ]
+    log.failing = None
+    log.blocked = threading.Event()
+    upkeep.checkpoint()
+    upkeep.checkpoint()  # one at a time: skipped while the first runs
+    try:
+        yield upkeep.close(0.05)
+        assert log.checkpoints == 2 and log.closed_with == [True]
+        assert said[-1] == "warn: a WAL checkpoint still runs after 0.05s: closing without it"
+    finally:
+        log.blocked.set()

@@ -14,7 +14,7 @@ from twisted.logger import Logger
 from bus.eventbus import codec
 from bus.eventbus.codec import EventFields
 from bus.eventbus.eventlog import Row
-from bus.eventbus.stream_core import StreamCore
+from bus.eventbus.stream_core import MAX_SUBJECT_BYTES, StreamCore
 
 log = Logger(namespace="test.eventbus.stream_core")
 
@@ -165,9 +165,11 @@ def test_whatever_the_stream_does_each_event_is_stored_once_in_the_order_it_came
 
 def test_a_topic_whose_subject_is_too_long_for_nats_is_dropped_and_counted() -> None:
     core, _ = made()
-    long_ascii = pub(5, b"/" + b"a" * 3900 + b"/")
-    escaped = pub(2, b"/" + b"." * 1300 + b"/")
-    fits = pub(3, b"/" + b"." * 1200 + b"/")
+    # eventbus.~.TOPIC.~ : 13 bytes beside the topic's own, 3 for each escaped byte.
+    room = MAX_SUBJECT_BYTES - 13
+    long_ascii = pub(5, b"/" + b"a" * (room + 1) + b"/")
+    escaped = pub(2, b"/" + b"." * (room // 3 + 1) + b"/")
+    fits = pub(3, b"/" + b"." * (room // 3) + b"/")
     core.collect([long_ascii, pub(1), escaped, fits])
     assert [f[3][-1:] for f in core.pending] == [b"1", b"3"]
     assert core.drops.counts["subject-too-long"] == 2

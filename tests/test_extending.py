@@ -196,7 +196,7 @@ def test_a_declared_service_that_cannot_start_is_one_line_naming_its_option(
 ) -> Any:
     import socket
 
-    from bus.composition import StartFailed
+    from bus.application.composition import StartFailed
     from bus.tap import Options, compose
 
     holder = socket.socket()

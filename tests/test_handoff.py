@@ -1,4 +1,4 @@
-"""bus.handoff: lists from a thread reach the reactor in order, one wake-up per burst."""
+"""bus.util.handoff: lists from a thread reach the reactor in order, one wake-up per burst."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from twisted.internet import reactor as global_reactor
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.threads import deferToThread
 
-from bus.handoff import Handoff
+from bus.util.handoff import Handoff
 
 
 class Wakes:

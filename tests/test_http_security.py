@@ -12,12 +12,13 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor
 from twisted.logger import LogEvent, formatEvent, globalLogPublisher
+from twisted.python import usage
 from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
 
 from bus import tap
 from bus.errors import StartupError
-from bus.statusweb import StatusWebService
+from bus.web.server import StatusWebService
 
 
 @defer.inlineCallbacks
@@ -86,7 +87,7 @@ def warnings() -> Iterator[list[str]]:
     lines: list[str] = []
 
     def observe(event: LogEvent) -> None:
-        if event.get("log_namespace") == "bus.statusweb" and event["log_level"].name == "warn":
+        if event.get("log_namespace") == "bus.web.server" and event["log_level"].name == "warn":
             lines.append(formatEvent(event))
 
     globalLogPublisher.addObserver(observe)
@@ -120,6 +121,21 @@ def test_the_http_port_binds_loopback_whatever_the_bus_binds() -> None:
     again = tap.Options()
     again.parseOptions(["--http-bind", "0.0.0.0", "--http-token-file", "t", "--http-metrics-open"])
     assert again["http-bind"] == "0.0.0.0" and again["http-metrics-open"]
+
+
+def test_the_trusted_proxies_are_checked_and_reach_the_port() -> None:
+    options = tap.Options()
+    options.parseOptions(
+        ["--http-trusted-proxy", "127.0.0.1, 10.0.0.0/8", "--http-forwarded-header", "Forwarded"]
+    )
+    proxies = tap.compose(options).getServiceNamed("http").bounds.proxies
+    assert proxies.describe() == {"networks": ["127.0.0.1/32", "10.0.0.0/8"], "header": "forwarded"}
+    for argv, said in [
+        (["--http-trusted-proxy", "proxy.example"], "--http-trusted-proxy wants addresses or"),
+        (["--http-forwarded-header", "x-real-ip"], "--http-forwarded-header wants x-forwarded-for"),
+    ]:
+        with pytest.raises(usage.UsageError, match=said):
+            tap.Options().parseOptions(argv)
 
 
 @pytest_twisted.inlineCallbacks

@@ -104,3 +104,83 @@ def test_the_modules_of_bus_import_one_another_without_a_cycle() -> None:
     graph = import_graph()
     assert "bus.transport.curve" in graph and "bus.transport.certs" in graph
     assert cycles(graph) == []
+
+
+#: The layers of ``bus``, from the bottom: a module may import from its own package and
+#: from lower layers only. The protocols share a layer and never import one another
+#: (shared code moves down), except that the Spark bridge reads the Event BUS's feed.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("bus", "bus.errors"),
+    ("bus.util",),
+    ("bus.transport",),
+    ("bus.nats",),
+    ("bus.application",),
+    ("bus.extension",),
+    ("bus.eventbus", "bus.emqp", "bus.mc0", "bus.dbp", "bus.zre"),
+    ("bus.spark",),
+    ("bus.web", "bus.testing"),
+    ("bus.tap",),
+)
+
+
+def _room(module: str) -> str:
+    """The package (or top-level module) a module belongs to, as :data:`LAYERS` names it."""
+    rooms = [room for layer in LAYERS for room in layer]
+    return max((r for r in rooms if module == r or module.startswith(r + ".")), key=len)
+
+
+def _layer(room: str) -> int:
+    return next(i for i, layer in enumerate(LAYERS) if room in layer)
+
+
+def _imported_at_all(tree: ast.AST, modules: set[str]) -> set[str]:
+    """Every module of ``modules`` that ``tree`` names in an import, type checking too."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found & modules
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that run up the layers or sideways between two protocols."""
+    allowed_sideways = {("bus.spark", "bus.eventbus")}
+    found = []
+    for module, imported in sorted(graph.items()):
+        room = _room(module)
+        for target in sorted(imported):
+            other = _room(target)
+            if other == room or other == "bus":
+                continue
+            up = _layer(other) > _layer(room)
+            sideways = _layer(other) == _layer(room) and (room, other) not in allowed_sideways
+            if up or sideways:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_wrong_way_finds_an_import_up_and_one_sideways() -> None:
+    graph = {
+        "bus.util.files": {"bus.tap"},
+        "bus.emqp.core": {"bus.eventbus.codec"},
+        "bus.spark.bridge": {"bus.eventbus.codec"},
+        "bus.eventbus.core": {"bus.errors", "bus.util.files"},
+    }
+    assert wrong_way(graph) == [
+        "bus.emqp.core -> bus.eventbus.codec",
+        "bus.util.files -> bus.tap",
+    ]
+
+
+def test_no_import_runs_up_the_layers_or_sideways() -> None:
+    paths = {_module_name(path): path for path in ROOT.rglob("*.py")}
+    modules = set(paths)
+    graph = {
+        name: _imported_at_all(ast.parse(path.read_text(), str(path)), modules) - {name}
+        for name, path in paths.items()
+    }
+    assert "bus.eventbus.server" in graph and "bus.tap" in graph
+    assert wrong_way(graph) == []

@@ -9,8 +9,8 @@ import sys
 CHECK = """
 import signal, sys
 before = signal.getsignal(signal.SIGINT)
-import bus.services, bus.tap, bus.emqp.cli, bus.eventbus.cli
-assert bus.services._declared.cache_info().currsize == 0, "entry points read at import"
+import bus.application.services, bus.tap, bus.emqp.cli, bus.eventbus.cli
+assert bus.application.services._declared.cache_info().currsize == 0, "entry points read at import"
 assert bus.tap.loaded.cache_info().currsize == 0, "taps loaded at import"
 assert "echo_service.tap" not in sys.modules, "a third-party tap imported at import"
 assert signal.getsignal(signal.SIGINT) is before, "a SIGINT handler set at import"

@@ -1,5 +1,5 @@
 """The sdist and the wheel carry everything the checkout's product is made of: a package
-left out of either (bus.natswire was, and every ``twistd -n eventbus`` died at import) fails
+left out of either (bus.nats was, and every ``twistd -n eventbus`` died at import) fails
 here, whatever the packaging configuration says."""
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ def test_the_checkout_has_what_this_test_counts() -> None:
     files = product_files()
     packages = {Path(f).parent.as_posix() for f in files if f.endswith("/__init__.py")}
     # The test would pass on an empty list: make sure it lists the product.
-    assert {"bus", "bus/natswire", "bus/transport", "bus/eventbus", "bus/console"} <= packages
+    assert {"bus", "bus/nats", "bus/transport", "bus/eventbus", "bus/web/console"} <= packages
     assert "twisted/plugins/bus_eventbus.py" in files
-    assert "bus/console/static/index.html" in files
+    assert "bus/web/console/static/index.html" in files
     assert not (ROOT / "twisted/plugins/__init__.py").exists()  # would replace Twisted's own
 
 
@@ -52,7 +52,7 @@ def test_the_wheel_carries_every_module_data_file_and_plugin() -> None:
         # With a compiler the optional C helpers are built (setup.py): their absence from
         # the wheel would be a silent slowdown for every user.
         built = {n.split(".", 1)[0] for n in names if n.endswith(".so")}
-        assert built == {"bus/transport/_frames", "bus/natswire/_scan"}, built
+        assert built == {"bus/transport/_frames", "bus/nats/_scan"}, built
 
 
 def test_the_sdist_carries_the_sources_a_wheel_is_built_from() -> None:

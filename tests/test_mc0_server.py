@@ -530,7 +530,8 @@ def test_a_broker_silent_for_105_ttl_means_a_new_session_and_resub(closing: list
 
     from bus.mc0 import codec
     from bus.mc0.client import Mc0Connector
-    from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+    from bus.util.reactor import reactor_of
 
     factory = SocketFactory(reactor_of(None))
     seen: list[tuple[bytes, Any]] = []

@@ -1,6 +1,6 @@
 """A missing optional extra (``spark``, ``cluster``, ``redis``) ends the real twistd or
 command-line tool with one line naming what needs it, the option and the pip command, exit
-status 1, no traceback, before anything starts (bus.extras).
+status 1, no traceback, before anything starts (bus.util.extras).
 
 An extra is made missing the way Python sees an absent package: a stub of each of its
 modules, first on ``PYTHONPATH``, raises the ``ModuleNotFoundError`` an absent one raises.
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bus.errors import StartupError
-from bus.extras import MissingExtra, require
+from bus.util.extras import MissingExtra, require
 from tests.ports import free_port
 from tests.processes import only_line
 
@@ -224,11 +224,19 @@ def test_require_imports_or_names_the_extra(
 
 
 def test_a_client_that_meets_a_credentials_file_without_nkeys_names_the_extra(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """Spark's executors read the stream with the blocking client: at connect time there."""
-    from bus.natswire.handshake import ConnectError, sign
+    from bus.nats.credentials import Credentials
+    from bus.nats.handshake import ConnectError, connect_options, server
 
+    creds = tmp_path / "user.creds"
+    creds.write_text(
+        "-----BEGIN NATS USER JWT-----\neyJ...\n------END NATS USER JWT------\n"
+        "-----BEGIN USER NKEY SEED-----\nSUA...\n------END USER NKEY SEED------\n"
+    )
     monkeypatch.setitem(sys.modules, "nkeys", None)  # import nkeys: ModuleNotFoundError
     with pytest.raises(ConnectError, match=r"needs nkeys, which is not installed: pip install"):
-        sign(b"SUA...", "nonce")
+        connect_options(
+            server("nats://h:4222"), {"nonce": "n"}, "t", False, Credentials(creds_file=creds)
+        )

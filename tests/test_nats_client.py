@@ -1,4 +1,4 @@
-"""bus.transport.nats: the reactor's NATS client against real nats-server processes:
+"""bus.nats.client: the reactor's NATS client against real nats-server processes:
 publish and subscribe, requests and no-responders, JetStream's API; a token refused with
 the server's reason; a server killed: the client connects to another of its servers and
 its subscriptions work again there, and what waited on the lost connection fails at
@@ -15,10 +15,10 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, reactor, task, threads
 
-from bus.natswire import jsapi
-from bus.natswire.codec import Msg
-from bus.natswire.handshake import ConnectError
-from bus.transport.nats import NatsClient, NoResponders, NotConnected
+from bus.nats import jsapi
+from bus.nats.client import NatsClient, NoResponders, NotConnected
+from bus.nats.codec import Msg
+from bus.nats.handshake import ConnectError
 from tests.ports import nats_cluster
 
 
@@ -212,8 +212,8 @@ def make_certificates(directory: Path) -> dict[str, Path]:
 def test_tls_to_the_servers_through_both_clients(tmp_path: Path) -> Any:
     """A nats-server that requires TLS: the reactor's client and the blocking one
     (natswire) connect with the CA that signed it and refuse one without it."""
-    from bus.natswire.blocking import Connection
-    from bus.transport.nats import NatsTLS
+    from bus.nats.blocking import Connection
+    from bus.nats.client import NatsTLS
 
     paths = make_certificates(tmp_path)
     nodes = nats_cluster(tmp_path / "nats", size=1)
@@ -248,3 +248,56 @@ def test_tls_to_the_servers_through_both_clients(tmp_path: Path) -> Any:
         client.stop()
         stranger.stop()
         nodes.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_no_echo_keeps_a_clients_own_messages_from_its_subscriptions(nats_server: Any) -> Any:
+    """nats-py's ``no_echo``: what the front-end's connections ask for."""
+    quiet = NatsClient(reactor, nats_server.urls, echo=False)
+    loud = NatsClient(reactor, nats_server.urls)
+    heard: dict[str, list[bytes]] = {"quiet": [], "loud": []}
+    try:
+        for name, client in (("quiet", quiet), ("loud", loud)):
+            client.start()
+            yield client.when_connected(timeout=10)
+            client.subscribe("talk", lambda msg, n=name: heard[n].append(msg.payload))
+        # A request each: its answer comes once the server read the client's SUBs.
+        for client in (quiet, loud):
+            client.subscribe("ping", lambda msg, c=client: c.publish(msg.reply, b"pong"))
+        for client in (quiet, loud):
+            yield client.request(b"ping", b"")
+        for name, client in (("quiet", quiet), ("loud", loud)):
+            client.publish(b"talk", name.encode())
+        yield until(lambda: len(heard["loud"]) == 2 and heard["quiet"] == [b"loud"])
+        assert sorted(heard["loud"]) == [b"loud", b"quiet"]
+    finally:
+        quiet.stop()
+        loud.stop()
+
+
+def test_a_slow_subscription_gets_a_budget_a_turn_and_drops_past_its_pending_limits() -> None:
+    """Sans network: 1,010 messages in one read for a subscription whose pending limits
+    are 5 messages; 1,000 (the turn's budget) go to it at once, 5 wait for the next turn,
+    5 are dropped and counted; another subscription's message waits its turn too."""
+    from twisted.internet.testing import MemoryReactorClock, StringTransport
+
+    from bus.nats.blocking import Limits
+    from bus.nats.client import DELIVERY_BUDGET
+
+    memory = MemoryReactorClock()
+    client = NatsClient(memory, ["nats://a:4222"], ping_interval=100)
+    client.start()
+    wire = memory.tcpClients[-1][2].buildProtocol(None)
+    wire.makeConnection(StringTransport())
+    wire.dataReceived(b'INFO {"max_payload": 1048576}\r\nPONG\r\n')
+    slow: list[bytes] = []
+    other: list[bytes] = []
+    busy = client.subscribe("slow", lambda msg: slow.append(msg.payload), pending=Limits(5, 10**6))
+    client.subscribe("other", lambda msg: other.append(msg.payload))
+    burst = b"".join(b"MSG slow %d 1\r\nx\r\n" % busy.sid for _ in range(DELIVERY_BUDGET + 10))
+    wire.dataReceived(burst + b"MSG other %d 1\r\ny\r\n" % (busy.sid + 1))
+    assert len(slow) == DELIVERY_BUDGET and other == []
+    assert busy.dropped == 5 and client.slow_consumer_drops == 5
+    memory.advance(0)
+    assert len(slow) == DELIVERY_BUDGET + 5 and other == [b"y"]
+    client.stop()

@@ -1,4 +1,4 @@
-"""bus.natswire: the NATS wire parsed from any split of the bytes (hypothesis), broken
+"""bus.nats: the NATS wire parsed from any split of the bytes (hypothesis), broken
 input refused as a protocol error and nothing else, JetStream's reply subjects read in
 both forms; and against a real nats-server: a blocking connection admitted or refused
 by token, requests and no-responders, and ranged reads of a stream through a pull
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bus.natswire import codec, jsapi
-from bus.natswire.codec import Control, Msg, Parser, ProtocolError
+from bus.nats import codec, jsapi
+from bus.nats.codec import Control, Msg, Parser, ProtocolError
 
 tokens = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_$", min_size=1, max_size=8)
 subject_text = st.lists(tokens, min_size=1, max_size=4).map(".".join)
@@ -154,8 +154,8 @@ def filled(nats_server: Any) -> Iterator[str]:
 
 
 def read_all(url: str, after: int, upto: int, filters: list[str], count: int) -> list[Any]:
-    from bus.natswire.blocking import Connection
-    from bus.natswire.ranged import RangeRead
+    from bus.nats.blocking import Connection
+    from bus.nats.ranged import RangeRead
 
     with Connection([url]) as connection:
         reader = RangeRead(connection, "R", after, upto, filters).open()
@@ -180,7 +180,7 @@ def test_a_ranged_read_gives_every_stored_message_in_order_once(filled: str, cou
 def test_a_ranged_read_gives_the_same_without_the_compiled_scanner(
     filled: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bus.natswire import ranged
+    from bus.nats import ranged
 
     fast = read_all(filled, 0, 2500, ["t.>"], 700)
     monkeypatch.setattr(codec, "native", None)
@@ -207,9 +207,9 @@ def test_a_consumer_request_never_answered_is_asked_again_and_makes_one_consumer
     """A request to make the read's consumer that reaches no meta leader (one being elected)
     is never answered: the read asks again soon, and, its consumer being named, the server
     holds one consumer however many times it was asked."""
-    from bus.natswire import ranged
-    from bus.natswire.blocking import Connection
-    from bus.natswire.ranged import RangeRead
+    from bus.nats import ranged
+    from bus.nats.blocking import Connection
+    from bus.nats.ranged import RangeRead
 
     monkeypatch.setattr(ranged, "CREATE_ATTEMPT", 0.5)
     with Connection([filled]) as connection:
@@ -236,8 +236,8 @@ def test_a_consumer_request_never_answered_is_asked_again_and_makes_one_consumer
 
 
 def test_a_start_that_retention_removed_shows_as_the_first_stored(nats_server: Any) -> None:
-    from bus.natswire.blocking import Connection
-    from bus.natswire.ranged import RangeRead
+    from bus.nats.blocking import Connection
+    from bus.nats.ranged import RangeRead
 
     url = nats_server.urls[0]
     fill(url, "R", ["a"], 300, max_msgs=100)
@@ -248,7 +248,7 @@ def test_a_start_that_retention_removed_shows_as_the_first_stored(nats_server: A
 
 
 def test_a_connection_is_refused_without_the_token_and_answers_with_it(tmp_path: Path) -> None:
-    from bus.natswire.blocking import ConnectError, Connection
+    from bus.nats.blocking import ConnectError, Connection
     from tests.ports import free_port, nats_cluster
 
     cluster = nats_cluster(tmp_path / "nats", size=1, token="s3cret")
@@ -279,7 +279,7 @@ def test_a_connection_is_refused_without_the_token_and_answers_with_it(tmp_path:
 
 
 def make_stream(url: str, name: str, atomic: bool) -> None:
-    from bus.natswire.blocking import Connection
+    from bus.nats.blocking import Connection
 
     config = {"name": name, "subjects": [f"{name.lower()}.>"], "allow_atomic": atomic}
     with Connection([url]) as connection:
@@ -293,8 +293,8 @@ def make_stream(url: str, name: str, atomic: bool) -> None:
 def test_batches_are_stored_once_each_way_and_resends_keep_their_sequences(
     nats_server: Any, atomic: bool
 ) -> None:
-    from bus.natswire.blocking import Connection
-    from bus.natswire.publish import Publisher
+    from bus.nats.blocking import Connection
+    from bus.nats.publish import Publisher
 
     url = nats_server.urls[0]
     make_stream(url, "P", atomic)
@@ -323,8 +323,8 @@ def test_batches_are_stored_once_each_way_and_resends_keep_their_sequences(
 
 
 def read_all_of(url: str, stream: str, upto: int) -> list[Any]:
-    from bus.natswire.blocking import Connection
-    from bus.natswire.ranged import RangeRead
+    from bus.nats.blocking import Connection
+    from bus.nats.ranged import RangeRead
 
     with Connection([url]) as connection:
         reader = RangeRead(connection, stream, 0, upto, [f"{stream.lower()}.>"]).open()
@@ -336,8 +336,8 @@ def read_all_of(url: str, stream: str, upto: int) -> list[Any]:
 
 
 def test_a_batch_the_stream_cannot_take_is_a_publish_error(nats_server: Any) -> None:
-    from bus.natswire.blocking import Connection
-    from bus.natswire.publish import Publisher, PublishError
+    from bus.nats.blocking import Connection
+    from bus.nats.publish import Publisher, PublishError
 
     url = nats_server.urls[0]
     make_stream(url, "Q", True)
@@ -390,7 +390,7 @@ class LaggingReplica:
 
 
 def test_a_replica_that_lags_does_not_end_a_read_short() -> None:
-    from bus.natswire.ranged import RangeRead
+    from bus.nats.ranged import RangeRead
 
     lagging = LaggingReplica()
     reader = RangeRead(lagging, "S", 0, 3, ["s.>"]).open()  # type: ignore[arg-type]
@@ -435,8 +435,8 @@ class FreshConsumer:
 def test_pulls_a_consumer_just_made_does_not_answer_yet_are_sent_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from bus.natswire import ranged
-    from bus.natswire.ranged import RangeRead
+    from bus.nats import ranged
+    from bus.nats.ranged import RangeRead
 
     monkeypatch.setattr(ranged, "REPULL", 0.001)
     fresh = FreshConsumer(unanswered=5)

@@ -1,4 +1,4 @@
-"""bus.natswire.failover, the blocking client's way through a cluster, against real
+"""bus.nats.failover, the blocking client's way through a cluster, against real
 sockets: a closed port, a port that accepts and says nothing, real nats-servers, one of
 them killed (kill -9) under a read; and what counts as passing."""
 
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from bus.natswire import jsapi
-from bus.natswire.blocking import Connection
-from bus.natswire.codec import ProtocolError
-from bus.natswire.failover import Failover, Retry, Unavailable, discovered, passing
-from bus.natswire.handshake import ConnectError
+from bus.nats import jsapi
+from bus.nats.blocking import Connection
+from bus.nats.codec import ProtocolError
+from bus.nats.failover import Failover, Retry, Unavailable, discovered, passing
+from bus.nats.handshake import ConnectError
 from tests.ports import free_port, nats_cluster
 
 pytest.importorskip("nats")

@@ -1,4 +1,4 @@
-"""The compiled NATS scanner (bus/natswire/_scan.c) against the Python code it speeds up:
+"""The compiled NATS scanner (bus/nats/_scan.c) against the Python code it speeds up:
 for any bytes, split anywhere, the parser gives the same messages and the same errors with
 it and without it; JetStream deliveries read into the same columns."""
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bus.natswire import codec, ranged
-from bus.natswire.codec import Control, Msg
+from bus.nats import codec, ranged
+from bus.nats.codec import Control, Msg
 
 needs_native = pytest.mark.skipif(codec.native is None, reason="the compiled scanner is not built")
 
@@ -28,7 +28,7 @@ def test_it_is_built_wherever_a_c_compiler_is() -> None:
 
 
 def test_bus_native_nats_0_turns_it_off() -> None:
-    code = "from bus.natswire import codec, ranged; print(codec.native, ranged.deliveries.__name__)"
+    code = "from bus.nats import codec, ranged; print(codec.native, ranged.deliveries.__name__)"
     env = {**os.environ, "BUS_NATIVE_NATS": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["None", "_deliveries"], out.stderr

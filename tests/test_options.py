@@ -11,12 +11,13 @@ import pytest
 from twisted.python import usage
 
 from bus import tap
+from bus.application.options import PROCESS_OPTION_NAMES
+from bus.application.services import SERVICE_NAMES, SERVICES, entry
 from bus.emqp import tap as emqp_tap
 from bus.mc0 import tap as mc0_tap
-from bus.options import PROCESS_OPTION_NAMES, parse_duration
-from bus.services import SERVICE_NAMES, SERVICES, entry
 from bus.spark import tap as spark_tap
 from bus.transport.curve_settings import CurveSettings
+from bus.util.values import parse_duration
 
 
 def parse(*args: str) -> Any:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import pytest_twisted
 
+from bus.application.services import SERVICE_NAMES
 from bus.eventbus.client import EventBusPublisher
-from bus.services import SERVICE_NAMES
 from bus.testing import wait_until
 from tests.ports import free_port
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bus.statusjson import config_json
+from bus.application.statusjson import config_json
 from tests.processes import CLEAN_EXIT, wait_for
 from tests.test_product_process import Product, environment
 from tests.zre_helpers import free_udp_port

@@ -436,8 +436,8 @@ def test_peer_outboxes_hand_memory_back_once_small_drops_add_up() -> None:
     from twisted.internet.task import Clock
     from twisted.logger import Logger
 
-    from bus.memory import MemoryRelease
     from bus.transport.outbox import PeerOutboxes
+    from bus.util.memory import MemoryRelease
 
     class FullPipe:
         """A ROUTER whose peer's pipe is full."""

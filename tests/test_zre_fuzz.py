@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bus.testing import wait_until
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+from bus.transport.zmqsocket import SocketFactory, SocketOptions
+from bus.util.reactor import reactor_of
 from bus.zre import codec
 from bus.zre.codec import VERSION_20, VERSION_36, Hello, Ping, PingOk, Whisper, ZreError
 from bus.zre.node import ZreNode

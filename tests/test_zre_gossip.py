@@ -317,8 +317,13 @@ def test_the_gossip_options_as_twistd_and_zre_ping_take_them() -> None:
     config = options["zre-config"]
     assert config.gossip_bind == "tcp://10.0.0.1:5000"
     assert config.gossip_connect == ["tcp://10.0.0.2:5000"]
-    for bad in (["--gossip-bind", "udp://x:1"], ["--gossip-connect", f"tcp://h:1|{'k' * 40}"]):
+    for bad in (
+        ["--gossip-bind", "udp://x:1"],
+        ["--gossip-bind", "tcp://127.0.0.1:99999"],  # libzmq would bind 34463
+        ["--gossip-connect", f"tcp://h:1|{'k' * 40}"],
+    ):
         with pytest.raises(usage.UsageError):
             Options().parseOptions(bad)
-    args = parser().parse_args(["--group", "A", "--group", "B", "--gossip-connect", "tcp://h:1"])
-    assert args.group == ["A", "B"] and args.gossip_connect == ["tcp://h:1"]
+    hub = "tcp://127.0.0.1:1"  # zre-ping resolves the host, as for --peer
+    args = parser().parse_args(["--group", "A", "--group", "B", "--gossip-connect", hub])
+    assert args.group == ["A", "B"] and args.gossip_connect == [hub]

@@ -105,7 +105,8 @@ class _RawMailbox:
     """A ROUTER bound on 127.0.0.1 that records what a node's DEALER sends it."""
 
     def __init__(self) -> None:
-        from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+        from bus.transport.zmqsocket import SocketFactory, SocketOptions
+        from bus.util.reactor import reactor_of
 
         self.factory = SocketFactory(reactor_of(None))
         self.peer = type("Peer", (), {"messages": []})()

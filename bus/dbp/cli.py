@@ -3,7 +3,8 @@
 
 ``--dialect hermes`` asks Hermes' own catalog, which reads only 4-octet (float32) times.
 Options may stand before ``services`` too (``dbp-cli --dialect hermes services``). A bad
-option is one line on stderr and exit status 2; no answer, one line and exit status 1."""
+option is one line on stderr and exit status 2; no answer, one line and exit status 1;
+Ctrl-C, one line and exit status 130."""
 
 from __future__ import annotations
 
@@ -13,20 +14,24 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from bus.cliargs import (
+from bus.dbp.config import DEFAULT_BEACON_PORT
+from bus.transport.curve_settings import add_client_curve_arguments
+from bus.util.cliargs import (
     CliParser,
+    Progress,
     add_version,
-    one_line,
+    fail,
+    interruptible,
     parse,
     positive_seconds,
+    react,
     tcp_endpoint,
     whole_number,
 )
-from bus.dbp.config import DEFAULT_BEACON_PORT
-from bus.transport.curve_settings import add_client_curve_arguments
 
 
 def parser() -> argparse.ArgumentParser:
+    """``dbp-cli``'s command line."""
     p = CliParser(prog="dbp-cli", description=__doc__.split("\n\n")[0])
     add_version(p)
     sub = p.add_subparsers(dest="command", required=True)
@@ -51,7 +56,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+class NoAnswer(Exception):
+    """The command got no answer: its message says from where and what to try."""
+
+
+@interruptible("dbp-cli")
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``dbp-cli`` on ``argv`` (default: the command line) and exit with its status."""
     p = parser()
     args = parse(p, argv)
     import zmq
@@ -60,66 +71,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bus.dbp.client import CatalogClient, find_catalog
     from bus.transport.curve import KeyFileError, client_curve
 
-    result: dict[str, Any] = {}
     try:
         curve = client_curve(args.server_key, args.cert)
     except KeyFileError as error:
-        sys.stderr.write(f"dbp-cli: {error}\n")
-        return 1
+        fail("dbp-cli", error)
+    progress = Progress(f"dbp-cli {args.command}")
 
     @defer.inlineCallbacks
     def run(reactor: Any) -> Any:
         endpoint = args.catalog
         if not endpoint:
+            progress.now(
+                f"waiting for a catalog's beacon on UDP port {args.beacon_port}", "nothing asked"
+            )
             try:
                 endpoint = yield find_catalog(reactor, args.beacon_port, args.timeout)
             except (TimeoutError, OSError) as error:
-                result["error"] = str(error)
-                return
+                raise NoAnswer(str(error)) from None
         try:
             client = CatalogClient(endpoint, reactor, dialect=args.dialect, curve=curve)
         except zmq.ZMQError as error:
-            result["error"] = f"cannot connect to {endpoint}: {zmq.strerror(error.errno or 0)}"
-            return
+            raise NoAnswer(
+                f"cannot connect to {endpoint}: {zmq.strerror(error.errno or 0)}"
+            ) from None
         try:
+            progress.now(f"waiting for {endpoint} to answer", "asked, nothing printed")
             answer = client.services(args.name)
             timer = reactor.callLater(args.timeout, answer.cancel)
             try:
-                result["answer"] = yield answer
+                found = yield answer
             except defer.CancelledError:
-                result["error"] = f"no answer from {endpoint} in {args.timeout:g}s"
+                why = f"no answer from {endpoint} in {args.timeout:g}s"
                 if args.dialect == "spec":
                     # Hermes' own catalog stops answering at the spec's 8-octet time.
-                    result["error"] += " (if it is Hermes' own catalog: --dialect hermes)"
-            else:
-                timer.cancel()
+                    why += " (if it is Hermes' own catalog: --dialect hermes)"
+                raise NoAnswer(why) from None
+            finally:
+                if timer.active():
+                    timer.cancel()
         finally:
             client.close()
+        sys.stdout.write(json.dumps(found, indent=1, sort_keys=True) + "\n")
+        if args.name and "Error" in found:
+            raise SystemExit(1)
 
-    _react(run, result)
-    if "answer" not in result:
-        reason = result.get("error", "no answer")
-        sys.stderr.write(f"dbp-cli {args.command}: {one_line(reason)}\n")
-        return 1
-    answer = result["answer"]
-    sys.stdout.write(json.dumps(answer, indent=1, sort_keys=True) + "\n")
-    return 1 if args.name and "Error" in answer else 0
-
-
-def _react(run: Any, result: dict[str, Any]) -> None:
-    from twisted.internet import reactor as global_reactor
-
-    reactor: Any = global_reactor
-
-    def unexpected(failure: Any) -> None:  # a defect of this tool: still one line
-        value = failure.value
-        result["error"] = f"unexpected {type(value).__name__} ({value}): please report it"
-
-    done = run(reactor)
-    done.addErrback(unexpected)
-    done.addBoth(lambda _: reactor.callLater(0, reactor.stop))
-    reactor.run()
+    react(f"dbp-cli {args.command}", run, (NoAnswer,), progress=progress)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

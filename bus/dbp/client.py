@@ -28,10 +28,10 @@ from twisted.logger import Logger
 
 from bus.dbp import codec
 from bus.dbp.codec import DbpError, DbpMessage
-from bus.periodic import Periodic
+from bus.extension import SocketFactory, SocketOptions, ZmqSocket, listen_shared, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.udp import UdpListener, UdpPort, listen_shared
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.transport.udp import UdpListener, UdpPort
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.dbp")
 
@@ -137,6 +137,7 @@ class CatalogClient:
             self._waiting.popleft().callback(body)
 
     def close(self) -> None:
+        """Fail the questions still waiting and close the socket."""
         while self._waiting:
             self._waiting.popleft().errback(ConnectionError("client closed"))
         self._factory.shutdown()
@@ -199,6 +200,7 @@ class ServiceRegistration(Service):
 
     @property
     def service_name(self) -> str:
+        """The name the service registers under."""
         return str(self.info.get("name", ""))
 
     # -- lifecycle ---------------------------------------------------------------------------

@@ -78,6 +78,8 @@ class DbpError(ProtocolError):
 
 @dataclass(frozen=True, slots=True)
 class DbpMessage:
+    """One message after the ROUTER identity: its command face, the sender's time and the body."""
+
     command: bytes
     time: float
     #: 4 (the original's float32) or 8: replies use the same size.
@@ -96,10 +98,13 @@ class DbpMessage:
 
 
 def encode_time(now: float, size: int = TIME_DOUBLE) -> bytes:
+    """``now`` as a time frame: 4 octets (float32, for the original's peers) or 8 (a double)."""
     return _F32.pack(now) if size == TIME_FLOAT32 else _F64.pack(now)
 
 
 def decode_time(frame: bytes) -> float:
+    """A time frame of 4 or 8 octets; :class:`DbpError` for another size or a value that is not
+    finite."""
     if len(frame) == TIME_FLOAT32:
         value: float = _F32.unpack(frame)[0]
     elif len(frame) == TIME_DOUBLE:
@@ -130,14 +135,18 @@ def parse(frames: Sequence[bytes]) -> DbpMessage:
 def encode(
     command: bytes, now: float, body: Sequence[bytes] = (), time_size: int = TIME_DOUBLE
 ) -> list[bytes]:
+    """A message of ``command`` (the empty frame first), stamped ``now`` in ``time_size``
+    octets."""
     return [b"", command, encode_time(now, time_size), *body]
 
 
 def json_frame(value: Any) -> bytes:
+    """``value`` as a compact JSON body frame, keys sorted."""
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
 def json_object(frame: bytes) -> dict[str, Any]:
+    """A body frame that must hold a JSON object; :class:`DbpError` otherwise."""
     try:
         value = json.loads(frame.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -159,6 +168,7 @@ class Invalid(ValueError):
 
 
 def service_name(value: Any) -> str:
+    """``value`` checked as a service name: :class:`Invalid` unless it is 1-255 octets of text."""
     if not isinstance(value, str) or not value or len(value.encode("utf-8")) > MAX_NAME_BYTES:
         raise Invalid([f"name must be text of 1-{MAX_NAME_BYTES} octets"])
     return value
@@ -279,10 +289,12 @@ def _number(value: Any) -> bool:
 
 
 def encode_udp_heartbeat(name: str, now: float) -> bytes:
+    """The UDP heartbeat datagram of service ``name``: ``<3``, the time, the name."""
     return UDP_HEARTBEAT + _F64.pack(now) + name.encode("utf-8")
 
 
 def parse_udp_heartbeat(data: bytes) -> tuple[float, str]:
+    """The time and the service name of a UDP heartbeat; :class:`DbpError` for anything else."""
     if not data.startswith(UDP_HEARTBEAT):
         raise DbpError("datagram is not a heartbeat", "udp-command")
     if len(data) < 11:
@@ -300,10 +312,12 @@ def parse_udp_heartbeat(data: bytes) -> tuple[float, str]:
 
 
 def encode_beacon(port: int) -> bytes:
+    """The catalog's beacon, ``SHALOM <port>``."""
     return BEACON_PREFIX + str(port).encode("ascii")
 
 
 def parse_beacon(data: bytes) -> int:
+    """The catalog's port from its beacon; :class:`DbpError` for anything else."""
     if not data.startswith(BEACON_PREFIX) or len(data) > 16:
         raise DbpError("not a SHALOM beacon", "beacon")
     digits = data[len(BEACON_PREFIX) :]

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bus.transport.curve_settings import CurveSettings
+from bus.extension import CurveSettings
 
 DEFAULT_PORT = 5246
 DEFAULT_BEACON_PORT = 5245
@@ -17,6 +17,8 @@ HERMES_SERVICES = ("expire", "keep")
 
 @dataclass(slots=True)
 class CatalogConfig:
+    """The catalog's addresses, beacon, heartbeats, allow file, data directory and bounds."""
+
     bind: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     beacon_interface: str = "lo"

@@ -37,6 +37,9 @@ DropHandler = Callable[[str, str, bytes | str], None]
 
 @dataclass(slots=True)
 class CatalogSettings:
+    """The catalog's rules: heartbeats and liveness, the grace of an expired service, who may
+    register, and how Hermes' services are kept."""
+
     heartbeat_interval: float = 1.0
     liveness: int = 3
     grace: float = 60.0
@@ -57,6 +60,9 @@ class CatalogSettings:
 
 @dataclass(slots=True)
 class Entry:
+    """A service in the catalog: its registration, where it is heard from, and whether it is
+    active."""
+
     name: str
     info: dict[str, Any]
     registered_at: float
@@ -73,6 +79,7 @@ class Entry:
 
     @property
     def last_heard(self) -> float:
+        """When the service was last heard, by either path."""
         return max(self.last_udp, self.last_zmq)
 
     @property
@@ -81,6 +88,7 @@ class Entry:
         return "none" if self.form == codec.HERMES else self.path
 
     def public(self) -> dict[str, Any]:
+        """The service as an info reply tells it: its registration, activity and heartbeats."""
         return {
             **self.info,
             "active": self.active,
@@ -99,6 +107,9 @@ class Outgoing:
 
 
 class CatalogCore:
+    """The catalog's registry and rules: messages, UDP heartbeats and time in; replies, heartbeats
+    to send and activity out (see the module's text)."""
+
     def __init__(
         self,
         settings: CatalogSettings,
@@ -357,6 +368,8 @@ class CatalogCore:
     # -- UDP ---------------------------------------------------------------------------------
 
     def on_udp_heartbeat(self, data: bytes, host: str) -> None:
+        """A UDP heartbeat from ``host``: the service is heard, unless the datagram is bad, names an
+        unknown service or comes from another address (dropped and counted)."""
         try:
             _, name = codec.parse_udp_heartbeat(data)
         except DbpError as error:
@@ -427,6 +440,7 @@ class CatalogCore:
     # -- the registry on disk ----------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
+        """The registry as saved in the data directory."""
         return {
             name: {"info": entry.info, "registered_at": entry.registered_at, "form": entry.form}
             for name, entry in self.entries.items()

@@ -20,25 +20,29 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
 from bus.dbp import codec
 from bus.dbp.config import CatalogConfig
 from bus.dbp.core import CatalogCore, CatalogSettings
-from bus.droplog import DropCounter
-from bus.errors import StartupError
-from bus.files import replace_atomically
-from bus.metrics import Metric, counter, counters_by, gauge
-from bus.transport.security import ServerCurve
-from bus.transport.serving import ServerPorts
-from bus.transport.udp import BeaconSender, InterfaceError, UdpPort, interface_address
-from bus.transport.zmqsocket import (
-    PeerUnreachable,
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    BeaconSender,
+    Metric,
     SocketFactory,
     SocketOptions,
+    StartupError,
     ZmqSocket,
-    bind_failure,
+    counter,
+    counters_by,
+    gauge,
     reactor_of,
 )
+from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
+from bus.transport.udp import InterfaceError, UdpPort, interface_address
+from bus.transport.zmqsocket import PeerUnreachable, bind_failure
+from bus.util.droplog import DropCounter
+from bus.util.files import replace_atomically
 
 log = Logger(namespace="bus.dbp")
 
@@ -55,6 +59,9 @@ def _names(metadata: Mapping[str, str]) -> frozenset[str] | None:
 
 
 class CatalogService(Service):
+    """The Core Catalog Service: its ROUTER, the UDP heartbeat port, the beacon and the registry on
+    disk, around :class:`bus.dbp.core.CatalogCore`."""
+
     def __init__(
         self, config: CatalogConfig, reactor: Any = None, activity: ActivitySink = NO_ACTIVITY
     ) -> None:
@@ -100,6 +107,7 @@ class CatalogService(Service):
 
     @property
     def registry_path(self) -> Path:
+        """Where the registry is saved."""
         return Path(self.config.data_dir) / REGISTRY_FILE
 
     # -- starting ----------------------------------------------------------------------------
@@ -304,6 +312,7 @@ class CatalogService(Service):
     # -- what it does ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """Ports, services, heartbeats and counts, for ``/status``."""
         entries = self.core.entries.values()
         return {
             "endpoint": self.endpoint,
@@ -324,7 +333,7 @@ class CatalogService(Service):
             "curve": self.curve.status(),
         }
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"messages": "messages", "heartbeats": "udp_heartbeats_received"}
 
     def details(self, limit: int = 100) -> dict[str, Any]:
@@ -346,6 +355,7 @@ class CatalogService(Service):
         return {"catalog": catalog}
 
     def metrics(self) -> list[Metric]:
+        """The services, messages and heartbeats, and CURVE, for ``/metrics``."""
         status = self.status()
         return [
             *self.curve.metrics(),

@@ -16,12 +16,12 @@ from bus.dbp.config import (
     CatalogConfig,
     read_allow_file,
 )
-from bus.options import ServiceOptions, parse_duration
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.dbp.server import CatalogService
+    from bus.extension import Composition, ProductService
 
 
 #: Started after the Event BUS when both run: composed, it publishes its activity
@@ -30,6 +30,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd dbp``'s options (``--dbp-*`` of ``twistd eventbus``)."""
+
     service = "dbp"
     env_prefix = "DBP"
     synopsis = "[--bind 127.0.0.1] [--port 5246] [--allow FILE] [--data-dir DIR]"
@@ -66,6 +68,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> CatalogConfig:
+    """The catalog's settings from its options; a usage error names the option at fault."""
     allow = None
     if options.get("allow"):
         try:
@@ -107,6 +110,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> CatalogConfi
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> CatalogService:
+    """The catalog; composed with the Event BUS, its changes go onto the bus."""
     from bus.dbp.server import CatalogService
 
     config = options.get("dbp-config") or config_from_options(options)
@@ -114,6 +118,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    """The catalog alone (``twistd -n dbp``)."""
+    from bus.extension import standalone
 
     return standalone("dbp", build, options)

@@ -13,7 +13,8 @@
 worker has it) and exits 0. Anything else ends with one sentence on stderr and exit status 1:
 the broker's reason when it failed the request, or, when ``--wait`` ran out, what the broker's
 admin port says it waits for (no worker serves the queue, its workers are all busy, a worker
-has the request and has not replied, or nothing answered at all).
+has the request and has not replied, or nothing answered at all). Ctrl-C ends it with one
+sentence saying what was and was not done, and exit status 130.
 """
 
 from __future__ import annotations
@@ -22,21 +23,28 @@ import argparse
 import json
 import math
 import os
-import signal
 import socket
 import sys
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from bus.cliargs import CliParser, add_version, parse, whole_number
 from bus.transport.curve_settings import add_client_curve_arguments
 from bus.transport.probe import Listener, probe_port
+from bus.util.cliargs import (
+    INTERRUPTED,
+    CliParser,
+    Progress,
+    add_version,
+    interruptible,
+    parse,
+    seconds_text,
+    whole_number,
+)
 
 #: The ports when neither an option nor ``EMQP_BROKER``/``EMQP_ADMIN`` names them (the
 #: environment is read when the parser is built, not when this module loads).
@@ -52,19 +60,8 @@ EXPLAIN_WAIT = 2.0
 FOREVER = 365 * 86_400.0
 
 
-def _interrupted_early(number: int, frame: FrameType | None) -> None:
-    sys.stderr.write("emqp-cli: interrupted\n")
-    sys.stderr.flush()
-    # Nothing is open yet (the reactor has not taken over SIGINT): end at once.
-    os._exit(1)
-
-
 class CliError(Exception):
     """Ends the command: its message is the one line on stderr, exit status 1."""
-
-
-def _seconds(value: float) -> str:
-    return f"{round(value, 1):g} s"
 
 
 def _plural(count: int, noun: str) -> str:
@@ -168,14 +165,17 @@ class Run:
         self._stopping = False
 
     def elapsed(self) -> str:
-        return _seconds(self.reactor.seconds() - self.started)
+        """Time since the command started, as the messages write it."""
+        return seconds_text(self.reactor.seconds() - self.started)
 
     def say(self, sentence: str) -> None:
+        """Write the command's one line on stderr; later ones are not written."""
         if not self._reported:
             self._reported = True
             sys.stderr.write(f"emqp-cli {self.args.command}: {sentence}\n")
 
     def start(self) -> None:
+        """Run the command; the reactor stops when it ends, with :attr:`code` set."""
         self.reactor.addSystemEventTrigger("before", "shutdown", self._shutting_down)
         self.started = self.reactor.seconds()
         finished: defer.Deferred[None] = defer.maybeDeferred(self.args.run, self)
@@ -183,6 +183,7 @@ class Run:
         finished.addBoth(self._stop)
 
     def when_interrupted(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` if the command is interrupted before it ends."""
         self._on_interrupt.append(listener)
 
     def _succeeded(self, _: object) -> None:
@@ -213,6 +214,8 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Ended:
+    """How a wait of :func:`wait_for` ended, and with what."""
+
     how: Literal["answered", "out-of-time", "interrupted"]
     #: The awaited value, or its Failure, when ``how`` is ``answered``.
     result: Any = None
@@ -329,7 +332,7 @@ def failure_sentence(failed: Any, args: argparse.Namespace) -> str:
     message = " ".join(str(failed.message).split())
     template = _REFUSALS.get(failed.reason, "the request failed: {message}")
     sentence = template.format(
-        queue=args.queue, timeout=_seconds(args.timeout), message=message or failed.reason
+        queue=args.queue, timeout=seconds_text(args.timeout), message=message or failed.reason
     )
     retried = failed.reason in ("timeout", "worker-lost", "worker-left")
     if retried and (args.retries > 0 or args.guarantee):
@@ -339,6 +342,8 @@ def failure_sentence(failed: Any, args: argparse.Namespace) -> str:
 
 @defer.inlineCallbacks
 def submit(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli submit``: send a REQUEST and print the worker's value (or, with ``--no-reply``,
+    the request's id once a worker has it)."""
     from bus.emqp import codec
     from bus.emqp.client import EmqpClient, JobFailed
 
@@ -392,7 +397,7 @@ def submit(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
     explained = yield wait_for(run, _why_no_answer(run, msgid, dispatched), 0)
     if explained.how == "interrupted":
         raise CliError(f"interrupted after {run.elapsed()}, while asking why no answer came")
-    raise CliError(f"{explained.result}; gave up after {_seconds(args.wait)}")
+    raise CliError(f"{explained.result}; gave up after {seconds_text(args.wait)}")
 
 
 @defer.inlineCallbacks
@@ -497,7 +502,7 @@ def _ask_admin(
     if looked.how == "interrupted":
         raise CliError(
             f"interrupted after {run.elapsed()}: {args.admin.url} did not answer {what} within"
-            f" {_seconds(args.wait)}"
+            f" {seconds_text(args.wait)}"
         )
     listener: Listener = looked.result
     refused = yield wait_for(run, _refusal(run, args.admin, listener, "admin"), 0)
@@ -505,11 +510,12 @@ def _ask_admin(
         said = refused.result
     else:
         said = _port_said(listener, args.admin, "admin", f"did not answer {what}", run.curve)
-    raise CliError(f"{said}; gave up after {_seconds(args.wait)}")
+    raise CliError(f"{said}; gave up after {seconds_text(args.wait)}")
 
 
 @defer.inlineCallbacks
 def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli status``: the broker's STATUS, as JSON."""
     from bus.emqp.client import query_status
 
     url = run.args.admin.url
@@ -521,6 +527,7 @@ def status(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
 
 @defer.inlineCallbacks
 def schedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli schedule``: add (or replace) a schedule and print the broker's answer."""
     from bus.emqp.client import add_schedule
 
     args = run.args
@@ -539,6 +546,7 @@ def schedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
 
 @defer.inlineCallbacks
 def unschedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli unschedule``: remove a schedule by its id; an error when the broker keeps none."""
     from bus.emqp.client import remove_schedule
 
     args = run.args
@@ -555,6 +563,7 @@ def unschedule(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
 
 @defer.inlineCallbacks
 def schedules(run: Run) -> Generator[defer.Deferred[Any], Any, None]:
+    """``emqp-cli schedules``: every schedule the broker keeps, as JSON lines."""
     from bus.emqp.client import list_schedules
 
     url = run.args.admin.url
@@ -729,7 +738,7 @@ _IMPORT_ONLY = ("redis", "rdb", "redis_server", "replace", "haste")
 
 def _check_schedule(args: argparse.Namespace) -> None:
     from bus.emqp import codec
-    from bus.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         codec.queue_name(args.queue.encode("utf-8", "surrogateescape"))
@@ -754,7 +763,11 @@ def _check_schedule(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    exit_status = "Exit status: 0 on success, 1 with one sentence on stderr otherwise."
+    """``emqp-cli``'s command line (``EMQP_BROKER`` and ``EMQP_ADMIN`` set the default
+    endpoints)."""
+    exit_status = (
+        "Exit status: 0 on success, 1 with one sentence on stderr otherwise, 130 after Ctrl-C."
+    )
     broker = os.environ.get("EMQP_BROKER", BROKER)
     admin = os.environ.get("EMQP_ADMIN", ADMIN)
     parser = CliParser(
@@ -881,12 +894,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible("emqp-cli")
 def main(argv: Sequence[str] | None = None) -> None:
-    # Ctrl-C while the rest loads or input is checked, before the reactor handles it: one
-    # sentence, not a KeyboardInterrupt traceback. Set here, when the program runs: a
-    # process that merely imports this module keeps its own SIGINT handling.
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _interrupted_early)
+    """Run ``emqp-cli`` on ``argv`` (default: the command line) and exit with its status."""
     args = parse(build_parser(), argv)
     try:
         if not (args.wait >= 0 and math.isfinite(args.wait)):
@@ -896,9 +906,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = _run(args)
     except CliError as problem:
         sys.stderr.write(f"emqp-cli {args.command}: {problem}\n")
-        code = 1
-    except KeyboardInterrupt:  # before the reactor took over the signal
-        sys.stderr.write(f"emqp-cli {args.command}: interrupted\n")
         code = 1
     raise SystemExit(code)
 
@@ -917,14 +924,15 @@ def _run(args: argparse.Namespace) -> int:
 
     reactor: Any = global_reactor
     run = Run(reactor, args)
-    if signal.getsignal(signal.SIGINT) is _interrupted_early:
-        # Twisted installs its own SIGINT handler only over the default one.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    # Started once the reactor runs (and handles SIGINT and SIGTERM), so that an
-    # interruption always finds the Run ready to end what it waits for.
+    # Ctrl-C stops the reactor: the Run ends what it waits for and says so (its shutdown
+    # trigger, as for SIGTERM), and the status is 130.
+    progress = Progress(f"emqp-cli {args.command}")
+    progress.catch(reactor)
+    # Started once the reactor runs, so that an interruption always finds the Run ready
+    # to end what it waits for.
     reactor.callWhenRunning(run.start)
     reactor.run()
-    return run.code
+    return INTERRUPTED if progress.interrupted and run.code else run.code
 
 
 if __name__ == "__main__":

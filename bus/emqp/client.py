@@ -22,11 +22,11 @@ from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
+from bus.extension import SocketFactory, SocketOptions, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, reactor_of
+from bus.util.droplog import DropCounter
 
 log = Logger(namespace="bus.emqp.client")
 
@@ -119,6 +119,7 @@ class EmqpClient:
 
     @property
     def outstanding(self) -> int:
+        """Requests sent and not yet answered."""
         return len(self._pending)
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:

@@ -83,6 +83,9 @@ NO_HEADERS: Final = Headers()
 
 @dataclass(frozen=True, slots=True)
 class Inform:
+    """INFORM: a worker (or a scheduler, ``peer_type``) announces itself and the weighted queues it
+    serves; answered ACK."""
+
     msgid: bytes
     queues: tuple[tuple[int, str], ...]
     peer_type: str
@@ -90,6 +93,8 @@ class Inform:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
+    """ACK: the broker took the INFORM ``acked``."""
+
     msgid: bytes
     acked: bytes
 
@@ -97,10 +102,14 @@ class Ack:
 # The commands a broker handles for every job are named tuples: immutable like the frozen
 # dataclasses of the others, and about three times cheaper to build.
 class Ready(NamedTuple):
+    """READY: a worker has one more free slot."""
+
     msgid: bytes
 
 
 class Request(NamedTuple):
+    """REQUEST: a job for ``queue``, from a client to the broker and from the broker to a worker."""
+
     msgid: bytes
     queue: bytes
     headers: Headers
@@ -108,9 +117,11 @@ class Request(NamedTuple):
 
     @property
     def queue_name(self) -> str:
+        """The queue's name as text."""
         return self.queue.decode("utf-8")
 
     def value(self) -> Any:
+        """The body's JSON."""
         return json.loads(self.body)
 
 
@@ -122,6 +133,7 @@ class Reply(NamedTuple):
     request_msgid: bytes
 
     def value(self) -> Any:
+        """The result's JSON."""
         return json.loads(self.result)
 
 
@@ -133,6 +145,8 @@ class DispatchAck(NamedTuple):
 
 
 class Heartbeat(NamedTuple):
+    """HEARTBEAT: the sender is alive (any message counts as one)."""
+
     msgid: bytes
     #: The sender's ``time.time()`` as text (the original's), or empty (the text's).
     sent_at: bytes
@@ -140,11 +154,16 @@ class Heartbeat(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Kbye:
+    """KBYE: the sender leaves (a worker: forget it; the broker: INFORM again)."""
+
     msgid: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
+    """DISCONNECT: a worker leaves, as KBYE (the original's admin command to stop the router is
+    refused)."""
+
     msgid: bytes
 
 
@@ -165,6 +184,8 @@ class Schedule:
 
 @dataclass(frozen=True, slots=True)
 class Status:
+    """STATUS: the admin asks for the broker's state, answered in a REPLY as JSON."""
+
     msgid: bytes
 
 
@@ -272,6 +293,7 @@ def _count(frames: list[bytes], count: int, command: bytes) -> None:
 
 
 def queue_name(frame: bytes) -> str:
+    """A queue name frame as text; :class:`EmqpError` when it is empty, too long or not UTF-8."""
     if not frame:
         raise EmqpError("empty queue name", "bad-queue")
     if len(frame) > MAX_QUEUE_NAME_BYTES:
@@ -525,10 +547,13 @@ _msgid_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
 
 
 def new_msgid() -> bytes:
+    """A new message id: UUID4-shaped, unique per process."""
     return b"%s%012x" % (_MSGID_PREFIX, next(_msgid_counter) & 0xFFFFFFFFFFFF)
 
 
 def message(command: bytes, *fields: bytes, msgid: bytes | None = None) -> list[bytes]:
+    """An eMQP message of ``command`` with ``fields`` (a new msgid unless given), without an
+    identity."""
     return [b"", PROTOCOL, command, msgid or new_msgid(), *fields]
 
 
@@ -543,18 +568,22 @@ def inform(
 
 
 def ack(acked: bytes) -> list[bytes]:
+    """An ACK of the INFORM ``acked``."""
     return message(ACK, acked)
 
 
 def ready() -> list[bytes]:
+    """A READY."""
     return message(READY)
 
 
 def heartbeat(now: float) -> list[bytes]:
+    """A HEARTBEAT carrying ``now`` (the original's form)."""
     return message(HEARTBEAT, repr(now).encode())
 
 
 def kbye() -> list[bytes]:
+    """A KBYE."""
     return message(KBYE)
 
 
@@ -564,6 +593,7 @@ def encode_headers(
     retry_count: int = 0,
     timeout: float = 0,
 ) -> bytes:
+    """A REQUEST's headers frame, as the original client joins them."""
     parts = []
     if reply_requested:
         parts.append("reply-requested")
@@ -585,10 +615,12 @@ def with_reply_requested(headers: Headers) -> bytes:
 
 
 def request(queue: str, body: bytes, headers: bytes, msgid: bytes | None = None) -> list[bytes]:
+    """A REQUEST for ``queue`` (``msgid``: the client's, when the broker passes it on)."""
     return message(REQUEST, queue.encode("utf-8"), headers, body, msgid=msgid)
 
 
 def reply(result: bytes, request_msgid: bytes) -> list[bytes]:
+    """A 6-frame REPLY: ``result`` of the request ``request_msgid``."""
     return message(REPLY, result, request_msgid)
 
 
@@ -606,6 +638,7 @@ def unschedule(schedule_id: str) -> list[bytes]:
 
 
 def dispatch_ack(request_msgid: bytes) -> list[bytes]:
+    """The 5-frame REPLY telling a client its request ``request_msgid`` went to a worker."""
     return message(REPLY, request_msgid)
 
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.emqp.core import BrokerSettings
-from bus.natswire.settings import NatsSettings
-from bus.sqlitewal import Durability
-from bus.transport.curve_settings import CurveSettings
+from bus.extension import CurveSettings
+from bus.nats.settings import NatsSettings
+from bus.util.sqlitewal import Durability
 
 DEFAULT_BIND = "127.0.0.1"
 #: The original's ports: workers, clients, administration.

@@ -30,14 +30,14 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import DropCounter
 from bus.emqp import codec, jobstream
 from bus.emqp.codec import PROTOCOL, EmqpError, Headers
 from bus.emqp.schedule_gate import AppendRun, PutRow, RunFired, ScheduleGate
 from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, job_of, unschedule_id
 from bus.emqp.store import JobStore, StoredJob
+from bus.extension import NO_ACTIVITY, ActivitySink
 from bus.transport.names import peer_name
+from bus.util.droplog import DropCounter
 
 _HEARTBEAT = codec.HEARTBEAT
 _REQUEST = codec.REQUEST
@@ -56,6 +56,9 @@ EVERY_QUEUE: Queues = None
 
 @dataclass(frozen=True, slots=True)
 class BrokerSettings:
+    """The broker's rules: heartbeats, the bounds of queues and memory, retries, and who keeps the
+    schedules."""
+
     heartbeat_interval: float = 3.0
     heartbeat_liveness: int = 3
     #: Requests waiting per queue for a free worker slot; past it: an error reply.
@@ -76,6 +79,7 @@ class BrokerSettings:
 
     @property
     def worker_expiry(self) -> float:
+        """Seconds of silence after which a worker is forgotten."""
         return self.heartbeat_interval * self.heartbeat_liveness
 
 
@@ -91,6 +95,9 @@ class HeldAnswer:
 
 @dataclass(slots=True, eq=False)
 class Job:
+    """A request the broker has taken: where it came from, where it waits or runs, what retries it
+    has left."""
+
     msgid: bytes
     client: bytes
     queue: bytes
@@ -111,6 +118,8 @@ class Job:
 
 @dataclass(slots=True, eq=False)
 class WorkerState:
+    """A worker the broker knows: its queues, free slots and the jobs it runs."""
+
     identity: bytes
     #: (weight, queue) heaviest first.
     queues: tuple[tuple[int, bytes], ...]
@@ -126,6 +135,8 @@ class WorkerState:
 
 @dataclass(slots=True, eq=False)
 class QueueState:
+    """A queue: the requests waiting for a slot and the workers serving it."""
+
     name: bytes
     waiting: deque[Job] = field(default_factory=deque)
     #: identity -> the weight that worker gave this queue, least recently used first.
@@ -150,6 +161,10 @@ def _schedule_queue(command: codec.Schedule) -> bytes | None:
 
 
 class Broker:
+    """The broker's rules over its queues, workers, jobs and schedules: it takes each message with
+    the identity it came from and the time, and leaves what to send in its outboxes (see the
+    module's text). The service owns the sockets and commits ``store`` before sending."""
+
     def __init__(
         self,
         settings: BrokerSettings,
@@ -659,6 +674,7 @@ class Broker:
 
     @property
     def next_schedule_due(self) -> float | None:
+        """When the next schedule fires (None: none is kept here)."""
         return self.schedules.next_due if self.schedules is not None else None
 
     def fire_schedules(self) -> int:
@@ -943,6 +959,7 @@ class Broker:
     # -- the stream (--store jetstream) -----------------------------------------------------------
 
     def streamed_job(self, job: Job) -> jobstream.StreamedJob:
+        """``job`` as the JetStream stream keeps it."""
         retries = job.headers.retry_count
         if retries is None:
             retries = self.settings.guarantee_retries
@@ -966,6 +983,20 @@ class Broker:
         if self.jobs.get(msgid) is job:
             del self.jobs[msgid]
         self._publish_job("stored", msgid, job.queue)
+
+    def stream_too_large(self, msgid: bytes, size: int, limit: int) -> None:
+        """The stream's servers cannot take it (a ``size``-byte message, ``limit`` at most):
+        refused to its client, never sent (it would cost the connection)."""
+        job = self.appending.pop(msgid, None)
+        if job is None:
+            return
+        if self.jobs.get(msgid) is job:
+            del self.jobs[msgid]
+        self.rejected += 1
+        text = f"the request makes a {size}-byte NATS message; the servers take {limit}"
+        self.drops.drop("too-large-for-stream", text, job.client)
+        self._error(job.client, msgid, "too-large-for-stream", text, job.origin)
+        self._publish_job("rejected", msgid, job.queue, reason="too-large-for-stream")
 
     def on_stream_job(self, stored: jobstream.StreamedJob, handle: bytes, delivered: int) -> None:
         """A request the stream delivered to this broker (pulled for its READY workers);
@@ -1237,6 +1268,7 @@ class Broker:
 
     @property
     def next_deadline(self) -> float | None:
+        """When the earliest request in flight times out (None: none has a timeout)."""
         return self._deadlines[0][0] if self._deadlines else None
 
     # -- storage -----------------------------------------------------------------------------------
@@ -1311,6 +1343,8 @@ class Broker:
             self._publish(f"/emqp/job/{state}/", value)
 
     def status(self, in_flight_limit: int = 1000) -> dict[str, Any]:
+        """Queues, workers, requests in flight (at most ``in_flight_limit``), schedules and
+        counters, with eventmq's STATUS keys beside them: the STATUS answer and ``/status``."""
         now = self.clock()
         expiry = self.settings.worker_expiry
         queues = {
@@ -1435,6 +1469,7 @@ class Broker:
         }
 
     def counters(self) -> dict[str, int]:
+        """The broker's counters since it started, by name."""
         return {
             "requests": self.requests,
             "dispatched": self.dispatched,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from bus.extras import MissingExtra, require
+from bus.util.extras import MissingExtra, require
 
 #: The list of the hashes of eventmq's schedules.
 INDEX_KEY: Final = b"interval_jobs"

@@ -118,6 +118,7 @@ class Program:
     also: tuple[str, ...] = ()
 
     def wanted(self) -> tuple[str, ...]:
+        """Every setting name the program reads."""
         return (*self.option_of, *self.not_honoured, *self.also)
 
 

@@ -1,5 +1,5 @@
 """The broker's guaranteed requests in a JetStream stream (``--store jetstream``), on the
-reactor through :class:`bus.transport.nats.NatsClient` (no thread, no asyncio).
+reactor through :class:`bus.nats.client.NatsClient` (no thread, no asyncio).
 
 :class:`JetStreamJobs` does what the broker's core asks in ``to_stream`` and
 ``to_brokers`` (see :mod:`bus.emqp.jobstream` for the design): appends a request and
@@ -27,11 +27,11 @@ from bus.emqp import jobstream, schedule_gate
 from bus.emqp.config import JetStreamSettings
 from bus.emqp.core import Job, Message
 from bus.emqp.schedule_gate import PutRow
-from bus.errors import StartupError
-from bus.natswire import codec, jsapi
-from bus.natswire.codec import Msg
-from bus.natswire.handshake import ConnectError
-from bus.transport.nats import NotConnected, Subscription, client_for, stream_ready
+from bus.extension import StartupError
+from bus.nats import codec, jsapi
+from bus.nats.client import NotConnected, Subscription, client_for, stream_ready
+from bus.nats.codec import Msg
+from bus.nats.handshake import ConnectError
 
 log = Logger(namespace="bus.emqp.jetstream")
 
@@ -96,6 +96,7 @@ class JetStreamJobs:
         on_schedule_run: Callable[[str, bytes, bool], None] = lambda *_: None,
         on_offered: Callable[[jobstream.StreamedJob], bool] = lambda _: False,
         on_forwarded: Callable[[bytes, bool], None] = lambda *_: None,
+        on_too_large: Callable[[bytes, int, int], None] = lambda *_: None,
     ) -> None:
         self.reactor = reactor
         self.settings = settings
@@ -111,6 +112,9 @@ class JetStreamJobs:
         self._on_schedule_run = on_schedule_run
         self._on_offered = on_offered
         self._on_forwarded = on_forwarded
+        self._on_too_large = on_too_large
+        #: Requests refused because their message was more than the servers take.
+        self.too_large = 0
         #: The offer subscriptions of the queues this broker serves.
         self._offers: dict[bytes, Subscription] = {}
         self.offers_sent = 0
@@ -405,6 +409,7 @@ class JetStreamJobs:
         answer.addCallbacks(answered, failed)
 
     def close(self) -> None:
+        """Stop the periodic work and the NATS client."""
         if self._progress_loop is not None and self._progress_loop.running:
             self._progress_loop.stop()
         if self._pull_watch is not None and self._pull_watch.running:
@@ -417,6 +422,7 @@ class JetStreamJobs:
 
     @property
     def connected(self) -> bool:
+        """Connected to a NATS server."""
         return self.client.connected
 
     def _connection_changed(self, up: bool) -> None:
@@ -438,10 +444,23 @@ class JetStreamJobs:
         answers: list[tuple[bytes, Message]],
         job_of: Callable[[Job], jobstream.StreamedJob],
     ) -> None:
+        """Do what the broker's core asked of the stream (``commands``, its ``to_stream``:
+        append, ack, nak, forward, the schedules' changes) and publish ``answers`` (its
+        ``to_brokers``) to the brokers their clients are connected to; ``job_of`` gives a
+        job as the stream keeps it."""
         batch: list[tuple[bytes, tuple[bytes, bytes, bytes]]] = []
+        limit = self.client.max_payload
         for what, value in commands:
             if what == "append":
-                batch.append((value.msgid, self._entry(value, job_of(value))))
+                entry = self._entry(value, job_of(value))
+                size = len(entry[2]) + jsapi.headers_most(entry[1])
+                if size > limit:
+                    # Sent, it would cost the connection and be resent for ever, holding
+                    # every client's guaranteed requests: refused here, to its client.
+                    self.too_large += 1
+                    self._on_too_large(value.msgid, size, limit)
+                    continue
+                batch.append((value.msgid, entry))
             elif what == "ack":
                 self._acking.setdefault(value, self.reactor.seconds())
                 self._ack(value)
@@ -641,6 +660,7 @@ class JetStreamJobs:
 
     @property
     def refusing(self) -> bool:
+        """The last append was refused (a full stream, no quorum); the client port waits."""
         return self.refused_since is not None
 
     # -- requests not kept in the stream -------------------------------------------------------
@@ -863,10 +883,16 @@ class JetStreamJobs:
             self.bad_messages += 1
 
     def status(self) -> dict[str, Any]:
+        """The connection, the stream, appends, pulls and acknowledgements, for ``/status``."""
         return {
             "connected": self.client.connected,
             "ready": self.ready,
             "server": self.client.server,
+            "servers": list(self.client.servers),
+            "authentication": self.settings.credentials.kind,
+            "lame_duck_moves": self.client.lame_duck_moves,
+            "max_payload": self.client.max_payload,
+            "too_large": self.too_large,
             "stream": self._stream,
             "replicas": self.settings.replicas,
             "broker_id": self.broker_id.decode("ascii", "replace"),

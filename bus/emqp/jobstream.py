@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 
 from bus.emqp.schedules import ROW_FIELDS
-from bus.natswire.tokens import SubjectError, token, untoken
+from bus.nats.tokens import SubjectError, token, untoken
 
 #: The version of :class:`StreamedJob`'s body; a broker refuses bodies it cannot read.
 BODY_VERSION = 1
@@ -52,6 +52,7 @@ class StreamedJob:
 
 
 def encode(job: StreamedJob) -> bytes:
+    """A request as the stream's message body (msgpack, versioned)."""
     packed: bytes = msgpack.packb(
         [
             BODY_VERSION,
@@ -70,6 +71,8 @@ def encode(job: StreamedJob) -> bytes:
 
 
 def decode(data: bytes) -> StreamedJob:
+    """A stream message's body as a request; :class:`JobBodyError` for anything a broker did not
+    append."""
     try:
         fields = msgpack.unpackb(data, raw=True)
     except Exception as error:  # msgpack raises several kinds for broken bytes
@@ -85,10 +88,12 @@ def decode(data: bytes) -> StreamedJob:
 
 
 def job_subject(prefix: str, queue: bytes) -> str:
+    """Where the stream keeps the requests of ``queue``."""
     return f"{prefix}.jobs.{token(queue)}"
 
 
 def queue_of(prefix: str, subject: str) -> bytes:
+    """The queue of a request's subject; :class:`SubjectError` for another subject."""
     head = prefix + ".jobs."
     if not subject.startswith(head) or "." in subject[len(head) :]:
         raise SubjectError(f"{subject[:80]!r} is not a queue's subject under {prefix!r}")
@@ -107,6 +112,7 @@ TAKEN = b"1"
 
 
 def broker_subject(prefix: str, broker_id: bytes) -> str:
+    """Where answers for the clients of broker ``broker_id`` go (core NATS)."""
     return f"{prefix}.broker.{token(broker_id)}"
 
 
@@ -121,6 +127,7 @@ def msg_id(msgid: bytes) -> bytes:
 
 
 def stream_config(name: str, prefix: str, replicas: int, duplicate_window: float) -> dict[str, Any]:
+    """The work-queue stream of guaranteed requests (a new message refused when it is full)."""
     return {
         "name": name,
         "subjects": [f"{prefix}.jobs.>"],
@@ -139,6 +146,8 @@ CHECKED = ("subjects", "retention", "num_replicas")
 
 
 def consumer_config(stream: str, prefix: str, queue: bytes, ack_wait: float) -> bytes:
+    """The request making the durable pull consumer every broker shares for ``queue`` (explicit
+    acks; unacknowledged for ``ack_wait``: delivered again, without limit)."""
     name = consumer_name(queue)
     return json.dumps(
         {
@@ -168,10 +177,12 @@ def consumer_config(stream: str, prefix: str, queue: bytes, ack_wait: float) -> 
 
 
 def bucket_name(stream: str) -> str:
+    """The schedules' key-value bucket of ``stream``."""
     return f"{stream}_SCHEDULES"
 
 
 def bucket_config(bucket: str, replicas: int, duplicate_window: float) -> dict[str, Any]:
+    """The stream behind the schedules' bucket (one value per key, as ``nats kv`` makes it)."""
     return {
         "name": f"KV_{bucket}",
         "subjects": [f"$KV.{bucket}.>"],
@@ -189,10 +200,12 @@ def bucket_config(bucket: str, replicas: int, duplicate_window: float) -> dict[s
 
 
 def key_subject(bucket: str, schedule_id: str) -> str:
+    """The subject of a schedule's key in ``bucket``."""
     return f"$KV.{bucket}.{token(schedule_id.encode())}"
 
 
 def key_of(bucket: str, subject: str) -> str:
+    """The schedule id of a key's subject; :class:`SubjectError` for another subject."""
     head = f"$KV.{bucket}."
     if not subject.startswith(head):
         raise SubjectError(f"{subject[:80]!r} is not a key of {bucket}")

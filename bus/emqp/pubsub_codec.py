@@ -28,12 +28,16 @@ PUBLISH_FRAMES: Final = 6
 
 
 class Publish(NamedTuple):
+    """PUBLISH: ``message`` (JSON text) for the subscribers of ``topic``; nothing is answered."""
+
     msgid: bytes
     topic: bytes
     message: bytes
 
 
 class Heartbeat(NamedTuple):
+    """HEARTBEAT: a publisher is alive; taken without an answer."""
+
     msgid: bytes
 
 

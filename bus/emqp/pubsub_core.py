@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import DropCounter
 from bus.emqp import pubsub_codec
-from bus.errors import ProtocolError
-from bus.transport.curve_settings import CurveSettings
+from bus.extension import NO_ACTIVITY, ActivitySink, CurveSettings, ProtocolError
 from bus.transport.names import peer_name
+from bus.util.droplog import DropCounter
 
 #: The bus topic a publication is mirrored under, around its eventmq topic.
 ACTIVITY_TOPIC = "/emqp/publish/{topic}/"

@@ -17,20 +17,24 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
+from bus.application.statusjson import config_json
 from bus.emqp.pubsub_core import PubsubConfig, Relay
-from bus.metrics import Metric, counter, counters_by, gauge
-from bus.statusjson import config_json
-from bus.transport.curve import role_policy
-from bus.transport.security import ServerCurve
-from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import (
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    Metric,
     SocketFactory,
     SocketOptions,
     ZmqSocket,
-    bind_failure,
+    counter,
+    counters_by,
+    gauge,
     reactor_of,
 )
+from bus.transport.curve import role_policy
+from bus.transport.security import ServerCurve
+from bus.transport.serving import ServerPorts
+from bus.transport.zmqsocket import bind_failure
 
 log = Logger(namespace="bus.emqp.pubsub")
 
@@ -39,6 +43,9 @@ _role_policy = role_policy({"emqp-publish": "publisher", "emqp-subscribe": "subs
 
 
 class PubsubService(Service):
+    """eventmq's PUBLISH service: PUBLISH in on the incoming ROUTER, ``[topic, message]`` out on the
+    outgoing PUB (and onto the local bus when composed)."""
+
     name = "emqp-pubsub"
 
     def __init__(
@@ -152,13 +159,16 @@ class PubsubService(Service):
     # -- status ----------------------------------------------------------------------------------
 
     def connections(self) -> dict[str, int]:
+        """Peers connected to each port, by port."""
         sockets = (("incoming", self.incoming), ("outgoing", self.outgoing))
         return {name: sock.connections for name, sock in sockets if sock is not None}
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"publications": "published"}
 
     def status(self) -> dict[str, Any]:
+        """Ports, connections, counts, the busiest topics, CURVE and the settings, for
+        ``/status``."""
         relay = self.relay
         return {
             "endpoints": self.endpoints,
@@ -177,6 +187,7 @@ class PubsubService(Service):
         }
 
     def metrics(self) -> list[Metric]:
+        """The service's counts and connections, and its CURVE, for ``/metrics``."""
         relay = self.relay
         connected = self.connections()
         families = self.curve.metrics()

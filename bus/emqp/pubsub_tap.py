@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING, Any
 from twisted.python import usage
 
 from bus.emqp.pubsub_core import DEFAULT_INCOMING_PORT, DEFAULT_OUTGOING_PORT, PubsubConfig
-from bus.options import ServiceOptions, parse_duration
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.emqp.pubsub_server import PubsubService
+    from bus.extension import Composition, ProductService
 
 
 #: Started after the Event BUS when both run: composed, it mirrors each publication onto
@@ -24,6 +24,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd emqp-pubsub``'s options (``--emqp-pubsub-*`` of ``twistd eventbus``)."""
+
     service = "emqp-pubsub"
     env_prefix = "EMQP_PUBSUB"
     synopsis = "[options]"
@@ -72,6 +74,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> PubsubConfig:
+    """The service's settings from its options; a usage error names the option at fault."""
     ports = []
     for name in ("incoming-port", "outgoing-port"):
         port = int(options[name])
@@ -104,6 +107,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    """The PUBLISH service alone (``twistd -n emqp-pubsub``)."""
+    from bus.extension import standalone
 
     return standalone("emqp-pubsub", build, options)

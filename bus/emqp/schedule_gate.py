@@ -162,6 +162,7 @@ class ScheduleGate:
 
     @property
     def next_due(self) -> float | None:
+        """When the book's next schedule is due (None: none is kept)."""
         return self.book.next_due
 
     @property
@@ -171,6 +172,7 @@ class ScheduleGate:
         return sum(1 for run in self._runs.values() if run.number and run.stored_at is None)
 
     def drain(self) -> list[Command]:
+        """The commands for the bucket and the stream made since the last call, in order."""
         out, self._out = self._out, []
         return out
 
@@ -202,6 +204,7 @@ class ScheduleGate:
         return True
 
     def tick(self, now: float) -> None:
+        """Take the step each schedule due at ``now`` is at (fire, retry, take over)."""
         for schedule in self.book.wake(now):
             self._step(schedule, now)
 

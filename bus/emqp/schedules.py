@@ -339,6 +339,7 @@ class ScheduleSpec:
 
     @property
     def queue_name(self) -> str:
+        """The queue's name as text."""
         return self.queue.decode("utf-8")
 
 
@@ -394,6 +395,7 @@ class Schedule:
     _token: int = field(default=0, repr=False)
 
     def to_row(self) -> ScheduleRow:
+        """The schedule as the store keeps it."""
         spec = self.spec
         return ScheduleRow(
             self.id,
@@ -486,6 +488,7 @@ class ScheduleBook:
         return iter(list(self._by_id.values()))
 
     def get(self, schedule_id: str) -> Schedule | None:
+        """The schedule ``schedule_id``, or None."""
         return self._by_id.get(schedule_id)
 
     # -- changes ---------------------------------------------------------------------------------
@@ -519,6 +522,7 @@ class ScheduleBook:
         return schedule, old is not None
 
     def remove(self, schedule_id: str) -> bool:
+        """Forget schedule ``schedule_id``; False when the book did not hold it."""
         schedule = self._by_id.get(schedule_id)
         if schedule is None:
             return False

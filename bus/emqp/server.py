@@ -24,31 +24,36 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import RateLimit
 from bus.emqp.config import EmqpConfig
 from bus.emqp.core import EVERY_QUEUE, Broker, Queues
+from bus.extension import NO_ACTIVITY, ActivitySink
+from bus.util.droplog import RateLimit
 
 if TYPE_CHECKING:
     from bus.emqp.jetstream import JetStreamJobs
+from bus.application.statusjson import config_json
 from bus.emqp.store import JobStore
-from bus.errors import StartupError, StorageError
-from bus.files import replace_atomically, write_status_json
-from bus.memory import MemoryRelease
-from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.statusjson import config_json
+from bus.extension import (
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    StorageError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    gauges_by,
+    reactor_of,
+)
 from bus.transport.curve import role_policy
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import (
-    SocketFactory,
-    SocketOptions,
-    ZmqSocket,
-    bind_failure,
-    reactor_of,
-)
-from bus.workers import SerialWork
+from bus.transport.zmqsocket import bind_failure
+from bus.util.files import replace_atomically, write_status_json
+from bus.util.memory import MemoryRelease
+from bus.util.workers import SerialWork
 
 log = Logger(namespace="bus.emqp")
 
@@ -102,6 +107,10 @@ def _queues(metadata: Mapping[str, str]) -> Queues:
 
 
 class EmqpService(Service):
+    """The eMQP broker: its three ROUTERs, the :class:`bus.emqp.core.Broker` between them, and the
+    store of guaranteed requests (SQLite, or a JetStream stream), committed before anything a batch
+    produced is sent."""
+
     name = "emqp"
 
     def __init__(
@@ -200,6 +209,7 @@ class EmqpService(Service):
                 on_schedule_run=self._schedules_told(broker.schedule_run_answered),
                 on_offered=self._offered,
                 on_forwarded=self._forwarded,
+                on_too_large=self._soon(broker.stream_too_large),
             )
         self.ports.open(self._bind_all, undo=self._undo_start)
         Service.startService(self)
@@ -265,6 +275,15 @@ class EmqpService(Service):
                 stream=self.config.jetstream.stream,
                 servers=", ".join(self.config.jetstream.servers),
             )
+            if self.config.max_message_size >= stream.client.max_payload:
+                log.warn(
+                    "--max-message-size {size} is more than the NATS servers take "
+                    "({max_payload} bytes a message): a guaranteed request whose message "
+                    "exceeds it is refused to its client (too-large-for-stream). Lower "
+                    "--max-message-size, or raise max_payload in every server's configuration",
+                    size=self.config.max_message_size,
+                    max_payload=stream.client.max_payload,
+                )
             self._flush_soon()
 
         opening: defer.Deferred[None] = stream.open()
@@ -717,6 +736,7 @@ class EmqpService(Service):
     # -- status ------------------------------------------------------------------------------------
 
     def connections(self) -> dict[str, int]:
+        """Peers connected to each port, by port."""
         sockets = (
             ("worker", self.worker_socket),
             ("client", self.client_socket),
@@ -724,10 +744,12 @@ class EmqpService(Service):
         )
         return {name: sock.connections for name, sock in sockets if sock is not None}
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"jobs": "counters.replied", "requests": "counters.requests"}
 
     def status(self) -> dict[str, Any]:
+        """The broker's state and the service's (ports, store, paused ports, held answers), for
+        ``/status`` and ``status.json``."""
         broker = self.broker
         described: dict[str, Any] = {
             "endpoints": self.endpoints,
@@ -761,6 +783,7 @@ class EmqpService(Service):
         return described
 
     def metrics(self) -> list[Metric]:
+        """The broker's counters and gauges, the store's and CURVE's, for ``/metrics``."""
         broker = self.broker
         if broker is None:
             return []

@@ -19,8 +19,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from bus.errors import StorageError
-from bus.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
+from bus.extension import StorageError
+from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
 
 DB_NAME = "emqp.sqlite3"
 
@@ -61,6 +61,8 @@ ScheduleValues = tuple[
 
 @dataclass(frozen=True, slots=True)
 class StoredJob:
+    """A guaranteed request as a row of the store: enough to dispatch it again after a restart."""
+
     msgid: bytes
     position: int
     client: bytes
@@ -73,6 +75,9 @@ class StoredJob:
 
 
 class JobStore:
+    """The broker's guaranteed requests and schedules in SQLite: changes collected as a batch is
+    handled, committed together by :meth:`commit` before anything of the batch is sent."""
+
     def __init__(self, directory: Path | str, durability: Durability = "normal") -> None:
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
@@ -95,26 +100,33 @@ class JobStore:
 
     @property
     def dirty(self) -> bool:
+        """Changes wait for :meth:`commit`."""
         return bool(self._pending or self._pending_schedules)
 
     def next_position(self) -> int:
+        """A new position (the order requests are dispatched again in after a restart)."""
         position = self._next_position
         self._next_position += 1
         return position
 
     def put(self, job: StoredJob) -> None:
+        """Keep ``job``, at the next :meth:`commit`."""
         self._pending[job.msgid] = job
 
     def remove(self, msgid: bytes) -> None:
+        """Forget request ``msgid``, at the next :meth:`commit`."""
         self._pending[msgid] = None
 
     def put_schedule(self, row: ScheduleValues) -> None:
+        """Keep a schedule's row, at the next :meth:`commit`."""
         self._pending_schedules[row[0]] = row
 
     def remove_schedule(self, schedule_id: str) -> None:
+        """Forget schedule ``schedule_id``, at the next :meth:`commit`."""
         self._pending_schedules[schedule_id] = None
 
     def load_schedules(self) -> list[ScheduleValues]:
+        """Every schedule kept, soonest due first."""
         return list(self._db.execute("SELECT * FROM schedules ORDER BY next_due").fetchall())
 
     def discard(self, msgid: bytes) -> None:
@@ -172,6 +184,7 @@ class JobStore:
         return [StoredJob(*row) for row in rows]
 
     def count(self) -> int:
+        """Requests kept (as last committed)."""
         return int(self._db.execute("SELECT count(*) FROM jobs").fetchone()[0])
 
     def checkpoint(self) -> int:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 from twisted.python import usage
 
+from bus.application.options import config_path_in
+from bus.application.sighup import on_sighup
 from bus.emqp.config import (
     DEFAULT_ADMIN_PORT,
     DEFAULT_BIND,
@@ -33,14 +35,13 @@ from bus.emqp.eventmq_settings import (
     read_eventmq_settings,
     value_in,
 )
-from bus.natsoptions import nats_options, nats_settings
-from bus.options import ServiceOptions, config_path_in, parse_duration, parse_size
-from bus.sighup import on_sighup
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration, parse_size
+from bus.nats.options import nats_options, nats_settings
+from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.emqp.server import EmqpService
+    from bus.extension import Composition, ProductService
 
 
 log = Logger(namespace="bus.emqp")
@@ -51,6 +52,9 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd emqp``'s options (``--emqp-*`` of ``twistd eventbus``), eventmq's router settings
+    beneath them."""
+
     service = "emqp"
     env_prefix = "EMQP"
     synopsis = "[options]"
@@ -186,14 +190,11 @@ class Options(ServiceOptions):
             fresh.parse_layered(self._alone)
             return fresh
         # Composed into the product: its --config file, then this service's own options.
-        from bus.options import load_config_file
-        from bus.tap import product_option_names
+        from bus.application.options import load_config_file
 
         path = config_path_in(sys.argv[1:]) or os.environ.get("EVENTBUS_CONFIG") or ""
         tables = load_config_file(path) if path else {}
-        ServiceOptions.apply_defaults(
-            fresh, tables, os.environ, path, also_known=product_option_names()
-        )
+        ServiceOptions.apply_defaults(fresh, tables, os.environ, path, also_known=self.also_known)
         fresh.parse_command_line(self._args)
         return fresh
 
@@ -272,6 +273,7 @@ def router_options(settings: EventmqSettings) -> dict[str, tuple[str, str]]:
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EmqpConfig:
+    """The broker's settings from its options; a usage error names the option at fault."""
     durability = options["durability"]
     if durability not in ("normal", "full"):
         raise usage.UsageError("--durability must be normal or full")
@@ -417,6 +419,7 @@ def reload_settings(service: EmqpService, options: Options) -> None:
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    """The broker alone (``twistd -n emqp``)."""
+    from bus.extension import standalone
 
     return standalone("emqp", build, options)

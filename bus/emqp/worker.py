@@ -45,7 +45,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
-from bus.droplog import DropCounter
 from bus.emqp import codec
 from bus.emqp.codec import EmqpError
 from bus.emqp.worker_process import (
@@ -58,11 +57,11 @@ from bus.emqp.worker_process import (
     run_setup,
     start_job_process,
 )
-from bus.errors import StartupError
-from bus.periodic import Periodic
+from bus.extension import SocketFactory, SocketOptions, StartupError, ZmqSocket, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
-from bus.workers import worker_pool
+from bus.util.droplog import DropCounter
+from bus.util.periodic import Periodic
+from bus.util.workers import worker_pool
 
 log = Logger(namespace="bus.emqp.worker")
 
@@ -73,6 +72,8 @@ _PROBE_SECONDS = 2.0
 
 
 class NoHandler(Exception):
+    """A request's body names no handler the worker has (and there is no default one)."""
+
     pass
 
 
@@ -144,6 +145,9 @@ class _JobProcess:
 
 
 class EmqpWorker(Service):
+    """An eMQP worker as a Twisted service: it INFORMs ``queues``, offers ``slots`` READYs, runs
+    each request's handler in its pool, REPLYs, and starts over with a broker that restarted."""
+
     def __init__(
         self,
         endpoint: str,
@@ -170,7 +174,8 @@ class EmqpWorker(Service):
         (0: none). ``job_timeout``: seconds a job may run when its request names no
         ``timeout:N`` (0: as long as it takes; eventmq's ``GLOBAL_TIMEOUT``); past its
         timeout a job's process is killed (the process pool only: a thread cannot be
-        ended). ``worker_name``: its name in its log. ``curve``: connect as a CURVE client (a broker with ``--server-cert``)."""
+        ended). ``worker_name``: its name in its log. ``curve``: connect as a CURVE client (a
+        broker with ``--server-cert``)."""
         self.curve = curve
         if pool not in ("thread", "process"):
             raise ValueError("pool must be thread or process")

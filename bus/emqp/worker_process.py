@@ -87,6 +87,7 @@ NO_HOOKS = JobHooks()
 
 
 def run_setup(hooks: JobHooks) -> None:
+    """Call the process's setup hook, if it has one (once per job process)."""
     if hooks.setup:
         resolve_callable(hooks.setup)()
 

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from twisted.logger import Logger
 from twisted.python import usage
 
-from bus.cliargs import tcp_endpoint
+from bus.application.options import ConfigTables, ValueHint
+from bus.application.sighup import on_sighup
 from bus.emqp import codec
 from bus.emqp.eventmq_settings import (
     SECTIONS,
@@ -32,13 +33,13 @@ from bus.emqp.eventmq_settings import (
     value_in,
 )
 from bus.emqp.worker_process import JobHooks
-from bus.options import ConfigTables, ServiceOptions, ValueHint, parse_duration
-from bus.sighup import on_sighup
+from bus.extension import ServiceOptions, parse_duration
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
+from bus.util.cliargs import Progress, interruptible, tcp_endpoint
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.emqp.worker import EmqpWorker
+    from bus.extension import Composition, ProductService
 
 log = Logger(namespace="bus.emqp.worker")
 
@@ -88,6 +89,7 @@ queue_list.wants = 'weight:name,... (a bare name weighs 10) or [[weight, "name"]
 
 
 def seconds(value: Any) -> float:
+    """A duration option's value in seconds; ValueError names what is wrong with it."""
     try:
         return parse_duration(value)
     except usage.UsageError as error:
@@ -152,6 +154,8 @@ def jobmanager_args(args: Sequence[str]) -> list[str]:
 
 
 class Options(ServiceOptions):
+    """``emqp-worker``'s options, eventmq's job manager settings beneath them."""
+
     service = NAME
     env_prefix = "EMQP_WORKER"
     # A TOML file shared with the product may hold the product's tables too.
@@ -405,7 +409,7 @@ def _shown(name: str, value: Any) -> str:
 
 
 def reload_settings(worker: EmqpWorker, options: Options) -> None:
-    """At SIGHUP (:mod:`bus.sighup`), as eventmq's job manager does: the same command line
+    """At SIGHUP (:mod:`bus.application.sighup`), as eventmq's job manager does: the same command line
     over the files and variables as they are now. Apply what changed and can change while running, log every change, and go on with
     the settings as they were when they cannot be read: a SIGHUP never ends the worker."""
     if worker.draining or not worker.running:
@@ -473,14 +477,17 @@ def end_jobs_at_second_signal(worker: EmqpWorker) -> None:
 
 
 def makeService(options: usage.Options | Mapping[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    """The worker alone (``emqp-worker``, ``twistd -n emqp-worker``)."""
+    from bus.extension import standalone
 
     return standalone(NAME, build, options)
 
 
+@interruptible(NAME)
 def main(argv: Sequence[str] | None = None) -> int:
     """``emqp-worker [options]``: the worker in the foreground, its log on stderr; exits 0
-    once stopped by SIGTERM or SIGINT, 1 when it cannot start, 2 on a usage error."""
+    once stopped by SIGTERM, 130 after Ctrl-C (its last line says what it did), 1 when it
+    cannot start, 2 on a usage error."""
     options = Options()
     options.synopsis = f"Usage: {NAME} [options]"
     try:
@@ -496,9 +503,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
     reactor: Any = global_reactor
     service = makeService(options)
+    worker: Any = next(entry.service for entry in service.composed if entry.name == NAME)
+    progress = Progress(
+        NAME,
+        f"serving the broker at {options['broker']}",
+        lambda: f"{worker.completed} job(s) run, {worker.failed} failed; it has stopped",
+    )
+    # The first Ctrl-C stops the reactor: the worker lets its running jobs finish (a second
+    # one ends them, see end_jobs_at_second_signal).
+    progress.catch(reactor)
     reactor.callWhenRunning(service.startService)
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.run()
+    if progress.interrupted:
+        progress.end()
     return 0
 
 

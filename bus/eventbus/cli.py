@@ -26,19 +26,21 @@ from typing import Any
 from twisted.internet import defer, task
 from twisted.python.failure import Failure
 
-from bus.cliargs import (
+from bus.eventbus.codec import Dialect, Event
+from bus.eventbus.config import DEFAULT_DATA_DIR
+from bus.transport.curve_settings import add_client_curve_arguments
+from bus.util.cliargs import (
     CliParser,
+    Progress,
     add_version,
     host_port,
+    interruptible,
     one_line,
     parse,
     positive_seconds,
     react,
     whole_number,
 )
-from bus.eventbus.codec import Dialect, Event
-from bus.eventbus.config import DEFAULT_DATA_DIR
-from bus.transport.curve_settings import add_client_curve_arguments
 
 DEFAULT_SERVER = os.environ.get("EVENTBUS_SERVER", "127.0.0.1:5556")
 DEFAULT_DIALECT = os.environ.get("EVENTBUS_DIALECT", "spec")
@@ -55,6 +57,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def event_json(event: Event) -> str:
+    """One event as the JSON line the commands print."""
     try:
         value = _jsonable(event.value())
     except Exception:
@@ -121,13 +124,14 @@ class SnapshotQuery:
         timeout: float,
         on_event: Any = lambda event: None,
     ) -> defer.Deferred[int]:
+        """Ask for the events of ``subtrees`` above ``since``, each handed to ``on_event``; fires
+        with the SYNCEND's sequence, or fails when none came within ``timeout`` seconds."""
         import uuid
 
         import zmq
 
         from bus.eventbus import codec
-        from bus.polling import ConditionTimeout
-        from bus.transport.zmqsocket import SocketOptions
+        from bus.extension import ConditionTimeout, SocketOptions
 
         done: defer.Deferred[int] = defer.Deferred()
 
@@ -221,7 +225,7 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
     no key, refuses the key it was given, or answers like the original Node.js
     implementation, say so in the same line."""
     from bus.eventbus.client import ServerAddress
-    from bus.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
     from bus.transport.probe import probe_key, probe_port, refused_key
 
     try:
@@ -249,8 +253,7 @@ def _with_hint(reactor: Any, args: argparse.Namespace, waiting: Any) -> Any:
 def _answers_like_the_original(reactor: Any, server: Any, curve: Any = None) -> Any:
     from bus.eventbus import codec
     from bus.eventbus.codec import EventBusError
-    from bus.polling import ConditionTimeout
-    from bus.transport.zmqsocket import SocketFactory
+    from bus.extension import ConditionTimeout, SocketFactory
 
     factory = SocketFactory(reactor, curve=curve)
     query = SnapshotQuery(reactor, factory, server, Dialect.ORIGINAL)
@@ -265,12 +268,12 @@ def _answers_like_the_original(reactor: Any, server: Any, curve: Any = None) -> 
 
 @defer.inlineCallbacks
 def publish(reactor: Any, args: argparse.Namespace) -> Any:
+    """``eventbus-cli publish``: one event, confirmed stored when asked (``--confirm``)."""
     import zmq
 
     from bus.eventbus import codec
     from bus.eventbus.client import EventBusPublisher, ServerAddress
-    from bus.polling import wait_until
-    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+    from bus.extension import SocketFactory, SocketOptions, wait_until
 
     servers = args.server_list or [DEFAULT_SERVER]
     args.server = servers[0]
@@ -280,8 +283,10 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
     dialect = Dialect(args.dialect)
     server = ServerAddress.parse(args.server)
     confirmations: list[list[bytes]] = []
+    progress: Progress = args.progress
     try:
         query = SnapshotQuery(reactor, factory, server, dialect)
+        progress.now(f"waiting for {server} to answer", "the event was not sent")
         if args.confirm and dialect.has_heartbeats:
             # Listen first, so the broadcast of our event (sent only once stored) is seen.
             listener = factory.socket(zmq.SUB, confirmations.extend, SocketOptions(linger_ms=0))
@@ -304,7 +309,12 @@ def publish(reactor: Any, args: argparse.Namespace) -> Any:
             server, args.producer, reactor=reactor, factory=factory, dialect=dialect
         )
         event_id = publisher.publish(args.topic, _parse_value(args.value))
+        progress.now(f"sending the event to {server}", f"event {event_id} not sent")
         yield publisher.flush()
+        progress.now(
+            f"waiting for {server} to confirm it stored the event",
+            f"event {event_id} was sent, its storage not confirmed",
+        )
         if not args.confirm:
             _out(json.dumps({"uuid": event_id}))
             return
@@ -330,12 +340,16 @@ def _publish_confirmed(reactor: Any, args: argparse.Namespace, servers: list[str
     """Through the first of several servers that answers; resent after a failover (JetStream
     front-ends store it once), confirmed by the log itself."""
     from bus.eventbus.confirmed import ConfirmedPublisher
-    from bus.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     publisher = ConfirmedPublisher(servers, args.producer, reactor=reactor, curve=_curve(args))
     publisher.startService()
     try:
         event_id = str(uuid.uuid4())
+        args.progress.now(
+            f"waiting for one of {', '.join(servers)} to confirm the event",
+            f"event {event_id} may have been sent, its storage not confirmed",
+        )
         stored = publisher.publish(args.topic, _parse_value(args.value), event_id=event_id)
         stored.addTimeout(args.timeout, reactor)
         try:
@@ -355,7 +369,7 @@ def _find_in_log(
     reactor: Any, query: SnapshotQuery, args: argparse.Namespace, event_id: str, since: int
 ) -> Any:
     """The sequence the server stored ``event_id`` under, asked of its log until found."""
-    from bus.polling import ConditionTimeout
+    from bus.extension import ConditionTimeout
 
     deadline = reactor.seconds() + args.timeout
     found: list[int] = []
@@ -380,8 +394,10 @@ def _find_in_log(
 
 @defer.inlineCallbacks
 def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
+    """``eventbus-cli snapshot``: every event of the subtrees as JSON lines, then a count on
+    stderr."""
     from bus.eventbus.client import ServerAddress
-    from bus.transport.zmqsocket import SocketFactory
+    from bus.extension import SocketFactory
 
     factory = SocketFactory(reactor, curve=_curve(args))
     count = 0
@@ -393,6 +409,10 @@ def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
 
     try:
         server = ServerAddress.parse(args.server)
+        args.progress.now(
+            f"waiting for the end of {server}'s snapshot (SYNCEND)",
+            lambda: f"{count} event(s) printed, the snapshot not complete",
+        )
         query = SnapshotQuery(reactor, factory, server, Dialect(args.dialect))
         asked = query.ask([s.encode() for s in args.subtrees], args.since, args.timeout, on_event)
         end = yield _with_hint(reactor, args, asked)
@@ -403,14 +423,28 @@ def snapshot(reactor: Any, args: argparse.Namespace) -> Any:
 
 @defer.inlineCallbacks
 def tail(reactor: Any, args: argparse.Namespace) -> Any:
+    """``eventbus-cli tail``: the subtrees' events as JSON lines, from a snapshot and then live,
+    until interrupted."""
     from bus.eventbus.client import EventBusSubscriber, FileCursor
-    from bus.polling import wait_until
+    from bus.extension import wait_until
 
     servers = args.server_list or [DEFAULT_SERVER]
+    printed, last = 0, 0
+
+    def on_event(event: Event) -> None:
+        nonlocal printed, last
+        _out(event_json(event))
+        printed, last = printed + 1, event.sequence
+
+    def done() -> str:
+        if not printed:
+            return "no event printed"
+        return f"{printed} event(s) printed, the last of sequence {last}"
+
     subscriber = EventBusSubscriber(
         servers,
         args.subtrees,
-        lambda event: _out(event_json(event)),
+        on_event,
         since=args.since,
         cursor=FileCursor(args.cursor) if args.cursor else None,
         reactor=reactor,
@@ -421,6 +455,8 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
     reactor.addSystemEventTrigger("before", "shutdown", subscriber.stopService)
     # Until the first snapshot is in, a server that does not answer is an error, not a wait.
     args.server = servers[0]
+    addresses = ", ".join(map(str, servers))
+    args.progress.now(f"waiting for the first snapshot from {addresses}", done)
     caught_up = wait_until(
         lambda: subscriber.core.stats.snapshots > 0 and not subscriber.core.syncing,
         timeout=args.timeout,
@@ -432,6 +468,7 @@ def tail(reactor: Any, args: argparse.Namespace) -> Any:
     except Exception:
         yield subscriber.stopService()
         raise
+    args.progress.now(f"following {addresses}", done)
     yield defer.Deferred()  # live events until interrupted
 
 
@@ -498,12 +535,16 @@ def status(reactor: Any, args: argparse.Namespace) -> Any:
     """The status of the server whose data directory is named; else of the one answering
     on ``--http``, falling back to the default data directory's status.json."""
     token = _token(args)
+    where = args.data_dir if args.data_dir is not None else f"http://{args.http}/status"
+    args.progress.now(f"waiting for {where}'s status", "nothing printed")
     if args.data_dir is not None:
-        yield _status_of(reactor, Path(args.data_dir), args.timeout, token)
+        yield _status_of(reactor, Path(args.data_dir), args.timeout, token, args.progress)
         return
     try:
         live = yield _fetch_status(reactor, args.http, args.timeout, token)
     except Exception as error:  # refused, timed out, not ours: say so, then try the file
+        if args.progress.interrupted:  # Ctrl-C: no fallback, the interruption is said
+            raise
         reason = _reason(error)
     else:
         _out(json.dumps(live, indent=2, sort_keys=True))
@@ -521,7 +562,9 @@ def status(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 @defer.inlineCallbacks
-def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None) -> Any:
+def _status_of(
+    reactor: Any, data_dir: Path, timeout: float, token: bytes | None, progress: Progress
+) -> Any:
     """The server that keeps ``data_dir``: its live ``/status`` when its status.json says
     where that is and the bus there is the same store, else the file itself."""
     path = data_dir / "status.json"
@@ -540,6 +583,8 @@ def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None
     try:
         live = yield _fetch_status(reactor, address, timeout, token)
     except Exception as error:
+        if progress.interrupted:
+            raise
         reason = _reason(error)
     else:
         bus = live.get("services", {}).get("eventbus", {})
@@ -552,7 +597,32 @@ def _status_of(reactor: Any, data_dir: Path, timeout: float, token: bytes | None
     _out(json.dumps(recorded, indent=2, sort_keys=True))
 
 
+def _checked(text: str, check: Any) -> str:
+    """``text`` if the server's own ``check`` of its bytes passes (an argument type)."""
+    from bus.eventbus.codec import EventBusError
+
+    try:
+        check(text.encode("utf-8", "surrogateescape"))
+    except EventBusError as error:
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}, the server would drop it") from None
+    return text
+
+
+def _topic(text: str) -> str:
+    """A topic the server takes in a PUB (its rules, from the codec)."""
+    from bus.eventbus.codec import check_published_topic
+
+    return _checked(text, check_published_topic)
+
+
+def _producer(text: str) -> str:
+    from bus.eventbus.codec import check_producer
+
+    return _checked(text, check_producer)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """``eventbus-cli``'s command line."""
     parser = CliParser(
         prog="eventbus-cli",
         description=__doc__.split("\n\n")[0],
@@ -587,9 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="host:port; repeat for failover servers, e.g. JetStream front-ends "
         f"(default {DEFAULT_SERVER})",
     )
-    p.add_argument("topic", help="topic, e.g. /orders/42/")
+    p.add_argument("topic", type=_topic, help="topic, e.g. /orders/42/")
     p.add_argument("value", nargs="?", default="null", help="JSON value (a bare word is a string)")
-    p.add_argument("--producer", default=f"eventbus-cli@{os.uname().nodename}")
+    p.add_argument("--producer", type=_producer, default=f"eventbus-cli@{os.uname().nodename}")
     p.add_argument(
         "--no-confirm",
         dest="confirm",
@@ -650,10 +720,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible("eventbus-cli")
 def main(argv: Sequence[str] | None = None) -> None:
-    from bus.polling import ConditionTimeout
+    """Run ``eventbus-cli`` on ``argv`` (default: the command line)."""
+    from bus.extension import ConditionTimeout
 
     args = parse(build_parser(), argv)
+    args.progress = Progress(f"eventbus-cli {args.command}")
     if hasattr(args, "server_key"):
         try:  # a bad key file is said before anything runs
             _curve(args)
@@ -665,6 +738,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"eventbus-cli {args.command}",
         lambda reactor: args.run(reactor, args),
         (ConditionTimeout, ValueError, OSError, defer.TimeoutError),
+        progress=args.progress,
     )
 
 

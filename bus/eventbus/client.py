@@ -25,14 +25,14 @@ from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
 from bus.eventbus import codec
 from bus.eventbus.codec import Dialect, Event, EventBusError, Heartbeat, SnapshotEnd
 from bus.eventbus.subscriber import SubscriberCore, snapshot_patience
-from bus.files import replace_atomically
-from bus.periodic import Periodic
+from bus.extension import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.util.droplog import DropCounter
+from bus.util.files import replace_atomically
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.eventbus.client")
 
@@ -46,6 +46,8 @@ class ServerAddress:
 
     @classmethod
     def parse(cls, text: str | ServerAddress) -> ServerAddress:
+        """``host:port`` (or ``tcp://host:port``, ``[v6]:port``) as an address; a ServerAddress as
+        it is."""
         if isinstance(text, ServerAddress):
             return text
         address = text.removeprefix("tcp://")
@@ -56,14 +58,17 @@ class ServerAddress:
 
     @property
     def snapshot(self) -> str:
+        """The endpoint of the server's snapshot ROUTER."""
         return f"tcp://{self.host}:{self.port}"
 
     @property
     def publisher(self) -> str:
+        """The endpoint of the server's PUB."""
         return f"tcp://{self.host}:{self.port + 1}"
 
     @property
     def collector(self) -> str:
+        """The endpoint of the server's collector."""
         return f"tcp://{self.host}:{self.port + 2}"
 
     def __str__(self) -> str:
@@ -86,9 +91,11 @@ class FileCursor:
         return (int(fields[0]) if fields else 0), (fields[1] if len(fields) > 1 else None)
 
     def load(self) -> int:
+        """The saved sequence (0 when nothing was saved)."""
         return self.load_position()[0]
 
     def save(self, sequence: int, store_id: str | None = None) -> None:
+        """Keep ``sequence`` (of the store ``store_id``), durably, replacing what was saved."""
         replace_atomically(self.path, f"{sequence} {store_id or ''}".rstrip() + "\n", fsync=True)
 
 
@@ -259,10 +266,12 @@ class EventBusSubscriber(Service):
 
     @property
     def server(self) -> ServerAddress:
+        """The server the subscriber uses now."""
         return self.servers[self.server_index]
 
     @property
     def last_sequence(self) -> int:
+        """The sequence of the last event delivered."""
         return self.core.last
 
     def startService(self) -> None:
@@ -352,6 +361,7 @@ class EventBusSubscriber(Service):
             self._sub.pause_reading()
 
     def resume(self) -> None:
+        """Read live events again after :meth:`pause`."""
         self.paused = False
         self._last_heard = self.reactor.seconds()
         if self._sub is not None:
@@ -639,6 +649,8 @@ class EventBusPublisher:
         return identifier, frames
 
     def publish_frames(self, frames: list[bytes]) -> None:
+        """Send a PUB made by :meth:`event_frames`, or queue it behind those waiting for the
+        socket."""
         if self._queue or not self._socket.send_frames(frames):
             self._queue.append(frames)
             self._schedule()
@@ -666,9 +678,11 @@ class EventBusPublisher:
 
     @property
     def pending(self) -> int:
+        """PUBs queued, waiting for the socket to take them."""
         return len(self._queue)
 
     def flush(self) -> defer.Deferred[None]:
+        """A Deferred that fires once every queued PUB was handed to ZeroMQ."""
         d: defer.Deferred[None] = defer.Deferred()
         if not self._queue:
             d.callback(None)

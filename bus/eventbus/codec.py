@@ -49,6 +49,8 @@ RESERVED_PREFIX: Final = b"$"
 MAX_TOPIC_BYTES: Final = 4096
 MAX_PRODUCER_BYTES: Final = 1024
 MAX_TIMESTAMP_BYTES: Final = 64
+#: A uuid's text (8-4-4-4-12 hex digits), the only form a PUB's uuid may take.
+UUID_BYTES: Final = 36
 MAX_SUBTREE_SPEC_BYTES: Final = 65536
 DEFAULT_MAX_DATA_BYTES: Final = 1024 * 1024
 
@@ -85,14 +87,17 @@ class Event(NamedTuple):
 
     @property
     def topic_name(self) -> str:
+        """The topic as text."""
         return self.topic.decode("utf-8")
 
     @property
     def producer_id(self) -> str:
+        """The producer's id as text."""
         return self.producer.decode("utf-8")
 
     @property
     def event_id(self) -> str:
+        """The event's UUID as text."""
         return self.uuid.decode("ascii")
 
     @property
@@ -116,6 +121,7 @@ class SnapshotRequest:
     encoding: SequenceEncoding | None
 
     def matches(self, topic: bytes) -> bool:
+        """Whether ``topic`` is in one of the subtrees asked for."""
         return not self.subtrees or topic.startswith(self.subtrees)
 
 
@@ -139,6 +145,7 @@ class Heartbeat:
 
 
 def encode_sequence(sequence: int, encoding: SequenceEncoding = SequenceEncoding.BINARY) -> bytes:
+    """``sequence`` as a sequence frame: 8 bytes in network order, or decimal text."""
     if encoding is SequenceEncoding.TEXT:
         return b"%d" % sequence
     return SEQUENCE.pack(sequence)
@@ -185,12 +192,28 @@ def iso_timestamp(moment: datetime | None = None) -> bytes:
 
 
 def check_topic(topic: bytes) -> None:
+    """Raise :class:`EventBusError` unless ``topic`` is non-empty UTF-8 within
+    :data:`MAX_TOPIC_BYTES`."""
     if not topic:
         raise EventBusError("empty topic", "bad-topic")
     _check_text(topic, "topic", MAX_TOPIC_BYTES, "bad-topic")
 
 
+def check_published_topic(topic: bytes) -> None:
+    """A topic a PUB may carry (what :func:`parse_pub` checks of it): not empty, UTF-8, at
+    most MAX_TOPIC_BYTES, not reserved (``$``)."""
+    check_topic(topic)
+    if topic.startswith(RESERVED_PREFIX):
+        raise EventBusError("topics starting with $ are reserved", "reserved-topic")
+
+
+def check_producer(producer: bytes) -> None:
+    """A producer id a PUB may carry: UTF-8, at most MAX_PRODUCER_BYTES."""
+    _check_text(producer, "producer id", MAX_PRODUCER_BYTES, "bad-producer")
+
+
 def check_timestamp(timestamp: bytes) -> None:
+    """Raise :class:`EventBusError` unless ``timestamp`` is a short ISO-8601 time."""
     if len(timestamp) > MAX_TIMESTAMP_BYTES:
         raise EventBusError("timestamp too long", "bad-timestamp")
     if not _TIMESTAMP_CHARS.fullmatch(timestamp):
@@ -202,11 +225,14 @@ def check_timestamp(timestamp: bytes) -> None:
 
 
 def check_uuid(value: bytes) -> None:
+    """Raise :class:`EventBusError` unless ``value`` is a UUID in its text form."""
     if not _UUID.fullmatch(value):
         raise EventBusError("event id is not a UUID", "bad-uuid")
 
 
 def check_payload(data: bytes, max_bytes: int = DEFAULT_MAX_DATA_BYTES) -> None:
+    """Raise :class:`EventBusError` unless ``data`` is one msgpack object of at most
+    ``max_bytes``."""
     if len(data) > max_bytes:
         raise EventBusError(f"event data over {max_bytes} bytes", "oversized")
     try:
@@ -224,11 +250,9 @@ def parse_pub(frames: list[bytes], max_data_bytes: int = DEFAULT_MAX_DATA_BYTES)
     if len(frames) != 6:
         raise EventBusError(f"PUB has {len(frames)} frames, expected 6", "frame-count")
     topic, sequence, producer, timestamp, uuid, data = frames
-    check_topic(topic)
-    if topic.startswith(RESERVED_PREFIX):
-        raise EventBusError("topics starting with $ are reserved", "reserved-topic")
+    check_published_topic(topic)
     decode_sequence(sequence)
-    _check_text(producer, "producer id", MAX_PRODUCER_BYTES, "bad-producer")
+    check_producer(producer)
     check_timestamp(timestamp)
     check_uuid(uuid)
     check_payload(data, max_data_bytes)
@@ -271,6 +295,7 @@ def parse_pub_fields(
 
 
 def split_subtrees(spec: bytes) -> tuple[bytes, ...]:
+    """The subtrees of a SYNCSTART's specification, split on ``;`` or ``,`` (empty ones dropped)."""
     return tuple(part for part in _SUBTREE_SEPARATOR.split(spec) if part)
 
 
@@ -300,6 +325,7 @@ def broadcast_messages(
 
 
 def broadcast_frames(event: Event, encoding: SequenceEncoding) -> list[bytes]:
+    """The BROADCAST of ``event`` on the PUB socket."""
     return [
         event.topic,
         encode_sequence(event.sequence, encoding),
@@ -311,6 +337,7 @@ def broadcast_frames(event: Event, encoding: SequenceEncoding) -> list[bytes]:
 
 
 def sync_frames(event: Event, encoding: SequenceEncoding) -> list[bytes]:
+    """One event of a snapshot (a SYNC), to the client that asked."""
     return [SYNC, *broadcast_frames(event, encoding)]
 
 
@@ -328,10 +355,12 @@ def sync_messages(
 
 
 def sync_end_frames(spec: bytes, sequence: int, encoding: SequenceEncoding) -> list[bytes]:
+    """The SYNCEND closing the snapshot asked for by ``spec``: complete up to ``sequence``."""
     return [SYNCEND, spec, encode_sequence(sequence, encoding)]
 
 
 def heartbeat_frames(sequence: int, store_id: str, encoding: SequenceEncoding) -> list[bytes]:
+    """The server's heartbeat on the PUB socket: its sequence now and its store's id."""
     return [HEARTBEAT_TOPIC, encode_sequence(sequence, encoding), store_id.encode("ascii")]
 
 
@@ -359,22 +388,27 @@ class Dialect(enum.Enum):
 
     @property
     def encoding(self) -> SequenceEncoding:
+        """How this dialect's SYNCSTART carries its sequence."""
         return SequenceEncoding.BINARY if self is Dialect.SPEC else SequenceEncoding.TEXT
 
     @property
     def separator(self) -> bytes:
+        """What separates the subtrees of a SYNCSTART in this dialect."""
         return b";" if self is Dialect.SPEC else b","
 
     @property
     def has_heartbeats(self) -> bool:
+        """Whether a server of this dialect sends heartbeats."""
         return self is Dialect.SPEC
 
     def sync_start(self, subtrees: tuple[bytes, ...] | list[bytes], since: int) -> list[bytes]:
+        """A SYNCSTART for ``subtrees`` above ``since``, as a server of this dialect reads it."""
         return sync_start_frames(subtrees, since, self.encoding, self.separator)
 
     def pub(
         self, topic: bytes, producer: bytes, timestamp: bytes, uuid: bytes, data: bytes
     ) -> list[bytes]:
+        """A PUB as a server of this dialect expects it."""
         if self is Dialect.SPEC:
             return pub_frames(topic, producer, timestamp, uuid, data)
         return [topic, b"null", producer, timestamp, uuid, data]
@@ -386,6 +420,8 @@ def sync_start_frames(
     encoding: SequenceEncoding = SequenceEncoding.BINARY,
     separator: bytes = b";",
 ) -> list[bytes]:
+    """A SYNCSTART (as a DEALER sends it): the subtrees joined by ``separator``, and the sequence to
+    start above."""
     return [SYNCSTART, separator.join(subtrees), encode_sequence(since, encoding)]
 
 

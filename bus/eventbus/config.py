@@ -8,9 +8,9 @@ from typing import Literal
 
 from bus.eventbus.codec import DEFAULT_MAX_DATA_BYTES, SequenceEncoding
 from bus.eventbus.store import Retention
-from bus.natswire.settings import NatsSettings
-from bus.sqlitewal import Durability
-from bus.transport.curve_settings import CurveSettings
+from bus.extension import CurveSettings
+from bus.nats.settings import NatsSettings
+from bus.util.sqlitewal import Durability
 
 SyncEndSequence = Literal["highest", "current"]
 Replication = Literal["sync", "async"]
@@ -56,6 +56,7 @@ class PairConfig:
 
     @property
     def beat_interval(self) -> float:
+        """Seconds between ``STATE`` beats: a quarter of the shorter timeout."""
         return min(self.failover_timeout, self.alone_timeout) / 4
 
 
@@ -135,14 +136,17 @@ class EventBusConfig:
 
     @property
     def snapshot_port(self) -> int:
+        """The ROUTER that answers SYNCSTART: ``port``."""
         return self.port
 
     @property
     def publisher_port(self) -> int:
+        """The PUB of broadcasts and heartbeats: ``port`` + 1."""
         return self.port + 1
 
     @property
     def collector_port(self) -> int:
+        """The ROUTER that takes PUBs: ``port`` + 2."""
         return self.port + 2
 
 

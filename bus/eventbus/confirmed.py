@@ -31,9 +31,9 @@ from twisted.logger import Logger
 
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber, ServerAddress
 from bus.eventbus.codec import Event
-from bus.periodic import Periodic
+from bus.extension import SocketFactory
 from bus.transport.curve import ClientCurve
-from bus.transport.zmqsocket import SocketFactory
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.eventbus.confirmed")
 
@@ -135,6 +135,7 @@ class ConfirmedPublisher(Service):
         return self._ready
 
     def when_ready(self) -> defer.Deferred[None]:
+        """A Deferred that fires once the publisher is :attr:`ready`."""
         d: defer.Deferred[None] = defer.Deferred()
         if self._ready:
             d.callback(None)
@@ -144,6 +145,7 @@ class ConfirmedPublisher(Service):
 
     @property
     def unconfirmed(self) -> int:
+        """Events published and not yet confirmed."""
         return len(self._unconfirmed)
 
     # -- publishing ----------------------------------------------------------------------

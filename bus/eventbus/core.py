@@ -23,23 +23,28 @@ take it.
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Protocol, TypeVar
 
+import msgpack
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
-from bus.errors import StorageError
 from bus.eventbus import codec, rights
-from bus.eventbus.codec import EventBusError, EventFields
+from bus.eventbus.codec import EventBusError, EventFields, SnapshotRequest
 from bus.eventbus.eventlog import EventLog, PairLog
 from bus.eventbus.pair_core import Change
 from bus.eventbus.rights import Subtrees
+from bus.extension import Metric, StorageError, counter, counters_by, gauge
+from bus.util.droplog import DropCounter, RateLimit
 
-#: A key's publish subtrees (None: every topic) by its Z85 User-Id.
+#: A key's subtrees for one right (None: every topic) by its Z85 User-Id.
 PublishRights = Callable[[str], Subtrees]
+
+#: SYNCSTARTs a server that does not serve holds, at most (the oldest go first).
+HELD_REQUESTS = 1024
 
 #: The log a core stores into: any :class:`EventLog`; a paired core's is a :class:`PairLog`.
 L = TypeVar("L", bound=EventLog)
@@ -66,6 +71,14 @@ class PairRelease(Protocol):
 
     def take_held(self) -> list[EventFields]:
         """What publishers handed this server while it was not active (and forget it)."""
+        ...
+
+    def serves(self) -> bool:
+        """Whether this server serves clients now (the active)."""
+        ...
+
+    def vote(self) -> None:
+        """A client turned to this server."""
         ...
 
 
@@ -107,6 +120,9 @@ class Intake:
         self.drops = DropCounter(logger, "message", clock)
         #: With publish rights in force: each PUB's key's subtrees (None: no check).
         self.publish_rights: PublishRights | None = None
+        #: What each key may receive, live and in snapshots (with an allow-list: the
+        #: service sets it); wider subscriptions and SYNCSTARTs are narrowed to it.
+        self.subscribe_rights: PublishRights = lambda user_id: rights.EVERYTHING
         #: What clients may see now, in order; the service takes it (:meth:`take_broadcasts`).
         self.broadcasts: list[Broadcast] = []
         #: Events made in this process (composed services' activity), stored as one batch.
@@ -123,12 +139,21 @@ class Intake:
         self.refused_storage = 0
         #: Failed appends (each attempt).
         self.append_failures = 0
+        #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
+        self.narrowed_subscriptions = 0
+        self.narrowed_snapshots = 0
 
     def accept(self, fields: list[EventFields]) -> None:
+        """Take a batch of valid events, to be stored and broadcast in order."""
         raise NotImplementedError
 
     def backlog(self) -> int:
         """Accepted events not yet in the log."""
+        raise NotImplementedError
+
+    @property
+    def collector_paused(self) -> bool:
+        """True while the collector must not be read (a subclass says when)."""
         raise NotImplementedError
 
     def take_broadcasts(self) -> list[Broadcast]:
@@ -191,11 +216,103 @@ class Intake:
         self.local.append(fields)
         return len(self.local) == 1
 
+    def publish_activity(self, producer: bytes, topic: str, value: object) -> bool:
+        """Queue ``value`` (anything msgpack encodes) under ``topic`` as an event made in
+        this process by ``producer``, checked as a PUB would be (ValueError if it cannot
+        be one); True as :meth:`publish_local` says it."""
+        topic_bytes = topic.encode("utf-8")
+        try:
+            data = msgpack.packb(value, use_bin_type=True)
+            codec.check_topic(topic_bytes)
+            codec.check_payload(data, self.max_data_bytes)
+        except (EventBusError, TypeError) as error:
+            raise ValueError(f"cannot publish to {topic!r}: {error}") from None
+        event_id = str(uuid.uuid4()).encode("ascii")
+        return self.publish_local((topic_bytes, producer, codec.iso_timestamp(), event_id, data))
+
     def flush_local(self) -> None:
+        """Accept the events of this process queued by :meth:`publish_local`."""
         batch, self.local = self.local, []
         if batch:
             self.local_accepted += len(batch)
             self.accept(batch)
+
+    # -- the publisher and snapshot ports: what a key may receive --------------------------------
+
+    def subscription(self, message: bytes, user_id: str) -> tuple[bool, list[bytes]] | None:
+        """An XPUB subscription message from ``user_id``'s key: whether it subscribes
+        (else unsubscribes), and the prefixes it comes to within the key's rights; None
+        for a message that is neither."""
+        if not message or message[0] not in (0, 1):
+            return None
+        wanted = message[1:]
+        prefixes = rights.narrow(wanted, self.subscribe_rights(user_id))
+        if prefixes != [wanted]:
+            self.narrowed_subscriptions += 1
+        return message[0] == 1, prefixes
+
+    def snapshot_request(self, frames: list[bytes], user_id: str | None) -> SnapshotRequest | None:
+        """A SYNCSTART read from the snapshot port (``[identity, *frames]``), narrowed to
+        what its key may receive when rights apply (``user_id``), to answer now; None for
+        a malformed one (dropped, counted)."""
+        try:
+            request = codec.parse_sync_start(frames[1:])
+        except EventBusError as error:
+            self.drops.drop(error.reason, str(error), frames[0])
+            return None
+        if user_id is None:
+            return request
+        subtrees = rights.narrow_snapshot(request.subtrees, self.subscribe_rights(user_id))
+        if subtrees == request.subtrees:
+            return request
+        self.narrowed_snapshots += 1
+        return replace(request, subtrees=subtrees)
+
+    # -- what it says --------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The counters in ``/status`` (and status.json), as kept."""
+        return {
+            "accepted": self.accepted,
+            "accepted_bytes": self.bytes_accepted,
+            "accepted_local": self.local_accepted,
+            "dropped": dict(self.drops.counts),
+            "refused_storage": self.refused_storage,
+            "storage_error": self.storage_error,
+            "collector_paused": self.collector_paused,
+        }
+
+    def metrics(self) -> list[Metric]:
+        """The counters above as Prometheus families (see :mod:`bus.web.server`)."""
+        return [
+            counter("eventbus_events_accepted", "Events stored and broadcast", self.accepted),
+            counter(
+                "eventbus_event_bytes_accepted",
+                "Event data bytes stored and broadcast",
+                self.bytes_accepted,
+            ),
+            counter(
+                "eventbus_events_local",
+                "Events published in-process by composed services",
+                self.local_accepted,
+            ),
+            counters_by(
+                "eventbus_messages_dropped",
+                "Bad messages dropped, by reason",
+                "reason",
+                self.drops.counts,
+            ),
+            counter(
+                "eventbus_events_refused_storage",
+                "Events the store refused (full disk, I/O error); each waits and is stored later",
+                self.refused_storage,
+            ),
+            gauge(
+                "eventbus_collector_paused",
+                "1 while refused events wait for the store and the collector is not read",
+                float(self.collector_paused),
+            ),
+        ]
 
 
 class EventBusCore(Intake, Generic[L]):
@@ -209,6 +326,8 @@ class EventBusCore(Intake, Generic[L]):
         clock: Callable[[], float],
         logger: Logger,
         local_limit: int = 200_000,
+        retry_min: float = 0.5,
+        retry_max: float = 5.0,
     ) -> None:
         super().__init__(
             max_data_bytes=max_data_bytes, clock=clock, logger=logger, local_limit=local_limit
@@ -229,10 +348,21 @@ class EventBusCore(Intake, Generic[L]):
         self.unreleased: deque[tuple[int, list[EventFields]]] = deque()
         #: Events that arrived while the log could not write them, in order.
         self.waiting: list[EventFields] = []
+        #: How long the service waits before it retries them: ``retry_min``, doubling up
+        #: to ``retry_max`` while the log refuses (:meth:`next_retry`).
+        self.retry_min, self.retry_max = retry_min, retry_max
+        self.retry_delay = retry_min
+        self._reports = RateLimit(clock)
+        #: SYNCSTARTs that reached this server while it did not serve: (when, identity,
+        #: request), answered if it takes over soon enough (:meth:`take_held_requests`).
+        self.held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(
+            maxlen=HELD_REQUESTS
+        )
 
     # -- store, then broadcast ---------------------------------------------------------------
 
     def backlog(self) -> int:
+        """Accepted events not yet in the log: those waiting while it refuses."""
         return len(self.waiting)
 
     @property
@@ -261,8 +391,26 @@ class EventBusCore(Intake, Generic[L]):
             self.blocked_since = self.clock()
             self._refused(error)
 
+    def next_retry(self) -> float:
+        """The log refused the waiting events (again): say so, in one error line at most
+        every ten seconds, and return how long to wait before :meth:`retry_waiting`."""
+        failures = self._reports.due("append")
+        if failures is not None:
+            self.logger.error(
+                "event log {path} cannot write ({error}): collector paused, {waiting} events "
+                "waiting; retrying ({failures} failed attempts since the last report)",
+                path=str(self.log.path),
+                error=self.storage_error,
+                waiting=len(self.waiting),
+                failures=failures,
+            )
+        delay = self.retry_delay
+        self.retry_delay = min(delay * 2, self.retry_max)
+        return delay
+
     def retry_waiting(self) -> bool:
-        """Try the waiting events once more; True once they are stored (and broadcast)."""
+        """Try the waiting events once more; True once they are stored (and broadcast),
+        which one line says, and the next refusal is retried soon and reported at once."""
         waiting = self.waiting
         if not waiting:
             return True
@@ -273,6 +421,15 @@ class EventBusCore(Intake, Generic[L]):
             return False
         self.waiting = []
         self.storage_error = None
+        self.retry_delay = self.retry_min
+        self._reports.reset("append")
+        self.logger.info(
+            "event log {path} writes again after {seconds:.1f}s: stored {count} waiting "
+            "events; collector resumed",
+            path=str(self.log.path),
+            seconds=self.clock() - self.blocked_since,
+            count=len(waiting),
+        )
         return True
 
     def _refused(self, error: StorageError) -> None:
@@ -314,6 +471,27 @@ class EventBusCore(Intake, Generic[L]):
                 unreleased.popleft()
             self.broadcasts.append(Broadcast(first, fields))
             self.released = first + count - 1
+
+    # -- SYNCSTARTs while the pair does not serve -------------------------------------------------
+
+    def snapshot_request(self, frames: list[bytes], user_id: str | None) -> SnapshotRequest | None:
+        """As :meth:`Intake.snapshot_request`; in a pair that does not serve now, the
+        request is held instead and counts as a client's vote (it turned here)."""
+        request = super().snapshot_request(frames, user_id)
+        pair = self.pair
+        if request is None or pair is None or pair.serves():
+            return request
+        # Held before the vote: a vote that makes this server active answers it at once.
+        self.held_requests.append((self.clock(), frames[0], request))
+        pair.vote()
+        return None
+
+    def take_held_requests(self, max_age: float) -> list[tuple[bytes, SnapshotRequest]]:
+        """The held SYNCSTARTs at most ``max_age`` seconds old (their clients still wait),
+        to answer now that this server serves; the others are forgotten too."""
+        now = self.clock()
+        held, self.held_requests = self.held_requests, deque(maxlen=HELD_REQUESTS)
+        return [(identity, request) for at, identity, request in held if now - at <= max_age]
 
     def take_turns(self) -> list[Turn]:
         """The pair's turns to act on, in order (and forget them); act on them before

@@ -9,7 +9,9 @@ any hosts broadcast one sequence space; heartbeats carry the highest sequence th
 front-end broadcast; snapshots are read from the stream under subject filters. While the
 stream cannot store (no quorum, no leader, no answer), the collector is not read, as on a
 full disk, and the refused batch is resent whole (the stream drops what it already took,
-by uuid). Nothing is broadcast before the stream acknowledged it.
+by uuid). Nothing is broadcast before the stream acknowledged it. What the servers cannot
+take (a message over their ``max_payload``, a subject over their command line) is dropped
+at the collector and counted, never sent.
 """
 
 from __future__ import annotations
@@ -25,16 +27,17 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.errors import StartupError
 from bus.eventbus.codec import EventFields
 from bus.eventbus.config import EventBusConfig, JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.jetstream import JetStreamLog
 from bus.eventbus.server import EventBusService
 from bus.eventbus.snapshots import SnapshotScheduler
-from bus.eventbus.stream_core import StreamCore
-from bus.metrics import Metric, counter, gauge
-from bus.natswire import codec as nats_codec
+from bus.eventbus.stream_core import StreamCore, largest_data
+from bus.extension import Metric, StartupError, counter, gauge
+from bus.nats import codec as nats_codec
+from bus.nats import jsapi
+from bus.nats.publish import TooLarge
 
 #: A refused batch is sent again soon and often: the stream stores a resent event once,
 #: and a new leader (elected 4-9 s after one dies) should not wait on a long back-off.
@@ -99,7 +102,10 @@ class EventBusFrontEnd(EventBusService):
             local_limit=config.collector_hwm,
             hold_limit=config.collector_hwm,
             subject_prefix=self.stream_settings.subject_prefix,
+            max_subject_bytes=max(0, stream.max_control_line - jsapi.PUBLISH_LINE_BEYOND_SUBJECT),
+            max_message_bytes=min(stream.max_payload, stream.client.max_payload),
         )
+        self._say_limits()
         self.snapshots = SnapshotScheduler(
             self.reactor, stream, config, lambda: self.snapshot_socket, lambda: self.released
         )
@@ -130,6 +136,29 @@ class EventBusFrontEnd(EventBusService):
         )
         return stream.follow(stream.last_sequence, self._committed)
 
+    def _say_limits(self) -> None:
+        """What the servers take, once at start; a warning where the options allow more."""
+        core = self.core
+        largest = largest_data(core.max_message_bytes)
+        log.info(
+            "NATS servers take messages of up to {max_payload} bytes (events of up to "
+            "{largest} data bytes surely fit) and subjects of up to {subject} bytes",
+            max_payload=core.max_message_bytes,
+            largest=largest,
+            subject=core.max_subject_bytes,
+        )
+        if self.config.max_data_bytes > largest:
+            log.warn(
+                "--max-event-size {size} is more than the NATS servers take: an event whose "
+                "message exceeds their max_payload ({max_payload} bytes; data of up to "
+                "{largest} bytes surely fits) is dropped at the collector and counted "
+                "(too-large-for-stream). Lower --max-event-size, or raise max_payload in "
+                "every server's configuration",
+                size=self.config.max_data_bytes,
+                max_payload=core.max_message_bytes,
+                largest=largest,
+            )
+
     # -- the stream's side ---------------------------------------------------------------------
 
     def _committed(self, rows: list[Row]) -> None:
@@ -152,6 +181,8 @@ class EventBusFrontEnd(EventBusService):
     def _appended(self, sequences: list[int]) -> None:
         self._appending = False
         core = self.core
+        if self.stream.max_payload < core.max_message_bytes:
+            core.max_message_bytes = self.stream.max_payload  # a server that takes less
         if core.refused:
             log.info(
                 "JetStream stores again after {seconds:.1f}s; collector resumed",
@@ -165,6 +196,12 @@ class EventBusFrontEnd(EventBusService):
     def _refused(self, failure: Failure) -> None:
         self._appending = False
         core = self.core
+        if failure.check(TooLarge):
+            # Nothing was sent: those events are dropped (counted), the rest goes now.
+            error: TooLarge = failure.value  # type: ignore[assignment]
+            core.too_large(error.indexes, error.limit)
+            self._carry_out()
+            return
         core.append_refused(str(failure.value))
         failures = self._faults.due("append")
         if failures is not None:
@@ -253,7 +290,9 @@ class EventBusFrontEnd(EventBusService):
         stream, core = self.stream, self.core
         status["jetstream"] = {
             "stream": self.stream_settings.stream,
-            "servers": list(self.stream_settings.servers),
+            # Given, then learnt from the cluster (no credentials: those are never shown).
+            "servers": list(stream.client.servers),
+            "authentication": self.stream_settings.credentials.kind,
             "replicas": self.stream_settings.replicas,
             "leader": stream.leader,
             "connected": stream.connected,
@@ -262,6 +301,9 @@ class EventBusFrontEnd(EventBusService):
             "messages": stream.messages,
             "bytes": stream.bytes,
             "first_sequence": stream.first_sequence,
+            "lame_duck_moves": stream.lame_duck_moves,
+            "max_payload": core.max_message_bytes,
+            "max_subject_bytes": core.max_subject_bytes,
             "in_flight": len(core.in_flight),
             "pending": len(core.pending),
             "duplicates": core.duplicates,
@@ -289,6 +331,12 @@ class EventBusFrontEnd(EventBusService):
                 "eventbus_jetstream_disconnects",
                 "Times a NATS data connection was lost (each is made again, to the next server)",
                 stream.disconnects,
+            ),
+            counter(
+                "eventbus_jetstream_lame_duck_moves",
+                "NATS data connections moved to another server before theirs, in lame-duck "
+                "mode, closed them",
+                stream.lame_duck_moves,
             ),
             counter(
                 "eventbus_jetstream_duplicates",

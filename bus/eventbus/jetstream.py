@@ -9,9 +9,9 @@ subject (:meth:`JetStreamLog.follow`): events published at one front-end are bro
 by all, under one sequence space, and nothing is broadcast before the stream
 acknowledged it.
 
-Two ways to the servers, each where it is best: :class:`bus.transport.nats.NatsClient`
+Two ways to the servers, each where it is best: :class:`bus.nats.client.NatsClient`
 (on the reactor, as eMQP's brokers use it) makes and checks the stream and reads its
-state; the events go through :mod:`bus.natswire` on threads of their own (a writer for
+state; the events go through :mod:`bus.nats` on threads of their own (a writer for
 the appends, one for the feed, the reactor's pool for snapshots), about eight times
 cheaper per event than nats-py was (docs/cluster.md). This class's methods are called in
 the reactor's thread, answer with Deferreds, and hand committed events back in batches
@@ -22,12 +22,12 @@ The message body and ranged reads are :mod:`bus.eventbus.stream_read`'s.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +35,7 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from bus.errors import StartupError, StorageError
-from bus.eventbus.codec import EventFields
+from bus.eventbus.codec import MAX_TOPIC_BYTES, EventFields
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
@@ -47,14 +46,18 @@ from bus.eventbus.stream_read import (
     Topics,
     connection,
     encode,
+    failover,
 )
-from bus.handoff import Handoff
-from bus.natswire import jsapi
-from bus.natswire.blocking import ConnectError, Connection
-from bus.natswire.codec import ProtocolError
-from bus.natswire.publish import Publisher, PublishError
-from bus.natswire.ranged import RangeRead
-from bus.transport.nats import client_for, stream_ready
+from bus.extension import StartupError, StorageError
+from bus.nats import handshake, jsapi
+from bus.nats.blocking import ConnectError, Connection
+from bus.nats.client import client_for, stream_ready
+from bus.nats.codec import ProtocolError
+from bus.nats.failover import Failover
+from bus.nats.limits import longest_control_line
+from bus.nats.publish import Publisher, PublishError, TooLarge
+from bus.nats.ranged import RangeRead
+from bus.util.handoff import Handoff
 
 #: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
 _NANOSECONDS = ("max_age", "duplicate_window")
@@ -107,7 +110,7 @@ class JetStreamLog:
         self.retention = retention
         self.path = Path(f"jetstream:{settings.stream}")
         #: The stream's management (make, check, state) on the reactor.
-        self.client = client_for(reactor, settings, f"eventbus-{settings.stream}")
+        self.client = client_for(reactor, settings, f"eventbus-{settings.stream}", echo=False)
         self.store_id = ""
         #: The stream's last sequence when opened, then as the feed moves.
         self.last_sequence = 0
@@ -123,6 +126,11 @@ class JetStreamLog:
         #: and how often one was lost (each is made again, to the next server).
         self.connected = False
         self.disconnects = 0
+        #: What the servers take: the most bytes of one message (the least ``max_payload``
+        #: of the servers' INFOs seen), and the longest command line (asked of the server
+        #: at open: INFO does not say it).
+        self.max_payload = handshake.DEFAULT_MAX_PAYLOAD
+        self.max_control_line = 0
         #: Snapshot reads whose consumer's replica said "nothing more" while the stream's
         #: leader held more (a replica catching up): each read on instead of ending short.
         self.reads_behind = 0
@@ -130,13 +138,23 @@ class JetStreamLog:
         #: (after, upto, subtrees): a snapshot reads on without a consumer per chunk.
         self._readers: OrderedDict[tuple[int, int, tuple[bytes, ...]], RangeReader] = OrderedDict()
         self._closed = False
-        #: The data path (bus.natswire): one writer thread and its connection for the
+        #: The data path (bus.nats): one writer thread and its connection for the
         #: appends, one thread for the feed.
         self._writer = ThreadPool(1, 1, name=f"nats-append-{settings.stream}")
         self._publisher: Publisher | None = None
         self._subject_of = Subjects(settings.subject_prefix)
-        self._connections: dict[str, Connection] = {}
-        self._turns: defaultdict[str, int] = defaultdict(int)
+        #: The data path's connections, each role's own: its servers in turn (those the
+        #: cluster names too), a server in lame-duck mode left before it closes.
+        self._failovers: dict[str, Failover] = {
+            role: failover(
+                settings,
+                name=f"eventbus-{role}-{settings.stream}",
+                # The feed's reads wait a pull's expiry plus this: a silent server is left
+                # after two ping intervals, as the management connection leaves it.
+                timeout=settings.ping_interval * 2 if role == "feed" else None,
+            )
+            for role in ("append", "feed")
+        }
         self._feed_thread: threading.Thread | None = None
 
     # -- opening -------------------------------------------------------------------------------
@@ -147,22 +165,33 @@ class JetStreamLog:
         self._writer.start()
         opening: defer.Deferred[None] = defer.ensureDeferred(self._open())
         # The writer's connection too, so that /status says connected from the start.
+        longest = len(self.settings.subject_prefix) + 1 + 3 * MAX_TOPIC_BYTES
         return opening.addCallback(
-            lambda _: threads.deferToThreadPool(self.reactor, self._writer, self._connect_publisher)
+            lambda _: threads.deferToThreadPool(
+                self.reactor, self._writer, self._connect_publisher, longest
+            )
         )
 
-    def _connect_publisher(self) -> None:
-        """In the writer's thread, at open: its connection, or a start-up error."""
+    def _connect_publisher(self, longest_subject: int) -> None:
+        """In the writer's thread, at open: its connection, or a start-up error; and the
+        longest command line the servers take, asked up to what ``longest_subject``
+        needs."""
         try:
             self._writer_publisher()
-        except (ConnectError, OSError) as error:
+            self.max_control_line = longest_control_line(
+                lambda: connection(self.settings, name=f"eventbus-probe-{self.settings.stream}"),
+                longest_subject + jsapi.PUBLISH_LINE_BEYOND_SUBJECT,
+            )
+        except (ConnectError, OSError, ProtocolError) as error:
             raise StartupError("nats", f"{', '.join(self.settings.servers)}: {error}") from None
 
     def _writer_publisher(self) -> Publisher:
-        """In the writer's thread: its publisher, connected (to the next server) when it
-        has none."""
-        if self._publisher is None:
-            self._publisher = Publisher(self._data_connection("append"), self.atomic)
+        """In the writer's thread: its publisher, on the append role's connection (made
+        again to the next server when there is none, or its server is in lame-duck
+        mode)."""
+        made = self._data_connection("append")
+        if self._publisher is None or self._publisher.connection is not made:
+            self._publisher = Publisher(made, self.atomic)
         return self._publisher
 
     async def _open(self) -> None:
@@ -269,38 +298,45 @@ class JetStreamLog:
         server) when there is none; a failure drops it, so the next batch may find a
         server that stores."""
         try:
-            return self._writer_publisher().publish(items, self.settings.ack_timeout)
+            publisher = self._writer_publisher()
+            self._took_limit(publisher.connection)
+            return publisher.publish(items, self.settings.ack_timeout)
+        except TooLarge:
+            raise  # nothing was sent: the front-end drops those events and sends the rest
         except (PublishError, ConnectError, ProtocolError, OSError) as error:
-            publisher, self._publisher = self._publisher, None
-            if publisher is not None:
-                self._lost("append", publisher.connection)
+            self._publisher = None
+            self._lost("append")
             raise StorageError(error) from None
 
     def _data_connection(self, role: str) -> Connection:
-        """A blocking connection for ``role``, to the servers in turn: after a failure
-        the next one is tried first (a minority's server answers but cannot store)."""
-        servers = list(self.settings.servers)
-        turn = self._turns[role] % len(servers)
-        self._turns[role] += 1
-        made = connection(
-            replace(self.settings, servers=tuple(servers[turn:] + servers[:turn])),
-            name=f"eventbus-{role}-{self.settings.stream}",
-            # The feed's reads wait a pull's expiry plus this: a silent server is left
-            # after two ping intervals, as the management connection leaves it.
-            timeout=self.settings.ping_interval * 2 if role == "feed" else None,
-        )
-        self._connections[role] = made
+        """``role``'s blocking connection: the one there is, or one made to the servers in
+        turn (after a failure the next one first: a minority's server answers but cannot
+        store; a server in lame-duck mode, the others first)."""
+        made = self._failovers[role].connection()
         self._update_connected()
         return made
 
-    def _lost(self, role: str, lost: Connection) -> None:
-        lost.close()
-        if self._connections.pop(role, None) is not None:
+    def _took_limit(self, made: Connection) -> None:
+        """A server's INFO read: the least ``max_payload`` seen is what the collector
+        keeps events to (a cluster's servers normally agree)."""
+        if made.max_payload < self.max_payload:
+            self.max_payload = made.max_payload
+
+    def _lost(self, role: str) -> None:
+        roles = self._failovers[role]
+        if roles.current is not None:
             self.disconnects += 1
+        roles.drop()
         self._update_connected()
 
     def _update_connected(self) -> None:
-        self.connected = "append" in self._connections and "feed" in self._connections
+        self.connected = all(each.current is not None for each in self._failovers.values())
+
+    @property
+    def lame_duck_moves(self) -> int:
+        """Data connections left for another server because theirs went into lame-duck
+        mode (before it closed them)."""
+        return sum(each.left_lame_duck for each in self._failovers.values())
 
     # -- following -----------------------------------------------------------------------------
 
@@ -334,21 +370,29 @@ class JetStreamLog:
             made: Connection | None = None
             try:
                 made = self._data_connection("feed")
+                self._took_limit(made)
                 reader = RangeRead(made, self.settings.stream, after, 0, everything, follow=True)
                 reader.open()
                 if not answered:
                     answered = True
                     call(started.callback, None)
                 pause = 0.0
-                while not self._closed:
+                # A server found draining already is read from (all may be, one after
+                # another): one that starts draining meanwhile is left.
+                draining = made.lame_duck
+                while not self._closed and (draining or not made.lame_duck):
                     stored = reader.next_batch(FEED_BATCH)
                     if stored.sequences:
                         after = stored.sequences[-1]
                         names = list(map(topics, stored.subjects))
                         handoff.put(Events.decoded(stored, names).rows())
+                # Its server is draining: the read is made again above ``after`` on
+                # another before this one closes (the next _data_connection leaves it).
+                with contextlib.suppress(Exception):
+                    reader.close()
             except Exception as error:
                 if made is not None:
-                    self._lost("feed", made)
+                    self._lost("feed")
                 if self._closed:
                     break
                 if not answered:
@@ -359,8 +403,7 @@ class JetStreamLog:
                      error=message, after=after)  # fmt: skip
                 pause = min(1.0, pause * 2 or 0.1)
                 time.sleep(pause)
-        if made is not None:
-            made.close()
+        self._failovers["feed"].close()
 
     # -- reading (snapshots) -----------------------------------------------------------------
 
@@ -444,14 +487,16 @@ class JetStreamLog:
         return self.bytes
 
     def count(self) -> int:
+        """Events the stream holds (as of the last state read)."""
         return self.messages
 
     def close(self) -> defer.Deferred[None]:
+        """Stop reading and writing; fires once the writer's thread has finished its batch."""
         self._closed = True
         readers, self._readers = list(self._readers.values()), OrderedDict()
         for reader in readers:
             reader.close()  # a request sent and a socket closed: nothing waited for
-        feed = self._connections.get("feed")
+        feed = self._failovers["feed"].current
         if feed is not None:
             feed.shutdown()  # its thread wakes, sees the log closed and ends
 
@@ -466,6 +511,5 @@ class JetStreamLog:
         return writer
 
     def _close_publisher(self) -> None:
-        publisher, self._publisher = self._publisher, None
-        if publisher is not None:
-            publisher.connection.close()
+        self._publisher = None
+        self._failovers["append"].close()

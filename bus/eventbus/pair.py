@@ -26,19 +26,27 @@ from typing import Any, Protocol
 import zmq
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter, RateLimit
-from bus.errors import StorageError
 from bus.eventbus import codec, pair_codec
 from bus.eventbus.codec import EventBusError, EventFields
 from bus.eventbus.config import PairConfig
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair_codec import Ack, Events, Forward, Join, PairError, PeerState, Rewind
 from bus.eventbus.pair_core import Change, PairCore
-from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.periodic import Periodic
+from bus.extension import (
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StorageError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    gauges_by,
+)
 from bus.transport.curve import make_curve_client
 from bus.transport.security import ServerCurve
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket
+from bus.util.droplog import DropCounter, RateLimit
+from bus.util.periodic import Periodic
 
 log = Logger(namespace="bus.eventbus.pair")
 
@@ -62,17 +70,30 @@ class PairHost(Protocol):
     log: PairLog
 
     @property
-    def released(self) -> int: ...
+    def released(self) -> int:
+        """The highest sequence clients may see."""
+        ...
 
-    def pair_changed(self, change: Change) -> None: ...
+    def pair_changed(self, change: Change) -> None:
+        """The pair turned this server active or passive."""
+        ...
 
-    def accept_forwarded(self, fields: list[EventFields]) -> None: ...
+    def accept_forwarded(self, fields: list[EventFields]) -> None:
+        """Events the passive collected, for this active to store and broadcast."""
+        ...
 
-    def replace_log(self, store_id: str) -> None: ...
+    def replace_log(self, store_id: str) -> None:
+        """Set the log aside (another bus's) and take a new, empty one under ``store_id``."""
+        ...
 
-    def pair_release(self) -> None: ...
+    def pair_release(self) -> None:
+        """The passive acknowledged more: release what the pair allows now."""
+        ...
 
-    def hold_collector(self, held: bool) -> None: ...
+    def hold_collector(self, held: bool) -> None:
+        """Stop reading the collector (True: the pair holds as many events as it may), or read it
+        again (False)."""
+        ...
 
 
 def join_marks(last: int, count: int = JOIN_MARKS) -> list[int]:
@@ -221,6 +242,7 @@ class Pair:
         )
 
     def stop(self) -> None:
+        """Stop beating and close the link's sockets."""
         self._periodic.stop_all()
         for sock in (self.router, self.dealer):
             if sock is not None:
@@ -231,6 +253,7 @@ class Pair:
 
     @property
     def state(self) -> str:
+        """This server's pair state: ``waiting``, ``active``, ``passive`` or ``doubt``."""
         return self.core.state
 
     # After a pause (SIGSTOP, starvation) the reactor hands over I/O before it runs timers:
@@ -247,6 +270,7 @@ class Pair:
         return self.core.state == "active"
 
     def tick(self) -> None:
+        """Let the rules judge the time now (a peer silent too long), and act on a change."""
         change = self.core.tick(self.reactor.seconds())
         if change is not None:
             self._changed(change)
@@ -674,6 +698,7 @@ class Pair:
             self.forward(missing)
 
     def take_held(self) -> list[EventFields]:
+        """The events held for the active (collected while passive), handed over and forgotten."""
         held, self.held = self.held, []
         return held
 
@@ -724,6 +749,8 @@ class Pair:
         return None
 
     def status(self) -> dict[str, Any]:
+        """Role, state, term, the peer as last heard and the replication's progress, for
+        ``/status``."""
         core = self.core
         now = self.reactor.seconds()
         peer = core.peer
@@ -774,6 +801,7 @@ class Pair:
         }
 
     def metrics(self) -> list[Metric]:
+        """The pair's state, transitions, term and replication, for ``/metrics``."""
         core = self.core
         behind = self.behind()
         return [

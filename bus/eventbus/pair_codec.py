@@ -51,6 +51,9 @@ class PairError(ProtocolError):
 
 @dataclass(frozen=True, slots=True)
 class PeerState:
+    """A ``STATE``: where the sender stands (role, state, term, store, sequences, pairing), sent
+    every beat."""
+
     role: str
     state: str
     term: int
@@ -66,6 +69,9 @@ class PeerState:
 
 @dataclass(frozen=True, slots=True)
 class Join:
+    """A ``JOIN``: a passive asks the active to copy its log, from the highest of ``marks``
+    (sequence, UUID) both logs agree on."""
+
     store_id: str
     term: int
     last: int
@@ -74,6 +80,9 @@ class Join:
 
 @dataclass(frozen=True, slots=True)
 class Rewind:
+    """A ``REWIND``: the passive keeps its log up to ``common`` and takes the active's store id and
+    term."""
+
     store_id: str
     term: int
     common: int
@@ -91,11 +100,16 @@ class Events:
 
 @dataclass(frozen=True, slots=True)
 class Ack:
+    """An ``ACK``: the passive has stored every event up to ``sequence``."""
+
     sequence: int
 
 
 @dataclass(frozen=True, slots=True)
 class Forward:
+    """A ``FORWARD``: events publishers handed to the passive's collector, for the active to
+    sequence."""
+
     events: tuple[EventFields, ...]
 
 
@@ -109,6 +123,7 @@ def _pack(kind: bytes, body: Any) -> list[bytes]:
 
 
 def state_frames(state: PeerState) -> list[bytes]:
+    """The frames of a ``STATE``."""
     return _pack(
         STATE,
         [
@@ -126,14 +141,18 @@ def state_frames(state: PeerState) -> list[bytes]:
 
 
 def join_frames(join: Join) -> list[bytes]:
+    """The frames of a ``JOIN``."""
     return _pack(JOIN, [join.store_id, join.term, join.last, [list(m) for m in join.marks]])
 
 
 def rewind_frames(rewind: Rewind) -> list[bytes]:
+    """The frames of a ``REWIND``."""
     return _pack(REWIND, [rewind.store_id, rewind.term, rewind.common])
 
 
 def events_frames(after: int, last: int, events: list[tuple[int, EventFields]]) -> list[bytes]:
+    """The frames of an ``EVENTS``: ``events`` (sequence, fields) following ``after``, the log
+    ending at ``last``."""
     return _pack(EVENTS, [after, last, [(seq, *fields) for seq, fields in events]])
 
 
@@ -145,10 +164,12 @@ def consecutive_events_frames(after: int, first: int, fields: list[EventFields])
 
 
 def ack_frames(sequence: int) -> list[bytes]:
+    """The frames of an ``ACK``."""
     return _pack(ACK, sequence)
 
 
 def forward_frames(events: list[EventFields]) -> list[bytes]:
+    """The frames of a ``FORWARD``."""
     return _pack(FORWARD, events)
 
 

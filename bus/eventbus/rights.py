@@ -29,14 +29,17 @@ def subtrees(metadata: Mapping[str, str], right: str) -> Subtrees:
 
 
 def publish_subtrees(metadata: Mapping[str, str]) -> Subtrees:
+    """The subtrees a key may publish in (None: everywhere)."""
     return subtrees(metadata, "publish")
 
 
 def subscribe_subtrees(metadata: Mapping[str, str]) -> Subtrees:
+    """The subtrees a key may receive (None: everything)."""
     return subtrees(metadata, "subscribe")
 
 
 def may_publish(topic: bytes, allowed: Subtrees) -> bool:
+    """Whether ``topic`` is in the ``allowed`` subtrees."""
     return allowed is None or topic.startswith(allowed)
 
 

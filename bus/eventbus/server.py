@@ -12,51 +12,54 @@ batch), the collector stops reading (ZeroMQ queues up to its receive HWM, then p
 feel backpressure), and a timer retries the batch with backoff until it is stored; then
 the collector reads again. One rate-limited error line says so, one line says when it
 recovers, and ``refused_storage`` counts the events that had to wait.
+
+The core decides (:mod:`bus.eventbus.core`: what is stored, broadcast, held, retried when,
+what a key may receive); the log's checkpoints, retention and close are the store's
+(:class:`bus.eventbus.store.LogUpkeep`). This service reads the sockets into them, sends
+what they produced, and keeps the timers.
 """
 
 from __future__ import annotations
 
 import random
 import time
-import uuid
-from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import zmq
 from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 
-from bus.droplog import DropCounter, RateLimit
-from bus.errors import StartupError, StorageError
+from bus.application.statusjson import config_json
 from bus.eventbus import codec, rights
-from bus.eventbus.codec import EventBusError, SnapshotRequest
 from bus.eventbus.config import EventBusConfig
 from bus.eventbus.core import Broadcast, EventBusCore
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.snapshots import SnapshotScheduler, SnapshotStream
-from bus.eventbus.store import EventStore
-from bus.files import write_status_json
-from bus.metrics import Metric, counter, counters_by, gauge, gauges_by
-from bus.statusjson import config_json
+from bus.eventbus.store import EventStore, LogUpkeep
+from bus.extension import (
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    StorageError,
+    ZmqSocket,
+    counter,
+    gauge,
+    gauges_by,
+    reactor_of,
+)
 from bus.transport.curve import ClientCurve
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import (
-    SocketFactory,
-    SocketOptions,
-    ZmqSocket,
-    bind_failure,
-    reactor_of,
-)
-from bus.workers import SerialWork
+from bus.transport.zmqsocket import bind_failure
+from bus.util.droplog import DropCounter, RateLimit
+from bus.util.files import write_status_json
 
 log = Logger(namespace="bus.eventbus")
 
@@ -92,18 +95,17 @@ class EventBusService(Service):
         self.snapshots: SnapshotScheduler
         self.max_lag = 0.0
         self._lag_expected = 0.0
-        self._retention_task: Any = None
         self._started_at = 0.0
         self._stopping: defer.Deferred[None] | None = None
-        self._checkpoints = SerialWork(self.reactor, "eventbus-checkpoint", self._checkpoint_failed)
+        #: The log's checkpoints, retention passes and close (into whichever log the core has).
+        self.upkeep = LogUpkeep(
+            self.reactor, lambda: self.core.log, config.retention, clock=clock, logger=log
+        )
         #: Where the product serves ``/status`` (``host:port``), if it does: recorded in
         #: status.json, so that ``eventbus-cli status --data-dir`` finds this process.
         self.status_address: Callable[[], str | None] = lambda: None
-        #: Store operations that failed besides appends (the core counts those):
-        #: checkpoints, retention steps, the final checkpoint at close.
-        self._other_storage_errors = 0
+        #: The retry of events the log refused (when: the core says).
         self._retry: DelayedCall | None = None
-        self._retry_delay = config.storage_retry_min
         self._faults = RateLimit(clock)
         #: Half of a primary/backup pair (None: a server alone).
         self.pair: Pair | None = None
@@ -118,17 +120,13 @@ class EventBusService(Service):
         #: and looking its rights up is a cost on the collector's hot path).
         self._publish_rights = False
         self.curve.on_reload.append(self._rights_changed)
-        #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
-        self.narrowed_subscriptions = 0
-        self.narrowed_snapshots = 0
         #: Told every batch broadcast (see :meth:`watch`).
         self._watchers: list[Watcher] = []
-        #: SYNCSTARTs that reached a server that is not active: answered if it takes over.
-        self._held_requests: deque[tuple[float, bytes, SnapshotRequest]] = deque(maxlen=1024)
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def startService(self) -> None:
+        """Open the log, bind the ports (a StartupError names the option), start the timers."""
         config = self.config
         try:
             store = EventStore(
@@ -144,6 +142,8 @@ class EventBusService(Service):
             clock=self.clock,
             logger=log,
             local_limit=config.collector_hwm,
+            retry_min=config.storage_retry_min,
+            retry_max=config.storage_retry_max,
         )
         self.core.woken = self._pair_acted
         self.snapshots = SnapshotScheduler(
@@ -156,7 +156,7 @@ class EventBusService(Service):
         self.ports.open(self._open_ports, undo=self._undo_start)
         Service.startService(self)
         self.ports.announce(config.bind, self.endpoints.values())
-        self._checkpoints.start()
+        self.upkeep.start()
         self._started_at = self.clock()
         every = self.ports.periodic.every
         if config.heartbeat_interval > 0:
@@ -165,8 +165,8 @@ class EventBusService(Service):
             self._write_status()
             every(config.stats_interval, self._report)
         if config.retention.enabled and config.retention_interval > 0:
-            every(config.retention_interval, self._start_retention, now=True)
-        every(config.checkpoint_interval, self._checkpoint)
+            every(config.retention_interval, self.upkeep.retain, now=True)
+        every(config.checkpoint_interval, self.upkeep.checkpoint)
         self._lag_expected = self.reactor.seconds() + 0.01
         every(0.01, self._measure_lag)
         log.info(
@@ -317,17 +317,13 @@ class EventBusService(Service):
             return
         user_ids = sock.peer_user_ids
         for index, frames in enumerate(batch):
-            message = frames[0]
-            if not message or message[0] not in (0, 1):
-                continue
             user_id = user_ids[index] if index < len(user_ids) else ""
-            allowed = self.curve.rights(user_id, rights.subscribe_subtrees)
-            prefixes = rights.narrow(message[1:], allowed)
-            if prefixes != [message[1:]]:
-                self.narrowed_subscriptions += 1
-            apply = sock.socket.subscribe if message[0] == 1 else sock.socket.unsubscribe
-            for prefix in prefixes:
-                apply(prefix)
+            wanted = self.core.subscription(frames[0], user_id)
+            if wanted is not None:
+                subscribe, prefixes = wanted
+                apply = sock.socket.subscribe if subscribe else sock.socket.unsubscribe
+                for prefix in prefixes:
+                    apply(prefix)
 
     def _subscriber_event(self, event: int) -> None:
         # A subscriber connecting to a server that is not active turned to it: a vote.
@@ -354,22 +350,22 @@ class EventBusService(Service):
         self.snapshot_socket = self.publisher_socket = self.collector_socket = None
 
     def stopService(self) -> defer.Deferred[None]:
+        """Store and broadcast what was received, close the sockets, then the log; fires
+        once it is closed (the same Deferred to every call)."""
         if self._stopping is not None:
             return self._stopping
         Service.stopService(self)
         self.ports.periodic.stop_all()
         if self.pair is not None:
             self.pair.tick()
-        if self._retention_task is not None:
-            self._retention_task.stop()
-            self._retention_task = None
         self.snapshots.stop()
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
         core = self.core
         if core.waiting:
-            self._store_waiting()  # one last attempt, no more
+            core.retry_waiting()  # one last attempt, no more
+            self._carry_out()
         if not core.waiting:
             self._drain_collector()
             self._flush_local()
@@ -384,36 +380,11 @@ class EventBusService(Service):
             self.pair.stop()
         self._close_sockets()
         self.ports.close()
-        self._stopping = defer.Deferred()
-        # The store closes once a checkpoint running in its thread is done, or once
-        # stop_timeout says it will not be soon: a stop never hangs on the disk.
-        self._checkpoints.idle(self.config.stop_timeout).addCallback(self._close_store)
+        self._stopping = self.upkeep.close(self.config.stop_timeout).addCallback(self._stopped)
         return self._stopping
 
-    def _close_store(self, checkpoint_finished: bool) -> None:
-        try:
-            if checkpoint_finished:
-                self._checkpoints.stop()
-            else:
-                log.warn(
-                    "a WAL checkpoint still runs after {timeout}s: closing without it",
-                    timeout=self.config.stop_timeout,
-                )
-            self.store.close(checkpoint_running=not checkpoint_finished)
-        except StorageError as error:
-            self._other_storage_errors += 1
-            log.error(
-                "event log {path} closed without its final checkpoint ({error}): the WAL "
-                "keeps every stored event and the next start reads it",
-                path=str(self.store.path),
-                error=str(error),
-            )
-        except Exception:
-            log.failure("closing the event log failed")
-        finally:
-            log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
-            assert self._stopping is not None
-            self._stopping.callback(None)
+    def _stopped(self, _: None) -> None:
+        log.info("event bus stopped at sequence {sequence}", sequence=self.store.last_sequence)
 
     def _drain_collector(self, limit: int = 1_000_000) -> None:
         """Store and broadcast what the collector already holds, so a clean stop loses
@@ -439,24 +410,26 @@ class EventBusService(Service):
         self._publish_rights = self.curve.uses("publish")
         if self.collector_socket is not None:
             self.collector_socket.keep_user_ids = self._publish_rights
-        self.core.publish_rights = self._publish_of if self._publish_rights else None
-
-    def _publish_of(self, user_id: str) -> rights.Subtrees:
-        return self.curve.rights(user_id, rights.publish_subtrees)
-
-    def _accept(self, accepted: list[codec.EventFields]) -> None:
-        self.core.accept(accepted)
-        self._carry_out()
+        publish = partial(self.curve.rights, read=rights.publish_subtrees)
+        self.core.publish_rights = publish if self._publish_rights else None
+        self.core.subscribe_rights = partial(self.curve.rights, read=rights.subscribe_subtrees)
 
     def _carry_out(self) -> None:
         """Do what the core decided: broadcast what clients may see, in order; pause the
-        collector while the core says so (and retry later while the log refuses)."""
+        collector while the core says so (and retry when it says while the log refuses)."""
         core = self.core
         if core.broadcasts:
             self._broadcast(core.take_broadcasts())
         self._read_collector_as_core_says()
         if core.waiting and self._retry is None:
-            self._storage_failed()
+            delay = core.next_retry()
+            if self.running:
+                self._retry = self.reactor.callLater(delay, self._retry_waiting)
+
+    def _retry_waiting(self) -> None:
+        self._retry = None
+        self.core.retry_waiting()  # once stored, the collector is read again
+        self._carry_out()
 
     def _read_collector_as_core_says(self) -> None:
         sock = self.collector_socket
@@ -510,79 +483,19 @@ class EventBusService(Service):
         self._carry_out()
         for turn in turns:
             if turn.state == "active":
-                self._answer_held_requests()
+                # SYNCSTARTs held while it did not serve, whose clients still wait.
+                assert self.config.pair is not None
+                max_age = self.config.pair.failover_timeout * 2
+                for identity, request in core.take_held_requests(max_age):
+                    self.snapshots.request(identity, request)
             else:
                 # Streams in progress end: their clients ask the active.
                 self.snapshots.abandon_all()
 
-    def _answer_held_requests(self) -> None:
-        """SYNCSTARTs that reached this server while it did not serve, recent enough that
-        their clients still wait."""
-        assert self.config.pair is not None
-        now = self.reactor.seconds()
-        requests, self._held_requests = self._held_requests, deque(maxlen=1024)
-        for at, identity, request in requests:
-            if now - at <= self.config.pair.failover_timeout * 2:
-                self.snapshots.request(identity, request)
-
-    # -- when the store cannot write ---------------------------------------------------------
-
-    def _storage_failed(self) -> None:
-        """A refused batch waits: say so (rate-limited) and retry it later."""
-        failures = self._faults.due("append")
-        if failures is not None:
-            log.error(
-                "event log {path} cannot write ({error}): collector paused, {waiting} events "
-                "waiting; retrying ({failures} failed attempts since the last report)",
-                path=str(self.store.path),
-                error=self.core.storage_error,
-                waiting=len(self.core.waiting),
-                failures=failures,
-            )
-        if self.running:
-            self._retry = self.reactor.callLater(self._retry_delay, self._retry_waiting)
-            self._retry_delay = min(self._retry_delay * 2, self.config.storage_retry_max)
-
-    def _retry_waiting(self) -> None:
-        self._retry = None
-        self._store_waiting()  # once stored, the collector is read again
-
-    def _store_waiting(self) -> bool:
-        """Try the waiting events once more; True once they are stored and broadcast."""
-        core = self.core
-        count = len(core.waiting)
-        if not core.retry_waiting():
-            self._carry_out()  # still refused: say so, and retry later
-            return False
-        self._retry_delay = self.config.storage_retry_min
-        self._faults.reset("append")
-        log.info(
-            "event log {path} writes again after {seconds:.1f}s: stored {count} waiting "
-            "events; collector resumed",
-            path=str(self.store.path),
-            seconds=self.clock() - core.blocked_since,
-            count=count,
-        )
-        self._carry_out()
-        return True
-
-    def _storage_fault(self, what: str, error: StorageError) -> None:
-        """A background store operation failed: counted, and reported rate-limited."""
-        self._other_storage_errors += 1
-        failures = self._faults.due(what)
-        if failures is not None:
-            log.warn(
-                "event log {what} failed ({error}); {failures} failures since the last "
-                "report; nothing stored is lost, it is retried",
-                what=what,
-                error=str(error),
-                failures=failures,
-            )
-
     # -- in-process publishing: composed services' activity ---------------------------------
 
     def activity_sink(self, producer: str) -> LocalPublisher:
-        """What composition hands another service of this process (see bus.activity)."""
+        """What composition hands another service of this process (see bus.application.activity)."""
         return LocalPublisher(self, producer)
 
     def client_curve(self) -> ClientCurve | None:
@@ -590,13 +503,15 @@ class EventBusService(Service):
         return self.curve.own_client()
 
     def client_addresses(self) -> list[str]:
+        """``host:port`` a client in this process connects to."""
         host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "*") else self.config.bind
         return [f"{host}:{self.port}"]
 
-    def publish_local(self, fields: codec.EventFields) -> None:
-        """Queue an event made in this process; the queue is stored and broadcast as one
-        batch on the next reactor turn, like a batch read from the collector."""
-        if self.core.publish_local(fields) and self._local_flush is None:
+    def publish_activity(self, producer: bytes, topic: str, value: object) -> None:
+        """Queue an event made in this process (see :meth:`EventBusCore.publish_activity`);
+        the queue is stored and broadcast as one batch on the next reactor turn, like a
+        batch read from the collector."""
+        if self.core.publish_activity(producer, topic, value) and self._local_flush is None:
             self._local_flush = self.reactor.callLater(0, self._flush_local)
 
     def _flush_local(self) -> None:
@@ -609,31 +524,13 @@ class EventBusService(Service):
     # -- the snapshot port: SYNCSTART in, SYNC... SYNCEND out ------------------------------
 
     def _on_snapshot_requests(self, batch: list[list[bytes]]) -> None:
-        pair = self.pair
         sock = self.snapshot_socket
         user_ids = sock.peer_user_ids if sock is not None else []
         for index, frames in enumerate(batch):
-            try:
-                request = codec.parse_sync_start(frames[1:])
-            except EventBusError as error:
-                self.drops.drop(error.reason, str(error), frames[0])
-                continue
-            if user_ids:
-                request = self._narrowed(request, user_ids[index])
-            if pair is not None and not pair.serves():
-                # A client turned here: a vote; answered only if this server takes over.
-                self._held_requests.append((self.reactor.seconds(), frames[0], request))
-                pair.vote()
-                continue
-            self.snapshots.request(frames[0], request)
-
-    def _narrowed(self, request: SnapshotRequest, user_id: str) -> SnapshotRequest:
-        allowed = self.curve.rights(user_id, rights.subscribe_subtrees)
-        subtrees = rights.narrow_snapshot(request.subtrees, allowed)
-        if subtrees == request.subtrees:
-            return request
-        self.narrowed_snapshots += 1
-        return replace(request, subtrees=subtrees)
+            # Parsed, narrowed to the key's rights, or held while the pair does not serve.
+            request = self.core.snapshot_request(frames, user_ids[index] if user_ids else None)
+            if request is not None:
+                self.snapshots.request(frames[0], request)
 
     @property
     def streams(self) -> set[SnapshotStream]:
@@ -642,10 +539,12 @@ class EventBusService(Service):
 
     @property
     def snapshots_served(self) -> int:
+        """Snapshots streamed whole."""
         return self.snapshots.served
 
     @property
     def snapshots_aborted(self) -> int:
+        """Snapshots whose client went away."""
         return self.snapshots.aborted
 
     # -- the core's state, as the service has always shown it ---------------------------------
@@ -657,6 +556,7 @@ class EventBusService(Service):
 
     @property
     def drops(self) -> DropCounter:
+        """Bad messages dropped, by reason."""
         return self.core.drops
 
     @property
@@ -666,6 +566,7 @@ class EventBusService(Service):
 
     @property
     def accepted(self) -> int:
+        """Events stored and broadcast."""
         return self.core.accepted
 
     @property
@@ -677,7 +578,17 @@ class EventBusService(Service):
     def storage_errors(self) -> int:
         """Failed store operations: appends (each attempt), checkpoints, retention steps,
         the final checkpoint at close."""
-        return self.core.append_failures + self._other_storage_errors
+        return self.core.append_failures + self.upkeep.failures
+
+    @property
+    def narrowed_subscriptions(self) -> int:
+        """Subscriptions wider than their key's rights, narrowed to them."""
+        return self.core.narrowed_subscriptions
+
+    @property
+    def narrowed_snapshots(self) -> int:
+        """SYNCSTARTs wider than their key's rights, narrowed to them."""
+        return self.core.narrowed_snapshots
 
     # -- periodic work ---------------------------------------------------------------------
 
@@ -695,16 +606,6 @@ class EventBusService(Service):
                 )
             )
 
-    def _checkpoint(self) -> None:
-        """Move the WAL into the database on a worker thread (SQLite releases the GIL)."""
-        self._checkpoints.run(self.store.checkpoint)
-
-    def _checkpoint_failed(self, failure: Failure) -> None:
-        if isinstance(failure.value, StorageError):
-            self._storage_fault("WAL checkpoint", failure.value)
-        else:
-            log.failure("WAL checkpoint failed", failure)
-
     def _measure_lag(self) -> None:
         now = self.reactor.seconds()
         self.max_lag = max(self.max_lag, now - self._lag_expected)
@@ -712,155 +613,55 @@ class EventBusService(Service):
         if self.pair is not None:
             self.pair.tick()
 
-    def _start_retention(self) -> None:
-        if self._retention_task is not None:
-            return  # the previous pass is still running
-        from twisted.internet.task import Cooperator
-
-        cooperator = Cooperator(scheduler=lambda work: self.reactor.callLater(0, work))
-        self._retention_task = cooperator.cooperate(self._retention_steps())
-
-    def _retention_steps(self) -> Any:
-        retention = self.config.retention
-        deleted = 0
-        try:
-            if retention.max_age is not None:
-                cutoff = self.clock() - retention.max_age
-                while (n := self.store.expire_older_than(cutoff)) > 0:
-                    deleted += n
-                    yield None
-            if retention.max_count is not None:
-                while (n := self.store.trim_to_count(retention.max_count)) > 0:
-                    deleted += n
-                    yield None
-            if retention.latest_per_topic:
-                while True:
-                    n, finished = self.store.compact_step()
-                    deleted += n
-                    if finished:
-                        break
-                    yield None
-        except StorageError as error:
-            self._storage_fault("retention", error)
-        finally:
-            self._retention_task = None
-        if deleted:
-            log.info("retention removed {deleted} events", deleted=deleted)
-
-    #: The console's charts (see :mod:`bus.console.view`): events stored, snapshot traffic.
+    #: The console's charts (see :mod:`bus.web.console.view`): events stored, snapshot traffic.
     console_rates = {"events": "sequence", "snapshot messages": "snapshot_messages_sent"}
 
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
-        snapshots, core = self.snapshots, self.core
+        core, store = self.core, self.store
         if self.pair is not None:
             self.pair.tick()
         return {
-            "store_id": self.store.store_id,
-            "sequence": self.store.last_sequence,
+            "store_id": store.store_id,
+            "sequence": store.last_sequence,
             "released": self.released,
             "ha": None if self.pair is None else self.pair.status(),
-            "accepted": core.accepted,
-            "accepted_bytes": core.bytes_accepted,
-            "accepted_local": core.local_accepted,
-            "dropped": dict(core.drops.counts),
-            "clients": self.connections(),
-            "refused_storage": core.refused_storage,
+            **core.status(),
             "storage_errors": self.storage_errors,
-            "storage_error": core.storage_error,
             "storage_waiting": len(core.waiting),
-            "collector_paused": self.collector_paused,
-            "snapshots_served": snapshots.served,
-            "snapshots_aborted": snapshots.aborted,
-            "snapshots_stalled": snapshots.stalled,
-            "snapshots_queued": snapshots.queued,
-            "snapshots_refused": snapshots.refused,
-            "snapshots_active": len(snapshots.streams),
-            "snapshots_waiting": len(snapshots.waiting),
-            "snapshot_messages_sent": snapshots.messages_sent,
+            "clients": self.connections(),
+            **self.snapshots.status(),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": self._uptime(),
             "time": round(self.clock(), 3),
             "http": self.status_address(),
             "curve": {
                 **self.curve.status(),
-                "narrowed_subscriptions": self.narrowed_subscriptions,
-                "narrowed_snapshots": self.narrowed_snapshots,
+                "narrowed_subscriptions": core.narrowed_subscriptions,
+                "narrowed_snapshots": core.narrowed_snapshots,
             },
             "endpoints": self.endpoints,
             "config": config_json(self.config),
         }
 
     def metrics(self) -> list[Metric]:
-        """Prometheus families of the counters above (see bus.statusweb)."""
-        store, core = self.store, self.core
+        """Prometheus families of the counters above (see bus.web.server)."""
+        store = self.store
         return [
             *self.curve.metrics(),
             gauge("eventbus_sequence", "Highest sequence in the event log", store.last_sequence),
-            counter("eventbus_events_accepted", "Events stored and broadcast", self.accepted),
-            counter(
-                "eventbus_event_bytes_accepted",
-                "Event data bytes stored and broadcast",
-                core.bytes_accepted,
-            ),
-            counter(
-                "eventbus_events_local",
-                "Events published in-process by composed services",
-                core.local_accepted,
-            ),
-            counters_by(
-                "eventbus_messages_dropped",
-                "Bad messages dropped, by reason",
-                "reason",
-                self.drops.counts,
-            ),
-            counter(
-                "eventbus_events_refused_storage",
-                "Events the store refused (full disk, I/O error); each waits and is stored later",
-                core.refused_storage,
-            ),
+            *self.core.metrics(),
             counter(
                 "eventbus_storage_errors",
                 "Failed store operations (appends, checkpoints, retention)",
                 self.storage_errors,
             ),
-            gauge(
-                "eventbus_collector_paused",
-                "1 while refused events wait for the store and the collector is not read",
-                float(self.collector_paused),
-            ),
-            counter("eventbus_snapshots_served", "Snapshots streamed whole", self.snapshots_served),
-            counter(
-                "eventbus_snapshots_aborted",
-                "Snapshots whose client went away",
-                self.snapshots_aborted,
-            ),
+            *self.snapshots.metrics(),
             gauges_by(
                 "eventbus_connections",
                 "TCP peers connected now, by socket",
                 "socket",
                 self.connections(),
-            ),
-            gauge("eventbus_snapshots_active", "Snapshots being streamed", len(self.streams)),
-            gauge(
-                "eventbus_snapshots_waiting",
-                "SYNCSTARTs queued for a free stream",
-                len(self.snapshots.waiting),
-            ),
-            counter(
-                "eventbus_snapshots_stalled",
-                "Snapshots abandoned because their client stopped reading",
-                self.snapshots.stalled,
-            ),
-            counter(
-                "eventbus_snapshots_refused",
-                "SYNCSTARTs dropped unanswered with the queue full",
-                self.snapshots.refused,
-            ),
-            counter(
-                "eventbus_snapshot_messages_sent",
-                "SYNC and SYNCEND messages sent",
-                self.snapshots.messages_sent,
             ),
             gauge(
                 "eventbus_store_bytes", "Event log size on disk (database and WAL)", store.size()
@@ -907,7 +708,7 @@ class EventBusService(Service):
 
 
 class LocalPublisher:
-    """An :class:`bus.activity.ActivitySink` on a bus of the same process: events go into
+    """An :class:`bus.application.activity.ActivitySink` on a bus of the same process: events go into
     its log under the next sequences, with no socket between."""
 
     def __init__(self, bus: EventBusService, producer: str) -> None:
@@ -915,12 +716,5 @@ class LocalPublisher:
         self.producer = producer.encode("utf-8")
 
     def publish(self, topic: str, value: object) -> None:
-        topic_bytes = topic.encode("utf-8")
-        try:
-            data = msgpack.packb(value, use_bin_type=True)
-            codec.check_topic(topic_bytes)
-            codec.check_payload(data, self._bus.config.max_data_bytes)
-        except (EventBusError, TypeError) as error:
-            raise ValueError(f"cannot publish to {topic!r}: {error}") from None
-        event_id = str(uuid.uuid4()).encode("ascii")
-        self._bus.publish_local((topic_bytes, self.producer, codec.iso_timestamp(), event_id, data))
+        """Queue ``value`` under ``topic`` (ValueError when it cannot be an event)."""
+        self._bus.publish_activity(self.producer, topic, value)

@@ -49,12 +49,13 @@ from twisted.logger import Logger
 from bus.eventbus import codec
 from bus.eventbus.codec import SnapshotRequest
 from bus.eventbus.config import EventBusConfig
-from bus.memory import MemoryRelease
+from bus.extension import Metric, counter, gauge
 from bus.transport.zmqsocket import PeerUnreachable
+from bus.util.memory import MemoryRelease
 
 if TYPE_CHECKING:
     from bus.eventbus.eventlog import Row, RowSource
-    from bus.transport.zmqsocket import ZmqSocket
+    from bus.extension import ZmqSocket
 
 log = Logger(namespace="bus.eventbus.snapshots")
 
@@ -560,6 +561,49 @@ class SnapshotScheduler:
         """A snapshot client disconnected: its pipe's memory is free now."""
         self._release_memory_soon()
 
+    # -- what it says ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, int]:
+        """The counters in ``/status`` (and status.json), as kept."""
+        return {
+            "snapshots_served": self.served,
+            "snapshots_aborted": self.aborted,
+            "snapshots_stalled": self.stalled,
+            "snapshots_queued": self.queued,
+            "snapshots_refused": self.refused,
+            "snapshots_active": len(self.streams),
+            "snapshots_waiting": len(self.waiting),
+            "snapshot_messages_sent": self.messages_sent,
+        }
+
+    def metrics(self) -> list[Metric]:
+        """The counters above as Prometheus families (see :mod:`bus.web.server`)."""
+        return [
+            counter("eventbus_snapshots_served", "Snapshots streamed whole", self.served),
+            counter("eventbus_snapshots_aborted", "Snapshots whose client went away", self.aborted),
+            gauge("eventbus_snapshots_active", "Snapshots being streamed", len(self.streams)),
+            gauge(
+                "eventbus_snapshots_waiting",
+                "SYNCSTARTs queued for a free stream",
+                len(self.waiting),
+            ),
+            counter(
+                "eventbus_snapshots_stalled",
+                "Snapshots abandoned because their client stopped reading",
+                self.stalled,
+            ),
+            counter(
+                "eventbus_snapshots_refused",
+                "SYNCSTARTs dropped unanswered with the queue full",
+                self.refused,
+            ),
+            counter(
+                "eventbus_snapshot_messages_sent",
+                "SYNC and SYNCEND messages sent",
+                self.messages_sent,
+            ),
+        ]
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def abandon_all(self) -> None:
@@ -580,6 +624,7 @@ class SnapshotScheduler:
         self._hot.clear()
 
     def stop(self) -> None:
+        """Cancel the turns and retries, and forget every stream."""
         self._stopped = True
         for call in (self._run_call, self._retry_call):
             if call is not None and call.active():

@@ -3,7 +3,7 @@ the client's connection options, and an ordered read of a sequence range.
 
 The front-ends (:mod:`bus.eventbus.jetstream`, on threads of the reactor's pool) read
 snapshots with it; Spark's executors (:mod:`bus.spark.stream_source`) read their
-partitions with it in their task's thread. Both read through :mod:`bus.natswire`, about
+partitions with it in their task's thread. Both read through :mod:`bus.nats`, about
 ten times as fast as nats-py for a message per event (docs/cluster.md).
 
 A message's body is msgpack ``[producer, timestamp, uuid, data]`` (data: the event's own
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from bus.eventbus import subjects
-from bus.natswire import jsapi
-from bus.natswire.blocking import Connection
-from bus.natswire.failover import ONCE, Failover, Retry
-from bus.natswire.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
+from bus.nats import jsapi
+from bus.nats.blocking import Connection
+from bus.nats.failover import ONCE, Failover, Retry
+from bus.nats.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
 
 if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
     from bus.eventbus.codec import EventFields
@@ -33,12 +33,23 @@ if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
 
 
 def encode(fields: EventFields) -> bytes:
+    """An event's fields as a stream message's body (the topic goes in the subject)."""
     _topic, producer, timestamp, uuid, data = fields
     body: bytes = msgpack.packb([producer, timestamp, uuid, data], use_bin_type=True)
     return body
 
 
+def encoded_size(fields: EventFields) -> int:
+    """``len(encode(fields))``, without encoding: msgpack's array of four ``bin``s."""
+    return 1 + sum(len(part) + _bin_head(len(part)) for part in fields[1:])
+
+
+def _bin_head(size: int) -> int:
+    return 2 if size < 0x100 else 3 if size < 0x10000 else 5
+
+
 def decode(prefix: str, subject: str, body: bytes) -> EventFields:
+    """The fields of the event stored as ``body`` under ``subject``."""
     return row(0, subjects.topic(prefix, subject), body)[1:]
 
 
@@ -60,30 +71,25 @@ def tls_context(settings: JetStreamSettings) -> ssl.SSLContext | None:
     return context
 
 
-def connect_options(settings: JetStreamSettings) -> dict[str, Any]:
-    """nats-py's ``connect`` arguments for the servers, credentials and TLS settings say."""
-    options: dict[str, Any] = {
-        "servers": list(settings.servers),
-        "connect_timeout": settings.connect_timeout,
-    }
-    if settings.creds is not None:
-        options["user_credentials"] = str(settings.creds)
-    context = tls_context(settings)
-    if context is not None:
-        options["tls"] = context
-    return options
-
-
 def connection(
     settings: JetStreamSettings, name: str = "bus-reader", timeout: float | None = None
 ) -> Connection:
-    """A blocking connection to the first server that admits it (:mod:`bus.natswire`)."""
-    return Connection(
-        settings.servers,
+    """A blocking connection to the first server that admits it (:mod:`bus.nats`)."""
+    return _connector(settings, name, timeout)(settings.servers)
+
+
+def _connector(
+    settings: JetStreamSettings, name: str, timeout: float | None
+) -> Callable[[Sequence[str]], Connection]:
+    """What connects to the first of some servers that admits it, as the settings say
+    (timeouts, TLS, credentials). No echo: a reader never wants its own messages."""
+    return functools.partial(
+        Connection,
         timeout=settings.connect_timeout if timeout is None else timeout,
         tls=tls_context(settings),
-        creds=settings.creds,
+        credentials=settings.credentials,
         name=name,
+        echo=False,
     )
 
 
@@ -93,21 +99,15 @@ def failover(
     retry: Retry = ONCE,
     timeout: float | None = None,
 ) -> Failover:
-    """Connections to the servers in turn, and operations tried again on the next
-    within ``retry``'s bound (:mod:`bus.natswire.failover`)."""
-    connect = functools.partial(
-        Connection,
-        timeout=settings.connect_timeout if timeout is None else timeout,
-        tls=tls_context(settings),
-        creds=settings.creds,
-        name=name,
-    )
-    return Failover(settings.servers, connect, retry)
+    """Connections to the servers in turn (those the cluster names too, leaving one in
+    lame-duck mode), and operations tried again on the next within ``retry``'s bound
+    (:mod:`bus.nats.failover`)."""
+    return Failover(settings.servers, _connector(settings, name, timeout), retry)
 
 
 def stream_state(connection: Connection, stream: str) -> dict[str, Any]:
     """The stream's ``state`` (``first_seq``, ``last_seq``, ``messages``, ...), waited
-    for :data:`bus.natswire.ranged.CREATE_ATTEMPT` seconds: a stream with no leader
+    for :data:`bus.nats.ranged.CREATE_ATTEMPT` seconds: a stream with no leader
     (one being elected) does not answer, and a failover asks again."""
     asked = connection.request(jsapi.stream_info(stream), b"", timeout=CREATE_ATTEMPT)
     info = jsapi.answer(asked.payload)
@@ -141,6 +141,7 @@ class Events:
 
     @classmethod
     def empty(cls) -> Events:
+        """No events."""
         return cls([], [], [], [])
 
     @classmethod
@@ -195,12 +196,12 @@ class Subjects(_Remembered):
 class RangeReader:
     """Events with ``after < sequence <= upto`` under ``prefixes`` (all when empty), in
     the stream's order, read through a pull consumer whose subject filters keep what is
-    filtered out on the server (:class:`bus.natswire.ranged.RangeRead`), on a blocking
+    filtered out on the server (:class:`bus.nats.ranged.RangeRead`), on a blocking
     connection of the reader's own. :meth:`next_events` gives the next events as columns,
     with the time the stream stored each (nanoseconds since the epoch); none once the range
     is read. Blocking: call it from a thread of its own (a Spark task, the reactor's pool).
 
-    With a ``retry`` (:class:`bus.natswire.failover.Retry`), a read that fails for passing
+    With a ``retry`` (:class:`bus.nats.failover.Retry`), a read that fails for passing
     reasons (a server lost, JetStream electing a leader) is made again on the next server
     from just after the last event it gave, within the retry's bound; without one, it
     fails at the first failure.
@@ -236,6 +237,8 @@ class RangeReader:
         self.first_stored = 0
 
     def open(self, prefixes: Sequence[bytes] = (), check_retention: bool = False) -> RangeReader:
+        """Start reading under ``prefixes`` (every topic when empty); with ``check_retention``,
+        :attr:`first_stored` says where the stream starts now. Returns the reader."""
         self._prefixes = list(prefixes)
         self._filters, self._exact = subjects.filters(self.settings.subject_prefix, self._prefixes)
         if self.after >= self.upto:
@@ -311,7 +314,7 @@ class RangeReader:
 
     def take_behind(self) -> int:
         """Times since the last call that the consumer's replica lagged behind the
-        stream's leader at the read's end (:attr:`bus.natswire.ranged.RangeRead.behind`)."""
+        stream's leader at the read's end (:attr:`bus.nats.ranged.RangeRead.behind`)."""
         if self._read is None:
             return 0
         counted = self._behind_before + self._read.behind
@@ -320,6 +323,7 @@ class RangeReader:
         return behind
 
     def close(self) -> None:
+        """Delete the consumer (where its connection is still up) and leave the connection."""
         read, self._read = self._read, None
         connected, self._failover = self._failover, None
         try:

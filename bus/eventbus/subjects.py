@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from bus.natswire.tokens import SubjectError
-from bus.natswire.tokens import token as _segment
-from bus.natswire.tokens import untoken as _unsegment
+from bus.nats.tokens import SubjectError
+from bus.nats.tokens import token as _segment
+from bus.nats.tokens import untoken as _unsegment
 
 __all__ = ["SubjectError", "covers", "filters", "subject", "subtree_filter", "topic"]
 

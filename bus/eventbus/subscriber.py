@@ -47,6 +47,9 @@ def snapshot_patience(base: float, retries: int, cap: float = MAX_SNAPSHOT_PATIE
 
 @dataclass
 class SubscriberStats:
+    """What a subscriber counted: delivered, stale and healed events, gaps, snapshots, store
+    changes."""
+
     delivered: int = 0
     stale: int = 0
     gaps: int = 0
@@ -133,6 +136,8 @@ class SubscriberCore:
     # -- messages ------------------------------------------------------------------------
 
     def on_broadcast(self, event: Event) -> None:
+        """A live event: delivered now, buffered while a snapshot runs, or a gap that asks for
+        one."""
         if event.sequence > self.server_sequence:
             self.server_sequence = event.sequence
         if self.syncing:
@@ -170,6 +175,7 @@ class SubscriberCore:
                 self._ask(self._verified)
 
     def on_sync(self, event: Event) -> None:
+        """An event of the snapshot asked for: delivered unless already seen."""
         self.snapshot_retries = 0
         sequence = event.sequence
         if sequence <= self._snapshot_since:
@@ -187,6 +193,7 @@ class SubscriberCore:
         self._deliver(event)
 
     def on_sync_end(self, end: SnapshotEnd) -> None:
+        """The snapshot is complete: apply the live events buffered meanwhile, in order."""
         self.snapshot_retries = 0
         if not self.syncing:
             return
@@ -208,6 +215,8 @@ class SubscriberCore:
                 return
 
     def on_heartbeat(self, beat: Heartbeat, now: float) -> None:
+        """The server's beat: its sequence (a tail loss asks for a snapshot) and its store (another
+        store starts over)."""
         if self.store_id != beat.store_id:
             changed = self.store_id is not None
             self.store_id = beat.store_id

@@ -2,7 +2,7 @@
 
 The product's plugin (:mod:`bus.tap`) offers these options without a prefix, beside those of
 the other services; every option can also be set as ``EVENTBUS_<OPTION>`` or in the
-``[eventbus]`` table of a ``--config`` file (see :mod:`bus.options`).
+``[eventbus]`` table of a ``--config`` file (see :mod:`bus.application.options`).
 """
 
 from __future__ import annotations
@@ -25,16 +25,19 @@ from bus.eventbus.config import (
     original_dialect,
 )
 from bus.eventbus.store import Retention
-from bus.natsoptions import nats_options, nats_settings
-from bus.options import ServiceOptions, optional_duration, parse_duration
-from bus.transport.curve_settings import CURVE_OPTIONS, curve_settings
+from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.nats.options import nats_options, nats_settings
+from bus.transport.curve_settings import CURVE_OPTIONS
+from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
     from bus.eventbus.server import EventBusService
+    from bus.extension import Composition, ProductService
 
 
 class Options(ServiceOptions):
+    """The Event BUS's options (``twistd -n eventbus`` offers them unprefixed)."""
+
     service = "eventbus"
     env_prefix = "EVENTBUS"
     synopsis = "[options]"
@@ -175,6 +178,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> EventBusConfig:
+    """The server's settings from its options; a usage error names the option at fault."""
     dialect = options["dialect"]
     if dialect not in ("spec", "original"):
         raise usage.UsageError("--dialect must be spec or original")
@@ -306,6 +310,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """The Event BUS alone (``twistd -n eventbus --services eventbus`` does the same)."""
-    from bus.composition import standalone
+    from bus.extension import standalone
 
     return standalone("eventbus", build, options)

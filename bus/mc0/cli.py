@@ -1,5 +1,5 @@
 """``mc0-cli``: put a message, follow topics, or time round trips against an mc0 broker
-(``mc0-keys``, now ``bus-keys``, makes a CURVE key pair: :mod:`bus.keys_cli`).
+(``mc0-keys``, now ``bus-keys``, makes a CURVE key pair: :mod:`bus.transport.keys_cli`).
 
     bus-keys alice ./mc0-clients            # alice.key (public) + alice.key_secret
     mc0-cli --cert ./mc0-clients/alice.key_secret sub mcollective.discovery
@@ -26,10 +26,12 @@ from typing import Any
 
 from twisted.internet import defer
 
-from bus.cliargs import (
+from bus.util.cliargs import (
     CliParser,
+    Progress,
     add_version,
     duration,
+    interruptible,
     one_line,
     parse,
     positive_seconds,
@@ -60,6 +62,7 @@ def _text(value: bytes) -> Any:
 
 
 def delivery_json(delivery: Any) -> str:
+    """A MESSAGE as the JSON line ``mc0-cli sub`` prints."""
     return json.dumps(
         {
             "topic": _text(delivery.topic),
@@ -108,18 +111,26 @@ def _connector(reactor: Any, args: argparse.Namespace, on_message: Any = None) -
     )
 
 
-def _connected(reactor: Any, connector: Any, timeout: float) -> defer.Deferred[None]:
+def _connected(
+    reactor: Any, connector: Any, args: argparse.Namespace, done: str
+) -> defer.Deferred[None]:
+    args.progress.now(f"waiting for the broker at {args.server} to open a session", done)
     started: defer.Deferred[None] = connector.start()
-    return started.addTimeout(timeout, reactor)
+    return started.addTimeout(args.timeout, reactor)
 
 
 @defer.inlineCallbacks
 def put(reactor: Any, args: argparse.Namespace) -> Any:
+    """``mc0-cli put``: one PUT, waiting for the broker's OK."""
     connector = _connector(reactor, args)
     try:
-        yield _connected(reactor, connector, args.timeout)
+        yield _connected(reactor, connector, args, "nothing put")
         headers = list(args.header)
         body = [part.encode() for part in args.body]
+        args.progress.now(
+            f"waiting for the broker's OK for the message to {args.topic}",
+            "the message was sent, not confirmed",
+        )
         yield connector.put(args.topic.encode(), body, headers).addTimeout(args.timeout, reactor)
         _err(f"put to {args.topic}: OK")
     finally:
@@ -127,6 +138,8 @@ def put(reactor: Any, args: argparse.Namespace) -> Any:
 
 
 def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
+    """``mc0-cli sub``: the topics' messages as JSON lines, until ``--count`` of them or an
+    interruption."""
     done: defer.Deferred[None] = defer.Deferred()
     seen = [0]
 
@@ -138,13 +151,19 @@ def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
 
     connector = _connector(reactor, args, on_message)
 
+    def printed() -> str:
+        return f"{seen[0]} message(s) printed"
+
     @defer.inlineCallbacks
     def run() -> Any:
-        yield _connected(reactor, connector, args.timeout)
+        yield _connected(reactor, connector, args, "not subscribed")
+        topics = ", ".join(args.topics)
+        args.progress.now(f"waiting for the broker to subscribe this client to {topics}")
         yield connector.subscribe(*(t.encode() for t in args.topics)).addTimeout(
             args.timeout, reactor
         )
-        _err(f"subscribed to {', '.join(args.topics)}")
+        _err(f"subscribed to {topics}")
+        args.progress.now(f"following {topics}", printed)
 
     def finish(result: Any) -> Any:
         connector.stop()
@@ -161,13 +180,18 @@ def sub(reactor: Any, args: argparse.Namespace) -> defer.Deferred[None]:
 
 @defer.inlineCallbacks
 def ping(reactor: Any, args: argparse.Namespace) -> Any:
+    """``mc0-cli ping``: time the connection and ``--count`` NOOP round trips, printed as JSON."""
     connector = _connector(reactor, args)
     try:
         started = time.perf_counter()
-        yield _connected(reactor, connector, args.timeout)
+        yield _connected(reactor, connector, args, "no NOOP sent")
         connected = time.perf_counter() - started
-        times = []
-        for _ in range(args.count):
+        times: list[float] = []
+        for number in range(1, args.count + 1):
+            args.progress.now(
+                f"waiting for the answer to NOOP {number} of {args.count}",
+                f"{len(times)} of {args.count} NOOPs answered, nothing printed",
+            )
             sent = time.perf_counter()
             yield connector.noop().addTimeout(args.timeout, reactor)
             times.append(time.perf_counter() - sent)
@@ -194,6 +218,7 @@ def _header(text: str) -> tuple[bytes, bytes]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """``mc0-cli``'s command line."""
     parser = CliParser(
         prog="mc0-cli",
         description=__doc__.split("\n\n")[0],
@@ -235,13 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible("mc0-cli")
 def main(argv: Sequence[str] | None = None) -> None:
+    """Run ``mc0-cli`` on ``argv`` (default: the command line)."""
     import zmq
 
     from bus.mc0.client import Mc0CommandError, Mc0ConnectionLost
     from bus.transport.curve import KeyFileError
 
     args = parse(build_parser(), argv)
+    args.progress = Progress(f"mc0-cli {args.command}")
     try:  # checked before anything runs, as the other options are
         args.keys = _keys(args)
     except (ValueError, KeyFileError) as error:
@@ -261,6 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         (defer.TimeoutError, zmq.ZMQError, ValueError, OSError, KeyFileError, Mc0CommandError,
          Mc0ConnectionLost),
         describe,
+        progress=args.progress,
     )  # fmt: skip
 
 

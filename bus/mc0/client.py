@@ -30,11 +30,11 @@ import zmq
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
+from bus.extension import SocketFactory, SocketOptions, ZmqSocket, reactor_of
 from bus.mc0 import codec
 from bus.mc0.codec import Framing, Mc0Error
 from bus.transport.curve import CurveKeyPair, make_curve_client
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.util.droplog import DropCounter
 
 log = Logger(namespace="bus.mc0.client")
 
@@ -78,6 +78,9 @@ class _Pending:
 
 
 class Mc0Connector:
+    """A client of an mc0 broker: a session kept alive with NOOPs and opened again (with its
+    subscriptions) when the broker forgets it or goes; every command a Deferred of its OK."""
+
     def __init__(
         self,
         endpoint: str,
@@ -147,6 +150,7 @@ class Mc0Connector:
         return self.when_connected()
 
     def when_connected(self) -> defer.Deferred[None]:
+        """A Deferred that fires once a session is open (fails if the broker refused CONNECT)."""
         if self._refused is not None:
             return defer.fail(self._refused)
         if self.connected:
@@ -188,6 +192,7 @@ class Mc0Connector:
         )
 
     def unsubscribe(self, *topics: bytes) -> defer.Deferred[None]:
+        """UNSUB ``topics``; fires on the broker's OK."""
         self.topics.difference_update(topics)
         return self._command("unsub", lambda i: codec.Unsubscribe(tuple(topics), i, self.framing))
 
@@ -197,6 +202,8 @@ class Mc0Connector:
         body: bytes | Sequence[bytes],
         headers: Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]] = (),
     ) -> defer.Deferred[None]:
+        """PUT ``body`` (one frame or several) to ``topic`` with ``headers``; fires on the broker's
+        OK."""
         frames = (body,) if isinstance(body, bytes) else tuple(body)
         pairs = tuple(headers.items()) if isinstance(headers, Mapping) else tuple(headers)
         extra = tuple(pair for pair in pairs if pair[0] not in (codec.TOPIC, codec.ID))
@@ -468,6 +475,7 @@ class Mc0Connector:
         self._arm()
 
     def status(self) -> dict[str, Any]:
+        """The session, reconnections, topics and what waits, for a status page."""
         return {
             "endpoint": self.endpoint,
             "connected": self.connected,

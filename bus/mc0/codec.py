@@ -58,6 +58,9 @@ Headers = tuple[tuple[bytes, bytes], ...]
 
 
 class Framing(enum.Enum):
+    """How a peer frames its messages: an empty frame first (``delimited``: the Ruby connector,
+    mc0d), or the text's arrays (``spec``). Each peer is answered in its own."""
+
     DELIMITED = "delimited"
     SPEC = "spec"
 
@@ -91,6 +94,7 @@ class Parsed(NamedTuple):
     framing: Framing
 
     def header(self, name: bytes) -> bytes | None:
+        """The value of header ``name`` (the first one), or None."""
         for key, value in self.headers:
             if key == name:
                 return value
@@ -98,11 +102,14 @@ class Parsed(NamedTuple):
 
     @property
     def id(self) -> bytes | None:
+        """The message's ID header, or None."""
         return self.header(ID)
 
 
 @dataclass(frozen=True, slots=True)
 class Connect:
+    """CONNECT: a client starts a session with its TTL and protocol version."""
+
     ttl_ms: int | None
     version: bytes | None
     id: bytes | None = None
@@ -111,18 +118,24 @@ class Connect:
 
 @dataclass(frozen=True, slots=True)
 class Disconnect:
+    """DISCONNECT: a client ends its session; its subscriptions go with it."""
+
     id: bytes | None = None
     framing: Framing = Framing.SPEC
 
 
 @dataclass(frozen=True, slots=True)
 class Noop:
+    """NOOP: a keepalive, either way."""
+
     id: bytes | None = None
     framing: Framing = Framing.SPEC
 
 
 @dataclass(frozen=True, slots=True)
 class Subscribe:
+    """SUB: the client wants the MESSAGEs of ``topics`` (exact names)."""
+
     topics: tuple[bytes, ...]
     id: bytes | None = None
     framing: Framing = Framing.SPEC
@@ -130,6 +143,8 @@ class Subscribe:
 
 @dataclass(frozen=True, slots=True)
 class Unsubscribe:
+    """UNSUB: the client no longer wants ``topics``."""
+
     topics: tuple[bytes, ...]
     id: bytes | None = None
     framing: Framing = Framing.SPEC
@@ -137,6 +152,8 @@ class Unsubscribe:
 
 @dataclass(frozen=True, slots=True)
 class Put:
+    """PUT: a message for every subscriber of ``topic``, the sender included."""
+
     topic: bytes
     #: Every header of the PUT (TOPIC and any X-... included), ID excluded: what each
     #: MESSAGE carries.
@@ -148,11 +165,16 @@ class Put:
 
 @dataclass(frozen=True, slots=True)
 class Ok:
+    """OK: the broker did what the message ``id`` asked (every verb with an ID is answered
+    OK or ERROR)."""
+
     id: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
 class Error:
+    """ERROR: the broker refused the message ``id``, saying why in ``message``."""
+
     message: bytes
     id: bytes | None
 
@@ -166,6 +188,7 @@ class Message:
 
     @property
     def topic(self) -> bytes | None:
+        """The TOPIC header, or None."""
         for key, value in self.headers:
             if key == TOPIC:
                 return value
@@ -180,6 +203,7 @@ BrokerMessage = Ok | Error | Message | Noop
 
 
 def framing_of(frames: Sequence[bytes]) -> Framing:
+    """How a message is framed: an empty first frame is ``DELIMITED``."""
     return Framing.DELIMITED if frames and not frames[0] else Framing.SPEC
 
 
@@ -400,6 +424,7 @@ def encode(command: ClientCommand | BrokerMessage, framing: Framing | None = Non
 
 
 def ok_frames(message_id: bytes | None, framing: Framing) -> list[bytes]:
+    """An OK of message ``message_id``."""
     return frames_of(OK, _with_id((), message_id), None, framing)
 
 
@@ -409,6 +434,7 @@ def error_frames(text: bytes, message_id: bytes | None, framing: Framing) -> lis
 
 
 def noop_frames(framing: Framing) -> list[bytes]:
+    """A NOOP from the broker."""
     return [b"", NOOP] if framing is Framing.DELIMITED else [NOOP]
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bus.extension import CurveSettings
 from bus.mc0.core import BrokerSettings
-from bus.transport.curve_settings import CurveSettings
 
 DEFAULT_BIND = "127.0.0.1"
 DEFAULT_PORT = 61616
@@ -15,6 +15,9 @@ DEFAULT_DATA_DIR = "mc0-data"
 
 @dataclass(frozen=True, slots=True)
 class Mc0Config:
+    """The broker's port, data directory, CURVE, mirroring onto the Event BUS, the rules of its core
+    and its sockets' bounds."""
+
     bind: str = DEFAULT_BIND
     port: int = DEFAULT_PORT
     data_dir: Path = Path(DEFAULT_DATA_DIR)

@@ -28,9 +28,9 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.droplog import DropCounter
 from bus.mc0 import codec
 from bus.mc0.codec import Framing, Mc0Error
+from bus.util.droplog import DropCounter
 
 log = Logger(namespace="bus.mc0")
 
@@ -41,6 +41,8 @@ _DELIMITED = Framing.DELIMITED
 
 
 class SendResult(enum.Enum):
+    """What became of one message handed to the ROUTER."""
+
     SENT = "sent"
     #: The peer's queue is full (HWM): this message is dropped for it.
     FULL = "full"
@@ -56,6 +58,9 @@ TransmitMany = Callable[[list[list[bytes]]], tuple[int, SendResult]]
 
 @dataclass(frozen=True, slots=True)
 class BrokerSettings:
+    """The broker's rules: TTL bounds, message and client limits, when to NOOP and when to forget a
+    silent client."""
+
     default_ttl_ms: int = 30_000
     min_ttl_ms: int = 100
     max_ttl_ms: int = 86_400_000
@@ -69,6 +74,9 @@ class BrokerSettings:
 
 @dataclass(eq=False, slots=True)
 class Client:
+    """A client the broker knows: its session's TTL, framing and topics, and when it was last heard
+    and sent to."""
+
     identity: bytes
     ttl: float  # seconds
     framing: Framing
@@ -84,6 +92,9 @@ PutObserver = Callable[[Client, codec.Put], None]
 
 
 class Broker:
+    """The mc0 broker's clients and topic table: messages in through :meth:`receive_batch`, out
+    through ``transmit``, time from ``clock`` (see the module's text)."""
+
     def __init__(
         self,
         settings: BrokerSettings,
@@ -162,6 +173,8 @@ class Broker:
                 self._forget(client)
 
     def receive(self, identity: bytes, frames: Sequence[bytes], now: float | None = None) -> None:
+        """One message from ``identity``: decoded, answered, and acted on (``now``: the clock's time
+        unless given)."""
         if now is None:
             now = self.clock.seconds()
         settings = self.settings
@@ -385,9 +398,11 @@ class Broker:
 
     @property
     def subscriptions(self) -> int:
+        """Subscriptions over every topic."""
         return sum(len(subscribers) for subscribers in self.topics.values())
 
     def status(self) -> dict[str, Any]:
+        """Clients, topics, commands, errors and deliveries, for ``/status``."""
         return {
             "clients": len(self.clients),
             "topics": len(self.topics),

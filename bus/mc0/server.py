@@ -21,26 +21,29 @@ from twisted.application.service import Service
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import DropCounter
-from bus.errors import StartupError
+from bus.application.statusjson import config_json
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    reactor_of,
+)
 from bus.mc0 import codec
 from bus.mc0.config import Mc0Config
 from bus.mc0.core import Broker, Client, SendResult
-from bus.metrics import Metric, counter, counters_by, gauge
-from bus.statusjson import config_json
 from bus.transport.curve import CurveKeyPair, ZapHandler
 from bus.transport.names import peer_name
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.zmqsocket import (
-    PeerUnreachable,
-    SocketFactory,
-    SocketOptions,
-    ZmqSocket,
-    bind_failure,
-    reactor_of,
-)
+from bus.transport.zmqsocket import PeerUnreachable, bind_failure
+from bus.util.droplog import DropCounter
 
 log = Logger(namespace="bus.mc0")
 
@@ -56,6 +59,8 @@ for _event in _HANDSHAKE_FAILURES:
 
 
 class Mc0Service(Service):
+    """The mc0 broker: its CURVE ROUTER, ZAP, and the :class:`bus.mc0.core.Broker`."""
+
     name = "mc0"
 
     def __init__(
@@ -111,6 +116,7 @@ class Mc0Service(Service):
 
     @property
     def zap(self) -> ZapHandler | None:
+        """The ZAP handler checking client keys (None: plain text)."""
         return self.curve.zap
 
     def _open_sockets(self, factory: SocketFactory) -> None:
@@ -229,6 +235,7 @@ class Mc0Service(Service):
     # -- what it does ---------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """The broker, the port, its security and handshakes, for ``/status``."""
         broker = self.broker.status() if self.broker is not None else {}
         zap = self.zap
         return {
@@ -253,7 +260,7 @@ class Mc0Service(Service):
             "config": config_json(self.config),
         }
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"messages": "puts", "delivered": "delivered"}
 
     def details(self, limit: int = 100) -> dict[str, Any]:
@@ -279,6 +286,7 @@ class Mc0Service(Service):
         return {"client_list": clients, "topic_list": topics}
 
     def metrics(self) -> list[Metric]:
+        """Connections, handshakes, authentication and the broker's counts, for ``/metrics``."""
         broker = self.broker
         zap = self.zap
         families = [

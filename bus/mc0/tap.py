@@ -9,13 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from bus.extension import (
+    CurveSettings,
+    ServiceOptions,
+    curve_options,
+    curve_settings,
+    parse_duration,
+)
 from bus.mc0.codec import MAX_TTL_MS
 from bus.mc0.config import DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_PORT, Mc0Config
-from bus.options import ServiceOptions, parse_duration
-from bus.transport.curve_settings import CurveSettings, curve_options, curve_settings
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from bus.mc0.server import Mc0Service
 
 
@@ -25,6 +30,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd mc0``'s options (``--mc0-*`` of ``twistd eventbus``)."""
+
     service = "mc0"
     env_prefix = "MC0"
     synopsis = "[--bind ADDR] [--port P] [--server-cert FILE] [--client-certs DIR] [--plain]"
@@ -64,6 +71,7 @@ def _ms(options: usage.Options | dict[str, Any], name: str) -> int:
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
+    """The broker's settings from its options; a usage error names the option at fault."""
     from bus.mc0.core import BrokerSettings
 
     port = int(options["port"])
@@ -99,6 +107,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> Mc0Service:
+    """The broker; composed with the Event BUS, it may mirror PUTs onto it (``--mirror``)."""
     from bus.mc0.server import Mc0Service
 
     config = options.get("mc0-config") or config_from_options(options)
@@ -106,6 +115,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    """The broker alone (``twistd -n mc0``)."""
+    from bus.extension import standalone
 
     return standalone("mc0", build, options)

@@ -34,15 +34,14 @@ from twisted.internet import defer
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
-from bus.droplog import RateLimit
-from bus.errors import StartupError
 from bus.eventbus.codec import Event
-from bus.files import replace_atomically
-from bus.metrics import Metric, counter, gauge
-from bus.periodic import Periodic
+from bus.extension import Metric, StartupError, counter, gauge
 from bus.spark.config import BridgeConfig
 from bus.spark.journal import JournalError, JournalWriter
-from bus.workers import worker_pool
+from bus.util.droplog import RateLimit
+from bus.util.files import replace_atomically
+from bus.util.periodic import Periodic
+from bus.util.workers import worker_pool
 
 log = Logger(namespace="bus.spark.bridge")
 
@@ -58,6 +57,10 @@ class StoreMismatch(Exception):
 
 
 class SparkBridgeService(Service):
+    """Journals the PUB feed of the bus at ``servers`` (the first that answers; a callable when they
+    are known only at start, as the local bus's are) into ``config``'s journal, without a gap it has
+    not recorded."""
+
     name = "spark-bridge"
 
     def __init__(
@@ -69,7 +72,7 @@ class SparkBridgeService(Service):
     ) -> None:
         """``curve``: a ClientCurve, or a callable giving one (or None) at start: the bus
         speaks CURVE."""
-        from bus.transport.zmqsocket import reactor_of
+        from bus.extension import reactor_of
 
         self._servers = servers
         self._curve = curve
@@ -409,10 +412,12 @@ class SparkBridgeService(Service):
     def _write_state(self, state: dict[str, Any]) -> None:
         replace_atomically(self.config.journal_dir / BRIDGE_STATE, json.dumps(state), fsync=True)
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"journaled": "journaled"}
 
     def status(self) -> dict[str, Any]:
+        """Sequences received and journaled, what waits for the writer, gaps, and whether the
+        journal blocks, for ``/status``."""
         return {
             "sequence": self._last,
             "journaled": self.journaled,
@@ -437,6 +442,7 @@ class SparkBridgeService(Service):
         return max(0, self._bus_sequence() - max(self.handed_to_journal, self._start))
 
     def metrics(self) -> list[Metric]:
+        """The same as :meth:`status`, as Prometheus families."""
         return [
             counter(
                 "spark_bridge_events_journaled", "Events written to the journal", self.journaled

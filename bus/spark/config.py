@@ -8,6 +8,9 @@ from pathlib import Path
 
 @dataclass(frozen=True, slots=True)
 class BridgeConfig:
+    """The bridge's journal, when it rolls segments and removes old ones, and how it reads
+    the bus."""
+
     journal_dir: Path
     roll_events: int = 20_000
     roll_seconds: float = 0.1

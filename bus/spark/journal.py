@@ -85,6 +85,8 @@ class DataLossError(JournalError):
 
 
 def segment_name(first: int, last: int) -> str:
+    """The file name of the segment holding ``first..last`` (zero-padded: lexical order is sequence
+    order)."""
     return f"seg-{first:020d}-{last:020d}.parquet"
 
 
@@ -142,6 +144,7 @@ class Coverage:
         return self.removed is not None or bool(self.holes) or bool(self.gaps)
 
     def describe_loss(self, directory: Path) -> str:
+        """One sentence saying which sequences of ``directory``'s journal are lost, and why."""
         parts = []
         if self.removed is not None:
             lo, hi = self.removed
@@ -417,6 +420,7 @@ class JournalWriter:
             return self._durable
 
     def gaps(self) -> list[Gap]:
+        """The gaps recorded so far, in order."""
         with self._lock:
             return list(self._gaps)
 
@@ -704,6 +708,7 @@ class JournalReader:
         self._gaps_read += consumed
 
     def segments(self) -> list[Segment]:
+        """The segments on disk now, in sequence order."""
         self.refresh()
         return list(self._segments)
 

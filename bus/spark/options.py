@@ -11,9 +11,10 @@ import itertools
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 
+from bus.nats.credentials import Credentials, CredentialsError, split
 from bus.spark.journal import Coverage, Segment
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ KNOWN_OPTIONS: Final = frozenset(
         "stream",
         "subjectprefix",
         "natscreds",
+        "natsuser",
+        "natspasswordfile",
+        "natstokenfile",
+        "natsnkey",
         "natstlsca",
         "natstlscert",
         "natstlskey",
@@ -57,6 +62,7 @@ class OptionError(ValueError):
 
 
 def offset(seq: int) -> dict[str, int]:
+    """The offset ``{"seq": N}`` of sequence ``seq``."""
     return {"seq": seq}
 
 
@@ -69,6 +75,8 @@ def offset_seq(value: Mapping[str, Any]) -> int:
 
 
 def parse_offset(name: str, text: str) -> OffsetSpec:
+    """Option ``name``'s text: ``earliest``, ``latest`` or the JSON ``{"seq": N}``;
+    :class:`OptionError` for anything else."""
     text = text.strip()
     if text.lower() in ("earliest", "latest"):
         return "earliest" if text.lower() == "earliest" else "latest"
@@ -99,7 +107,7 @@ def _bool(name: str, text: str) -> bool:
 
 def _seconds(name: str, text: str, zero: bool = False) -> float:
     """A duration (``30s``, ``2m``, ``1.5``), positive (or zero, with ``zero``)."""
-    from bus.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         value = parse_duration(text)
@@ -112,13 +120,17 @@ def _seconds(name: str, text: str, zero: bool = False) -> float:
 
 @dataclass(frozen=True, slots=True)
 class StreamOptions:
-    """Where the stream is: ``nats`` URLs, the stream's name and subject prefix (as the
-    front-ends were given them), credentials and TLS."""
+    """Where the stream is: ``nats`` URLs (without credentials: what they carried is in
+    ``credentials``), the stream's name and subject prefix (as the front-ends were given
+    them), credentials and TLS."""
 
     servers: tuple[str, ...]
     stream: str = "EVENTBUS"
     subject_prefix: str = "eventbus"
-    creds: str | None = None
+    #: Who the reader is: ``natsUser`` with ``natsPasswordFile`` (or BUS_NATS_PASSWORD in
+    #: the driver's environment), ``natsTokenFile`` (or BUS_NATS_TOKEN), ``natsNkey``,
+    #: ``natsCreds``. Files are read where a connection is made: on the executors too.
+    credentials: Credentials = field(default_factory=Credentials)
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -147,6 +159,9 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
+        """The source's options as Spark gives them (names in any case), checked: an
+        :class:`OptionError` names the option at fault. ``streaming``: for a streaming query
+        (starting at ``latest`` by default, no ``endingOffsets``), else for a batch read."""
         given = {key.lower(): str(value) for key, value in options.items()}
         unknown = sorted(set(given) - KNOWN_OPTIONS)
         if unknown:
@@ -160,12 +175,26 @@ class SourceOptions:
             )
         if path and servers:
             raise OptionError('give "path" (a journal) or "nats" (a stream), not both')
+        try:
+            servers, credentials = split(
+                servers,
+                Credentials.from_options(
+                    user=given.get("natsuser") or None,
+                    password_file=given.get("natspasswordfile") or None,
+                    token_file=given.get("natstokenfile") or None,
+                    nkey=given.get("natsnkey") or None,
+                    creds=given.get("natscreds") or None,
+                ),
+            )
+            credentials.check()  # the driver connects too: its files are read now
+        except CredentialsError as error:
+            raise OptionError(str(error)) from None
         stream = (
             StreamOptions(
                 servers,
                 stream=given.get("stream", "EVENTBUS").strip() or "EVENTBUS",
                 subject_prefix=given.get("subjectprefix", "eventbus").strip() or "eventbus",
-                creds=given.get("natscreds") or None,
+                credentials=credentials,
                 tls_ca=given.get("natstlsca") or None,
                 tls_cert=given.get("natstlscert") or None,
                 tls_key=given.get("natstlskey") or None,
@@ -221,9 +250,13 @@ class SourceOptions:
 class LogView(Protocol):
     """What planning asks of a log: a journal or a stream."""
 
-    def start_offset(self) -> int: ...
+    def start_offset(self) -> int:
+        """Just below the first sequence the log still holds."""
+        ...
 
-    def latest_sequence(self) -> int: ...
+    def latest_sequence(self) -> int:
+        """The log's last sequence."""
+        ...
 
 
 def resolve(spec: OffsetSpec, journal: LogView) -> int:

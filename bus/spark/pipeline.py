@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bus.cliargs import add_version, fail
-from bus.extras import MissingExtra, require
+from bus.util.cliargs import add_version, fail
+from bus.util.extras import MissingExtra, require
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -44,6 +44,9 @@ COUNTS = "topic_counts"
 
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
+    """What the pipeline reads (a journal or a stream), where it writes and checkpoints, and how it
+    triggers, windows and restarts (``python -m bus.spark.pipeline --help``)."""
+
     journal: str
     output: str
     checkpoint: str
@@ -71,13 +74,16 @@ class PipelineConfig:
     restart_delay: float = 5.0
 
     def output_path(self, name: str) -> str:
+        """Query ``name``'s output directory."""
         return str(Path(self.output) / name)
 
     def checkpoint_path(self, name: str) -> str:
+        """Query ``name``'s checkpoint directory."""
         return str(Path(self.checkpoint) / name)
 
 
 def read_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    """The ``eventbus`` source as a stream, with the config's options."""
     reader = spark.readStream.format("eventbus")
     if config.nats:
         reader = (
@@ -125,6 +131,7 @@ def landed(events: DataFrame, time_column: str) -> DataFrame:
 
 
 def windowed_counts(events: DataFrame, time_column: str, window: str, watermark: str) -> DataFrame:
+    """Events per topic per ``window`` of event time, late events accepted within ``watermark``."""
     from pyspark.sql import functions as F
 
     return (
@@ -292,6 +299,7 @@ def _progress_listener() -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bus.spark.pipeline``."""
     parser = argparse.ArgumentParser(
         prog="python -m bus.spark.pipeline",
         description=(
@@ -411,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _duration(text: str) -> float:
     """Seconds from ``30s``, ``2m``, ``0`` (argparse's type: its error in one line)."""
-    from bus.options import parse_duration
+    from bus.extension import parse_duration
 
     try:
         return parse_duration(text)
@@ -420,6 +428,8 @@ def _duration(text: str) -> float:
 
 
 def build_session(master: str | None, shuffle_partitions: int) -> SparkSession:
+    """A Spark session for the pipeline (on loopback when local) whose executors run this
+    interpreter."""
     # Executors must run this interpreter: it is the one with bus and pyarrow installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -441,6 +451,7 @@ def build_session(master: str | None, shuffle_partitions: int) -> SparkSession:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the pipeline on ``argv`` (default: the command line); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # the driver and the source's workers: one line now, not a worker's traceback later

@@ -61,15 +61,25 @@ class Access(Protocol):
     #: What it reads, for messages ("the journal", "stream EVENTBUS").
     name: str
 
-    def start_offset(self) -> int: ...
+    def start_offset(self) -> int:
+        """Just below the first sequence the log still holds."""
+        ...
 
-    def latest_sequence(self) -> int: ...
+    def latest_sequence(self) -> int:
+        """The log's last sequence."""
+        ...
 
-    def plan(self, start: int, end: int) -> Sequence[InputPartition]: ...
+    def plan(self, start: int, end: int) -> Sequence[InputPartition]:
+        """The partitions that read ``(start, end]``."""
+        ...
 
-    def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]: ...
+    def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The rows of one partition, as Arrow batches (on an executor)."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what reading held (connections, listings)."""
+        ...
 
 
 FORMAT = "eventbus"
@@ -114,17 +124,21 @@ class JournalAccess:
 
     @property
     def journal(self) -> JournalReader:
+        """The journal, opened when first asked for (not shipped to executors)."""
         if self._journal is None:
             self._journal = JournalReader(self.options.path)
         return self._journal
 
     def start_offset(self) -> int:
+        """Just below the first sequence the journal still holds."""
         return self.journal.start_offset()
 
     def latest_sequence(self) -> int:
+        """The journal's last sequence."""
         return self.journal.latest_sequence()
 
     def close(self) -> None:
+        """Drop the journal's listing."""
         self._journal = None
 
     def plan(self, start: int, end: int) -> list[JournalPartition]:
@@ -144,6 +158,7 @@ class JournalAccess:
         return [JournalPartition(r.start, r.end, r.segments) for r in ranges]
 
     def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The rows of ``partition``'s segments within its range, under the subscribed prefixes."""
         if not isinstance(partition, JournalPartition):
             return iter(())  # Spark's placeholder when a batch plan is empty
         tables = self.journal.iter_tables(
@@ -273,6 +288,7 @@ class EventBusDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """The format's name: ``eventbus``."""
         return FORMAT
 
     def schema(self) -> StructType:

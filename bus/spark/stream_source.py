@@ -6,8 +6,8 @@ The driver side (the long-lived runner that plans offsets) keeps one connection 
 the stream's state; an executor opens one per partition and reads it through
 :class:`bus.eventbus.stream_read.RangeReader`, whose subject filters keep what
 ``subscribe`` leaves out on the server. Both are blocking connections of
-:mod:`bus.natswire` (no event loop, no nats-py: a tenth of its cost per event), made and
-made again through one :class:`bus.natswire.failover.Failover` each: a server lost or
+:mod:`bus.nats` (no event loop, no nats-py: a tenth of its cost per event), made and
+made again through one :class:`bus.nats.failover.Failover` each: a server lost or
 silent is left for the next, and what JetStream cannot answer while it elects a leader
 is asked again, for up to ``natsRetryTimeout``. Nothing is kept across pickling but the
 options.
@@ -59,7 +59,7 @@ def _settings(options: StreamOptions) -> Any:
         options.servers,
         stream=options.stream,
         subject_prefix=options.subject_prefix,
-        creds=path(options.creds),
+        credentials=options.credentials,
         tls_ca=path(options.tls_ca),
         tls_cert=path(options.tls_cert),
         tls_key=path(options.tls_key),
@@ -67,13 +67,13 @@ def _settings(options: StreamOptions) -> Any:
 
 
 def _retry(options: StreamOptions) -> Any:
-    from bus.natswire.failover import Retry
+    from bus.nats.failover import Retry
 
     return Retry(within=options.retry_timeout)
 
 
 def _failover(options: StreamOptions) -> Any:
-    """Blocking connections (:mod:`bus.natswire`) to the servers in turn."""
+    """Blocking connections (:mod:`bus.nats`) to the servers in turn."""
     from bus.eventbus.stream_read import failover
 
     return failover(_settings(options), name="spark-eventbus", retry=_retry(options))
@@ -120,6 +120,7 @@ class StreamAccess:
         return int(state["first_seq"]) - 1 if state["messages"] else int(state["last_seq"])
 
     def latest_sequence(self) -> int:
+        """The stream's last sequence."""
         return int(self._state()["last_seq"])
 
     def plan(self, start: int, end: int) -> list[StreamPartition]:
@@ -142,6 +143,7 @@ class StreamAccess:
         ]
 
     def close(self) -> None:
+        """Leave the driver side's connection."""
         if self._failover is not None:
             failover, self._failover = self._failover, None
             failover.close()
@@ -149,6 +151,8 @@ class StreamAccess:
     # -- an executor's side ----------------------------------------------------------------
 
     def read_partition(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The rows of ``partition``'s range, read from the stream with a connection of this
+        executor's own."""
         if not isinstance(partition, StreamPartition):
             return iter(())  # Spark's placeholder when a batch plan is empty
         return self._read(partition)

@@ -32,12 +32,14 @@ EPOCH: Final = datetime(2024, 5, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def topic_of(sequence: int, topics: Sequence[str] = TOPICS) -> str:
+    """The topic of event ``sequence``: spread over ``topics``, always the same."""
     return topics[(sequence * 7919) % len(topics)]  # a prime stride spreads topics
 
 
 def make_event(
     sequence: int, topics: Sequence[str] = TOPICS, spacing: timedelta = timedelta(milliseconds=10)
 ) -> Event:
+    """Event ``sequence``, the same every time."""
     moment = EPOCH + spacing * (sequence - 1)
     return Event(
         topic=topic_of(sequence, topics).encode(),
@@ -55,11 +57,13 @@ def events(
     topics: Sequence[str] = TOPICS,
     spacing: timedelta = timedelta(milliseconds=10),
 ) -> Iterator[Event]:
+    """``count`` events from sequence ``first``."""
     for sequence in range(first, first + count):
         yield make_event(sequence, topics, spacing)
 
 
 def expected_counts(first: int, count: int, topics: Sequence[str] = TOPICS) -> Counter[str]:
+    """Events per topic among the ``count`` from ``first``: what a count of them must find."""
     return Counter(topic_of(s, topics) for s in range(first, first + count))
 
 

@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.extras import require
-from bus.options import ServiceOptions, optional_duration, parse_duration
+from bus.extension import ServiceOptions, parse_duration
 from bus.spark.config import BridgeConfig
 from bus.transport.curve_settings import CLIENT_CURVE_OPTIONS, client_curve_from
+from bus.util.extras import require
+from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from bus.spark.bridge import SparkBridgeService
 
 DEFAULT_SERVER = "127.0.0.1:5556"
@@ -28,6 +29,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd spark-bridge``'s options (also ``--spark-bridge-*`` of ``twistd eventbus``)."""
+
     service = "spark-bridge"
     env_prefix = "SPARK_BRIDGE"
     synopsis = "--server HOST:PORT [--server BACKUP:PORT] --journal-dir DIR [options]"
@@ -73,7 +76,7 @@ class Options(ServiceOptions):
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> BridgeConfig:
     """The bridge's settings; a usage error for a bad value, and MissingExtra (one line at
-    start, bus.extras) without pyarrow, which writes the journal's segments."""
+    start, bus.util.extras) without pyarrow, which writes the journal's segments."""
     max_bytes = options.get("retention-max-bytes")
     if (options.get("dialect") or "spec") not in ("spec", "original"):
         raise usage.UsageError("--dialect must be spec or original")
@@ -92,6 +95,8 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> BridgeConfig
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> SparkBridgeService:
+    """The bridge; composed with the Event BUS and given no ``--server``, it journals the
+    local bus."""
     from bus.spark.bridge import SparkBridgeService
 
     config = options.get("bridge-config") or config_from_options(options)
@@ -106,6 +111,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    """The bridge alone (``twistd -n spark-bridge``)."""
+    from bus.extension import standalone
 
     return standalone("spark-bridge", build, options)

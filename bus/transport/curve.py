@@ -26,8 +26,6 @@ import zmq.auth
 from twisted.logger import Logger
 from zmq.utils import z85
 
-from bus.droplog import RateLimit
-
 # KeyFileError is defined with the certificates and raised here too: named from either module.
 from bus.transport.certs import KeyFileError as KeyFileError
 from bus.transport.certs import (
@@ -37,6 +35,7 @@ from bus.transport.certs import (
     generate_key_pair,
     write_certificate,
 )
+from bus.util.droplog import RateLimit
 
 log = Logger(namespace="bus.transport.curve")
 

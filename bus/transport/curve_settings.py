@@ -53,6 +53,7 @@ class CurveSettings:
 
     @property
     def enabled(self) -> bool:
+        """CURVE is on: a server certificate was given, or a key pair is kept in ``key_dir``."""
         return self.server_cert is not None or self.key_dir is not None
 
 

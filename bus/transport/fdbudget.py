@@ -57,4 +57,5 @@ class DescriptorBudget:
 
     @property
     def available(self) -> int:
+        """Descriptors left in the share."""
         return self.capacity - self.in_use

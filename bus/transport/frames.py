@@ -21,11 +21,20 @@ class Frames(Protocol):
 
     def read(
         self, handle: int, budget: int, addresses: bool, user_ids: bool
-    ) -> tuple[list[list[bytes]], int, list[str | None] | None, list[str] | None]: ...
+    ) -> tuple[list[list[bytes]], int, list[str | None] | None, list[str] | None]:
+        """At most ``budget`` whole messages, without blocking, and 0 when the budget ran out,
+        EAGAIN when the socket had no more, or the errno of a failed receive; then each
+        message's Peer-Address and User-Id when asked for (else None)."""
+        ...
 
-    def send(self, handle: int, messages: Any) -> tuple[int, int]: ...
+    def send(self, handle: int, messages: Any) -> tuple[int, int]:
+        """Send each message without blocking, in order, until one fails: how many went out
+        whole, and 0 or the failed send's errno (EAGAIN: the high-water mark)."""
+        ...
 
-    def readable(self, handle: int) -> bool: ...
+    def readable(self, handle: int) -> bool:
+        """A message waits to be read (``ZMQ_EVENTS`` has ``POLLIN``)."""
+        ...
 
 
 def _load() -> Frames | None:

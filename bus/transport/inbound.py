@@ -34,8 +34,8 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.droplog import RefusalCounter
 from bus.transport.fdbudget import DescriptorBudget, descriptor_limit
+from bus.util.droplog import RefusalCounter
 
 log = Logger(namespace="bus.transport.inbound")
 
@@ -113,10 +113,13 @@ class InboundPolicy:
         return guard
 
     def forget(self, guard: InboundGuard) -> None:
+        """Stop watching a socket's guard (its socket closed)."""
         if guard in self.guards:
             self.guards.remove(guard)
 
     def refuse(self, guard: InboundGuard, reason: str, address: str) -> None:
+        """Count a connection ``guard`` shut down for ``reason`` (``port``, ``address`` or
+        ``descriptors``), and log it, rate-limited."""
         guard.refused[reason] += 1
         what = {
             "port": f"per-port ({self.per_port})",
@@ -127,6 +130,7 @@ class InboundPolicy:
 
     @property
     def refused(self) -> Counter[str]:
+        """Connections refused, by reason, over every port."""
         return self.refusals.counts
 
     def may_audit(self) -> bool:
@@ -154,6 +158,7 @@ class InboundPolicy:
         return dict(held)
 
     def status(self) -> dict[str, Any]:
+        """The bounds, what is held and what was refused, per port (``/status``); audits first."""
         self.audit()
         return {
             "per_port": self.per_port,
@@ -181,6 +186,7 @@ class InboundGuard:
 
     @property
     def held(self) -> int:
+        """Connections this socket holds now."""
         return len(self._peers)
 
     def holds(self, fd: int) -> bool:

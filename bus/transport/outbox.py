@@ -14,7 +14,7 @@ messages wait here, behind nothing and ahead of everything later for the same pe
   message is dropped and counted, so a client that never reads costs a bounded amount of
   memory (the socket's own send HWM bounds what libzmq holds for it);
 * memory that dropped messages and departed peers leave behind is handed back to the
-  system (:class:`bus.memory.MemoryRelease`), once what was dropped adds up to a MiB.
+  system (:class:`bus.util.memory.MemoryRelease`), once what was dropped adds up to a MiB.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import zmq
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
-from bus.memory import MemoryRelease
 from bus.transport.zmqsocket import ZmqSocket
+from bus.util.memory import MemoryRelease
 
 _NOBLOCK = zmq.NOBLOCK
 _MORE = zmq.NOBLOCK | zmq.SNDMORE
@@ -63,6 +63,10 @@ class _PeerBox:
 
 
 class PeerOutboxes:
+    """The messages a ROUTER could not send yet, a box per (socket, peer), each bounded by
+    ``max_bytes`` and ``max_messages``, at most ``max_peers`` boxes; what a peer does not take
+    within ``linger`` seconds is dropped, counted in :attr:`dropped`."""
+
     def __init__(
         self,
         reactor: Any,
@@ -162,6 +166,7 @@ class PeerOutboxes:
             self._try(lambda box: box.sock is sock and not box.unreachable)
 
     def retry(self) -> None:
+        """Try again the boxes whose backoff has run out (the timer's call)."""
         self._timer = None
         now = self.reactor.seconds()
         self._try(lambda box: box.next_try <= now)
@@ -261,14 +266,17 @@ class PeerOutboxes:
 
     @property
     def held_messages(self) -> int:
+        """Messages waiting, over every peer."""
         return sum(len(box.messages) for box in self._boxes.values())
 
     @property
     def held_bytes(self) -> int:
+        """Bytes waiting, over every peer."""
         return sum(box.size for box in self._boxes.values())
 
     @property
     def peers(self) -> int:
+        """Peers with messages waiting."""
         return len(self._boxes)
 
     def stop(self) -> None:

@@ -29,7 +29,6 @@ import zmq
 from twisted.logger import Logger
 
 from bus.errors import StartupError
-from bus.metrics import Metric, counters_by, gauge
 from bus.transport.curve import (
     ClientCurve,
     CurveKeyPair,
@@ -42,6 +41,7 @@ from bus.transport.curve import (
     server_key_pair,
 )
 from bus.transport.curve_settings import CurveSettings
+from bus.util.metrics import Metric, counters_by, gauge
 
 log = Logger(namespace="bus.transport.security")
 
@@ -87,6 +87,7 @@ class ServerCurve:
 
     @property
     def enabled(self) -> bool:
+        """The service's ports speak CURVE."""
         return self.settings.enabled
 
     def load(self) -> None:
@@ -273,6 +274,7 @@ class ServerCurve:
         )
 
     def status(self) -> dict[str, Any]:
+        """Security, server key, allow-list and refusals, for ``/status``."""
         zap = self.zap
         return {
             "security": "curve" if self.keys is not None else "plain",
@@ -291,6 +293,7 @@ class ServerCurve:
         return [dict(entry) for entry in reversed(self.zap.recent_refusals.values())]
 
     def metrics(self) -> list[Metric]:
+        """Whether CURVE is on, and the handshakes refused by reason, for ``/metrics``."""
         service = self.service.replace("-", "_")
         return [
             gauge(

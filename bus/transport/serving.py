@@ -17,9 +17,9 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from bus.periodic import Periodic
 from bus.transport.security import ServerCurve
 from bus.transport.zmqsocket import SocketFactory
+from bus.util.periodic import Periodic
 
 
 class ServerPorts:

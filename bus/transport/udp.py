@@ -41,6 +41,8 @@ class InterfaceError(LookupError):
 
 @dataclass(frozen=True, slots=True)
 class InterfaceAddress:
+    """An interface's IPv4 address, netmask and the broadcast address beacons are sent to."""
+
     name: str
     address: str
     netmask: str
@@ -171,6 +173,7 @@ class UdpPort(DatagramProtocol):
 
     @property
     def closed(self) -> bool:
+        """The port no longer listens."""
         return self._listening is None
 
     def close(self) -> defer.Deferred[None]:
@@ -197,6 +200,7 @@ class UdpListener:
 
     @property
     def closed(self) -> bool:
+        """This listener has left the port."""
         return self._shared is None
 
     def close(self) -> defer.Deferred[None]:

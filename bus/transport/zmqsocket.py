@@ -127,10 +127,12 @@ class SocketFactory:
 
     @property
     def txzmq_factory(self) -> ZmqFactory:
+        """The txzmq factory (and its ZeroMQ context) the sockets are made with."""
         return self._factory
 
     @property
     def closed(self) -> bool:
+        """:meth:`shutdown` was called: its sockets and context are closed."""
         return self._closed
 
     def socket(
@@ -646,6 +648,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
 
     @property
     def closed(self) -> bool:
+        """The socket was closed."""
         return self.socket is None
 
     def shutdown(self) -> None:
@@ -703,12 +706,3 @@ def bind_failure(error: zmq.ZMQError, port_option: str, what: str) -> StartupErr
     address to bind (no such interface or address here)."""
     option = port_option if error.errno == zmq.EADDRINUSE else "bind"
     return StartupError(option, f"cannot bind {what}: {error.strerror}")
-
-
-def reactor_of(reactor: Any | None) -> Any:
-    """The injected reactor, or the global one (imported only when needed)."""
-    if reactor is not None:
-        return reactor
-    from twisted.internet import reactor as global_reactor
-
-    return global_reactor

@@ -7,7 +7,8 @@ then one line per event with ``event``, ``peer`` (32 hex digits), ``name`` and, 
 apply, ``group``, ``content`` (one item per frame: the text when it is UTF-8, else
 ``{"base64": ...}``), ``headers``, ``endpoint`` and (LEADER, from zyre's elections)
 ``leader``. SIGTERM or Ctrl-C leaves cleanly (a
-36/ZRE node sends its leaving beacon).
+36/ZRE node sends its leaving beacon): SIGTERM with exit status 0, Ctrl-C with one line on
+stderr saying what it did and status 130.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bus.memory import freeze_startup_objects
+from bus.util.cliargs import Progress, interruptible
+from bus.util.memory import freeze_startup_objects
 from bus.zre.codec import VERSION_20, VERSION_36
 from bus.zre.config import DEFAULT_PORT, ZreConfig
 from bus.zre.core import ZreEvent
 
 
 def content_json(content: Sequence[bytes]) -> list[Any]:
+    """Content frames as JSON: text where a frame is UTF-8, else ``{"base64": ...}``."""
     items: list[Any] = []
     for frame in content:
         try:
@@ -37,6 +40,7 @@ def content_json(content: Sequence[bytes]) -> list[Any]:
 
 
 def event_json(event: ZreEvent) -> dict[str, Any]:
+    """One node event as the JSON line ``zre-ping`` prints."""
     line: dict[str, Any] = {"event": event.type, "peer": event.peer_hex, "name": event.name}
     if event.group is not None:
         line["group"] = event.group
@@ -52,14 +56,24 @@ def event_json(event: ZreEvent) -> dict[str, Any]:
 
 
 def emit(line: dict[str, Any]) -> None:
+    """Print ``line`` as one JSON line on stdout, at once."""
     sys.stdout.write(json.dumps(line, sort_keys=True) + "\n")
     sys.stdout.flush()
 
 
 def parser() -> argparse.ArgumentParser:
-    from bus.cliargs import CliParser, add_version, duration, port, tcp_endpoint
+    """``zre-ping``'s command line."""
+    from bus.util.cliargs import (
+        CliParser,
+        add_version,
+        bind_endpoint,
+        duration,
+        port,
+        tcp_endpoint,
+    )
 
     def peer(text: str) -> str:
+        """``tcp://HOST:PORT`` (a host that resolves), with ``|KEY`` for CURVE."""
         endpoint, bar, key = text.partition("|")
         return tcp_endpoint(endpoint) + bar + key
 
@@ -101,12 +115,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gossip-bind",
         default=None,
+        type=bind_endpoint,
         help="run a ZGOSSIP hub on tcp://HOST:PORT (zyre_gossip_bind)",
     )
     p.add_argument(
         "--gossip-connect",
         action="append",
         default=[],
+        type=peer,
         help="a ZGOSSIP hub tcp://HOST:PORT to be a client of (with --cert: |KEY for CURVE)",
     )
     p.add_argument("--interval", type=duration, default=1.0, help="between shouts")
@@ -135,13 +151,16 @@ def former_spelling(argv: Sequence[str]) -> list[str]:
     return args
 
 
+@interruptible("zre-ping")
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``zre-ping`` on ``argv`` (default: the command line) until SIGTERM (exit status 0)
+    or Ctrl-C (one line saying what it did, status 130)."""
     args = parser().parse_args(former_spelling(sys.argv[1:] if argv is None else argv))
     groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor
 
-    from bus.errors import StartupError
-    from bus.periodic import Periodic
+    from bus.extension import StartupError
+    from bus.util.periodic import Periodic
     from bus.zre.node import ZreNode, log
 
     config = ZreConfig(
@@ -165,11 +184,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("zre-ping: --gossip-connect with a hub's KEY needs --cert\n")
         return 2
     reactor: Any = global_reactor
+    progress = Progress("zre-ping", "starting its node", "nothing sent")
+    # Before the READY line: from then on a Ctrl-C stops the reactor, not the program.
+    progress.catch(reactor)
     node = ZreNode(config, reactor=reactor)
-    shouts = 0
+    shouts = events = peers = 0
 
     def on_event(event: ZreEvent) -> None:
+        nonlocal events, peers
         emit(event_json(event))
+        events += 1
+        peers += event.type == "ENTER"
         if event.type == "ENTER":
             node.whisper(event.peer, [f"hello from {node.node_name}".encode()])
 
@@ -180,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             node.shout(group, [f"ping {shouts} from {node.node_name}".encode()])
 
     node.add_listener(on_event)
-    # As the product does once its services started (bus.composition): what importing made
+    # As the product does once its services started (bus.application.composition): what importing made
     # leaves the collector's scans, so no full collection (20-30 ms) stalls the node later.
     freeze_startup_objects()
     try:
@@ -193,6 +218,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if node.gossip_endpoint:
         ready["gossip_endpoint"] = node.gossip_endpoint
     emit(ready)
+    progress.now(
+        f"meeting peers in {', '.join(groups)} as {node.node_name}",
+        lambda: (
+            f"{shouts} shout(s) sent to each group, {peers} peer(s) met, "
+            f"{events} event(s) printed; it has left the network"
+        ),
+    )
     periodic = Periodic(reactor, log)
     periodic.every(args.interval, shout)
 
@@ -202,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     reactor.addSystemEventTrigger("before", "shutdown", stop)
     reactor.run()
+    if progress.interrupted:
+        progress.end()
     return 0
 
 

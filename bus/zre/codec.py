@@ -87,6 +87,9 @@ class ZreError(ProtocolError):
 
 @dataclass(frozen=True, slots=True)
 class Beacon:
+    """A UDP beacon: the node's UUID and mailbox port (0: leaving), and its CURVE public key in
+    zyre's version 3."""
+
     uuid: bytes
     port: int
     #: The node's CURVE public key (32 octets) in a version 3 beacon; None in version 1.
@@ -94,6 +97,7 @@ class Beacon:
 
     @property
     def leaving(self) -> bool:
+        """The node says it leaves (port 0, 36/ZRE)."""
         return self.port == 0
 
 
@@ -107,6 +111,8 @@ def encode_beacon(node: bytes, port: int, public_key: bytes | None = None) -> by
 
 
 def parse_beacon(data: bytes, version: int = VERSION_36) -> Beacon:
+    """A beacon datagram (22 octets, or zyre's 54 with a public key) in ``version``'s rules;
+    :class:`ZreError` for anything else."""
     if len(data) == CURVE_BEACON_SIZE and data[:4] == CURVE_BEACON_HEADER:
         # zyre drops a key whose first octet is zero (it reads that as "no key"): 1 key in
         # 256 is a real key, so it is taken here.
@@ -125,6 +131,7 @@ def parse_beacon(data: bytes, version: int = VERSION_36) -> Beacon:
 
 
 def identity_of(node: bytes) -> bytes:
+    """The ROUTER identity a node's DEALER presents: 0x01 then its UUID."""
     return IDENTITY_PREFIX + node
 
 
@@ -145,6 +152,9 @@ def uuid_of_identity(identity: bytes) -> bytes:
 
 @dataclass(slots=True)
 class Hello:
+    """HELLO: the first message to a peer: the sender's mailbox, groups, group status, name and
+    headers."""
+
     sequence: int
     endpoint: str
     groups: tuple[str, ...]
@@ -155,12 +165,16 @@ class Hello:
 
 @dataclass(slots=True)
 class Whisper:
+    """WHISPER: a message to this peer alone."""
+
     sequence: int
     content: tuple[bytes, ...]
 
 
 @dataclass(slots=True)
 class Shout:
+    """SHOUT: a message to every member of ``group``."""
+
     sequence: int
     group: str
     content: tuple[bytes, ...]
@@ -168,6 +182,8 @@ class Shout:
 
 @dataclass(slots=True)
 class Join:
+    """JOIN: the sender joined ``group``; ``status`` counts its joins and leaves."""
+
     sequence: int
     group: str
     status: int
@@ -175,6 +191,8 @@ class Join:
 
 @dataclass(slots=True)
 class Leave:
+    """LEAVE: the sender left ``group``; ``status`` counts its joins and leaves."""
+
     sequence: int
     group: str
     status: int
@@ -182,11 +200,15 @@ class Leave:
 
 @dataclass(slots=True)
 class Ping:
+    """PING: are you there? (answered PING-OK)."""
+
     sequence: int
 
 
 @dataclass(slots=True)
 class PingOk:
+    """PING-OK: the answer to a PING."""
+
     sequence: int
 
 
@@ -245,6 +267,7 @@ _NAMES: Final[dict[type, str]] = {
 
 
 def command_name(message: Message) -> str:
+    """The message's command as a log line names it."""
     if isinstance(message, Unknown):
         return f"command {message.command}"
     return _NAMES[type(message)]
@@ -588,6 +611,8 @@ def sniff_version(frame: bytes) -> int | None:
 
 @dataclass(frozen=True, slots=True)
 class LogRecord:
+    """A ZRE/LOG record: a node's event, its level, the nodes concerned, when, and text."""
+
     level: int
     event: int
     node: int
@@ -597,10 +622,12 @@ class LogRecord:
 
     @property
     def level_name(self) -> str:
+        """The level's name (its number when unknown)."""
         return LOG_LEVELS.get(self.level, str(self.level))
 
     @property
     def event_name(self) -> str:
+        """The event's name (its number when unknown)."""
         return LOG_EVENTS.get(self.event, str(self.event))
 
 
@@ -613,6 +640,7 @@ def node_hash(node: bytes) -> int:
 
 
 def encode_log(record: LogRecord) -> bytes:
+    """``record`` as a ZRE/LOG frame."""
     head = _LOG_HEAD.pack(
         LOG_SIGNATURE,
         1,
@@ -626,6 +654,7 @@ def encode_log(record: LogRecord) -> bytes:
 
 
 def parse_log(frames: Sequence[bytes]) -> LogRecord:
+    """A ZRE/LOG message (one frame); :class:`ZreError` for anything else."""
     if len(frames) != 1:
         raise ZreError("a ZRE/LOG record is one frame", "log-frames")
     frame = frames[0]
@@ -647,4 +676,5 @@ def parse_log(frames: Sequence[bytes]) -> LogRecord:
 
 
 def uuid_hex(node: bytes) -> str:
+    """A node's UUID as 32 hex digits."""
     return uuid.UUID(bytes=node).hex

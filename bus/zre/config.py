@@ -12,6 +12,9 @@ DEFAULT_PORT = 5670
 
 @dataclass(slots=True)
 class ZreConfig:
+    """A node's name, interface, beacon, groups, headers, dialect, peers and gossip, timeouts and
+    bounds."""
+
     name: str = ""
     interface: str = "lo"
     #: UDP beacon port; 0: no beacon (discovery through ``peers`` or gossip only). None:

@@ -95,6 +95,7 @@ class ZreEvent:
 
     @property
     def peer_hex(self) -> str:
+        """The peer's UUID as 32 hex digits."""
         return uuidlib.UUID(bytes=self.peer).hex
 
 
@@ -106,15 +107,25 @@ class Links(Protocol):
         False when it cannot be opened (no descriptors to spare)."""
         ...
 
-    def send(self, key: str, frames: list[bytes]) -> bool: ...
+    def send(self, key: str, frames: list[bytes]) -> bool:
+        """Send ``frames`` on link ``key``; False when they were not sent (no such link, or its
+        queue is full)."""
+        ...
 
-    def close(self, key: str) -> None: ...
+    def close(self, key: str) -> None:
+        """Close link ``key``."""
+        ...
 
-    def rekey(self, old: str, new: str) -> None: ...
+    def rekey(self, old: str, new: str) -> None:
+        """Name link ``old`` ``new`` from now on (a link opened to an endpoint becomes its
+        peer's)."""
+        ...
 
 
 @dataclass(slots=True)
 class ZreSettings:
+    """The node's identity (UUID, name, mailbox), dialect, headers, timeouts and bounds."""
+
     uuid: bytes
     name: str
     endpoint: str
@@ -142,6 +153,8 @@ class ZreSettings:
 
 @dataclass(slots=True)
 class Peer:
+    """A node we know: its link, what its HELLO said, its groups, and the sequences both ways."""
+
     uuid: bytes
     key: str
     endpoint: str
@@ -165,6 +178,7 @@ class Peer:
 
     @property
     def hex(self) -> str:
+        """The peer's UUID as 32 hex digits."""
         return uuidlib.UUID(bytes=self.uuid).hex
 
 
@@ -197,6 +211,9 @@ EventHandler = Callable[[ZreEvent], None]
 
 
 class ZreCore:
+    """A ZRE node's peers and groups: beacons, messages and calls in; links, frames and events out
+    (see the module's text)."""
+
     def __init__(
         self,
         settings: ZreSettings,
@@ -239,11 +256,14 @@ class ZreCore:
 
     @property
     def version(self) -> int:
+        """The dialect spoken: 2 (36/ZRE) or 1 (20/ZRE)."""
         return self.settings.version
 
     # -- discovery ---------------------------------------------------------------------------
 
     def on_beacon(self, beacon: codec.Beacon, host: str) -> None:
+        """A beacon from ``host``: a new peer is linked and greeted, a known one is seen, a leaving
+        one is removed."""
         if beacon.uuid == self.settings.uuid:
             return
         peer = self.peers.get(beacon.uuid)
@@ -379,6 +399,7 @@ class ZreCore:
             on_message(frames[0], frames[1:], now)
 
     def on_message(self, identity: bytes, frames: Sequence[bytes]) -> None:
+        """A message read from the mailbox, from the peer whose DEALER has ``identity``."""
         self._on_message(identity, frames, self.clock())
 
     def _on_message(self, identity: bytes, frames: Sequence[bytes], now: float) -> None:
@@ -661,6 +682,7 @@ class ZreCore:
     # -- leaving -----------------------------------------------------------------------------
 
     def remove_peer(self, peer: Peer) -> None:
+        """Forget ``peer``: its link, its groups, and (when it was ready) an EXIT event."""
         if self.peers.get(peer.uuid) is not peer:
             return
         if peer.ready:
@@ -724,6 +746,7 @@ class ZreCore:
     # -- our own API -------------------------------------------------------------------------
 
     def join(self, group: str) -> None:
+        """Join ``group`` and tell every peer greeted."""
         if group in self.own_groups:
             return
         self.own_groups.append(group)
@@ -732,6 +755,7 @@ class ZreCore:
             self._send_to(peer, Join(0, group, self.status))
 
     def leave(self, group: str) -> None:
+        """Leave ``group`` and tell every peer greeted."""
         if group not in self.own_groups:
             return
         self.own_groups.remove(group)
@@ -836,6 +860,7 @@ class ZreCore:
         return keys
 
     def close(self) -> None:
+        """Close every link and forget every peer."""
         for peer in list(self.peers.values()):
             self.links.close(peer.key)
         for endpoint in list(self.pending):

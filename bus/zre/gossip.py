@@ -48,9 +48,13 @@ class GossipLinks(Protocol):
     """Where frames go: to a client of our hub (by ROUTER identity), or to a hub we are a
     client of (by its endpoint)."""
 
-    def to_client(self, identity: bytes, frame: bytes) -> None: ...
+    def to_client(self, identity: bytes, frame: bytes) -> None:
+        """Send ``frame`` to the client of our hub whose ROUTER identity is ``identity``."""
+        ...
 
-    def to_remote(self, endpoint: str, frame: bytes) -> None: ...
+    def to_remote(self, endpoint: str, frame: bytes) -> None:
+        """Send ``frame`` to the hub at ``endpoint``."""
+        ...
 
 
 @dataclass(slots=True)

@@ -86,6 +86,7 @@ _EMPTY: Final[dict[int, GossipMessage]] = {
 
 
 def encode(message: GossipMessage) -> bytes:
+    """``message`` as one ZGOSSIP frame; ValueError for a key or ttl it cannot carry."""
     head = SIGNATURE + bytes((_IDS[type(message)], VERSION))
     if not isinstance(message, Publish):
         return head

@@ -23,24 +23,28 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from zmq.utils import z85
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.droplog import DropCounter
-from bus.errors import StartupError
-from bus.metrics import Metric, counter, counters_by, gauge
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    BeaconSender,
+    CurveSettings,
+    DescriptorBudget,
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    gauge,
+    listen_shared,
+    reactor_of,
+)
 from bus.transport.curve import make_curve_client
-from bus.transport.curve_settings import CurveSettings
-from bus.transport.fdbudget import DescriptorBudget
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
-from bus.transport.udp import (
-    BeaconSender,
-    InterfaceAddress,
-    InterfaceError,
-    UdpListener,
-    interface_address,
-    listen_shared,
-)
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.transport.udp import InterfaceAddress, InterfaceError, UdpListener, interface_address
+from bus.util.droplog import DropCounter
 from bus.zre import codec
 from bus.zre.codec import VERSION_20, VERSION_36, LogRecord, ZreError
 from bus.zre.config import ZreConfig
@@ -142,24 +146,31 @@ class ZreNode(Service):
 
     @property
     def uuid_hex(self) -> str:
+        """The node's UUID as 32 hex digits."""
         return uuidlib.UUID(bytes=self.uuid).hex
 
     def add_listener(self, listener: EventListener) -> None:
+        """Call ``listener`` with every event of the node (ENTER, JOIN, WHISPER...)."""
         self.listeners = (*self.listeners, listener)
 
     def join(self, group: str) -> None:
+        """Join ``group`` (the node must be running)."""
         self._running_core().join(group)
 
     def leave(self, group: str) -> None:
+        """Leave ``group`` (the node must be running)."""
         self._running_core().leave(group)
 
     def whisper(self, peer: bytes, content: Sequence[bytes]) -> bool:
+        """Send ``content`` to peer ``peer`` alone; False when it is not ready."""
         return self._running_core().whisper(peer, content)
 
     def shout(self, group: str, content: Sequence[bytes]) -> int:
+        """Send ``content`` to every ready peer of ``group``; how many."""
         return self._running_core().shout(group, content)
 
     def peers(self) -> list[bytes]:
+        """The UUIDs of the ready peers."""
         core = self.core
         return [p.uuid for p in core.peers.values() if p.ready] if core else []
 
@@ -658,6 +669,7 @@ class ZreNode(Service):
     # -- what it does ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """The node, its beacon, peers, groups and counts, for ``/status``."""
         core = self.core
         peers = list(core.peers.values()) if core else []
         return {
@@ -707,7 +719,7 @@ class ZreNode(Service):
             "messages_sent": gossip.sent,
         }
 
-    #: The console's charts (see :mod:`bus.console.view`).
+    #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"messages": "messages_received", "beacons": "beacons_received"}
 
     def details(self, limit: int = 100) -> dict[str, Any]:
@@ -738,6 +750,7 @@ class ZreNode(Service):
         return {"peer_list": peers}
 
     def metrics(self) -> list[Metric]:
+        """Peers, events, messages, beacons and drops, and CURVE, for ``/metrics``."""
         status = self.status()
         return [
             *self.curve.metrics(),

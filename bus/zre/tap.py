@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.options import ServiceOptions, parse_duration
+from bus.extension import ServiceOptions, parse_duration
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from bus.zre.config import ZreConfig
     from bus.zre.node import ZreNode
 
@@ -25,6 +25,8 @@ AFTER = ("eventbus",)
 
 
 class Options(ServiceOptions):
+    """``twistd zre``'s options (``--zre-*`` of ``twistd eventbus``)."""
+
     service = "zre"
     env_prefix = "ZRE"
     synopsis = "[--name NAME] [--interface lo] [--group G]... [--peer tcp://HOST:PORT]..."
@@ -105,6 +107,7 @@ class Options(ServiceOptions):
 
 
 def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
+    """The node's settings from its options; a usage error names the option at fault."""
     from bus.zre.config import ZreConfig
 
     version = str(options["version"]).strip()
@@ -180,10 +183,13 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> ZreConfig:
 
 def _is_tcp_endpoint(endpoint: str) -> bool:
     host, _, number = endpoint.removeprefix("tcp://").rpartition(":")
-    return endpoint.startswith("tcp://") and bool(host) and (number.isdigit() or number == "*")
+    # libzmq takes a port beyond 65535 modulo 65536, in silence.
+    port_ok = number == "*" or (number.isdigit() and int(number) <= 65535)
+    return endpoint.startswith("tcp://") and bool(host) and port_ok
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> ZreNode:
+    """The node; composed with the Event BUS, its events go onto the bus under ``/zre/``."""
     from bus.zre.node import ZreNode
 
     config = options.get("zre-config") or config_from_options(options)
@@ -191,6 +197,7 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
-    from bus.composition import standalone
+    """The node alone (``twistd -n zre``)."""
+    from bus.extension import standalone
 
     return standalone("zre", build, options)

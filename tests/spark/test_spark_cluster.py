@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from tests.netns import Hosts, LinePeer, make_hosts, poll_until
 
 pytest.importorskip("nats")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from bus.spark.synthetic import events
 from tests.jetstream_helpers import lead, make_stream, publish
 from tests.ports import nats_cluster

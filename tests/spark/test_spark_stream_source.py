@@ -16,7 +16,7 @@ import pytest
 
 from bus.eventbus import subjects
 from bus.eventbus.codec import Event
-from bus.natsserver import NatsCluster
+from bus.nats.servers import NatsCluster
 from bus.spark.options import SourceOptions
 from bus.spark.source import EventBusStreamReader
 from bus.spark.synthetic import events, expected_counts
@@ -198,6 +198,42 @@ def test_min_events_per_trigger_waits_up_to_max_trigger_delay(nats: NatsCluster)
         assert reader.latestOffset({"seq": 50}, ReadAllAvailable()) == {"seq": 150}
     finally:
         reader.stop()
+
+
+def test_a_stream_behind_a_password_is_read_with_it_from_a_file_never_shown(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``natsUser`` and ``natsPasswordFile``: the driver and the executors read the file;
+    the password is in no option, no plan, no log line."""
+    import secrets
+
+    password = "pw-" + secrets.token_hex(8)
+    server = nats_cluster(
+        tmp_path / "nats",
+        size=1,
+        extra=f'authorization {{ users: [ {{ user: reader, password: "{password}" }} ] }}',
+    )
+    server.start()
+    try:
+        url = server.urls[0]
+        fill(url.replace("nats://", f"nats://reader:{password}@"), list(events(1, 500)), "PW")
+        secret = tmp_path / "password"
+        secret.write_text(password + "\n")
+        with caplog.at_level("DEBUG"):
+            frame = read(spark, url, "PW", natsUser="reader", natsPasswordFile=str(secret))
+            assert frame.count() == 500
+            plan = frame._jdf.queryExecution().toString()
+        assert password not in plan and password not in caplog.text
+        options = SourceOptions.parse(
+            {"nats": url, "natsUser": "reader", "natsPasswordFile": str(secret)}, streaming=False
+        )
+        assert password not in repr(options)
+        without = read(spark, url, "PW")
+        with pytest.raises(Exception, match="Authorization Violation") as refused:
+            without.count()
+        assert password not in str(refused.value)
+    finally:
+        server.stop()
 
 
 def test_options_name_one_log_and_refuse_nonsense() -> None:

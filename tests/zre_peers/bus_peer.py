@@ -15,7 +15,7 @@ from typing import Any
 from twisted.internet import reactor, stdio
 from twisted.protocols.basic import LineReceiver
 
-from bus.memory import freeze_startup_objects
+from bus.util.memory import freeze_startup_objects
 from bus.zre.cli import emit, event_json
 from bus.zre.config import ZreConfig
 from bus.zre.node import ZreNode
@@ -86,7 +86,7 @@ def main() -> None:
     config = ZreConfig(name=name, port=port, interface=interface, groups=sys.argv[5:], **settings)
     node = ZreNode(config, reactor=reactor)
     node.add_listener(lambda event: emit(event_json(event)))
-    # As the product (bus.composition) and zre-ping do: a full collection scanning what
+    # As the product (bus.application.composition) and zre-ping do: a full collection scanning what
     # startup made stalled this process 20-30 ms a second after it started, amid elections.
     freeze_startup_objects()
     node.startService()

@@ -33,7 +33,8 @@ from twisted.internet.task import LoopingCall
 from zmq.utils import z85
 
 from bus.transport.curve import CurveKeyPair, make_curve_client, make_curve_server
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket
+from bus.util.reactor import reactor_of
 from bus.zre import codec
 
 

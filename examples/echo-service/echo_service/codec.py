@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from bus.errors import ProtocolError
+from bus.extension import ProtocolError
 
 ECHO: Final = b"ECHO"
 ECHO_OK: Final = b"ECHO-OK"

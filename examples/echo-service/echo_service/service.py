@@ -8,10 +8,18 @@ import zmq
 from twisted.application.service import Service
 from twisted.logger import Logger
 
-from bus.activity import NO_ACTIVITY, ActivitySink
-from bus.errors import StartupError
-from bus.metrics import Metric, counter, counters_by
-from bus.transport.zmqsocket import SocketFactory, SocketOptions, ZmqSocket, reactor_of
+from bus.extension import (
+    NO_ACTIVITY,
+    ActivitySink,
+    Metric,
+    SocketFactory,
+    SocketOptions,
+    StartupError,
+    ZmqSocket,
+    counter,
+    counters_by,
+    reactor_of,
+)
 from echo_service.core import EchoCore
 
 log = Logger(namespace="echo_service")

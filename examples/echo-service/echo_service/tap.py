@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
-from bus.options import ServiceOptions
+from bus.extension import ServiceOptions
 
 if TYPE_CHECKING:
-    from bus.composition import Composition, ProductService
+    from bus.extension import Composition, ProductService
     from echo_service.service import EchoService
 
 #: Started after these services (when they run): it publishes onto the Event BUS.
@@ -50,6 +50,6 @@ def build(options: usage.Options | dict[str, Any], composition: Composition) -> 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:
     """``twistd -n echo``: the service alone, with the product's start and stop rules."""
-    from bus.composition import standalone
+    from bus.extension import standalone
 
     return standalone("echo", build, options)

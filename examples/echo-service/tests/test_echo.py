@@ -9,7 +9,7 @@ import pytest_twisted
 from echo_service.core import EchoCore
 from echo_service.service import EchoService
 
-from bus.testing import RawPeer, wait_until
+from bus.extension import RawPeer, wait_until
 
 
 def test_the_core_echoes_and_counts_what_it_refuses() -> None:

@@ -1,0 +1,251 @@
+/* The NATS wire's two hot loops, compiled: bus/nats/codec.py and ranged.py.
+ *
+ * A reader of a stream gets one MSG or HMSG per event. In Python each costs a find, a
+ * split, a few int() and a NamedTuple, then a split of its reply subject: 3-4 us, more
+ * than the nats-server spends sending it. Here:
+ *
+ * scan(buffer, position, Msg, Control) parses whole MSG/HMSG messages and bare PING, PONG
+ * and +OK lines from ``position`` on, and stops at the first thing it does not take: an
+ * incomplete message, INFO, -ERR, anything odd (a number that is not plain digits, a
+ * missing CRLF after a payload). The Python parser takes that one item, with its own
+ * errors, so both give the same results for every input (tests/test_natswire_scan.py).
+ *
+ * deliveries(messages, start, sid, limit) reads JetStream deliveries (reply subject
+ * $JS.ACK.<...>) on subscription ``sid`` into columns: stream sequence, subject, payload,
+ * time stored, messages pending. It skips other subscriptions' messages and stops at the
+ * first other message of ``sid`` (a pull request's status) or at a reply subject it does
+ * not read, for the Python loop to take.
+ *
+ * Optional, like bus/transport/_frames.c: without a compiler the Python code does it all.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <limits.h>
+#include <string.h>
+
+/* Plain ASCII digits below 2**64 into ``value`` (no sign, no space, no underscore: Python's
+ * int() accepts those, and then the Python code decides); 0 when not. */
+static int digits(const char *text, Py_ssize_t size, unsigned long long *value) {
+    if (size <= 0 || size > 20) return 0;
+    unsigned long long sum = 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        char c = text[i];
+        if (c < '0' || c > '9') return 0;
+        unsigned d = (unsigned)(c - '0');
+        if (sum > (ULLONG_MAX - d) / 10) return 0;
+        sum = sum * 10 + d;
+    }
+    *value = sum;
+    return 1;
+}
+
+/* Split ``text`` on every ``separator``, as bytes.split does: the parts' starts and sizes,
+ * at most ``most``; the count, or ``most + 1`` when there are more. */
+static int split(const char *text, Py_ssize_t size, char separator, const char **part,
+                 Py_ssize_t *part_size, int most) {
+    int count = 0;
+    const char *from = text;
+    const char *end = text + size;
+    for (;;) {
+        const char *found = memchr(from, separator, (size_t)(end - from));
+        if (count == most) return most + 1;
+        part[count] = from;
+        part_size[count] = (found ? found : end) - from;
+        count++;
+        if (!found) return count;
+        from = found + 1;
+    }
+}
+
+/* An instance of a tuple subclass (a NamedTuple) holding ``items``, which it steals. */
+static PyObject *named(PyTypeObject *type, PyObject **items, Py_ssize_t count) {
+    PyObject *made = type->tp_alloc(type, count);
+    if (made == NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) PyTuple_SET_ITEM(made, i, items[i]);
+    return made;
+}
+
+/* Append to ``out`` an instance of ``type`` holding ``items``, which it steals (one that is
+ * NULL, a failed allocation, fails it all); -1 with an exception set on failure. */
+static int append_named(PyObject *out, PyTypeObject *type, PyObject **items, Py_ssize_t count) {
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (items[i] == NULL) {
+            for (Py_ssize_t j = 0; j < count; j++) Py_XDECREF(items[j]);
+            return -1;
+        }
+    }
+    PyObject *made = named(type, items, count);
+    if (made == NULL) return -1;
+    int failed = PyList_Append(out, made);
+    Py_DECREF(made);
+    return failed;
+}
+
+static int tuple_type(PyObject *type) {
+    if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "a tuple subclass is wanted");
+        return 0;
+    }
+    return 1;
+}
+
+#define MAX_PARTS 6
+
+static PyObject *scan(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    Py_ssize_t position;
+    PyObject *msg_type, *control_type;
+    if (!PyArg_ParseTuple(args, "y*nOO", &view, &position, &msg_type, &control_type))
+        return NULL;
+    if (!tuple_type(msg_type) || !tuple_type(control_type)) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    const char *data = view.buf;
+    Py_ssize_t size = view.len;
+    PyObject *out = NULL;
+    if (position < 0) {
+        PyErr_SetString(PyExc_ValueError, "a position before the buffer");
+        goto fail;
+    }
+    out = PyList_New(0);
+    if (out == NULL) goto fail;
+    while (position < size) {
+        const char *line = data + position;
+        const char *cr = memchr(line, '\r', (size_t)(size - position));
+        if (cr == NULL || cr + 1 >= data + size || cr[1] != '\n') break;
+        Py_ssize_t length = cr - line;
+        Py_ssize_t start = position + length + 2; /* the payload's first octet */
+        if (length >= 4 && (memcmp(line, "MSG ", 4) == 0 || memcmp(line, "HMSG", 4) == 0)) {
+            int headers = line[0] == 'H';
+            const char *part[MAX_PARTS];
+            Py_ssize_t part_size[MAX_PARTS];
+            int parts = split(line, length, ' ', part, part_size, MAX_PARTS);
+            if (headers ? (parts != 5 && parts != 6) : (parts != 4 && parts != 5)) break;
+            if (part_size[0] != (headers ? 4 : 3)) break; /* "HMSGX ..." */
+            int has_reply = parts == (headers ? 6 : 5);
+            unsigned long long sid, total, header_size = 0;
+            if (!digits(part[2], part_size[2], &sid) || sid > LLONG_MAX) break;
+            if (!digits(part[parts - 1], part_size[parts - 1], &total)) break;
+            if (headers && !digits(part[parts - 2], part_size[parts - 2], &header_size)) break;
+            if (total < header_size || total > (unsigned long long)(size - start)) break;
+            if (start + (Py_ssize_t)total + 2 > size) break; /* the rest is on its way */
+            if (data[start + total] != '\r' || data[start + total + 1] != '\n') break;
+            PyObject *items[5];
+            items[0] = PyBytes_FromStringAndSize(part[1], part_size[1]);
+            items[1] = PyLong_FromUnsignedLongLong(sid);
+            items[2] = has_reply ? PyBytes_FromStringAndSize(part[3], part_size[3])
+                                 : PyBytes_FromStringAndSize(NULL, 0);
+            items[3] = PyBytes_FromStringAndSize(data + start, (Py_ssize_t)header_size);
+            items[4] = PyBytes_FromStringAndSize(data + start + header_size,
+                                                 (Py_ssize_t)(total - header_size));
+            if (append_named(out, (PyTypeObject *)msg_type, items, 5)) goto fail;
+            position = start + (Py_ssize_t)total + 2;
+            continue;
+        }
+        const char *word = NULL;
+        if (length == 4 && memcmp(line, "PING", 4) == 0) word = "PING";
+        else if (length == 4 && memcmp(line, "PONG", 4) == 0) word = "PONG";
+        else if (length == 3 && memcmp(line, "+OK", 3) == 0) word = "+OK";
+        if (word == NULL) break; /* INFO, -ERR, lower case, arguments: Python's */
+        PyObject *items[2] = {PyBytes_FromString(word), PyBytes_FromStringAndSize(NULL, 0)};
+        if (append_named(out, (PyTypeObject *)control_type, items, 2)) goto fail;
+        position = start;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("Nn", out, position);
+fail:
+    Py_XDECREF(out);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* The tokens of a delivery's reply subject: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>
+ * .<dseq>.<ts>.<pending> (9) or, with a domain and an account hash, 12 (11 to 32 taken);
+ * as ranged.py reads them: 9 tokens give 5, 7 and 8, the others 7, 9 and 10. */
+#define MAX_TOKENS 32
+
+static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *sequence,
+                      unsigned long long *stamp, unsigned long long *pending) {
+    const char *token[MAX_TOKENS];
+    Py_ssize_t token_size[MAX_TOKENS];
+    int count = split(reply, size, '.', token, token_size, MAX_TOKENS);
+    if (count > MAX_TOKENS) return 0;
+    int s = 5, t = 7, p = 8;
+    if (count != 9) {
+        if (count < 11) return 0;
+        s = 7, t = 9, p = 10;
+    }
+    return digits(token[s], token_size[s], sequence) && digits(token[t], token_size[t], stamp) &&
+           digits(token[p], token_size[p], pending);
+}
+
+static PyObject *deliveries(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *messages;
+    Py_ssize_t start, limit;
+    long long sid;
+    if (!PyArg_ParseTuple(args, "O!nLn", &PyList_Type, &messages, &start, &sid, &limit))
+        return NULL;
+    PyObject *columns[5] = {PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0),
+                            PyList_New(0)};
+    for (int i = 0; i < 5; i++)
+        if (columns[i] == NULL) goto fail;
+    Py_ssize_t count = PyList_GET_SIZE(messages);
+    Py_ssize_t index = start < 0 ? count : start;
+    Py_ssize_t taken = 0;
+    for (; index < count && taken < limit; index++) {
+        PyObject *msg = PyList_GET_ITEM(messages, index);
+        if (!PyTuple_Check(msg) || PyTuple_GET_SIZE(msg) != 5) break;
+        PyObject *msg_sid = PyTuple_GET_ITEM(msg, 1);
+        if (!PyLong_Check(msg_sid)) break;
+        long long its = PyLong_AsLongLong(msg_sid);
+        if (its == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+        if (its != sid) continue;
+        PyObject *reply = PyTuple_GET_ITEM(msg, 2);
+        if (!PyBytes_Check(reply)) break;
+        const char *text = PyBytes_AS_STRING(reply);
+        Py_ssize_t size = PyBytes_GET_SIZE(reply);
+        if (size < 8 || memcmp(text, "$JS.ACK.", 8) != 0) break;
+        unsigned long long sequence, stamp, pending;
+        if (!read_reply(text, size, &sequence, &stamp, &pending)) break;
+        PyObject *values[5] = {PyLong_FromUnsignedLongLong(sequence), PyTuple_GET_ITEM(msg, 0),
+                               PyTuple_GET_ITEM(msg, 4), PyLong_FromUnsignedLongLong(stamp),
+                               PyLong_FromUnsignedLongLong(pending)};
+        int failed = !values[0] || !values[3] || !values[4];
+        for (int i = 0; i < 5 && !failed; i++) failed = PyList_Append(columns[i], values[i]) != 0;
+        Py_XDECREF(values[0]);
+        Py_XDECREF(values[3]);
+        Py_XDECREF(values[4]);
+        if (failed) goto fail;
+        taken++;
+    }
+    return Py_BuildValue("nNNNNN", index, columns[0], columns[1], columns[2], columns[3],
+                         columns[4]);
+fail:
+    for (int i = 0; i < 5; i++) Py_XDECREF(columns[i]);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"scan", scan, METH_VARARGS,
+     "scan(buffer, position, Msg, Control) -> (items, position): whole messages and bare "
+     "PING/PONG/+OK lines, up to the first item left to the Python parser."},
+    {"deliveries", deliveries, METH_VARARGS,
+     "deliveries(messages, start, sid, limit) -> (index, sequences, subjects, payloads, "
+     "stamps, pending): JetStream deliveries on sid as columns, up to the first other "
+     "message of sid or limit deliveries."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__scan(void) { return PyModule_Create(&module); }

@@ -1,0 +1,222 @@
+"""The NATS client protocol's wire, sans-I/O.
+
+:class:`Parser` takes whatever bytes the socket gave and returns what the server said,
+whole: :class:`Msg` for ``MSG`` and ``HMSG``, and the control lines as
+:class:`Control`. Bytes of a message not yet complete stay in the parser. The functions
+below make the client's commands.
+
+Speed is why this exists: headers stay bytes until someone asks (:func:`header`,
+:func:`status`), and where the compiled scanner (bus/nats/_scan.c) was built it parses
+the common messages in C; in Python a message costs one ``find``, one ``split`` and a few
+slices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple
+
+CRLF = b"\r\n"
+PING = b"PING\r\n"
+PONG = b"PONG\r\n"
+#: Control lines longer than this without a CRLF are a broken peer, not a slow one.
+MAX_CONTROL_LINE = 1 << 20
+
+
+class ProtocolError(Exception):
+    """The server sent something that is not the NATS protocol (or an ``-ERR``)."""
+
+
+class Msg(NamedTuple):
+    """A message delivered to one of our subscriptions."""
+
+    subject: bytes
+    sid: int
+    reply: bytes
+    #: The header block (``NATS/1.0 ...`` to the blank line), empty for ``MSG``.
+    headers: bytes
+    payload: bytes
+
+
+class Control(NamedTuple):
+    """A control line: ``INFO`` (with its JSON), ``PING``, ``PONG``, ``+OK`` or ``-ERR``."""
+
+    op: bytes
+    argument: bytes
+
+
+def _native() -> Any:
+    """The compiled scanner (bus/nats/_scan.c), or None: not built, or
+    ``BUS_NATIVE_NATS=0`` in the environment."""
+    if os.environ.get("BUS_NATIVE_NATS", "1") == "0":
+        return None
+    try:
+        from bus.nats import _scan  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _scan
+
+
+#: The compiled scanner, or None; the Python code below gives the same results without it.
+native: Any = _native()
+
+
+class Parser:
+    """Bytes in, whole messages and control lines out, in the order sent."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[Msg | Control]:
+        """Take the bytes ``data`` and return every whole item they complete, in order."""
+        buffer = self._buffer + data if self._buffer else data
+        out: list[Msg | Control] = []
+        if native is None:
+            position = _parse(buffer, 0, out, False)
+        else:
+            # The scanner takes the common items; the Python loop takes one it left (an
+            # INFO, an -ERR, anything odd or incomplete), then the scanner goes on.
+            position, size, scan = 0, len(buffer), native.scan
+            while True:
+                items, position = scan(buffer, position, Msg, Control)
+                out.extend(items)
+                if position >= size:
+                    break
+                after = _parse(buffer, position, out, True)
+                if after == position:
+                    break  # incomplete: the rest waits for more bytes
+                position = after
+        self._buffer = buffer[position:]
+        return out
+
+
+def _parse(buffer: bytes, position: int, out: list[Msg | Control], once: bool) -> int:
+    """Parse from ``position`` (one item when ``once``) into ``out``; the position after
+    what was whole."""
+    append = out.append
+    size = len(buffer)
+    while position < size:
+        end = buffer.find(CRLF, position)
+        if end < 0:
+            if size - position > MAX_CONTROL_LINE:
+                raise ProtocolError("a control line longer than 1 MiB")
+            break
+        line = buffer[position:end]
+        op = line[:4]
+        if op == b"HMSG" or op == b"MSG ":
+            parts = line.split(b" ")
+            if op == b"MSG ":
+                if len(parts) == 4:
+                    subject, sid, reply, total_ = parts[1], parts[2], b"", parts[3]
+                elif len(parts) == 5:
+                    subject, sid, reply, total_ = parts[1], parts[2], parts[3], parts[4]
+                else:
+                    raise ProtocolError(f"bad MSG line {line[:200]!r}")
+                header_size = 0
+            else:
+                if len(parts) == 5:
+                    subject, sid, reply = parts[1], parts[2], b""
+                elif len(parts) == 6:
+                    subject, sid, reply = parts[1], parts[2], parts[3]
+                else:
+                    raise ProtocolError(f"bad HMSG line {line[:200]!r}")
+                header_size, total_ = int(parts[-2]), parts[-1]
+            total = int(total_)
+            start = end + 2
+            stop = start + total
+            if stop + 2 > size:
+                break  # the rest of this message is still on its way
+            if total < header_size or buffer[stop : stop + 2] != CRLF:
+                raise ProtocolError(f"message of {total} bytes not ended by CRLF")
+            append(
+                Msg(
+                    subject,
+                    int(sid),
+                    reply,
+                    buffer[start : start + header_size],
+                    buffer[start + header_size : stop],
+                )
+            )
+            position = stop + 2
+        else:
+            word, _, argument = line.partition(b" ")
+            word = word.upper()
+            if word == b"-ERR":
+                append(Control(b"-ERR", argument.strip(b"'")))
+            elif word in (b"PING", b"PONG", b"+OK", b"INFO"):
+                append(Control(word, argument))
+            else:
+                raise ProtocolError(f"unknown operation {line[:200]!r}")
+            position = end + 2
+        if once:
+            break
+    return position
+
+
+def info(control: Control) -> dict[str, Any]:
+    """The JSON of an ``INFO`` line."""
+    parsed: dict[str, Any] = json.loads(control.argument)
+    return parsed
+
+
+def connect(options: dict[str, Any]) -> bytes:
+    """A ``CONNECT`` with ``options`` as its JSON."""
+    return b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + CRLF
+
+
+def sub(subject: str, sid: int, queue: str = "") -> bytes:
+    """A ``SUB`` of ``subject`` as ``sid``, in ``queue``'s group when one is given."""
+    if queue:
+        return f"SUB {subject} {queue} {sid}\r\n".encode()
+    return f"SUB {subject} {sid}\r\n".encode()
+
+
+def unsub(sid: int, after: int = 0) -> bytes:
+    """An ``UNSUB`` of ``sid``: at once, or after ``after`` more messages."""
+    return f"UNSUB {sid} {after}\r\n".encode() if after else f"UNSUB {sid}\r\n".encode()
+
+
+def pub(subject: bytes, payload: bytes, reply: bytes = b"") -> bytes:
+    """A ``PUB`` of ``payload`` to ``subject``, its answers to ``reply`` when given."""
+    head = b"PUB " + subject + (b" " + reply if reply else b"") + b" %d\r\n" % len(payload)
+    return head + payload + CRLF
+
+
+def hpub(subject: bytes, headers: bytes, payload: bytes, reply: bytes = b"") -> bytes:
+    """``headers``: the whole block, as :func:`header_block` makes it."""
+    head = b"HPUB " + subject + (b" " + reply if reply else b"")
+    head += b" %d %d\r\n" % (len(headers), len(headers) + len(payload))
+    return head + headers + payload + CRLF
+
+
+def header_block(headers: dict[bytes, bytes]) -> bytes:
+    """A ``NATS/1.0`` header block of ``headers`` for :func:`hpub`."""
+    lines = [b"NATS/1.0"]
+    lines.extend(key + b": " + value for key, value in headers.items())
+    return CRLF.join(lines) + CRLF + CRLF
+
+
+def status(headers: bytes) -> int:
+    """The status code of a header block (``NATS/1.0 404 No Messages``), 0 for none."""
+    if len(headers) > 12 and headers[8:9] == b" ":
+        try:
+            return int(headers[9:12])
+        except ValueError:
+            return 0
+    return 0
+
+
+def description(headers: bytes) -> str:
+    """The words after a status code (``No Messages``)."""
+    first = headers.split(CRLF, 1)[0]
+    return first[13:].decode("utf-8", "replace")
+
+
+def header(headers: bytes, name: bytes) -> bytes | None:
+    """One header's value (the first, if several), matched without regard to case."""
+    wanted = name.lower() + b":"
+    for line in headers.split(CRLF)[1:]:
+        if line[: len(wanted)].lower() == wanted:
+            return line[len(wanted) :].strip()
+    return None

@@ -1,0 +1,165 @@
+"""The options that put a service's storage in NATS JetStream (``--store jetstream
+--nats URLS`` and the stream's name, replicas, credentials and TLS), the same for every
+service that has them: the Event BUS's log and eMQP's guaranteed requests.
+
+Secrets come from files (``--nats-password-file``, ``--nats-token-file``, ``--nats-nkey``,
+``--nats-creds``) or the environment (``BUS_NATS_PASSWORD``, ``BUS_NATS_TOKEN``), never
+from the command line, where every user of the host reads them; a ``user:password@`` or
+``token@`` in ``--nats`` still works, and is never printed
+(:mod:`bus.nats.credentials`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from twisted.python import usage
+
+from bus.errors import StartupError
+from bus.nats.credentials import ENV_PASSWORD, ENV_TOKEN, Credentials, CredentialsError
+from bus.nats.settings import NatsSettings
+from bus.util.extras import require, require_tls
+
+Settings = TypeVar("Settings", bound=NatsSettings)
+
+
+def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
+    """twistd's option rows; ``kept``: what sqlite keeps, in words (``the log``)."""
+    return [
+        [
+            "store",
+            None,
+            "sqlite",
+            f"Where to keep {kept}: sqlite (this machine, in --data-dir) or jetstream (a NATS "
+            "JetStream stream, --nats, that several servers share).",
+        ],
+        [
+            "nats",
+            None,
+            None,
+            "With --store jetstream: the NATS servers, nats://HOST:PORT[,nats://...].",
+        ],
+        ["nats-stream", None, stream, "With --store jetstream: the stream's name."],
+        [
+            "nats-subject-prefix",
+            None,
+            prefix,
+            "With --store jetstream: the subjects' first token.",
+        ],
+        [
+            "nats-replicas",
+            None,
+            1,
+            "With --store jetstream: the stream's replicas when it is made (3 in a cluster).",
+            int,
+        ],
+        [
+            "nats-user",
+            None,
+            None,
+            "With --store jetstream: the NATS user; its password from --nats-password-file or "
+            f"{ENV_PASSWORD} in the environment.",
+        ],
+        ["nats-password-file", None, None, "With --store jetstream: a file holding the password."],
+        [
+            "nats-token-file",
+            None,
+            None,
+            f"With --store jetstream: a file holding the NATS token (or {ENV_TOKEN} in the "
+            "environment).",
+        ],
+        ["nats-nkey", None, None, "With --store jetstream: a NATS user's NKEY seed file."],
+        [
+            "nats-creds",
+            None,
+            None,
+            "With --store jetstream: a NATS credentials file (user JWT and seed).",
+        ],
+        ["nats-tls-ca", None, None, "With --store jetstream: the CA that signed the servers."],
+        ["nats-tls-cert", None, None, "With --store jetstream: this client's TLS certificate."],
+        ["nats-tls-key", None, None, "With --store jetstream: its private key."],
+    ]
+
+
+def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any) -> Settings | None:
+    """What the options ask, as ``kind`` (None: sqlite); a usage error for a wrong mix.
+    ``more``: the service's own settings beside the shared ones."""
+    store = options.get("store") or "sqlite"
+    if store not in ("sqlite", "jetstream"):
+        raise usage.UsageError("--store must be sqlite or jetstream")
+    servers = tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
+    if store == "sqlite":
+        if servers:
+            raise usage.UsageError("--nats needs --store jetstream")
+        return None
+    if not servers:
+        raise usage.UsageError("--store jetstream needs --nats nats://HOST:PORT[,...]")
+    _require_extras(options, servers)
+
+    def path(name: str) -> Path | None:
+        value = options.get(name)
+        return Path(value) if value else None
+
+    named: dict[str, Any] = {
+        key: str(options[option])
+        for key, option in (("stream", "nats-stream"), ("subject_prefix", "nats-subject-prefix"))
+        if options.get(option)
+    }
+    try:
+        credentials = Credentials.from_options(
+            user=options.get("nats-user"),
+            password_file=options.get("nats-password-file"),
+            token_file=options.get("nats-token-file"),
+            nkey=options.get("nats-nkey"),
+            creds=options.get("nats-creds"),
+        )
+    except CredentialsError as error:
+        raise usage.UsageError(str(error)) from None
+    try:
+        settings = kind(
+            servers=servers,
+            replicas=int(options.get("nats-replicas") or 1),
+            credentials=credentials,
+            tls_ca=path("nats-tls-ca"),
+            tls_cert=path("nats-tls-cert"),
+            tls_key=path("nats-tls-key"),
+            **named,
+            **more,
+        )
+    except ValueError as error:
+        raise usage.UsageError(str(error)) from None
+    _check_files(settings.credentials)
+    return settings
+
+
+def _check_files(credentials: Credentials) -> None:
+    """The credentials' files read once now: one that is missing or not what it should be
+    ends the start in one line, naming its option, instead of failing every connection."""
+    option = (
+        "nats-password-file"
+        if credentials.password_file is not None
+        else "nats-token-file"
+        if credentials.token_file is not None
+        else "nats-nkey"
+        if credentials.nkey_file is not None
+        else "nats-creds"
+    )
+    try:
+        credentials.check()
+    except CredentialsError as error:
+        raise StartupError(option, str(error)) from None
+
+
+def _require_extras(options: Mapping[str, Any], servers: tuple[str, ...]) -> None:
+    """What the cluster extra brings, when these options need it: found now, one line at
+    start (bus.util.extras), rather than when the first connection is refused."""
+    if options.get("nats-creds"):
+        require("nkeys", "cluster", "a NATS credentials file", "nats-creds")
+    if options.get("nats-nkey"):
+        require("nkeys", "cluster", "an NKEY seed", "nats-nkey")
+    tls = [name for name in ("nats-tls-ca", "nats-tls-cert", "nats-tls-key") if options.get(name)]
+    if not tls and any(url.startswith("tls://") for url in servers):
+        tls = ["nats"]
+    if tls:
+        require_tls("TLS to the NATS servers", tls[0])

@@ -1,0 +1,94 @@
+"""Worker threads for disk work (SQLite checkpoints, journal writes), kept off the reactor.
+
+A pool made here has one daemon thread: work stays in order, and a thread stuck in a
+system call (a dying disk) never keeps the process from exiting once its service has
+given up waiting for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
+from twisted.python.threadpool import ThreadPool
+
+
+class _DaemonThread(threading.Thread):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, daemon=True, **kwargs)
+
+
+def worker_pool(name: str, threads: int = 1) -> ThreadPool:
+    """A pool of ``threads`` daemon threads (one by default: work stays in order);
+    ``start()`` it, ``stop()`` it once its work is done (stop joins the threads)."""
+    pool = ThreadPool(minthreads=min(1, threads), maxthreads=threads, name=name)
+    pool.threadFactory = _DaemonThread
+    return pool
+
+
+class SerialWork:
+    """Periodic blocking work (a WAL checkpoint) on one daemon thread, one call at a time:
+    a call asked for while one runs is skipped, and the next period catches up."""
+
+    def __init__(self, reactor: Any, name: str, on_failure: Callable[[Failure], object]) -> None:
+        self.reactor = reactor
+        self._pool = worker_pool(name)
+        self._on_failure = on_failure
+        self._running: defer.Deferred[Any] | None = None
+
+    def start(self) -> None:
+        """Start the thread; idempotent."""
+        if not self._pool.started:
+            self._pool.start()
+
+    @property
+    def running(self) -> bool:
+        """A call is on the thread now."""
+        return self._running is not None
+
+    def run(self, function: Callable[[], object]) -> None:
+        """Run ``function`` on the thread, unless a call is still running (then skip it); a failure
+        goes to ``on_failure``."""
+        if self._running is not None:
+            return
+
+        def done(result: object) -> None:
+            self._running = None
+            if isinstance(result, Failure):
+                self._on_failure(result)
+
+        self._running = deferToThreadPool(self.reactor, self._pool, function)
+        self._running.addBoth(done)
+
+    def idle(self, timeout: float | None = None) -> defer.Deferred[bool]:
+        """Fires True once no call runs, or False if one still runs after ``timeout``
+        seconds (None: wait for it however long it takes)."""
+        running = self._running
+        if running is None:
+            return defer.succeed(True)
+        finished: defer.Deferred[bool] = defer.Deferred()
+
+        def settle(value: bool) -> None:
+            if not finished.called:
+                finished.callback(value)
+
+        timer = None if timeout is None else self.reactor.callLater(timeout, settle, False)
+
+        def ended(result: object) -> object:
+            if timer is not None and timer.active():
+                timer.cancel()
+            settle(True)
+            return result
+
+        running.addBoth(ended)
+        return finished
+
+    def stop(self) -> None:
+        """Join the thread; call once :meth:`idle` said True (a stuck thread is a daemon:
+        leave it rather than stop)."""
+        if self._pool.started:
+            self._pool.stop()

@@ -1,0 +1,3 @@
+"""The HTTP port: ``/status`` and ``/metrics`` (:mod:`bus.web.server`), the bearer token
+that guards it (:mod:`bus.web.auth`), the channel that bounds what a peer may send
+(:mod:`bus.web.channel`), and the operator's console (:mod:`bus.web.console`)."""
