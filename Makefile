@@ -128,7 +128,8 @@ nemesis: $(VENV)/.test-deps
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-24} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_eventbus_nemesis.py
 
 # The eMQP JetStream nemesis at length (root: network namespaces; eventmq's own job manager
-# and client from its venv). NEMESIS_SEED=N replays a run's faults.
+# and client from its venv; the Spark pipeline reading an Event BUS front-end's stream on the
+# same nats-servers). make test runs it with 4 rounds. NEMESIS_SEED=N replays a run's faults.
 nemesis-emqp: $(VENV)/.test-deps $(INTEROP)/.installed
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-15} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_emqp_nemesis.py
 

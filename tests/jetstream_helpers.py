@@ -103,3 +103,41 @@ def lead(cluster: NatsCluster, node: str, name: str = "EVENTBUS") -> None:
         with Connection(cluster.urls) as connection:
             connection.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{name}", preferred, timeout=10)
         time.sleep(0.2)  # polled: the new leader is known a moment after it answered
+
+
+def leaders(
+    urls: Sequence[str],
+    streams: Sequence[str] = (),
+    consumers: Sequence[tuple[str, str]] = (),
+    within: float = 30.0,
+) -> dict[str, str]:
+    """The server leading each of ``streams`` and ``consumers`` (``(stream, name)``), as
+    JetStream's API says (``cluster.leader`` of STREAM.INFO and CONSUMER.INFO), keyed
+    ``stream NAME`` and ``consumer STREAM/NAME``; one with no leader yet (an election under
+    way) or unanswered is asked again, for up to ``within`` seconds."""
+    from bus.nats import jsapi
+    from bus.nats.blocking import Connection
+
+    asks = {f"stream {name}": jsapi.stream_info(name) for name in streams}
+    asks.update({f"consumer {s}/{c}": f"{jsapi.API}.CONSUMER.INFO.{s}.{c}" for s, c in consumers})
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + within
+    with Connection(urls) as connection:
+        while True:
+            for key, subject in asks.items():
+                if key in found:
+                    continue
+                try:
+                    info = jsapi.answer(connection.request(subject, b"", timeout=5).payload)
+                except (TimeoutError, jsapi.JetStreamError):
+                    continue
+                leader = (info.get("cluster") or {}).get("leader")
+                if leader:
+                    found[key] = leader
+            if len(found) == len(asks):
+                return found
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"no leader within {within}s: {sorted(set(asks) - set(found))}"
+                )
+            time.sleep(0.2)  # an election takes seconds: asked again five times a second

@@ -32,37 +32,17 @@ from typing import Any
 import pytest
 
 from bus.nats.servers import NatsCluster
-from tests.netns import Hosts, HostService, LinePeer, make_hosts, nats_on_hosts, poll_until
+from tests.nemesis import BIN, FrontEnd
+from tests.netns import Hosts, LinePeer, make_hosts, nats_on_hosts, poll_until
 
 pytest.importorskip("nats")
 
 ROUNDS = int(os.environ.get("NEMESIS_ROUNDS", "5"))
 SEED = int(os.environ.get("NEMESIS_SEED", str(random.randrange(1 << 30))))
-PORT = 7000  # every host is a namespace of its own: fixed ports clash with nothing
 FAULT_SECONDS = 4.0
-BIN = Path(sys.executable).parent
 NATS_NODES = ["n1", "n2", "n3"]
 FRONT_ENDS = ["f1", "f2"]
 KINDS = ["kill-nats", "kill-front-end", "stop-front-end", "cut-host", "cut-front-end-minority"]
-
-
-class FrontEnd(HostService):
-    """One front-end on its host, restartable."""
-
-    def __init__(self, hosts: Hosts, name: str, nats_urls: str, root: Path) -> None:
-        self.address = f"{hosts.addresses[name]}:{PORT}"
-        self.nats_urls = nats_urls
-        argv = [
-            str(BIN / "twistd"), "-n", "--pidfile=", "eventbus", "--services", "eventbus",
-            "--bind", hosts.addresses[name], "--port", str(PORT), "--data-dir",
-            str(root / name), "--store", "jetstream", "--nats", nats_urls,
-            "--nats-replicas", "3", "--stats-interval", "0.5s", "--heartbeat-interval", "0.25s",
-        ]  # fmt: skip
-        super().__init__(hosts, name, root, argv, {"EVENTBUS_HTTP_PORT": "0"})
-
-    def broadcast(self) -> int:
-        """The last sequence this front-end has broadcast (its status.json)."""
-        return int(self.status().get("jetstream", {}).get("broadcast", 0))
 
 
 @pytest.fixture

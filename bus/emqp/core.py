@@ -241,6 +241,9 @@ class Broker:
         self.schedules_added = 0
         self.schedules_removed = 0
         self.schedules_fired = 0
+        #: Runs the stream delivered past their time, acknowledged without running (in a
+        #: cluster: :meth:`bus.emqp.schedule_gate.ScheduleGate.missed`).
+        self.schedule_runs_missed = 0
         self.restored = 0
         self.refused_unstored = 0
         self.appended = 0
@@ -1014,6 +1017,13 @@ class Broker:
                 # one waits its turn (acknowledged, it would be lost).
                 self.to_stream.append(("later", handle))
             return
+        gate = self.schedule_gate
+        if not stored.client and gate is not None and gate.missed(stored.body, msgid, self.clock()):
+            # A schedule's run (no client) the stream gave out past its time: a missed run,
+            # not made up (the latest one runs, then the rhythm).
+            self.schedule_runs_missed += 1
+            self.to_stream.append(("ack", handle))
+            return
         job = self._job_of(stored, delivered, handle)
         if delivered > stored.retries + 1:
             self.to_stream.append(("term", handle))
@@ -1476,6 +1486,7 @@ class Broker:
             "schedules_added": self.schedules_added,
             "schedules_removed": self.schedules_removed,
             "schedules_fired": self.schedules_fired,
+            "schedule_runs_missed": self.schedule_runs_missed,
             "restored": self.restored,
             "refused_unstored": self.refused_unstored,
             "dropped": self.drops.total,

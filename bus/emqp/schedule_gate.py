@@ -47,10 +47,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Final
 
-from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleRow
+from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleError, ScheduleRow, schedule_id
 
 #: Seconds a run may stay pending before the brokers that did not fire it append it too.
 TAKEOVER: Final = 1.0
+#: How many runs back a run the stream delivers is recognised as one of its schedule's.
+RUNS_BACK: Final = 1000
 #: A compare-and-set or an append refused or unanswered is asked again after this, doubled
 #: each time up to ``RETRY_MOST``.
 RETRY_FIRST: Final = 0.25
@@ -258,6 +260,39 @@ class ScheduleGate:
         else:
             run.back_off(now)
         self._again(schedule_id, now)
+
+    def missed(self, body: bytes, msgid: bytes, now: float) -> bool:
+        """Whether a run the stream delivers now (its ``body`` and ``msgid``) is a missed
+        run, to be acknowledged without running: a later run of its schedule is fired
+        already, or (an interval schedule) the next one is due within half an interval.
+        The stream holds a stored run back while its queue's consumer has no leader (an
+        election: seconds), and a run a dead broker held until ``ack_wait``; given out then,
+        with the runs stored meanwhile, they would run in a burst, or the run moments before
+        the next one. So after such an outage too, the schedule runs once (the latest run),
+        then in its rhythm, and no two runs leave closer than half an interval.
+
+        What this broker cannot tell for a missed run is run: a client's request, a run of
+        a schedule it does not know (removed, or after its ``run_count``), of one scheduled
+        anew, or more than :data:`RUNS_BACK` runs old; the run under way while its row says
+        it is pending; a run the bucket's watch has not brought here yet."""
+        try:
+            schedule = self.book.get(schedule_id(body))
+        except ScheduleError:
+            return False
+        if schedule is None:
+            return False
+        sid, created, latest = schedule.id, schedule.created, schedule.runs
+        if msgid == run_msgid(sid, created, latest + 1):
+            return False  # fired by another broker, its row not here yet
+        if msgid == run_msgid(sid, created, latest):
+            interval = schedule.spec.interval
+            if schedule.pending or interval is None:
+                return False
+            return now > schedule.next_due - interval / 2
+        oldest = max(latest - RUNS_BACK, 1)
+        return any(
+            msgid == run_msgid(sid, created, run) for run in range(latest - 1, oldest - 1, -1)
+        )
 
     # -- the steps ---------------------------------------------------------------------------
 

@@ -88,6 +88,7 @@ _COUNTER_HELP = {
     "schedules_added": "Schedules added to the broker's own scheduler",
     "schedules_removed": "Schedules removed from the broker's own scheduler",
     "schedules_fired": "Requests the broker's own schedules fired",
+    "schedule_runs_missed": "Schedule runs the stream delivered past their time (a later run fired, or the next due within half an interval), acknowledged without running",
     "restored": "Stored (guarantee) requests restored from the job store at start",
     "refused_unstored": "Guaranteed requests and schedule changes refused because the job store could not take them",
 }

@@ -192,19 +192,17 @@ def run_queries(
     stopping: Callable[[], bool],
     sleep: Callable[[float], None] = time.sleep,
 ) -> bool:
-    """Wait for the queries to end (``availableNow``) or for a failure; a query that fails
-    is started again from its checkpoint up to ``config.max_restarts`` times, after a wait
-    that doubles each time (Spark's own start-up guesses fail a query on a busy host: a
-    Python worker that takes over 10 s to connect back). True when every query ended
-    well."""
+    """Wait for the queries to end (``availableNow``), for a failure, or for ``stopping()``
+    (looked at every :data:`STOP_POLL` seconds: the caller stops the queries then); a
+    query that fails is started again from its checkpoint up to ``config.max_restarts``
+    times, after a wait that doubles each time (Spark's own start-up guesses fail a query
+    on a busy host: a Python worker that takes over 10 s to connect back). True when every
+    query ended well, or it was told to stop."""
     restarts = 0
     while True:
         try:
-            if config.available_now:
-                for query in queries:
-                    query.awaitTermination()
-            else:
-                spark.streams.awaitAnyTermination()
+            while not stopping() and not _ended(spark, config, queries, STOP_POLL):
+                pass
         except Exception as error:  # a query's failure, already reported by the listener
             failed = [i for i, q in enumerate(queries) if not q.isActive and q.exception()]
             if stopping() or not failed or restarts >= config.max_restarts:
@@ -227,6 +225,21 @@ def run_queries(
                 queries[i] = start_query(spark, config, queries[i].name or EVENTS)
             continue
         return stopping() or not any(q.exception() is not None for q in queries)
+
+
+#: How often a wait on the queries looks whether it was told to stop (whole seconds, as
+#: Spark's waits take them).
+STOP_POLL = 1
+
+
+def _ended(
+    spark: SparkSession, config: PipelineConfig, queries: list[StreamingQuery], timeout: int
+) -> bool:
+    """Wait up to ``timeout`` for the queries to end (``availableNow``: all; else any);
+    raises a query's failure."""
+    if config.available_now:
+        return all(query.awaitTermination(timeout) for query in queries)
+    return bool(spark.streams.awaitAnyTermination(timeout))
 
 
 def _first_line(error: BaseException) -> str:
@@ -478,17 +491,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopped: list[int] = []
 
     def stop(signum: int, frame: object) -> None:
+        # Only noted: the main thread is inside a call to Spark (py4j) when the signal
+        # comes, and a call from here would read py4j's socket inside that call's own read.
+        # The wait looks at it every STOP_POLL s and returns; the queries stop below.
         print(f"signal {signum}: stopping queries", flush=True)
         stopped.append(signum)
-        for query in queries:
-            query.stop()
 
     signal.signal(signal.SIGTERM, stop)
-    ok = True
-    try:
-        ok = run_queries(spark, config, queries, lambda: bool(stopped))
-    except KeyboardInterrupt:
-        stop(signal.SIGINT, None)
+    signal.signal(signal.SIGINT, stop)
+    ok = run_queries(spark, config, queries, lambda: bool(stopped))
     for query in queries:
         if query.isActive:
             query.stop()

@@ -16,16 +16,14 @@ from typing import Any
 
 import pytest
 
-#: Spark gives the Python process behind a streaming source (PythonStreamingSourceRunner)
-#: a fixed 10 s to start and connect back, hard-coded in PythonWorkerFactory: on a machine
-#: whose cores other work keeps busy, Python's start can take longer and the query fails
-#: before any of our code runs. A Spark test that fails for that reason alone is run again
-#: (twice at most, whole: fixtures and all); any other failure stands. The pipeline does the
-#: same for its queries (--max-restarts).
-SPARKS_OWN_GUESS = r"Python worker failed to connect back|waiting for the Python worker to connect"
+from .helpers import SPARKS_OWN_GUESS
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A Spark test that failed only for Spark's own start-up guess (SPARKS_OWN_GUESS: a
+    busy machine's Python worker slow to connect back) is run again (twice at most, whole:
+    fixtures and all); any other failure stands. The pipeline does the same for its
+    queries (--max-restarts)."""
     for item in items:
         if item.get_closest_marker("spark") is not None:
             item.add_marker(pytest.mark.flaky(reruns=2, only_rerun=[SPARKS_OWN_GUESS]))

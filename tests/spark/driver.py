@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from .helpers import wait_for
@@ -21,17 +22,26 @@ def batch_files(directory: Path) -> int:
 
 class Driver:
     """``python -m bus.spark.pipeline`` under ``reaper.py``, which reaps whatever the
-    driver leaves behind (its JVM, PySpark's daemon) even when it is SIGKILLed."""
+    driver leaves behind (its JVM, PySpark's daemon) even when it is SIGKILLed. ``prefix``
+    runs it elsewhere (``ip netns exec NS``: a host of tests/netns.py), ``env`` in that
+    environment."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log: Path,
+        prefix: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.pid_file = log.with_name(f"driver-{os.urandom(4).hex()}.pid")
         command = [sys.executable, "-m", "bus.spark.pipeline", *args]
         with open(log, "ab") as handle:
             self.reaper = subprocess.Popen(
-                [sys.executable, str(REAPER), str(self.pid_file), *command],
+                [*prefix, sys.executable, str(REAPER), str(self.pid_file), *command],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 cwd=log.parent,
+                env=env,
             )
         self.pid = int(wait_for(self._pid, timeout=30, what="the driver to start"))
 

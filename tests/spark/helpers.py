@@ -7,7 +7,13 @@ from typing import Any
 
 from tests.processes import wait_for
 
-__all__ = ["end_seq", "wait_for"]
+__all__ = ["SPARKS_OWN_GUESS", "end_seq", "wait_for"]
+
+#: Spark gives the Python process behind a streaming source (PythonStreamingSourceRunner)
+#: a fixed 10 s to start and connect back, hard-coded in PythonWorkerFactory: on a machine
+#: whose cores other work keeps busy, Python's start can take longer and the query fails
+#: before any of our code runs. What it says then:
+SPARKS_OWN_GUESS = r"Python worker failed to connect back|waiting for the Python worker to connect"
 
 
 def end_seq(query: Any) -> int | None:
