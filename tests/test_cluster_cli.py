@@ -4,10 +4,12 @@ every process it started, saying so in one line, with exit status 130."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,11 @@ def test_a_cluster_on_this_machine_serves_and_stops_on_ctrl_c(tmp_path: Path) ->
             line = process.stdout.readline()
             assert line, b"".join(lines).decode()
             lines.append(line)
+        # "ready" is said once both front-ends serve: their /status says so at once.
+        for port in (http, http + 1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as answer:
+                status = json.load(answer)
+            assert status["services"]["eventbus"]["jetstream"]["connected"], status
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(f"tcp://127.0.0.1:{base + 3 + 1}")

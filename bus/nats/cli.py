@@ -14,10 +14,13 @@ Front-end N (from 0) serves ports ``PORT + 3 N`` .. ``+2`` and ``/status`` on ``
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -93,6 +96,32 @@ def front_end_command(urls: list[str], port: int, http_port: int, data_dir: Path
     ]
 
 
+#: How long a front-end may take to connect to the servers and open its ports.
+SERVE_BOUND = 120.0
+
+
+def wait_serving(
+    process: subprocess.Popen[bytes], http_port: int, stopped: Callable[[], bool]
+) -> str | None:
+    """Wait until the front-end's ``/status`` says its stream is connected (its ports are
+    bound by then: the HTTP port starts after the service); what went wrong, or None."""
+    deadline = time.monotonic() + SERVE_BOUND
+    url = f"http://127.0.0.1:{http_port}/status"
+    while time.monotonic() < deadline and not stopped():
+        if process.poll() is not None:
+            return f"ended (status {process.returncode})"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                status = json.load(answer)
+        except (OSError, ValueError):
+            status = {}
+        jetstream = (status.get("services", {}).get("eventbus") or {}).get("jetstream") or {}
+        if jetstream.get("connected"):
+            return None
+        time.sleep(0.2)
+    return None if stopped() else f"did not serve within {SERVE_BOUND:.0f} s"
+
+
 @interruptible("bus-cluster")
 def main(argv: list[str] | None = None) -> int:
     """Run ``bus-cluster``: start the servers and the front-ends, wait for a signal, stop them
@@ -143,8 +172,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{port + 1}, collector {port + 2}; http://127.0.0.1:{http}/status "
                 f"(log {home / 'twistd.log'})"
             )
+        for index, process in enumerate(front_ends):
+            if terminated or progress.interrupted:
+                break
+            progress.now(f"waiting for front-end {index + 1} to serve", "the front-ends started")
+            problem = wait_serving(process, args.http_port + index, lambda: terminated)
+            if problem:
+                fail("bus-cluster", f"front-end {index + 1} {problem}: see its log")
         progress.now("serving", "the NATS servers and the front-ends started")
-        print("ready; Ctrl-C stops everything", flush=True)
+        if not (terminated or progress.interrupted):
+            print("ready; Ctrl-C stops everything", flush=True)
         while not (terminated or progress.interrupted):
             for process in front_ends:
                 if process.poll() is not None:
