@@ -324,6 +324,12 @@ class NatsClient:
         return wire.max_payload if wire is not None else handshake.DEFAULT_MAX_PAYLOAD
 
     @property
+    def server_url(self) -> str | None:
+        """The URL of the server connected to (None when none; credentials and all: print
+        it through :func:`bus.nats.credentials.shown`)."""
+        return self._wire.address.url if self._wire is not None and self._wire.ready else None
+
+    @property
     def info(self) -> dict[str, Any]:
         """The latest INFO of the server connected to (empty when none)."""
         return dict(self._wire.info) if self._wire is not None else {}

@@ -153,6 +153,9 @@ class RangeRead:
         self.consumer = ""
         #: Times the consumer's replica said "nothing more" while the leader held more.
         self.behind = 0
+        #: Messages the consumer said it still held past the last delivered (None: none
+        #: delivered yet).
+        self.pending: int | None = None
         if follow:
             self.upto = upto = 1 << 63
         self._done = after >= upto
@@ -301,6 +304,7 @@ class RangeRead:
                     break
         if taken:
             self.after = sequences[taken - 1]
+            self.pending = pending[taken - 1]
         return taken
 
     def _served(self, delivered: int) -> None:
