@@ -173,7 +173,7 @@ def test_a_front_end_given_one_server_of_three_goes_on_when_that_one_dies(
         # The INFO of a connection names the cluster's servers routed to so far, and a new
         # INFO the others as their routes form.
         yield wait_until(lambda: len(end.status()["jetstream"]["servers"]) == 3)
-        listed = end.status()["jetstream"]["servers"]
+        listed = [server["url"] for server in end.status()["jetstream"]["servers"]]
         assert listed[0] == only.url and sorted(listed[1:]) == sorted(cluster.urls[1:])
         yield wait_until(lambda: all(len(f.servers) == 3 for f in end.stream._failovers.values()))
         sub = RawPeer.sub(end.endpoints["publisher"])

@@ -48,7 +48,7 @@ DASHBOARD = ROOT / "docs" / "grafana" / "bus.json"
 #: service, a socket, a reason, a queue an operator configured), never a peer's identity or
 #: address, so that a flood of peers cannot make a flood of series.
 LABELS = {"service", "socket", "port", "reason", "kind", "result", "verb", "type", "command"}
-LABELS |= {"queue", "state"}
+LABELS |= {"queue", "state", "replica"}
 
 #: The console's charts (``/api/v1/state``: each service's counters) and the family the
 #: dashboard draws each from.

@@ -38,6 +38,7 @@ from bus.extension import Metric, StartupError, counter, gauge
 from bus.nats import codec as nats_codec
 from bus.nats import jsapi
 from bus.nats.publish import TooLarge
+from bus.nats.seen import cluster_metrics, cluster_status
 
 #: A refused batch is sent again soon and often: the stream stores a resent event once,
 #: and a new leader (elected 4-9 s after one dies) should not wait on a long back-off.
@@ -290,11 +291,16 @@ class EventBusFrontEnd(EventBusService):
         stream, core = self.stream, self.core
         status["jetstream"] = {
             "stream": self.stream_settings.stream,
-            # Given, then learnt from the cluster (no credentials: those are never shown).
-            "servers": list(stream.client.servers),
+            # Given, then learnt from the cluster (no credentials: those are never shown),
+            # each in the cluster now or not, in lame-duck mode or not, and our
+            # connections to it.
+            "servers": [server.status() for server in stream.servers_seen()],
             "authentication": self.stream_settings.credentials.kind,
             "replicas": self.stream_settings.replicas,
             "leader": stream.leader,
+            # The stream's leader and followers, read every stats interval.
+            "stream_cluster": cluster_status(stream.cluster),
+            "consumers": stream.consumers(),
             "connected": stream.connected,
             "disconnects": stream.disconnects,
             "atomic_batches": stream.atomic,
@@ -322,6 +328,7 @@ class EventBusFrontEnd(EventBusService):
         stream, core = self.stream, self.core
         return [
             *super().metrics(),
+            *cluster_metrics("eventbus", stream.cluster, stream.servers_seen()),
             gauge(
                 "eventbus_jetstream_connected",
                 "1 while the front-end's NATS data connections (appends, feed) are up",

@@ -57,6 +57,7 @@ from bus.nats.failover import Failover
 from bus.nats.limits import longest_control_line
 from bus.nats.publish import Publisher, PublishError, TooLarge
 from bus.nats.ranged import RangeRead
+from bus.nats.seen import ServerSeen, StreamCluster, servers_seen, stream_cluster
 from bus.util.handoff import Handoff
 
 #: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
@@ -118,6 +119,8 @@ class JetStreamLog:
         self.messages = 0
         self.bytes = 0
         self.leader: str | None = None
+        #: The stream's leader and replicas with their lag, as last read.
+        self.cluster = StreamCluster()
         #: Whether appends go as atomic batches: the stream takes them (made so by a
         #: front-end on nats-server 2.12+) and has replicas. Each append is then one
         #: batch, stored whole or not at all.
@@ -156,6 +159,8 @@ class JetStreamLog:
             for role in ("append", "feed")
         }
         self._feed_thread: threading.Thread | None = None
+        #: The feed's reader now (its consumer's name and what it still holds).
+        self._feed_reader: RangeRead | None = None
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -275,6 +280,7 @@ class JetStreamLog:
         self.store_id = f"{self.settings.stream}@{created_text(info.get('created'))}"
         # The node that leads the stream's replicas now (None: one node, or none elected).
         self.leader = (info.get("cluster") or {}).get("leader")
+        self.cluster = stream_cluster(info)
         state = info["state"]
         self.last_sequence = int(state["last_seq"])
         self.first_sequence = int(state["first_seq"])
@@ -338,6 +344,35 @@ class JetStreamLog:
         mode (before it closed them)."""
         return sum(each.left_lame_duck for each in self._failovers.values())
 
+    def servers_seen(self) -> list[ServerSeen]:
+        """Each server known (given or learnt): in the cluster now, in lame-duck mode, and
+        which of this log's connections (management, append, feed) are open to it."""
+        open_now: list[tuple[str, str, dict[str, Any], bool]] = []
+        url = self.client.server_url
+        if url is not None:  # the reactor's client pings: what it hears is live
+            open_now.append(("management", url, self.client.info, True))
+        for role, roles in self._failovers.items():
+            made = roles.current
+            if made is not None and made.server:
+                open_now.append((role, made.server, made.info, False))
+        return servers_seen(self.client.servers, open_now)
+
+    def consumers(self) -> list[dict[str, Any]]:
+        """This front-end's consumers of the stream now: the feed's (its name, the last
+        sequence it delivered, what it said it still held) and each open snapshot's."""
+        found = []
+        feed = self._feed_reader
+        if feed is not None and feed.consumer:
+            found.append(
+                {"role": "feed", "name": feed.consumer, "delivered": feed.after,
+                 "pending": feed.pending}
+            )  # fmt: skip
+        for reader in self._readers.values():
+            name = reader.consumer
+            if name:
+                found.append({"role": "snapshot", "name": name})
+        return found
+
     # -- following -----------------------------------------------------------------------------
 
     def follow(self, after: int, deliver: Callable[[list[Row]], None]) -> defer.Deferred[None]:
@@ -373,6 +408,7 @@ class JetStreamLog:
                 self._took_limit(made)
                 reader = RangeRead(made, self.settings.stream, after, 0, everything, follow=True)
                 reader.open()
+                self._feed_reader = reader
                 if not answered:
                     answered = True
                     call(started.callback, None)
@@ -391,6 +427,7 @@ class JetStreamLog:
                 with contextlib.suppress(Exception):
                     reader.close()
             except Exception as error:
+                self._feed_reader = None
                 if made is not None:
                     self._lost("feed")
                 if self._closed:
@@ -480,7 +517,13 @@ class JetStreamLog:
         """Read the stream's state again (for /status and the periodic report)."""
 
         asked = self.client.jetstream(jsapi.stream_info(self.settings.stream))
-        return asked.addCallback(self._took_state)
+        return asked.addCallbacks(self._took_state, self._state_unread)
+
+    def _state_unread(self, failure: Any) -> Any:
+        """No answer: no leader to give one, as far as this front-end can tell (what the
+        replicas were is not known either)."""
+        self.cluster = StreamCluster(known=True, unread=str(failure.value) or "no answer")
+        return failure
 
     def size(self) -> int:
         """Bytes the stream holds (as of the last state read)."""

@@ -279,6 +279,11 @@ class RangeReader:
         """Everything of the range was read."""
         return self._read is None or self._read.done
 
+    @property
+    def consumer(self) -> str:
+        """The name of its JetStream consumer now ("" before one is made)."""
+        return self._read.consumer if self._read is not None else ""
+
     def next_events(self, count: int = FETCH) -> Events:
         """The next events (at most ``count``), the bodies unpacked; empty at the end."""
         if self._read is None or self._failover is None:
