@@ -2,8 +2,9 @@
 
 :class:`EventLog` is what a server alone needs: append a batch and learn its sequences,
 read a range under subtree filters, the last sequence, the store id clients check,
-retention, close. :class:`bus.eventbus.store.EventStore` (SQLite, one machine) keeps it
-today; a replicated log (a JetStream stream) keeps it next, behind the same core.
+retention, close. :class:`bus.eventbus.store.EventStore` (SQLite, one machine) and
+:class:`bus.eventbus.jetstream.JetStreamLog` (a replicated JetStream stream, behind the
+front-ends) keep it, behind the same core.
 :class:`PairLog` adds what the Binary Star pair needs to copy one log into another,
 which only the SQLite log does. mypy checks ``EventStore`` against both (bottom).
 
