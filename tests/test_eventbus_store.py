@@ -25,7 +25,8 @@ from hypothesis.stateful import (
 )
 
 from bus.eventbus.codec import Event
-from bus.eventbus.store import DB_NAME, EventStore, LogUpkeep, Retention, prefix_upper_bound
+from bus.eventbus.store import DB_NAME, EventStore, Retention, prefix_upper_bound
+from bus.eventbus.upkeep import LogUpkeep
 
 
 def event(topic: bytes, n: int = 0, sequence: int = 0) -> Event:

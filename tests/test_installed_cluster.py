@@ -62,5 +62,5 @@ def test_bus_cluster_serves_one_stream_through_two_front_ends_and_stops(tmp_path
                  timeout=300, what="bus-cluster ready")  # fmt: skip
         publish_and_read(tmp_path, f"127.0.0.1:{base}", f"127.0.0.1:{base + 3}", "/cluster/")
     finally:
-        code = cluster.stop(signal.SIGINT)
+        code = cluster.stop(signal.SIGTERM)  # as a service manager stops it (Ctrl-C: 130)
     assert code == 0 and cluster.output().endswith("stopped\n"), cluster.output()

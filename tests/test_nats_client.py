@@ -261,10 +261,11 @@ def test_no_echo_keeps_a_clients_own_messages_from_its_subscriptions(nats_server
             client.start()
             yield client.when_connected(timeout=10)
             client.subscribe("talk", lambda msg, n=name: heard[n].append(msg.payload))
-        # A request each: its answer comes once the server read the client's SUBs.
+        # A request each: its answer comes once the server read the client's SUBs. The loud
+        # one first: it answers its own, and then the quiet one's (no echo: never its own).
         for client in (quiet, loud):
             client.subscribe("ping", lambda msg, c=client: c.publish(msg.reply, b"pong"))
-        for client in (quiet, loud):
+        for client in (loud, quiet):
             yield client.request(b"ping", b"")
         for name, client in (("quiet", quiet), ("loud", loud)):
             client.publish(b"talk", name.encode())

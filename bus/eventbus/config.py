@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import zmq
 
@@ -15,9 +15,12 @@ from bus.eventbus.codec import (
     SequenceEncoding,
 )
 from bus.eventbus.store import Retention
-from bus.extension import CurveSettings, SocketOptions
+from bus.extension import CurveSettings
 from bus.nats.settings import NatsSettings
 from bus.util.sqlitewal import Durability
+
+if TYPE_CHECKING:  # txZMQ's socket module: not for the settings Spark's executors read
+    from bus.extension import SocketOptions
 
 SyncEndSequence = Literal["highest", "current"]
 Replication = Literal["sync", "async"]
@@ -178,6 +181,8 @@ class EventBusConfig:
         """The sockets of ports P, P+1 and P+2. ``rights``: an allow-list of client keys
         applies (each message's User-Id is kept, subscriptions are the server's to apply);
         ``publish_rights``: PUBs are checked against their key's publish subtrees."""
+        from bus.extension import SocketOptions
+
         keepalive = self.tcp_keepalive_idle
         snapshot = SocketOptions(
             send_hwm=self.snapshot_hwm,

@@ -15,7 +15,7 @@ recovers, and ``refused_storage`` counts the events that had to wait.
 
 The core decides (:mod:`bus.eventbus.core`: what is stored, broadcast, held, retried when,
 what a key may receive); the log's checkpoints, retention and close are the store's
-(:class:`bus.eventbus.store.LogUpkeep`). This service reads the sockets into them, sends
+(:class:`bus.eventbus.upkeep.LogUpkeep`). This service reads the sockets into them, sends
 what they produced, and keeps the timers.
 """
 
@@ -39,7 +39,8 @@ from bus.eventbus.core import Broadcast, EventBusCore, Watcher, Watchers
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair import Pair
 from bus.eventbus.snapshots import SnapshotScheduler
-from bus.eventbus.store import EventStore, LogUpkeep
+from bus.eventbus.store import EventStore
+from bus.eventbus.upkeep import LogUpkeep
 from bus.extension import (
     Metric,
     SocketFactory,
