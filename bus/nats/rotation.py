@@ -21,10 +21,12 @@ from urllib.parse import urlsplit
 from bus.nats import handshake
 from bus.nats.handshake import ConnectError
 
-__all__ = ["Rotation", "discovered"]
+__all__ = ["Rotation", "discovered", "server_key"]
 
 
-def _key(url: str) -> tuple[str, int]:
+def server_key(url: str) -> tuple[str, int]:
+    """What makes two URLs the same server: its host (in lower case) and port, whatever
+    the scheme or credentials; ConnectError for a URL that does not parse."""
     address = handshake.server(url)
     return address.host.lower(), address.port
 
@@ -49,7 +51,7 @@ class Rotation:
             handshake.server(url)  # a URL that names no server fails now, not in a minute
         self.servers = list(servers)
         self.discover = discover
-        self._known = {_key(url) for url in self.servers}
+        self._known = {server_key(url) for url in self.servers}
         self._next = 0
 
     def order(self) -> list[str]:
@@ -83,7 +85,7 @@ class Rotation:
         added = []
         for url in discovered(reached, [u for u in urls if isinstance(u, str)]):
             try:
-                key = _key(url)
+                key = server_key(url)
             except ConnectError:
                 continue
             if key not in self._known:

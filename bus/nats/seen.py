@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bus.nats import handshake
 from bus.nats.credentials import shown
 from bus.nats.handshake import ConnectError
+from bus.nats.rotation import server_key
 from bus.util.metrics import Metric, gauge, gauges_by
 
 __all__ = [
@@ -113,11 +113,12 @@ class ServerSeen:
 
 
 def _key(url: str) -> tuple[str, int] | None:
+    """:func:`bus.nats.rotation.server_key`, for INFO's bare ``host:port`` too; None for a
+    URL that does not parse."""
     try:
-        address = handshake.server(url if "://" in url else "nats://" + url)
+        return server_key(url if "://" in url else "nats://" + url)
     except ConnectError:
         return None
-    return address.host.lower(), address.port
 
 
 def servers_seen(
