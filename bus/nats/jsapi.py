@@ -149,12 +149,16 @@ def ranged_consumer(
     return json.dumps({"stream_name": stream, "config": config}).encode()
 
 
-def pull(batch: int, expires: float, max_bytes: int = 0) -> bytes:
+def pull(batch: int, expires: float, max_bytes: int = 0, heartbeat: float = 0.0) -> bytes:
     """A pull request's body: up to ``batch`` messages (and ``max_bytes``, when given), the request
-    expiring after ``expires`` seconds."""
+    expiring after ``expires`` seconds; with ``heartbeat``, the server says every that many
+    seconds that the request still waits (a status 100), so that silence means the consumer
+    or its server is gone (at most half ``expires``)."""
     request: dict[str, Any] = {"batch": batch, "expires": int(expires * 1e9)}
     if max_bytes:
         request["max_bytes"] = max_bytes
+    if heartbeat:
+        request["idle_heartbeat"] = int(heartbeat * 1e9)
     return json.dumps(request).encode()
 
 
