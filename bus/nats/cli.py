@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -37,8 +38,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from bus.nats import handshake
 from bus.nats.blocking import Connection
 from bus.nats.credentials import Credentials, CredentialsError, shown
+from bus.nats.handshake import ConnectError
 from bus.nats.roll import (
     DEFAULT_TIMEOUT,
     Commands,
@@ -83,7 +86,9 @@ def _template(text: str) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """``bus-cluster``'s command line."""
-    parser = CliParser(prog="bus-cluster", description=__doc__.splitlines()[0])
+    # No abbreviations: the commands' --nats would read as one of the program's --nats-port
+    # and --nats-route-port (argparse matches the program's options over the whole line).
+    parser = CliParser(prog="bus-cluster", description=__doc__.splitlines()[0], allow_abbrev=False)
     add_version(parser)
     # Each is the first of a run of ports: front-end N uses PORT + 3 N .. + 2 (N up to 8).
     first_port = whole_number(1, 65535 - 3 * 9)
@@ -266,9 +271,29 @@ def main(argv: list[str] | None = None) -> int:
     for a signal, stop them all (SIGTERM ends it with status 0, Ctrl-C with one line saying
     what it stopped and 130); with one, run it against a cluster."""
     args = parse(parser(), argv)
-    if args.command is not None:
-        return operate(args, _how_to_connect(args))
-    return demo(args)
+    if args.command is None:
+        return demo(args)
+    if args.command == "roll":
+        _check_roll(args)
+    return operate(args, _how_to_connect(args))
+
+
+def _check_roll(args: argparse.Namespace) -> None:
+    """What ``roll`` needs beside a cluster of its own: how to stop and start each kind of
+    process it restarts (a cluster that ``bus-cluster`` runs is its own)."""
+    prog = "bus-cluster roll"
+    if not args.nats:
+        given = [o for o in ("stop", "start", "front_end_stop", "front_end_start", "front_ends")
+                 if getattr(args, o)]  # fmt: skip
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            fail(prog, f"{option} is for a cluster named with --nats", 2)
+        return
+    if not args.no_servers and not (args.stop and args.start):
+        fail(prog, "--nats needs --stop and --start: how its servers stop and start", 2)
+    wanted = args.front_ends and not args.no_front_ends
+    if wanted and not (args.front_end_stop and args.front_end_start):
+        fail(prog, "--front-end needs --front-end-stop and --front-end-start", 2)
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -438,15 +463,23 @@ def _how_to_connect(args: argparse.Namespace) -> Callable[[Sequence[str]], Conne
     except CredentialsError as error:
         fail(f"bus-cluster {args.command}", error, 2)
     servers = tuple(u.strip() for u in (args.nats or "").split(",") if u.strip())
-    settings = NatsSettings(
-        servers=servers or ("nats://127.0.0.1:4222",),
-        credentials=credentials,
-        tls_ca=args.nats_tls_ca,
-        tls_cert=args.nats_tls_cert,
-        tls_key=args.nats_tls_key,
-    )
+    prog = f"bus-cluster {args.command}"
+    try:
+        settings = NatsSettings(
+            servers=servers or ("nats://127.0.0.1:4222",),
+            credentials=credentials,
+            tls_ca=args.nats_tls_ca,
+            tls_cert=args.nats_tls_cert,
+            tls_key=args.nats_tls_key,
+        )
+        for url in settings.servers:
+            handshake.server(url)  # a URL that names no server is said now
+        tls = tls_context(settings)
+    except (ValueError, ConnectError, CredentialsError) as error:
+        fail(prog, f"--nats: {error}", 2)
+    except (OSError, ssl.SSLError) as error:
+        fail(prog, f"TLS: {error.strerror or error if isinstance(error, OSError) else error}")
     args.nats_servers = list(settings.servers) if servers else []
-    tls = tls_context(settings)
 
     def connect(urls: Sequence[str]) -> Connection:
         return Connection(
@@ -575,19 +608,7 @@ def _roll(
         front_control: Control = control
         front_ends = [FrontEnd(f["status"], token) for f in demo_state["front_ends"]]
     else:
-        if not args.no_servers and not (args.stop and args.start):
-            fail(
-                prog,
-                "--nats needs --stop and --start: how this cluster's servers stop and start",
-                2,
-            )
         front_ends = [FrontEnd(url, token) for url in args.front_ends or ()]
-        if (
-            front_ends
-            and not args.no_front_ends
-            and not (args.front_end_stop and args.front_end_start)
-        ):
-            fail(prog, "--front-end needs --front-end-stop and --front-end-start", 2)
         control = Commands(args.stop or "", args.start or "")
         front_control = Commands(args.front_end_stop or "", args.front_end_start or "")
     began = time.monotonic()
