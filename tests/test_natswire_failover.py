@@ -280,3 +280,29 @@ def test_a_follower_whose_consumer_falls_silent_fails_and_one_idle_does_not(
     finally:
         cluster.kill(node, signal.SIGCONT)
         cluster.kill(node, signal.SIGKILL)
+
+
+def test_a_batch_whose_leader_is_lost_unanswered_is_refused_once_another_leads(
+    tmp_path: Path,
+) -> None:
+    """A batch the leader took and never answered (here the leader is stopped, SIGSTOP;
+    a leader that steps down drops it the same way): the late acknowledgement has the
+    stream asked, every second, whether its leader changed; once the others elected one,
+    the batch is refused at once (to be sent again) rather than at its timeout."""
+    from bus.nats.publish import Publisher, PublishError
+    from tests.jetstream_helpers import lead, make_stream
+
+    cluster = nats_cluster(tmp_path / "nats", size=3)
+    cluster.start()
+    try:
+        make_stream(cluster.urls)
+        lead(cluster, "n1")
+        with Connection([cluster.urls[1]]) as connection:
+            publisher = Publisher(connection, stream="EVENTBUS")
+            assert publisher.publish([(b"eventbus.a", b"id-1", b"one")], timeout=10) == [1]
+            cluster.kill(cluster.nodes[0], signal.SIGSTOP)
+            with pytest.raises(PublishError, match="the stream's leader changed while"):
+                publisher.publish([(b"eventbus.a", b"id-2", b"two")], timeout=120)
+    finally:
+        cluster.kill(cluster.nodes[0], signal.SIGCONT)
+        cluster.stop()

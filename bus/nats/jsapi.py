@@ -3,6 +3,7 @@ replies' errors, and what a consumer's delivery says in its reply subject."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any, NamedTuple
 
@@ -102,6 +103,28 @@ def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
 def stream_info(stream: str) -> str:
     """The request subject of a stream's configuration and state."""
     return f"{API}.STREAM.INFO.{stream}"
+
+
+def _instant(text: str) -> float:
+    """Seconds since the epoch of one of JetStream's times (RFC 3339, nanoseconds, UTC)."""
+    whole, _, rest = text.partition(".")
+    fraction = rest.rstrip("Z").split("+")[0].split("-")[0] if rest else ""
+    stamp = datetime.datetime.fromisoformat(whole.rstrip("Z")).replace(tzinfo=datetime.UTC)
+    return stamp.timestamp() + (float("0." + fraction) if fraction.isdigit() else 0.0)
+
+
+def leader_for(info: dict[str, Any]) -> float | None:
+    """How long the stream's leader had led when it answered this ``STREAM.INFO`` (the
+    answer's ``ts`` less its ``cluster.leader_since``, both the leader's clock), or None
+    when it does not say (no leader, one server, an older nats-server)."""
+    since = (info.get("cluster") or {}).get("leader_since")
+    now = info.get("ts")
+    if not since or not now:
+        return None
+    try:
+        return _instant(str(now)) - _instant(str(since))
+    except ValueError:
+        return None
 
 
 def message_get(stream: str) -> str:
