@@ -405,7 +405,7 @@ def _start_again(cluster: NatsCluster, front_ends: list[_FrontEndProcess]) -> No
     for end in front_ends:
         assert end.process is not None
         if end.process.poll() is None:
-            if not end.served and end.process.pid:
+            if not end.served:
                 end.served = _says_connected(end.http_port)
             continue
         if not end.served:
@@ -574,6 +574,7 @@ def operate(args: argparse.Namespace, connect: Callable[[Sequence[str]], Connect
     )
     progress.did(lambda: "; ".join(roll.done) or "nothing done")
     try:
+        api.check()
         if args.command == "step-down":
             roll.step_down(args.server)
         elif args.command == "wait-current":

@@ -222,6 +222,21 @@ class JetStreamApi:
                     raise ConnectionError(str(error)) from None
         raise AssertionError("unreachable")
 
+    def check(self) -> None:
+        """Reach the servers and JetStream once (its account information):
+        :class:`RollError` saying why not (refused credentials, no server answering, no
+        JetStream), so that a wrong password is one line at once, not a wait."""
+        try:
+            self._connected()
+        except (OSError, ProtocolError, ConnectError) as error:
+            raise RollError(
+                f"cannot reach {', '.join(map(shown, self.servers))}: {error}"
+            ) from None
+        try:
+            self.request(f"{jsapi.API}.INFO")
+        except (OSError, jsapi.JetStreamError) as error:
+            raise RollError(f"JetStream does not answer: {error}") from None
+
     def _paged(self, subject: str, key: str) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         while True:
@@ -356,6 +371,11 @@ def check_template(template: str) -> str:
     return template
 
 
+def shell(command: str) -> subprocess.CompletedProcess[bytes]:
+    """Run ``command`` with the shell, its output on ours; its status in the result."""
+    return subprocess.run(command, shell=True, check=False)
+
+
 @dataclass
 class Commands:
     """Commands an operator gives, run by the shell, each field's value quoted: the stop
@@ -364,10 +384,8 @@ class Commands:
 
     stop_template: str
     start_template: str
-    #: Where the commands' output goes (the tool's own stdout by default).
-    run: Callable[[str], subprocess.CompletedProcess[bytes]] = field(
-        default=lambda command: subprocess.run(command, shell=True, check=False)
-    )
+    #: What runs a command (:func:`shell`: the shell, its output on the tool's own).
+    run: Callable[[str], subprocess.CompletedProcess[bytes]] = field(default=shell)
 
     def _run(self, template: str, what: Server | FrontEnd, step: str) -> None:
         fields = {key: shlex.quote(value) for key, value in what.fields().items()}
