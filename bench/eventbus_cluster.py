@@ -744,6 +744,7 @@ def restarts_once(
             return found + [("nats-servers", pid) for pid in nats.pids()]
 
         cpu = CpuTally(processes).start()
+        cpu_from = time.monotonic()
         api = JetStreamApi(nats.urls, lambda urls: Connection(urls, name="bench", echo=False))
         roll = Roll(api, say=lambda line: steps.append(f"{time.monotonic():.3f} {line}"))
         quiet_from = time.monotonic()
@@ -832,6 +833,7 @@ def restarts_once(
         subscriber.proc.stdin.flush()
         received = subscriber.result(timeout=240)
         cpu_by_kind = cpu.stop()
+        cpu_wall = time.monotonic() - cpu_from
         api.close()
         stores_again = [
             float(m["seconds"])
@@ -868,6 +870,7 @@ def restarts_once(
         # Wall clock less CLOCK_MONOTONIC: the servers' logs are in wall-clock time.
         "wall_offset": time.time() - time.monotonic(),
         "cpu_us_per_event": {kind: seconds / events * 1e6 for kind, seconds in cpu_by_kind.items()},
+        "cpu_cores": {kind: seconds / cpu_wall for kind, seconds in cpu_by_kind.items()},
         "foreign_cores": account.stop(),
     }
 
@@ -1285,12 +1288,14 @@ def main() -> int:
             details.append(
                 (
                     "restarts CPU",
-                    "per event delivered, over a whole run: "
+                    "per event delivered, over a whole run (restarts, idle work and all; "
+                    "cores used on average): "
                     + "; ".join(
                         f"{mode}: "
                         + ", ".join(
                             f"{kind} "
-                            f"{median([r['cpu_us_per_event'].get(kind, 0.0) for r in rs]):.1f} us"
+                            f"{median([r['cpu_us_per_event'].get(kind, 0.0) for r in rs]):.1f} us "
+                            f"({median([r['cpu_cores'].get(kind, 0.0) for r in rs]):.2f} cores)"
                             for kind in kinds
                         )
                         for mode, rs in restarts.items()
