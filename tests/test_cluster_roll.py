@@ -68,6 +68,23 @@ def moved_before_stopping(output: str, server: str) -> str:
     return found[1]
 
 
+def interrupt_a_roll(directory: Path) -> subprocess.CompletedProcess[str]:
+    """``bus-cluster roll`` of the servers, Ctrl-C (SIGINT) once it began with n1."""
+    roll = subprocess.Popen(
+        [BUS_CLUSTER, "roll", "--dir", str(directory), "--no-front-ends"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert roll.stdout is not None
+    said = []
+    while not said or not said[-1].startswith("n1: "):
+        line = roll.stdout.readline()
+        assert line, said
+        said.append(line)
+    roll.send_signal(signal.SIGINT)
+    out, err = roll.communicate(timeout=120)
+    return subprocess.CompletedProcess(roll.args, roll.returncode, "".join(said) + out, err)
+
+
 def every_replica_current(urls: list[str]) -> None:
     group = group_of(stream_info(urls[0], "EVENTBUS"), "EVENTBUS")
     assert group.leader is not None and len(group.peers) == 3, group
@@ -223,6 +240,11 @@ def test_rolling_the_cluster_bus_cluster_runs_restarts_its_servers_and_front_end
         confirmed = yield clients.finish()
         every_replica_current(urls)
         print(f"\nroll of bus-cluster's 3 servers and 2 front-ends: {confirmed} events confirmed")
+        # Ctrl-C in the middle of another roll: one line, what it was doing, status 130.
+        interrupted = yield threads.deferToThread(interrupt_a_roll, directory)
+        assert interrupted.returncode == 130, interrupted
+        last = interrupted.stderr.splitlines()[-1]
+        assert re.match(r"bus-cluster roll: interrupted after [0-9.]+ s, .*n1", last), last
     finally:
         yield clients.stop()
         demo.send_signal(signal.SIGINT)
