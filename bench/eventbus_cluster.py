@@ -1307,7 +1307,7 @@ def main() -> int:
                     "restarts",
                     f"{args.restart_rate:,.0f} events/s from ConfirmedPublisher([B, A]); "
                     "EventBusSubscriber([A, B]) (defaults); R3, two front-ends; each nats-server, "
-                    "then A, then B, restarted in turn; a window runs from the first step to 3 s after "
+                    "then A, then B, restarted in turn; a window runs from the first step to 1.5 s after "
                     "the replicas current (or the front-end serving); target "
                     f"< {TARGET_PLANNED_RESTART:g} s -> {verdict_word(ok)}",
                 )

@@ -188,6 +188,17 @@ def test_rolling_a_cluster_named_by_its_urls_moves_every_leader_first_and_loses_
             assert f"{node.name}: done in " in done.stdout, done.stdout
         assert moved_before_stopping(done.stdout, led) != led
         assert done.stdout.splitlines()[-1].startswith("restarted 3 server(s) and 0 front-end(s)")
+        # Two of the steps alone, as a runbook uses them.
+        urls = ",".join(nats.urls)
+        led = (yield threads.deferToThread(leaders, nats.urls, ["EVENTBUS"]))["stream EVENTBUS"]
+        moved = yield run([BUS_CLUSTER, "step-down", led, "--nats", urls])
+        assert moved.returncode == 0, moved.stdout + moved.stderr
+        now = (yield threads.deferToThread(leaders, nats.urls, ["EVENTBUS"]))["stream EVENTBUS"]
+        assert now != led and f"(now {now})" in moved.stdout, moved.stdout
+        current = yield run([BUS_CLUSTER, "wait-current", led, "--nats", urls])
+        assert current.returncode == 0 and "are current" in current.stdout, current
+        typo = yield run([BUS_CLUSTER, "wait-current", "n9", "--nats", urls])
+        assert typo.returncode == 1 and "is the name right?" in typo.stderr, typo
         confirmed = yield clients.finish()
         every_replica_current(nats.urls)
         print(

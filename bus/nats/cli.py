@@ -576,9 +576,10 @@ def operate(args: argparse.Namespace, connect: Callable[[Sequence[str]], Connect
     try:
         api.check()
         if args.command == "step-down":
+            roll.holding(args.server)
             roll.step_down(args.server)
         elif args.command == "wait-current":
-            roll.wait_current(args.server)
+            roll.wait_current(args.server, roll.holding(args.server))
         else:
             _roll(args, roll, urls, connect, demo_state)
     except KeyboardInterrupt:

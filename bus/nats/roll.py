@@ -484,6 +484,19 @@ class Roll:
 
     # -- the steps
 
+    def holding(self, server: str) -> list[Group]:
+        """The groups with a replica on ``server``; :class:`RollError` when none has one
+        (a mistyped name, most likely), naming the servers that hold replicas."""
+        groups = self._groups()
+        held = [g for g in groups if server in g.peers]
+        if not held:
+            named = sorted({name for g in groups for name in g.peers})
+            raise RollError(
+                f"no stream or consumer has a replica on {server} (they are on "
+                f"{', '.join(named) or 'no server'}): is the name right?"
+            )
+        return held
+
     def peers_current(self, server: str) -> list[Group]:
         """Wait until every group with a replica on ``server`` has its other replicas
         current, so that stopping ``server`` leaves each a quorum; those groups."""
