@@ -48,7 +48,7 @@ DASHBOARD = ROOT / "docs" / "grafana" / "bus.json"
 #: service, a socket, a reason, a queue an operator configured), never a peer's identity or
 #: address, so that a flood of peers cannot make a flood of series.
 LABELS = {"service", "socket", "port", "reason", "kind", "result", "verb", "type", "command"}
-LABELS |= {"queue", "state", "replica"}
+LABELS |= {"queue", "state", "replica", "stream"}
 
 #: The console's charts (``/api/v1/state``: each service's counters) and the family the
 #: dashboard draws each from.
@@ -369,6 +369,11 @@ def test_every_labelled_family_in_the_code_takes_a_label_of_the_list() -> None:
     labelled = re.compile(
         r'\b(?:counters_by|gauges_by)\(\s*f?"[^"]+",\s*(?:"(?:[^"\\]|\\.)*"\s*)+,\s*"(\w+)"'
     )
+    # Families of several labels name them in a tuple of literals.
+    several_call = re.compile(r"\bgauges_by_labels\(")
+    several = re.compile(
+        r'\bgauges_by_labels\(\s*f?"[^"]+",\s*(?:"(?:[^"\\]|\\.)*"\s*)+,\s*\(((?:\s*"\w+",?)+)\s*\)'
+    )
     found: list[str] = []
     for path in (ROOT / "bus").rglob("*.py"):
         if path.name == "metrics.py":
@@ -376,6 +381,9 @@ def test_every_labelled_family_in_the_code_takes_a_label_of_the_list() -> None:
         text = path.read_text()
         labels = labelled.findall(text)
         assert len(labels) == len(call.findall(text)), f"{path}: a family this test cannot read"
+        tuples = several.findall(text)
+        assert len(tuples) == len(several_call.findall(text)), f"{path}: a family not read"
+        labels += [label for names in tuples for label in re.findall(r'"(\w+)"', names)]
         found += labels
     assert len(found) >= 20
     assert sorted(set(found) - LABELS) == []
