@@ -653,3 +653,12 @@ def test_emqp_says_which_queue_waits_with_no_worker(tmp_path: Path, cleanup: lis
     assert samples[("emqp_queue_workers", "orphans")] == 0
     assert samples[("emqp_queue_workers", "served")] == 1
     assert samples[("emqp_queue_depth", "served")] == 0
+
+
+def test_the_console_paints_a_lagging_replica_where_the_alerts_fire() -> None:
+    """The console's amber for a replica behind its leader (console.js) is the shipped
+    rules' threshold, for the Event BUS and eMQP alike."""
+    script = (ROOT / "bus" / "web" / "console" / "static" / "console.js").read_text()
+    [painted] = re.findall(r"^const REPLICA_LAG_WARN = (\d+);$", script, re.M)
+    thresholds = re.findall(r"expr: (\w+)_jetstream_replica_lag > (\d+)$", RULES.read_text(), re.M)
+    assert sorted(thresholds) == [("emqp", painted), ("eventbus", painted)]
