@@ -15,7 +15,7 @@ on JetStream (the Event BUS front-end, eMQP) shows them the same way
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from bus.nats.credentials import shown
@@ -122,17 +122,11 @@ class ConsumerSeen:
     cluster: StreamCluster | None = None
 
     def status(self) -> dict[str, Any]:
-        """As ``/status`` shows it."""
-        return {
-            "role": self.role,
-            "name": self.name,
-            "stream": self.stream,
-            "serves": self.serves,
-            "delivered": self.delivered,
-            "pending": self.pending,
-            "ack_pending": self.ack_pending,
-            "cluster": cluster_status(self.cluster) if self.cluster is not None else None,
-        }
+        """As ``/status`` shows it: each field by its name, the cluster as
+        :func:`cluster_status` shows a stream's."""
+        shown = {each.name: getattr(self, each.name) for each in fields(self)}
+        shown["cluster"] = cluster_status(self.cluster) if self.cluster is not None else None
+        return shown
 
 
 def consumer_seen(

@@ -237,10 +237,21 @@ function clusterProblems(js) {
   return out;
 }
 
+// The section's tables, made once per service (the Event BUS's and eMQP's alike).
+function clusterTables(section, service) {
+  const table = (body, ...heads) => el("table", {class: "rows"},
+    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))), el("tbody", {id: service + "-" + body}));
+  section.append(el("h3", {}, "NATS cluster"),
+    table("servers", "server", "state", "our connections"),
+    table("streams", "stream", "leader", "replica", "current", "lag", "last heard"),
+    table("consumers", "consumer", "for", "stream", "leader", "pending", "ack pending"));
+}
+
 function clusterView(service, js) {
   const section = $(service + "-cluster");
   section.hidden = !(js && Array.isArray(js.servers));
   if (section.hidden) return;
+  if (!section.childElementCount) clusterTables(section, service);
   rows(service + "-servers", js.servers, (s) => {
     const [state, cls] = serverState(s);
     return el("tr", {"data-server": s.url, class: cls}, ...cells(s.url, state, (s.ours || []).join(", ") || "–"));
