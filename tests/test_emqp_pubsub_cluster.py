@@ -27,22 +27,12 @@ from tests.test_emqp_pubsub import (
     interop,
     publish_with_eventmq,
 )
+from tests.test_eventbus_subjects import matches
 from tests.test_product_process import environment, metric_samples
 
 __all__ = ["interop"]  # the fixture, used by name
 
 PREFIX = "emqp-pubsub"
-
-
-def matches(filter_: str, subject: str) -> bool:
-    """NATS's own rule: tokens equal, ``*`` one token, ``>`` one or more at the end."""
-    wanted, tokens = filter_.split("."), subject.split(".")
-    for index, token in enumerate(wanted):
-        if token == ">":
-            return len(tokens) > index
-        if index >= len(tokens) or (token != "*" and token != tokens[index]):
-            return False
-    return len(tokens) == len(wanted)
 
 
 topics = st.binary(max_size=80) | st.sampled_from([b"orders", b"orders.created", b"o", b""])

@@ -13,10 +13,9 @@ from twisted.python.failure import Failure
 
 from bus.dbp.config import CatalogNatsSettings
 from bus.dbp.shared import SharedCatalogCore, Write
-from bus.extension import Metric, StartupError, counter, gauge
+from bus.extension import Metric, counter, gauge
 from bus.nats import jsapi, kv
-from bus.nats.client import client_for, stream_ready
-from bus.nats.handshake import ConnectError
+from bus.nats.client import client_for, connect_at_start
 from bus.nats.seen import ServerSeen, StreamCluster, cluster_status, servers_seen
 
 log = Logger(namespace="bus.dbp.cluster")
@@ -64,20 +63,14 @@ class CatalogBucket:
         """Connect, make the bucket when missing, watch it until caught up; a StartupError
         says what is wrong in one line."""
         settings = self.settings
-        self.client.start()
-        try:
-            yield self.client.when_connected(timeout=settings.connect_timeout)
-        except ConnectError as error:
-            self.client.stop()
-            raise StartupError("nats", str(error)) from None
-        config = kv.bucket_config(settings.bucket, settings.replicas, settings.duplicate_window)
-        try:
-            yield defer.ensureDeferred(
-                stream_ready(self.client, config, 3 * settings.connect_timeout)
-            )
-        except (jsapi.JetStreamError, TimeoutError) as error:
-            self.client.stop()
-            raise StartupError("nats-bucket", f"KV_{settings.bucket}: {error}") from None
+        yield connect_at_start(self.client, settings.connect_timeout)
+        yield kv.bucket_ready(
+            self.client,
+            settings.bucket,
+            settings.replicas,
+            settings.duplicate_window,
+            "nats-bucket",
+        )
         yield self.watch.start()
         self._opened = True
         from twisted.internet.task import LoopingCall

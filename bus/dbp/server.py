@@ -94,7 +94,7 @@ class CatalogService(Service):
                 self.reactor.seconds,
                 self._activity,
                 self.drops.drop,
-                config.nats.refresh,
+                refresh=config.nats.refresh,
             )
             self.bucket = CatalogBucket(self.reactor, config.nats, shared, self._send)
         self.router: ZmqSocket | None = None

@@ -32,14 +32,13 @@ again: keys it did not send are gone from the view when it has caught up.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bus.dbp import codec
 from bus.dbp.codec import DbpMessage
 from bus.dbp.config import DEFAULT_REFRESH
-from bus.dbp.core import ActivityHandler, CatalogCore, CatalogSettings, DropHandler, Entry
+from bus.dbp.core import CatalogCore, Entry
 
 #: What an info request is answered while the view may be stale.
 NOT_CURRENT = "this catalog instance is not in touch with the shared catalog now: ask another"
@@ -98,15 +97,10 @@ def decode(name: str, value: bytes) -> Entry:
 class SharedCatalogCore(CatalogCore):
     """The catalog whose registry is shared through a bucket (see the module's text)."""
 
-    def __init__(
-        self,
-        settings: CatalogSettings,
-        clock: Callable[[], float],
-        activity: ActivityHandler,
-        drop: DropHandler,
-        refresh: float = DEFAULT_REFRESH,
-    ) -> None:
-        super().__init__(settings, clock, activity, drop)
+    def __init__(self, *core: Any, refresh: float = DEFAULT_REFRESH) -> None:
+        """``core``: :class:`bus.dbp.core.CatalogCore`'s arguments; ``refresh``: how often a
+        service this instance hears is written to be heard."""
+        super().__init__(*core)
         self.refresh = refresh
         #: Whether this instance's view is the shared catalog's (set by the I/O side).
         self.current = False

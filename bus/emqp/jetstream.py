@@ -29,9 +29,14 @@ from bus.emqp.core import Job, Message
 from bus.emqp.schedule_gate import PutRow
 from bus.extension import StartupError
 from bus.nats import codec, jsapi, kv
-from bus.nats.client import NotConnected, Subscription, client_for, stream_ready
+from bus.nats.client import (
+    NotConnected,
+    Subscription,
+    client_for,
+    connect_at_start,
+    stream_ready,
+)
 from bus.nats.codec import Msg
-from bus.nats.handshake import ConnectError
 from bus.nats.seen import (
     ConsumerSeen,
     ServerSeen,
@@ -204,12 +209,7 @@ class JetStreamJobs:
         """Connect, make the stream when missing, check it when found; a StartupError
         says what is wrong in one line."""
         settings = self.settings
-        self.client.start()
-        try:
-            yield self.client.when_connected(timeout=settings.connect_timeout)
-        except ConnectError as error:
-            self.client.stop()
-            raise StartupError("nats", str(error)) from None
+        yield connect_at_start(self.client, settings.connect_timeout)
         wanted = jobstream.stream_config(
             settings.stream, self._prefix, settings.replicas, settings.duplicate_window
         )
@@ -240,14 +240,9 @@ class JetStreamJobs:
                 "change the options or the stream (it is never changed silently)",
             )
         self.atomic = bool(info["config"].get("allow_atomic"))
-        bucket = kv.bucket_config(self.bucket, settings.replicas, settings.duplicate_window)
-        try:
-            yield defer.ensureDeferred(
-                stream_ready(self.client, bucket, 3 * settings.connect_timeout)
-            )
-        except (jsapi.JetStreamError, TimeoutError) as error:
-            self.client.stop()
-            raise StartupError("nats-stream", f"KV_{self.bucket}: {error}") from None
+        yield kv.bucket_ready(
+            self.client, self.bucket, settings.replicas, settings.duplicate_window, "nats-stream"
+        )
         self._watch = kv.Watch(
             self.client,
             self.bucket,

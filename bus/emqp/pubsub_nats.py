@@ -22,7 +22,7 @@ from bus.emqp.pubsub_cluster import BadPublication, Interest, Seen
 from bus.extension import Metric, StartupError, counter, counters_by, gauge
 from bus.nats import codec, jsapi
 from bus.nats.blocking import connection
-from bus.nats.client import NotConnected, Subscription, client_for
+from bus.nats.client import NotConnected, Subscription, client_for, connect_at_start
 from bus.nats.codec import Msg, ProtocolError
 from bus.nats.handshake import ConnectError
 from bus.nats.limits import DEFAULT_CONTROL_LINE, longest_control_line
@@ -72,8 +72,7 @@ class PubsubLink:
     def open(self) -> defer.Deferred[None]:
         """Connect (an unreachable cluster is a start-up error) and ask the servers how long
         a command line they read."""
-        self.client.start()
-        waiting = self.client.when_connected(timeout=self.settings.connect_timeout)
+        waiting = connect_at_start(self.client, self.settings.connect_timeout)
 
         def connected(_: object) -> defer.Deferred[int]:
             return threads.deferToThread(

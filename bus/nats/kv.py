@@ -17,14 +17,16 @@ sequence skips) makes a new watch, which sends every key again; so does a reconn
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from bus.errors import StartupError
 from bus.nats import codec, jsapi
-from bus.nats.client import NatsClient, Subscription
+from bus.nats.client import NatsClient, Subscription, stream_ready
 from bus.nats.codec import Msg
 from bus.nats.tokens import SubjectError, token, untoken
 
@@ -33,6 +35,7 @@ __all__ = [
     "WRONG_LAST_SEQUENCE",
     "Watch",
     "bucket_config",
+    "bucket_ready",
     "key_of",
     "key_subject",
     "put",
@@ -63,6 +66,24 @@ def bucket_config(bucket: str, replicas: int, duplicate_window: float) -> dict[s
         "allow_direct": True,
         "duplicate_window": int(duplicate_window * 1e9),
     }
+
+
+def bucket_ready(
+    client: NatsClient, bucket: str, replicas: int, duplicate_window: float, option: str
+) -> defer.Deferred[None]:
+    """Bucket ``bucket`` made when missing (asked again while JetStream cannot answer yet,
+    up to three connect timeouts); a refusal, or no answer, is a start-up error naming
+    ``option`` (the client is stopped then)."""
+    config = bucket_config(bucket, replicas, duplicate_window)
+    made = defer.ensureDeferred(stream_ready(client, config, 3 * client.connect_timeout))
+
+    def failed(failure: Failure) -> None:
+        if not isinstance(failure.value, jsapi.JetStreamError | TimeoutError):
+            failure.raiseException()
+        client.stop()
+        raise StartupError(option, f"KV_{bucket}: {failure.value}")
+
+    return made.addCallbacks(lambda _: None, failed)
 
 
 def key_subject(bucket: str, key: bytes) -> str:
@@ -125,6 +146,7 @@ def put(
 Entry = Callable[[bytes, "bytes | None", int], None]
 
 
+@dataclass(eq=False)
 class Watch:
     """The keys of a bucket, then their changes, to ``on_entry`` (see the module's text).
 
@@ -133,42 +155,31 @@ class Watch:
     caller knows every key will come again; ``on_caught_up`` once they all have.
     """
 
-    def __init__(
-        self,
-        client: NatsClient,
-        bucket: str,
-        inbox: str,
-        on_entry: Entry,
-        *,
-        on_start: Callable[[], None] = lambda: None,
-        on_caught_up: Callable[[], None] = lambda: None,
-        on_bad: Callable[[str], None] = lambda _: None,
-        idle_heartbeat: float = 0.0,
-    ) -> None:
-        self.client = client
-        self.bucket = bucket
-        self.inbox = inbox
-        self.on_entry = on_entry
-        self.on_start = on_start
-        self.on_caught_up = on_caught_up
-        self.on_bad = on_bad
-        self.idle_heartbeat = idle_heartbeat
-        self._generation = 0
-        self._subscription: Subscription | None = None
-        self._retry: Any = None
-        self._sequence = 0
-        #: The consumer now ("" before JetStream made one) and what it said it still held
-        #: at its last delivery.
-        self.consumer = ""
-        self.pending: int | None = None
-        #: Whether every key there was at the watch's start has come.
-        self.caught_up = False
-        #: When the watch last heard anything (a change or the server's idle heartbeat),
-        #: in the reactor's seconds.
-        self.heard_at = 0.0
-        #: Watches made again (a lost change, a reconnection, a silence).
-        self.restarts = 0
-        self._stopped = False
+    client: NatsClient
+    bucket: str
+    inbox: str
+    on_entry: Entry
+    on_start: Callable[[], None] = lambda: None
+    on_caught_up: Callable[[], None] = lambda: None
+    on_bad: Callable[[str], None] = lambda _: None
+    #: With it, the server says it is there that often when nothing changes.
+    idle_heartbeat: float = 0.0
+    #: The consumer now ("" before JetStream made one) and what it said it still held at
+    #: its last delivery.
+    consumer: str = field(default="", init=False)
+    pending: int | None = field(default=None, init=False)
+    #: Whether every key there was at the watch's start has come.
+    caught_up: bool = field(default=False, init=False)
+    #: When the watch last heard anything (a change or the server's idle heartbeat), in the
+    #: reactor's seconds.
+    heard_at: float = field(default=0.0, init=False)
+    #: Watches made again (a lost change, a reconnection, a silence).
+    restarts: int = field(default=0, init=False)
+    _generation: int = field(default=0, init=False)
+    _subscription: Subscription | None = field(default=None, init=False)
+    _retry: Any = field(default=None, init=False)
+    _sequence: int = field(default=0, init=False)
+    _stopped: bool = field(default=False, init=False)
 
     def start(self) -> defer.Deferred[Any]:
         """(Again) the bucket's keys, then its changes. The watch before is no longer listened
