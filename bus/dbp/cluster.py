@@ -52,6 +52,7 @@ class CatalogBucket:
             on_bad=lambda error: core.drop("bad-record", error, "bucket"),
             idle_heartbeat=IDLE_HEARTBEAT,
         )
+        core.fresh = self._fresh
         self.cluster = StreamCluster()
         #: Times the view stopped being current (a lost connection, a silent watch).
         self.stale_episodes = 0
@@ -97,6 +98,13 @@ class CatalogBucket:
             count=len(self.core.entries),
             bucket=self.settings.bucket,
         )
+
+    def _fresh(self) -> bool:
+        silent: float = self.reactor.seconds() - self.watch.heard_at
+        if silent <= 3 * IDLE_HEARTBEAT:
+            return True
+        self._check()  # found before the periodic check: said and acted on now
+        return False
 
     def _check(self) -> None:
         """Whether the view is current; a watch silent for three idle heartbeats while

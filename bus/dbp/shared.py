@@ -32,6 +32,7 @@ again: keys it did not send are gone from the view when it has caught up.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +105,9 @@ class SharedCatalogCore(CatalogCore):
         self.refresh = refresh
         #: Whether this instance's view is the shared catalog's (set by the I/O side).
         self.current = False
+        #: Asked at each info request too: whether the watch was heard lately (a process
+        #: resumed after a stop reads its requests before its timers run).
+        self.fresh: Callable[[], bool] = lambda: True
         #: Writes to send (the I/O side takes them: :meth:`take_writes`).
         self.writes: list[Write] = []
         #: Writes sent and not answered yet, by service.
@@ -159,7 +163,7 @@ class SharedCatalogCore(CatalogCore):
         return entry.holder == self.me
 
     def _info(self, message: DbpMessage) -> dict[str, Any]:
-        if not self.current:
+        if not (self.current and self.fresh()):
             self.not_current_answers += 1
             return {"Error": NOT_CURRENT, "unavailable": True}
         return super()._info(message)
