@@ -73,9 +73,15 @@ def frames(command: bytes, body: bytes) -> list[bytes]:
     return [b"", command, struct.pack("<d", time.time()), body]
 
 
-def registration(name: str, port: int) -> bytes:
+def registration(name: str, port: int, heartbeat: float = 1.0) -> bytes:
     return json.dumps(
-        {"name": name, "address": "127.0.0.1", "port": port, "function": "bench", "heartbeat": 1.0}
+        {
+            "name": name,
+            "address": "127.0.0.1",
+            "port": port,
+            "function": "bench",
+            "heartbeat": heartbeat,
+        }
     ).encode()
 
 
@@ -107,7 +113,9 @@ def register_load(endpoint: str, count: int, prefix: str) -> float:
         dealers.append(dealer)
     started = time.perf_counter()
     for n in range(count):
-        dealers[n % 64].send_multipart(frames(b"UwU", registration(f"{prefix}{n}", 9)))
+        # They never beat: a long heartbeat keeps them from expiring during the other loads.
+        body = registration(f"{prefix}{n}", 9, heartbeat=3600.0)
+        dealers[n % 64].send_multipart(frames(b"UwU", body))
     poller = zmq.Poller()
     for dealer in dealers:
         poller.register(dealer, zmq.POLLIN)
@@ -167,8 +175,9 @@ def heartbeat_load(
             dealer.connect(endpoint)
             dealer.send_multipart(frames(b"UwU", registration(f"svc{n}", back_port)))
             dealers.append(dealer)
-        for dealer in dealers:
-            dealer.recv_multipart()
+        approved = sum(dealer.recv_multipart()[1] == b"OwO" for dealer in dealers)
+        if approved < services:
+            raise RuntimeError(f"{services - approved} of {services} registrations refused")
     sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     beats = [b"<3" + struct.pack("<d", 0.0) + f"svc{n}".encode() for n in range(services)]
     received = 0
