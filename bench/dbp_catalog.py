@@ -40,14 +40,13 @@ import zmq
 from _common import (
     PYTHON,
     Figure,
-    code_env,
     cpu_seconds,
     free_ports,
     machine,
+    started_twistd,
     stop_process,
     summary,
     temporary_directory,
-    twistd_command,
 )
 
 ECHO = r"""
@@ -212,21 +211,12 @@ def heartbeat_load(
 def catalog(tmp: Any, name: str, options: list[str]) -> tuple[subprocess.Popen[bytes], int]:
     """``twistd -n dbp`` started (with ``options``), once it serves: the process, its port."""
     port = free_ports(1)
-    log = tmp / f"{name}.log"
-    command = [
-        *twistd_command(), "-n", "--pidfile=", "--logfile", str(log), "dbp",
-        "--port", str(port), "--beacon-port", "0", "--data-dir", str(tmp / f"{name}-data"),
-        "--heartbeat-interval", "1s", "--liveness", "5", *options,
+    args = [
+        "dbp", "--port", str(port), "--beacon-port", "0", "--data-dir",
+        str(tmp / f"{name}-data"), "--heartbeat-interval", "1s", "--liveness", "5", *options,
     ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=tmp, env=code_env())
     ready = "services in bucket" if options else "DBP catalog on"
-    deadline = time.monotonic() + 60
-    while ready not in (log.read_text() if log.exists() else ""):
-        if time.monotonic() > deadline or process.poll() is not None:
-            stop_process(process)
-            raise RuntimeError(f"catalog {name} did not start")
-        time.sleep(0.05)
-    return process, port
+    return started_twistd(tmp, name, args, ready), port
 
 
 def catalog_loads(

@@ -21,23 +21,12 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
+import _common as common
 import zmq
-from _common import (
-    PYTHON,
-    Figure,
-    code_env,
-    cpu_seconds,
-    free_ports,
-    machine,
-    stop_process,
-    summary,
-    temporary_directory,
-    twistd_command,
-)
+from _common import PYTHON, Figure, cpu_seconds
 
 SUBSCRIBER = r"""
 import sys, time, zmq
@@ -59,23 +48,14 @@ print(f"{count} {last - first}", flush=True)
 
 def service(tmp: Path, name: str, nats: str = "") -> tuple[subprocess.Popen[bytes], int]:
     """``twistd -n emqp-pubsub`` on free ports, once it serves: the process, its first port."""
-    port = free_ports(2)
-    log = tmp / f"{name}.log"
-    command = [
-        *twistd_command(), "-n", "--pidfile=", "--logfile", str(log), "emqp-pubsub",
-        "--incoming-port", str(port), "--outgoing-port", str(port + 1),
+    port = common.free_ports(2)
+    args = [
+        "emqp-pubsub", "--incoming-port", str(port), "--outgoing-port", str(port + 1),
         "--subscriber-hwm", "1000000", "--stats-interval", "0",
         *(["--nats", nats] if nats else []),
     ]  # fmt: skip
-    process = subprocess.Popen(command, cwd=tmp, env=code_env())
     ready = "the servers take" if nats else "eMQP PUBLISH service: publishers"
-    deadline = time.monotonic() + 60
-    while ready not in (log.read_text() if log.exists() else ""):
-        if time.monotonic() > deadline or process.poll() is not None:
-            stop_process(process)
-            raise RuntimeError(f"{name} did not start")
-        time.sleep(0.05)
-    return process, port
+    return common.started_twistd(tmp, name, args, ready), port
 
 
 def run(publish_port: int, subscribe_port: int, count: int, pids: list[int]) -> dict[str, Any]:
@@ -117,15 +97,15 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--alone", action="store_true", help="the one service only")
     args = parser.parse_args()
-    info = machine()
-    with temporary_directory("emqp-pubsub-bench-") as tmp:
+    info = common.machine()
+    with common.temporary_directory("emqp-pubsub-bench-") as tmp:
         alone, port = service(tmp, "alone")
         try:
             one = run(port, port + 1, args.messages, [alone.pid])
         finally:
-            stop_process(alone)
+            common.stop_process(alone)
         if args.alone:
-            summary(
+            common.summary(
                 "eMQP PUBLISH service",
                 info,
                 measured=f"one service: {one['per_s']:,.0f}/s, {one['received']:,} arrived; "
@@ -157,10 +137,10 @@ def main() -> int:
             two = run(port_a, port_b + 1, args.messages, [a.pid, b.pid, node.pid])
         finally:
             for process in started:
-                stop_process(process)
+                common.stop_process(process)
             nats.stop()
     ratio = two["per_s"] / one["per_s"]
-    summary(
+    common.summary(
         "eMQP PUBLISH service across brokers",
         info,
         measured=(

@@ -22,7 +22,6 @@ their order; ``make nemesis-dbp`` runs 12, and adds kill -9 of a nats-server to 
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -34,24 +33,25 @@ from typing import Any
 
 import pytest
 
+from tests import netns
 from tests.nemesis import BIN, Window
-from tests.netns import Hosts, HostService, LinePeer, make_hosts, nats_on_hosts, poll_until
+from tests.netns import Hosts, HostService, LinePeer, nats_on_hosts, poll_until
 from tests.processes import START_BOUND
 
 pytest.importorskip("nats")
 
-ROUNDS = int(os.environ.get("DBP_NEMESIS_ROUNDS", "3"))
-SEED = int(os.environ.get("DBP_NEMESIS_SEED", str(random.randrange(1 << 30))))
-FAULT_SECONDS = 4.0
-NATS_NODES = ["n1", "n2", "n3"]
+PEERS = Path(__file__).parent / "dbp_peers"
+PORT = 5246
 CATALOGS = ["d1", "d2"]
+NATS_NODES = ["n1", "n2", "n3"]
 KINDS = ["kill-catalog", "stop-catalog", "cut-catalog"]
 #: More kinds once more rounds are asked for than one of each.
 MORE_KINDS = ["kill-nats"]
 #: Seconds after a registration is approved by which every instance lists it.
 PROPAGATION = 2.0
-PEERS = Path(__file__).parent / "dbp_peers"
-PORT = 5246
+FAULT_SECONDS = 4.0
+ROUNDS = int(os.environ.get("DBP_NEMESIS_ROUNDS", "3"))
+SEED = int(os.environ.get("DBP_NEMESIS_SEED", str(random.randrange(1 << 30))))
 
 
 class Catalog(HostService):
@@ -83,17 +83,7 @@ class Catalog(HostService):
 
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    made = make_hosts([*NATS_NODES, *CATALOGS, "c"])
-    try:
-        yield made
-    finally:
-        made.delete()
-
-
-def records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    yield from netns.hosts_while_used([*NATS_NODES, *CATALOGS, "c"])
 
 
 def check(
@@ -131,11 +121,10 @@ def check(
 def test_no_registration_lost_and_no_stale_answer_through_rounds_of_faults(
     hosts: Hosts, tmp_path: Path
 ) -> None:
-    rng = random.Random(SEED)
     print(f"dbp nemesis: {ROUNDS} rounds, DBP_NEMESIS_SEED={SEED}")
     nats = nats_on_hosts(hosts, NATS_NODES, tmp_path / "nats")
-    urls = ",".join(nats.urls)
-    catalogs = {name: Catalog(hosts, name, urls, tmp_path) for name in CATALOGS}
+    catalogs = {name: Catalog(hosts, name, ",".join(nats.urls), tmp_path) for name in CATALOGS}
+    rng = random.Random(SEED)
     out = tmp_path / "seen.jsonl"
     stop_file = tmp_path / "stop"
     peers: list[LinePeer] = []
@@ -180,7 +169,7 @@ def test_no_registration_lost_and_no_stale_answer_through_rounds_of_faults(
         def both_listing() -> bool:
             """Each instance's latest answer is a list naming every approved registration
             up to a moment ago: the system is back before the next fault."""
-            seen = records(out)
+            seen = netns.read_records(out)
             latest: dict[int, dict[str, Any]] = {}
             for record in seen:
                 if record["kind"] == "info" and "answer" in record:
@@ -199,7 +188,7 @@ def test_no_registration_lost_and_no_stale_answer_through_rounds_of_faults(
             poll_until(both_listing, 90, f"both instances listing again after {kind}")
         stop_file.touch()
         clients.wait_for("STOPPED", timeout=30)
-        counts, anomalies = check(records(out), windows, sensor_from)
+        counts, anomalies = check(netns.read_records(out), windows, sensor_from)
         status = {}
         sensor.send({"status": True})
         status = sensor.wait_for("STATUS", timeout=30)
@@ -214,10 +203,7 @@ def test_no_registration_lost_and_no_stale_answer_through_rounds_of_faults(
             peer.stop()
         hosts.heal()
         for catalog in catalogs.values():
-            catalog.stop()
-        for node in nats.nodes:
-            if node.process is not None and node.process.poll() is None:
-                node.process.send_signal(signal.SIGCONT)
+            catalog.stop()  # a stopped one is continued first
         nats.stop()
     for catalog in catalogs.values():
         for start in range(1, catalog.starts + 1):
