@@ -142,6 +142,14 @@ def put(
     return asked.addCallback(lambda msg: int(jsapi.answer(msg.payload).get("seq", 0)))
 
 
+def _nothing() -> None:
+    pass
+
+
+def _ignored(_: str) -> None:
+    pass
+
+
 #: What a watch hands over for each key: the key, its value (None: deleted), its revision.
 Entry = Callable[[bytes, "bytes | None", int], None]
 
@@ -159,9 +167,12 @@ class Watch:
     bucket: str
     inbox: str
     on_entry: Entry
-    on_start: Callable[[], None] = lambda: None
-    on_caught_up: Callable[[], None] = lambda: None
-    on_bad: Callable[[str], None] = lambda _: None
+    #: Called as each new watch begins: every key will come again.
+    on_start: Callable[[], None] = field(default_factory=lambda: _nothing)
+    #: Called once every key there was at the watch's start has come.
+    on_caught_up: Callable[[], None] = field(default_factory=lambda: _nothing)
+    #: Called with what was wrong with a message that is no key of the bucket.
+    on_bad: Callable[[str], None] = field(default_factory=lambda: _ignored)
     #: With it, the server says it is there that often when nothing changes.
     idle_heartbeat: float = 0.0
     #: The consumer now ("" before JetStream made one) and what it said it still held at
