@@ -44,13 +44,12 @@ from bus.eventbus.stream_read import (
     RangeReader,
     Subjects,
     Topics,
-    connection,
     encode,
     failover,
 )
 from bus.extension import StartupError, StorageError
 from bus.nats import handshake, jsapi
-from bus.nats.blocking import ConnectError, Connection
+from bus.nats.blocking import ConnectError, Connection, connection
 from bus.nats.client import client_for, stream_ready
 from bus.nats.codec import ProtocolError
 from bus.nats.failover import Failover
