@@ -4,10 +4,15 @@ executors build it too."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bus.nats.credentials import Credentials, split
+
+if TYPE_CHECKING:
+    from bus.nats.blocking import Connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,3 +49,30 @@ class NatsSettings:
         object.__setattr__(self, "credentials", credentials)
         if not 1 <= self.replicas <= 5:
             raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")
+
+
+def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
+    """The TLS context the settings ask for (``--nats-tls-*``), None for none."""
+    if not (settings.tls_ca or settings.tls_cert):
+        return None
+    context = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
+    if settings.tls_cert is not None:
+        context.load_cert_chain(
+            str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None
+        )
+    return context
+
+
+def blocking_connection(settings: NatsSettings, name: str) -> Connection:
+    """A blocking connection (:mod:`bus.nats.blocking`) to the first of the servers that
+    admits it, as the settings say (timeouts, TLS, credentials)."""
+    from bus.nats.blocking import Connection
+
+    return Connection(
+        settings.servers,
+        timeout=settings.connect_timeout,
+        tls=tls_context(settings),
+        credentials=settings.credentials,
+        name=name,
+        echo=False,
+    )
