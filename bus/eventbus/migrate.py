@@ -48,6 +48,7 @@ from bus.nats.blocking import ConnectError, Connection
 from bus.nats.codec import ProtocolError
 from bus.nats.limits import longest_control_line
 from bus.nats.publish import PublishError
+from bus.nats.ranged import RangeRead
 from bus.nats.sequenced import HEADERS_BEYOND_ID, Placed, Repeated, SequencedPublisher
 
 #: The token of the placeholders that keep a log's holes (see the module's text).
@@ -167,6 +168,11 @@ class LogImport:
         #: more than once (SQLite keeps every copy a publisher sent; the stream would keep one).
         self._without_id: set[int] = set()
         self._connection: Connection | None = None
+        #: Whether messages go as atomic batches: as the front-ends append, where the
+        #: stream allows them and has replicas to propose to (bus.eventbus.jetstream).
+        self.atomic = False
+        #: The stream holds what the log holds up to here (acknowledged, or checked).
+        self._good = 0
         #: Where the log's events start in the stream.
         self.first = log.first_sequence if log.first_sequence is not None else log.last_sequence + 1
         self.done = ImportDone(settings.stream, log.store_id, self.first, log.last_sequence)
@@ -182,6 +188,11 @@ class LogImport:
             admin = self._admin()
             self._check_sizes()
             info = self._prepare(admin)
+            config = info["config"]
+            self.atomic = bool(config.get("allow_atomic")) and int(config["num_replicas"]) > 1
+            # A uuid the log holds twice would be dropped the second time by the stream's
+            # duplicate window: that event goes without its id (found once, here).
+            self._without_id = self.log.repeats()
             self._write(admin, info)
             if not self.done.interrupted:
                 self._finish(admin)
@@ -303,14 +314,18 @@ class LogImport:
     def _write(self, admin: StreamAdmin, info: dict[str, Any]) -> None:
         """Every sequence the stream does not hold yet, from its last on; after a
         failure, on again from what the stream says it holds (within :data:`PATIENCE`
-        without progress)."""
+        without progress), once what it holds past the last acknowledgement is checked to
+        be this import's."""
         log = self.log
         last_progress = time.monotonic()
         began = int(info["state"]["last_seq"])
+        # Checked to hold what the log holds, up to here: of a stream found (a resumed
+        # import) only its last message is, the rest is trusted.
+        self._good = max(began - 1, self.first - 1)
         while True:
             state = info["state"]
             at = int(state["last_seq"])
-            self._check_place(admin, at, int(state["first_seq"]))
+            self._check(at, int(state["first_seq"]))
             self._stored(at)
             # What this run wrote, as the stream holds it (not as it was sent).
             self.done.events = log.count_between(began, at)
@@ -321,8 +336,17 @@ class LogImport:
             try:
                 self._publish(at)
             except Repeated as repeated:
-                self._without_id.add(repeated.sequence)
+                # The stream held its id from elsewhere: sent again without it (a batch
+                # holding it: the rest a message at a time, which finds which one). The
+                # connection goes with the refusals of what was sent after it.
+                if repeated.batch:
+                    self.atomic = False
+                else:
+                    self._without_id.add(repeated.sequence)
+                self.close()
             except (PublishError, ConnectError, OSError, ProtocolError) as error:
+                # Misplaced too: stored past the last acknowledgement may be ours (sent
+                # before a connection was lost), or another writer's: _check says which.
                 if time.monotonic() - last_progress > PATIENCE:
                     raise ImportRefused(
                         f"the stream stopped taking messages ({error}) for {PATIENCE:g}s; "
@@ -339,45 +363,63 @@ class LogImport:
                 last_progress = time.monotonic()
             info = info_now
 
-    def _check_place(self, admin: StreamAdmin, at: int, first: int) -> None:
-        """The stream's last sequence ``at`` is one this import wrote, holding what the
-        log holds there (a resumed import trusts nothing else)."""
-        log = self.log
+    def _acknowledged(self, sequence: int) -> None:
+        """The stream stored everything up to ``sequence`` as this import sent it."""
+        self._good = max(self._good, sequence)
+        self._stored(sequence)
+
+    def _check(self, at: int, first: int) -> None:
+        """The stream, whose last sequence is ``at``, holds what the log holds past the
+        last sequence known good (acknowledged, or checked), up to ``at``: a message
+        another writer appended (a front-end started on the stream anyway) ends the
+        import, as does a stream that is not this log's import."""
+        log, stream = self.log, self.settings.stream
         if first != self.first:
             raise ImportRefused(
-                f"stream {self.settings.stream} starts at sequence {first}, the log at "
-                f"{self.first}: not this log's import"
+                f"stream {stream} starts at sequence {first}, the log at {self.first}: not "
+                "this log's import"
             )
         if at > log.last_sequence:
             raise ImportRefused(
-                f"stream {self.settings.stream} goes up to sequence {at}, past the log's last "
+                f"stream {stream} goes up to sequence {at}, past the log's last "
                 f"({log.last_sequence}): not this log's import"
             )
-        if at < self.first:
+        if at <= self._good:
+            self._good = at
             return
-        rows = log.rows(at - 1, 1)
-        held = rows[0] if rows and rows[0][0] == at else None
-        found = admin.message(at)
-        if found is None:
-            return  # removed: a placeholder purged by an earlier end (the log's last ones)
-        subject, _, body = found
-        if held is None:
-            if subject.encode() != self._gap:
-                raise ImportRefused(
-                    f"stream {self.settings.stream} holds {subject} at sequence {at}, where "
-                    "the log has a hole: not this log's import"
-                )
-            return
-        if subject.encode() != self._subject(held[1]) or body != encode(held[1:6]):
+        assert self._connection is not None
+        read = RangeRead(self._connection, stream, self._good, at, [self.prefix + ".>"]).open()
+        found: dict[int, tuple[bytes, bytes]] = {}
+        try:
+            while not read.done:
+                batch = read.next_batch()
+                found.update(
+                    zip(batch.sequences, zip(batch.subjects, batch.payloads, strict=True),
+                        strict=True)
+                )  # fmt: skip
+        finally:
+            read.close()
+        for sequence, fields in placements(log.rows, self._good, at):
+            held = found.pop(sequence, None)
+            if fields is None:
+                # A placeholder, or none: purged by an earlier run's end.
+                if held is None or held == (self._gap, b""):
+                    continue
+            elif held == (self._subject(fields[0]), encode(fields)):
+                continue
             raise ImportRefused(
-                f"stream {self.settings.stream} holds another event at sequence {at} than "
-                "the log: not this log's import"
+                f"stream {stream} holds at sequence {sequence} "
+                f"{'nothing' if held is None else held[0].decode('ascii', 'replace')} where "
+                f"this import put {'a hole' if fields is None else 'the log event'}: another "
+                "writer appended to it, or it is not this log's import; delete it and import "
+                "again"
             )
+        self._good = at
 
     def _publish(self, after: int) -> None:
         """Write the sequences above ``after``, pipelined."""
         assert self._connection is not None
-        publisher = SequencedPublisher(self._connection, window=self.window)
+        publisher = SequencedPublisher(self._connection, window=self.window, atomic=self.atomic)
         gap, subject_of, without_id = self._gap, self._subject, self._without_id
 
         def messages() -> Iterator[Placed]:

@@ -543,6 +543,16 @@ class LogExport:
         ).fetchone()
         return int(row[0])
 
+    def repeats(self) -> set[int]:
+        """The sequences of events whose uuid an earlier event of the log holds (SQLite
+        keeps every copy a publisher sent; a server that resends keeps one)."""
+        rows = self._db.execute(
+            "SELECT events.seq FROM events JOIN (SELECT uuid, MIN(seq) AS first FROM events "
+            "GROUP BY uuid HAVING COUNT(*) > 1) AS repeated ON events.uuid = repeated.uuid "
+            "WHERE events.seq > repeated.first"
+        )
+        return {int(seq) for (seq,) in rows}
+
     def largest(self) -> tuple[int, int]:
         """The sequence and size (producer, timestamp, uuid and data) of the largest
         event; ``(0, 0)`` for an empty log."""
