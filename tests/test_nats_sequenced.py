@@ -103,7 +103,7 @@ def test_an_id_the_stream_holds_stops_there_and_nothing_after_it_is_stored(
 def test_a_message_another_writer_appended_is_noticed(
     stream: tuple[Connection, StreamAdmin, str], atomic: bool
 ) -> None:
-    connection, admin, name = stream
+    connection, _, name = stream
     publisher = SequencedPublisher(connection, atomic=atomic)
     publisher.publish(messages(name, 101, 5), 10.0)
     answer = connection.request(f"{name.lower()}.other", b'"someone"', timeout=10)

@@ -784,7 +784,11 @@ def import_store(args: argparse.Namespace) -> int:
         raise CliError(str(error)) from None
     try:
         try:
-            broker_id = args.broker_id.encode() if args.broker_id else kept_broker_id(args.data_dir)
+            broker_id = (
+                args.nats_broker_id.encode()
+                if args.nats_broker_id
+                else kept_broker_id(args.data_dir)
+            )
         except OSError as error:
             raise CliError(f"cannot keep the broker's id in {args.data_dir}: {error}") from None
         sys.stderr.write(
@@ -986,9 +990,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_nats_arguments(sub, "EMQP", "emqp")
     sub.add_argument(
-        "--broker-id",
-        help="the id of the broker that will serve the requests' clients (default: the "
-        "one the data directory keeps, made there if missing, as the broker makes it)",
+        "--nats-broker-id",
+        help="the id of the broker that will serve the requests' clients, as its "
+        "--nats-broker-id (default: the one the data directory keeps, made there if "
+        "missing, as the broker makes it)",
     )
     sub.add_argument(
         "--resume", action="store_true", help="go on with an import of this store interrupted"

@@ -3,12 +3,12 @@ import into a new stream needs to keep another log's sequence numbers.
 
 Each message (or each atomic batch, by its first message) carries
 ``Nats-Expected-Last-Sequence``, the sequence before its own, so the stream stores it
-only right after the one before: a message is stored at its place or not at all, and
-nothing another writer appends meanwhile can shift the rest (their appends, or ours, are
-refused as "wrong last sequence"). The messages go pipelined, :attr:`SequencedPublisher.
-window` unacknowledged at most, each acknowledgement naming in its reply subject the
-sequence it was sent for: one connection carries tens of thousands a second without a
-round trip per message.
+only right after the one before: a message is stored at its place or not at all, never
+shifted by what another writer appends meanwhile (the caller checks what the stream
+holds after a refusal). The messages go pipelined, :attr:`SequencedPublisher.window`
+unacknowledged at most, each acknowledgement naming in its reply subject the sequence it
+was sent for: one connection carries tens of thousands a second without a round trip
+per message.
 
 Two ways, as the front-ends append (:mod:`bus.nats.publish`): a message at a time, or
 (``atomic``, a stream with ``allow_atomic``) JetStream's atomic batches of up to
