@@ -167,6 +167,7 @@ def test_a_cursor_from_the_sqlite_server_resumes_at_a_front_end_of_the_imported_
         assert done["store_id"] == store_id
         assert (done["first_sequence"], done["last_sequence"]) == (sequences[0], 300)
         assert done["events"] == done["held"] == len(sequences)
+        assert done["atomic_batches"] is False  # one replica: a message at a time
         assert done["holes"] == 300 - sequences[0] + 1 - len(sequences)
         assert "--retention-max-count 120 --retention-latest-per-topic" in imported.err
         info = stream_info(nats_server.urls[0], "EVENTBUS")
@@ -377,3 +378,72 @@ def test_another_writer_during_the_import_ends_it(nats_server: NatsCluster, tmp_
     assert "another writer appended to it" in str(refused.value)
     info = stream_info(nats_server.urls[0], "EVENTBUS")
     assert "bus_importing" in info["config"]["metadata"]  # never served as the log
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    held=st.sets(st.integers(1, 200), max_size=80),
+    beyond=st.integers(0, 20),
+    after=st.integers(0, 220),
+    chunk=st.integers(1, 9),
+)
+def test_placements_give_each_sequence_once_with_the_logs_event_or_a_hole(
+    held: set[int], beyond: int, after: int, chunk: int
+) -> None:
+    """The mapping alone, as a stream would take it (each message the next sequence),
+    read in chunks of any size: after the placeholders are purged, the stream holds the
+    log's events above ``after`` at their sequences, and its last is the log's last."""
+    from bus.eventbus.migrate import placements
+
+    rows = [(s, b"/t/", b"p", b"ts", b"u%d" % s, b"d") for s in sorted(held)]
+    last = max(held, default=0) + beyond
+
+    def read(above: int, limit: int) -> list[tuple[Any, ...]]:
+        return [row for row in rows if row[0] > above][:limit]
+
+    stream: dict[int, Any] = {}
+    last_seq = after
+    for sequence, row in placements(read, after, last, chunk):
+        assert sequence == last_seq + 1  # stored right after the one before
+        last_seq = sequence
+        stream[sequence] = row
+    purged = {s: row for s, row in stream.items() if row is not None}
+    assert last_seq == max(last, after)
+    assert purged == {row[0]: row for row in rows if after < row[0] <= last}
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_import_into_a_replicated_stream_goes_in_atomic_batches(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    from bus.eventbus.stream_read import RangeReader
+    from tests.ports import nats_cluster
+
+    cluster = nats_cluster(tmp_path / "nats", size=3)
+    cluster.start()
+    try:
+        log = large_log(tmp_path / "bus", 5000)
+        rows = log.rows(0, 10_000)
+        last = log.last_sequence
+        log.close()
+        urls = ",".join(cluster.urls)
+        imported = cli(
+            cleanup, "import-log", "--data-dir", str(tmp_path / "bus"), "--nats", urls,
+            "--nats-replicas", "3", "--retention-max-count", "100000",
+        )  # fmt: skip
+        assert (yield imported.ended()) == 0, imported.err
+        assert imported.lines()[0]["atomic_batches"] is True  # as front-ends append there
+        info = stream_info(cluster.urls[0], "EVENTBUS")
+        assert info["config"]["num_replicas"] == 3 and info["config"]["max_msgs"] == 100_000
+        assert (info["state"]["first_seq"], info["state"]["last_seq"]) == (rows[0][0], last)
+        stream = JetStreamSettings(tuple(cluster.urls), replicas=3)
+        reader = RangeReader(stream, 0, last).open()
+        got = []
+        try:
+            while batch := reader.next_events(1000):
+                got += batch.rows()
+        finally:
+            reader.close()
+        assert got == rows
+    finally:
+        cluster.stop()

@@ -712,6 +712,7 @@ def import_log(args: argparse.Namespace) -> None:
                 "holes": done.holes,
                 "held": done.held,
                 "resumed": done.resumed,
+                "atomic_batches": done.atomic,
                 "seconds": round(done.seconds, 3),
                 "rate": round(done.rate),
             }

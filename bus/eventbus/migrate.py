@@ -36,12 +36,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bus.eventbus import subjects
-from bus.eventbus.codec import EventFields
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.jetstream import STORE_ID, stream_config, stream_limits
 from bus.eventbus.store import LogExport, Retention
-from bus.eventbus.stream_read import Subjects, connection, encode
+from bus.eventbus.stream_read import Subjects, connection, encode_row
 from bus.nats import jsapi
 from bus.nats.admin import StreamAdmin
 from bus.nats.blocking import ConnectError, Connection
@@ -71,8 +70,8 @@ def gap_subject(prefix: str) -> str:
 
 def placements(
     read: Callable[[int, int], list[Row]], after: int, last: int, chunk: int = READ_CHUNK
-) -> Iterator[tuple[int, EventFields | None]]:
-    """Every sequence from ``after + 1`` to ``last``, once, in order, with the log's event
+) -> Iterator[tuple[int, Row | None]]:
+    """Every sequence from ``after + 1`` to ``last``, once, in order, with the log's row
     there or None for a hole. ``read(after, limit)`` gives the log's rows above ``after``,
     in order (at most ``limit``); rows above ``last`` are not placed."""
     sequence = after
@@ -88,7 +87,7 @@ def placements(
                 sequence += 1
                 yield sequence, None
             sequence = at
-            yield at, row[1:6]
+            yield at, row
         else:
             if rows:
                 continue
@@ -130,6 +129,8 @@ class ImportDone:
     resumed: bool = False
     #: Whether it was stopped (``stop()``) before the end: the stream is left marked.
     interrupted: bool = False
+    #: Whether the messages went as atomic batches (the stream has replicas).
+    atomic: bool = False
 
     @property
     def rate(self) -> float:
@@ -190,6 +191,7 @@ class LogImport:
             info = self._prepare(admin)
             config = info["config"]
             self.atomic = bool(config.get("allow_atomic")) and int(config["num_replicas"]) > 1
+            self.done.atomic = self.atomic
             # A uuid the log holds twice would be dropped the second time by the stream's
             # duplicate window: that event goes without its id (found once, here).
             self._without_id = self.log.repeats()
@@ -399,18 +401,18 @@ class LogImport:
                 )  # fmt: skip
         finally:
             read.close()
-        for sequence, fields in placements(log.rows, self._good, at):
+        for sequence, row in placements(log.rows, self._good, at):
             held = found.pop(sequence, None)
-            if fields is None:
+            if row is None:
                 # A placeholder, or none: purged by an earlier run's end.
                 if held is None or held == (self._gap, b""):
                     continue
-            elif held == (self._subject(fields[0]), encode(fields)):
+            elif held == (self._subject(row[1]), encode_row(row)):
                 continue
             raise ImportRefused(
                 f"stream {stream} holds at sequence {sequence} "
                 f"{'nothing' if held is None else held[0].decode('ascii', 'replace')} where "
-                f"this import put {'a hole' if fields is None else 'the log event'}: another "
+                f"this import put {'a hole' if row is None else 'the log event'}: another "
                 "writer appended to it, or it is not this log's import; delete it and import "
                 "again"
             )
@@ -423,15 +425,15 @@ class LogImport:
         gap, subject_of, without_id = self._gap, self._subject, self._without_id
 
         def messages() -> Iterator[Placed]:
-            for sequence, fields in placements(self.log.rows, after, self.log.last_sequence):
-                if fields is None:
+            for sequence, row in placements(self.log.rows, after, self.log.last_sequence):
+                if row is None:
                     yield Placed(sequence, gap, b"", b"")
                 else:
-                    msg_id = b"" if sequence in without_id else fields[3]
-                    yield Placed(sequence, subject_of(fields[0]), msg_id, encode(fields))
+                    msg_id = b"" if sequence in without_id else row[4]
+                    yield Placed(sequence, subject_of(row[1]), msg_id, encode_row(row))
 
         publisher.publish(
-            messages(), self.settings.ack_timeout, stored=self._stored, stop=self._stop
+            messages(), self.settings.ack_timeout, stored=self._acknowledged, stop=self._stop
         )
 
     # -- the end --------------------------------------------------------------------------------
