@@ -771,7 +771,10 @@ def import_store(args: argparse.Namespace) -> int:
     from bus.emqp.store import StoreExport, kept_broker_id
     from bus.errors import StartupError, StorageError
     from bus.nats import jsapi
+    from bus.nats.codec import ProtocolError
+    from bus.nats.handshake import ConnectError
     from bus.nats.options import nats_settings_from_arguments
+    from bus.nats.publish import PublishError
 
     prog = "emqp-cli import-store"
     try:
@@ -815,6 +818,11 @@ def import_store(args: argparse.Namespace) -> int:
             progress.end()
         except (ImportRefused, StorageError, jsapi.JetStreamError, TimeoutError) as error:
             raise CliError(str(error)) from None
+        except (OSError, ConnectError, ProtocolError, PublishError) as error:
+            raise CliError(
+                f"the NATS servers failed the import ({error}): what the stream took is "
+                "kept, --resume goes on from there"
+            ) from None
     finally:
         store.close()
     _print(

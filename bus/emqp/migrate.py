@@ -155,7 +155,7 @@ class StoreMove:
         stream's last sequence before the first request of this import."""
         settings = self.settings
         stream = settings.stream
-        marker = f"the store {self.store.path} for broker {self.done.broker_id}"
+        marker = f"the store {self.store.path.resolve()} for broker {self.done.broker_id}"
         wanted = jobstream.stream_config(
             stream, settings.subject_prefix, settings.replicas, settings.duplicate_window
         )

@@ -695,6 +695,8 @@ def import_log(args: argparse.Namespace) -> None:
         if terminal:
             sys.stderr.write("\n")
         fail(prog, error)
+    except Exception as error:  # a defect of the tool: one line, never a traceback
+        fail(prog, f"unexpected {type(error).__name__} ({error}): please report it")
     finally:
         log.close()
     if terminal:

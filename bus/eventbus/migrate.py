@@ -46,7 +46,7 @@ from bus.nats.admin import StreamAdmin
 from bus.nats.blocking import ConnectError, Connection
 from bus.nats.codec import ProtocolError
 from bus.nats.limits import longest_control_line
-from bus.nats.publish import PublishError
+from bus.nats.publish import PublishError, TooLarge
 from bus.nats.ranged import RangeRead
 from bus.nats.sequenced import HEADERS_BEYOND_ID, Placed, Repeated, SequencedPublisher
 
@@ -210,14 +210,21 @@ class LogImport:
             self._connection = None
 
     def _admin(self) -> StreamAdmin:
+        """The stream's management, on the connection (made at first: a start-up that
+        reaches no server is refused at once)."""
+        try:
+            return StreamAdmin(self._connected(), self.settings.stream, patience=PATIENCE)
+        except (ConnectError, OSError, ProtocolError) as error:
+            raise ImportRefused(
+                f"cannot reach {', '.join(self.settings.servers)}: {error}"
+            ) from None
+
+    def _connected(self) -> Connection:
+        """The connection, made again when there is none (:class:`ConnectError` when no
+        server admits it: after a failure, the caller tries again within :data:`PATIENCE`)."""
         if self._connection is None:
-            try:
-                self._connection = connection(self.settings, name="eventbus-import")
-            except (ConnectError, OSError, ProtocolError) as error:
-                raise ImportRefused(
-                    f"cannot reach {', '.join(self.settings.servers)}: {error}"
-                ) from None
-        return StreamAdmin(self._connection, self.settings.stream, patience=PATIENCE)
+            self._connection = connection(self.settings, name="eventbus-import")
+        return self._connection
 
     # -- before anything is written -----------------------------------------------------------
 
@@ -258,7 +265,7 @@ class LogImport:
         log, settings = self.log, self.settings
         stream = settings.stream
         info = admin.info()
-        marker = f"{log.store_id} from {log.path}"
+        marker = f"{log.store_id} from {log.path.resolve()}"
         if info is None:
             if self.resume:
                 raise ImportRefused(f"stream {stream} does not exist: nothing to resume")
@@ -325,17 +332,16 @@ class LogImport:
         # import) only its last message is, the rest is trusted.
         self._good = max(began - 1, self.first - 1)
         while True:
-            state = info["state"]
-            at = int(state["last_seq"])
-            self._check(at, int(state["first_seq"]))
-            self._stored(at)
-            # What this run wrote, as the stream holds it (not as it was sent).
-            self.done.events = log.count_between(began, at)
-            self.done.holes = at - began - self.done.events
-            if at >= log.last_sequence or self._stop():
-                self.done.interrupted = at < log.last_sequence
-                return
+            at = int(info["state"]["last_seq"])
             try:
+                self._check(at, int(info["state"]["first_seq"]))
+                self._stored(at)
+                # What this run wrote, as the stream holds it (not as it was sent).
+                self.done.events = log.count_between(began, at)
+                self.done.holes = at - began - self.done.events
+                if at >= log.last_sequence or self._stop():
+                    self.done.interrupted = at < log.last_sequence
+                    return
                 self._publish(at)
             except Repeated as repeated:
                 # The stream held its id from elsewhere: sent again without it (a batch
@@ -346,7 +352,19 @@ class LogImport:
                 else:
                     self._without_id.add(repeated.sequence)
                 self.close()
-            except (PublishError, ConnectError, OSError, ProtocolError) as error:
+            except TooLarge as error:
+                raise ImportRefused(
+                    f"the NATS servers take messages of {error.limit} bytes at most now, less "
+                    "than when the import began: raise max_payload in every server's "
+                    "configuration, then --resume"
+                ) from None
+            except (
+                PublishError,
+                ConnectError,
+                OSError,
+                ProtocolError,
+                jsapi.JetStreamError,
+            ) as error:
                 # Misplaced too: stored past the last acknowledgement may be ours (sent
                 # before a connection was lost), or another writer's: _check says which.
                 if time.monotonic() - last_progress > PATIENCE:
@@ -357,8 +375,17 @@ class LogImport:
                 self._say(f"the stream refused ({error}); going on from what it holds")
                 self.close()
                 time.sleep(0.5)
-            admin = self._admin()
-            info_now = admin.info()
+            try:
+                info_now = StreamAdmin(self._connected(), self.settings.stream).info()
+            except (ConnectError, OSError, ProtocolError, TimeoutError, jsapi.JetStreamError):
+                info_now = info  # not reached now: tried again, within PATIENCE
+                self.close()
+                if time.monotonic() - last_progress > PATIENCE:
+                    raise ImportRefused(
+                        f"the NATS servers did not answer for {PATIENCE:g}s; what the stream "
+                        "took is kept: --resume goes on from there"
+                    ) from None
+                time.sleep(0.5)
             if info_now is None:
                 raise ImportRefused(f"stream {self.settings.stream} was deleted meanwhile")
             if int(info_now["state"]["last_seq"]) > at:
@@ -389,8 +416,7 @@ class LogImport:
         if at <= self._good:
             self._good = at
             return
-        assert self._connection is not None
-        read = RangeRead(self._connection, stream, self._good, at, [self.prefix + ".>"]).open()
+        read = RangeRead(self._connected(), stream, self._good, at, [self.prefix + ".>"]).open()
         found: dict[int, tuple[bytes, bytes]] = {}
         try:
             while not read.done:
@@ -420,8 +446,7 @@ class LogImport:
 
     def _publish(self, after: int) -> None:
         """Write the sequences above ``after``, pipelined."""
-        assert self._connection is not None
-        publisher = SequencedPublisher(self._connection, window=self.window, atomic=self.atomic)
+        publisher = SequencedPublisher(self._connected(), window=self.window, atomic=self.atomic)
         gap, subject_of, without_id = self._gap, self._subject, self._without_id
 
         def messages() -> Iterator[Placed]:
