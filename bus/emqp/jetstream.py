@@ -231,6 +231,10 @@ class JetStreamJobs:
         except TimeoutError as error:
             self.client.stop()
             raise StartupError("nats-stream", str(error)) from None
+        unfinished = jsapi.unfinished_import(settings.stream, info["config"])
+        if unfinished is not None:
+            self.client.stop()
+            raise StartupError("nats-stream", unfinished)
         wrong = jsapi.disagreements(info["config"], {k: wanted[k] for k in jobstream.CHECKED})
         if wrong:
             self.client.stop()

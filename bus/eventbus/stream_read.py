@@ -38,6 +38,12 @@ def encode(fields: EventFields) -> bytes:
     return body
 
 
+def encode_row(row: Row) -> bytes:
+    """:func:`encode` of a log's row ``(sequence, topic, producer, timestamp, uuid, data)``."""
+    body: bytes = msgpack.packb([row[2], row[3], row[4], row[5]], use_bin_type=True)
+    return body
+
+
 def encoded_size(fields: EventFields) -> int:
     """``len(encode(fields))``, without encoding: msgpack's array of four ``bin`` parts."""
     return 1 + sum(len(part) + _bin_head(len(part)) for part in fields[1:])

@@ -26,7 +26,7 @@ from bus.nats import codec, handshake
 from bus.nats.codec import Control, Msg, ProtocolError
 from bus.nats.credentials import Credentials, shown
 from bus.nats.handshake import ConnectError
-from bus.nats.settings import NatsSettings
+from bus.nats.settings import NatsSettings, tls_context
 
 __all__ = [
     "READ_SIZE",
@@ -315,18 +315,6 @@ class Connection:
 
 
 # -- connections as a service's settings ask -----------------------------------------------------
-
-
-def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
-    """The TLS context the settings ask for, None for none."""
-    if not (settings.tls_ca or settings.tls_cert):
-        return None
-    context = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
-    if settings.tls_cert is not None:
-        context.load_cert_chain(
-            str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None
-        )
-    return context
 
 
 def connection(

@@ -207,3 +207,32 @@ def _require_extras(options: Mapping[str, Any], servers: tuple[str, ...]) -> Non
         tls = ["nats"]
     if tls:
         require_tls("TLS to the NATS servers", tls[0])
+
+
+def add_nats_arguments(parser: Any, stream: str, prefix: str) -> None:
+    """The same options for a command (argparse) that works on a service's stream: the
+    servers (``--nats``, required), the stream's name, subject prefix and replicas, and
+    the credentials and TLS, named and read as the services name and read them."""
+    for name, _, default, text, *kind in nats_options("", stream, prefix):
+        if name == "store":
+            continue
+        text = text.removeprefix("With --store jetstream: ")
+        if name == "nats":
+            parser.add_argument("--nats", required=True, metavar="URLS", help=text)
+            continue
+        if default is not None:
+            text += " [%(default)s]"
+        parser.add_argument(f"--{name}", default=default, type=kind[0] if kind else str, help=text)
+
+
+def nats_settings_from_arguments(args: Any, kind: type[Settings], **more: Any) -> Settings:
+    """:func:`nats_settings` of a command's parsed :func:`add_nats_arguments`; a wrong
+    value raises ``usage.UsageError`` or :class:`bus.errors.StartupError` (a credentials
+    file), each a sentence."""
+    options = {"store": "jetstream"}
+    for name, *_ in nats_options("", "", ""):
+        if name != "store":
+            options[name] = getattr(args, name.replace("-", "_"))
+    settings = nats_settings(options, kind, **more)
+    assert settings is not None
+    return settings
