@@ -39,7 +39,7 @@ from types import FrameType
 from typing import Any
 
 from bus.nats import handshake
-from bus.nats.blocking import Connection
+from bus.nats.blocking import Connection, connector
 from bus.nats.credentials import Credentials, CredentialsError, shown
 from bus.nats.handshake import ConnectError
 from bus.nats.roll import (
@@ -54,7 +54,7 @@ from bus.nats.roll import (
     check_template,
 )
 from bus.nats.servers import NatsCluster, NatsServerMissing, nats_server_binary
-from bus.nats.settings import NatsSettings, tls_context
+from bus.nats.settings import NatsSettings
 from bus.util.cliargs import (
     CliParser,
     Progress,
@@ -474,18 +474,12 @@ def _how_to_connect(args: argparse.Namespace) -> Callable[[Sequence[str]], Conne
         )
         for url in settings.servers:
             handshake.server(url)  # a URL that names no server is said now
-        tls = tls_context(settings)
+        connect = connector(settings, "bus-cluster")  # reads the TLS files now
     except (ValueError, ConnectError, CredentialsError) as error:
         fail(prog, f"--nats: {error}", 2)
     except (OSError, ssl.SSLError) as error:
         fail(prog, f"TLS: {error.strerror or error if isinstance(error, OSError) else error}")
     args.nats_servers = list(settings.servers) if servers else []
-
-    def connect(urls: Sequence[str]) -> Connection:
-        return Connection(
-            urls, tls=tls, credentials=settings.credentials, name="bus-cluster", echo=False
-        )
-
     return connect
 
 
