@@ -14,7 +14,7 @@ Front-end N (from 0) serves ports ``PORT + 3 N`` .. ``+2`` and ``/status`` on ``
 
 The commands (:mod:`bus.nats.roll` has the procedure), against the cluster that
 ``bus-cluster`` runs in ``--dir``, or any cluster given its URLs (``--nats``) and how to
-stop and start its servers and front-ends:
+stop and start its servers and front-ends::
 
     bus-cluster roll [--dir DIR | --nats URLS --stop CMD --start CMD] [--server NAME ...]
                      [--front-end STATUS-URL ... --front-end-stop CMD --front-end-start CMD]
