@@ -442,12 +442,18 @@ class Roll:
     # -- waiting
 
     def _until(
-        self, what: str, check: Callable[[], str | None], timeout: float | None = None
+        self,
+        what: str,
+        check: Callable[[], str | None],
+        timeout: float | None = None,
+        step: bool = True,
     ) -> float:
         """Call ``check`` until it says nothing is missing (None), for up to the timeout;
         the seconds it took. ``check`` says what is still missing, for the error. A
-        request nobody answered counts as missing (an election may be under way)."""
-        self.doing(what)
+        request nobody answered counts as missing (an election may be under way).
+        ``step``: ``what`` is the step now (else a read within the step under way)."""
+        if step:
+            self.doing(what)
         bound = self.timeout if timeout is None else timeout
         began = self.clock()
         while True:
@@ -468,7 +474,7 @@ class Roll:
             found[:] = [self.api.groups()]
             return None
 
-        self._until("reading the streams and consumers", read, 60.0)
+        self._until("reading the streams and consumers", read, 60.0, step=False)
         return found[0]
 
     def name_of(self, url: str, connect: Callable[[Sequence[str]], Connection]) -> Server:
@@ -529,6 +535,7 @@ class Roll:
     def step_down(self, server: str) -> dict[str, str]:
         """Move every stream and consumer leadership off ``server`` (a current follower
         takes each over at once); where each went."""
+        self.doing(f"{server}'s leaderships to move")
         led = [g for g in self._groups() if g.replicated and g.leader == server]
         if not led:
             self.say(f"{server}: leads no stream or consumer")
