@@ -23,16 +23,31 @@ SQLite) is the baseline.
    killed (kill -9), or (b) the nats-server that leads the stream is killed (kill -9).
    Measured: the subscriber's longest silence from then on (from the last event before
    it to the first after), and that every event was delivered once, in order.
+4. *Restarts*: three nats-servers (lame-duck timings of ``bus-cluster``), an R3 stream, two
+   front-ends A and B. A ``ConfirmedPublisher([B, A])`` sends ``--restart-rate`` events a
+   second, an ``EventBusSubscriber([A, B])`` follows, each in a process of its own, each
+   noting what it was told (the sequence each event was confirmed at; each delivery and
+   when). Then, in one run, a planned restart of each nats-server in turn (``bus.nats.roll``:
+   its peers current, its leaders stepped down, lame-duck mode, started again, its
+   replicas current) and of each front-end (SIGTERM, started again); in another, the same
+   processes killed (kill -9) in turn, each started again once the stream has a leader.
+   Measured: the subscriber's longest silence in each restart's window (from the first
+   step to its replicas current, or the front-end serving again), beside its longest
+   silence over as long a window before the first (the baseline); and the checker over
+   what both clients saw: every event sent confirmed, each confirmed event delivered once
+   at the sequence it was confirmed with, the deliveries gapless and in order. Also the
+   CPU per event of the front-ends and of the nats-servers over the run.
 
     python bench/eventbus_cluster.py [--events 100000] [--repeat 2] [--snapshot-events 200000]
         [--snapshot-repeat 1] [--faults 2] [--rate 1000] [--fault-seconds 8] [--warmup 3]
-        [--only throughput,snapshot,faults]
+        [--restarts 1] [--restart-rate 500] [--only throughput,snapshot,faults,restarts]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -79,6 +94,14 @@ TARGET_SNAPSHOT_RATIO = 0.5
 #: The subscriber's longest silence after kill -9 of its front-end / of the stream leader.
 TARGET_FRONT_END_KILL = 2.0
 TARGET_LEADER_KILL = 5.0
+#: The subscriber's longest silence during a planned restart of a nats-server (issue 44).
+TARGET_PLANNED_RESTART = 1.0
+#: Seconds of flow before each restart and after the last: what each restart does to the
+#: subscriber shows in its window and the next one's alone.
+SETTLE = 3.0
+#: The nats-servers' lame-duck timings in the restarts part (``bus-cluster``'s): clients
+#: leave at the lame-duck INFO, the grace period only delays the exit.
+LAME_DUCK = 'lame_duck_duration: "30s"\nlame_duck_grace_period: "2s"\n'
 #: A silence at the subscriber shorter than this is not noted (at 1,000 events/s the
 #: usual one is 1 ms).
 SILENCE = 0.05
@@ -113,12 +136,12 @@ class Nats(NatsCluster):
         ]
 
 
-def start_nats(stack: Cleanup, directory: Path, size: int) -> Nats:
+def start_nats(stack: Cleanup, directory: Path, size: int, extra: str = "") -> Nats:
     # An older revision under bench/ab.py may not take a prefix: its nodes then outlive a
     # script killed with SIGKILL (any other end stops them).
     hook = {f.name for f in dataclasses.fields(NatsCluster)} & {"prefix"}
     wrap: dict[str, Any] = {"prefix": lambda node: [PYTHON, "-c", _DIE_WITH_US]} if hook else {}
-    nats = Nats(directory, size=size, **wrap)
+    nats = Nats(directory, size=size, extra=extra, **wrap)
     stack.callback(nats.stop)
     nats.start()
     return nats
@@ -383,6 +406,23 @@ def election(nats: Nats, since: float) -> dict[str, Any]:
     return {"new_leader": name, "election_s": at - since}
 
 
+_META = re.compile(
+    r"^\[\d+\] (?P<time>\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) \[INF\] (?:Self is new "
+    r"JetStream cluster metadata leader|JetStream cluster new metadata leader: (?P<other>[^/\s]+))",
+    re.MULTILINE,
+)
+
+
+def meta_leader(nats: Nats) -> str | None:
+    """The JetStream meta leader as the nats-servers' logs last said it."""
+    said: list[tuple[str, str]] = []
+    for node in nats.nodes:
+        if node.log is not None and node.log.exists():
+            for match in _META.finditer(node.log.read_text(errors="replace")):
+                said.append((match["time"], match["other"] or node.name))
+    return max(said)[1] if said else None
+
+
 def leader_of(server: BusServer) -> str | None:
     leader: str | None = (server.status().get("jetstream") or {}).get("leader")
     return leader
@@ -492,6 +532,401 @@ def describe_fault(run: dict[str, Any]) -> str:
     return text + f"; other processes {run['foreign_cores']:.2f} cores"
 
 
+# -- 4. restarts ----------------------------------------------------------------------------
+
+
+def _commands(handlers: dict[str, Any]) -> None:
+    """Worker side: stdin's lines (``WORD REST``), each handed to the reactor's thread."""
+    import threading
+
+    from twisted.internet import reactor as global_reactor
+
+    reactor: Any = global_reactor
+
+    def read() -> None:
+        for line in sys.stdin:
+            word, _, rest = line.strip().partition(" ")
+            if word in handlers:
+                reactor.callFromThread(handlers[word], rest)
+
+    threading.Thread(target=read, daemon=True).start()
+
+
+def confirmed_publish(servers: str, rate: float, out: str) -> None:
+    """Worker role: ``ConfirmedPublisher(SERVERS)`` prints READY once ready, sends RATE
+    events a second from GO, each one's confirmation a line ``{"uuid", "seq"}`` in OUT;
+    STOP ends the sending, waits (up to 180 s) until every event sent is confirmed, then
+    prints a JSON line of its counts."""
+    from twisted.internet import reactor as global_reactor
+    from twisted.internet import task
+
+    from bus.eventbus.confirmed import ConfirmedPublisher
+
+    reactor: Any = global_reactor
+    publisher = ConfirmedPublisher(servers.split(","), "bench-restarts", failover_after=1.0)
+    records = open(out, "w")  # noqa: SIM115 - written to until the process ends
+    state = {"sent": 0, "confirmed": 0, "failed": 0, "top": 0}
+    burst = max(int(rate / 50), 1)
+
+    def stored(sequence: int, event_id: str) -> None:
+        state["confirmed"] += 1
+        state["top"] = max(state["top"], sequence)
+        records.write(f'{{"uuid": "{event_id}", "seq": {sequence}}}\n')
+
+    def lost(failure: Any) -> None:
+        state["failed"] += 1
+
+    def tick() -> None:
+        for _ in range(burst):
+            number = state["sent"]
+            state["sent"] += 1
+            event_id = f"00000000-0000-4000-8000-{number:012x}"
+            sent = publisher.publish(f"/restarts/{number % 16}/", number, event_id=event_id)
+            sent.addCallbacks(stored, lost, callbackArgs=(event_id,))
+
+    sending = task.LoopingCall(tick)
+    deadline = [0.0]
+
+    def finish() -> None:
+        if publisher.unconfirmed and time.monotonic() < deadline[0]:
+            reactor.callLater(0.1, finish)
+            return
+        records.close()
+        print(json.dumps({**state, "unconfirmed": publisher.unconfirmed,
+                          "resent": publisher.resent}), flush=True)  # fmt: skip
+        reactor.stop()
+
+    def stop(_: str) -> None:
+        if sending.running:
+            sending.stop()
+        deadline[0] = time.monotonic() + 180
+        finish()
+
+    _commands({"GO": lambda _: sending.start(1 / 50), "STOP": stop})
+    publisher.startService()
+    publisher.when_ready().addCallback(lambda _: print("READY", flush=True))
+    reactor.run()
+
+
+def record_subscribe(servers: str, out: str) -> None:
+    """Worker role: ``EventBusSubscriber(SERVERS)`` (its defaults) notes every delivery
+    (time on CLOCK_MONOTONIC, sequence, uuid), prints READY at the first; ``UNTIL N`` makes
+    it stop once it holds sequence N (or 180 s later), write its deliveries to OUT (a JSON
+    list) and print a JSON line of its counts."""
+    from twisted.internet import reactor as global_reactor
+
+    from bus.eventbus.client import EventBusSubscriber
+
+    reactor: Any = global_reactor
+    seen: list[tuple[float, int, str]] = []
+    until = [0, 0.0]
+
+    def on_event(event: Any) -> None:
+        if not seen:
+            print("READY", flush=True)
+        seen.append((time.monotonic(), event.sequence, event.uuid.decode()))
+        if until[0] and event.sequence >= until[0] and reactor.running:
+            reactor.callLater(0, reactor.stop)
+
+    subscriber = EventBusSubscriber(servers.split(","), (), on_event)
+
+    def stop_at(number: str) -> None:
+        until[0] = int(number)
+        if seen and seen[-1][1] >= until[0]:
+            reactor.stop()
+        else:
+            reactor.callLater(180, lambda: reactor.running and reactor.stop())
+
+    _commands({"UNTIL": stop_at})
+    subscriber.startService()
+    reactor.run()
+    subscriber.stopService()
+    Path(out).write_text(json.dumps(seen))
+    print(json.dumps({"delivered": len(seen), "failovers": subscriber.failovers,
+                      "last_sequence": seen[-1][1] if seen else 0}), flush=True)  # fmt: skip
+
+
+class CpuTally:
+    """CPU seconds of processes that come and go (a restarted server is another process),
+    by kind: each process's time when first seen (0 for one started during the run) and
+    its last reading, sampled a few times a second in a thread."""
+
+    def __init__(self, processes: Any) -> None:
+        import threading
+
+        self._processes = processes  # () -> [(kind, pid)]
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._kind: dict[int, str] = {}
+        self._started = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        for kind, pid in self._processes():
+            try:
+                now = cpu_seconds(pid)
+            except (OSError, IndexError):
+                continue
+            if pid not in self._first:
+                # The processes there at the start count from then; any other from its start.
+                self._first[pid] = now if not self._started else 0.0
+                self._kind[pid] = kind
+            self._last[pid] = now
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            self._sample()
+
+    def start(self) -> CpuTally:
+        self._sample()
+        self._started = True
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()
+        totals: dict[str, float] = {}
+        for pid, first in self._first.items():
+            kind = self._kind[pid]
+            totals[kind] = totals.get(kind, 0.0) + self._last[pid] - first
+        return totals
+
+
+def _longest_silence(
+    times: Sequence[float], start: float, end: float
+) -> tuple[float, float, float]:
+    """The longest gap between two deliveries that overlaps [start, end] (with deliveries
+    at both ends): (length, its start, its end)."""
+    best = (0.0, start, start)
+    for before, after in itertools.pairwise(times):
+        if after > start and before < end and after - before > best[0]:
+            best = (after - before, before, after)
+    return best
+
+
+def restarts_once(
+    mode: str, root: Path, prefix: Sequence[str], rate: float, quiet: float, wait_idle: float
+) -> dict[str, Any]:
+    """Each nats-server, then each front-end, restarted in turn (``planned`` or ``kill``)
+    while the confirming publisher and the subscriber run; the silences and the check."""
+    from bus.nats.blocking import Connection
+    from bus.nats.jsapi import JetStreamError as jsapi_error
+    from bus.nats.roll import Group, JetStreamApi, Roll, RollError, Server
+
+    wait_for_quiet(wait_idle)
+    account = CpuAccount()
+    steps: list[str] = []
+    windows: list[dict[str, Any]] = []
+    with Cleanup() as stack:
+        nats = start_nats(stack, root / "nats", 3, LAME_DUCK)
+        a = start_front_end(stack, root / "a", nats, prefix)
+        b = start_front_end(stack, root / "b", nats)
+        subscriber = Worker(
+            "record-subscribe", f"{HOST}:{a.port},{HOST}:{b.port}", root / "sub.json", script=THIS
+        )
+        stack.callback(subscriber.stop)
+        publisher = Worker(
+            "confirmed-publish", f"{HOST}:{b.port},{HOST}:{a.port}", rate, root / "pub.jsonl",
+            script=THIS,
+        )  # fmt: skip
+        stack.callback(publisher.stop)
+        publisher.wait_ready()
+        publisher.go()
+        subscriber.wait_ready()
+
+        def processes() -> list[tuple[str, int]]:
+            found = [
+                ("front-ends", end.pid) for end in (a, b) if end.proc and end.proc.poll() is None
+            ]
+            return found + [("nats-servers", pid) for pid in nats.pids()]
+
+        cpu = CpuTally(processes).start()
+        cpu_from = time.monotonic()
+        api = JetStreamApi(nats.urls, lambda urls: Connection(urls, name="bench", echo=False))
+        roll = Roll(api, say=lambda line: steps.append(f"{time.monotonic():.3f} {line}"))
+        quiet_from = time.monotonic()
+        time.sleep(quiet)
+        quiet_until = time.monotonic()
+
+        class Local:
+            """How the roll stops and starts this run's nats-servers."""
+
+            def stop(self, what: Any) -> None:
+                node = next(n for n in nats.nodes if n.name == what.name)
+                assert node.process is not None
+                os.kill(node.process.pid, signal.SIGUSR2)  # nats-server --signal ldm=PID
+                node.process.wait(120)
+
+            def start(self, what: Any) -> None:
+                nats.start(next(n for n in nats.nodes if n.name == what.name), timeout=60)
+
+        stream = Group("EVENTBUS", "", None)
+        for node in nats.nodes:
+            time.sleep(SETTLE)
+            led = api.group(stream).leader
+            meta = meta_leader(nats)
+            held = sorted(
+                role
+                for end, name in ((a, "A"), (b, "B"))
+                for server in (end.status().get("jetstream") or {}).get("servers") or ()
+                if server.get("url") == node.url
+                for role in (f"{name} {r}" for r in server.get("ours") or ())
+            )
+            began = time.monotonic()
+            if mode == "planned":
+                roll.restart(Server(node.name, node.url), Local())
+            else:
+                nats.kill(node)
+                api.avoid(node.url)
+
+                def led_elsewhere(name: str = node.name) -> bool:
+                    try:
+                        return api.group(stream).leader not in (None, name)
+                    except (OSError, jsapi_error):
+                        return False  # no answer while there is no leader
+
+                wait_until(led_elsewhere, 120, "a stream leader", None, 0.1)
+                starting = time.monotonic()
+                nats.start(node, timeout=60)
+                try:
+                    roll.wait_current(node.name, since=starting)
+                except RollError as error:
+                    steps.append(f"{node.name}: {error}")
+                api.avoid(None)
+            windows.append({
+                "what": f"nats-server {node.name}",
+                "role": ("stream leader" if led == node.name else "follower")
+                + (", meta leader" if meta == node.name else "")
+                + (f"; front-end connections {', '.join(held)}" if held else ""),
+                "start": began, "end": time.monotonic(),
+            })  # fmt: skip
+        for end, name in ((a, "A"), (b, "B")):
+            time.sleep(SETTLE)
+            began = time.monotonic()
+            if mode == "planned":
+                end.stop()  # SIGTERM: it stores what it collected, then closes its ports
+            else:
+                os.kill(end.pid, signal.SIGKILL)
+                assert end.proc is not None
+                end.proc.wait(10)
+            (end.data_dir / "status.json").unlink(missing_ok=True)
+            end.start()
+            wait_until(
+                lambda e=end: bool((e.status().get("jetstream") or {}).get("connected")),
+                120, f"front-end {name} serving", end.check_alive, 0.05,
+            )  # fmt: skip
+            windows.append({
+                "what": f"front-end {name}",
+                "role": "the subscriber's" if name == "A" else "the publisher's",
+                "start": began, "end": time.monotonic(),
+            })  # fmt: skip
+        time.sleep(SETTLE)
+        assert publisher.proc.stdin is not None
+        publisher.proc.stdin.write("STOP\n")
+        publisher.proc.stdin.flush()
+        published = publisher.result(timeout=240)
+        assert subscriber.proc.stdin is not None
+        subscriber.proc.stdin.write(f"UNTIL {published['top']}\n")
+        subscriber.proc.stdin.flush()
+        received = subscriber.result(timeout=240)
+        cpu_by_kind = cpu.stop()
+        cpu_wall = time.monotonic() - cpu_from
+        api.close()
+        stores_again = [
+            float(m["seconds"])
+            for path in (a.log_path, b.log_path)
+            for m in _STORES_AGAIN.finditer(path.read_text(errors="replace"))
+        ]
+    deliveries = json.loads((root / "sub.json").read_text())
+    confirmed = [json.loads(line) for line in (root / "pub.jsonl").read_text().splitlines()]
+    times = [d[0] for d in deliveries]
+    for window in windows:
+        # What a restart does may show a moment after its last step (a reader made again).
+        length, since, _ = _longest_silence(times, window["start"], window["end"] + SETTLE / 2)
+        window.update(
+            silence_s=length,
+            silence_from_s=since - window["start"],
+            window_s=window["end"] - window["start"],
+        )
+    baseline = _longest_silence(times, quiet_from, quiet_until)[0]
+    anomalies = check_deliveries(deliveries, confirmed, published)
+    events = max(len(deliveries), 1)
+    return {
+        "mode": mode,
+        "windows": windows,
+        "baseline_silence_s": baseline,
+        "sent": published["sent"],
+        "confirmed": published["confirmed"],
+        "unconfirmed": published["unconfirmed"],
+        "resent": published["resent"],
+        "delivered": len(deliveries),
+        "failovers": received["failovers"],
+        "anomalies": anomalies,
+        "stores_again_s": stores_again,
+        "steps": steps,
+        # Wall clock less CLOCK_MONOTONIC: the servers' logs are in wall-clock time.
+        "wall_offset": time.time() - time.monotonic(),
+        "cpu_us_per_event": {kind: seconds / events * 1e6 for kind, seconds in cpu_by_kind.items()},
+        "cpu_cores": {kind: seconds / cpu_wall for kind, seconds in cpu_by_kind.items()},
+        "foreign_cores": account.stop(),
+    }
+
+
+def check_deliveries(
+    deliveries: Sequence[Sequence[Any]],
+    confirmed: Sequence[dict[str, Any]],
+    published: dict[str, Any],
+) -> list[str]:
+    """What the clients saw, checked: every event sent was confirmed; the subscriber got
+    each sequence from 1 once, in order, with no hole; each confirmed event is delivered
+    once, at the sequence it was confirmed with. One line per anomaly."""
+    anomalies = []
+    if published["confirmed"] != published["sent"] or published["unconfirmed"]:
+        anomalies.append(
+            f"{published['sent'] - published['confirmed']} of {published['sent']} events sent "
+            f"never confirmed ({published['failed']} failed)"
+        )
+    sequences = [d[1] for d in deliveries]
+    if sequences != list(range(1, len(sequences) + 1)):
+        first = next((i for i, s in enumerate(sequences, 1) if s != i), None)
+        anomalies.append(f"deliveries not 1..{len(sequences)} in order (first break at {first})")
+    where: dict[str, list[int]] = {}
+    for _, sequence, uuid in deliveries:
+        where.setdefault(uuid, []).append(sequence)
+    twice = [uuid for uuid, at in where.items() if len(at) > 1]
+    if twice:
+        anomalies.append(f"{len(twice)} events delivered more than once: {twice[:3]}")
+    missing = [r for r in confirmed if where.get(r["uuid"]) != [r["seq"]]]
+    if missing:
+        anomalies.append(
+            f"{len(missing)} confirmed events not delivered once at their sequence: "
+            + ", ".join(f"{r['uuid']}@{r['seq']}->{where.get(r['uuid'])}" for r in missing[:3])
+        )
+    return anomalies
+
+
+def describe_restarts(run: dict[str, Any]) -> str:
+    word = "planned restart" if run["mode"] == "planned" else "kill -9 and start"
+    return (
+        f"{word}: "
+        + "; ".join(
+            f"{w['what']} ({w['role']}) silent {w['silence_s']:.2f} s in {w['window_s']:.1f} s"
+            for w in run["windows"]
+        )
+        + f"; baseline {run['baseline_silence_s']:.3f} s; {run['delivered']:,} delivered, "
+        f"{run['confirmed']:,} of {run['sent']:,} confirmed, "
+        + (
+            "checker: no anomaly"
+            if not run["anomalies"]
+            else "ANOMALIES: " + "; ".join(run["anomalies"])
+        )
+        + f"; other processes {run['foreign_cores']:.2f} cores"
+    )
+
+
 # -- the summary ----------------------------------------------------------------------------
 
 
@@ -516,14 +951,26 @@ def main() -> int:
         "--warmup", type=float, default=3.0, help="seconds of flow before the fault"
     )
     parser.add_argument(
+        "--restarts", type=int, default=1, help="runs of each kind of restart (planned, kill)"
+    )
+    parser.add_argument(
+        "--restart-rate", type=float, default=500.0, help="events/s during the restarts"
+    )
+    parser.add_argument(
+        "--restart-quiet",
+        type=float,
+        default=10.0,
+        help="seconds of flow before the first restart (the baseline's window)",
+    )
+    parser.add_argument(
         "--only",
-        default="throughput,snapshot,faults",
-        help="comma-separated parts to run: throughput, snapshot, faults",
+        default="throughput,snapshot,faults,restarts",
+        help="comma-separated parts to run: throughput, snapshot, faults, restarts",
     )
     add_common_arguments(parser)
     args = parser.parse_args()
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    unknown = parts - {"throughput", "snapshot", "faults"}
+    unknown = parts - {"throughput", "snapshot", "faults", "restarts"}
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
     terminate_on_sigterm()
@@ -779,6 +1226,96 @@ def main() -> int:
                 )
             )
 
+        if "restarts" in parts:
+            restarts: dict[str, list[dict[str, Any]]] = {"planned": [], "kill": []}
+            for index in range(args.restarts):
+                for mode in restarts:
+                    run = restarts_once(
+                        mode,
+                        root / f"restarts-{mode}-{index}",
+                        prefix,
+                        args.restart_rate,
+                        args.restart_quiet,
+                        args.wait_idle,
+                    )
+                    restarts[mode].append(run)
+                    print(
+                        f"restarts {index + 1}/{args.restarts}: {describe_restarts(run)}",
+                        flush=True,
+                    )
+            record["restarts"] = restarts
+            noise.append(
+                "restart runs (planned, kill each time) "
+                + ", ".join(
+                    f"{restarts[mode][index]['foreign_cores']:.2f}"
+                    for index in range(args.restarts)
+                    for mode in restarts
+                )
+            )
+
+            def worst(mode: str, kind: str) -> float:
+                return max(
+                    (w["silence_s"] for r in restarts[mode] for w in r["windows"]
+                     if w["what"].startswith(kind)),
+                    default=float("nan"),
+                )  # fmt: skip
+
+            planned_nats, killed_nats = (
+                worst("planned", "nats-server"),
+                worst("kill", "nats-server"),
+            )
+            planned_fe, killed_fe = worst("planned", "front-end"), worst("kill", "front-end")
+            clean = all(not r["anomalies"] for rs in restarts.values() for r in rs)
+            ok = planned_nats < TARGET_PLANNED_RESTART and clean
+            verdict = verdict and ok
+            base = max(r["baseline_silence_s"] for rs in restarts.values() for r in rs)
+            measured.append(
+                f"planned restart of each nats-server: subscriber silent {planned_nats:.2f} s at "
+                f"worst (kill -9: {killed_nats:.2f} s); of each front-end {planned_fe:.2f} s "
+                f"(kill -9: {killed_fe:.2f} s)"
+            )
+            baseline.append(f"longest silence with nothing restarted {base:.3f} s")
+            ratios.append(f"planned / kill -9 of a nats-server {planned_nats / killed_nats:.2f} x")
+            targets.append(
+                f"planned nats-server restart silence < {TARGET_PLANNED_RESTART:g} s, 0 lost"
+            )
+            for mode, mode_runs in restarts.items():
+                for index, each in enumerate(mode_runs):
+                    details.append((f"restarts {mode} {index + 1}", describe_restarts(each)))
+            kinds = sorted(
+                {k for rs in restarts.values() for r in rs for k in r["cpu_us_per_event"]}
+            )
+            details.append(
+                (
+                    "restarts CPU",
+                    "per event delivered, over a whole run (restarts, idle work and all; "
+                    "cores used on average): "
+                    + "; ".join(
+                        f"{mode}: "
+                        + ", ".join(
+                            f"{kind} "
+                            f"{median([r['cpu_us_per_event'].get(kind, 0.0) for r in rs]):.1f} us "
+                            f"({median([r['cpu_cores'].get(kind, 0.0) for r in rs]):.2f} cores)"
+                            for kind in kinds
+                        )
+                        for mode, rs in restarts.items()
+                    ),
+                )
+            )
+            details.append(
+                (
+                    "restarts",
+                    f"{args.restart_rate:,.0f} events/s from ConfirmedPublisher([B, A]); "
+                    "EventBusSubscriber([A, B]) (defaults); R3, two front-ends; each nats-server, "
+                    "then A, then B, restarted in turn; a window runs from the first step to 1.5 s after "
+                    "the replicas current (or the front-end serving); target "
+                    f"< {TARGET_PLANNED_RESTART:g} s -> {verdict_word(ok)}",
+                )
+            )
+            figures["planned_restart_silence_s"] = Figure(planned_nats, "s", better="lower")
+            figures["kill_restart_silence_s"] = Figure(killed_nats, "s", better="lower")
+            figures["planned_front_end_restart_silence_s"] = Figure(planned_fe, "s", better="lower")
+
     details.append(("noise", "other processes kept cores busy: " + "; ".join(noise)))
     summary(
         "eventbus_cluster",
@@ -799,5 +1336,9 @@ def main() -> int:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["failover-subscribe"]:
         failover_subscribe(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    elif sys.argv[1:2] == ["confirmed-publish"]:
+        confirmed_publish(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1:2] == ["record-subscribe"]:
+        record_subscribe(sys.argv[2], sys.argv[3])
     else:
         sys.exit(main())

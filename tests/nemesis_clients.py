@@ -2,8 +2,9 @@
 cluster test, one process on a host of their own: confirming publishers and full-feed subscribers, each given both front-ends
 (in turned orders, so that both are used). Every record goes to a JSON-lines file in
 ``--out`` the moment it is made: ``pub-N.jsonl`` holds ``{"uuid", "seq"}`` for each event
-its publisher was told was stored, ``sub-N.jsonl`` ``{"seq", "uuid"}`` for each event its
-subscriber delivered. Progress goes to stdout as JSON lines; ``{"cmd": "finish"}`` on
+its publisher was told was stored, ``sub-N.jsonl`` ``{"seq", "uuid", "t"}`` for each event
+its subscriber delivered (``t``: when, on CLOCK_MONOTONIC, which every host of the machine
+shares). Progress goes to stdout as JSON lines; ``{"cmd": "finish"}`` on
 stdin stops publishing, waits until every event sent is confirmed and every subscriber
 holds the log's last sequence, then prints ``FINISHED``.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -83,7 +85,8 @@ class Following:
 
     def deliver(self, event: Event) -> None:
         self.delivered += 1
-        self.file.write(json.dumps({"seq": event.sequence, "uuid": event.uuid.decode()}) + "\n")
+        record = {"seq": event.sequence, "uuid": event.uuid.decode(), "t": time.monotonic()}
+        self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
 

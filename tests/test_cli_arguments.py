@@ -92,6 +92,12 @@ def test_after_a_double_dash_nothing_moves() -> None:
         (["bus-keys", "x", "/nonexistent/dir"], "its parent '/nonexistent' is not a directory"),
         (["bus-cluster", "--dir", "/nonexistent/dir"], "its parent '/nonexistent' is not a"),
         (["bus-cluster", "--dir", "/proc/nope"], "/proc/nope: No such file or directory"),
+        (["bus-cluster", "roll", "--stop", "kill {pid}"], "unknown field {pid}"),
+        (["bus-cluster", "step-down", "n1", "--nats", "nats://:4222"], "nats://:4222: no host"),
+        (["bus-cluster", "step-down"], "the following arguments are required: NAME"),
+        (["bus-cluster", "roll", "--nats", "nats://h1:4222"], "--nats needs --stop and --start"),
+        (["bus-cluster", "roll", "--stop", "true"], "--stop is for a cluster named with --nats"),
+        (["bus-cluster", "wait-current", "n1", "--nats-password-file", "x"], "needs its user"),
         *[
             ([tool, "--bogus"], "unrecognized arguments: --bogus")
             for tool in (
@@ -159,6 +165,7 @@ def _nothing_runs() -> Iterator[None]:
             (task, "react"),
             (globalLogBeginner, "beginLoggingTo"),
             (bus.nats.cli, "NatsCluster"),
+            (bus.nats.cli, "operate"),
             (bus.zre.node, "ZreNode"),
         ]:
             stack.enter_context(mock.patch.object(target, name, _refuse_to_run))

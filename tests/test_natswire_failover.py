@@ -232,3 +232,77 @@ def test_what_retention_removed_before_a_read_made_again_reached_it_is_reported(
         assert rest == list(range(501, 1001))
     finally:
         reader.close()
+
+
+def test_a_read_returns_at_once_when_its_server_goes_into_lame_duck_mode(tmp_path: Path) -> None:
+    """A read waiting for messages returns none at the INFO that says ``ldm`` (before the
+    server closes anything), once: the caller leaves the server now, not when it is shut."""
+    cluster = nats_cluster(tmp_path / "nats", size=1)
+    cluster.start()
+    try:
+        with Connection(cluster.urls) as connection:
+            connection.subscribe("quiet")
+            connection.flush()
+            assert not connection.lame_duck
+            cluster.kill(cluster.nodes[0], signal.SIGUSR2)  # nats-server --signal ldm=PID
+            assert connection.read(60) == []
+            assert connection.lame_duck
+            with pytest.raises(TimeoutError):  # said once: the next read waits as ever
+                connection.read(0.2)
+    finally:
+        cluster.kill(cluster.nodes[0], signal.SIGKILL)  # in lame-duck mode a stop waits 10 s
+
+
+def test_a_follower_whose_consumer_falls_silent_fails_and_one_idle_does_not(
+    tmp_path: Path,
+) -> None:
+    """Following, each pull asks for heartbeats: an idle stream's reader hears them and
+    reads on; a consumer whose server stopped answering (SIGSTOP: nothing closes, nothing
+    ends the pulls) is taken for gone within a second of silence, for its caller to make
+    it again."""
+    from bus.nats.ranged import HEARTBEAT, SILENT, RangeRead
+    from tests.jetstream_helpers import make_stream
+
+    cluster = nats_cluster(tmp_path / "nats", size=1)
+    cluster.start()
+    node = cluster.nodes[0]
+    try:
+        make_stream(cluster.urls, replicas=1)
+        with Connection(cluster.urls) as connection:
+            reader = RangeRead(connection, "EVENTBUS", 0, 0, ["eventbus.>"], follow=True).open()
+            # Many times the silence that fails a read, on a stream where nothing comes.
+            for _ in range(int(3 * SILENT / HEARTBEAT)):
+                assert reader.next_batch().sequences == []
+            cluster.kill(node, signal.SIGSTOP)
+            with pytest.raises(TimeoutError, match=r"silent .* taken for gone"):
+                while True:
+                    reader.next_batch()
+    finally:
+        cluster.kill(node, signal.SIGCONT)
+        cluster.kill(node, signal.SIGKILL)
+
+
+def test_a_batch_whose_leader_is_lost_unanswered_is_refused_once_another_leads(
+    tmp_path: Path,
+) -> None:
+    """A batch the leader took and never answered (here the leader is stopped, SIGSTOP;
+    a leader that steps down drops it the same way): the late acknowledgement has the
+    stream asked, every second, whether its leader changed; once the others elected one,
+    the batch is refused at once (to be sent again) rather than at its timeout."""
+    from bus.nats.publish import Publisher, PublishError
+    from tests.jetstream_helpers import lead, make_stream
+
+    cluster = nats_cluster(tmp_path / "nats", size=3)
+    cluster.start()
+    try:
+        make_stream(cluster.urls)
+        lead(cluster, "n1")
+        with Connection([cluster.urls[1]]) as connection:
+            publisher = Publisher(connection, stream="EVENTBUS")
+            assert publisher.publish([(b"eventbus.a", b"id-1", b"one")], timeout=10) == [1]
+            cluster.kill(cluster.nodes[0], signal.SIGSTOP)
+            with pytest.raises(PublishError, match="the stream's leader changed while"):
+                publisher.publish([(b"eventbus.a", b"id-2", b"two")], timeout=120)
+    finally:
+        cluster.kill(cluster.nodes[0], signal.SIGCONT)
+        cluster.stop()

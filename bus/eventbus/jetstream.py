@@ -225,7 +225,7 @@ class JetStreamLog:
         mode)."""
         made = self._data_connection("append")
         if self._publisher is None or self._publisher.connection is not made:
-            self._publisher = Publisher(made, self.atomic)
+            self._publisher = Publisher(made, self.atomic, self.settings.stream)
         return self._publisher
 
     async def _open(self) -> None:

@@ -90,6 +90,8 @@ class Connection:
         self.info: dict[str, Any] = {}
         #: The URL (of ``servers``) of the server that admitted us.
         self.server = ""
+        #: An INFO saying lame duck came and no :meth:`read` returned for it yet.
+        self._lame_duck_news = False
         self._sock: socket.socket | ssl.SSLSocket | None = None
         reasons = []
         for url in servers:
@@ -179,7 +181,9 @@ class Connection:
                 elif item.op == b"-ERR":
                     raise ProtocolError(item.argument.decode("utf-8", "replace"))
                 elif item.op == b"INFO":
+                    was = self.lame_duck
                     self.info = codec.info(item)
+                    self._lame_duck_news = self._lame_duck_news or (self.lame_duck and not was)
         return items
 
     # -- what callers use ----------------------------------------------------------------------
@@ -264,7 +268,9 @@ class Connection:
         self._send(codec.unsub(sid))
 
     def read(self, timeout: float | None = None) -> list[Msg]:
-        """The messages that arrived (at least one), waiting up to ``timeout``."""
+        """The messages that arrived (at least one), waiting up to ``timeout``; none when
+        the server said meanwhile that it goes into lame-duck mode (once: the caller may
+        leave it now, as :attr:`lame_duck` says)."""
         if self._pending:
             out = list(self._pending)
             self._pending.clear()
@@ -272,6 +278,9 @@ class Connection:
             return out
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
+            if self._lame_duck_news:
+                self._lame_duck_news = False
+                return []
             messages = [item for item in self._receive(deadline) if isinstance(item, Msg)]
             if messages:
                 return messages

@@ -3,6 +3,7 @@ replies' errors, and what a consumer's delivery says in its reply subject."""
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any, NamedTuple
 
@@ -129,6 +130,28 @@ def stream_info(stream: str) -> str:
     return f"{API}.STREAM.INFO.{stream}"
 
 
+def _instant(text: str) -> float:
+    """Seconds since the epoch of one of JetStream's times (RFC 3339, nanoseconds, UTC)."""
+    whole, _, rest = text.partition(".")
+    fraction = rest.rstrip("Z").split("+")[0].split("-")[0] if rest else ""
+    stamp = datetime.datetime.fromisoformat(whole.rstrip("Z")).replace(tzinfo=datetime.UTC)
+    return stamp.timestamp() + (float("0." + fraction) if fraction.isdigit() else 0.0)
+
+
+def leader_for(info: dict[str, Any]) -> float | None:
+    """How long the stream's leader had led when it answered this ``STREAM.INFO`` (the
+    answer's ``ts`` less its ``cluster.leader_since``, both the leader's clock), or None
+    when it does not say (no leader, one server, an older nats-server)."""
+    since = (info.get("cluster") or {}).get("leader_since")
+    now = info.get("ts")
+    if not since or not now:
+        return None
+    try:
+        return _instant(str(now)) - _instant(str(since))
+    except ValueError:
+        return None
+
+
 def message_get(stream: str) -> str:
     """A stored message, answered by the stream's leader (``{"seq": N}``, with
     ``"next_by_subj"`` the first at or after N under a subject filter)."""
@@ -174,12 +197,16 @@ def ranged_consumer(
     return json.dumps({"stream_name": stream, "config": config}).encode()
 
 
-def pull(batch: int, expires: float, max_bytes: int = 0) -> bytes:
+def pull(batch: int, expires: float, max_bytes: int = 0, heartbeat: float = 0.0) -> bytes:
     """A pull request's body: up to ``batch`` messages (and ``max_bytes``, when given), the request
-    expiring after ``expires`` seconds."""
+    expiring after ``expires`` seconds; with ``heartbeat``, the server says every that many
+    seconds that the request still waits (a status 100), so that silence means the consumer
+    or its server is gone (at most half ``expires``)."""
     request: dict[str, Any] = {"batch": batch, "expires": int(expires * 1e9)}
     if max_bytes:
         request["max_bytes"] = max_bytes
+    if heartbeat:
+        request["idle_heartbeat"] = int(heartbeat * 1e9)
     return json.dumps(request).encode()
 
 

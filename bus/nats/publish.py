@@ -28,6 +28,12 @@ from bus.nats.codec import Msg
 
 NO_RESPONDERS = 503
 _COUNT = b'"count":'
+#: An acknowledgement this late makes the publisher ask the stream, every as long again,
+#: whether its leader changed since the batch was sent: a leader that steps down (asked
+#: to, or for a higher term when a cut-off follower's link comes back) drops the batches
+#: in flight unanswered, which would otherwise be waited for until the timeout (5 s) while
+#: the new leader already stores.
+LATE = 1.0
 
 
 class PublishError(Exception):
@@ -57,9 +63,12 @@ class Publisher:
     """Publishes batches through one connection (one caller at a time); ``atomic`` when
     the stream allows atomic batches."""
 
-    def __init__(self, connection: Connection, atomic: bool = False) -> None:
+    def __init__(self, connection: Connection, atomic: bool = False, stream: str = "") -> None:
         self.connection = connection
         self.atomic = atomic
+        #: The stream's name: with it, a late acknowledgement has the stream asked whether
+        #: its leader changed since the batch was sent (:data:`LATE`).
+        self.stream = stream
         self._prefix = connection.new_inbox().encode() + b"."
         self._numbers = itertools.count(1)
         self._batch_tag = os.urandom(6).hex().encode()
@@ -122,15 +131,27 @@ class Publisher:
     def _replies(self, timeout: float, owed: Callable[[], str]) -> Iterator[Msg]:
         """Answers on our reply subjects as they come, for as long as the caller reads
         them; :class:`PublishError` once ``timeout`` has passed (``owed`` says what was
-        still missing) or when nobody serves the stream."""
+        still missing), when nobody serves the stream, or when the stream's leader changed
+        since (a late answer has it asked: :data:`LATE`)."""
         connection = self.connection
-        deadline = time.monotonic() + timeout
+        sent = time.monotonic()
+        deadline = sent + timeout
+        check = sent + LATE if self.stream else deadline
         while True:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 raise PublishError(f"no acknowledgement in {timeout:g}s ({owed()})")
+            if now >= check:
+                check = now + LATE
+                if self._leader_newer_than(now - sent, min(LATE, remaining)):
+                    raise PublishError(
+                        f"the stream's leader changed while {owed()} was unanswered "
+                        f"after {now - sent:.1f}s: sent again"
+                    )
+                continue
             try:
-                arrived = connection.read(remaining)
+                arrived = connection.read(min(remaining, check - now))
             except TimeoutError:
                 continue
             for message in arrived:
@@ -139,6 +160,16 @@ class Publisher:
                 if message.headers and codec.status(message.headers) == NO_RESPONDERS:
                     raise PublishError("no response from stream (no leader, or none elected yet)")
                 yield message
+
+    def _leader_newer_than(self, seconds: float, wait: float) -> bool:
+        """Whether the stream's leader took over less than ``seconds`` ago (its answer
+        waited for ``wait`` seconds: none, with an election under way, is no)."""
+        try:
+            answer = self.connection.request(jsapi.stream_info(self.stream), b"", wait)
+            led = jsapi.leader_for(jsapi.answer(answer.payload))
+        except (TimeoutError, ConnectionRefusedError, jsapi.JetStreamError, ValueError):
+            return False
+        return led is not None and led < seconds
 
     def _each(self, messages: Messages, timeout: float) -> list[int]:
         if not messages:

@@ -32,6 +32,13 @@ EXPIRES = 1.0
 #: Seconds without a message, while the consumer says events are pending, before the
 #: read fails (its caller reads again).
 STALL = 10.0
+#: Following, each waiting pull request has the server say every this many seconds that it
+#: still waits (a heartbeat): a consumer whose server stopped its JetStream (lame-duck
+#: mode) or died sends nothing more, and pulls to it are never answered.
+HEARTBEAT = 0.25
+#: Following, seconds with nothing at all from the consumer (no delivery, no heartbeat, no
+#: expiry) before it is taken for gone and the read fails (the feed makes it again).
+SILENT = 4 * HEARTBEAT
 
 #: Seconds a consumer's making may take: after a node is lost JetStream places consumers
 #: once its meta leader knows (seen taking over 4 s).
@@ -208,7 +215,7 @@ class RangeRead:
 
     def _pull(self) -> None:
         subject = jsapi.consumer_next(self.stream, self.consumer)
-        body = jsapi.pull(FETCH, EXPIRES)
+        body = jsapi.pull(FETCH, EXPIRES, heartbeat=HEARTBEAT if self.follow else 0.0)
         while len(self._requests) < IN_FLIGHT:
             inbox = self.connection.new_inbox()
             self._requests.append([inbox.encode(), FETCH])
@@ -257,7 +264,7 @@ class RangeRead:
                 self._early.clear()
             else:
                 self._pull()
-                messages = self.connection.read(EXPIRES + self.connection.timeout)
+                messages = self._read()
             index, size = 0, len(messages)
             while index < size and not self._done:
                 wanted = count - len(out.sequences)
@@ -285,6 +292,24 @@ class RangeRead:
             if self.follow:
                 break
         return out
+
+    def _read(self) -> list[Msg]:
+        """What the socket brings next: none when the server goes into lame-duck mode.
+        Following, a consumer silent for :data:`SILENT` seconds fails the read."""
+        if not self.follow:
+            return self.connection.read(EXPIRES + self.connection.timeout)
+        try:
+            return self.connection.read(SILENT)
+        except TimeoutError:
+            # This thread may have been kept from running: what waits in the socket counts.
+            self.connection.poll()
+            try:
+                return self.connection.read(0)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"consumer {self.consumer} of stream {self.stream} silent for {SILENT:g}s "
+                    "(no delivery, no heartbeat): taken for gone"
+                ) from None
 
     def _taken(self, sequences: list[int], pending: list[int]) -> int:
         """How many of these deliveries belong to the range (all but those above

@@ -69,6 +69,12 @@ class NatsNode:
         """Where clients reach this server."""
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def pid_file(self) -> Path:
+        """Where the server writes its process id while it runs (``nats-server --signal
+        ldm=PID_FILE`` reads it)."""
+        return self.config.parent / "nats.pid"
+
 
 def node_config(
     node: NatsNode,
@@ -86,6 +92,7 @@ def node_config(
         # Long topics make long subjects (see bus.eventbus.subjects).
         "max_control_line: 65536",
         f'jetstream {{ store_dir: "{node.store_dir}" }}',
+        f'pid_file: "{node.pid_file}"',
     ]
     if token is not None:
         lines.append(f'authorization {{ token: "{token}" }}')
