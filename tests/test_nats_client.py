@@ -160,6 +160,48 @@ def test_a_server_that_stops_answering_is_left(cluster: Any) -> Any:
         client.stop()
 
 
+@pytest_twisted.inlineCallbacks
+def test_flush_fires_once_the_server_read_what_came_before_and_fails_with_its_connection(
+    nats_server: Any,
+) -> Any:
+    """A flush is a PING's PONG: once it fires, the server has the messages published
+    before it (a subscriber whose SUB the server read gets them); while the server is
+    stopped (SIGSTOP) it waits, keep-alive PINGs in between included, and it fails with
+    NotConnected when the connection is given up; without a connection it fails at once."""
+    (node,) = nats_server.nodes
+    sender = NatsClient(reactor, nats_server.urls, ping_interval=0.3)
+    receiver = NatsClient(reactor, nats_server.urls)
+    heard: list[bytes] = []
+    try:
+        with pytest.raises(NotConnected):
+            yield sender.flush()
+        for client in (sender, receiver):
+            client.start()
+            yield client.when_connected(timeout=10)
+        receiver.subscribe("flushed", lambda msg: heard.append(msg.payload))
+        yield receiver.flush()  # the server has the SUB
+        for number in range(100):
+            sender.publish(b"flushed", b"%d" % number)
+        yield sender.flush()
+        yield until(lambda: len(heard) == 100)
+        assert heard == [b"%d" % n for n in range(100)]
+        nats_server.kill(node, signal.SIGSTOP)
+        try:
+            sender.publish(b"flushed", b"stopped")
+            waiting = sender.flush()
+            failed: list[Any] = []
+            waiting.addErrback(failed.append)
+            # Two keep-alive PINGs unanswered: the client leaves the server, and the flush
+            # (never answered) fails with the connection.
+            yield until(lambda: bool(failed), timeout=30)
+            assert failed[0].check(NotConnected)
+        finally:
+            nats_server.kill(node, signal.SIGCONT)
+    finally:
+        sender.stop()
+        receiver.stop()
+
+
 def make_certificates(directory: Path) -> dict[str, Path]:
     """A CA and a server certificate for 127.0.0.1 it signed (cryptography, PEM)."""
     import datetime

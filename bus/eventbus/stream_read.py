@@ -13,7 +13,6 @@ msgpack bytes); the subject gives the topic back (:mod:`bus.eventbus.subjects`).
 from __future__ import annotations
 
 import functools
-import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from bus.nats import jsapi
 from bus.nats.blocking import Connection
 from bus.nats.failover import ONCE, Failover, Retry
 from bus.nats.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
+from bus.nats.settings import tls_context
 
 if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
     from bus.eventbus.codec import EventFields
@@ -57,18 +57,6 @@ def row(sequence: int, topic: bytes, body: bytes) -> Row:
     """The log's row of a stored message: its sequence, its topic, its body unpacked."""
     producer, timestamp, uuid, data = msgpack.unpackb(body, raw=True)
     return (sequence, topic, producer, timestamp, uuid, data)
-
-
-def tls_context(settings: JetStreamSettings) -> ssl.SSLContext | None:
-    """The TLS context the settings ask for, None for none."""
-    if not (settings.tls_ca or settings.tls_cert):
-        return None
-    context = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
-    if settings.tls_cert is not None:
-        context.load_cert_chain(
-            str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None
-        )
-    return context
 
 
 def connection(

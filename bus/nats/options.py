@@ -26,6 +26,9 @@ Settings = TypeVar("Settings", bound=NatsSettings)
 
 def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
     """twistd's option rows; ``kept``: what sqlite keeps, in words (``the log``)."""
+    servers, connection = _connection_rows(
+        "With --store jetstream: ", "With --store jetstream: the NATS servers"
+    )
     return [
         [
             "store",
@@ -34,12 +37,7 @@ def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
             f"Where to keep {kept}: sqlite (this machine, in --data-dir) or jetstream (a NATS "
             "JetStream stream, --nats, that several servers share).",
         ],
-        [
-            "nats",
-            None,
-            None,
-            "With --store jetstream: the NATS servers, nats://HOST:PORT[,nats://...].",
-        ],
+        servers,
         ["nats-stream", None, stream, "With --store jetstream: the stream's name."],
         [
             "nats-subject-prefix",
@@ -54,32 +52,51 @@ def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
             "With --store jetstream: the stream's replicas when it is made (3 in a cluster).",
             int,
         ],
+        *connection,
+    ]
+
+
+def nats_link_options(what: str) -> list[list[Any]]:
+    """twistd's option rows of a service that takes ``--nats`` alone (no ``--store``): the
+    servers, the credentials and TLS, as :func:`nats_options` words them; ``what``: what
+    goes over NATS, in words (``the brokers' topics``)."""
+    servers, connection = _connection_rows("", f"Carry {what} over NATS: the servers")
+    return [servers, *connection]
+
+
+def _connection_rows(context: str, servers: str) -> tuple[list[Any], list[list[Any]]]:
+    """The ``--nats`` row, and the credentials' and TLS's rows after it (``context`` leads
+    each of their help texts)."""
+    return [
+        "nats",
+        None,
+        None,
+        f"{servers}, nats://HOST:PORT[,nats://...].",
+    ], [
         [
             "nats-user",
             None,
             None,
-            "With --store jetstream: the NATS user; its password from --nats-password-file or "
+            f"{context}the NATS user; its password from --nats-password-file or "
             f"{ENV_PASSWORD} in the environment.",
         ],
-        ["nats-password-file", None, None, "With --store jetstream: a file holding the password."],
+        ["nats-password-file", None, None, f"{context}a file holding the password."],
         [
             "nats-token-file",
             None,
             None,
-            f"With --store jetstream: a file holding the NATS token (or {ENV_TOKEN} in the "
-            "environment).",
+            f"{context}a file holding the NATS token (or {ENV_TOKEN} in the environment).",
         ],
-        ["nats-nkey", None, None, "With --store jetstream: a NATS user's NKEY seed file."],
-        [
-            "nats-creds",
-            None,
-            None,
-            "With --store jetstream: a NATS credentials file (user JWT and seed).",
-        ],
-        ["nats-tls-ca", None, None, "With --store jetstream: the CA that signed the servers."],
-        ["nats-tls-cert", None, None, "With --store jetstream: this client's TLS certificate."],
-        ["nats-tls-key", None, None, "With --store jetstream: its private key."],
+        ["nats-nkey", None, None, f"{context}a NATS user's NKEY seed file."],
+        ["nats-creds", None, None, f"{context}a NATS credentials file (user JWT and seed)."],
+        ["nats-tls-ca", None, None, f"{context}the CA that signed the servers."],
+        ["nats-tls-cert", None, None, f"{context}this client's TLS certificate."],
+        ["nats-tls-key", None, None, f"{context}its private key."],
     ]
+
+
+def _servers(options: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
 
 
 def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any) -> Settings | None:
@@ -88,24 +105,58 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
     store = options.get("store") or "sqlite"
     if store not in ("sqlite", "jetstream"):
         raise usage.UsageError("--store must be sqlite or jetstream")
-    servers = tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
+    servers = _servers(options)
     if store == "sqlite":
         if servers:
             raise usage.UsageError("--nats needs --store jetstream")
         return None
     if not servers:
         raise usage.UsageError("--store jetstream needs --nats nats://HOST:PORT[,...]")
+    named: dict[str, Any] = {
+        key: str(options[option])
+        for key, option in (("stream", "nats-stream"), ("subject_prefix", "nats-subject-prefix"))
+        if options.get(option)
+    }
+    return _settings(
+        options, servers, kind, replicas=int(options.get("nats-replicas") or 1), **named, **more
+    )
+
+
+def nats_link_settings(
+    options: Mapping[str, Any], kind: type[Settings], **more: Any
+) -> Settings | None:
+    """What the options of :func:`nats_link_options` ask, as ``kind`` (None without
+    ``--nats``); a usage error for a wrong mix. ``more``: the service's own settings."""
+    servers = _servers(options)
+    if not servers:
+        named = [
+            f"--{row[0]}" for row in nats_link_options("")[1:] if options.get(row[0]) is not None
+        ]
+        if named:
+            raise usage.UsageError(f"{', '.join(named)} needs --nats")
+        return None
+    return _settings(options, servers, kind, **more)
+
+
+def tls_assured(settings: NatsSettings) -> bool:
+    """Whether every connection of a client made with ``settings`` is TLS whatever the
+    servers say: asked for (``--nats-tls-ca``, ``--nats-tls-cert``), or every URL
+    ``tls://`` (the servers the cluster names take the scheme of the URL that reached
+    them)."""
+    if settings.tls_ca is not None or settings.tls_cert is not None:
+        return True
+    return all(url.startswith("tls://") for url in settings.servers)
+
+
+def _settings(
+    options: Mapping[str, Any], servers: tuple[str, ...], kind: type[Settings], **more: Any
+) -> Settings:
     _require_extras(options, servers)
 
     def path(name: str) -> Path | None:
         value = options.get(name)
         return Path(value) if value else None
 
-    named: dict[str, Any] = {
-        key: str(options[option])
-        for key, option in (("stream", "nats-stream"), ("subject_prefix", "nats-subject-prefix"))
-        if options.get(option)
-    }
     try:
         credentials = Credentials.from_options(
             user=options.get("nats-user"),
@@ -119,12 +170,10 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
     try:
         settings = kind(
             servers=servers,
-            replicas=int(options.get("nats-replicas") or 1),
             credentials=credentials,
             tls_ca=path("nats-tls-ca"),
             tls_cert=path("nats-tls-cert"),
             tls_key=path("nats-tls-key"),
-            **named,
             **more,
         )
     except ValueError as error:
