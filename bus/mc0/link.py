@@ -139,9 +139,7 @@ class NatsLink:
             yield self.client.when_connected(timeout=settings.connect_timeout)
         except ConnectError as error:
             self.client.stop()
-            raise StartupError(
-                "nats", f"cannot reach {', '.join(shown(u) for u in settings.servers)}: {error}"
-            ) from None
+            raise StartupError("nats", f"cannot reach a NATS server: {error}") from None
         longest = len(settings.subject_prefix) + 1 + 3 * 1024 + _LINE_BEYOND_SUBJECT
         try:
             self.max_control_line = yield threads.deferToThread(self._probe, longest)
