@@ -42,8 +42,8 @@ def test_the_torture_split_across_two_brokers_goes_on_when_one_is_killed(tmp_pat
         out = tmp_path / "records.json"
         torture = LinePeer(
             [
-                sys.executable, "-m", "tests.mc0_torture", "--server-key",
-                keys.server.public.decode(), "--broker", brokers[0].endpoint, "--broker",
+                sys.executable, "-m", "tests.mc0_torture",
+                f"--server-key={keys.server.public.decode()}", "--broker", brokers[0].endpoint, "--broker",
                 brokers[1].endpoint, "--clients", str(CLIENTS), "--count", str(COUNT),
                 "--put-every", str(PUT_EVERY), "--out", str(out),
             ],

@@ -104,13 +104,17 @@ class Mc0Connector:
         send_hwm: int = 10_000,
         reactor: Any = None,
         connect_timeout: float | None = None,
+        on_session: Callable[[str, str], object] | None = None,
     ) -> None:
         """``endpoint``: one broker, or several brokers of one topic space (each session at
         the next). ``server_key`` (Z85 public key) makes the connection CURVE; ``client_keys``
         default to a fresh pair. Without ``server_key`` the connection is plain (NULL).
         ``connect_timeout``: how long a CONNECT waits for its OK before the next session
         (None: ``silence_factor`` x TTL, at least :data:`CONNECT_WAIT`, with one endpoint;
-        :data:`FAILOVER_CONNECT_WAIT` with several)."""
+        :data:`FAILOVER_CONNECT_WAIT` with several). ``on_session(event, endpoint)`` hears
+        of each session: ``open`` (its CONNECT acknowledged), ``subscribed`` (the topics
+        held SUBscribed again there, acknowledged), ``closed`` (it ended)."""
+        self.on_session = on_session
         self.endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
         if not self.endpoints:
             raise ValueError("an mc0 connector needs an endpoint")
@@ -313,6 +317,8 @@ class Mc0Connector:
 
     def _end_session(self, reason: Exception) -> None:
         """Close the current socket; what was sent on it and not answered is lost or carried."""
+        if self.connected:
+            self._told("closed")
         self.connected = False
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
@@ -364,8 +370,16 @@ class Mc0Connector:
                 self._socket = None
             self._timer = self.reactor.callLater(self.ttl, self._retry_session)
 
+    def _told(self, event: str) -> None:
+        if self.on_session is not None:
+            try:
+                self.on_session(event, self.endpoint)
+            except Exception:
+                log.failure("mc0 connector: on_session failed")
+
     def _on_connected(self) -> None:
         self.connected = True
+        self._told("open")
         self._arm()  # from now on the session's TTL, not CONNECT's wait
         if self.topics:
             self._resub_id = self._next_id()
@@ -446,6 +460,8 @@ class Mc0Connector:
                 self.errors.drop("error-reply", str(error))
             return
         if entry.kind == "resub":
+            if error is None:
+                self._told("subscribed")
             self._settle_carried(error)
         elif entry.kind == "sub" and error is not None:
             self.topics.difference_update(entry.topics)  # refused: not held
