@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp
+.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-mc0
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -132,6 +132,11 @@ nemesis: $(VENV)/.test-deps
 # same nats-servers). make test runs it with 4 rounds. NEMESIS_SEED=N replays a run's faults.
 nemesis-emqp: $(VENV)/.test-deps $(INTEROP)/.installed
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-15} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_emqp_nemesis.py
+
+# The mc0 nemesis at length (root: network namespaces): brokers on three nats-servers, clients
+# given both brokers. make test runs it with 4 rounds. NEMESIS_SEED=N replays a run's faults.
+nemesis-mc0: $(VENV)/.test-deps
+	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-16} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_mc0_nemesis.py
 
 test: $(VENV)/.test-deps $(INTEROP)/.installed $(INSTALLED) browser redis-server prometheus
 	BUS_DIST=$(abspath $(DIST)) BUS_WHEEL_VENV=$(WHEEL_HOME)/full BUS_BARE_VENV=$(WHEEL_HOME)/bare \
