@@ -1,6 +1,8 @@
 """The options that put a service's storage in NATS JetStream (``--store jetstream
 --nats URLS`` and the stream's name, replicas, credentials and TLS), the same for every
-service that has them: the Event BUS's log and eMQP's guaranteed requests.
+service that has them: the Event BUS's log and eMQP's guaranteed requests; and those of a
+service that only talks over NATS (``--nats URLS``, credentials and TLS, no ``--store``):
+mc0's brokers (:func:`nats_link_options`, :func:`nats_link_settings`).
 
 Secrets come from files (``--nats-password-file``, ``--nats-token-file``, ``--nats-nkey``,
 ``--nats-creds``) or the environment (``BUS_NATS_PASSWORD``, ``BUS_NATS_TOKEN``), never
