@@ -14,10 +14,12 @@ in child processes, real nats-servers on 127.0.0.1, the Twisted connector and ``
   reaches, and its sender answered ERROR.
 - A broker killed: the connector's subscriber and publisher, and ``mc0-cli``, go on at the
   next broker.
+- ``twistd -n mc0 --nats`` alone; a token given in a file never printed.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -390,4 +392,28 @@ def test_twistd_mc0_nats_alone(tmp_path: Path, keys: Keys) -> Any:
         alone.send_signal(signal.SIGTERM)
         alone.wait(30)
         other.stop()
+        nats.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_broker_admitted_with_a_token_file_never_prints_it(
+    tmp_path: Path, keys: Keys, brokers: list[ClusterBroker]
+) -> Any:
+    """The credentials options are the Event BUS's: a token from a file, not in the log,
+    ``/status`` or the command line."""
+    token = "tk-" + os.urandom(8).hex()
+    nats = nats_cluster(tmp_path / "nats", size=1, token=token)
+    nats.start()
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        broker = start(
+            brokers, tmp_path / "a", nats.urls[0], "--mc0-nats-token-file", str(token_file)
+        )
+        yield serving(broker)
+        said = broker.get("/status") + broker.get("/metrics") + broker.output()
+        assert token not in said and token not in " ".join(map(str, broker.process.args))
+        assert broker.cluster()["connected"] is True
+    finally:
         nats.stop()
