@@ -140,7 +140,7 @@ nemesis-mc0: $(VENV)/.test-deps
 
 test: $(VENV)/.test-deps $(INTEROP)/.installed $(INSTALLED) browser redis-server prometheus
 	BUS_DIST=$(abspath $(DIST)) BUS_WHEEL_VENV=$(WHEEL_HOME)/full BUS_BARE_VENV=$(WHEEL_HOME)/bare \
-		$(BIN)/python -m pytest -q -n auto --dist loadfile
+		$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench examples

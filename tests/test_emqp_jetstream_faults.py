@@ -50,6 +50,8 @@ class FakeNats:
         self.connected = True
         self.server = "nats://127.0.0.1:4222"
         self.servers = [self.server]
+        self.server_url = self.server
+        self.info: dict[str, Any] = {}
         self.disconnects = 0
         self.lame_duck_moves = 0
         self.max_payload = 1024 * 1024

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -32,6 +32,16 @@ from bus.nats import codec, jsapi
 from bus.nats.client import NotConnected, Subscription, client_for, stream_ready
 from bus.nats.codec import Msg
 from bus.nats.handshake import ConnectError
+from bus.nats.seen import (
+    ConsumerSeen,
+    ServerSeen,
+    StreamCluster,
+    cluster_status,
+    consumer_seen,
+    servers_seen,
+    stream_cluster,
+    unread,
+)
 
 log = Logger(namespace="bus.emqp.jetstream")
 
@@ -74,6 +84,9 @@ class QueueSeen:
     last_delivery: float = 0.0
     #: When the consumer's info was last read (reactor seconds; 0: never).
     info_at: float = 0.0
+    #: The consumer as its info last described it (acknowledgements pending, its leader
+    #: and replicas); None before a read.
+    consumer: ConsumerSeen | None = None
 
 
 class JetStreamJobs:
@@ -126,6 +139,10 @@ class JetStreamJobs:
         self._watch_subscription: Subscription | None = None
         self._watch_retry: Any = None
         self._watch_sequence = 0
+        #: The watch's consumer now ("" before JetStream made one) and what it said it
+        #: still held at its last delivery.
+        self._watch_consumer = ""
+        self._watch_pending: int | None = None
         self.schedule_conflicts = 0
         self.client = client_for(
             reactor, settings, f"emqp-broker-{broker_id.decode('ascii', 'replace')}"
@@ -134,6 +151,10 @@ class JetStreamJobs:
         prefix = settings.subject_prefix
         self._prefix = prefix
         self._stream = settings.stream
+        #: Each stream's leader and replicas as last read (the requests', the schedules'
+        #: bucket's), every stats interval (:meth:`read_clusters`).
+        self.clusters = {settings.stream: StreamCluster(), f"KV_{self.bucket}": StreamCluster()}
+        self._reading: set[str] = set()
         #: Appends sent and not yet acknowledged: msgid -> (job subject, message id, body).
         self.appending: dict[bytes, tuple[bytes, bytes, bytes]] = {}
         #: Appends refused or unanswered, sent again after ``retry_delay``.
@@ -251,6 +272,7 @@ class JetStreamJobs:
         self._pull_watch = LoopingCall(self._watch_pulls)
         self._pull_watch.clock = self.reactor
         self._pull_watch.start(max(settings.pull_expires / 4, 0.25), now=False)
+        self.read_clusters()
 
     def _watch(self) -> defer.Deferred[Any]:
         """(Again) the bucket's keys, then its changes, to this broker. Each watch is a
@@ -268,6 +290,11 @@ class JetStreamJobs:
         config = jobstream.watch_config(self.bucket, inbox)
         watching = self.client.jetstream(f"{jsapi.API}.CONSUMER.CREATE.KV_{self.bucket}", config)
 
+        def made(info: dict[str, Any]) -> None:
+            if generation == self._watch_generation:
+                self._watch_consumer = str(info.get("name", ""))
+                self._watch_pending = None
+
         def failed(failure: Failure) -> None:
             if generation != self._watch_generation:
                 return  # a later watch was asked for meanwhile
@@ -278,7 +305,7 @@ class JetStreamJobs:
             if self._watch_retry is None or not self._watch_retry.active():
                 self._watch_retry = self.reactor.callLater(1.0, self._watch_again)
 
-        return watching.addErrback(failed)
+        return watching.addCallbacks(made, failed)
 
     def _watch_again(self) -> None:
         if self.client.connected and self._watch_inbox:
@@ -303,6 +330,7 @@ class JetStreamJobs:
             self._watch()
             return
         self._watch_sequence = consumer_sequence
+        self._watch_pending = delivery.pending
         self._on_schedule(schedule_id, row, pending, delivery.stream_sequence)
 
     # -- schedules ----------------------------------------------------------------------------
@@ -798,16 +826,26 @@ class JetStreamJobs:
         subject = f"{jsapi.API}.CONSUMER.INFO.{self._stream}.{name}"
 
         def read(info: dict[str, Any]) -> None:
+            seen.consumer = consumer_seen("queue", self._stream, info, _text(queue))
             seen.pending = int(info.get("num_pending", 0))
 
         def failed(failure: Failure) -> None:
             if isinstance(failure.value, jsapi.JetStreamError) and failure.value.code == 404:
                 self._consumer_gone(queue)  # deleted: made again before the next pull
+                seen.consumer = None
+                return
+            # No answer: no leader of the consumer, as far as this broker can tell.
+            known = seen.consumer or ConsumerSeen("queue", name, self._stream, _text(queue))
+            seen.consumer = replace(known, cluster=unread(failure.getErrorMessage()))
 
         answer = self.client.jetstream(subject, timeout=self.settings.ack_timeout)
         answer.addCallbacks(read, failed)
 
     def _consumer_gone(self, queue: bytes) -> None:
+        seen = self.queues.get(queue)
+        if seen is not None and seen.consumer is not None:
+            # Shown leaderless until it is read again.
+            seen.consumer = replace(seen.consumer, cluster=unread("gone: made again"))
         if queue in self._consumers:
             self._consumers.discard(queue)
             self.consumers_lost += 1
@@ -888,7 +926,14 @@ class JetStreamJobs:
             "connected": self.client.connected,
             "ready": self.ready,
             "server": self.client.server,
-            "servers": list(self.client.servers),
+            # Given, then learnt (never with credentials): in the cluster now or not, in
+            # lame-duck mode or not, and whether this broker's connection is on it.
+            "servers": [server.status() for server in self.servers_seen()],
+            # Each stream's leader and replicas, read every stats interval.
+            "stream_clusters": {
+                name: cluster_status(cluster) for name, cluster in self.clusters.items()
+            },
+            "consumers": [consumer.status() for consumer in self.consumers()],
             "authentication": self.settings.credentials.kind,
             "lame_duck_moves": self.client.lame_duck_moves,
             "max_payload": self.client.max_payload,
@@ -922,6 +967,52 @@ class JetStreamJobs:
             "offers_taken": self.offers_taken,
         }
 
+    def read_clusters(self) -> None:
+        """Ask each stream's state again, for its leader and replicas (one read of each
+        in flight at most; none before the streams are made)."""
+        if not self.ready:
+            return
+        for name in self.clusters:
+            if name not in self._reading:
+                self._reading.add(name)
+                self._read_cluster(name)
+
+    def _read_cluster(self, name: str) -> None:
+        def took(cluster: StreamCluster) -> None:
+            self._reading.discard(name)
+            self.clusters[name] = cluster
+
+        asked = self.client.jetstream(jsapi.stream_info(name), timeout=self.settings.ack_timeout)
+        asked.addCallbacks(
+            lambda info: took(stream_cluster(info)),
+            lambda failure: took(unread(failure.getErrorMessage())),
+        )
+
+    def servers_seen(self) -> list[ServerSeen]:
+        """Each server known (given or learnt): in the cluster now, in lame-duck mode, and
+        whether this broker's connection (it pings: what it hears is live) is on it."""
+        url = self.client.server_url
+        live = [("broker", url, self.client.info, True)] if url is not None else []
+        return servers_seen(self.client.servers, live)
+
+    def consumers(self) -> list[ConsumerSeen]:
+        """This broker's consumers: each queue's (shared by every broker; as its info was
+        last read, what it holds as last heard) and the schedules' watch."""
+        found = []
+        for queue, seen in sorted(self.queues.items()):
+            if queue not in self._consumers and seen.consumer is None:
+                continue
+            known = seen.consumer or ConsumerSeen(
+                "queue", jobstream.consumer_name(queue), self._stream, _text(queue)
+            )
+            found.append(replace(known, pending=seen.pending))
+        if self._watch_consumer:
+            found.append(
+                ConsumerSeen("schedules", self._watch_consumer, f"KV_{self.bucket}",
+                             pending=self._watch_pending)
+            )  # fmt: skip
+        return found
+
     def pulls_open(self) -> dict[bytes, int]:
         """Open pulls by queue."""
         opened: dict[bytes, int] = {}
@@ -935,7 +1026,7 @@ class JetStreamJobs:
         now = self.reactor.seconds()
         opened = self.pulls_open()
         return {
-            queue.decode("utf-8", "replace"): {
+            _text(queue): {
                 "pending": seen.pending,
                 "ready_slots": self.wanted.get(queue, 0),
                 "pulls_open": opened.get(queue, 0),
@@ -945,3 +1036,8 @@ class JetStreamJobs:
             }
             for queue, seen in sorted(self.queues.items())
         }
+
+
+def _text(queue: bytes) -> str:
+    """A queue's name as /status and /metrics show it."""
+    return queue.decode("utf-8", "replace")

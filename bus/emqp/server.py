@@ -46,6 +46,7 @@ from bus.extension import (
     gauges_by,
     reactor_of,
 )
+from bus.nats.seen import cluster_metrics
 from bus.transport.curve import role_policy
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
@@ -915,13 +916,29 @@ class EmqpService(Service):
                 gate.unstored if gate is not None else 0,
             ),
             *self._queue_stream_metrics(stream),
+            *cluster_metrics("emqp", stream.clusters, stream.servers_seen()),
         ]
 
     @staticmethod
     def _queue_stream_metrics(stream: JetStreamJobs) -> list[Metric]:
         seen = {q.decode("utf-8", "replace"): s for q, s in stream.queues.items()}
         opened = stream.pulls_open()
+        consumers = {c.serves: c for c in stream.consumers() if c.role == "queue" and c.serves}
+        led = {q: c.cluster for q, c in consumers.items() if c.cluster is not None}
         return [
+            gauges_by(
+                "emqp_jetstream_queue_ack_pending",
+                "Requests of a queue its JetStream consumer delivered and has not had "
+                "acknowledged (as its info was last read)",
+                "queue",
+                {q: c.ack_pending for q, c in consumers.items() if c.ack_pending is not None},
+            ),
+            gauges_by(
+                "emqp_jetstream_queue_consumer_leader",
+                "1 while a queue's JetStream consumer has a leader (as last read), 0 while none",
+                "queue",
+                {q: int(cluster.leader is not None) for q, cluster in led.items()},
+            ),
             gauges_by(
                 "emqp_jetstream_queue_pending",
                 "Requests of a queue its JetStream consumer has not delivered yet",
@@ -951,6 +968,8 @@ class EmqpService(Service):
     def _report(self) -> None:
         broker = self.broker
         assert broker is not None
+        if self.stream is not None:
+            self.stream.read_clusters()  # for the next status (the answers come later)
         counters = broker.counters()
         log.info(
             "requests {requests}; dispatched {dispatched}; replied {replied}; retried "

@@ -57,7 +57,14 @@ from bus.nats.failover import Failover
 from bus.nats.limits import longest_control_line
 from bus.nats.publish import Publisher, PublishError, TooLarge
 from bus.nats.ranged import RangeRead
-from bus.nats.seen import ServerSeen, StreamCluster, servers_seen, stream_cluster
+from bus.nats.seen import (
+    ConsumerSeen,
+    ServerSeen,
+    StreamCluster,
+    servers_seen,
+    stream_cluster,
+    unread,
+)
 from bus.util.handoff import Handoff
 
 #: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
@@ -357,20 +364,21 @@ class JetStreamLog:
                 open_now.append((role, made.server, made.info, False))
         return servers_seen(self.client.servers, open_now)
 
-    def consumers(self) -> list[dict[str, Any]]:
+    def consumers(self) -> list[ConsumerSeen]:
         """This front-end's consumers of the stream now: the feed's (its name, the last
         sequence it delivered, what it said it still held) and each open snapshot's."""
+        stream = self.settings.stream
         found = []
         feed = self._feed_reader
         if feed is not None and feed.consumer:
             found.append(
-                {"role": "feed", "name": feed.consumer, "delivered": feed.after,
-                 "pending": feed.pending}
+                ConsumerSeen("feed", feed.consumer, stream, delivered=feed.after,
+                             pending=feed.pending)
             )  # fmt: skip
         for reader in self._readers.values():
             name = reader.consumer
             if name:
-                found.append({"role": "snapshot", "name": name})
+                found.append(ConsumerSeen("snapshot", name, stream))
         return found
 
     # -- following -----------------------------------------------------------------------------
@@ -520,9 +528,8 @@ class JetStreamLog:
         return asked.addCallbacks(self._took_state, self._state_unread)
 
     def _state_unread(self, failure: Any) -> Any:
-        """No answer: no leader to give one, as far as this front-end can tell (what the
-        replicas were is not known either)."""
-        self.cluster = StreamCluster(known=True, unread=str(failure.value) or "no answer")
+        """No answer: no leader to give one, as far as this front-end can tell."""
+        self.cluster = unread(str(failure.value))
         return failure
 
     def size(self) -> int:
