@@ -148,8 +148,8 @@ def test_clients_of_three_brokers_get_each_message_once(
         assert [s["connected"] for s in clusters["c"]["servers"]] == [True, True, True]
         samples = metric_samples(brokers[0].get("/metrics"))
         assert samples["mc0_nats_connected"] == 1
-        assert samples["mc0_nats_messages_total{direction=out}"] == count + 1
-        assert samples["mc0_nats_messages_total{direction=in}"] == 2 * count
+        assert samples["mc0_nats_messages_total{kind=out}"] == count + 1
+        assert samples["mc0_nats_messages_total{kind=in}"] == 2 * count
         assert samples["mc0_nats_acknowledgements_total{result=confirmed}"] == count + 1
         assert samples["mc0_nats_servers{state=connected}"] == 3
     finally:

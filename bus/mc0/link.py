@@ -241,7 +241,7 @@ class NatsLink:
                 counters_by(
                     "mc0_nats_messages",
                     "PUTs relayed: published to NATS (out), received from other brokers (in)",
-                    "direction",
+                    "kind",
                     {"out": relay.published, "in": relay.relayed_in},
                 ),
                 counters_by(
@@ -255,7 +255,7 @@ class NatsLink:
                     "mc0_nats_expired",
                     "PUTs past their sender's TTL: held while the link was down, confirmed too "
                     "late, received too late",
-                    "where",
+                    "kind",
                     {
                         "held": relay.expired_held,
                         "unconfirmed": relay.expired_unconfirmed,
