@@ -7,6 +7,9 @@ the ``--client-certs`` allow-list, or any key without one. ``--plain`` turns CUR
 
 A client that fails the handshake (a wrong server key, a key not on the allow-list) never
 reaches the broker: libzmq closes its connection and the socket monitor counts it.
+
+With ``--nats`` the broker is one of several hosts' brokers of one topic space: a
+:class:`bus.mc0.relay.Relay` on a :class:`bus.mc0.link.NatsLink` (docs/mc0.md).
 """
 
 from __future__ import annotations
