@@ -269,19 +269,19 @@ class Broker:
     def _put(self, sender: Client, put: codec.Put) -> bool:
         """Deliver ``put`` here (and to the cluster); True when it is answered already
         (refused) or later (by the relay, once the cluster has it)."""
+        later = False
         relay = self.relay
         if relay is not None:
-            refusal = relay.refusal(put)
-            if refusal is not None:
-                self._refuse(sender.identity, refusal)
+            taken = relay.take(put, sender.identity, sender.ttl)
+            if isinstance(taken, Mc0Error):
+                self._refuse(sender.identity, taken)
                 return True
+            later = taken
         self.puts += 1
         self._fan_out(put)
         if self.on_put is not None:
             self.on_put(sender, put)
-        if relay is not None:
-            return relay.forward(put, sender.identity, sender.ttl)
-        return False
+        return later
 
     def deliver(self, put: codec.Put) -> None:
         """A PUT relayed from a broker of another host: to this broker's subscribers of its

@@ -56,11 +56,13 @@ _HEAD: Final = struct.Struct(">4sqqB")  # magic, sent (ms), deadline (ms), origi
 _COUNTS: Final = struct.Struct(">HH")  # header pairs, body frames
 _LENGTH: Final = struct.Struct(">I")
 #: The most bytes an envelope adds to its frames: the head, the longest origin, the counts
-#: (and 4 bytes a frame, which :func:`envelope_size` counts).
+#: (and 4 bytes a frame).
 ENVELOPE_OVERHEAD: Final = _HEAD.size + 255 + _COUNTS.size
 #: The longest subject a PUB or SUB may name on a server of nats-server's default
 #: ``max_control_line`` (4,096), less what else is on the command line.
 DEFAULT_MAX_SUBJECT_BYTES: Final = 4096 - 96
+#: Subjects kept by a relay, at most (then made again as they come).
+_SUBJECTS_KEPT: Final = 65_536
 #: A message sent this far (seconds) in the future, by the receiver's clock, says that
 #: the hosts' clocks disagree.
 CLOCK_AHEAD: Final = 1.0
@@ -80,14 +82,6 @@ class Relayed:
     sent: float
     deadline: float
     put: codec.Put
-
-
-def envelope_size(put: codec.Put, origin: bytes) -> int:
-    """The bytes :func:`envelope` makes of ``put``."""
-    frames = len(put.body) + 2 * len(put.headers)
-    size = _HEAD.size + len(origin) + _COUNTS.size + _LENGTH.size * frames
-    size += sum(len(key) + len(value) for key, value in put.headers)
-    return size + sum(map(len, put.body))
 
 
 def envelope(put: codec.Put, origin: bytes, sent: float, deadline: float) -> bytes:
@@ -217,13 +211,12 @@ class _Ack:
 
 @dataclass(slots=True)
 class _Held:
-    """A PUT held while the link is down."""
+    """A PUT held while the link is down: its subject and envelope."""
 
     subject: bytes
-    put: codec.Put
+    payload: bytes
     sent: float
     deadline: float
-    size: int
     ack: _Ack | None
 
 
@@ -250,6 +243,8 @@ class Relay:
         self.deliver = deliver
         self.max_frames = max_frames
         self.prefix = settings.subject_prefix
+        #: Topics' subjects, as made (a PUT's topic is usually one of a few).
+        self._subjects: dict[bytes, bytes] = {}
         #: The longest subject the servers take (learnt at start).
         self.max_subject_bytes = DEFAULT_MAX_SUBJECT_BYTES
         #: Published, waiting for the next flush to be asked.
@@ -287,9 +282,20 @@ class Relay:
 
     # -- PUTs and SUBs of local clients ----------------------------------------------------------
 
-    def refusal(self, put: codec.Put) -> Mc0Error | None:
-        """Why ``put`` cannot go to the cluster (it then goes nowhere), or None."""
-        subject_ = subject(self.prefix, put.topic)
+    def subject(self, topic: bytes) -> bytes:
+        """``topic``'s subject (kept for the next PUTs of the topic)."""
+        made = self._subjects.get(topic)
+        if made is None:
+            if len(self._subjects) >= _SUBJECTS_KEPT:
+                self._subjects.clear()
+            made = self._subjects[topic] = subject(self.prefix, topic)
+        return made
+
+    def take(self, put: codec.Put, identity: bytes, ttl: float) -> Mc0Error | bool:
+        """``put`` (from the client ``identity`` whose TTL is ``ttl`` seconds) for the
+        cluster: published now or held, and then True when the relay answers it later (it
+        has an ID); or why the cluster cannot take it (it then goes nowhere, here neither)."""
+        subject_ = self.subject(put.topic)
         if len(subject_) > self.max_subject_bytes:
             return self._refuse(
                 put,
@@ -297,17 +303,27 @@ class Relay:
                 f"the topic's NATS subject is {len(subject_)} bytes, the NATS servers take "
                 f"{self.max_subject_bytes}",
             )
-        size = envelope_size(put, self.origin)
-        if size > self.uplink.max_payload:
+        now = self.clock.seconds()
+        deadline = now + ttl
+        payload = envelope(put, self.origin, now, deadline)
+        uplink = self.uplink
+        if len(payload) > uplink.max_payload:
             return self._refuse(
                 put,
                 "too-large-for-cluster",
-                f"the message would be {size} bytes on NATS, the servers take "
-                f"{self.uplink.max_payload}",
+                f"the message would be {len(payload)} bytes on NATS, the servers take "
+                f"{uplink.max_payload}",
             )
-        if not self.uplink.connected and (
+        ack = _Ack(identity, put.id, put.framing, deadline) if put.id is not None else None
+        if not self._held and uplink.publish(subject_, payload):
+            self.published += 1
+            if ack is not None:
+                self._unflushed.append(ack)
+                self._want_flush()
+            return ack is not None
+        if (
             len(self._held) >= self.settings.hold_messages
-            or self.held_bytes + size > self.settings.hold_bytes
+            or self.held_bytes + len(payload) > self.settings.hold_bytes
         ):
             return self._refuse(
                 put,
@@ -315,16 +331,18 @@ class Relay:
                 f"the link to NATS is down and {len(self._held)} messages "
                 f"({self.held_bytes} bytes) already wait for it",
             )
-        return None
+        self._hold(_Held(subject_, payload, now, deadline, ack))
+        return ack is not None
 
     def _refuse(self, put: codec.Put, reason: str, text: str) -> Mc0Error:
+        """Counted, and the ERROR to answer."""
         self.refusals[reason] += 1
         return Mc0Error(text, reason, put.id, put.framing)
 
     def topic_refusal(self, topics: Sequence[bytes], command: codec.Subscribe) -> Mc0Error | None:
         """Why a SUB of ``topics`` cannot be made in the cluster, or None."""
         for topic in topics:
-            length = len(subject(self.prefix, topic))
+            length = len(self.subject(topic))
             if length > self.max_subject_bytes:
                 self.refusals["topic-too-long-for-cluster"] += 1
                 return Mc0Error(
@@ -335,25 +353,6 @@ class Relay:
                     command.framing,
                 )
         return None
-
-    def forward(self, put: codec.Put, identity: bytes, ttl: float) -> bool:
-        """``put`` (from the client ``identity`` whose TTL is ``ttl`` seconds), delivered
-        here, for the cluster: published now or held. True when the relay answers it later
-        (it has an ID)."""
-        now = self.clock.seconds()
-        deadline = now + ttl
-        ack = _Ack(identity, put.id, put.framing, deadline) if put.id is not None else None
-        subject_ = subject(self.prefix, put.topic)
-        if not self._held and self.uplink.publish(
-            subject_, envelope(put, self.origin, now, deadline)
-        ):
-            self.published += 1
-            if ack is not None:
-                self._unflushed.append(ack)
-                self._want_flush()
-        else:
-            self._hold(_Held(subject_, put, now, deadline, envelope_size(put, self.origin), ack))
-        return ack is not None
 
     def acknowledge_after_flush(self, identity: bytes, message_id: bytes, framing: Framing) -> None:
         """A SUB that made a new interest: answered once the server read it (at once while
@@ -367,7 +366,7 @@ class Relay:
     def interest(self, topic: bytes, wanted: bool) -> None:
         """The first local subscriber of ``topic`` came (True), or its last one left."""
         if wanted:
-            self.uplink.subscribe(topic, subject(self.prefix, topic))
+            self.uplink.subscribe(topic, self.subject(topic))
         else:
             self.uplink.unsubscribe(topic)
 
@@ -456,14 +455,13 @@ class Relay:
             held = self._held[0]
             if now > held.deadline:
                 self._held.popleft()
-                self.held_bytes -= held.size
+                self.held_bytes -= len(held.payload)
                 self._expire(held, now)
                 continue
-            payload = envelope(held.put, self.origin, held.sent, held.deadline)
-            if not self.uplink.publish(held.subject, payload):
+            if not self.uplink.publish(held.subject, held.payload):
                 break
             self._held.popleft()
-            self.held_bytes -= held.size
+            self.held_bytes -= len(held.payload)
             self.published += 1
             self.held_published += 1
             if held.ack is not None:
@@ -473,7 +471,7 @@ class Relay:
 
     def _hold(self, held: _Held) -> None:
         self._held.append(held)
-        self.held_bytes += held.size
+        self.held_bytes += len(held.payload)
         self.held_total += 1
         if held.deadline < self._expiry_at:
             self._arm_expiry(held.deadline)
@@ -494,7 +492,7 @@ class Relay:
         kept: deque[_Held] = deque()
         for held in self._held:
             if now >= held.deadline:
-                self.held_bytes -= held.size
+                self.held_bytes -= len(held.payload)
                 self._expire(held, now)
             else:
                 kept.append(held)
