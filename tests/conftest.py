@@ -98,6 +98,7 @@ LONGEST_FIRST = (
     "tests/spark/test_spark_pipeline.py",
     "tests/test_emqp_nemesis.py",
     "tests/spark/test_spark_cluster.py",
+    "tests/test_dbp_nemesis.py",
     "tests/spark/test_spark_stream_failover.py",
     "tests/test_eventbus_pair_process.py",
     "tests/spark/test_spark_end_to_end.py",

@@ -10,7 +10,6 @@ and its requests re-dispatched or failed; a client that cannot be sent to is cou
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from bus.util.droplog import RateLimit
 if TYPE_CHECKING:
     from bus.emqp.jetstream import JetStreamJobs
 from bus.application.statusjson import config_json
-from bus.emqp.store import JobStore
+from bus.emqp.store import BROKER_ID_FILE, JobStore, kept_broker_id
 from bus.extension import (
     Metric,
     SocketFactory,
@@ -52,7 +51,7 @@ from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_failure
-from bus.util.files import replace_atomically, write_status_json
+from bus.util.files import write_status_json
 from bus.util.memory import MemoryRelease
 from bus.util.workers import SerialWork
 
@@ -251,20 +250,11 @@ class EmqpService(Service):
         assert self.config.jetstream is not None
         if self.config.jetstream.broker_id:
             return self.config.jetstream.broker_id.encode()
-        path = Path(self.config.data_dir) / "broker-id"
         try:
-            kept = path.read_text().strip()
-        except FileNotFoundError:
-            kept = ""
+            return kept_broker_id(self.config.data_dir)
         except OSError as error:
-            raise StartupError("data-dir", f"cannot read {path}: {error}") from None
-        if not kept:
-            kept = os.urandom(6).hex()
-            try:
-                replace_atomically(path, kept + "\n", fsync=True)
-            except OSError as error:
-                raise StartupError("data-dir", f"cannot write {path}: {error}") from None
-        return kept.encode()
+            path = Path(self.config.data_dir) / BROKER_ID_FILE
+            raise StartupError("data-dir", f"cannot keep {path}: {error}") from None
 
     def _open_stream(self, stream: JetStreamJobs) -> defer.Deferred[None]:
         def opened(_: object) -> None:

@@ -44,13 +44,12 @@ from bus.eventbus.stream_read import (
     RangeReader,
     Subjects,
     Topics,
-    connection,
     encode,
     failover,
 )
 from bus.extension import StartupError, StorageError
 from bus.nats import handshake, jsapi
-from bus.nats.blocking import ConnectError, Connection
+from bus.nats.blocking import ConnectError, Connection, connection
 from bus.nats.client import client_for, stream_ready
 from bus.nats.codec import ProtocolError
 from bus.nats.failover import Failover
@@ -92,6 +91,29 @@ def stream_limits(settings: JetStreamSettings, retention: Retention) -> dict[str
         "max_msgs_per_subject": 1 if retention.latest_per_topic else -1,
         "duplicate_window": float(settings.duplicate_window),
     }
+
+
+def stream_config(settings: JetStreamSettings, retention: Retention) -> dict[str, Any]:
+    """The stream as a front-end makes it when missing (JetStream's units)."""
+    made: dict[str, Any] = {
+        "name": settings.stream,
+        "retention": "limits",
+        "storage": "file",
+        "discard": "old",
+        # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
+        # older server leaves it off and appends go message by message).
+        "allow_atomic": True,
+        **stream_limits(settings, retention),
+    }
+    for key in _NANOSECONDS:
+        made[key] = int(float(made[key]) * 1e9)
+    return made
+
+
+#: The key of a stream's metadata that names the log it holds, when that is not the
+#: stream itself: a log imported from a server's SQLite file keeps that log's store id
+#: (``eventbus-cli import-log``), so that its clients' cursors go on.
+STORE_ID = "bus_store_id"
 
 
 def created_text(created: str | None) -> str:
@@ -218,18 +240,7 @@ class JetStreamLog:
                 "nats", f"cannot reach {', '.join(settings.servers)}: {error}"
             ) from None
         wanted = stream_limits(settings, self.retention)
-        made = {
-            "name": settings.stream,
-            "retention": "limits",
-            "storage": "file",
-            "discard": "old",
-            # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
-            # older server leaves it off and appends go message by message).
-            "allow_atomic": True,
-            **wanted,
-        }
-        for key in _NANOSECONDS:
-            made[key] = int(float(made[key]) * 1e9)
+        made = stream_config(settings, self.retention)
         try:
             info, _ = await stream_ready(self.client, made, 3 * settings.connect_timeout)
         except jsapi.JetStreamError as error:
@@ -239,6 +250,10 @@ class JetStreamLog:
             self.client.stop()
             raise StartupError("nats-stream", str(error)) from None
         config = info["config"]
+        unfinished = jsapi.unfinished_import(settings.stream, config)
+        if unfinished is not None:
+            self.client.stop()
+            raise StartupError("nats-stream", unfinished)
         found = {key: config.get(key) for key in wanted}
         for key in _NANOSECONDS:
             if isinstance(found.get(key), int):
@@ -284,7 +299,11 @@ class JetStreamLog:
 
     def _took_state(self, info: dict[str, Any]) -> None:
         # A stream made again is another log: clients and the Spark bridge start over.
-        self.store_id = f"{self.settings.stream}@{created_text(info.get('created'))}"
+        metadata = (info.get("config") or {}).get("metadata") or {}
+        kept = metadata.get(STORE_ID) if isinstance(metadata, dict) else None
+        self.store_id = (
+            str(kept) if kept else f"{self.settings.stream}@{created_text(info.get('created'))}"
+        )
         # The node that leads the stream's replicas now (None: one node, or none elected).
         self.leader = (info.get("cluster") or {}).get("leader")
         self.cluster = stream_cluster(info)

@@ -25,7 +25,7 @@ from bus.mc0.config import (
     Mc0ClusterSettings,
     Mc0Config,
 )
-from bus.nats.options import nats_link_options, nats_link_settings, tls_assured
+from bus.nats.options import cluster_options, cluster_settings, tls_assured
 
 if TYPE_CHECKING:
     from bus.extension import Composition, ProductService
@@ -72,7 +72,10 @@ class Options(ServiceOptions):
         ["max-clients", None, 100_000, "Most clients known at once.", int],
         ["max-topics-per-client", None, 10_000, "Most topics one client may hold.", int],
         ["send-hwm", None, 10_000, "Messages queued per client before MESSAGEs are dropped.", int],
-        *nats_link_options("the topics to and from the brokers of other hosts"),
+        *cluster_options(
+            "brokers of several hosts as one topic space (each subscribes to the topics its "
+            "clients hold)"
+        ),
         [
             "nats-subject-prefix",
             None,
@@ -163,7 +166,7 @@ def _cluster(options: usage.Options | dict[str, Any], plain: bool) -> Mc0Cluster
     if len(broker_id.encode()) > 255:
         raise usage.UsageError("--nats-broker-id is 255 bytes at most")
     without_tls = bool(options.get("nats-without-tls"))
-    cluster = nats_link_settings(
+    cluster = cluster_settings(
         options,
         Mc0ClusterSettings,
         subject_prefix=prefix,

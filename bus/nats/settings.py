@@ -48,8 +48,7 @@ class NatsSettings:
 
 
 def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
-    """The TLS context of a blocking connection (:mod:`bus.nats.blocking`) the settings
-    ask for (``--nats-tls-ca``, ``--nats-tls-cert``), None for none."""
+    """The TLS context the settings ask for (``--nats-tls-*``), None for none."""
     if not (settings.tls_ca or settings.tls_cert):
         return None
     context = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
