@@ -105,15 +105,15 @@ class NatsProxy:
     def url(self) -> str:
         return f"nats://127.0.0.1:{self.number}"
 
-    def cut(self) -> Any:
-        """A link down: every connection through it closed, new ones refused (until
-        :meth:`mend`); fires once it stopped listening."""
+    def shut(self) -> Any:
+        """A link down that says so: every connection through it closed, new ones refused
+        (until :meth:`reopen`); fires once it stopped listening."""
         for connection in self.connections:
             connection.transport.abortConnection()
         self.connections.clear()
         return self.port.stopListening()
 
-    def mend(self) -> None:
+    def reopen(self) -> None:
         """Connections taken again, on the same port."""
         self.port = reactor.listenTCP(self.number, self._factory, interface="127.0.0.1")  # type: ignore[attr-defined]
 
