@@ -13,6 +13,15 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from hypothesis import HealthCheck, settings
+
+# The suite runs on machines whose cores other work keeps busy: how long Hypothesis takes
+# to draw an input, or to run one example, says nothing about the code under test (no
+# timing assertions), so neither fails a test. A test's own @settings still applies.
+settings.register_profile(
+    "busy-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("busy-machine")
 
 # `twistd -n eventbus` composes the eMQP broker by default, on the original's fixed ports
 # (47290, 47291, 47293) and ./emqp-data: the products these tests start (and inherit this

@@ -25,6 +25,7 @@ from twisted.internet import defer
 from bus.emqp import jobstream
 from bus.emqp.client import EmqpClient
 from bus.emqp.store import JobStore, StoredJob
+from bus.nats import kv
 from bus.nats.admin import StreamAdmin
 from bus.nats.blocking import Connection
 from bus.nats.servers import NatsCluster
@@ -105,7 +106,7 @@ def test_stored_requests_and_a_schedule_run_at_a_broker_on_jetstream(
         assert stream_info(url, "EMQP")["state"]["messages"] == 12
         with Connection([url]) as nats:
             key = StreamAdmin(nats, "KV_EMQP_SCHEDULES").message(1)
-        assert key is not None and key[0] == jobstream.key_subject("EMQP_SCHEDULES", schedule)
+        assert key is not None and key[0] == kv.key_subject("EMQP_SCHEDULES", schedule.encode())
         assert jobstream.decode_row(key[2]) == (tuple(row), False)
 
         again = yield ran(cleanup, "import-store", "--data-dir", str(data), "--nats", url)
