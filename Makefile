@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-dbp
+.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-dbp nemesis-mc0
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -132,6 +132,11 @@ nemesis: $(VENV)/.test-deps
 # same nats-servers). make test runs it with 4 rounds. NEMESIS_SEED=N replays a run's faults.
 nemesis-emqp: $(VENV)/.test-deps $(INTEROP)/.installed
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-15} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_emqp_nemesis.py
+
+# The mc0 nemesis at length (root: network namespaces): brokers on three nats-servers, clients
+# given both brokers. make test runs it with 4 rounds. NEMESIS_SEED=N replays a run's faults.
+nemesis-mc0: $(VENV)/.test-deps
+	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-16} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_mc0_nemesis.py
 
 # The DBP nemesis at length (root: network namespaces): shared catalog instances killed,
 # stopped, cut, and nats-servers killed, under Hermes' clients and a heartbeating service.

@@ -23,10 +23,21 @@ secret-key file, which ``--server-cert`` also reads); mc0d logs at WARN (its def
 configuration logs a line per message at INFO). mc0torture connects to
 tcp://127.0.0.1:61616 (fixed in its source), so that port must be free.
 
+Brokers on NATS (``--cluster``, or ``--cluster-only``; issue 47): the fan-out again, with
+``--subscribers`` subscribers and one publisher (at most 50 PUTs awaiting their OK), through
+two brokers of one topic space over one nats-server (``--nats-without-tls``): the
+publisher and half the subscribers at one broker, the other half at the other (each PUT
+crosses NATS once, to be handed to the other half there), against one broker alone with
+all of them, in the same run, alternating. Measured: MESSAGEs/s delivered, PUTs
+acknowledged/s (a PUT's OK now waits for the NATS server's word), and the CPU per MESSAGE
+delivered of every process (the brokers, the nats-server, the subscribers' and the
+publisher's processes).
+
     python bench/mc0_throughput.py [--clients 50] [--count 1000] [--subscribers 100]
                                    [--puts 5000] [--repeat 3]
                                    [--mc0d DIR [--mc0d-rounds 3] [--mc0d-subscribers 50]
                                     [--mc0d-only]]
+                                   [--cluster | --cluster-only]
 """
 
 from __future__ import annotations
@@ -49,6 +60,7 @@ from _common import (
     TwistdProcess,
     Worker,
     add_common_arguments,
+    cpu_of,
     cpu_seconds,
     fmt_rate,
     free_ports,
@@ -93,6 +105,8 @@ class Mc0Server(TwistdProcess):
     port: int = 0
     #: The server's secret key in a file (mc0d's format); None: the pair kept in keys/.
     secret_file: Path | None = None
+    #: More of ``twistd mc0``'s options (``--nats ...``).
+    extra: list[str] = field(default_factory=list)
     label = "mc0"
 
     def __post_init__(self) -> None:
@@ -108,7 +122,7 @@ class Mc0Server(TwistdProcess):
         args = ["mc0", "--port", str(self.port), "--data-dir", str(self.workdir / "keys")]
         if self.secret_file is not None:
             args += ["--server-cert", str(self.secret_file)]
-        self._spawn(self._twistd_argv(args), "MC0_")
+        self._spawn(self._twistd_argv([*args, *self.extra]), "MC0_")
         kept = self.workdir / "keys" / "server.key"
         wait_until(
             lambda: (
@@ -401,6 +415,147 @@ def mc0d_rounds(args: argparse.Namespace, root: Path, prefix: list[str]) -> dict
     return {"rounds": rounds}
 
 
+def run_cluster(
+    kind: str, args: argparse.Namespace, root: Path, prefix: list[str], nats: Any
+) -> dict[str, Any]:
+    """The fan-out through one broker alone (``kind`` "one") or two brokers over NATS
+    ("two": the publisher and half the subscribers at the first, half at the second)."""
+    wait_for_quiet(args.wait_idle)
+    keys = KeyFiles(root / "keys")
+    count = args.subscribers
+    with Cleanup() as stack:
+        extra = ["--nats", nats.urls[0], "--nats-without-tls"] if kind == "two" else []
+        brokers = []
+        for index in range(2 if kind == "two" else 1):
+            broker = Mc0Server(
+                root / f"broker-{index}", prefix, secret_file=keys.secret_file, extra=extra
+            )
+            stack.callback(broker.stop)
+            broker.start()
+            brokers.append(broker)
+        homes = [brokers[0], brokers[-1]]  # the two halves' brokers (the same one alone)
+        halves = [count // 2, count - count // 2]
+        subscribers = [
+            Mc0Worker("subscribers", home.endpoint, keys.public, n, TOPIC, args.puts)
+            for home, n in zip(homes, halves, strict=True)
+            if n
+        ]
+        for worker in subscribers:
+            stack.callback(worker.stop)
+            worker.wait_ready()
+        putter = Mc0Worker("putter", brokers[0].endpoint, keys.public, TOPIC, args.puts, 50, 100)
+        stack.callback(putter.stop)
+        putter.wait_ready()
+        for broker in brokers:
+            settle(broker.pid)
+        processes = {
+            **{f"broker {i}": b.pid for i, b in enumerate(brokers)},
+            **({"nats-server": nats.nodes[0].process.pid} if kind == "two" else {}),
+            "subscribers": 0,
+            "publisher": putter.proc.pid,
+        }
+        workers = [w.proc.pid for w in subscribers]
+        account = CpuAccount([p for p in processes.values() if p] + workers)
+        before = {name: cpu_seconds(pid) for name, pid in processes.items() if pid}
+        before["subscribers"] = sum(cpu_seconds(pid) for pid in workers)
+        putter.go()
+        put = putter.result()
+        results = [worker.result() for worker in subscribers]
+        after = {name: cpu_of([pid]) for name, pid in processes.items() if pid}
+        after["subscribers"] = cpu_of(workers)
+        foreign = account.stop()
+    received = sum(r["received"] for r in results)
+    elapsed = max(r["last"] for r in results) - min(r["first"] for r in results)
+    cpu = {name: (after[name] - before[name]) / max(received, 1) * 1e6 for name in before}
+    return {
+        "kind": kind,
+        "rate": received / max(elapsed, 1e-9),
+        "received": received,
+        "missing": args.puts * count - received,
+        "bad": sum(r["bad"] for r in results),
+        "puts_per_s": put["acks"] / max(put["end"] - put["start"], 1e-9),
+        "put_acks": put["acks"],
+        "cpu_us_per_message": {name: round(us, 2) for name, us in cpu.items()},
+        "cpu_us_per_message_all": round(sum(cpu.values()), 2),
+        "foreign_cores": foreign,
+    }
+
+
+def cluster_runs(args: argparse.Namespace, root: Path, prefix: list[str]) -> dict[str, Any]:
+    """``--repeat`` pairs of the fan-out, one broker and two over NATS in turn."""
+    from bus.nats.servers import NatsCluster
+
+    nats = NatsCluster(root / "nats", size=1)
+    runs: dict[str, list[dict[str, Any]]] = {"one": [], "two": []}
+    try:
+        nats.start()
+        for index in range(args.repeat):
+            order = ("one", "two") if index % 2 == 0 else ("two", "one")
+            for kind in order:
+                run = run_cluster(kind, args, root / f"cluster-{kind}-{index}", prefix, nats)
+                runs[kind].append(run)
+                print(describe(run, "MESSAGEs/s"), file=sys.stderr)
+    finally:
+        nats.stop()
+    return runs
+
+
+def report_cluster(
+    args: argparse.Namespace,
+    info: dict[str, Any],
+    runs: dict[str, list[dict[str, Any]]],
+    figures: dict[str, Figure],
+) -> None:
+    """Two brokers over NATS against one alone: medians, ratios, every process's CPU per
+    MESSAGE. With ``--cluster-only`` its own SUMMARY; else lines before the main one."""
+    rate = {kind: median([r["rate"] for r in rs]) for kind, rs in runs.items()}
+    puts = {kind: median([r["puts_per_s"] for r in rs]) for kind, rs in runs.items()}
+    cpu = {kind: median([r["cpu_us_per_message_all"] for r in rs]) for kind, rs in runs.items()}
+    figures["cluster_fanout_vs_one"] = Figure(rate["two"] / rate["one"], "x one broker")
+    figures["cluster_puts_vs_one"] = Figure(puts["two"] / puts["one"], "x one broker")
+    figures["cluster_cpu_per_message"] = Figure(cpu["two"], "us", "lower")
+    complete = all(r["missing"] == 0 and r["bad"] == 0 for rs in runs.values() for r in rs)
+
+    def shares(kind: str) -> str:
+        names = runs[kind][0]["cpu_us_per_message"]
+        return ", ".join(
+            f"{name} {median([r['cpu_us_per_message'][name] for r in runs[kind]]):.2f}"
+            for name in names
+        )
+
+    measured = (
+        f"two brokers over NATS: {fmt_rate(rate['two'])} MESSAGEs/s delivered, "
+        f"{fmt_rate(puts['two'])} PUTs/s acknowledged ({args.puts} PUTs, "
+        f"{args.subscribers} subscribers, half at each broker); CPU per MESSAGE "
+        f"{cpu['two']:.2f} us ({shares('two')})"
+    )
+    baseline = (
+        f"one broker: {fmt_rate(rate['one'])} MESSAGEs/s, {fmt_rate(puts['one'])} PUTs/s; "
+        f"CPU per MESSAGE {cpu['one']:.2f} us ({shares('one')})"
+    )
+    ratio = (
+        f"MESSAGEs/s {rate['two'] / rate['one']:.2f}, PUTs/s {puts['two'] / puts['one']:.2f}, "
+        f"CPU per MESSAGE {cpu['two'] / cpu['one']:.2f} (two over NATS / one)"
+    )
+    if not args.cluster_only:
+        for label, text in (("cluster", measured), ("one", baseline), ("ratio", ratio)):
+            print(f"{label:<9}: {text}")
+        return
+    summary(
+        "mc0 brokers over NATS",
+        info,
+        measured=measured,
+        baseline=baseline + " (same run, alternating)",
+        ratio=ratio,
+        target="every MESSAGE delivered, once (the rates are measured, not targeted)",
+        verdict=complete,
+        details=[noise_line([r for rs in runs.values() for r in rs])],
+        json_path=args.json,
+        record={"cluster": runs},
+        figures=figures,
+    )
+
+
 def describe(run: dict[str, Any], unit: str) -> str:
     extra = ", ".join(
         f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
@@ -427,6 +582,12 @@ def main() -> None:
     parser.add_argument(
         "--mc0d-only", action="store_true", help="only the rounds against mc0d (with --mc0d)"
     )
+    parser.add_argument(
+        "--cluster", action="store_true", help="also two brokers over NATS against one"
+    )
+    parser.add_argument(
+        "--cluster-only", action="store_true", help="only two brokers over NATS against one"
+    )
     add_common_arguments(parser)
     args = parser.parse_args()
     if args.mc0d is not None:
@@ -444,6 +605,11 @@ def main() -> None:
             against = mc0d_rounds(args, root, prefix)
         report_mc0d(args, info, against, {})
         return
+    if args.cluster_only:
+        with workdir("mc0-bench-", args.keep) as root:
+            clustered = cluster_runs(args, root, prefix)
+        report_cluster(args, info, clustered, {})
+        return
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {
         "acks": {"baseline": [], "server": []},
         "fanout": {"baseline": [], "server": []},
@@ -458,6 +624,7 @@ def main() -> None:
                 runs["fanout"][kind].append(run)
                 print(describe(run, "MESSAGEs/s"), file=sys.stderr)
         against = mc0d_rounds(args, root, prefix) if args.mc0d is not None else None
+        clustered = cluster_runs(args, root, prefix) if args.cluster else None
     acks = {kind: median([r["rate"] for r in rs]) for kind, rs in runs["acks"].items()}
     fanout = {kind: median([r["rate"] for r in rs]) for kind, rs in runs["fanout"].items()}
     server_runs = runs["acks"]["server"] + runs["fanout"]["server"]
@@ -472,6 +639,8 @@ def main() -> None:
     }
     if against is not None:
         report_mc0d(args, info, against, figures)
+    if clustered is not None:
+        report_cluster(args, info, clustered, figures)
     summary(
         "mc0 CURVE throughput",
         info,
@@ -490,7 +659,7 @@ def main() -> None:
             noise_line(all_runs),
         ],
         json_path=args.json,
-        record={"runs": runs, "mc0d": against},
+        record={"runs": runs, "mc0d": against, "cluster": clustered},
         figures=figures,
     )
 

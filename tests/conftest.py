@@ -116,6 +116,9 @@ LONGEST_FIRST = (
     "tests/test_emqp_cli.py",
     "tests/test_emqp_cluster.py",
     "tests/test_installed_product.py",
+    "tests/test_mc0_cluster.py",
+    "tests/test_mc0_torture.py",
+    "tests/test_mc0_nemesis.py",
 )
 
 

@@ -96,13 +96,26 @@ class NatsProxy:
         self.cut = False
         self.dropped: list[bytes] = []
         self.connections: list[_Client] = []
-        factory = protocol.ServerFactory()
-        factory.protocol = lambda: _Client(self)  # type: ignore[assignment]
-        self.port = reactor.listenTCP(0, factory, interface="127.0.0.1")  # type: ignore[attr-defined]
+        self._factory = protocol.ServerFactory()
+        self._factory.protocol = lambda: _Client(self)  # type: ignore[assignment]
+        self.port = reactor.listenTCP(0, self._factory, interface="127.0.0.1")  # type: ignore[attr-defined]
+        self.number = self.port.getHost().port
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port.getHost().port}"
+        return f"nats://127.0.0.1:{self.number}"
+
+    def shut(self) -> Any:
+        """A link down that says so: every connection through it closed, new ones refused
+        (until :meth:`reopen`); fires once it stopped listening."""
+        for connection in self.connections:
+            connection.transport.abortConnection()
+        self.connections.clear()
+        return self.port.stopListening()
+
+    def reopen(self) -> None:
+        """Connections taken again, on the same port."""
+        self.port = reactor.listenTCP(self.number, self._factory, interface="127.0.0.1")  # type: ignore[attr-defined]
 
     def close(self) -> Any:
         for connection in self.connections:

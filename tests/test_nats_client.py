@@ -19,6 +19,7 @@ from bus.nats import jsapi
 from bus.nats.client import NatsClient, NoResponders, NotConnected
 from bus.nats.codec import Msg
 from bus.nats.handshake import ConnectError
+from tests.nats_tls import make_certificates
 from tests.ports import nats_cluster
 
 
@@ -160,52 +161,46 @@ def test_a_server_that_stops_answering_is_left(cluster: Any) -> Any:
         client.stop()
 
 
-def make_certificates(directory: Path) -> dict[str, Path]:
-    """A CA and a server certificate for 127.0.0.1 it signed (cryptography, PEM)."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    later = now + datetime.timedelta(days=2)
-
-    def named(text: str) -> x509.Name:
-        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, text)])
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder().subject_name(named("bus test CA")).issuer_name(named("bus test CA"))
-        .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now).not_valid_after(later)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key = ec.generate_private_key(ec.SECP256R1())
-    server = (
-        x509.CertificateBuilder().subject_name(named("127.0.0.1")).issuer_name(ca.subject)
-        .public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now).not_valid_after(later)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    paths = {name: directory / f"{name}.pem" for name in ("ca", "cert", "key")}
-    paths["ca"].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths["cert"].write_bytes(server.public_bytes(serialization.Encoding.PEM))
-    paths["key"].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
+@pytest_twisted.inlineCallbacks
+def test_flush_fires_once_the_server_read_what_came_before_and_fails_with_its_connection(
+    nats_server: Any,
+) -> Any:
+    """A flush is a PING's PONG: once it fires, the server has the messages published
+    before it (a subscriber whose SUB the server read gets them); while the server is
+    stopped (SIGSTOP) it waits, keep-alive PINGs in between included, and it fails with
+    NotConnected when the connection is given up; without a connection it fails at once."""
+    (node,) = nats_server.nodes
+    sender = NatsClient(reactor, nats_server.urls, ping_interval=0.3)
+    receiver = NatsClient(reactor, nats_server.urls)
+    heard: list[bytes] = []
+    try:
+        with pytest.raises(NotConnected):
+            yield sender.flush()
+        for client in (sender, receiver):
+            client.start()
+            yield client.when_connected(timeout=10)
+        receiver.subscribe("flushed", lambda msg: heard.append(msg.payload))
+        yield receiver.flush()  # the server has the SUB
+        for number in range(100):
+            sender.publish(b"flushed", b"%d" % number)
+        yield sender.flush()
+        yield until(lambda: len(heard) == 100)
+        assert heard == [b"%d" % n for n in range(100)]
+        nats_server.kill(node, signal.SIGSTOP)
+        try:
+            sender.publish(b"flushed", b"stopped")
+            waiting = sender.flush()
+            failed: list[Any] = []
+            waiting.addErrback(failed.append)
+            # Two keep-alive PINGs unanswered: the client leaves the server, and the flush
+            # (never answered) fails with the connection.
+            yield until(lambda: bool(failed), timeout=30)
+            assert failed[0].check(NotConnected)
+        finally:
+            nats_server.kill(node, signal.SIGCONT)
+    finally:
+        sender.stop()
+        receiver.stop()
 
 
 @pytest_twisted.inlineCallbacks

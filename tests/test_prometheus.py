@@ -233,7 +233,8 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
 
     - ``bus``: ``twistd -n eventbus`` with every default service;
     - ``bus-pair``: the Event BUS as a pair's primary (alone) with the Spark bridge;
-    - ``bus-cluster``: the Event BUS and eMQP on JetStream streams (one nats-server).
+    - ``bus-cluster``: the Event BUS and eMQP on JetStream streams, and mc0 on NATS (one
+      nats-server).
     """
     binary("prometheus")
     binary("promtool")
@@ -252,10 +253,11 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         products.append(Product("bus-pair", ServerProcess(root / "pair", *pair, http=True)))
         nats.start()
         front_end = [
-            "--services", "eventbus,emqp", "--store", "jetstream", "--nats", *nats.urls[:1],
+            "--services", "eventbus,emqp,mc0", "--store", "jetstream", "--nats", *nats.urls[:1],
             "--emqp-store", "jetstream", "--emqp-nats", *nats.urls[:1],
             "--emqp-worker-port", "0", "--emqp-client-port", "0", "--emqp-admin-port", "0",
-            "--emqp-data-dir", str(root / "front-end-emqp"),
+            "--emqp-data-dir", str(root / "front-end-emqp"), "--mc0-port", "0", "--mc0-plain",
+            "--mc0-data-dir", str(root / "front-end-mc0"), "--mc0-nats", *nats.urls[:1],
         ]  # fmt: skip
         products.append(
             Product("bus-cluster", ServerProcess(root / "front-end", *front_end, http=True))

@@ -101,7 +101,7 @@ def _connector(reactor: Any, args: argparse.Namespace, on_message: Any = None) -
 
     server_key, client_keys = args.keys
     return Mc0Connector(
-        args.server,
+        args.servers,
         on_message,
         server_key=server_key,
         client_keys=client_keys,
@@ -114,7 +114,7 @@ def _connector(reactor: Any, args: argparse.Namespace, on_message: Any = None) -
 def _connected(
     reactor: Any, connector: Any, args: argparse.Namespace, done: str
 ) -> defer.Deferred[None]:
-    args.progress.now(f"waiting for the broker at {args.server} to open a session", done)
+    args.progress.now(f"waiting for a broker at {', '.join(args.servers)} to open a session", done)
     started: defer.Deferred[None] = connector.start()
     return started.addTimeout(args.timeout, reactor)
 
@@ -227,7 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_version(parser)
     parser.add_argument(
-        "--server", default=DEFAULT_SERVER, type=tcp_endpoint, help="broker endpoint (%(default)s)"
+        "--server",
+        action="append",
+        type=tcp_endpoint,
+        help=f"broker endpoint ({DEFAULT_SERVER}); repeat it for brokers of one topic space "
+        "over NATS: a session goes to the next when one dies",
     )
     parser.add_argument("--server-key", help="broker public key: 40 Z85 characters or a .key file")
     parser.add_argument("--cert", help="this client's NAME.key_secret (default: a fresh key pair)")
@@ -269,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from bus.transport.curve import KeyFileError
 
     args = parse(build_parser(), argv)
+    args.servers = args.server or [DEFAULT_SERVER]
     args.progress = Progress(f"mc0-cli {args.command}")
     try:  # checked before anything runs, as the other options are
         args.keys = _keys(args)
@@ -280,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if isinstance(error, defer.TimeoutError):
             return "no answer in time"
         if isinstance(error, zmq.ZMQError):
-            return f"cannot connect to {args.server}: {zmq.strerror(error.errno or 0)}"
+            return f"cannot connect to {', '.join(args.servers)}: {zmq.strerror(error.errno or 0)}"
         return error
 
     react(

@@ -1,4 +1,6 @@
-"""The mc0 connector: a Twisted client of an mc0 broker (ours or the real mc0d).
+"""The mc0 connector: a Twisted client of an mc0 broker (ours or the real mc0d), or of one
+of several brokers that share a topic space over NATS (docs/mc0.md, "Brokers on several
+hosts").
 
     connector = Mc0Connector("tcp://127.0.0.1:61616", on_message, server_key=public_key)
     yield connector.start()                 # CONNECT with TTL, until the broker's OK
@@ -16,6 +18,10 @@ connected. A lost TCP connection also starts a new session at once (the broker's
 would see the reconnected socket as a new client, without its subscriptions). A PUT or NOOP
 sent on a session that ended unanswered fails with :class:`Mc0ConnectionLost` (it may or may
 not have reached the broker).
+
+Given several endpoints, each new session goes to the next one: a broker that died, went
+silent or does not answer CONNECT within ``connect_timeout`` is left for the next, and the
+session there SUBscribes again to every topic held.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ log = Logger(namespace="bus.mc0.client")
 
 #: The least time a CONNECT is waited for before the session starts again (seconds).
 CONNECT_WAIT = 1.0
+#: With several brokers, how long a CONNECT is waited for before the next one is tried.
+FAILOVER_CONNECT_WAIT = 2.0
 
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -83,7 +91,7 @@ class Mc0Connector:
 
     def __init__(
         self,
-        endpoint: str,
+        endpoint: str | Sequence[str],
         on_message: Callable[[Delivery], object] | None = None,
         *,
         server_key: bytes | None = None,
@@ -95,10 +103,25 @@ class Mc0Connector:
         silence_factor: float = 1.05,
         send_hwm: int = 10_000,
         reactor: Any = None,
+        connect_timeout: float | None = None,
+        on_session: Callable[[str, str], object] | None = None,
     ) -> None:
-        """``server_key`` (Z85 public key) makes the connection CURVE; ``client_keys``
-        default to a fresh pair. Without ``server_key`` the connection is plain (NULL)."""
-        self.endpoint = endpoint
+        """``endpoint``: one broker, or several brokers of one topic space (each session at
+        the next). ``server_key`` (Z85 public key) makes the connection CURVE; ``client_keys``
+        default to a fresh pair. Without ``server_key`` the connection is plain (NULL).
+        ``connect_timeout``: how long a CONNECT waits for its OK before the next session
+        (None: ``silence_factor`` x TTL, at least :data:`CONNECT_WAIT`, with one endpoint;
+        :data:`FAILOVER_CONNECT_WAIT` with several). ``on_session(event, endpoint)`` hears
+        of each session: ``open`` (its CONNECT acknowledged), ``subscribed`` (the topics
+        held SUBscribed again there, acknowledged), ``closed`` (it ended)."""
+        self.on_session = on_session
+        self.endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        if not self.endpoints:
+            raise ValueError("an mc0 connector needs an endpoint")
+        self._index = 0
+        if connect_timeout is None and len(self.endpoints) > 1:
+            connect_timeout = FAILOVER_CONNECT_WAIT
+        self.connect_timeout = connect_timeout
         self.on_message = on_message
         self.server_key = server_key
         self.client_keys = client_keys
@@ -116,6 +139,8 @@ class Mc0Connector:
         self.connected = False
         self.sessions = 0
         self.reconnects = 0
+        #: Sessions opened at another broker than the last one's.
+        self.failovers = 0
         self.handshake_failures = 0
         self.received = 0
         self.errors = DropCounter(log, "message from the broker", time.time)
@@ -139,6 +164,11 @@ class Mc0Connector:
         self._timer: Any = None
         self._stopped = False
         self._refused: Mc0CommandError | None = None
+
+    @property
+    def endpoint(self) -> str:
+        """The broker of the current (or next) session."""
+        return self.endpoints[self._index]
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -287,6 +317,8 @@ class Mc0Connector:
 
     def _end_session(self, reason: Exception) -> None:
         """Close the current socket; what was sent on it and not answered is lost or carried."""
+        if self.connected:
+            self._told("closed")
         self.connected = False
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
@@ -309,9 +341,14 @@ class Mc0Connector:
             self._reconnect("connection to the broker lost")
 
     def _reconnect(self, why: str) -> None:
+        left = self.endpoint
+        if len(self.endpoints) > 1:
+            self._index = (self._index + 1) % len(self.endpoints)
+            self.failovers += 1
         log.info(
-            "mc0 connector: {why}; reconnecting to {endpoint} on a fresh socket",
+            "mc0 connector: {why} ({left}); a new session at {endpoint} on a fresh socket",
             why=why,
+            left=left,
             endpoint=self.endpoint,
         )
         self.reconnects += 1
@@ -333,8 +370,16 @@ class Mc0Connector:
                 self._socket = None
             self._timer = self.reactor.callLater(self.ttl, self._retry_session)
 
+    def _told(self, event: str) -> None:
+        if self.on_session is not None:
+            try:
+                self.on_session(event, self.endpoint)
+            except Exception:
+                log.failure("mc0 connector: on_session failed")
+
     def _on_connected(self) -> None:
         self.connected = True
+        self._told("open")
         self._arm()  # from now on the session's TTL, not CONNECT's wait
         if self.topics:
             self._resub_id = self._next_id()
@@ -415,6 +460,8 @@ class Mc0Connector:
                 self.errors.drop("error-reply", str(error))
             return
         if entry.kind == "resub":
+            if error is None:
+                self._told("subscribed")
             self._settle_carried(error)
         elif entry.kind == "sub" and error is not None:
             self.topics.difference_update(entry.topics)  # refused: not held
@@ -443,11 +490,16 @@ class Mc0Connector:
 
     def _silence_limit(self) -> float:
         """How long silence ends the session: ``silence_factor`` x TTL, and while CONNECT
-        is unanswered at least :data:`CONNECT_WAIT` (the connection and its CURVE
-        handshake come first, and the broker may refuse a TTL it cannot keep: a CONNECT
-        sent again before its answer would only be refused again)."""
+        is unanswered ``connect_timeout`` when given, else at least :data:`CONNECT_WAIT`
+        (the connection and its CURVE handshake come first, and the broker may refuse a TTL
+        it cannot keep: a CONNECT sent again before its answer would only be refused
+        again)."""
         limit = self.silence_factor * self.ttl
-        return limit if self.connected else max(limit, CONNECT_WAIT)
+        if self.connected:
+            return limit
+        if self.connect_timeout is not None:
+            return self.connect_timeout
+        return max(limit, CONNECT_WAIT)
 
     def _arm(self) -> None:
         if self._timer is not None and self._timer.active():
@@ -478,9 +530,11 @@ class Mc0Connector:
         """The session, reconnections, topics and what waits, for a status page."""
         return {
             "endpoint": self.endpoint,
+            "endpoints": list(self.endpoints),
             "connected": self.connected,
             "sessions": self.sessions,
             "reconnects": self.reconnects,
+            "failovers": self.failovers,
             "topics": len(self.topics),
             "pending": len(self._pending),
             "queued": len(self._queued),

@@ -24,13 +24,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
 from bus.mc0 import codec
 from bus.mc0.codec import Framing, Mc0Error
 from bus.util.droplog import DropCounter
+
+if TYPE_CHECKING:
+    from bus.mc0.relay import Relay
 
 log = Logger(namespace="bus.mc0")
 
@@ -110,6 +113,8 @@ class Broker:
         #: it, one ``transmit`` each.
         self.transmit_many = transmit_many or self._transmit_each
         self.on_put = on_put
+        #: Brokers of other hosts, over NATS (:mod:`bus.mc0.relay`); None: this broker alone.
+        self.relay: Relay | None = None
         self.clients: dict[bytes, Client] = {}
         #: topic -> its subscribers, by identity
         self.topics: dict[bytes, dict[bytes, Client]] = {}
@@ -209,7 +214,8 @@ class Broker:
         client.framing = command.framing
         match command:
             case codec.Put():
-                self._put(client, command)
+                if self._put(client, command):
+                    return  # refused, or answered once the cluster has it
             case codec.Noop():
                 pass
             case codec.Subscribe(topics):
@@ -224,9 +230,8 @@ class Broker:
                         ),
                     )
                     return
-                for topic in topics:
-                    self.topics.setdefault(topic, {})[identity] = client
-                    client.topics.add(topic)
+                if self._subscribe(client, topics, command):
+                    return
             case codec.Unsubscribe(topics):
                 for topic in topics:
                     self._unsubscribe(client, topic)
@@ -261,8 +266,29 @@ class Broker:
 
     # -- verbs ------------------------------------------------------------------------------
 
-    def _put(self, sender: Client, put: codec.Put) -> None:
+    def _put(self, sender: Client, put: codec.Put) -> bool:
+        """Deliver ``put`` here (and to the cluster); True when it is answered already
+        (refused) or later (by the relay, once the cluster has it)."""
+        later = False
+        relay = self.relay
+        if relay is not None:
+            taken = relay.take(put, sender.identity, sender.ttl)
+            if isinstance(taken, Mc0Error):
+                self._refuse(sender.identity, taken)
+                return True
+            later = taken
         self.puts += 1
+        self._fan_out(put)
+        if self.on_put is not None:
+            self.on_put(sender, put)
+        return later
+
+    def deliver(self, put: codec.Put) -> None:
+        """A PUT relayed from a broker of another host: to this broker's subscribers of its
+        topic (never relayed on, never mirrored: its own broker did that)."""
+        self._fan_out(put)
+
+    def _fan_out(self, put: codec.Put) -> None:
         subscribers = self.topics.get(put.topic)
         if subscribers:
             payloads: dict[Framing, list[bytes]] = {}
@@ -287,8 +313,40 @@ class Broker:
                         gone.append(client)
             for client in gone:
                 self._forget(client)
-        if self.on_put is not None:
-            self.on_put(sender, put)
+
+    def _subscribe(self, client: Client, topics: Sequence[bytes], command: codec.Subscribe) -> bool:
+        """SUB: True when it is answered already (refused) or later (its new interest
+        confirmed by the cluster)."""
+        relay = self.relay
+        if relay is not None:
+            refusal = relay.topic_refusal(topics, command)
+            if refusal is not None:
+                self._refuse(client.identity, refusal)
+                return True
+        interested = False
+        for topic in topics:
+            subscribers = self.topics.get(topic)
+            if subscribers is None:
+                subscribers = self.topics[topic] = {}
+                if relay is not None:
+                    relay.interest(topic, True)
+                    interested = True
+            subscribers[client.identity] = client
+            client.topics.add(topic)
+        if interested and command.id is not None:
+            assert relay is not None
+            relay.acknowledge_after_flush(client.identity, command.id, command.framing)
+            return True
+        return False
+
+    def answer(
+        self, identity: bytes, message_id: bytes, framing: Framing, error: Mc0Error | None
+    ) -> None:
+        """The relay's word on a command it answers later: OK, or ERROR."""
+        if error is None:
+            self._acknowledge(identity, message_id, framing)
+        else:
+            self._refuse(identity, error)
 
     def _unsubscribe(self, client: Client, topic: bytes) -> None:
         client.topics.discard(topic)
@@ -297,6 +355,8 @@ class Broker:
             subscribers.pop(client.identity, None)
             if not subscribers:
                 del self.topics[topic]
+                if self.relay is not None:
+                    self.relay.interest(topic, False)
 
     def _forget(self, client: Client) -> None:
         for topic in list(client.topics):
@@ -389,6 +449,8 @@ class Broker:
 
     def close(self) -> None:
         """Cancel every timer (the service is stopping)."""
+        if self.relay is not None:
+            self.relay.close()
         for client in self.clients.values():
             if client.timer is not None and client.timer.active():
                 client.timer.cancel()

@@ -7,6 +7,9 @@ the ``--client-certs`` allow-list, or any key without one. ``--plain`` turns CUR
 
 A client that fails the handshake (a wrong server key, a key not on the allow-list) never
 reaches the broker: libzmq closes its connection and the socket monitor counts it.
+
+With ``--nats`` the broker is one of several hosts' brokers of one topic space: a
+:class:`bus.mc0.relay.Relay` on a :class:`bus.mc0.link.NatsLink` (docs/mc0.md).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from twisted.application.service import Service
@@ -38,12 +41,16 @@ from bus.extension import (
 from bus.mc0 import codec
 from bus.mc0.config import Mc0Config
 from bus.mc0.core import Broker, Client, SendResult
+from bus.mc0.relay import Relay, RelaySettings
 from bus.transport.curve import CurveKeyPair, ZapHandler
 from bus.transport.names import peer_name
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import PeerUnreachable, bind_failure
 from bus.util.droplog import DropCounter
+
+if TYPE_CHECKING:
+    from bus.mc0.link import NatsLink
 
 log = Logger(namespace="bus.mc0")
 
@@ -87,10 +94,12 @@ class Mc0Service(Service):
         self.mirrored = 0
         self.mirror_drops = DropCounter(log, "PUT mirror", clock)
         self._started_at = 0.0
+        #: The link to the brokers of other hosts (``--nats``; None: this broker alone).
+        self.link: NatsLink | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
-    def startService(self) -> None:
+    def startService(self) -> defer.Deferred[None] | None:
         config = self.config
         try:
             config.data_dir.mkdir(parents=True, exist_ok=True)
@@ -108,6 +117,37 @@ class Mc0Service(Service):
         self._stopped = None
         self._started_at = self.clock()
         self._log_security()
+        if config.cluster is not None:
+            return self._open_link(self.broker)
+        return None
+
+    def _open_link(self, broker: Broker) -> defer.Deferred[None]:
+        """The relay to the brokers of other hosts, connected to NATS (a start-up error
+        when no server can be reached)."""
+        from bus.mc0.link import NatsLink, broker_id
+
+        cluster = self.config.cluster
+        assert cluster is not None
+        origin = broker_id(cluster)
+        self.link = link = NatsLink(self.reactor, cluster, origin)
+        relay = Relay(
+            RelaySettings(cluster.subject_prefix, cluster.hold_messages, cluster.hold_bytes),
+            origin,
+            self.reactor,
+            link,
+            broker.answer,
+            broker.deliver,
+            self.config.broker.max_frames,
+        )
+        link.relay = relay
+        broker.relay = relay
+        if cluster.without_tls and self.curve.enabled:
+            log.warn(
+                "--nats-without-tls: the topics of this broker's CURVE clients go over NATS "
+                "without TLS: readable by anyone on the network between it and the servers"
+            )
+        opened: defer.Deferred[None] = link.open()
+        return opened
 
     @property
     def keys(self) -> CurveKeyPair | None:
@@ -168,6 +208,8 @@ class Mc0Service(Service):
             Service.stopService(self)
         if self.broker is not None:
             self.broker.close()
+        if self.link is not None:
+            self.link.close()
         self._close_socket()
         self.ports.close()
         self._stopped = defer.succeed(None)
@@ -257,6 +299,7 @@ class Mc0Service(Service):
             "mirrored": self.mirrored,
             "mirror_dropped": dict(self.mirror_drops.counts),
             "uptime_s": round(self.clock() - self._started_at, 3),
+            "cluster": self.link.status() if self.link is not None else None,
             "config": config_json(self.config),
         }
 
@@ -312,6 +355,8 @@ class Mc0Service(Service):
             counter("mc0_puts_mirrored", "PUTs mirrored onto the Event BUS", self.mirrored),
             gauge("mc0_uptime_seconds", "Seconds since the broker started", self._uptime()),
         ]
+        if self.link is not None:
+            families += self.link.metrics()
         if broker is not None:
             families += [
                 gauge("mc0_clients", "Clients the broker knows", len(broker.clients)),

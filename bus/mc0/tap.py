@@ -4,6 +4,7 @@ the ``[mc0]`` table of a ``--config`` file."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,14 @@ from bus.extension import (
     parse_duration,
 )
 from bus.mc0.codec import MAX_TTL_MS
-from bus.mc0.config import DEFAULT_BIND, DEFAULT_DATA_DIR, DEFAULT_PORT, Mc0Config
+from bus.mc0.config import (
+    DEFAULT_BIND,
+    DEFAULT_DATA_DIR,
+    DEFAULT_PORT,
+    Mc0ClusterSettings,
+    Mc0Config,
+)
+from bus.nats.options import cluster_options, cluster_settings, tls_assured
 
 if TYPE_CHECKING:
     from bus.extension import Composition, ProductService
@@ -34,14 +42,23 @@ class Options(ServiceOptions):
 
     service = "mc0"
     env_prefix = "MC0"
-    synopsis = "[--bind ADDR] [--port P] [--server-cert FILE] [--client-certs DIR] [--plain]"
+    synopsis = (
+        "[--bind ADDR] [--port P] [--server-cert FILE] [--client-certs DIR] [--plain] [--nats URLS]"
+    )
     longdesc = (
         "Serve mc0 (Marionette Collective 0MQ v0.3): topic pub/sub over one CURVE-secured "
-        "ROUTER. Without --server-cert the key pair is kept in DATA-DIR (made on first start)."
+        "ROUTER. Without --server-cert the key pair is kept in DATA-DIR (made on first start). "
+        "With --nats, brokers of several hosts are one topic space over NATS."
     )
     optFlags = [
         ["plain", None, "Turn CURVE off: no encryption, no client authentication."],
         ["mirror", None, "Mirror PUTs onto the Event BUS of this process under /mc0/<topic>/."],
+        [
+            "nats-without-tls",
+            None,
+            "With --nats and CURVE: carry the topics over NATS connections without TLS "
+            "(refused unless given: CURVE protects them only as far as this broker).",
+        ],
     ]
     optParameters = [
         ["bind", "b", DEFAULT_BIND, "Address to bind."],
@@ -55,6 +72,30 @@ class Options(ServiceOptions):
         ["max-clients", None, 100_000, "Most clients known at once.", int],
         ["max-topics-per-client", None, 10_000, "Most topics one client may hold.", int],
         ["send-hwm", None, 10_000, "Messages queued per client before MESSAGEs are dropped.", int],
+        *cluster_options(
+            "brokers of several hosts as one topic space (each subscribes to the topics its "
+            "clients hold)"
+        ),
+        [
+            "nats-subject-prefix",
+            None,
+            "mc0",
+            "With --nats: the subjects' first token (the brokers of one topic space share it).",
+        ],
+        [
+            "nats-hold",
+            None,
+            10_000,
+            "With --nats: PUTs held while the link to NATS is down, at most (beyond: ERROR).",
+            int,
+        ],
+        [
+            "nats-broker-id",
+            None,
+            None,
+            "With --nats: this broker's name among the brokers (default: host name and a "
+            "random part).",
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -96,6 +137,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
     data_dir = Path(options["data-dir"])
     plain = bool(options.get("plain"))
     return Mc0Config(
+        cluster=_cluster(options, plain),
         bind=options["bind"],
         port=port,
         data_dir=data_dir,
@@ -104,6 +146,45 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> Mc0Config:
         broker=settings,
         send_hwm=int(options["send-hwm"]),
     )
+
+
+_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def _cluster(options: usage.Options | dict[str, Any], plain: bool) -> Mc0ClusterSettings | None:
+    """``--nats`` and its options; CURVE's topics over NATS only with TLS, or when told."""
+    prefix = str(options.get("nats-subject-prefix") or "mc0")
+    if not _PREFIX.fullmatch(prefix) or len(prefix) > 200:
+        raise usage.UsageError(
+            "--nats-subject-prefix must be NATS subject tokens (letters, digits, - and _, "
+            "dot-separated; 200 characters at most)"
+        )
+    hold = int(options.get("nats-hold") or 10_000)
+    if hold < 1:
+        raise usage.UsageError("--nats-hold must be at least 1")
+    broker_id = str(options.get("nats-broker-id") or "")
+    if len(broker_id.encode()) > 255:
+        raise usage.UsageError("--nats-broker-id is 255 bytes at most")
+    without_tls = bool(options.get("nats-without-tls"))
+    cluster = cluster_settings(
+        options,
+        Mc0ClusterSettings,
+        subject_prefix=prefix,
+        hold_messages=hold,
+        without_tls=without_tls,
+        broker_id=broker_id,
+    )
+    if cluster is None:
+        if without_tls:
+            raise usage.UsageError("--nats-without-tls needs --nats")
+        return None
+    if not plain and not without_tls and not tls_assured(cluster):
+        raise usage.UsageError(
+            "--nats: this broker's clients are CURVE clients, and their topics would go over "
+            "NATS without TLS (readable on the network between the broker and the servers): "
+            "give tls:// URLs or --nats-tls-ca, or --nats-without-tls to carry them anyway"
+        )
+    return cluster
 
 
 def build(options: usage.Options | dict[str, Any], composition: Composition) -> Mc0Service:

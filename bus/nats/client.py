@@ -134,6 +134,9 @@ class _Wire(Protocol):
         self.ready = False
         self.info: dict[str, Any] = {}
         self.unanswered_pings = 0
+        #: One entry per PING sent since the handshake's, in order: the flush waiting for
+        #: its PONG, or None for a keep-alive (a server answers PINGs in order).
+        self.flushes: deque[defer.Deferred[None] | None] = deque()
         #: Where its messages go; once it is left for lame-duck mode, only answers.
         self.deliver: Callable[[Msg], None] = client._deliver
 
@@ -174,6 +177,10 @@ class _Wire(Protocol):
             if not self.ready:
                 self.ready = True
                 self.client._connected(self)
+            elif self.flushes:
+                flushed = self.flushes.popleft()
+                if flushed is not None:
+                    flushed.callback(None)
         elif op == b"INFO":
             first = not self.info
             self.info = codec.info(item)
@@ -214,13 +221,25 @@ class _Wire(Protocol):
             self.drop(abort=True)
             return
         self.unanswered_pings += 1
+        self.flushes.append(None)
         self.out(codec.PING)
+
+    def flush(self) -> defer.Deferred[None]:
+        """A PING whose PONG says the server read everything written before it."""
+        flushed: defer.Deferred[None] = defer.Deferred()
+        self.flushes.append(flushed)
+        self.out(codec.PING)
+        return flushed
 
     @property
     def max_payload(self) -> int:
         return int(self.info.get("max_payload") or handshake.DEFAULT_MAX_PAYLOAD)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        flushes, self.flushes = self.flushes, deque()
+        for flushed in flushes:
+            if flushed is not None:
+                flushed.errback(NotConnected("the connection to the NATS server was lost"))
         self.client._lost(self, reason)
 
 
@@ -396,6 +415,16 @@ class NatsClient:
             if headers
             else codec.pub(subject, payload, reply)
         )
+
+    def flush(self) -> defer.Deferred[None]:
+        """Fires once the server has read everything this client wrote before the call (a
+        PING's PONG: a server reads a connection's commands in order, so what was published
+        before it reached the server, and from there its subscribers' connections); fails
+        with :class:`NotConnected` when there is no connection, or it is lost first."""
+        wire = self._wire
+        if wire is None or not wire.ready:
+            return defer.fail(NotConnected("not connected to a NATS server"))
+        return wire.flush()
 
     def publish_raw(self, data: bytes) -> None:
         """Commands already framed (:mod:`bus.nats.codec`), in one write: the caller

@@ -2,7 +2,7 @@
 --nats URLS`` and the stream's name, replicas, credentials and TLS), the same for every
 service that has them: the Event BUS's log and eMQP's guaranteed requests; and those of a
 service that ``--nats`` alone puts on a cluster (:func:`cluster_options`: eMQP's PUBLISH
-service, DBP's shared catalog).
+service, DBP's shared catalog, mc0's brokers).
 
 Secrets come from files (``--nats-password-file``, ``--nats-token-file``, ``--nats-nkey``,
 ``--nats-creds``) or the environment (``BUS_NATS_PASSWORD``, ``BUS_NATS_TOKEN``), never
@@ -139,6 +139,16 @@ def cluster_settings(
             raise usage.UsageError(f"--{given[0]} needs --nats")
         return None
     return _settings(options, servers, kind, **more)
+
+
+def tls_assured(settings: NatsSettings) -> bool:
+    """Whether every connection of a client made with ``settings`` is TLS whatever the
+    servers say: asked for (``--nats-tls-ca``, ``--nats-tls-cert``), or every URL
+    ``tls://`` (the servers the cluster names take the scheme of the URL that reached
+    them)."""
+    if settings.tls_ca is not None or settings.tls_cert is not None:
+        return True
+    return all(url.startswith("tls://") for url in settings.servers)
 
 
 def _settings(
