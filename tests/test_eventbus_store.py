@@ -19,14 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
 
 from bus.eventbus.codec import Event
 from bus.eventbus.store import DB_NAME, EventStore, Retention, prefix_upper_bound
-from bus.eventbus.upkeep import LogUpkeep
+from bus.eventbus.upkeep import LogUpkeep, RetentionPass
 
 
 def event(topic: bytes, n: int = 0, sequence: int = 0) -> Event:
@@ -249,7 +248,7 @@ def test_durability_modes_store_and_reopen(tmp_path: Path, durability: str) -> N
 def test_high_water_survives_retention_deleting_everything(tmp_path: Path) -> None:
     store = EventStore(tmp_path)
     fill(store, [b"/a/"] * 5)
-    assert store.trim_to_count(0) == 5
+    assert trim_fully(store, 0) == 5
     assert store.count() == 0
     assert store.first_sequence() is None
     assert store.last_sequence == 5
@@ -328,62 +327,102 @@ def test_receipt_times_never_go_backwards_across_reopen(tmp_path: Path) -> None:
         store.close()
 
 
-def test_trim_to_count_keeps_the_newest(store: EventStore) -> None:
+def test_trim_to_count_counts_the_log_first_then_keeps_the_newest(store: EventStore) -> None:
     fill(store, [b"/t/%d" % i for i in range(10)])
-    assert store.trim_to_count(20) == 0
-    assert store.trim_to_count(10) == 0
-    assert store.trim_to_count(3, chunk=2) == 2
+    # The first steps count the events held, 8 sequences per event of the chunk, deleting
+    # nothing: a step's cost follows its chunk, not the size of the log.
+    assert store.trim_to_count(3, chunk=1) == (0, False)  # sequences 1..8
+    assert seqs(store.read(0)) == list(range(1, 11))
+    assert store.trim_to_count(3, chunk=1) == (0, False)  # 9..10: 10 events held
+    assert store.trim_to_count(20) == (0, True)
+    assert store.trim_to_count(10) == (0, True)
+    assert store.trim_to_count(3, chunk=2) == (2, False)
     assert seqs(store.read(0)) == list(range(3, 11))
-    assert store.trim_to_count(3) == 5
+    assert store.trim_to_count(3) == (5, True)
     assert seqs(store.read(0)) == [8, 9, 10]
-    assert store.trim_to_count(3) == 0
-    assert store.last_sequence == 10
+    assert store.trim_to_count(3) == (0, True)
+    assert store.last_sequence == 10 and store.count() == 3
+
+
+def test_trim_to_count_keeps_max_count_events_across_gaps_in_the_sequence(
+    store: EventStore,
+) -> None:
+    fill(store, [b"a", b"b", b"a", b"b"])  # 1..4
+    store.skip_to(100)  # an async pair's new active steps over what it may have missed
+    fill(store, [b"c", b"a"])  # 101, 102
+    assert compact_fully(store) == 3  # 1, 3 (a) and 2 (b): holes below the newest
+    assert seqs(store.read(0)) == [4, 101, 102]
+    assert trim_fully(store, 2) == 1
+    assert seqs(store.read(0)) == [101, 102]
+    fill(store, [b"d", b"e"])  # counted as they come: 4 held
+    assert trim_fully(store, 2) == 2
+    assert seqs(store.read(0)) == [103, 104] and store.count() == 2
 
 
 def test_compact_step_keeps_the_latest_event_per_topic(tmp_path: Path) -> None:
     store = EventStore(tmp_path, topic_index=True)
     try:
         fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
-        assert store.compact_step() == (3, False)
-        assert store.compact_step() == (0, True)
+        assert store.compact_step() == (3, True)
         assert [(e.topic, e.sequence) for e in store.read(0)] == [(b"c", 4), (b"b", 5), (b"a", 6)]
         assert store.last_sequence == 6
         # a second pass over a compacted log deletes nothing
-        assert store.compact_step() == (0, False)
         assert store.compact_step() == (0, True)
     finally:
         store.close()
 
 
-def test_compact_step_in_chunks_resumes_where_it_stopped(store: EventStore) -> None:
+def test_compact_step_in_chunks_deletes_what_each_new_event_supersedes(store: EventStore) -> None:
     fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
-    assert store.compact_step(chunk=2) == (2, False)  # seqs 1, 2: both have newer events
-    assert seqs(store.read(0)) == [3, 4, 5, 6]
-    assert store.compact_step(chunk=2) == (1, False)  # seqs 3 (a, newer 6) and 4 (c, latest)
-    assert store.compact_step(chunk=2) == (0, False)  # seqs 5, 6: latest
+    assert store.compact_step(chunk=2) == (0, False)  # 1 (a), 2 (b): nothing older
+    assert store.compact_step(chunk=2) == (1, False)  # 3 (a) supersedes 1, 4 (c) nothing
+    assert seqs(store.read(0)) == [2, 3, 4, 5, 6]
+    assert store.compact_step(chunk=2) == (2, False)  # 5 (b) supersedes 2, 6 (a) 3
     assert store.compact_step(chunk=2) == (0, True)
     assert seqs(store.read(0)) == [4, 5, 6]
 
 
 def test_compaction_over_several_passes_with_appends_in_between(store: EventStore) -> None:
     fill(store, [b"a", b"b", b"c", b"d"])
-    assert store.compact_step(chunk=2) == (0, False)  # window 1..2, nothing newer yet
+    assert store.compact_step(chunk=2) == (0, False)  # 1..2
     fill(store, [b"a", b"c"])  # 5: a, 6: c
-    assert store.compact_step(chunk=2) == (1, False)  # window 3..4: c has a newer one
-    assert store.compact_step(chunk=2) == (0, False)  # window 5..6
+    assert store.compact_step(chunk=2) == (0, False)  # 3..4: nothing older of c or d
+    assert store.compact_step(chunk=2) == (2, False)  # 5..6: a supersedes 1, c 3
     assert store.compact_step(chunk=2) == (0, True)
-    # seq 1 (a) sat in an already compacted window: the next pass removes it.
-    assert seqs(store.read(0)) == [1, 2, 4, 5, 6]
-    finished = False
-    while not finished:
-        _, finished = store.compact_step(chunk=2)
     assert [(e.topic, e.sequence) for e in store.read(0)] == [
         (b"b", 2),
         (b"d", 4),
         (b"a", 5),
         (b"c", 6),
     ]
+    assert store.compact_step(chunk=2) == (0, True)
     assert store.last_sequence == 6
+
+
+def test_a_compaction_pass_looks_at_the_new_events_only_and_all_of_them_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    store = EventStore(tmp_path, topic_index=True)
+    try:
+        fill(store, [b"/t/%d" % (i % 10) for i in range(100)])
+        assert compact_fully(store, chunk=10) == 90
+        fill(store, [b"/t/1", b"/t/2", b"/t/new"])
+        # The next pass: the three new events, two steps of two.
+        assert store.compact_step(chunk=2) == (2, False)
+        assert store.compact_step(chunk=2) == (0, True)
+        assert len(store.read(0)) == 11
+    finally:
+        store.close()
+    store = EventStore(tmp_path, topic_index=True)
+    try:
+        fill(store, [b"/t/1"])
+        # After a restart the mark starts over: one pass over all 12 events.
+        steps = [store.compact_step(chunk=2) for _ in range(6)]
+        assert steps == [(0, False)] * 5 + [(1, False)]
+        assert store.compact_step(chunk=2) == (0, True)
+        assert len(store.read(0)) == 11
+    finally:
+        store.close()
 
 
 def test_compact_step_on_an_empty_store(store: EventStore) -> None:
@@ -410,6 +449,15 @@ def compact_fully(store: EventStore, chunk: int = 5000) -> int:
 def expire_fully(store: EventStore, cutoff: float, chunk: int = 5000) -> int:
     deleted = 0
     while n := store.expire_older_than(cutoff, chunk):
+        deleted += n
+    return deleted
+
+
+def trim_fully(store: EventStore, max_count: int, chunk: int = 5000) -> int:
+    """Count retention step by step until it is finished (counting first, after an open)."""
+    deleted, finished = 0, False
+    while not finished:
+        n, finished = store.trim_to_count(max_count, chunk)
         deleted += n
     return deleted
 
@@ -507,10 +555,13 @@ class Row:
 
 
 class StoreMachine(RuleBasedStateMachine):
-    """The store against a list: appends, reads, reopen, and every retention step.
+    """The store against a list: appends, reads, reopen, the pair's writes (events under
+    given sequences, a truncated tail, a skipped range) and every retention step and pass.
 
     The model states the contract (not the SQL): sequences rise by one per event and never
-    go backwards, even when retention deleted everything; reads filter by byte prefix."""
+    go backwards, even when retention deleted everything; reads filter by byte prefix; after
+    any interleaving, retention leaves exactly what its mode keeps. Compaction keeps a mark:
+    no event at or below it has a newer one of its topic at or below it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -519,13 +570,22 @@ class StoreMachine(RuleBasedStateMachine):
         self.store_id = self.store.store_id
         self.rows: list[Row] = []
         self.last = 0
-        self.compact_from = 0
+        self.compacted = 0
+        #: Whether the store has counted its events since it opened (count retention).
+        self.counted = False
         self.now = 1000.0
         self.n = 0
 
     def teardown(self) -> None:
         self.store.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _new_events(self, topics: list[bytes]) -> list[Event]:
+        batch = []
+        for topic in topics:
+            self.n += 1
+            batch.append(event(topic, self.n, sequence=12345))
+        return batch
 
     @rule(
         topics=st.lists(model_topics, min_size=0, max_size=5),
@@ -534,10 +594,7 @@ class StoreMachine(RuleBasedStateMachine):
     )
     def append(self, topics: list[bytes], elapsed: float, as_fields: bool) -> None:
         self.now += elapsed  # the caller's clock never goes backwards
-        batch = []
-        for topic in topics:
-            self.n += 1
-            batch.append(event(topic, self.n, sequence=12345))
+        batch = self._new_events(topics)
         expected = [
             Event(e.topic, self.last + i, e.producer, e.timestamp, e.uuid, e.data)
             for i, e in enumerate(batch, 1)
@@ -551,8 +608,41 @@ class StoreMachine(RuleBasedStateMachine):
         self.last += len(batch)
 
     @rule(
-        after=st.integers(-1, 40),
-        upto=st.none() | st.integers(0, 40),
+        topics=st.lists(model_topics, min_size=1, max_size=4),
+        gaps=st.lists(st.integers(1, 20), min_size=4, max_size=4),
+    )
+    def append_at(self, topics: list[bytes], gaps: list[int]) -> None:
+        """A passive copies its active's events, sequences and holes as they are."""
+        sequence, copied = self.last, []
+        for e, gap in zip(self._new_events(topics), gaps, strict=False):
+            sequence += gap
+            copied.append(Event(e.topic, sequence, e.producer, e.timestamp, e.uuid, e.data))
+        self.store.append_at(
+            [(e.sequence, (e.topic, e.producer, e.timestamp, e.uuid, e.data)) for e in copied],
+            self.now,
+        )
+        self.rows += [Row(e, self.now) for e in copied]
+        self.last = sequence
+
+    @rule(back=st.integers(0, 6))
+    def truncate_after(self, back: int) -> None:
+        """A server rejoining its pair drops the tail its new active never had."""
+        sequence = max(0, self.last - back)
+        gone = [r for r in self.rows if r.event.sequence > sequence]
+        assert self.store.truncate_after(sequence) == (len(gone) if back else 0)
+        if back:
+            self.rows = [r for r in self.rows if r.event.sequence <= sequence]
+            self.last = sequence
+            self.compacted = min(self.compacted, sequence)
+
+    @rule(ahead=st.integers(1, 30))
+    def skip_to(self, ahead: int) -> None:
+        self.last += ahead
+        self.store.skip_to(self.last)
+
+    @rule(
+        after=st.integers(-1, 80),
+        upto=st.none() | st.integers(0, 80),
         prefixes=st.lists(model_prefixes, max_size=3),
         limit=st.integers(0, 8),
     )
@@ -569,7 +659,8 @@ class StoreMachine(RuleBasedStateMachine):
     def reopen(self) -> None:
         self.store.close()
         self.store = EventStore(self.directory)
-        self.compact_from = 0  # a compaction pass starts over after a restart
+        self.compacted = 0  # compaction starts over after a restart
+        self.counted = False  # and count retention counts again
 
     @rule(age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]), chunk=st.integers(1, 6))
     def expire(self, age: float, chunk: int) -> None:
@@ -580,42 +671,71 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
     def trim(self, max_count: int, chunk: int) -> None:
+        """One step: counting (after an open), or the oldest events beyond max_count."""
+        deleted, finished = self.store.trim_to_count(max_count, chunk)
+        if (deleted, finished) == (0, False) and not self.counted:
+            return  # counting: nothing deleted
+        self.counted = True
         excess = max(0, len(self.rows) - max_count)
-        deleted = min(excess, chunk)
-        assert self.store.trim_to_count(max_count, chunk) == deleted
+        assert deleted == min(excess, chunk)
+        assert finished == (deleted == excess)
         self.rows = self.rows[deleted:]
+
+    @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
+    def trim_to_the_end(self, max_count: int, chunk: int) -> None:
+        """Steps until finished: the counting ends within its bound, then the newest stay."""
+        steps = -(-max(0, len(self.rows) - max_count) // chunk) + 1
+        if not self.counted:  # 8 sequences per event of the chunk, a step
+            span = self.last - self.rows[0].event.sequence + 1 if self.rows else 0
+            steps += -(-span // (8 * chunk)) + 1
+        for _ in range(steps):
+            if self.store.trim_to_count(max_count, chunk)[1]:
+                break
+        else:
+            raise AssertionError(f"not finished in {steps} steps")
+        self.counted = True
+        self.rows = self.rows[max(0, len(self.rows) - max_count) :]
 
     @rule(chunk=st.integers(1, 6))
     def compact(self, chunk: int) -> None:
-        window = [r for r in self.rows if r.event.sequence > self.compact_from][:chunk]
+        window = [r for r in self.rows if r.event.sequence > self.compacted][:chunk]
         if not window:
-            self.compact_from = 0
             assert self.store.compact_step(chunk) == (0, True)
             return
-        end = window[-1].event.sequence
-
-        def superseded(row: Row) -> bool:
-            e = row.event
-            return any(
-                o.event.topic == e.topic and o.event.sequence > e.sequence for o in self.rows
-            )
-
-        victims = [r for r in window if superseded(r)]
-        assert self.store.compact_step(chunk) == (len(victims), False)
+        newest = {r.event.topic: r.event.sequence for r in window}
+        victims = [r for r in self.rows if r.event.sequence < newest.get(r.event.topic, 0)]
+        assert self.store.compact_step(chunk) == (len(victims), len(window) < chunk)
         self.rows = [r for r in self.rows if r not in victims]
-        self.compact_from = end
+        self.compacted = window[-1].event.sequence
 
-    @precondition(lambda self: self.compact_from == 0)
-    @rule()
-    def full_compaction(self) -> None:
-        finished = False
-        while not finished:
-            _, finished = self.store.compact_step(3)
-        latest: dict[bytes, int] = {}
-        for r in self.rows:
-            latest[r.event.topic] = r.event.sequence
-        self.rows = [r for r in self.rows if latest[r.event.topic] == r.event.sequence]
-        assert seqs(self.store.read(0, limit=10_000)) == [r.event.sequence for r in self.rows]
+    @rule(
+        max_age=st.none() | st.sampled_from([0.0, 1.0, 5.0, 20.0]),
+        max_count=st.none() | st.integers(0, 8),
+        latest_per_topic=st.booleans(),
+        chunk=st.integers(1, 6),
+    )
+    def retention_pass(
+        self, max_age: float | None, max_count: int | None, latest_per_topic: bool, chunk: int
+    ) -> None:
+        """A whole pass, as the service runs it: by age, by count, then latest per topic."""
+        from bus.util.chunking import ChunkSizer
+
+        retention = Retention(max_age, max_count, latest_per_topic)
+        sizer = ChunkSizer(1.0, first=chunk, smallest=chunk, largest=chunk)
+        deleted = sum(retention.steps(lambda: self.store, self.now, sizer))
+        before = len(self.rows)
+        if max_age is not None:
+            self.rows = [r for r in self.rows if r.received >= self.now - max_age]
+        if max_count is not None:
+            self.rows = self.rows[max(0, len(self.rows) - max_count) :]
+            self.counted = True
+        if latest_per_topic:
+            above = [r for r in self.rows if r.event.sequence > self.compacted]
+            if above:
+                self.compacted = above[-1].event.sequence
+            latest = {r.event.topic: r.event.sequence for r in self.rows}
+            self.rows = [r for r in self.rows if latest[r.event.topic] == r.event.sequence]
+        assert deleted == before - len(self.rows)
 
     @invariant()
     def agrees_with_the_model(self) -> None:
@@ -624,6 +744,11 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.first_sequence() == (self.rows[0].event.sequence if self.rows else None)
         assert self.store.store_id == self.store_id
         assert self.store.read(0, limit=10_000) == [r.event for r in self.rows]
+
+    @invariant()
+    def below_the_mark_each_topic_has_one_event(self) -> None:
+        below = [r.event.topic for r in self.rows if r.event.sequence <= self.compacted]
+        assert len(below) == len(set(below))
 
     @invariant()
     def every_prefix_of_a_stored_topic_reads_like_startswith(self) -> None:
@@ -723,17 +848,51 @@ def test_opening_a_store_that_cannot_be_created_raises_storage_error(tmp_path: P
 def test_a_retention_pass_deletes_by_age_count_then_latest_per_topic_a_chunk_a_step(
     tmp_path: Path,
 ) -> None:
+    from bus.util.chunking import ChunkSizer
+
     store = EventStore(tmp_path, topic_index=True)
     try:
         store.append([event(b"/old/%d/" % (i % 3), i) for i in range(6000)], 1000.0)
         store.append([event(b"/new/%d/" % (i % 2), i) for i in range(5200)], 2000.0)
         retention = Retention(max_age=500.0, max_count=5100, latest_per_topic=True)
-        steps = list(retention.steps(lambda: store, 2400.0))
-        # Age: the 6000 old ones, 5000 a step; count: 100 more; then one compaction pass,
-        # its chunks of 5000 sequences.
-        assert steps[:3] == [5000, 1000, 100] and sum(steps) == 6000 + 100 + 5098
+        fixed = ChunkSizer(1.0, first=5000, smallest=5000, largest=5000)
+        steps = list(retention.steps(lambda: store, 2400.0, fixed))
+        # Age: the 6000 old ones, 5000 a step; count: one step counting the 5200 left (40k
+        # sequences a step), then 100 more; then a compaction pass, 5000 events a step.
+        assert steps[:4] == [5000, 1000, 0, 100] and sum(steps) == 6000 + 100 + 5098
         assert seqs(store.read(0)) == [11199, 11200]
         assert sum(retention.steps(lambda: store, 2400.0)) == 0  # nothing more to do
+    finally:
+        store.close()
+
+
+def test_a_retention_pass_sizes_its_steps_by_their_measured_time(tmp_path: Path) -> None:
+    """Chunks follow what a step costs: on a clock that charges each step 1 us per event
+    deleted plus 50 us, every step after the first few lasts about the 2 ms target."""
+    from bus.eventbus.store import STEP_TARGET, step_sizer
+
+    store = EventStore(tmp_path)
+    try:
+        store.append([event(b"/t/", i) for i in range(60_000)], 1000.0)
+        now = [0.0]
+        sizer = step_sizer(lambda: now[0])
+
+        class Charged:
+            """The store, its retention steps charged to the fake clock."""
+
+            def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
+                deleted = store.expire_older_than(cutoff, chunk)
+                now[0] += 50e-6 + deleted * 1e-6
+                return deleted
+
+        passing = Retention(max_age=10.0).steps(lambda: Charged(), 2000.0, sizer)  # type: ignore[arg-type,return-value]
+        durations, sizes = [], []
+        for deleted in passing:
+            durations.append(50e-6 + deleted * 1e-6)
+            sizes.append(deleted)
+        assert sum(sizes) == 60_000
+        assert sizes[:3] == [256, 512, 1024]  # from the first chunk, at most twice as big
+        assert all(STEP_TARGET * 0.9 <= d <= STEP_TARGET * 1.1 for d in durations[3:-1])
     finally:
         store.close()
 
@@ -748,7 +907,7 @@ def test_a_retention_pass_asks_for_the_log_at_every_step() -> None:
     steps = Retention(max_count=1, latest_per_topic=True).steps(lambda: logs[0], 10.0)
     assert next(steps) == 2
     logs.pop(0)  # a pair replaced the log: the pass goes on in the new one
-    assert list(steps) == [2, 0]
+    assert list(steps) == [2]  # compaction, in the second log
     assert first.count() == 1 and second.count() == 1
 
 
@@ -765,6 +924,8 @@ class UpkeptLog:
         self.checkpoints = 0
         self.blocked: Any = None
         self.closed_with: list[bool] = []
+        #: A clock its retention steps advance: 1 ms per event deleted.
+        self.now = 0.0
 
     def _fail(self) -> None:
         from bus.errors import StorageError
@@ -772,12 +933,13 @@ class UpkeptLog:
         if self.failing is not None:
             raise StorageError(OSError(28, self.failing))
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
         """Two events a step at most."""
         self._fail()
         extra = min(2, max(0, self.memory.count() - max_count))
         del self.memory.rows[:extra]
-        return extra
+        self.now += extra / 1000
+        return extra, self.memory.count() <= max_count
 
     def checkpoint(self) -> tuple[int, int]:
         self.checkpoints += 1
@@ -799,7 +961,14 @@ def upkeep_of(log: UpkeptLog, reactor: Any, said: list[str], max_count: int = 0)
         observer=lambda e: said.append(f"{e['log_level'].name}: {formatEvent(e)}"),
     )
     retention = Retention(max_count=max_count)
-    return LogUpkeep(reactor, lambda: log, retention, clock=reactor.seconds, logger=logger)
+    return LogUpkeep(
+        reactor,
+        lambda: log,
+        retention,
+        clock=reactor.seconds,
+        logger=logger,
+        timer=lambda: log.now,
+    )
 
 
 def test_retention_runs_on_the_reactor_one_pass_at_a_time_and_its_failures_are_counted() -> None:
@@ -810,10 +979,19 @@ def test_retention_runs_on_the_reactor_one_pass_at_a_time_and_its_failures_are_c
     upkeep = upkeep_of(log, clock, said)
     upkeep.retain()
     upkeep.retain()  # the pass has not ended: no second one
-    assert log.memory.count() == 5  # it runs on the reactor, in steps
-    while clock.getDelayedCalls():
-        clock.advance(0)
-    assert log.memory.count() == 0 and said == ["info: retention removed 5 events"]
+    assert log.memory.count() == 5  # it runs on the reactor, a step per turn
+    held = []
+    while clock.calls:  # one reactor turn: the first call due, alone
+        call = clock.calls.pop(0)
+        call.called = 1
+        call.func(*call.args, **call.kw)
+        held.append(log.memory.count())
+    assert held == [3, 1, 0, 0]  # the last turn finds the pass over
+    assert said == ["info: retention removed 5 events in 3 steps over 0.005 s, the longest 2.00 ms"]
+    assert (upkeep.removed, upkeep.passes, upkeep.longest_step) == (5, 1, 0.002)
+    assert upkeep.last_pass == RetentionPass(
+        started=0.0, seconds=0.005, removed=5, steps=3, longest_step=0.002
+    )
     # A step that fails ends the pass: counted, and said once in ten seconds.
     log.memory.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 5, 1.0)
     log.failing = "No space left on device"

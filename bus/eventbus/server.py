@@ -495,6 +495,7 @@ class EventBusService(Service):
             **core.status(),
             "storage_errors": self.storage_errors,
             "storage_waiting": len(core.waiting),
+            **self.upkeep.status(),
             "clients": self.connections(),
             **self.snapshots.status(),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
@@ -523,6 +524,7 @@ class EventBusService(Service):
                 self.storage_errors,
             ),
             *self.snapshots.metrics(),
+            *self.upkeep.metrics(),
             gauges_by(
                 "eventbus_connections",
                 "TCP peers connected now, by socket",

@@ -9,19 +9,30 @@ The sequence is the table's integer primary key and never goes backwards: the hi
 sequence ever assigned is kept in ``meta`` before retention deletes anything.
 Snapshot reads are chunked by sequence, so nothing is ever loaded whole in memory.
 
+Retention deletes a chunk of events per step, and a step's cost follows its chunk, never the
+size of the log: age and count retention delete the oldest events (``seq <= bound``, the bound
+found by walking the chunk from the oldest event: receipt times never go backwards, so the
+events older than a cutoff come first); count retention knows how many events the log holds
+(counted once after the store opens, a chunk a step, then kept as events come and go);
+latest-per-topic compaction visits each event once, when it is new: below a mark, no event has a
+newer one of its topic below the mark, so a step only looks at the next events above it and
+deletes the older events of their topics (through the index on ``(topic, seq)``).
+:class:`Retention` sizes the chunks by their measured time (:class:`bus.util.chunking.ChunkSizer`).
+
 A write the store cannot make (a full disk, an I/O error) raises :class:`StorageError`
 and leaves the store as it was before the call: SQLite rolls a failed transaction back
 itself (on SQLITE_FULL it already has), and only a transaction still open is rolled
 back here. The caller may retry the same call later.
 
-:class:`LogUpkeep` does a log's background work on the reactor for the service:
-checkpoints on a worker thread, retention a chunk per reactor turn, the close at stop.
+:class:`bus.eventbus.upkeep.LogUpkeep` does a log's background work on the reactor for the
+service: checkpoints on a worker thread, retention a step per reactor turn, the close at stop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from bus.eventbus.codec import Event, EventFields
 from bus.extension import StorageError
+from bus.util.chunking import ChunkSizer
 from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
 
 if TYPE_CHECKING:
@@ -86,6 +98,23 @@ def _write(db: sqlite3.Connection, statements: Callable[[], object]) -> None:
         raise
 
 
+#: How long one retention step should hold the thread that runs it (the reactor's), in
+#: seconds: chunks are sized to it from the steps' measured times, well under the 5 ms that a
+#: step may take at most (a step taking twice its target is still within it).
+STEP_TARGET = 0.002
+
+
+#: Counting the events held costs about a tenth of deleting them (a range COUNT against a
+#: DELETE, measured): a counting step takes this many times its chunk of sequences.
+COUNTED_PER_DELETED = 8
+
+
+def step_sizer(clock: Callable[[], float] = time.perf_counter) -> ChunkSizer:
+    """Chunk sizes for retention steps of :data:`STEP_TARGET` (one per kind of step), their
+    time measured by ``clock`` (monotonic seconds)."""
+    return ChunkSizer(STEP_TARGET, first=256, smallest=16, largest=65_536, clock=clock)
+
+
 @dataclass(frozen=True, slots=True)
 class Retention:
     """What to keep. ``None`` means no limit; everything is kept by default."""
@@ -99,23 +128,46 @@ class Retention:
         """Some limit is set: retention has work to do."""
         return self.max_age is not None or self.max_count is not None or self.latest_per_topic
 
-    def steps(self, log: Callable[[], EventLog], now: float) -> Iterator[int]:
+    def steps(
+        self, log: Callable[[], EventLog], now: float, sizer: ChunkSizer | None = None
+    ) -> Iterator[int]:
         """One pass over the log ``log()`` gives (asked again at every step: a pair may
-        replace it), deleting what these limits do not keep at ``now``: one chunk a step,
-        each step yielding how many events it deleted. A StorageError ends the pass and
-        leaves the log consistent; the next pass goes on from there."""
+        replace it), deleting what these limits do not keep at ``now``: by age, then by
+        count, then all but each topic's latest event. One chunk a step, each step yielding
+        how many events it deleted; ``sizer`` sizes the chunks by the steps' measured time
+        (a new one per pass when not given). A StorageError ends the pass and leaves the log
+        consistent; the next pass goes on from there."""
+        sizer = sizer if sizer is not None else step_sizer()
+        clock = sizer.clock
         if self.max_age is not None:
             cutoff = now - self.max_age
-            while (deleted := log().expire_older_than(cutoff)) > 0:
+            while True:
+                chunk, started = sizer.chunk("age"), clock()
+                deleted = log().expire_older_than(cutoff, chunk)
+                if deleted < chunk:
+                    if deleted:
+                        yield deleted
+                    break
+                sizer.took("age", chunk, clock() - started)
                 yield deleted
         if self.max_count is not None:
-            while (deleted := log().trim_to_count(self.max_count)) > 0:
-                yield deleted
+            finished = False
+            while not finished:
+                chunk, started = sizer.chunk("count"), clock()
+                deleted, finished = log().trim_to_count(self.max_count, chunk)
+                if not finished:
+                    sizer.took("count", chunk, clock() - started)
+                if deleted or not finished:
+                    yield deleted
         if self.latest_per_topic:
             finished = False
             while not finished:
-                deleted, finished = log().compact_step()
-                yield deleted
+                chunk, started = sizer.chunk("latest"), clock()
+                deleted, finished = log().compact_step(chunk)
+                if not finished:
+                    sizer.took("latest", chunk, clock() - started)
+                if deleted or not finished:
+                    yield deleted
 
 
 class EventStore:
@@ -138,7 +190,15 @@ class EventStore:
         except sqlite3.Error as error:
             self._db.close()
             raise StorageError(error) from error
-        self._compact_from = 0
+        #: Events held, once counted (count retention needs it): None until then.
+        self._held: int | None = None
+        #: While counting: events up to this sequence were counted, and how many there are.
+        self._counted_upto = 0
+        self._counted = 0
+        #: No event at or below this sequence has a newer one of its topic at or below it:
+        #: compaction goes on above it (from 0 after each start: one whole pass, then only
+        #: the new events).
+        self._compacted = 0
         self._closed = False
 
     def _open(self, topic_index: bool) -> None:
@@ -192,6 +252,8 @@ class EventStore:
         _write(db, lambda: db.executemany(_INSERT, rows))
         self._last = first + len(fields) - 1
         self._last_received = received
+        if self._held is not None:
+            self._held += len(rows)
         return first
 
     def append_at(self, events: Sequence[tuple[int, EventFields]], received: float) -> None:
@@ -211,6 +273,8 @@ class EventStore:
         _write(db, lambda: db.executemany(_INSERT, rows))
         self._last = previous
         self._last_received = received
+        if self._held is not None:
+            self._held += len(rows)
 
     def truncate_after(self, sequence: int) -> int:
         """Delete every event above ``sequence`` and make it the last one: a server that
@@ -231,6 +295,8 @@ class EventStore:
 
         _write(db, truncate)
         self._last = sequence
+        self._compacted = min(self._compacted, sequence)
+        self._removed(int(deleted), above=sequence)
         newest = db.execute("SELECT received FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         self._last_received = 0.0 if newest is None else float(newest[0])
         return int(deleted)
@@ -350,7 +416,9 @@ class EventStore:
         return self._db.execute(sql, params).fetchall()
 
     def count(self) -> int:
-        """Events held now."""
+        """Events held now (kept in memory once count retention counted them)."""
+        if self._held is not None:
+            return self._held
         return int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
 
     def first_sequence(self) -> int | None:
@@ -368,22 +436,33 @@ class EventStore:
 
     # -- retention -----------------------------------------------------------------------
 
-    def _delete_upto(self, boundary: int, chunk: int) -> int:
-        """Delete at most ``chunk`` of the oldest events with ``seq <= boundary``."""
+    def _delete_through(self, bound: int) -> int:
+        """Delete every event with ``seq <= bound`` (the caller bounded how many there are)."""
         db = self._db
         deleted = 0
 
         def delete() -> None:
             nonlocal deleted
             self._save_high_water()
-            deleted = db.execute(
-                "DELETE FROM events WHERE seq IN "
-                "(SELECT seq FROM events WHERE seq <= ? ORDER BY seq LIMIT ?)",
-                (boundary, chunk),
-            ).rowcount
+            deleted = db.execute("DELETE FROM events WHERE seq <= ?", (bound,)).rowcount
 
         _write(db, delete)
+        self._removed(int(deleted), upto=bound)
         return int(deleted)
+
+    def _removed(self, deleted: int, *, upto: int | None = None, above: int | None = None) -> None:
+        """Keep the count of events held: ``deleted`` of them are gone, all at or below
+        ``upto`` or all above ``above``. A count under way stays right when none of them
+        lay in what it counted already, and starts over otherwise."""
+        if self._held is not None:
+            self._held -= deleted
+        elif deleted and (
+            (upto is not None and upto > self._counted_upto)
+            or (above is not None and above < self._counted_upto)
+        ):
+            self._counted_upto = self._counted = 0
+        elif deleted and upto is not None:
+            self._counted -= deleted
 
     def _save_high_water(self) -> None:
         self._db.execute(
@@ -393,50 +472,87 @@ class EventStore:
         )
 
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
-        """Delete up to ``chunk`` events received before ``cutoff`` (epoch seconds)."""
-        rows = self._db.execute(
-            "SELECT seq FROM events WHERE received < ? AND seq IN "
-            "(SELECT seq FROM events ORDER BY seq LIMIT ?) ORDER BY seq DESC LIMIT 1",
-            (cutoff, chunk),
-        ).fetchone()
-        return 0 if rows is None else self._delete_upto(int(rows[0]), chunk)
-
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
-        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``."""
+        """Delete up to ``chunk`` of the oldest events, those received before ``cutoff``
+        (epoch seconds). Receipt times never go backwards: they are the oldest events."""
         row = self._db.execute(
-            "SELECT seq FROM events ORDER BY seq DESC LIMIT 1 OFFSET ?", (max_count,)
+            "SELECT MAX(seq) FROM (SELECT seq, received FROM events ORDER BY seq LIMIT ?) "
+            "WHERE received < ?",
+            (chunk, cutoff),
         ).fetchone()
-        return 0 if row is None else self._delete_upto(int(row[0]), chunk)
+        return 0 if row[0] is None else self._delete_through(int(row[0]))
+
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
+        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``.
+
+        Returns (deleted, finished): finished once no more than ``max_count`` are held. The
+        first calls after the store opened count the events held, ``chunk`` times
+        :data:`COUNTED_PER_DELETED` sequences a call, deleting nothing meanwhile."""
+        if self._held is None:
+            self._count_some(chunk * COUNTED_PER_DELETED)
+            return 0, False
+        excess = self._held - max_count
+        if excess <= 0:
+            return 0, True
+        take = min(excess, chunk)
+        row = self._db.execute(
+            "SELECT seq FROM events ORDER BY seq LIMIT 1 OFFSET ?", (take - 1,)
+        ).fetchone()
+        deleted = self._delete_through(int(row[0]))
+        return deleted, deleted >= excess
+
+    def _count_some(self, sequences: int) -> None:
+        """Count the events of the next ``sequences`` sequences; once the count reaches the
+        last sequence, it is the number of events held, kept from then on."""
+        top = self._last
+        if not self._counted_upto:
+            first = self.first_sequence()
+            self._counted_upto = top if first is None else first - 1
+        upto = min(self._counted_upto + sequences, top)
+        self._counted += int(
+            self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE seq > ? AND seq <= ?",
+                (self._counted_upto, upto),
+            ).fetchone()[0]
+        )
+        self._counted_upto = upto
+        if upto >= top:
+            self._held = self._counted
 
     def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
-        """Latest-value-per-topic compaction over the next ``chunk`` sequences.
+        """Latest-value-per-topic compaction of the next ``chunk`` events above the mark:
+        every older event of their topics is deleted, and the mark moves past them.
 
-        Returns (deleted, finished_a_pass). Passes resume where the last one stopped."""
+        Returns (deleted, finished): finished once the step reached the newest event (the
+        next pass starts from there)."""
         db = self._db
-        start = self._compact_from
+        start = self._compacted
         end_row = db.execute(
-            "SELECT MAX(seq) FROM (SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
+            "SELECT MAX(seq), COUNT(*) FROM "
+            "(SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
             (start, chunk),
         ).fetchone()
         if end_row[0] is None:
-            self._compact_from = 0
             return 0, True
-        end = int(end_row[0])
+        end, seen = int(end_row[0]), int(end_row[1])
         deleted = 0
 
         def compact() -> None:
             nonlocal deleted
             self._save_high_water()
+            # Each topic's newest event in the window, then its topic's older events
+            # (anywhere below it) through the index on (topic, seq).
             deleted = db.execute(
-                "DELETE FROM events WHERE seq > ? AND seq <= ? AND EXISTS "
-                "(SELECT 1 FROM events AS newer WHERE newer.topic = events.topic "
-                "AND newer.seq > events.seq)",
+                "DELETE FROM events WHERE seq IN (SELECT older.seq FROM "
+                "(SELECT topic, MAX(seq) AS newest FROM events WHERE seq > ? AND seq <= ? "
+                "GROUP BY topic) AS latest JOIN events AS older "
+                "ON older.topic = latest.topic AND older.seq < latest.newest)",
                 (start, end),
             ).rowcount
 
         _write(db, compact)
-        self._compact_from = end
-        return int(deleted), False
+        self._compacted = end
+        self._removed(int(deleted), upto=end)
+        return int(deleted), seen < chunk
 
     # -- lifecycle -----------------------------------------------------------------------
 
