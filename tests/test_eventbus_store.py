@@ -359,36 +359,33 @@ def test_trim_to_count_keeps_max_count_events_across_gaps_in_the_sequence(
     assert seqs(store.read(0)) == [103, 104] and store.count() == 2
 
 
-def test_compact_step_keeps_the_latest_event_per_topic(tmp_path: Path) -> None:
-    store = EventStore(tmp_path, topic_index=True)
-    try:
-        fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
-        assert store.compact_step() == (3, True)
-        assert [(e.topic, e.sequence) for e in store.read(0)] == [(b"c", 4), (b"b", 5), (b"a", 6)]
-        assert store.last_sequence == 6
-        # a second pass over a compacted log deletes nothing
-        assert store.compact_step() == (0, True)
-    finally:
-        store.close()
-
-
-def test_compact_step_in_chunks_deletes_what_each_new_event_supersedes(store: EventStore) -> None:
+def test_compact_step_keeps_the_latest_event_per_topic(store: EventStore) -> None:
     fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
-    assert store.compact_step(chunk=2) == (0, False)  # 1 (a), 2 (b): nothing older
-    assert store.compact_step(chunk=2) == (1, False)  # 3 (a) supersedes 1, 4 (c) nothing
-    assert seqs(store.read(0)) == [2, 3, 4, 5, 6]
-    assert store.compact_step(chunk=2) == (2, False)  # 5 (b) supersedes 2, 6 (a) 3
-    assert store.compact_step(chunk=2) == (0, True)
+    assert store.compact_step() == (0, False)  # the first step reads what the log holds
+    assert store.compact_step() == (3, True)
+    assert [(e.topic, e.sequence) for e in store.read(0)] == [(b"c", 4), (b"b", 5), (b"a", 6)]
+    assert store.last_sequence == 6
+    # a second pass over a compacted log deletes nothing
+    assert store.compact_step() == (0, True)
+
+
+def test_compact_step_in_chunks_reads_three_events_a_chunk_then_deletes_a_chunk(
+    store: EventStore,
+) -> None:
+    fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
+    assert store.compact_step(chunk=1) == (0, False)  # reads 1..3: 1 (a) superseded
+    assert store.compact_step(chunk=1) == (0, False)  # reads 4..6: 2 (b) and 3 (a) too
+    assert seqs(store.read(0)) == [1, 2, 3, 4, 5, 6]
+    assert store.compact_step(chunk=1) == (1, False)
+    assert store.compact_step(chunk=2) == (2, True)
     assert seqs(store.read(0)) == [4, 5, 6]
 
 
-def test_compaction_over_several_passes_with_appends_in_between(store: EventStore) -> None:
+def test_events_appended_once_compaction_began_are_seen_as_they_come(store: EventStore) -> None:
     fill(store, [b"a", b"b", b"c", b"d"])
-    assert store.compact_step(chunk=2) == (0, False)  # 1..2
-    fill(store, [b"a", b"c"])  # 5: a, 6: c
-    assert store.compact_step(chunk=2) == (0, False)  # 3..4: nothing older of c or d
-    assert store.compact_step(chunk=2) == (2, False)  # 5..6: a supersedes 1, c 3
-    assert store.compact_step(chunk=2) == (0, True)
+    assert compact_fully(store) == 0
+    fill(store, [b"a", b"c"])  # 5 supersedes 1, 6 supersedes 3
+    assert store.compact_step(chunk=2) == (2, True)  # nothing to read again
     assert [(e.topic, e.sequence) for e in store.read(0)] == [
         (b"b", 2),
         (b"d", 4),
@@ -396,31 +393,67 @@ def test_compaction_over_several_passes_with_appends_in_between(store: EventStor
         (b"c", 6),
     ]
     assert store.compact_step(chunk=2) == (0, True)
-    assert store.last_sequence == 6
 
 
-def test_a_compaction_pass_looks_at_the_new_events_only_and_all_of_them_after_a_restart(
+def test_after_a_restart_compaction_reads_the_log_once_then_only_what_comes(
     tmp_path: Path,
 ) -> None:
-    store = EventStore(tmp_path, topic_index=True)
+    store = EventStore(tmp_path)
     try:
         fill(store, [b"/t/%d" % (i % 10) for i in range(100)])
         assert compact_fully(store, chunk=10) == 90
-        fill(store, [b"/t/1", b"/t/2", b"/t/new"])
-        # The next pass: the three new events, two steps of two.
-        assert store.compact_step(chunk=2) == (2, False)
-        assert store.compact_step(chunk=2) == (0, True)
-        assert len(store.read(0)) == 11
     finally:
         store.close()
-    store = EventStore(tmp_path, topic_index=True)
+    store = EventStore(tmp_path)
     try:
-        fill(store, [b"/t/1"])
-        # After a restart the mark starts over: one pass over all 12 events.
-        steps = [store.compact_step(chunk=2) for _ in range(6)]
-        assert steps == [(0, False)] * 5 + [(1, False)]
-        assert store.compact_step(chunk=2) == (0, True)
+        fill(store, [b"/t/1", b"/t/2", b"/t/new"])
+        # Compaction's first step after the open reads the 13 events held (from then on
+        # it sees events as they are appended), then one step deletes two.
+        assert store.compact_step(chunk=10) == (0, False)
+        assert store.compact_step(chunk=10) == (2, True)
         assert len(store.read(0)) == 11
+        fill(store, [b"/t/3"])
+        assert store.compact_step(chunk=10) == (1, True)
+    finally:
+        store.close()
+
+
+def test_a_truncated_tail_leaves_the_events_it_superseded(store: EventStore) -> None:
+    fill(store, [b"a", b"b"])
+    assert compact_fully(store) == 0
+    fill(store, [b"a"])  # 3 supersedes 1
+    assert store.truncate_after(2) == 1  # a pair's rejoining server drops 3
+    assert compact_fully(store) == 0  # 1 is a's latest again
+    assert seqs(store.read(0)) == [1, 2]
+    fill(store, [b"b"])
+    assert compact_fully(store) == 1
+    assert seqs(store.read(0)) == [1, 3]
+
+
+def test_compaction_forgets_the_topics_that_age_and_count_retention_removed(
+    store: EventStore,
+) -> None:
+    for i in range(10):
+        fill(store, [b"/session/%d" % i], received=100.0 + i)
+    assert compact_fully(store) == 0
+    assert expire_fully(store, cutoff=105.0) == 5
+    assert trim_fully(store, 2) == 3
+    assert compact_fully(store) == 0
+    superseded = store._superseded
+    assert superseded is not None
+    assert sorted(superseded.latest) == [b"/session/8", b"/session/9"]
+
+
+def test_an_index_on_topic_that_an_older_release_made_is_dropped(tmp_path: Path) -> None:
+    store = EventStore(tmp_path)
+    fill(store, [b"a", b"b"])
+    store._db.execute("CREATE INDEX events_topic ON events (topic, seq)")
+    store.close()
+    store = EventStore(tmp_path)
+    try:
+        indexes = store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        assert [name for (name,) in indexes if not name.startswith("sqlite_")] == []
+        assert seqs(store.read(0)) == [1, 2]
     finally:
         store.close()
 
@@ -478,7 +511,7 @@ def test_latest_per_topic_and_max_age_by_the_clock_of_the_core_that_stored_them(
 
     clock = Clock()
     clock.advance(1_000)
-    store = EventStore(tmp_path, topic_index=True)
+    store = EventStore(tmp_path)
     core = EventBusCore(store, max_data_bytes=1024, clock=clock.seconds, logger=Logger())
     try:
         core.collect([pub(t) for t in [b"/k/a/", b"/k/b/", b"/k/a/", b"/k/a/", b"/k/b/"]])
@@ -560,8 +593,8 @@ class StoreMachine(RuleBasedStateMachine):
 
     The model states the contract (not the SQL): sequences rise by one per event and never
     go backwards, even when retention deleted everything; reads filter by byte prefix; after
-    any interleaving, retention leaves exactly what its mode keeps. Compaction keeps a mark:
-    no event at or below it has a newer one of its topic at or below it."""
+    any interleaving, retention leaves exactly what its mode keeps, and a compaction step
+    deletes only events a newer one of their topic supersedes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -570,7 +603,6 @@ class StoreMachine(RuleBasedStateMachine):
         self.store_id = self.store.store_id
         self.rows: list[Row] = []
         self.last = 0
-        self.compacted = 0
         #: Whether the store has counted its events since it opened (count retention).
         self.counted = False
         self.now = 1000.0
@@ -633,7 +665,6 @@ class StoreMachine(RuleBasedStateMachine):
         if back:
             self.rows = [r for r in self.rows if r.event.sequence <= sequence]
             self.last = sequence
-            self.compacted = min(self.compacted, sequence)
 
     @rule(ahead=st.integers(1, 30))
     def skip_to(self, ahead: int) -> None:
@@ -659,8 +690,7 @@ class StoreMachine(RuleBasedStateMachine):
     def reopen(self) -> None:
         self.store.close()
         self.store = EventStore(self.directory)
-        self.compacted = 0  # compaction starts over after a restart
-        self.counted = False  # and count retention counts again
+        self.counted = False  # count retention counts again
 
     @rule(age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]), chunk=st.integers(1, 6))
     def expire(self, age: float, chunk: int) -> None:
@@ -696,17 +726,36 @@ class StoreMachine(RuleBasedStateMachine):
         self.counted = True
         self.rows = self.rows[max(0, len(self.rows) - max_count) :]
 
+    def _superseded(self) -> set[int]:
+        newest = {r.event.topic: r.event.sequence for r in self.rows}
+        return {r.event.sequence for r in self.rows if newest[r.event.topic] != r.event.sequence}
+
     @rule(chunk=st.integers(1, 6))
     def compact(self, chunk: int) -> None:
-        window = [r for r in self.rows if r.event.sequence > self.compacted][:chunk]
-        if not window:
-            assert self.store.compact_step(chunk) == (0, True)
-            return
-        newest = {r.event.topic: r.event.sequence for r in window}
-        victims = [r for r in self.rows if r.event.sequence < newest.get(r.event.topic, 0)]
-        assert self.store.compact_step(chunk) == (len(victims), len(window) < chunk)
-        self.rows = [r for r in self.rows if r not in victims]
-        self.compacted = window[-1].event.sequence
+        """One step: it deletes at most a chunk, only superseded events; once finished,
+        none is left."""
+        superseded = self._superseded()
+        deleted, finished = self.store.compact_step(chunk)
+        held = {e.sequence for e in self.store.read(0, limit=10_000)}
+        gone = {r.event.sequence for r in self.rows} - held
+        assert gone <= superseded and len(gone) == deleted <= chunk
+        self.rows = [r for r in self.rows if r.event.sequence in held]
+        if finished:
+            assert not self._superseded()
+
+    @rule(chunk=st.integers(1, 6))
+    def compact_to_the_end(self, chunk: int) -> None:
+        """Steps until finished, within a bound: reading what the log holds, 3 events per
+        event of the chunk a step, then deleting what was seen superseded (some of it may
+        be gone already: at most every event made so far)."""
+        steps = -(-len(self.rows) // (3 * chunk)) + -(-self.n // chunk) + 2
+        for _ in range(steps):
+            if self.store.compact_step(chunk)[1]:
+                break
+        else:
+            raise AssertionError(f"not finished in {steps} steps")
+        newest = {r.event.topic: r.event.sequence for r in self.rows}
+        self.rows = [r for r in self.rows if newest[r.event.topic] == r.event.sequence]
 
     @rule(
         max_age=st.none() | st.sampled_from([0.0, 1.0, 5.0, 20.0]),
@@ -730,9 +779,6 @@ class StoreMachine(RuleBasedStateMachine):
             self.rows = self.rows[max(0, len(self.rows) - max_count) :]
             self.counted = True
         if latest_per_topic:
-            above = [r for r in self.rows if r.event.sequence > self.compacted]
-            if above:
-                self.compacted = above[-1].event.sequence
             latest = {r.event.topic: r.event.sequence for r in self.rows}
             self.rows = [r for r in self.rows if latest[r.event.topic] == r.event.sequence]
         assert deleted == before - len(self.rows)
@@ -744,11 +790,6 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.first_sequence() == (self.rows[0].event.sequence if self.rows else None)
         assert self.store.store_id == self.store_id
         assert self.store.read(0, limit=10_000) == [r.event for r in self.rows]
-
-    @invariant()
-    def below_the_mark_each_topic_has_one_event(self) -> None:
-        below = [r.event.topic for r in self.rows if r.event.sequence <= self.compacted]
-        assert len(below) == len(set(below))
 
     @invariant()
     def every_prefix_of_a_stored_topic_reads_like_startswith(self) -> None:
@@ -850,7 +891,7 @@ def test_a_retention_pass_deletes_by_age_count_then_latest_per_topic_a_chunk_a_s
 ) -> None:
     from bus.util.chunking import ChunkSizer
 
-    store = EventStore(tmp_path, topic_index=True)
+    store = EventStore(tmp_path)
     try:
         store.append([event(b"/old/%d/" % (i % 3), i) for i in range(6000)], 1000.0)
         store.append([event(b"/new/%d/" % (i % 2), i) for i in range(5200)], 2000.0)

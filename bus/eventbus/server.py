@@ -122,11 +122,7 @@ class EventBusService(Service):
         """Open the log, bind the ports (a StartupError names the option), start the timers."""
         config = self.config
         try:
-            store = EventStore(
-                config.data_dir,
-                durability=config.durability,
-                topic_index=config.retention.latest_per_topic,
-            )
+            store = EventStore(config.data_dir, durability=config.durability)
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         self.core = EventBusCore.of_bus(store, config, clock=self.clock, logger=log)

@@ -14,10 +14,11 @@ size of the log: age and count retention delete the oldest events (``seq <= boun
 found by walking the chunk from the oldest event: receipt times never go backwards, so the
 events older than a cutoff come first); count retention knows how many events the log holds
 (counted once after the store opens, a chunk a step, then kept as events come and go);
-latest-per-topic compaction visits each event once, when it is new: below a mark, no event has a
-newer one of its topic below the mark, so a step only looks at the next events above it and
-deletes the older events of their topics (through the index on ``(topic, seq)``).
-:class:`Retention` sizes the chunks by their measured time (:class:`bus.util.chunking.ChunkSizer`).
+latest-per-topic compaction knows each topic's newest sequence and the events superseded since
+(:class:`_Superseded`: seen as they are appended, the events already there read once, a chunk a
+step, after the first compaction step), so a step deletes a chunk of superseded events by their
+sequences, with no index to keep. :class:`Retention` sizes the chunks by their measured time
+(:class:`bus.util.chunking.ChunkSizer`).
 
 A write the store cannot make (a full disk, an I/O error) raises :class:`StorageError`
 and leaves the store as it was before the call: SQLite rolls a failed transaction back
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
+from array import array
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -107,6 +109,9 @@ STEP_TARGET = 0.002
 #: Counting the events held costs about a tenth of deleting them (a range COUNT against a
 #: DELETE, measured): a counting step takes this many times its chunk of sequences.
 COUNTED_PER_DELETED = 8
+#: Reading events' topics for compaction costs about a third of deleting them: a reading step
+#: takes this many times its chunk of events.
+SCANNED_PER_DELETED = 3
 
 
 def step_sizer(clock: Callable[[], float] = time.perf_counter) -> ChunkSizer:
@@ -170,23 +175,80 @@ class Retention:
                     yield deleted
 
 
+class _Superseded:
+    """Latest-per-topic compaction's knowledge of the log: each topic's newest sequence seen,
+    and the sequences seen to be superseded, to delete. Events appended are seen as they are
+    committed; those already there when it began (up to ``unseen_upto``) are read a chunk at a
+    time. Memory: an entry per topic held (its name and an int), 8 bytes per superseded event
+    until it is deleted."""
+
+    def __init__(self, unseen_upto: int) -> None:
+        self.latest: dict[bytes, int] = {}
+        self.pending = array("q")
+        #: pending[:taken] were handed out to be deleted.
+        self.taken = 0
+        #: Events up to here were read; those above ``unseen_upto`` are seen as appended.
+        self.read_upto = 0
+        self.unseen_upto = unseen_upto
+
+    @property
+    def reading(self) -> bool:
+        """Some events that were there before it began are not read yet."""
+        return self.read_upto < self.unseen_upto
+
+    def see(self, topic: bytes, sequence: int) -> None:
+        """An event of ``topic`` is at ``sequence``: one of the two is superseded."""
+        previous = self.latest.get(topic)
+        if previous is None or previous < sequence:
+            self.latest[topic] = sequence
+            if previous is not None:
+                self.pending.append(previous)
+        else:
+            self.pending.append(sequence)
+
+    def appended(self, first: int, fields: Sequence[EventFields]) -> None:
+        """Events appended under ``first`` and the next sequences: each the newest of its topic."""
+        latest, pending = self.latest, self.pending
+        for sequence, event in enumerate(fields, first):
+            previous = latest.get(event[0])
+            latest[event[0]] = sequence
+            if previous is not None:
+                pending.append(previous)
+
+    def take(self, count: int) -> list[int]:
+        """Up to ``count`` superseded sequences, in order, handed out to be deleted."""
+        part = self.pending[self.taken : self.taken + count]
+        self.taken += len(part)
+        if self.taken * 2 > len(self.pending):  # give back what was handed out
+            del self.pending[: self.taken]
+            self.taken = 0
+        return sorted(part)
+
+    @property
+    def waiting(self) -> int:
+        """Superseded sequences not handed out yet."""
+        return len(self.pending) - self.taken
+
+    def removed_through(self, bound: int, rows: Iterable[tuple[int, bytes]]) -> None:
+        """Every event up to ``bound`` was deleted (``rows``: their sequences and topics)."""
+        latest = self.latest
+        for sequence, topic in rows:
+            if latest.get(topic) == sequence:
+                del latest[topic]
+        self.read_upto = max(self.read_upto, min(bound, self.unseen_upto))
+
+
 class EventStore:
     """Append-only event log with sequence-range reads and chunked retention."""
 
-    def __init__(
-        self,
-        directory: Path | str,
-        durability: Durability = "normal",
-        topic_index: bool = False,
-    ) -> None:
+    def __init__(self, directory: Path | str, durability: Durability = "normal") -> None:
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
         self._durability: Durability = durability
-        self._topic_index = topic_index
         self._db = open_wal(self.path, durability)
         self._checkpointer = Checkpointer(self.path)
         try:
-            self._open(topic_index)
+            self._open()
         except sqlite3.Error as error:
             self._db.close()
             raise StorageError(error) from error
@@ -195,17 +257,18 @@ class EventStore:
         #: While counting: events up to this sequence were counted, and how many there are.
         self._counted_upto = 0
         self._counted = 0
-        #: No event at or below this sequence has a newer one of its topic at or below it:
-        #: compaction goes on above it (from 0 after each start: one whole pass, then only
-        #: the new events).
-        self._compacted = 0
+        #: What latest-per-topic compaction knows, from its first step on (None before).
+        self._superseded: _Superseded | None = None
         self._closed = False
 
-    def _open(self, topic_index: bool) -> None:
+    def _open(self) -> None:
         self._db.executescript(_SCHEMA)
-        if topic_index:
-            # Needed by latest-per-topic compaction; costs some insert speed.
-            self._db.execute("CREATE INDEX IF NOT EXISTS events_topic ON events (topic, seq)")
+        index = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'events_topic'"
+        if self._db.execute(index).fetchone() is not None:
+            # Compaction used an index on (topic, seq) before 0.2: it cost every insert.
+            # Dropped when it can be (a full disk keeps it: the next open tries again).
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("DROP INDEX events_topic")
         self.store_id = self._meta("store_id") or self._init_store_id()
         top = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0
         self._last = max(top, int(self._meta("high_water") or 0))
@@ -254,6 +317,8 @@ class EventStore:
         self._last_received = received
         if self._held is not None:
             self._held += len(rows)
+        if self._superseded is not None:
+            self._superseded.appended(first, fields)
         return first
 
     def append_at(self, events: Sequence[tuple[int, EventFields]], received: float) -> None:
@@ -275,6 +340,9 @@ class EventStore:
         self._last_received = received
         if self._held is not None:
             self._held += len(rows)
+        if self._superseded is not None:
+            for sequence, fields in events:
+                self._superseded.see(fields[0], sequence)
 
     def truncate_after(self, sequence: int) -> int:
         """Delete every event above ``sequence`` and make it the last one: a server that
@@ -295,8 +363,9 @@ class EventStore:
 
         _write(db, truncate)
         self._last = sequence
-        self._compacted = min(self._compacted, sequence)
         self._removed(int(deleted), above=sequence)
+        if self._superseded is not None:  # what it saw above is gone: read the log again
+            self._superseded = _Superseded(sequence)
         newest = db.execute("SELECT received FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         self._last_received = 0.0 if newest is None else float(newest[0])
         return int(deleted)
@@ -440,14 +509,22 @@ class EventStore:
         """Delete every event with ``seq <= bound`` (the caller bounded how many there are)."""
         db = self._db
         deleted = 0
+        tracked = self._superseded
+        gone: list[tuple[int, bytes]] = []
 
         def delete() -> None:
-            nonlocal deleted
+            nonlocal deleted, gone
             self._save_high_water()
+            if tracked is not None and tracked.latest:  # compaction forgets their topics
+                gone = db.execute(
+                    "SELECT seq, topic FROM events WHERE seq <= ?", (bound,)
+                ).fetchall()
             deleted = db.execute("DELETE FROM events WHERE seq <= ?", (bound,)).rowcount
 
         _write(db, delete)
         self._removed(int(deleted), upto=bound)
+        if tracked is not None:
+            tracked.removed_through(bound, gone)
         return int(deleted)
 
     def _removed(self, deleted: int, *, upto: int | None = None, above: int | None = None) -> None:
@@ -519,40 +596,58 @@ class EventStore:
             self._held = self._counted
 
     def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
-        """Latest-value-per-topic compaction of the next ``chunk`` events above the mark:
-        every older event of their topics is deleted, and the mark moves past them.
+        """Latest-value-per-topic compaction, a step: read the topics of up to ``chunk``
+        times :data:`SCANNED_PER_DELETED` events that were in the log before compaction's
+        first step (after each open, one pass reads them all), or delete up to ``chunk``
+        superseded events.
 
-        Returns (deleted, finished): finished once the step reached the newest event (the
-        next pass starts from there)."""
-        db = self._db
-        start = self._compacted
-        end_row = db.execute(
-            "SELECT MAX(seq), COUNT(*) FROM "
-            "(SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
-            (start, chunk),
-        ).fetchone()
-        if end_row[0] is None:
+        Returns (deleted, finished): finished once every superseded event seen is deleted."""
+        tracked = self._superseded
+        if tracked is None:
+            tracked = self._superseded = _Superseded(self._last)
+        if tracked.reading:
+            limit = chunk * SCANNED_PER_DELETED
+            rows = self._db.execute(
+                "SELECT seq, topic FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                (tracked.read_upto, tracked.unseen_upto, limit),
+            ).fetchall()
+            for sequence, topic in rows:
+                tracked.see(topic, sequence)
+            tracked.read_upto = rows[-1][0] if len(rows) == limit else tracked.unseen_upto
+            return 0, False
+        victims = tracked.take(chunk)
+        if not victims:
             return 0, True
-        end, seen = int(end_row[0]), int(end_row[1])
+        deleted = self._delete_sequences(victims)
+        return deleted, not tracked.waiting
+
+    def _delete_sequences(self, sequences: list[int]) -> int:
+        """Delete the events at ``sequences`` (increasing; some may be gone already)."""
+        runs: list[list[int]] = []
+        for sequence in sequences:
+            if runs and runs[-1][1] == sequence - 1:
+                runs[-1][1] = sequence
+            else:
+                runs.append([sequence, sequence])
+        db = self._db
         deleted = 0
 
-        def compact() -> None:
+        def delete() -> None:
             nonlocal deleted
             self._save_high_water()
-            # Each topic's newest event in the window, then its topic's older events
-            # (anywhere below it) through the index on (topic, seq).
-            deleted = db.execute(
-                "DELETE FROM events WHERE seq IN (SELECT older.seq FROM "
-                "(SELECT topic, MAX(seq) AS newest FROM events WHERE seq > ? AND seq <= ? "
-                "GROUP BY topic) AS latest JOIN events AS older "
-                "ON older.topic = latest.topic AND older.seq < latest.newest)",
-                (start, end),
-            ).rowcount
+            if len(runs) * 4 <= len(sequences):  # mostly consecutive: a range each
+                deleted = db.executemany(
+                    "DELETE FROM events WHERE seq >= ? AND seq <= ?", runs
+                ).rowcount
+                return
+            for start in range(0, len(sequences), 500):
+                part = sequences[start : start + 500]
+                marks = ",".join("?" * len(part))
+                deleted += db.execute(f"DELETE FROM events WHERE seq IN ({marks})", part).rowcount
 
-        _write(db, compact)
-        self._compacted = end
-        self._removed(int(deleted), upto=end)
-        return int(deleted), seen < chunk
+        _write(db, delete)
+        self._removed(int(deleted), upto=sequences[-1])
+        return int(deleted)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -579,7 +674,7 @@ class EventStore:
         except OSError as error:
             raise StorageError(error) from error
         self.path = self.directory / aside
-        fresh = EventStore(self.directory, self._durability, self._topic_index)
+        fresh = EventStore(self.directory, self._durability)
         fresh.adopt_store_id(store_id)
         return fresh
 
