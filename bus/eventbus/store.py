@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from array import array
 import time
 import uuid
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
