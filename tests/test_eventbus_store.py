@@ -909,7 +909,7 @@ def test_a_retention_pass_deletes_by_age_count_then_latest_per_topic_a_chunk_a_s
 
 def test_a_retention_pass_sizes_its_steps_by_their_measured_time(tmp_path: Path) -> None:
     """Chunks follow what a step costs: on a clock that charges each step 1 us per event
-    deleted plus 50 us, every step after the first few lasts about the 2 ms target."""
+    deleted plus 50 us, every step after the first few lasts about the target (1.5 ms)."""
     from bus.eventbus.store import STEP_TARGET, step_sizer
 
     store = EventStore(tmp_path)

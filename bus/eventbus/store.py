@@ -102,8 +102,8 @@ def _write(db: sqlite3.Connection, statements: Callable[[], object]) -> None:
 
 #: How long one retention step should hold the thread that runs it (the reactor's), in
 #: seconds: chunks are sized to it from the steps' measured times, well under the 5 ms that a
-#: step may take at most (a step taking twice its target is still within it).
-STEP_TARGET = 0.002
+#: step may take at most (on a busy machine, steps sized for 2 ms took up to 4 ms of CPU).
+STEP_TARGET = 0.0015
 
 
 #: Counting the events held costs about a tenth of deleting them (a range COUNT against a
@@ -551,7 +551,13 @@ class EventStore:
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
         """Delete up to ``chunk`` of the oldest events, those received before ``cutoff``
         (epoch seconds). Receipt times never go backwards: they are the oldest events."""
-        row = self._db.execute(
+        db = self._db
+        row = db.execute(
+            "SELECT seq, received FROM events ORDER BY seq LIMIT 1 OFFSET ?", (chunk - 1,)
+        ).fetchone()
+        if row is not None and row[1] < cutoff:  # the whole chunk (no receipt time read)
+            return self._delete_through(int(row[0]))
+        row = db.execute(
             "SELECT MAX(seq) FROM (SELECT seq, received FROM events ORDER BY seq LIMIT ?) "
             "WHERE received < ?",
             (chunk, cutoff),
