@@ -1009,6 +1009,7 @@ def upkeep_of(log: UpkeptLog, reactor: Any, said: list[str], max_count: int = 0)
         clock=reactor.seconds,
         logger=logger,
         timer=lambda: log.now,
+        cpu_timer=lambda: log.now / 2,
     )
 
 
@@ -1029,9 +1030,14 @@ def test_retention_runs_on_the_reactor_one_pass_at_a_time_and_its_failures_are_c
         held.append(log.memory.count())
     assert held == [3, 1, 0, 0]  # the last turn finds the pass over
     assert said == ["info: retention removed 5 events in 3 steps over 0.005 s, the longest 2.00 ms"]
-    assert (upkeep.removed, upkeep.passes, upkeep.longest_step) == (5, 1, 0.002)
+    assert (upkeep.removed, upkeep.passes, upkeep.longest_step, upkeep.cpu) == (
+        5,
+        1,
+        0.002,
+        0.0025,
+    )
     assert upkeep.last_pass == RetentionPass(
-        started=0.0, seconds=0.005, removed=5, steps=3, longest_step=0.002
+        started=0.0, seconds=0.005, removed=5, steps=3, longest_step=0.002, cpu=0.0025
     )
     # A step that fails ends the pass: counted, and said once in ten seconds.
     log.memory.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 5, 1.0)
