@@ -1036,8 +1036,15 @@ def test_retention_runs_on_the_reactor_one_pass_at_a_time_and_its_failures_are_c
         0.002,
         0.0025,
     )
+    assert upkeep.longest_step_cpu == 0.001
     assert upkeep.last_pass == RetentionPass(
-        started=0.0, seconds=0.005, removed=5, steps=3, longest_step=0.002, cpu=0.0025
+        started=0.0,
+        seconds=0.005,
+        removed=5,
+        steps=3,
+        longest_step=0.002,
+        cpu=0.0025,
+        longest_step_cpu=0.001,
     )
     # A step that fails ends the pass: counted, and said once in ten seconds.
     log.memory.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 5, 1.0)
