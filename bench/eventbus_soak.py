@@ -510,6 +510,10 @@ def main() -> int:
             continue
         if f.get("us_per_removed") is not None:
             figures[f"{mode}_us_per_removed"] = Figure(f["us_per_removed"], "us", "lower")
+        if f["steps_us_per_removed"] is not None:
+            figures[f"{mode}_steps_us_per_removed"] = Figure(
+                f["steps_us_per_removed"], "us", "lower"
+            )
         if f["during_events"]:
             figures[f"{mode}_p99_in_passes_ms"] = Figure(f["p99_during"], "ms", "lower")
         # The server's own account where it keeps one (the difference from the baseline

@@ -359,6 +359,18 @@ def test_trim_to_count_keeps_max_count_events_across_gaps_in_the_sequence(
     assert seqs(store.read(0)) == [103, 104] and store.count() == 2
 
 
+def test_count_retention_counts_again_when_the_log_holds_fewer_than_it_counted(
+    store: EventStore,
+) -> None:
+    fill(store, [b"/t/%d" % i for i in range(10)])
+    assert trim_fully(store, 8) == 2
+    # Something else than the store (an operator's sqlite3 shell) deletes events.
+    store._db.execute("DELETE FROM events WHERE seq <= 9")
+    fill(store, [b"/t/new"] * 3)
+    assert trim_fully(store, 2) == 2  # counted 11 held, found 4: counted again
+    assert seqs(store.read(0)) == [12, 13] and store.count() == 2
+
+
 def test_compact_step_keeps_the_latest_event_per_topic(store: EventStore) -> None:
     fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
     assert store.compact_step() == (0, False)  # the first step reads what the log holds

@@ -580,6 +580,10 @@ class EventStore:
         row = self._db.execute(
             "SELECT seq FROM events ORDER BY seq LIMIT 1 OFFSET ?", (take - 1,)
         ).fetchone()
+        if row is None:  # fewer events than counted: someone else deleted some; count again
+            self._held = None
+            self._counted_upto = self._counted = 0
+            return 0, False
         deleted = self._delete_through(int(row[0]))
         return deleted, deleted >= excess
 
