@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp
+.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-dbp
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -133,9 +133,14 @@ nemesis: $(VENV)/.test-deps
 nemesis-emqp: $(VENV)/.test-deps $(INTEROP)/.installed
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-15} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_emqp_nemesis.py
 
+# The DBP nemesis at length (root: network namespaces): shared catalog instances killed,
+# stopped, cut, and nats-servers killed, under Hermes' clients and a heartbeating service.
+nemesis-dbp: $(VENV)/.test-deps
+	DBP_NEMESIS_ROUNDS=$${DBP_NEMESIS_ROUNDS:-12} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_dbp_nemesis.py
+
 test: $(VENV)/.test-deps $(INTEROP)/.installed $(INSTALLED) browser redis-server prometheus
 	BUS_DIST=$(abspath $(DIST)) BUS_WHEEL_VENV=$(WHEEL_HOME)/full BUS_BARE_VENV=$(WHEEL_HOME)/bare \
-		$(BIN)/python -m pytest -q -n auto --dist loadfile
+		$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench examples

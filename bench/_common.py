@@ -415,6 +415,23 @@ def twistd_command() -> list[str]:
     return [found]
 
 
+def started_twistd(
+    tmp: Path, name: str, plugin_args: Sequence[str], ready: str, timeout: float = 60.0
+) -> subprocess.Popen[bytes]:
+    """``twistd -n PLUGIN_ARGS`` logging to ``tmp/NAME.log``, once its log says ``ready``
+    (stopped, and RuntimeError, when it ends or does not within ``timeout``)."""
+    log = tmp / f"{name}.log"
+    command = [*twistd_command(), "-n", "--pidfile=", "--logfile", str(log), *plugin_args]
+    process = subprocess.Popen(command, cwd=tmp, env=code_env())
+    deadline = time.monotonic() + timeout
+    while ready not in (log.read_text() if log.exists() else ""):
+        if time.monotonic() > deadline or process.poll() is not None:
+            stop_process(process)
+            raise RuntimeError(f"{name} did not start: see {log}")
+        time.sleep(0.05)
+    return process
+
+
 _REPORT = re.compile(
     r"sequence (?P<sequence>\d+); accepted (?P<accepted>\d+);.*max timer lag "
     r"(?P<lag>[0-9.]+) ms"

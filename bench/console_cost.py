@@ -9,8 +9,13 @@ when no console is open (the same product with the HTTP port off, beside it).
   count state frames and read the tail's events; the tail's latency is taken from the
   paced publisher's send time inside each event (one clock for every process).
 * Load: ``_workers.py paced-publish`` at --rate events a second on the collector.
+* ``--nats N``: the Event BUS and eMQP keep their logs in JetStream streams of N replicas on
+  N nats-servers the benchmark starts (127.0.0.1, free ports), so the state each console
+  receives holds what a service on JetStream shows (the servers, the streams' leaders and
+  replicas, the consumers); 0 (the default): SQLite.
 
     python bench/console_cost.py [--consoles 100] [--seconds 15] [--rate 2000] [--repeat 2]
+                                 [--nats 3]
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +60,8 @@ class Consoles:
 
     def __init__(self, port: int, count: int, path: str) -> None:
         self.frames = 0
+        #: Bytes of the state frames read (all consoles).
+        self.frame_bytes = 0
         self.events = 0
         self.skipped = 0
         self.latencies: list[float] = []
@@ -88,6 +96,7 @@ class Consoles:
                 for block in blocks:
                     if block.startswith(b"event: state"):
                         self.frames += 1
+                        self.frame_bytes += len(block) + 2
                     elif block.startswith(b"event: event"):
                         self.events += 1
                         # The paced publisher's send time, in the event's value.
@@ -106,8 +115,10 @@ class Consoles:
         self.selector.close()
 
 
-def product(root: Path, http_port: int) -> BusServer:
-    """The product with its five protocols (and HTTP on ``http_port``, 0: off)."""
+def product(root: Path, http_port: int, nats: Sequence[str] = ()) -> BusServer:
+    """The product with its five protocols (and HTTP on ``http_port``, 0: off); with
+    ``nats`` (the servers' URLs), the Event BUS and eMQP on JetStream streams replicated on
+    each of them."""
     options = [
         "--services", "eventbus,emqp,mc0,dbp,zre", "--http-port", str(http_port),
         "--emqp-worker-port", "0", "--emqp-client-port", "0", "--emqp-admin-port", "0",
@@ -115,7 +126,26 @@ def product(root: Path, http_port: int) -> BusServer:
         "--mc0-data-dir", str(root / "mc0"), "--dbp-port", "0",
         "--dbp-data-dir", str(root / "dbp"),
     ]  # fmt: skip
+    if nats:
+        urls, replicas = ",".join(nats), str(len(nats))
+        options += [
+            "--store", "jetstream", "--nats", urls, "--nats-replicas", replicas,
+            "--emqp-store", "jetstream", "--emqp-nats", urls, "--emqp-nats-replicas", replicas,
+        ]  # fmt: skip
     return BusServer(root, extra=tuple(options))
+
+
+def nats_servers(root: Path, size: int) -> Any:
+    """``size`` nats-servers as one cluster on free ports of 127.0.0.1, started."""
+    from bus.nats.servers import NatsCluster
+
+    clients, routes = free_ports(size), free_ports(size)
+    cluster = NatsCluster(
+        root, size=size, client_ports=range(clients, clients + size),
+        route_ports=range(routes, routes + size),
+    )  # fmt: skip
+    cluster.start()
+    return cluster
 
 
 def window(pid: int, seconds: float) -> float:
@@ -129,14 +159,19 @@ def one_run(args: Any, root: Path, index: int) -> dict[str, Any]:
     run: dict[str, Any] = {}
     account = CpuAccount()
     with Cleanup() as stack:
+        urls: list[str] = []
+        if args.nats:
+            cluster = nats_servers(root / f"nats-{index}", args.nats)
+            stack.callback(cluster.stop)
+            urls = list(cluster.urls)
         # The HTTP port off, then on with no console: nothing may run for it.
-        off = stack.server(product(root / f"off-{index}", 0))
+        off = stack.server(product(root / f"off-{index}", 0, urls))
         wait_for_quiet(args.wait_idle)
         time.sleep(2)  # startup's work done
         run["idle_http_off"] = window(off.pid, args.seconds)
         off.stop()
         http_port = free_ports(1)
-        server = stack.server(product(root / f"on-{index}", http_port))
+        server = stack.server(product(root / f"on-{index}", http_port, urls))
         wait_until(lambda: server.status().get("http"), 30, "the HTTP port")
         time.sleep(2)
         pid = server.pid
@@ -146,6 +181,7 @@ def one_run(args: Any, root: Path, index: int) -> dict[str, Any]:
         time.sleep(2)  # every console's welcome sent
         run["idle_consoles"] = window(pid, args.seconds)
         frames = consoles.frames
+        run["state_frame_bytes"] = consoles.frame_bytes / max(1, frames)
         consoles.close()
         time.sleep(2)
 
@@ -189,7 +225,8 @@ def one_run(args: Any, root: Path, index: int) -> dict[str, Any]:
         f"{args.consoles} consoles; under {args.rate:,} ev/s {run['load_no_console']:.3f}, "
         f"{run['load_consoles_and_tails']:.3f} with the consoles each tailing /; tail "
         f"{run['tail_events']} events shown, {run['tail_skipped']} skipped, latency p50 "
-        f"{run['tail_latency_ms_p50']} ms p99 {run['tail_latency_ms_p99']} ms",
+        f"{run['tail_latency_ms_p50']} ms p99 {run['tail_latency_ms_p99']} ms; state frames of "
+        f"{run['state_frame_bytes']:.0f} bytes",
         flush=True,
     )
     return run
@@ -201,6 +238,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--nats", type=int, default=0, help="nats-servers under the Event BUS and eMQP (0: SQLite)"
+    )
     add_common_arguments(parser)
     args = parser.parse_args()
     terminate_on_sigterm()
@@ -224,7 +264,9 @@ def main() -> int:
         measured=(
             f"{args.consoles} consoles cost the product {idle:.3f} cores idle, {load:.3f} under "
             f"{args.rate:,} events/s each also tailing the whole bus; with none open the HTTP "
-            f"port costs {nothing:+.3f} cores; tail latency p99 {median(p99):.0f} ms"
+            f"port costs {nothing:+.3f} cores; tail latency p99 {median(p99):.0f} ms; state "
+            f"frames of {mid('state_frame_bytes'):.0f} bytes"
+            + (f" (Event BUS and eMQP on {args.nats} nats-server(s))" if args.nats else "")
         ),
         baseline=(
             f"the product without consoles: {mid('idle_no_console'):.3f} cores idle, "
@@ -240,6 +282,7 @@ def main() -> int:
         figures={
             "console_cores_idle": Figure(idle, "cores", better="lower"),
             "console_cores_load": Figure(load, "cores", better="lower"),
+            "state_frame_bytes": Figure(mid("state_frame_bytes"), "bytes", better="lower"),
         },
     )
     return 0 if verdict else 1

@@ -16,7 +16,12 @@ directory); this script is the load, with raw pyzmq and raw UDP sockets.
   ``[identity, '', 'o_O', time, body]`` for the same register/info loads; and for the
   heartbeats a raw Python UDP process receiving 1000 datagrams a second and answering each.
 
-    python bench/dbp_catalog.py [--requests 20000] [--services 1000] [--seconds 10]
+* ``--cluster``: the same loads on the shared catalog (``twistd -n dbp --nats``: three
+  nats-servers, the bucket with three replicas, two instances), beside the one catalog's
+  figures of the same run: registrations at one instance, info requests at the other, the
+  1000 services beating the first; the CPU counts both instances and the three nats-servers.
+
+    python bench/dbp_catalog.py [--requests 20000] [--services 1000] [--seconds 10] [--cluster]
 
 Targets (issue 9): 1000 services heartbeating every second keep the catalog under 20 % of a core.
 """
@@ -35,14 +40,13 @@ import zmq
 from _common import (
     PYTHON,
     Figure,
-    code_env,
     cpu_seconds,
     free_ports,
     machine,
+    started_twistd,
     stop_process,
     summary,
     temporary_directory,
-    twistd_command,
 )
 
 ECHO = r"""
@@ -68,9 +72,15 @@ def frames(command: bytes, body: bytes) -> list[bytes]:
     return [b"", command, struct.pack("<d", time.time()), body]
 
 
-def registration(name: str, port: int) -> bytes:
+def registration(name: str, port: int, heartbeat: float = 1.0) -> bytes:
     return json.dumps(
-        {"name": name, "address": "127.0.0.1", "port": port, "function": "bench", "heartbeat": 1.0}
+        {
+            "name": name,
+            "address": "127.0.0.1",
+            "port": port,
+            "function": "bench",
+            "heartbeat": heartbeat,
+        }
     ).encode()
 
 
@@ -102,7 +112,9 @@ def register_load(endpoint: str, count: int, prefix: str) -> float:
         dealers.append(dealer)
     started = time.perf_counter()
     for n in range(count):
-        dealers[n % 64].send_multipart(frames(b"UwU", registration(f"{prefix}{n}", 9)))
+        # They never beat: a long heartbeat keeps them from expiring during the other loads.
+        body = registration(f"{prefix}{n}", 9, heartbeat=3600.0)
+        dealers[n % 64].send_multipart(frames(b"UwU", body))
     poller = zmq.Poller()
     for dealer in dealers:
         poller.register(dealer, zmq.POLLIN)
@@ -143,10 +155,11 @@ def info_load(endpoint: str, count: int, name: bytes) -> float:
 
 
 def heartbeat_load(
-    endpoint: str, udp_port: int, services: int, seconds: float, pid: int
+    endpoint: str, udp_port: int, services: int, seconds: float, pids: int | list[int]
 ) -> dict[str, float]:
     """Register ``services`` (one DEALER each), then beat each once a second over UDP for
-    ``seconds``; return the server's CPU share and the beats it sent back."""
+    ``seconds``; return the servers' CPU share (``pids``, together) and the beats sent back."""
+    pids = [pids] if isinstance(pids, int) else pids
     receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     receiver.bind(("127.0.0.1", 0))
     receiver.setblocking(False)
@@ -161,12 +174,13 @@ def heartbeat_load(
             dealer.connect(endpoint)
             dealer.send_multipart(frames(b"UwU", registration(f"svc{n}", back_port)))
             dealers.append(dealer)
-        for dealer in dealers:
-            dealer.recv_multipart()
+        approved = sum(dealer.recv_multipart()[1] == b"OwO" for dealer in dealers)
+        if approved < services:
+            raise RuntimeError(f"{services - approved} of {services} registrations refused")
     sender = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     beats = [b"<3" + struct.pack("<d", 0.0) + f"svc{n}".encode() for n in range(services)]
     received = 0
-    cpu = cpu_seconds(pid)
+    cpu = sum(cpu_seconds(pid) for pid in pids)
     started = time.monotonic()
     n = 0
     while (now := time.monotonic()) - started < seconds:
@@ -181,7 +195,7 @@ def heartbeat_load(
         except BlockingIOError:
             pass
         time.sleep(0.001)
-    used = cpu_seconds(pid) - cpu
+    used = sum(cpu_seconds(pid) for pid in pids) - cpu
     for dealer in dealers:
         dealer.close()
     context.term()
@@ -194,12 +208,51 @@ def heartbeat_load(
     }
 
 
+def catalog(tmp: Any, name: str, options: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """``twistd -n dbp`` started (with ``options``), once it serves: the process, its port."""
+    port = free_ports(1)
+    args = [
+        "dbp", "--port", str(port), "--beacon-port", "0", "--data-dir",
+        str(tmp / f"{name}-data"), "--heartbeat-interval", "1s", "--liveness", "5", *options,
+    ]  # fmt: skip
+    ready = "services in bucket" if options else "DBP catalog on"
+    return started_twistd(tmp, name, args, ready), port
+
+
+def catalog_loads(
+    tmp: Any, args: Any, options: list[str], name: str, more_pids: list[int] | None = None
+) -> dict[str, Any]:
+    """The three loads on one catalog (no ``options``) or on two instances of a shared one:
+    registrations at the first, info requests at the second, heartbeats to the first."""
+    first, port = catalog(tmp, f"{name}dbp", options)
+    started = [first]
+    try:
+        second_port = port
+        if options:
+            second, second_port = catalog(tmp, f"{name}dbp-2", options)
+            started.append(second)
+        results: dict[str, Any] = {}
+        results["register"] = register_load(f"tcp://127.0.0.1:{port}", args.requests, "r")
+        results["info"] = info_load(f"tcp://127.0.0.1:{second_port}", args.requests, b"r1")
+        pids = [p.pid for p in started] + list(more_pids or [])
+        results["heartbeats"] = heartbeat_load(
+            f"tcp://127.0.0.1:{port}", port, args.services, args.seconds, pids
+        )
+        return results
+    finally:
+        for process in started:
+            stop_process(process)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--cluster", action="store_true", help="also the shared catalog (dbp --nats, R3)"
+    )
     args = parser.parse_args()
     info = machine()
     results: dict[str, Any] = {}
@@ -223,30 +276,48 @@ def main() -> int:
         finally:
             stop_process(udp_echo)
 
-        port = free_ports(1)
-        command = [
-            *twistd_command(), "-n", "--pidfile=", "--logfile", str(tmp / "dbp.log"), "dbp",
-            "--port", str(port), "--beacon-port", "0", "--data-dir", str(tmp / "data"),
-            "--heartbeat-interval", "1s", "--liveness", "5",
-        ]  # fmt: skip
-        catalog = subprocess.Popen(command, cwd=tmp, env=code_env())
-        try:
-            deadline = time.monotonic() + 30
-            log = tmp / "dbp.log"
-            while "DBP catalog on" not in (log.read_text() if log.exists() else ""):
-                if time.monotonic() > deadline or catalog.poll() is not None:
-                    raise RuntimeError("catalog did not start")
-                time.sleep(0.05)
-            endpoint = f"tcp://127.0.0.1:{port}"
-            results["register"] = register_load(endpoint, args.requests, "r")
-            results["info"] = info_load(endpoint, args.requests, b"r1")
-            results["heartbeats"] = heartbeat_load(
-                endpoint, port, args.services, args.seconds, catalog.pid
-            )
-        finally:
-            stop_process(catalog)
+        results.update(catalog_loads(tmp, args, [], ""))
+        if args.cluster:
+            from bus.nats.servers import NatsCluster
+
+            nats = NatsCluster(tmp / "nats", size=3)
+            nats.start()
+            try:
+                urls = ",".join(nats.urls)
+                pids = [node.process.pid for node in nats.nodes if node.process is not None]
+                shared = ["--nats", urls, "--nats-replicas", "3"]
+                for name, value in catalog_loads(tmp, args, shared, "shared-", pids).items():
+                    results[f"cluster_{name}"] = value
+            finally:
+                nats.stop()
     hb, base_hb = results["heartbeats"], results["echo_udp"]
     verdict = hb["cores"] < 0.20
+    details: list[tuple[str, str]] = []
+    figures = {
+        "registrations": Figure(results["register"], "/s"),
+        "info_requests": Figure(results["info"], "/s"),
+        "heartbeat_cpu": Figure(hb["cores"], "cores", better="lower"),
+    }
+    if args.cluster:
+        chb = results["cluster_heartbeats"]
+        details.append(
+            (
+                "cluster",
+                f"dbp --nats, 2 instances, R3 bucket: registrations "
+                f"{results['cluster_register']:,.0f}/s "
+                f"({results['cluster_register'] / results['register']:.2f} x one catalog), info "
+                f"{results['cluster_info']:,.0f}/s "
+                f"({results['cluster_info'] / results['info']:.2f} x); {args.services} services "
+                f"beating: {chb['cores']:.1%} of a core for both instances and the three "
+                f"nats-servers (x{chb['cores'] / max(hb['cores'], 1e-6):.1f} one catalog's), "
+                f"{chb['beats_back_per_s']:,.0f} beats/s sent back",
+            )
+        )
+        figures.update(
+            cluster_registrations=Figure(results["cluster_register"], "/s"),
+            cluster_info_requests=Figure(results["cluster_info"], "/s"),
+            cluster_heartbeat_cpu=Figure(chb["cores"], "cores", better="lower"),
+        )
     summary(
         "DBP catalog",
         info,
@@ -266,13 +337,10 @@ def main() -> int:
         ),
         target="1000 services heartbeating every second: catalog < 20% of one core",
         verdict=verdict,
+        details=details,
         json_path=args.json,
         record=results,
-        figures={
-            "registrations": Figure(results["register"], "/s"),
-            "info_requests": Figure(results["info"], "/s"),
-            "heartbeat_cpu": Figure(hb["cores"], "cores", better="lower"),
-        },
+        figures=figures,
     )
     return 0
 

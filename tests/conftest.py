@@ -13,6 +13,15 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from hypothesis import HealthCheck, settings
+
+# The suite runs on machines whose cores other work keeps busy: how long Hypothesis takes
+# to draw an input, or to run one example, says nothing about the code under test (no
+# timing assertions), so neither fails a test. A test's own @settings still applies.
+settings.register_profile(
+    "busy-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("busy-machine")
 
 # `twistd -n eventbus` composes the eMQP broker by default, on the original's fixed ports
 # (47290, 47291, 47293) and ./emqp-data: the products these tests start (and inherit this
@@ -88,6 +97,40 @@ def make_node() -> Iterator[Any]:
     yield make
     for node in made:
         pytest_twisted.blockon(node.stopService())
+
+
+#: The suite's longest files, longest first (pytest --durations, 2 workers): started
+#: first, so that no worker is left with one of them while the other has run out of work.
+#: Run with ``--dist loadfile --no-loadscope-reorder`` (the Makefile): xdist otherwise
+#: starts the files with the most tests first, which put the one-test nemesis files last.
+LONGEST_FIRST = (
+    "tests/spark/test_spark_pipeline.py",
+    "tests/test_emqp_nemesis.py",
+    "tests/spark/test_spark_cluster.py",
+    "tests/test_dbp_nemesis.py",
+    "tests/spark/test_spark_stream_failover.py",
+    "tests/test_eventbus_pair_process.py",
+    "tests/spark/test_spark_end_to_end.py",
+    "tests/spark/test_spark_source.py",
+    "tests/test_emqp_process.py",
+    "tests/test_emqp_cli.py",
+    "tests/test_emqp_cluster.py",
+    "tests/test_installed_product.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The files of :data:`LONGEST_FIRST` first, in its order; the rest as collected."""
+    root = config.rootpath
+    missing = [name for name in LONGEST_FIRST if not (root / name).exists()]
+    if missing:  # a file renamed or gone: its place in the list would be silently lost
+        raise pytest.UsageError(f"LONGEST_FIRST names files that do not exist: {missing}")
+    rank = {name: place for place, name in enumerate(LONGEST_FIRST)}
+
+    def place(item: pytest.Item) -> int:
+        return rank.get(item.path.relative_to(root).as_posix(), len(rank))
+
+    items.sort(key=place)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

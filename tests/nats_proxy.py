@@ -1,5 +1,5 @@
 """A TCP proxy in front of a nats-server, on the test's reactor, that loses what a client
-publishes when the test says so: the faults a cluster produces without a word (a consumer
+publishes, or everything (:attr:`NatsProxy.cut`), when the test says so: the faults a cluster produces without a word (a consumer
 leader elected anew forgets the pulls it held; a request reaches no leader), made on demand.
 
 Only the client's side is read, as NATS's client protocol: control lines, and ``PUB`` /
@@ -46,7 +46,8 @@ class _Server(protocol.Protocol):
             self.client.pending.clear()
 
     def dataReceived(self, data: bytes) -> None:
-        self.client.transport.write(data)
+        if not self.client.proxy.cut:
+            self.client.transport.write(data)
 
     def connectionLost(self, reason: Any = None) -> None:
         self.client.transport.loseConnection()
@@ -66,6 +67,8 @@ class _Client(protocol.Protocol):
         reactor.connectTCP("127.0.0.1", self.proxy.target_port, factory)  # type: ignore[attr-defined]
 
     def dataReceived(self, data: bytes) -> None:
+        if self.proxy.cut:
+            return  # a partition: nothing passes, nothing is said
         self.buffer += data
         for subject, raw in _frames(self.buffer):
             if subject and self.proxy.drop(subject):
@@ -88,6 +91,9 @@ class NatsProxy:
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.drop: Callable[[bytes], bool] = lambda _: False
+        #: While True, nothing passes either way and no connection is closed (a host's
+        #: link cut: each side finds out by its own timeouts).
+        self.cut = False
         self.dropped: list[bytes] = []
         self.connections: list[_Client] = []
         factory = protocol.ServerFactory()

@@ -300,6 +300,22 @@ def make_hosts(names: list[str]) -> Hosts:
     return hosts
 
 
+def hosts_while_used(names: list[str]) -> Iterator[Hosts]:
+    """:func:`make_hosts` for a fixture: the hosts, deleted (with all they hold) after."""
+    made = make_hosts(names)
+    try:
+        yield made
+    finally:
+        made.delete()
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file a client wrote (none yet: nothing)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 class HostService:
     """A ``twistd -n`` service on a host of :class:`Hosts`, restartable: start ``N`` logs to
     ``ROOT/NAME-N.log``; its data directory is ``ROOT/NAME`` and it serves once the

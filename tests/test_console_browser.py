@@ -296,3 +296,132 @@ def test_the_emqp_view_says_its_store_is_a_jetstream_stream(
         code = process.wait(timeout=30)
         log.close()
     assert code in CLEAN_EXIT, (tmp_path / "twistd.log").read_text()
+
+
+def table(driver: Any, body: str) -> list[dict[str, Any]]:
+    """Every row of the table body ``#body`` in one read (the page redraws them each
+    second): its ``data-`` attributes, its class and its cells' text."""
+    found = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((r) => "
+        "({data: {...r.dataset}, cls: r.className, cells: [...r.cells].map((c) => c.textContent)}))",
+        f"#{body} tr",
+    )
+    return list(found)
+
+
+def card_lines(driver: Any, service: str) -> list[tuple[str, str]]:
+    """The lines of a service's card with their class (``alarm``: red; ``caution``: amber)."""
+    lines = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map((l) => [l.className, l.textContent])",
+        f"#card-{service} .line",
+    )
+    return [(str(cls), str(text)) for cls, text in lines]
+
+
+def cluster_whole(service: str, urls: list[str], streams: list[str]) -> Callable[[Any], bool]:
+    """Whether a service's section shows every server connected and each of ``streams``
+    with a leader and two current replicas."""
+
+    def check(driver: Any) -> bool:
+        servers = {
+            r["data"].get("server"): r["cells"][1] for r in table(driver, f"{service}-servers")
+        }
+        replicas = [r for r in table(driver, f"{service}-streams") if r["data"].get("replica")]
+        return servers == dict.fromkeys(urls, "connected") and all(
+            [r["cells"][3] for r in replicas if r["data"]["stream"] == name] == ["yes", "yes"]
+            for name in streams
+        )
+
+    return check
+
+
+def row_of(driver: Any, body: str, **data: str) -> dict[str, Any]:
+    """The row of ``#body`` whose ``data-`` attributes include ``data`` (empty: none)."""
+    rows = [r for r in table(driver, body) if data.items() <= r["data"].items()]
+    return rows[0] if rows else {"data": {}, "cls": None, "cells": []}
+
+
+def test_the_cluster_seen_by_the_event_bus_and_emqp_changes_as_nats_servers_die(
+    tmp_path: Path, page: Any
+) -> None:
+    """Three nats-servers, an Event BUS front-end and an eMQP broker on them (R3), a worker:
+    each service's section lists the servers connected, each stream's leader and its two
+    current replicas, its consumers (eMQP: the queue's, with its leader); a follower
+    killed is unreachable, its replicas not current (amber, on the cards too); a second
+    killed leaves the streams without a leader (red), as the shipped alerts have it."""
+    from tests.ports import nats_cluster
+
+    pytest.importorskip("nats")
+    cluster = nats_cluster(tmp_path / "nats", size=3)
+    cluster.start()
+    urls = ",".join(cluster.urls)
+    running = Product(
+        tmp_path, "--services", "eventbus,emqp", "--port", "0", "--data-dir", str(tmp_path / "bus"),
+        "--store", "jetstream", "--nats", urls, "--nats-replicas", "3", "--stats-interval", "0.5s",
+        "--emqp-worker-port", "0", "--emqp-client-port", "0", "--emqp-admin-port", "0",
+        "--emqp-data-dir", str(tmp_path / "emqp"), "--emqp-store", "jetstream", "--emqp-nats", urls,
+        "--emqp-nats-replicas", "3", "--emqp-stats-interval", "0.5s",
+    )  # fmt: skip
+    names = {node.name for node in cluster.nodes}
+    worker = None
+    log = open(tmp_path / "worker.log", "ab")
+    try:
+        wait_for(running.ready, timeout=120, what="the front-end and the broker started")
+        endpoint = running.status()["services"]["emqp"]["endpoints"]["worker"]
+        worker = subprocess.Popen(
+            [BIN / "emqp-worker", "--broker", endpoint, "--queues", "10:seen", "--slots", "1"],
+            stdout=log, stderr=subprocess.STDOUT, env=environment(), start_new_session=True,
+        )  # fmt: skip
+        page.get(f"http://127.0.0.1:{running.http_port}/")
+        wait(page, cluster_whole("eventbus", cluster.urls, ["EVENTBUS"]), 60)
+        wait(page, cluster_whole("emqp", cluster.urls, ["EMQP", "KV_EMQP_SCHEDULES"]), 60)
+        leader = row_of(page, "eventbus-streams", stream="EVENTBUS")["cells"][1]
+        assert leader in names
+
+        # The queue's consumer, shared by every broker, with a leader of its own.
+        def consumer_led(driver: Any) -> bool:
+            return row_of(driver, "emqp-consumers", consumer="q_seen")["cells"][3:4] in [
+                [name] for name in names
+            ]
+
+        wait(page, consumer_led, 60)
+        assert row_of(page, "emqp-consumers", consumer="q_seen")["cells"][1:3] == [
+            "queue seen",
+            "EMQP",
+        ]
+        assert not [line for line in card_lines(page, "eventbus") if line[0] != "line"]
+
+        follower = next(node for node in cluster.nodes if node.name != leader)
+        cluster.kill(follower, signal.SIGKILL)
+        for service in ("eventbus", "emqp"):
+            wait(page, lambda d, s=service: row_of(d, f"{s}-servers", server=follower.url)["cells"][1:2]
+                 == ["unreachable"], 60)  # fmt: skip
+            assert row_of(page, f"{service}-servers", server=follower.url)["cls"] == "warn"
+        wait(page, lambda d: row_of(d, "eventbus-streams", stream="EVENTBUS", replica=follower.name)
+             ["cells"][3:4] == ["no"], 60)  # fmt: skip
+        assert row_of(page, "eventbus-streams", replica=follower.name)["cls"] == "warn"
+        # eMQP's stream too (its replica there, or its leader elected anew elsewhere).
+        wait(page, lambda d: row_of(d, "emqp-streams", stream="EMQP", replica=follower.name)
+             ["cells"][3:4] == ["no"], 90)  # fmt: skip
+        caution = ("line caution", f"stream EVENTBUS: replica {follower.name} not current")
+        wait(page, lambda d: caution in card_lines(d, "eventbus"), 30)
+        assert ("line caution", f"NATS server {follower.url} unreachable") in card_lines(
+            page, "emqp"
+        )
+
+        # A second: no quorum, no leader (red on the cards and in the sections).
+        second = next(n for n in cluster.nodes if n is not follower and n.name != leader)
+        cluster.kill(second, signal.SIGKILL)
+        for service, stream in (("eventbus", "EVENTBUS"), ("emqp", "EMQP")):
+            wait(page, lambda d, s=service, n=stream: any(
+                cls == "line alarm" and text.startswith(f"stream {n}: no leader")
+                for cls, text in card_lines(d, s)), 90)  # fmt: skip
+            assert row_of(page, f"{service}-streams", stream=stream)["cls"] == "bad"
+    finally:
+        if worker is not None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)
+        log.close()
+        code = running.stop()
+        cluster.stop()
+    assert code in CLEAN_EXIT, running.output()

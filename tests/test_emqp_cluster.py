@@ -486,3 +486,103 @@ def test_a_stream_named_error_takes_and_runs_guaranteed_requests(
         for peer in peers:
             peer.close()
         one.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_status_and_metrics_show_the_streams_leaders_their_replicas_and_a_killed_one(
+    tmp_path: Path, cluster: Any
+) -> Any:
+    """Over HTTP, as operators read them: the three servers in the cluster, the requests'
+    stream and the schedules' bucket each with a leader and two current replicas, the
+    queue's consumer with its leader and a request its worker holds unacknowledged; a
+    follower of the stream killed: its server out of the cluster, its replica not current
+    and behind by the requests appended since."""
+    from bus.application.activity import NO_ACTIVITY
+    from bus.emqp.config import EmqpConfig, JetStreamSettings
+    from bus.emqp.server import EmqpService
+    from bus.web.server import StatusWebService
+    from tests.ports import free_port
+    from tests.seen_helpers import StatusPort, in_cluster, replica
+
+    settings = JetStreamSettings(tuple(cluster.urls[:1]), replicas=3, pull_expires=1.0)
+    config = EmqpConfig(
+        worker_port=0, client_port=0, admin_port=0, data_dir=tmp_path / "a",
+        stats_interval=0.2, jetstream=settings,
+    )  # fmt: skip
+    service = EmqpService(config, NO_ACTIVITY)
+    web = StatusWebService([("emqp", service)], free_port(), "127.0.0.1")
+    yield service.startService()
+    web.startService()
+    http = StatusPort(web.port, "emqp")
+    streams = ("EMQP", "KV_EMQP_SCHEDULES")
+    peers: list[Any] = []
+
+    def led(cluster: dict[str, Any] | None) -> bool:
+        replicas = (cluster or {}).get("replicas") or []
+        return bool(cluster and cluster["leader"]) and len(replicas) == 2
+
+    def healthy(status: dict[str, Any]) -> bool:
+        clusters = status["stream_clusters"]
+        queue = [c for c in status["consumers"] if c["serves"] == "default"]
+        return (
+            in_cluster(status) == [True] * 3
+            and all(led(clusters[name]) for name in streams)
+            and all(r["current"] for name in streams for r in clusters[name]["replicas"])
+            and len(queue) == 1
+            and led(queue[0]["cluster"])
+            and queue[0]["ack_pending"] == 1
+        )
+
+    try:
+        worker = RawWorker(service.endpoints["worker"])
+        client = RawClient(service.endpoints["client"])
+        peers += [worker, client]
+        yield wait_until(worker.acked, what="the worker's INFORM acknowledged")
+        worker.ready()
+        client.request("default", {"n": 0}, b"guarantee,reply-requested")
+        yield wait_until(lambda: len(worker.requests()) == 1, timeout=30, what="held by the worker")
+        seen = yield http.says(healthy)
+        assert sorted(s["url"] for s in seen["servers"]) == sorted(cluster.urls)
+        assert [s["ours"] for s in seen["servers"] if s["ours"]] == [["broker"]]
+        assert {(c["role"], c["stream"]) for c in seen["consumers"]} == {
+            ("queue", "EMQP"),
+            ("schedules", "KV_EMQP_SCHEDULES"),
+        }
+        samples = yield http.samples("emqp_jetstream_")
+        assert samples[("emqp_jetstream_queue_ack_pending", (("queue", "default"),))] == 1
+        assert samples[("emqp_jetstream_queue_consumer_leader", (("queue", "default"),))] == 1
+        for name in streams:
+            assert samples[("emqp_jetstream_stream_leader", (("stream", name),))] == 1
+
+        # A follower of the requests' stream, on a server the broker is not connected to.
+        ours = next(s["url"] for s in seen["servers"] if s["ours"])
+        victim = next(
+            node
+            for node in cluster.nodes
+            if replica(seen["stream_clusters"]["EMQP"], node.name) and node.url != ours
+        )
+        cluster.kill(victim, signal.SIGKILL)
+        seen = yield http.says(lambda s: sum(in_cluster(s)) == 2)
+        assert [s["url"] for s in seen["servers"] if not s["connected"]] == [victim.url]
+        for n in range(1, 21):  # kept: no worker serves "later"
+            client.request("later", {"n": n}, b"guarantee")
+        yield wait_until(lambda: service.stream.appending == {}, timeout=60, what="appended")
+
+        def behind(status: dict[str, Any]) -> bool:
+            found = replica(status["stream_clusters"]["EMQP"], victim.name) or {}
+            return found.get("current") is False and found.get("lag", 0) > 0
+
+        seen = yield http.says(behind)
+        lag = replica(seen["stream_clusters"]["EMQP"], victim.name)["lag"]  # type: ignore[index]
+        samples = yield http.samples("emqp_jetstream_")
+        stream_replica = (("replica", victim.name), ("stream", "EMQP"))
+        assert samples[("emqp_jetstream_replica_current", stream_replica)] == 0
+        assert samples[("emqp_jetstream_replica_lag", stream_replica)] >= lag
+        assert samples[("emqp_jetstream_stream_leader", (("stream", "EMQP"),))] == 1
+        assert samples[("emqp_jetstream_servers", (("state", "connected"),))] == 2
+        assert samples[("emqp_jetstream_servers", (("state", "known"),))] == 3
+    finally:
+        for peer in peers:
+            peer.close()
+        yield web.stopService()
+        yield service.stopService()

@@ -36,7 +36,7 @@ from bus.emqp.core import Job
 from bus.emqp.jetstream import PULL_GRACE, JetStreamJobs
 from bus.emqp.schedule_gate import PutRow
 from bus.emqp.schedules import ScheduleRow
-from bus.nats import jsapi
+from bus.nats import jsapi, kv
 from bus.nats.client import NotConnected
 from bus.nats.codec import Msg
 
@@ -50,6 +50,8 @@ class FakeNats:
         self.connected = True
         self.server = "nats://127.0.0.1:4222"
         self.servers = [self.server]
+        self.server_url = self.server
+        self.info: dict[str, Any] = {}
         self.disconnects = 0
         self.lame_duck_moves = 0
         self.max_payload = 1024 * 1024
@@ -180,11 +182,23 @@ def watches(fake: FakeNats) -> list[tuple[Any, defer.Deferred[Any]]]:
     return [(body, answer) for subject, body, answer in fake.jetstream_asked if "KV_" in subject]
 
 
+def watch_of(stream: JetStreamJobs, fake: FakeNats, clock: Clock) -> kv.Watch:
+    """The schedules' watch as the broker makes it once the bucket is there."""
+    fake.reactor = clock  # type: ignore[attr-defined]
+    stream._watch = kv.Watch(
+        fake,  # type: ignore[arg-type]
+        stream.bucket,
+        "_EMQPKV.broker-a.1",
+        stream._schedule_changed,
+    )
+    return stream._watch
+
+
 def test_each_watch_of_the_schedules_has_an_inbox_of_its_own() -> None:
-    stream, fake, _ = jobs()
-    stream._watch_inbox = "_EMQPKV.broker-a.1"
-    stream._watch()
-    stream._watch()  # e.g. after a reconnection
+    stream, fake, clock = jobs()
+    watch = watch_of(stream, fake, clock)
+    watch.start()
+    watch.start()  # e.g. after a reconnection
     (first, _), (second, _) = watches(fake)
     inboxes = [first["config"]["deliver_subject"], second["config"]["deliver_subject"]]
     assert inboxes[0] != inboxes[1]
@@ -193,9 +207,9 @@ def test_each_watch_of_the_schedules_has_an_inbox_of_its_own() -> None:
 
 def test_failed_watches_wait_for_one_retry_at_a_time() -> None:
     stream, fake, clock = jobs()
-    stream._watch_inbox = "_EMQPKV.broker-a.1"
+    watch = watch_of(stream, fake, clock)
     for _ in range(3):
-        stream._watch()
+        watch.start()
     for _, answer in watches(fake):
         answer.errback(TimeoutError("maximum consumers limit reached"))
     # Only the latest watch's failure asks again, once, a second later.

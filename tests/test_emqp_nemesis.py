@@ -71,7 +71,15 @@ from bus.emqp.jobstream import consumer_name
 from bus.nats.servers import NatsCluster
 from tests.jetstream_helpers import leaders
 from tests.nemesis import FrontEnd, SparkQuery, Window, check_sink
-from tests.netns import Hosts, HostService, LinePeer, make_hosts, nats_on_hosts, poll_until
+from tests.netns import (
+    Hosts,
+    HostService,
+    LinePeer,
+    hosts_while_used,
+    nats_on_hosts,
+    poll_until,
+    read_records,
+)
 from tests.processes import START_BOUND
 from tests.test_emqp_interop import JOBS, SENT_LINGER, InteropProcess
 
@@ -184,17 +192,7 @@ class Run:
 
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    made = make_hosts([*NATS_NODES, *BROKERS, FRONT_END, SPARK])
-    try:
-        yield made
-    finally:
-        made.delete()
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    yield from hosts_while_used([*NATS_NODES, *BROKERS, FRONT_END, SPARK])
 
 
 def read_runs(root: Path) -> list[Run]:

@@ -8,7 +8,7 @@ subscriptions. Both must deliver the same frames."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,10 +79,17 @@ class PlainSubscriber:
 
 @pytest_twisted.inlineCallbacks
 def publish_with_eventmq(
-    incoming: str, outgoing: str, tmp_path: Path, interop: list[InteropProcess], name: str
+    incoming: str,
+    outgoing: str,
+    tmp_path: Path,
+    interop: list[InteropProcess],
+    name: str,
+    joined: Sequence[PlainSubscriber] = (),
 ) -> Any:
     """eventmq's ``send_publish_request`` of :data:`PUBLICATIONS` to ``incoming``; what a
-    plain SUB of ``orders`` read on ``outgoing`` (the sync publications left out)."""
+    plain SUB of ``orders`` read on ``outgoing`` (the sync publications left out). The
+    publications start once that SUB, and each of ``joined`` (SUBs of ``sync`` elsewhere),
+    had a sync publication."""
     subscriber = PlainSubscriber(outgoing, (*SUBSCRIBED, b"sync"))
     try:
         ready = tmp_path / f"{name}.ready"
@@ -91,11 +98,12 @@ def publish_with_eventmq(
             log=tmp_path / f"{name}-publisher.log",
         )  # fmt: skip
         interop.append(publisher)
-        yield wait_until(
-            lambda: any(m[0] == b"sync" for m in subscriber.read()),
-            timeout=60,
-            what=f"a sync publication through {name}",
-        )
+        for sub in (subscriber, *joined):
+            yield wait_until(
+                lambda sub=sub: any(m[0] == b"sync" for m in sub.read()),
+                timeout=60,
+                what=f"a sync publication through {name}",
+            )
         ready.touch()
         yield publisher.ended(SENT_LINGER, "eventmq's publisher to finish")
         assert publisher.process.returncode == 0, publisher.log_path.read_text()

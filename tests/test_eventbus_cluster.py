@@ -7,13 +7,13 @@ front-end, under gapless sequences in the same order at both."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, reactor
+from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC, SEQUENCE
@@ -109,51 +109,29 @@ def test_status_and_metrics_show_the_servers_the_leader_and_a_killed_replica(
     """Over HTTP, as operators read them: the three servers in the cluster, the stream's
     leader and its two replicas current; a follower killed, its replica not current and
     its server out of the cluster."""
-    import json
-
-    from prometheus_client.parser import text_string_to_metric_families
-    from twisted.web.client import Agent, readBody
-
     from bus.eventbus.frontend import EventBusFrontEnd
     from bus.web.server import StatusWebService
     from tests.ports import free_port
+    from tests.seen_helpers import StatusPort, in_cluster, replica
 
     config = EventBusConfig(port=0, data_dir=tmp_path / "a", stats_interval=0.2)
     end = EventBusFrontEnd(config, JetStreamSettings(tuple(cluster.urls[:1]), replicas=3))
     web = StatusWebService([("eventbus", end)], free_port(), "127.0.0.1")
     yield end.startService()
     web.startService()
-    agent = Agent(reactor)
-    seen: dict[str, Any] = {}
-
-    @defer.inlineCallbacks
-    def read(path: str) -> Any:
-        response = yield agent.request(b"GET", f"http://127.0.0.1:{web.port}/{path}".encode())
-        return (yield readBody(response))
-
-    @defer.inlineCallbacks
-    def status_says(check: Callable[[dict[str, Any]], bool]) -> Any:
-        """Polls /status until ``check`` holds of its jetstream part (kept in ``seen``)."""
-        deadline = reactor.seconds() + 60
-        while True:
-            body = yield read("status")
-            seen.update(json.loads(body)["services"]["eventbus"]["jetstream"])
-            if check(seen):
-                return
-            assert reactor.seconds() < deadline, json.dumps(seen)
-            yield deferLater(reactor, 0.2, lambda: None)
+    http = StatusPort(web.port, "eventbus")
 
     def healthy(status: dict[str, Any]) -> bool:
         replicas = status["stream_cluster"]["replicas"]
         return (
-            [s["connected"] for s in status["servers"]] == [True] * 3
+            in_cluster(status) == [True] * 3
             and status["stream_cluster"]["leader"] is not None
             and len(replicas) == 2
             and all(r["current"] for r in replicas)
         )
 
     try:
-        yield status_says(healthy)
+        seen = yield http.says(healthy)
         assert sorted(s["url"] for s in seen["servers"]) == sorted(cluster.urls)
         assert not any(s["lame_duck"] for s in seen["servers"])
         assert {"management", "append", "feed"} == {r for s in seen["servers"] for r in s["ours"]}
@@ -161,21 +139,17 @@ def test_status_and_metrics_show_the_servers_the_leader_and_a_killed_replica(
         follower = seen["stream_cluster"]["replicas"][0]["name"]
         node = next(n for n in cluster.nodes if n.name == follower)
         cluster.kill(node, signal.SIGKILL)
-        yield status_says(
-            lambda s: [r["current"] for r in s["stream_cluster"]["replicas"]
-                       if r["name"] == follower] == [False]
-        )  # fmt: skip
-        yield status_says(lambda s: sum(x["connected"] for x in s["servers"]) == 2)
+        yield http.says(
+            lambda s: (replica(s["stream_cluster"], follower) or {}).get("current") is False
+        )
+        seen = yield http.says(lambda s: sum(in_cluster(s)) == 2)
         assert [x["url"] for x in seen["servers"] if not x["connected"]] == [node.url]
-        text = (yield read("metrics")).decode()
-        samples = {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-            if s.name.startswith("eventbus_jetstream_")
-        }
-        assert samples[("eventbus_jetstream_stream_leader", ())] == 1
-        assert samples[("eventbus_jetstream_replica_current", (("replica", follower),))] == 0
+        samples = yield http.samples("eventbus_jetstream_")
+        stream = (("stream", "EVENTBUS"),)
+        assert samples[("eventbus_jetstream_stream_leader", stream)] == 1
+        assert (
+            samples[("eventbus_jetstream_replica_current", (("replica", follower), *stream))] == 0
+        )
         assert samples[("eventbus_jetstream_servers", (("state", "connected"),))] == 2
         assert samples[("eventbus_jetstream_servers", (("state", "known"),))] == 3
     finally:

@@ -33,7 +33,7 @@ import pytest
 
 from bus.nats.servers import NatsCluster
 from tests.nemesis import BIN, FrontEnd
-from tests.netns import Hosts, LinePeer, make_hosts, nats_on_hosts, poll_until
+from tests.netns import Hosts, LinePeer, hosts_while_used, nats_on_hosts, poll_until
 
 pytest.importorskip("nats")
 
@@ -47,11 +47,7 @@ KINDS = ["kill-nats", "kill-front-end", "stop-front-end", "cut-host", "cut-front
 
 @pytest.fixture
 def hosts() -> Iterator[Hosts]:
-    made = make_hosts([*NATS_NODES, *FRONT_ENDS, "c"])
-    try:
-        yield made
-    finally:
-        made.delete()
+    yield from hosts_while_used([*NATS_NODES, *FRONT_ENDS, "c"])
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:

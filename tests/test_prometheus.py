@@ -48,7 +48,7 @@ DASHBOARD = ROOT / "docs" / "grafana" / "bus.json"
 #: service, a socket, a reason, a queue an operator configured), never a peer's identity or
 #: address, so that a flood of peers cannot make a flood of series.
 LABELS = {"service", "socket", "port", "reason", "kind", "result", "verb", "type", "command"}
-LABELS |= {"queue", "state", "replica"}
+LABELS |= {"queue", "state", "replica", "stream"}
 
 #: The console's charts (``/api/v1/state``: each service's counters) and the family the
 #: dashboard draws each from.
@@ -369,6 +369,11 @@ def test_every_labelled_family_in_the_code_takes_a_label_of_the_list() -> None:
     labelled = re.compile(
         r'\b(?:counters_by|gauges_by)\(\s*f?"[^"]+",\s*(?:"(?:[^"\\]|\\.)*"\s*)+,\s*"(\w+)"'
     )
+    # Families of several labels name them in a tuple of literals.
+    several_call = re.compile(r"\bgauges_by_labels\(")
+    several = re.compile(
+        r'\bgauges_by_labels\(\s*f?"[^"]+",\s*(?:"(?:[^"\\]|\\.)*"\s*)+,\s*\(((?:\s*"\w+",?)+)\s*\)'
+    )
     found: list[str] = []
     for path in (ROOT / "bus").rglob("*.py"):
         if path.name == "metrics.py":
@@ -376,6 +381,9 @@ def test_every_labelled_family_in_the_code_takes_a_label_of_the_list() -> None:
         text = path.read_text()
         labels = labelled.findall(text)
         assert len(labels) == len(call.findall(text)), f"{path}: a family this test cannot read"
+        tuples = several.findall(text)
+        assert len(tuples) == len(several_call.findall(text)), f"{path}: a family not read"
+        labels += [label for names in tuples for label in re.findall(r'"(\w+)"', names)]
         found += labels
     assert len(found) >= 20
     assert sorted(set(found) - LABELS) == []
@@ -645,3 +653,12 @@ def test_emqp_says_which_queue_waits_with_no_worker(tmp_path: Path, cleanup: lis
     assert samples[("emqp_queue_workers", "orphans")] == 0
     assert samples[("emqp_queue_workers", "served")] == 1
     assert samples[("emqp_queue_depth", "served")] == 0
+
+
+def test_the_console_paints_a_lagging_replica_where_the_alerts_fire() -> None:
+    """The console's amber for a replica behind its leader (console.js) is the shipped
+    rules' threshold, for the Event BUS and eMQP alike."""
+    script = (ROOT / "bus" / "web" / "console" / "static" / "console.js").read_text()
+    [painted] = re.findall(r"^const REPLICA_LAG_WARN = (\d+);$", script, re.M)
+    thresholds = re.findall(r"expr: (\w+)_jetstream_replica_lag > (\d+)$", RULES.read_text(), re.M)
+    assert sorted(thresholds) == [("emqp", painted), ("eventbus", painted)]

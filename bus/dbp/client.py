@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -152,13 +153,16 @@ class ServiceRegistration(Service):
     It receives the catalog's UDP heartbeats on its registered port number (or
     ``heartbeat_port``) over UDP, on its registered address.
 
+    ``catalog`` may be several endpoints (instances of one shared catalog, ``twistd -n dbp
+    --nats``): it registers at the first, and after a silence at the next.
+
     ``dialect="hermes"`` registers as Hermes' Service does (float32 time, ``interfaces``
     form from ``address`` and ``port``) and, as Hermes' catalog can take neither, never
     heartbeats and never says DISCONNECT."""
 
     def __init__(
         self,
-        catalog: str,
+        catalog: str | Sequence[str],
         info: dict[str, Any],
         reactor: Any = None,
         token: str | None = None,
@@ -166,7 +170,11 @@ class ServiceRegistration(Service):
         dialect: str = codec.SPEC,
         curve: ClientCurve | None = None,
     ) -> None:
-        self.catalog = catalog
+        self.catalogs = [catalog] if isinstance(catalog, str) else list(catalog)
+        if not self.catalogs:
+            raise ValueError("no catalog endpoint given")
+        #: The endpoint registered at now.
+        self.catalog = self.catalogs[0]
         self.curve = curve
         self.dialect = dialect
         self.time_size = _time_size(dialect, time_size)
@@ -181,7 +189,9 @@ class ServiceRegistration(Service):
         self.denied: list[str] = []
         self.catalog_interval = 1.0
         self.catalog_liveness = 3
-        self.catalog_udp_port = int(catalog.rpartition(":")[2])
+        self.catalog_udp_port = int(self.catalog.rpartition(":")[2])
+        #: Moves to the next catalog after a silence.
+        self.moves = 0
         self.last_catalog_udp = 0.0
         self.last_catalog_zmq = 0.0
         self.last_catalog_any = 0.0
@@ -358,8 +368,19 @@ class ServiceRegistration(Service):
         now = self.reactor.seconds()
         silent = now - self.last_catalog_any
         if silent > self.catalog_liveness * max(self.catalog_interval, 0.05) * 2:
-            # Nothing from the catalog at all: it restarted or is gone. Start over.
+            # Nothing from the catalog at all: it restarted or is gone. Start over, at the
+            # next catalog when there are several.
             self.reregistrations += 1
+            if len(self.catalogs) > 1:
+                index = (self.catalogs.index(self.catalog) + 1) % len(self.catalogs)
+                self.catalog = self.catalogs[index]
+                self.catalog_udp_port = int(self.catalog.rpartition(":")[2])
+                self.moves += 1
+                log.info(
+                    "catalog silent: registering {name} at {catalog}",
+                    name=self.service_name,
+                    catalog=self.catalog,
+                )
             self._register()
             return
         if self.state != "registered":

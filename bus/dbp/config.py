@@ -7,12 +7,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.extension import CurveSettings
+from bus.nats.settings import NatsSettings
 
 DEFAULT_PORT = 5246
 DEFAULT_BEACON_PORT = 5245
 #: Assumed heartbeat of services registered in Hermes' form (bus.dbp.codec.HERMES_HEARTBEAT).
 DEFAULT_HERMES_HEARTBEAT = 10.0
 HERMES_SERVICES = ("expire", "keep")
+#: The shared catalog's bucket unless ``--nats-bucket`` says otherwise.
+DEFAULT_BUCKET = "DBP_CATALOG"
+#: Seconds between an instance's writes that it still hears a service, by default.
+DEFAULT_REFRESH = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogNatsSettings(NatsSettings):
+    """Where the shared catalog is (``--nats``): the servers, the bucket, its replicas, and
+    how often an instance writes that it still hears a service (see :mod:`bus.dbp.shared`)."""
+
+    bucket: str = DEFAULT_BUCKET
+    refresh: float = DEFAULT_REFRESH
+
+    def __post_init__(self) -> None:
+        NatsSettings.__post_init__(self)
+        if not self.bucket or not all(c.isalnum() or c in "-_" for c in self.bucket):
+            raise ValueError("--nats-bucket must be letters, digits, - and _")
+        if not 0.1 <= self.refresh <= 3600:
+            raise ValueError("--nats-refresh must be between 100ms and 3600s")
 
 
 @dataclass(slots=True)
@@ -37,6 +58,8 @@ class CatalogConfig:
     max_services: int = 10_000
     #: CURVE on the ROUTER, the allow-list, and the names each key may register.
     curve: CurveSettings = field(default_factory=CurveSettings)
+    #: The shared catalog (``--nats``), None: this instance's own, saved in ``data_dir``.
+    nats: CatalogNatsSettings | None = None
 
 
 def read_allow_file(path: str | Path) -> dict[str, str | None]:

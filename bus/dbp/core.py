@@ -76,11 +76,18 @@ class Entry:
     path: str = "udp"
     #: The registration's form: codec.SPEC, or codec.HERMES (never beaten).
     form: str = codec.SPEC
+    #: In a shared catalog (:mod:`bus.dbp.shared`): when an instance last wrote that it
+    #: heard the service, which instance holds it (hears it, beats it), and the key's
+    #: revision in the bucket.
+    heard_at: float = 0.0
+    holder: str = ""
+    revision: int = 0
 
     @property
     def last_heard(self) -> float:
-        """When the service was last heard, by either path."""
-        return max(self.last_udp, self.last_zmq)
+        """When the service was last heard, by either path (in a shared catalog, by any
+        instance, as the bucket last said)."""
+        return max(self.last_udp, self.last_zmq, self.heard_at)
 
     @property
     def heartbeat_path(self) -> str:
@@ -165,9 +172,9 @@ class CatalogCore:
             if command == codec.INFO_REQUEST:
                 return [self._reply(identity, message, codec.INFO_REPLY, self._info(message))]
             if command == codec.REGISTER:
-                return [self._register(identity, message, peer_address, names)]
+                return _listed(self._register(identity, message, peer_address, names))
             if command == codec.UPDATE:
-                return [self._update(identity, message, names)]
+                return _listed(self._update(identity, message, names))
             if command == codec.HEARTBEAT:
                 return self._heartbeat(identity, message)
             if command == codec.DISCONNECT:
@@ -222,7 +229,7 @@ class CatalogCore:
         message: DbpMessage,
         peer_address: str | None,
         names: frozenset[str] | None = None,
-    ) -> list[bytes]:
+    ) -> list[bytes] | None:
         if not message.body:
             return self._denied(identity, message, ["no service information"])
         try:
@@ -262,7 +269,15 @@ class CatalogCore:
             "udp_port": self.settings.udp_port,
             "catalog_id": self.settings.catalog_id,
         }
-        return self._reply(identity, message, codec.APPROVED, configuration)
+        entry.holder = self.settings.catalog_id
+        return self._answer(
+            entry.name, self._reply(identity, message, codec.APPROVED, configuration), identity
+        )
+
+    def _answer(self, name: str, reply: list[bytes], identity: bytes) -> list[bytes] | None:
+        """The reply to a change of service ``name`` that ``identity`` asked for: sent now
+        (a shared catalog sends it once stored, :mod:`bus.dbp.shared`)."""
+        return reply
 
     def _make_room(self) -> bool:
         """Whether a new name fits, after removing the service that expired first if full."""
@@ -304,7 +319,7 @@ class CatalogCore:
 
     def _update(
         self, identity: bytes, message: DbpMessage, names: frozenset[str] | None = None
-    ) -> list[bytes]:
+    ) -> list[bytes] | None:
         if not message.body:
             return self._denied(identity, message, ["no values to update"])
         try:
@@ -332,7 +347,9 @@ class CatalogCore:
             return self._denied(identity, message, error.reasons)
         self.dirty = True
         self.activity("updated", entry.name, entry.public())
-        return self._reply(identity, message, codec.ACKNOWLEDGED)
+        return self._answer(
+            entry.name, self._reply(identity, message, codec.ACKNOWLEDGED), identity
+        )
 
     def _heartbeat(self, identity: bytes, message: DbpMessage) -> list[list[bytes]]:
         name = self.by_identity.get(identity)
@@ -364,6 +381,11 @@ class CatalogCore:
         self.expired.pop(name, None)
         self.dirty = True
         self.activity(why, name, entry.public())
+        self._changed(name, entry)
+
+    def _changed(self, name: str, before: Entry) -> None:
+        """Service ``name`` (``before`` the change) was removed, expired or heard again (a
+        shared catalog stores it, :mod:`bus.dbp.shared`)."""
 
     # -- UDP ---------------------------------------------------------------------------------
 
@@ -396,6 +418,20 @@ class CatalogCore:
             entry.expired_at = None
             self.expired.pop(entry.name, None)
             self.activity("active", entry.name, entry.public())
+            self._changed(entry.name, entry)
+        else:
+            self._refresh(entry, now)
+
+    def _refresh(self, entry: Entry, now: float) -> None:
+        """A service heard (a shared catalog writes so now and then)."""
+
+    def _silent_for(self, entry: Entry, now: float) -> float:
+        """Seconds since the service was last heard, as far as this catalog knows."""
+        return now - entry.last_heard
+
+    def _beats(self, entry: Entry) -> bool:
+        """Whether this catalog beats the service (in a shared catalog, its holder only)."""
+        return True
 
     # -- time --------------------------------------------------------------------------------
 
@@ -414,14 +450,15 @@ class CatalogCore:
                 continue
             if self._keeps_hermes(entry):
                 continue
-            if now - entry.last_heard >= settings.liveness * interval:
+            if self._silent_for(entry, now) >= settings.liveness * interval:
                 entry.active = False
                 entry.expired_at = now
                 self.expired[entry.name] = None
                 self.dirty = True
                 self.activity("expired", entry.name, entry.public())
+                self._changed(entry.name, entry)
                 continue
-            if entry.form == codec.HERMES:
+            if entry.form == codec.HERMES or not self._beats(entry):
                 continue  # its service neither listens for beats nor keeps its connection
             port = int(entry.info.get("heartbeat_port") or entry.info["port"])
             if port:
@@ -467,6 +504,10 @@ class CatalogCore:
                 self.expired[name] = None
             restored += 1
         return restored
+
+
+def _listed(reply: list[bytes] | None) -> list[list[bytes]]:
+    return [] if reply is None else [reply]
 
 
 def _local(host: str, entry: Entry) -> bool:

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import zmq
@@ -44,6 +44,9 @@ from bus.transport.zmqsocket import PeerUnreachable, bind_failure
 from bus.util.droplog import DropCounter
 from bus.util.files import replace_atomically
 
+if TYPE_CHECKING:
+    from bus.dbp.cluster import CatalogBucket
+
 log = Logger(namespace="bus.dbp")
 
 
@@ -69,20 +72,31 @@ class CatalogService(Service):
         self.reactor = reactor_of(reactor)
         self.activity_sink = activity
         self.drops = DropCounter(log, "DBP input", self.reactor.seconds)
-        self.core = CatalogCore(
-            CatalogSettings(
-                heartbeat_interval=config.heartbeat_interval,
-                liveness=config.liveness,
-                grace=config.grace,
-                allow=config.allow,
-                hermes_services=config.hermes_services,
-                hermes_heartbeat=config.hermes_heartbeat,
-                max_services=config.max_services,
-            ),
-            self.reactor.seconds,
-            self._activity,
-            self.drops.drop,
+        settings = CatalogSettings(
+            heartbeat_interval=config.heartbeat_interval,
+            liveness=config.liveness,
+            grace=config.grace,
+            allow=config.allow,
+            hermes_services=config.hermes_services,
+            hermes_heartbeat=config.hermes_heartbeat,
+            max_services=config.max_services,
         )
+        #: The shared catalog's bucket (``--nats``), None when this instance is alone.
+        self.bucket: CatalogBucket | None = None
+        if config.nats is None:
+            self.core = CatalogCore(settings, self.reactor.seconds, self._activity, self.drops.drop)
+        else:
+            from bus.dbp.cluster import CatalogBucket
+            from bus.dbp.shared import SharedCatalogCore
+
+            self.core = shared = SharedCatalogCore(
+                settings,
+                self.reactor.seconds,
+                self._activity,
+                self.drops.drop,
+                refresh=config.nats.refresh,
+            )
+            self.bucket = CatalogBucket(self.reactor, config.nats, shared, self._send)
         self.router: ZmqSocket | None = None
         self.udp: UdpPort | None = None
         self.beacon_port: UdpPort | None = None
@@ -112,13 +126,15 @@ class CatalogService(Service):
 
     # -- starting ----------------------------------------------------------------------------
 
-    def startService(self) -> None:
+    def startService(self) -> defer.Deferred[None] | None:
         config = self.config
-        try:
-            Path(config.data_dir).mkdir(parents=True, exist_ok=True)
-            saved = self._load()
-        except (OSError, ValueError) as error:
-            raise StartupError("data-dir", f"cannot use the registry: {error}") from None
+        saved: dict[str, Any] = {}
+        if self.bucket is None:  # a shared catalog is in its bucket, not on this disk
+            try:
+                Path(config.data_dir).mkdir(parents=True, exist_ok=True)
+                saved = self._load()
+            except (OSError, ValueError) as error:
+                raise StartupError("data-dir", f"cannot use the registry: {error}") from None
         try:
             interface = interface_address(config.beacon_interface)
         except InterfaceError as error:
@@ -139,6 +155,17 @@ class CatalogService(Service):
             restored=self.restored,
             kept=kept,
         )
+        if self.bucket is not None:
+            assert config.nats is not None
+            log.info(
+                "DBP catalog {me} shares its catalog in bucket {bucket} on NATS {servers}",
+                me=self.core.settings.catalog_id,
+                bucket=f"KV_{config.nats.bucket}",
+                servers=", ".join(config.nats.servers),
+            )
+            self.ports.periodic.every(10.0, self.bucket.read_cluster)
+            return self.bucket.open()
+        return None
 
     def _open(self, factory: SocketFactory, broadcast: str) -> None:
         config = self.config
@@ -210,10 +237,14 @@ class CatalogService(Service):
             for reply in replies:
                 self._send(reply)
         self._save_if_changed()
+        if self.bucket is not None:
+            self.bucket.flush()
 
     def _on_datagram(self, data: bytes, address: tuple[str, int]) -> None:
         self.udp_heartbeats += 1
         self.core.on_udp_heartbeat(data, address[0])
+        if self.bucket is not None:
+            self.bucket.flush()
 
     def _send(self, frames: list[bytes]) -> bool:
         router = self.router
@@ -237,6 +268,8 @@ class CatalogService(Service):
             if self._send(frames):
                 self.heartbeats_sent_zmq += 1
         self._save_if_changed()
+        if self.bucket is not None:
+            self.bucket.flush()
 
     def _activity(self, kind: str, name: str, value: dict[str, Any]) -> None:
         topic = f"/dbp/services/{quote(name, safe='')}/{kind}/"
@@ -259,7 +292,7 @@ class CatalogService(Service):
         return saved
 
     def _save_if_changed(self) -> None:
-        if not self.core.dirty:
+        if not self.core.dirty or self.bucket is not None:
             return
         self.core.dirty = False
         try:
@@ -291,6 +324,8 @@ class CatalogService(Service):
             self.ports.periodic.stop_all()
             self._save_if_changed()
             self._stopping = self._close()
+            if self.bucket is not None:
+                self.bucket.close()
         return self._stopping
 
     def _close(self) -> defer.Deferred[None]:
@@ -331,6 +366,7 @@ class CatalogService(Service):
             "save_errors": self.save_errors,
             "dropped": dict(self.drops.counts),
             "curve": self.curve.status(),
+            "shared": self.bucket.status() if self.bucket is not None else None,
         }
 
     #: The console's charts (see :mod:`bus.web.console.view`).
@@ -390,4 +426,5 @@ class CatalogService(Service):
             ),
             counter("dbp_beacons_sent", "SHALOM beacons sent", status["beacons_sent"]),
             counters_by("dbp_dropped", "Bad input dropped, by reason", "reason", status["dropped"]),
+            *(self.bucket.metrics() if self.bucket is not None else []),
         ]

@@ -11,12 +11,16 @@ from twisted.python import usage
 
 from bus.dbp.config import (
     DEFAULT_BEACON_PORT,
+    DEFAULT_BUCKET,
     DEFAULT_PORT,
+    DEFAULT_REFRESH,
     HERMES_SERVICES,
     CatalogConfig,
+    CatalogNatsSettings,
     read_allow_file,
 )
 from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.nats.options import cluster_options, cluster_settings
 from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
@@ -60,6 +64,26 @@ class Options(ServiceOptions):
             "until they unregister (their updates accepted by name).",
         ],
         ["hermes-heartbeat", None, "10s", "Heartbeat assumed for Hermes-form services."],
+        *cluster_options(
+            "the catalog is a JetStream key-value bucket that every instance given it shares "
+            "(not --data-dir)"
+        ),
+        ["nats-bucket", None, DEFAULT_BUCKET, "With --nats: the bucket's name."],
+        [
+            "nats-replicas",
+            None,
+            1,
+            "With --nats: the bucket's replicas when it is made (3 in a cluster).",
+            int,
+        ],
+        [
+            "nats-refresh",
+            None,
+            f"{DEFAULT_REFRESH:g}s",
+            "With --nats: how often an instance writes that it still hears a service (one "
+            "write per service per refresh, not per heartbeat; an instance that does not hear "
+            "it waits that much longer before expiring it).",
+        ],
         *CURVE_OPTIONS,
     ]
 
@@ -103,6 +127,13 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> CatalogConfi
         hermes_services=options["hermes-services"],
         hermes_heartbeat=hermes_heartbeat,
         curve=curve_settings(options),
+        nats=cluster_settings(
+            options,
+            CatalogNatsSettings,
+            bucket=str(options.get("nats-bucket") or DEFAULT_BUCKET),
+            replicas=int(options.get("nats-replicas") or 1),
+            refresh=parse_duration(str(options.get("nats-refresh") or DEFAULT_REFRESH)),
+        ),
     )
     if config.beacon_interval <= 0 or config.heartbeat_interval <= 0:
         raise usage.UsageError("--beacon-interval and --heartbeat-interval must be above 0")

@@ -1,4 +1,5 @@
-"""``emqp-cli``: submit a request to an eMQP broker, show its status, manage its schedules.
+"""``emqp-cli``: submit a request to an eMQP broker, show its status, manage its schedules,
+move a stopped broker's store into JetStream.
 
     emqp-cli submit default '["run", {"path": "os.path", "callable": "join", "args": ["a", "b"]}]'
     emqp-cli submit emails '{"to": "x"}' --no-reply --guarantee --retries 3
@@ -8,6 +9,7 @@
     emqp-cli schedules
     emqp-cli schedules import --redis redis://127.0.0.1:6379/0
     emqp-cli unschedule 3f2a...
+    emqp-cli import-store --data-dir emqp-data --nats nats://h1:4222,nats://h2:4222
 
 ``submit`` prints the worker's value as JSON (or, with ``--no-reply``, the request's id once a
 worker has it) and exits 0. Anything else ends with one sentence on stderr and exit status 1:
@@ -759,6 +761,91 @@ def _check_schedule(args: argparse.Namespace) -> None:
     _check_status(args)
 
 
+def import_store(args: argparse.Namespace) -> int:
+    """``emqp-cli import-store``: a stopped broker's stored requests and schedules moved
+    into JetStream (:mod:`bus.emqp.migrate`). Blocking: no reactor. Its exit status."""
+    from twisted.python import usage
+
+    from bus.emqp.config import JetStreamSettings
+    from bus.emqp.migrate import ImportRefused, StoreMove
+    from bus.emqp.store import StoreExport, kept_broker_id
+    from bus.errors import StartupError, StorageError
+    from bus.nats import jsapi
+    from bus.nats.codec import ProtocolError
+    from bus.nats.handshake import ConnectError
+    from bus.nats.options import nats_settings_from_arguments
+    from bus.nats.publish import PublishError
+
+    prog = "emqp-cli import-store"
+    try:
+        settings = nats_settings_from_arguments(args, JetStreamSettings)
+    except (usage.UsageError, StartupError, ValueError) as error:
+        raise CliError(str(error)) from None
+    try:
+        store = StoreExport(args.data_dir)
+    except StorageError as error:
+        raise CliError(str(error)) from None
+    try:
+        try:
+            broker_id = (
+                args.nats_broker_id.encode()
+                if args.nats_broker_id
+                else kept_broker_id(args.data_dir)
+            )
+        except OSError as error:
+            raise CliError(f"cannot keep the broker's id in {args.data_dir}: {error}") from None
+        sys.stderr.write(
+            f"{prog}: {store.path} into stream {settings.stream} and bucket "
+            f"KV_{settings.stream}_SCHEDULES on {', '.join(settings.servers)}, for broker "
+            f"{broker_id.decode('ascii', 'replace')}\n"
+        )
+        progress = Progress(prog)
+        progress.now(
+            f"moving {store.path} into stream {settings.stream}",
+            "the stream stays marked unfinished (brokers refuse it): the same command with "
+            "--resume goes on; the store keeps everything until the end",
+        )
+        # Ctrl-C interrupts it where it is: each step is one the stream or the store takes
+        # whole or not at all, and --resume finds which were taken.
+
+        def say(line: str) -> None:
+            sys.stderr.write(f"{prog}: {line}\n")
+
+        move = StoreMove(store, settings, broker_id, resume=args.resume, say=say)
+        try:
+            done = move.run()
+        except KeyboardInterrupt:
+            progress.end()
+        except (ImportRefused, StorageError, jsapi.JetStreamError, TimeoutError) as error:
+            raise CliError(str(error)) from None
+        except (OSError, ConnectError, ProtocolError, PublishError) as error:
+            raise CliError(
+                f"the NATS servers failed the import ({error}): what the stream took is "
+                "kept, --resume goes on from there"
+            ) from None
+    finally:
+        store.close()
+    _print(
+        json.dumps(
+            {
+                "stream": done.stream,
+                "broker_id": done.broker_id,
+                "requests": done.requests,
+                "schedules": done.schedules,
+                "resumed": done.resumed,
+                "seconds": round(done.seconds, 3),
+            }
+        )
+    )
+    sys.stderr.write(
+        f"{prog}: {_plural(done.requests, 'request')} and {_plural(done.schedules, 'schedule')} "
+        f"moved into stream {done.stream} and its bucket, and deleted from {args.data_dir}'s "
+        f"store; start the brokers with --store jetstream (this data directory's broker keeps "
+        f"id {done.broker_id}: its clients' answers reach it)\n"
+    )
+    return 0
+
+
 # -- the command line ---------------------------------------------------------------------------
 
 
@@ -891,6 +978,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     admin_options(sub)
     sub.set_defaults(run=schedules, check=_check_schedules)
+    sub = commands.add_parser(
+        "import-store",
+        help="move a stopped broker's stored requests and schedules into JetStream",
+        description=(
+            "Move the guaranteed requests a broker's SQLite store holds (not yet answered) "
+            "into the JetStream stream brokers started with --store jetstream read, and its "
+            "schedules into their bucket, as those brokers write them: a broker on the stream "
+            "dispatches each request once, and fires each schedule at its next due time. "
+            "They are deleted from the store once the stream and the bucket hold them all. "
+            "The broker must be stopped (the store is opened alone). A stream that holds "
+            "requests, or a bucket that holds schedules, is refused; an interrupted import "
+            "leaves the stream marked (brokers refuse it) and --resume finishes it."
+        ),
+        epilog=exit_status,
+    )
+    sub.add_argument("--data-dir", required=True, help="the stopped broker's data directory")
+    from bus.nats.options import add_nats_arguments
+
+    add_nats_arguments(sub, "EMQP", "emqp")
+    sub.add_argument(
+        "--nats-broker-id",
+        help="the id of the broker that will serve the requests' clients, as its "
+        "--nats-broker-id (default: the one the data directory keeps, made there if "
+        "missing, as the broker makes it)",
+    )
+    sub.add_argument(
+        "--resume", action="store_true", help="go on with an import of this store interrupted"
+    )
+    sub.set_defaults(blocking=import_store)
     return parser
 
 
@@ -898,6 +1014,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run ``emqp-cli`` on ``argv`` (default: the command line) and exit with its status."""
     args = parse(build_parser(), argv)
+    if getattr(args, "blocking", None) is not None:
+        try:
+            code = args.blocking(args)
+        except CliError as problem:
+            sys.stderr.write(f"emqp-cli {args.command}: {problem}\n")
+            code = 1
+        raise SystemExit(code)
     try:
         if not (args.wait >= 0 and math.isfinite(args.wait)):
             raise CliError("--wait must be 0 (wait forever) or more seconds")

@@ -15,7 +15,7 @@ import contextlib
 import itertools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -28,10 +28,25 @@ from bus.emqp.config import JetStreamSettings
 from bus.emqp.core import Job, Message
 from bus.emqp.schedule_gate import PutRow
 from bus.extension import StartupError
-from bus.nats import codec, jsapi
-from bus.nats.client import NotConnected, Subscription, client_for, stream_ready
+from bus.nats import codec, jsapi, kv
+from bus.nats.client import (
+    NotConnected,
+    Subscription,
+    client_for,
+    connect_at_start,
+    stream_ready,
+)
 from bus.nats.codec import Msg
-from bus.nats.handshake import ConnectError
+from bus.nats.seen import (
+    ConsumerSeen,
+    ServerSeen,
+    StreamCluster,
+    cluster_status,
+    consumer_seen,
+    servers_seen,
+    stream_cluster,
+    unread,
+)
 
 log = Logger(namespace="bus.emqp.jetstream")
 
@@ -50,8 +65,6 @@ SCHEDULE_PATIENCE = 15.0
 PULL_GRACE = 1.0
 #: JetStream's error for a message id another append of the same id is storing now.
 DUPLICATE_IN_PROCESS = 10158
-#: JetStream's error for a compare-and-set whose key is no longer at the revision given.
-WRONG_LAST_SEQUENCE = 10071
 
 
 @dataclass(slots=True)
@@ -74,6 +87,9 @@ class QueueSeen:
     last_delivery: float = 0.0
     #: When the consumer's info was last read (reactor seconds; 0: never).
     info_at: float = 0.0
+    #: The consumer as its info last described it (acknowledgements pending, its leader
+    #: and replicas); None before a read.
+    consumer: ConsumerSeen | None = None
 
 
 class JetStreamJobs:
@@ -120,12 +136,8 @@ class JetStreamJobs:
         self.offers_sent = 0
         self.offers_taken = 0
         self.bucket = jobstream.bucket_name(settings.stream)
-        #: Each watch of the bucket delivers to an inbox of its own under this one.
-        self._watch_inbox = ""
-        self._watch_generation = 0
-        self._watch_subscription: Subscription | None = None
-        self._watch_retry: Any = None
-        self._watch_sequence = 0
+        #: The bucket's watch (made once the bucket is there).
+        self._watch: kv.Watch | None = None
         self.schedule_conflicts = 0
         self.client = client_for(
             reactor, settings, f"emqp-broker-{broker_id.decode('ascii', 'replace')}"
@@ -134,6 +146,10 @@ class JetStreamJobs:
         prefix = settings.subject_prefix
         self._prefix = prefix
         self._stream = settings.stream
+        #: Each stream's leader and replicas as last read (the requests', the schedules'
+        #: bucket's), every stats interval (:meth:`read_clusters`).
+        self.clusters = {settings.stream: StreamCluster(), f"KV_{self.bucket}": StreamCluster()}
+        self._reading: set[str] = set()
         #: Appends sent and not yet acknowledged: msgid -> (job subject, message id, body).
         self.appending: dict[bytes, tuple[bytes, bytes, bytes]] = {}
         #: Appends refused or unanswered, sent again after ``retry_delay``.
@@ -193,12 +209,7 @@ class JetStreamJobs:
         """Connect, make the stream when missing, check it when found; a StartupError
         says what is wrong in one line."""
         settings = self.settings
-        self.client.start()
-        try:
-            yield self.client.when_connected(timeout=settings.connect_timeout)
-        except ConnectError as error:
-            self.client.stop()
-            raise StartupError("nats", str(error)) from None
+        yield connect_at_start(self.client, settings.connect_timeout)
         wanted = jobstream.stream_config(
             settings.stream, self._prefix, settings.replicas, settings.duplicate_window
         )
@@ -220,6 +231,10 @@ class JetStreamJobs:
         except TimeoutError as error:
             self.client.stop()
             raise StartupError("nats-stream", str(error)) from None
+        unfinished = jsapi.unfinished_import(settings.stream, info["config"])
+        if unfinished is not None:
+            self.client.stop()
+            raise StartupError("nats-stream", unfinished)
         wrong = jsapi.disagreements(info["config"], {k: wanted[k] for k in jobstream.CHECKED})
         if wrong:
             self.client.stop()
@@ -229,16 +244,17 @@ class JetStreamJobs:
                 "change the options or the stream (it is never changed silently)",
             )
         self.atomic = bool(info["config"].get("allow_atomic"))
-        bucket = jobstream.bucket_config(self.bucket, settings.replicas, settings.duplicate_window)
-        try:
-            yield defer.ensureDeferred(
-                stream_ready(self.client, bucket, 3 * settings.connect_timeout)
-            )
-        except (jsapi.JetStreamError, TimeoutError) as error:
-            self.client.stop()
-            raise StartupError("nats-stream", f"KV_{self.bucket}: {error}") from None
-        self._watch_inbox = f"_EMQPKV.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
-        yield self._watch()
+        yield kv.bucket_ready(
+            self.client, self.bucket, settings.replicas, settings.duplicate_window, "nats-stream"
+        )
+        self._watch = kv.Watch(
+            self.client,
+            self.bucket,
+            f"_EMQPKV.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}",
+            self._schedule_changed,
+            on_bad=self._bad_schedule,
+        )
+        yield self._watch.start()
         self.client.subscribe(jobstream.broker_subject(self._prefix, self.broker_id), self._answer)
         self._pull_inbox = f"_EMQP.{self.broker_id.decode('ascii', 'replace')}.{id(self):x}"
         self.client.subscribe(self._pull_inbox + ".*", self._delivered)
@@ -251,59 +267,24 @@ class JetStreamJobs:
         self._pull_watch = LoopingCall(self._watch_pulls)
         self._pull_watch.clock = self.reactor
         self._pull_watch.start(max(settings.pull_expires / 4, 0.25), now=False)
-
-    def _watch(self) -> defer.Deferred[Any]:
-        """(Again) the bucket's keys, then its changes, to this broker. Each watch is a
-        consumer delivering to an inbox of its own, and the watch before is no longer
-        listened to (its consumer, without interest, is dropped after its
-        inactive_threshold): two watches' deliveries never meet (their sequences would look
-        like lost changes, each making one more watch), and one retry waits at a time."""
-        self._watch_sequence = 0
-        self._watch_generation += 1
-        generation = self._watch_generation
-        inbox = f"{self._watch_inbox}.{generation}"
-        if self._watch_subscription is not None:
-            self.client.unsubscribe(self._watch_subscription)
-        self._watch_subscription = self.client.subscribe(inbox, self._schedule_changed)
-        config = jobstream.watch_config(self.bucket, inbox)
-        watching = self.client.jetstream(f"{jsapi.API}.CONSUMER.CREATE.KV_{self.bucket}", config)
-
-        def failed(failure: Failure) -> None:
-            if generation != self._watch_generation:
-                return  # a later watch was asked for meanwhile
-            log.warn(
-                "JetStream: schedules not watched yet ({error}); again soon",
-                error=failure.getErrorMessage(),
-            )
-            if self._watch_retry is None or not self._watch_retry.active():
-                self._watch_retry = self.reactor.callLater(1.0, self._watch_again)
-
-        return watching.addErrback(failed)
+        self.read_clusters()
 
     def _watch_again(self) -> None:
-        if self.client.connected and self._watch_inbox:
-            self._watch()
+        if self._watch is not None:
+            self._watch.again()
 
-    def _schedule_changed(self, msg: Msg) -> None:
-        if codec.status(msg.headers):
-            return  # an idle heartbeat or flow control: nothing changed
+    def _bad_schedule(self, error: str) -> None:
+        self.bad_messages += 1
+        log.warn("JetStream: a schedule that cannot be read: {error}", error=error)
+
+    def _schedule_changed(self, key: bytes, value: bytes | None, revision: int) -> None:
         try:
-            delivery = jsapi.delivery(msg.reply)
-            consumer_sequence = jsapi.consumer_sequence(msg.reply)
-            schedule_id = jobstream.key_of(self.bucket, msg.subject.decode())
-            operation = codec.header(msg.headers, b"KV-Operation") if msg.headers else None
-            row, pending = (None, False) if operation else jobstream.decode_row(msg.payload)
+            schedule_id = key.decode("ascii")
+            row, pending = (None, False) if value is None else jobstream.decode_row(value)
         except (ValueError, jobstream.JobBodyError) as error:
-            self.bad_messages += 1
-            log.warn("JetStream: a schedule that cannot be read: {error}", error=str(error))
+            self._bad_schedule(str(error))
             return
-        if consumer_sequence != self._watch_sequence + 1:
-            # A change lost on its way (a push consumer's messages are not resent): the
-            # whole bucket again.
-            self._watch()
-            return
-        self._watch_sequence = consumer_sequence
-        self._on_schedule(schedule_id, row, pending, delivery.stream_sequence)
+        self._on_schedule(schedule_id, row, pending, revision)
 
     # -- schedules ----------------------------------------------------------------------------
 
@@ -313,26 +294,24 @@ class JetStreamJobs:
         row: tuple[Any, ...] | None,
         expected: int | None = None,
         pending: bool = False,
-    ) -> defer.Deferred[Any]:
+    ) -> defer.Deferred[int]:
         """Put (or delete, for None) a schedule's key; with ``expected``, only if the key
-        is still at that revision."""
-        fields: dict[bytes, bytes] = {}
-        if row is None:
-            fields[b"KV-Operation"] = b"DEL"
-        if expected is not None:
-            fields[b"Nats-Expected-Last-Subject-Sequence"] = str(expected).encode()
-        headers = codec.header_block(fields) if fields else b""
-        payload = jobstream.encode_row(row, pending) if row is not None else b""
-        subject = jobstream.key_subject(self.bucket, schedule_id).encode()
-        return self.client.request(
-            subject, payload, headers, timeout=self.settings.ack_timeout
-        ).addCallback(lambda msg: jsapi.answer(msg.payload))
+        is still at that revision. Fires with the key's new revision."""
+        value = jobstream.encode_row(row, pending) if row is not None else None
+        return kv.put(
+            self.client,
+            self.bucket,
+            schedule_id.encode("ascii"),
+            value,
+            expected,
+            timeout=self.settings.ack_timeout,
+        )
 
-    def _kept(self, schedule_id: str) -> Callable[[dict[str, Any]], None]:
+    def _kept(self, schedule_id: str) -> Callable[[int], None]:
         """What the bucket's acknowledgement of a schedule's change tells the broker."""
 
-        def kept(answer: dict[str, Any]) -> None:
-            self._on_schedule_kept(schedule_id, int(answer.get("seq", 0)), None)
+        def kept(revision: int) -> None:
+            self._on_schedule_kept(schedule_id, revision, None)
 
         return kept
 
@@ -364,13 +343,12 @@ class JetStreamJobs:
         """A step of a schedule's run (see :mod:`bus.emqp.schedule_gate`): the bucket's
         compare-and-set, its answer to the gate. Never tried again here: the gate decides."""
 
-        def taken(answer: dict[str, Any]) -> None:
-            revision = int(answer.get("seq", 0))
+        def taken(revision: int) -> None:
             self._on_schedule_put(put.schedule_id, put.token, schedule_gate.TAKEN, revision)
 
         def refused(failure: Failure) -> None:
             error = failure.value
-            if isinstance(error, jsapi.JetStreamError) and error.err_code == WRONG_LAST_SEQUENCE:
+            if isinstance(error, jsapi.JetStreamError) and error.err_code == kv.WRONG_LAST_SEQUENCE:
                 self.schedule_conflicts += 1  # another broker's change came first
                 outcome = schedule_gate.CONFLICT
             else:
@@ -416,8 +394,8 @@ class JetStreamJobs:
             self._pull_watch.stop()
         if self._retry_call is not None and self._retry_call.active():
             self._retry_call.cancel()
-        if self._watch_retry is not None and self._watch_retry.active():
-            self._watch_retry.cancel()
+        if self._watch is not None:
+            self._watch.stop()
         self.client.stop()
 
     @property
@@ -798,16 +776,26 @@ class JetStreamJobs:
         subject = f"{jsapi.API}.CONSUMER.INFO.{self._stream}.{name}"
 
         def read(info: dict[str, Any]) -> None:
+            seen.consumer = consumer_seen("queue", self._stream, info, _text(queue))
             seen.pending = int(info.get("num_pending", 0))
 
         def failed(failure: Failure) -> None:
             if isinstance(failure.value, jsapi.JetStreamError) and failure.value.code == 404:
                 self._consumer_gone(queue)  # deleted: made again before the next pull
+                seen.consumer = None
+                return
+            # No answer: no leader of the consumer, as far as this broker can tell.
+            known = seen.consumer or ConsumerSeen("queue", name, self._stream, _text(queue))
+            seen.consumer = replace(known, cluster=unread(failure.getErrorMessage()))
 
         answer = self.client.jetstream(subject, timeout=self.settings.ack_timeout)
         answer.addCallbacks(read, failed)
 
     def _consumer_gone(self, queue: bytes) -> None:
+        seen = self.queues.get(queue)
+        if seen is not None and seen.consumer is not None:
+            # Shown leaderless until it is read again.
+            seen.consumer = replace(seen.consumer, cluster=unread("gone: made again"))
         if queue in self._consumers:
             self._consumers.discard(queue)
             self.consumers_lost += 1
@@ -888,7 +876,14 @@ class JetStreamJobs:
             "connected": self.client.connected,
             "ready": self.ready,
             "server": self.client.server,
-            "servers": list(self.client.servers),
+            # Given, then learnt (never with credentials): in the cluster now or not, in
+            # lame-duck mode or not, and whether this broker's connection is on it.
+            "servers": [server.status() for server in self.servers_seen()],
+            # Each stream's leader and replicas, read every stats interval.
+            "stream_clusters": {
+                name: cluster_status(cluster) for name, cluster in self.clusters.items()
+            },
+            "consumers": [consumer.status() for consumer in self.consumers()],
             "authentication": self.settings.credentials.kind,
             "lame_duck_moves": self.client.lame_duck_moves,
             "max_payload": self.client.max_payload,
@@ -922,6 +917,53 @@ class JetStreamJobs:
             "offers_taken": self.offers_taken,
         }
 
+    def read_clusters(self) -> None:
+        """Ask each stream's state again, for its leader and replicas (one read of each
+        in flight at most; none before the streams are made)."""
+        if not self.ready:
+            return
+        for name in self.clusters:
+            if name not in self._reading:
+                self._reading.add(name)
+                self._read_cluster(name)
+
+    def _read_cluster(self, name: str) -> None:
+        def took(cluster: StreamCluster) -> None:
+            self._reading.discard(name)
+            self.clusters[name] = cluster
+
+        asked = self.client.jetstream(jsapi.stream_info(name), timeout=self.settings.ack_timeout)
+        asked.addCallbacks(
+            lambda info: took(stream_cluster(info)),
+            lambda failure: took(unread(failure.getErrorMessage())),
+        )
+
+    def servers_seen(self) -> list[ServerSeen]:
+        """Each server known (given or learnt): in the cluster now, in lame-duck mode, and
+        whether this broker's connection (it pings: what it hears is live) is on it."""
+        url = self.client.server_url
+        live = [("broker", url, self.client.info, True)] if url is not None else []
+        return servers_seen(self.client.servers, live)
+
+    def consumers(self) -> list[ConsumerSeen]:
+        """This broker's consumers: each queue's (shared by every broker; as its info was
+        last read, what it holds as last heard) and the schedules' watch."""
+        found = []
+        for queue, seen in sorted(self.queues.items()):
+            if queue not in self._consumers and seen.consumer is None:
+                continue
+            known = seen.consumer or ConsumerSeen(
+                "queue", jobstream.consumer_name(queue), self._stream, _text(queue)
+            )
+            found.append(replace(known, pending=seen.pending))
+        watch = self._watch
+        if watch is not None and watch.consumer:
+            found.append(
+                ConsumerSeen("schedules", watch.consumer, f"KV_{self.bucket}",
+                             pending=watch.pending)
+            )  # fmt: skip
+        return found
+
     def pulls_open(self) -> dict[bytes, int]:
         """Open pulls by queue."""
         opened: dict[bytes, int] = {}
@@ -935,7 +977,7 @@ class JetStreamJobs:
         now = self.reactor.seconds()
         opened = self.pulls_open()
         return {
-            queue.decode("utf-8", "replace"): {
+            _text(queue): {
                 "pending": seen.pending,
                 "ready_slots": self.wanted.get(queue, 0),
                 "pulls_open": opened.get(queue, 0),
@@ -945,3 +987,8 @@ class JetStreamJobs:
             }
             for queue, seen in sorted(self.queues.items())
         }
+
+
+def _text(queue: bytes) -> str:
+    """A queue's name as /status and /metrics show it."""
+    return queue.decode("utf-8", "replace")

@@ -181,37 +181,6 @@ def bucket_name(stream: str) -> str:
     return f"{stream}_SCHEDULES"
 
 
-def bucket_config(bucket: str, replicas: int, duplicate_window: float) -> dict[str, Any]:
-    """The stream behind the schedules' bucket (one value per key, as ``nats kv`` makes it)."""
-    return {
-        "name": f"KV_{bucket}",
-        "subjects": [f"$KV.{bucket}.>"],
-        "retention": "limits",
-        "storage": "file",
-        "num_replicas": replicas,
-        "max_msgs_per_subject": 1,
-        "discard": "new",
-        "allow_rollup_hdrs": True,
-        "deny_delete": True,
-        "deny_purge": False,
-        "allow_direct": True,
-        "duplicate_window": int(duplicate_window * 1e9),
-    }
-
-
-def key_subject(bucket: str, schedule_id: str) -> str:
-    """The subject of a schedule's key in ``bucket``."""
-    return f"$KV.{bucket}.{token(schedule_id.encode())}"
-
-
-def key_of(bucket: str, subject: str) -> str:
-    """The schedule id of a key's subject; :class:`SubjectError` for another subject."""
-    head = f"$KV.{bucket}."
-    if not subject.startswith(head):
-        raise SubjectError(f"{subject[:80]!r} is not a key of {bucket}")
-    return untoken(subject[len(head) :]).decode("ascii")
-
-
 def encode_row(row: tuple[Any, ...], pending: bool = False) -> bytes:
     """A schedule's key: its row (:class:`bus.emqp.schedules.ScheduleRow`), then whether
     its last run is fired and not yet stored (see :mod:`bus.emqp.schedule_gate`)."""
@@ -232,22 +201,3 @@ def decode_row(data: bytes) -> tuple[tuple[Any, ...], bool]:
     if len(row) == len(ROW_FIELDS) + 1:
         return tuple(row[:-1]), row[-1] is True
     return tuple(row), False
-
-
-def watch_config(bucket: str, deliver: str) -> dict[str, Any]:
-    """A push consumer that sends the bucket's current keys, then each change, to
-    ``deliver``: no acks, in memory, gone soon after its broker."""
-    return {
-        "stream_name": f"KV_{bucket}",
-        "config": {
-            "deliver_subject": deliver,
-            "deliver_policy": "last_per_subject",
-            "filter_subject": f"$KV.{bucket}.>",
-            "ack_policy": "none",
-            "replay_policy": "instant",
-            "mem_storage": True,
-            "num_replicas": 1,
-            "inactive_threshold": 10_000_000_000,
-            "headers_only": False,
-        },
-    }

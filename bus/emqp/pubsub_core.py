@@ -17,6 +17,7 @@ from twisted.logger import Logger
 
 from bus.emqp import pubsub_codec
 from bus.extension import NO_ACTIVITY, ActivitySink, CurveSettings, ProtocolError
+from bus.nats.settings import NatsSettings
 from bus.transport.names import peer_name
 from bus.util.droplog import DropCounter
 
@@ -122,3 +123,7 @@ class PubsubConfig:
     tcp_keepalive_idle: int | None = 60
     #: CURVE on both ports, the allow-list, and its keys' ``role`` (publisher, subscriber).
     curve: CurveSettings = field(default_factory=CurveSettings)
+    #: The NATS cluster whose other brokers' subscribers get this one's publications, and
+    #: the other way round (``--nats``; None: this broker alone). See
+    #: :mod:`bus.emqp.pubsub_cluster`.
+    nats: NatsSettings | None = None

@@ -10,7 +10,7 @@ misses messages, as with eventmq's own service. Both ports take CURVE through
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 from twisted.application.service import Service
@@ -35,6 +35,9 @@ from bus.transport.curve import role_policy
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_failure
+
+if TYPE_CHECKING:
+    from bus.emqp.pubsub_nats import PubsubLink
 
 log = Logger(namespace="bus.emqp.pubsub")
 
@@ -68,12 +71,18 @@ class PubsubService(Service):
             "emqp-pubsub", config.curve, self.reactor.seconds, policy=_role_policy
         )
         self.ports = ServerPorts(self.reactor, self.curve, log)
+        #: The other brokers (``--nats``), None when alone.
+        self.link: PubsubLink | None = None
+        if config.nats is not None:
+            from bus.emqp.pubsub_nats import PubsubLink
+
+            self.link = PubsubLink(self.reactor, config.nats, self._on_remote)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def startService(self) -> None:
+    def startService(self) -> defer.Deferred[None] | None:
         if self.running:
-            return
+            return None
         self.ports.open(self._bind_all, undo=self._close_sockets)
         Service.startService(self)
         config = self.config
@@ -86,6 +95,9 @@ class PubsubService(Service):
             incoming=self.endpoints["incoming"],
             outgoing=self.endpoints["outgoing"],
         )
+        if self.link is not None:
+            return self.link.open()
+        return None
 
     def _bind_all(self, factory: SocketFactory) -> None:
         config = self.config
@@ -101,9 +113,11 @@ class PubsubService(Service):
             read_budget=config.read_budget,
             name="emqp-pubsub-incoming",
         )
+        # With other brokers, an XPUB: its subscribers' prefixes say what to listen to.
+        link = self.link
         self.outgoing = factory.socket(
-            zmq.PUB,
-            None,
+            zmq.PUB if link is None else zmq.XPUB,
+            None if link is None else self._on_subscriptions,
             SocketOptions(
                 send_hwm=config.subscriber_hwm,
                 tcp_keepalive_idle=config.tcp_keepalive_idle,
@@ -137,6 +151,8 @@ class PubsubService(Service):
             self.incoming.doRead()
         self._close_sockets()
         self.ports.close()
+        if self.link is not None:
+            self.link.close()
         log.info(
             "eMQP PUBLISH service stopped: {published} published, {dropped} dropped",
             published=self.relay.published,
@@ -155,6 +171,20 @@ class PubsubService(Service):
             self.unsent += len(out)
             return
         self.unsent += len(out) - sock.send_many(out)
+        if self.link is not None:
+            self.link.publish(out)
+
+    def _on_remote(self, out: list[list[bytes]]) -> None:
+        """Publications of the other brokers' publishers, to this one's subscribers."""
+        sock = self.outgoing
+        if sock is None or sock.closed:
+            self.unsent += len(out)
+            return
+        self.unsent += len(out) - sock.send_many(out)
+
+    def _on_subscriptions(self, batch: list[list[bytes]]) -> None:
+        if self.link is not None:
+            self.link.subscriptions(batch)
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -183,6 +213,7 @@ class PubsubService(Service):
             "unmirrored": relay.unmirrored,
             "topics": dict(sorted(relay.topics.items(), key=lambda item: -item[1])[:100]),
             "curve": self.curve.status(),
+            "cluster": self.link.status() if self.link is not None else None,
             "config": config_json(self.config),
         }
 
@@ -206,6 +237,8 @@ class PubsubService(Service):
             gauge("emqp_pubsub_publishers", "PUBLISH service: publishers connected", connected.get("incoming", 0)),
             gauge("emqp_pubsub_subscribers", "PUBLISH service: subscribers connected", connected.get("outgoing", 0)),
         ]  # fmt: skip
+        if self.link is not None:
+            families += self.link.metrics()
         return families
 
     def _report(self) -> None:

@@ -9,8 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.python import usage
 
+from bus.emqp.pubsub_cluster import DEFAULT_SUBJECT_PREFIX
 from bus.emqp.pubsub_core import DEFAULT_INCOMING_PORT, DEFAULT_OUTGOING_PORT, PubsubConfig
 from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.nats.options import cluster_options, cluster_settings
+from bus.nats.settings import NatsSettings
 from bus.transport.curve_settings import CURVE_OPTIONS
 
 if TYPE_CHECKING:
@@ -66,6 +69,14 @@ class Options(ServiceOptions):
             int,
         ],
         ["stats-interval", None, "10s", "How often counts are logged (when they changed)."],
+        *cluster_options("a PUBLISH at any broker reaches the subscribers of all, once"),
+        [
+            "nats-subject-prefix",
+            None,
+            DEFAULT_SUBJECT_PREFIX,
+            "With --nats: the publications' subjects' first token (brokers that share it "
+            "share their publications).",
+        ],
         *CURVE_OPTIONS,
     ]
 
@@ -86,6 +97,13 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> PubsubConfig
     for name in ("max-message-size", "publisher-hwm", "subscriber-hwm"):
         if int(options[name]) < 1:
             raise usage.UsageError(f"--{name} must be at least 1")
+    prefix = str(options.get("nats-subject-prefix") or DEFAULT_SUBJECT_PREFIX)
+    tokens = prefix.split(".")
+    if not all(t and not set(t) & set("*> \t\r\n") for t in tokens):
+        raise usage.UsageError(
+            "--nats-subject-prefix must be NATS subject tokens (no empty token, no *, > "
+            "or whitespace)"
+        )
     return PubsubConfig(
         bind=options["bind"],
         incoming_port=ports[0],
@@ -95,6 +113,7 @@ def config_from_options(options: usage.Options | dict[str, Any]) -> PubsubConfig
         subscriber_hwm=int(options["subscriber-hwm"]),
         stats_interval=parse_duration(options["stats-interval"]),
         curve=curve_settings(options),
+        nats=cluster_settings(options, NatsSettings, subject_prefix=prefix),
     )
 
 

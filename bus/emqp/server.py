@@ -10,7 +10,6 @@ and its requests re-dispatched or failed; a client that cannot be sent to is cou
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from bus.util.droplog import RateLimit
 if TYPE_CHECKING:
     from bus.emqp.jetstream import JetStreamJobs
 from bus.application.statusjson import config_json
-from bus.emqp.store import JobStore
+from bus.emqp.store import BROKER_ID_FILE, JobStore, kept_broker_id
 from bus.extension import (
     Metric,
     SocketFactory,
@@ -46,12 +45,13 @@ from bus.extension import (
     gauges_by,
     reactor_of,
 )
+from bus.nats.seen import cluster_metrics
 from bus.transport.curve import role_policy
 from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_failure
-from bus.util.files import replace_atomically, write_status_json
+from bus.util.files import write_status_json
 from bus.util.memory import MemoryRelease
 from bus.util.workers import SerialWork
 
@@ -250,20 +250,11 @@ class EmqpService(Service):
         assert self.config.jetstream is not None
         if self.config.jetstream.broker_id:
             return self.config.jetstream.broker_id.encode()
-        path = Path(self.config.data_dir) / "broker-id"
         try:
-            kept = path.read_text().strip()
-        except FileNotFoundError:
-            kept = ""
+            return kept_broker_id(self.config.data_dir)
         except OSError as error:
-            raise StartupError("data-dir", f"cannot read {path}: {error}") from None
-        if not kept:
-            kept = os.urandom(6).hex()
-            try:
-                replace_atomically(path, kept + "\n", fsync=True)
-            except OSError as error:
-                raise StartupError("data-dir", f"cannot write {path}: {error}") from None
-        return kept.encode()
+            path = Path(self.config.data_dir) / BROKER_ID_FILE
+            raise StartupError("data-dir", f"cannot keep {path}: {error}") from None
 
     def _open_stream(self, stream: JetStreamJobs) -> defer.Deferred[None]:
         def opened(_: object) -> None:
@@ -915,13 +906,29 @@ class EmqpService(Service):
                 gate.unstored if gate is not None else 0,
             ),
             *self._queue_stream_metrics(stream),
+            *cluster_metrics("emqp", stream.clusters, stream.servers_seen()),
         ]
 
     @staticmethod
     def _queue_stream_metrics(stream: JetStreamJobs) -> list[Metric]:
         seen = {q.decode("utf-8", "replace"): s for q, s in stream.queues.items()}
         opened = stream.pulls_open()
+        consumers = {c.serves: c for c in stream.consumers() if c.role == "queue" and c.serves}
+        led = {q: c.cluster for q, c in consumers.items() if c.cluster is not None}
         return [
+            gauges_by(
+                "emqp_jetstream_queue_ack_pending",
+                "Requests of a queue its JetStream consumer delivered and has not had "
+                "acknowledged (as its info was last read)",
+                "queue",
+                {q: c.ack_pending for q, c in consumers.items() if c.ack_pending is not None},
+            ),
+            gauges_by(
+                "emqp_jetstream_queue_consumer_leader",
+                "1 while a queue's JetStream consumer has a leader (as last read), 0 while none",
+                "queue",
+                {q: int(cluster.leader is not None) for q, cluster in led.items()},
+            ),
             gauges_by(
                 "emqp_jetstream_queue_pending",
                 "Requests of a queue its JetStream consumer has not delivered yet",
@@ -951,6 +958,8 @@ class EmqpService(Service):
     def _report(self) -> None:
         broker = self.broker
         assert broker is not None
+        if self.stream is not None:
+            self.stream.read_clusters()  # for the next status (the answers come later)
         counters = broker.counters()
         log.info(
             "requests {requests}; dispatched {dispatched}; replied {replied}; retried "

@@ -15,12 +15,20 @@ also survives a power loss (one fsync per commit).
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
 from bus.extension import StorageError
-from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
+from bus.util.files import replace_atomically
+from bus.util.sqlitewal import (
+    Checkpointer,
+    Durability,
+    final_checkpoint,
+    open_exclusive,
+    open_wal,
+)
 
 DB_NAME = "emqp.sqlite3"
 
@@ -206,3 +214,73 @@ class JobStore:
         finally:
             self._checkpointer.close()
             self._db.close()
+
+
+#: The file in the data directory that keeps a broker's id among the brokers of a stream.
+BROKER_ID_FILE = "broker-id"
+
+
+def kept_broker_id(data_dir: Path | str) -> bytes:
+    """The id a broker on ``data_dir`` has among the brokers of a stream
+    (``--store jetstream``): the one kept there, or one made now and kept (so that a
+    broker restarted there still gets its clients' answers). OSError when it cannot be
+    read or written."""
+    path = Path(data_dir) / BROKER_ID_FILE
+    try:
+        kept = path.read_text().strip()
+    except FileNotFoundError:
+        kept = ""
+    if not kept:
+        kept = os.urandom(6).hex()
+        replace_atomically(path, kept + "\n", fsync=True)
+    return kept.encode()
+
+
+class StoreExport:
+    """A broker's store read whole, and emptied of what was moved, by a process that has it
+    alone (``emqp-cli import-store``): no broker may have it open
+    (:class:`bus.util.sqlitewal.InUse` says so at once), and none can open it meanwhile."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / DB_NAME
+        self._db = open_exclusive(self.path)
+        try:
+            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
+        except sqlite3.Error as error:
+            self._db.close()
+            raise StorageError(sqlite3.DatabaseError(f"{self.path}: {error}")) from error
+        if not {"jobs", "schedules"} <= tables:
+            self._db.close()
+            raise StorageError(sqlite3.DatabaseError(f"{self.path} is not an eMQP broker's store"))
+
+    def jobs(self) -> list[StoredJob]:
+        """Every stored request, in the order the broker dispatches them."""
+        rows = self._db.execute(
+            "SELECT msgid, position, client, queue, headers, body, received, attempts, "
+            "retries_left FROM jobs ORDER BY position"
+        ).fetchall()
+        return [StoredJob(*row) for row in rows]
+
+    def schedules(self) -> list[ScheduleValues]:
+        """Every schedule, soonest due first."""
+        return list(self._db.execute("SELECT * FROM schedules ORDER BY next_due").fetchall())
+
+    def remove(self, msgids: list[bytes], schedule_ids: list[str]) -> None:
+        """Forget those requests and schedules, in one transaction (:class:`StorageError`
+        when it cannot: then nothing is forgotten)."""
+        db = self._db
+        try:
+            db.execute("BEGIN")
+            db.executemany(_DELETE, [(msgid,) for msgid in msgids])
+            db.executemany(_DELETE_SCHEDULE, [(each,) for each in schedule_ids])
+            db.execute("COMMIT")
+        except sqlite3.Error as error:
+            if db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+            raise StorageError(sqlite3.DatabaseError(f"{self.path}: {error}")) from error
+
+    def close(self) -> None:
+        """Close the store (and its lock)."""
+        self._db.close()

@@ -1,10 +1,12 @@
-"""``eventbus-cli``: publish an event, tail a subtree, dump a snapshot, show a server's status.
+"""``eventbus-cli``: publish an event, tail a subtree, dump a snapshot, show a server's status,
+import a server's log into a JetStream stream.
 
     eventbus-cli publish /orders/42/ '{"total": 12.5}'
     eventbus-cli tail /orders/ --since 100
     eventbus-cli snapshot /orders/ /users/ > snapshot.jsonl
     eventbus-cli status --http 127.0.0.1:8642
     eventbus-cli status --data-dir /var/lib/eventbus
+    eventbus-cli import-log --data-dir /var/lib/eventbus --nats nats://h1:4222,nats://h2:4222
 
 Events are printed as JSON lines: seq, topic, producer, timestamp, uuid and the
 msgpack data decoded (bytes as ``{"$base64": ...}``).
@@ -597,6 +599,136 @@ def _status_of(
     _out(json.dumps(recorded, indent=2, sort_keys=True))
 
 
+# -- import-log --------------------------------------------------------------------------------
+
+
+def _retention(args: argparse.Namespace) -> tuple[Any, str]:
+    """The retention the stream's limits are made of: the options given, else what the
+    data directory's status.json says its server last ran with, else none; and whence."""
+    from bus.eventbus.store import Retention
+    from bus.util.values import optional_duration
+
+    given = (args.retention_max_age, args.retention_max_count, args.retention_latest_per_topic)
+    if any(value not in (None, False) for value in given):
+        return (
+            Retention(
+                max_age=optional_duration(args.retention_max_age),
+                max_count=args.retention_max_count,
+                latest_per_topic=args.retention_latest_per_topic,
+            ),
+            "the options",
+        )
+    path = Path(args.data_dir) / "status.json"
+    recorded = _read_status_file(path)
+    kept = ((recorded or {}).get("config") or {}).get("retention")
+    if not isinstance(kept, dict):
+        return Retention(), "none given, and no status.json of the server says one"
+    try:
+        retention = Retention(
+            max_age=None if kept.get("max_age") is None else float(kept["max_age"]),
+            max_count=None if kept.get("max_count") is None else int(kept["max_count"]),
+            latest_per_topic=bool(kept.get("latest_per_topic")),
+        )
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: its retention is not readable: {kept!r}") from None
+    return retention, f"{path}, as the server last ran"
+
+
+def import_log(args: argparse.Namespace) -> None:
+    """``eventbus-cli import-log``: the server's SQLite log into a new JetStream stream,
+    every sequence kept (:mod:`bus.eventbus.migrate`). Blocking: no reactor."""
+    from twisted.python import usage
+
+    from bus.errors import StartupError, StorageError
+    from bus.eventbus.config import JetStreamSettings
+    from bus.eventbus.migrate import ImportRefused, LogImport, retention_text
+    from bus.eventbus.store import LogExport
+    from bus.nats import jsapi
+    from bus.nats.options import nats_settings_from_arguments
+    from bus.util.cliargs import fail
+
+    prog = "eventbus-cli import-log"
+    progress: Progress = args.progress
+    try:
+        settings = nats_settings_from_arguments(args, JetStreamSettings)
+        retention, whence = _retention(args)
+    except (usage.UsageError, StartupError, ValueError) as error:
+        fail(prog, error)
+    progress.now(f"opening {Path(args.data_dir)}'s log", "nothing written")
+    try:
+        log = LogExport(args.data_dir)
+    except StorageError as error:
+        fail(prog, error)
+    terminal = sys.stderr.isatty()
+    total = log.last_sequence
+    shown = [0.0]
+    reached = [0]
+
+    def stored(sequence: int) -> None:
+        reached[0] = sequence
+        now = time.monotonic()
+        if terminal and now - shown[0] >= 0.2:
+            shown[0] = now
+            sys.stderr.write(f"\rimporting: sequence {sequence:,} of {total:,}\x1b[K")
+            sys.stderr.flush()
+
+    held = f"{log.count:,} events, sequences {log.first_sequence or 0:,} to {total:,}"
+    _err(
+        f"{prog}: {log.path} (store {log.store_id}: {held}) into stream {settings.stream} on "
+        f"{', '.join(settings.servers)}; limits from {whence}: {retention_text(retention)}"
+    )
+    progress.now(
+        f"writing into stream {settings.stream}",
+        lambda: (
+            f"stored up to sequence {reached[0]:,} of {total:,}; the stream stays marked "
+            "unfinished: the same command with --resume goes on"
+        ),
+    )
+    progress.catch(None)
+    job = LogImport(
+        log, settings, retention, resume=args.resume, say=lambda line: _err(f"{prog}: {line}"),
+        stored=stored, stop=lambda: progress.interrupted,
+    )  # fmt: skip
+    try:
+        done = job.run()
+    except (ImportRefused, StorageError, jsapi.JetStreamError, TimeoutError) as error:
+        if terminal:
+            sys.stderr.write("\n")
+        fail(prog, error)
+    except Exception as error:  # a defect of the tool: one line, never a traceback
+        fail(prog, f"unexpected {type(error).__name__} ({error}): please report it")
+    finally:
+        log.close()
+    if terminal:
+        sys.stderr.write("\n")
+    if done.interrupted:
+        progress.end()
+    _out(
+        json.dumps(
+            {
+                "stream": done.stream,
+                "store_id": done.store_id,
+                "first_sequence": done.first_sequence,
+                "last_sequence": done.last_sequence,
+                "events": done.events,
+                "holes": done.holes,
+                "held": done.held,
+                "resumed": done.resumed,
+                "atomic_batches": done.atomic,
+                "seconds": round(done.seconds, 3),
+                "rate": round(done.rate),
+            }
+        )
+    )
+    _err(
+        f"{prog}: stream {done.stream} holds the log's {done.held:,} events under their "
+        f"sequences ({done.first_sequence:,} to {done.last_sequence:,}); {done.events:,} events "
+        f"and {done.holes:,} holes written in {done.seconds:.1f} s ({done.rate:,.0f}/s). "
+        f"Start front-ends with --store jetstream --nats-stream {done.stream} and "
+        f"retention {retention_text(retention)}"
+    )
+
+
 def _checked(text: str, check: Any) -> str:
     """``text`` if the server's own ``check`` of its bytes passes (an argument type)."""
     from bus.eventbus.codec import EventBusError
@@ -717,6 +849,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--timeout", type=positive_seconds, default=3.0)
     p.set_defaults(run=status)
+
+    p = commands.add_parser(
+        "import-log",
+        help="import a stopped server's log into a new JetStream stream, every sequence kept",
+        description=(
+            "Write the SQLite log of a server's data directory into a new JetStream stream "
+            "as front-ends write it, each event under its own sequence (the holes retention "
+            "left included), so that a subscriber's cursor from that server resumes at a "
+            "front-end with no hole and no repeat, under the same store id. The server must "
+            "be stopped: the log is opened alone (refused while a server has it open; a "
+            "server cannot open it while the import runs). A stream that holds events is "
+            "refused. Interrupted (Ctrl-C, a lost server), the stream stays marked unfinished "
+            "and front-ends refuse it: the same command with --resume goes on. Prints a JSON "
+            "line: what was written, and the rate."
+        ),
+        epilog="Exit status: 0 once the stream holds the whole log, 1 with one sentence "
+        "on stderr otherwise, 130 after Ctrl-C.",
+    )
+    p.add_argument(
+        "--data-dir",
+        required=True,
+        help="the stopped server's data directory (its events.sqlite3)",
+    )
+    from bus.nats.options import add_nats_arguments
+
+    add_nats_arguments(p, "EVENTBUS", "eventbus")
+    p.add_argument(
+        "--retention-max-age",
+        metavar="DURATION",
+        help="the stream's max_age (counted from the import: JetStream keeps the time each "
+        "message was stored)",
+    )
+    p.add_argument("--retention-max-count", type=whole_number(1), help="the stream's max_msgs")
+    p.add_argument(
+        "--retention-latest-per-topic",
+        action="store_true",
+        help="the stream's max_msgs_per_subject 1",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="go on with an import of this log interrupted"
+    )
+    p.set_defaults(run=import_log, blocking=True)
     return parser
 
 
@@ -727,6 +901,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args = parse(build_parser(), argv)
     args.progress = Progress(f"eventbus-cli {args.command}")
+    if getattr(args, "blocking", False):
+        args.run(args)
+        raise SystemExit(0)
     if hasattr(args, "server_key"):
         try:  # a bad key file is said before anything runs
             _curve(args)

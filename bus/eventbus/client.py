@@ -253,6 +253,7 @@ class EventBusSubscriber(Service):
         self._periodic = Periodic(self.reactor, log)
         self._waiters: list[tuple[int, defer.Deferred[int]]] = []
         self._saved = start
+        self._saved_store = store_id
         self._probe: ZmqSocket | None = None
         self._probe_sent = 0.0
         self._probe_floor = 0
@@ -424,9 +425,14 @@ class EventBusSubscriber(Service):
         self._connect()
 
     def _save_cursor(self) -> None:
-        if self.cursor is not None and self.core.verified != self._saved:
-            self._saved = self.core.verified
-            self.cursor.save(self._saved, self.core.store_id)
+        core = self.core
+        if self.cursor is not None and (
+            core.verified != self._saved or core.store_id != self._saved_store
+        ):
+            # The store too: a cursor saved before the first heartbeat named it is saved
+            # again once one has, or it would never name its log.
+            self._saved, self._saved_store = core.verified, core.store_id
+            self.cursor.save(self._saved, core.store_id)
 
     # -- protocol --------------------------------------------------------------------------
 

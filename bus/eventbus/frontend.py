@@ -300,7 +300,7 @@ class EventBusFrontEnd(EventBusService):
             "leader": stream.leader,
             # The stream's leader and followers, read every stats interval.
             "stream_cluster": cluster_status(stream.cluster),
-            "consumers": stream.consumers(),
+            "consumers": [consumer.status() for consumer in stream.consumers()],
             "connected": stream.connected,
             "disconnects": stream.disconnects,
             "atomic_batches": stream.atomic,
@@ -328,7 +328,9 @@ class EventBusFrontEnd(EventBusService):
         stream, core = self.stream, self.core
         return [
             *super().metrics(),
-            *cluster_metrics("eventbus", stream.cluster, stream.servers_seen()),
+            *cluster_metrics(
+                "eventbus", {self.stream_settings.stream: stream.cluster}, stream.servers_seen()
+            ),
             gauge(
                 "eventbus_jetstream_connected",
                 "1 while the front-end's NATS data connections (appends, feed) are up",

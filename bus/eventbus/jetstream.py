@@ -44,20 +44,26 @@ from bus.eventbus.stream_read import (
     RangeReader,
     Subjects,
     Topics,
-    connection,
     encode,
     failover,
 )
 from bus.extension import StartupError, StorageError
 from bus.nats import handshake, jsapi
-from bus.nats.blocking import ConnectError, Connection
+from bus.nats.blocking import ConnectError, Connection, connection
 from bus.nats.client import client_for, stream_ready
 from bus.nats.codec import ProtocolError
 from bus.nats.failover import Failover
 from bus.nats.limits import longest_control_line
 from bus.nats.publish import Publisher, PublishError, TooLarge
 from bus.nats.ranged import RangeRead
-from bus.nats.seen import ServerSeen, StreamCluster, servers_seen, stream_cluster
+from bus.nats.seen import (
+    ConsumerSeen,
+    ServerSeen,
+    StreamCluster,
+    servers_seen,
+    stream_cluster,
+    unread,
+)
 from bus.util.handoff import Handoff
 
 #: The stream's settings JetStream keeps in nanoseconds (the options say seconds).
@@ -85,6 +91,29 @@ def stream_limits(settings: JetStreamSettings, retention: Retention) -> dict[str
         "max_msgs_per_subject": 1 if retention.latest_per_topic else -1,
         "duplicate_window": float(settings.duplicate_window),
     }
+
+
+def stream_config(settings: JetStreamSettings, retention: Retention) -> dict[str, Any]:
+    """The stream as a front-end makes it when missing (JetStream's units)."""
+    made: dict[str, Any] = {
+        "name": settings.stream,
+        "retention": "limits",
+        "storage": "file",
+        "discard": "old",
+        # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
+        # older server leaves it off and appends go message by message).
+        "allow_atomic": True,
+        **stream_limits(settings, retention),
+    }
+    for key in _NANOSECONDS:
+        made[key] = int(float(made[key]) * 1e9)
+    return made
+
+
+#: The key of a stream's metadata that names the log it holds, when that is not the
+#: stream itself: a log imported from a server's SQLite file keeps that log's store id
+#: (``eventbus-cli import-log``), so that its clients' cursors go on.
+STORE_ID = "bus_store_id"
 
 
 def created_text(created: str | None) -> str:
@@ -211,18 +240,7 @@ class JetStreamLog:
                 "nats", f"cannot reach {', '.join(settings.servers)}: {error}"
             ) from None
         wanted = stream_limits(settings, self.retention)
-        made = {
-            "name": settings.stream,
-            "retention": "limits",
-            "storage": "file",
-            "discard": "old",
-            # A batch of appends is one proposal to the replicas (nats-server 2.12+; an
-            # older server leaves it off and appends go message by message).
-            "allow_atomic": True,
-            **wanted,
-        }
-        for key in _NANOSECONDS:
-            made[key] = int(float(made[key]) * 1e9)
+        made = stream_config(settings, self.retention)
         try:
             info, _ = await stream_ready(self.client, made, 3 * settings.connect_timeout)
         except jsapi.JetStreamError as error:
@@ -232,6 +250,10 @@ class JetStreamLog:
             self.client.stop()
             raise StartupError("nats-stream", str(error)) from None
         config = info["config"]
+        unfinished = jsapi.unfinished_import(settings.stream, config)
+        if unfinished is not None:
+            self.client.stop()
+            raise StartupError("nats-stream", unfinished)
         found = {key: config.get(key) for key in wanted}
         for key in _NANOSECONDS:
             if isinstance(found.get(key), int):
@@ -277,7 +299,11 @@ class JetStreamLog:
 
     def _took_state(self, info: dict[str, Any]) -> None:
         # A stream made again is another log: clients and the Spark bridge start over.
-        self.store_id = f"{self.settings.stream}@{created_text(info.get('created'))}"
+        metadata = (info.get("config") or {}).get("metadata") or {}
+        kept = metadata.get(STORE_ID) if isinstance(metadata, dict) else None
+        self.store_id = (
+            str(kept) if kept else f"{self.settings.stream}@{created_text(info.get('created'))}"
+        )
         # The node that leads the stream's replicas now (None: one node, or none elected).
         self.leader = (info.get("cluster") or {}).get("leader")
         self.cluster = stream_cluster(info)
@@ -357,20 +383,21 @@ class JetStreamLog:
                 open_now.append((role, made.server, made.info, False))
         return servers_seen(self.client.servers, open_now)
 
-    def consumers(self) -> list[dict[str, Any]]:
+    def consumers(self) -> list[ConsumerSeen]:
         """This front-end's consumers of the stream now: the feed's (its name, the last
         sequence it delivered, what it said it still held) and each open snapshot's."""
+        stream = self.settings.stream
         found = []
         feed = self._feed_reader
         if feed is not None and feed.consumer:
             found.append(
-                {"role": "feed", "name": feed.consumer, "delivered": feed.after,
-                 "pending": feed.pending}
+                ConsumerSeen("feed", feed.consumer, stream, delivered=feed.after,
+                             pending=feed.pending)
             )  # fmt: skip
         for reader in self._readers.values():
             name = reader.consumer
             if name:
-                found.append({"role": "snapshot", "name": name})
+                found.append(ConsumerSeen("snapshot", name, stream))
         return found
 
     # -- following -----------------------------------------------------------------------------
@@ -520,9 +547,8 @@ class JetStreamLog:
         return asked.addCallbacks(self._took_state, self._state_unread)
 
     def _state_unread(self, failure: Any) -> Any:
-        """No answer: no leader to give one, as far as this front-end can tell (what the
-        replicas were is not known either)."""
-        self.cluster = StreamCluster(known=True, unread=str(failure.value) or "no answer")
+        """No answer: no leader to give one, as far as this front-end can tell."""
+        self.cluster = unread(str(failure.value))
         return failure
 
     def size(self) -> int:

@@ -44,7 +44,13 @@ from typing import TYPE_CHECKING
 from bus.eventbus.codec import Event, EventFields
 from bus.extension import StorageError
 from bus.util.chunking import ChunkSizer
-from bus.util.sqlitewal import Checkpointer, Durability, final_checkpoint, open_wal
+from bus.util.sqlitewal import (
+    Checkpointer,
+    Durability,
+    final_checkpoint,
+    open_exclusive,
+    open_wal,
+)
 
 if TYPE_CHECKING:
     from bus.eventbus.eventlog import EventLog
@@ -706,3 +712,94 @@ class EventStore:
                 final_checkpoint(self._db)
         finally:
             self._db.close()
+
+
+class LogExport:
+    """A log read whole by a process that has it alone (``eventbus-cli import-log``): no
+    server may have it open (:class:`bus.util.sqlitewal.InUse` says so at once), and none
+    can open it while this is open. Nothing is written."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / DB_NAME
+        self._db = open_exclusive(self.path)
+        try:
+            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
+            if not {"events", "meta"} <= tables:
+                raise StorageError(sqlite3.DatabaseError(f"{self.path} is not an Event BUS log"))
+            #: The log's identity, as its server named it to clients.
+            self.store_id = self._meta("store_id") or ""
+            top = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0
+            #: The highest sequence ever assigned (retention and a pair's skips included).
+            self.last_sequence = max(int(top), int(self._meta("high_water") or 0))
+            first = self._db.execute("SELECT MIN(seq) FROM events").fetchone()[0]
+            #: The lowest sequence held; None when the log holds no event.
+            self.first_sequence: int | None = None if first is None else int(first)
+            #: Events held.
+            self.count = int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+        except sqlite3.Error as error:
+            self._db.close()
+            raise StorageError(sqlite3.DatabaseError(f"{self.path}: {error}")) from error
+        except StorageError:
+            self._db.close()
+            raise
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def rows(
+        self, after: int, limit: int = 5000
+    ) -> list[tuple[int, bytes, bytes, bytes, bytes, bytes]]:
+        """At most ``limit`` events above ``after``, in order: ``(seq, topic, producer,
+        timestamp, uuid, data)``."""
+        return self._db.execute(
+            f"SELECT {_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
+        ).fetchall()
+
+    def count_between(self, after: int, upto: int) -> int:
+        """Events held with ``after < seq <= upto``."""
+        row = self._db.execute(
+            "SELECT COUNT(*) FROM events WHERE seq > ? AND seq <= ?", (after, upto)
+        ).fetchone()
+        return int(row[0])
+
+    def repeats(self) -> set[int]:
+        """The sequences of events whose uuid an earlier event of the log holds (SQLite
+        keeps every copy a publisher sent; a server that resends keeps one)."""
+        rows = self._db.execute(
+            "SELECT events.seq FROM events JOIN (SELECT uuid, MIN(seq) AS first FROM events "
+            "GROUP BY uuid HAVING COUNT(*) > 1) AS repeated ON events.uuid = repeated.uuid "
+            "WHERE events.seq > repeated.first"
+        )
+        return {int(seq) for (seq,) in rows}
+
+    def largest(self) -> tuple[int, int]:
+        """The sequence and size (producer, timestamp, uuid and data) of the largest
+        event; ``(0, 0)`` for an empty log."""
+        row = self._db.execute(
+            "SELECT seq, length(producer) + length(timestamp) + length(uuid) + length(data) "
+            "AS size FROM events ORDER BY size DESC LIMIT 1"
+        ).fetchone()
+        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+
+    def topics_longer_than(self, length: int) -> list[bytes]:
+        """The distinct topics of more than ``length`` bytes."""
+        rows = self._db.execute(
+            "SELECT DISTINCT topic FROM events WHERE length(topic) > ?", (length,)
+        )
+        return [bytes(topic) for (topic,) in rows]
+
+    def received_between(self) -> tuple[float, float] | None:
+        """When the oldest and the newest events held were received (epoch seconds)."""
+        if self.first_sequence is None:
+            return None
+        first = self._db.execute("SELECT received FROM events ORDER BY seq LIMIT 1").fetchone()[0]
+        last = self._db.execute("SELECT received FROM events ORDER BY seq DESC LIMIT 1").fetchone()[
+            0
+        ]
+        return float(first), float(last)
+
+    def close(self) -> None:
+        """Close the log (and its lock)."""
+        self._db.close()

@@ -13,7 +13,6 @@ msgpack bytes); the subject gives the topic back (:mod:`bus.eventbus.subjects`).
 from __future__ import annotations
 
 import functools
-import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +21,7 @@ import msgpack
 
 from bus.eventbus import subjects
 from bus.nats import jsapi
-from bus.nats.blocking import Connection
+from bus.nats.blocking import Connection, connector
 from bus.nats.failover import ONCE, Failover, Retry
 from bus.nats.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
 
@@ -36,6 +35,12 @@ def encode(fields: EventFields) -> bytes:
     """An event's fields as a stream message's body (the topic goes in the subject)."""
     _topic, producer, timestamp, uuid, data = fields
     body: bytes = msgpack.packb([producer, timestamp, uuid, data], use_bin_type=True)
+    return body
+
+
+def encode_row(row: Row) -> bytes:
+    """:func:`encode` of a log's row ``(sequence, topic, producer, timestamp, uuid, data)``."""
+    body: bytes = msgpack.packb([row[2], row[3], row[4], row[5]], use_bin_type=True)
     return body
 
 
@@ -59,40 +64,6 @@ def row(sequence: int, topic: bytes, body: bytes) -> Row:
     return (sequence, topic, producer, timestamp, uuid, data)
 
 
-def tls_context(settings: JetStreamSettings) -> ssl.SSLContext | None:
-    """The TLS context the settings ask for, None for none."""
-    if not (settings.tls_ca or settings.tls_cert):
-        return None
-    context = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
-    if settings.tls_cert is not None:
-        context.load_cert_chain(
-            str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None
-        )
-    return context
-
-
-def connection(
-    settings: JetStreamSettings, name: str = "bus-reader", timeout: float | None = None
-) -> Connection:
-    """A blocking connection to the first server that admits it (:mod:`bus.nats`)."""
-    return _connector(settings, name, timeout)(settings.servers)
-
-
-def _connector(
-    settings: JetStreamSettings, name: str, timeout: float | None
-) -> Callable[[Sequence[str]], Connection]:
-    """What connects to the first of some servers that admits it, as the settings say
-    (timeouts, TLS, credentials). No echo: a reader never wants its own messages."""
-    return functools.partial(
-        Connection,
-        timeout=settings.connect_timeout if timeout is None else timeout,
-        tls=tls_context(settings),
-        credentials=settings.credentials,
-        name=name,
-        echo=False,
-    )
-
-
 def failover(
     settings: JetStreamSettings,
     name: str = "bus-reader",
@@ -102,7 +73,7 @@ def failover(
     """Connections to the servers in turn (those the cluster names too, leaving one in
     lame-duck mode), and operations tried again on the next within ``retry``'s bound
     (:mod:`bus.nats.failover`)."""
-    return Failover(settings.servers, _connector(settings, name, timeout), retry)
+    return Failover(settings.servers, connector(settings, name, timeout), retry)
 
 
 def stream_state(connection: Connection, stream: str) -> dict[str, Any]:

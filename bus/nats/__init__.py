@@ -19,7 +19,7 @@ Blocking, over a plain socket: :mod:`bus.nats.blocking` (one connection),
 :mod:`bus.nats.failover` (moving to the next server), :mod:`bus.nats.publish` and
 :mod:`bus.nats.ranged` (acknowledged appends; an ordered read of a sequence range).
 
-On the reactor: :mod:`bus.nats.client`. For services and operators:
+On the reactor: :mod:`bus.nats.client`, and key-value buckets (:mod:`bus.nats.kv`). For services and operators:
 :mod:`bus.nats.options` (``--store jetstream``), :mod:`bus.nats.servers` and
 :mod:`bus.nats.cli` (``bus-cluster``).
 """

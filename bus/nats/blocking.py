@@ -12,21 +12,31 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import itertools
 import os
 import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from bus.nats import codec, handshake
 from bus.nats.codec import Control, Msg, ProtocolError
 from bus.nats.credentials import Credentials, shown
 from bus.nats.handshake import ConnectError
+from bus.nats.settings import NatsSettings, tls_context
 
-__all__ = ["READ_SIZE", "ConnectError", "Connection", "Limits"]
+__all__ = [
+    "READ_SIZE",
+    "ConnectError",
+    "Connection",
+    "Limits",
+    "connection",
+    "connector",
+    "tls_context",
+]
 
 #: Bytes asked of the socket at once.
 READ_SIZE = 1 << 18
@@ -302,3 +312,28 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- connections as a service's settings ask -----------------------------------------------------
+
+
+def connection(
+    settings: NatsSettings, name: str = "bus-reader", timeout: float | None = None
+) -> Connection:
+    """A blocking connection to the first server that admits it."""
+    return connector(settings, name, timeout)(settings.servers)
+
+
+def connector(
+    settings: NatsSettings, name: str, timeout: float | None = None
+) -> Callable[[Sequence[str]], Connection]:
+    """What connects to the first of some servers that admits it, as the settings say
+    (timeouts, TLS, credentials). No echo: a reader never wants its own messages."""
+    return functools.partial(
+        Connection,
+        timeout=settings.connect_timeout if timeout is None else timeout,
+        tls=tls_context(settings),
+        credentials=settings.credentials,
+        name=name,
+        echo=False,
+    )

@@ -40,6 +40,7 @@ from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from bus.errors import StartupError
 from bus.nats import codec, handshake, jsapi
 from bus.nats.blocking import DEFAULT_PENDING, Limits
 from bus.nats.codec import Control, Msg, ProtocolError
@@ -779,6 +780,21 @@ class NatsClient:
                 backlogged.append(subscription)
         if backlogged:
             self._drainer = self.reactor.callLater(0, self._drain)
+
+
+def connect_at_start(client: NatsClient, timeout: float) -> defer.Deferred[None]:
+    """Start ``client`` and fire once it is connected: an unreachable cluster at a service's
+    start is a start-up error naming each server's reason (``--nats``), not an endless
+    wait; the client is stopped then."""
+    client.start()
+
+    def failed(failure: Failure) -> None:
+        client.stop()
+        if isinstance(failure.value, ConnectError):
+            raise StartupError("nats", f"cannot reach the NATS servers: {failure.value}")
+        failure.raiseException()
+
+    return client.when_connected(timeout=timeout).addErrback(failed)
 
 
 def client_for(reactor: Any, settings: NatsSettings, name: str, echo: bool = True) -> NatsClient:

@@ -99,6 +99,31 @@ def disagreements(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     return said
 
 
+#: The key of a stream's metadata that an import writing into it sets (to what it imports)
+#: and removes once it is done: a service does not start on a stream half imported.
+IMPORTING = "bus_importing"
+
+
+def importing(config: dict[str, Any]) -> str | None:
+    """What an import is writing into the stream whose ``config`` this is (None: none)."""
+    metadata = config.get("metadata") or {}
+    value = metadata.get(IMPORTING) if isinstance(metadata, dict) else None
+    return str(value) if value else None
+
+
+def unfinished_import(stream: str, config: dict[str, Any]) -> str | None:
+    """The sentence a service starting on this stream says when an import is writing into
+    it (None: none is): it must not serve a stream half imported."""
+    what = importing(config)
+    if what is None:
+        return None
+    return (
+        f"stream {stream} is being imported into ({what}), or an import of it was "
+        "interrupted: start once the import has ended (run the same import again with "
+        "--resume to finish it)"
+    )
+
+
 def stream_info(stream: str) -> str:
     """The request subject of a stream's configuration and state."""
     return f"{API}.STREAM.INFO.{stream}"

@@ -1,6 +1,8 @@
 """The options that put a service's storage in NATS JetStream (``--store jetstream
 --nats URLS`` and the stream's name, replicas, credentials and TLS), the same for every
-service that has them: the Event BUS's log and eMQP's guaranteed requests.
+service that has them: the Event BUS's log and eMQP's guaranteed requests; and those of a
+service that ``--nats`` alone puts on a cluster (:func:`cluster_options`: eMQP's PUBLISH
+service, DBP's shared catalog).
 
 Secrets come from files (``--nats-password-file``, ``--nats-token-file``, ``--nats-nkey``,
 ``--nats-creds``) or the environment (``BUS_NATS_PASSWORD``, ``BUS_NATS_TOKEN``), never
@@ -26,6 +28,7 @@ Settings = TypeVar("Settings", bound=NatsSettings)
 
 def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
     """twistd's option rows; ``kept``: what sqlite keeps, in words (``the log``)."""
+    said = "With --store jetstream: "
     return [
         [
             "store",
@@ -38,48 +41,65 @@ def nats_options(kept: str, stream: str, prefix: str) -> list[list[Any]]:
             "nats",
             None,
             None,
-            "With --store jetstream: the NATS servers, nats://HOST:PORT[,nats://...].",
+            f"{said}the NATS servers, nats://HOST:PORT[,nats://...].",
         ],
-        ["nats-stream", None, stream, "With --store jetstream: the stream's name."],
-        [
-            "nats-subject-prefix",
-            None,
-            prefix,
-            "With --store jetstream: the subjects' first token.",
-        ],
+        ["nats-stream", None, stream, f"{said}the stream's name."],
+        ["nats-subject-prefix", None, prefix, f"{said}the subjects' first token."],
         [
             "nats-replicas",
             None,
             1,
-            "With --store jetstream: the stream's replicas when it is made (3 in a cluster).",
+            f"{said}the stream's replicas when it is made (3 in a cluster).",
             int,
         ],
+        *access_options(said),
+    ]
+
+
+def cluster_options(what: str) -> list[list[Any]]:
+    """twistd's option rows of a service that ``--nats`` alone puts on a cluster (no
+    ``--store``): the servers, then the credentials and TLS; ``what``: what the cluster
+    does for it, in words (``publications reach the other brokers``)."""
+    return [
+        [
+            "nats",
+            None,
+            None,
+            f"NATS servers, nats://HOST:PORT[,nats://...]: {what} (default: none, this "
+            "process alone).",
+        ],
+        *access_options("With --nats: "),
+    ]
+
+
+def access_options(said: str) -> list[list[Any]]:
+    """The rows of the credentials and TLS to the NATS servers; ``said``: how each help
+    text begins (when the option counts)."""
+    return [
         [
             "nats-user",
             None,
             None,
-            "With --store jetstream: the NATS user; its password from --nats-password-file or "
+            f"{said}the NATS user; its password from --nats-password-file or "
             f"{ENV_PASSWORD} in the environment.",
         ],
-        ["nats-password-file", None, None, "With --store jetstream: a file holding the password."],
+        ["nats-password-file", None, None, f"{said}a file holding the password."],
         [
             "nats-token-file",
             None,
             None,
-            f"With --store jetstream: a file holding the NATS token (or {ENV_TOKEN} in the "
-            "environment).",
+            f"{said}a file holding the NATS token (or {ENV_TOKEN} in the environment).",
         ],
-        ["nats-nkey", None, None, "With --store jetstream: a NATS user's NKEY seed file."],
-        [
-            "nats-creds",
-            None,
-            None,
-            "With --store jetstream: a NATS credentials file (user JWT and seed).",
-        ],
-        ["nats-tls-ca", None, None, "With --store jetstream: the CA that signed the servers."],
-        ["nats-tls-cert", None, None, "With --store jetstream: this client's TLS certificate."],
-        ["nats-tls-key", None, None, "With --store jetstream: its private key."],
+        ["nats-nkey", None, None, f"{said}a NATS user's NKEY seed file."],
+        ["nats-creds", None, None, f"{said}a NATS credentials file (user JWT and seed)."],
+        ["nats-tls-ca", None, None, f"{said}the CA that signed the servers."],
+        ["nats-tls-cert", None, None, f"{said}this client's TLS certificate."],
+        ["nats-tls-key", None, None, f"{said}its private key."],
     ]
+
+
+def _servers(options: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
 
 
 def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any) -> Settings | None:
@@ -88,24 +108,50 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
     store = options.get("store") or "sqlite"
     if store not in ("sqlite", "jetstream"):
         raise usage.UsageError("--store must be sqlite or jetstream")
-    servers = tuple(u.strip() for u in str(options.get("nats") or "").split(",") if u.strip())
+    servers = _servers(options)
     if store == "sqlite":
         if servers:
             raise usage.UsageError("--nats needs --store jetstream")
         return None
     if not servers:
         raise usage.UsageError("--store jetstream needs --nats nats://HOST:PORT[,...]")
+    named: dict[str, Any] = {
+        key: str(options[option])
+        for key, option in (("stream", "nats-stream"), ("subject_prefix", "nats-subject-prefix"))
+        if options.get(option)
+    }
+    return _settings(
+        options, servers, kind, replicas=int(options.get("nats-replicas") or 1), **named, **more
+    )
+
+
+def cluster_settings(
+    options: Mapping[str, Any], kind: type[Settings], **more: Any
+) -> Settings | None:
+    """What :func:`cluster_options` ask, as ``kind`` (None: no ``--nats``, this process
+    alone); a usage error for a wrong mix. ``more``: the service's own settings."""
+    servers = _servers(options)
+    if not servers:
+        given = [
+            n for n in ("nats-user", "nats-creds", "nats-nkey", "nats-tls-ca") if options.get(n)
+        ]
+        if given:
+            raise usage.UsageError(f"--{given[0]} needs --nats")
+        return None
+    return _settings(options, servers, kind, **more)
+
+
+def _settings(
+    options: Mapping[str, Any], servers: tuple[str, ...], kind: type[Settings], **more: Any
+) -> Settings:
+    """The servers, credentials and TLS the options give, with ``more``, as ``kind``; the
+    credentials' files read once now."""
     _require_extras(options, servers)
 
     def path(name: str) -> Path | None:
         value = options.get(name)
         return Path(value) if value else None
 
-    named: dict[str, Any] = {
-        key: str(options[option])
-        for key, option in (("stream", "nats-stream"), ("subject_prefix", "nats-subject-prefix"))
-        if options.get(option)
-    }
     try:
         credentials = Credentials.from_options(
             user=options.get("nats-user"),
@@ -119,12 +165,10 @@ def nats_settings(options: Mapping[str, Any], kind: type[Settings], **more: Any)
     try:
         settings = kind(
             servers=servers,
-            replicas=int(options.get("nats-replicas") or 1),
             credentials=credentials,
             tls_ca=path("nats-tls-ca"),
             tls_cert=path("nats-tls-cert"),
             tls_key=path("nats-tls-key"),
-            **named,
             **more,
         )
     except ValueError as error:
@@ -163,3 +207,32 @@ def _require_extras(options: Mapping[str, Any], servers: tuple[str, ...]) -> Non
         tls = ["nats"]
     if tls:
         require_tls("TLS to the NATS servers", tls[0])
+
+
+def add_nats_arguments(parser: Any, stream: str, prefix: str) -> None:
+    """The same options for a command (argparse) that works on a service's stream: the
+    servers (``--nats``, required), the stream's name, subject prefix and replicas, and
+    the credentials and TLS, named and read as the services name and read them."""
+    for name, _, default, text, *kind in nats_options("", stream, prefix):
+        if name == "store":
+            continue
+        text = text.removeprefix("With --store jetstream: ")
+        if name == "nats":
+            parser.add_argument("--nats", required=True, metavar="URLS", help=text)
+            continue
+        if default is not None:
+            text += " [%(default)s]"
+        parser.add_argument(f"--{name}", default=default, type=kind[0] if kind else str, help=text)
+
+
+def nats_settings_from_arguments(args: Any, kind: type[Settings], **more: Any) -> Settings:
+    """:func:`nats_settings` of a command's parsed :func:`add_nats_arguments`; a wrong
+    value raises ``usage.UsageError`` or :class:`bus.errors.StartupError` (a credentials
+    file), each a sentence."""
+    options = {"store": "jetstream"}
+    for name, *_ in nats_options("", "", ""):
+        if name != "store":
+            options[name] = getattr(args, name.replace("-", "_"))
+    settings = nats_settings(options, kind, **more)
+    assert settings is not None
+    return settings

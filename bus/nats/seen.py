@@ -1,34 +1,39 @@
 """The cluster as a client sees it, for ``/status`` and ``/metrics``: each NATS server
-(named by the cluster now, connected to by us, in lame-duck mode) and a stream's
-leader and replicas with their lag.
+(named by the cluster now, connected to by us, in lame-duck mode), each stream's leader
+and replicas with their lag, and the service's consumers.
 
 Nothing here asks the servers: :func:`stream_cluster` reads the ``cluster`` field of an
-answer to ``$JS.API.STREAM.INFO.<stream>`` the service asks anyway (every stats
-interval), and :func:`servers_seen` reads the INFOs its connections already hold (a
-server sends a new one as the cluster's routes come and go, and when it enters
-lame-duck mode). Any service on JetStream (the Event BUS front-end, eMQP) shows them the
-same way (:func:`cluster_status`, :func:`cluster_metrics`).
+answer to ``$JS.API.STREAM.INFO.<stream>`` (or ``CONSUMER.INFO``: a consumer of a
+replicated stream has a leader and replicas of its own) the service asks every stats
+interval, :func:`consumer_seen` the rest of a ``CONSUMER.INFO``, and
+:func:`servers_seen` reads the INFOs its connections already hold (a server sends a new
+one as the cluster's routes come and go, and when it enters lame-duck mode). Any service
+on JetStream (the Event BUS front-end, eMQP) shows them the same way
+(:func:`cluster_status`, :meth:`ConsumerSeen.status`, :func:`cluster_metrics`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from bus.nats.credentials import shown
 from bus.nats.handshake import ConnectError
 from bus.nats.rotation import server_key
-from bus.util.metrics import Metric, gauge, gauges_by
+from bus.util.metrics import Metric, gauges_by, gauges_by_labels
 
 __all__ = [
+    "ConsumerSeen",
     "Replica",
     "ServerSeen",
     "StreamCluster",
     "cluster_metrics",
     "cluster_status",
+    "consumer_seen",
     "servers_seen",
     "stream_cluster",
+    "unread",
 ]
 
 
@@ -50,7 +55,7 @@ class Replica:
 
 @dataclass(frozen=True, slots=True)
 class StreamCluster:
-    """A stream's leader (None: none elected now) and its followers."""
+    """A stream's (or a consumer's) leader (None: none elected now) and its followers."""
 
     leader: str | None = None
     replicas: tuple[Replica, ...] = ()
@@ -61,8 +66,16 @@ class StreamCluster:
     unread: str | None = None
 
 
+def unread(reason: str) -> StreamCluster:
+    """What a read of a stream's (or consumer's) state that got no answer says: no leader
+    to give one, as far as the client can tell (what the replicas were is not known
+    either)."""
+    return StreamCluster(known=True, unread=reason or "no answer")
+
+
 def stream_cluster(info: Mapping[str, Any]) -> StreamCluster:
-    """The ``cluster`` field of a ``STREAM.INFO`` answer (``active`` is nanoseconds)."""
+    """The ``cluster`` field of a ``STREAM.INFO`` or ``CONSUMER.INFO`` answer (``active``
+    is nanoseconds)."""
     cluster = info.get("cluster")
     if not isinstance(cluster, Mapping):
         return StreamCluster(known=True)
@@ -84,6 +97,53 @@ def stream_cluster(info: Mapping[str, Any]) -> StreamCluster:
         leader=leader if isinstance(leader, str) and leader else None,
         replicas=tuple(sorted(replicas, key=lambda r: r.name)),
         known=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSeen:
+    """One of a service's JetStream consumers, as it last heard of it."""
+
+    #: What the service uses it for (``feed``, ``snapshot``, ``queue``, ``schedules``).
+    role: str
+    #: Its name in its stream.
+    name: str
+    #: The stream it reads.
+    stream: str
+    #: What it serves, as the service names it (a queue's name), if anything.
+    serves: str | None = None
+    #: The last stream sequence it delivered (None: not known).
+    delivered: int | None = None
+    #: Messages it holds past the last delivered (None: not known).
+    pending: int | None = None
+    #: Delivered and not yet acknowledged (None: not known, or nothing is acknowledged).
+    ack_pending: int | None = None
+    #: Its leader and replicas (None: not read; a consumer of one replica has none).
+    cluster: StreamCluster | None = None
+
+    def status(self) -> dict[str, Any]:
+        """As ``/status`` shows it: each field by its name, the cluster as
+        :func:`cluster_status` shows a stream's."""
+        shown = {each.name: getattr(self, each.name) for each in fields(self)}
+        shown["cluster"] = cluster_status(self.cluster) if self.cluster is not None else None
+        return shown
+
+
+def consumer_seen(
+    role: str, stream: str, info: Mapping[str, Any], serves: str | None = None
+) -> ConsumerSeen:
+    """A consumer as a ``CONSUMER.INFO`` answer describes it."""
+    delivered = info.get("delivered")
+    sequence = delivered.get("stream_seq") if isinstance(delivered, Mapping) else None
+    return ConsumerSeen(
+        role=role,
+        name=str(info.get("name", "")),
+        stream=stream,
+        serves=serves,
+        delivered=int(sequence) if isinstance(sequence, int) else None,
+        pending=int(info.get("num_pending") or 0),
+        ack_pending=int(info.get("num_ack_pending") or 0),
+        cluster=stream_cluster(info),
     )
 
 
@@ -177,13 +237,15 @@ def cluster_status(cluster: StreamCluster) -> dict[str, Any]:
 
 
 def cluster_metrics(
-    prefix: str, cluster: StreamCluster, servers: Sequence[ServerSeen]
+    prefix: str, clusters: Mapping[str, StreamCluster], servers: Sequence[ServerSeen]
 ) -> list[Metric]:
     """The families of a service on JetStream (``prefix``: ``eventbus``, ``emqp``): its
-    servers by state, and (once a stream's state was read, on a cluster) its stream's
-    leader and each replica's lag and currency (a lone server leads its streams and
-    has no replicas)."""
-    families = [
+    servers by state, and for each of its streams (``clusters``, by name) whose state was
+    read, its leader and each replica's lag and currency, labelled ``stream`` (a lone
+    server leads its streams and has no replicas)."""
+    read = {name: cluster for name, cluster in clusters.items() if cluster.known}
+    replicas = [(name, r) for name, cluster in read.items() for r in cluster.replicas]
+    return [
         gauges_by(
             f"{prefix}_jetstream_servers",
             "NATS servers this service knows (given or learnt), connected (in the cluster "
@@ -194,28 +256,23 @@ def cluster_metrics(
                 "connected": sum(s.connected for s in servers),
                 "lame_duck": sum(s.lame_duck for s in servers),
             },
-        )
-    ]
-    if cluster.known:
-        families.append(
-            gauge(
-                f"{prefix}_jetstream_stream_leader",
-                "1 while the service's JetStream stream has a leader (as last read), 0 while none",
-                int(cluster.leader is not None),
-            )
-        )
-    families += [
+        ),
         gauges_by(
+            f"{prefix}_jetstream_stream_leader",
+            "1 while a JetStream stream of the service has a leader (as last read), 0 while none",
+            "stream",
+            {name: int(cluster.leader is not None) for name, cluster in read.items()},
+        ),
+        gauges_by_labels(
             f"{prefix}_jetstream_replica_lag",
-            "Operations each follower of the stream's leader is behind it",
-            "replica",
-            {r.name: r.lag for r in cluster.replicas},
+            "Operations each follower of a stream's leader is behind it",
+            ("stream", "replica"),
+            {(name, r.name): r.lag for name, r in replicas},
         ),
-        gauges_by(
+        gauges_by_labels(
             f"{prefix}_jetstream_replica_current",
-            "1 while a follower of the stream's leader holds all it committed, 0 while not",
-            "replica",
-            {r.name: int(r.current and not r.offline) for r in cluster.replicas},
+            "1 while a follower of a stream's leader holds all it committed, 0 while not",
+            ("stream", "replica"),
+            {(name, r.name): int(r.current and not r.offline) for name, r in replicas},
         ),
     ]
-    return families

@@ -4,6 +4,7 @@ executors build it too."""
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,3 +45,15 @@ class NatsSettings:
         object.__setattr__(self, "credentials", credentials)
         if not 1 <= self.replicas <= 5:
             raise ValueError("--nats-replicas must be 1..5 (JetStream's limit)")
+
+
+def tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
+    """The TLS context the settings ask for (``--nats-tls-*``), None for none."""
+    if not (settings.tls_ca or settings.tls_cert):
+        return None
+    context = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
+    if settings.tls_cert is not None:
+        context.load_cert_chain(
+            str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None
+        )
+    return context

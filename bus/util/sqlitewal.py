@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote
 
 from bus.errors import StorageError
 
@@ -94,3 +95,42 @@ def final_checkpoint(db: sqlite3.Connection) -> None:
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     except sqlite3.Error as error:
         raise StorageError(error) from error
+
+
+class InUse(StorageError):
+    """Another process has the database open (a service running on its data directory)."""
+
+
+def open_exclusive(path: Path) -> sqlite3.Connection:
+    """The database at ``path`` (which must exist) for a process that must have it alone:
+    opened in SQLite's exclusive locking mode and read once, which takes a lock that is
+    kept until the connection closes. :class:`InUse` at once when another process has it
+    open (a service running); while the connection is open, another process cannot open
+    it (a service started meanwhile fails to open its store, and says so)."""
+    if not path.is_file():
+        raise StorageError(sqlite3.DatabaseError(f"{path}: no such file"))
+    try:
+        db = sqlite3.connect(
+            f"file:{quote(str(path.resolve()))}?mode=rw", uri=True,
+            isolation_level=None, timeout=0, check_same_thread=False,
+        )  # fmt: skip
+    except sqlite3.Error as error:
+        raise StorageError(sqlite3.DatabaseError(f"{path}: {error}")) from error
+    try:
+        db.execute("PRAGMA locking_mode=EXCLUSIVE")
+        # The first read takes the lock (a WAL left by a crash is recovered here).
+        db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError as error:
+        db.close()
+        if "locked" in str(error) or "busy" in str(error):
+            raise InUse(
+                sqlite3.DatabaseError(
+                    f"{path} is open in another process (is a server running on its data "
+                    "directory? stop it first)"
+                )
+            ) from None
+        raise StorageError(sqlite3.DatabaseError(f"{path}: {error}")) from error
+    except sqlite3.Error as error:
+        db.close()
+        raise StorageError(sqlite3.DatabaseError(f"{path}: {error}")) from error
+    return db

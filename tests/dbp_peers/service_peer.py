@@ -2,7 +2,8 @@
 run it inside a network namespace: it finds the catalog by its SHALOM beacon, registers
 ``NAME`` at ``ADDRESS:PORT`` and prints JSON lines; ``{"status": true}`` prints its state.
 
-Usage: ``service_peer.py NAME ADDRESS PORT [BEACON_PORT]``.
+Usage: ``service_peer.py NAME ADDRESS PORT [BEACON_PORT [CATALOGS]]``; ``CATALOGS``:
+comma-separated endpoints of a shared catalog's instances, given instead of the beacon's.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class Commands(LineReceiver):
                     "sent_zmq": s.sent_zmq,
                     "catalog_udp_seen": s.last_catalog_udp > 0,
                     "registrations": s.registrations,
+                    "moves": s.moves,
+                    "catalog": s.catalog,
                 }
             )
 
@@ -52,10 +55,13 @@ class Commands(LineReceiver):
 def main() -> Any:
     name, address, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
     beacon_port = int(sys.argv[4]) if len(sys.argv) > 4 else 5245
-    endpoint = yield find_catalog(reactor, beacon_port, timeout=20)
-    emit({"event": "FOUND", "endpoint": endpoint})
+    if len(sys.argv) > 5:
+        endpoints: str | list[str] = sys.argv[5].split(",")
+    else:
+        endpoints = yield find_catalog(reactor, beacon_port, timeout=20)
+    emit({"event": "FOUND", "endpoint": endpoints})
     service = ServiceRegistration(
-        endpoint,
+        endpoints,
         {"name": name, "address": address, "port": port, "function": "test", "heartbeat": 0.2},
     )
     service.startService()

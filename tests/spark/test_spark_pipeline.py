@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from bus.spark.pipeline import (
 from bus.spark.synthetic import expected_counts, write_journal
 
 from .driver import Driver, batch_files, run_killed_then_resumed
-from .helpers import wait_for
+from .helpers import SPARKS_OWN_GUESS, wait_for
 
 pytestmark = pytest.mark.spark
 
@@ -148,8 +149,8 @@ def test_the_nats_retry_timeout_reaches_the_source_and_nonsense_is_one_line() ->
 
 def test_a_driver_killed_mid_stream_resumes_exactly_once(spark: Any, workdir: Path) -> None:
     journal, output, checkpoint = workdir / "journal", workdir / "out", workdir / "checkpoint"
-    total = 60_000
-    write_journal(journal, total, per_segment=5000)  # 10 minutes of event time
+    total = 30_000  # six batches: two committed and one in flight at the kill, the rest after
+    write_journal(journal, total, per_segment=5000)  # 5 minutes of event time
     log = workdir / "pipeline.log"
     args = [
         *("--journal", str(journal), "--output", str(output), "--checkpoint", str(checkpoint)),
@@ -162,7 +163,9 @@ def test_a_driver_killed_mid_stream_resumes_exactly_once(spark: Any, workdir: Pa
     assert landed_counts(spark, output) == as_local(closed_window_counts(journal, 60, 30))
 
 
-def test_a_failed_query_is_started_again_from_its_checkpoint(spark: Any, workdir: Path) -> None:
+def test_a_failed_query_is_started_again_from_its_checkpoint(
+    spark: Any, workdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A query that fails (here: a journal segment that cannot be read, made whole again
     during the wait before the restart; on a busy host, Spark's own 10 s guess of a Python
     worker's start) goes on from its checkpoint: every event lands once."""
@@ -188,8 +191,19 @@ def test_a_failed_query_is_started_again_from_its_checkpoint(spark: Any, workdir
         second.write_bytes(whole)  # the fault passes while the pipeline waits
 
     queries = start_queries(spark, config)
-    assert run_queries(spark, config, queries, lambda: False, sleep=wait)
-    assert waits == [7.0]
+    finished = run_queries(spark, config, queries, lambda: False, sleep=wait)
+    restarts = [line for line in capsys.readouterr().err.splitlines() if "started again" in line]
+    if restarts and re.search(SPARKS_OWN_GUESS, restarts[0]):
+        raise AssertionError(f"Spark's guess came before the fault: {restarts[0]}")
+    assert len(restarts) == len(waits) >= 1 and "PYTHON_EXCEPTION" in restarts[0], restarts
+    # Any later restart is Spark's own start-up guess running out on a busy machine, never
+    # our fault again: restarting is what the pipeline does for it. Where it took every
+    # restart, the conftest runs the test again.
+    assert all(re.search(SPARKS_OWN_GUESS, line) for line in restarts[1:]), restarts
+    if not finished and re.search(SPARKS_OWN_GUESS, str(queries[0].exception())):
+        raise AssertionError(f"restarts {waits}: {queries[0].exception()}")
+    assert finished
+    assert waits[0] == 7.0
     assert queries[0].exception() is None
     check_landed_events(spark, output, 3000)
 

@@ -9,6 +9,10 @@ const TOKEN_KEY = "bus-console-token";
 const NAMES = {eventbus: "Event BUS", emqp: "eMQP", mc0: "mc0", dbp: "DBP catalog",
                zre: "ZRE", "spark-bridge": "Spark bridge", http: "HTTP"};
 const KNOWN_VIEWS = new Set(["eventbus", "emqp", "mc0", "dbp", "zre", "spark-bridge"]);
+// As the shipped alert rules have it (docs/prometheus/alerts.yml): a stream or a queue's
+// consumer without a leader is critical (red); a replica not current, or more operations
+// behind its leader than this, is a warning (amber).
+const REPLICA_LAG_WARN = 10000;
 
 const $ = (id) => document.getElementById(id);
 const history = {};       // service -> label -> [[t, rate], ...]
@@ -186,6 +190,96 @@ function problems(s) {
   return out;
 }
 
+// -- the NATS cluster as a service on JetStream sees it (bus.nats.seen) -----------------
+
+// A service's streams by name: eMQP keeps several, the Event BUS front-end one.
+function streamClusters(js) {
+  if (js.stream_clusters) return Object.entries(js.stream_clusters).filter(([k]) => k !== "_omitted");
+  return js.stream_cluster ? [[js.stream, js.stream_cluster]] : [];
+}
+
+function serverState(s) {
+  if (s.lame_duck) return ["lame duck", "warn"];
+  return s.connected ? ["connected", ""] : ["unreachable", "warn"];
+}
+
+function replicaTrouble(r) {
+  if (!r.current || r.offline) return "not current";
+  if (r.lag > REPLICA_LAG_WARN) return r.lag + " operations behind";
+  return null;
+}
+
+function leaderless(cluster) {
+  return Boolean(cluster && cluster.known && !cluster.leader);
+}
+
+// For the service's card: what is wrong in its cluster, each [text, "alarm" | "caution"].
+function clusterProblems(js) {
+  const out = [];
+  if (!js || !Array.isArray(js.servers)) return out;
+  for (const s of js.servers) {
+    if (!s.connected) out.push(["NATS server " + s.url + " unreachable", "caution"]);
+    else if (s.lame_duck) out.push(["NATS server " + s.url + " in lame-duck mode", "caution"]);
+  }
+  for (const [name, c] of streamClusters(js)) {
+    if (leaderless(c)) {  // what its followers are is no leader's word then
+      out.push(["stream " + name + ": no leader" + (c.unread ? " (" + c.unread + ")" : ""), "alarm"]);
+      continue;
+    }
+    for (const r of c.replicas || []) {
+      const trouble = replicaTrouble(r);
+      if (trouble) out.push(["stream " + name + ": replica " + r.name + " " + trouble, "caution"]);
+    }
+  }
+  for (const c of js.consumers || []) {
+    if (leaderless(c.cluster)) out.push(["consumer " + c.name + ": no leader", "alarm"]);
+  }
+  return out;
+}
+
+// The section's tables, made once per service (the Event BUS's and eMQP's alike).
+function clusterTables(section, service) {
+  const table = (body, ...heads) => el("table", {class: "rows"},
+    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))), el("tbody", {id: service + "-" + body}));
+  section.append(el("h3", {}, "NATS cluster"),
+    table("servers", "server", "state", "our connections"),
+    table("streams", "stream", "leader", "replica", "current", "lag", "last heard"),
+    table("consumers", "consumer", "for", "stream", "leader", "pending", "ack pending"));
+}
+
+function clusterView(service, js) {
+  const section = $(service + "-cluster");
+  section.hidden = !(js && Array.isArray(js.servers));
+  if (section.hidden) return;
+  if (!section.childElementCount) clusterTables(section, service);
+  rows(service + "-servers", js.servers, (s) => {
+    const [state, cls] = serverState(s);
+    return el("tr", {"data-server": s.url, class: cls}, ...cells(s.url, state, (s.ours || []).join(", ") || "–"));
+  }, "no server known");
+  const streams = [];
+  for (const [name, c] of streamClusters(js)) {
+    const leader = !c.known ? "not read yet" : c.leader || "none" + (c.unread ? " (" + c.unread + ")" : "");
+    const replicas = c.replicas || [];
+    if (!replicas.length) {  // one server, or none read: the stream's row alone
+      streams.push(el("tr", {"data-stream": name, class: leaderless(c) ? "bad" : ""}, ...cells(name, leader, "–", "–", "–", "–")));
+    }
+    for (const r of replicas) {
+      const cls = leaderless(c) ? "bad" : replicaTrouble(r) ? "warn" : "";
+      streams.push(el("tr", {"data-stream": name, "data-replica": r.name, class: cls},
+        ...cells(name, leader, r.name + (r.offline ? " (offline)" : ""), r.current ? "yes" : "no", r.lag,
+                 duration(r.active_s) + " ago")));
+    }
+  }
+  $(service + "-streams").replaceChildren(...streams);
+  rows(service + "-consumers", js.consumers, (c) => {
+    const cl = c.cluster;
+    const leader = !cl ? "–" : !cl.known ? "not read yet" : cl.leader || "none";
+    return el("tr", {"data-consumer": c.name, class: leaderless(cl) ? "bad" : ""},
+      ...cells(c.name, c.serves ? c.role + " " + c.serves : c.role, c.stream, leader,
+               c.pending ?? "–", c.ack_pending ?? "–"));
+  }, "no consumer now");
+}
+
 function drops(status) {
   const dropped = status.dropped || {};
   const reasons = Object.entries(dropped).filter(([k, v]) => typeof v === "number" && v > 0);
@@ -213,6 +307,7 @@ function card(s, now) {
   const dropLine = drops(status);
   if (dropLine) node.append(el("div", {class: "line"}, dropLine));
   for (const problem of problems(s)) node.append(el("div", {class: "line alarm"}, problem));
+  for (const [text, cls] of clusterProblems(status.jetstream)) node.append(el("div", {class: "line " + cls}, text));
   node.addEventListener("click", () => {
     const view = $(s.name + "-view") || $("other-" + s.name);
     if (view) view.scrollIntoView({behavior: "smooth"});
@@ -260,6 +355,7 @@ const VIEWS = {
       ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
       ["security", (status.curve || {}).security],
     ]);
+    clusterView("eventbus", status.jetstream);
   },
   emqp(status) {
     facts("emqp-facts", [
@@ -271,6 +367,7 @@ const VIEWS = {
       ["store", emqpStore(status.jetstream), status.jetstream && !status.jetstream.connected ? "bad" : ""],
       ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
     ]);
+    clusterView("emqp", status.jetstream);
     rows("emqp-queues", Object.entries(status.queues || {}).filter(([k]) => k !== "_omitted"),
       ([name, q]) => el("tr", {"data-queue": name}, ...cells(name, q.depth, q.workers, q.free_slots, q.dispatched, q.rejected)),
       "no queue yet");
