@@ -706,27 +706,38 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]), chunk=st.integers(1, 6))
     def expire(self, age: float, chunk: int) -> None:
+        """One step: the oldest events, at most a chunk (fewer where the sequence has
+        holes), only some received before the cutoff, at least one while there is one."""
         cutoff = self.now - age
-        victims = [r for r in self.rows[:chunk] if r.received < cutoff]
-        assert self.store.expire_older_than(cutoff, chunk) == len(victims)
-        self.rows = self.rows[len(victims) :]
+        older = len([r for r in self.rows if r.received < cutoff])  # the oldest ones
+        deleted = self.store.expire_older_than(cutoff, chunk)
+        assert deleted <= min(chunk, older) and (deleted > 0) == (older > 0)
+        self.rows = self.rows[deleted:]
 
     @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
     def trim(self, max_count: int, chunk: int) -> None:
-        """One step: counting (after an open), or the oldest events beyond max_count."""
+        """One step: counting (after an open), or the oldest events beyond max_count, at
+        most a chunk (fewer where the sequence has holes), at least one."""
         deleted, finished = self.store.trim_to_count(max_count, chunk)
         if (deleted, finished) == (0, False) and not self.counted:
             return  # counting: nothing deleted
         self.counted = True
         excess = max(0, len(self.rows) - max_count)
-        assert deleted == min(excess, chunk)
+        assert deleted <= min(excess, chunk) and (deleted > 0) == (excess > 0)
         assert finished == (deleted == excess)
         self.rows = self.rows[deleted:]
 
     @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
     def trim_to_the_end(self, max_count: int, chunk: int) -> None:
-        """Steps until finished: the counting ends within its bound, then the newest stay."""
-        steps = -(-max(0, len(self.rows) - max_count) // chunk) + 1
+        """Steps until finished: the counting ends within its bound, then the newest stay
+        (each step deletes a chunk, or up to a hole in the sequence)."""
+        excess = max(0, len(self.rows) - max_count)
+        holes = sum(
+            1
+            for a, b in zip(self.rows, self.rows[1:], strict=False)
+            if b.event.sequence != a.event.sequence + 1
+        )
+        steps = -(-excess // chunk) + holes + 1
         if not self.counted:  # 8 sequences per event of the chunk, a step
             span = self.last - self.rows[0].event.sequence + 1 if self.rows else 0
             steps += -(-span // (8 * chunk)) + 1

@@ -11,8 +11,8 @@ Snapshot reads are chunked by sequence, so nothing is ever loaded whole in memor
 
 Retention deletes a chunk of events per step, and a step's cost follows its chunk, never the
 size of the log: age and count retention delete the oldest events (``seq <= bound``, the bound
-found by walking the chunk from the oldest event: receipt times never go backwards, so the
-events older than a cutoff come first); count retention knows how many events the log holds
+the first event at or above the oldest one plus the chunk: receipt times never go backwards,
+so the events older than a cutoff come first); count retention knows how many events the log holds
 (counted once after the store opens, a chunk a step, then kept as events come and go);
 latest-per-topic compaction knows each topic's newest sequence and the events superseded since
 (:class:`_Superseded`: seen as they are appended, the events already there read once, a chunk a
@@ -155,9 +155,7 @@ class Retention:
             while True:
                 chunk, started = sizer.chunk("age"), clock()
                 deleted = log().expire_older_than(cutoff, chunk)
-                if deleted < chunk:
-                    if deleted:
-                        yield deleted
+                if not deleted:  # fewer than a chunk may be a hole in the sequence, not the end
                     break
                 sizer.took("age", chunk, clock() - started)
                 yield deleted
@@ -558,9 +556,7 @@ class EventStore:
         """Delete up to ``chunk`` of the oldest events, those received before ``cutoff``
         (epoch seconds). Receipt times never go backwards: they are the oldest events."""
         db = self._db
-        row = db.execute(
-            "SELECT seq, received FROM events ORDER BY seq LIMIT 1 OFFSET ?", (chunk - 1,)
-        ).fetchone()
+        row = self._chunk_end(chunk)
         if row is not None and row[1] < cutoff:  # the whole chunk (no receipt time read)
             return self._delete_through(int(row[0]))
         row = db.execute(
@@ -583,15 +579,28 @@ class EventStore:
         if excess <= 0:
             return 0, True
         take = min(excess, chunk)
-        row = self._db.execute(
-            "SELECT seq FROM events ORDER BY seq LIMIT 1 OFFSET ?", (take - 1,)
-        ).fetchone()
+        row = self._chunk_end(take)
         if row is None:  # fewer events than counted: someone else deleted some; count again
             self._held = None
             self._counted_upto = self._counted = 0
             return 0, False
         deleted = self._delete_through(int(row[0]))
         return deleted, deleted >= excess
+
+    def _chunk_end(self, size: int) -> tuple[int, float] | None:
+        """The sequence and receipt time of the first event at or above the oldest one plus
+        ``size - 1``: no more than ``size`` events are at or below it (exactly ``size`` where
+        the sequence has no hole). Two index seeks, where walking ``size`` events cost a
+        fifth of deleting them."""
+        db = self._db
+        first = db.execute("SELECT MIN(seq) FROM events").fetchone()[0]
+        if first is None:
+            return None
+        row = db.execute(
+            "SELECT seq, received FROM events WHERE seq >= ? ORDER BY seq LIMIT 1",
+            (int(first) + size - 1,),
+        ).fetchone()
+        return None if row is None else (int(row[0]), float(row[1]))
 
     def _count_some(self, sequences: int) -> None:
         """Count the events of the next ``sequences`` sequences; once the count reaches the
@@ -640,11 +649,14 @@ class EventStore:
     def _delete_sequences(self, sequences: list[int]) -> int:
         """Delete the events at ``sequences`` (increasing; some may be gone already)."""
         runs: list[list[int]] = []
-        for sequence in sequences:
-            if runs and runs[-1][1] == sequence - 1:
-                runs[-1][1] = sequence
-            else:
-                runs.append([sequence, sequence])
+        if sequences[-1] - sequences[0] + 1 == len(sequences):  # no hole: one range
+            runs.append([sequences[0], sequences[-1]])
+        else:
+            for sequence in sequences:
+                if runs and runs[-1][1] == sequence - 1:
+                    runs[-1][1] = sequence
+                else:
+                    runs.append([sequence, sequence])
         db = self._db
         deleted = 0
 
