@@ -27,6 +27,14 @@ Roles:
 ``latency-subscribe ENDPOINT EVENTS``
     A SUB that reads the send time out of each BROADCAST and reports latency percentiles
     (CLOCK_MONOTONIC is the same clock in every process of the machine).
+``soak-publish ENDPOINT RATE SECONDS TOPICS``
+    ``paced-publish`` for a soak: each event's UUID made as it is sent (no list of them in
+    memory), topics ``/soak/NNNNN/`` in turn over TOPICS; sends in bursts of a
+    millisecond's worth.
+``soak-subscribe ENDPOINT SAMPLES``
+    A SUB to everything that keeps, per event, its send time and its arrival time (CLOCK_MONOTONIC
+    ns) until a line arrives on stdin; then writes them to the file SAMPLES (int64 pairs,
+    native order) and prints a JSON line (events, gaps in the sequence, heartbeats).
 ``connect-churn ENDPOINT CONNECTIONS``
     After ``GO``, CONNECTIONS DEALERs one after the other: each connects, waits for its
     handshake to succeed (a socket monitor), and closes; prints a JSON line (connections
@@ -552,6 +560,99 @@ def latency_subscribe(endpoint: str, events: int, warmup: int = 200) -> None:
     )
 
 
+def soak_publish(endpoint: str, rate: float, seconds: float, topics: int) -> None:
+    import zmq
+
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.sndhwm = 100_000
+    dealer.linger = -1
+    dealer.connect(endpoint)
+    uuid_format = _uuid_format()
+    names = [b"/soak/%05d/" % t for t in range(topics)]
+    count = int(rate * seconds)
+    _ready()
+    _wait_go()
+    more = zmq.SNDMORE
+    send = dealer.send
+    clock = time.monotonic_ns
+    started = time.monotonic()
+    late = 0
+    n = 0
+    while n < count:
+        due = started + n / rate
+        pause = due - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+        elif pause < -0.001:
+            late += 1
+        # A millisecond's worth at once: per-event sleeps cost the machine more than the
+        # pacing is worth.
+        burst = min(count, n + max(1, int(rate / 1000)))
+        while n < burst:
+            send(names[n % topics], more)
+            send(ZERO_SEQUENCE, more)
+            send(PRODUCER, more)
+            send(TIMESTAMP, more)
+            send(uuid_format % n, more)
+            send(_TIMED_HEAD + clock().to_bytes(8, "big") + _TIMED_TAIL)
+            n += 1
+    dealer.close()
+    context.term()
+    _emit({"sent": count, "late": late, "seconds": time.monotonic() - started, "cpu": _cpu()})
+
+
+def soak_subscribe(endpoint: str, samples_path: str) -> None:
+    from array import array
+
+    import zmq
+
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.rcvhwm = 0
+    sub.linger = 0
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    sub.rcvtimeo = 30_000
+    sub.recv_multipart()  # a heartbeat: subscribed
+    _ready()
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    poller.register(sys.stdin.fileno(), zmq.POLLIN)
+    samples = array("q")
+    clock = time.monotonic_ns
+    offset = len(_TIMED_HEAD)
+    previous = -1
+    gaps = heartbeats = 0
+    stdin = sys.stdin.fileno()
+    while True:
+        ready = dict(poller.poll(1000))
+        if stdin in ready:
+            break
+        if sub not in ready:
+            continue
+        while True:
+            try:
+                frames = sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            now = clock()
+            if frames[0] == HEARTBEAT or len(frames) != 6:
+                heartbeats += 1
+                continue
+            sequence = int.from_bytes(frames[1], "big")
+            if previous >= 0 and sequence != previous + 1:
+                gaps += 1
+            previous = sequence
+            samples.append(int.from_bytes(frames[5][offset : offset + 8], "big"))
+            samples.append(now)
+    with open(samples_path, "wb") as out:
+        samples.tofile(out)
+    sub.close()
+    context.term()
+    _emit({"received": len(samples) // 2, "gaps": gaps, "heartbeats": heartbeats, "cpu": _cpu()})
+
+
 def connect_churn(endpoint: str, connections: int) -> None:
     import zmq
     from zmq.utils.monitor import recv_monitor_message
@@ -587,6 +688,12 @@ def main(argv: list[str]) -> None:
         return
     if role == "latency-subscribe":
         latency_subscribe(args[0], int(args[1]))
+        return
+    if role == "soak-publish":
+        soak_publish(args[0], float(args[1]), float(args[2]), int(args[3]))
+        return
+    if role == "soak-subscribe":
+        soak_subscribe(args[0], args[1])
         return
     if role == "publish":
         publish(args[0], int(args[1]))

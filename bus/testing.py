@@ -98,11 +98,11 @@ class MemoryEventLog:
         expired, self.rows = len(self.rows) - len(kept), kept
         return expired
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
-        """Keep the newest ``max_count``; how many were removed."""
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
+        """Keep the newest ``max_count``, in one step: how many were removed, and True."""
         extra = max(0, len(self.rows) - max_count)
         del self.rows[:extra]
-        return extra
+        return extra, True
 
     def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
         """Keep the latest event per topic, in one step."""

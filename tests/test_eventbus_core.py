@@ -19,7 +19,7 @@ from bus.eventbus.codec import EventFields, SnapshotRequest
 from bus.eventbus.core import EventBusCore, Turn
 from bus.eventbus.eventlog import PairLog
 from bus.eventbus.pair_core import Change
-from bus.eventbus.store import EventStore
+from bus.eventbus.store import EventStore, Retention
 from bus.testing import MemoryEventLog
 
 log = Logger(namespace="test.eventbus.core")
@@ -419,7 +419,7 @@ def test_after_a_restart_and_retention_that_left_nothing_the_core_goes_on_from_t
         store, max_data_bytes=1024, clock=Clock().seconds, logger=log
     )
     core.collect([pub(b"/r/", n) for n in range(5)])
-    assert store.trim_to_count(0) == 5 and store.count() == 0
+    assert sum(Retention(max_count=0).steps(lambda: store, 0.0)) == 5 and store.count() == 0
     store.close()
     store = EventStore(tmp_path)
     try:

@@ -19,14 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
-    precondition,
     rule,
     run_state_machine_as_test,
 )
 
 from bus.eventbus.codec import Event
 from bus.eventbus.store import DB_NAME, EventStore, Retention, prefix_upper_bound
-from bus.eventbus.upkeep import LogUpkeep
+from bus.eventbus.upkeep import LogUpkeep, RetentionPass
 
 
 def event(topic: bytes, n: int = 0, sequence: int = 0) -> Event:
@@ -249,7 +248,7 @@ def test_durability_modes_store_and_reopen(tmp_path: Path, durability: str) -> N
 def test_high_water_survives_retention_deleting_everything(tmp_path: Path) -> None:
     store = EventStore(tmp_path)
     fill(store, [b"/a/"] * 5)
-    assert store.trim_to_count(0) == 5
+    assert trim_fully(store, 0) == 5
     assert store.count() == 0
     assert store.first_sequence() is None
     assert store.last_sequence == 5
@@ -328,62 +327,147 @@ def test_receipt_times_never_go_backwards_across_reopen(tmp_path: Path) -> None:
         store.close()
 
 
-def test_trim_to_count_keeps_the_newest(store: EventStore) -> None:
+def test_trim_to_count_counts_the_log_first_then_keeps_the_newest(store: EventStore) -> None:
     fill(store, [b"/t/%d" % i for i in range(10)])
-    assert store.trim_to_count(20) == 0
-    assert store.trim_to_count(10) == 0
-    assert store.trim_to_count(3, chunk=2) == 2
+    # The first steps count the events held, 8 sequences per event of the chunk, deleting
+    # nothing: a step's cost follows its chunk, not the size of the log.
+    assert store.trim_to_count(3, chunk=1) == (0, False)  # sequences 1..8
+    assert seqs(store.read(0)) == list(range(1, 11))
+    assert store.trim_to_count(3, chunk=1) == (0, False)  # 9..10: 10 events held
+    assert store.trim_to_count(20) == (0, True)
+    assert store.trim_to_count(10) == (0, True)
+    assert store.trim_to_count(3, chunk=2) == (2, False)
     assert seqs(store.read(0)) == list(range(3, 11))
-    assert store.trim_to_count(3) == 5
+    assert store.trim_to_count(3) == (5, True)
     assert seqs(store.read(0)) == [8, 9, 10]
-    assert store.trim_to_count(3) == 0
-    assert store.last_sequence == 10
+    assert store.trim_to_count(3) == (0, True)
+    assert store.last_sequence == 10 and store.count() == 3
 
 
-def test_compact_step_keeps_the_latest_event_per_topic(tmp_path: Path) -> None:
-    store = EventStore(tmp_path, topic_index=True)
-    try:
-        fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
-        assert store.compact_step() == (3, False)
-        assert store.compact_step() == (0, True)
-        assert [(e.topic, e.sequence) for e in store.read(0)] == [(b"c", 4), (b"b", 5), (b"a", 6)]
-        assert store.last_sequence == 6
-        # a second pass over a compacted log deletes nothing
-        assert store.compact_step() == (0, False)
-        assert store.compact_step() == (0, True)
-    finally:
-        store.close()
+def test_trim_to_count_keeps_max_count_events_across_gaps_in_the_sequence(
+    store: EventStore,
+) -> None:
+    fill(store, [b"a", b"b", b"a", b"b"])  # 1..4
+    store.skip_to(100)  # an async pair's new active steps over what it may have missed
+    fill(store, [b"c", b"a"])  # 101, 102
+    assert compact_fully(store) == 3  # 1, 3 (a) and 2 (b): holes below the newest
+    assert seqs(store.read(0)) == [4, 101, 102]
+    assert trim_fully(store, 2) == 1
+    assert seqs(store.read(0)) == [101, 102]
+    fill(store, [b"d", b"e"])  # counted as they come: 4 held
+    assert trim_fully(store, 2) == 2
+    assert seqs(store.read(0)) == [103, 104] and store.count() == 2
 
 
-def test_compact_step_in_chunks_resumes_where_it_stopped(store: EventStore) -> None:
+def test_count_retention_counts_again_when_the_log_holds_fewer_than_it_counted(
+    store: EventStore,
+) -> None:
+    fill(store, [b"/t/%d" % i for i in range(10)])
+    assert trim_fully(store, 8) == 2
+    # Something else than the store (an operator's sqlite3 shell) deletes events.
+    store._db.execute("DELETE FROM events WHERE seq <= 9")
+    fill(store, [b"/t/new"] * 3)
+    assert trim_fully(store, 2) == 2  # counted 11 held, found 4: counted again
+    assert seqs(store.read(0)) == [12, 13] and store.count() == 2
+
+
+def test_compact_step_keeps_the_latest_event_per_topic(store: EventStore) -> None:
     fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
-    assert store.compact_step(chunk=2) == (2, False)  # seqs 1, 2: both have newer events
-    assert seqs(store.read(0)) == [3, 4, 5, 6]
-    assert store.compact_step(chunk=2) == (1, False)  # seqs 3 (a, newer 6) and 4 (c, latest)
-    assert store.compact_step(chunk=2) == (0, False)  # seqs 5, 6: latest
-    assert store.compact_step(chunk=2) == (0, True)
+    assert store.compact_step() == (0, False)  # the first step reads what the log holds
+    assert store.compact_step() == (3, True)
+    assert [(e.topic, e.sequence) for e in store.read(0)] == [(b"c", 4), (b"b", 5), (b"a", 6)]
+    assert store.last_sequence == 6
+    # a second pass over a compacted log deletes nothing
+    assert store.compact_step() == (0, True)
+
+
+def test_compact_step_in_chunks_reads_three_events_a_chunk_then_deletes_a_chunk(
+    store: EventStore,
+) -> None:
+    fill(store, [b"a", b"b", b"a", b"c", b"b", b"a"])
+    assert store.compact_step(chunk=1) == (0, False)  # reads 1..3: 1 (a) superseded
+    assert store.compact_step(chunk=1) == (0, False)  # reads 4..6: 2 (b) and 3 (a) too
+    assert seqs(store.read(0)) == [1, 2, 3, 4, 5, 6]
+    assert store.compact_step(chunk=1) == (1, False)
+    assert store.compact_step(chunk=2) == (2, True)
     assert seqs(store.read(0)) == [4, 5, 6]
 
 
-def test_compaction_over_several_passes_with_appends_in_between(store: EventStore) -> None:
+def test_events_appended_once_compaction_began_are_seen_as_they_come(store: EventStore) -> None:
     fill(store, [b"a", b"b", b"c", b"d"])
-    assert store.compact_step(chunk=2) == (0, False)  # window 1..2, nothing newer yet
-    fill(store, [b"a", b"c"])  # 5: a, 6: c
-    assert store.compact_step(chunk=2) == (1, False)  # window 3..4: c has a newer one
-    assert store.compact_step(chunk=2) == (0, False)  # window 5..6
-    assert store.compact_step(chunk=2) == (0, True)
-    # seq 1 (a) sat in an already compacted window: the next pass removes it.
-    assert seqs(store.read(0)) == [1, 2, 4, 5, 6]
-    finished = False
-    while not finished:
-        _, finished = store.compact_step(chunk=2)
+    assert compact_fully(store) == 0
+    fill(store, [b"a", b"c"])  # 5 supersedes 1, 6 supersedes 3
+    assert store.compact_step(chunk=2) == (2, True)  # nothing to read again
     assert [(e.topic, e.sequence) for e in store.read(0)] == [
         (b"b", 2),
         (b"d", 4),
         (b"a", 5),
         (b"c", 6),
     ]
-    assert store.last_sequence == 6
+    assert store.compact_step(chunk=2) == (0, True)
+
+
+def test_after_a_restart_compaction_reads_the_log_once_then_only_what_comes(
+    tmp_path: Path,
+) -> None:
+    store = EventStore(tmp_path)
+    try:
+        fill(store, [b"/t/%d" % (i % 10) for i in range(100)])
+        assert compact_fully(store, chunk=10) == 90
+    finally:
+        store.close()
+    store = EventStore(tmp_path)
+    try:
+        fill(store, [b"/t/1", b"/t/2", b"/t/new"])
+        # Compaction's first step after the open reads the 13 events held (from then on
+        # it sees events as they are appended), then one step deletes two.
+        assert store.compact_step(chunk=10) == (0, False)
+        assert store.compact_step(chunk=10) == (2, True)
+        assert len(store.read(0)) == 11
+        fill(store, [b"/t/3"])
+        assert store.compact_step(chunk=10) == (1, True)
+    finally:
+        store.close()
+
+
+def test_a_truncated_tail_leaves_the_events_it_superseded(store: EventStore) -> None:
+    fill(store, [b"a", b"b"])
+    assert compact_fully(store) == 0
+    fill(store, [b"a"])  # 3 supersedes 1
+    assert store.truncate_after(2) == 1  # a pair's rejoining server drops 3
+    assert compact_fully(store) == 0  # 1 is a's latest again
+    assert seqs(store.read(0)) == [1, 2]
+    fill(store, [b"b"])
+    assert compact_fully(store) == 1
+    assert seqs(store.read(0)) == [1, 3]
+
+
+def test_compaction_forgets_the_topics_that_age_and_count_retention_removed(
+    store: EventStore,
+) -> None:
+    for i in range(10):
+        fill(store, [b"/session/%d" % i], received=100.0 + i)
+    assert compact_fully(store) == 0
+    assert expire_fully(store, cutoff=105.0) == 5
+    assert trim_fully(store, 2) == 3
+    assert compact_fully(store) == 0
+    superseded = store._superseded
+    assert superseded is not None
+    assert sorted(superseded.latest) == [b"/session/8", b"/session/9"]
+
+
+def test_an_index_on_topic_that_an_older_release_made_is_dropped(tmp_path: Path) -> None:
+    store = EventStore(tmp_path)
+    fill(store, [b"a", b"b"])
+    store._db.execute("CREATE INDEX events_topic ON events (topic, seq)")
+    store.close()
+    store = EventStore(tmp_path)
+    try:
+        indexes = store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+        assert [name for (name,) in indexes if not name.startswith("sqlite_")] == []
+        assert seqs(store.read(0)) == [1, 2]
+    finally:
+        store.close()
 
 
 def test_compact_step_on_an_empty_store(store: EventStore) -> None:
@@ -414,6 +498,15 @@ def expire_fully(store: EventStore, cutoff: float, chunk: int = 5000) -> int:
     return deleted
 
 
+def trim_fully(store: EventStore, max_count: int, chunk: int = 5000) -> int:
+    """Count retention step by step until it is finished (counting first, after an open)."""
+    deleted, finished = 0, False
+    while not finished:
+        n, finished = store.trim_to_count(max_count, chunk)
+        deleted += n
+    return deleted
+
+
 def test_latest_per_topic_and_max_age_by_the_clock_of_the_core_that_stored_them(
     tmp_path: Path,
 ) -> None:
@@ -430,7 +523,7 @@ def test_latest_per_topic_and_max_age_by_the_clock_of_the_core_that_stored_them(
 
     clock = Clock()
     clock.advance(1_000)
-    store = EventStore(tmp_path, topic_index=True)
+    store = EventStore(tmp_path)
     core = EventBusCore(store, max_data_bytes=1024, clock=clock.seconds, logger=Logger())
     try:
         core.collect([pub(t) for t in [b"/k/a/", b"/k/b/", b"/k/a/", b"/k/a/", b"/k/b/"]])
@@ -507,10 +600,13 @@ class Row:
 
 
 class StoreMachine(RuleBasedStateMachine):
-    """The store against a list: appends, reads, reopen, and every retention step.
+    """The store against a list: appends, reads, reopen, the pair's writes (events under
+    given sequences, a truncated tail, a skipped range) and every retention step and pass.
 
     The model states the contract (not the SQL): sequences rise by one per event and never
-    go backwards, even when retention deleted everything; reads filter by byte prefix."""
+    go backwards, even when retention deleted everything; reads filter by byte prefix; after
+    any interleaving, retention leaves exactly what its mode keeps, and a compaction step
+    deletes only events a newer one of their topic supersedes."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -519,13 +615,21 @@ class StoreMachine(RuleBasedStateMachine):
         self.store_id = self.store.store_id
         self.rows: list[Row] = []
         self.last = 0
-        self.compact_from = 0
+        #: Whether the store has counted its events since it opened (count retention).
+        self.counted = False
         self.now = 1000.0
         self.n = 0
 
     def teardown(self) -> None:
         self.store.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _new_events(self, topics: list[bytes]) -> list[Event]:
+        batch = []
+        for topic in topics:
+            self.n += 1
+            batch.append(event(topic, self.n, sequence=12345))
+        return batch
 
     @rule(
         topics=st.lists(model_topics, min_size=0, max_size=5),
@@ -534,10 +638,7 @@ class StoreMachine(RuleBasedStateMachine):
     )
     def append(self, topics: list[bytes], elapsed: float, as_fields: bool) -> None:
         self.now += elapsed  # the caller's clock never goes backwards
-        batch = []
-        for topic in topics:
-            self.n += 1
-            batch.append(event(topic, self.n, sequence=12345))
+        batch = self._new_events(topics)
         expected = [
             Event(e.topic, self.last + i, e.producer, e.timestamp, e.uuid, e.data)
             for i, e in enumerate(batch, 1)
@@ -551,8 +652,40 @@ class StoreMachine(RuleBasedStateMachine):
         self.last += len(batch)
 
     @rule(
-        after=st.integers(-1, 40),
-        upto=st.none() | st.integers(0, 40),
+        topics=st.lists(model_topics, min_size=1, max_size=4),
+        gaps=st.lists(st.integers(1, 20), min_size=4, max_size=4),
+    )
+    def append_at(self, topics: list[bytes], gaps: list[int]) -> None:
+        """A passive copies its active's events, sequences and holes as they are."""
+        sequence, copied = self.last, []
+        for e, gap in zip(self._new_events(topics), gaps, strict=False):
+            sequence += gap
+            copied.append(Event(e.topic, sequence, e.producer, e.timestamp, e.uuid, e.data))
+        self.store.append_at(
+            [(e.sequence, (e.topic, e.producer, e.timestamp, e.uuid, e.data)) for e in copied],
+            self.now,
+        )
+        self.rows += [Row(e, self.now) for e in copied]
+        self.last = sequence
+
+    @rule(back=st.integers(0, 6))
+    def truncate_after(self, back: int) -> None:
+        """A server rejoining its pair drops the tail its new active never had."""
+        sequence = max(0, self.last - back)
+        gone = [r for r in self.rows if r.event.sequence > sequence]
+        assert self.store.truncate_after(sequence) == (len(gone) if back else 0)
+        if back:
+            self.rows = [r for r in self.rows if r.event.sequence <= sequence]
+            self.last = sequence
+
+    @rule(ahead=st.integers(1, 30))
+    def skip_to(self, ahead: int) -> None:
+        self.last += ahead
+        self.store.skip_to(self.last)
+
+    @rule(
+        after=st.integers(-1, 80),
+        upto=st.none() | st.integers(0, 80),
         prefixes=st.lists(model_prefixes, max_size=3),
         limit=st.integers(0, 8),
     )
@@ -569,53 +702,109 @@ class StoreMachine(RuleBasedStateMachine):
     def reopen(self) -> None:
         self.store.close()
         self.store = EventStore(self.directory)
-        self.compact_from = 0  # a compaction pass starts over after a restart
+        self.counted = False  # count retention counts again
 
     @rule(age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]), chunk=st.integers(1, 6))
     def expire(self, age: float, chunk: int) -> None:
+        """One step: the oldest events, at most a chunk (fewer where the sequence has
+        holes), only some received before the cutoff, at least one while there is one."""
         cutoff = self.now - age
-        victims = [r for r in self.rows[:chunk] if r.received < cutoff]
-        assert self.store.expire_older_than(cutoff, chunk) == len(victims)
-        self.rows = self.rows[len(victims) :]
+        older = len([r for r in self.rows if r.received < cutoff])  # the oldest ones
+        deleted = self.store.expire_older_than(cutoff, chunk)
+        assert deleted <= min(chunk, older) and (deleted > 0) == (older > 0)
+        self.rows = self.rows[deleted:]
 
     @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
     def trim(self, max_count: int, chunk: int) -> None:
+        """One step: counting (after an open), or the oldest events beyond max_count, at
+        most a chunk (fewer where the sequence has holes), at least one."""
+        deleted, finished = self.store.trim_to_count(max_count, chunk)
+        if (deleted, finished) == (0, False) and not self.counted:
+            return  # counting: nothing deleted
+        self.counted = True
         excess = max(0, len(self.rows) - max_count)
-        deleted = min(excess, chunk)
-        assert self.store.trim_to_count(max_count, chunk) == deleted
+        assert deleted <= min(excess, chunk) and (deleted > 0) == (excess > 0)
+        assert finished == (deleted == excess)
         self.rows = self.rows[deleted:]
+
+    @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
+    def trim_to_the_end(self, max_count: int, chunk: int) -> None:
+        """Steps until finished: the counting ends within its bound, then the newest stay
+        (each step deletes a chunk, or up to a hole in the sequence)."""
+        excess = max(0, len(self.rows) - max_count)
+        holes = sum(
+            1
+            for a, b in zip(self.rows, self.rows[1:], strict=False)
+            if b.event.sequence != a.event.sequence + 1
+        )
+        steps = -(-excess // chunk) + holes + 1
+        if not self.counted:  # 8 sequences per event of the chunk, a step
+            span = self.last - self.rows[0].event.sequence + 1 if self.rows else 0
+            steps += -(-span // (8 * chunk)) + 1
+        for _ in range(steps):
+            if self.store.trim_to_count(max_count, chunk)[1]:
+                break
+        else:
+            raise AssertionError(f"not finished in {steps} steps")
+        self.counted = True
+        self.rows = self.rows[max(0, len(self.rows) - max_count) :]
+
+    def _superseded(self) -> set[int]:
+        newest = {r.event.topic: r.event.sequence for r in self.rows}
+        return {r.event.sequence for r in self.rows if newest[r.event.topic] != r.event.sequence}
 
     @rule(chunk=st.integers(1, 6))
     def compact(self, chunk: int) -> None:
-        window = [r for r in self.rows if r.event.sequence > self.compact_from][:chunk]
-        if not window:
-            self.compact_from = 0
-            assert self.store.compact_step(chunk) == (0, True)
-            return
-        end = window[-1].event.sequence
+        """One step: it deletes at most a chunk, only superseded events; once finished,
+        none is left."""
+        superseded = self._superseded()
+        deleted, finished = self.store.compact_step(chunk)
+        held = {e.sequence for e in self.store.read(0, limit=10_000)}
+        gone = {r.event.sequence for r in self.rows} - held
+        assert gone <= superseded and len(gone) == deleted <= chunk
+        self.rows = [r for r in self.rows if r.event.sequence in held]
+        if finished:
+            assert not self._superseded()
 
-        def superseded(row: Row) -> bool:
-            e = row.event
-            return any(
-                o.event.topic == e.topic and o.event.sequence > e.sequence for o in self.rows
-            )
+    @rule(chunk=st.integers(1, 6))
+    def compact_to_the_end(self, chunk: int) -> None:
+        """Steps until finished, within a bound: reading what the log holds, 3 events per
+        event of the chunk a step, then deleting what was seen superseded (some of it may
+        be gone already: at most every event made so far)."""
+        steps = -(-len(self.rows) // (3 * chunk)) + -(-self.n // chunk) + 2
+        for _ in range(steps):
+            if self.store.compact_step(chunk)[1]:
+                break
+        else:
+            raise AssertionError(f"not finished in {steps} steps")
+        newest = {r.event.topic: r.event.sequence for r in self.rows}
+        self.rows = [r for r in self.rows if newest[r.event.topic] == r.event.sequence]
 
-        victims = [r for r in window if superseded(r)]
-        assert self.store.compact_step(chunk) == (len(victims), False)
-        self.rows = [r for r in self.rows if r not in victims]
-        self.compact_from = end
+    @rule(
+        max_age=st.none() | st.sampled_from([0.0, 1.0, 5.0, 20.0]),
+        max_count=st.none() | st.integers(0, 8),
+        latest_per_topic=st.booleans(),
+        chunk=st.integers(1, 6),
+    )
+    def retention_pass(
+        self, max_age: float | None, max_count: int | None, latest_per_topic: bool, chunk: int
+    ) -> None:
+        """A whole pass, as the service runs it: by age, by count, then latest per topic."""
+        from bus.util.chunking import ChunkSizer
 
-    @precondition(lambda self: self.compact_from == 0)
-    @rule()
-    def full_compaction(self) -> None:
-        finished = False
-        while not finished:
-            _, finished = self.store.compact_step(3)
-        latest: dict[bytes, int] = {}
-        for r in self.rows:
-            latest[r.event.topic] = r.event.sequence
-        self.rows = [r for r in self.rows if latest[r.event.topic] == r.event.sequence]
-        assert seqs(self.store.read(0, limit=10_000)) == [r.event.sequence for r in self.rows]
+        retention = Retention(max_age, max_count, latest_per_topic)
+        sizer = ChunkSizer(1.0, first=chunk, smallest=chunk, largest=chunk)
+        deleted = sum(retention.steps(lambda: self.store, self.now, sizer))
+        before = len(self.rows)
+        if max_age is not None:
+            self.rows = [r for r in self.rows if r.received >= self.now - max_age]
+        if max_count is not None:
+            self.rows = self.rows[max(0, len(self.rows) - max_count) :]
+            self.counted = True
+        if latest_per_topic:
+            latest = {r.event.topic: r.event.sequence for r in self.rows}
+            self.rows = [r for r in self.rows if latest[r.event.topic] == r.event.sequence]
+        assert deleted == before - len(self.rows)
 
     @invariant()
     def agrees_with_the_model(self) -> None:
@@ -723,17 +912,51 @@ def test_opening_a_store_that_cannot_be_created_raises_storage_error(tmp_path: P
 def test_a_retention_pass_deletes_by_age_count_then_latest_per_topic_a_chunk_a_step(
     tmp_path: Path,
 ) -> None:
-    store = EventStore(tmp_path, topic_index=True)
+    from bus.util.chunking import ChunkSizer
+
+    store = EventStore(tmp_path)
     try:
         store.append([event(b"/old/%d/" % (i % 3), i) for i in range(6000)], 1000.0)
         store.append([event(b"/new/%d/" % (i % 2), i) for i in range(5200)], 2000.0)
         retention = Retention(max_age=500.0, max_count=5100, latest_per_topic=True)
-        steps = list(retention.steps(lambda: store, 2400.0))
-        # Age: the 6000 old ones, 5000 a step; count: 100 more; then one compaction pass,
-        # its chunks of 5000 sequences.
-        assert steps[:3] == [5000, 1000, 100] and sum(steps) == 6000 + 100 + 5098
+        fixed = ChunkSizer(1.0, first=5000, smallest=5000, largest=5000)
+        steps = list(retention.steps(lambda: store, 2400.0, fixed))
+        # Age: the 6000 old ones, 5000 a step; count: one step counting the 5200 left (40k
+        # sequences a step), then 100 more; then a compaction pass, 5000 events a step.
+        assert steps[:4] == [5000, 1000, 0, 100] and sum(steps) == 6000 + 100 + 5098
         assert seqs(store.read(0)) == [11199, 11200]
         assert sum(retention.steps(lambda: store, 2400.0)) == 0  # nothing more to do
+    finally:
+        store.close()
+
+
+def test_a_retention_pass_sizes_its_steps_by_their_measured_time(tmp_path: Path) -> None:
+    """Chunks follow what a step costs: on a clock that charges each step 1 us per event
+    deleted plus 50 us, every step after the first few lasts about the target (1.5 ms)."""
+    from bus.eventbus.store import STEP_TARGET, step_sizer
+
+    store = EventStore(tmp_path)
+    try:
+        store.append([event(b"/t/", i) for i in range(60_000)], 1000.0)
+        now = [0.0]
+        sizer = step_sizer(lambda: now[0])
+
+        class Charged:
+            """The store, its retention steps charged to the fake clock."""
+
+            def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
+                deleted = store.expire_older_than(cutoff, chunk)
+                now[0] += 50e-6 + deleted * 1e-6
+                return deleted
+
+        passing = Retention(max_age=10.0).steps(lambda: Charged(), 2000.0, sizer)  # type: ignore[arg-type,return-value]
+        durations, sizes = [], []
+        for deleted in passing:
+            durations.append(50e-6 + deleted * 1e-6)
+            sizes.append(deleted)
+        assert sum(sizes) == 60_000
+        assert sizes[:3] == [256, 512, 1024]  # from the first chunk, at most twice as big
+        assert all(STEP_TARGET * 0.9 <= d <= STEP_TARGET * 1.1 for d in durations[3:-1])
     finally:
         store.close()
 
@@ -748,7 +971,7 @@ def test_a_retention_pass_asks_for_the_log_at_every_step() -> None:
     steps = Retention(max_count=1, latest_per_topic=True).steps(lambda: logs[0], 10.0)
     assert next(steps) == 2
     logs.pop(0)  # a pair replaced the log: the pass goes on in the new one
-    assert list(steps) == [2, 0]
+    assert list(steps) == [2]  # compaction, in the second log
     assert first.count() == 1 and second.count() == 1
 
 
@@ -765,6 +988,8 @@ class UpkeptLog:
         self.checkpoints = 0
         self.blocked: Any = None
         self.closed_with: list[bool] = []
+        #: A clock its retention steps advance: 1 ms per event deleted.
+        self.now = 0.0
 
     def _fail(self) -> None:
         from bus.errors import StorageError
@@ -772,12 +997,13 @@ class UpkeptLog:
         if self.failing is not None:
             raise StorageError(OSError(28, self.failing))
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
         """Two events a step at most."""
         self._fail()
         extra = min(2, max(0, self.memory.count() - max_count))
         del self.memory.rows[:extra]
-        return extra
+        self.now += extra / 1000
+        return extra, self.memory.count() <= max_count
 
     def checkpoint(self) -> tuple[int, int]:
         self.checkpoints += 1
@@ -799,7 +1025,15 @@ def upkeep_of(log: UpkeptLog, reactor: Any, said: list[str], max_count: int = 0)
         observer=lambda e: said.append(f"{e['log_level'].name}: {formatEvent(e)}"),
     )
     retention = Retention(max_count=max_count)
-    return LogUpkeep(reactor, lambda: log, retention, clock=reactor.seconds, logger=logger)
+    return LogUpkeep(
+        reactor,
+        lambda: log,
+        retention,
+        clock=reactor.seconds,
+        logger=logger,
+        timer=lambda: log.now,
+        cpu_timer=lambda: log.now / 2,
+    )
 
 
 def test_retention_runs_on_the_reactor_one_pass_at_a_time_and_its_failures_are_counted() -> None:
@@ -810,10 +1044,31 @@ def test_retention_runs_on_the_reactor_one_pass_at_a_time_and_its_failures_are_c
     upkeep = upkeep_of(log, clock, said)
     upkeep.retain()
     upkeep.retain()  # the pass has not ended: no second one
-    assert log.memory.count() == 5  # it runs on the reactor, in steps
-    while clock.getDelayedCalls():
-        clock.advance(0)
-    assert log.memory.count() == 0 and said == ["info: retention removed 5 events"]
+    assert log.memory.count() == 5  # it runs on the reactor, a step per turn
+    held = []
+    while clock.calls:  # one reactor turn: the first call due, alone
+        call = clock.calls.pop(0)
+        call.called = 1
+        call.func(*call.args, **call.kw)
+        held.append(log.memory.count())
+    assert held == [3, 1, 0, 0]  # the last turn finds the pass over
+    assert said == ["info: retention removed 5 events in 3 steps over 0.005 s, the longest 2.00 ms"]
+    assert (upkeep.removed, upkeep.passes, upkeep.longest_step, upkeep.cpu) == (
+        5,
+        1,
+        0.002,
+        0.0025,
+    )
+    assert upkeep.longest_step_cpu == 0.001
+    assert upkeep.last_pass == RetentionPass(
+        started=0.0,
+        seconds=0.005,
+        removed=5,
+        steps=3,
+        longest_step=0.002,
+        cpu=0.0025,
+        longest_step_cpu=0.001,
+    )
     # A step that fails ends the pass: counted, and said once in ten seconds.
     log.memory.append_fields([(b"/a/", b"p", b"t", b"u", b"\xc0")] * 5, 1.0)
     log.failing = "No space left on device"

@@ -93,18 +93,21 @@ class EventLog(Protocol):
         """Bytes the log takes where it is kept."""
         ...
 
-    # Retention, a step at a time (the service spreads them over reactor turns).
+    # Retention, a step at a time (the service spreads them over reactor turns); a step's
+    # cost follows its chunk, not the size of the log.
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
         """Delete up to ``chunk`` events received before ``cutoff`` (epoch seconds); how many."""
         ...
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
-        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``; how many."""
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
+        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``: how many,
+        and whether no more than ``max_count`` are left (a step may delete nothing and not
+        be finished: the SQLite log counts its events first)."""
         ...
 
     def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
-        """Keep only each topic's latest event over the next ``chunk`` sequences: how many were
-        deleted, and whether a pass over the log ended."""
+        """Keep only each topic's latest event, looking at the next ``chunk`` events: how many
+        were deleted, and whether a pass over the log ended."""
         ...
 
     def checkpoint(self) -> tuple[int, int]:

@@ -122,11 +122,7 @@ class EventBusService(Service):
         """Open the log, bind the ports (a StartupError names the option), start the timers."""
         config = self.config
         try:
-            store = EventStore(
-                config.data_dir,
-                durability=config.durability,
-                topic_index=config.retention.latest_per_topic,
-            )
+            store = EventStore(config.data_dir, durability=config.durability)
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         self.core = EventBusCore.of_bus(store, config, clock=self.clock, logger=log)
@@ -495,6 +491,7 @@ class EventBusService(Service):
             **core.status(),
             "storage_errors": self.storage_errors,
             "storage_waiting": len(core.waiting),
+            **self.upkeep.status(),
             "clients": self.connections(),
             **self.snapshots.status(),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
@@ -523,6 +520,7 @@ class EventBusService(Service):
                 self.storage_errors,
             ),
             *self.snapshots.metrics(),
+            *self.upkeep.metrics(),
             gauges_by(
                 "eventbus_connections",
                 "TCP peers connected now, by socket",

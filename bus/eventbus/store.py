@@ -9,20 +9,33 @@ The sequence is the table's integer primary key and never goes backwards: the hi
 sequence ever assigned is kept in ``meta`` before retention deletes anything.
 Snapshot reads are chunked by sequence, so nothing is ever loaded whole in memory.
 
+Retention deletes a chunk of events per step, and a step's cost follows its chunk, never the
+size of the log: age and count retention delete the oldest events (``seq <= bound``, the bound
+the first event at or above the oldest one plus the chunk: receipt times never go backwards,
+so the events older than a cutoff come first); count retention knows how many events the log holds
+(counted once after the store opens, a chunk a step, then kept as events come and go);
+latest-per-topic compaction knows each topic's newest sequence and the events superseded since
+(:class:`_Superseded`: seen as they are appended, the events already there read once, a chunk a
+step, after the first compaction step), so a step deletes a chunk of superseded events by their
+sequences, with no index to keep. :class:`Retention` sizes the chunks by their measured time
+(:class:`bus.util.chunking.ChunkSizer`).
+
 A write the store cannot make (a full disk, an I/O error) raises :class:`StorageError`
 and leaves the store as it was before the call: SQLite rolls a failed transaction back
 itself (on SQLITE_FULL it already has), and only a transaction still open is rolled
 back here. The caller may retry the same call later.
 
-:class:`LogUpkeep` does a log's background work on the reactor for the service:
-checkpoints on a worker thread, retention a chunk per reactor turn, the close at stop.
+:class:`bus.eventbus.upkeep.LogUpkeep` does a log's background work on the reactor for the
+service: checkpoints on a worker thread, retention a step per reactor turn, the close at stop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sqlite3
+import time
 import uuid
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +43,7 @@ from typing import TYPE_CHECKING
 
 from bus.eventbus.codec import Event, EventFields
 from bus.extension import StorageError
+from bus.util.chunking import ChunkSizer
 from bus.util.sqlitewal import (
     Checkpointer,
     Durability,
@@ -92,6 +106,26 @@ def _write(db: sqlite3.Connection, statements: Callable[[], object]) -> None:
         raise
 
 
+#: How long one retention step should hold the thread that runs it (the reactor's), in
+#: seconds: chunks are sized to it from the steps' measured times, well under the 5 ms that a
+#: step may take at most (on a busy machine, steps sized for 2 ms took up to 4 ms of CPU).
+STEP_TARGET = 0.0015
+
+
+#: Counting the events held costs about a tenth of deleting them (a range COUNT against a
+#: DELETE, measured): a counting step takes this many times its chunk of sequences.
+COUNTED_PER_DELETED = 8
+#: Reading events' topics for compaction costs about a third of deleting them: a reading step
+#: takes this many times its chunk of events.
+SCANNED_PER_DELETED = 3
+
+
+def step_sizer(clock: Callable[[], float] = time.perf_counter) -> ChunkSizer:
+    """Chunk sizes for retention steps of :data:`STEP_TARGET` (one per kind of step), their
+    time measured by ``clock`` (monotonic seconds)."""
+    return ChunkSizer(STEP_TARGET, first=256, smallest=16, largest=65_536, clock=clock)
+
+
 @dataclass(frozen=True, slots=True)
 class Retention:
     """What to keep. ``None`` means no limit; everything is kept by default."""
@@ -105,53 +139,140 @@ class Retention:
         """Some limit is set: retention has work to do."""
         return self.max_age is not None or self.max_count is not None or self.latest_per_topic
 
-    def steps(self, log: Callable[[], EventLog], now: float) -> Iterator[int]:
+    def steps(
+        self, log: Callable[[], EventLog], now: float, sizer: ChunkSizer | None = None
+    ) -> Iterator[int]:
         """One pass over the log ``log()`` gives (asked again at every step: a pair may
-        replace it), deleting what these limits do not keep at ``now``: one chunk a step,
-        each step yielding how many events it deleted. A StorageError ends the pass and
-        leaves the log consistent; the next pass goes on from there."""
+        replace it), deleting what these limits do not keep at ``now``: by age, then by
+        count, then all but each topic's latest event. One chunk a step, each step yielding
+        how many events it deleted; ``sizer`` sizes the chunks by the steps' measured time
+        (a new one per pass when not given). A StorageError ends the pass and leaves the log
+        consistent; the next pass goes on from there."""
+        sizer = sizer if sizer is not None else step_sizer()
+        clock = sizer.clock
         if self.max_age is not None:
             cutoff = now - self.max_age
-            while (deleted := log().expire_older_than(cutoff)) > 0:
+            while True:
+                chunk, started = sizer.chunk("age"), clock()
+                deleted = log().expire_older_than(cutoff, chunk)
+                if not deleted:  # fewer than a chunk may be a hole in the sequence, not the end
+                    break
+                sizer.took("age", chunk, clock() - started)
                 yield deleted
         if self.max_count is not None:
-            while (deleted := log().trim_to_count(self.max_count)) > 0:
-                yield deleted
+            finished = False
+            while not finished:
+                chunk, started = sizer.chunk("count"), clock()
+                deleted, finished = log().trim_to_count(self.max_count, chunk)
+                if not finished:
+                    sizer.took("count", chunk, clock() - started)
+                if deleted or not finished:
+                    yield deleted
         if self.latest_per_topic:
             finished = False
             while not finished:
-                deleted, finished = log().compact_step()
-                yield deleted
+                chunk, started = sizer.chunk("latest"), clock()
+                deleted, finished = log().compact_step(chunk)
+                if not finished:
+                    sizer.took("latest", chunk, clock() - started)
+                if deleted or not finished:
+                    yield deleted
+
+
+class _Superseded:
+    """Latest-per-topic compaction's knowledge of the log: each topic's newest sequence seen,
+    and the sequences seen to be superseded, to delete. Events appended are seen as they are
+    committed; those already there when it began (up to ``unseen_upto``) are read a chunk at a
+    time. Memory: an entry per topic held (its name and an int), 8 bytes per superseded event
+    until it is deleted."""
+
+    def __init__(self, unseen_upto: int) -> None:
+        self.latest: dict[bytes, int] = {}
+        self.pending = array("q")
+        #: pending[:taken] were handed out to be deleted.
+        self.taken = 0
+        #: Events up to here were read; those above ``unseen_upto`` are seen as appended.
+        self.read_upto = 0
+        self.unseen_upto = unseen_upto
+
+    @property
+    def reading(self) -> bool:
+        """Some events that were there before it began are not read yet."""
+        return self.read_upto < self.unseen_upto
+
+    def see(self, topic: bytes, sequence: int) -> None:
+        """An event of ``topic`` is at ``sequence``: one of the two is superseded."""
+        previous = self.latest.get(topic)
+        if previous is None or previous < sequence:
+            self.latest[topic] = sequence
+            if previous is not None:
+                self.pending.append(previous)
+        else:
+            self.pending.append(sequence)
+
+    def appended(self, first: int, fields: Sequence[EventFields]) -> None:
+        """Events appended under ``first`` and the next sequences: each the newest of its topic."""
+        latest, pending = self.latest, self.pending
+        for sequence, event in enumerate(fields, first):
+            previous = latest.get(event[0])
+            latest[event[0]] = sequence
+            if previous is not None:
+                pending.append(previous)
+
+    def take(self, count: int) -> list[int]:
+        """Up to ``count`` superseded sequences, in order, handed out to be deleted."""
+        part = self.pending[self.taken : self.taken + count]
+        self.taken += len(part)
+        if self.taken * 2 > len(self.pending):  # give back what was handed out
+            del self.pending[: self.taken]
+            self.taken = 0
+        return sorted(part)
+
+    @property
+    def waiting(self) -> int:
+        """Superseded sequences not handed out yet."""
+        return len(self.pending) - self.taken
+
+    def removed_through(self, bound: int, rows: Iterable[tuple[int, bytes]]) -> None:
+        """Every event up to ``bound`` was deleted (``rows``: their sequences and topics)."""
+        latest = self.latest
+        for sequence, topic in rows:
+            if latest.get(topic) == sequence:
+                del latest[topic]
+        self.read_upto = max(self.read_upto, min(bound, self.unseen_upto))
 
 
 class EventStore:
     """Append-only event log with sequence-range reads and chunked retention."""
 
-    def __init__(
-        self,
-        directory: Path | str,
-        durability: Durability = "normal",
-        topic_index: bool = False,
-    ) -> None:
+    def __init__(self, directory: Path | str, durability: Durability = "normal") -> None:
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
         self._durability: Durability = durability
-        self._topic_index = topic_index
         self._db = open_wal(self.path, durability)
         self._checkpointer = Checkpointer(self.path)
         try:
-            self._open(topic_index)
+            self._open()
         except sqlite3.Error as error:
             self._db.close()
             raise StorageError(error) from error
-        self._compact_from = 0
+        #: Events held, once counted (count retention needs it): None until then.
+        self._held: int | None = None
+        #: While counting: events up to this sequence were counted, and how many there are.
+        self._counted_upto = 0
+        self._counted = 0
+        #: What latest-per-topic compaction knows, from its first step on (None before).
+        self._superseded: _Superseded | None = None
         self._closed = False
 
-    def _open(self, topic_index: bool) -> None:
+    def _open(self) -> None:
         self._db.executescript(_SCHEMA)
-        if topic_index:
-            # Needed by latest-per-topic compaction; costs some insert speed.
-            self._db.execute("CREATE INDEX IF NOT EXISTS events_topic ON events (topic, seq)")
+        index = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'events_topic'"
+        if self._db.execute(index).fetchone() is not None:
+            # Compaction used an index on (topic, seq) before 0.2: it cost every insert.
+            # Dropped when it can be (a full disk keeps it: the next open tries again).
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("DROP INDEX events_topic")
         self.store_id = self._meta("store_id") or self._init_store_id()
         top = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0
         self._last = max(top, int(self._meta("high_water") or 0))
@@ -198,6 +319,10 @@ class EventStore:
         _write(db, lambda: db.executemany(_INSERT, rows))
         self._last = first + len(fields) - 1
         self._last_received = received
+        if self._held is not None:
+            self._held += len(rows)
+        if self._superseded is not None:
+            self._superseded.appended(first, fields)
         return first
 
     def append_at(self, events: Sequence[tuple[int, EventFields]], received: float) -> None:
@@ -217,6 +342,11 @@ class EventStore:
         _write(db, lambda: db.executemany(_INSERT, rows))
         self._last = previous
         self._last_received = received
+        if self._held is not None:
+            self._held += len(rows)
+        if self._superseded is not None:
+            for sequence, fields in events:
+                self._superseded.see(fields[0], sequence)
 
     def truncate_after(self, sequence: int) -> int:
         """Delete every event above ``sequence`` and make it the last one: a server that
@@ -237,6 +367,9 @@ class EventStore:
 
         _write(db, truncate)
         self._last = sequence
+        self._removed(int(deleted), above=sequence)
+        if self._superseded is not None:  # what it saw above is gone: read the log again
+            self._superseded = _Superseded(sequence)
         newest = db.execute("SELECT received FROM events ORDER BY seq DESC LIMIT 1").fetchone()
         self._last_received = 0.0 if newest is None else float(newest[0])
         return int(deleted)
@@ -356,7 +489,9 @@ class EventStore:
         return self._db.execute(sql, params).fetchall()
 
     def count(self) -> int:
-        """Events held now."""
+        """Events held now (kept in memory once count retention counted them)."""
+        if self._held is not None:
+            return self._held
         return int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
 
     def first_sequence(self) -> int | None:
@@ -374,22 +509,41 @@ class EventStore:
 
     # -- retention -----------------------------------------------------------------------
 
-    def _delete_upto(self, boundary: int, chunk: int) -> int:
-        """Delete at most ``chunk`` of the oldest events with ``seq <= boundary``."""
+    def _delete_through(self, bound: int) -> int:
+        """Delete every event with ``seq <= bound`` (the caller bounded how many there are)."""
         db = self._db
         deleted = 0
+        tracked = self._superseded
+        gone: list[tuple[int, bytes]] = []
 
         def delete() -> None:
-            nonlocal deleted
+            nonlocal deleted, gone
             self._save_high_water()
-            deleted = db.execute(
-                "DELETE FROM events WHERE seq IN "
-                "(SELECT seq FROM events WHERE seq <= ? ORDER BY seq LIMIT ?)",
-                (boundary, chunk),
-            ).rowcount
+            if tracked is not None and tracked.latest:  # compaction forgets their topics
+                gone = db.execute(
+                    "SELECT seq, topic FROM events WHERE seq <= ?", (bound,)
+                ).fetchall()
+            deleted = db.execute("DELETE FROM events WHERE seq <= ?", (bound,)).rowcount
 
         _write(db, delete)
+        self._removed(int(deleted), upto=bound)
+        if tracked is not None:
+            tracked.removed_through(bound, gone)
         return int(deleted)
+
+    def _removed(self, deleted: int, *, upto: int | None = None, above: int | None = None) -> None:
+        """Keep the count of events held: ``deleted`` of them are gone, all at or below
+        ``upto`` or all above ``above``. A count under way stays right when none of them
+        lay in what it counted already, and starts over otherwise."""
+        if self._held is not None:
+            self._held -= deleted
+        elif deleted and (
+            (upto is not None and upto > self._counted_upto)
+            or (above is not None and above < self._counted_upto)
+        ):
+            self._counted_upto = self._counted = 0
+        elif deleted and upto is not None:
+            self._counted -= deleted
 
     def _save_high_water(self) -> None:
         self._db.execute(
@@ -399,50 +553,129 @@ class EventStore:
         )
 
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
-        """Delete up to ``chunk`` events received before ``cutoff`` (epoch seconds)."""
-        rows = self._db.execute(
-            "SELECT seq FROM events WHERE received < ? AND seq IN "
-            "(SELECT seq FROM events ORDER BY seq LIMIT ?) ORDER BY seq DESC LIMIT 1",
-            (cutoff, chunk),
+        """Delete up to ``chunk`` of the oldest events, those received before ``cutoff``
+        (epoch seconds). Receipt times never go backwards: they are the oldest events."""
+        db = self._db
+        row = self._chunk_end(chunk)
+        if row is not None and row[1] < cutoff:  # the whole chunk (no receipt time read)
+            return self._delete_through(int(row[0]))
+        row = db.execute(
+            "SELECT MAX(seq) FROM (SELECT seq, received FROM events ORDER BY seq LIMIT ?) "
+            "WHERE received < ?",
+            (chunk, cutoff),
         ).fetchone()
-        return 0 if rows is None else self._delete_upto(int(rows[0]), chunk)
+        return 0 if row[0] is None else self._delete_through(int(row[0]))
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> int:
-        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``."""
-        row = self._db.execute(
-            "SELECT seq FROM events ORDER BY seq DESC LIMIT 1 OFFSET ?", (max_count,)
+    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
+        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``.
+
+        Returns (deleted, finished): finished once no more than ``max_count`` are held. The
+        first calls after the store opened count the events held, ``chunk`` times
+        :data:`COUNTED_PER_DELETED` sequences a call, deleting nothing meanwhile."""
+        if self._held is None:
+            self._count_some(chunk * COUNTED_PER_DELETED)
+            return 0, False
+        excess = self._held - max_count
+        if excess <= 0:
+            return 0, True
+        take = min(excess, chunk)
+        row = self._chunk_end(take)
+        if row is None:  # fewer events than counted: someone else deleted some; count again
+            self._held = None
+            self._counted_upto = self._counted = 0
+            return 0, False
+        deleted = self._delete_through(int(row[0]))
+        return deleted, deleted >= excess
+
+    def _chunk_end(self, size: int) -> tuple[int, float] | None:
+        """The sequence and receipt time of the first event at or above the oldest one plus
+        ``size - 1``: no more than ``size`` events are at or below it (exactly ``size`` where
+        the sequence has no hole). Two index seeks, where walking ``size`` events cost a
+        fifth of deleting them."""
+        db = self._db
+        first = db.execute("SELECT MIN(seq) FROM events").fetchone()[0]
+        if first is None:
+            return None
+        row = db.execute(
+            "SELECT seq, received FROM events WHERE seq >= ? ORDER BY seq LIMIT 1",
+            (int(first) + size - 1,),
         ).fetchone()
-        return 0 if row is None else self._delete_upto(int(row[0]), chunk)
+        return None if row is None else (int(row[0]), float(row[1]))
+
+    def _count_some(self, sequences: int) -> None:
+        """Count the events of the next ``sequences`` sequences; once the count reaches the
+        last sequence, it is the number of events held, kept from then on."""
+        top = self._last
+        if not self._counted_upto:
+            first = self.first_sequence()
+            self._counted_upto = top if first is None else first - 1
+        upto = min(self._counted_upto + sequences, top)
+        self._counted += int(
+            self._db.execute(
+                "SELECT COUNT(*) FROM events WHERE seq > ? AND seq <= ?",
+                (self._counted_upto, upto),
+            ).fetchone()[0]
+        )
+        self._counted_upto = upto
+        if upto >= top:
+            self._held = self._counted
 
     def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
-        """Latest-value-per-topic compaction over the next ``chunk`` sequences.
+        """Latest-value-per-topic compaction, a step: read the topics of up to ``chunk``
+        times :data:`SCANNED_PER_DELETED` events that were in the log before compaction's
+        first step (after each open, one pass reads them all), or delete up to ``chunk``
+        superseded events.
 
-        Returns (deleted, finished_a_pass). Passes resume where the last one stopped."""
-        db = self._db
-        start = self._compact_from
-        end_row = db.execute(
-            "SELECT MAX(seq) FROM (SELECT seq FROM events WHERE seq > ? ORDER BY seq LIMIT ?)",
-            (start, chunk),
-        ).fetchone()
-        if end_row[0] is None:
-            self._compact_from = 0
+        Returns (deleted, finished): finished once every superseded event seen is deleted."""
+        tracked = self._superseded
+        if tracked is None:
+            tracked = self._superseded = _Superseded(self._last)
+        if tracked.reading:
+            limit = chunk * SCANNED_PER_DELETED
+            rows = self._db.execute(
+                "SELECT seq, topic FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+                (tracked.read_upto, tracked.unseen_upto, limit),
+            ).fetchall()
+            for sequence, topic in rows:
+                tracked.see(topic, sequence)
+            tracked.read_upto = rows[-1][0] if len(rows) == limit else tracked.unseen_upto
+            return 0, False
+        victims = tracked.take(chunk)
+        if not victims:
             return 0, True
-        end = int(end_row[0])
+        deleted = self._delete_sequences(victims)
+        return deleted, not tracked.waiting
+
+    def _delete_sequences(self, sequences: list[int]) -> int:
+        """Delete the events at ``sequences`` (increasing; some may be gone already)."""
+        runs: list[list[int]] = []
+        if sequences[-1] - sequences[0] + 1 == len(sequences):  # no hole: one range
+            runs.append([sequences[0], sequences[-1]])
+        else:
+            for sequence in sequences:
+                if runs and runs[-1][1] == sequence - 1:
+                    runs[-1][1] = sequence
+                else:
+                    runs.append([sequence, sequence])
+        db = self._db
         deleted = 0
 
-        def compact() -> None:
+        def delete() -> None:
             nonlocal deleted
             self._save_high_water()
-            deleted = db.execute(
-                "DELETE FROM events WHERE seq > ? AND seq <= ? AND EXISTS "
-                "(SELECT 1 FROM events AS newer WHERE newer.topic = events.topic "
-                "AND newer.seq > events.seq)",
-                (start, end),
-            ).rowcount
+            if len(runs) * 4 <= len(sequences):  # mostly consecutive: a range each
+                deleted = db.executemany(
+                    "DELETE FROM events WHERE seq >= ? AND seq <= ?", runs
+                ).rowcount
+                return
+            for start in range(0, len(sequences), 500):
+                part = sequences[start : start + 500]
+                marks = ",".join("?" * len(part))
+                deleted += db.execute(f"DELETE FROM events WHERE seq IN ({marks})", part).rowcount
 
-        _write(db, compact)
-        self._compact_from = end
-        return int(deleted), False
+        _write(db, delete)
+        self._removed(int(deleted), upto=sequences[-1])
+        return int(deleted)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -469,7 +702,7 @@ class EventStore:
         except OSError as error:
             raise StorageError(error) from error
         self.path = self.directory / aside
-        fresh = EventStore(self.directory, self._durability, self._topic_index)
+        fresh = EventStore(self.directory, self._durability)
         fresh.adopt_store_id(store_id)
         return fresh
 

@@ -1,0 +1,60 @@
+"""Work in chunks sized by their measured time: a step that holds a thread (the reactor's) for
+about a target duration, whatever one item of the work costs on this machine today.
+
+A chunk's size follows the median rate (items a second) of the last few steps of its kind, so
+one step that the operating system kept off the CPU does not shrink the next; it grows at most
+twofold from one step to the next, so that a rate measured on small steps cannot overshoot the
+target by more than that. Nothing here knows of Twisted or of what the work is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+
+class ChunkSizer:
+    """How many items the next step of each kind of work should take, so that it lasts about
+    ``target`` seconds: :meth:`chunk` before the step, :meth:`took` after it (only for a step
+    that did a whole chunk: a short last step says little of the rate)."""
+
+    def __init__(
+        self,
+        target: float,
+        *,
+        first: int = 256,
+        smallest: int = 16,
+        largest: int = 65_536,
+        window: int = 8,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        if target <= 0 or not 0 < smallest <= first <= largest or window < 1:
+            raise ValueError("need target > 0, 0 < smallest <= first <= largest, window >= 1")
+        self.target = target
+        self.first = first
+        self.smallest = smallest
+        self.largest = largest
+        #: Measures the steps (monotonic seconds).
+        self.clock = clock
+        self._rates: dict[str, deque[float]] = {}
+        self._last: dict[str, int] = {}
+        self._window = window
+
+    def chunk(self, kind: str) -> int:
+        """The size of the next step of ``kind``."""
+        rates = self._rates.get(kind)
+        if not rates:
+            size = self.first
+        else:
+            size = int(statistics.median(rates) * self.target)
+            size = min(size, 2 * self._last.get(kind, self.first))
+        size = max(self.smallest, min(self.largest, size))
+        self._last[kind] = size
+        return size
+
+    def took(self, kind: str, items: int, seconds: float) -> None:
+        """A step of ``kind`` did ``items`` in ``seconds``."""
+        rates = self._rates.setdefault(kind, deque(maxlen=self._window))
+        rates.append(items / max(seconds, 1e-7))

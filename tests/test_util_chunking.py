@@ -1,0 +1,58 @@
+"""ChunkSizer: chunks of work sized by their measured time (bus.util.chunking), on made-up
+durations (no clock is read here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bus.util.chunking import ChunkSizer
+
+
+def test_the_first_chunk_is_the_given_one_then_each_kind_follows_its_own_rate() -> None:
+    sizer = ChunkSizer(0.002, first=100, smallest=10, largest=100_000)
+    assert sizer.chunk("delete") == 100
+    sizer.took("delete", 100, 0.0001)  # 1M items/s: 2000 items fill 2 ms
+    assert sizer.chunk("delete") == 200  # at most twice the last chunk
+    assert sizer.chunk("delete") == 400
+    assert sizer.chunk("delete") == 800
+    assert sizer.chunk("delete") == 1600
+    assert sizer.chunk("delete") == 2000
+    assert sizer.chunk("count") == 100  # another kind: its own rate, from the first chunk
+    sizer.took("count", 100, 0.004)  # 25k items/s: 50 items fill 2 ms
+    assert sizer.chunk("count") == 50
+    assert sizer.chunk("delete") == 2000
+
+
+def test_one_slow_step_among_several_does_not_shrink_the_next_chunk() -> None:
+    sizer = ChunkSizer(0.002, first=1000, largest=100_000)
+    for _ in range(4):
+        sizer.took("delete", 1000, 0.001)  # 1M items/s
+    sizer.took("delete", 1000, 0.050)  # the thread was off the CPU for 49 ms
+    assert sizer.chunk("delete") == 2000
+    for _ in range(4):  # but a slowdown that lasts does
+        sizer.took("delete", 1000, 0.010)
+    assert sizer.chunk("delete") == 200
+
+
+def test_chunks_stay_within_their_bounds() -> None:
+    sizer = ChunkSizer(0.002, first=64, smallest=16, largest=1000, window=1)
+    sizer.took("fast", 64, 1e-9)
+    sizes = [sizer.chunk("fast") for _ in range(6)]
+    assert sizes == [128, 256, 512, 1000, 1000, 1000]
+    sizer.took("slow", 64, 10.0)
+    assert sizer.chunk("slow") == 16
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"target": 0.0},
+        {"target": 0.002, "smallest": 0},
+        {"target": 0.002, "first": 8, "smallest": 16},
+        {"target": 0.002, "first": 2000, "largest": 1000},
+        {"target": 0.002, "window": 0},
+    ],
+)
+def test_impossible_settings_are_refused(arguments: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="need target"):
+        ChunkSizer(**arguments)  # type: ignore[arg-type]
