@@ -262,3 +262,39 @@ def test_a_removed_schedule_is_gone_and_a_forgotten_worker_told_to_leave(
     yield waits_for(lambda: bool(worker.commands(codec.KBYE)), "the worker told KBYE")
     code, _ = yield post(web.port, "/api/v1/actions/emqp/forget-worker", {"worker": name})
     assert code == 404
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_dropped_snapshot_client_frees_its_place_for_the_next(
+    tmp_path: Path, cleanup: list[Any], peers: list[Any]
+) -> Any:
+    from bus.testing import RawPeer, start_bus
+    from tests.test_eventbus_snapshots import fill, healthy_client, syncends, syncstart
+
+    # One snapshot at a time: a client that stopped reading holds the place (for ten
+    # minutes before the stall timeout) while the next waits behind it.
+    bus = start_bus(tmp_path / "bus", snapshot_hwm=5, snapshot_stall_timeout=600, max_snapshots=1)
+    cleanup.append(bus)
+    web = web_for(tmp_path, cleanup, [("eventbus", bus)])
+    yield fill(bus, peers)
+    stuck = RawPeer.dealer(bus.endpoints["snapshot"], receive_hwm=5, identity=b"stuck-1")
+    peers.append(stuck)
+    stuck.socket.pause_reading()
+    syncstart(stuck)
+    yield waits_for(lambda: bus.snapshots.streams, "the stuck client's stream")
+    waiting = healthy_client(bus, peers)
+    yield waits_for(lambda: bus.status()["snapshots_waiting"] == 1, "the next one waiting")
+    listed = {c["client"]: c for c in bus.status()["snapshot_clients"]}
+    assert listed[b"stuck-1".hex()]["streams"] == 1
+    code, answer = yield post(
+        web.port, "/api/v1/actions/eventbus/drop-snapshot", {"client": b"stuck-1".hex()}
+    )
+    assert code == 200 and answer["result"]["dropped"] == 1
+    # The place is the next client's: it gets its whole snapshot.
+    yield waits_for(lambda: syncends(waiting), "the waiting client's SYNCEND")
+    status = bus.status()
+    assert status["snapshots_dropped"] == 1 and status["snapshots_served"] == 1
+    code, _ = yield post(
+        web.port, "/api/v1/actions/eventbus/drop-snapshot", {"client": b"stuck-1".hex()}
+    )
+    assert code == 404

@@ -233,9 +233,11 @@ class ServerCurve:
                 done["allow_list_error"] = f"{error.filename}: {error.strerror}"
                 moved = []
             done["moved"] = [str(path) for path in moved]
-            if moved:
+            self._reload()  # the list re-read now, not at its next look
+            if "allow_list_error" not in done and public not in zap.certificates:
+                # The list refuses it too (moved here, or by another service of the
+                # process sharing the list): a certificate of it back there allows it.
                 zap.denied_by_list.add(public)
-                self._reload()  # the list re-read now, not at its next look
         on = zap.accepted_on.pop(public, set()) if zap.accepted_on is not None else None
         cut = [
             endpoint
