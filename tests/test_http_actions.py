@@ -298,3 +298,30 @@ def test_a_dropped_snapshot_client_frees_its_place_for_the_next(
         web.port, "/api/v1/actions/eventbus/drop-snapshot", {"client": b"stuck-1".hex()}
     )
     assert code == 404
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_queue_purged_in_its_jetstream_stream_never_reaches_a_worker(
+    tmp_path: Path, cleanup: list[Any], nats_server: Any
+) -> Any:
+    from bus.emqp.config import JetStreamSettings
+
+    settings = JetStreamSettings(tuple(nats_server.urls), pull_expires=1.0)
+    broker = broker_in(tmp_path, cleanup, jetstream=settings, heartbeat_interval=10.0)
+    yield waits_for(lambda: broker.stream is not None and broker.stream.ready, "the stream")
+    web = web_for(tmp_path, cleanup, [("emqp", broker)])
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    for i in range(3):  # one at a time: each appended alone
+        client.request("stuck", i, b"reply-requested,guarantee")
+        yield waits_for(lambda n=i: broker.broker.appended == n + 1, "the request in the stream")
+    code, answer = yield post(web.port, "/api/v1/actions/emqp/purge", {"queue": "stuck"})
+    assert code == 200
+    assert answer["result"] == {"queue": "stuck", "purged": 0, "purged_from_stream": 3}
+    worker = RawWorker(broker.endpoints["worker"], [[10, "stuck"]])
+    cleanup.append(worker)
+    yield waits_for(worker.acked, "the worker's INFORM acknowledged")
+    worker.ready()
+    after = client.request("stuck", "after", b"reply-requested,guarantee")
+    yield waits_for(lambda: bool(worker.requests()), "a request delivered")
+    assert [r[3] for r in worker.requests()] == [after]
