@@ -325,3 +325,52 @@ def test_a_queue_purged_in_its_jetstream_stream_never_reaches_a_worker(
     after = client.request("stuck", "after", b"reply-requested,guarantee")
     yield waits_for(lambda: bool(worker.requests()), "a request delivered")
     assert [r[3] for r in worker.requests()] == [after]
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_command_line_tools_act_through_the_http_port(
+    tmp_path: Path, cleanup: list[Any], keys: Any
+) -> Any:
+    import subprocess
+    import sys
+
+    from twisted.internet import threads
+
+    from bus.testing import start_bus
+    from bus.transport.certs import REFUSED_DIR
+
+    broker = broker_in(tmp_path, cleanup, curve=keys.settings())
+    bus = start_bus(tmp_path / "bus")
+    cleanup.append(bus)
+    web = web_for(tmp_path, cleanup, [("eventbus", bus), ("emqp", broker)])
+    http = ["--http", f"127.0.0.1:{web.port}"]
+    token = ["--token-file", str(tmp_path / "token")]
+    (tmp_path / "wrong").write_text("not-it")
+    bin_dir = Path(sys.executable).parent
+
+    def run(*command: str) -> Any:
+        return threads.deferToThread(
+            subprocess.run, [str(bin_dir / command[0]), *command[1:]],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+
+    done = yield run("emqp-cli", "pause", "jobs", *http, *token)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"changed": True, "paused": True, "queue": "jobs"}
+    assert broker.broker.paused == {b"jobs"}
+    done = yield run("emqp-cli", "resume", "jobs", *http, "--token-file", str(tmp_path / "wrong"))
+    assert done.returncode == 1 and "HTTP 401" in done.stderr
+    done = yield run("emqp-cli", "resume", "jobs", *http)
+    assert done.returncode == 1 and "--token-file" in done.stderr
+    assert broker.broker.paused == {b"jobs"}
+    done = yield run("emqp-cli", "purge", "jobs", *http, *token)
+    assert done.returncode == 0 and json.loads(done.stdout)["purged"] == 0
+    done = yield run("eventbus-cli", "drop-snapshot", "abcd", *http, *token)
+    assert done.returncode == 1 and "HTTP 404" in done.stderr and "abcd" in done.stderr
+    keys.client("leaked")
+    done = yield run("bus-keys", "refuse", str(keys.allowed / "leaked.key"), *http, *token)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["services"]["emqp"]["moved"] == [
+        str(keys.allowed / REFUSED_DIR / "leaked.key")
+    ]
+    assert not (keys.allowed / "leaked.key").exists()
