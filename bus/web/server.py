@@ -213,8 +213,9 @@ class StatusWebService(Service):
         )
         #: The console (once started).
         self.console: Console | None = None
-        #: The operators' actions (once started).
-        self.actions: Actions | None = None
+        #: The operators' actions (once started; not named ``actions``, which would make
+        #: the port itself look like an :class:`bus.application.contract.Acting` service).
+        self.operator_actions: Actions | None = None
         #: Told ``host:port`` (as a client on this machine reaches it) once listening.
         self.on_listening = on_listening
 
@@ -236,8 +237,8 @@ class StatusWebService(Service):
         put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]
         self.console = Console(self.services, self.reactor, started, self.tail_source)
         self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
-        self.actions = Actions(self.services, process_actions)
-        self.actions.mount(root)
+        self.operator_actions = Actions(self.services, process_actions)
+        self.operator_actions.mount(root)
         site = _QuietSite(self._guarded(root), timeout=IDLE_TIMEOUT)  # type: ignore[no-untyped-call]
         site.bounds = self.bounds
         if self.guard is not None:
@@ -310,7 +311,9 @@ class StatusWebService(Service):
             "connections": self.bounds.status(),
             "process": process_status(),
             "console": self.console.status() if self.console is not None else None,
-            "actions": self.actions.status() if self.actions is not None else None,
+            "actions": self.operator_actions.status()
+            if self.operator_actions is not None
+            else None,
         }
 
     def metrics(self) -> list[Any]:
@@ -342,5 +345,5 @@ class StatusWebService(Service):
                 "state",
                 {state: float(bounds[state]) for state in ("waiting", "serving")},
             ),
-            *(self.actions.metrics() if self.actions is not None else []),
+            *(self.operator_actions.metrics() if self.operator_actions is not None else []),
         ]
