@@ -6,6 +6,7 @@ POST carries no token), counted at the port."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import threading
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,11 +70,11 @@ def status_of(product: Product) -> dict[str, Any]:
     return status
 
 
-def open_console(product: Product, driver: Any) -> None:
+def open_console(product: Product, driver: Any, service: str = "emqp") -> None:
     driver.get(f"http://127.0.0.1:{product.http_port}/")
     driver.execute_script(f"sessionStorage.setItem('bus-console-token', '{TOKEN}')")
     driver.get(f"http://127.0.0.1:{product.http_port}/")
-    wait(driver, lambda d: card_state(d, "emqp") == "up", 30)
+    wait(driver, lambda d: card_state(d, service) == "up", 30)
 
 
 def click(driver: Any, selector: str, text: str | None = None) -> None:
@@ -220,3 +222,92 @@ def test_a_page_of_another_origin_cannot_act(product: Product, page: Any) -> Non
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_stuck_snapshot_client_is_dropped_and_its_key_refused_from_the_page(
+    tmp_path: Path,
+    page: Any,  # noqa: F811
+) -> None:
+    import zmq
+
+    from bus.eventbus.codec import SEQUENCE
+    from bus.transport.certs import REFUSED_DIR
+    from tests.curve_helpers import Keys
+    from tests.eventbus_helpers import pub
+
+    keys = Keys(tmp_path / "keys")
+    publisher_key, leaked = keys.client("publisher"), keys.client("leaked")
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    running = Product(
+        tmp_path, "--services", "eventbus", "--port", "0", "--data-dir", str(tmp_path / "bus"),
+        "--http-token-file", str(tmp_path / "token"), "--server-cert", str(keys.server_cert),
+        "--client-certs", str(keys.allowed), "--snapshot-hwm", "5",
+        "--snapshot-stall-timeout", "10m",
+    )  # fmt: skip
+    context = zmq.Context()
+    sockets = []
+
+    def dealer(pair: Any, endpoint: str) -> Any:
+        sock = context.socket(zmq.DEALER)
+        sock.curve_serverkey = keys.server.public
+        sock.curve_publickey, sock.curve_secretkey = pair.public, pair.secret
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.connect(endpoint)
+        sockets.append(sock)
+        return sock
+
+    try:
+        wait_for(lambda: authorized_status(running) is not None, what="the product started")
+        endpoints = status_of(running)["services"]["eventbus"]["endpoints"]
+        producer = dealer(publisher_key, endpoints["collector"])
+        pad = "x" * 32_768
+        for i in range(300):
+            producer.send_multipart(pub(f"/big/{i % 5}/", {"i": i, "pad": pad}))
+        wait_for(
+            lambda: status_of(running)["services"]["eventbus"]["sequence"] == 300,
+            what="300 events stored",
+        )
+        stuck = dealer(leaked, endpoints["snapshot"])  # asks, then never reads
+        stuck.send_multipart([b"SYNCSTART", b"", SEQUENCE.pack(0)])
+        wait_for(
+            lambda: status_of(running)["services"]["eventbus"]["snapshot_clients"],
+            what="the stuck client's stream",
+        )
+        client = status_of(running)["services"]["eventbus"]["snapshot_clients"][0]["client"]
+        open_console(running, page, "eventbus")
+        row = f'#eventbus-snapshots tr[data-client="{client}"]'
+        click(page, f'{row} button[data-action="drop-snapshot"]', "drop")
+        click(page, f'{row} button[data-action="drop-snapshot"]', "confirm drop")
+        wait(page, lambda d: '"dropped":1' in result_line(d))
+        wait(page, lambda d: not d.find_elements("css selector", row))
+        assert status_of(running)["services"]["eventbus"]["snapshots_dropped"] == 1
+        # Its key, refused on every CURVE port of the process: the form is there (the
+        # process speaks CURVE), the certificate leaves the allow-list, the connection is
+        # cut and made again, and refused.
+        wait(page, lambda d: d.find_element("id", "refuse-form").is_displayed())
+        page.find_element("id", "refuse-key").send_keys(leaked.public.decode())
+        page.find_element("id", "refuse-button").click()
+        wait(page, lambda d: '"connections_cut":{"snapshot":1}' in result_line(d))
+        assert (keys.allowed / REFUSED_DIR / "leaked.key").exists()
+        wait_for(
+            lambda: status_of(running)["services"]["eventbus"]["clients"]["snapshot"] == 0,
+            what="its connection cut",
+        )
+
+        def refused_once_it_reads() -> bool:
+            # A client that reads nothing does not see its connection end (libzmq reads
+            # no more from a full pipe): reading, it sees it, connects again, is refused.
+            with contextlib.suppress(zmq.Again):
+                while True:
+                    stuck.recv(zmq.NOBLOCK)
+            curve = status_of(running)["services"]["eventbus"]["curve"]
+            return bool(curve["refused"].get("refused"))
+
+        wait_for(refused_once_it_reads, what="the leaked key's reconnection refused")
+    finally:
+        for sock in sockets:
+            sock.close()
+        context.term()
+        code = running.stop()
+    assert code in CLEAN_EXIT, running.output()

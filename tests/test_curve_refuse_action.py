@@ -73,9 +73,10 @@ def test_a_refused_key_is_cut_off_every_curve_port_of_the_process(
     assert (keys.allowed / REFUSED_DIR / "leaked.key").exists()
     assert sorted(done) == ["emqp", "eventbus"]
     assert [Path(p).name for s in done.values() for p in s["moved"]] == ["leaked.key"]
-    # Only the ports it was let in on are cut: eMQP's client port, the bus's collector.
-    assert done["emqp"]["ports_cut"] == [broker.endpoints["client"]]
-    assert len(done["eventbus"]["ports_cut"]) == 1
+    # Only on the ports it was let in on, from where it came: eMQP's client port (the other
+    # client from 127.0.0.1 too), the bus's collector; not eMQP's worker port.
+    assert done["emqp"]["connections_cut"] == {"emqp-clients": 2}
+    assert done["eventbus"]["connections_cut"] == {"collector": 1}
     # Its connections were cut: each reconnects by itself, and is refused.
     yield wait_until(
         lambda: (

@@ -1101,7 +1101,7 @@ class Broker:
 
     def _pick(self, queue: QueueState) -> WorkerState | None:
         """The worker of this queue with a free slot: heaviest, then least recently used."""
-        if queue.name in self.paused:
+        if self.paused and queue.name in self.paused:
             return None
         workers = self.workers
         best: WorkerState | None = None
@@ -1120,12 +1120,13 @@ class Broker:
     def _feed(self, worker: WorkerState, now: float) -> None:
         """Give a worker with free slots the oldest request of its heaviest waiting queue."""
         queues = self.queues
+        paused = self.paused
         while worker.free_slots > 0:
             chosen: QueueState | None = None
             chosen_weight = -1
             for weight, name in worker.queues:
                 queue = queues.get(name)
-                if queue is None or not queue.waiting or name in self.paused:
+                if queue is None or not queue.waiting or (paused and name in paused):
                     continue
                 if (
                     chosen is None

@@ -308,9 +308,10 @@ class ZapHandler:
         self.denied_keys: set[bytes] = set()
         #: Of those, the keys whose certificates were moved out of the allow-list.
         self.denied_by_list: set[bytes] = set()
-        #: Key (Z85) -> the ZAP domains (sockets) it was let in on since the start, for at
-        #: most :data:`ACCEPTED_MEMORY` keys (beyond: None, any key may be on any).
-        self.accepted_on: dict[bytes, set[str]] | None = {}
+        #: Key (Z85) -> ZAP domain (socket) -> the addresses it was let in from there since
+        #: the start, for at most :data:`ACCEPTED_MEMORY` keys (beyond: None, any key may
+        #: be anywhere).
+        self.accepted_on: dict[bytes, dict[str, set[str]]] | None = {}
         self._refusal = ""
         self._on_decision = on_decision
         self._limit = RateLimit(clock, 10.0)
@@ -454,8 +455,11 @@ class ZapHandler:
         accepted_on = self.accepted_on
         if accepted_on is None or len(key) != 32:
             return
-        domain = self._request[2].decode("utf-8", "replace") if len(self._request) > 2 else ""
-        accepted_on.setdefault(z85.encode(key), set()).add(domain)
+        request = self._request
+        domain = request[2].decode("utf-8", "replace") if len(request) > 2 else ""
+        address = request[3].decode("utf-8", "replace") if len(request) > 3 else ""
+        on = accepted_on.setdefault(z85.encode(key), {})
+        on.setdefault(domain, set()).add(address)
         if len(accepted_on) > ACCEPTED_MEMORY:
             self.accepted_on = None
 

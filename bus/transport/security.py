@@ -216,9 +216,10 @@ class ServerCurve:
         moved out of the allow-list (``DIR/refused/``: the list, which other processes and
         hosts may read, says it too, and moving one back allows the key again); the key
         is refused in this process until it restarts all the same, whether or not the list
-        could be changed. Each port the key was let in on since the start has every
-        connection cut (the others connect again at once, through ZAP again). What was
-        done, as JSON."""
+        could be changed. On each port the key was let in on since the start, the
+        connections from the addresses it came from are cut (libzmq cannot tell which
+        connection is the key's: others from the same address connect again at once,
+        through ZAP again). What was done, as JSON."""
         zap = self.zap
         if self.keys is None or zap is None:
             return {"curve": False}
@@ -238,21 +239,25 @@ class ServerCurve:
                 # The list refuses it too (moved here, or by another service of the
                 # process sharing the list): a certificate of it back there allows it.
                 zap.denied_by_list.add(public)
-        on = zap.accepted_on.pop(public, set()) if zap.accepted_on is not None else None
-        cut = [
-            endpoint
-            for sock, domain in self.secured
-            if (on is None or domain in on) and not sock.closed
-            for endpoint in sock.cut_connections()
-        ]
-        done["ports_cut"] = cut
+        on = zap.accepted_on.pop(public, {}) if zap.accepted_on is not None else None
+        cut: dict[str, int] = {}
+        for sock, domain in self.secured:
+            if sock.closed:
+                continue
+            if on is None:  # too many keys to know where this one is: every connection
+                count = sock.cut_connections()
+            else:
+                count = sum(sock.cut_connections(address) for address in on.get(domain, ()))
+            if count:
+                cut[sock.name] = cut.get(sock.name, 0) + count
+        done["connections_cut"] = cut
         log.warn(
             "{service}: CURVE key {key} refused by an operator; certificates moved: {moved}; "
-            "connections cut on {cut}",
+            "connections cut: {cut}",
             service=self.service,
             key=public.decode("ascii"),
             moved=", ".join(done.get("moved", [])) or "none",
-            cut=", ".join(cut) or "no port (the key held none)",
+            cut=", ".join(f"{n} on {name}" for name, n in cut.items()) or "none",
         )
         return done
 

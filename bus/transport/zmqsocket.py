@@ -217,9 +217,7 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.inbound: InboundGuard | None = None
         #: For a monitor's reader: the socket it monitors.
         self.monitors: ZmqSocket | None = None
-        #: The concrete TCP endpoints this socket is bound to.
-        self.bound_tcp: set[str] = set()
-        #: Times :meth:`cut_connections` cut them.
+        #: Connections :meth:`cut_connections` cut.
         self.cuts = 0
         self.messages_received = 0
         #: With ``SocketOptions.peer_addresses``: the batch being handed over's peer
@@ -292,46 +290,21 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         """Bound the connections others open to ``endpoint``, a TCP port this socket is
         bound to (:meth:`bind` does it; a socket bound through pyzmq calls it itself)."""
         if endpoint.startswith("tcp://"):
-            self.bound_tcp.add(endpoint)
             if self.inbound is None:
                 self.inbound = inbound_policy().guard(self.name)
             self.inbound.ports.add(int(endpoint.rpartition(":")[2]))
             self.watch_connections()
 
-    def cut_connections(self) -> list[str]:
-        """Close every connection others made to this socket's TCP ports: each port is
-        unbound (libzmq ends the sessions an endpoint accepted with it) and bound again at
-        once, on the same address. Peers connect again by themselves, through the
-        handshake (and ZAP) again. Returns the endpoints cut."""
-        sock = self.socket
-        if sock is None:
-            return []
-        endpoints = sorted(self.bound_tcp)
-        for endpoint in endpoints:
-            with contextlib.suppress(zmq.ZMQError):
-                sock.unbind(endpoint)
-            self._bind_again(endpoint, 0)
-        self.cuts += 1
-        return endpoints
-
-    def _bind_again(self, endpoint: str, attempt: int) -> None:
-        """Bind ``endpoint`` again; libzmq closes an unbound port in its I/O thread, so the
-        address may still be taken for a moment: tried again every 10 ms for 10 s."""
-        sock = self.socket
-        if sock is None:
-            return
-        try:
-            sock.bind(endpoint)
-        except zmq.ZMQError as error:
-            if error.errno != zmq.EADDRINUSE or attempt >= 1000:
-                log.error(
-                    "{name}: {endpoint} not bound again after its connections were cut: {error}",
-                    name=self.name,
-                    endpoint=endpoint,
-                    error=str(error),
-                )
-                return
-            self.reactor.callLater(0.01, self._bind_again, endpoint, attempt + 1)
+    def cut_connections(self, address: str | None = None) -> int:
+        """Close the connections others made to this socket's TCP ports (from ``address``
+        only, when given): each is shut down under libzmq, which sees it end and closes it
+        (libzmq has no call that closes one peer's connection). Peers connect again by
+        themselves, through the handshake (and ZAP) again. Returns how many were cut."""
+        if self.inbound is None:
+            return 0
+        cut = self.inbound.shut(address)
+        self.cuts += cut
+        return cut
 
     def connect(self, address: str) -> None:
         """Connect to ``address`` (and look for input: the descriptor may not signal)."""

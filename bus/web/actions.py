@@ -53,8 +53,11 @@ log = Logger(namespace="bus.web.actions")
 PREFIX = b"/api/v1/actions/"
 #: The most octets of an action's body (its JSON object names a queue or a key).
 MAX_BODY = 4096
-#: Actions kept for ``/status``, the latest last.
-RECENT = 50
+#: Actions kept for ``/status`` (and so sent to every open console each second), the
+#: latest last.
+RECENT = 20
+#: The most characters of an action's parameters kept with it (as JSON text beyond).
+PARAMS_KEPT = 300
 #: The sites a browser's ``Sec-Fetch-Site`` may name for an action.
 SAME_SITE = frozenset({b"same-origin", b"none"})
 
@@ -151,12 +154,13 @@ class Actions:
         known = self.find(service, action) is not None
         key = (service, action, outcome) if known else ("?", "?", outcome)
         self.counts[key] += 1
+        text = json.dumps(params, sort_keys=True, default=str)
         entry = {
             "at": round(self.clock(), 3),
             "who": who,
             "service": service,
             "action": action,
-            "params": params,
+            "params": params if len(text) <= PARAMS_KEPT else text[:PARAMS_KEPT] + "...",
             "status": status,
             "outcome": outcome,
         }
@@ -167,7 +171,7 @@ class Actions:
             "action {service}/{action} {params} by {who}: {outcome} ({status}) {answer}",
             service=service,
             action=action,
-            params=json.dumps(params, sort_keys=True)[:500],
+            params=text[:500],
             who=who,
             outcome=outcome,
             status=status,

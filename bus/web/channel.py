@@ -430,7 +430,8 @@ class HeadersFirstChannel(http.HTTPChannel):
     def allHeadersReceived(self) -> None:
         """Answer 413 to a request announcing a body, 405 to a method not served and 503 to a
         client with too many requests in progress without the token, before any of a body is
-        read; let the others on."""
+        read; a POST goes to the site's ``admit_body`` (an action's checks) instead of the
+        first two; let the others on."""
         method = getattr(self, "_command", b"")
         request = self.requests[-1]
         bounds = _bounds_of(self)

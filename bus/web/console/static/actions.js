@@ -14,7 +14,16 @@ function noteActions(state) {
   const http = (state.services || []).find((s) => s.name === "http");
   const status = (http && http.status) || {};
   offeredActions = status.token_required && status.actions ? status.actions.offered || {} : {};
+  $("refuse-form").hidden = !offers("curve", "refuse");
 }
+
+// Loaded before console.js (whose helpers it calls once the page runs): the form is found
+// by the document's own call.
+document.getElementById("refuse-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const key = document.getElementById("refuse-key").value.trim();
+  if (key) runAction("curve", "refuse", {key}, document.getElementById("refuse-button"));
+});
 
 function offers(service, action) {
   return (offeredActions[service] || []).includes(action);

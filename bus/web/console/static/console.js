@@ -355,6 +355,11 @@ const VIEWS = {
       ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
       ["security", (status.curve || {}).security],
     ]);
+    rows("eventbus-snapshots", status.snapshot_clients,
+      (c) => el("tr", {"data-client": c.client, class: c.idle_s > 10 ? "warn" : ""},
+        ...cells(c.client, c.streams, c.sent, duration(c.running_s), duration(c.idle_s), c.waiting),
+        actionCell(actionButton("eventbus", "drop-snapshot", {client: c.client}, "drop"))),
+      "no snapshot running");
     clusterView("eventbus", status.jetstream);
   },
   emqp(status) {
