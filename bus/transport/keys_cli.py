@@ -4,12 +4,10 @@
     bus-keys make NAME DIR [rights]    the same, for any NAME (even "make", "set" or "show")
     bus-keys set FILE.key [rights]     change the rights in a certificate (its key kept)
     bus-keys show FILE                 print a certificate's public key and rights
-    bus-keys refuse KEY|FILE --http HOST:PORT --token-file F
-                                       refuse a client key now on every CURVE port of
-                                       the process(es) serving those HTTP ports
+    bus-keys refuse KEY|FILE ...       refuse a client key now (through --http ports)
 
-A first argument ``make``, ``set``, ``show`` or ``refuse`` is always the command: a key pair named so is
-made with ``bus-keys make set DIR``.
+A first argument ``make``, ``set``, ``show`` or ``refuse`` is always the command: a key pair
+named so is made with ``bus-keys make set DIR``.
 
 Rights (the metadata of the certificate, see docs/security.md): ``--publish`` and
 ``--subscribe`` Event BUS subtrees, ``--role`` and ``--queues`` for eMQP, ``--names`` for the
