@@ -125,7 +125,8 @@ def test_only_the_token_bearer_of_this_origin_with_a_small_json_body_may_act(
     )
     assert code == 411
     # POST elsewhere, other methods: as before.
-    assert (yield post(port, "/status", body))[0] == 405
+    assert (yield post(port, "/status", body))[0] == 413
+    assert (yield post(port, "/status", b""))[0] == 405
     assert broker.broker.paused == set()  # none of these acted
     # The console's own page: same origin, a JSON body, the token.
     code, answer = yield post(
@@ -151,7 +152,7 @@ def test_only_the_token_bearer_of_this_origin_with_a_small_json_body_may_act(
     status = web.status()
     refused = status["refused_at_headers"]
     assert refused["action-token"] == 2 and refused["action-origin"] == 3
-    assert refused["action-type"] == 1 and refused["body"] == 1
+    assert refused["action-type"] == 1 and refused["body"] == 2
     actions = status["actions"]
     assert actions["offered"]["emqp"] == [
         "forget-worker", "pause", "purge", "remove-schedule", "resume",

@@ -74,7 +74,9 @@ def refusal_at_headers(
     or None. ``target``: its request line's path; ``length``: its ``Content-Length``;
     ``bears_token``: whether it bears the port's token."""
     path = target.split(b"?", 1)[0]
-    if not path.startswith(PREFIX):
+    if not path.startswith(PREFIX):  # as every method the port does not serve
+        if length or chunked:
+            return 413, "body", "this port takes no request body"
         return 405, "method", "POST is served under /api/v1/actions/ only"
     if not token_required:
         return 403, "action-no-token-file", "this port takes actions only with --http-token-file"
