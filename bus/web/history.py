@@ -164,7 +164,7 @@ class RateArchive:
             line: list[list[float]] = []
             bucket, total, count, at = None, 0.0, 0, 0
             for tick, value in ring.read(first, last):
-                which = (tick - first) // per
+                which = tick // per  # buckets of the clock's, not the query's: stable
                 if which != bucket and count:
                     line.append([round(at * self.interval, 3), round(total / count, 3)])
                     total, count = 0.0, 0
