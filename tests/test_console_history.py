@@ -6,6 +6,7 @@ history still answers the points from before."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -24,7 +25,9 @@ from bus.util.ringfile import HEADER_SIZE, SLOT_SIZE, RingFile
 from bus.web.history import HistoryRecorder, RateArchive, file_name, series_of
 from bus.web.server import StatusWebService
 from tests.processes import CLEAN_EXIT, wait_for
-from tests.test_console_browser import browser, card_state, page, wait  # noqa: F401
+from tests.test_console_browser import browser as browser  # fixtures, by name
+from tests.test_console_browser import card_state, wait
+from tests.test_console_browser import page as page
 from tests.test_http_security import get
 from tests.test_product_process import Product
 
@@ -156,7 +159,7 @@ def test_the_recorder_writes_rates_on_its_clock_and_the_directory_stays_bounded(
     answer = archive.query(0, clock.seconds())
     jobs = answer["series"]["work"]["jobs"]
     assert len(jobs) == 6 and all(value == 5.0 for _, value in jobs)  # 50 per 10 s
-    assert [b[0] - a[0] for a, b in zip(jobs, jobs[1:], strict=False)] == [10.0] * 5
+    assert [b[0] - a[0] for a, b in itertools.pairwise(jobs)] == [10.0] * 5
     assert answer["series"]["work"]["dropped"][-1][1] == 0.0
     # Fewer points asked: each the mean of several ticks.
     coarse = archive.query(0, clock.seconds(), ["work.jobs"], points=2)
@@ -217,9 +220,7 @@ def test_the_history_is_served_behind_the_token(tmp_path: Path) -> Any:
         for query in ("range=-1", "range=soon", "points=0", "from=10&to=5", "to=nan"):
             code, _, body = yield get(web.port, f"/api/v1/history?{query}", "history-secret")
             assert code == 400 and "error" in json.loads(body), query
-        code, _, body = yield get(
-            web.port, "/api/v1/history?series=nothing", "history-secret"
-        )
+        code, _, body = yield get(web.port, "/api/v1/history?series=nothing", "history-secret")
         assert code == 200 and json.loads(body)["series"] == {}
     finally:
         yield web.stopService()

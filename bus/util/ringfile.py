@@ -95,7 +95,9 @@ class RingFile:
         (crc,) = struct.unpack_from("<I", found, _HEADER.size)
         if magic != MAGIC or crc != zlib.crc32(found[: _HEADER.size]):
             return "not a ring file (or its header was damaged)"
-        return f"a ring of {capacity} slots of {interval} s, not {self.capacity} of {self.interval} s"
+        return (
+            f"a ring of {capacity} slots of {interval} s, not {self.capacity} of {self.interval} s"
+        )
 
     def _create(self, header: bytes, opened: str) -> int:
         # Written whole under another name, then renamed: a crash leaves no half header.

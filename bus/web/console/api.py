@@ -132,8 +132,8 @@ class Console:
         put(version, b"state", _State(self))
         put(version, b"stream", _Stream(self))
         put(version, b"tail", _Tail(self))
-        for name, child in self.resources.items():
-            put(version, name, child)
+        for segment, child in self.resources.items():
+            put(version, segment, child)
         put(root, b"api", api)
         files = {name: _read(name) for name in STATIC}
         static = folder()
