@@ -2,8 +2,12 @@
 newest ``capacity`` ticks are kept and the file never grows.
 
 The file is a header (what it is, its interval and capacity, with a checksum) and
-``capacity`` slots; tick ``n`` (``round(time / interval)``) lives in slot
-``n % capacity`` as the tick, the value and a checksum of both. A write is one
+``capacity`` slots; tick ``n`` (``floor(time / interval)``) lives in slot
+``n % capacity`` as the tick, the value and a check word (the tick inverted, exclusive-or
+the value's bits): a slot torn anywhere (a sector of it written, the next not) or with any
+one of its words damaged does not match itself, and the check is one operation on words
+read at C speed, so a day of a series reads in milliseconds.
+A write is one
 ``pwrite`` of one slot and nothing is synced: what a process wrote survives its being
 killed (the kernel has it); a power failure may lose the last writes, which a chart can
 miss. A slot whose checksum is wrong or whose tick does not belong there is not read
@@ -17,18 +21,20 @@ from __future__ import annotations
 import math
 import os
 import struct
+import sys
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 
 MAGIC = b"BUSRING1"
 #: magic, interval (seconds), capacity (slots), then the CRC-32 of those.
 _HEADER = struct.Struct("<8sdI")
 HEADER_SIZE = 64
-#: tick, value, then the CRC-32 of those.
-_SLOT = struct.Struct("<qdI")
+#: tick, value, then the check word: ~tick ^ the value's bits.
+_SLOT = struct.Struct("<qdq")
+_WORDS = struct.Struct("<qqq")
+_BITS = struct.Struct("<q")
+_FLOAT = struct.Struct("<d")
 SLOT_SIZE = _SLOT.size
-_EMPTY = bytes(SLOT_SIZE)
 
 
 def _header(interval: float, capacity: int) -> bytes:
@@ -37,8 +43,8 @@ def _header(interval: float, capacity: int) -> bytes:
 
 
 def _slot(tick: int, value: float) -> bytes:
-    body = _SLOT.pack(tick, value, 0)[:16]
-    return body + struct.pack("<I", zlib.crc32(body))
+    bits = _BITS.unpack(_FLOAT.pack(value))[0]
+    return _SLOT.pack(tick, value, ~tick ^ bits)
 
 
 class RingFile:
@@ -54,7 +60,7 @@ class RingFile:
         self.path = path
         self.interval = interval
         self.capacity = capacity
-        #: Slots read whose checksum or place was wrong (skipped), since opened.
+        #: Slots read that did not match themselves or their place (skipped), since opened.
         self.invalid = 0
         #: What opening found: created, opened, extended or reset.
         self.opened = "opened"
@@ -117,12 +123,12 @@ class RingFile:
         """Keep ``value`` for ``tick`` (in the slot of the tick ``capacity`` before it)."""
         os.pwrite(self._fd, _slot(tick, value), HEADER_SIZE + (tick % self.capacity) * SLOT_SIZE)
 
-    def read(self, first: int, last: int) -> Iterator[tuple[int, float]]:
+    def read(self, first: int, last: int) -> list[tuple[int, float]]:
         """The ticks kept from ``first`` to ``last`` (both included) and their values, in
         order; ticks older than the ring's capacity are gone."""
         first = max(first, last - self.capacity + 1)
         if first > last:
-            return
+            return []
         start = first % self.capacity
         count = last - first + 1
         # At most two runs of slots: to the file's end, then from its start.
@@ -130,18 +136,38 @@ class RingFile:
         data = os.pread(self._fd, head * SLOT_SIZE, HEADER_SIZE + start * SLOT_SIZE)
         if count > head:
             data += os.pread(self._fd, (count - head) * SLOT_SIZE, HEADER_SIZE)
-        tick = first
-        for offset in range(0, len(data) - SLOT_SIZE + 1, SLOT_SIZE):
-            raw = data[offset : offset + SLOT_SIZE]
-            expected, tick = tick, tick + 1
-            if raw == _EMPTY:
-                continue
-            found, value, crc = _SLOT.unpack(raw)
-            if crc != zlib.crc32(raw[:16]) or found % self.capacity != (expected % self.capacity):
-                self.invalid += 1
-                continue
-            if found == expected and math.isfinite(value):
-                yield found, value
+        if sys.byteorder == "little":
+            # The columns at C speed (a day of a series is 8,640 slots), then one pass.
+            words = memoryview(data).cast("q")
+            ticks, bits, checks = words[0::3].tolist(), words[1::3].tolist(), words[2::3].tolist()
+            values = memoryview(data).cast("d")[1::3].tolist()
+        else:
+            ticks, bits, checks = (list(c) for c in zip(*_WORDS.iter_unpack(data), strict=True))
+            values = [_FLOAT.unpack(_BITS.pack(b))[0] for b in bits]
+        expected = range(first, first + len(ticks))
+        kept = [
+            (tick, value)
+            for tick, want, bit, value, check in zip(
+                ticks, expected, bits, values, checks, strict=True
+            )
+            if tick == want and check == ~tick ^ bit and math.isfinite(value)
+        ]
+        if len(kept) < len(ticks):
+            self.invalid += self._damaged(expected, ticks, bits, checks)
+        return kept
+
+    def _damaged(
+        self, expected: range, ticks: list[int], bits: list[int], checks: list[int]
+    ) -> int:
+        """How many of the slots read are neither empty, nor the tick asked, nor a tick of
+        an earlier round: torn or damaged."""
+        capacity, count = self.capacity, 0
+        for tick, want, bit, check in zip(ticks, expected, bits, checks, strict=True):
+            if check == ~tick ^ bit and tick % capacity == want % capacity:
+                continue  # whole: this round's (not finite, then) or an earlier one's
+            if tick or bit or check:
+                count += 1
+        return count
 
     def close(self) -> None:
         """Close the file (idempotent)."""

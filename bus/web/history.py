@@ -4,7 +4,7 @@ process's.
 Every ``interval`` seconds (10 s by default), whether a console is open or not, the
 counters the console charts (each service's ``console_rates`` and drops, see
 :mod:`bus.web.console.view`) are read and their rates per second since the last sample
-are written, one :class:`~bus.util.ringfile.RingFile` per series (service and label) in
+are written, one :class:`bus.util.ringfile.RingFile` per series (service and label) in
 the history directory: ``keep`` seconds of them (24 hours by default), so the directory's
 size is bounded by the series and never grows. A write is one small ``pwrite`` per series
 and nothing is synced. ``GET /api/v1/history`` serves them to the page, which draws them
@@ -119,7 +119,7 @@ class RateArchive:
 
     def record(self, when: float, rates: Rates) -> int:
         """Write the rates of ``when``; the number of series written. Raises the first
-        :class:`OSError` of a write (after trying every series)."""
+        ``OSError`` of a write (after trying every series)."""
         tick = self.tick(when)
         failed: OSError | None = None
         count = 0
