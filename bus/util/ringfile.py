@@ -24,6 +24,7 @@ import struct
 import sys
 import zlib
 from pathlib import Path
+from typing import cast
 
 MAGIC = b"BUSRING1"
 #: magic, interval (seconds), capacity (slots), then the CRC-32 of those.
@@ -136,16 +137,20 @@ class RingFile:
         data = os.pread(self._fd, head * SLOT_SIZE, HEADER_SIZE + start * SLOT_SIZE)
         if count > head:
             data += os.pread(self._fd, (count - head) * SLOT_SIZE, HEADER_SIZE)
+        ticks: list[int]
+        bits: list[int]
+        checks: list[int]
+        values: list[float]
         if sys.byteorder == "little":
             # The columns at C speed (a day of a series is 8,640 slots), then one pass.
             words = memoryview(data).cast("q")
             ticks, bits, checks = words[0::3].tolist(), words[1::3].tolist(), words[2::3].tolist()
-            values = memoryview(data).cast("d")[1::3].tolist()
+            values = cast("list[float]", memoryview(data).cast("d")[1::3].tolist())
         else:
             ticks, bits, checks = (list(c) for c in zip(*_WORDS.iter_unpack(data), strict=True))
             values = [_FLOAT.unpack(_BITS.pack(b))[0] for b in bits]
         expected = range(first, first + len(ticks))
-        kept = [
+        kept: list[tuple[int, float]] = [
             (tick, value)
             for tick, want, bit, value, check in zip(
                 ticks, expected, bits, values, checks, strict=True
