@@ -166,6 +166,10 @@ def test_the_recorder_writes_rates_on_its_clock_and_the_directory_stays_bounded(
     assert list(coarse["series"]) == ["work"] and list(coarse["series"]["work"]) == ["jobs"]
     assert [value for _, value in coarse["series"]["work"]["jobs"]] == [5.0, 5.0]
     assert coarse["step"] == 30.0
+    # Its newest bucket asked again at the same step (as the page does each minute): the same.
+    newest = archive.query(clock.seconds() - 25, clock.seconds(), ["work.jobs"], step=30.0)
+    assert newest["step"] == 30.0
+    assert newest["series"]["work"]["jobs"] == coarse["series"]["work"]["jobs"][-1:]
     recorder.stop()
     assert archive.status()["written"] == 2 * 31
 
@@ -217,7 +221,7 @@ def test_the_history_is_served_behind_the_token(tmp_path: Path) -> Any:
         assert answer["source"] == "disk" and answer["interval"] == 0.05
         assert {"jobs", "dropped"} <= set(answer["series"]["work"])
         assert answer["series"]["work"]["jobs"]
-        for query in ("range=-1", "range=soon", "points=0", "from=10&to=5", "to=nan"):
+        for query in ("range=-1", "range=soon", "points=0", "from=10&to=5", "to=nan", "step=-1"):
             code, _, body = yield get(web.port, f"/api/v1/history?{query}", "history-secret")
             assert code == 400 and "error" in json.loads(body), query
         code, _, body = yield get(web.port, "/api/v1/history?series=nothing", "history-secret")

@@ -147,15 +147,18 @@ class RateArchive:
         end: float,
         wanted: Iterable[str] = (),
         points: int = 1000,
+        step: float = 0.0,
     ) -> dict[str, Any]:
         """The points from ``start`` to ``end`` of the series ``wanted`` names (``SERVICE``
         or ``SERVICE.LABEL``; none: all), at most ``points`` per series: when there are more
-        ticks, each point is the mean of ``step`` seconds' worth (never more than the
-        ring keeps: an hour's query of a week ago reads nothing)."""
+        ticks, each point is the mean of ``step`` seconds' worth (at least the ``step``
+        asked), in buckets of the clock's (the same whatever the range: a page asks for the
+        last minutes at the step it has and puts them in place). Never more than the ring
+        keeps: an hour's query of a week ago reads nothing."""
         start = max(start, end - self.capacity * self.interval)
         first, last = math.ceil(start / self.interval), math.floor(end / self.interval)
         ticks = max(0, last - first + 1)
-        per = max(1, math.ceil(ticks / max(1, points)))
+        per = max(1, math.ceil(ticks / max(1, points)), math.ceil(step / self.interval - 1e-9))
         names = set(wanted)
         found: dict[str, dict[str, list[list[float]]]] = {}
         for (service, label), ring in sorted(self.rings.items()):
@@ -279,7 +282,8 @@ def _number(request: Any, name: str, default: float) -> float:
 class HistoryResource(resource.Resource):
     """``GET /api/v1/history``: ``series`` (repeated: ``SERVICE`` or ``SERVICE.LABEL``; none:
     all), ``range`` (a duration back from now, ``1h`` by default) or ``from`` and ``to``
-    (seconds since the epoch), and ``points`` (the most per series, 1000 by default)."""
+    (seconds since the epoch), ``points`` (the most per series, 1000 by default) and ``step``
+    (seconds a point stands for at least)."""
 
     isLeaf = True
 
@@ -297,16 +301,17 @@ class HistoryResource(resource.Resource):
             end = _number(request, "to", now)
             start = _number(request, "from", end - span)
             points = int(_number(request, "points", 1000))
-            if span <= 0 or start > end or not 1 <= points <= MAX_POINTS:
+            step = _number(request, "step", 0.0)
+            if span <= 0 or start > end or not 1 <= points <= MAX_POINTS or step < 0:
                 raise ValueError("range")
             wanted = [v.decode("utf-8", "replace") for v in request.args.get(b"series", [])]
         except (ValueError, UnicodeDecodeError):
             request.setResponseCode(400)
             message = (
                 "range: a duration (300, 1h); from and to: seconds since the epoch, from <= to; "
-                f"points: 1 to {MAX_POINTS}; series: SERVICE or SERVICE.LABEL"
+                f"points: 1 to {MAX_POINTS}; step: seconds; series: SERVICE or SERVICE.LABEL"
             )
             return json.dumps({"error": message}).encode() + b"\n"
-        answer = self.archive.query(start, end, wanted, points)
+        answer = self.archive.query(start, end, wanted, points, step)
         answer["source"] = "disk"
         return json.dumps(answer, separators=(",", ":")).encode() + b"\n"

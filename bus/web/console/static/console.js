@@ -19,7 +19,7 @@ const $ = (id) => document.getElementById(id);
 const history = {};       // service -> label -> [[t, rate], ...], live (one a second)
 // The rates the server kept (/api/v1/history): service -> label -> [[t, rate], ...], drawn
 // before the live ones; each point the mean of `past.step` seconds.
-const past = {series: {}, step: 0, loaded: false};
+const past = {series: {}, step: 0, span: 0, loaded: false};
 let pastTimer = null;
 let stateStream = null;
 let tailStream = null;
@@ -157,20 +157,43 @@ function span() {
   return Number($("span").value) || 3600;
 }
 
-// The stored past of the chosen span, asked again every minute (or every step, when
-// coarser) so that it goes on where the live points (the last HISTORY seconds) end.
-async function loadPast() {
+// The stored past of the chosen span; then every minute (or every step, when coarser)
+// its newest part again, at the same step, so that it goes on where the live points (the
+// last HISTORY seconds) end. The server's buckets follow its clock: a bucket asked again
+// replaces the one the page has.
+async function loadPast(event) {
   clearTimeout(pastTimer);
   const wanted = span();
+  const whole = event !== "refresh" || !past.loaded || past.span !== wanted;
+  let query = "range=" + wanted + "&points=" + PAST_POINTS;
+  let since = 0;
+  if (!whole) {
+    let last = 0;
+    for (const labels of Object.values(past.series)) {
+      for (const points of Object.values(labels)) if (points.length) last = Math.max(last, points[points.length - 1][0]);
+    }
+    since = last ? Math.floor(last / past.step) * past.step : Date.now() / 1000 - wanted;
+    query = "from=" + since + "&step=" + past.step + "&points=10000";
+  }
   try {
-    const response = await fetch("/api/v1/history?range=" + wanted + "&points=" + PAST_POINTS,
-                                 {headers: headers(), cache: "no-store"});
-    if (response.ok) {
+    const response = await fetch("/api/v1/history?" + query, {headers: headers(), cache: "no-store"});
+    if (response.ok && wanted === span()) {
       const answer = await response.json();
-      if (wanted === span()) Object.assign(past, {series: answer.series, step: answer.step, loaded: true});
+      if (whole) {
+        Object.assign(past, {series: answer.series, step: answer.step, span: wanted, loaded: true});
+      } else {
+        const start = Date.now() / 1000 - wanted;
+        for (const [service, labels] of Object.entries(answer.series)) {
+          const mine = past.series[service] || (past.series[service] = {});
+          for (const [label, points] of Object.entries(labels)) {
+            const kept = (mine[label] || []).filter((p) => p[0] < since && p[0] >= start);
+            mine[label] = kept.concat(points);
+          }
+        }
+      }
     }
   } catch (e) { /* the server is away: the stream says so */ }
-  pastTimer = setTimeout(loadPast, 1000 * Math.max(60, past.step || 0));
+  pastTimer = setTimeout(() => loadPast("refresh"), 1000 * Math.max(60, past.step || 0));
 }
 
 // A chart's points: the past before the first live point, then the live ones.
