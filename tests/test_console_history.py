@@ -350,3 +350,18 @@ def test_the_console_draws_the_past_on_load_after_a_restart(tmp_path: Path, page
         assert page.find_elements("css selector", chart + " polyline")
     finally:
         assert second.stop() in CLEAN_EXIT, second.output()
+
+
+def test_a_series_that_cannot_be_opened_is_counted_and_the_others_go_on(tmp_path: Path) -> None:
+    directory = tmp_path / "h"
+    (directory / "work@jobs.ring").mkdir(parents=True)  # not a file at all
+    archive = RateArchive(directory, interval=1.0, keep=10.0)
+    archive.open()
+    assert archive.files["unreadable"] == 1
+    assert archive.record(100.0, {"work": {"jobs": 1.0, "dropped": 0.0}}) == 1
+    assert archive.record(101.0, {"work": {"jobs": 1.0, "dropped": 0.0}}) == 1
+    assert archive.files["unreadable"] == 1  # tried once, not at every sample
+    assert archive.query(90.0, 101.0)["series"] == {
+        "work": {"dropped": [[100.0, 0.0], [101.0, 0.0]]}
+    }
+    archive.close()

@@ -78,6 +78,7 @@ class RateArchive:
         self.write_errors = 0
         #: The last tick written.
         self.last_tick: int | None = None
+        self._unopened: set[tuple[str, str]] = set()
 
     def open(self) -> None:
         """Open the series the directory keeps (created if missing)."""
@@ -89,7 +90,7 @@ class RateArchive:
 
     def _ring(self, series: tuple[str, str]) -> RingFile | None:
         ring = self.rings.get(series)
-        if ring is not None:
+        if ring is not None or series in self._unopened:
             return ring
         if len(self.rings) >= MAX_SERIES:
             self.series_refused += 1
@@ -98,6 +99,7 @@ class RateArchive:
         try:
             ring = RingFile(path, self.interval, self.capacity)
         except OSError as error:
+            self._unopened.add(series)  # not tried again (nor logged) until the next start
             self.files["unreadable"] += 1
             log.warn("console history: cannot open {path}: {error}", path=str(path), error=error)
             return None
