@@ -295,6 +295,7 @@ class HistoryResource(resource.Resource):
         self.reactor = reactor
 
     def render_GET(self, request: Any) -> bytes:
+        """The points asked for (JSON), or 400 and what the query may hold."""
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
         now = self.reactor.seconds()
