@@ -384,7 +384,7 @@ class StatusWebService(Service):
                 "bus_http_history_files",
                 "Files of the console's history found at start that were created, extended "
                 "(cut short), reset (not a ring of this shape: moved aside) or unreadable",
-                "outcome",
+                "result",
                 kept["files"],
             ),
         ]
