@@ -767,6 +767,8 @@ class EmqpService(Service):
             "jetstream": self.stream.status() if self.stream is not None else None,
             "config": config_json(self.config),
         }
+        if self.store is not None:
+            described.update(self.store.wal_status().as_status())
         if broker is not None:
             summary = broker.status(in_flight_limit=100)
             described.update(summary)
@@ -780,6 +782,8 @@ class EmqpService(Service):
             return []
         counters = broker.counters()
         families = self.curve.metrics()
+        if self.store is not None:
+            families += wal_metrics("emqp", self.store.wal_status())
         families += [
             counter(f"emqp_{name}", _COUNTER_HELP.get(name, f"eMQP broker: {name}"), value)
             for name, value in counters.items()
