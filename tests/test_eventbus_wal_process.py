@@ -60,7 +60,7 @@ def test_the_wal_stays_within_its_bound_under_steady_publishing_and_nothing_is_l
             yield task.deferLater(reactor, 0.01, lambda: None)
             if sent - int(server.status().get("sequence", 0)) > 2000:
                 yield wait_until(
-                    lambda: sent - int(server.status().get("sequence", 0)) <= 500,
+                    lambda sent=sent: sent - int(server.status().get("sequence", 0)) <= 500,
                     timeout=120,
                     interval=0.05,
                     what="the server to catch up",

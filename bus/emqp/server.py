@@ -53,6 +53,7 @@ from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_failure
 from bus.util.files import write_status_json
 from bus.util.memory import MemoryRelease
+from bus.util.metrics import wal_metrics
 from bus.util.workers import SerialWork
 
 log = Logger(namespace="bus.emqp")
