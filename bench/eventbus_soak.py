@@ -522,6 +522,8 @@ def main() -> int:
         figures[f"{mode}_rss_max_mib"] = Figure(f["rss_max"] / 2**20, "MiB", "lower")
         figures[f"{mode}_p99_ms"] = Figure(f["p99"], "ms", "lower")
         figures[f"{mode}_timer_lag_max_ms"] = Figure(f["lag_max_ms"], "ms", "lower")
+        figures[f"{mode}_us_per_event"] = Figure(f["us_per_event"], "us", "lower")
+        figures[f"{mode}_wal_max_mib"] = Figure(f["wal_max"] / 2**20, "MiB", "lower")
         if mode == "none":
             continue
         if f.get("us_per_removed") is not None:
