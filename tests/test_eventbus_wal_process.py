@@ -7,6 +7,7 @@ this load writes several times the bound asserted here."""
 
 from __future__ import annotations
 
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def test_the_wal_stays_within_its_bound_under_steady_publishing_and_nothing_is_l
     data = tmp_path / "data"
     data.mkdir()
     wal = data / "events.sqlite3-wal"
-    server = ServerProcess(data, "--wal-limit", "1MiB")
+    server = ServerProcess(data, "--wal-limit", "1MiB", http=True)
     publisher = subscriber = None
     sampler: task.LoopingCall | None = None
     sizes: list[int] = []
@@ -82,7 +83,17 @@ def test_the_wal_stays_within_its_bound_under_steady_publishing_and_nothing_is_l
         assert status["wal_restarts"] > 0
         assert len(sizes) > 100
         assert max(sizes) <= LIMIT + MARGIN, f"WAL at most {max(sizes)} bytes"
-        print(f"WAL at most {max(sizes)} bytes, {status['wal_restarts']} restarts", status)
+        # /metrics says the same.
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{server.http_port}/metrics", timeout=30
+        ) as response:
+            metrics = dict(
+                line.rsplit(" ", 1)
+                for line in response.read().decode().splitlines()
+                if line.startswith("eventbus_wal_")
+            )
+        assert float(metrics["eventbus_wal_restarts_total"]) >= status["wal_restarts"]
+        assert 0 <= float(metrics["eventbus_wal_bytes"]) <= LIMIT + MARGIN
     finally:
         if sampler is not None:
             sampler.stop()
