@@ -14,8 +14,13 @@ const KNOWN_VIEWS = new Set(["eventbus", "emqp", "emqp-pubsub", "mc0", "dbp", "z
 // behind its leader than this, is a warning (amber).
 const REPLICA_LAG_WARN = 10000;
 
+const PAST_POINTS = 600;  // points per chart asked of the stored past
 const $ = (id) => document.getElementById(id);
-const history = {};       // service -> label -> [[t, rate], ...]
+const history = {};       // service -> label -> [[t, rate], ...], live (one a second)
+// The rates the server kept (/api/v1/history): service -> label -> [[t, rate], ...], drawn
+// before the live ones; each point the mean of `past.step` seconds.
+const past = {series: {}, step: 0, span: 0, loaded: false};
+let pastTimer = null;
 let stateStream = null;
 let tailStream = null;
 
@@ -148,25 +153,99 @@ function scheduleJob(s) {
   return s.body === undefined || s.body === null ? "–" : s.body;
 }
 
-function spark(points, cls, now) {
+function span() {
+  return Number($("span").value) || 3600;
+}
+
+// The stored past of the chosen span; then every minute (or every step, when coarser)
+// its newest part again, at the same step, so that it goes on where the live points (the
+// last HISTORY seconds) end. The server's buckets follow its clock: a bucket asked again
+// replaces the one the page has.
+async function loadPast(event) {
+  clearTimeout(pastTimer);
+  const wanted = span();
+  const whole = event !== "refresh" || !past.loaded || past.span !== wanted;
+  let query = "range=" + wanted + "&points=" + PAST_POINTS;
+  let since = 0;
+  if (!whole) {
+    let last = 0;
+    for (const labels of Object.values(past.series)) {
+      for (const points of Object.values(labels)) if (points.length) last = Math.max(last, points[points.length - 1][0]);
+    }
+    since = last ? Math.floor(last / past.step) * past.step : Date.now() / 1000 - wanted;
+    query = "from=" + since + "&step=" + past.step + "&points=10000";
+  }
+  try {
+    const response = await fetch("/api/v1/history?" + query, {headers: headers(), cache: "no-store"});
+    if (response.ok && wanted === span()) {
+      const answer = await response.json();
+      if (whole) {
+        Object.assign(past, {series: answer.series, step: answer.step, span: wanted, loaded: true});
+      } else {
+        const start = Date.now() / 1000 - wanted;
+        for (const [service, labels] of Object.entries(answer.series)) {
+          const mine = past.series[service] || (past.series[service] = {});
+          for (const [label, points] of Object.entries(labels)) {
+            const kept = (mine[label] || []).filter((p) => p[0] < since && p[0] >= start);
+            mine[label] = kept.concat(points);
+          }
+        }
+      }
+    }
+  } catch (e) { /* the server is away: the stream says so */ }
+  pastTimer = setTimeout(() => loadPast("refresh"), 1000 * Math.max(60, past.step || 0));
+}
+
+// A chart's points: the past before the first live point, then the live ones.
+function chartPoints(service, label) {
+  const live = (history[service] || {})[label] || [];
+  const stored = (past.series[service] || {})[label] || [];
+  const cut = live.length ? live[0][0] : Infinity;
+  const before = stored.filter((p) => p[0] < cut);
+  return {points: before.concat(live), stored: before.length};
+}
+
+// Every label charted for a service, live or stored.
+function chartLabels(service) {
+  return [...new Set([...Object.keys(history[service] || {}), ...Object.keys(past.series[service] || {})])];
+}
+
+function spark(points, cls, now, stored) {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("class", "spark");
   svg.setAttribute("viewBox", "0 0 300 34");
   svg.setAttribute("preserveAspectRatio", "none");
   if (!points || !points.length) return svg;
-  // The x axis spans the minutes watched so far (at most HISTORY seconds), ending now.
-  const start = Math.max(now - HISTORY, points[0][0]);
+  // The x axis spans the chosen span (or what there is of it), ending now.
+  const start = Math.max(now - span(), points[0][0]);
   const shown = points.filter((p) => p[0] >= start);
-  const span = Math.max(1, now - start);
+  if (!shown.length) return svg;
+  const width = Math.max(1, now - start);
   const max = Math.max(1, ...shown.map((p) => p[1]));
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", shown
-    .map((p) => (300 * (p[0] - start) / span).toFixed(1) + "," + (32 - 30 * p[1] / max).toFixed(1)).join(" "));
+  // A line per run: where points are further apart than a step (the server or the page
+  // was away), the chart shows a gap.
+  const gap = Math.max(3, 2.5 * (past.step || 0));
+  let run = [];
+  const runs = [run];
+  for (let i = 0; i < shown.length; i++) {
+    if (i && shown[i][0] - shown[i - 1][0] > gap) runs.push(run = []);
+    run.push(shown[i]);
+  }
   const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
-  title.textContent = "peak " + rate(Math.max(...shown.map((p) => p[1]))) + " over the last " + duration(span);
+  title.textContent = "peak " + rate(Math.max(...shown.map((p) => p[1]))) + " over the last " + duration(width);
   svg.append(title);
-  if (cls) line.setAttribute("class", cls);
-  svg.append(line);
+  for (const points of runs) {
+    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    // A run of one point is drawn as a dot's width.
+    const xy = points.map((p) => [300 * (p[0] - start) / width, 32 - 30 * p[1] / max]);
+    if (xy.length === 1) xy.push([xy[0][0] + 1, xy[0][1]]);
+    line.setAttribute("points", xy.map(([x, y]) => x.toFixed(1) + "," + y.toFixed(1)).join(" "));
+    if (cls) line.setAttribute("class", cls);
+    svg.append(line);
+  }
+  // How many of its points are the stored past (what tests and curious operators read).
+  svg.setAttribute("data-past", String(points.slice(0, stored || 0).filter((p) => p[0] >= start).length));
+  svg.setAttribute("data-from", String(shown[0][0]));
   return svg;
 }
 
@@ -320,20 +399,21 @@ function drops(status) {
 
 function card(s, now) {
   const status = s.status || {};
-  const charts = history[s.name] || {};
   const node = el("article", {class: "card", id: "card-" + s.name, "data-service": s.name},
     el("h2", {}, NAMES[s.name] || s.name,
       el("span", {class: "state " + (s.running ? "up" : "down")}, s.running ? "up" : "down")),
     el("div", {class: "line"}, s.running ? "up " + duration(s.uptime_s)
                                          : "down since " + new Date(s.since * 1000).toLocaleTimeString()));
-  for (const [label, points] of Object.entries(charts)) {
+  for (const label of chartLabels(s.name)) {
     if (label === "dropped") continue;
+    const {points, stored} = chartPoints(s.name, label);
     const last = points.length ? points[points.length - 1][1] : undefined;
-    node.append(el("div", {class: "line"}, label + " " + rate(last)), spark(points, "", now));
+    node.append(el("div", {class: "line"}, label + " " + rate(last)), spark(points, "", now, stored));
   }
-  if (charts.dropped && charts.dropped.some((p) => p[1] > 0)) {
-    node.append(el("div", {class: "line"}, "drops " + rate(charts.dropped[charts.dropped.length - 1][1])),
-                spark(charts.dropped, "drops", now));
+  const dropped = chartPoints(s.name, "dropped");
+  if (dropped.points.some((p) => p[1] > 0)) {
+    node.append(el("div", {class: "line"}, "drops " + rate(dropped.points[dropped.points.length - 1][1])),
+                spark(dropped.points, "drops", now, dropped.stored));
   }
   const dropLine = drops(status);
   if (dropLine) node.append(el("div", {class: "line"}, dropLine));
@@ -604,8 +684,11 @@ $("token-form").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
   if (stateStream) stateStream.abort();
+  loadPast();
   connect();
 });
 $("tail-form").addEventListener("submit", startTail);
+$("span").addEventListener("change", loadPast);
 $("tail-stop").addEventListener("click", stopTail);
+loadPast();
 connect();
