@@ -99,7 +99,23 @@ def test_batch_parser_matches_reference_with_fields_remembered(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.binary(min_size=36, max_size=36) | st.uuids().map(lambda u: str(u).encode()), st.booleans())
+def one_byte_changed(value: tuple[object, int, bytes]) -> bytes:
+    """A uuid's text with the byte at an index replaced."""
+    text, index, byte = str(value[0]).encode(), value[1], value[2]
+    return text[:index] + byte + text[index + 1 :]
+
+
+uuid_texts = (
+    st.binary(min_size=36, max_size=36)
+    | st.uuids().map(lambda u: str(u).encode())
+    | st.uuids().map(lambda u: str(u).upper().encode())
+    | st.tuples(st.uuids(), st.integers(0, 35), st.binary(min_size=1, max_size=1)).map(
+        one_byte_changed
+    )
+)
+
+
+@given(uuid_texts, st.booleans())
 def test_batch_parser_checks_each_uuid_as_the_reference(uuid_: bytes, delimited: bool) -> None:
     parser = codec.PubParser(64)
     changed = [*VALID[:4], uuid_, VALID[5]]
@@ -122,7 +138,7 @@ def test_batch_parser_forgets_at_its_bound_and_takes_a_req_delimiter() -> None:
     accepted, refused = parser.parse_batch([[b"id", *m] for m in messages])
     assert len(accepted) == 10 and not refused
     # A remembered topic does not let a bad uuid or payload through.
-    bad = [messages[9][:4] + [b"x" * 36, VALID[5]], messages[9][:5] + [b"\xc1"]]
+    bad = [[*messages[9][:4], b"x" * 36, VALID[5]], [*messages[9][:5], b"\xc1"]]
     accepted, refused = parser.parse_batch([[b"id", *m] for m in bad])
     assert not accepted
     assert [error.reason for _, error in refused] == ["bad-uuid", "bad-payload"]
