@@ -36,7 +36,7 @@ DEFAULT_WAL_LIMIT = 64 * 1024 * 1024
 
 
 def bind_bytes_directly() -> None:
-    """Have :mod:`sqlite3` bind ``bytes`` parameters as they are, without its adapter search.
+    """Have the ``sqlite3`` module bind ``bytes`` parameters as they are, with no adapter search.
 
     Python's sqlite3 looks every ``bytes`` parameter up as a type to adapt (int, float, str
     and bytearray are exempt): a registry miss, then ``__adapt__`` asked of its protocol
