@@ -59,6 +59,7 @@ from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_consecutive
 from bus.util.droplog import RateLimit
 from bus.util.files import write_status_json
+from bus.util.metrics import wal_metrics
 
 #: Snapshot clients ``/status`` lists (the longest running first).
 _LISTED_SNAPSHOT_CLIENTS = 20
@@ -126,7 +127,7 @@ class EventBusService(Service):
         """Open the log, bind the ports (a StartupError names the option), start the timers."""
         config = self.config
         try:
-            store = EventStore(config.data_dir, durability=config.durability)
+            store = EventStore(config.data_dir, config.durability, config.wal_limit)
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         self.core = EventBusCore.of_bus(store, config, clock=self.clock, logger=log)
@@ -517,6 +518,7 @@ class EventBusService(Service):
             "storage_errors": self.storage_errors,
             "storage_waiting": len(core.waiting),
             **self.upkeep.status(),
+            **(store.wal_status().as_status() if isinstance(store, EventStore) else {}),
             "clients": self.connections(),
             **self.snapshots.status(),
             "snapshot_clients": self.snapshots.clients(_LISTED_SNAPSHOT_CLIENTS),
@@ -547,6 +549,7 @@ class EventBusService(Service):
             ),
             *self.snapshots.metrics(),
             *self.upkeep.metrics(),
+            *(wal_metrics("eventbus", store.wal_status()) if isinstance(store, EventStore) else []),
             gauges_by(
                 "eventbus_connections",
                 "TCP peers connected now, by socket",
