@@ -133,6 +133,19 @@ def _trusted_proxies(value: str) -> str:
 _trusted_proxies.wants = "addresses or networks, comma-separated (127.0.0.1,10.0.0.0/8)"  # type: ignore[attr-defined]
 
 
+def _alert_for(value: str) -> str:
+    from bus.web.alerts.engine import parse_for
+
+    try:
+        parse_for(value)  # checked now, used at composition
+    except ValueError as error:
+        raise usage.UsageError(f"--http-alert-for: {error}") from None
+    return value
+
+
+_alert_for.wants = "NAME=DURATION pairs, comma-separated (*=2s,EmqpQueueWithoutWorkers=10s)"  # type: ignore[attr-defined]
+
+
 def _forwarded_header(value: str) -> str:
     from bus.web.channel import FORWARDED_HEADERS
 
@@ -204,6 +217,15 @@ class _ProductOptions(ServiceOptions):
             "The header the trusted proxies name the client in: x-forwarded-for or forwarded "
             "(RFC 7239); the other is never read.",
             _forwarded_header,
+        ],
+        [
+            "http-alert-for",
+            None,
+            None,
+            "The console's alerts (the shipped rules, evaluated in the process): each named "
+            "rule's `for` replaced, NAME=DURATION comma-separated, * for every rule "
+            "(*=2s). For tests and drills; the shipped rules keep theirs.",
+            _alert_for,
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
     ]
@@ -406,10 +428,20 @@ def compose(
             metrics_open=bool(options.get("http-metrics-open")),
             tail_source=tail_source,
             trusted_proxies=proxies,
+            alert_for=_hold(options.get("http-alert-for")),
         )
         services.append(("http", web))  # its refusals in /status and /metrics too
         product.add("http", web, "", options)
     return product
+
+
+def _hold(text: str | None) -> Any:
+    """The alerts' ``for`` of ``--http-alert-for`` (None: the rules' own)."""
+    if not text:
+        return None
+    from bus.web.alerts.engine import parse_for
+
+    return parse_for(text)
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:

@@ -26,6 +26,9 @@ from bus import __version__
 from bus.application.contract import Measured
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
+from bus.web.alerts.engine import AlertEngine
+from bus.web.alerts.rules import Alert
+from bus.web.alerts.service import AlertLoop
 from bus.web.channel import (
     IDLE_TIMEOUT,
     ConnectionBounds,
@@ -179,12 +182,14 @@ class StatusWebService(Service):
         metrics_open: bool = False,
         tail_source: Source | None = None,
         trusted_proxies: TrustedProxies | None = None,
+        alert_for: Callable[[Alert], float] | None = None,
     ) -> None:
         """``token_file``: every request must bear its token (see :mod:`bus.web.auth`),
         ``/metrics`` excepted with ``metrics_open``. ``tail_source``: the Event BUS the
         console's topic tail watches (see :mod:`bus.web.console.tail`).
         ``trusted_proxies``: reverse proxies whose forwarding header names the client
-        (see :mod:`bus.web.channel`)."""
+        (see :mod:`bus.web.channel`). ``alert_for``: each shipped rule's ``for`` in
+        the console's alerts (its own by default; see :func:`bus.web.alerts.engine.parse_for`)."""
         from bus.util.reactor import reactor_of
 
         self.services = services
@@ -209,6 +214,9 @@ class StatusWebService(Service):
         self.console: Console | None = None
         #: Told ``host:port`` (as a client on this machine reaches it) once listening.
         self.on_listening = on_listening
+        self.alert_for = alert_for
+        #: The shipped rules evaluated over this process's metrics (once listening).
+        self.alerts: AlertLoop | None = None
 
     def startService(self) -> None:
         from prometheus_client import CollectorRegistry, Info
@@ -226,7 +234,12 @@ class StatusWebService(Service):
         root = folder()
         put(root, b"status", _Status(self.services, started))
         put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]
-        self.console = Console(self.services, self.reactor, started, self.tail_source)
+        # The alerts' instance is the port (known once listening), as a Prometheus names it.
+        engine = AlertEngine({"job": "bus", "instance": ""}, for_seconds=self.alert_for)
+        self.alerts = AlertLoop(engine, self.reactor, lambda: service_metrics(self.services))
+        self.console = Console(
+            self.services, self.reactor, started, self.tail_source, alerts=self.alerts
+        )
         self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
         site = _QuietSite(self._guarded(root), timeout=IDLE_TIMEOUT)  # type: ignore[no-untyped-call]
         site.bounds = self.bounds
@@ -241,8 +254,10 @@ class StatusWebService(Service):
                 "http-port", f"cannot listen on {self.interface}: {error.socketError}"
             ) from None
         self.port = self._listening.getHost().port
+        host = "127.0.0.1" if self.interface == "0.0.0.0" else self.interface
+        engine.sampler.labels["instance"] = f"{host}:{self.port}"
+        self.alerts.start()
         if self.on_listening is not None:
-            host = "127.0.0.1" if self.interface == "0.0.0.0" else self.interface
             self.on_listening(f"{host}:{self.port}")
         Service.startService(self)
         log.info(
@@ -273,6 +288,8 @@ class StatusWebService(Service):
 
     def stopService(self) -> Any:
         Service.stopService(self)
+        if self.alerts is not None:
+            self.alerts.stop()
         if self.console is not None:
             self.console.stop()
         self.bounds.stop()
@@ -292,6 +309,7 @@ class StatusWebService(Service):
             "connections": self.bounds.status(),
             "process": process_status(),
             "console": self.console.status() if self.console is not None else None,
+            "alerts": self.alerts.status() if self.alerts is not None else None,
         }
 
     def metrics(self) -> list[Any]:
