@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from bus.web.alerts.engine import AlertEngine, go_float, humanize, parse_for, seconds
 from bus.web.alerts.expr import Series, increase
@@ -33,12 +34,12 @@ def test_the_rules_file_is_what_the_definition_generates() -> None:
 
 def test_every_rule_of_the_file_is_defined_once() -> None:
     names = [rule.name for rule in alerts()]
-    assert len(names) == len(set(names)) == len(re.findall(r"^\s+- alert: ", RULES.read_text(), re.M))
+    assert (
+        len(names) == len(set(names)) == len(re.findall(r"^\s+- alert: ", RULES.read_text(), re.M))
+    )
 
 
 # -- promtool's unit tests, replayed ---------------------------------------------------------------
-
-yaml = pytest.importorskip("yaml")
 
 
 def _series(text: str) -> tuple[str, dict[str, str]]:

@@ -289,7 +289,8 @@ class AlertEngine:
 
 
 def _rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+    stamp = datetime.fromtimestamp(seconds, UTC).isoformat(timespec="milliseconds")
+    return stamp.replace("+00:00", "Z")
 
 
 def _go_e(value: float) -> str:

@@ -406,8 +406,7 @@ GROUPS: tuple[Group, ...] = (
                 "EmqpJetStreamRefusing",
                 _is("emqp_jetstream_refusing", 1),
                 "critical",
-                "JetStream does not store eMQP broker {{ $labels.instance }}'s guaranteed "
-                "requests",
+                "JetStream does not store eMQP broker {{ $labels.instance }}'s guaranteed requests",
                 "No leader or no quorum for the EMQP stream: the client port is paused until the "
                 "stream takes appends again.",
                 120,
@@ -422,7 +421,9 @@ GROUPS: tuple[Group, ...] = (
                         _QUEUE,
                     ),
                     Compare(
-                        SecondsSince(Series("emqp_jetstream_queue_last_delivery_timestamp_seconds")),
+                        SecondsSince(
+                            Series("emqp_jetstream_queue_last_delivery_timestamp_seconds")
+                        ),
                         ">",
                         60,
                     ),
