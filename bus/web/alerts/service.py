@@ -90,6 +90,7 @@ class AlertsResource(resource.Resource):
         self.loop = loop
 
     def render_GET(self, request: Any) -> bytes:
+        """The alerts as JSON, never cached."""
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
         body = prometheus_json(self.loop.engine.alerts())
