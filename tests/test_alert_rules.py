@@ -189,3 +189,14 @@ def test_alert_for_names_rules_and_durations() -> None:
     for wrong in ("NoSuchRule=1s", "BusServiceDown", "BusServiceDown=-1", "BusServiceDown=x"):
         with pytest.raises(ValueError):
             parse_for(wrong)
+
+
+def test_a_window_keeps_about_sixty_points_whatever_the_sampling_period() -> None:
+    engine = AlertEngine({}, rules=[])
+    engine.sampler = type(engine.sampler)(["c"], {"c": 300.0}, {})
+    for t in range(1000):  # a counter growing by 2 a second, sampled every second
+        engine.sampler.add(float(t), [("c", {}, 2.0 * t)])
+    [window] = engine.sampler._ranges["c"].values()
+    assert len(window.points) <= 62
+    [grown] = increase(Series("c"), 300).evaluate(engine.sampler).values()
+    assert grown == pytest.approx(600, rel=0.02)

@@ -31,21 +31,27 @@ Sample = tuple[str, Mapping[str, str], float]
 
 
 class _Window:
-    """One series' samples within its window: (time, value, counter-adjusted value)."""
+    """One series' samples within its window: (time, value, counter-adjusted value), at
+    most one every ``resolution`` seconds besides the last (which each sample replaces
+    until it is that old), so a window holds ~60 points whatever the sampling period."""
 
-    __slots__ = ("points",)
+    __slots__ = ("points", "resolution")
 
-    def __init__(self) -> None:
+    def __init__(self, resolution: float) -> None:
         self.points: deque[tuple[float, float, float]] = deque()
+        self.resolution = resolution
 
     def add(self, now: float, value: float) -> None:
-        if self.points:
-            _, last, adjusted = self.points[-1]
+        points = self.points
+        if points:
+            _, last, adjusted = points[-1]
             # A counter that went down was reset: it grew by its new value since.
             adjusted += value - last if value >= last else value
+            if len(points) >= 2 and now - points[-2][0] <= self.resolution:
+                points.pop()  # the newest stands for the last `resolution` seconds
         else:
             adjusted = value
-        self.points.append((now, value, adjusted))
+        points.append((now, value, adjusted))
 
     def trim(self, since: float) -> None:
         while self.points and self.points[0][0] < since:
@@ -86,7 +92,7 @@ class Sampler:
             if ranged is not None:
                 window = ranged.get(key)
                 if window is None:
-                    window = ranged[key] = _Window()
+                    window = ranged[key] = _Window(self._windows[name] / 60)
                 window.add(now, value)
         self._instant = instant
         for name, series in self._ranges.items():
