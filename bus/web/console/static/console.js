@@ -6,9 +6,9 @@
 const HISTORY = 300;      // points per chart (one a second: five minutes)
 const TAIL_ROWS = 200;    // rows the tail keeps on the page
 const TOKEN_KEY = "bus-console-token";
-const NAMES = {eventbus: "Event BUS", emqp: "eMQP", mc0: "mc0", dbp: "DBP catalog",
-               zre: "ZRE", "spark-bridge": "Spark bridge", http: "HTTP"};
-const KNOWN_VIEWS = new Set(["eventbus", "emqp", "mc0", "dbp", "zre", "spark-bridge"]);
+const NAMES = {eventbus: "Event BUS", emqp: "eMQP", "emqp-pubsub": "eMQP pub/sub", mc0: "mc0",
+               dbp: "DBP catalog", zre: "ZRE", "spark-bridge": "Spark bridge", http: "HTTP"};
+const KNOWN_VIEWS = new Set(["eventbus", "emqp", "emqp-pubsub", "mc0", "dbp", "zre", "spark-bridge"]);
 // As the shipped alert rules have it (docs/prometheus/alerts.yml): a stream or a queue's
 // consumer without a leader is critical (red); a replica not current, or more operations
 // behind its leader than this, is a warning (amber).
@@ -237,25 +237,55 @@ function clusterProblems(js) {
   return out;
 }
 
-// The section's tables, made once per service (the Event BUS's and eMQP's alike).
-function clusterTables(section, service) {
-  const table = (body, ...heads) => el("table", {class: "rows"},
-    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))), el("tbody", {id: service + "-" + body}));
-  section.append(el("h3", {}, "NATS cluster"),
-    table("servers", "server", "state", "our connections"),
-    table("streams", "stream", "leader", "replica", "current", "lag", "last heard"),
-    table("consumers", "consumer", "for", "stream", "leader", "pending", "ack pending"));
+// What a service says of its NATS cluster, in the shape of a JetStream service's
+// (bus.nats.seen): the Event BUS's and eMQP's stores, mc0's and eMQP pub/sub's links to the
+// other brokers (no stream: core NATS subjects), the DBP catalog's shared bucket.
+function natsOf(name, status) {
+  if (status.jetstream) return status.jetstream;
+  if (name === "dbp") return status.shared ? {...status.shared, stream: status.shared.bucket} : null;
+  return status.cluster && Array.isArray(status.cluster.servers) ? status.cluster : null;
 }
 
-function clusterView(service, js) {
+// For the card of a service linked to other brokers or instances: its link down, or its
+// view of the shared catalog stale, each [text, "alarm"].
+function linkProblems(name, status) {
+  if (name === "dbp") {
+    const shared = status.shared;
+    return shared && !shared.current ? [["shared catalog: this instance's view is not current", "alarm"]] : [];
+  }
+  if (name === "mc0" || name === "emqp-pubsub") {
+    const link = status.cluster;
+    return link && !link.connected ? [["NATS link down: the other brokers are not reached", "alarm"]] : [];
+  }
+  return [];
+}
+
+function linkFact(link) {
+  if (!link) return ["NATS link", "none (one broker)"];
+  const server = link.server || ((link.servers || []).find((s) => (s.ours || []).length) || {}).url;
+  return ["NATS link", link.connected ? "up" + (server ? " via " + server : "") : "down", link.connected ? "good" : "bad"];
+}
+
+// The section's tables, made once per service: the servers for every one; the streams and
+// consumers for those that keep some (the Event BUS's and eMQP's stores, DBP's bucket).
+function clusterTables(section, service, kinds) {
+  const table = (body, ...heads) => el("table", {class: "rows"},
+    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))), el("tbody", {id: service + "-" + body}));
+  section.append(el("h3", {}, "NATS cluster"), table("servers", "server", "state", "our connections"));
+  if (kinds.streams) section.append(table("streams", "stream", "leader", "replica", "current", "lag", "last heard"));
+  if (kinds.consumers) section.append(table("consumers", "consumer", "for", "stream", "leader", "pending", "ack pending"));
+}
+
+function clusterView(service, js, kinds = {streams: true, consumers: true}) {
   const section = $(service + "-cluster");
   section.hidden = !(js && Array.isArray(js.servers));
   if (section.hidden) return;
-  if (!section.childElementCount) clusterTables(section, service);
+  if (!section.childElementCount) clusterTables(section, service, kinds);
   rows(service + "-servers", js.servers, (s) => {
     const [state, cls] = serverState(s);
     return el("tr", {"data-server": s.url, class: cls}, ...cells(s.url, state, (s.ours || []).join(", ") || "–"));
   }, "no server known");
+  if (!kinds.streams) return;
   const streams = [];
   for (const [name, c] of streamClusters(js)) {
     const leader = !c.known ? "not read yet" : c.leader || "none" + (c.unread ? " (" + c.unread + ")" : "");
@@ -271,6 +301,7 @@ function clusterView(service, js) {
     }
   }
   $(service + "-streams").replaceChildren(...streams);
+  if (!kinds.consumers) return;
   rows(service + "-consumers", js.consumers, (c) => {
     const cl = c.cluster;
     const leader = !cl ? "–" : !cl.known ? "not read yet" : cl.leader || "none";
@@ -307,7 +338,8 @@ function card(s, now) {
   const dropLine = drops(status);
   if (dropLine) node.append(el("div", {class: "line"}, dropLine));
   for (const problem of problems(s)) node.append(el("div", {class: "line alarm"}, problem));
-  for (const [text, cls] of clusterProblems(status.jetstream)) node.append(el("div", {class: "line " + cls}, text));
+  for (const [text, cls] of linkProblems(s.name, status)) node.append(el("div", {class: "line " + cls}, text));
+  for (const [text, cls] of clusterProblems(natsOf(s.name, status))) node.append(el("div", {class: "line " + cls}, text));
   node.addEventListener("click", () => {
     const view = $(s.name + "-view") || $("other-" + s.name);
     if (view) view.scrollIntoView({behavior: "smooth"});
@@ -380,12 +412,32 @@ const VIEWS = {
         "in " + duration(s.next_run_in), s.runs)),
       "no schedule");
   },
+  "emqp-pubsub"(status) {
+    const connections = status.connections || {};
+    const link = status.cluster || null;
+    const refused = Object.entries((link && link.refused) || {}).map(([k, v]) => k + " " + v).join(", ");
+    facts("emqp-pubsub-facts", [
+      ["publishers", connections.incoming], ["subscribers", connections.outgoing],
+      ["published", status.published], linkFact(link),
+      ["sent to the others", link ? link.sent : undefined], ["from the others", link ? link.received : undefined],
+      ["repeats dropped", link ? link.repeats_dropped : undefined],
+      ["not sent", link && refused ? refused : undefined, "warn"],
+      ["NATS filters", link ? (link.filters || []).length : undefined],
+    ]);
+    clusterView("emqp-pubsub", link, {streams: false, consumers: false});
+  },
   mc0(status) {
     const auth = status.auth || {};
+    const link = status.cluster || null;
+    const held = link && link.held ? link.held : undefined;
     facts("mc0-facts", [
       ["clients", status.clients], ["topics", status.topics], ["connections", status.connections],
       ["security", status.security], ["accepted keys", auth.accepted], ["refused", auth.denied, auth.denied ? "warn" : ""],
+      linkFact(link),
+      ["relayed out", link ? link.published : undefined], ["relayed in", link ? link.received : undefined],
+      ["held for the link", held, "warn"],
     ]);
+    clusterView("mc0", link, {streams: false, consumers: false});
     rows("mc0-clients", status.client_list,
       (c) => el("tr", {"data-client": c.id}, ...cells(c.id, (c.topics || []).join(", "), duration(c.last_heard_s) + " ago", duration(c.connected_s))),
       "no client");
@@ -393,10 +445,16 @@ const VIEWS = {
       (k) => el("tr", {}, ...cells(k.key, k.times, k.reason, k.address)), "none refused");
   },
   dbp(status) {
+    const shared = status.shared || null;
     facts("dbp-facts", [
       ["active", status.services], ["inactive", status.services_inactive],
       ["beacon", status.beacon || "off"], ["UDP port", status.udp_port],
+      ["shared catalog", shared ? shared.bucket + (shared.current ? ", current" : ", not current") : "none (one catalog)",
+       shared ? (shared.current ? "good" : "bad") : ""],
+      ["keys", shared ? shared.keys : undefined],
+      ["writes refused", shared && shared.writes_refused ? shared.writes_refused : undefined, "warn"],
     ]);
+    clusterView("dbp", natsOf("dbp", status), {streams: true, consumers: false});
     rows("dbp-catalog", status.catalog,
       (e) => el("tr", {"data-entry": e.name}, ...cells(e.name, e.active ? "active" : "inactive", e.heartbeat_path,
         e.last_heard_s === null ? "never" : duration(e.last_heard_s) + " ago", duration(e.registered_s) + " ago")),
