@@ -49,6 +49,7 @@ Events are 6 frames with a 100-byte msgpack payload: ``{"n": <uint32>, "pad": <b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -681,6 +682,99 @@ def connect_churn(endpoint: str, connections: int) -> None:
     _emit({"connections": connections, "failed": failed, "rate": connections / elapsed})
 
 
+# -- nats-py on the same servers (bench/eventbus_cluster.py --only natspy) -------------------
+
+
+def natspy_publish(url: str, stream: str, events: int, batch: int) -> None:
+    """nats-py publishing ``events`` 100-byte payloads to ``stream`` with acknowledged
+    publishes, ``batch`` in flight at a time (what a nats-py user writes for throughput)."""
+    import asyncio
+
+    import nats
+
+    async def run() -> dict[str, object]:
+        client = await nats.connect(url.split(","), max_reconnect_attempts=-1)
+        js = client.jetstream()
+        subject = f"{stream}.events"
+        bodies = [payload(n) for n in range(min(events, batch))]
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, _ready)
+        await loop.run_in_executor(None, _wait_go)
+        cpu, started = _cpu(), time.monotonic()
+        last = 0
+        for first in range(0, events, batch):
+            count = min(batch, events - first)
+            acks = await asyncio.gather(*(js.publish(subject, bodies[i]) for i in range(count)))
+            last = int(acks[-1].seq)
+        finished = time.monotonic()
+        await client.close()
+        return {
+            "sent": events,
+            "last_seq": last,
+            "cpu_seconds": _cpu() - cpu,
+            "t_start": started,
+            "t_sent": finished,
+            "send_rate": events / max(finished - started, 1e-9),
+        }
+
+    _emit(asyncio.run(run()))
+
+
+def natspy_subscribe(url: str, stream: str, events: int) -> None:
+    """nats-py reading ``stream`` with an ordered consumer (push, flow control, heartbeats:
+    nats-py's way to follow a stream), checking the stream sequences are contiguous."""
+    import asyncio
+
+    import nats
+
+    async def run() -> dict[str, object]:
+        client = await nats.connect(url.split(","), max_reconnect_attempts=-1)
+        js = client.jetstream()
+        done = asyncio.get_running_loop().create_future()
+        state = {"count": 0, "previous": 0, "gaps": 0, "first": 0.0, "last": 0.0}
+        now = time.monotonic
+
+        async def got(message: object) -> None:
+            sequence = message.metadata.sequence.stream  # type: ignore[attr-defined]
+            state["last"] = now()
+            if state["count"] == 0:
+                state["first"] = state["last"]
+            elif sequence != state["previous"] + 1:
+                state["gaps"] += 1
+            state["previous"] = sequence
+            state["count"] += 1
+            if state["count"] >= events and not done.done():
+                done.set_result(None)
+
+        subscription = await js.subscribe(
+            f"{stream}.>",
+            cb=got,
+            ordered_consumer=True,
+            pending_msgs_limit=-1,
+            pending_bytes_limit=-1,
+        )
+        cpu = _cpu()
+        _ready()
+        with contextlib.suppress(TimeoutError):  # what arrived is the result
+            await asyncio.wait_for(done, timeout=300)
+        cpu = _cpu() - cpu
+        await subscription.unsubscribe()
+        await client.close()
+        count, span = state["count"], state["last"] - state["first"]
+        return {
+            "cpu_seconds": cpu,
+            "received": count,
+            "lost": max(events - int(count), 0),
+            "gaps": state["gaps"],
+            "last_sequence": state["previous"],
+            "t_first": state["first"],
+            "t_last": state["last"],
+            "rate": (count - 1) / span if count > 1 and span > 0 else 0.0,
+        }
+
+    _emit(asyncio.run(run()))
+
+
 def main(argv: list[str]) -> None:
     role, *args = argv
     if role == "paced-publish":
@@ -694,6 +788,12 @@ def main(argv: list[str]) -> None:
         return
     if role == "soak-subscribe":
         soak_subscribe(args[0], args[1])
+        return
+    if role == "natspy-publish":
+        natspy_publish(args[0], args[1], int(args[2]), int(args[3]))
+        return
+    if role == "natspy-subscribe":
+        natspy_subscribe(args[0], args[1], int(args[2]))
         return
     if role == "publish":
         publish(args[0], int(args[1]))

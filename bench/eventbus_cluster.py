@@ -41,6 +41,12 @@ SQLite) is the baseline.
     python bench/eventbus_cluster.py [--events 100000] [--repeat 2] [--snapshot-events 200000]
         [--snapshot-repeat 1] [--faults 2] [--rate 1000] [--fault-seconds 8] [--warmup 3]
         [--restarts 1] [--restart-rate 500] [--only throughput,snapshot,faults,restarts]
+
+5. *Against nats-py* (``--only natspy``, not run by default): the same number of events
+   through an R3 front-end (part 1's raw clients) and, on three fresh nats-servers, through
+   nats-py alone: acknowledged publishes (``NATSPY_BATCH`` in flight) into an R3 stream and
+   an ordered consumer reading it. Measured: events/s from the first publish to the last
+   delivery, and the CPU per event of every process (clients, front-end, nats-servers).
 """
 
 from __future__ import annotations
@@ -216,6 +222,8 @@ def throughput_once(
         "end_to_end_rate": received["received"] / max(received["t_last"] - sent["t_start"], 1e-9),
         "server_cpu_us_per_event": server_cpu / events * 1e6,
         "nats_cpu_us_per_event": nats_cpu / events * 1e6,
+        "publisher_cpu_us_per_event": sent["cpu_seconds"] / events * 1e6,
+        "subscriber_cpu_us_per_event": received["cpu_seconds"] / events * 1e6,
         # Every process of the machine: the clients, the servers, the nats-servers.
         "machine_cpu_us_per_event": busy / events * 1e6,
         "max_timer_lag_ms": status.get("max_timer_lag_ms"),
@@ -233,6 +241,83 @@ def describe_throughput(run: dict[str, Any]) -> str:
     if run["kind"] != "sqlite":
         text += f", nats-servers {run['nats_cpu_us_per_event']:.1f}"
     return text + f"; other processes {run['foreign_cores']:.2f} cores"
+
+
+# -- 1b. the same events through nats-py alone ----------------------------------------------
+
+#: Acknowledged publishes nats-py keeps in flight (``asyncio.gather`` of a batch).
+NATSPY_BATCH = 500
+
+
+def _natspy_stream(urls: Sequence[str], stream: str, replicas: int, deadline: float) -> None:
+    """Create ``stream`` (file storage, ``replicas``) with nats-py, retrying while a new
+    cluster has no meta leader yet."""
+    import asyncio
+
+    import nats
+    from nats.js.api import StreamConfig
+
+    async def create() -> None:
+        client = await nats.connect(list(urls))
+        try:
+            await client.jetstream().add_stream(
+                StreamConfig(name=stream, subjects=[f"{stream}.>"], num_replicas=replicas)
+            )
+        finally:
+            await client.close()
+
+    while True:
+        try:
+            asyncio.run(create())
+            return
+        except Exception as error:  # no leader yet, said many ways
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cannot create the stream {stream}: {error}") from error
+            time.sleep(0.2)
+
+
+def natspy_once(events: int, root: Path, wait_idle: float) -> dict[str, Any]:
+    """nats-py publishing ``events`` events (acknowledged, :data:`NATSPY_BATCH` in flight)
+    into an R3 stream and an ordered consumer reading them, on three fresh nats-servers."""
+    wait_for_quiet(wait_idle)
+    account = CpuAccount()
+    with Cleanup() as stack:
+        nats = start_nats(stack, root / "nats", 3)
+        urls = ",".join(nats.urls)
+        _natspy_stream(nats.urls, "BENCH", 3, time.monotonic() + 60)
+        subscriber = stack.worker("natspy-subscribe", urls, "BENCH", events)
+        subscriber.wait_ready()
+        publisher = stack.worker("natspy-publish", urls, "BENCH", events, NATSPY_BATCH)
+        publisher.wait_ready()
+        nats_pids = nats.pids()
+        nats_cpu = cpu_of(nats_pids)
+        publisher.go()
+        sent = publisher.result()
+        received = subscriber.result()
+        nats_cpu = cpu_of(nats_pids) - nats_cpu
+    return {
+        "kind": "natspy",
+        "rate": received["rate"],
+        "received": received["received"],
+        "lost": received["lost"],
+        "gaps": received["gaps"],
+        "end_to_end_rate": received["received"] / max(received["t_last"] - sent["t_start"], 1e-9),
+        "publisher_cpu_us_per_event": sent["cpu_seconds"] / events * 1e6,
+        "subscriber_cpu_us_per_event": received["cpu_seconds"] / events * 1e6,
+        "server_cpu_us_per_event": 0.0,
+        "nats_cpu_us_per_event": nats_cpu / events * 1e6,
+        "foreign_cores": account.stop(),
+    }
+
+
+def own_cpu_per_event(run: dict[str, Any]) -> float:
+    """CPU per event of every process of the run: clients, front-end, nats-servers."""
+    return float(
+        run["publisher_cpu_us_per_event"]
+        + run["subscriber_cpu_us_per_event"]
+        + run["server_cpu_us_per_event"]
+        + run["nats_cpu_us_per_event"]
+    )
 
 
 # -- 2. snapshot ----------------------------------------------------------------------------
@@ -965,12 +1050,13 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="throughput,snapshot,faults,restarts",
-        help="comma-separated parts to run: throughput, snapshot, faults, restarts",
+        help="comma-separated parts to run: throughput, snapshot, faults, restarts, and "
+        "natspy (not by default: an R3 front-end against nats-py alone, same servers)",
     )
     add_common_arguments(parser)
     args = parser.parse_args()
     parts = {p.strip() for p in args.only.split(",") if p.strip()}
-    unknown = parts - {"throughput", "snapshot", "faults", "restarts"}
+    unknown = parts - {"throughput", "natspy", "snapshot", "faults", "restarts"}
     if unknown:
         parser.error(f"unknown parts: {', '.join(sorted(unknown))}")
     terminate_on_sigterm()
@@ -1078,6 +1164,55 @@ def main() -> int:
                 "us",
                 better="lower",
             )
+
+        if "natspy" in parts:
+            pairs: dict[str, list[dict[str, Any]]] = {"r3": [], "natspy": []}
+            for index in range(args.repeat):
+                bus_run = throughput_once(
+                    "r3", args.events, root / f"natspy-r3-{index}", prefix, args.wait_idle
+                )
+                py_run = natspy_once(args.events, root / f"natspy-{index}", args.wait_idle)
+                pairs["r3"].append(bus_run)
+                pairs["natspy"].append(py_run)
+                for run in (bus_run, py_run):
+                    label = "nats-py alone, R3" if run is py_run else LABELS["r3"]
+                    print(
+                        f"run {index + 1}/{args.repeat} {label:<18} "
+                        f"{fmt_rate(run['end_to_end_rate']):>7} ev/s end to end, lost "
+                        f"{run['lost']}, gaps {run['gaps']}; CPU-us/event: publisher "
+                        f"{run['publisher_cpu_us_per_event']:.1f}, subscriber "
+                        f"{run['subscriber_cpu_us_per_event']:.1f}, front-end "
+                        f"{run['server_cpu_us_per_event']:.1f}, nats-servers "
+                        f"{run['nats_cpu_us_per_event']:.1f}; other processes "
+                        f"{run['foreign_cores']:.2f} cores",
+                        flush=True,
+                    )
+            record["natspy"] = pairs
+            noise.append(
+                "bus vs nats-py runs "
+                + ", ".join(f"{r['foreign_cores']:.2f}" for r in pairs["r3"] + pairs["natspy"])
+            )
+            end = {k: median([r["end_to_end_rate"] for r in v]) for k, v in pairs.items()}
+            cpu = {k: median([own_cpu_per_event(r) for r in v]) for k, v in pairs.items()}
+            lost_pairs = sum(r["lost"] for v in pairs.values() for r in v)
+            verdict = verdict and lost_pairs == 0
+            measured.append(f"R3 through the bus {fmt_rate(end['r3'])} ev/s end to end")
+            baseline.append(f"nats-py alone on R3 {fmt_rate(end['natspy'])} ev/s")
+            ratios.append(f"bus / nats-py {end['r3'] / end['natspy']:.2f} x")
+            targets.append("bus vs nats-py: reported (no target), none lost")
+            details.append(
+                (
+                    "bus vs nats-py",
+                    f"end to end (first publish to last delivery): the bus (raw pyzmq clients, "
+                    f"a front-end) {fmt_rate(end['r3'])} ev/s, nats-py (acknowledged publishes, "
+                    f"{NATSPY_BATCH} in flight; an ordered consumer) "
+                    f"{fmt_rate(end['natspy'])} ev/s, {end['r3'] / end['natspy']:.2f} x; "
+                    f"CPU per event of every process: bus {cpu['r3']:.1f} us, nats-py "
+                    f"{cpu['natspy']:.1f} us; lost {lost_pairs}",
+                )
+            )
+            figures["bus_vs_natspy"] = Figure(end["r3"] / end["natspy"], "x nats-py")
+            figures["bus_cpu_per_event_all"] = Figure(cpu["r3"], "us", better="lower")
 
         if "snapshot" in parts:
             events = args.snapshot_events

@@ -57,6 +57,13 @@ def test_options_stand_on_either_side_of_the_subcommand(argv: list[str]) -> None
     )  # fmt: skip
 
 
+def test_a_subcommands_option_without_the_subcommand_is_not_taken_for_it() -> None:
+    parser = _parser()
+    assert options_anywhere(parser, ["--server", "x", "--count", "3"]) == ["--server", "x"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(options_anywhere(parser, ["--count", "3"]))
+
+
 def test_after_a_double_dash_nothing_moves() -> None:
     parser = _parser()
     assert options_anywhere(parser, ["ping", "--", "--server"]) == ["ping", "--", "--server"]
@@ -74,6 +81,9 @@ def test_after_a_double_dash_nothing_moves() -> None:
         (["mc0-cli", "--server", "bogus", "ping"], "--server: 'bogus' is not an endpoint"),
         (["mc0-cli", "--ttl", "-5", "ping"], "--ttl: not a duration: '-5'"),
         (["mc0-cli", "--timeout", "-1", "ping"], "--timeout: '-1': give more than 0"),
+        # a subcommand's option and no subcommand: the command is what is missing
+        (["dbp-cli", "--timeout", "5"], "the following arguments are required: command"),
+        (["mc0-cli", "--timeout", "5"], "the following arguments are required: command"),
         (["mc0-cli", "ping", "--timeout", "-1"], "--timeout: '-1': give more than 0"),
         (["mc0-cli", "--plain", "ping", "--server-key", "x"], None),  # --plain: no key read
         (["mc0-cli", "ping", "--server-key", "nosuch.key"], "nosuch.key: not a CURVE public"),

@@ -302,6 +302,13 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return {}
 
 
+def _command_required(parser: argparse.ArgumentParser) -> bool:
+    return any(
+        isinstance(action, argparse._SubParsersAction) and action.required
+        for action in parser._actions
+    )
+
+
 def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return dict(parser._option_string_actions)
 
@@ -335,8 +342,12 @@ def options_anywhere(parser: argparse.ArgumentParser, argv: Sequence[str]) -> li
         taken = [arg]
         if action is not None and "=" not in arg and _takes_value(action):
             taken += args[index + 1 : index + 2]
-        (before if name in top else early).extend(taken)
+        (early if action is not None and name not in top else before).extend(taken)
         index += len(taken)
+    if index >= len(args) and early and _command_required(parser):
+        # Only a subcommand's options and no subcommand: without them argparse says the
+        # command is missing (with them, it took an option's value for the command).
+        return before
     if index >= len(args) or args[index] not in commands:
         return args  # no subcommand: argparse says what is missing
     command_name = args[index]
