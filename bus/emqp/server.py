@@ -66,7 +66,6 @@ _STORAGE_RETRY_MAX = 2.0
 _MEMORY_RELEASE_DELAY = 1.0
 
 
-
 #: The ports a key may connect to, by the ``role`` of its certificate (comma-separated).
 #: The HELP of each broker counter (:meth:`bus.emqp.core.Broker.counters`) in /metrics.
 _COUNTER_HELP = {
