@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-dbp nemesis-mc0
+.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-dbp nemesis-mc0 nemesis-emqp-pubsub
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -137,6 +137,11 @@ nemesis-emqp: $(VENV)/.test-deps $(INTEROP)/.installed
 # given both brokers. make test runs it with 4 rounds. NEMESIS_SEED=N replays a run's faults.
 nemesis-mc0: $(VENV)/.test-deps
 	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-16} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_mc0_nemesis.py
+
+# The nemesis of eMQP's PUBLISH service across brokers at length (root: network namespaces):
+# brokers on three nats-servers, publishers and subscribers at each, rounds of faults.
+nemesis-emqp-pubsub: $(VENV)/.test-deps
+	NEMESIS_ROUNDS=$${NEMESIS_ROUNDS:-16} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_emqp_pubsub_nemesis.py
 
 # The DBP nemesis at length (root: network namespaces): shared catalog instances killed,
 # stopped, cut, and nats-servers killed, under Hermes' clients and a heartbeating service.

@@ -588,6 +588,9 @@ class BusServer(TwistdProcess):
                 # The bus alone: the protocols composed by default (mc0 on 61616) stay out
                 # (an older revision under bench/ab.py may serve only the bus anyway).
                 *(["--services", "eventbus"] if "services" in plugin_options("eventbus") else []),
+                # A free HTTP port: another server on this machine may hold the default one
+                # (the server then stops at start, after writing its status.json).
+                *(["--http-port", "0"] if "http-port" in plugin_options("eventbus") else []),
                 "--bind",
                 HOST,
                 "--port",

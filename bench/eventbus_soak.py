@@ -106,6 +106,10 @@ class Sample:
     removed: int
     lag_ms: float
     retention_cpu: float  # the server's own account of its retention steps' CPU (s)
+    # The server's account of its WAL (a revision that keeps one, else 0): RESTART
+    # checkpoints that started it over, and the longest of them (how long writers waited).
+    wal_restarts: int = 0
+    wal_hold_ms: float = 0.0
 
 
 def threads_cpu(process: Any) -> dict[str, float]:
@@ -219,7 +223,8 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path) -> ModeRun:
                 root / mode,
                 prefix=prefix,
                 stats_interval="1s",
-                extra=retention_args(mode, args),
+                extra=retention_args(mode, args)
+                + ([] if args.wal_limit is None else ["--wal-limit", args.wal_limit]),
             )
         )
         import psutil
@@ -253,6 +258,8 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path) -> ModeRun:
                     int(status.get("retention_removed", 0)),
                     float(status.get("max_timer_lag_ms", 0.0)),
                     float(status.get("retention_cpu_s", 0.0)),
+                    int(status.get("wal_restarts", 0)),
+                    float(status.get("wal_longest_hold_ms", 0.0)),
                 )
             )
             last = passes_from_status(status, offset)
@@ -350,6 +357,10 @@ def figures_of(run: ModeRun, baseline: ModeRun | None) -> dict[str, Any]:
         "store_max": max((s.store for s in samples), default=0),
         "wal_end": samples[-1].wal if samples else 0,
         "wal_max": max((s.wal for s in samples), default=0),
+        # The WAL over time: its size at every tenth of the run.
+        "wal_over_time": [(round(s.at), s.wal) for s in samples[:: max(1, len(samples) // 10)]],
+        "wal_restarts": samples[-1].wal_restarts if samples else 0,
+        "wal_hold_ms": samples[-1].wal_hold_ms if samples else 0.0,
         # The server's own account (a revision that keeps one): its steps' CPU on the
         # reactor thread, without the checkpoints of what they changed.
         "steps_us_per_removed": samples[-1].retention_cpu / removed * 1e6
@@ -461,6 +472,11 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=3000.0, help="events a second")
     parser.add_argument("--topics", type=int, default=10_000)
     parser.add_argument("--retention-interval", default="60s")
+    parser.add_argument(
+        "--wal-limit",
+        default=None,
+        help="the server's --wal-limit (default: not passed, the revision's own default)",
+    )
     parser.add_argument("--retention-max-count", type=int, default=200_000)
     parser.add_argument("--retention-max-age", default="60s")
     parser.add_argument("--snapshot-every", type=float, default=30.0, help="seconds")
@@ -506,6 +522,8 @@ def main() -> int:
         figures[f"{mode}_rss_max_mib"] = Figure(f["rss_max"] / 2**20, "MiB", "lower")
         figures[f"{mode}_p99_ms"] = Figure(f["p99"], "ms", "lower")
         figures[f"{mode}_timer_lag_max_ms"] = Figure(f["lag_max_ms"], "ms", "lower")
+        figures[f"{mode}_us_per_event"] = Figure(f["us_per_event"], "us", "lower")
+        figures[f"{mode}_wal_max_mib"] = Figure(f["wal_max"] / 2**20, "MiB", "lower")
         if mode == "none":
             continue
         if f.get("us_per_removed") is not None:
@@ -548,6 +566,16 @@ def main() -> int:
             )
         )
     for mode, f in results.items():
+        details.append(
+            (
+                f"{mode} WAL",
+                f"at most {f['wal_max'] / 2**20:.1f} MiB, {f['wal_end'] / 2**20:.1f} at the end; "
+                f"{f['wal_restarts']} restarts, the longest holding writers "
+                f"{f['wal_hold_ms']:.2f} ms; timer late by up to {f['lag_max_ms']:.1f} ms; over "
+                "time (s: MiB) "
+                + ", ".join(f"{at}: {size / 2**20:.1f}" for at, size in f["wal_over_time"]),
+            )
+        )
         details.append(
             (
                 f"{mode} cpu",

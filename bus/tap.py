@@ -25,6 +25,7 @@ from bus.application.options import PROCESS_OPTION_NAMES, OptionSpec
 from bus.application.services import ServiceEntry, discovery_problems, entry, services
 from bus.eventbus.tap import Options as EventBusOptions
 from bus.extension import Composition, ProductService, ServiceOptions, StartFailed, StartupError
+from bus.util.values import parse_duration
 
 if TYPE_CHECKING:
     from twisted.application.service import Service
@@ -145,6 +146,16 @@ def _forwarded_header(value: str) -> str:
 _forwarded_header.wants = "x-forwarded-for or forwarded"  # type: ignore[attr-defined]
 
 
+def _positive_duration(value: str | float) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError(value)
+    return seconds
+
+
+_positive_duration.wants = "a duration above zero (10s, 500ms)"  # type: ignore[attr-defined]
+
+
 class _ProductOptions(ServiceOptions):
     service = "eventbus"
     env_prefix = "EVENTBUS"
@@ -204,6 +215,27 @@ class _ProductOptions(ServiceOptions):
             "The header the trusted proxies name the client in: x-forwarded-for or forwarded "
             "(RFC 7239); the other is never read.",
             _forwarded_header,
+        ],
+        [
+            "http-history-dir",
+            None,
+            None,
+            "Directory of the console's rates kept on disk (default: console-history in the "
+            "Event BUS's --data-dir, else in the working directory).",
+        ],
+        [
+            "http-history-interval",
+            None,
+            "10s",
+            "How often the console's rates are written to its history (one sample per series).",
+            _positive_duration,
+        ],
+        [
+            "http-history-keep",
+            None,
+            "24h",
+            "How long the console's history reaches back (its files' size follows; 0: none kept).",
+            parse_duration,
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
     ]
@@ -406,10 +438,27 @@ def compose(
             metrics_open=bool(options.get("http-metrics-open")),
             tail_source=tail_source,
             trusted_proxies=proxies,
+            **_history(options),
         )
         services.append(("http", web))  # its refusals in /status and /metrics too
         product.add("http", web, "", options)
     return product
+
+
+def _history(options: usage.Options | dict[str, Any]) -> dict[str, Any]:
+    """Where and how the console's rates are kept (see :mod:`bus.web.history`)."""
+    keep = parse_duration(options.get("http-history-keep", 86400.0))
+    if keep <= 0:
+        return {"history_dir": None}
+    directory = options.get("http-history-dir")
+    if not directory:
+        bus = options["service-options"].get("eventbus")
+        directory = Path(bus["data-dir"] if bus is not None else ".") / "console-history"
+    return {
+        "history_dir": Path(directory),
+        "history_interval": _positive_duration(options.get("http-history-interval", 10.0)),
+        "history_keep": keep,
+    }
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:

@@ -106,6 +106,7 @@ def make_node() -> Iterator[Any]:
 LONGEST_FIRST = (
     "tests/spark/test_spark_pipeline.py",
     "tests/test_emqp_nemesis.py",
+    "tests/test_emqp_pubsub_nemesis.py",
     "tests/spark/test_spark_cluster.py",
     "tests/test_dbp_nemesis.py",
     "tests/spark/test_spark_stream_failover.py",

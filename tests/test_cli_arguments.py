@@ -92,6 +92,10 @@ def test_after_a_double_dash_nothing_moves() -> None:
         (["emqp-worker", "--broker", "bogus"], "--broker: 'bogus' is not an endpoint"),
         (["zre-ping", "--port", "-1"], "--port: '-1': give a whole number from 0 to 65535"),
         (["bus-cluster", "--front-ends", "0"], "--front-ends: '0': give a whole number"),
+        (
+            ["bus-cluster", "--with", "mc0,zre"],
+            "--with: zre: name any of mc0, dbp, emqp, emqp-pubsub",
+        ),
         # issue 45: what a tool can judge is refused at once, an unknown option is named
         (["eventbus-cli", "publish", "", "1"], "argument topic: '': empty topic"),
         (["eventbus-cli", "publish", "$", "1"], "topics starting with $ are reserved"),

@@ -425,3 +425,61 @@ def test_the_cluster_seen_by_the_event_bus_and_emqp_changes_as_nats_servers_die(
         code = running.stop()
         cluster.stop()
     assert code in CLEAN_EXIT, running.output()
+
+
+def test_the_links_of_mc0_emqp_pubsub_and_dbp_to_their_nats_cluster_show_and_fail(
+    tmp_path: Path, page: Any
+) -> None:
+    """mc0, eMQP's PUBLISH service and the DBP catalog on one nats-server (issue 47): each
+    view says its link is up through that server and lists it connected (DBP: its bucket's
+    stream too, and its view current); the server killed, each card says so in red (the
+    brokers' links down, the catalog's view not current) and each view lists it
+    unreachable."""
+    from tests.ports import nats_cluster
+
+    pytest.importorskip("nats")
+    cluster = nats_cluster(tmp_path / "nats", size=1)
+    cluster.start()
+    url = cluster.urls[0]
+    running = Product(
+        tmp_path, "--services", "mc0,dbp,emqp-pubsub", "--mc0-nats", url,
+        "--mc0-data-dir", str(tmp_path / "mc0"), "--mc0-nats-without-tls", "--dbp-nats", url, "--dbp-beacon-port", "0",
+        "--dbp-data-dir", str(tmp_path / "dbp"), "--emqp-pubsub-nats", url,
+        "--emqp-pubsub-incoming-port", "0", "--emqp-pubsub-outgoing-port", "0",
+    )  # fmt: skip
+    shown = url.removeprefix("nats://")
+    try:
+        wait_for(running.ready, timeout=120, what="mc0, the catalog and the PUBLISH service")
+        page.get(f"http://127.0.0.1:{running.http_port}/")
+        for service in ("mc0", "emqp-pubsub", "dbp"):
+            wait(page, lambda d, s=service: [r["cells"][1] for r in table(d, f"{s}-servers")]
+                 == ["connected"], 60)  # fmt: skip
+            assert row_of(page, f"{service}-servers", server=url)["cells"][1] == "connected"
+            assert not [line for line in card_lines(page, service) if line[0] != "line"]
+        for service in ("mc0", "emqp-pubsub"):
+            facts_text = page.find_element("id", f"{service}-facts").text
+            assert "NATS link up via" in facts_text and shown in facts_text, facts_text
+            # Core NATS subjects: no stream to show.
+            assert not page.find_elements("id", f"{service}-streams")
+        wait(page, lambda d: "shared catalog KV_DBP_CATALOG, current"
+             in d.find_element("id", "dbp-facts").text, 60)  # fmt: skip
+        assert row_of(page, "dbp-streams", stream="KV_DBP_CATALOG")["cells"][:1] == [
+            "KV_DBP_CATALOG"
+        ]
+
+        cluster.kill(cluster.nodes[0], signal.SIGKILL)
+        down = ("line alarm", "NATS link down: the other brokers are not reached")
+        for service in ("mc0", "emqp-pubsub"):
+            wait(page, lambda d, s=service: down in card_lines(d, s), 60)
+            wait(page, lambda d, s=service: "NATS link down" in d.find_element(
+                "id", f"{s}-facts").text, 30)  # fmt: skip
+        stale = ("line alarm", "shared catalog: this instance's view is not current")
+        wait(page, lambda d: stale in card_lines(d, "dbp"), 60)
+        for service in ("mc0", "emqp-pubsub", "dbp"):
+            wait(page, lambda d, s=service: row_of(d, f"{s}-servers", server=url)["cells"][1:2]
+                 == ["unreachable"], 60)  # fmt: skip
+            assert ("line caution", f"NATS server {url} unreachable") in card_lines(page, service)
+    finally:
+        code = running.stop()
+        cluster.stop()
+    assert code in CLEAN_EXIT, running.output()

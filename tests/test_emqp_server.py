@@ -418,3 +418,22 @@ def test_a_worker_whose_inform_was_lost_informs_again_at_the_kbye(cleanup: list[
     yield wait_until(lambda: len(informs()) >= 2, timeout=5, what="a second INFORM")
     assert len({f[0] for f in informs()}) >= 2  # from a fresh socket (a new identity)
     assert not worker.registered
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_job_store_wal_is_bounded_and_reported(tmp_path: Path, cleanup: list[Any]) -> Any:
+    """eMQP's store shares the Event BUS's checkpoints, and with them the WAL's bound: its
+    status and /metrics say the size, the bound and what the checkpoints did."""
+    from bus.util.sqlitewal import DEFAULT_WAL_LIMIT
+
+    broker = broker_in(tmp_path, cleanup)
+    yield wait_until(
+        lambda: broker.status()["wal_checkpoints"] > 0, timeout=60, what="a checkpoint"
+    )
+    status = broker.status()
+    assert status["wal_limit"] == DEFAULT_WAL_LIMIT
+    assert status["wal_bytes"] == broker.store.wal_status().wal_bytes
+    assert status["wal_restarts"] == 0  # a WAL this small is never restarted
+    families = {family.name: family for family in broker.metrics()}
+    assert families["emqp_wal_bytes"].samples[0].value == broker.store.wal_status().wal_bytes
+    assert families["emqp_wal_checkpoints"].samples[0].value >= 1

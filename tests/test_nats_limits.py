@@ -357,3 +357,21 @@ def test_a_guaranteed_request_the_servers_cannot_take_is_refused_to_its_client_a
     assert "--max-message-size 1048576 is more than the NATS servers take" in (
         broker.log_path.read_text()
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.tuples(
+        st.binary(min_size=1, max_size=20),
+        st.binary(max_size=300),
+        st.binary(max_size=70),
+        st.binary(max_size=40),
+        st.binary(max_size=70_000),
+    )
+)
+def test_the_kept_encoder_makes_the_bodies_encode_makes(fields: EventFields) -> None:
+    from bus.eventbus.stream_read import Encoder, encode
+
+    kept = Encoder()
+    assert kept(fields) == encode(fields) == kept(fields)
+    assert len(kept(fields)) == encoded_size(fields)

@@ -117,6 +117,36 @@ def test_both_forms_of_a_delivery_subject() -> None:
         jsapi.delivery(b"_INBOX.abc")
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(min_size=1, max_size=40),
+            st.binary(min_size=1, max_size=40),
+            st.binary(max_size=300),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(1, 2**40),
+)
+def test_an_atomic_batch_is_the_publishes_of_its_messages(
+    messages: list[tuple[bytes, bytes, bytes]], number: int
+) -> None:
+    batch, reply = b"0123abcd4567-%d" % number, b"_INBOX.x.%d" % number
+    last = len(messages)
+    expected = b"".join(
+        codec.hpub(
+            subject,
+            jsapi.batch_headers(msg_id, batch, index, index == last),
+            body,
+            reply if index == last else b"",
+        )
+        for index, (subject, msg_id, body) in enumerate(messages, 1)
+    )
+    assert jsapi.batch_publishes(messages, batch, reply) == expected
+
+
 def test_errors_in_answers_are_raised_with_their_codes() -> None:
     with pytest.raises(jsapi.JetStreamError) as raised:
         jsapi.answer(b'{"error":{"code":404,"err_code":10059,"description":"stream not found"}}')

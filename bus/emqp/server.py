@@ -53,6 +53,7 @@ from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_failure
 from bus.util.files import write_status_json
 from bus.util.memory import MemoryRelease
+from bus.util.metrics import wal_metrics
 from bus.util.workers import SerialWork
 
 log = Logger(namespace="bus.emqp")
@@ -759,6 +760,8 @@ class EmqpService(Service):
             "jetstream": self.stream.status() if self.stream is not None else None,
             "config": config_json(self.config),
         }
+        if self.store is not None:
+            described.update(self.store.wal_status().as_status())
         if broker is not None:
             summary = broker.status(in_flight_limit=100)
             described.update(summary)
@@ -772,6 +775,8 @@ class EmqpService(Service):
             return []
         counters = broker.counters()
         families = self.curve.metrics()
+        if self.store is not None:
+            families += wal_metrics("emqp", self.store.wal_status())
         families += [
             counter(f"emqp_{name}", _COUNTER_HELP.get(name, f"eMQP broker: {name}"), value)
             for name, value in counters.items()

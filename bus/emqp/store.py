@@ -25,6 +25,7 @@ from bus.util.files import replace_atomically
 from bus.util.sqlitewal import (
     Checkpointer,
     Durability,
+    WalStatus,
     final_checkpoint,
     open_exclusive,
     open_wal,
@@ -198,8 +199,15 @@ class JobStore:
     def checkpoint(self) -> int:
         """Copy committed WAL pages into the database without blocking the writer (PASSIVE,
         on a connection of its own): safe from one worker thread while the owner commits.
+        Once the WAL is above its bound (:data:`bus.util.sqlitewal.DEFAULT_WAL_LIMIT`), a
+        RESTART checkpoint starts it over (commits wait while it copies the last frames).
         Returns the pages copied; raises :class:`StorageError` when SQLite cannot."""
         return self._checkpointer.run()[1]
+
+    def wal_status(self) -> WalStatus:
+        """The WAL's size (bounded: see :class:`bus.util.sqlitewal.Checkpointer`) and what
+        the checkpoints did."""
+        return self._checkpointer.status()
 
     def close(self) -> None:
         """Commit what is pending, empty the WAL and close (call it once no checkpoint()

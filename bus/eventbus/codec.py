@@ -294,6 +294,86 @@ def parse_pub_fields(
     return event.topic, event.producer, event.timestamp, event.uuid, event.data
 
 
+#: What a uuid's text holds besides its four dashes.
+_HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
+#: Topics remembered as valid are at most this long (bounds the memory they take).
+_REMEMBERED_TOPIC_BYTES: Final = 256
+
+
+class PubParser:
+    """The collector's hot path: :func:`parse_pub_fields` over a batch read from a ROUTER,
+    remembering the topics, producer ids and timestamps it found valid (publishers repeat
+    them: a timestamp has a millisecond's events), so that a PUB whose three are known costs
+    only the checks of its own uuid and data. The same PUBs are accepted and refused, for
+    the same reasons, as :func:`parse_pub` says (tests/test_eventbus_codec_fastpath.py).
+    Each memory holds at most ``remember`` entries, all forgotten at once when full."""
+
+    def __init__(self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES, remember: int = 4096) -> None:
+        self.max_data_bytes = max_data_bytes
+        self.remember = remember
+        self._topics: set[bytes] = set()
+        self._producers: set[bytes] = set()
+        self._timestamps: set[bytes] = set()
+
+    def parse_batch(
+        self, batch: list[list[bytes]]
+    ) -> tuple[list[EventFields], list[tuple[bytes, EventBusError]]]:
+        """Messages ``[identity, *PUB frames]`` (a REQ-style empty delimiter allowed after the
+        identity): the valid ones' fields, in order, and each refused one's identity and error."""
+        accepted: list[EventFields] = []
+        refused: list[tuple[bytes, EventBusError]] = []
+        keep = accepted.append
+        topics, producers, timestamps = self._topics, self._producers, self._timestamps
+        max_data = self.max_data_bytes
+        unpack = msgpack.unpackb
+        for frames in batch:
+            # One pass for a PUB whose topic, producer id and timestamp were seen valid: the
+            # rest (sequence, uuid, data) is checked here as parse_pub_fields checks it.
+            if len(frames) == 7:
+                _, topic, sequence, producer, timestamp, uuid, data = frames
+                if (
+                    topic in topics
+                    and producer in producers
+                    and timestamp in timestamps
+                    and (len(sequence) == 8 or not sequence or sequence == b"null")
+                    and len(data) <= max_data
+                    and len(uuid) == 36
+                    and uuid[8:24:5] == b"----"
+                    and uuid.translate(None, _HEX_DIGITS) == b"----"
+                ):
+                    try:
+                        unpack(data, raw=True, strict_map_key=False)
+                    except Exception:  # the reference below names the defect
+                        pass
+                    else:
+                        keep((topic, producer, timestamp, uuid, data))
+                        continue
+            body = frames[1:]
+            if len(body) == 7 and not body[0]:
+                body = body[1:]  # a REQ-style empty delimiter
+            try:
+                fields = parse_pub_fields(body, max_data)
+            except EventBusError as error:
+                refused.append((frames[0], error))
+                continue
+            keep(fields)
+            self._learn(fields)
+        return accepted, refused
+
+    def _learn(self, fields: EventFields) -> None:
+        """Remember the topic, producer id and timestamp of a valid PUB."""
+        topic, producer, timestamp = fields[0], fields[1], fields[2]
+        for known, value in (
+            (self._topics, topic if len(topic) <= _REMEMBERED_TOPIC_BYTES else None),
+            (self._producers, producer if len(producer) <= _REMEMBERED_TOPIC_BYTES else None),
+            (self._timestamps, timestamp),
+        ):
+            if value is not None and value not in known:
+                if len(known) >= self.remember:
+                    known.clear()
+                known.add(value)
+
+
 def split_subtrees(spec: bytes) -> tuple[bytes, ...]:
     """The subtrees of a SYNCSTART's specification, split on ``;`` or ``,`` (empty ones dropped)."""
     return tuple(part for part in _SUBTREE_SEPARATOR.split(spec) if part)

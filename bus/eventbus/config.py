@@ -17,7 +17,7 @@ from bus.eventbus.codec import (
 from bus.eventbus.store import Retention
 from bus.extension import CurveSettings
 from bus.nats.settings import NatsSettings
-from bus.util.sqlitewal import Durability
+from bus.util.sqlitewal import DEFAULT_WAL_LIMIT, Durability
 
 if TYPE_CHECKING:  # txZMQ's socket module: not for the settings Spark's executors read
     from bus.extension import SocketOptions
@@ -111,6 +111,9 @@ class EventBusConfig:
     retention: Retention = field(default_factory=Retention)
     retention_interval: float = 60.0
     durability: Durability = "normal"
+    #: The WAL file's bound (bytes): above it a checkpoint starts the WAL over, holding
+    #: appends for its last frames (:class:`bus.util.sqlitewal.Checkpointer`). 0: no bound.
+    wal_limit: int = DEFAULT_WAL_LIMIT
     max_data_bytes: int = DEFAULT_MAX_DATA_BYTES
     #: Messages the PUB socket queues per subscriber before ZeroMQ drops (then clients heal
     #: from the store).
@@ -153,6 +156,8 @@ class EventBusConfig:
     curve: CurveSettings = field(default_factory=CurveSettings)
 
     def __post_init__(self) -> None:
+        if self.wal_limit < 0:
+            raise ValueError("wal_limit must be 0 (no bound) or more")
         if self.snapshot_hwm < 1 or self.snapshot_chunk < 1:
             raise ValueError("snapshot_hwm and snapshot_chunk must be at least 1")
         if self.max_snapshots < 1 or self.max_snapshots_per_client < 1:

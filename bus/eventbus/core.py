@@ -157,7 +157,8 @@ class Intake:
         local_limit: int = 200_000,
     ) -> None:
         self.logger = logger
-        self.max_data_bytes = max_data_bytes
+        #: PUBs parsed a batch at a time, with what it found valid remembered.
+        self.pubs = codec.PubParser(max_data_bytes)
         self.clock = clock
         self.local_limit = local_limit
         self.drops = DropCounter(logger, "message", clock)
@@ -185,6 +186,15 @@ class Intake:
         #: Subscriptions and SYNCSTARTs wider than their key's rights, narrowed to them.
         self.narrowed_subscriptions = 0
         self.narrowed_snapshots = 0
+
+    @property
+    def max_data_bytes(self) -> int:
+        """The most bytes of an event's data."""
+        return self.pubs.max_data_bytes
+
+    @max_data_bytes.setter
+    def max_data_bytes(self, limit: int) -> None:
+        self.pubs.max_data_bytes = limit
 
     def accept(self, fields: list[EventFields]) -> None:
         """Take a batch of valid events, to be stored and broadcast in order."""
@@ -219,17 +229,9 @@ class Intake:
         publish rights in force each message's User-Id (its CURVE key)."""
         if self.publish_rights is not None:
             batch = self._permitted(batch, user_ids or [])
-        parse = codec.parse_pub_fields
-        max_data = self.max_data_bytes
-        accepted: list[EventFields] = []
-        for frames in batch:
-            body = frames[1:]
-            if len(body) == 7 and not body[0]:
-                body = body[1:]  # a REQ-style empty delimiter
-            try:
-                accepted.append(parse(body, max_data))
-            except EventBusError as error:
-                self.drops.drop(error.reason, str(error), frames[0])
+        accepted, refused = self.pubs.parse_batch(batch)
+        for identity, error in refused:
+            self.drops.drop(error.reason, str(error), identity)
         if accepted:
             self.accept(accepted)
 

@@ -40,11 +40,11 @@ from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
 from bus.eventbus.stream_read import (
+    Encoder,
     Events,
     RangeReader,
     Subjects,
     Topics,
-    encode,
     failover,
 )
 from bus.extension import StartupError, StorageError
@@ -175,6 +175,8 @@ class JetStreamLog:
         self._writer = ThreadPool(1, 1, name=f"nats-append-{settings.stream}")
         self._publisher: Publisher | None = None
         self._subject_of = Subjects(settings.subject_prefix)
+        #: Event bodies, made in the reactor's thread (:meth:`append`).
+        self._encode = Encoder()
         #: The data path's connections, each role's own: its servers in turn (those the
         #: cluster names too), a server in lame-duck mode left before it closes.
         self._failovers: dict[str, Failover] = {
@@ -321,7 +323,7 @@ class JetStreamLog:
         with :class:`StorageError` (nothing of the batch may be taken as stored: resend
         it whole, duplicates are dropped by uuid). One batch at a time, on the writer's
         thread and its connection of its own."""
-        subject = self._subject_of
+        subject, encode = self._subject_of, self._encode
         items = [(subject(event[0]), event[3], encode(event)) for event in fields]
         return threads.deferToThreadPool(self.reactor, self._writer, self._publish, items)
 

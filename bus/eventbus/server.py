@@ -58,6 +58,7 @@ from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_consecutive
 from bus.util.droplog import RateLimit
 from bus.util.files import write_status_json
+from bus.util.metrics import wal_metrics
 
 log = Logger(namespace="bus.eventbus")
 
@@ -122,7 +123,7 @@ class EventBusService(Service):
         """Open the log, bind the ports (a StartupError names the option), start the timers."""
         config = self.config
         try:
-            store = EventStore(config.data_dir, durability=config.durability)
+            store = EventStore(config.data_dir, config.durability, config.wal_limit)
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         self.core = EventBusCore.of_bus(store, config, clock=self.clock, logger=log)
@@ -492,6 +493,7 @@ class EventBusService(Service):
             "storage_errors": self.storage_errors,
             "storage_waiting": len(core.waiting),
             **self.upkeep.status(),
+            **(store.wal_status().as_status() if isinstance(store, EventStore) else {}),
             "clients": self.connections(),
             **self.snapshots.status(),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
@@ -521,6 +523,7 @@ class EventBusService(Service):
             ),
             *self.snapshots.metrics(),
             *self.upkeep.metrics(),
+            *(wal_metrics("eventbus", store.wal_status()) if isinstance(store, EventStore) else []),
             gauges_by(
                 "eventbus_connections",
                 "TCP peers connected now, by socket",

@@ -45,8 +45,10 @@ from bus.eventbus.codec import Event, EventFields
 from bus.extension import StorageError
 from bus.util.chunking import ChunkSizer
 from bus.util.sqlitewal import (
+    DEFAULT_WAL_LIMIT,
     Checkpointer,
     Durability,
+    WalStatus,
     final_checkpoint,
     open_exclusive,
     open_wal,
@@ -245,12 +247,19 @@ class _Superseded:
 class EventStore:
     """Append-only event log with sequence-range reads and chunked retention."""
 
-    def __init__(self, directory: Path | str, durability: Durability = "normal") -> None:
+    def __init__(
+        self,
+        directory: Path | str,
+        durability: Durability = "normal",
+        wal_limit: int | None = DEFAULT_WAL_LIMIT,
+    ) -> None:
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
         self._durability: Durability = durability
-        self._db = open_wal(self.path, durability)
-        self._checkpointer = Checkpointer(self.path)
+        #: The WAL file's bound (bytes; None: none): see :class:`bus.util.sqlitewal.Checkpointer`.
+        self.wal_limit = wal_limit or None
+        self._db = open_wal(self.path, durability, self.wal_limit)
+        self._checkpointer = Checkpointer(self.path, self.wal_limit)
         try:
             self._open()
         except sqlite3.Error as error:
@@ -681,12 +690,18 @@ class EventStore:
 
     def checkpoint(self) -> tuple[int, int]:
         """Copy committed WAL pages into the database without blocking the writer
-        (PASSIVE, on a connection of its own). Safe to call from one worker thread while
-        the owner appends. Returns (pages in the WAL, pages checkpointed).
+        (PASSIVE, on a connection of its own) and, once the WAL is above
+        :attr:`wal_limit`, start it over (RESTART: appends wait while it copies the last
+        frames). Safe to call from one worker thread while the owner appends. Returns
+        (pages in the WAL, pages checkpointed).
 
         A checkpoint that cannot write (the database file cannot grow on a full disk)
         raises :class:`StorageError`; the WAL keeps every commit, so nothing is lost."""
         return self._checkpointer.run()
+
+    def wal_status(self) -> WalStatus:
+        """The WAL's size and what the checkpoints did (restarts, the longest hold)."""
+        return self._checkpointer.status()
 
     def set_aside(self, store_id: str) -> EventStore:
         """Close this log, rename its files ``events.sqlite3.replaced-<store id>*`` (kept
@@ -702,7 +717,7 @@ class EventStore:
         except OSError as error:
             raise StorageError(error) from error
         self.path = self.directory / aside
-        fresh = EventStore(self.directory, self._durability)
+        fresh = EventStore(self.directory, self._durability, self.wal_limit)
         fresh.adopt_store_id(store_id)
         return fresh
 

@@ -199,7 +199,7 @@ class StreamCore(Intake):
         self.storage_error = None
         if self.holding and len(self.pending) <= self.hold_limit // 2:
             self.holding = False
-        stored = sum(1 for sequence in sequences if sequence)
+        stored = len(sequences) - sequences.count(0)
         self.duplicates += len(batch) - stored
         self.accepted += len(batch)
         self.bytes_accepted += sum(len(event[4]) for event in batch)

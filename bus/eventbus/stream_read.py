@@ -38,6 +38,21 @@ def encode(fields: EventFields) -> bytes:
     return body
 
 
+class Encoder:
+    """:func:`encode` for one thread at a time, with one msgpack packer kept: ``packb``
+    makes (and allocates the buffer of) a packer per call, which cost a front-end about a
+    microsecond per event."""
+
+    def __init__(self) -> None:
+        self._pack = msgpack.Packer(use_bin_type=True).pack
+
+    def __call__(self, fields: EventFields) -> bytes:
+        """The body of ``fields``: the same bytes as :func:`encode` gives (a tuple packs as
+        the same msgpack array as a list)."""
+        body: bytes = self._pack(fields[1:])
+        return body
+
+
 def encode_row(row: Row) -> bytes:
     """:func:`encode` of a log's row ``(sequence, topic, producer, timestamp, uuid, data)``."""
     body: bytes = msgpack.packb([row[2], row[3], row[4], row[5]], use_bin_type=True)

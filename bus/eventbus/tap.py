@@ -25,9 +25,10 @@ from bus.eventbus.config import (
     original_dialect,
 )
 from bus.eventbus.store import Retention
-from bus.extension import ServiceOptions, curve_settings, parse_duration
+from bus.extension import ServiceOptions, curve_settings, parse_duration, parse_size
 from bus.nats.options import nats_options, nats_settings
 from bus.transport.curve_settings import CURVE_OPTIONS
+from bus.util.sqlitewal import DEFAULT_WAL_LIMIT
 from bus.util.values import optional_duration
 
 if TYPE_CHECKING:
@@ -113,6 +114,12 @@ class Options(ServiceOptions):
             None,
             "5s",
             "Longest wait between attempts to store refused events (full disk).",
+        ],
+        [
+            "wal-limit",
+            None,
+            "64MiB",
+            "Bound of the store's WAL file: above it a checkpoint starts the WAL over (0: none).",
         ],
         [
             "stop-timeout",
@@ -278,6 +285,7 @@ def _config(options: usage.Options | dict[str, Any], max_count: Any) -> EventBus
         ),
         retention_interval=parse_duration(options["retention-interval"]),
         durability=options["durability"],
+        wal_limit=parse_size(options.get("wal-limit", DEFAULT_WAL_LIMIT)),
         max_data_bytes=int(options["max-event-size"]),
         publish_hwm=int(options["publish-hwm"]),
         stats_interval=parse_duration(options["stats-interval"]),

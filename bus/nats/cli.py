@@ -9,8 +9,14 @@ stays under ``--dir`` for the next start.
 
     bus-cluster [--dir cluster-data] [--port 5556] [--nats-port 4222] [--front-ends 2]
                 [--nats-route-port 6222] [--http-port 8642]
+                [--with mc0,dbp,emqp,emqp-pubsub [--with-port 5656]]
 
 Front-end N (from 0) serves ports ``PORT + 3 N`` .. ``+2`` and ``/status`` on ``HTTP-PORT + N``.
+``--with`` composes the other protocols into each front-end's process, each on the same NATS
+cluster (mc0's brokers and eMQP's PUBLISH services sharing their topics over core NATS
+subjects, eMQP's brokers on its stream, DBP's instances on its bucket): front-end N's serve
+the ports ``WITH-PORT + 8 N`` .. ``+6`` (:data:`WITH_PORTS`; 0: free ones), each said once it
+serves.
 
 The commands (:mod:`bus.nats.roll` has the procedure), against the cluster that
 ``bus-cluster`` runs in ``--dir``, or any cluster given its URLs (``--nats``) and how to
@@ -76,6 +82,29 @@ STATE_FILE = "cluster.json"
 #: least lame-duck duration nats-server takes.
 LAME_DUCK = 'lame_duck_duration: "30s"\nlame_duck_grace_period: "2s"\n'
 
+#: What ``--with`` composes beside the Event BUS, each port's offset from front-end N's first
+#: (``WITH-PORT + 8 N``): mc0's broker; DBP's catalog (its ROUTER and UDP heartbeats); eMQP's
+#: worker, client and admin ports; eMQP's PUBLISH service's publishers and subscribers.
+WITH_PORTS: dict[str, dict[str, int]] = {
+    "mc0": {"port": 0},
+    "dbp": {"port": 1},
+    "emqp": {"worker-port": 2, "client-port": 3, "admin-port": 4},
+    "emqp-pubsub": {"incoming-port": 5, "outgoing-port": 6},
+}
+#: The ports ``--with`` takes from ``--with-port`` for each front-end.
+WITH_STRIDE = 8
+
+
+def _protocols(text: str) -> list[str]:
+    """``--with``'s value: services of :data:`WITH_PORTS`, comma-separated, each once."""
+    wanted = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in wanted if name not in WITH_PORTS]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(unknown) or 'nothing'}: name any of {', '.join(WITH_PORTS)}"
+        )
+    return list(dict.fromkeys(wanted))
+
 
 def _template(text: str) -> str:
     try:
@@ -111,6 +140,21 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--front-ends", type=whole_number(1, 9), default=2, help="how many (1 to 9)"
+    )
+    parser.add_argument(
+        "--with",
+        dest="protocols",
+        type=_protocols,
+        default=[],
+        metavar="SERVICES",
+        help="also run these in each front-end's process, on the same NATS cluster: any of "
+        "mc0, dbp, emqp, emqp-pubsub (comma-separated)",
+    )
+    parser.add_argument(
+        "--with-port",
+        type=whole_number(0, 65535 - WITH_STRIDE * 9),
+        default=5656,
+        help="the first port of --with's services (front-end N's from PORT + 8 N; 0: free ones)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     roll = commands.add_parser(
@@ -197,17 +241,38 @@ def _cluster_options(command: argparse.ArgumentParser) -> None:
 
 
 def front_end_command(
-    urls: list[str], port: int, http_port: int, data_dir: Path, pid_file: Path | None = None
+    urls: list[str],
+    port: int,
+    http_port: int,
+    data_dir: Path,
+    pid_file: Path | None = None,
+    protocols: Sequence[str] = (),
+    with_port: int = 0,
 ) -> list[str]:
     """The ``twistd`` command of one Event BUS front-end on the cluster's stream (three
-    replicas)."""
+    replicas); with ``protocols``, those composed beside it on the same cluster, their ports
+    from ``with_port`` (:data:`WITH_PORTS`), their data under ``data_dir``."""
+    more: list[str] = []
+    joined = ",".join(urls)
+    for name in protocols:
+        more += [f"--{name}-nats", joined]
+        more += [f"--{name}-{option}={with_port + offset if with_port else 0}"
+                 for option, offset in WITH_PORTS[name].items()]  # fmt: skip
+        if name != "emqp-pubsub":  # the one that keeps nothing
+            more += [f"--{name}-data-dir", str(data_dir / name)]
+        if name in ("emqp", "dbp"):  # a stream, a bucket: three replicas, as the Event BUS's
+            more += [f"--{name}-nats-replicas", "3"]
+        if name == "emqp":
+            more += ["--emqp-store", "jetstream"]
+        if name == "mc0":  # CURVE (the broker's key pair in its data directory) on 127.0.0.1
+            more += ["--mc0-nats-without-tls"]
     return [
         str(Path(sys.executable).parent / "twistd"),
         "-n",
         f"--pidfile={pid_file or ''}",
         "eventbus",
         "--services",
-        "eventbus",
+        ",".join(["eventbus", *protocols]),
         "--store",
         "jetstream",
         "--nats",
@@ -220,6 +285,7 @@ def front_end_command(
         str(http_port),
         "--data-dir",
         str(data_dir),
+        *more,
     ]
 
 
@@ -227,11 +293,34 @@ def front_end_command(
 SERVE_BOUND = 120.0
 
 
+def on_the_cluster(status: dict[str, Any], protocols: Sequence[str] = ()) -> bool:
+    """Whether a front-end's ``/status`` says it and each of ``protocols`` beside it are on
+    the cluster: the Event BUS's and eMQP's streams connected, mc0's and eMQP pub/sub's links
+    up, DBP's view of its bucket current."""
+    services = status.get("services") or {}
+
+    def section(name: str, key: str) -> dict[str, Any]:
+        return dict((services.get(name) or {}).get(key) or {})
+
+    checks = {
+        "eventbus": lambda: section("eventbus", "jetstream").get("connected"),
+        "emqp": lambda: section("emqp", "jetstream").get("connected"),
+        "mc0": lambda: section("mc0", "cluster").get("connected"),
+        "emqp-pubsub": lambda: section("emqp-pubsub", "cluster").get("connected"),
+        "dbp": lambda: section("dbp", "shared").get("current"),
+    }
+    return all(checks[name]() for name in ("eventbus", *protocols))
+
+
 def wait_serving(
-    process: subprocess.Popen[bytes], http_port: int, stopped: Callable[[], bool]
+    process: subprocess.Popen[bytes],
+    http_port: int,
+    stopped: Callable[[], bool],
+    protocols: Sequence[str] = (),
 ) -> str | None:
-    """Wait until the front-end's ``/status`` says its stream is connected (its ports are
-    bound by then: the HTTP port starts after the service); what went wrong, or None."""
+    """Wait until the front-end's ``/status`` says its stream is connected, and each of
+    ``protocols`` is on the cluster (:func:`on_the_cluster`; its ports are bound by then: the
+    HTTP port starts after the services); what went wrong, or None."""
     deadline = time.monotonic() + SERVE_BOUND
     url = f"http://127.0.0.1:{http_port}/status"
     while time.monotonic() < deadline and not stopped():
@@ -242,8 +331,7 @@ def wait_serving(
                 status = json.load(answer)
         except (OSError, ValueError):
             status = {}
-        jetstream = (status.get("services", {}).get("eventbus") or {}).get("jetstream") or {}
-        if jetstream.get("connected"):
+        if on_the_cluster(status, protocols):
             return None
         time.sleep(0.2)
     return None if stopped() else f"did not serve within {SERVE_BOUND:.0f} s"
@@ -332,12 +420,11 @@ def demo(args: argparse.Namespace) -> int:
             port, http = args.port + 3 * index, args.http_port + index
             home = directory / f"front-end-{index + 1}"
             home.mkdir(exist_ok=True)
-            end = _FrontEndProcess(
-                index,
-                front_end_command(cluster.urls, port, http, home, home / "twistd.pid"),
-                http,
-                home,
+            with_port = args.with_port + WITH_STRIDE * index if args.with_port else 0
+            command = front_end_command(
+                cluster.urls, port, http, home, home / "twistd.pid", args.protocols, with_port
             )
+            end = _FrontEndProcess(index, command, http, home)
             end.start()
             front_ends.append(end)
             print(
@@ -345,6 +432,7 @@ def demo(args: argparse.Namespace) -> int:
                 f"{port + 1}, collector {port + 2}; http://127.0.0.1:{http}/status "
                 f"(log {home / 'twistd.log'})"
             )
+
         for end in front_ends:
             if terminated or progress.interrupted:
                 break
@@ -352,10 +440,12 @@ def demo(args: argparse.Namespace) -> int:
                 f"waiting for front-end {end.index + 1} to serve", "the front-ends started"
             )
             assert end.process is not None
-            problem = wait_serving(end.process, end.http_port, lambda: terminated)
+            problem = wait_serving(end.process, end.http_port, lambda: terminated, args.protocols)
             if problem:
                 fail("bus-cluster", f"front-end {end.index + 1} {problem}: see its log")
             end.served = True
+            for line in _endpoints(end.http_port, args.protocols):
+                print(f"front-end {end.index + 1}'s {line}", flush=True)
         progress.now("serving", "the NATS servers and the front-ends started")
         _write_state(state, cluster, front_ends)
         if not (terminated or progress.interrupted):
@@ -419,6 +509,27 @@ def _start_again(cluster: NatsCluster, front_ends: list[_FrontEndProcess]) -> No
         )
         end.served = False
         end.start()
+
+
+def _endpoints(http_port: int, protocols: Sequence[str]) -> list[str]:
+    """Where each of ``protocols`` composed into a front-end serves, as its ``/status`` says."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/status", timeout=5) as answer:
+            services = json.load(answer).get("services") or {}
+    except (OSError, ValueError) as error:
+        return [f"services: /status unread ({error})"] if protocols else []
+    lines = []
+    for name in protocols:
+        status = services.get(name) or {}
+        if name == "mc0":
+            where = f"broker {status.get('endpoint')} (key {status.get('server_public_key')})"
+        elif name == "dbp":
+            where = f"catalog {status.get('endpoint')} (UDP heartbeats on {status.get('udp_port')})"
+        else:
+            endpoints = status.get("endpoints") or {}
+            where = ", ".join(f"{port} {endpoint}" for port, endpoint in endpoints.items())
+        lines.append(f"{name}: {where}")
+    return lines
 
 
 def _says_connected(http_port: int) -> bool:

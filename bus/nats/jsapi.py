@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Sequence
 from typing import Any, NamedTuple
+
+from bus.nats.codec import hpub
 
 API = "$JS.API"
 #: JetStream's errors: a message get that found nothing, a stream name not found, a
@@ -279,6 +282,32 @@ def batch_headers(msg_id: bytes, batch: bytes, index: int, commit: bool) -> byte
     if commit:
         headers += b"Nats-Batch-Commit: 1\r\n"
     return headers + b"\r\n"
+
+
+def batch_publishes(
+    messages: Sequence[tuple[bytes, bytes, bytes]], batch: bytes, reply: bytes
+) -> bytes:
+    """The ``HPUB`` commands of atomic batch ``batch``: each of ``messages`` (subject, message
+    id, body) with :func:`batch_headers`, the last one committing it, answered on ``reply``.
+    The same bytes as :func:`bus.nats.codec.hpub` of each, in two formats a message instead
+    of a dozen concatenations: a front-end's writer makes one per event."""
+    last = len(messages)
+    out = []
+    for index, (subject, msg_id, body) in enumerate(messages, 1):
+        if index == last:
+            out.append(hpub(subject, batch_headers(msg_id, batch, index, True), body, reply))
+            break
+        headers = _BATCH_HEADERS % (msg_id, batch, index)
+        out.append(
+            b"HPUB %b %d %d\r\n%b%b\r\n"
+            % (subject, len(headers), len(headers) + len(body), headers, body)
+        )
+    return b"".join(out)
+
+
+_BATCH_HEADERS = (
+    b"NATS/1.0\r\nNats-Msg-Id: %b\r\nNats-Batch-Id: %b\r\nNats-Batch-Sequence: %d\r\n\r\n"
+)
 
 
 #: :func:`headers_most` less the id: a batch id (12 hex digits, ``-``, a count up to 20

@@ -106,12 +106,8 @@ class Publisher:
         number = next(self._numbers)
         reply = self._prefix + b"%d" % number
         batch = self._batch_tag + b"-%d" % number
-        frames = []
         last = len(messages)
-        for index, (subject, msg_id, body) in enumerate(messages, 1):
-            headers = jsapi.batch_headers(msg_id, batch, index, index == last)
-            frames.append(codec.hpub(subject, headers, body, reply if index == last else b""))
-        self.connection.send(b"".join(frames))
+        self.connection.send(jsapi.batch_publishes(messages, batch, reply))
         for message in self._replies(timeout, lambda: "an atomic batch"):
             if message.subject != reply:
                 continue

@@ -371,7 +371,14 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
             return
         if self.socketType in _SEND_ONLY and self.on_messages is None:
             # An XPUB with a handler reads its subscriptions; otherwise nothing is read.
-            sock.get(zmq.EVENTS)  # lets libzmq process pending commands (subscriptions)
+            # Asking ZMQ_EVENTS lets libzmq process pending commands (subscriptions): once
+            # per turn that sent, through the helper where it is (pyzmq's get converts
+            # the option to its enum first).
+            native = self._native
+            if native is not None and not sock.closed:
+                native.readable(self._handle)
+            else:
+                sock.get(zmq.EVENTS)
             return
         # Again on the next turn if the budget ran out, or if messages came while the batch
         # was handled (its handler's sends made the socket look). A socket that reads

@@ -8,10 +8,22 @@ thread (see :mod:`bus.web.server`), so the values are a consistent snapshot.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-__all__ = ["Metric", "counter", "counters_by", "gauge", "gauges_by", "gauges_by_labels"]
+if TYPE_CHECKING:
+    from bus.util.sqlitewal import WalStatus
+
+__all__ = [
+    "Metric",
+    "counter",
+    "counters_by",
+    "gauge",
+    "gauges_by",
+    "gauges_by_labels",
+    "wal_metrics",
+]
 
 
 def counter(name: str, documentation: str, value: float) -> Metric:
@@ -51,3 +63,27 @@ def gauges_by_labels(
     for key, value in sorted(values.items()):
         family.add_metric(list(key), value)
     return family
+
+
+def wal_metrics(prefix: str, wal: WalStatus) -> list[Metric]:
+    """A store's WAL figures (:class:`bus.util.sqlitewal.WalStatus`) as Prometheus families
+    named ``<prefix>_wal_...``."""
+    return [
+        gauge(f"{prefix}_wal_bytes", "Size of the store's SQLite WAL file", wal.wal_bytes),
+        counter(f"{prefix}_wal_checkpoints", "PASSIVE checkpoints of the WAL", wal.checkpoints),
+        counter(
+            f"{prefix}_wal_restarts",
+            "RESTART checkpoints that started the WAL over (it was above its bound)",
+            wal.restarts,
+        ),
+        counter(
+            f"{prefix}_wal_restarts_busy",
+            "RESTART attempts that met a commit or read in progress (tried again)",
+            wal.restarts_busy,
+        ),
+        gauge(
+            f"{prefix}_wal_longest_hold_seconds",
+            "Longest RESTART checkpoint since the start (how long it held writers at most)",
+            wal.longest_hold,
+        ),
+    ]

@@ -15,7 +15,7 @@ import platform
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.service import Service
 from twisted.internet import error as internet_error
@@ -36,6 +36,9 @@ from bus.web.channel import (
 from bus.web.console.api import OPEN_SEGMENTS, Console, folder, put
 from bus.web.console.tail import Source
 from bus.web.console.view import Named, read_status
+
+if TYPE_CHECKING:
+    from bus.web.history import HistoryRecorder
 
 log = Logger(namespace="bus.web.server")
 
@@ -179,12 +182,17 @@ class StatusWebService(Service):
         metrics_open: bool = False,
         tail_source: Source | None = None,
         trusted_proxies: TrustedProxies | None = None,
+        history_dir: Path | None = None,
+        history_interval: float = 10.0,
+        history_keep: float = 86400.0,
     ) -> None:
         """``token_file``: every request must bear its token (see :mod:`bus.web.auth`),
         ``/metrics`` excepted with ``metrics_open``. ``tail_source``: the Event BUS the
         console's topic tail watches (see :mod:`bus.web.console.tail`).
         ``trusted_proxies``: reverse proxies whose forwarding header names the client
-        (see :mod:`bus.web.channel`)."""
+        (see :mod:`bus.web.channel`). ``history_dir``: where the console's rates are kept,
+        ``history_keep`` seconds of them at ``history_interval`` (see
+        :mod:`bus.web.history`; None: not kept)."""
         from bus.util.reactor import reactor_of
 
         self.services = services
@@ -209,6 +217,11 @@ class StatusWebService(Service):
         self.console: Console | None = None
         #: Told ``host:port`` (as a client on this machine reaches it) once listening.
         self.on_listening = on_listening
+        self.history_dir = history_dir
+        self.history_interval = history_interval
+        self.history_keep = history_keep
+        #: What samples the console's rates to disk (once started, with a history_dir).
+        self.history: HistoryRecorder | None = None
 
     def startService(self) -> None:
         from prometheus_client import CollectorRegistry, Info
@@ -227,6 +240,8 @@ class StatusWebService(Service):
         put(root, b"status", _Status(self.services, started))
         put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]
         self.console = Console(self.services, self.reactor, started, self.tail_source)
+        if self.history_dir is not None:
+            self._start_history(self.history_dir)
         self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
         site = _QuietSite(self._guarded(root), timeout=IDLE_TIMEOUT)  # type: ignore[no-untyped-call]
         site.bounds = self.bounds
@@ -261,6 +276,19 @@ class StatusWebService(Service):
                 port=self.port,
             )
 
+    def _start_history(self, directory: Path) -> None:
+        from bus.web.history import HistoryRecorder, HistoryResource, RateArchive
+
+        archive = RateArchive(directory, self.history_interval, self.history_keep)
+        recorder = HistoryRecorder(self.services, archive, self.reactor)
+        try:
+            recorder.start()
+        except OSError as error:
+            raise StartupError("http-history-dir", f"cannot use {directory}: {error}") from None
+        self.history = recorder
+        assert self.console is not None
+        self.console.resources[b"history"] = HistoryResource(archive, self.reactor)
+
     def _guarded(self, root: resource.Resource) -> resource.Resource:
         """Every resource of the site behind the bearer token, when one is required."""
         if self.token_file is None:
@@ -275,6 +303,9 @@ class StatusWebService(Service):
         Service.stopService(self)
         if self.console is not None:
             self.console.stop()
+        if self.history is not None:
+            self.history.stop()
+            self.history = None
         self.bounds.stop()
         listening, self._listening = self._listening, None
         return None if listening is None else listening.stopListening()
@@ -292,6 +323,7 @@ class StatusWebService(Service):
             "connections": self.bounds.status(),
             "process": process_status(),
             "console": self.console.status() if self.console is not None else None,
+            "history": self.history.archive.status() if self.history is not None else None,
         }
 
     def metrics(self) -> list[Any]:
@@ -322,5 +354,37 @@ class StatusWebService(Service):
                 "serving one",
                 "state",
                 {state: float(bounds[state]) for state in ("waiting", "serving")},
+            ),
+            *self._history_metrics(),
+        ]
+
+    def _history_metrics(self) -> list[Any]:
+        from bus.util.metrics import counter, counters_by
+
+        if self.history is None:
+            return []
+        kept = self.history.archive.status()
+        return [
+            counter(
+                "bus_http_history_samples",
+                "Rates the console's history wrote to disk (one per series and interval)",
+                kept["written"],
+            ),
+            counter(
+                "bus_http_history_write_errors",
+                "Writes of the console's history that failed (a full disk)",
+                kept["write_errors"],
+            ),
+            counter(
+                "bus_http_history_invalid_slots",
+                "Slots of the console's history files read with a wrong checksum (skipped)",
+                kept["invalid_slots"],
+            ),
+            counters_by(
+                "bus_http_history_files",
+                "Files of the console's history found at start that were created, extended "
+                "(cut short), reset (not a ring of this shape: moved aside) or unreadable",
+                "result",
+                kept["files"],
             ),
         ]

@@ -44,7 +44,12 @@ def request(endpoint: str, command: bytes, body: dict[str, Any]) -> None:
 def main() -> None:
     endpoint, name = sys.argv[1], sys.argv[2]
     interfaces = {"router": {"ip": "127.0.0.1", "port": 5246}}
-    registration = {"name": name, "interfaces": interfaces, "reg_time": time.time(), "topics": None}
+    registration = {
+        "name": name,
+        "interfaces": interfaces,
+        "reg_time": time.asctime(),
+        "topics": None,
+    }
     request(endpoint, b"UwU", registration)
     for line in sys.stdin:
         command = json.loads(line)

@@ -5,6 +5,8 @@
 * ``GET /api/v1/state``: every composed service as the console shows it (JSON);
 * ``GET /api/v1/stream``: Server-Sent Events, ``history`` (the rates of the minutes
   watched) once, then ``state`` every second;
+* ``GET /api/v1/history``: the rates kept on disk (see :mod:`bus.web.history`), when the
+  HTTP port keeps them;
 * ``GET /api/v1/tail?topic=/orders/``: Server-Sent Events, ``tail``, then ``event`` for
   each event of the subtree (at most 20 a second) and ``skipped`` (how many were not sent)
   each second some were.
@@ -56,6 +58,8 @@ class Console:
         self.history = RateHistory()
         self.streams = StreamHub(reactor, period, self._tick, self._welcome)
         self.tails = TailHub(reactor, source)
+        #: More paths of the API (name -> resource), put under ``/api/v1`` by :meth:`mount`.
+        self.resources: dict[bytes, resource.Resource] = {}
         #: Service name -> (running, since when, by the wall clock): up or down since.
         self._since: dict[str, tuple[bool, float]] = {}
 
@@ -128,6 +132,8 @@ class Console:
         put(version, b"state", _State(self))
         put(version, b"stream", _Stream(self))
         put(version, b"tail", _Tail(self))
+        for segment, child in self.resources.items():
+            put(version, segment, child)
         put(root, b"api", api)
         files = {name: _read(name) for name in STATIC}
         static = folder()

@@ -6,16 +6,21 @@
 const HISTORY = 300;      // points per chart (one a second: five minutes)
 const TAIL_ROWS = 200;    // rows the tail keeps on the page
 const TOKEN_KEY = "bus-console-token";
-const NAMES = {eventbus: "Event BUS", emqp: "eMQP", mc0: "mc0", dbp: "DBP catalog",
-               zre: "ZRE", "spark-bridge": "Spark bridge", http: "HTTP"};
-const KNOWN_VIEWS = new Set(["eventbus", "emqp", "mc0", "dbp", "zre", "spark-bridge"]);
+const NAMES = {eventbus: "Event BUS", emqp: "eMQP", "emqp-pubsub": "eMQP pub/sub", mc0: "mc0",
+               dbp: "DBP catalog", zre: "ZRE", "spark-bridge": "Spark bridge", http: "HTTP"};
+const KNOWN_VIEWS = new Set(["eventbus", "emqp", "emqp-pubsub", "mc0", "dbp", "zre", "spark-bridge"]);
 // As the shipped alert rules have it (docs/prometheus/alerts.yml): a stream or a queue's
 // consumer without a leader is critical (red); a replica not current, or more operations
 // behind its leader than this, is a warning (amber).
 const REPLICA_LAG_WARN = 10000;
 
+const PAST_POINTS = 600;  // points per chart asked of the stored past
 const $ = (id) => document.getElementById(id);
-const history = {};       // service -> label -> [[t, rate], ...]
+const history = {};       // service -> label -> [[t, rate], ...], live (one a second)
+// The rates the server kept (/api/v1/history): service -> label -> [[t, rate], ...], drawn
+// before the live ones; each point the mean of `past.step` seconds.
+const past = {series: {}, step: 0, span: 0, loaded: false};
+let pastTimer = null;
 let stateStream = null;
 let tailStream = null;
 
@@ -148,25 +153,99 @@ function scheduleJob(s) {
   return s.body === undefined || s.body === null ? "–" : s.body;
 }
 
-function spark(points, cls, now) {
+function span() {
+  return Number($("span").value) || 3600;
+}
+
+// The stored past of the chosen span; then every minute (or every step, when coarser)
+// its newest part again, at the same step, so that it goes on where the live points (the
+// last HISTORY seconds) end. The server's buckets follow its clock: a bucket asked again
+// replaces the one the page has.
+async function loadPast(event) {
+  clearTimeout(pastTimer);
+  const wanted = span();
+  const whole = event !== "refresh" || !past.loaded || past.span !== wanted;
+  let query = "range=" + wanted + "&points=" + PAST_POINTS;
+  let since = 0;
+  if (!whole) {
+    let last = 0;
+    for (const labels of Object.values(past.series)) {
+      for (const points of Object.values(labels)) if (points.length) last = Math.max(last, points[points.length - 1][0]);
+    }
+    since = last ? Math.floor(last / past.step) * past.step : Date.now() / 1000 - wanted;
+    query = "from=" + since + "&step=" + past.step + "&points=10000";
+  }
+  try {
+    const response = await fetch("/api/v1/history?" + query, {headers: headers(), cache: "no-store"});
+    if (response.ok && wanted === span()) {
+      const answer = await response.json();
+      if (whole) {
+        Object.assign(past, {series: answer.series, step: answer.step, span: wanted, loaded: true});
+      } else {
+        const start = Date.now() / 1000 - wanted;
+        for (const [service, labels] of Object.entries(answer.series)) {
+          const mine = past.series[service] || (past.series[service] = {});
+          for (const [label, points] of Object.entries(labels)) {
+            const kept = (mine[label] || []).filter((p) => p[0] < since && p[0] >= start);
+            mine[label] = kept.concat(points);
+          }
+        }
+      }
+    }
+  } catch (e) { /* the server is away: the stream says so */ }
+  pastTimer = setTimeout(() => loadPast("refresh"), 1000 * Math.max(60, past.step || 0));
+}
+
+// A chart's points: the past before the first live point, then the live ones.
+function chartPoints(service, label) {
+  const live = (history[service] || {})[label] || [];
+  const stored = (past.series[service] || {})[label] || [];
+  const cut = live.length ? live[0][0] : Infinity;
+  const before = stored.filter((p) => p[0] < cut);
+  return {points: before.concat(live), stored: before.length};
+}
+
+// Every label charted for a service, live or stored.
+function chartLabels(service) {
+  return [...new Set([...Object.keys(history[service] || {}), ...Object.keys(past.series[service] || {})])];
+}
+
+function spark(points, cls, now, stored) {
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("class", "spark");
   svg.setAttribute("viewBox", "0 0 300 34");
   svg.setAttribute("preserveAspectRatio", "none");
   if (!points || !points.length) return svg;
-  // The x axis spans the minutes watched so far (at most HISTORY seconds), ending now.
-  const start = Math.max(now - HISTORY, points[0][0]);
+  // The x axis spans the chosen span (or what there is of it), ending now.
+  const start = Math.max(now - span(), points[0][0]);
   const shown = points.filter((p) => p[0] >= start);
-  const span = Math.max(1, now - start);
+  if (!shown.length) return svg;
+  const width = Math.max(1, now - start);
   const max = Math.max(1, ...shown.map((p) => p[1]));
-  const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
-  line.setAttribute("points", shown
-    .map((p) => (300 * (p[0] - start) / span).toFixed(1) + "," + (32 - 30 * p[1] / max).toFixed(1)).join(" "));
+  // A line per run: where points are further apart than a step (the server or the page
+  // was away), the chart shows a gap.
+  const gap = Math.max(3, 2.5 * (past.step || 0));
+  let run = [];
+  const runs = [run];
+  for (let i = 0; i < shown.length; i++) {
+    if (i && shown[i][0] - shown[i - 1][0] > gap) runs.push(run = []);
+    run.push(shown[i]);
+  }
   const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
-  title.textContent = "peak " + rate(Math.max(...shown.map((p) => p[1]))) + " over the last " + duration(span);
+  title.textContent = "peak " + rate(Math.max(...shown.map((p) => p[1]))) + " over the last " + duration(width);
   svg.append(title);
-  if (cls) line.setAttribute("class", cls);
-  svg.append(line);
+  for (const points of runs) {
+    const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+    // A run of one point is drawn as a dot's width.
+    const xy = points.map((p) => [300 * (p[0] - start) / width, 32 - 30 * p[1] / max]);
+    if (xy.length === 1) xy.push([xy[0][0] + 1, xy[0][1]]);
+    line.setAttribute("points", xy.map(([x, y]) => x.toFixed(1) + "," + y.toFixed(1)).join(" "));
+    if (cls) line.setAttribute("class", cls);
+    svg.append(line);
+  }
+  // How many of its points are the stored past (what tests and curious operators read).
+  svg.setAttribute("data-past", String(points.slice(0, stored || 0).filter((p) => p[0] >= start).length));
+  svg.setAttribute("data-from", String(shown[0][0]));
   return svg;
 }
 
@@ -237,25 +316,55 @@ function clusterProblems(js) {
   return out;
 }
 
-// The section's tables, made once per service (the Event BUS's and eMQP's alike).
-function clusterTables(section, service) {
-  const table = (body, ...heads) => el("table", {class: "rows"},
-    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))), el("tbody", {id: service + "-" + body}));
-  section.append(el("h3", {}, "NATS cluster"),
-    table("servers", "server", "state", "our connections"),
-    table("streams", "stream", "leader", "replica", "current", "lag", "last heard"),
-    table("consumers", "consumer", "for", "stream", "leader", "pending", "ack pending"));
+// What a service says of its NATS cluster, in the shape of a JetStream service's
+// (bus.nats.seen): the Event BUS's and eMQP's stores, mc0's and eMQP pub/sub's links to the
+// other brokers (no stream: core NATS subjects), the DBP catalog's shared bucket.
+function natsOf(name, status) {
+  if (status.jetstream) return status.jetstream;
+  if (name === "dbp") return status.shared ? {...status.shared, stream: status.shared.bucket} : null;
+  return status.cluster && Array.isArray(status.cluster.servers) ? status.cluster : null;
 }
 
-function clusterView(service, js) {
+// For the card of a service linked to other brokers or instances: its link down, or its
+// view of the shared catalog stale, each [text, "alarm"].
+function linkProblems(name, status) {
+  if (name === "dbp") {
+    const shared = status.shared;
+    return shared && !shared.current ? [["shared catalog: this instance's view is not current", "alarm"]] : [];
+  }
+  if (name === "mc0" || name === "emqp-pubsub") {
+    const link = status.cluster;
+    return link && !link.connected ? [["NATS link down: the other brokers are not reached", "alarm"]] : [];
+  }
+  return [];
+}
+
+function linkFact(link) {
+  if (!link) return ["NATS link", "none (one broker)"];
+  const server = link.server || ((link.servers || []).find((s) => (s.ours || []).length) || {}).url;
+  return ["NATS link", link.connected ? "up" + (server ? " via " + server : "") : "down", link.connected ? "good" : "bad"];
+}
+
+// The section's tables, made once per service: the servers for every one; the streams and
+// consumers for those that keep some (the Event BUS's and eMQP's stores, DBP's bucket).
+function clusterTables(section, service, kinds) {
+  const table = (body, ...heads) => el("table", {class: "rows"},
+    el("thead", {}, el("tr", {}, ...heads.map((h) => el("th", {}, h)))), el("tbody", {id: service + "-" + body}));
+  section.append(el("h3", {}, "NATS cluster"), table("servers", "server", "state", "our connections"));
+  if (kinds.streams) section.append(table("streams", "stream", "leader", "replica", "current", "lag", "last heard"));
+  if (kinds.consumers) section.append(table("consumers", "consumer", "for", "stream", "leader", "pending", "ack pending"));
+}
+
+function clusterView(service, js, kinds = {streams: true, consumers: true}) {
   const section = $(service + "-cluster");
   section.hidden = !(js && Array.isArray(js.servers));
   if (section.hidden) return;
-  if (!section.childElementCount) clusterTables(section, service);
+  if (!section.childElementCount) clusterTables(section, service, kinds);
   rows(service + "-servers", js.servers, (s) => {
     const [state, cls] = serverState(s);
     return el("tr", {"data-server": s.url, class: cls}, ...cells(s.url, state, (s.ours || []).join(", ") || "–"));
   }, "no server known");
+  if (!kinds.streams) return;
   const streams = [];
   for (const [name, c] of streamClusters(js)) {
     const leader = !c.known ? "not read yet" : c.leader || "none" + (c.unread ? " (" + c.unread + ")" : "");
@@ -271,6 +380,7 @@ function clusterView(service, js) {
     }
   }
   $(service + "-streams").replaceChildren(...streams);
+  if (!kinds.consumers) return;
   rows(service + "-consumers", js.consumers, (c) => {
     const cl = c.cluster;
     const leader = !cl ? "–" : !cl.known ? "not read yet" : cl.leader || "none";
@@ -289,25 +399,27 @@ function drops(status) {
 
 function card(s, now) {
   const status = s.status || {};
-  const charts = history[s.name] || {};
   const node = el("article", {class: "card", id: "card-" + s.name, "data-service": s.name},
     el("h2", {}, NAMES[s.name] || s.name,
       el("span", {class: "state " + (s.running ? "up" : "down")}, s.running ? "up" : "down")),
     el("div", {class: "line"}, s.running ? "up " + duration(s.uptime_s)
                                          : "down since " + new Date(s.since * 1000).toLocaleTimeString()));
-  for (const [label, points] of Object.entries(charts)) {
+  for (const label of chartLabels(s.name)) {
     if (label === "dropped") continue;
+    const {points, stored} = chartPoints(s.name, label);
     const last = points.length ? points[points.length - 1][1] : undefined;
-    node.append(el("div", {class: "line"}, label + " " + rate(last)), spark(points, "", now));
+    node.append(el("div", {class: "line"}, label + " " + rate(last)), spark(points, "", now, stored));
   }
-  if (charts.dropped && charts.dropped.some((p) => p[1] > 0)) {
-    node.append(el("div", {class: "line"}, "drops " + rate(charts.dropped[charts.dropped.length - 1][1])),
-                spark(charts.dropped, "drops", now));
+  const dropped = chartPoints(s.name, "dropped");
+  if (dropped.points.some((p) => p[1] > 0)) {
+    node.append(el("div", {class: "line"}, "drops " + rate(dropped.points[dropped.points.length - 1][1])),
+                spark(dropped.points, "drops", now, dropped.stored));
   }
   const dropLine = drops(status);
   if (dropLine) node.append(el("div", {class: "line"}, dropLine));
   for (const problem of problems(s)) node.append(el("div", {class: "line alarm"}, problem));
-  for (const [text, cls] of clusterProblems(status.jetstream)) node.append(el("div", {class: "line " + cls}, text));
+  for (const [text, cls] of linkProblems(s.name, status)) node.append(el("div", {class: "line " + cls}, text));
+  for (const [text, cls] of clusterProblems(natsOf(s.name, status))) node.append(el("div", {class: "line " + cls}, text));
   node.addEventListener("click", () => {
     const view = $(s.name + "-view") || $("other-" + s.name);
     if (view) view.scrollIntoView({behavior: "smooth"});
@@ -380,12 +492,32 @@ const VIEWS = {
         "in " + duration(s.next_run_in), s.runs)),
       "no schedule");
   },
+  "emqp-pubsub"(status) {
+    const connections = status.connections || {};
+    const link = status.cluster || null;
+    const refused = Object.entries((link && link.refused) || {}).map(([k, v]) => k + " " + v).join(", ");
+    facts("emqp-pubsub-facts", [
+      ["publishers", connections.incoming], ["subscribers", connections.outgoing],
+      ["published", status.published], linkFact(link),
+      ["sent to the others", link ? link.sent : undefined], ["from the others", link ? link.received : undefined],
+      ["repeats dropped", link ? link.repeats_dropped : undefined],
+      ["not sent", link && refused ? refused : undefined, "warn"],
+      ["NATS filters", link ? (link.filters || []).length : undefined],
+    ]);
+    clusterView("emqp-pubsub", link, {streams: false, consumers: false});
+  },
   mc0(status) {
     const auth = status.auth || {};
+    const link = status.cluster || null;
+    const held = link && link.held ? link.held : undefined;
     facts("mc0-facts", [
       ["clients", status.clients], ["topics", status.topics], ["connections", status.connections],
       ["security", status.security], ["accepted keys", auth.accepted], ["refused", auth.denied, auth.denied ? "warn" : ""],
+      linkFact(link),
+      ["relayed out", link ? link.published : undefined], ["relayed in", link ? link.received : undefined],
+      ["held for the link", held, "warn"],
     ]);
+    clusterView("mc0", link, {streams: false, consumers: false});
     rows("mc0-clients", status.client_list,
       (c) => el("tr", {"data-client": c.id}, ...cells(c.id, (c.topics || []).join(", "), duration(c.last_heard_s) + " ago", duration(c.connected_s))),
       "no client");
@@ -393,10 +525,16 @@ const VIEWS = {
       (k) => el("tr", {}, ...cells(k.key, k.times, k.reason, k.address)), "none refused");
   },
   dbp(status) {
+    const shared = status.shared || null;
     facts("dbp-facts", [
       ["active", status.services], ["inactive", status.services_inactive],
       ["beacon", status.beacon || "off"], ["UDP port", status.udp_port],
+      ["shared catalog", shared ? shared.bucket + (shared.current ? ", current" : ", not current") : "none (one catalog)",
+       shared ? (shared.current ? "good" : "bad") : ""],
+      ["keys", shared ? shared.keys : undefined],
+      ["writes refused", shared && shared.writes_refused ? shared.writes_refused : undefined, "warn"],
     ]);
+    clusterView("dbp", natsOf("dbp", status), {streams: true, consumers: false});
     rows("dbp-catalog", status.catalog,
       (e) => el("tr", {"data-entry": e.name}, ...cells(e.name, e.active ? "active" : "inactive", e.heartbeat_path,
         e.last_heard_s === null ? "never" : duration(e.last_heard_s) + " ago", duration(e.registered_s) + " ago")),
@@ -546,8 +684,11 @@ $("token-form").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem(TOKEN_KEY, $("token").value.trim());
   if (stateStream) stateStream.abort();
+  loadPast();
   connect();
 });
 $("tail-form").addEventListener("submit", startTail);
+$("span").addEventListener("change", loadPast);
 $("tail-stop").addEventListener("click", stopTail);
+loadPast();
 connect();
