@@ -8,7 +8,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 ARGS ?=
 
-.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-dbp nemesis-mc0 nemesis-emqp-pubsub
+.PHONY: run test dist lint docs bench clean browser redis-server prometheus cluster nemesis nemesis-emqp nemesis-dbp nemesis-mc0 nemesis-emqp-pubsub alerts-yml
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -164,6 +164,12 @@ docs: $(VENV)/.test-deps
 	$(BIN)/pydoctor --quiet --warnings-as-errors --project-name=bus \
 		--docformat=restructuredtext \
 		--html-output=build/apidocs bus
+
+# docs/prometheus/alerts.yml from its one definition, bus/web/alerts/rules.py (the console
+# evaluates the same rules; tests/test_alert_rules.py fails when the two differ).
+alerts-yml:
+	$(BIN)/python -m bus.web.alerts.rules > docs/prometheus/alerts.yml.new
+	mv docs/prometheus/alerts.yml.new docs/prometheus/alerts.yml
 
 bench: $(VENV)/.run-deps
 	@echo "see bench/README.md"

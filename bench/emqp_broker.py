@@ -71,10 +71,12 @@ WORKERS = 4
 SLOTS = 16
 HEARTBEAT = 0.1
 TARGET_RATE = 20_000
-TARGET_RATIO = 0.5
+# Issue 46: 2.5 x the relay pipelined, a p99 no worse than its own, 40k guaranteed jobs/s.
+TARGET_RATIO = 2.5
 TARGET_P50_US = 300
 TARGET_LATE_MS = 50
-TARGET_GUARANTEED = 5_000
+TARGET_GUARANTEED = 40_000
+TARGET_P99_VS_RELAY = 1.0
 
 
 class Broker(EmqpBroker):
@@ -238,6 +240,17 @@ def main() -> None:
     p50, base_p50 = med("broker", "latency", "p50_us"), med("baseline", "latency", "p50_us")
     p99, base_p99 = med("broker", "latency", "p99_us"), med("baseline", "latency", "p99_us")
     guaranteed = med("broker", "guaranteed", "rate")
+
+    def cpu(kind: str, mode: str, process: str) -> float:
+        return median([run[mode]["cpu_us_per_job"][process] for run in runs[kind]])
+
+    # CPU per job carries to other machines where rates on a shared one do not.
+    broker_cpu, relay_cpu = (
+        cpu("broker", "pipelined", "broker"),
+        cpu("baseline", "pipelined", "baseline"),
+    )
+    guaranteed_cpu = cpu("broker", "guaranteed", "broker")
+    peers_cpu = cpu("broker", "pipelined", "workers") + cpu("broker", "pipelined", "client")
     late_ms = max(
         (run[mode]["worst_heartbeat_gap_s"] - HEARTBEAT) * 1000
         for run in runs["broker"]
@@ -253,6 +266,7 @@ def main() -> None:
     verdict = (
         rate >= TARGET_RATE and ratio >= TARGET_RATIO and p50 < TARGET_P50_US
         and late_ms <= TARGET_LATE_MS and guaranteed >= TARGET_GUARANTEED
+        and p99 / base_p99 <= TARGET_P99_VS_RELAY
     )  # fmt: skip
     all_runs = [run[mode] for kind in runs for run in runs[kind] for mode in run]
     peers = (
@@ -268,16 +282,21 @@ def main() -> None:
             f"p99 {p99:.0f} us; guaranteed {fmt_rate(guaranteed)} jobs/s; heartbeats at most "
             f"{late_ms:.1f} ms late while saturated (at the workers; the broker's timer at "
             f"most {timer_ms:.1f} ms; its thread waited up to {starved_ms:.0f} ms for a CPU "
-            "within 100 ms)"
+            f"within 100 ms); CPU per job: broker {broker_cpu:.1f} us pipelined, "
+            f"{guaranteed_cpu:.1f} us guaranteed, the load generators {peers_cpu:.1f} us"
         ),
         baseline=(
             f"raw pyzmq ROUTER relay: {fmt_rate(base_rate)} jobs/s pipelined; p50 "
-            f"{base_p50:.0f} us, p99 {base_p99:.0f} us"
+            f"{base_p50:.0f} us, p99 {base_p99:.0f} us; CPU per job {relay_cpu:.1f} us"
         ),
-        ratio=f"{ratio:.2f} of the relay's rate; p50 {p50 / base_p50:.2f}x the relay's",
+        ratio=(
+            f"{ratio:.2f} of the relay's rate; p50 {p50 / base_p50:.2f}x the relay's, p99 "
+            f"{p99 / base_p99:.2f}x; CPU per job {broker_cpu / relay_cpu:.2f}x the relay's"
+        ),
         target=(
             f">= {fmt_rate(TARGET_RATE)} jobs/s and >= {TARGET_RATIO} of the relay, p50 < "
-            f"{TARGET_P50_US} us, heartbeats <= {TARGET_LATE_MS} ms late, guaranteed >= "
+            f"{TARGET_P50_US} us, p99 <= {TARGET_P99_VS_RELAY}x the relay's, heartbeats <= "
+            f"{TARGET_LATE_MS} ms late, guaranteed >= "
             f"{fmt_rate(TARGET_GUARANTEED)}/s"
         ),
         verdict=verdict,
@@ -288,7 +307,12 @@ def main() -> None:
             "pipelined": Figure(rate, "jobs/s"),
             "pipelined_vs_relay": Figure(ratio, "x raw"),
             "p50": Figure(p50, "us", better="lower"),
+            "p99": Figure(p99, "us", better="lower"),
+            "p99_vs_relay": Figure(p99 / base_p99, "x raw", better="lower"),
             "guaranteed": Figure(guaranteed, "jobs/s"),
+            "cpu_pipelined": Figure(broker_cpu, "us/job", better="lower"),
+            "cpu_guaranteed": Figure(guaranteed_cpu, "us/job", better="lower"),
+            "relay_cpu_pipelined": Figure(relay_cpu, "us/job", better="lower"),
         },
     )
 

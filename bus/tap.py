@@ -134,6 +134,19 @@ def _trusted_proxies(value: str) -> str:
 _trusted_proxies.wants = "addresses or networks, comma-separated (127.0.0.1,10.0.0.0/8)"  # type: ignore[attr-defined]
 
 
+def _alert_for(value: str) -> str:
+    from bus.web.alerts.engine import parse_for
+
+    try:
+        parse_for(value)  # checked now, used at composition
+    except ValueError as error:
+        raise usage.UsageError(f"--http-alert-for: {error}") from None
+    return value
+
+
+_alert_for.wants = "NAME=DURATION pairs, comma-separated (*=2s,EmqpQueueWithoutWorkers=10s)"  # type: ignore[attr-defined]
+
+
 def _forwarded_header(value: str) -> str:
     from bus.web.channel import FORWARDED_HEADERS
 
@@ -236,6 +249,15 @@ class _ProductOptions(ServiceOptions):
             "24h",
             "How long the console's history reaches back (its files' size follows; 0: none kept).",
             parse_duration,
+        ],
+        [
+            "http-alert-for",
+            None,
+            None,
+            "The console's alerts (the shipped rules, evaluated in the process): each named "
+            "rule's `for` replaced, NAME=DURATION comma-separated, * for every rule "
+            "(*=2s). For tests and drills; the shipped rules keep theirs.",
+            _alert_for,
         ],
         ["journal-dir", None, None, "Same as --spark-bridge-journal-dir."],
     ]
@@ -439,6 +461,7 @@ def compose(
             tail_source=tail_source,
             trusted_proxies=proxies,
             **_history(options),
+            alert_for=_hold(options.get("http-alert-for")),
         )
         services.append(("http", web))  # its refusals in /status and /metrics too
         product.add("http", web, "", options)
@@ -459,6 +482,15 @@ def _history(options: usage.Options | dict[str, Any]) -> dict[str, Any]:
         "history_interval": _positive_duration(options.get("http-history-interval", 10.0)),
         "history_keep": keep,
     }
+
+
+def _hold(text: str | None) -> Any:
+    """The alerts' ``for`` of ``--http-alert-for`` (None: the rules' own)."""
+    if not text:
+        return None
+    from bus.web.alerts.engine import parse_for
+
+    return parse_for(text)
 
 
 def makeService(options: usage.Options | dict[str, Any]) -> ProductService:

@@ -447,6 +447,9 @@ def test_peer_outboxes_hand_memory_back_once_small_drops_add_up() -> None:
         def raw_send(self, frame: bytes, flags: int) -> None:
             raise zmq.Again
 
+        def send_each(self, messages: Any) -> tuple[int, int]:
+            return 0, zmq.EAGAIN
+
         def look_for_input(self) -> None:
             pass
 

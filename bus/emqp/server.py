@@ -59,7 +59,6 @@ from bus.util.workers import SerialWork
 
 log = Logger(namespace="bus.emqp")
 
-_NOBLOCK = zmq.NOBLOCK
 #: Clients with answers waiting for them at most.
 _MAX_HELD_CLIENTS = 10_000
 #: Retries of a refused commit: after this many seconds, doubling up to the maximum.
@@ -67,9 +66,6 @@ _STORAGE_RETRY_MIN = 0.25
 _STORAGE_RETRY_MAX = 2.0
 #: Clients that left free their ZeroMQ pipes: memory is handed back this much later.
 _MEMORY_RELEASE_DELAY = 1.0
-
-
-_MORE = zmq.NOBLOCK | zmq.SNDMORE
 
 
 #: The ports a key may connect to, by the ``role`` of its certificate (comma-separated).
@@ -695,19 +691,15 @@ class EmqpService(Service):
         if sock is None or sock.closed:
             return messages
         unsent = []
-        send = sock.raw_send
-        for frames in messages:
-            try:
-                for frame in frames[:-1]:
-                    send(frame, _MORE)
-                send(frames[-1], _NOBLOCK)
-            except zmq.Again:
-                unsent.append(frames)
-            except zmq.ZMQError as error:
-                if error.errno != zmq.EHOSTUNREACH:
-                    raise
-                unsent.append(frames)
-        sock.look_for_input()
+        # The whole batch in one call (the transport's compiled helper, where a frame costs
+        # a call through pyzmq); past a refused message, the rest in another.
+        rest = messages
+        while rest:
+            sent, error = sock.send_each(rest)
+            if not error:
+                break
+            unsent.append(rest[sent])
+            rest = rest[sent + 1 :]
         return unsent
 
     # -- timers ------------------------------------------------------------------------------------

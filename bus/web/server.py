@@ -27,6 +27,9 @@ from bus.application.contract import Measured
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
 from bus.web.actions import Actions, process_actions, refusal_at_headers
+from bus.web.alerts.engine import AlertEngine
+from bus.web.alerts.rules import Alert
+from bus.web.alerts.service import AlertLoop
 from bus.web.channel import (
     IDLE_TIMEOUT,
     ConnectionBounds,
@@ -191,6 +194,7 @@ class StatusWebService(Service):
         history_dir: Path | None = None,
         history_interval: float = 10.0,
         history_keep: float = 86400.0,
+        alert_for: Callable[[Alert], float] | None = None,
     ) -> None:
         """``token_file``: every request must bear its token (see :mod:`bus.web.auth`),
         ``/metrics`` excepted with ``metrics_open``. ``tail_source``: the Event BUS the
@@ -198,7 +202,9 @@ class StatusWebService(Service):
         ``trusted_proxies``: reverse proxies whose forwarding header names the client
         (see :mod:`bus.web.channel`). ``history_dir``: where the console's rates are kept,
         ``history_keep`` seconds of them at ``history_interval`` (see
-        :mod:`bus.web.history`; None: not kept)."""
+        :mod:`bus.web.history`; None: not kept). ``alert_for``: each shipped rule's ``for``
+        in the console's alerts (its own by default; see
+        :func:`bus.web.alerts.engine.parse_for`)."""
         from bus.util.reactor import reactor_of
 
         self.services = services
@@ -231,6 +237,9 @@ class StatusWebService(Service):
         self.history_keep = history_keep
         #: What samples the console's rates to disk (once started, with a history_dir).
         self.history: HistoryRecorder | None = None
+        self.alert_for = alert_for
+        #: The shipped rules evaluated over this process's metrics (once listening).
+        self.alerts: AlertLoop | None = None
 
     def startService(self) -> None:
         from prometheus_client import CollectorRegistry, Info
@@ -248,7 +257,12 @@ class StatusWebService(Service):
         root = folder()
         put(root, b"status", _Status(self.services, started))
         put(root, b"metrics", MetricsResource(registry))  # type: ignore[no-untyped-call]
-        self.console = Console(self.services, self.reactor, started, self.tail_source)
+        # The alerts' instance is the port (known once listening), as a Prometheus names it.
+        engine = AlertEngine({"job": "bus", "instance": ""}, for_seconds=self.alert_for)
+        self.alerts = AlertLoop(engine, self.reactor, lambda: service_metrics(self.services))
+        self.console = Console(
+            self.services, self.reactor, started, self.tail_source, alerts=self.alerts
+        )
         if self.history_dir is not None:
             self._start_history(self.history_dir)
         self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
@@ -275,8 +289,10 @@ class StatusWebService(Service):
                 "http-port", f"cannot listen on {self.interface}: {error.socketError}"
             ) from None
         self.port = self._listening.getHost().port
+        host = "127.0.0.1" if self.interface == "0.0.0.0" else self.interface
+        engine.sampler.labels["instance"] = f"{host}:{self.port}"
+        self.alerts.start()
         if self.on_listening is not None:
-            host = "127.0.0.1" if self.interface == "0.0.0.0" else self.interface
             self.on_listening(f"{host}:{self.port}")
         Service.startService(self)
         log.info(
@@ -320,6 +336,8 @@ class StatusWebService(Service):
 
     def stopService(self) -> Any:
         Service.stopService(self)
+        if self.alerts is not None:
+            self.alerts.stop()
         if self.console is not None:
             self.console.stop()
         if self.history is not None:
@@ -346,6 +364,7 @@ class StatusWebService(Service):
             if self.operator_actions is not None
             else None,
             "history": self.history.archive.status() if self.history is not None else None,
+            "alerts": self.alerts.status() if self.alerts is not None else None,
         }
 
     def metrics(self) -> list[Any]:

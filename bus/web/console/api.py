@@ -7,6 +7,9 @@
   watched) once, then ``state`` every second;
 * ``GET /api/v1/history``: the rates kept on disk (see :mod:`bus.web.history`), when the
   HTTP port keeps them;
+* ``GET /api/v1/alerts``: the shipped rules' alerts pending and firing, evaluated in the
+  product (:mod:`bus.web.alerts`), shaped as Prometheus's ``/api/v1/alerts``; each
+  ``state`` frame carries them too (``alerts``);
 * ``GET /api/v1/tail?topic=/orders/``: Server-Sent Events, ``tail``, then ``event`` for
   each event of the subtree (at most 20 a second) and ``skipped`` (how many were not sent)
   each second some were.
@@ -23,6 +26,7 @@ from typing import Any
 
 from twisted.web import pages, resource, server
 
+from bus.web.alerts.service import AlertLoop, AlertsResource
 from bus.web.console.history import RateHistory
 from bus.web.console.stream import StreamHub, sse
 from bus.web.console.tail import Source, TailHub
@@ -33,6 +37,7 @@ STATIC = {
     "index.html": b"text/html; charset=utf-8",
     "console.js": b"text/javascript; charset=utf-8",
     "actions.js": b"text/javascript; charset=utf-8",
+    "alerts.js": b"text/javascript; charset=utf-8",
     "console.css": b"text/css; charset=utf-8",
 }
 
@@ -50,9 +55,17 @@ class Console:
     """The console's state: the services it shows, their rate history, the open streams."""
 
     def __init__(
-        self, services: Named, reactor: Any, started: float, source: Source, period: float = 1.0
+        self,
+        services: Named,
+        reactor: Any,
+        started: float,
+        source: Source,
+        period: float = 1.0,
+        alerts: AlertLoop | None = None,
     ) -> None:
         self.services = services
+        #: The shipped rules evaluated in the product (None: no alerts on this port).
+        self.alerts = alerts
         self.reactor = reactor
         self.started = started
         self.period = period
@@ -94,6 +107,8 @@ class Console:
             entry["since"] = known[1]
             if running:
                 entry["uptime_s"] = uptime if isinstance(uptime, int | float) else now - known[1]
+        if self.alerts is not None:
+            state["alerts"] = self.alerts.listed()
         return state
 
     def _tick(self) -> bytes:
@@ -135,6 +150,8 @@ class Console:
         put(version, b"tail", _Tail(self))
         for segment, child in self.resources.items():
             put(version, segment, child)
+        if self.alerts is not None:
+            put(version, b"alerts", AlertsResource(self.alerts))
         put(root, b"api", api)
         files = {name: _read(name) for name in STATIC}
         static = folder()

@@ -594,6 +594,7 @@ function render(state) {
   $("process").textContent =
     "bus " + state.version + ", pid " + state.pid + ", up " + duration(state.uptime_s);
   $("services").replaceChildren(...state.services.map((s) => card(s, now)));
+  drawAlerts(state);  // alerts.js: the list, and the cards framed by their alerts
   for (const s of state.services) {
     if (s.name === "http") continue;
     const view = $(s.name + "-view");
