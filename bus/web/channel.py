@@ -3,8 +3,8 @@ a peer that sends slowly or nothing at all cannot keep the operator out.
 
 The port serves GET and HEAD (the console, its API, ``/status``, ``/metrics``), none of
 which has a body, and POST to a site that admits it (an operator's actions, whose small
-body is read only once their headers passed every check: see :mod:`bus.web.actions`). twisted.web reads a request's whole body before any resource sees it,
-and spools one over 100 kB to a temporary file: a stranger without the bearer token could
+body is read only once their headers passed every check: see :mod:`bus.web.actions`).
+twisted.web reads a request's whole body before any resource sees it, and spools one over 100 kB to a temporary file: a stranger without the bearer token could
 make the process hold gigabytes on disk before the guard ever ran. Here a request with
 another method is answered 405 and one announcing a body 413 as soon as its headers are
 in, before a byte of the body is read, and the connection is closed. Headers are bounded
