@@ -10,12 +10,14 @@ of these, and ``/status``, ``/metrics`` and the console use what it offers (chec
 - :class:`Measured`: ``metrics()``, Prometheus metric families (``/metrics``);
 - :class:`Detailed`: ``details(limit)``, longer lists the console shows (peers, services);
 - :class:`Charted`: ``console_rates``, the console's charts: a label and the path of a
-  cumulative count in ``status()``.
+  cumulative count in ``status()``;
+- :class:`Acting`: ``actions()``, what an operator may do to it through the HTTP port
+  (``POST /api/v1/actions/SERVICE/ACTION``, see :mod:`bus.web.actions`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -58,3 +60,30 @@ class Charted(Protocol):
 
 class Observable(Reports, Measured, Protocol):
     """Every service of this package: its status and its metrics."""
+
+
+#: An operator's action: given the JSON object of the request's body, it returns a JSON-ready
+#: dict (or a Deferred firing with one) saying what it did, or raises :class:`ActionRefused`.
+Action = Callable[[Mapping[str, Any]], Any]
+
+
+class ActionRefused(Exception):
+    """An action that cannot be done as asked, answered with the HTTP ``status``: 400 for
+    parameters it cannot use, 404 for no such queue, worker, schedule or client, 409 for
+    a service that cannot do it now."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        #: The HTTP status of the answer.
+        self.status = status
+        #: What the operator is told.
+        self.message = message
+
+
+@runtime_checkable
+class Acting(Protocol):
+    """A service an operator may act on (the HTTP port's actions, behind its token)."""
+
+    def actions(self) -> Mapping[str, Action]:
+        """Action name (``purge``) -> the :data:`Action` that does it."""
+        ...

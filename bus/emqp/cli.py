@@ -1007,7 +1007,48 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="go on with an import of this store interrupted"
     )
     sub.set_defaults(blocking=import_store)
+    _action_commands(commands)
     return parser
+
+
+#: The operator's actions through the HTTP port: command -> (action, what it names, help).
+ACTIONS = {
+    "purge": ("purge", "queue", "forget every request of a queue that waits for a worker"),
+    "pause": ("pause", "queue", "hold a queue's requests: none dispatched until resumed"),
+    "resume": ("resume", "queue", "dispatch a paused queue's requests again"),
+    "remove-schedule": ("remove-schedule", "schedule", "remove a schedule by its id"),
+    "forget-worker": ("forget-worker", "worker", "forget a worker (as /status names it)"),
+}
+
+
+def _action_commands(commands: Any) -> None:
+    from bus.util.httpaction import add_http_arguments
+
+    for command, (action, names, text) in ACTIONS.items():
+        sub = commands.add_parser(
+            command,
+            help=f"{text} (through the broker process's HTTP port)",
+            description=f"{text[0].upper()}{text[1:]}, through the HTTP port of the process "
+            "that runs the broker (its actions want the port's bearer token). Prints what "
+            "was done as a JSON line.",
+            epilog="Exit status: 0 once done, 1 with one sentence on stderr otherwise.",
+        )
+        sub.add_argument(names)
+        add_http_arguments(sub, "EMQP")
+        sub.set_defaults(blocking=_act, action=(action, names))
+
+
+def _act(args: argparse.Namespace) -> int:
+    """One action through the HTTP port; its result as a JSON line."""
+    from bus.util.httpaction import ActionFailed, act_from
+
+    action, names = args.action
+    try:
+        result = act_from(args, "emqp", action, {names: getattr(args, names)})
+    except ActionFailed as problem:
+        raise CliError(str(problem)) from None
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
+    return 0
 
 
 @interruptible("emqp-cli")

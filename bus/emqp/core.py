@@ -212,6 +212,11 @@ class Broker:
         )
         self._scheduler_turn = 0
         self.jobs: dict[bytes, Job] = {}
+        #: Queues whose dispatch an operator paused: their requests wait until resumed.
+        self.paused: set[bytes] = set()
+        #: Requests an operator purged, and workers an operator made the broker forget.
+        self.purged = 0
+        self.workers_forgotten = 0
         #: Guaranteed requests accepted but not yet committed: nobody hears of them (no
         #: dispatch, no acknowledgement) until :meth:`release_stored` after the commit.
         self.unstored: list[Job] = []
@@ -1067,7 +1072,7 @@ class Broker:
         wants: dict[bytes, int] = {}
         workers = self.workers
         for name, queue in self.queues.items():
-            if not queue.workers:
+            if not queue.workers or name in self.paused:
                 continue
             free = sum(workers[i].free_slots for i in queue.workers) - len(queue.waiting)
             if free > 0:
@@ -1096,6 +1101,8 @@ class Broker:
 
     def _pick(self, queue: QueueState) -> WorkerState | None:
         """The worker of this queue with a free slot: heaviest, then least recently used."""
+        if self.paused and queue.name in self.paused:
+            return None
         workers = self.workers
         best: WorkerState | None = None
         best_weight = -1
@@ -1113,12 +1120,13 @@ class Broker:
     def _feed(self, worker: WorkerState, now: float) -> None:
         """Give a worker with free slots the oldest request of its heaviest waiting queue."""
         queues = self.queues
+        paused = self.paused
         while worker.free_slots > 0:
             chosen: QueueState | None = None
             chosen_weight = -1
             for weight, name in worker.queues:
                 queue = queues.get(name)
-                if queue is None or not queue.waiting:
+                if queue is None or not queue.waiting or (paused and name in paused):
                     continue
                 if (
                     chosen is None
@@ -1271,6 +1279,95 @@ class Broker:
         """When the earliest request in flight times out (None: none has a timeout)."""
         return self._deadlines[0][0] if self._deadlines else None
 
+    # -- an operator's actions (the HTTP port's POST /api/v1/actions, see bus.web.actions) --------
+
+    def pause(self, name: bytes) -> bool:
+        """Hold the queue's requests: none is dispatched (nor, with ``--store jetstream``,
+        pulled from the stream by this broker) until :meth:`resume`; requests in flight
+        run on. False when it was paused already."""
+        if name in self.paused:
+            return False
+        self.paused.add(name)
+        self._publish("/emqp/queue/paused/", {"queue": _text(name)})
+        return True
+
+    def resume(self, name: bytes) -> bool:
+        """Dispatch the queue's requests again, at once to its workers' free slots. False
+        when it was not paused."""
+        if name not in self.paused:
+            return False
+        self.paused.discard(name)
+        self._publish("/emqp/queue/resumed/", {"queue": _text(name)})
+        queue = self.queues.get(name)
+        if queue is not None:
+            now = self.clock()
+            for identity in list(queue.workers):
+                worker = self.workers.get(identity)
+                if worker is not None:
+                    self._feed(worker, now)
+        return True
+
+    def purge(self, name: bytes) -> int:
+        """Forget every request of the queue that waits for a worker here (the stored ones
+        removed from the store, those the stream delivered here terminated; the service
+        purges the stream's others with ``--store jetstream``): none is ever dispatched, each client that
+        waits for an answer is told ``purged``. Requests in flight run on. Returns how many
+        were forgotten here."""
+        queue = self.queues.get(name)
+        waiting = list(queue.waiting) if queue is not None else []
+        if queue is not None:
+            queue.waiting.clear()
+        # Guaranteed requests accepted and not yet committed: routed at the commit otherwise.
+        waiting.extend(job for job in self.unstored if job.queue == name)
+        count = 0
+        for job in waiting:
+            if self.jobs.get(job.msgid) is not job:
+                continue
+            del self.jobs[job.msgid]
+            count += 1
+            if job.stored and self.store is not None:
+                self.store.remove(job.msgid)  # a put not yet committed is replaced too
+            if job.handle:
+                self.to_stream.append(("term", job.handle))
+            self._error(job.client, job.msgid, "purged", _REASONS["purged"], job.origin)
+        self.unstored = [job for job in self.unstored if job.msgid in self.jobs]
+        self.purged += count
+        if queue is not None:
+            self._drop_queue_if_idle(queue)
+        self._publish("/emqp/queue/purged/", {"queue": _text(name), "requests": count})
+        return count
+
+    def remove_schedule(self, schedule_id: str) -> bool:
+        """Remove a schedule kept by this broker (as an UNSCHEDULE does; with ``--store
+        jetstream`` the cluster's bucket is told, and every broker's book follows it).
+        False when no such schedule is kept (or schedules are kept by an external
+        scheduler)."""
+        book = self.schedules
+        if book is None or not book.remove(schedule_id):
+            return False
+        self._schedule_gone(schedule_id, "removed")
+        if self.streamed:
+            self.to_stream.append(("schedule-delete", schedule_id))
+        return True
+
+    def worker_named(self, name: str) -> bytes | None:
+        """The identity of the worker shown as ``name`` (its ``id`` in :meth:`status`)."""
+        for identity in self.workers:
+            if peer_name(identity) == name:
+                return identity
+        return None
+
+    def forget(self, identity: bytes) -> bool:
+        """Forget a worker now, as if it had gone silent: its requests in flight are retried
+        or failed, and it is told KBYE (a live one connects again and INFORMs anew). False
+        for a worker not known."""
+        if identity not in self.workers:
+            return False
+        self.to_workers.append([identity, *codec.kbye()])
+        self.workers_forgotten += 1
+        self._forget_worker(identity, "forgotten")
+        return True
+
     # -- storage -----------------------------------------------------------------------------------
 
     @staticmethod
@@ -1354,6 +1451,7 @@ class Broker:
                 "free_slots": sum(self.workers[w].free_slots for w in queue.workers),
                 "dispatched": queue.dispatched,
                 "rejected": queue.rejected,
+                "paused": name in self.paused,
             }
             for name, queue in self.queues.items()
         }
@@ -1400,6 +1498,7 @@ class Broker:
             "in_flight": in_flight,
             "in_flight_count": sum(len(w.inflight) for w in self.workers.values()),
             "waiting": sum(len(q.waiting) for q in self.queues.values()),
+            "paused_queues": sorted(_text(name) for name in self.paused),
             "counters": self.counters(),
             **self.eventmq_status(now),
         }
@@ -1489,6 +1588,8 @@ class Broker:
             "schedule_runs_missed": self.schedule_runs_missed,
             "restored": self.restored,
             "refused_unstored": self.refused_unstored,
+            "purged": self.purged,
+            "workers_forgotten": self.workers_forgotten,
             "dropped": self.drops.total,
         }
 
@@ -1510,4 +1611,6 @@ _REASONS = {
     "worker-lost": "its worker died or went silent",
     "worker-left": "its worker left (KBYE)",
     "retries-exhausted": "delivered more times than its retries allow (brokers holding it died)",
+    "forgotten": "an operator made the broker forget its worker",
+    "purged": "an operator purged its queue before a worker took it",
 }

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -477,6 +478,20 @@ class JetStreamJobs:
                 self.answers_sent += 1
             except NotConnected:
                 pass  # as an answer to a client that is gone: its broker is out of reach
+
+    def purge(self, queue: bytes) -> defer.Deferred[int]:
+        """Remove every request of ``queue`` from the stream (those no broker holds, and
+        those delivered and not yet acknowledged: their acknowledgements then find
+        nothing); fires with how many the stream removed."""
+        subject = f"{jsapi.API}.STREAM.PURGE.{self._stream}".encode()
+        body = json.dumps({"filter": jobstream.job_subject(self._prefix, queue)}).encode()
+
+        def answered(msg: Msg) -> int:
+            return int(jsapi.answer(msg.payload).get("purged", 0))
+
+        return self.client.request(subject, body, timeout=self.settings.ack_timeout).addCallback(
+            answered
+        )
 
     def _tell_stream(self, handle: bytes, word: bytes) -> None:
         # Unsaid (no connection): the stream delivers it again after ack_wait.

@@ -30,6 +30,7 @@ from bus.util.droplog import RateLimit
 
 if TYPE_CHECKING:
     from bus.emqp.jetstream import JetStreamJobs
+from bus.application.contract import Action, ActionRefused
 from bus.application.statusjson import config_json
 from bus.emqp.store import BROKER_ID_FILE, JobStore, kept_broker_id
 from bus.extension import (
@@ -94,6 +95,18 @@ _COUNTER_HELP = {
 _role_policy = role_policy(
     {"emqp-worker": "worker", "emqp-client": "client", "emqp-admin": "admin"}
 )
+
+
+def _named(params: Mapping[str, Any], key: str) -> bytes:
+    """The name an action's ``key`` gives (a queue, a schedule, a worker)."""
+    value = params.get(key)
+    if not isinstance(value, str) or not value or len(value) > 255:
+        raise ActionRefused(400, f"{key}: a name of 1 to 255 characters")
+    return value.encode("utf-8")
+
+
+def _text(name: bytes) -> str:
+    return name.decode("utf-8", "replace")
 
 
 def _queues(metadata: Mapping[str, str]) -> Queues:
@@ -730,6 +743,70 @@ class EmqpService(Service):
 
     #: The console's charts (see :mod:`bus.web.console.view`).
     console_rates = {"jobs": "counters.replied", "requests": "counters.requests"}
+
+    # -- an operator's actions (see bus.web.actions) -----------------------------------------------
+
+    def actions(self) -> Mapping[str, Action]:
+        """Purge, pause and resume a queue, remove a schedule, forget a worker."""
+        return {
+            "purge": self._purge,
+            "pause": self._pause,
+            "resume": self._resume,
+            "remove-schedule": self._remove_schedule,
+            "forget-worker": self._forget_worker,
+        }
+
+    def _acting(self) -> Broker:
+        if self.broker is None or not self.running:
+            raise ActionRefused(409, "the eMQP broker is not running")
+        return self.broker
+
+    def _purge(self, params: Mapping[str, Any]) -> Any:
+        broker, queue = self._acting(), _named(params, "queue")
+        here = broker.purge(queue)
+        self._flush()  # removed from the store before the answer says so
+        answer = {"queue": _text(queue), "purged": here}
+        if self.stream is None:
+            return answer
+
+        def streamed(count: int) -> dict[str, Any]:
+            return {**answer, "purged_from_stream": count}
+
+        return self.stream.purge(queue).addCallback(streamed)
+
+    def _pause(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        broker, queue = self._acting(), _named(params, "queue")
+        changed = broker.pause(queue)
+        self._flush()
+        return {"queue": _text(queue), "paused": True, "changed": changed}
+
+    def _resume(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        broker, queue = self._acting(), _named(params, "queue")
+        changed = broker.resume(queue)
+        self._flush()
+        return {"queue": _text(queue), "paused": False, "changed": changed}
+
+    def _remove_schedule(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        broker = self._acting()
+        schedule = _named(params, "schedule").decode("utf-8")
+        if broker.schedules is None:
+            raise ActionRefused(409, "schedules are kept by an external scheduler here")
+        if not broker.remove_schedule(schedule):
+            raise ActionRefused(404, f"no schedule {schedule!r}")
+        self._flush()
+        self._arm_schedules()
+        return {"schedule": schedule, "removed": True}
+
+    def _forget_worker(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        broker = self._acting()
+        name = _named(params, "worker").decode("utf-8")
+        identity = broker.worker_named(name)
+        if identity is None:
+            raise ActionRefused(404, f"no worker {name!r}")
+        in_flight = len(broker.workers[identity].inflight)
+        broker.forget(identity)
+        self._flush()
+        return {"worker": name, "forgotten": True, "in_flight": in_flight}
 
     def status(self) -> dict[str, Any]:
         """The broker's state and the service's (ports, store, paused ports, held answers), for

@@ -891,7 +891,34 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="go on with an import of this log interrupted"
     )
     p.set_defaults(run=import_log, blocking=True)
+
+    from bus.util.httpaction import add_http_arguments
+
+    p = commands.add_parser(
+        "drop-snapshot",
+        help="end a snapshot client's streams (through the bus process's HTTP port)",
+        description="End every snapshot stream of a client and forget its waiting requests, "
+        "through the HTTP port of the process that runs the bus (its actions want the "
+        "port's bearer token): the client (as /status lists it in snapshot_clients) gets "
+        "no SYNCEND, its place goes to the next. Prints what was done as a JSON line.",
+        epilog="Exit status: 0 once done, 1 with one sentence on stderr otherwise.",
+    )
+    p.add_argument("client", help="the client's id, as /status lists it (hex)")
+    add_http_arguments(p, "EVENTBUS")
+    p.set_defaults(run=drop_snapshot, blocking=True)
     return parser
+
+
+def drop_snapshot(args: argparse.Namespace) -> None:
+    """``eventbus-cli drop-snapshot``: one action through the HTTP port. Blocking."""
+    from bus.util.cliargs import fail
+    from bus.util.httpaction import ActionFailed, act_from
+
+    try:
+        result = act_from(args, "eventbus", "drop-snapshot", {"client": args.client})
+    except ActionFailed as problem:
+        fail("eventbus-cli drop-snapshot", problem)
+    sys.stdout.write(json.dumps(result, sort_keys=True) + "\n")
 
 
 @interruptible("eventbus-cli")

@@ -22,7 +22,7 @@ what they produced, and keeps the timers.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from twisted.internet import defer
 from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
+from bus.application.contract import Action, ActionRefused
 from bus.application.statusjson import config_json
 from bus.eventbus import codec
 from bus.eventbus.config import EventBusConfig, PortSocket
@@ -59,6 +60,9 @@ from bus.transport.zmqsocket import bind_consecutive
 from bus.util.droplog import RateLimit
 from bus.util.files import write_status_json
 from bus.util.metrics import wal_metrics
+
+#: Snapshot clients ``/status`` lists (the longest running first).
+_LISTED_SNAPSHOT_CLIENTS = 20
 
 log = Logger(namespace="bus.eventbus")
 
@@ -479,6 +483,27 @@ class EventBusService(Service):
     #: The console's charts (see :mod:`bus.web.console.view`): events stored, snapshot traffic.
     console_rates = {"events": "sequence", "snapshot messages": "snapshot_messages_sent"}
 
+    def actions(self) -> Mapping[str, Action]:
+        """An operator's actions (see bus.web.actions): drop a snapshot client."""
+        return {"drop-snapshot": self._drop_snapshot}
+
+    def _drop_snapshot(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``{"client": HEX}`` (its ``snapshot_clients`` entry): its snapshot streams
+        ended, its waiting requests forgotten."""
+        if not self.running:
+            raise ActionRefused(409, "the Event BUS is not running")
+        client = params.get("client")
+        try:
+            identity = bytes.fromhex(client) if isinstance(client, str) else b""
+        except ValueError:
+            identity = b""
+        if not identity or len(identity) > 255:
+            raise ActionRefused(400, "client: a snapshot client's id (hex), as /status lists it")
+        dropped = self.snapshots.drop_client(identity)
+        if not dropped:
+            raise ActionRefused(404, f"no snapshot of client {client} runs or waits")
+        return {"client": client, "dropped": dropped}
+
     def status(self) -> dict[str, Any]:
         """What the bus is doing, for logs, status.json and tests."""
         core, store = self.core, self.store
@@ -496,6 +521,7 @@ class EventBusService(Service):
             **(store.wal_status().as_status() if isinstance(store, EventStore) else {}),
             "clients": self.connections(),
             **self.snapshots.status(),
+            "snapshot_clients": self.snapshots.clients(_LISTED_SNAPSHOT_CLIENTS),
             "max_timer_lag_ms": round(self.max_lag * 1000, 3),
             "uptime_s": self._uptime(),
             "time": round(self.clock(), 3),

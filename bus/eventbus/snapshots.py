@@ -298,6 +298,8 @@ class SnapshotScheduler:
         self.queued = 0
         #: Requests dropped because the waiting queue was full (never answered).
         self.refused = 0
+        #: Streams and waiting requests an operator dropped (:meth:`drop_client`).
+        self.dropped = 0
         #: SYNC and SYNCEND messages handed to ZeroMQ, by all streams.
         self.messages_sent = 0
         #: Attempts of blocked streams to send again.
@@ -386,7 +388,9 @@ class SnapshotScheduler:
         self._schedule_run()
 
     def _end(
-        self, stream: SnapshotStream, outcome: Literal["served", "aborted", "stalled"]
+        self,
+        stream: SnapshotStream,
+        outcome: Literal["served", "aborted", "stalled", "dropped"],
     ) -> None:
         stream.done = True
         stream.drop_ahead()
@@ -400,6 +404,8 @@ class SnapshotScheduler:
         now = self.reactor.seconds()
         if outcome == "served":
             self.served += 1
+        elif outcome == "dropped":
+            self.dropped += 1
         elif outcome == "aborted":
             self.aborted += 1
             self._notice(
@@ -557,6 +563,54 @@ class SnapshotScheduler:
         memory back to the system (glibc keeps it otherwise), at most every few seconds."""
         self._memory.soon()
 
+    def drop_client(self, identity: bytes) -> int:
+        """End every snapshot stream of the client ``identity`` now and forget its waiting
+        requests (an operator's action): it gets no SYNCEND, and its place goes to the
+        next. Returns how many streams and requests were dropped."""
+        streams = [stream for stream in self.streams if stream.identity == identity]
+        kept = deque(entry for entry in self.waiting if entry[0] != identity)
+        waiting = len(self.waiting) - len(kept)
+        self.waiting = kept
+        self.dropped += waiting
+        for stream in streams:
+            self._end(stream, "dropped")
+        return len(streams) + waiting
+
+    def clients(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The clients with a snapshot running or waiting (at most ``limit``, the longest
+        running first): what an operator drops a stuck one by."""
+        now = self.reactor.seconds()
+        found: dict[bytes, dict[str, Any]] = {}
+        for stream in sorted(self.streams, key=lambda s: s.started_at):
+            entry = found.setdefault(
+                stream.identity,
+                {
+                    "client": stream.identity.hex(),
+                    "streams": 0,
+                    "sent": 0,
+                    "running_s": round(now - stream.started_at, 3),
+                    "idle_s": 0.0,
+                    "waiting": 0,
+                },
+            )
+            entry["streams"] += 1
+            entry["sent"] += stream.sent
+            entry["idle_s"] = max(entry["idle_s"], round(now - stream.last_progress, 3))
+        for identity, _ in self.waiting:
+            entry = found.setdefault(
+                identity,
+                {
+                    "client": identity.hex(),
+                    "streams": 0,
+                    "sent": 0,
+                    "running_s": 0.0,
+                    "idle_s": 0.0,
+                    "waiting": 0,
+                },
+            )
+            entry["waiting"] += 1
+        return list(found.values())[:limit]
+
     def client_left(self) -> None:
         """A snapshot client disconnected: its pipe's memory is free now."""
         self._release_memory_soon()
@@ -573,6 +627,7 @@ class SnapshotScheduler:
             "snapshots_refused": self.refused,
             "snapshots_active": len(self.streams),
             "snapshots_waiting": len(self.waiting),
+            "snapshots_dropped": self.dropped,
             "snapshot_messages_sent": self.messages_sent,
         }
 
@@ -596,6 +651,11 @@ class SnapshotScheduler:
                 "eventbus_snapshots_refused",
                 "SYNCSTARTs dropped unanswered with the queue full",
                 self.refused,
+            ),
+            counter(
+                "eventbus_snapshots_dropped",
+                "Snapshot streams and waiting requests an operator dropped",
+                self.dropped,
             ),
             counter(
                 "eventbus_snapshot_messages_sent",

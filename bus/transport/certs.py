@@ -23,6 +23,7 @@ import datetime
 import os
 import stat
 import tempfile
+import time
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -390,3 +391,30 @@ def _publish(path: Path, text: str, mode: int, replace: bool) -> None:
         raise KeyFileError(f"{path}: {error.strerror or error}") from None
     finally:
         Path(temporary).unlink(missing_ok=True)
+
+
+#: Where :func:`refuse_certificates` moves a refused key's certificates, in the allow-list.
+REFUSED_DIR = "refused"
+
+
+def refuse_certificates(directory: Path | str, public: bytes) -> list[Path]:
+    """Move every ``*.key`` certificate of key ``public`` (Z85) out of the allow-list
+    ``directory`` into its ``refused/`` subdirectory (not read as part of the list), each
+    renamed whole; the paths they have now. Moved back, the key is allowed again.
+    OSError when the directory may not be changed."""
+    directory = Path(directory)
+    moved: list[Path] = []
+    for path in sorted(directory.glob("*.key")):
+        try:
+            if read_certificate(path).public != public:
+                continue
+        except KeyFileError:
+            continue
+        target_dir = directory / REFUSED_DIR
+        target_dir.mkdir(mode=0o700, exist_ok=True)
+        target = target_dir / path.name
+        if target.exists():  # refused once before, allowed again, refused anew
+            target = target_dir / f"{path.stem}.{int(time.time())}.key"
+        path.rename(target)
+        moved.append(target)
+    return moved

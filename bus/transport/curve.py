@@ -41,6 +41,8 @@ log = Logger(namespace="bus.transport.curve")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 
+#: How many keys a ZAP handler remembers the sockets of (see ``ZapHandler.accepted_on``).
+ACCEPTED_MEMORY = 10_000
 #: How many recently refused keys a ZAP handler remembers (for /status and the console).
 RECENT_REFUSALS = 20
 _Z85_KEY_LENGTH = 40
@@ -300,6 +302,16 @@ class ZapHandler:
         #: holds the server's secret), for clients in the server's own process.
         self._trusted = trusted
         self._domains: set[str] = {"*"}
+        #: Keys an operator refused (Z85): refused whatever the allow-list says, until the
+        #: process restarts or (for one whose certificates were moved out of the list) the
+        #: list holds its key again.
+        self.denied_keys: set[bytes] = set()
+        #: Of those, the keys whose certificates were moved out of the allow-list.
+        self.denied_by_list: set[bytes] = set()
+        #: Key (Z85) -> ZAP domain (socket) -> the addresses it was let in from there since
+        #: the start, for at most :data:`ACCEPTED_MEMORY` keys (beyond: None, any key may
+        #: be anywhere).
+        self.accepted_on: dict[bytes, dict[str, set[str]]] | None = {}
         self._refusal = ""
         self._on_decision = on_decision
         self._limit = RateLimit(clock, 10.0)
@@ -336,6 +348,10 @@ class ZapHandler:
                 key: cert.metadata for key, cert in certificates_in(self.allowed_dir).items()
             }
             self.allowed_keys = len(self.certificates)
+            back = self.denied_by_list & self.certificates.keys()
+            if back:  # an operator moved a refused key's certificate back: allowed again
+                self.denied_keys -= back
+                self.denied_by_list -= back
         check = _KeyCheck(self)
         for domain in self._domains:
             auth.configure_curve_callback(domain=domain, credentials_provider=check)
@@ -343,6 +359,9 @@ class ZapHandler:
     def _decide(self, domain: str, key: bytes) -> bool:
         if key == self._trusted:
             return True
+        if key in self.denied_keys:
+            self._refusal = "refused"
+            return False
         if self.allowed_dir is None:
             metadata: Mapping[str, str] = {}
         else:
@@ -409,6 +428,7 @@ class ZapHandler:
         key = self._request[6] if len(self._request) > 6 else b""
         if accepted:
             self.accepted += 1
+            self._note_accepted(key)
         else:
             self.denied += 1
             why = self._refusal or (
@@ -430,6 +450,18 @@ class ZapHandler:
         if self._on_decision is not None:
             self._on_decision(accepted, key)
         self.socket.send_frames([*envelope, *reply])
+
+    def _note_accepted(self, key: bytes) -> None:
+        accepted_on = self.accepted_on
+        if accepted_on is None or len(key) != 32:
+            return
+        request = self._request
+        domain = request[2].decode("utf-8", "replace") if len(request) > 2 else ""
+        address = request[3].decode("utf-8", "replace") if len(request) > 3 else ""
+        on = accepted_on.setdefault(z85.encode(key), {})
+        on.setdefault(domain, set()).add(address)
+        if len(accepted_on) > ACCEPTED_MEMORY:
+            self.accepted_on = None
 
     def _remember_refusal(self, key: str, why: str, address: str) -> None:
         recent = self.recent_refusals

@@ -222,6 +222,14 @@ class InboundGuard:
         self._peers[fd] = peer
         self._by_address[peer] += 1
 
+    def shut(self, address: str | None = None) -> int:
+        """Shut down every connection held (from ``address`` only, when given); libzmq sees
+        each end, closes it and reports it. Returns how many."""
+        shut = [fd for fd, peer in self._peers.items() if address is None or peer == address]
+        for fd in shut:
+            self._shut(fd)
+        return len(shut)
+
     def disconnected(self, fd: int) -> None:
         """The monitor reported ``fd`` closed."""
         if fd in self._peers:

@@ -4,9 +4,10 @@
     bus-keys make NAME DIR [rights]    the same, for any NAME (even "make", "set" or "show")
     bus-keys set FILE.key [rights]     change the rights in a certificate (its key kept)
     bus-keys show FILE                 print a certificate's public key and rights
+    bus-keys refuse KEY|FILE ...       refuse a client key now (through --http ports)
 
-A first argument ``make``, ``set`` or ``show`` is always the command: a key pair named so is
-made with ``bus-keys make set DIR``.
+A first argument ``make``, ``set``, ``show`` or ``refuse`` is always the command: a key pair
+named so is made with ``bus-keys make set DIR``.
 
 Rights (the metadata of the certificate, see docs/security.md): ``--publish`` and
 ``--subscribe`` Event BUS subtrees, ``--role`` and ``--queues`` for eMQP, ``--names`` for the
@@ -31,7 +32,7 @@ from bus.util.cliargs import CliParser, add_version, directory, interruptible
 
 #: eMQP's ports a key may connect to: the broker's, then its PUBLISH service's.
 ROLES = ("worker", "client", "admin", "publisher", "subscriber")
-COMMANDS = ("make", "set", "show")
+COMMANDS = ("make", "set", "show", "refuse")
 
 
 class _Parser(CliParser):
@@ -134,6 +135,36 @@ def parser_for(command: str, prog: str = "bus-keys") -> argparse.ArgumentParser:
             "--unset", action="append", default=[], metavar="KEY", help="drop an entry"
         )
         return parser
+    if command == "refuse":
+        import os
+
+        from bus.util.cliargs import host_port, positive_seconds
+
+        parser = _Parser(
+            prog=f"{prog} refuse",
+            description="Refuse a client key now on every CURVE port of a running process, "
+            "through its HTTP port (POST /api/v1/actions/curve/refuse): its connections are "
+            "cut, and its certificates moved out of the process's allow-list (into "
+            "DIR/refused/). Give --http once per process (each host's). Prints one JSON "
+            "line per process.",
+            epilog="Exit status: 0 once every process refused it, 1 with one sentence per "
+            "failure on stderr otherwise.",
+        )
+        parser.add_argument("key", help="the client's Z85 public key, or its certificate")
+        parser.add_argument(
+            "--http",
+            action="append",
+            type=host_port,
+            help="host:port of a process's --http-port (repeat it; default "
+            "$BUS_HTTP or 127.0.0.1:8642)",
+        )
+        parser.add_argument(
+            "--token-file",
+            default=os.environ.get("BUS_HTTP_TOKEN_FILE"),
+            help="file of the bearer token their --http-token-file holds",
+        )
+        parser.add_argument("--timeout", type=positive_seconds, default=10.0)
+        return parser
     if command == "show":
         parser = _Parser(
             prog=f"{prog} show",
@@ -176,6 +207,8 @@ def run(argv: Sequence[str] | None, prog: str) -> None:
     arguments = _command_first(list(sys.argv[1:] if argv is None else argv))
     command = arguments[0] if arguments and arguments[0] in COMMANDS else ""
     args = parser_for(command or "make", prog).parse_args(arguments[1:] if command else arguments)
+    if command == "refuse":
+        raise SystemExit(_refuse(args, prog))
     try:
         if command == "show":
             certificate = read_certificate(args.certificate)
@@ -207,6 +240,35 @@ def run(argv: Sequence[str] | None, prog: str) -> None:
     except (KeyFileError, ValueError, OSError) as error:
         _err(f"{prog}: {error}")
         raise SystemExit(1) from None
+
+
+def _refuse(args: argparse.Namespace, prog: str) -> int:
+    """``refuse``: the key sent to each process named; 0 when each refused it."""
+    import json
+    import os
+
+    from bus.transport.certs import KeyFileError, check_key, read_certificate
+    from bus.util.httpaction import ActionFailed, act, read_token
+
+    try:
+        try:
+            key = check_key(args.key).decode("ascii")
+        except KeyFileError:
+            key = read_certificate(args.key).public.decode("ascii")
+        token = read_token(args.token_file)
+    except (KeyFileError, OSError, ActionFailed) as error:
+        _err(f"{prog} refuse: {error}")
+        return 1
+    failed = 0
+    for address in args.http or [os.environ.get("BUS_HTTP", "127.0.0.1:8642")]:
+        try:
+            result = act(address, "curve", "refuse", {"key": key}, token, args.timeout)
+        except ActionFailed as error:
+            _err(f"{prog} refuse: {error}")
+            failed += 1
+            continue
+        _out(json.dumps({"http": address, **result}, sort_keys=True))
+    return 1 if failed else 0
 
 
 def _command_first(arguments: list[str]) -> list[str]:

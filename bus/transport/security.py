@@ -19,6 +19,7 @@ key, a plain-text client, a broken CURVE hello).
 from __future__ import annotations
 
 import ipaddress
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -29,6 +30,7 @@ import zmq
 from twisted.logger import Logger
 
 from bus.errors import StartupError
+from bus.transport.certs import check_key, refuse_certificates
 from bus.transport.curve import (
     ClientCurve,
     CurveKeyPair,
@@ -84,6 +86,8 @@ class ServerCurve:
         self.on_reload: list[Callable[[], None]] = []
         #: Whether the allow-list is re-read periodically.
         self._reloading = False
+        #: The sockets :meth:`secure` made CURVE servers, with their ZAP domains.
+        self.secured: list[tuple[Any, str]] = []
 
     @property
     def enabled(self) -> bool:
@@ -147,6 +151,7 @@ class ServerCurve:
         if self.settings.client_certs is not None:
             self._reloading = True
             periodic.every(self.settings.reload_interval, self._reload)
+        _SERVING.add(self)
 
     def _reload(self) -> None:
         if self.zap is not None and self.zap.reload():
@@ -203,6 +208,58 @@ class ServerCurve:
         self.zap.add_domain(domain)
         make_curve_server(sock, self.keys, zap_domain=domain)
         sock.watch_connections(on_event=self._on_event)
+        self.secured.append((sock, domain))
+
+    def refuse(self, public: bytes) -> dict[str, Any]:
+        """Refuse the client key ``public`` (Z85) from now on, and close the connections it
+        holds: an operator's action (see :func:`refuse_everywhere`). Its certificates are
+        moved out of the allow-list (``DIR/refused/``: the list, which other processes and
+        hosts may read, says it too, and moving one back allows the key again); the key
+        is refused in this process until it restarts all the same, whether or not the list
+        could be changed. On each port the key was let in on since the start, the
+        connections from the addresses it came from are cut (libzmq cannot tell which
+        connection is the key's: others from the same address connect again at once,
+        through ZAP again). What was done, as JSON."""
+        zap = self.zap
+        if self.keys is None or zap is None:
+            return {"curve": False}
+        if public == self.keys.public:
+            raise ValueError("that is the server's own key, which is always let in")
+        done: dict[str, Any] = {"curve": True, "was_refused": public in zap.denied_keys}
+        zap.denied_keys.add(public)
+        if zap.allowed_dir is not None:
+            try:
+                moved = refuse_certificates(zap.allowed_dir, public)
+            except OSError as error:
+                done["allow_list_error"] = f"{error.filename}: {error.strerror}"
+                moved = []
+            done["moved"] = [str(path) for path in moved]
+            self._reload()  # the list re-read now, not at its next look
+            if "allow_list_error" not in done and public not in zap.certificates:
+                # The list refuses it too (moved here, or by another service of the
+                # process sharing the list): a certificate of it back there allows it.
+                zap.denied_by_list.add(public)
+        on = zap.accepted_on.pop(public, {}) if zap.accepted_on is not None else None
+        cut: dict[str, int] = {}
+        for sock, domain in self.secured:
+            if sock.closed:
+                continue
+            if on is None:  # too many keys to know where this one is: every connection
+                count = sock.cut_connections()
+            else:
+                count = sum(sock.cut_connections(address) for address in on.get(domain, ()))
+            if count:
+                cut[sock.name] = cut.get(sock.name, 0) + count
+        done["connections_cut"] = cut
+        log.warn(
+            "{service}: CURVE key {key} refused by an operator; certificates moved: {moved}; "
+            "connections cut: {cut}",
+            service=self.service,
+            key=public.decode("ascii"),
+            moved=", ".join(done.get("moved", [])) or "none",
+            cut=", ".join(f"{n} on {name}" for name, n in cut.items()) or "none",
+        )
+        return done
 
     def _on_event(self, event: int) -> None:
         if event & _FAILED_HANDSHAKE:
@@ -284,6 +341,7 @@ class ServerCurve:
             "accepted": zap.accepted if zap is not None else 0,
             "refused": self.refusals,
             "refused_keys": self.refused_keys(),
+            "denied_keys": sorted(k.decode("ascii") for k in zap.denied_keys) if zap else [],
         }
 
     def refused_keys(self) -> list[dict[str, Any]]:
@@ -312,6 +370,8 @@ class ServerCurve:
 
     def stop(self) -> None:
         """Close the ZAP socket (the factory closes the rest)."""
+        _SERVING.discard(self)
+        self.secured.clear()
         if self.zap is not None:
             self.zap.shutdown()
             self.zap = None
@@ -326,3 +386,26 @@ def is_loopback(bind: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # an interface name or "*": assume reachable from elsewhere
+
+
+#: The CURVE sides of the services started in this process.
+_SERVING: weakref.WeakSet[ServerCurve] = weakref.WeakSet()
+
+
+def curve_serving() -> bool:
+    """Whether a service of this process speaks CURVE now."""
+    return any(curve.keys is not None for curve in _SERVING)
+
+
+def refuse_everywhere(key: str) -> dict[str, Any]:
+    """Refuse a client key (Z85) on every CURVE port of this process now (see
+    :meth:`ServerCurve.refuse`), by service; ValueError for a key that is not one, or the
+    server's own, and LookupError when no service of the process speaks CURVE."""
+    try:
+        public = check_key(key.strip(), "the key")
+    except KeyFileError as error:
+        raise ValueError(str(error).removeprefix("<key>: ")) from None
+    curves = sorted((c for c in _SERVING if c.keys is not None), key=lambda c: c.service)
+    if not curves:
+        raise LookupError("no service of this process speaks CURVE")
+    return {curve.service: curve.refuse(public) for curve in curves}

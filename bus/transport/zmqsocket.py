@@ -217,6 +217,8 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
         self.inbound: InboundGuard | None = None
         #: For a monitor's reader: the socket it monitors.
         self.monitors: ZmqSocket | None = None
+        #: Connections :meth:`cut_connections` cut.
+        self.cuts = 0
         self.messages_received = 0
         #: With ``SocketOptions.peer_addresses``: the batch being handed over's peer
         #: addresses, one per message (None where the transport has none).
@@ -292,6 +294,17 @@ class ZmqSocket(ZmqConnection):  # type: ignore[misc]
                 self.inbound = inbound_policy().guard(self.name)
             self.inbound.ports.add(int(endpoint.rpartition(":")[2]))
             self.watch_connections()
+
+    def cut_connections(self, address: str | None = None) -> int:
+        """Close the connections others made to this socket's TCP ports (from ``address``
+        only, when given): each is shut down under libzmq, which sees it end and closes it
+        (libzmq has no call that closes one peer's connection). Peers connect again by
+        themselves, through the handshake (and ZAP) again. Returns how many were cut."""
+        if self.inbound is None:
+            return 0
+        cut = self.inbound.shut(address)
+        self.cuts += cut
+        return cut
 
     def connect(self, address: str) -> None:
         """Connect to ``address`` (and look for input: the descriptor may not signal)."""

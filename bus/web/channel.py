@@ -2,8 +2,9 @@
 a peer that sends slowly or nothing at all cannot keep the operator out.
 
 The port serves GET and HEAD (the console, its API, ``/status``, ``/metrics``), none of
-which has a body. twisted.web reads a request's whole body before any resource sees it,
-and spools one over 100 kB to a temporary file: a stranger without the bearer token could
+which has a body, and POST to a site that admits it (an operator's actions, whose small
+body is read only once their headers passed every check: see :mod:`bus.web.actions`).
+twisted.web reads a request's whole body before any resource sees it, and spools one over 100 kB to a temporary file: a stranger without the bearer token could
 make the process hold gigabytes on disk before the guard ever ran. Here a request with
 another method is answered 405 and one announcing a body 413 as soon as its headers are
 in, before a byte of the body is read, and the connection is closed. Headers are bounded
@@ -429,17 +430,26 @@ class HeadersFirstChannel(http.HTTPChannel):
     def allHeadersReceived(self) -> None:
         """Answer 413 to a request announcing a body, 405 to a method not served and 503 to a
         client with too many requests in progress without the token, before any of a body is
-        read; let the others on."""
+        read; a POST goes to the site's ``admit_body`` (an action's checks) instead of the
+        first two; let the others on."""
         method = getattr(self, "_command", b"")
         request = self.requests[-1]
         bounds = _bounds_of(self)
         if bounds is not None:
             self.client = bounds.proxies.client(self.address, request.requestHeaders)
         chunked = request.requestHeaders.getRawHeaders(b"transfer-encoding")
-        if self.length or chunked:
+        admit = getattr(_site(self), "admit_body", None)
+        if method == b"POST" and admit is not None:
+            # An action (bus.web.actions): its small body is read once its headers passed.
+            path = getattr(self, "_path", b"")
+            refusal = admit(request, path, self.length, bool(chunked), _bears_token(self, request))
+            if refusal is not None:
+                self._refuse(request, *refusal)
+                return
+        elif self.length or chunked:
             self._refuse(request, 413, "body", "this port takes no request body")
             return
-        if method not in METHODS:
+        elif method not in METHODS:
             self._refuse(request, 405, "method", f"{method.decode('latin-1')} is not served")
             return
         if bounds is not None and not bounds.request_started(self, _bears_token(self, request)):
@@ -473,6 +483,8 @@ class HeadersFirstChannel(http.HTTPChannel):
         ]
         if code == 405:
             head.append(b"Allow: " + b", ".join(sorted(METHODS)))
+        if code == 401:
+            head.append(b'WWW-Authenticate: Bearer realm="bus"')
         if code == 503:
             head.append(b"Retry-After: 1")
         transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)

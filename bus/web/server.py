@@ -26,6 +26,7 @@ from bus import __version__
 from bus.application.contract import Measured
 from bus.errors import StartupError
 from bus.transport.security import is_loopback
+from bus.web.actions import Actions, process_actions, refusal_at_headers
 from bus.web.alerts.engine import AlertEngine
 from bus.web.alerts.rules import Alert
 from bus.web.alerts.service import AlertLoop
@@ -165,6 +166,11 @@ class _QuietSite(server.Site):
     bounds: ConnectionBounds | None = None
     #: Whether a request bears the token (None: the site wants none).
     bears_token: Callable[[Any], bool] | None = None
+    #: Why a POST is not let on to its body (see :func:`bus.web.actions.refusal_at_headers`);
+    #: None: no POST at all.
+    admit_body: (
+        Callable[[Any, bytes, int | None, bool, bool], tuple[int, str, str] | None] | None
+    ) = None
 
     def log(self, request: Any) -> None:
         pass
@@ -221,6 +227,9 @@ class StatusWebService(Service):
         )
         #: The console (once started).
         self.console: Console | None = None
+        #: The operators' actions (once started; not named ``actions``, which would make
+        #: the port itself look like an :class:`bus.application.contract.Acting` service).
+        self.operator_actions: Actions | None = None
         #: Told ``host:port`` (as a client on this machine reaches it) once listening.
         self.on_listening = on_listening
         self.history_dir = history_dir
@@ -257,10 +266,20 @@ class StatusWebService(Service):
         if self.history_dir is not None:
             self._start_history(self.history_dir)
         self.console.mount(root)  # "/" (a postpath of one empty segment) is the page
+        self.operator_actions = Actions(self.services, process_actions)
+        self.operator_actions.mount(root)
         site = _QuietSite(self._guarded(root), timeout=IDLE_TIMEOUT)  # type: ignore[no-untyped-call]
         site.bounds = self.bounds
         if self.guard is not None:
             site.bears_token = self.guard.bears_token
+        token_required = self.guard is not None
+
+        def admit_body(
+            request: Any, path: bytes, length: int | None, chunked: bool, bears: bool
+        ) -> tuple[int, str, str] | None:
+            return refusal_at_headers(request, path, length, chunked, token_required, bears)
+
+        site.admit_body = admit_body
         try:
             self._listening = self.reactor.listenTCP(
                 self.requested_port, site, backlog=1024, interface=self.interface
@@ -341,6 +360,9 @@ class StatusWebService(Service):
             "connections": self.bounds.status(),
             "process": process_status(),
             "console": self.console.status() if self.console is not None else None,
+            "actions": self.operator_actions.status()
+            if self.operator_actions is not None
+            else None,
             "history": self.history.archive.status() if self.history is not None else None,
             "alerts": self.alerts.status() if self.alerts is not None else None,
         }
@@ -374,6 +396,7 @@ class StatusWebService(Service):
                 "state",
                 {state: float(bounds[state]) for state in ("waiting", "serving")},
             ),
+            *(self.operator_actions.metrics() if self.operator_actions is not None else []),
             *self._history_metrics(),
         ]
 

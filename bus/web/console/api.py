@@ -36,6 +36,7 @@ from bus.web.console.view import Named, snapshot
 STATIC = {
     "index.html": b"text/html; charset=utf-8",
     "console.js": b"text/javascript; charset=utf-8",
+    "actions.js": b"text/javascript; charset=utf-8",
     "alerts.js": b"text/javascript; charset=utf-8",
     "console.css": b"text/css; charset=utf-8",
 }

@@ -467,6 +467,11 @@ const VIEWS = {
       ["storage", status.storage_error ? status.storage_error : "ok", status.storage_error ? "bad" : "good"],
       ["security", (status.curve || {}).security],
     ]);
+    rows("eventbus-snapshots", status.snapshot_clients,
+      (c) => el("tr", {"data-client": c.client, class: c.idle_s > 10 ? "warn" : ""},
+        ...cells(c.client, c.streams, c.sent, duration(c.running_s), duration(c.idle_s), c.waiting),
+        actionCell(actionButton("eventbus", "drop-snapshot", {client: c.client}, "drop"))),
+      "no snapshot running");
     clusterView("eventbus", status.jetstream);
   },
   emqp(status) {
@@ -481,15 +486,21 @@ const VIEWS = {
     ]);
     clusterView("emqp", status.jetstream);
     rows("emqp-queues", Object.entries(status.queues || {}).filter(([k]) => k !== "_omitted"),
-      ([name, q]) => el("tr", {"data-queue": name}, ...cells(name, q.depth, q.workers, q.free_slots, q.dispatched, q.rejected)),
+      ([name, q]) => el("tr", {"data-queue": name, class: q.paused ? "warn" : ""},
+        ...cells(name + (q.paused ? " (paused)" : ""), q.depth, q.workers, q.free_slots, q.dispatched, q.rejected),
+        actionCell(q.paused ? actionButton("emqp", "resume", {queue: name}, "resume")
+                            : actionButton("emqp", "pause", {queue: name}, "pause"),
+                   actionButton("emqp", "purge", {queue: name}, "purge"))),
       "no queue yet");
     rows("emqp-workers", status.workers,
       (w) => el("tr", {"data-worker": w.id}, ...cells(w.id, (w.queues || []).map((q) => q[1]).join(", "),
-        w.free_slots, w.in_flight, w.dispatched, duration(w.last_seen_s) + " ago", duration(w.expires_in_s))),
+        w.free_slots, w.in_flight, w.dispatched, duration(w.last_seen_s) + " ago", duration(w.expires_in_s)),
+        actionCell(actionButton("emqp", "forget-worker", {worker: w.id}, "forget"))),
       "no worker connected");
     rows("emqp-schedules", status.schedules,
       (s) => el("tr", {"data-schedule": s.id}, ...cells(s.id, scheduleJob(s), s.queue, s.cron || ("every " + duration(s.interval)),
-        "in " + duration(s.next_run_in), s.runs)),
+        "in " + duration(s.next_run_in), s.runs),
+        actionCell(actionButton("emqp", "remove-schedule", {schedule: s.id}, "remove"))),
       "no schedule");
   },
   "emqp-pubsub"(status) {
@@ -579,6 +590,7 @@ function otherView(s) {
 
 function render(state) {
   const now = state.t || state.time;
+  noteActions(state);
   $("process").textContent =
     "bus " + state.version + ", pid " + state.pid + ", up " + duration(state.uptime_s);
   $("services").replaceChildren(...state.services.map((s) => card(s, now)));
