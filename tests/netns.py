@@ -355,10 +355,20 @@ class HostService:
         except (OSError, ValueError):
             return {}
 
+    #: A line its log says once it serves (None: its status.json names its endpoints).
+    ready_line: str | None = None
+
+    def log(self) -> str:
+        """What this start of it has logged so far."""
+        path = self.root / f"{self.name}-{self.starts}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def ready(self) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
             raise AssertionError(f"{self.name} exited with {self.process.returncode}")
+        if self.ready_line is not None:
+            return self.ready_line in self.log()
         return bool(self.status().get("endpoints"))
 
     def signal(self, sig: int) -> None:

@@ -58,6 +58,9 @@ class Catalog(HostService):
     """``twistd -n dbp --nats`` on its host: the ROUTER and UDP port 5246 on its address,
     the beacon on its interface; it serves once its watch has caught up."""
 
+    #: Its catalog is on NATS once it says what the bucket holds.
+    ready_line = "services in bucket DBP_CATALOG"
+
     def __init__(self, hosts: Hosts, name: str, urls: str, root: Path) -> None:
         index = hosts.names.index(name)
         self.endpoint = f"tcp://{hosts.addresses[name]}:{PORT}"
@@ -69,16 +72,6 @@ class Catalog(HostService):
             "--hermes-services", "keep",
         ]  # fmt: skip
         super().__init__(hosts, name, root, argv)
-
-    def log(self) -> str:
-        path = self.root / f"{self.name}-{self.starts}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def ready(self) -> bool:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.process.returncode}")
-        return "services in bucket DBP_CATALOG" in self.log()
 
 
 @pytest.fixture

@@ -94,6 +94,9 @@ class Broker(HostService):
     """``twistd -n eventbus --services emqp-pubsub --emqp-pubsub-nats URLS`` on its host: its
     ports and its ``/status`` on its address."""
 
+    #: On NATS and serving: it says what the servers take once connected.
+    ready_line = "the servers take messages of up to"
+
     def __init__(self, hosts: Hosts, name: str, nats_urls: str, root: Path) -> None:
         address = hosts.addresses[name]
         self.publishers = f"tcp://{address}:{PORT}"
@@ -107,17 +110,6 @@ class Broker(HostService):
             nats_urls, "--emqp-pubsub-stats-interval", "1s",
         ]  # fmt: skip
         super().__init__(hosts, name, root, argv)
-
-    def log(self) -> str:
-        path = self.root / f"{self.name}-{self.starts}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def ready(self) -> bool:
-        """On NATS and serving (it says what the servers take once connected)."""
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise AssertionError(f"{self.name} exited with {self.process.returncode}")
-        return "the servers take messages of up to" in self.log()
 
 
 @pytest.fixture
