@@ -234,7 +234,7 @@ class _ProductOptions(ServiceOptions):
             None,
             None,
             "Directory of the console's rates kept on disk (default: console-history in the "
-            "Event BUS's --data-dir, else in the working directory).",
+            "Event BUS's --data-dir, else in the first composed service's; none: not kept).",
         ],
         [
             "http-history-interval",
@@ -475,8 +475,18 @@ def _history(options: usage.Options | dict[str, Any]) -> dict[str, Any]:
         return {"history_dir": None}
     directory = options.get("http-history-dir")
     if not directory:
-        bus = options["service-options"].get("eventbus")
-        directory = Path(bus["data-dir"] if bus is not None else ".") / "console-history"
+        # The first data directory of the services composed (the Event BUS's first): never
+        # the working directory, which several processes may share.
+        kept = [
+            sub["data-dir"]
+            for _, sub in sorted(
+                options["service-options"].items(), key=lambda item: item[0] != "eventbus"
+            )
+            if sub.get("data-dir")
+        ]
+        if not kept:
+            return {"history_dir": None}
+        directory = Path(kept[0]) / "console-history"
     return {
         "history_dir": Path(directory),
         "history_interval": _positive_duration(options.get("http-history-interval", 10.0)),

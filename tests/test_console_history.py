@@ -365,3 +365,20 @@ def test_a_series_that_cannot_be_opened_is_counted_and_the_others_go_on(tmp_path
         "work": {"dropped": [[100.0, 0.0], [101.0, 0.0]]}
     }
     archive.close()
+
+
+def test_the_history_is_kept_in_a_services_data_directory_never_the_working_one() -> None:
+    """Without --http-history-dir: the Event BUS's data directory, else the first composed
+    service's; a process with none (ZRE alone) keeps no history rather than write in the
+    working directory, which several processes may share."""
+    from bus.tap import _history
+
+    def where(services: dict[str, dict[str, str]]) -> Path | None:
+        options = {"http-history-keep": "24h", "http-history-interval": "10s"}
+        return _history({**options, "service-options": services})["history_dir"]  # type: ignore[no-any-return]
+
+    assert where({"zre": {}, "emqp": {"data-dir": "e"}, "eventbus": {"data-dir": "b"}}) == Path(
+        "b/console-history"
+    )
+    assert where({"zre": {}, "emqp": {"data-dir": "e"}}) == Path("e/console-history")
+    assert where({"zre": {}}) is None
