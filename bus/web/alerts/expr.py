@@ -206,12 +206,26 @@ def _key(labels: Labels, on: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class And(Expr):
-    """``left and on (labels) right``: the series of ``left`` that have a match in
-    ``right`` on those labels."""
+class _Binary(Expr):
+    """Two operands: what either reads is what the node reads."""
 
     left: Expr
     right: Expr
+
+    def windows(self) -> Iterator[tuple[str, float]]:
+        yield from self.left.windows()
+        yield from self.right.windows()
+
+    def names(self) -> Iterator[str]:
+        yield from self.left.names()
+        yield from self.right.names()
+
+
+@dataclass(frozen=True)
+class And(_Binary):
+    """``left and on (labels) right``: the series of ``left`` that have a match in
+    ``right`` on those labels."""
+
     on: tuple[str, ...] = ("job", "instance")
 
     def promql(self) -> str:
@@ -225,22 +239,11 @@ class And(Expr):
         keys = {_key(labels, self.on) for labels in self.right.evaluate(samples)}
         return {k: v for k, v in left.items() if _key(k, self.on) in keys}
 
-    def windows(self) -> Iterator[tuple[str, float]]:
-        yield from self.left.windows()
-        yield from self.right.windows()
-
-    def names(self) -> Iterator[str]:
-        yield from self.left.names()
-        yield from self.right.names()
-
 
 @dataclass(frozen=True)
-class Or(Expr):
+class Or(_Binary):
     """``left or right``: every series of ``left``, and those of ``right`` whose labels
     ``left`` has not."""
-
-    left: Expr
-    right: Expr
 
     def promql(self) -> str:
         return f"{self.left.promql()} or {self.right.promql()}"
@@ -250,14 +253,6 @@ class Or(Expr):
         for labels, value in self.right.evaluate(samples).items():
             out.setdefault(labels, value)
         return out
-
-    def windows(self) -> Iterator[tuple[str, float]]:
-        yield from self.left.windows()
-        yield from self.right.windows()
-
-    def names(self) -> Iterator[str]:
-        yield from self.left.names()
-        yield from self.right.names()
 
 
 @dataclass(frozen=True)
