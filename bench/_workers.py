@@ -56,6 +56,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from _curve import secure
 
@@ -398,7 +399,6 @@ def snapshot_client(endpoint: str, events: int, repeat: int) -> None:
 
 
 def twisted_snapshot(address: str, events: int) -> None:
-    from typing import Any
 
     from twisted.internet import reactor as global_reactor
     from twisted.internet import task
@@ -504,10 +504,10 @@ def paced_publish(endpoint: str, rate: float, seconds: float) -> None:
     _emit({"sent": count, "late": late, "seconds": time.monotonic() - started})
 
 
-def latency_subscribe(endpoint: str, events: int, warmup: int = 200) -> None:
+def _subscribed(context: Any, endpoint: str) -> Any:
+    """A SUB to every topic at ``endpoint``, once its first heartbeat came (subscribed)."""
     import zmq
 
-    context = zmq.Context()
     sub = context.socket(zmq.SUB)
     sub.rcvhwm = 0
     sub.linger = 0
@@ -515,6 +515,14 @@ def latency_subscribe(endpoint: str, events: int, warmup: int = 200) -> None:
     sub.connect(endpoint)
     sub.rcvtimeo = 30_000
     sub.recv_multipart()  # a heartbeat: subscribed
+    return sub
+
+
+def latency_subscribe(endpoint: str, events: int, warmup: int = 200) -> None:
+    import zmq
+
+    context = zmq.Context()
+    sub = _subscribed(context, endpoint)
     _ready()
     clock = time.monotonic_ns
     latencies: list[int] = []
@@ -609,13 +617,7 @@ def soak_subscribe(endpoint: str, samples_path: str) -> None:
     import zmq
 
     context = zmq.Context()
-    sub = context.socket(zmq.SUB)
-    sub.rcvhwm = 0
-    sub.linger = 0
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(endpoint)
-    sub.rcvtimeo = 30_000
-    sub.recv_multipart()  # a heartbeat: subscribed
+    sub = _subscribed(context, endpoint)
     _ready()
     poller = zmq.Poller()
     poller.register(sub, zmq.POLLIN)
