@@ -358,10 +358,15 @@ class HostService:
     #: A line its log says once it serves (None: its status.json names its endpoints).
     ready_line: str | None = None
 
-    def log(self) -> str:
-        """What this start of it has logged so far."""
-        path = self.root / f"{self.name}-{self.starts}.log"
+    def log(self, start: int | None = None) -> str:
+        """What a start of it (by default this one) has logged so far."""
+        path = self.root / f"{self.name}-{start or self.starts}.log"
         return path.read_text(errors="replace") if path.exists() else ""
+
+    def assert_no_traceback(self) -> None:
+        """No start of it logged a traceback."""
+        for start in range(1, self.starts + 1):
+            assert "Traceback" not in self.log(start), f"{self.name}-{start}.log"
 
     def ready(self) -> bool:
         assert self.process is not None

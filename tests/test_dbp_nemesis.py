@@ -199,9 +199,7 @@ def test_no_registration_lost_and_no_stale_answer_through_rounds_of_faults(
             catalog.stop()  # a stopped one is continued first
         nats.stop()
     for catalog in catalogs.values():
-        for start in range(1, catalog.starts + 1):
-            text = (tmp_path / f"{catalog.name}-{start}.log").read_text(errors="replace")
-            assert "Traceback" not in text, f"{catalog.name}-{start}.log"
+        catalog.assert_no_traceback()
 
 
 def fault(

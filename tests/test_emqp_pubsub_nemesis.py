@@ -362,9 +362,7 @@ def test_no_publication_twice_and_none_lost_while_its_path_was_up_through_rounds
                 node.process.send_signal(signal.SIGCONT)
         nats.stop()
     for broker in brokers.values():
-        for start in range(1, broker.starts + 1):
-            text = (tmp_path / f"{broker.name}-{start}.log").read_text(errors="replace")
-            assert "Traceback" not in text, f"{broker.name}-{start}.log"
+        broker.assert_no_traceback()
 
 
 def fault(
