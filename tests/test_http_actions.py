@@ -91,6 +91,19 @@ def waits_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> An
     return wait_until(check, timeout=timeout, what=what)
 
 
+@defer.inlineCallbacks
+def only_the_next_request_reaches_a_new_worker(broker: Any, client: Any, cleanup: list[Any]) -> Any:
+    """A worker of ``stuck`` that connects now is sent the request sent after it, and none
+    of those sent before (the purged ones)."""
+    worker = RawWorker(broker.endpoints["worker"], [[10, "stuck"]])
+    cleanup.append(worker)
+    yield waits_for(worker.acked, "the worker's INFORM acknowledged")
+    worker.ready()
+    after = client.request("stuck", "after", b"reply-requested,guarantee")
+    yield waits_for(lambda: bool(worker.requests()), "a request delivered")
+    assert [r[3] for r in worker.requests()] == [after]
+
+
 @pytest_twisted.inlineCallbacks
 def test_only_the_token_bearer_of_this_origin_with_a_small_json_body_may_act(
     tmp_path: Path, cleanup: list[Any]
@@ -196,14 +209,7 @@ def test_a_purged_queue_never_reaches_a_worker_that_connects_after(
     # Each client hears why its request will never run.
     yield waits_for(lambda: all(client.results(m) for m in sent), "the clients told")
     assert {client.results(m)[0]["error"] for m in sent} == {"purged"}
-    worker = RawWorker(broker.endpoints["worker"], [[10, "stuck"]])
-    cleanup.append(worker)
-    yield waits_for(worker.acked, "the worker's INFORM acknowledged")
-    worker.ready()
-    after = client.request("stuck", "after", b"reply-requested,guarantee")
-    yield waits_for(lambda: bool(worker.requests()), "a request delivered")
-    # The one sent after the purge, and none of the purged ones.
-    assert [r[3] for r in worker.requests()] == [after]
+    yield only_the_next_request_reaches_a_new_worker(broker, client, cleanup)
 
 
 @pytest_twisted.inlineCallbacks
@@ -319,13 +325,7 @@ def test_a_queue_purged_in_its_jetstream_stream_never_reaches_a_worker(
     code, answer = yield post(web.port, "/api/v1/actions/emqp/purge", {"queue": "stuck"})
     assert code == 200
     assert answer["result"] == {"queue": "stuck", "purged": 0, "purged_from_stream": 3}
-    worker = RawWorker(broker.endpoints["worker"], [[10, "stuck"]])
-    cleanup.append(worker)
-    yield waits_for(worker.acked, "the worker's INFORM acknowledged")
-    worker.ready()
-    after = client.request("stuck", "after", b"reply-requested,guarantee")
-    yield waits_for(lambda: bool(worker.requests()), "a request delivered")
-    assert [r[3] for r in worker.requests()] == [after]
+    yield only_the_next_request_reaches_a_new_worker(broker, client, cleanup)
 
 
 @pytest_twisted.inlineCallbacks
