@@ -500,13 +500,12 @@ def _fetch_status(reactor: Any, address: str, timeout: float, token: bytes | Non
 def _token(args: argparse.Namespace) -> bytes | None:
     if not args.token_file:
         return None
+    from bus.util.httpaction import ActionFailed, read_token
+
     try:
-        token = Path(args.token_file).read_bytes().strip()
-    except OSError as error:
-        raise ValueError(f"--token-file {args.token_file}: {error.strerror}") from None
-    if not token:
-        raise ValueError(f"--token-file {args.token_file} is empty")
-    return token
+        return read_token(args.token_file)
+    except ActionFailed as error:  # a status read is refused as its other bad values are
+        raise ValueError(str(error)) from None
 
 
 def _reason(error: Exception) -> str:
