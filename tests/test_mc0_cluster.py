@@ -297,8 +297,11 @@ def test_clients_move_to_the_next_broker_when_theirs_is_killed(
         yield serving(a, b)
         both, other_first = [a.endpoint, b.endpoint], [b.endpoint, a.endpoint]
         heard = Recorder()
-        listening = connector(both, keys, heard, ttl=2.0)
-        publishing = connector(other_first, keys, ttl=2.0)
+        # A killed broker's TCP connection ends its sessions at once; a TTL of 10 s keeps a
+        # broker that a busy machine starves for a second or two from being taken for dead
+        # (the session's silence limit is 1.05 x TTL) and a second failover from racing the test.
+        listening = connector(both, keys, heard, ttl=10.0)
+        publishing = connector(other_first, keys, ttl=10.0)
         connectors += [listening, publishing]
         yield listening.start()
         yield listening.subscribe(b"t")
@@ -306,7 +309,7 @@ def test_clients_move_to_the_next_broker_when_theirs_is_killed(
         assert listening.endpoint == a.endpoint and publishing.endpoint == b.endpoint
         cli = [str(BIN / "mc0-cli"), "--server-key", str(keys.server_key), "--timeout", "30"]
         cli_sub = subprocess.Popen(
-            [*cli, "--server", a.endpoint, "--server", b.endpoint, "--ttl", "2s", "sub", "t",
+            [*cli, "--server", a.endpoint, "--server", b.endpoint, "--ttl", "10s", "sub", "t",
              "--count", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
         )  # fmt: skip
@@ -334,7 +337,11 @@ def test_clients_move_to_the_next_broker_when_theirs_is_killed(
         yield wait_until(lambda: len(heard.got) >= 2, timeout=30, what="the second message")
         assert heard.bodies() == [b"before", b"after"]
         assert listening.failovers == 1 and publishing.failovers == 0
-        status = yield ended(cli_sub, 30)
+        try:
+            status = yield ended(cli_sub, 30)
+        except Exception:
+            cli_sub.kill()
+            raise AssertionError(f"mc0-cli sub did not end: {cli_sub.communicate()}") from None
         assert cli_sub.stdout is not None
         lines = cli_sub.stdout.read().splitlines()
         assert status == 0 and [line.split('"body": ')[1] for line in lines] == [
