@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,13 @@ settings.register_profile(
     "busy-machine", deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("busy-machine")
+
+# A suite started in the background (`make test &`, nohup, a CI runner) has SIGINT ignored,
+# and every child inherits that: a CLI or twistd a test stops with SIGINT (Ctrl-C as a user
+# presses it) would keep running, and whether it did depended on which earlier test of the
+# worker had set a handler. Children of the tests see Ctrl-C as a user's shell gives it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # `twistd -n eventbus` composes the eMQP broker by default, on the original's fixed ports
 # (47290, 47291, 47293) and ./emqp-data: the products these tests start (and inherit this
@@ -156,3 +164,43 @@ def nats_server(tmp_path: Path) -> Iterator[Any]:
     cluster.start()
     yield cluster
     cluster.stop()
+
+
+def _cpu_seconds() -> float:
+    """CPU of this worker, its reaped children, and its living descendants (a JVM, servers)."""
+    import psutil
+
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    for child in psutil.Process().children(recursive=True):
+        try:
+            used = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += used.user + used.system
+    return total
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """``BUS_TEST_CPU=DIR``: each test's CPU (setup to teardown, the processes it started
+    included) and wall time appended to a file per worker, to see which tests cost the
+    suite its minutes on a machine whose cores it keeps busy (the durations do not say)."""
+    into = os.environ.get("BUS_TEST_CPU")
+    if not into:
+        return (yield)
+    import json
+    import time
+
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    try:
+        return (yield)
+    finally:
+        row = {
+            "test": item.nodeid,
+            "cpu": round(_cpu_seconds() - cpu, 3),
+            "wall": round(time.monotonic() - wall, 3),
+        }
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(Path(into) / f"cpu-{worker}.jsonl", "a") as out:
+            out.write(json.dumps(row) + "\n")
