@@ -16,6 +16,8 @@ import pytest
 import pytest_twisted
 from hypothesis import HealthCheck, settings
 
+from tests.jvm import TEST_JVM_OPTIONS
+
 # The suite runs on machines whose cores other work keeps busy: how long Hypothesis takes
 # to draw an input, or to run one example, says nothing about the code under test (no
 # timing assertions), so neither fails a test. A test's own @settings still applies.
@@ -30,6 +32,12 @@ settings.load_profile("busy-machine")
 # worker had set a handler. Children of the tests see Ctrl-C as a user's shell gives it.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# Every JVM the tests start runs with tests.jvm's options (half the CPU on short runs).
+if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
+    os.environ["JAVA_TOOL_OPTIONS"] = (
+        f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {TEST_JVM_OPTIONS}".strip()
+    )
 
 # `twistd -n eventbus` composes the eMQP broker by default, on the original's fixed ports
 # (47290, 47291, 47293) and ./emqp-data: the products these tests start (and inherit this

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.jvm import java_tool_options
 from tests.netns import Hosts, HostService
 from tests.processes import START_BOUND
 from tests.spark.driver import Driver
@@ -91,7 +92,7 @@ class SparkQuery:
         self.env = {
             **os.environ,
             "PYSPARK_PYTHON": sys.executable,
-            "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={scratch}",
+            "JAVA_TOOL_OPTIONS": java_tool_options(scratch),
             "SPARK_LOCAL_DIRS": str(scratch),
             "SPARK_LOCAL_IP": "127.0.0.1",  # local mode talks to itself on the host's loopback
             "PYTHONUNBUFFERED": "1",

@@ -196,10 +196,18 @@ def test_a_cursor_from_the_sqlite_server_resumes_at_a_front_end_of_the_imported_
             interruptible=True,
         )  # fmt: skip
         above = [e for e in truth if e["seq"] > 150]
-        yield reported(
-            lambda: len(cli_events(resumed)) >= len(above), resumed.process,
-            what="the subscriber's catch-up",
-        )  # fmt: skip
+        try:
+            yield reported(
+                lambda: len(cli_events(resumed)) >= len(above), resumed.process,
+                what="the subscriber's catch-up",
+            )  # fmt: skip
+        except Exception as error:
+            got = [e["seq"] for e in cli_events(resumed)]
+            want = [e["seq"] for e in above]
+            raise AssertionError(
+                f"{error}: the subscriber printed {got}, owed {want}; it said: {resumed.err}; "
+                f"the front-end's log: {front.output()[-4000:]}"
+            ) from None
         new = cli(cleanup, "publish", "--server", front.address, "/after/import/", '"new"')
         assert (yield new.ended()) == 0, new.err
         assert new.lines()[0]["seq"] == 301

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from bus.nats.servers import NatsCluster
+from tests.jvm import java_tool_options
 from tests.netns import Hosts, LinePeer, make_hosts, poll_until
 
 pytest.importorskip("nats")
@@ -103,7 +104,7 @@ def test_a_spark_cluster_of_hosts_reads_the_stream_exactly_once_through_kills(
         **os.environ,
         "SPARK_CONF_DIR": str(conf),
         "PYSPARK_PYTHON": sys.executable,
-        "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={scratch}",
+        "JAVA_TOOL_OPTIONS": java_tool_options(scratch),
         "SPARK_LOCAL_DIRS": str(scratch),
         "SPARK_LOG_DIR": str(tmp_path),
         "PYTHONUNBUFFERED": "1",
