@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
@@ -13,7 +14,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 from twisted.internet import defer
 
@@ -133,6 +134,18 @@ def wait_for(
         time.sleep(interval)
 
 
+def _output_file() -> IO[str]:
+    """A temporary file for a child's output, which the child always appends to. The
+    child's descriptor is a copy of ours: one open file, one position. A read here seeks
+    to the start before it reads, and a line the child wrote in between went to the start,
+    over its first lines (eventbus-cli tail's 196 printed over its 182), unless the file
+    appends."""
+    made = tempfile.TemporaryFile("w+")
+    flags = fcntl.fcntl(made.fileno(), fcntl.F_GETFL)
+    fcntl.fcntl(made.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+    return made
+
+
 def _sigint_by_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -149,8 +162,8 @@ class CommandProcess:
 
     def __init__(self, *args: str) -> None:
         self.args = args
-        self.stdout = tempfile.TemporaryFile("w+")
-        self.stderr = tempfile.TemporaryFile("w+")
+        self.stdout = _output_file()
+        self.stderr = _output_file()
         self.process = subprocess.Popen(
             [str(Path(sys.executable).with_name(self.program)), *args],
             stdout=self.stdout,
