@@ -412,10 +412,17 @@ def test_the_spark_bridge_and_eventbus_cli_continue_across_a_failover(tmp_path: 
         publisher.close()
         if bridge.running:
             yield bridge.stopService()
-        if cli is not None:
-            cli.send_signal(signal.SIGINT)
-            cli.wait(30)
-        codes = [half.stop() for half in (primary, backup) if half.process is not None]
+        try:
+            if cli is not None:
+                cli.send_signal(signal.SIGINT)
+                try:
+                    cli.wait(30)
+                except subprocess.TimeoutExpired:
+                    cli.kill()
+                    cli.wait()
+                    raise AssertionError("eventbus-cli tail went on 30 s after SIGINT") from None
+        finally:  # the pair is stopped whatever the CLI did
+            codes = [half.stop() for half in (primary, backup) if half.process is not None]
     assert all(code in CLEAN_EXIT for code in codes), codes
     reader = JournalReader(journal)
     table = reader.read(0, reader.latest_sequence(), fail_on_data_loss=False)
