@@ -208,11 +208,17 @@ class NatsCluster:
 
     def kill(self, node: NatsNode, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to ``node``'s server (a fault for a test); wait for it to end when the
-        signal ends it."""
+        signal ends it, and for every thread of it to be stopped when the signal stops it
+        (``kill`` returns before that: on a busy machine a thread of a "stopped" server
+        still answered a request sent after it)."""
         if node.process is not None and node.process.poll() is None:
             os.kill(node.process.pid, sig)
             if sig in (signal.SIGKILL, signal.SIGTERM):
                 node.process.wait(10)
+            elif sig == signal.SIGSTOP:
+                deadline = time.monotonic() + 10
+                while not _stopped(node.process.pid) and time.monotonic() < deadline:
+                    time.sleep(0.001)
 
     def stop(self) -> None:
         """Stop every server: terminated, killed if still running 10 s later."""
@@ -226,3 +232,15 @@ class NatsCluster:
                 except subprocess.TimeoutExpired:
                     node.process.kill()
                     node.process.wait(10)
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` stopped by a signal (Linux's /proc)."""
+    try:
+        states = [
+            stat.read_text().rsplit(")", 1)[1].split()[0]
+            for stat in Path(f"/proc/{pid}/task").glob("*/stat")
+        ]
+    except OSError:  # a thread or the process gone meanwhile
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
