@@ -146,19 +146,12 @@ def _output_file() -> IO[str]:
     return made
 
 
-def _sigint_by_default() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 class CommandProcess:
     """A command-line tool of the venv (``program``, set by a subclass) in a child process,
     its output in files so that a test can read it while the command runs (a pipe could fill
     up and block it)."""
 
     program = ""
-    #: Whether Ctrl-C (SIGINT) reaches it: a test runner's worker may ignore SIGINT, and a
-    #: child inherits that.
-    interruptible = False
 
     def __init__(self, *args: str) -> None:
         self.args = args
@@ -168,7 +161,6 @@ class CommandProcess:
             [str(Path(sys.executable).with_name(self.program)), *args],
             stdout=self.stdout,
             stderr=self.stderr,
-            preexec_fn=_sigint_by_default if self.interruptible else None,
         )
 
     @staticmethod

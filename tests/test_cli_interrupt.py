@@ -49,9 +49,7 @@ class Listener:
 
 
 class Command(CommandProcess):
-    """A tool in a child process that Ctrl-C reaches."""
-
-    interruptible = True
+    """A tool in a child process (Ctrl-C reaches it: tests/conftest.py)."""
 
     def __init__(self, tool: str, args: list[str]) -> None:
         self.program = tool

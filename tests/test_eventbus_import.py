@@ -48,15 +48,9 @@ class Cli(CommandProcess):
     program = "eventbus-cli"
 
 
-class InterruptibleCli(Cli):
-    """eventbus-cli that Ctrl-C (SIGINT) reaches."""
-
-    interruptible = True
-
-
-def cli(cleanup: list[Any], *args: str, interruptible: bool = False) -> Cli:
+def cli(cleanup: list[Any], *args: str) -> Cli:
     """eventbus-cli ``args`` in a child process, closed after the test."""
-    made = (InterruptibleCli if interruptible else Cli)(*args)
+    made = Cli(*args)
     cleanup.append(made)
     return made
 
@@ -114,9 +108,7 @@ def test_a_cursor_from_the_sqlite_server_resumes_at_a_front_end_of_the_imported_
         assert first == list(range(1, 151))
 
         # A subscriber follows the server, and stops: its cursor names the log and a place.
-        tail = cli(
-            cleanup, "tail", "--server", address, "--cursor", str(cursor), interruptible=True
-        )
+        tail = cli(cleanup, "tail", "--server", address, "--cursor", str(cursor))
         yield reported(
             lambda: any(e["seq"] == 150 for e in cli_events(tail)), tail.process,
             what="the subscriber at 150",
@@ -191,10 +183,7 @@ def test_a_cursor_from_the_sqlite_server_resumes_at_a_front_end_of_the_imported_
         assert cli_events(served) == truth
 
         # The subscriber resumes at the front-end from its cursor.
-        resumed = cli(
-            cleanup, "tail", "--server", front.address, "--cursor", str(cursor),
-            interruptible=True,
-        )  # fmt: skip
+        resumed = cli(cleanup, "tail", "--server", front.address, "--cursor", str(cursor))
         above = [e for e in truth if e["seq"] > 150]
         try:
             yield reported(
@@ -255,9 +244,7 @@ def test_an_interrupted_import_leaves_the_stream_refused_and_resume_finishes_it(
     expected = (log.count, log.first_sequence, log.last_sequence)
     log.close()
     url = nats_server.urls[0]
-    importing = cli(
-        cleanup, "import-log", "--data-dir", str(data), "--nats", url, interruptible=True
-    )
+    importing = cli(cleanup, "import-log", "--data-dir", str(data), "--nats", url)
 
     def written() -> bool:
         try:
