@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,12 +39,10 @@ from tests.mc0_helpers import RawMc0Peer
 from tests.nats_proxy import NatsProxy
 from tests.nats_tls import make_certificates, tls_block
 from tests.ports import nats_cluster
-from tests.processes import START_BOUND, ended, reported
+from tests.processes import START_BOUND, CommandProcess, ended, reported
 from tests.test_product_process import TWISTD, environment, free_port, metric_samples
 
 pytest.importorskip("nats")
-
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
@@ -59,6 +56,12 @@ def brokers() -> Iterator[list[ClusterBroker]]:
     yield started
     for broker in started:
         broker.stop()
+
+
+class Mc0Cli(CommandProcess):
+    """mc0-cli in a child process."""
+
+    program = "mc0-cli"
 
 
 def start(brokers: list[ClusterBroker], *args: Any, **kwargs: Any) -> ClusterBroker:
@@ -289,7 +292,7 @@ def test_clients_move_to_the_next_broker_when_theirs_is_killed(
     nats = nats_cluster(tmp_path / "nats", size=1)
     nats.start()
     connectors: list[Mc0Connector] = []
-    cli_sub: subprocess.Popen[str] | None = None
+    cli_sub: Mc0Cli | None = None
     try:
         no_tls = "--mc0-nats-without-tls"
         a = start(brokers, tmp_path / "a", nats.urls[0], no_tls, server_cert=keys.server_cert)
@@ -307,21 +310,18 @@ def test_clients_move_to_the_next_broker_when_theirs_is_killed(
         yield listening.subscribe(b"t")
         yield publishing.start()
         assert listening.endpoint == a.endpoint and publishing.endpoint == b.endpoint
-        cli = [str(BIN / "mc0-cli"), "--server-key", str(keys.server_key), "--timeout", "30"]
-        printed, said = tmp_path / "sub.out", tmp_path / "sub.err"
-        with open(printed, "wb") as out, open(said, "wb") as err:
-            cli_sub = subprocess.Popen(
-                [*cli, "--server", a.endpoint, "--server", b.endpoint, "--ttl", "10s", "sub",
-                 "t", "--count", "2"],
-                stdout=out, stderr=err, text=True, env=environment(),
-            )  # fmt: skip
+        cli = ["--server-key", str(keys.server_key), "--timeout", "30"]
+        cli_sub = Mc0Cli(
+            *cli, "--server", a.endpoint, "--server", b.endpoint, "--ttl", "10s", "sub", "t",
+            "--count", "2",
+        )  # fmt: skip
         yield wait_until(lambda: a.status()["subscriptions"] == 2, timeout=START_BOUND)
         yield publishing.put(b"t", b"before")
         yield wait_until(lambda: heard.got, timeout=30, what="the first message")
         # mc0-cli printed it too before its broker dies: a message still in its socket's
         # queue when the connection goes is dropped with the socket (the session ends).
         yield wait_until(
-            lambda: b"before" in printed.read_bytes(), timeout=30, what="mc0-cli's first message"
+            lambda: "before" in cli_sub.out, timeout=30, what="mc0-cli's first message"
         )
         a.kill()
         # Both subscribers see their connection go, and SUBscribe again at b.
@@ -335,24 +335,22 @@ def test_clients_move_to_the_next_broker_when_theirs_is_killed(
         )
         # mc0-cli put tries the dead broker first, then the next one (waited for on the
         # reactor: the connectors here keep their sessions alive meanwhile).
-        put = subprocess.Popen(
-            [*cli, "--server", a.endpoint, "--server", b.endpoint, "put", "t", "after"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(),
-        )  # fmt: skip
-        put_status = yield ended(put, 30)
-        assert put_status == 0, put.communicate()
+        put = Mc0Cli(*cli, "--server", a.endpoint, "--server", b.endpoint, "put", "t", "after")
+        try:
+            put_status = yield ended(put.process, 30)
+            assert put_status == 0, (put.out, put.err)
+        finally:
+            put.close()
         yield wait_until(lambda: len(heard.got) >= 2, timeout=30, what="the second message")
         assert heard.bodies() == [b"before", b"after"]
         assert listening.failovers == 1 and publishing.failovers == 0
         try:
-            status = yield ended(cli_sub, 30)
+            status = yield ended(cli_sub.process, 30)
         except Exception:
-            cli_sub.kill()
-            cli_sub.wait()
             raise AssertionError(
-                f"mc0-cli sub did not end: {printed.read_text()!r}, {said.read_text()!r}"
+                f"mc0-cli sub did not end: {cli_sub.out!r}, {cli_sub.err!r}"
             ) from None
-        lines = printed.read_text().splitlines()
+        lines = cli_sub.out.splitlines()
         assert status == 0 and [line.split('"body": ')[1] for line in lines] == [
             '["before"]}',
             '["after"]}',
@@ -360,9 +358,8 @@ def test_clients_move_to_the_next_broker_when_theirs_is_killed(
         with pytest.raises(Mc0CommandError):  # and refusals still come through the next
             yield publishing.put(b"", b"no topic")
     finally:
-        if cli_sub is not None and cli_sub.poll() is None:
-            cli_sub.kill()
-            cli_sub.wait()
+        if cli_sub is not None:
+            cli_sub.close()
         for each in connectors:
             yield each.stop()
         nats.stop()
