@@ -34,10 +34,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Every JVM the tests start runs with tests.jvm's options (half the CPU on short runs).
-if TEST_JVM_OPTIONS not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
-    os.environ["JAVA_TOOL_OPTIONS"] = (
-        f"{os.environ.get('JAVA_TOOL_OPTIONS', '')} {TEST_JVM_OPTIONS}".strip()
-    )
+_java_options = os.environ.get("JAVA_TOOL_OPTIONS", "")
+if TEST_JVM_OPTIONS not in _java_options:
+    os.environ["JAVA_TOOL_OPTIONS"] = f"{_java_options} {TEST_JVM_OPTIONS}".strip()
 
 # `twistd -n eventbus` composes the eMQP broker by default, on the original's fixed ports
 # (47290, 47291, 47293) and ./emqp-data: the products these tests start (and inherit this
