@@ -17,6 +17,7 @@ $(BIN)/python:
 # setup.py builds the optional C helpers (bus/transport/_frames.c, bus/nats/_scan.c) in place;
 # bus/__init__.py holds the version that the installed metadata carries.
 $(VENV)/.run-deps: setup.cfg setup.py pyproject.toml bus/__init__.py bus/transport/_frames.c bus/nats/_scan.c \
+		bus/eventbus/_pubscan.c bus/util/_sqlrows.c bus/emqp/_jobscan.c \
 		| $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $@
@@ -24,6 +25,7 @@ $(VENV)/.run-deps: setup.cfg setup.py pyproject.toml bus/__init__.py bus/transpo
 # The tests also run a third-party service, examples/echo-service, installed as its own
 # distribution (it declares itself in the bus.services entry point group).
 $(VENV)/.test-deps: setup.cfg setup.py pyproject.toml bus/__init__.py bus/transport/_frames.c bus/nats/_scan.c \
+		bus/eventbus/_pubscan.c bus/util/_sqlrows.c bus/emqp/_jobscan.c \
 		examples/echo-service/pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,spark,cluster,redis]"
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/echo-service
@@ -148,7 +150,15 @@ nemesis-emqp-pubsub: $(VENV)/.test-deps
 nemesis-dbp: $(VENV)/.test-deps
 	DBP_NEMESIS_ROUNDS=$${DBP_NEMESIS_ROUNDS:-12} $(BIN)/python -m pytest -s -p no:cacheprovider tests/test_dbp_nemesis.py
 
-test: $(VENV)/.test-deps $(INTEROP)/.installed $(INSTALLED) browser redis-server prometheus
+# The longest files first, in tests/conftest.py's LONGEST_FIRST order (--no-loadscope-reorder).
+# The class archive every JVM of the tests maps (tests/jvm_archive.py): half their start-up CPU.
+# Without it (not built here: said, with its log's end) the JVMs start as before.
+$(VENV)/spark-classes.jsa: $(VENV)/.test-deps tests/jvm_archive.py tests/jvm.py
+	$(BIN)/python -m tests.jvm_archive $@ 2>$(VENV)/spark-classes.log \
+		|| { tail -20 $(VENV)/spark-classes.log; \
+		     echo "no class archive for the tests' JVMs: they start without it"; }
+
+test: $(VENV)/.test-deps $(VENV)/spark-classes.jsa $(INTEROP)/.installed $(INSTALLED) browser redis-server prometheus
 	BUS_DIST=$(abspath $(DIST)) BUS_WHEEL_VENV=$(WHEEL_HOME)/full BUS_BARE_VENV=$(WHEEL_HOME)/bare \
 		$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 

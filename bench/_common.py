@@ -683,6 +683,28 @@ def wait_until(
         time.sleep(interval)
 
 
+def build_c_program(source: Path, root: Path) -> Path:
+    """A C load generator of bench/ (``source``, including zmq_peers.h) compiled into
+    ``root`` against the libzmq that pyzmq loads: the copy in its wheel, else (pyzmq built
+    against the system's) ``-lzmq``."""
+    import zmq
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise SystemExit(f"no C compiler (cc) to build {source.name}: run with --peers python")
+    bundled = sorted((Path(zmq.__file__).resolve().parent.parent / "pyzmq.libs").glob("libzmq*"))
+    link = [str(bundled[0]), f"-Wl,-rpath,{bundled[0].parent}"] if bundled else ["-lzmq"]
+    program = root / source.stem
+    built = subprocess.run(
+        [compiler, "-O2", "-o", str(program), str(source), *link], capture_output=True, text=True
+    )
+    if built.returncode != 0:
+        raise SystemExit(
+            f"cannot build {source.name} (or run with --peers python):\n{built.stderr}"
+        )
+    return program
+
+
 # -- raw pyzmq worker processes (bench/_workers.py) -----------------------------------------
 
 
@@ -759,8 +781,9 @@ class Worker:
 class Cleanup(contextlib.ExitStack):
     """An ExitStack that stops workers and servers it was given, newest first."""
 
-    def worker(self, role: str, *args: object) -> Worker:
-        worker = Worker(role, *args)
+    def worker(self, role: str, *args: object, program: Path | None = None) -> Worker:
+        """``program``: a C load generator taking the same role and arguments."""
+        worker = Worker(role, *args, program=program)
         self.callback(worker.stop)
         return worker
 
@@ -902,3 +925,81 @@ def workdir(prefix: str, keep: bool) -> Iterator[Path]:
         return
     with temporary_directory(prefix) as path:
         yield path
+
+
+# -- instruction counts (eventbus_instructions, emqp_instructions) ----------------------------
+
+
+def instruction_args(
+    description: str, stages: Sequence[str], run_stage: Callable[[str, int], None]
+) -> Any:
+    """The command line of an instruction bench: with ``--stage`` (what
+    :func:`cachegrind_instructions` runs under valgrind) the stage runs in this process and
+    None is returned; otherwise the arguments, once valgrind is known to be there."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--batches", type=int, default=20)
+    parser.add_argument("--stages", default=",".join(stages))
+    parser.add_argument("--stage", help=argparse.SUPPRESS)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    if args.stage:
+        run_stage(args.stage, args.batches)
+        return None
+    terminate_on_sigterm()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt install valgrind)")
+    return args
+
+
+def cachegrind_instructions(script: str, stage: str, batches: int, env: dict[str, str]) -> int:
+    """Instructions valgrind counted (no cache simulation) for ``script --stage STAGE
+    --batches N``, run with ``env`` over this environment and the code under test."""
+    done = subprocess.run(
+        [
+            "valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+            PYTHON, script, "--stage", stage, "--batches", str(batches),
+        ],
+        env={**os.environ, "BENCH_CODE": str(CODE), **env},
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if done.returncode != 0 or found is None:
+        raise SystemExit(f"valgrind run of {stage} failed:\n{done.stderr[-2000:]}")
+    return int(found[1].replace(",", ""))
+
+
+def instruction_summary(
+    bench: str,
+    info: dict[str, Any],
+    args: Any,
+    counted: dict[str, dict[str, float]],
+    main_stage: str,
+    unit: str,
+    *,
+    baseline: str,
+    ratio: str,
+    details: list[tuple[str, str]],
+) -> None:
+    """An instruction bench's :func:`summary`: ``counted[stage]["code"]`` per ``unit`` of
+    each stage (a figure each, for bench/ab.py), ``main_stage`` first."""
+    figures: dict[str, Any] = {
+        f"{name}_instructions": Figure(value["code"], f"instructions/{unit}", better="lower")
+        for name, value in counted.items()
+    }
+    summary(
+        bench,
+        info,
+        measured=f"{main_stage}: {counted[main_stage]['code']:,.0f} instructions per {unit} "
+        + ", ".join(f"{n} {v['code']:,.0f}" for n, v in counted.items() if n != main_stage),
+        baseline=baseline,
+        ratio=ratio,
+        target="none: the count behind the CPU figures, for A/B on a busy machine",
+        verdict=True,
+        details=details,
+        json_path=args.json,
+        record={"counted": counted},
+        figures=figures,
+    )

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +49,7 @@ from _common import (
     RunQueueSampler,
     Worker,
     add_common_arguments,
+    build_c_program,
     cpu_latency,
     cpu_seconds,
     fmt_rate,
@@ -99,24 +98,8 @@ class Broker(EmqpBroker):
 
 
 def build_c_peers(root: Path) -> Path:
-    """``emqp_peers.c`` compiled against the libzmq that pyzmq loads: the copy in its wheel,
-    else (pyzmq built against the system's) ``-lzmq``."""
-    import zmq
-
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise SystemExit(f"no C compiler (cc) to build {C_PEERS.name}: run with --peers python")
-    bundled = sorted((Path(zmq.__file__).resolve().parent.parent / "pyzmq.libs").glob("libzmq*"))
-    link = [str(bundled[0]), f"-Wl,-rpath,{bundled[0].parent}"] if bundled else ["-lzmq"]
-    program = root / "emqp_peers"
-    built = subprocess.run(
-        [compiler, "-O2", "-o", str(program), str(C_PEERS), *link], capture_output=True, text=True
-    )
-    if built.returncode != 0:
-        raise SystemExit(
-            f"cannot build {C_PEERS.name} (or run with --peers python):\n{built.stderr}"
-        )
-    return program
+    """``emqp_peers.c`` compiled against the libzmq that pyzmq loads."""
+    return build_c_program(C_PEERS, root)
 
 
 class Peer(Worker):

@@ -1165,6 +1165,15 @@ def main() -> int:
                 better="lower",
             )
 
+            figures["r3_front_end_cpu_per_event"] = Figure(
+                median([r["server_cpu_us_per_event"] for r in runs["r3"]]), "us", better="lower"
+            )
+            figures["sqlite_server_cpu_per_event"] = Figure(
+                median([r["server_cpu_us_per_event"] for r in runs["sqlite"]]),
+                "us",
+                better="lower",
+            )
+
         if "natspy" in parts:
             pairs: dict[str, list[dict[str, Any]]] = {"r3": [], "natspy": []}
             for index in range(args.repeat):
@@ -1276,6 +1285,12 @@ def main() -> int:
             figures["snapshot_stream_s"] = Figure(st_s, "s", better="lower")
             figures["snapshot_sqlite_s"] = Figure(sq_s, "s", better="lower")
             figures["snapshot_vs_sqlite"] = Figure(ratio_s, "x sqlite")
+            figures["snapshot_front_end_cpu_per_sync"] = Figure(
+                median([r["server_cpu_us_per_sync"] for r in done_st]), "us", better="lower"
+            )
+            figures["snapshot_sqlite_cpu_per_sync"] = Figure(
+                median([r["server_cpu_us_per_sync"] for r in done_sq]), "us", better="lower"
+            )
 
         if "faults" in parts:
             faults: dict[str, list[dict[str, Any]]] = {"front-end": [], "leader": []}

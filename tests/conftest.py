@@ -16,7 +16,7 @@ import pytest
 import pytest_twisted
 from hypothesis import HealthCheck, settings
 
-from tests.jvm import TEST_JVM_OPTIONS
+from tests.jvm import TEST_JVM_OPTIONS, spark_submit_args
 
 # The suite runs on machines whose cores other work keeps busy: how long Hypothesis takes
 # to draw an input, or to run one example, says nothing about the code under test (no
@@ -37,6 +37,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 _java_options = os.environ.get("JAVA_TOOL_OPTIONS", "")
 if TEST_JVM_OPTIONS not in _java_options:
     os.environ["JAVA_TOOL_OPTIONS"] = f"{_java_options} {TEST_JVM_OPTIONS}".strip()
+# And every Spark application they start has tests.jvm's settings (no web UI), with the
+# JVM's class path the class archive's (no SPARK_CONF_DIR on it).
+os.environ["PYSPARK_SUBMIT_ARGS"] = spark_submit_args()
+os.environ.pop("SPARK_CONF_DIR", None)
 
 # `twistd -n eventbus` composes the eMQP broker by default, on the original's fixed ports
 # (47290, 47291, 47293) and ./emqp-data: the products these tests start (and inherit this
@@ -114,27 +118,44 @@ def make_node() -> Iterator[Any]:
         pytest_twisted.blockon(node.stopService())
 
 
-#: The suite's longest files, longest first (pytest --durations, 2 workers): started
-#: first, so that no worker is left with one of them while the other has run out of work.
+#: The suite's longest files (wall time in a whole-suite run with 2 workers), started first,
+#: so that no worker is left with one of them while the other has run out of work; each
+#: CPU-bound one (Spark, the eMQP nemesis) beside one that mostly waits (nemesis rounds,
+#: elections), so that the two files started together do not both want the CPU.
 #: Run with ``--dist loadfile --no-loadscope-reorder`` (the Makefile): xdist otherwise
 #: starts the files with the most tests first, which put the one-test nemesis files last.
 LONGEST_FIRST = (
     "tests/spark/test_spark_pipeline.py",
-    "tests/test_emqp_nemesis.py",
     "tests/test_emqp_pubsub_nemesis.py",
     "tests/spark/test_spark_cluster.py",
-    "tests/test_dbp_nemesis.py",
-    "tests/spark/test_spark_stream_failover.py",
-    "tests/test_eventbus_pair_process.py",
+    "tests/test_eventbus_import.py",
+    "tests/test_emqp_nemesis.py",
+    "tests/test_mc0_nemesis.py",
     "tests/spark/test_spark_end_to_end.py",
-    "tests/spark/test_spark_source.py",
-    "tests/test_emqp_process.py",
-    "tests/test_emqp_cli.py",
     "tests/test_emqp_cluster.py",
     "tests/test_installed_product.py",
+    "tests/spark/test_spark_source.py",
+    "tests/spark/test_spark_stream_failover.py",
+    "tests/test_console_alerts.py",
+    "tests/test_console_browser.py",
+    "tests/test_emqp_cli.py",
+    "tests/test_eventbus_pair_process.py",
+    "tests/test_cli_arguments.py",
+    "tests/test_cluster_roll.py",
+    "tests/test_nats_discovery.py",
+    "tests/test_emqp_interop.py",
+    "tests/test_http_hostile.py",
+    "tests/test_nats_client.py",
+    "tests/test_emqp_worker_eventmq.py",
+    "tests/test_eventbus_heal.py",
+    "tests/test_inbound_flood.py",
+    "tests/test_eventbus_pair.py",
+    "tests/test_eventbus_cluster.py",
+    "tests/test_natswire_failover.py",
+    "tests/test_dbp_nemesis.py",
     "tests/test_mc0_cluster.py",
     "tests/test_mc0_torture.py",
-    "tests/test_mc0_nemesis.py",
+    "tests/test_emqp_process.py",
 )
 
 
@@ -188,17 +209,67 @@ def _cpu_seconds() -> float:
     return total
 
 
+#: What the running test waited for, with ``BUS_TEST_CPU`` set: (what, seconds) of each wait.
+_waits: list[tuple[str, float]] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``BUS_TEST_CPU``: the waits of the tests (``bus.util.polling.wait_until``, which
+    ``bus.testing`` gives the tests, and tests.processes' and tests.netns' blocking polls)
+    are timed, so that a test whose wall time is far above its CPU says what it waited for."""
+    if not os.environ.get("BUS_TEST_CPU"):
+        return
+    import time
+
+    import bus.testing
+    import bus.util.polling
+    import tests.netns
+    import tests.processes
+
+    def timed(wait: Any, described: Any) -> Any:
+        def timing(*args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            what = str(described(*args, **kwargs))[:160]
+
+            def record(result: Any = None) -> Any:
+                _waits.append((what, round(time.monotonic() - start, 2)))
+                return result
+
+            try:
+                result = wait(*args, **kwargs)
+            except BaseException:
+                record()
+                raise
+            if hasattr(result, "addBoth"):  # a Deferred: timed until it fires
+                return result.addBoth(record)
+            return record(result)
+
+        return timing
+
+    def what(predicate: Any, *args: Any, what: str = "", **kwargs: Any) -> str:
+        return what or (args[-1] if args and isinstance(args[-1], str) else str(predicate))
+
+    reactor_wait = timed(bus.util.polling.wait_until, what)
+    bus.util.polling.wait_until = reactor_wait
+    bus.testing.wait_until = reactor_wait
+    tests.processes.wait_for = timed(tests.processes.wait_for, what)
+    tests.netns.poll_until = timed(tests.netns.poll_until, what)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
     """``BUS_TEST_CPU=DIR``: each test's CPU (setup to teardown, the processes it started
-    included) and wall time appended to a file per worker, to see which tests cost the
-    suite its minutes on a machine whose cores it keeps busy (the durations do not say)."""
+    included), wall time and longest waits (what, seconds: over a second, longest first)
+    appended to a file per worker, to see which tests cost the suite its minutes on a
+    machine whose cores it keeps busy (the durations do not say) and what those far above
+    their CPU waited for."""
     into = os.environ.get("BUS_TEST_CPU")
     if not into:
         return (yield)
     import json
     import time
 
+    _waits.clear()
     cpu, wall = _cpu_seconds(), time.monotonic()
     try:
         return (yield)
@@ -207,6 +278,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             "test": item.nodeid,
             "cpu": round(_cpu_seconds() - cpu, 3),
             "wall": round(time.monotonic() - wall, 3),
+            "waits": sorted((w for w in _waits if w[1] > 1), key=lambda w: -w[1])[:8],
         }
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(Path(into) / f"cpu-{worker}.jsonl", "a") as out:

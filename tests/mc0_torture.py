@@ -62,6 +62,7 @@ class Client:
     kind: str = ""  # connect, sub, noop, put
     sent_at: float = 0.0
     done: bool = False
+    finished_at: float = 0.0  # its last command answered
     #: [broker index, connected at, ended at (None: open), SUB acknowledged at]
     sessions: list[list[Any]] = field(default_factory=list)
     puts: list[dict[str, Any]] = field(default_factory=list)
@@ -130,9 +131,8 @@ class Torture:
     def next_command(self, client: Client) -> None:
         """The client's next step: a NOOP (or a PUT every ``put_every``), or the end."""
         if client.step >= client.count:
-            assert client.socket is not None
-            client.socket.send_multipart([b"", b"DISCONNECT"])
-            client.sessions[-1][2] = time.time()
+            # The session stays, receiving, until the run's end (see :meth:`linger`).
+            client.finished_at = time.time()
             client.done = True
             client.waiting = None
             return
@@ -162,6 +162,11 @@ class Torture:
             )
             return
         ok = body[0] == b"OK"
+        if client.kind == "final":
+            if ok:
+                client.sessions[-1][2] = now  # its broker held the session all along
+            client.waiting = None
+            return
         if client.kind == "connect":
             if not ok:
                 client.wrong.append(f"CONNECT refused: {body!r}")
@@ -199,18 +204,7 @@ class Torture:
         started = time.time()
         last_progress = 0.0
         while not all(c.done for c in self.clients):
-            for sock, _ in self.poller.poll(50):
-                client = self.by_socket.get(sock)  # type: ignore[call-overload]
-                if client is None:
-                    continue
-                while client.socket is sock:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)  # type: ignore[union-attr]
-                    except zmq.Again:
-                        break
-                    # After a move's SUB, the command it waited for: a NOOP again, or the
-                    # PUT after the one whose answer never came.
-                    self.answered(client, frames)
+            self.receive(50)
             now = time.time()
             for client in self.clients:
                 if client.done or client.waiting is None:
@@ -220,6 +214,7 @@ class Torture:
             if now - last_progress >= 0.5:
                 last_progress = now
                 self.progress()
+        self.linger()
         for client in self.clients:
             self.close(client)
         self.context.term()
@@ -227,6 +222,41 @@ class Torture:
         acked = sum(c.noops_acked for c in self.clients)
         return {"event": "DONE", "seconds": round(elapsed, 3), "acked": acked,
                 "moves": sum(c.moves for c in self.clients)}  # fmt: skip
+
+    def receive(self, timeout_ms: int) -> None:
+        """What came within ``timeout_ms``, each message to its client (after a move's SUB,
+        the command it waited for: a NOOP again, or the PUT after the one whose answer
+        never came)."""
+        for sock, _ in self.poller.poll(timeout_ms):
+            client = self.by_socket.get(sock)  # type: ignore[call-overload]
+            while client is not None and client.socket is sock:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)  # type: ignore[union-attr]
+                except zmq.Again:
+                    break
+                self.answered(client, frames)
+
+    def linger(self) -> None:
+        """Every client done: the sessions go on receiving until :data:`GRACE` after the
+        last PUT answered OK (so that every such PUT is owed to every subscriber whose
+        SUB was acknowledged before it, however fast the run went), then each is asked a
+        last NOOP: a session whose broker answers it ends now, one whose broker does
+        not at its last command's answer. (mc0torture disconnects at once: this is the
+        checker's addition.)"""
+        answered = [p["answered"] for c in self.clients for p in c.puts if p["answer"] == "OK"]
+        until = max(answered, default=0.0) + GRACE
+        while time.time() < until:
+            self.receive(min(200, max(1, int((until - time.time()) * 1000))))
+        for client in self.clients:
+            client.sessions[-1][2] = client.finished_at
+            final = b"%s final" % client.identity
+            self.send(client, "final", final, [b"", b"NOOP", b"ID", final])
+        deadline = time.time() + self.args.answer_timeout
+        while time.time() < deadline and any(c.waiting for c in self.clients):
+            self.receive(50)
+        for client in self.clients:
+            assert client.socket is not None
+            client.socket.send_multipart([b"", b"DISCONNECT"])
 
     def progress(self) -> None:
         acked = sum(c.noops_acked + len([p for p in c.puts if p["answer"]]) for c in self.clients)

@@ -22,7 +22,7 @@ from typing import Any
 from tests.jvm import java_tool_options
 from tests.netns import Hosts, HostService
 from tests.processes import START_BOUND
-from tests.spark.driver import Driver
+from tests.spark.driver import Driver, landed_seq
 from tests.spark.helpers import SPARKS_OWN_GUESS
 
 BIN = Path(sys.executable).parent
@@ -72,8 +72,6 @@ class Window:
 
 # -- a Spark query on a host ------------------------------------------------------------------
 
-#: A progress line of the pipeline's landing query (bus.spark.pipeline.progress_line).
-_PROGRESS = re.compile(r"^\[events\] batch (\d+): (\d+) rows .*?, at seq (\d+)", re.M)
 #: A query the pipeline started again (bus.spark.pipeline.run_queries), and why.
 _RESTART = re.compile(r"^query (\S+) failed \((.*)\): started again", re.M)
 
@@ -123,7 +121,7 @@ class SparkQuery:
         the pipeline ended."""
         if self.driver is not None and not self.driver.running():
             raise AssertionError(f"the Spark pipeline ended: {self.text()[-3000:]}")
-        return max((int(m[2]) for m in _PROGRESS.findall(self.text())), default=0)
+        return landed_seq(self.text())
 
     def restarts(self) -> list[str]:
         """Why the pipeline started its query again, each time."""

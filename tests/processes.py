@@ -216,11 +216,42 @@ class TwistdProcess:
         return self.log_path.read_text()
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        code = self.process.wait(timeout=30)
-        self.log.close()
-        return code
+        """:func:`stopped` with ``sig``: its exit status."""
+        return stopped(self.process, self.log, sig)
+
+
+def stopped(process: subprocess.Popen[Any], log: IO[Any], sig: int) -> int:
+    """``sig`` to a twistd child (once it catches it, when it is one twistd catches: its
+    services start before its reactor runs and installs the handlers, and a SIGTERM in
+    between ends it without stopping them), its exit awaited, its log closed."""
+    if sig in (signal.SIGTERM, signal.SIGINT):
+        with_handler(process, sig)
+    if process.poll() is None:
+        process.send_signal(sig)
+    code = process.wait(timeout=30)
+    log.close()
+    return code
+
+
+def catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def with_handler(process: subprocess.Popen[Any], sig: int, bound: float = START_BOUND) -> None:
+    """Wait until ``process`` catches ``sig``, has ended, or ``bound`` seconds passed."""
+    deadline = time.monotonic() + bound
+    while process.poll() is None and not catches(process.pid, sig):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.02)
 
 
 class ServerProcess(TwistdProcess):
@@ -342,8 +373,4 @@ class BrokerProcess:
         return {name: int(address.rsplit(":", 1)[1]) for name, address in self.endpoints.items()}
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        code = self.process.wait(timeout=30)
-        self.log.close()
-        return code
+        return stopped(self.process, self.log, sig)

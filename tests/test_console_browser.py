@@ -89,9 +89,18 @@ def row_cells(driver: Any, selector: str) -> list[str]:
 
 
 def wait(driver: Any, check: Callable[[Any], Any], timeout: float = 15) -> Any:
+    """``check(driver)`` until it is truthy; an element it read that the page redrew
+    meanwhile (the console redraws as news comes) is read again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.05).until(check)
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout, 0.05, ignored).until(check)
+
+
+def click(driver: Any, selector: str) -> None:
+    """Click the element ``selector`` finds, found again if the page redrew it first."""
+    wait(driver, lambda d: d.find_element("css selector", selector).click() or True)
 
 
 def test_the_console_shows_every_composed_service_live(product: Product, page: Any) -> None:
@@ -131,12 +140,15 @@ def test_a_publish_appears_in_the_live_tail(product: Product, page: Any) -> None
     # The topic browser offers the subtrees shown: one click widens the tail to a parent.
     chip = '#tail-topics button[data-subtree="/console/"]'
     wait(page, lambda d: d.find_elements("css selector", chip))
-    subtrees = {
-        b.get_attribute("data-subtree")
-        for b in page.find_elements("css selector", "#tail-topics button")
-    }
+    subtrees = wait(
+        page,
+        lambda d: {
+            b.get_attribute("data-subtree")
+            for b in d.find_elements("css selector", "#tail-topics button")
+        },
+    )
     assert subtrees == {"/console/", "/console/orders/", "/console/orders/42/"}
-    page.find_element("css selector", chip).click()
+    click(page, chip)
     wait(page, lambda d: d.find_element("id", "tail-state").text == "tailing /console/")
     page.find_element("id", "tail-stop").click()
 

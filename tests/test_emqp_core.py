@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.logger import Logger
 
@@ -436,3 +438,29 @@ def test_eventmq_status_keys_count_what_happened_and_outlive_workers_and_queues(
     assert keys["processed_messages_by_worker"] == {"w": 2}
     assert keys["inflight_messages_by_queue"] == {} == keys["waiting_messages_by_queue"]
     assert b"q" not in h.broker.queues  # gone, its count kept
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 300), st.booleans()), max_size=160), max_size=6))
+def test_the_store_keeps_what_commits_of_any_size_told_it(
+    tmp_path_factory: Any, commits: list[list[tuple[int, bool]]]
+) -> None:
+    """Puts and removals go in statements of several rows (bus/emqp/store.py's groups):
+    what is loaded is what was put and not removed since, whatever the counts."""
+    from bus.emqp.store import StoredJob
+
+    store = JobStore(tmp_path_factory.mktemp("store"))
+    kept: dict[bytes, StoredJob] = {}
+    for changes in commits:
+        for number, remove in changes:
+            msgid = b"job-%d" % number
+            if remove:
+                store.remove(msgid)
+                kept.pop(msgid, None)
+            else:
+                job = StoredJob(msgid, store.next_position(), b"c", b"q", b"", b"[1]", 1.0, 0, 2)
+                store.put(job)
+                kept[msgid] = job
+        store.commit()
+        assert store.load() == sorted(kept.values(), key=lambda job: job.position)
+    store.close()

@@ -174,7 +174,12 @@ def test_the_real_job_manager_runs_jobs_of_our_client(
     body = ["run", {"path": JOBS, "callable": "record", "args": [str(record), "fire"]}]
     msgid = yield client.submit("default", body, reply=False)
     assert len(msgid) == 36
-    yield wait_until(lambda: record.exists(), timeout=30, what="the job without reply to run")
+    # The job opens the file, then writes its line: a line whole, not the file made.
+    yield wait_until(
+        lambda: record.exists() and record.read_text().endswith("\n"),
+        timeout=30,
+        what="the job without reply to run",
+    )
     assert record.read_text().startswith("fire ")
 
 

@@ -375,6 +375,40 @@ def test_another_writer_during_the_import_ends_it(nats_server: NatsCluster, tmp_
     assert "bus_importing" in info["config"]["metadata"]  # never served as the log
 
 
+def test_an_import_whose_connection_is_lost_part_way_finishes_on_a_new_one(
+    nats_server: NatsCluster, tmp_path: Path
+) -> None:
+    """The import's connection goes down while it writes (as when the stream had no
+    leader yet and the import dropped it): the import connects again, goes on from what
+    the stream holds and finishes on the new connection (the first one, closed, once
+    ended a whole import with "not connected")."""
+    from bus.eventbus.migrate import LogImport
+
+    log = large_log(tmp_path / "bus", 20_000)
+    rows = log.rows(0, 30_000)
+    stream = JetStreamSettings(tuple(nats_server.urls), stream="LOST", subject_prefix="lost")
+    said: list[str] = []
+    cut: list[int] = []
+    job: LogImport
+
+    def stored(sequence: int) -> None:
+        if sequence > 2000 and not cut and job._connection is not None:
+            cut.append(sequence)
+            job._connection.shutdown()  # the socket goes down under the writer
+
+    job = LogImport(log, stream, Retention(), stored=stored, say=said.append)
+    try:
+        done = job.run()
+    finally:
+        log.close()
+    assert cut and any("going on from what it holds" in line for line in said), said
+    assert not done.interrupted and done.held == len(rows)
+    info = stream_info(nats_server.urls[0], "LOST")
+    assert "bus_importing" not in (info["config"].get("metadata") or {})  # finished
+    assert (info["state"]["first_seq"], info["state"]["last_seq"]) == (rows[0][0], rows[-1][0])
+    assert info["state"]["messages"] == len(rows)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     held=st.sets(st.integers(1, 200), max_size=80),

@@ -24,7 +24,13 @@ from hypothesis.stateful import (
 )
 
 from bus.eventbus.codec import Event
-from bus.eventbus.store import DB_NAME, EventStore, Retention, prefix_upper_bound
+from bus.eventbus.store import (
+    DB_NAME,
+    ROWS_PER_INSERT,
+    EventStore,
+    Retention,
+    prefix_upper_bound,
+)
 from bus.eventbus.upkeep import LogUpkeep, RetentionPass
 
 
@@ -109,6 +115,27 @@ def test_append_assigns_consecutive_sequences_ignoring_the_events_own(store: Eve
     assert store.count() == 3
     assert store.first_sequence() == 1
     assert store.read(0) == first + second  # every field is stored as given
+
+
+@pytest.mark.parametrize("sizes", [[31, 32, 33], [64, 1, 100], [ROWS_PER_INSERT * 3 + 5]])
+def test_batches_of_every_size_are_stored_row_for_row(store: EventStore, sizes: list[int]) -> None:
+    # Whole groups go in multi-row INSERTs, the rest one by one: every row stays itself.
+    expected = []
+    for size in sizes:
+        fields = [
+            (b"/t/%d/" % n, b"p%d" % n, b"ts%d" % n, b"u%d" % n, bytes([n % 256]) * (n % 7))
+            for n in range(len(expected), len(expected) + size)
+        ]
+        first = store.append_fields(fields, float(size))
+        assert first == len(expected) + 1
+        expected += [Event(t, first + i, p, ts, u, d) for i, (t, p, ts, u, d) in enumerate(fields)]
+    copied = [
+        (len(expected) + 10 + 2 * i, (b"/c/", b"p", b"ts", b"u%d" % i, b"")) for i in range(70)
+    ]
+    store.append_at(copied, 9.0)
+    expected += [Event(f[0], seq, *f[1:]) for seq, f in copied]
+    assert store.read(0) == expected
+    assert store.last_sequence == expected[-1].sequence
 
 
 def test_append_nothing_changes_nothing(store: EventStore) -> None:

@@ -292,7 +292,13 @@ def test_hanging_curve_handshakes_on_every_port(tmp_path: Path, flood_cleanup: l
         timeout=30,
         what="the excess closed on every port",
     )
-    assert open_descriptors(product.process.pid) < LIMIT // 2
+    # Far from the limit once the excess on all four ports is closed (the floods' refused
+    # connections come and go: a count read while four are being refused at once was 512).
+    wait_for(
+        lambda: open_descriptors(product.process.pid) < LIMIT // 2,
+        timeout=30,
+        what=f"the descriptors under {LIMIT // 2}",
+    )
     assert cpu_share(product.process.pid, 2.0) < 0.5
     published = cli(
         "eventbus-cli", "publish", "--server",

@@ -570,6 +570,48 @@ def test_a_broker_silent_for_105_ttl_means_a_new_session_and_resub(closing: list
 
 
 @pytest_twisted.inlineCallbacks
+def test_what_a_lost_broker_sent_before_it_went_is_still_delivered(closing: list[Any]) -> Any:
+    """A fake broker sends a MESSAGE and then its connection is lost, before the connector
+    read it (its reactor busy elsewhere: reading paused here). The connection's loss ends
+    the session; the message already in the socket is handed over before it closes."""
+    import zmq
+
+    from bus.mc0 import codec
+    from bus.mc0.client import Mc0Connector
+    from bus.transport.zmqsocket import SocketFactory, SocketOptions
+    from bus.util.reactor import reactor_of
+
+    factory = SocketFactory(reactor_of(None))
+    identities: list[bytes] = []
+
+    def on_messages(batch: list[list[bytes]]) -> None:
+        for identity, *frames in batch:
+            command = codec.decode_client(frames)
+            identities.append(identity)
+            if command.id is not None:
+                router.send_frames([identity, *codec.ok_frames(command.id, command.framing)])
+
+    router = factory.socket(zmq.ROUTER, on_messages, SocketOptions(linger_ms=1000))
+    endpoint = router.bind("tcp://127.0.0.1:*")
+    got: list[Any] = []
+    connector = Mc0Connector(endpoint, got.append, ttl=30.0)
+    closing.append(connector)
+    try:
+        yield connector.start()
+        yield connector.subscribe(b"t")
+        assert connector._socket is not None
+        connector._socket.pause_reading()
+        put = codec.Put(b"t", ((b"TOPIC", b"t"),), (b"sent before the loss",))
+        router.send_frames([identities[0], *codec.message_frames(put, codec.Framing.SPEC)])
+        factory.shutdown()  # lingers until the MESSAGE is out, then the connection goes
+        yield wait_until(lambda: connector.reconnects == 1, what="the loss noticed")
+        assert [(d.topic, d.body) for d in got] == [(b"t", (b"sent before the loss",))]
+        assert connector.received == 1
+    finally:
+        factory.shutdown()
+
+
+@pytest_twisted.inlineCallbacks
 def test_a_slow_answer_to_connect_is_waited_for_past_a_short_ttl(closing: list[Any]) -> Any:
     """A broker that answers CONNECT 200 ms late (a loaded machine, a slow handshake),
     to a connector whose TTL is 10 ms: the connector waits for that answer rather than

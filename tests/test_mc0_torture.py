@@ -68,7 +68,9 @@ def test_the_torture_split_across_two_brokers_goes_on_when_one_is_killed(tmp_pat
         # Its clients moved (those still at work when it died), and all of it was done.
         assert done["moves"] >= 1 and counts["noops_acked"] == total - total // PUT_EVERY
         assert counts["puts"] == total // PUT_EVERY
-        assert counts["deliveries_owed"] > 0
+        # Two subscribers of each topic at least stay at the broker left all along (and
+        # their sessions outlast every PUT's grace): each PUT is owed, most more than once.
+        assert counts["deliveries_owed"] >= counts["puts_acknowledged"] > 0
         status = brokers[1].status()
         assert status["cluster"]["connected"] and status["errors"] == {}
     finally:

@@ -4,10 +4,6 @@ it and without it; JetStream deliveries read into the same columns."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -18,20 +14,6 @@ from bus.nats import codec, ranged
 from bus.nats.codec import Control, Msg
 
 needs_native = pytest.mark.skipif(codec.native is None, reason="the compiled scanner is not built")
-
-
-def test_it_is_built_wherever_a_c_compiler_is() -> None:
-    # Optional at install time, so a build that failed would go unnoticed but for this.
-    if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler here: NATS is parsed in Python")
-    assert codec.native is not None
-
-
-def test_bus_native_nats_0_turns_it_off() -> None:
-    code = "from bus.nats import codec, ranged; print(codec.native, ranged.deliveries.__name__)"
-    env = {**os.environ, "BUS_NATIVE_NATS": "0"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == ["None", "_deliveries"], out.stderr
 
 
 SUBJECTS = st.sampled_from([b"a", b"events.x.y", b"_INBOX.abc.7", b"$JS.API.INFO", b"q"])
@@ -192,3 +174,38 @@ def test_deliveries_take_both_reply_forms_and_stop_at_a_status() -> None:
         )
         assert read(messages, 0, 9, 1)[0] == 1
         assert read(messages, 4, 9, 100)[1] == [43]
+
+
+BATCH_PART = st.one_of(
+    st.binary(max_size=40),
+    st.integers(0, 3).map(lambda n: b"x" * (0xFFFF + n)),  # a size past 16 bits
+)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(SUBJECTS, st.binary(max_size=40), BATCH_PART), max_size=12),
+    st.binary(min_size=1, max_size=40),
+    st.one_of(st.just(b""), SUBJECTS),
+)
+def test_an_atomic_batch_is_the_same_bytes_compiled(
+    messages: list[tuple[bytes, bytes, bytes]], batch: bytes, reply: bytes
+) -> None:
+    """The compiled builder of an atomic batch's HPUBs gives the Python function's bytes,
+    and leaves to it what is not a list of bytes tuples."""
+    from bus.nats import jsapi
+
+    assert codec.native is not None
+    assert codec.native.batch_publishes(messages, batch, reply) == jsapi._batch_publishes(
+        messages, batch, reply
+    )
+    assert jsapi.batch_publishes(tuple(messages), batch, reply) == jsapi._batch_publishes(
+        messages, batch, reply
+    )
+    if messages:
+        odd = [*messages[:-1], (messages[-1][0], bytearray(messages[-1][1]), messages[-1][2])]
+        assert codec.native.batch_publishes(odd, batch, reply) is None
+        assert jsapi.batch_publishes(odd, batch, reply) == jsapi._batch_publishes(
+            messages, batch, reply
+        )

@@ -18,10 +18,12 @@ import itertools
 import json
 import os
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 
 from bus.errors import ProtocolError
+from bus.util.compiled import compiled
 
 PROTOCOL: Final = b"eMQP/1.0"
 
@@ -100,7 +102,9 @@ class Ack:
 
 
 # The commands a broker handles for every job are named tuples: immutable like the frozen
-# dataclasses of the others, and about three times cheaper to build.
+# dataclasses of the others, and about three times cheaper to build (the parsers below
+# build them with tuple.__new__, without the Python __new__ a named tuple adds: a third of
+# the cost again).
 class Ready(NamedTuple):
     """READY: a worker has one more free slot."""
 
@@ -267,7 +271,10 @@ _scan_json = _DECODER.scan_once  # type: ignore[attr-defined]  # set in __init__
 
 def _json(frame: bytes, what: str) -> Any:
     # Decoded here: json.loads(bytes) would first guess the encoding, at every message.
-    text = _text(frame, what)
+    try:
+        text = frame.decode("utf-8")
+    except UnicodeDecodeError:
+        raise EmqpError(f"{what} is not UTF-8", "not-utf8") from None
     # The scanner alone takes a value with no white space around it (what peers send) at a
     # third of decode()'s cost, which a broker pays twice per job; decode() judges the rest.
     try:
@@ -403,30 +410,48 @@ def _ack(msgid: bytes, frames: list[bytes]) -> Ack:
     return Ack(msgid, _msgid(frames[4]))
 
 
+_new = tuple.__new__
+
+
 def _ready(msgid: bytes, frames: list[bytes]) -> Ready:
     if len(frames) != 4:
         _count(frames, 0, READY)
-    return Ready(msgid)
+    return _new(Ready, (msgid,))
+
+
+def python_is_ready(frames: list[bytes]) -> bool:
+    """Whether ``frames`` is a READY :func:`parse` takes, told without building it (a
+    worker sends one per job); False: :func:`parse` says what it is. :data:`is_ready` is
+    this, compiled where it was built."""
+    if len(frames) != 4 or frames[2] != READY or frames[1] != PROTOCOL or frames[0]:
+        return False
+    msgid = frames[3]
+    return 0 < len(msgid) <= MAX_MSGID_BYTES and msgid.isascii()
 
 
 def _request(msgid: bytes, frames: list[bytes]) -> Request:
     if len(frames) != 7:
         _count(frames, 3, REQUEST)
     queue = frames[4]
-    queue_name(queue)
+    if not 0 < len(queue) <= MAX_QUEUE_NAME_BYTES or not queue.isascii():
+        queue_name(queue)  # raises, unless it is non-ASCII UTF-8
     body = frames[6]
     _json(body, "request body")
-    return Request(msgid, queue, parse_headers(frames[5]), body)
+    headers = _HEADERS_SEEN.get(frames[5]) or parse_headers(frames[5])
+    return _new(Request, (msgid, queue, headers, body))
 
 
 def _reply(msgid: bytes, frames: list[bytes]) -> Reply | DispatchAck:
     if len(frames) == 5:
-        return DispatchAck(msgid, _msgid(frames[4]))
+        return _new(DispatchAck, (msgid, _msgid(frames[4])))
     if len(frames) != 6:
         _count(frames, 2, REPLY)
     result = frames[4]
     _json(result, "reply")
-    return Reply(msgid, result, _msgid(frames[5]))
+    request_msgid = frames[5]
+    if not 0 < len(request_msgid) <= MAX_MSGID_BYTES or not request_msgid.isascii():
+        _msgid(request_msgid)  # raises, unless it is non-ASCII UTF-8
+    return _new(Reply, (msgid, result, request_msgid))
 
 
 def _heartbeat(msgid: bytes, frames: list[bytes]) -> Heartbeat:
@@ -434,7 +459,7 @@ def _heartbeat(msgid: bytes, frames: list[bytes]) -> Heartbeat:
         raise EmqpError("HEARTBEAT has extra frames", "extra-frames")
     sent_at = frames[4] if len(frames) > 4 else b""
     _check_text(sent_at, "heartbeat time")
-    return Heartbeat(msgid, sent_at)
+    return _new(Heartbeat, (msgid, sent_at))
 
 
 def _kbye(msgid: bytes, frames: list[bytes]) -> Kbye:
@@ -503,8 +528,28 @@ _PARSERS: Final[dict[bytes, Any]] = {
 }
 
 
+#: The compiled parser of a job's commands (bus/emqp/_jobscan.c), or None (not built, or
+#: ``BUS_NATIVE_EMQP=0``): it takes only what :func:`parse` takes, and builds the same.
+native: Any = compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP")
+if native is not None:
+    native.setup(Ready, Request, Reply, _scan_json, _HEADERS_SEEN, NO_HEADERS)
+    _parse_job = native.parse
+#: :func:`python_is_ready`, compiled where it was built.
+is_ready: Callable[[list[bytes]], bool] = native.is_ready if native is not None else python_is_ready
+
+
 def parse(frames: list[bytes]) -> Command:
     """One message as received (without the ROUTER identity) -> its command."""
+    if native is not None:
+        # A client's REQUEST, a worker's REPLY or READY in C; None: anything else.
+        command: Command | None = _parse_job(frames)
+        if command is not None:
+            return command
+    return _parse(frames)
+
+
+def _parse(frames: list[bytes]) -> Command:
+    """:func:`parse` in Python: every command, every error."""
     if len(frames) < 4:
         raise EmqpError(f"{len(frames)} frames, an eMQP message has at least 4", "truncated")
     if len(frames) > MAX_FRAMES:
@@ -519,8 +564,8 @@ def parse(frames: list[bytes]) -> Command:
     msgid = frames[3]
     if not 0 < len(msgid) <= MAX_MSGID_BYTES or not msgid.isascii():
         _msgid(msgid)  # raises, unless it is non-ASCII UTF-8
-    command: Command = parser(msgid, frames)
-    return command
+    parsed: Command = parser(msgid, frames)
+    return parsed
 
 
 def refused_schedule_msgid(frames: list[bytes]) -> bytes | None:
@@ -543,12 +588,19 @@ def refused_schedule_msgid(frames: list[bytes]) -> bytes | None:
 # A random UUID4 per process whose last 48 bits count up: still UUID4-shaped and unique
 # (2^48 ids per process), at a tenth of uuid4()'s cost, which a broker pays twice per job.
 _MSGID_PREFIX = str(uuid.uuid4())[:24].encode("ascii")
-_msgid_counter = itertools.count(int.from_bytes(os.urandom(4), "big"))
+_MSGID_START = int.from_bytes(os.urandom(4), "big")
+_msgid_counter = itertools.count(_MSGID_START)
 
 
-def new_msgid() -> bytes:
+def python_new_msgid() -> bytes:
     """A new message id: UUID4-shaped, unique per process."""
     return b"%s%012x" % (_MSGID_PREFIX, next(_msgid_counter) & 0xFFFFFFFFFFFF)
+
+
+if native is not None:  # the same ids from the same counter, in C: a tenth of the cost
+    native.msgids(_MSGID_PREFIX, _MSGID_START)
+#: A new message id (:func:`python_new_msgid`; compiled where it was built).
+new_msgid: Callable[[], bytes] = native.new_msgid if native is not None else python_new_msgid
 
 
 def message(command: bytes, *fields: bytes, msgid: bytes | None = None) -> list[bytes]:

@@ -44,6 +44,7 @@ _REQUEST = codec.REQUEST
 _REPLY = codec.REPLY
 _KBYE = codec.KBYE
 _new_msgid = codec.new_msgid
+_is_ready = codec.is_ready
 
 Message = list[bytes]
 #: Dispatch counts of queues and workers that are gone, kept for STATUS (eventmq's
@@ -265,6 +266,14 @@ class Broker:
         self, identity: bytes, frames: Message, queues: Queues = EVERY_QUEUE
     ) -> None:
         """A worker's message; ``queues``: the queues its CURVE key may serve (None: all)."""
+        if _is_ready(frames):  # one a job: told apart without a command built
+            worker = self.workers.get(identity)
+            if worker is not None:
+                now = self.clock()
+                worker.last_seen = now
+                worker.free_slots += 1
+                self._feed(worker, now)
+                return
         try:
             command = codec.parse(frames)
         except EmqpError as error:
@@ -835,7 +844,7 @@ class Broker:
             self.drops.drop("duplicate-msgid", "a request id already in progress", client)
             self._error(client, msgid, "duplicate-msgid", "this message id is already in progress")
             return
-        queue = self._queue(request.queue)
+        queue = self.queues.get(request.queue) or self._queue(request.queue)
         if queue is None:
             self.rejected += 1
             self._error(client, msgid, "too-many-queues", "the broker knows too many queues")
@@ -870,7 +879,7 @@ class Broker:
             self.forwarding[msgid] = job
             self.to_stream.append(("forward", job))
         else:
-            self._requeue(job, now, at_head=False)
+            self._place(job, queue, now, at_head=False)
 
     def _serves(self, queue: bytes) -> bool:
         state = self.queues.get(queue)
@@ -1164,13 +1173,17 @@ class Broker:
                 _REQUEST,
                 job.msgid,
                 job.queue,
-                codec.with_reply_requested(headers),
+                headers.raw if headers.reply_requested else codec.with_reply_requested(headers),
                 job.body,
             ]
         )
         # The original broker's acknowledgement: the request went to a worker.
         if job.client:
-            self._tell(job.origin, [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), job.msgid])
+            ack = [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), job.msgid]
+            if job.origin:
+                self._tell(job.origin, ack)
+            else:
+                self.to_clients.append(ack)
         if headers.timeout is not None:
             heapq.heappush(self._deadlines, (now + headers.timeout, job.msgid, job.attempts))
         if self._publishing:
@@ -1198,9 +1211,11 @@ class Broker:
             self.store.remove(msgid)
         if job.headers.reply_requested and job.client:
             self.forwarded_replies += 1
-            self._tell(
-                job.origin, [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), reply.result, msgid]
-            )
+            answer = [job.client, b"", PROTOCOL, _REPLY, _new_msgid(), reply.result, msgid]
+            if job.origin:
+                self._tell(job.origin, answer)
+            else:
+                self.to_clients.append(answer)
         if job.handle:
             self.to_stream.append(("ack", job.handle))  # after the answer: at least once
         if self._publishing:
@@ -1231,6 +1246,10 @@ class Broker:
         accepted, so the buffer's bound does not apply."""
         queue = self.queues.get(job.queue) or self._queue(job.queue, force=True)
         assert queue is not None
+        self._place(job, queue, now, at_head)
+
+    def _place(self, job: Job, queue: QueueState, now: float, at_head: bool) -> None:
+        """:meth:`_requeue` in ``queue``, the job's, already looked up (a new request's)."""
         worker = self._pick(queue) if not queue.waiting else None
         if worker is not None:
             self._dispatch(job, worker, queue, now)
@@ -1372,16 +1391,19 @@ class Broker:
 
     @staticmethod
     def _stored(job: Job) -> StoredJob:
-        return StoredJob(
-            job.msgid,
-            job.position,
-            job.client,
-            job.queue,
-            job.headers.raw,
-            job.body,
-            job.received,
-            job.attempts,
-            job.retries_left,
+        return tuple.__new__(  # one per guaranteed job: without the named tuple's __new__ frame
+            StoredJob,
+            (
+                job.msgid,
+                job.position,
+                job.client,
+                job.queue,
+                job.headers.raw,
+                job.body,
+                job.received,
+                job.attempts,
+                job.retries_left,
+            ),
         )
 
     def reconfigure(self, settings: BrokerSettings) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from bus.errors import ProtocolError
+from bus.util.compiled import compiled
 
 SEQUENCE: Final = struct.Struct(">Q")
 MAX_SEQUENCE: Final = 2**64 - 1
@@ -300,13 +301,19 @@ _HEX_DIGITS: Final = b"0123456789abcdefABCDEF"
 _REMEMBERED_TOPIC_BYTES: Final = 256
 
 
+#: The compiled PUB check (bus/eventbus/_pubscan.c), or None (not built, or
+#: ``BUS_NATIVE_PUBS=0``); :class:`PubParser`'s Python loop gives the same results.
+native: Any = compiled("bus.eventbus._pubscan", "BUS_NATIVE_PUBS")
+
+
 class PubParser:
     """The collector's hot path: :func:`parse_pub_fields` over a batch read from a ROUTER,
     remembering the topics, producer ids and timestamps it found valid (publishers repeat
     them: a timestamp has a millisecond's events), so that a PUB whose three are known costs
-    only the checks of its own uuid and data. The same PUBs are accepted and refused, for
-    the same reasons, as :func:`parse_pub` says (tests/test_eventbus_codec_fastpath.py).
-    Each memory holds at most ``remember`` entries, all forgotten at once when full."""
+    only the checks of its own uuid and data (in C where bus/eventbus/_pubscan.c was built).
+    The same PUBs are accepted and refused, for the same reasons, as :func:`parse_pub` says
+    (tests/test_eventbus_codec_fastpath.py). Each memory holds at most ``remember`` entries,
+    all forgotten at once when full."""
 
     def __init__(self, max_data_bytes: int = DEFAULT_MAX_DATA_BYTES, remember: int = 4096) -> None:
         self.max_data_bytes = max_data_bytes
@@ -320,6 +327,23 @@ class PubParser:
     ) -> tuple[list[EventFields], list[tuple[bytes, EventBusError]]]:
         """Messages ``[identity, *PUB frames]`` (a REQ-style empty delimiter allowed after the
         identity): the valid ones' fields, in order, and each refused one's identity and error."""
+        if native is None:
+            return self._parse_batch(batch)
+        refused: list[tuple[bytes, EventBusError]] = []
+        known, topics, producers = native.known, self._topics, self._producers
+        timestamps, max_data, unpack = self._timestamps, self.max_data_bytes, msgpack.unpackb
+        accepted, index = known(batch, 0, topics, producers, timestamps, max_data, unpack)
+        while index < len(batch):
+            # What the compiled pass did not take: a PUB with something new, or refused.
+            self._parse_one(batch[index], accepted, refused)
+            taken, index = known(batch, index + 1, topics, producers, timestamps, max_data, unpack)
+            accepted += taken
+        return accepted, refused
+
+    def _parse_batch(
+        self, batch: list[list[bytes]]
+    ) -> tuple[list[EventFields], list[tuple[bytes, EventBusError]]]:
+        """:meth:`parse_batch` in Python alone."""
         accepted: list[EventFields] = []
         refused: list[tuple[bytes, EventBusError]] = []
         keep = accepted.append
@@ -348,17 +372,27 @@ class PubParser:
                     else:
                         keep((topic, producer, timestamp, uuid, data))
                         continue
-            body = frames[1:]
-            if len(body) == 7 and not body[0]:
-                body = body[1:]  # a REQ-style empty delimiter
-            try:
-                fields = parse_pub_fields(body, max_data)
-            except EventBusError as error:
-                refused.append((frames[0], error))
-                continue
-            keep(fields)
-            self._learn(fields)
+            self._parse_one(frames, accepted, refused)
         return accepted, refused
+
+    def _parse_one(
+        self,
+        frames: list[bytes],
+        accepted: list[EventFields],
+        refused: list[tuple[bytes, EventBusError]],
+    ) -> None:
+        """One message through the reference checks: accepted (and what it shows valid
+        remembered) or refused."""
+        body = frames[1:]
+        if len(body) == 7 and not body[0]:
+            body = body[1:]  # a REQ-style empty delimiter
+        try:
+            fields = parse_pub_fields(body, self.max_data_bytes)
+        except EventBusError as error:
+            refused.append((frames[0], error))
+            return
+        accepted.append(fields)
+        self._learn(fields)
 
     def _learn(self, fields: EventFields) -> None:
         """Remember the topic, producer id and timestamp of a valid PUB."""
@@ -396,7 +430,14 @@ def parse_sync_start(frames: list[bytes]) -> SnapshotRequest:
 def broadcast_messages(
     first_sequence: int, fields: list[EventFields], encoding: SequenceEncoding
 ) -> list[list[bytes]]:
-    """BROADCASTs for consecutive events starting at ``first_sequence`` (the hot path)."""
+    """BROADCASTs for consecutive events starting at ``first_sequence`` (the hot path;
+    compiled where bus/eventbus/_pubscan.c was built)."""
+    if native is not None:
+        made: list[list[bytes]] | None = native.broadcasts(
+            first_sequence, fields, encoding is SequenceEncoding.BINARY
+        )
+        if made is not None:
+            return made
     pack = SEQUENCE.pack if encoding is SequenceEncoding.BINARY else b"%d".__mod__
     return [
         [topic, pack(sequence), producer, timestamp, uuid, data]

@@ -195,9 +195,10 @@ class LogImport:
             # A uuid the log holds twice would be dropped the second time by the stream's
             # duplicate window: that event goes without its id (found once, here).
             self._without_id = self.log.repeats()
-            self._write(admin, info)
+            self._write(info)
             if not self.done.interrupted:
-                self._finish(admin)
+                # On the connection now: a failure while writing replaced the first one.
+                self._finish(self._admin())
         finally:
             self.done.seconds = time.monotonic() - started
             self.close()
@@ -320,7 +321,7 @@ class LogImport:
 
     # -- writing ------------------------------------------------------------------------------
 
-    def _write(self, admin: StreamAdmin, info: dict[str, Any]) -> None:
+    def _write(self, info: dict[str, Any]) -> None:
         """Every sequence the stream does not hold yet, from its last on; after a
         failure, on again from what the stream says it holds (within :data:`PATIENCE`
         without progress), once what it holds past the last acknowledgement is checked to

@@ -15,15 +15,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import msgpack
 
-from bus.eventbus import subjects
+from bus.eventbus import codec, subjects
 from bus.nats import jsapi
 from bus.nats.blocking import Connection, connector
 from bus.nats.failover import ONCE, Failover, Retry
 from bus.nats.ranged import CREATE_ATTEMPT, FETCH, Batch, RangeRead
+
+_Value = TypeVar("_Value")
 
 if TYPE_CHECKING:  # Spark's executors import this module: nothing of Twisted's
     from bus.eventbus.codec import EventFields
@@ -115,6 +117,23 @@ def unpack_bodies(payloads: list[bytes]) -> list[list[bytes]]:
 _unpack = functools.partial(msgpack.unpackb, raw=True)
 
 
+def decoded_rows(batch: Batch, topics: list[bytes]) -> list[Row]:
+    """The log's rows of stored messages whose subjects gave ``topics``: what
+    ``Events.decoded(batch, topics).rows()`` gives (compiled where bus/eventbus/_pubscan.c
+    was built; from a body of another form than four ``bin`` on, msgpack reads them here)."""
+    native = codec.native
+    if native is None:
+        return Events.decoded(batch, topics).rows()
+    rows, index = native.stream_rows(batch.sequences, topics, batch.payloads, 0)
+    if index < len(batch.sequences):  # the rest as Python reads it, errors alike
+        rest = Batch(
+            batch.sequences[index:], batch.subjects[index:], batch.payloads[index:],
+            batch.stamps[index:],
+        )  # fmt: skip
+        rows += Events.decoded(rest, topics[index:]).rows()
+    return rows  # type: ignore[no-any-return]
+
+
 @dataclass
 class Events:
     """Events read from the stream as columns: sequences, topics, bodies (each
@@ -148,15 +167,15 @@ class Events:
         ]
 
 
-class _Remembered:
+class _Remembered(Generic[_Value]):
     """One conversion, remembered for the keys seen last (a stream's topics repeat); all
     forgotten at once when ``size`` are held."""
 
-    def __init__(self, convert: Callable[[bytes], bytes], size: int = 65536) -> None:
+    def __init__(self, convert: Callable[[bytes], _Value], size: int = 65536) -> None:
         self._convert, self._size = convert, size
-        self._known: dict[bytes, bytes] = {}
+        self._known: dict[bytes, _Value] = {}
 
-    def __call__(self, key: bytes) -> bytes:
+    def __call__(self, key: bytes) -> _Value:
         value = self._known.get(key)
         if value is None:
             if len(self._known) >= self._size:
@@ -165,18 +184,67 @@ class _Remembered:
         return value
 
 
-class Topics(_Remembered):
-    """Subjects back to topics (:func:`bus.eventbus.subjects.topic`), remembered."""
+class Topics(_Remembered[bytes | None]):
+    """Subjects back to topics (:func:`bus.eventbus.subjects.topic`), remembered; None
+    for a subject that names no topic: an import's placeholder (``<prefix>.~gap``, which
+    a replica behind the import's last purge still holds) or another writer's message."""
 
     def __init__(self, prefix: str) -> None:
-        super().__init__(lambda subject: subjects.topic(prefix, subject.decode("ascii")))
+        def topic(subject: bytes) -> bytes | None:
+            try:
+                return subjects.topic(prefix, subject.decode("ascii"))
+            except (subjects.SubjectError, UnicodeDecodeError):
+                return None
+
+        super().__init__(topic)
 
 
-class Subjects(_Remembered):
+def events_of(batch: Batch, topics: Topics) -> tuple[Batch, list[bytes], int]:
+    """The events of ``batch`` with their topics, and how many messages were left out as
+    naming no topic (see :class:`Topics`): none is an event, and one of them must not
+    cost a reader the events around it."""
+    names = list(map(topics, batch.subjects))
+    if None not in names:
+        return batch, cast("list[bytes]", names), 0
+    keep = [i for i, name in enumerate(names) if name is not None]
+    return batch.only(keep), [cast(bytes, names[i]) for i in keep], len(names) - len(keep)
+
+
+class Subjects(_Remembered[bytes]):
     """Topics to their subjects (:func:`bus.eventbus.subjects.subject`), remembered."""
 
     def __init__(self, prefix: str) -> None:
         super().__init__(lambda topic: subjects.subject(prefix, topic).encode("ascii"))
+
+    @property
+    def known(self) -> dict[bytes, bytes]:
+        """The topics remembered, with their subjects (the same dict for ever)."""
+        return self._known
+
+
+class Appends:
+    """Events as a front-end appends them to the stream, for one thread at a time: each
+    ``(subject, uuid, body)``. Compiled where bus/eventbus/_pubscan.c was built (the same
+    bytes: a topic met for the first time is converted here, then it goes on)."""
+
+    def __init__(self, prefix: str) -> None:
+        self._subject = Subjects(prefix)
+        self._encode = Encoder()
+
+    def __call__(self, fields: Sequence[EventFields]) -> list[tuple[bytes, bytes, bytes]]:
+        native = codec.native
+        if native is None or type(fields) is not list:
+            return [self._one(event) for event in fields]
+        known = self._subject.known
+        items, index = native.stream_items(fields, 0, known)
+        while index < len(fields):
+            items.append(self._one(fields[index]))
+            more, index = native.stream_items(fields, index + 1, known)
+            items += more
+        return items  # type: ignore[no-any-return]
+
+    def _one(self, event: EventFields) -> tuple[bytes, bytes, bytes]:
+        return self._subject(event[0]), event[3], self._encode(event)
 
 
 class RangeReader:
@@ -221,6 +289,8 @@ class RangeReader:
         self._behind_taken = 0
         self._removed: list[tuple[int, int]] = []
         self.first_stored = 0
+        #: Messages read that name no topic (:class:`Topics`), left out.
+        self.skipped = 0
 
     def open(self, prefixes: Sequence[bytes] = (), check_retention: bool = False) -> RangeReader:
         """Start reading under ``prefixes`` (every topic when empty); with ``check_retention``,
@@ -272,8 +342,18 @@ class RangeReader:
 
     def next_events(self, count: int = FETCH) -> Events:
         """The next events (at most ``count``), the bodies unpacked; empty at the end."""
+        found = self._next(count)
+        return Events.decoded(*found) if found is not None else Events.empty()
+
+    def next_rows(self, count: int = FETCH) -> list[Row]:
+        """:meth:`next_events` as the log's rows."""
+        found = self._next(count)
+        return decoded_rows(*found) if found is not None else []
+
+    def _next(self, count: int) -> tuple[Batch, list[bytes]] | None:
+        """The next stored messages under the prefixes, with their topics; None at the end."""
         if self._read is None or self._failover is None:
-            return Events.empty()
+            return None
         topics, exact, prefixes = self._topics, self._exact, self._prefixes
         doing = self._doing
         while not self._read.done:
@@ -282,20 +362,16 @@ class RangeReader:
             )
             if batch.sequences:
                 self.position = batch.sequences[-1]
-            names = list(map(topics, batch.subjects))
+            batch, names, skipped = events_of(batch, topics)
+            self.skipped += skipped
             if not exact:
                 keep = [i for i, t in enumerate(names) if any(t.startswith(p) for p in prefixes)]
                 if len(keep) < len(names):
-                    batch = Batch(
-                        [batch.sequences[i] for i in keep],
-                        [batch.subjects[i] for i in keep],
-                        [batch.payloads[i] for i in keep],
-                        [batch.stamps[i] for i in keep],
-                    )
+                    batch = batch.only(keep)
                     names = [names[i] for i in keep]
             if names:
-                return Events.decoded(batch, names)
-        return Events.empty()
+                return batch, names
+        return None
 
     def take_removed(self) -> list[tuple[int, int]]:
         """Ranges ``(first, last)`` of the read that retention removed before they were

@@ -48,6 +48,9 @@ log = Logger(namespace="bus.mc0.client")
 CONNECT_WAIT = 1.0
 #: With several brokers, how long a CONNECT is waited for before the next one is tried.
 FAILOVER_CONNECT_WAIT = 2.0
+#: At most this many messages still in a lost session's socket are handed over before it
+#: closes (what the broker sent before the connection went: deliveries and answers).
+DRAIN_LIMIT = 10_000
 
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -163,6 +166,7 @@ class Mc0Connector:
         self._last_heard = 0.0
         self._timer: Any = None
         self._stopped = False
+        self._draining = False
         self._refused: Mc0CommandError | None = None
 
     @property
@@ -315,8 +319,19 @@ class Mc0Connector:
         )
         self._arm()
 
-    def _end_session(self, reason: Exception) -> None:
-        """Close the current socket; what was sent on it and not answered is lost or carried."""
+    def _end_session(self, reason: Exception, drain: bool = False) -> None:
+        """Close the current socket; what was sent on it and not answered is lost or carried.
+        With ``drain`` (the connection was lost, not closed by us), what the socket already
+        received is handled first: the broker sent it before it went."""
+        sock = self._socket
+        if drain and sock is not None and not self._draining:
+            self._draining = True
+            try:
+                # Handling a message may stop the connector (a refused CONNECT): that ends
+                # this session, and the drain with it.
+                sock.drain(DRAIN_LIMIT, go_on=lambda: self._socket is sock)
+            finally:
+                self._draining = False
         if self.connected:
             self._told("closed")
         self.connected = False
@@ -338,9 +353,9 @@ class Mc0Connector:
 
     def _reconnect_if_current(self, sock: ZmqSocket | None) -> None:
         if sock is not None and sock is self._socket and self.connected:
-            self._reconnect("connection to the broker lost")
+            self._reconnect("connection to the broker lost", lost=True)
 
-    def _reconnect(self, why: str) -> None:
+    def _reconnect(self, why: str, lost: bool = False) -> None:
         left = self.endpoint
         if len(self.endpoints) > 1:
             self._index = (self._index + 1) % len(self.endpoints)
@@ -352,7 +367,7 @@ class Mc0Connector:
             endpoint=self.endpoint,
         )
         self.reconnects += 1
-        self._end_session(Mc0ConnectionLost(why))
+        self._end_session(Mc0ConnectionLost(why), drain=lost)
         self._retry_session()
 
     def _retry_session(self) -> None:

@@ -16,6 +16,11 @@
  * first other message of ``sid`` (a pull request's status) or at a reply subject it does
  * not read, for the Python loop to take.
  *
+ * batch_publishes(messages, batch, reply) makes the HPUB commands of an atomic batch, the
+ * same bytes as bus/nats/jsapi.py's function of that name (a front-end's writer makes one
+ * per event): None when ``messages`` is not a list of (subject, id, body) bytes tuples,
+ * for the Python function to make.
+ *
  * Optional, like bus/transport/_frames.c: without a compiler the Python code does it all.
  */
 #define PY_SSIZE_T_CLEAN
@@ -234,6 +239,111 @@ fail:
     return NULL;
 }
 
+static Py_ssize_t decimal_size(unsigned long long value) {
+    Py_ssize_t size = 1;
+    while (value >= 10) {
+        value /= 10;
+        size++;
+    }
+    return size;
+}
+
+static char *put(char *out, const char *text, Py_ssize_t size) {
+    memcpy(out, text, (size_t)size);
+    return out + size;
+}
+
+static char *put_decimal(char *out, unsigned long long value) {
+    Py_ssize_t size = decimal_size(value);
+    for (Py_ssize_t i = size - 1; i >= 0; i--) {
+        out[i] = (char)('0' + value % 10);
+        value /= 10;
+    }
+    return out + size;
+}
+
+#define LIT(text) text, (Py_ssize_t)(sizeof(text) - 1)
+static const char MSG_ID[] = "NATS/1.0\r\nNats-Msg-Id: ";
+static const char BATCH_ID[] = "\r\nNats-Batch-Id: ";
+static const char BATCH_SEQ[] = "\r\nNats-Batch-Sequence: ";
+static const char COMMIT[] = "\r\nNats-Batch-Commit: 1";
+
+static PyObject *batch_publishes(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *messages;
+    const char *batch, *reply;
+    Py_ssize_t batch_size, reply_size;
+    if (!PyArg_ParseTuple(args, "Oy#y#", &messages, &batch, &batch_size, &reply, &reply_size))
+        return NULL;
+    if (!PyList_CheckExact(messages)) Py_RETURN_NONE;
+    /* A tuple of the same items: the list could change while the output is allocated (a
+     * collection may run a finalizer), the tuples and bytes cannot. */
+    PyObject *held = PyList_AsTuple(messages);
+    if (held == NULL) return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(held);
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *message = PyTuple_GET_ITEM(held, i);
+        PyObject **part = NULL;
+        if (PyTuple_CheckExact(message) && PyTuple_GET_SIZE(message) == 3)
+            part = ((PyTupleObject *)message)->ob_item;
+        if (part == NULL || !PyBytes_CheckExact(part[0]) || !PyBytes_CheckExact(part[1]) ||
+            !PyBytes_CheckExact(part[2])) {
+            Py_DECREF(held);
+            Py_RETURN_NONE;
+        }
+        int last = i == count - 1;
+        Py_ssize_t headers = (Py_ssize_t)(sizeof(MSG_ID) - 1) + PyBytes_GET_SIZE(part[1]) +
+                             (Py_ssize_t)(sizeof(BATCH_ID) - 1) + batch_size +
+                             (Py_ssize_t)(sizeof(BATCH_SEQ) - 1) +
+                             decimal_size((unsigned long long)(i + 1)) +
+                             (last ? (Py_ssize_t)(sizeof(COMMIT) - 1) : 0) + 4;
+        Py_ssize_t whole = headers + PyBytes_GET_SIZE(part[2]);
+        total += 5 + PyBytes_GET_SIZE(part[0]) + (last && reply_size ? 1 + reply_size : 0) + 1 +
+                 decimal_size((unsigned long long)headers) + 1 +
+                 decimal_size((unsigned long long)whole) + 2 + whole + 2;
+    }
+    PyObject *made = PyBytes_FromStringAndSize(NULL, total);
+    if (made == NULL) {
+        Py_DECREF(held);
+        return NULL;
+    }
+    char *out = PyBytes_AS_STRING(made);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject **part = ((PyTupleObject *)PyTuple_GET_ITEM(held, i))->ob_item;
+        int last = i == count - 1;
+        Py_ssize_t id_size = PyBytes_GET_SIZE(part[1]), body_size = PyBytes_GET_SIZE(part[2]);
+        Py_ssize_t headers = (Py_ssize_t)(sizeof(MSG_ID) - 1) + id_size +
+                             (Py_ssize_t)(sizeof(BATCH_ID) - 1) + batch_size +
+                             (Py_ssize_t)(sizeof(BATCH_SEQ) - 1) +
+                             decimal_size((unsigned long long)(i + 1)) +
+                             (last ? (Py_ssize_t)(sizeof(COMMIT) - 1) : 0) + 4;
+        out = put(out, LIT("HPUB "));
+        out = put(out, PyBytes_AS_STRING(part[0]), PyBytes_GET_SIZE(part[0]));
+        if (last && reply_size) {
+            *out++ = ' ';
+            out = put(out, reply, reply_size);
+        }
+        *out++ = ' ';
+        out = put_decimal(out, (unsigned long long)headers);
+        *out++ = ' ';
+        out = put_decimal(out, (unsigned long long)(headers + body_size));
+        out = put(out, LIT("\r\n"));
+        out = put(out, LIT(MSG_ID));
+        out = put(out, PyBytes_AS_STRING(part[1]), id_size);
+        out = put(out, LIT(BATCH_ID));
+        out = put(out, batch, batch_size);
+        out = put(out, LIT(BATCH_SEQ));
+        out = put_decimal(out, (unsigned long long)(i + 1));
+        if (last) out = put(out, LIT(COMMIT));
+        out = put(out, LIT("\r\n\r\n"));
+        out = put(out, PyBytes_AS_STRING(part[2]), body_size);
+        out = put(out, LIT("\r\n"));
+    }
+    Py_DECREF(held);
+    return made;
+}
+
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(buffer, position, Msg, Control) -> (items, position): whole messages and bare "
@@ -242,6 +352,9 @@ static PyMethodDef methods[] = {
      "deliveries(messages, start, sid, limit) -> (index, sequences, subjects, payloads, "
      "stamps, pending): JetStream deliveries on sid as columns, up to the first other "
      "message of sid or limit deliveries."},
+    {"batch_publishes", batch_publishes, METH_VARARGS,
+     "batch_publishes(messages, batch, reply) -> bytes: an atomic batch's HPUB commands, or "
+     "None when messages is not a list of (subject, id, body) bytes tuples."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -14,8 +14,9 @@ slices.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, NamedTuple
+
+from bus.util.compiled import compiled
 
 CRLF = b"\r\n"
 PING = b"PING\r\n"
@@ -46,20 +47,9 @@ class Control(NamedTuple):
     argument: bytes
 
 
-def _native() -> Any:
-    """The compiled scanner (bus/nats/_scan.c), or None: not built, or
-    ``BUS_NATIVE_NATS=0`` in the environment."""
-    if os.environ.get("BUS_NATIVE_NATS", "1") == "0":
-        return None
-    try:
-        from bus.nats import _scan  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _scan
-
-
-#: The compiled scanner, or None; the Python code below gives the same results without it.
-native: Any = _native()
+#: The compiled scanner (bus/nats/_scan.c), or None (not built, or ``BUS_NATIVE_NATS=0``);
+#: the Python code below gives the same results without it.
+native: Any = compiled("bus.nats._scan", "BUS_NATIVE_NATS")
 
 
 class Parser:

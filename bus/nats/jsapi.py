@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from bus.nats import codec
 from bus.nats.codec import hpub
 
 API = "$JS.API"
@@ -290,7 +291,19 @@ def batch_publishes(
     """The ``HPUB`` commands of atomic batch ``batch``: each of ``messages`` (subject, message
     id, body) with :func:`batch_headers`, the last one committing it, answered on ``reply``.
     The same bytes as :func:`bus.nats.codec.hpub` of each, in two formats a message instead
-    of a dozen concatenations: a front-end's writer makes one per event."""
+    of a dozen concatenations: a front-end's writer makes one per event (compiled where
+    bus/nats/_scan.c was built)."""
+    if codec.native is not None:
+        made: bytes | None = codec.native.batch_publishes(messages, batch, reply)
+        if made is not None:
+            return made
+    return _batch_publishes(messages, batch, reply)
+
+
+def _batch_publishes(
+    messages: Sequence[tuple[bytes, bytes, bytes]], batch: bytes, reply: bytes
+) -> bytes:
+    """:func:`batch_publishes` in Python."""
     last = len(messages)
     out = []
     for index, (subject, msg_id, body) in enumerate(messages, 1):

@@ -79,6 +79,15 @@ class Batch:
     #: When the stream stored each, nanoseconds since the epoch.
     stamps: list[int]
 
+    def only(self, keep: list[int]) -> Batch:
+        """The messages at the indexes ``keep`` (in order)."""
+        return Batch(
+            [self.sequences[i] for i in keep],
+            [self.subjects[i] for i in keep],
+            [self.payloads[i] for i in keep],
+            [self.stamps[i] for i in keep],
+        )
+
 
 Columns = tuple[int, list[int], list[bytes], list[bytes], list[int], list[int]]
 

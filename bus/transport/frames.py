@@ -12,8 +12,9 @@ then reads and sends through pyzmq, with the same results.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Protocol
+
+from bus.util.compiled import compiled
 
 
 class Frames(Protocol):
@@ -38,17 +39,16 @@ class Frames(Protocol):
 
 
 def _load() -> Frames | None:
-    if os.environ.get("BUS_NATIVE_FRAMES", "1") == "0":
+    frames = compiled("bus.transport._frames", "BUS_NATIVE_FRAMES")
+    if frames is None:
         return None
     try:
         import zmq.backend.cython._zmq as backend
 
-        from bus.transport import _frames  # type: ignore[attr-defined]
-
-        _frames.bind(backend.__file__)
+        frames.bind(backend.__file__)
     except (ImportError, AttributeError, OSError):
         return None
-    return _frames  # type: ignore[no-any-return]
+    return frames  # type: ignore[no-any-return]
 
 
 #: The compiled helper, bound to pyzmq's libzmq; None where it is not available.

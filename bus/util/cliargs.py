@@ -59,7 +59,17 @@ class CliParser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         """argparse's, the arguments kept to name an unknown option in :meth:`error`."""
         self._given = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            # argparse (3.11) gives a one-value positional that a second "--" left without
+            # its value as [], unconverted (bus-keys -- --help --): a missing argument.
+            if (
+                not action.option_strings
+                and action.nargs is None
+                and isinstance(getattr(parsed, action.dest, None), list)
+            ):
+                self.error(f"the following arguments are required: {action.dest}")
+        return parsed, extras
 
     def error(self, message: str) -> NoReturn:
         # argparse checks required arguments before it looks at what it did not know: an

@@ -19,13 +19,15 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
 from bus.errors import StorageError
+from bus.util.compiled import compiled
 
 Durability = Literal["normal", "full"]
 
@@ -47,6 +49,50 @@ def bind_bytes_directly() -> None:
     change; subclasses of bytes are adapted as before (the registry is by exact type).
     Process-wide and idempotent."""
     sqlite3.register_adapter(bytes, bytes.__bytes__)
+
+
+#: The compiled row builder (bus/util/_sqlrows.c), or None (not built, or
+#: ``BUS_NATIVE_ROWS=0``); :func:`numbered_rows` gives the same rows without it.
+native_rows: Any = compiled("bus.util._sqlrows", "BUS_NATIVE_ROWS")
+
+
+def numbered_rows(
+    first: int, fields: Sequence[Sequence[object]], tail: object
+) -> list[tuple[object, ...]]:
+    """Rows ``(first + i, *fields[i], tail)`` to insert. Compiled (bus/util/_sqlrows.c), each
+    non-empty ``bytes`` of a row comes as a ``bytearray`` of the same bytes: sqlite3 binds
+    those with no adapter search at all (it exempts int, float, str and bytearray), and
+    stores the same BLOB."""
+    if native_rows is not None:
+        rows: list[tuple[object, ...]] = native_rows.rows(first, fields, tail)
+        return rows
+    return [(sequence, *values, tail) for sequence, values in enumerate(fields, first)]
+
+
+def bindable_rows(rows: Sequence[Sequence[object]]) -> list[tuple[object, ...]]:
+    """``rows`` as tuples to bind, the same values; compiled (bus/util/_sqlrows.c), each
+    non-empty ``bytes`` as a ``bytearray`` of the same bytes, as :func:`numbered_rows`
+    gives them (no adapter search; the same BLOB stored)."""
+    if native_rows is not None:
+        built: list[tuple[object, ...]] = native_rows.bindable(rows)
+        return built
+    return [tuple(row) for row in rows]
+
+
+def execute_grouped(
+    db: sqlite3.Connection, groups: dict[int, str], one: str, rows: Sequence[Sequence[object]]
+) -> None:
+    """``rows`` through multi-row statements, the rest one by one through ``one``:
+    ``groups`` maps a row count to the statement that takes that many rows, largest first.
+    SQLite steps such a statement once for all its rows, where executemany binds, steps
+    and resets one per row (bench/README.md, "The collector's path")."""
+    start = 0
+    for size, statement in groups.items():
+        while len(rows) - start >= size:
+            db.execute(statement, list(chain.from_iterable(rows[start : start + size])))
+            start += size
+    if start < len(rows):
+        db.executemany(one, rows[start:])
 
 
 def open_wal(

@@ -74,8 +74,6 @@ def spark(jvm_scratch: Path) -> Iterator[Any]:
         # Loopback only: the tests never use the machine's real interfaces.
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,6 +15,14 @@ from pathlib import Path
 from .helpers import wait_for
 
 REAPER = Path(__file__).with_name("reaper.py")
+#: A batch of the landing query the pipeline reports on its console once it is committed
+#: (bus.spark.pipeline.progress_line): its id, rows and the sequence it ends at.
+PROGRESS = re.compile(r"^\[events\] batch (\d+): (\d+) rows .*?, at seq (\d+)", re.M)
+
+
+def landed_seq(console: str) -> int:
+    """The highest sequence a committed batch landed, from a pipeline's console (0: none)."""
+    return max((int(m[2]) for m in PROGRESS.findall(console)), default=0)
 
 
 def batch_files(directory: Path) -> int:
@@ -77,8 +86,11 @@ def _zombie(pid: int) -> bool:
 
 
 def run_killed_then_resumed(
-    args: list[str], log: Path, commits: Path, offsets: Path, total: int
+    args: list[str], log: Path, commits: Path, offsets: Path, batches: int
 ) -> None:
+    """Run the pipeline streaming until two batches are committed, SIGKILL it with the
+    third in flight (of the ``batches`` its journal makes), then to the end with
+    ``--available-now``."""
     driver = Driver([*args, "--trigger-seconds", "0"], log)
     try:
         wait_for(
@@ -91,7 +103,7 @@ def run_killed_then_resumed(
         wait_for(lambda: batch_files(offsets) > batch_files(commits), timeout=60, interval=0.01)
     finally:
         driver.kill()
-    assert batch_files(commits) < total // 5000, "the first run finished before the kill"
+    assert batch_files(commits) < batches, "the first run finished before the kill"
 
     resumed = Driver([*args, "--available-now"], log)
     assert resumed.wait(timeout=240) == 0, log.read_text()[-3000:]

@@ -26,14 +26,14 @@ from .helpers import end_seq, wait_for
 
 pytestmark = pytest.mark.spark
 
-BIG = 100_000
+BIG = 40_000
 
 
 @pytest.fixture(scope="module")
 def big_journal() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="bus-spark-journal-"))
     try:
-        write_journal(path, BIG)
+        write_journal(path, BIG, per_segment=8000)  # five segments; batches straddle them
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
@@ -79,23 +79,23 @@ def landed_seqs(spark: Any, out: Path) -> list[int]:
 
 def test_streaming_counts_per_topic_are_exact(spark: Any, big_journal: Path, workdir: Path) -> None:
     query = (
-        read_stream(spark, big_journal, startingOffsets="earliest", maxOffsetsPerTrigger="25000")
+        read_stream(spark, big_journal, startingOffsets="earliest", maxOffsetsPerTrigger="10000")
         .groupBy("topic")
         .count()
         .writeStream.format("memory")
-        .queryName("counts_100k")
+        .queryName("counts_big")
         .outputMode("complete")
         .option("checkpointLocation", str(workdir / "checkpoint"))
         .start()
     )
     try:
         wait_for(lambda: end_seq(query) == BIG, timeout=150, what="the query to reach the end")
-        counts = {r["topic"]: r["count"] for r in spark.table("counts_100k").collect()}
+        counts = {r["topic"]: r["count"] for r in spark.table("counts_big").collect()}
         batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     finally:
         query.stop()
     assert counts == dict(expected_counts(1, BIG))
-    assert batches == [25000] * 4
+    assert batches == [10000] * 4
 
 
 def test_available_now_reads_everything_then_stops(spark: Any, workdir: Path) -> None:
@@ -167,8 +167,8 @@ def test_batch_read_between_offsets(spark: Any, big_journal: Path) -> None:
     everything = read(spark, big_journal, minPartitions="5")
     assert everything.rdd.getNumPartitions() == 5
     assert everything.count() == BIG
-    with pytest.raises(Exception, match="beyond the journal's latest sequence 100000"):
-        read(spark, big_journal, endingOffsets='{"seq": 100001}').count()
+    with pytest.raises(Exception, match=f"beyond the journal's latest sequence {BIG}"):
+        read(spark, big_journal, endingOffsets=f'{{"seq": {BIG + 1}}}').count()
 
 
 def test_subscribe_filters_by_topic_prefix(spark: Any, big_journal: Path) -> None:

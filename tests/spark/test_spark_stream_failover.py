@@ -86,32 +86,32 @@ def into_parquet(events: Any, workdir: Path, **trigger: Any) -> Any:
 def test_an_available_now_query_reads_on_when_the_first_server_is_killed(
     spark: Any, cluster: NatsCluster, workdir: Path
 ) -> None:
-    publish(cluster.urls, list(events(1, 12_000)))
+    publish(cluster.urls, list(events(1, 6000)))
     query = into_parquet(reader(spark, cluster).load(), workdir, availableNow=True)
     before = kill_first_once_a_batch_landed(cluster, query)
     query.awaitTermination(300)  # raises what ended the query
     assert not query.isActive
-    assert before < 12, "the kill came while the query had batches to read"
-    assert end_seq(query) == 12_000
-    assert landed(spark, workdir / "data") == exactly(1, 12_000)
+    assert before < 6, "the kill came while the query had batches to read"
+    assert end_seq(query) == 6000
+    assert landed(spark, workdir / "data") == exactly(1, 6000)
 
 
 def test_a_streaming_query_reads_on_when_the_first_server_is_killed(
     spark: Any, cluster: NatsCluster, workdir: Path
 ) -> None:
-    publish(cluster.urls, list(events(1, 5000)))
+    publish(cluster.urls, list(events(1, 3000)))
     query = into_parquet(reader(spark, cluster).load(), workdir, processingTime="200 milliseconds")
     try:
         kill_first_once_a_batch_landed(cluster, query)
         # Published while the cluster elects anew, through the servers left.
-        publish(cluster.urls[1:], list(events(5001, 3000)))
+        publish(cluster.urls[1:], list(events(3001, 2000)))
 
         def caught_up() -> bool:
             if not query.isActive:
                 raise AssertionError(f"the query ended: {query.exception()}")
-            return end_seq(query) == 8000
+            return end_seq(query) == 5000
 
-        wait_for(caught_up, timeout=300, what="the query at sequence 8000")
+        wait_for(caught_up, timeout=300, what="the query at sequence 5000")
     finally:
         query.stop()
-    assert landed(spark, workdir / "data") == exactly(1, 8000)
+    assert landed(spark, workdir / "data") == exactly(1, 5000)

@@ -1,0 +1,230 @@
+/* The eMQP commands of every job, parsed in C: bus/emqp/codec.py's parse for its commonest
+ * inputs (a client's REQUEST, a worker's REPLY and READY).
+ *
+ * A broker parses three messages a job, and in Python each costs 5,000-12,000 instructions
+ * of checks, calls and tuple building. parse() here takes only a message every check of
+ * codec.parse accepts, and builds the same named tuple; anything else (another command, a
+ * header string not yet parsed, a JSON value with white space around it, any defect)
+ * returns None and the Python parser decides, with its errors. The JSON of a body or result
+ * is checked by the json module's own scanner, as codec._json does: a whole value, nothing
+ * after it.
+ *
+ * It also makes the broker's message ids (new_msgid, below).
+ *
+ * Optional, like the other helpers (BUS_NATIVE_EMQP=0 turns it off); the property tests in
+ * tests/test_emqp_codec_fastpath.py compare it with the Python code.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_MSGID_BYTES 128
+#define MAX_QUEUE_NAME_BYTES 256
+
+static PyObject *ready_type, *request_type, *reply_type; /* codec's named tuples */
+static PyObject *scan_once;    /* json's scanner: scan_once(text, 0) -> (value, end) */
+static PyObject *headers_seen; /* codec._HEADERS_SEEN: header frame -> Headers */
+static PyObject *no_headers;   /* codec.NO_HEADERS, the empty frame's */
+
+static int is_text(PyObject *frame, Py_ssize_t largest) {
+    Py_ssize_t size = PyBytes_GET_SIZE(frame);
+    if (size < 1 || size > largest) return 0;
+    const unsigned char *data = (const unsigned char *)PyBytes_AS_STRING(frame);
+    for (Py_ssize_t i = 0; i < size; i++)
+        if (data[i] & 0x80) return 0;
+    return 1;
+}
+
+static int equals(PyObject *frame, const char *text, Py_ssize_t size) {
+    return PyBytes_GET_SIZE(frame) == size && memcmp(PyBytes_AS_STRING(frame), text, size) == 0;
+}
+
+/* 1: the frame is UTF-8 whose JSON the scanner takes whole; 0: not, or not sure (any
+ * error cleared: the Python parser judges the frame again, and raises its own). */
+static int whole_json(PyObject *frame) {
+    PyObject *text =
+        PyUnicode_DecodeUTF8(PyBytes_AS_STRING(frame), PyBytes_GET_SIZE(frame), "strict");
+    if (text == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *args[2] = {text, NULL};
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero == NULL) {
+        Py_DECREF(text);
+        PyErr_Clear();
+        return 0;
+    }
+    args[1] = zero;
+    PyObject *scanned = PyObject_Vectorcall(scan_once, args, 2, NULL);
+    Py_DECREF(zero);
+    int whole = 0;
+    if (scanned == NULL) {
+        PyErr_Clear();
+    } else {
+        if (PyTuple_Check(scanned) && PyTuple_GET_SIZE(scanned) == 2) {
+            Py_ssize_t end = PyLong_AsSsize_t(PyTuple_GET_ITEM(scanned, 1));
+            if (end == -1 && PyErr_Occurred()) PyErr_Clear();
+            else whole = end == PyUnicode_GET_LENGTH(text);
+        }
+        Py_DECREF(scanned);
+    }
+    Py_DECREF(text);
+    return whole;
+}
+
+/* A named tuple of ``type`` holding ``count`` new references to ``items``. */
+static PyObject *command(PyObject *type, PyObject **items, Py_ssize_t count) {
+    PyTypeObject *kind = (PyTypeObject *)type;
+    PyObject *made = kind->tp_alloc(kind, count);
+    if (made == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_INCREF(items[i]);
+        PyTuple_SET_ITEM(made, i, items[i]);
+    }
+    return made;
+}
+
+/* The envelope codec.parse checks first: delimiter, protocol, a short ASCII message id,
+ * every frame bytes. The frames' count, or 0 when any of it fails. */
+static Py_ssize_t envelope(PyObject *frames) {
+    if (!PyList_CheckExact(frames)) return 0;
+    Py_ssize_t count = PyList_GET_SIZE(frames);
+    if (count < 4 || count > 7) return 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (!PyBytes_CheckExact(PyList_GET_ITEM(frames, i))) return 0;
+    if (PyBytes_GET_SIZE(PyList_GET_ITEM(frames, 0)) != 0) return 0;
+    if (!equals(PyList_GET_ITEM(frames, 1), "eMQP/1.0", 8)) return 0;
+    if (!is_text(PyList_GET_ITEM(frames, 3), MAX_MSGID_BYTES)) return 0;
+    return count;
+}
+
+static int check_setup(void) {
+    if (ready_type == NULL) PyErr_SetString(PyExc_RuntimeError, "setup() was not called");
+    return ready_type != NULL;
+}
+
+/* parse(frames) -> the command codec.parse returns, or None: let codec.parse decide. */
+static PyObject *jobscan_parse(PyObject *module, PyObject *frames) {
+    (void)module;
+    if (!check_setup()) return NULL;
+    Py_ssize_t count = envelope(frames);
+    if (count == 0) Py_RETURN_NONE;
+    PyObject **f = ((PyListObject *)frames)->ob_item;
+    PyObject *name = f[2];
+    if (count == 4 && equals(name, "READY", 5)) return command(ready_type, &f[3], 1);
+    if (count == 7 && equals(name, "REQUEST", 7)) {
+        if (!is_text(f[4], MAX_QUEUE_NAME_BYTES)) Py_RETURN_NONE;
+        PyObject *headers = no_headers;
+        if (PyBytes_GET_SIZE(f[5]) > 0) {
+            headers = PyDict_GetItemWithError(headers_seen, f[5]); /* borrowed */
+            if (headers == NULL) {
+                if (PyErr_Occurred()) return NULL;
+                Py_RETURN_NONE; /* parsed (and remembered) by the Python code */
+            }
+        }
+        if (!whole_json(f[6])) Py_RETURN_NONE;
+        PyObject *items[4] = {f[3], f[4], headers, f[6]};
+        return command(request_type, items, 4);
+    }
+    if (count == 6 && equals(name, "REPLY", 5)) {
+        if (!is_text(f[5], MAX_MSGID_BYTES) || !whole_json(f[4])) Py_RETURN_NONE;
+        return command(reply_type, &f[3], 3);
+    }
+    Py_RETURN_NONE;
+}
+
+/* is_ready(frames) -> bool: codec.is_ready. */
+static PyObject *jobscan_is_ready(PyObject *module, PyObject *frames) {
+    (void)module;
+    Py_ssize_t count = envelope(frames);
+    return PyBool_FromLong(count == 4 && equals(PyList_GET_ITEM(frames, 2), "READY", 5));
+}
+
+/* setup(Ready, Request, Reply, scan_once, headers_seen, no_headers) */
+static PyObject *jobscan_setup(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *ready, *request, *reply, *scanner, *seen, *none;
+    if (!PyArg_ParseTuple(args, "O!O!O!OO!O", &PyType_Type, &ready, &PyType_Type, &request,
+                          &PyType_Type, &reply, &scanner, &PyDict_Type, &seen, &none))
+        return NULL;
+    PyObject *types[3] = {ready, request, reply};
+    for (int i = 0; i < 3; i++) {
+        if (!PyType_IsSubtype((PyTypeObject *)types[i], &PyTuple_Type)) {
+            PyErr_SetString(PyExc_TypeError, "setup() takes tuple types");
+            return NULL;
+        }
+    }
+    Py_INCREF(ready);
+    Py_XSETREF(ready_type, ready);
+    Py_INCREF(request);
+    Py_XSETREF(request_type, request);
+    Py_INCREF(reply);
+    Py_XSETREF(reply_type, reply);
+    Py_INCREF(scanner);
+    Py_XSETREF(scan_once, scanner);
+    Py_INCREF(seen);
+    Py_XSETREF(headers_seen, seen);
+    Py_INCREF(none);
+    Py_XSETREF(no_headers, none);
+    Py_RETURN_NONE;
+}
+
+/* Message ids as codec.python_new_msgid makes them: a per-process UUID4 prefix of 24
+ * characters, then 12 hex digits of a counter (its low 48 bits) from a random start. In
+ * Python the format costs ~3,000 instructions an id, and a broker makes two a job. */
+static char msgid_prefix[24];
+static uint64_t msgid_next;
+static int msgids_set = 0;
+
+/* msgids(prefix, start): the next new_msgid() is prefix + "%012x" % (start & (2**48 - 1)). */
+static PyObject *jobscan_msgids(PyObject *module, PyObject *args) {
+    (void)module;
+    const char *prefix;
+    Py_ssize_t size;
+    unsigned long long start;
+    if (!PyArg_ParseTuple(args, "y#K", &prefix, &size, &start)) return NULL;
+    if (size != (Py_ssize_t)sizeof(msgid_prefix)) {
+        PyErr_SetString(PyExc_ValueError, "msgids() takes a prefix of 24 bytes");
+        return NULL;
+    }
+    memcpy(msgid_prefix, prefix, sizeof(msgid_prefix));
+    msgid_next = start;
+    msgids_set = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *jobscan_new_msgid(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    static const char digits[] = "0123456789abcdef";
+    if (!msgids_set) {
+        PyErr_SetString(PyExc_RuntimeError, "msgids() was not called");
+        return NULL;
+    }
+    PyObject *made = PyBytes_FromStringAndSize(NULL, 36);
+    if (made == NULL) return NULL;
+    char *out = PyBytes_AS_STRING(made);
+    memcpy(out, msgid_prefix, sizeof(msgid_prefix));
+    uint64_t number = msgid_next++ & 0xFFFFFFFFFFFFull;
+    for (int i = 35; i >= 24; i--, number >>= 4) out[i] = digits[number & 15];
+    return made;
+}
+
+static PyMethodDef methods[] = {
+    {"msgids", jobscan_msgids, METH_VARARGS, "msgids(prefix, start): where new_msgid() starts"},
+    {"new_msgid", jobscan_new_msgid, METH_NOARGS, "new_msgid() -> the next message id"},
+    {"setup", jobscan_setup, METH_VARARGS,
+     "setup(Ready, Request, Reply, scan_once, headers_seen, no_headers)"},
+    {"parse", jobscan_parse, METH_O, "parse(frames) -> a job's command, or None: not sure"},
+    {"is_ready", jobscan_is_ready, METH_O, "is_ready(frames) -> bool: a READY parse takes"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_definition = {
+    PyModuleDef_HEAD_INIT, "bus.emqp._jobscan",
+    "The eMQP commands of every job, parsed in C (see bus/emqp/codec.py).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__jobscan(void) { return PyModule_Create(&module_definition); }
