@@ -158,9 +158,13 @@ $(VENV)/spark-classes.jsa: $(VENV)/.test-deps tests/jvm_archive.py tests/jvm.py
 		|| { tail -20 $(VENV)/spark-classes.log; \
 		     echo "no class archive for the tests' JVMs: they start without it"; }
 
+# Two test files per core: half the suite's time is spent waiting (nemesis rounds, elections,
+# timeouts a test proves), which a second file per core fills.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
+
 test: $(VENV)/.test-deps $(VENV)/spark-classes.jsa $(INTEROP)/.installed $(INSTALLED) browser redis-server prometheus
 	BUS_DIST=$(abspath $(DIST)) BUS_WHEEL_VENV=$(WHEEL_HOME)/full BUS_BARE_VENV=$(WHEEL_HOME)/bare \
-		$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
+		$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(VENV)/.test-deps
 	$(BIN)/ruff check bus tests bench examples
