@@ -19,7 +19,8 @@ What a service reports
     composed); ``Metric``, :func:`counter`, :func:`gauge`, :func:`counters_by`,
     :func:`gauges_by` (``/metrics``); the typed contract of ``/status`` and the console:
     :class:`Reports`, :class:`Measured`, :class:`Detailed`, :class:`Charted`,
-    :class:`Observable`.
+    :class:`Observable`; :class:`Acting`, :data:`Action` and :class:`ActionRefused` (what
+    an operator may do to it through the HTTP port's actions, behind its token).
 Sockets (:mod:`bus.transport`)
     :class:`SocketFactory`, :class:`SocketOptions`, :class:`ZmqSocket`, :func:`reactor_of`
     (ZeroMQ on the reactor); :class:`DescriptorBudget` (one service's share of the
@@ -61,6 +62,9 @@ _HOMES = {
     "Detailed": "bus.application.contract",
     "Charted": "bus.application.contract",
     "Observable": "bus.application.contract",
+    "Acting": "bus.application.contract",
+    "Action": "bus.application.contract",
+    "ActionRefused": "bus.application.contract",
     "SocketFactory": "bus.transport.zmqsocket",
     "SocketOptions": "bus.transport.zmqsocket",
     "ZmqSocket": "bus.transport.zmqsocket",
@@ -79,6 +83,9 @@ _HOMES = {
 #: Literal, so that mypy sees what the door re-exports; a test holds it equal to ``_HOMES``.
 __all__ = [
     "NO_ACTIVITY",
+    "Acting",
+    "Action",
+    "ActionRefused",
     "ActivitySink",
     "BeaconSender",
     "Charted",
@@ -119,7 +126,16 @@ __all__ = [
 if TYPE_CHECKING:
     from bus.application.activity import NO_ACTIVITY, ActivitySink
     from bus.application.composition import Composition, ProductService, standalone
-    from bus.application.contract import Charted, Detailed, Measured, Observable, Reports
+    from bus.application.contract import (
+        Acting,
+        Action,
+        ActionRefused,
+        Charted,
+        Detailed,
+        Measured,
+        Observable,
+        Reports,
+    )
     from bus.application.options import ServiceOptions
     from bus.errors import ProtocolError, StartFailed, StartupError, StorageError
     from bus.transport.curve_settings import CurveSettings, curve_options, curve_settings
