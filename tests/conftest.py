@@ -118,44 +118,42 @@ def make_node() -> Iterator[Any]:
         pytest_twisted.blockon(node.stopService())
 
 
-#: The suite's longest files (wall time in a whole-suite run with 2 workers), started first,
-#: so that no worker is left with one of them while the other has run out of work; each
-#: CPU-bound one (Spark, the eMQP nemesis) beside one that mostly waits (nemesis rounds,
-#: elections), so that the two files started together do not both want the CPU.
+#: The suite's longest files (wall time in a fresh-clone CI run with four workers on two
+#: cores: 203 s down to 29 s), started first, so that no worker is left with one of them
+#: while the others have run out of work (the four finished within 13 s of each other).
 #: Run with ``--dist loadfile --no-loadscope-reorder`` (the Makefile): xdist otherwise
 #: starts the files with the most tests first, which put the one-test nemesis files last.
 LONGEST_FIRST = (
     "tests/spark/test_spark_pipeline.py",
+    "tests/test_emqp_nemesis.py",
     "tests/test_emqp_pubsub_nemesis.py",
     "tests/spark/test_spark_cluster.py",
-    "tests/test_eventbus_import.py",
-    "tests/test_emqp_nemesis.py",
-    "tests/test_mc0_nemesis.py",
-    "tests/spark/test_spark_end_to_end.py",
-    "tests/test_emqp_cluster.py",
-    "tests/test_installed_product.py",
     "tests/spark/test_spark_source.py",
-    "tests/spark/test_spark_stream_failover.py",
-    "tests/test_console_alerts.py",
     "tests/test_console_browser.py",
-    "tests/test_emqp_cli.py",
-    "tests/test_eventbus_pair_process.py",
-    "tests/test_cli_arguments.py",
-    "tests/test_cluster_roll.py",
+    "tests/test_mc0_nemesis.py",
+    "tests/test_emqp_cluster.py",
     "tests/test_nats_discovery.py",
+    "tests/spark/test_spark_end_to_end.py",
+    "tests/test_eventbus_import.py",
+    "tests/test_cluster_roll.py",
+    "tests/test_console_alerts.py",
+    "tests/spark/test_spark_stream_failover.py",
     "tests/test_emqp_interop.py",
-    "tests/test_http_hostile.py",
-    "tests/test_nats_client.py",
+    "tests/test_installed_product.py",
+    "tests/test_eventbus_cluster.py",
+    "tests/test_emqp_cli.py",
+    "tests/test_cli_arguments.py",
+    "tests/test_eventbus_pair_process.py",
+    "tests/test_eventbus_codec_fastpath.py",
     "tests/test_emqp_worker_eventmq.py",
+    "tests/test_eventbus_pair.py",
+    "tests/test_http_hostile.py",
     "tests/test_eventbus_heal.py",
     "tests/test_inbound_flood.py",
-    "tests/test_eventbus_pair.py",
-    "tests/test_eventbus_cluster.py",
+    "tests/test_eventbus_nemesis.py",
+    "tests/test_curve_cli.py",
     "tests/test_natswire_failover.py",
-    "tests/test_dbp_nemesis.py",
-    "tests/test_mc0_cluster.py",
-    "tests/test_mc0_torture.py",
-    "tests/test_emqp_process.py",
+    "tests/test_eventbus_wal_process.py",
 )
 
 
