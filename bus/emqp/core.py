@@ -879,7 +879,13 @@ class Broker:
             self.forwarding[msgid] = job
             self.to_stream.append(("forward", job))
         else:
-            self._place(job, queue, now, at_head=False)
+            # _place's body, not a call to it: the call cost 960 instructions a job (2.1 %
+            # of the broker's work, bench/emqp_instructions.py --stages service).
+            worker = self._pick(queue) if not queue.waiting else None
+            if worker is not None:
+                self._dispatch(job, worker, queue, now)
+            else:
+                queue.waiting.append(job)
 
     def _serves(self, queue: bytes) -> bool:
         state = self.queues.get(queue)
@@ -1249,7 +1255,8 @@ class Broker:
         self._place(job, queue, now, at_head)
 
     def _place(self, job: Job, queue: QueueState, now: float, at_head: bool) -> None:
-        """:meth:`_requeue` in ``queue``, the job's, already looked up (a new request's)."""
+        """:meth:`_requeue` in ``queue``, the job's, already looked up (a new request is
+        placed by a copy of this body in :meth:`_on_request`, for its speed)."""
         worker = self._pick(queue) if not queue.waiting else None
         if worker is not None:
             self._dispatch(job, worker, queue, now)
