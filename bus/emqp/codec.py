@@ -538,6 +538,16 @@ if native is not None:
 is_ready: Callable[[list[bytes]], bool] = native.is_ready if native is not None else python_is_ready
 
 
+def _no_job(frames: list[bytes]) -> Command | None:
+    return None
+
+
+#: A client's REQUEST or a worker's REPLY or READY -> its command, compiled; None for
+#: anything else (then :func:`parse_other`), and always None where it was not built. For
+#: the broker's path, which calls it without :func:`parse`'s own call around it.
+parse_job: Callable[[list[bytes]], Command | None] = native.parse if native is not None else _no_job
+
+
 def parse(frames: list[bytes]) -> Command:
     """One message as received (without the ROUTER identity) -> its command."""
     if native is not None:
@@ -549,7 +559,7 @@ def parse(frames: list[bytes]) -> Command:
 
 
 def _parse(frames: list[bytes]) -> Command:
-    """:func:`parse` in Python: every command, every error."""
+    """:func:`parse` in Python: every command, every error (:func:`parse_other`)."""
     if len(frames) < 4:
         raise EmqpError(f"{len(frames)} frames, an eMQP message has at least 4", "truncated")
     if len(frames) > MAX_FRAMES:
@@ -566,6 +576,10 @@ def _parse(frames: list[bytes]) -> Command:
         _msgid(msgid)  # raises, unless it is non-ASCII UTF-8
     parsed: Command = parser(msgid, frames)
     return parsed
+
+
+#: :func:`parse` for what :func:`parse_job` gave None: every command, every error.
+parse_other = _parse
 
 
 def refused_schedule_msgid(frames: list[bytes]) -> bytes | None:
