@@ -6,6 +6,7 @@ answers alike for frames of bytes; its message ids are the Python function's."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from typing import Any
 
@@ -137,3 +138,89 @@ def python_made(prefix: bytes, start: int) -> bytes:
         return codec.python_new_msgid()
     finally:
         codec._MSGID_PREFIX, codec._msgid_counter = saved
+
+
+# -- the JSON of a body or result, judged on its bytes ------------------------------------------
+
+
+def python_whole(frame: bytes) -> bool:
+    """What codec._json takes without decode()'s second look: UTF-8 whose one JSON value
+    the scanner takes whole (the test the compiled check stands for)."""
+    try:
+        text = frame.decode("utf-8")
+        _, end = codec._scan_json(text, 0)
+    except (UnicodeDecodeError, ValueError, RecursionError, StopIteration):
+        return False
+    return bool(end == len(text))
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**40), 10**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@st.composite
+def json_bytes(draw: Any) -> bytes:
+    """JSON as peers write it (any separators, ASCII-escaped or not), sometimes with a few
+    bytes changed, cut or added."""
+    text = json.dumps(
+        draw(json_values),
+        ensure_ascii=draw(st.booleans()),
+        separators=draw(st.sampled_from([(",", ":"), (", ", ": "), (" ,\t", "\n:\r ")])),
+    )
+    data = bytearray(text.encode("utf-8"))
+    for _ in range(draw(st.sampled_from([0, 0, 1, 2, 3]))):
+        index = draw(st.integers(0, len(data)))
+        byte = draw(st.sampled_from([*b'"\\[]{},:-.eE0u \t\x00\x1f', 0x80, 0xC0, 0xED, 0xFF]))
+        change = draw(st.sampled_from(["set", "insert", "cut"]))
+        if change == "set" and index < len(data):
+            data[index] = byte
+        elif change == "insert":
+            data.insert(index, byte)
+        else:
+            del data[index:]
+    return bytes(data)
+
+
+@settings(max_examples=4000, deadline=None)
+@given(json_bytes() | st.binary(max_size=30))
+@example(b"NaN")
+@example(b"-Infinity")
+@example(b'"\\ud800"')
+@example(b'"\xed\xa0\x80"')
+@example(b'"\xc0\x80"')
+@example(b'"\xf4\x90\x80\x80"')
+@example(b"1" * 700)
+@example(b"[" * 65 + b"]" * 65)
+def test_the_compiled_json_check_takes_only_what_python_takes_whole(frame: bytes) -> None:
+    if native.whole_json(frame):
+        assert python_whole(frame), frame
+        assert codec._json(frame, "the body") == json.loads(frame)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(json_values, st.booleans(), st.sampled_from([(",", ":"), (", ", ": "), None]))
+def test_the_compiled_json_check_takes_json_as_peers_write_it(
+    value: Any, ascii_only: bool, separators: tuple[str, str] | None
+) -> None:
+    text = json.dumps(value, ensure_ascii=ascii_only, separators=separators)
+    assert native.whole_json(text.encode("utf-8")), text
+
+
+def test_the_compiled_json_check_leaves_the_rare_forms_to_python() -> None:
+    """What the scanner takes but the check leaves (Python decides, and takes them), and
+    what neither takes."""
+    for left in (b"NaN", b"[Infinity]", b"-Infinity", b"1" * 700, b"[" * 65 + b"]" * 65):
+        assert not native.whole_json(left) and python_whole(left), left
+    for refused in (b" [1]", b"[1] ", b"[1,]", b'{"a":1,}', b"01", b'"\x01"', b'"\xff"', b""):
+        assert not native.whole_json(refused) and not python_whole(refused), refused
+    assert native.whole_json(b'"\\ud800"') and python_whole(b'"\\ud800"')  # a lone surrogate
+    assert native.whole_json(b"[" * 64 + b"]" * 64)

@@ -532,7 +532,7 @@ _PARSERS: Final[dict[bytes, Any]] = {
 #: ``BUS_NATIVE_EMQP=0``): it takes only what :func:`parse` takes, and builds the same.
 native: Any = compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP")
 if native is not None:
-    native.setup(Ready, Request, Reply, _scan_json, _HEADERS_SEEN, NO_HEADERS)
+    native.setup(Ready, Request, Reply, _HEADERS_SEEN, NO_HEADERS)
     _parse_job = native.parse
 #: :func:`python_is_ready`, compiled where it was built.
 is_ready: Callable[[list[bytes]], bool] = native.is_ready if native is not None else python_is_ready
