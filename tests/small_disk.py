@@ -44,8 +44,9 @@ def fill(directory: Path, leave: int = 0, name: str = "filler") -> Path:
     the space again); returns its path."""
     path = directory / name
     chunk = b"\0" * (1 << 20)
-    with open(path, "ab") as out, contextlib.suppress(OSError):  # OSError: full already
+    # Unbuffered: what a write could not put on the disk (another process took the room
+    # statvfs counted) must not wait in a buffer for the close, which would raise ENOSPC.
+    with open(path, "ab", buffering=0) as out, contextlib.suppress(OSError):  # full already
         while (room := free_bytes(directory) - leave) > 0:
             out.write(chunk[: min(room, len(chunk))])
-            out.flush()
     return path
