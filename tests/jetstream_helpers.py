@@ -45,10 +45,16 @@ def make_stream(
     asyncio.run(go())
 
 
-def publish(urls: Sequence[str], batch: Sequence[Event], prefix: str = "eventbus") -> None:
+def publish(
+    urls: Sequence[str], batch: Sequence[Event], prefix: str = "eventbus", stream: str = "EVENTBUS"
+) -> None:
     """Append events as a front-end does (its body, its subjects, the uuid as
-    ``Nats-Msg-Id``), each chunk sent again until the stream acknowledged all of it: through
-    an election, the stream stores each event once."""
+    ``Nats-Msg-Id``), in order, each at the stream sequence its ``sequence`` names (the
+    batch contiguous, its first right after what ``stream`` holds): through an election,
+    the stream stores each event once, in order. Each message says the sequence it must
+    follow (``Nats-Expected-Last-Sequence``), as a front-end's batches do, so that none sent
+    after one the stream lost is stored before it; after a failure, the events above what
+    the stream holds are sent again."""
     import nats as nats_py
 
     from bus.eventbus.stream_read import encode
@@ -58,25 +64,38 @@ def publish(urls: Sequence[str], batch: Sequence[Event], prefix: str = "eventbus
             servers=list(urls), reconnect_time_wait=0.1, max_reconnect_attempts=-1
         )
         js = nc.jetstream(timeout=5)
-        for start in range(0, len(batch), 1000):
-            chunk = batch[start : start + 1000]
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    futures = [
-                        await js.publish_async(
-                            subjects.subject(prefix, e.topic),
-                            encode((e.topic, e.producer, e.timestamp, e.uuid, e.data)),
-                            headers={"Nats-Msg-Id": e.uuid.decode()},
-                        )
-                        for e in chunk
-                    ]
-                    await asyncio.wait_for(asyncio.gather(*futures), 10)
-                    break
+        first = batch[0].sequence if batch else 0
+        position = 0  # batch[:position] is stored
+        deadline = time.monotonic() + 120
+        while position < len(batch):
+            chunk = batch[position : position + 1000]
+            try:
+                futures = [
+                    await js.publish_async(
+                        subjects.subject(prefix, e.topic),
+                        encode((e.topic, e.producer, e.timestamp, e.uuid, e.data)),
+                        headers={
+                            "Nats-Msg-Id": e.uuid.decode(),
+                            "Nats-Expected-Last-Sequence": str(e.sequence - 1),
+                        },
+                    )
+                    for e in chunk
+                ]
+                acks = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
+                failed = next((a for a in acks if isinstance(a, BaseException)), None)
+                if failed is not None:
+                    raise failed
+                position += len(chunk)
+                deadline = time.monotonic() + 120
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+                try:  # on from what the stream holds (some of the chunk may be in it)
+                    held = (await js.stream_info(stream)).state.last_seq
                 except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    await asyncio.sleep(0.2)
+                    continue  # asked again after the next try
+                position = min(max(position, held - first + 1), len(batch))
         await nc.close()
 
     asyncio.run(go())
