@@ -68,7 +68,7 @@ log = Logger(namespace="bus.emqp.worker")
 #: How long the last KBYE may wait in the socket for the broker when the worker stops.
 GOODBYE_LINGER_MS = 1000
 #: Seconds the worker waits, when it stops, for a killed job process's pool to end its
-#: manager thread (:meth:`JobProcess.shutdown`).
+#: manager thread (see ``_JobProcess.shutdown``).
 KILLED_POOL_JOIN = 2.0
 #: How long a probe of a silent broker (its port, or whether it takes our key) may take.
 _PROBE_SECONDS = 2.0
@@ -148,7 +148,7 @@ class _JobProcess:
         seconds for its manager thread (after :meth:`kill`, it ends at once). Python 3.11's
         exit wakes every pool's manager thread through a pipe that thread may be closing
         just then: a worker stopped with Ctrl-C printed a traceback of EBADF at its exit
-        (CPython gh-105829, fixed in 3.12)."""
+        (CPython gh-125451, fixed in 3.12 and 3.13, not in 3.11)."""
         self.executor.shutdown(wait=False, cancel_futures=True)
         manager = getattr(self.executor, "_executor_manager_thread", None)
         if join > 0 and manager is not None:
