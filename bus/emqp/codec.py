@@ -533,7 +533,6 @@ _PARSERS: Final[dict[bytes, Any]] = {
 native: Any = compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP")
 if native is not None:
     native.setup(Ready, Request, Reply, _HEADERS_SEEN, NO_HEADERS)
-    _parse_job = native.parse
 #: :func:`python_is_ready`, compiled where it was built.
 is_ready: Callable[[list[bytes]], bool] = native.is_ready if native is not None else python_is_ready
 
@@ -550,12 +549,8 @@ parse_job: Callable[[list[bytes]], Command | None] = native.parse if native is n
 
 def parse(frames: list[bytes]) -> Command:
     """One message as received (without the ROUTER identity) -> its command."""
-    if native is not None:
-        # A client's REQUEST, a worker's REPLY or READY in C; None: anything else.
-        command: Command | None = _parse_job(frames)
-        if command is not None:
-            return command
-    return _parse(frames)
+    command = parse_job(frames)  # a REQUEST, REPLY or READY in C; None: anything else
+    return command if command is not None else _parse(frames)
 
 
 def _parse(frames: list[bytes]) -> Command:
