@@ -329,12 +329,19 @@ def check_schedule(
         for kind, n in kinds.items():
             again[kind] += n
 
-    firsts = sorted(min(r.start for r in runs) for runs in by_msgid.values())
-    close = [(a, b) for a, b in pairwise(firsts) if b - a < INTERVAL / 2 - DISPATCH_SLACK]
+    first_runs = sorted(
+        (min(runs, key=lambda r: r.start) for runs in by_msgid.values()), key=lambda r: r.start
+    )
+    firsts = [r.start for r in first_runs]
+    close = [
+        (round(a.start - origin, 2), round(b.start - a.start, 3), a.host, b.host)
+        for a, b in pairwise(first_runs)
+        if b.start - a.start < INTERVAL / 2 - DISPATCH_SLACK
+    ]
     if close:
         anomalies.append(
             f"schedule: {len(close)} runs less than half an interval after the one before "
-            f"(at s, gap s): {[(round(a - origin, 2), round(b - a, 3)) for a, b in close[:10]]}"
+            f"(at s, gap s, the two runs' hosts): {close[:10]}"
         )
 
     def settled_between(a: float, b: float) -> float:

@@ -1024,9 +1024,16 @@ class Broker:
         self._error(job.client, msgid, "too-large-for-stream", text, job.origin)
         self._publish_job("rejected", msgid, job.queue, reason="too-large-for-stream")
 
-    def on_stream_job(self, stored: jobstream.StreamedJob, handle: bytes, delivered: int) -> None:
+    def on_stream_job(
+        self,
+        stored: jobstream.StreamedJob,
+        handle: bytes,
+        delivered: int,
+        stored_at: float | None = None,
+    ) -> None:
         """A request the stream delivered to this broker (pulled for its READY workers);
-        ``delivered``: how many times the stream has delivered it, this time included."""
+        ``delivered``: how many times the stream has delivered it, this time included;
+        ``stored_at``: when the stream stored it (the delivery says)."""
         self.stream_deliveries += 1
         msgid = stored.msgid
         held = self.jobs.get(msgid)
@@ -1044,7 +1051,11 @@ class Broker:
                 self.to_stream.append(("later", handle))
             return
         gate = self.schedule_gate
-        if not stored.client and gate is not None and gate.missed(stored.body, msgid, self.clock()):
+        if (
+            not stored.client
+            and gate is not None
+            and gate.missed(stored.body, msgid, self.clock(), stored_at)
+        ):
             # A schedule's run (no client) the stream gave out past its time: a missed run,
             # not made up (the latest one runs, then the rhythm).
             self.schedule_runs_missed += 1

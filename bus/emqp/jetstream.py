@@ -102,7 +102,7 @@ class JetStreamJobs:
         settings: JetStreamSettings,
         broker_id: bytes,
         *,
-        on_job: Callable[[jobstream.StreamedJob, bytes, int], None],
+        on_job: Callable[[jobstream.StreamedJob, bytes, int, float], None],
         on_answer: Callable[[Message], None],
         on_appended: Callable[[bytes], None],
         on_change: Callable[[], None],
@@ -849,7 +849,7 @@ class JetStreamJobs:
                 break
         self.pulled += 1
         try:
-            delivered, pending = jsapi.delivered_and_pending(msg.reply)
+            delivered, pending, stored_at = jsapi.delivered_pending_stored(msg.reply)
             if seen is not None:
                 seen.pending = pending
             stored = jobstream.decode(msg.payload)
@@ -860,7 +860,7 @@ class JetStreamJobs:
             )
             self._tell_stream(msg.reply, _TERM)
             return
-        self._on_job(stored, msg.reply, delivered)
+        self._on_job(stored, msg.reply, delivered, stored_at)
 
     # -- held requests -------------------------------------------------------------------------
 

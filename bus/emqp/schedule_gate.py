@@ -265,20 +265,28 @@ class ScheduleGate:
             run.back_off(now)
         self._again(schedule_id, now)
 
-    def missed(self, body: bytes, msgid: bytes, now: float) -> bool:
-        """Whether a run the stream delivers now (its ``body`` and ``msgid``) is a missed
-        run, to be acknowledged without running: a later run of its schedule is fired
-        already, or (an interval schedule) the next one is due within half an interval.
+    def missed(self, body: bytes, msgid: bytes, now: float, stored_at: float | None = None) -> bool:
+        """Whether a run the stream delivers now (its ``body`` and ``msgid``; ``stored_at``:
+        when the stream stored it, from the delivery, if known) is a missed run, to be
+        acknowledged without running: a later run of its schedule is fired already, or (an
+        interval schedule) the next one is due within half an interval.
         The stream holds a stored run back while its queue's consumer has no leader (an
         election: seconds), and a run a dead broker held until ``ack_wait``; given out then,
         with the runs stored meanwhile, they would run in a burst, or the run moments before
         the next one. So after such an outage too, the schedule runs once (the latest run),
         then in its rhythm, and no two runs leave closer than half an interval.
 
+        A run the book has not seen stored (its row pending here, or not here yet: the
+        bucket's watch behind, its server just lost) is judged by ``stored_at`` as the row
+        the storing broker wrote would judge it: its next run due at the first point of
+        its rhythm half an interval after it was stored (the brokers' and servers' clocks
+        taken as agreeing to well under half an interval). Without it, such a run runs.
+
         What the book cannot tell for a missed run is run: a client's request, a run of a
         schedule it does not know (removed, or after its ``run_count``), of one scheduled
         anew, or more than :data:`RUNS_BACK` runs old; the run under way while its row says
-        it is pending; a run the bucket's watch has not brought here yet. Of those, a run
+        it is pending, with no ``stored_at``; a run the bucket's watch has not brought here
+        yet, likewise. Of those, a run
         of an interval schedule given out here less than half an interval after another
         run of it that this broker let run, or after a later one, is missed too: a book
         behind the bucket (its watch on a server just lost) let a held-back run and the
@@ -291,12 +299,16 @@ class ScheduleGate:
             return False
         sid, created, latest = schedule.id, schedule.created, schedule.runs
         interval = schedule.spec.interval
+        unseen = False  # a run the book has not seen stored: due at next_due
         if msgid == run_msgid(sid, created, latest + 1):
             number = latest + 1  # fired by another broker, its row not here yet
+            unseen = not schedule.pending
         elif msgid == run_msgid(sid, created, latest):
-            late = interval is not None and now > schedule.next_due - interval / 2
-            if late and not schedule.pending:
-                return True
+            if not schedule.pending:
+                if interval is not None and now > schedule.next_due - interval / 2:
+                    return True
+            else:
+                unseen = True
             number = latest
         else:
             oldest = max(latest - RUNS_BACK, 1)
@@ -305,6 +317,10 @@ class ScheduleGate:
             )
         if interval is None:
             return False
+        if unseen and stored_at is not None:
+            following = self.book.following(schedule.spec, schedule.next_due, stored_at)
+            if following is not None and now > following - interval / 2:
+                return True
         let = self._let.get(sid)
         if (
             let is not None

@@ -242,11 +242,12 @@ def delivery(reply: bytes) -> Delivery:
     return Delivery(int(tokens[1]), int(tokens[3]), int(tokens[4]))
 
 
-def delivered_and_pending(reply: bytes) -> tuple[int, int]:
-    """How many times the stream delivered this message (this time included), and how many
-    messages are left for the consumer after it: one reading of the reply subject."""
+def delivered_pending_stored(reply: bytes) -> tuple[int, int, float]:
+    """How many times the stream delivered this message (this time included), how many
+    messages are left for the consumer after it, and when the stream stored it (seconds
+    since the epoch): one reading of the reply subject."""
     tokens = _ack_tokens(reply)
-    return int(tokens[0]), int(tokens[4])
+    return int(tokens[0]), int(tokens[4]), int(tokens[3]) / 1e9
 
 
 def consumer_sequence(reply: bytes) -> int:
