@@ -1,0 +1,145 @@
+"""The broker's job store (bus.emqp.store): rows keyed by their position, whatever order
+requests are put, re-put and removed in, across reopenings; a store written keyed by msgid
+(before) is moved over, in order, with nothing lost."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bus.emqp.store import DB_NAME, JobStore, StoredJob, StoreExport
+
+#: The table as stores before this change wrote it.
+_OLD_JOBS = """
+CREATE TABLE jobs (
+    msgid BLOB PRIMARY KEY,
+    position INTEGER NOT NULL,
+    client BLOB NOT NULL,
+    queue BLOB NOT NULL,
+    headers BLOB NOT NULL,
+    body BLOB NOT NULL,
+    received REAL NOT NULL,
+    attempts INTEGER NOT NULL,
+    retries_left INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+def job(msgid: bytes, position: int, attempts: int = 0) -> StoredJob:
+    return StoredJob(msgid, position, b"client", b"q", b"guarantee", b'"' + msgid + b'"', 1.5,
+                     attempts, 3)  # fmt: skip
+
+
+def table_sql(directory: Path) -> str:
+    db = sqlite3.connect(directory / DB_NAME)
+    try:
+        return str(db.execute("SELECT sql FROM sqlite_master WHERE name = 'jobs'").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_a_store_keyed_by_msgid_is_moved_over_in_order(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    db.executescript(_OLD_JOBS)
+    old = [job(b"c", 7), job(b"a", 3), job(b"b", 3, attempts=1), job(b"d", 9)]
+    db.executemany("INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", old)
+    db.commit()
+    db.close()
+    store = JobStore(tmp_path)
+    try:
+        loaded = store.load()
+        # Two rows shared position 3: numbered again, in the order they had.
+        assert [j.msgid for j in loaded] == [b"a", b"b", b"c", b"d"]
+        assert [j.position for j in loaded] == [1, 2, 3, 4]
+        assert [j[2:] for j in loaded] == [j[2:] for j in sorted(old, key=lambda j: (j[1], j[0]))]
+        assert "WITHOUT ROWID" not in table_sql(tmp_path).upper()
+        assert store.next_position() == 5 and store.count() == 4
+        store.remove(b"b")
+        store.commit()
+    finally:
+        store.close()
+    store = JobStore(tmp_path)
+    try:
+        assert [j.msgid for j in store.load()] == [b"a", b"c", b"d"]
+    finally:
+        store.close()
+
+
+def test_the_export_moves_an_old_store_over_and_removes_what_it_is_told(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / DB_NAME)
+    db.executescript(_OLD_JOBS + "CREATE TABLE schedules (id TEXT PRIMARY KEY);")
+    db.executemany(
+        "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", [job(b"x", 1), job(b"y", 2)]
+    )
+    db.commit()
+    db.close()
+    export = StoreExport(tmp_path)
+    try:
+        assert [j.msgid for j in export.jobs()] == [b"x", b"y"]
+        export.remove([b"x"], [])
+        assert [j.msgid for j in export.jobs()] == [b"y"]
+    finally:
+        export.close()
+
+
+# A step: put a request (new, or again with more attempts, or again at a new position),
+# remove one, commit, or close and open the store again.
+steps = st.lists(
+    st.tuples(st.sampled_from(["put", "again", "moved", "remove", "commit", "reopen"]),
+              st.integers(0, 3)),
+    max_size=60,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_what_is_committed_is_what_is_loaded(tmp_path_factory: object, plan: list) -> None:
+    directory = tmp_path_factory.mktemp("store")  # type: ignore[attr-defined]
+    store = JobStore(directory)
+    committed: dict[bytes, StoredJob] = {}
+    pending: dict[bytes, StoredJob | None] = {}
+
+    def current(msgid: bytes) -> StoredJob | None:
+        return pending[msgid] if msgid in pending else committed.get(msgid)
+
+    try:
+        for word, n in plan:
+            msgid = b"m%d" % n
+            was = current(msgid)
+            if word in ("put", "again", "moved", "remove"):
+                if word == "put" and was is None:
+                    pending[msgid] = job(msgid, store.next_position())
+                elif word == "again" and was is not None:
+                    pending[msgid] = was._replace(attempts=was.attempts + 1)
+                elif word == "moved" and was is not None:
+                    pending[msgid] = job(msgid, store.next_position())
+                elif word == "remove":
+                    pending[msgid] = None
+                else:
+                    continue
+            else:
+                if word == "commit":
+                    store.commit()
+                elif word == "reopen":
+                    store.close()  # commits what is pending
+                    store = JobStore(directory)
+                for key, value in pending.items():
+                    if value is None:
+                        committed.pop(key, None)
+                    else:
+                        committed[key] = value
+                pending.clear()
+                expected = sorted(committed.values(), key=lambda j: j.position)
+                assert store.load() == expected
+                assert store.count() == len(expected)
+                continue
+            change = pending[msgid]
+            if change is None:
+                store.remove(msgid)
+            else:
+                store.put(change)
+    finally:
+        store.close()
