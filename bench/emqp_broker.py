@@ -11,7 +11,9 @@ and record when each broker HEARTBEAT arrives. One client process sends requests
 * pipelined: up to 1,000 outstanding (60,000 jobs): jobs/s, and the largest gap between
   two HEARTBEATs at the workers meanwhile (lateness = gap - 100 ms);
 * guaranteed: the same with ``guarantee`` (each request committed to SQLite before it is
-  dispatched and deleted once replied; durability normal).
+  dispatched and deleted once replied; durability normal). With ``--backlog N``, N
+  guaranteed requests wait in the store meanwhile (sent first to a queue no worker serves),
+  as a backlog would.
 
 Baseline, same run: a raw pyzmq ROUTER relay process (``_emqp_peers.py relay``) doing
 the same hops with the same frames (dispatch acknowledgement included) between the same
@@ -33,6 +35,7 @@ waking an idle CPU costs more than the broker's pass (see bus/application/cpulat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -147,6 +150,8 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
                  ("pipelined", args.jobs, 1_000, "reply-requested")]  # fmt: skip
         if kind == "broker":
             modes.append(("guaranteed", args.jobs // 2, 1_000, "reply-requested,guarantee"))
+            if args.backlog:
+                fill_backlog(client_port, args.backlog, broker.data_dir / "status.json")
         for mode, jobs, window, headers in modes:
             wait_for_quiet(args.wait_idle)
             team.report()  # a new heartbeat window starts
@@ -187,6 +192,35 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
     return results
 
 
+def fill_backlog(client_port: int, count: int, status: Path, timeout: float = 120.0) -> None:
+    """``count`` guaranteed requests to queue ``backlog``, which no worker serves: the
+    broker keeps them (stored) while the modes run."""
+    import time
+
+    import zmq
+
+    from bus.emqp import codec
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://{HOST}:{client_port}")
+    try:
+        for n in range(count):
+            sock.send_multipart(codec.request("backlog", json.dumps(["backlog", n]).encode(),
+                                              b"guarantee"))  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                queues = json.loads(status.read_text())["queues"]
+                if queues.get("backlog", {}).get("depth", 0) >= count:
+                    return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the backlog of {count} was not queued in {timeout:.0f} s")
+            time.sleep(0.2)
+    finally:
+        sock.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -199,6 +233,12 @@ def main() -> None:
         "--broker-option=--emqp-client-hwm=1000",
     )
     parser.add_argument("--jobs", type=int, default=60_000)
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="guaranteed requests kept waiting in the broker's store during the guaranteed mode",
+    )
     parser.add_argument(
         "--peers",
         choices=("c", "python"),

@@ -155,7 +155,7 @@ static int client(const char *endpoint, long jobs, long window, const char *head
     double *sent_at = calloc((size_t)jobs + 1, sizeof *sent_at);
     double *times = malloc((size_t)jobs * sizeof *times);
     static const char body[] = "[\"bench\", {\"n\": 1}]";
-    for (long i = 0; i <= jobs; i++) make_id(ids[i], (uint64_t)i);
+    for (long i = 0; i <= jobs; i++) make_random_id(ids[i], (uint64_t)i);
     long next = 0, outstanding = 0, done = 0;
 
 #define SEND_ONE()                                                   \

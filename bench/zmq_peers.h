@@ -75,24 +75,47 @@ static double now_s(clockid_t clock) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* `count` random bytes from /dev/urandom into `out`. */
+static void urandom(unsigned char *out, size_t count) {
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd < 0 || read(fd, out, count) != (ssize_t)count) {
+        perror("/dev/urandom");
+        exit(1);
+    }
+    close(fd);
+}
+
+/* A UUID4 text of the 10 random bytes `r` whose last 12 hex digits are `counter`. */
+static void format_id(char *out, const unsigned char *r, uint64_t counter) {
+    snprintf(out, ID_BYTES + 1, "%02x%02x%02x%02x-%02x%02x-4%01x%02x-%01x%01x%02x-%012llx",
+             r[0], r[1], r[2], r[3], r[4], r[5], r[6] & 0x0f, r[7], 8 | (r[8] & 0x3),
+             r[8] >> 4, r[9], (unsigned long long)(counter & 0xffffffffffffULL));
+}
+
 /* A random UUID4 text whose last 12 hex digits are `counter` (ids must differ, not be
-   secret: the random part keeps two processes' ids apart). */
+   secret: the random part, one per process, keeps two processes' ids apart). */
 static void make_id(char *out, uint64_t counter) {
     static unsigned char random_part[10];
     static int seeded;
     if (!seeded) {
-        int fd = open("/dev/urandom", O_RDONLY);
-        if (fd < 0 || read(fd, random_part, sizeof random_part) != sizeof random_part) {
-            perror("/dev/urandom");
-            exit(1);
-        }
-        close(fd);
+        urandom(random_part, sizeof random_part);
         seeded = 1;
     }
-    const unsigned char *r = random_part;
-    snprintf(out, ID_BYTES + 1, "%02x%02x%02x%02x-%02x%02x-4%01x%02x-%01x%01x%02x-%012llx",
-             r[0], r[1], r[2], r[3], r[4], r[5], r[6] & 0x0f, r[7], 8 | (r[8] & 0x3),
-             r[8] >> 4, r[9], (unsigned long long)(counter & 0xffffffffffffULL));
+    format_id(out, random_part, counter);
+}
+
+/* The same with a random part of its own for each id, as a client's uuid4 msgids are: a
+   store keyed by them sees random keys, not increasing ones. The counter still tells which
+   request an answer is for. */
+static void make_random_id(char *out, uint64_t counter) {
+    static unsigned char pool[4096];
+    static size_t left;
+    if (left < 10) {
+        urandom(pool, sizeof pool);
+        left = sizeof pool;
+    }
+    format_id(out, pool + sizeof pool - left, counter);
+    left -= 10;
 }
 
 /* One whole message; 0 when none came (ZMQ_DONTWAIT, or the socket's receive timeout). */
