@@ -15,7 +15,7 @@ import pytest_twisted
 from twisted.internet import defer, protocol, reactor
 
 from bus.emqp import codec
-from bus.testing import wait_until
+from bus.testing import start_broker, wait_until
 from bus.web.server import StatusWebService
 from tests.emqp_helpers import RawClient, RawWorker, broker_in
 
@@ -238,6 +238,42 @@ def test_a_paused_queue_holds_its_requests_until_resumed(tmp_path: Path, cleanup
     assert code == 200 and answer["result"]["changed"]
     yield waits_for(lambda: len(worker.requests()) == 2, "the held request delivered")
     assert worker.requests()[1][3] == held
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_paused_queue_stays_paused_across_a_restart(tmp_path: Path, cleanup: list[Any]) -> Any:
+    """The pause is kept in the broker's job store: a broker started again on the same data
+    directory holds the queue's requests until an operator resumes it."""
+    first = start_broker(tmp_path / "emqp")
+    cleanup.append(first)
+    code, _ = yield post(
+        web_for(tmp_path, cleanup, [("emqp", first)]).port,
+        "/api/v1/actions/emqp/pause",
+        {"queue": "held"},
+    )
+    assert code == 200
+    yield first.stopService()
+    broker = broker_in(tmp_path, cleanup)
+    assert broker.status()["paused_queues"] == ["held"]
+    worker = RawWorker(broker.endpoints["worker"], [[10, "held"], [5, "free"]])
+    cleanup.append(worker)
+    yield waits_for(worker.acked, "the worker's INFORM acknowledged")
+    worker.ready(2)
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    held = client.request("held", "wait")
+    free = client.request("free", "go")  # sent after: once it arrived, the held one had
+    yield waits_for(lambda: bool(worker.requests()), "the free queue's request delivered")
+    assert [r[3] for r in worker.requests()] == [free]
+    web = web_for(tmp_path, cleanup, [("emqp", broker)])
+    code, answer = yield post(web.port, "/api/v1/actions/emqp/resume", {"queue": "held"})
+    assert code == 200 and answer["result"]["changed"]
+    yield waits_for(lambda: len(worker.requests()) == 2, "the held request delivered")
+    assert worker.requests()[1][3] == held
+    # Resumed is kept too: started again, nothing is paused.
+    yield broker.stopService()
+    again = broker_in(tmp_path, cleanup)
+    assert again.status()["paused_queues"] == []
 
 
 @pytest_twisted.inlineCallbacks

@@ -1331,6 +1331,8 @@ class Broker:
         if name in self.paused:
             return False
         self.paused.add(name)
+        if self.store is not None:
+            self.store.set_paused(name, True)
         self._publish("/emqp/queue/paused/", {"queue": _text(name)})
         return True
 
@@ -1340,6 +1342,8 @@ class Broker:
         if name not in self.paused:
             return False
         self.paused.discard(name)
+        if self.store is not None:
+            self.store.set_paused(name, False)
         self._publish("/emqp/queue/resumed/", {"queue": _text(name)})
         queue = self.queues.get(name)
         if queue is not None:
@@ -1439,6 +1443,15 @@ class Broker:
         if self.schedules is not None:
             self.schedules.max_schedules = settings.max_schedules
             self.schedules.cron_haste = settings.cron_haste
+
+    def restore_paused(self) -> list[bytes]:
+        """Hold again the queues an operator paused before a restart (the store keeps them
+        until resumed); returns them."""
+        if self.store is None:
+            return []
+        paused = self.store.load_paused()
+        self.paused.update(paused)
+        return paused
 
     def restore(self) -> int:
         """Queue again every guaranteed request the store holds (after a restart or a crash):

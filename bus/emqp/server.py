@@ -225,6 +225,7 @@ class EmqpService(Service):
         Service.startService(self)
         self.ports.announce(config.bind, self.endpoints.values())
         self._started_at = self.reactor.seconds()
+        paused = broker.restore_paused()  # before anything is dispatched
         restored = broker.restore()
         schedules = broker.restore_schedules()
         interval = config.broker.heartbeat_interval
@@ -237,6 +238,12 @@ class EmqpService(Service):
         if config.stats_interval > 0:
             self._stats_loop = every(config.stats_interval, self._report)
         self._write_status()
+        if paused:
+            log.warn(
+                "queues paused by an operator before the restart stay paused until resumed: "
+                "{queues}",
+                queues=", ".join(_text(name) for name in sorted(paused)),
+            )
         log.info(
             "eMQP broker serving workers {worker}, clients {client}, admin {admin}; job store "
             "{path} ({restored} guaranteed requests restored); scheduler {scheduler} "

@@ -69,6 +69,7 @@ CREATE TABLE IF NOT EXISTS schedules (
     runs INTEGER NOT NULL,
     last_run REAL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS paused_queues (queue BLOB PRIMARY KEY) WITHOUT ROWID;
 """
 _PUT = "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _DELETE = "DELETE FROM jobs WHERE position = ?"
@@ -129,6 +130,8 @@ class JobStore:
         self._pending: dict[bytes, StoredJob | None] = {}
         #: schedule id -> its row to write, or None to delete it.
         self._pending_schedules: dict[str, ScheduleValues | None] = {}
+        #: queue -> paused (True) or resumed (False) by an operator.
+        self._pending_paused: dict[bytes, bool] = {}
         self._checkpointer = Checkpointer(self.path)
         self.stored = 0
         self.commits = 0
@@ -137,7 +140,7 @@ class JobStore:
     @property
     def dirty(self) -> bool:
         """Changes wait for :meth:`commit`."""
-        return bool(self._pending or self._pending_schedules)
+        return bool(self._pending or self._pending_schedules or self._pending_paused)
 
     def next_position(self) -> int:
         """A new position (the order requests are dispatched again in after a restart)."""
@@ -160,6 +163,14 @@ class JobStore:
     def remove_schedule(self, schedule_id: str) -> None:
         """Forget schedule ``schedule_id``, at the next :meth:`commit`."""
         self._pending_schedules[schedule_id] = None
+
+    def set_paused(self, queue: bytes, paused: bool) -> None:
+        """Keep whether an operator paused ``queue``, at the next :meth:`commit`."""
+        self._pending_paused[queue] = paused
+
+    def load_paused(self) -> list[bytes]:
+        """The queues an operator paused and did not resume (as last committed)."""
+        return [bytes(row[0]) for row in self._db.execute("SELECT queue FROM paused_queues")]
 
     def load_schedules(self) -> list[ScheduleValues]:
         """Every schedule kept, soonest due first."""
@@ -189,6 +200,7 @@ class JobStore:
         # sqlite3's adapter search (a sixth of a guaranteed job's store work), same BLOBs.
         puts = bindable_rows(kept)
         schedules = self._pending_schedules
+        paused = self._pending_paused
         db = self._db
         try:
             db.execute("BEGIN")
@@ -199,6 +211,15 @@ class JobStore:
             if schedules:
                 db.executemany(_PUT_SCHEDULE, [r for r in schedules.values() if r is not None])
                 db.executemany(_DELETE_SCHEDULE, [(i,) for i, r in schedules.items() if r is None])
+            if paused:
+                db.executemany(
+                    "INSERT OR IGNORE INTO paused_queues VALUES (?)",
+                    [(q,) for q, held in paused.items() if held],
+                )
+                db.executemany(
+                    "DELETE FROM paused_queues WHERE queue = ?",
+                    [(q,) for q, held in paused.items() if not held],
+                )
             db.execute("COMMIT")
         except sqlite3.Error as error:
             if db.in_transaction:
@@ -212,6 +233,7 @@ class JobStore:
                 positions[msgid] = job.position
         self._pending.clear()
         schedules.clear()
+        paused.clear()
         self.commits += 1
 
     def load(self) -> list[StoredJob]:
