@@ -355,13 +355,58 @@ def test_a_queue_purged_in_its_jetstream_stream_never_reaches_a_worker(
     web = web_for(tmp_path, cleanup, [("emqp", broker)])
     client = RawClient(broker.endpoints["client"])
     cleanup.append(client)
+    sent = []
     for i in range(3):  # one at a time: each appended alone
-        client.request("stuck", i, b"reply-requested,guarantee")
+        sent.append(client.request("stuck", i, b"reply-requested,guarantee"))
         yield waits_for(lambda n=i: broker.broker.appended == n + 1, "the request in the stream")
     code, answer = yield post(web.port, "/api/v1/actions/emqp/purge", {"queue": "stuck"})
     assert code == 200
-    assert answer["result"] == {"queue": "stuck", "purged": 0, "purged_from_stream": 3}
+    assert answer["result"] == {
+        "queue": "stuck", "purged": 0, "purged_from_stream": 3, "clients_told": 3,
+    }  # fmt: skip
+    # Held only in the stream, each one's client is told, as for a purge of one broker.
+    yield waits_for(lambda: all(client.results(m) for m in sent), "the clients told")
+    assert [client.results(m)[0]["error"] for m in sent] == ["purged"] * 3
     yield only_the_next_request_reaches_a_new_worker(broker, client, cleanup)
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_purge_tells_clients_at_other_brokers_and_leaves_requests_in_flight(
+    tmp_path: Path, cleanup: list[Any], nats_server: Any
+) -> Any:
+    """Two brokers on one stream: the client and the worker at A, the purge at B. The request
+    A's worker holds runs on and is answered; the two the stream gave to no broker are
+    purged, and their client is told through A."""
+    from bus.emqp.config import JetStreamSettings
+
+    settings = JetStreamSettings(tuple(nats_server.urls), pull_expires=1.0)
+    a = broker_in(tmp_path / "a", cleanup, jetstream=settings, heartbeat_interval=10.0)
+    b = broker_in(tmp_path / "b", cleanup, jetstream=settings, heartbeat_interval=10.0)
+    for broker in (a, b):
+        yield waits_for(lambda x=broker: x.stream is not None and x.stream.ready, "the stream")
+    worker = RawWorker(a.endpoints["worker"], [[10, "busy"]])
+    cleanup.append(worker)
+    yield waits_for(worker.acked, "the worker's INFORM acknowledged")
+    worker.ready()  # one slot: the first request takes it, the others stay in the stream
+    client = RawClient(a.endpoints["client"])
+    cleanup.append(client)
+    running = client.request("busy", "first", b"reply-requested,guarantee")
+    yield waits_for(lambda: bool(worker.requests()), "the first request at the worker")
+    waiting = [client.request("busy", n, b"reply-requested,guarantee") for n in (2, 3)]
+    yield waits_for(lambda: a.broker.appended == 3, "the others in the stream")
+    web = web_for(tmp_path, cleanup, [("emqp", b)])
+    code, answer = yield post(web.port, "/api/v1/actions/emqp/purge", {"queue": "busy"})
+    assert code == 200
+    assert answer["result"] == {
+        "queue": "busy", "purged": 0, "purged_from_stream": 3, "clients_told": 2,
+    }  # fmt: skip
+    yield waits_for(lambda: all(client.results(m) for m in waiting), "the client told")
+    assert [client.results(m)[0]["error"] for m in waiting] == ["purged", "purged"]
+    assert client.results(running) == []
+    worker.reply(worker.requests()[0], "done")
+    yield waits_for(lambda: bool(client.results(running)), "the first request answered")
+    assert client.results(running) == [{"value": "done"}]
+    assert len(worker.requests()) == 1  # the purged ones never reach it
 
 
 @pytest_twisted.inlineCallbacks

@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -1323,6 +1323,13 @@ class Broker:
         return self._deadlines[0][0] if self._deadlines else None
 
     # -- an operator's actions (the HTTP port's POST /api/v1/actions, see bus.web.actions) --------
+
+    def tell_purged(self, purged: Sequence[jobstream.StreamedJob]) -> None:
+        """Requests purged from the stream that no broker had been given: each client is
+        told ``purged``, through the broker it is connected to."""
+        for stored in purged:
+            self._error(stored.client, stored.msgid, "purged", _REASONS["purged"], stored.origin)
+        self.purged += len(purged)
 
     def pause(self, name: bytes) -> bool:
         """Hold the queue's requests: none is dispatched (nor, with ``--store jetstream``,

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -24,7 +23,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from bus.emqp import jobstream, schedule_gate
+from bus.emqp import jobstream, schedule_gate, stream_purge
 from bus.emqp.config import JetStreamSettings
 from bus.emqp.core import Job, Message
 from bus.emqp.schedule_gate import PutRow
@@ -479,18 +478,19 @@ class JetStreamJobs:
             except NotConnected:
                 pass  # as an answer to a client that is gone: its broker is out of reach
 
-    def purge(self, queue: bytes) -> defer.Deferred[int]:
+    def purge(self, queue: bytes) -> defer.Deferred[stream_purge.Purged]:
         """Remove every request of ``queue`` from the stream (those no broker holds, and
         those delivered and not yet acknowledged: their acknowledgements then find
-        nothing); fires with how many the stream removed."""
-        subject = f"{jsapi.API}.STREAM.PURGE.{self._stream}".encode()
-        body = json.dumps({"filter": jobstream.job_subject(self._prefix, queue)}).encode()
-
-        def answered(msg: Msg) -> int:
-            return int(jsapi.answer(msg.payload).get("purged", 0))
-
-        return self.client.request(subject, body, timeout=self.settings.ack_timeout).addCallback(
-            answered
+        nothing); fires with what was removed, and which of them no broker had been given
+        (their clients are to be told): :mod:`bus.emqp.stream_purge`."""
+        return stream_purge.purge(
+            self.client,
+            self.reactor,
+            self._stream,
+            self._prefix,
+            queue,
+            self.settings.ack_wait,
+            self.settings.ack_timeout,
         )
 
     def _tell_stream(self, handle: bytes, word: bytes) -> None:

@@ -776,8 +776,13 @@ class EmqpService(Service):
         if self.stream is None:
             return answer
 
-        def streamed(count: int) -> dict[str, Any]:
-            return {**answer, "purged_from_stream": count}
+        from bus.emqp import stream_purge
+
+        def streamed(result: stream_purge.Purged) -> dict[str, Any]:
+            if self.broker is not None:
+                self.broker.tell_purged(result.untold)
+                self._flush()
+            return {**answer, **stream_purge.described(result)}
 
         return self.stream.purge(queue).addCallback(streamed)
 
