@@ -212,6 +212,19 @@ def test_a_purged_queue_never_reaches_a_worker_that_connects_after(
     yield only_the_next_request_reaches_a_new_worker(broker, client, cleanup)
 
 
+@defer.inlineCallbacks
+def held_and_free(broker: Any, cleanup: list[Any], worker: Any) -> Any:
+    """A request to the paused queue ``held`` and one to ``free`` after it: only the free
+    one reaches ``worker``. Fires with (the client, the held request's msgid)."""
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    held = client.request("held", "wait")
+    free = client.request("free", "go")  # sent after: once it arrived, the held one had
+    yield waits_for(lambda: bool(worker.requests()), "the free queue's request delivered")
+    assert [r[3] for r in worker.requests()] == [free]
+    return client, held
+
+
 @pytest_twisted.inlineCallbacks
 def test_a_paused_queue_holds_its_requests_until_resumed(tmp_path: Path, cleanup: list[Any]) -> Any:
     broker = broker_in(tmp_path, cleanup)
@@ -225,12 +238,7 @@ def test_a_paused_queue_holds_its_requests_until_resumed(tmp_path: Path, cleanup
     )
     code, _ = yield post(web.port, "/api/v1/actions/emqp/pause", {"queue": "held"})
     assert code == 200
-    client = RawClient(broker.endpoints["client"])
-    cleanup.append(client)
-    held = client.request("held", "wait")
-    free = client.request("free", "go")  # sent after: once it arrived, the held one had
-    yield waits_for(lambda: bool(worker.requests()), "the free queue's request delivered")
-    assert [r[3] for r in worker.requests()] == [free]
+    _, held = yield held_and_free(broker, cleanup, worker)
     queues = broker.status()["queues"]
     assert queues["held"]["depth"] == 1 and queues["held"]["paused"]
     assert broker.status()["paused_queues"] == ["held"]
@@ -259,12 +267,7 @@ def test_a_paused_queue_stays_paused_across_a_restart(tmp_path: Path, cleanup: l
     cleanup.append(worker)
     yield waits_for(worker.acked, "the worker's INFORM acknowledged")
     worker.ready(2)
-    client = RawClient(broker.endpoints["client"])
-    cleanup.append(client)
-    held = client.request("held", "wait")
-    free = client.request("free", "go")  # sent after: once it arrived, the held one had
-    yield waits_for(lambda: bool(worker.requests()), "the free queue's request delivered")
-    assert [r[3] for r in worker.requests()] == [free]
+    _, held = yield held_and_free(broker, cleanup, worker)
     web = web_for(tmp_path, cleanup, [("emqp", broker)])
     code, answer = yield post(web.port, "/api/v1/actions/emqp/resume", {"queue": "held"})
     assert code == 200 and answer["result"]["changed"]
@@ -343,6 +346,19 @@ def test_a_dropped_snapshot_client_frees_its_place_for_the_next(
     assert code == 404
 
 
+@defer.inlineCallbacks
+def purge_telling(port: int, queue: str, client: Any, told: list[bytes], removed: int) -> Any:
+    """A purge of ``queue`` through the HTTP port that removes ``removed`` requests from the
+    stream and tells ``client`` of each of ``told``."""
+    code, answer = yield post(port, "/api/v1/actions/emqp/purge", {"queue": queue})
+    assert code == 200
+    assert answer["result"] == {
+        "queue": queue, "purged": 0, "purged_from_stream": removed, "clients_told": len(told),
+    }  # fmt: skip
+    yield waits_for(lambda: all(client.results(m) for m in told), "the clients told")
+    assert [client.results(m)[0]["error"] for m in told] == ["purged"] * len(told)
+
+
 @pytest_twisted.inlineCallbacks
 def test_a_queue_purged_in_its_jetstream_stream_never_reaches_a_worker(
     tmp_path: Path, cleanup: list[Any], nats_server: Any
@@ -359,14 +375,8 @@ def test_a_queue_purged_in_its_jetstream_stream_never_reaches_a_worker(
     for i in range(3):  # one at a time: each appended alone
         sent.append(client.request("stuck", i, b"reply-requested,guarantee"))
         yield waits_for(lambda n=i: broker.broker.appended == n + 1, "the request in the stream")
-    code, answer = yield post(web.port, "/api/v1/actions/emqp/purge", {"queue": "stuck"})
-    assert code == 200
-    assert answer["result"] == {
-        "queue": "stuck", "purged": 0, "purged_from_stream": 3, "clients_told": 3,
-    }  # fmt: skip
     # Held only in the stream, each one's client is told, as for a purge of one broker.
-    yield waits_for(lambda: all(client.results(m) for m in sent), "the clients told")
-    assert [client.results(m)[0]["error"] for m in sent] == ["purged"] * 3
+    yield purge_telling(web.port, "stuck", client, sent, removed=3)
     yield only_the_next_request_reaches_a_new_worker(broker, client, cleanup)
 
 
@@ -395,13 +405,7 @@ def test_a_stream_purge_tells_clients_at_other_brokers_and_leaves_requests_in_fl
     waiting = [client.request("busy", n, b"reply-requested,guarantee") for n in (2, 3)]
     yield waits_for(lambda: a.broker.appended == 3, "the others in the stream")
     web = web_for(tmp_path, cleanup, [("emqp", b)])
-    code, answer = yield post(web.port, "/api/v1/actions/emqp/purge", {"queue": "busy"})
-    assert code == 200
-    assert answer["result"] == {
-        "queue": "busy", "purged": 0, "purged_from_stream": 3, "clients_told": 2,
-    }  # fmt: skip
-    yield waits_for(lambda: all(client.results(m) for m in waiting), "the client told")
-    assert [client.results(m)[0]["error"] for m in waiting] == ["purged", "purged"]
+    yield purge_telling(web.port, "busy", client, waiting, removed=3)
     assert client.results(running) == []
     worker.reply(worker.requests()[0], "done")
     yield waits_for(lambda: bool(client.results(running)), "the first request answered")
