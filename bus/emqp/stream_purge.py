@@ -18,6 +18,11 @@ clients, at any broker, waited for an answer that never came. So a purge:
    is connected to, as answers go.
 
 Requests read and left unpurged (the purge failed) are not told.
+
+What this cannot tell: a request the stream delivered and a broker gave back (``nak``: its
+workers left) or that a dead broker held (until ``ack_wait``) sits at or below
+``delivered.stream_seq`` with those in flight, while no broker has it. The consumer says how
+many such there are, not which: it is purged, and its client is not told.
 """
 
 from __future__ import annotations
