@@ -206,10 +206,13 @@ def test_a_publish_at_one_broker_reaches_the_subscribers_of_both_once(
         yield wait_until(lambda: filters_at(a, 0), what="A's interest ended")
         status_b = b.status()["cluster"]
         assert status_b["connected"] and status_b["refused"] == {}
-        # B listens to everything (its SUB of ""): each of A's publications once.
-        assert (status_b["received"], status_b["repeats_dropped"]) == (
-            a.status()["cluster"]["sent"], 0,
-        )  # fmt: skip
+        # B listens to everything (its SUB of ""): what reached it from A, each once. eventmq's
+        # publisher sends sync publications until the SUBs have one, and the first may go
+        # before B's interest reached the NATS server, which then drops it for B (CI at
+        # 9403430: A sent 9, B received 8 and its SUB had every publication).
+        reached = len(everything.read())
+        assert (status_b["received"], status_b["repeats_dropped"]) == (reached, 0)
+        assert a.status()["cluster"]["sent"] >= reached
         # Too large for the servers (max_payload 2048): B's own SUBs have it, A never sees it.
         publisher = RawPeer.dealer(b.publishers)
         peers.append(publisher)
