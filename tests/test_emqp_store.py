@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -96,8 +97,10 @@ steps = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(steps)
-def test_what_is_committed_is_what_is_loaded(tmp_path_factory: object, plan: list) -> None:
-    directory = tmp_path_factory.mktemp("store")  # type: ignore[attr-defined]
+def test_what_is_committed_is_what_is_loaded(
+    tmp_path_factory: pytest.TempPathFactory, plan: list[tuple[str, int]]
+) -> None:
+    directory = tmp_path_factory.mktemp("store")
     store = JobStore(directory)
     committed: dict[bytes, StoredJob] = {}
     pending: dict[bytes, StoredJob | None] = {}

@@ -87,8 +87,7 @@ def purge(
         info = yield client.jetstream(f"{api}.INFO.{stream}.{name}", timeout=timeout)
         delivered = int(info.get("delivered", {}).get("stream_seq", 0))
         result = Purged()
-        position = delivered + 1
-        last = delivered
+        last = delivered  # the last sequence read (the read goes on after it)
         renewed = reactor.seconds()
         while True:
             if reactor.seconds() - renewed > RENEW_AFTER:
@@ -97,7 +96,7 @@ def purge(
             try:
                 answer = yield client.jetstream(
                     jsapi.message_get(stream),
-                    {"seq": position, "next_by_subj": subject},
+                    {"seq": last + 1, "next_by_subj": subject},
                     timeout=timeout,
                 )
             except jsapi.JetStreamError as error:
@@ -106,7 +105,6 @@ def purge(
                 raise
             message = answer["message"]
             last = int(message["seq"])
-            position = last + 1
             try:
                 result.untold.append(jobstream.decode(base64.b64decode(message.get("data", ""))))
             except (jobstream.JobBodyError, ValueError):
