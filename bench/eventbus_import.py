@@ -70,7 +70,7 @@ def make_log(directory: Path, count: int) -> tuple[int, int, int]:
             for i in range(start, min(start + 5000, count))
         ]  # fmt: skip
         store.append_fields(batch, time.time())
-    store._db.execute("DELETE FROM events WHERE seq % 1000 = 500 OR seq <= 10")
+    store._delete_sequences([s for s in range(1, count + 1) if s % 1000 == 500 or s <= 10])
     held, first, last = store.count(), store.first_sequence() or 0, store.last_sequence
     store.close()
     return held, first, last

@@ -230,7 +230,7 @@ def large_log(directory: Path, count: int) -> LogExport:
             for i in range(start, start + 1000)
         ]  # fmt: skip
         store.append_fields(batch, time.time())
-    store._db.execute("DELETE FROM events WHERE seq % 1000 = 7 OR seq < 5")
+    store._delete_sequences([s for s in range(1, count + 1) if s % 1000 == 7 or s < 5])
     store.close()
     return LogExport(directory)
 

@@ -24,10 +24,11 @@ from hypothesis.stateful import (
 )
 
 from bus.eventbus.codec import Event
+from bus.eventbus.logbatch import BATCH_BYTES, BATCH_EVENTS
 from bus.eventbus.store import (
     DB_NAME,
-    ROWS_PER_INSERT,
     EventStore,
+    LogExport,
     Retention,
     prefix_upper_bound,
 )
@@ -117,9 +118,11 @@ def test_append_assigns_consecutive_sequences_ignoring_the_events_own(store: Eve
     assert store.read(0) == first + second  # every field is stored as given
 
 
-@pytest.mark.parametrize("sizes", [[31, 32, 33], [64, 1, 100], [ROWS_PER_INSERT * 3 + 5]])
-def test_batches_of_every_size_are_stored_row_for_row(store: EventStore, sizes: list[int]) -> None:
-    # Whole groups go in multi-row INSERTs, the rest one by one: every row stays itself.
+@pytest.mark.parametrize("sizes", [[31, 32, 33], [64, 1, 100], [BATCH_EVENTS * 3 + 5]])
+def test_batches_of_every_size_are_stored_event_for_event(
+    store: EventStore, sizes: list[int]
+) -> None:
+    # A commit of more than a batch's events goes in several batches: every event stays itself.
     expected = []
     for size in sizes:
         fields = [
@@ -392,9 +395,9 @@ def test_count_retention_counts_again_when_the_log_holds_fewer_than_it_counted(
     fill(store, [b"/t/%d" % i for i in range(10)])
     assert trim_fully(store, 8) == 2
     # Something else than the store (an operator's sqlite3 shell) deletes events.
-    store._db.execute("DELETE FROM events WHERE seq <= 9")
+    store._db.execute("DELETE FROM batches")
     fill(store, [b"/t/new"] * 3)
-    assert trim_fully(store, 2) == 2  # counted 11 held, found 4: counted again
+    assert trim_fully(store, 2) == 1  # counted 11 held, found 3: counted again
     assert seqs(store.read(0)) == [12, 13] and store.count() == 2
 
 
@@ -483,18 +486,91 @@ def test_compaction_forgets_the_topics_that_age_and_count_retention_removed(
     assert sorted(superseded.latest) == [b"/session/8", b"/session/9"]
 
 
-def test_an_index_on_topic_that_an_older_release_made_is_dropped(tmp_path: Path) -> None:
-    store = EventStore(tmp_path)
-    fill(store, [b"a", b"b"])
-    store._db.execute("CREATE INDEX events_topic ON events (topic, seq)")
-    store.close()
+def test_a_commit_of_large_events_is_cut_into_batches_of_bounded_size(store: EventStore) -> None:
+    big = b"x" * (BATCH_BYTES // 3)
+    fields = [(b"/big/%d" % i, b"p", b"ts", b"u%d" % i, big) for i in range(7)]
+    fields.append((b"/huge/", b"p", b"ts", b"u-huge", b"y" * (BATCH_BYTES * 2)))
+    assert store.append_fields(fields, 1.0) == 1
+    sizes = store._db.execute("SELECT held, length(events) FROM batches ORDER BY id").fetchall()
+    assert sum(held for held, _ in sizes) == 8 and len(sizes) > 3
+    assert all(length <= BATCH_BYTES for held, length in sizes if held > 1)
+    assert [(e.topic, e.data) for e in store.read(0)] == [(f[0], f[4]) for f in fields]
+
+
+OLD_EVENTS = """
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY, topic BLOB NOT NULL, producer BLOB NOT NULL,
+    timestamp BLOB NOT NULL, uuid BLOB NOT NULL, data BLOB NOT NULL, received REAL NOT NULL
+);
+CREATE INDEX events_topic ON events (topic, seq);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value);
+"""
+
+
+def old_release_log(path: Path, rows: list[tuple[int, bytes, float]], high_water: int) -> None:
+    """A log as releases before 0.9 wrote it: a row per event (and, before 0.2, an index)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path)
+    db.executescript(OLD_EVENTS)
+    db.executemany(
+        "INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [
+            (seq, topic, b"p", b"ts", b"u%d" % seq, b"d%d" % seq, received)
+            for seq, topic, received in rows
+        ],
+    )
+    db.execute("INSERT INTO meta VALUES ('store_id', 'old-store')")
+    db.execute("INSERT INTO meta VALUES ('high_water', ?)", (high_water,))
+    db.commit()
+    db.close()
+
+
+def test_a_log_of_an_older_release_is_moved_to_batches_at_its_first_open(tmp_path: Path) -> None:
+    rows = [(seq, b"/t/%d" % (seq % 3), 100.0 + seq // 10) for seq in (*range(1, 40), 45, 46, 90)]
+    old_release_log(tmp_path / DB_NAME, rows, high_water=95)
     store = EventStore(tmp_path)
     try:
-        indexes = store._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
-        assert [name for (name,) in indexes if not name.startswith("sqlite_")] == []
-        assert seqs(store.read(0)) == [1, 2]
+        assert store.migrated == len(rows)
+        assert store.store_id == "old-store" and store.last_sequence == 95
+        assert [(e.sequence, e.topic, e.uuid, e.data) for e in store.read(0)] == [
+            (seq, topic, b"u%d" % seq, b"d%d" % seq) for seq, topic, _ in rows
+        ]
+        tables = store._db.execute(
+            "SELECT name FROM sqlite_master WHERE type IN ('table', 'index')"
+        )
+        assert sorted(name for (name,) in tables if not name.startswith("sqlite_")) == [
+            "batches",
+            "meta",
+        ]
+        # Each event keeps its receipt time: age retention cuts where it cut before.
+        assert store.expire_older_than(cutoff=102.0) == 19  # 1..19 received before 102
+        assert store.first_sequence() == 20
+        assert store.append_fields([(b"/new/", b"p", b"ts", b"u", b"d")], 500.0) == 96
     finally:
         store.close()
+    store = EventStore(tmp_path)
+    try:
+        assert store.migrated == 0 and store.count() == len(rows) - 19 + 1
+    finally:
+        store.close()
+
+
+def test_an_export_of_an_older_release_s_log_reads_it_in_batches(tmp_path: Path) -> None:
+    rows = [(seq, b"/t/", 7.0) for seq in (2, 3, 5)]
+    old_release_log(tmp_path / DB_NAME, rows, high_water=6)
+    log = LogExport(tmp_path)
+    try:
+        assert (log.store_id, log.first_sequence, log.last_sequence, log.count) == (
+            "old-store",
+            2,
+            6,
+            3,
+        )
+        assert [row[0] for row in log.rows(0)] == [2, 3, 5]
+        assert log.count_between(2, 5) == 2
+        assert log.received_between() == (7.0, 7.0)
+    finally:
+        log.close()
 
 
 def test_compact_step_on_an_empty_store(store: EventStore) -> None:

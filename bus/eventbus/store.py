@@ -36,12 +36,15 @@ import sqlite3
 import time
 import uuid
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from bus.eventbus import logbatch
 from bus.eventbus.codec import Event, EventFields
+from bus.eventbus.eventlog import Row
 from bus.extension import StorageError
 from bus.util.chunking import ChunkSizer
 from bus.util.sqlitewal import (
@@ -49,9 +52,7 @@ from bus.util.sqlitewal import (
     Checkpointer,
     Durability,
     WalStatus,
-    execute_grouped,
     final_checkpoint,
-    numbered_rows,
     open_exclusive,
     open_wal,
 )
@@ -60,26 +61,6 @@ if TYPE_CHECKING:
     from bus.eventbus.eventlog import EventLog
 
 DB_NAME = "events.sqlite3"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    seq INTEGER PRIMARY KEY,
-    topic BLOB NOT NULL,
-    producer BLOB NOT NULL,
-    timestamp BLOB NOT NULL,
-    uuid BLOB NOT NULL,
-    data BLOB NOT NULL,
-    received REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value);
-"""
-_ROW = "(?, ?, ?, ?, ?, ?, ?)"
-_INSERT = f"INSERT INTO events VALUES {_ROW}"
-#: Rows one multi-row INSERT carries: SQLite steps it once for them all, where executemany
-#: binds, steps and resets a statement per row (bench/README.md, "The collector's path").
-ROWS_PER_INSERT = 64
-_INSERTS = {ROWS_PER_INSERT: "INSERT INTO events VALUES " + ", ".join([_ROW] * ROWS_PER_INSERT)}
-_COLUMNS = "seq, topic, producer, timestamp, uuid, data"
 
 
 def prefix_upper_bound(prefix: bytes) -> bytes | None:
@@ -251,8 +232,14 @@ class _Superseded:
         self.read_upto = max(self.read_upto, min(bound, self.unseen_upto))
 
 
+def _keeping_all_but(doomed: frozenset[int]) -> Callable[[int], bool]:
+    """What a batch keeps when the events at ``doomed`` are deleted."""
+    return lambda sequence: sequence not in doomed
+
+
 class EventStore:
-    """Append-only event log with sequence-range reads and chunked retention."""
+    """Append-only event log with sequence-range reads and chunked retention, a row per
+    batch of events (:mod:`bus.eventbus.logbatch`)."""
 
     def __init__(
         self,
@@ -267,14 +254,19 @@ class EventStore:
         self.wal_limit = wal_limit or None
         self._db = open_wal(self.path, durability, self.wal_limit)
         self._checkpointer = Checkpointer(self.path, self.wal_limit)
+        #: Events moved from an older release's format at this open (0: none).
+        self.migrated = 0
         try:
             self._open()
         except sqlite3.Error as error:
             self._db.close()
             raise StorageError(error) from error
+        except StorageError:
+            self._db.close()
+            raise
         #: Events held, once counted (count retention needs it): None until then.
         self._held: int | None = None
-        #: While counting: events up to this sequence were counted, and how many there are.
+        #: While counting: the batches up to this id were counted, and how many events they hold.
         self._counted_upto = 0
         self._counted = 0
         #: What latest-per-topic compaction knows, from its first step on (None before).
@@ -282,20 +274,21 @@ class EventStore:
         self._closed = False
 
     def _open(self) -> None:
-        self._db.executescript(_SCHEMA)
-        index = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'events_topic'"
-        if self._db.execute(index).fetchone() is not None:
-            # Compaction used an index on (topic, seq) before 0.2: it cost every insert.
-            # Dropped when it can be (a full disk keeps it: the next open tries again).
-            with contextlib.suppress(sqlite3.Error):
-                self._db.execute("DROP INDEX events_topic")
+        db = self._db
+        db.executescript(logbatch.SCHEMA)
+        if logbatch.has_old_rows(db):
+
+            def move() -> None:
+                self.migrated = logbatch.migrate(db)
+
+            _write(db, move)
         self.store_id = self._meta("store_id") or self._init_store_id()
-        top = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0
-        self._last = max(top, int(self._meta("high_water") or 0))
-        newest = self._db.execute(
-            "SELECT received FROM events ORDER BY seq DESC LIMIT 1"
+        newest = db.execute(
+            "SELECT last, received FROM batches ORDER BY id DESC LIMIT 1"
         ).fetchone()
-        self._last_received = 0.0 if newest is None else float(newest[0])
+        top, received = (0, 0.0) if newest is None else (int(newest[0]), float(newest[1]))
+        self._last_received = received
+        self._last = max(top, int(self._meta("high_water") or 0))
 
     # -- meta ----------------------------------------------------------------------------
 
@@ -330,16 +323,22 @@ class EventStore:
             return first
         # Receipt times never go backwards, so age retention can cut by sequence.
         received = max(received, self._last_received)
-        rows = numbered_rows(first, fields, received)
-        db = self._db
-        _write(db, lambda: execute_grouped(db, _INSERTS, _INSERT, rows))
+        self._insert(logbatch.consecutive_rows(first, fields, received))
         self._last = first + len(fields) - 1
         self._last_received = received
         if self._held is not None:
-            self._held += len(rows)
+            self._held += len(fields)
         if self._superseded is not None:
             self._superseded.appended(first, fields)
         return first
+
+    def _insert(self, rows: list[logbatch.Stored]) -> None:
+        db = self._db
+        if len(rows) == 1:
+            row = rows[0]
+            _write(db, lambda: db.execute(logbatch.INSERT, row))
+        else:
+            _write(db, lambda: db.executemany(logbatch.INSERT, rows))
 
     def append_at(self, events: Sequence[tuple[int, EventFields]], received: float) -> None:
         """Commit events under the sequences given (a pair's passive copies its active's
@@ -353,13 +352,11 @@ class EventStore:
                 raise ValueError(f"sequence {sequence} does not follow {previous}")
             previous = sequence
         received = max(received, self._last_received)
-        rows = [(seq, *fields, received) for seq, fields in events]
-        db = self._db
-        _write(db, lambda: execute_grouped(db, _INSERTS, _INSERT, rows))
+        self._insert(logbatch.numbered_rows(events, received))
         self._last = previous
         self._last_received = received
         if self._held is not None:
-            self._held += len(rows)
+            self._held += len(events)
         if self._superseded is not None:
             for sequence, fields in events:
                 self._superseded.see(fields[0], sequence)
@@ -374,7 +371,11 @@ class EventStore:
 
         def truncate() -> None:
             nonlocal deleted
-            deleted = db.execute("DELETE FROM events WHERE seq > ?", (sequence,)).rowcount
+            after = db.execute(
+                "SELECT COALESCE(SUM(held), 0) FROM batches WHERE id > ?", (sequence,)
+            ).fetchone()[0]
+            db.execute("DELETE FROM batches WHERE id > ?", (sequence,))
+            deleted = int(after) + self._rewrite_straddling(sequence, lambda s: s <= sequence)
             db.execute(
                 "INSERT INTO meta VALUES ('high_water', ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
@@ -383,12 +384,26 @@ class EventStore:
 
         _write(db, truncate)
         self._last = sequence
-        self._removed(int(deleted), above=sequence)
+        if deleted and self._held is None:  # a batch counted already may have lost some
+            self._counted_upto = self._counted = 0
+        self._removed(deleted)
         if self._superseded is not None:  # what it saw above is gone: read the log again
             self._superseded = _Superseded(sequence)
-        newest = db.execute("SELECT received FROM events ORDER BY seq DESC LIMIT 1").fetchone()
+        newest = db.execute("SELECT received FROM batches ORDER BY id DESC LIMIT 1").fetchone()
         self._last_received = 0.0 if newest is None else float(newest[0])
-        return int(deleted)
+        return deleted
+
+    def _rewrite_straddling(self, bound: int, keep: Callable[[int], bool]) -> int:
+        """Inside a transaction: the batch holding sequences on both sides of ``bound`` (if
+        any) keeps the events ``keep`` accepts; how many it lost."""
+        stored = self._db.execute(
+            f"SELECT {logbatch.COLUMNS} FROM batches WHERE id <= ? AND last > ? "
+            "ORDER BY id DESC LIMIT 1",
+            (bound, bound),
+        ).fetchone()
+        if stored is None:
+            return 0
+        return len(logbatch.rewrite(self._db, stored, keep))
 
     def skip_to(self, sequence: int) -> None:
         """Make ``sequence`` the last one assigned without an event: the next event gets
@@ -439,26 +454,40 @@ class EventStore:
 
     def ids_present(self, after: int, ids: Iterable[bytes]) -> set[bytes]:
         """Which of ``ids`` (event UUIDs) the log holds above sequence ``after``."""
-        wanted = list(set(ids))
+        wanted = set(ids)
         found: set[bytes] = set()
-        for start in range(0, len(wanted), 500):
-            part = wanted[start : start + 500]
-            marks = ",".join("?" * len(part))
-            rows = self._db.execute(
-                f"SELECT uuid FROM events WHERE seq > ? AND uuid IN ({marks})", [after, *part]
-            )
-            found.update(bytes(uuid) for (uuid,) in rows)
+        if not wanted:
+            return found
+        for _sequence, fields in logbatch.events_from(self._db, after):
+            if fields[3] in wanted:
+                found.add(fields[3])
         return found
 
     def event_ids(self, sequences: Iterable[int]) -> dict[int, bytes]:
         """The UUIDs of the events held at ``sequences`` (missing ones left out)."""
-        wanted = sorted(set(sequences))
         found: dict[int, bytes] = {}
-        for start in range(0, len(wanted), 500):
-            part = wanted[start : start + 500]
-            marks = ",".join("?" * len(part))
-            rows = self._db.execute(f"SELECT seq, uuid FROM events WHERE seq IN ({marks})", part)
-            found.update((int(seq), bytes(uuid)) for seq, uuid in rows)
+        held: dict[int, bytes] = {}
+        last = -1
+        for sequence in sorted(set(sequences)):
+            if sequence > last:  # the batch that would hold it, read whole
+                stored = self._db.execute(
+                    "SELECT first, last, seqs, events FROM batches WHERE id <= ? "
+                    "ORDER BY id DESC LIMIT 1",
+                    (sequence,),
+                ).fetchone()
+                if stored is None:
+                    continue
+                first, last, seqs, packed = stored
+                held = {
+                    number: fields[3]
+                    for number, fields in zip(
+                        logbatch.sequences_of(first, last, seqs),
+                        logbatch.unpack(packed),
+                        strict=True,
+                    )
+                }
+            if sequence in held:
+                found[sequence] = held[sequence]
         return found
 
     def read(
@@ -480,40 +509,21 @@ class EventStore:
         upto: int | None = None,
         prefixes: Iterable[bytes] = (),
         limit: int = 1000,
-    ) -> list[tuple[int, bytes, bytes, bytes, bytes, bytes]]:
+    ) -> list[Row]:
         """:meth:`read` as plain rows ``(seq, topic, producer, timestamp, uuid, data)``: for
         the snapshot's hot path, which turns them into messages without an Event each."""
-        clauses = ["seq > ?"]
-        params: list[object] = [after]
-        if upto is not None:
-            clauses.append("seq <= ?")
-            params.append(upto)
-        wanted = list(prefixes)
-        if wanted and all(wanted):  # an empty prefix matches every topic
-            alternatives = []
-            for prefix in wanted:
-                upper = prefix_upper_bound(prefix)
-                if upper is None:
-                    alternatives.append("topic >= ?")
-                    params.append(prefix)
-                else:
-                    alternatives.append("(topic >= ? AND topic < ?)")
-                    params.extend((prefix, upper))
-            clauses.append("(" + " OR ".join(alternatives) + ")")
-        sql = f"SELECT {_COLUMNS} FROM events WHERE {' AND '.join(clauses)} ORDER BY seq LIMIT ?"
-        params.append(limit)
-        return self._db.execute(sql, params).fetchall()
+        return logbatch.read_rows(self._db, after, upto, prefixes, limit)
 
     def count(self) -> int:
         """Events held now (kept in memory once count retention counted them)."""
         if self._held is not None:
             return self._held
-        return int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+        return int(self._db.execute("SELECT COALESCE(SUM(held), 0) FROM batches").fetchone()[0])
 
     def first_sequence(self) -> int | None:
         """The lowest sequence still held; None when the log is empty."""
-        row = self._db.execute("SELECT MIN(seq) FROM events").fetchone()
-        return None if row[0] is None else int(row[0])
+        row = self._db.execute("SELECT first FROM batches ORDER BY id LIMIT 1").fetchone()
+        return None if row is None else int(row[0])
 
     def size(self) -> int:
         """Bytes on disk: the database and its write-ahead log."""
@@ -535,30 +545,42 @@ class EventStore:
         def delete() -> None:
             nonlocal deleted, gone
             self._save_high_water()
+            whole = "FROM batches WHERE id <= ? AND last <= ?"
             if tracked is not None and tracked.latest:  # compaction forgets their topics
-                gone = db.execute(
-                    "SELECT seq, topic FROM events WHERE seq <= ?", (bound,)
-                ).fetchall()
-            deleted = db.execute("DELETE FROM events WHERE seq <= ?", (bound,)).rowcount
+                for first, last, seqs, packed in db.execute(
+                    f"SELECT first, last, seqs, events {whole}", (bound, bound)
+                ):
+                    numbers = logbatch.sequences_of(first, last, seqs)
+                    gone.extend(
+                        (sequence, fields[0])
+                        for sequence, fields in zip(numbers, logbatch.unpack(packed), strict=True)
+                    )
+            count = db.execute(f"SELECT COALESCE(SUM(held), 0) {whole}", (bound, bound))
+            deleted = int(count.fetchone()[0])
+            db.execute(f"DELETE {whole}", (bound, bound))
+            stored = db.execute(
+                f"SELECT {logbatch.COLUMNS} FROM batches WHERE id <= ?", (bound,)
+            ).fetchone()  # what is left at or below bound: at most the batch across it
+            if stored is not None:
+                part = logbatch.rewrite(db, stored, lambda sequence: sequence > bound)
+                deleted += len(part)
+                gone.extend(part)
 
         _write(db, delete)
-        self._removed(int(deleted), upto=bound)
+        self._removed(deleted, upto=bound)
         if tracked is not None:
             tracked.removed_through(bound, gone)
-        return int(deleted)
+        return deleted
 
-    def _removed(self, deleted: int, *, upto: int | None = None, above: int | None = None) -> None:
-        """Keep the count of events held: ``deleted`` of them are gone, all at or below
-        ``upto`` or all above ``above``. A count under way stays right when none of them
-        lay in what it counted already, and starts over otherwise."""
+    def _removed(self, deleted: int, *, upto: int | None = None) -> None:
+        """Keep the count of events held: ``deleted`` of them are gone (all in batches whose
+        id is at or below ``upto``, when given). A count under way stays right when they
+        all lay in batches it counted already, and starts over otherwise."""
         if self._held is not None:
             self._held -= deleted
-        elif deleted and (
-            (upto is not None and upto > self._counted_upto)
-            or (above is not None and above < self._counted_upto)
-        ):
+        elif deleted and (upto is None or upto > self._counted_upto):
             self._counted_upto = self._counted = 0
-        elif deleted and upto is not None:
+        elif deleted:
             self._counted -= deleted
 
     def _save_high_water(self) -> None:
@@ -571,23 +593,15 @@ class EventStore:
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
         """Delete up to ``chunk`` of the oldest events, those received before ``cutoff``
         (epoch seconds). Receipt times never go backwards: they are the oldest events."""
-        db = self._db
-        row = self._chunk_end(chunk)
-        if row is not None and row[1] < cutoff:  # the whole chunk (no receipt time read)
-            return self._delete_through(int(row[0]))
-        row = db.execute(
-            "SELECT MAX(seq) FROM (SELECT seq, received FROM events ORDER BY seq LIMIT ?) "
-            "WHERE received < ?",
-            (chunk, cutoff),
-        ).fetchone()
-        return 0 if row[0] is None else self._delete_through(int(row[0]))
+        bound, _ = self._oldest(chunk, cutoff)
+        return 0 if bound is None else self._delete_through(bound)
 
     def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
         """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``.
 
         Returns (deleted, finished): finished once no more than ``max_count`` are held. The
-        first calls after the store opened count the events held, ``chunk`` times
-        :data:`COUNTED_PER_DELETED` sequences a call, deleting nothing meanwhile."""
+        first calls after the store opened count the events held, the batches of ``chunk``
+        times :data:`COUNTED_PER_DELETED` sequences a call, deleting nothing meanwhile."""
         if self._held is None:
             self._count_some(chunk * COUNTED_PER_DELETED)
             return 0, False
@@ -595,40 +609,49 @@ class EventStore:
         if excess <= 0:
             return 0, True
         take = min(excess, chunk)
-        row = self._chunk_end(take)
-        if row is None:  # fewer events than counted: someone else deleted some; count again
+        bound, found = self._oldest(take)
+        if bound is None or found < take:  # fewer than counted: someone else deleted some
             self._held = None
             self._counted_upto = self._counted = 0
             return 0, False
-        deleted = self._delete_through(int(row[0]))
+        deleted = self._delete_through(bound)
         return deleted, deleted >= excess
 
-    def _chunk_end(self, size: int) -> tuple[int, float] | None:
-        """The sequence and receipt time of the first event at or above the oldest one plus
-        ``size - 1``: no more than ``size`` events are at or below it (exactly ``size`` where
-        the sequence has no hole). Two index seeks, where walking ``size`` events cost a
-        fifth of deleting them."""
-        db = self._db
-        first = db.execute("SELECT MIN(seq) FROM events").fetchone()[0]
-        if first is None:
-            return None
-        row = db.execute(
-            "SELECT seq, received FROM events WHERE seq >= ? ORDER BY seq LIMIT 1",
-            (int(first) + size - 1,),
-        ).fetchone()
-        return None if row is None else (int(row[0]), float(row[1]))
+    def _oldest(self, size: int, cutoff: float | None = None) -> tuple[int | None, int]:
+        """The sequence at or below which lie the ``size`` oldest events (or, with
+        ``cutoff``, those of them received before it), and how many there are; None when
+        there are none. It reads the oldest batches' numbers (``size`` / the events a batch
+        holds), not their events."""
+        bound: int | None = None
+        found = 0
+        cursor = self._db.execute(
+            "SELECT first, last, held, received, seqs FROM batches ORDER BY id"
+        )
+        try:
+            for first, last, held, received, seqs in cursor:
+                if cutoff is not None and received >= cutoff:
+                    break
+                if found + held >= size:
+                    bound = logbatch.sequence_at(first, last, seqs, size - found - 1)
+                    found = size
+                    break
+                found += held
+                bound = last
+        finally:
+            cursor.close()
+        return bound, found
 
     def _count_some(self, sequences: int) -> None:
-        """Count the events of the next ``sequences`` sequences; once the count reaches the
-        last sequence, it is the number of events held, kept from then on."""
+        """Count the events of the batches of the next ``sequences`` sequences; once the
+        count reaches the last sequence, it is the number of events held, kept from then on."""
         top = self._last
-        if not self._counted_upto:
-            first = self.first_sequence()
-            self._counted_upto = top if first is None else first - 1
+        if not self._counted_upto:  # from the oldest batch on
+            oldest = self._db.execute("SELECT id FROM batches ORDER BY id LIMIT 1").fetchone()
+            self._counted_upto = top if oldest is None else int(oldest[0]) - 1
         upto = min(self._counted_upto + sequences, top)
         self._counted += int(
             self._db.execute(
-                "SELECT COUNT(*) FROM events WHERE seq > ? AND seq <= ?",
+                "SELECT COALESCE(SUM(held), 0) FROM batches WHERE id > ? AND id <= ?",
                 (self._counted_upto, upto),
             ).fetchone()[0]
         )
@@ -648,13 +671,14 @@ class EventStore:
             tracked = self._superseded = _Superseded(self._last)
         if tracked.reading:
             limit = chunk * SCANNED_PER_DELETED
-            rows = self._db.execute(
-                "SELECT seq, topic FROM events WHERE seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
-                (tracked.read_upto, tracked.unseen_upto, limit),
-            ).fetchall()
-            for sequence, topic in rows:
-                tracked.see(topic, sequence)
-            tracked.read_upto = rows[-1][0] if len(rows) == limit else tracked.unseen_upto
+            events = logbatch.events_from(self._db, tracked.read_upto, tracked.unseen_upto)
+            for read, (sequence, fields) in enumerate(events, 1):
+                tracked.see(fields[0], sequence)
+                if read == limit:
+                    events.close()
+                    tracked.read_upto = sequence
+                    return 0, False
+            tracked.read_upto = tracked.unseen_upto
             return 0, False
         victims = tracked.take(chunk)
         if not victims:
@@ -663,35 +687,32 @@ class EventStore:
         return deleted, not tracked.waiting
 
     def _delete_sequences(self, sequences: list[int]) -> int:
-        """Delete the events at ``sequences`` (increasing; some may be gone already)."""
-        runs: list[list[int]] = []
-        if sequences[-1] - sequences[0] + 1 == len(sequences):  # no hole: one range
-            runs.append([sequences[0], sequences[-1]])
-        else:
-            for sequence in sequences:
-                if runs and runs[-1][1] == sequence - 1:
-                    runs[-1][1] = sequence
-                else:
-                    runs.append([sequence, sequence])
+        """Delete the events at ``sequences`` (increasing; some may be gone already): each
+        batch that holds some is written again without them."""
         db = self._db
         deleted = 0
 
         def delete() -> None:
             nonlocal deleted
             self._save_high_water()
-            if len(runs) * 4 <= len(sequences):  # mostly consecutive: a range each
-                deleted = db.executemany(
-                    "DELETE FROM events WHERE seq >= ? AND seq <= ?", runs
-                ).rowcount
-                return
-            for start in range(0, len(sequences), 500):
-                part = sequences[start : start + 500]
-                marks = ",".join("?" * len(part))
-                deleted += db.execute(f"DELETE FROM events WHERE seq IN ({marks})", part).rowcount
+            index = 0
+            while index < len(sequences):
+                stored = db.execute(
+                    f"SELECT {logbatch.COLUMNS} FROM batches WHERE id <= ? "
+                    "ORDER BY id DESC LIMIT 1",
+                    (sequences[index],),
+                ).fetchone()
+                if stored is None or stored[2] < sequences[index]:
+                    index += 1
+                    continue
+                end = bisect_right(sequences, stored[2], index)
+                doomed = frozenset(sequences[index:end])
+                deleted += len(logbatch.rewrite(db, stored, _keeping_all_but(doomed)))
+                index = end
 
         _write(db, delete)
-        self._removed(int(deleted), upto=sequences[-1])
-        return int(deleted)
+        self._removed(deleted, upto=sequences[-1])
+        return deleted
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -751,88 +772,104 @@ class EventStore:
 class LogExport:
     """A log read whole by a process that has it alone (``eventbus-cli import-log``): no
     server may have it open (:class:`bus.util.sqlitewal.InUse` says so at once), and none
-    can open it while this is open. Nothing is written."""
+    can open it while this is open. Nothing is written, except that a log of an older
+    release is moved to this release's rows first, as a server's open would."""
 
     def __init__(self, directory: Path | str) -> None:
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
         self._db = open_exclusive(self.path)
+        db = self._db
         try:
-            tables = {row[0] for row in self._db.execute("SELECT name FROM sqlite_master")}
-            if not {"events", "meta"} <= tables:
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+            if "meta" not in tables or not tables & {"events", "batches"}:
                 raise StorageError(sqlite3.DatabaseError(f"{self.path} is not an Event BUS log"))
+            if "events" in tables:
+                db.executescript(logbatch.SCHEMA)
+                _write(db, lambda: logbatch.migrate(db))
             #: The log's identity, as its server named it to clients.
             self.store_id = self._meta("store_id") or ""
-            top = self._db.execute("SELECT MAX(seq) FROM events").fetchone()[0] or 0
+            ends = db.execute("SELECT MIN(first), MAX(last) FROM batches").fetchone()
             #: The highest sequence ever assigned (retention and a pair's skips included).
-            self.last_sequence = max(int(top), int(self._meta("high_water") or 0))
-            first = self._db.execute("SELECT MIN(seq) FROM events").fetchone()[0]
+            self.last_sequence = max(int(ends[1] or 0), int(self._meta("high_water") or 0))
             #: The lowest sequence held; None when the log holds no event.
-            self.first_sequence: int | None = None if first is None else int(first)
+            self.first_sequence: int | None = None if ends[0] is None else int(ends[0])
             #: Events held.
-            self.count = int(self._db.execute("SELECT COUNT(*) FROM events").fetchone()[0])
+            self.count = int(db.execute("SELECT COALESCE(SUM(held), 0) FROM batches").fetchone()[0])
         except sqlite3.Error as error:
-            self._db.close()
+            db.close()
             raise StorageError(sqlite3.DatabaseError(f"{self.path}: {error}")) from error
         except StorageError:
-            self._db.close()
+            db.close()
             raise
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
-    def rows(
-        self, after: int, limit: int = 5000
-    ) -> list[tuple[int, bytes, bytes, bytes, bytes, bytes]]:
+    def rows(self, after: int, limit: int = 5000) -> list[Row]:
         """At most ``limit`` events above ``after``, in order: ``(seq, topic, producer,
         timestamp, uuid, data)``."""
-        return self._db.execute(
-            f"SELECT {_COLUMNS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?", (after, limit)
-        ).fetchall()
+        return logbatch.read_rows(self._db, after, None, (), limit)
 
     def count_between(self, after: int, upto: int) -> int:
         """Events held with ``after < seq <= upto``."""
-        row = self._db.execute(
-            "SELECT COUNT(*) FROM events WHERE seq > ? AND seq <= ?", (after, upto)
-        ).fetchone()
-        return int(row[0])
+        counted = 0
+        cursor = logbatch.batches_from(self._db, after, upto, "first, last, held, seqs")
+        try:
+            for first, last, held, seqs in cursor:
+                if first > after and last <= upto:
+                    counted += held
+                else:
+                    numbers = logbatch.sequences_of(first, last, seqs)
+                    counted += sum(1 for sequence in numbers if after < sequence <= upto)
+        finally:
+            cursor.close()
+        return counted
+
+    def _events(self) -> Iterator[tuple[int, EventFields]]:
+        return logbatch.events_from(self._db, 0)
 
     def repeats(self) -> set[int]:
         """The sequences of events whose uuid an earlier event of the log holds (SQLite
         keeps every copy a publisher sent; a server that resends keeps one)."""
-        rows = self._db.execute(
-            "SELECT events.seq FROM events JOIN (SELECT uuid, MIN(seq) AS first FROM events "
-            "GROUP BY uuid HAVING COUNT(*) > 1) AS repeated ON events.uuid = repeated.uuid "
-            "WHERE events.seq > repeated.first"
+        db = self._db  # the ids go through a temporary table: a log may not fit in memory
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS ids (seq INTEGER PRIMARY KEY, uuid BLOB)")
+        db.execute("DELETE FROM temp.ids")
+        db.executemany(
+            "INSERT INTO temp.ids VALUES (?, ?)",
+            ((sequence, fields[3]) for sequence, fields in self._events()),
         )
-        return {int(seq) for (seq,) in rows}
+        rows = db.execute(
+            "SELECT ids.seq FROM temp.ids AS ids JOIN (SELECT uuid, MIN(seq) AS first "
+            "FROM temp.ids GROUP BY uuid HAVING COUNT(*) > 1) AS repeated "
+            "ON ids.uuid = repeated.uuid WHERE ids.seq > repeated.first"
+        )
+        found = {int(seq) for (seq,) in rows}
+        db.execute("DROP TABLE temp.ids")
+        return found
 
     def largest(self) -> tuple[int, int]:
         """The sequence and size (producer, timestamp, uuid and data) of the largest
         event; ``(0, 0)`` for an empty log."""
-        row = self._db.execute(
-            "SELECT seq, length(producer) + length(timestamp) + length(uuid) + length(data) "
-            "AS size FROM events ORDER BY size DESC LIMIT 1"
-        ).fetchone()
-        return (0, 0) if row is None else (int(row[0]), int(row[1]))
+        best = (0, 0)
+        for sequence, (_topic, producer, timestamp, event_id, data) in self._events():
+            size = len(producer) + len(timestamp) + len(event_id) + len(data)
+            if size > best[1]:
+                best = (sequence, size)
+        return best
 
     def topics_longer_than(self, length: int) -> list[bytes]:
         """The distinct topics of more than ``length`` bytes."""
-        rows = self._db.execute(
-            "SELECT DISTINCT topic FROM events WHERE length(topic) > ?", (length,)
-        )
-        return [bytes(topic) for (topic,) in rows]
+        return sorted({fields[0] for _, fields in self._events() if len(fields[0]) > length})
 
     def received_between(self) -> tuple[float, float] | None:
         """When the oldest and the newest events held were received (epoch seconds)."""
-        if self.first_sequence is None:
+        oldest = self._db.execute("SELECT received FROM batches ORDER BY id LIMIT 1").fetchone()
+        if oldest is None:
             return None
-        first = self._db.execute("SELECT received FROM events ORDER BY seq LIMIT 1").fetchone()[0]
-        last = self._db.execute("SELECT received FROM events ORDER BY seq DESC LIMIT 1").fetchone()[
-            0
-        ]
-        return float(first), float(last)
+        newest = self._db.execute("SELECT received FROM batches ORDER BY id DESC LIMIT 1")
+        return float(oldest[0]), float(newest.fetchone()[0])
 
     def close(self) -> None:
         """Close the log (and its lock)."""
