@@ -358,9 +358,10 @@ def test_receipt_times_never_go_backwards_across_reopen(tmp_path: Path) -> None:
 
 
 def test_trim_to_count_counts_the_log_first_then_keeps_the_newest(store: EventStore) -> None:
-    fill(store, [b"/t/%d" % i for i in range(10)])
-    # The first steps count the events held, 8 sequences per event of the chunk, deleting
-    # nothing: a step's cost follows its chunk, not the size of the log.
+    for i in range(10):  # a batch each
+        fill(store, [b"/t/%d" % i])
+    # The first steps count the events held, the batches of 8 sequences per event of the
+    # chunk, deleting nothing: a step's cost follows its chunk, not the size of the log.
     assert store.trim_to_count(3, chunk=1) == (0, False)  # sequences 1..8
     assert seqs(store.read(0)) == list(range(1, 11))
     assert store.trim_to_count(3, chunk=1) == (0, False)  # 9..10: 10 events held
@@ -873,8 +874,9 @@ class StoreMachine(RuleBasedStateMachine):
     def compact_to_the_end(self, chunk: int) -> None:
         """Steps until finished, within a bound: reading what the log holds, 3 events per
         event of the chunk a step, then deleting what was seen superseded (some of it may
-        be gone already: at most every event made so far)."""
-        steps = -(-len(self.rows) // (3 * chunk)) + -(-self.n // chunk) + 2
+        be gone already: at most every event made so far), one at least a step (a step
+        stops early once the batches it wrote again held a chunk of events)."""
+        steps = -(-len(self.rows) // (3 * chunk)) + self.n + 2
         for _ in range(steps):
             if self.store.compact_step(chunk)[1]:
                 break

@@ -36,9 +36,10 @@ import sqlite3
 import time
 import uuid
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from heapq import heappop, heappush
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -161,26 +162,37 @@ class Retention:
         if self.latest_per_topic:
             finished = False
             while not finished:
-                chunk, started = sizer.chunk("latest"), clock()
-                deleted, finished = log().compact_step(chunk)
+                current = log()
+                # Reading the log's topics and deleting differ in cost per event: each its own.
+                reading = isinstance(current, EventStore) and current.compaction_reading
+                kind = "latest-read" if reading else "latest"
+                chunk, started = sizer.chunk(kind), clock()
+                deleted, finished = current.compact_step(chunk)
                 if not finished:
-                    sizer.took("latest", chunk, clock() - started)
+                    sizer.took(kind, chunk, clock() - started)
                 if deleted or not finished:
                     yield deleted
 
 
+#: Superseded sequences are handed out to be deleted by region of the log, this many
+#: sequences wide: the victims of one step lie in few batches, and a batch is written again
+#: once for all the victims it holds, not once per victim.
+REGION = 256
+
+
 class _Superseded:
     """Latest-per-topic compaction's knowledge of the log: each topic's newest sequence seen,
-    and the sequences seen to be superseded, to delete. Events appended are seen as they are
-    committed; those already there when it began (up to ``unseen_upto``) are read a chunk at a
-    time. Memory: an entry per topic held (its name and an int), 8 bytes per superseded event
-    until it is deleted."""
+    and the sequences seen to be superseded, to delete, by region of the log (:data:`REGION`).
+    Events appended are seen as they are committed; those already there when it began (up to
+    ``unseen_upto``) are read a chunk at a time. Memory: an entry per topic held (its name
+    and an int), 8 bytes per superseded event until it is deleted."""
 
     def __init__(self, unseen_upto: int) -> None:
         self.latest: dict[bytes, int] = {}
-        self.pending = array("q")
-        #: pending[:taken] were handed out to be deleted.
-        self.taken = 0
+        #: Superseded sequences by region, and the regions that hold some (a heap).
+        self.regions: dict[int, array[int]] = {}
+        self._order: list[int] = []
+        self.waiting = 0
         #: Events up to here were read; those above ``unseen_upto`` are seen as appended.
         self.read_upto = 0
         self.unseen_upto = unseen_upto
@@ -190,38 +202,56 @@ class _Superseded:
         """Some events that were there before it began are not read yet."""
         return self.read_upto < self.unseen_upto
 
+    def _superseded(self, sequence: int) -> None:
+        region = sequence // REGION
+        held = self.regions.get(region)
+        if held is None:
+            held = self.regions[region] = array("q")
+            heappush(self._order, region)
+        held.append(sequence)
+        self.waiting += 1
+
     def see(self, topic: bytes, sequence: int) -> None:
         """An event of ``topic`` is at ``sequence``: one of the two is superseded."""
         previous = self.latest.get(topic)
         if previous is None or previous < sequence:
             self.latest[topic] = sequence
             if previous is not None:
-                self.pending.append(previous)
+                self._superseded(previous)
         else:
-            self.pending.append(sequence)
+            self._superseded(sequence)
 
     def appended(self, first: int, fields: Sequence[EventFields]) -> None:
         """Events appended under ``first`` and the next sequences: each the newest of its topic."""
-        latest, pending = self.latest, self.pending
+        latest = self.latest
         for sequence, event in enumerate(fields, first):
             previous = latest.get(event[0])
             latest[event[0]] = sequence
             if previous is not None:
-                pending.append(previous)
+                self._superseded(previous)
 
     def take(self, count: int) -> list[int]:
-        """Up to ``count`` superseded sequences, in order, handed out to be deleted."""
-        part = self.pending[self.taken : self.taken + count]
-        self.taken += len(part)
-        if self.taken * 2 > len(self.pending):  # give back what was handed out
-            del self.pending[: self.taken]
-            self.taken = 0
-        return sorted(part)
+        """Up to ``count`` superseded sequences, the lowest regions' first, in order, handed
+        out to be deleted."""
+        taken: list[int] = []
+        order, regions = self._order, self.regions
+        while order and len(taken) < count:
+            held = regions[order[0]]
+            room = count - len(taken)
+            if len(held) <= room:
+                del regions[heappop(order)]
+                taken.extend(held)
+            else:  # the region's lowest, the rest kept for the next step
+                part = sorted(held)
+                taken.extend(part[:room])
+                regions[order[0]] = array("q", part[room:])
+        self.waiting -= len(taken)
+        return sorted(taken)
 
-    @property
-    def waiting(self) -> int:
-        """Superseded sequences not handed out yet."""
-        return len(self.pending) - self.taken
+    def give_back(self, sequences: Iterable[int]) -> None:
+        """Superseded sequences handed out and not deleted: to hand out again."""
+        for sequence in sequences:
+            self._superseded(sequence)
 
     def removed_through(self, bound: int, rows: Iterable[tuple[int, bytes]]) -> None:
         """Every event up to ``bound`` was deleted (``rows``: their sequences and topics)."""
@@ -645,9 +675,12 @@ class EventStore:
         """Count the events of the batches of the next ``sequences`` sequences; once the
         count reaches the last sequence, it is the number of events held, kept from then on."""
         top = self._last
-        if not self._counted_upto:  # from the oldest batch on
-            oldest = self._db.execute("SELECT id FROM batches ORDER BY id LIMIT 1").fetchone()
-            self._counted_upto = top if oldest is None else int(oldest[0]) - 1
+        if not self._counted_upto:  # the oldest batch first, then on from its last sequence
+            oldest = self._db.execute(
+                "SELECT last, held FROM batches ORDER BY id LIMIT 1"
+            ).fetchone()
+            self._counted_upto, self._counted = (top, 0) if oldest is None else oldest
+            sequences -= 1
         upto = min(self._counted_upto + sequences, top)
         self._counted += int(
             self._db.execute(
@@ -658,6 +691,12 @@ class EventStore:
         self._counted_upto = upto
         if upto >= top:
             self._held = self._counted
+
+    @property
+    def compaction_reading(self) -> bool:
+        """Compaction's next step reads events that were in the log before it began."""
+        tracked = self._superseded
+        return tracked is None or tracked.reading
 
     def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
         """Latest-value-per-topic compaction, a step: read the topics of up to ``chunk``
@@ -683,36 +722,58 @@ class EventStore:
         victims = tracked.take(chunk)
         if not victims:
             return 0, True
-        deleted = self._delete_sequences(victims)
+        deleted, left = self._delete_sequences(victims, work=chunk)
+        tracked.give_back(left)
         return deleted, not tracked.waiting
 
-    def _delete_sequences(self, sequences: list[int]) -> int:
-        """Delete the events at ``sequences`` (increasing; some may be gone already): each
-        batch that holds some is written again without them."""
+    def _delete_sequences(
+        self, sequences: list[int], work: int | None = None
+    ) -> tuple[int, list[int]]:
+        """Delete the events at ``sequences`` (increasing; some may be gone already): a batch
+        that holds only them is deleted, one that holds others too is written again without
+        them. With ``work``, batches are written again only until their events come to it
+        (one at least): how long a step takes follows its work, where the victims alone say
+        little (one in each of many batches costs a batch each). Returns how many events
+        were deleted, and the sequences left for later."""
         db = self._db
         deleted = 0
+        done = 0
 
         def delete() -> None:
-            nonlocal deleted
+            nonlocal deleted, done
             self._save_high_water()
-            index = 0
-            while index < len(sequences):
+            spent = 0
+            while done < len(sequences):
                 stored = db.execute(
-                    f"SELECT {logbatch.COLUMNS} FROM batches WHERE id <= ? "
+                    "SELECT id, first, last, held, seqs FROM batches WHERE id <= ? "
                     "ORDER BY id DESC LIMIT 1",
-                    (sequences[index],),
+                    (sequences[done],),
                 ).fetchone()
-                if stored is None or stored[2] < sequences[index]:
-                    index += 1
+                if stored is None or stored[2] < sequences[done]:
+                    done += 1
                     continue
-                end = bisect_right(sequences, stored[2], index)
-                doomed = frozenset(sequences[index:end])
-                deleted += len(logbatch.rewrite(db, stored, _keeping_all_but(doomed)))
-                index = end
+                batch, first, last, held, seqs = stored
+                end = bisect_right(sequences, last, done)
+                if seqs is None and end - bisect_left(sequences, first, done, end) == held:
+                    db.execute("DELETE FROM batches WHERE id = ?", (batch,))  # no decoding
+                    deleted += held
+                    spent += end - done
+                else:
+                    if work is not None and spent and spent + held > work:
+                        return
+                    (packed,) = db.execute(
+                        "SELECT events FROM batches WHERE id = ?", (batch,)
+                    ).fetchone()
+                    doomed = frozenset(sequences[done:end])
+                    row = (batch, first, last, held, 0.0, seqs, packed)
+                    deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
+                    spent += held
+                done = end
 
         _write(db, delete)
-        self._removed(deleted, upto=sequences[-1])
-        return deleted
+        if done:
+            self._removed(deleted, upto=sequences[done - 1])
+        return deleted, sequences[done:]
 
     # -- lifecycle -----------------------------------------------------------------------
 
