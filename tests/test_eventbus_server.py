@@ -196,3 +196,41 @@ def test_the_retention_pass_applies_latest_per_topic_and_max_age_by_the_service_
         assert server.store.last_sequence == 6
     finally:
         yield server.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_log_of_the_previous_release_is_served_after_its_move_to_batches(
+    tmp_path: Any, peers: list[Any]
+) -> Any:
+    from twisted.logger import globalLogPublisher
+
+    from tests.test_eventbus_store import old_release_log
+
+    old_release_log(tmp_path / "events.sqlite3", [(1, b"/old/a/", 1.0), (3, b"/old/b/", 1.0)], 3)
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if "moved" in str(event.get("log_format", "")):
+            lines.append(str(event.get("count")))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        server = start_bus(tmp_path)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    try:
+        assert lines == ["2"]
+        producer = RawPeer.dealer(server.endpoints["collector"])
+        snap = RawPeer.dealer(server.endpoints["snapshot"])
+        peers += [producer, snap]
+        producer.send(pub("/new/"))
+        yield wait_until(lambda: server.store.last_sequence == 4)
+        snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
+        yield wait_until(lambda: snapshot_ended(snap))
+        assert [(m[1], sequence(m[2])) for m in snap.messages[:-1]] == [
+            (b"/old/a/", 1),
+            (b"/old/b/", 3),
+            (b"/new/", 4),
+        ]
+    finally:
+        yield server.stopService()

@@ -509,7 +509,7 @@ CREATE TABLE meta (key TEXT PRIMARY KEY, value);
 
 
 def old_release_log(path: Path, rows: list[tuple[int, bytes, float]], high_water: int) -> None:
-    """A log as releases before 0.9 wrote it: a row per event (and, before 0.2, an index)."""
+    """A log as release 0.1.1 and earlier wrote it: a row per event (some with an index)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(path)
     db.executescript(OLD_EVENTS)

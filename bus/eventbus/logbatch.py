@@ -20,8 +20,9 @@ Batches never overlap and are ordered by ``id``: every sequence of a batch is at
 its ``id`` and below the next batch's. Removing events from a batch writes it again with the
 rest (or deletes it when none is left).
 
-Logs of releases before 0.9 held a row per event (table ``events``): :func:`migrate` moves
-them over, in one transaction, at their first open.
+Logs of release 0.1.1 and earlier held a row per event (table ``events``): :func:`migrate`
+moves them over, in one transaction, at their first open; those releases cannot read a log
+of batches.
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ def rewrite(db: sqlite3.Connection, stored: Stored, keep: Callable[[int], bool])
 
 
 def has_old_rows(db: sqlite3.Connection) -> bool:
-    """The database holds a log of a release before 0.9 (a row per event)."""
+    """The database holds a log of release 0.1.1 or earlier (a row per event)."""
     row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'events'")
     return row.fetchone() is not None
 

@@ -130,6 +130,13 @@ class EventBusService(Service):
             store = EventStore(config.data_dir, config.durability, config.wal_limit)
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
+        if store.migrated:
+            log.info(
+                "event log {path}: moved {count} events of an older release's log (a row per "
+                "event) into batches; earlier releases cannot read it now",
+                path=str(store.path),
+                count=store.migrated,
+            )
         self.core = EventBusCore.of_bus(store, config, clock=self.clock, logger=log)
         self.core.woken = self._pair_acted
         self.snapshots = SnapshotScheduler(
