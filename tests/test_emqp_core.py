@@ -236,6 +236,66 @@ def test_guaranteed_requests_the_store_refused_are_refused_and_never_stored(
     store.close()
 
 
+def test_committed_guaranteed_requests_take_free_slots_in_order_then_wait(
+    tmp_path: Path,
+) -> None:
+    """At the commit each goes to a free slot as a new request would (heaviest worker, then
+    the least recently used, on from the dispatches before it); the rest wait, ahead of
+    what comes after them."""
+    store = JobStore(tmp_path)
+    try:
+        h = Harness(store)
+        h.inform(b"a", [[20, "q"]], slots=2)
+        h.inform(b"b", [[20, "q"]], slots=2)
+        h.inform(b"light", [[5, "q"]])
+        h.sent_to_workers()
+        first = h.request("q", "plain")
+        held = [h.request("q", i, b"guarantee,reply-requested") for i in range(4)]
+        assert h.sent_to_workers() == [(b"a", first)]
+        h.commit()
+        assert h.sent_to_workers() == [(b"b", held[0]), (b"a", held[1]), (b"b", held[2])]
+        assert [job.msgid for job in h.broker.queues[b"q"].waiting] == [held[3]]
+        later = h.request("q", "plain")
+        h.ready(b"light")
+        h.ready(b"light")
+        assert h.sent_to_workers() == [(b"light", held[3]), (b"light", later)]
+        acknowledged = [m[5] for m in h.broker.to_clients if len(m) == 6]
+        assert acknowledged == [first, held[0], held[1], held[2], held[3], later]
+    finally:
+        store.close()
+
+
+def test_committed_guaranteed_requests_wait_in_a_paused_or_gone_queue(tmp_path: Path) -> None:
+    """A paused queue holds them, each behind what waited before it, until it is resumed;
+    a queue dropped before the commit (its only worker left) is made again for them."""
+    store = JobStore(tmp_path)
+    try:
+        h = Harness(store)
+        h.inform(b"w", [[10, "q"]], slots=3)
+        h.inform(b"x-worker", [[10, "x"]])
+        assert h.broker.pause(b"q")
+        first = h.request("q", 1, b"guarantee")
+        orphan = h.request("x", "gone", b"guarantee")
+        h.broker.on_worker_message(b"x-worker", codec.kbye())
+        assert b"x" not in h.broker.queues
+        h.commit()  # the paused queue has a free slot and nothing waiting: held all the same
+        between = h.request("q", "plain")
+        second = h.request("q", 2, b"guarantee")
+        h.commit()
+        after = h.request("q", "plain")
+        assert h.sent_to_workers() == []
+        waiting = [job.msgid for job in h.broker.queues[b"q"].waiting]
+        assert waiting == [first, between, second, after]
+        assert [job.msgid for job in h.broker.queues[b"x"].waiting] == [orphan]
+        assert h.broker.resume(b"q")
+        assert h.sent_to_workers() == [(b"w", first), (b"w", between), (b"w", second)]
+        assert [job.msgid for job in h.broker.queues[b"q"].waiting] == [after]
+        h.inform(b"x-again", [[1, "x"]], slots=1)
+        assert h.sent_to_workers() == [(b"x-again", orphan)]
+    finally:
+        store.close()
+
+
 def test_a_stranger_is_told_kbye_once_until_it_informs() -> None:
     h = Harness()
     for _ in range(5):  # e.g. eventmq's job manager heartbeating a restarted broker
