@@ -312,6 +312,7 @@ class EventStore:
                 self.migrated = logbatch.migrate(db)
 
             _write(db, move)
+            logbatch.reclaim(db)
         self.store_id = self._meta("store_id") or self._init_store_id()
         newest = db.execute(
             "SELECT last, received FROM batches ORDER BY id DESC LIMIT 1"
@@ -848,6 +849,7 @@ class LogExport:
             if "events" in tables:
                 db.executescript(logbatch.SCHEMA)
                 _write(db, lambda: logbatch.migrate(db))
+                logbatch.reclaim(db)
             #: The log's identity, as its server named it to clients.
             self.store_id = self._meta("store_id") or ""
             ends = db.execute("SELECT MIN(first), MAX(last) FROM batches").fetchone()
