@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bus.util import sqlitewal
-from bus.util.sqlitewal import Checkpointer, bindable_rows, numbered_rows, open_wal
+from bus.util.sqlitewal import Checkpointer, bindable_rows, open_wal
 
 LIMIT = 256 * 1024
 ROW = b"x" * 1000
@@ -175,50 +175,12 @@ def test_the_status_says_the_bound_and_what_the_checkpoints_did(
         checking.close()
 
 
-# -- numbered_rows ---------------------------------------------------------------------
+# -- bindable_rows ---------------------------------------------------------------------
 
 values = st.one_of(
     st.binary(max_size=40), st.integers(-(2**63), 2**63 - 1), st.floats(allow_nan=False),
     st.text(max_size=10), st.none(), st.binary(max_size=5).map(bytearray),
 )  # fmt: skip
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.integers(-5, 2**62),
-    st.lists(st.lists(values, min_size=1, max_size=6), max_size=8),
-    st.floats(allow_nan=False) | st.none(),
-)
-def test_rows_compiled_or_not_store_the_same_values(
-    first: int, fields: list[list[Any]], tail: Any
-) -> None:
-    python_rows = [(sequence, *row, tail) for sequence, row in enumerate(fields, first)]
-    saved = sqlitewal.native_rows
-    try:
-        built = numbered_rows(first, fields, tail)
-        sqlitewal.native_rows = None
-        assert numbered_rows(first, fields, tail) == python_rows
-    finally:
-        sqlitewal.native_rows = saved
-    # The same values (a bytearray equals its bytes), and the same values stored: SQLite
-    # binds a bytearray and a bytes alike, as a BLOB read back as bytes.
-    assert built == python_rows
-    db = sqlite3.connect(":memory:")
-    for rows in (built, python_rows):
-        for row in rows:
-            marks = ", ".join("?" * len(row))
-            stored = db.execute(f"SELECT {marks}", row).fetchone()
-            assert stored == tuple(bytes(v) if isinstance(v, bytearray) else v for v in row)
-
-
-def test_compiled_rows_hand_bytes_over_as_bytearray() -> None:
-    if sqlitewal.native_rows is None:
-        pytest.skip("the compiled row builder is not built")
-    [row] = numbered_rows(7, [(b"topic", b"", 3, "text", bytearray(b"x"))], 1.5)
-    assert row == (7, bytearray(b"topic"), b"", 3, "text", bytearray(b"x"), 1.5)
-    assert [type(v) for v in row] == [int, bytearray, bytes, int, str, bytearray, float]
-    with pytest.raises(TypeError):
-        numbered_rows(1, [5], None)  # a row must be a sequence
 
 
 @settings(max_examples=200, deadline=None)

@@ -38,6 +38,7 @@ import msgpack
 
 from bus.eventbus.codec import EventFields
 from bus.eventbus.eventlog import Row
+from bus.util import sqlitewal
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -65,7 +66,21 @@ BATCH_BYTES = 256 * 1024
 #: A stored batch as read: ``(id, first, last, held, received, seqs, events)``.
 Stored = tuple[int, int, int, int, float, bytes | None, bytes]
 
-_pack: Callable[[object], bytes] = msgpack.Packer(use_bin_type=True).pack
+_packer: Callable[[object], bytes] = msgpack.Packer(use_bin_type=True).pack
+
+
+def _pack(fields: Sequence[Any]) -> bytes:
+    """``fields`` (tuples of bytes) as msgpack: compiled where it can be (the same bytes)."""
+    native = sqlitewal.native_rows
+    if native is not None:
+        try:
+            packed: bytes = native.pack_arrays(fields)
+            return packed
+        except TypeError:  # not tuples of bytes (a bytearray, a memoryview): msgpack's own
+            pass
+    return _packer(fields)
+
+
 _LITTLE = sys.byteorder == "little"
 
 

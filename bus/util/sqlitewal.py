@@ -52,27 +52,15 @@ def bind_bytes_directly() -> None:
 
 
 #: The compiled row builder (bus/util/_sqlrows.c), or None (not built, or
-#: ``BUS_NATIVE_ROWS=0``); :func:`numbered_rows` gives the same rows without it.
+#: ``BUS_NATIVE_ROWS=0``); :func:`bindable_rows` gives the same rows without it.
 native_rows: Any = compiled("bus.util._sqlrows", "BUS_NATIVE_ROWS")
-
-
-def numbered_rows(
-    first: int, fields: Sequence[Sequence[object]], tail: object
-) -> list[tuple[object, ...]]:
-    """Rows ``(first + i, *fields[i], tail)`` to insert. Compiled (bus/util/_sqlrows.c), each
-    non-empty ``bytes`` of a row comes as a ``bytearray`` of the same bytes: sqlite3 binds
-    those with no adapter search at all (it exempts int, float, str and bytearray), and
-    stores the same BLOB."""
-    if native_rows is not None:
-        rows: list[tuple[object, ...]] = native_rows.rows(first, fields, tail)
-        return rows
-    return [(sequence, *values, tail) for sequence, values in enumerate(fields, first)]
 
 
 def bindable_rows(rows: Sequence[Sequence[object]]) -> list[tuple[object, ...]]:
     """``rows`` as tuples to bind, the same values; compiled (bus/util/_sqlrows.c), each
-    non-empty ``bytes`` as a ``bytearray`` of the same bytes, as :func:`numbered_rows`
-    gives them (no adapter search; the same BLOB stored)."""
+    non-empty ``bytes`` as a ``bytearray`` of the same bytes: sqlite3 binds those with no
+    adapter search at all (it exempts int, float, str and bytearray), and stores the same
+    BLOB."""
     if native_rows is not None:
         built: list[tuple[object, ...]] = native_rows.bindable(rows)
         return built
