@@ -33,6 +33,20 @@ def snapshot_ended(peer: RawPeer) -> bool:
     return bool(peer.messages) and peer.messages[-1][0] == b"SYNCEND"
 
 
+@pytest_twisted.inlineCallbacks
+def publish_then_snapshot(server: Any, peers: list[Any], topic: str, stored: int) -> Any:
+    """Publish one event on ``topic``, wait until the log's last sequence is ``stored``, then
+    take a snapshot from 0: its events' ``(topic, sequence)``."""
+    producer = RawPeer.dealer(server.endpoints["collector"])
+    snap = RawPeer.dealer(server.endpoints["snapshot"])
+    peers += [producer, snap]
+    producer.send(pub(topic))
+    yield wait_until(lambda: server.store.last_sequence == stored)
+    snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
+    yield wait_until(lambda: snapshot_ended(snap))
+    return [(m[1], sequence(m[2])) for m in snap.messages[:-1]]
+
+
 def subscribed(sub: RawPeer) -> Any:
     """A heartbeat arrived: the SUB's subscriptions (sent before its heartbeat one) are in place."""
     return wait_until(lambda: any(m[0] == HEARTBEAT_TOPIC for m in sub.messages), what="subscribed")
@@ -148,14 +162,8 @@ def test_sequence_survives_restart_and_retention(tmp_path: Any, peers: list[Any]
     server = start_bus(tmp_path)
     try:
         assert server.store.last_sequence == 5
-        producer = RawPeer.dealer(server.endpoints["collector"])
-        snap = RawPeer.dealer(server.endpoints["snapshot"])
-        peers += [producer, snap]
-        producer.send(pub("/r/after/"))
-        yield wait_until(lambda: server.store.last_sequence == 6)
-        snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
-        yield wait_until(lambda: snapshot_ended(snap))
-        assert [sequence(m[2]) for m in snap.messages[:-1]] == [4, 5, 6]
+        held = yield publish_then_snapshot(server, peers, "/r/after/", 6)
+        assert [sequence for _, sequence in held] == [4, 5, 6]
     finally:
         yield server.stopService()
 
@@ -220,14 +228,8 @@ def test_a_log_of_the_previous_release_is_served_after_its_move_to_batches(
         globalLogPublisher.removeObserver(observe)
     try:
         assert lines == ["2"]
-        producer = RawPeer.dealer(server.endpoints["collector"])
-        snap = RawPeer.dealer(server.endpoints["snapshot"])
-        peers += [producer, snap]
-        producer.send(pub("/new/"))
-        yield wait_until(lambda: server.store.last_sequence == 4)
-        snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
-        yield wait_until(lambda: snapshot_ended(snap))
-        assert [(m[1], sequence(m[2])) for m in snap.messages[:-1]] == [
+        held = yield publish_then_snapshot(server, peers, "/new/", 4)
+        assert held == [
             (b"/old/a/", 1),
             (b"/old/b/", 3),
             (b"/new/", 4),
