@@ -32,13 +32,15 @@ import sqlite3
 import sys
 from array import array
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 
 from bus.eventbus.codec import EventFields
-from bus.eventbus.eventlog import Row
 from bus.util import sqlitewal
+
+if TYPE_CHECKING:  # eventlog imports Twisted, which a Spark executor reading the log must not
+    from bus.eventbus.eventlog import Row
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING
 
 from bus.eventbus import logbatch
 from bus.eventbus.codec import Event, EventFields
-from bus.eventbus.eventlog import Row
 from bus.extension import StorageError
 from bus.util.chunking import ChunkSizer
 from bus.util.sqlitewal import (
@@ -59,7 +58,7 @@ from bus.util.sqlitewal import (
 )
 
 if TYPE_CHECKING:
-    from bus.eventbus.eventlog import EventLog
+    from bus.eventbus.eventlog import EventLog, Row
 
 DB_NAME = "events.sqlite3"
 
