@@ -261,6 +261,11 @@ class _Superseded:
         self.read_upto = max(self.read_upto, min(bound, self.unseen_upto))
 
 
+def _all_in(seqs: bytes, victims: list[int], start: int, stop: int, first: int, last: int) -> bool:
+    """Every sequence a batch holds (``seqs``) is one of ``victims[start:stop]``."""
+    return set(logbatch.sequences_of(first, last, seqs)) <= set(victims[start:stop])
+
+
 def _keeping_all_but(doomed: frozenset[int]) -> Callable[[int], bool]:
     """What a batch keeps when the events at ``doomed`` are deleted."""
     return lambda sequence: sequence not in doomed
@@ -739,38 +744,59 @@ class EventStore:
         deleted = 0
         done = 0
 
+        #: Runs of batches next to each other that go whole, deleted by range.
+        whole_runs: list[list[int]] = []
+
         def delete() -> None:
             nonlocal deleted, done
             self._save_high_water()
             spent = 0
             while done < len(sequences):
-                stored = db.execute(
-                    "SELECT id, first, last, held, seqs FROM batches WHERE id <= ? "
-                    "ORDER BY id DESC LIMIT 1",
-                    (sequences[done],),
-                ).fetchone()
-                if stored is None or stored[2] < sequences[done]:
-                    done += 1
-                    continue
-                batch, first, last, held, seqs = stored
-                end = bisect_right(sequences, last, done)
-                if seqs is None and end - bisect_left(sequences, first, done, end) == held:
-                    db.execute("DELETE FROM batches WHERE id = ?", (batch,))  # no decoding
-                    deleted += held
-                    spent += end - done
-                else:
-                    if work is not None and spent and spent + held > work:
-                        return
-                    (packed,) = db.execute(
-                        "SELECT events FROM batches WHERE id = ?", (batch,)
-                    ).fetchone()
-                    doomed = frozenset(sequences[done:end])
-                    row = (batch, first, last, held, 0.0, seqs, packed)
-                    deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
-                    spent += held
+                # The batches of the next region's victims, read in one go: the victims of a
+                # step lie in few regions (_Superseded.take), often in batches of only them.
+                region_end = sequences[done] // REGION * REGION + REGION - 1
+                end = bisect_right(sequences, region_end, done)
+                cursor = logbatch.batches_from(
+                    db, sequences[done] - 1, sequences[end - 1], "id, first, last, held, seqs"
+                )
+                near = cursor.fetchall()
+                cursor.close()
+                following = False  # the last batch looked at went whole
+                for batch, first, last, held, seqs in near:
+                    start = bisect_left(sequences, first, done, end)
+                    stop = bisect_right(sequences, last, start, end)
+                    if start == stop:
+                        following = False
+                        continue
+                    if stop - start == held and (
+                        seqs is None or _all_in(seqs, sequences, start, stop, first, last)
+                    ):
+                        if following:
+                            whole_runs[-1][1] = batch
+                        else:
+                            whole_runs.append([batch, batch])
+                        following = True
+                        deleted += held
+                        spent += held
+                    else:
+                        following = False
+                        if work is not None and spent and spent + held > work:
+                            return
+                        (packed,) = db.execute(
+                            "SELECT events FROM batches WHERE id = ?", (batch,)
+                        ).fetchone()
+                        doomed = frozenset(sequences[start:stop])
+                        row = (batch, first, last, held, 0.0, seqs, packed)
+                        deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
+                        spent += held
+                    done = stop
                 done = end
 
-        _write(db, delete)
+        def delete_and_flush() -> None:
+            delete()
+            db.executemany("DELETE FROM batches WHERE id >= ? AND id <= ?", whole_runs)
+
+        _write(db, delete_and_flush)
         if done:
             self._removed(deleted, upto=sequences[done - 1])
         return deleted, sequences[done:]
