@@ -106,3 +106,31 @@ def test_a_batch_rewritten_keeps_its_id_and_the_events_it_keeps() -> None:
     row = db.execute(f"SELECT {logbatch.COLUMNS} FROM batches").fetchone()
     assert len(logbatch.rewrite(db, row, lambda sequence: False)) == 3
     assert db.execute("SELECT COUNT(*) FROM batches").fetchone() == (0,)
+
+
+def test_a_read_under_prefixes_stops_at_its_scan_bound_and_says_where() -> None:
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.executescript(logbatch.SCHEMA)
+    fields = [
+        (b"/rare/" if i % 700 == 0 else b"/common/", b"p", b"ts", b"u", b"d") for i in range(5000)
+    ]
+    for start in range(0, 5000, 100):  # batches of 100
+        db.executemany(
+            logbatch.INSERT, logbatch.consecutive_rows(start + 1, fields[start : start + 100], 1.0)
+        )
+    found: list[int] = []
+    after, reads = 0, 0
+    while True:
+        rows = logbatch.read_rows(db, after, None, (b"/rare/",), 500, scan=1000)
+        reads += 1
+        found += [row[0] for row in rows]
+        if rows.scanned is None:
+            break
+        assert rows.scanned > after and (not rows or rows.scanned >= rows[-1][0])
+        after = rows.scanned
+    assert found == [i + 1 for i in range(5000) if i % 700 == 0]
+    assert reads == 5  # 1,000 events a read, whole batches
+    everything = logbatch.read_rows(db, 0, None, (b"/rare/",), 500)
+    assert [row[0] for row in everything] == found and everything.scanned is None
+    unfiltered = logbatch.read_rows(db, 0, None, (), 3000, scan=1000)
+    assert len(unfiltered) == 3000 and unfiltered.scanned is None  # the bound is for prefixes

@@ -236,3 +236,41 @@ def test_a_log_of_the_previous_release_is_served_after_its_move_to_batches(
         ]
     finally:
         yield server.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_snapshot_of_a_subtree_few_events_match_reads_the_log_a_bound_at_a_time(
+    tmp_path: Any, peers: list[Any]
+) -> Any:
+    from bus.eventbus.store import SCAN_EVENTS, EventStore
+
+    store = EventStore(tmp_path)
+    total = SCAN_EVENTS * 3
+    for start in range(0, total, 500):
+        store.append_fields(
+            [(b"/rare/" if i % 5000 == 1 else b"/common/", b"p", b"ts", b"u%d" % i, b"d")
+             for i in range(start, start + 500)],
+            1.0,
+        )  # fmt: skip
+    store.close()
+    server = start_bus(tmp_path)
+    try:
+        turns: list[int] = []
+        snap = RawPeer.dealer(server.endpoints["snapshot"])
+        peers.append(snap)
+        original = server.snapshots._run
+
+        def counted() -> None:
+            turns.append(1)
+            original()
+
+        server.snapshots._run = counted
+        snap.send([b"SYNCSTART", b"/rare/", SEQUENCE.pack(0)])
+        yield wait_until(lambda: snapshot_ended(snap))
+        assert [sequence(m[2]) for m in snap.messages[:-1]] == [
+            i + 1 for i in range(total) if i % 5000 == 1
+        ]
+        assert snap.messages[-1][0] == b"SYNCEND"
+        assert len(turns) >= 3  # a bound of the log a turn, not the whole of it in one
+    finally:
+        yield server.stopService()

@@ -32,15 +32,12 @@ import sqlite3
 import sys
 from array import array
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
 from bus.eventbus.codec import EventFields
 from bus.util import sqlitewal
-
-if TYPE_CHECKING:  # eventlog imports Twisted, which a Spark executor reading the log must not
-    from bus.eventbus.eventlog import Row
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS batches (
@@ -187,25 +184,44 @@ def events_from(
         cursor.close()
 
 
+class Rows(list[tuple[int, bytes, bytes, bytes, bytes, bytes]]):
+    """Rows read; :attr:`scanned` says where a read under topic prefixes stopped when it
+    looked at its bound of events before it found ``limit`` rows."""
+
+    #: The highest sequence looked at when the read stopped at its bound (None: it did not;
+    #: fewer rows than asked then means none is left): the next read goes on above it.
+    scanned: int | None = None
+
+
 def read_rows(
     db: sqlite3.Connection,
     after: int,
     upto: int | None,
     prefixes: Iterable[bytes],
     limit: int,
-) -> list[Row]:
+    scan: int | None = None,
+) -> Rows:
     """At most ``limit`` rows with ``after < sequence <= upto`` whose topic starts with one of
-    ``prefixes`` (every topic when empty, or when one of them is empty), in order."""
+    ``prefixes`` (every topic when empty, or when one of them is empty), in order. With
+    ``scan``, a read under prefixes looks at no more than about that many events (whole
+    batches) and says where it stopped (:attr:`Rows.scanned`): a subtree that few events
+    match does not hold the reactor for a read of the whole log."""
     wanted = tuple(prefixes)
     match = wanted if wanted and all(wanted) else None
-    rows: list[Row] = []
+    rows = Rows()
     if limit <= 0:
         return rows
+    looked = 0
+    previous = after  # every event up to here was looked at
     cursor = batches_from(db, after, upto, "first, last, seqs, events")
     try:
         for first, last, seqs, packed in cursor:
+            if scan is not None and match is not None and looked >= scan:
+                rows.scanned = previous
+                break
             numbers = sequences_of(first, last, seqs)
             events = unpack(packed)
+            looked += len(events)
             if match is None and first > after and (upto is None or last <= upto):
                 room = limit - len(rows)  # the whole batch: no test per event
                 rows.extend([(s, *e) for s, e in zip(numbers[:room], events[:room], strict=True)])
@@ -220,6 +236,7 @@ def read_rows(
                         break
             if len(rows) >= limit:
                 break
+            previous = last
     finally:
         cursor.close()
     return rows

@@ -93,6 +93,7 @@ class SnapshotStream:
 
     __slots__ = (
         "_ahead",
+        "_bounded",
         "_finished",
         "_pending",
         "_sequences",
@@ -135,6 +136,9 @@ class SnapshotStream:
         #: Events read from the store at a time: small for a client that stopped reading,
         #: doubled while it takes them, up to ``snapshot_chunk``.
         self.chunk = 0
+        #: The last read stopped at its bound of events looked at (a subtree few events
+        #: match): the stream gives the reactor back before it reads on.
+        self._bounded = False
         self.done = False
         #: When a blocked stream tries again (0: it is not blocked).
         self.due = 0.0
@@ -177,8 +181,15 @@ class SnapshotStream:
         ask for the next chunk at once."""
         self.reading = None
         identity, encoding = self.identity, self.encoding
+        scanned = getattr(rows, "scanned", None)
+        self._bounded = scanned is not None
+        if scanned is not None and not rows:  # looked at its bound, found none
+            self.position = scanned
+            return
         if rows:
             self.position = self.highest_sent = rows[-1][0]
+            if scanned is not None:  # the events up to there were looked at
+                self.position = scanned
             self._pending = codec.sync_messages(identity, rows, encoding)
             self._sequences = [row[0] for row in rows]
             if store is not None and not self.done:
@@ -206,6 +217,10 @@ class SnapshotStream:
             if not pending:
                 if self._finished:
                     return "finished", total
+                if self._bounded:  # the last read looked at its bound of the log: next turn
+                    self._bounded = False
+                    self.sent += total
+                    return "more", total
                 if self.reading is None:
                     self._refill(store, chunk, syncend_current)
                 if self.reading is not None:

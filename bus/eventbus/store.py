@@ -102,6 +102,10 @@ def _write(db: sqlite3.Connection, statements: Callable[[], object]) -> None:
 STEP_TARGET = 0.0015
 
 
+#: Events a read under topic prefixes looks at, at most (a snapshot of a subtree few events
+#: match reads the log a bound at a time, a reactor turn each): a few ms of the reactor.
+SCAN_EVENTS = 8192
+
 #: Counting the events held costs about a tenth of deleting them (a range COUNT against a
 #: DELETE, measured): a counting step takes this many times its chunk of sequences.
 COUNTED_PER_DELETED = 8
@@ -535,7 +539,7 @@ class EventStore:
         """Events with ``after < seq <= upto`` whose topic starts with one of ``prefixes``
         (all topics when empty), in sequence order, at most ``limit`` of them."""
         return [Event(t, s, p, ts, u, d) for s, t, p, ts, u, d in self.read_rows(
-            after, upto, prefixes, limit
+            after, upto, prefixes, limit, scan=None
         )]  # fmt: skip
 
     def read_rows(
@@ -544,10 +548,15 @@ class EventStore:
         upto: int | None = None,
         prefixes: Iterable[bytes] = (),
         limit: int = 1000,
-    ) -> list[Row]:
+        scan: int | None = SCAN_EVENTS,
+    ) -> logbatch.Rows:
         """:meth:`read` as plain rows ``(seq, topic, producer, timestamp, uuid, data)``: for
-        the snapshot's hot path, which turns them into messages without an Event each."""
-        return logbatch.read_rows(self._db, after, upto, prefixes, limit)
+        the snapshot's hot path, which turns them into messages without an Event each. A
+        read under prefixes looks at about ``scan`` events at most (None: no bound), and
+        then says where it stopped (:attr:`bus.eventbus.logbatch.Rows.scanned`)."""
+        return logbatch.read_rows(
+            self._db, after, upto, prefixes, limit, max(scan, limit) if scan else None
+        )
 
     def count(self) -> int:
         """Events held now (kept in memory once count retention counted them)."""
