@@ -55,9 +55,7 @@ def stored(rows: list[logbatch.Stored]) -> list[tuple[int, Any]]:
     return [
         (sequence, fields)
         for _, first, last, _, _, seqs, packed in rows
-        for sequence, fields in zip(
-            logbatch.sequences_of(first, last, seqs), logbatch.unpack(packed), strict=True
-        )
+        for sequence, fields in logbatch.events_of(first, last, seqs, packed)
     ]
 
 
@@ -97,13 +95,13 @@ def test_a_batch_rewritten_keeps_its_id_and_the_events_it_keeps() -> None:
     db.executescript(logbatch.SCHEMA)
     fields = [(b"/t/%d" % i, b"p", b"ts", b"u", b"d") for i in range(6)]
     db.executemany(logbatch.INSERT, logbatch.consecutive_rows(10, fields, 1.0))
-    row = db.execute(f"SELECT {logbatch.COLUMNS} FROM batches").fetchone()
+    row = db.execute(f"SELECT {logbatch.REWRITTEN} FROM batches").fetchone()
     gone = logbatch.rewrite(db, row, lambda sequence: sequence % 2 == 0)
     assert gone == [(11, b"/t/1"), (13, b"/t/3"), (15, b"/t/5")]
     assert db.execute("SELECT id, first, last, held FROM batches").fetchall() == [(10, 10, 14, 3)]
     assert [r[0] for r in logbatch.read_rows(db, 0, None, (), 100)] == [10, 12, 14]
     assert [r[0] for r in logbatch.read_rows(db, 10, 14, (b"/t/4",), 100)] == [14]
-    row = db.execute(f"SELECT {logbatch.COLUMNS} FROM batches").fetchone()
+    row = db.execute(f"SELECT {logbatch.REWRITTEN} FROM batches").fetchone()
     assert len(logbatch.rewrite(db, row, lambda sequence: False)) == 3
     assert db.execute("SELECT COUNT(*) FROM batches").fetchone() == (0,)
 

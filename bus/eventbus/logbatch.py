@@ -31,7 +31,7 @@ import contextlib
 import sqlite3
 import sys
 from array import array
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -66,6 +66,7 @@ BATCH_BYTES = 256 * 1024
 Stored = tuple[int, int, int, int, float, bytes | None, bytes]
 
 _packer: Callable[[object], bytes] = msgpack.Packer(use_bin_type=True).pack
+_LITTLE = sys.byteorder == "little"
 
 
 def _pack(fields: Sequence[Any]) -> bytes:
@@ -78,9 +79,6 @@ def _pack(fields: Sequence[Any]) -> bytes:
         except TypeError:  # not tuples of bytes (a bytearray, a memoryview): msgpack's own
             pass
     return _packer(fields)
-
-
-_LITTLE = sys.byteorder == "little"
 
 
 def unpack(events: bytes) -> tuple[EventFields, ...]:
@@ -110,6 +108,13 @@ def sequences_of(first: int, last: int, seqs: bytes | None) -> Sequence[int]:
     return numbers
 
 
+def events_of(
+    first: int, last: int, seqs: bytes | None, packed: bytes
+) -> Iterator[tuple[int, EventFields]]:
+    """A batch's events under their sequences, in order."""
+    return zip(sequences_of(first, last, seqs), unpack(packed), strict=True)
+
+
 def _spans(fields: Sequence[Any]) -> list[tuple[int, int, bytes]]:
     """``fields`` packed in batches: (where each starts and ends in ``fields``, its events)."""
     spans = []
@@ -127,11 +132,6 @@ def _spans(fields: Sequence[Any]) -> list[tuple[int, int, bytes]]:
 
 def consecutive_rows(first: int, fields: Sequence[EventFields], received: float) -> list[Stored]:
     """Rows for ``fields`` under ``first`` and the sequences after it."""
-    if len(fields) <= BATCH_EVENTS:  # the collector's commits: one batch, packed once
-        packed = _pack(fields)
-        if len(packed) <= BATCH_BYTES or len(fields) == 1:
-            last = first + len(fields) - 1
-            return [(first, first, last, len(fields), received, None, packed)]
     return [
         (first + start, first + start, first + end - 1, end - start, received, None, packed)
         for start, end, packed in _spans(fields)
@@ -153,15 +153,16 @@ def batches_from(
 ) -> sqlite3.Cursor:
     """A cursor over the batches that may hold a sequence in ``(after, upto]``, in order
     (the caller closes it: an open statement holds back checkpoints)."""
-    row = db.execute("SELECT MAX(id) FROM batches WHERE id <= ?", (after + 1,)).fetchone()
-    start = 0 if row[0] is None else int(row[0])
+    # From the batch that would hold after + 1 (the last one whose id is not above it) on.
+    start = "(SELECT IFNULL(MAX(id), 0) FROM batches WHERE id <= ?)"
     if upto is None:
         return db.execute(
-            f"SELECT {columns} FROM batches WHERE id >= ? AND last > ? ORDER BY id", (start, after)
+            f"SELECT {columns} FROM batches WHERE id >= {start} AND last > ? ORDER BY id",
+            (after + 1, after),
         )
     return db.execute(
-        f"SELECT {columns} FROM batches WHERE id >= ? AND id <= ? AND last > ? ORDER BY id",
-        (start, upto, after),
+        f"SELECT {columns} FROM batches WHERE id >= {start} AND id <= ? AND last > ? ORDER BY id",
+        (after + 1, upto, after),
     )
 
 
@@ -172,9 +173,7 @@ def events_from(
     cursor = batches_from(db, after, upto, "first, last, seqs, events")
     try:
         for first, last, seqs, packed in cursor:
-            for sequence, fields in zip(
-                sequences_of(first, last, seqs), unpack(packed), strict=True
-            ):
+            for sequence, fields in events_of(first, last, seqs, packed):
                 if sequence <= after:
                     continue
                 if upto is not None and sequence > upto:
@@ -247,17 +246,24 @@ def sequence_at(first: int, last: int, seqs: bytes | None, index: int) -> int:
     return first + index if seqs is None else sequences_of(first, last, seqs)[index]
 
 
-def rewrite(db: sqlite3.Connection, stored: Stored, keep: Callable[[int], bool]) -> list[
-    tuple[int, bytes]
-]:  # fmt: skip
-    """Keep only the events of the batch ``stored`` whose sequence ``keep`` accepts (inside
-    the caller's transaction): the batch is written again with them, or deleted when none is
-    left. Returns the ``(sequence, topic)`` of the events removed."""
-    batch, first, last, _held, _received, seqs, packed = stored
+#: The columns :func:`rewrite` takes, in its order.
+REWRITTEN = "id, first, last, seqs, events"
+
+
+def rewrite(
+    db: sqlite3.Connection,
+    stored: tuple[int, int, int, bytes | None, bytes],
+    keep: Callable[[int], bool],
+) -> list[tuple[int, bytes]]:
+    """Keep only the events of the batch ``stored`` (its :data:`REWRITTEN` columns) whose
+    sequence ``keep`` accepts, inside the caller's transaction: the batch is written again
+    with them, or deleted when none is left. Returns the ``(sequence, topic)`` of the events
+    removed."""
+    batch, first, last, seqs, packed = stored
     kept_numbers: list[int] = []
     kept: list[EventFields] = []
     gone: list[tuple[int, bytes]] = []
-    for sequence, fields in zip(sequences_of(first, last, seqs), unpack(packed), strict=True):
+    for sequence, fields in events_of(first, last, seqs, packed):
         if keep(sequence):
             kept_numbers.append(sequence)
             kept.append(fields)

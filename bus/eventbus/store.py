@@ -270,6 +270,23 @@ def _all_in(seqs: bytes, victims: list[int], start: int, stop: int, first: int, 
     return set(logbatch.sequences_of(first, last, seqs)) <= set(victims[start:stop])
 
 
+def _batches_ready(db: sqlite3.Connection) -> int:
+    """The log's tables made if need be, and a log of release 0.1.1 or earlier (a row per
+    event) moved into batches, its old pages given back: how many events were moved."""
+    db.executescript(logbatch.SCHEMA)
+    if not logbatch.has_old_rows(db):
+        return 0
+    moved = 0
+
+    def move() -> None:
+        nonlocal moved
+        moved = logbatch.migrate(db)
+
+    _write(db, move)
+    logbatch.reclaim(db)
+    return moved
+
+
 def _keeping_all_but(doomed: frozenset[int]) -> Callable[[int], bool]:
     """What a batch keeps when the events at ``doomed`` are deleted."""
     return lambda sequence: sequence not in doomed
@@ -313,14 +330,7 @@ class EventStore:
 
     def _open(self) -> None:
         db = self._db
-        db.executescript(logbatch.SCHEMA)
-        if logbatch.has_old_rows(db):
-
-            def move() -> None:
-                self.migrated = logbatch.migrate(db)
-
-            _write(db, move)
-            logbatch.reclaim(db)
+        self.migrated = _batches_ready(db)
         self.store_id = self._meta("store_id") or self._init_store_id()
         newest = db.execute(
             "SELECT last, received FROM batches ORDER BY id DESC LIMIT 1"
@@ -334,6 +344,13 @@ class EventStore:
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else str(row[0])
+
+    def _put_meta(self, key: str, value: object) -> None:
+        """Inside the caller's transaction: ``value`` under ``key``."""
+        self._db.execute(
+            "INSERT INTO meta VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+        )
 
     def _init_store_id(self) -> str:
         store_id = str(uuid.uuid4())
@@ -414,35 +431,30 @@ class EventStore:
                 "SELECT COALESCE(SUM(held), 0) FROM batches WHERE id > ?", (sequence,)
             ).fetchone()[0]
             db.execute("DELETE FROM batches WHERE id > ?", (sequence,))
-            deleted = int(after) + self._rewrite_straddling(sequence, lambda s: s <= sequence)
-            db.execute(
-                "INSERT INTO meta VALUES ('high_water', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (sequence,),
-            )
+            straddling = self._rewrite_straddling(sequence, lambda s: s <= sequence)
+            deleted = int(after) + len(straddling)
+            self._put_meta("high_water", sequence)
 
         _write(db, truncate)
         self._last = sequence
-        if deleted and self._held is None:  # a batch counted already may have lost some
-            self._counted_upto = self._counted = 0
-        self._removed(deleted)
+        self._removed(deleted)  # a batch counted already may have lost some: counted again
         if self._superseded is not None:  # what it saw above is gone: read the log again
             self._superseded = _Superseded(sequence)
         newest = db.execute("SELECT received FROM batches ORDER BY id DESC LIMIT 1").fetchone()
         self._last_received = 0.0 if newest is None else float(newest[0])
         return deleted
 
-    def _rewrite_straddling(self, bound: int, keep: Callable[[int], bool]) -> int:
+    def _rewrite_straddling(
+        self, bound: int, keep: Callable[[int], bool]
+    ) -> list[tuple[int, bytes]]:
         """Inside a transaction: the batch holding sequences on both sides of ``bound`` (if
-        any) keeps the events ``keep`` accepts; how many it lost."""
+        any) keeps the events ``keep`` accepts; the ``(sequence, topic)`` of those it lost."""
         stored = self._db.execute(
-            f"SELECT {logbatch.COLUMNS} FROM batches WHERE id <= ? AND last > ? "
+            f"SELECT {logbatch.REWRITTEN} FROM batches WHERE id <= ? AND last > ? "
             "ORDER BY id DESC LIMIT 1",
             (bound, bound),
         ).fetchone()
-        if stored is None:
-            return 0
-        return len(logbatch.rewrite(self._db, stored, keep))
+        return [] if stored is None else logbatch.rewrite(self._db, stored, keep)
 
     def skip_to(self, sequence: int) -> None:
         """Make ``sequence`` the last one assigned without an event: the next event gets
@@ -462,14 +474,7 @@ class EventStore:
             raise ValueError("a log holding events keeps its identity")
         db = self._db
 
-        def adopt() -> None:
-            db.execute(
-                "INSERT INTO meta VALUES ('store_id', ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (store_id,),
-            )
-
-        _write(db, adopt)
+        _write(db, lambda: self._put_meta("store_id", store_id))
         self.store_id = store_id
 
     def meta(self, key: str) -> str | None:
@@ -478,16 +483,7 @@ class EventStore:
 
     def set_meta(self, key: str, value: str) -> None:
         """Keep ``value`` under ``key`` beside the log, committed at once."""
-        db = self._db
-
-        def write() -> None:
-            db.execute(
-                "INSERT INTO meta VALUES (?, ?) "
-                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
-
-        _write(db, write)
+        _write(self._db, lambda: self._put_meta(key, value))
 
     # -- reading -------------------------------------------------------------------------
 
@@ -519,11 +515,7 @@ class EventStore:
                 first, last, seqs, packed = stored
                 held = {
                     number: fields[3]
-                    for number, fields in zip(
-                        logbatch.sequences_of(first, last, seqs),
-                        logbatch.unpack(packed),
-                        strict=True,
-                    )
+                    for number, fields in logbatch.events_of(first, last, seqs, packed)
                 }
             if sequence in held:
                 found[sequence] = held[sequence]
@@ -594,21 +586,16 @@ class EventStore:
                 for first, last, seqs, packed in db.execute(
                     f"SELECT first, last, seqs, events {whole}", (bound, bound)
                 ):
-                    numbers = logbatch.sequences_of(first, last, seqs)
                     gone.extend(
                         (sequence, fields[0])
-                        for sequence, fields in zip(numbers, logbatch.unpack(packed), strict=True)
+                        for sequence, fields in logbatch.events_of(first, last, seqs, packed)
                     )
             count = db.execute(f"SELECT COALESCE(SUM(held), 0) {whole}", (bound, bound))
             deleted = int(count.fetchone()[0])
             db.execute(f"DELETE {whole}", (bound, bound))
-            stored = db.execute(
-                f"SELECT {logbatch.COLUMNS} FROM batches WHERE id <= ?", (bound,)
-            ).fetchone()  # what is left at or below bound: at most the batch across it
-            if stored is not None:
-                part = logbatch.rewrite(db, stored, lambda sequence: sequence > bound)
-                deleted += len(part)
-                gone.extend(part)
+            part = self._rewrite_straddling(bound, lambda sequence: sequence > bound)
+            deleted += len(part)
+            gone.extend(part)
 
         _write(db, delete)
         self._removed(deleted, upto=bound)
@@ -628,11 +615,7 @@ class EventStore:
             self._counted -= deleted
 
     def _save_high_water(self) -> None:
-        self._db.execute(
-            "INSERT INTO meta VALUES ('high_water', ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (self._last,),
-        )
+        self._put_meta("high_water", self._last)
 
     def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
         """Delete up to ``chunk`` of the oldest events, those received before ``cutoff``
@@ -795,7 +778,7 @@ class EventStore:
                             "SELECT events FROM batches WHERE id = ?", (batch,)
                         ).fetchone()
                         doomed = frozenset(sequences[start:stop])
-                        row = (batch, first, last, held, 0.0, seqs, packed)
+                        row = (batch, first, last, seqs, packed)
                         deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
                         spent += held
                     done = stop
@@ -880,10 +863,7 @@ class LogExport:
             tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
             if "meta" not in tables or not tables & {"events", "batches"}:
                 raise StorageError(sqlite3.DatabaseError(f"{self.path} is not an Event BUS log"))
-            if "events" in tables:
-                db.executescript(logbatch.SCHEMA)
-                _write(db, lambda: logbatch.migrate(db))
-                logbatch.reclaim(db)
+            _batches_ready(db)
             #: The log's identity, as its server named it to clients.
             self.store_id = self._meta("store_id") or ""
             ends = db.execute("SELECT MIN(first), MAX(last) FROM batches").fetchone()

@@ -30,31 +30,26 @@ static PyObject *bindable(PyObject *value) {
     return value;
 }
 
-/* msgpack's headers, big-endian as msgpack writes them. */
-static char *put_header(char *out, unsigned char small, unsigned char tag16, unsigned char tag32,
-                        Py_ssize_t length, Py_ssize_t small_limit) {
-    if (length < small_limit) {
-        *out++ = (char)(small | (small_limit == 256 ? 0 : length));
-        if (small_limit == 256) *out++ = (char)length;
-    } else if (length <= 0xffff) {
-        *out++ = (char)tag16;
-        *out++ = (char)(length >> 8);
-        *out++ = (char)length;
-    } else {
-        *out++ = (char)tag32;
-        *out++ = (char)(length >> 24);
-        *out++ = (char)(length >> 16);
-        *out++ = (char)(length >> 8);
-        *out++ = (char)length;
-    }
+/* msgpack's headers: a tag, then the length big-endian in `width` bytes (none: the length is
+ * in the tag, a fixarray's). */
+static char *put_tagged(char *out, unsigned char tag, Py_ssize_t length, int width) {
+    *out++ = (char)tag;
+    for (int shift = 8 * (width - 1); shift >= 0; shift -= 8) *out++ = (char)(length >> shift);
     return out;
 }
 
 static Py_ssize_t array_header_size(Py_ssize_t n) { return n < 16 ? 1 : n <= 0xffff ? 3 : 5; }
 static Py_ssize_t bin_header_size(Py_ssize_t n) { return n < 256 ? 2 : n <= 0xffff ? 3 : 5; }
 
-static char *put_array(char *out, Py_ssize_t n) { return put_header(out, 0x90, 0xdc, 0xdd, n, 16); }
-static char *put_bin(char *out, Py_ssize_t n) { return put_header(out, 0xc4, 0xc5, 0xc6, n, 256); }
+static char *put_array(char *out, Py_ssize_t n) {
+    if (n < 16) return put_tagged(out, (unsigned char)(0x90 | n), 0, 0);
+    return n <= 0xffff ? put_tagged(out, 0xdc, n, 2) : put_tagged(out, 0xdd, n, 4);
+}
+
+static char *put_bin(char *out, Py_ssize_t n) {
+    if (n < 256) return put_tagged(out, 0xc4, n, 1);
+    return n <= 0xffff ? put_tagged(out, 0xc5, n, 2) : put_tagged(out, 0xc6, n, 4);
+}
 
 static PyObject *pack_arrays(PyObject *module, PyObject *given) {
     (void)module;
