@@ -347,6 +347,41 @@ def test_rows_read_back_from_a_stream_are_the_same_compiled(bodies: list[bytes])
 
 
 @pytest.mark.skipif(codec.native is None, reason="the compiled helper is not built")
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(stored_body(), max_size=8),
+    st.one_of(st.integers(0, 2**20), st.integers(2**64 - 10, 2**64 + 3)),
+    st.sampled_from(list(codec.SequenceEncoding)),
+    st.binary(max_size=6),
+)
+def test_snapshot_messages_made_from_a_stream_are_the_same_compiled(
+    bodies: list[bytes], first: int, encoding: codec.SequenceEncoding, identity: bytes
+) -> None:
+    """A snapshot's SYNC messages made where the stream is read (the front-end's reader
+    thread) are sync_messages of the rows msgpack and the Python checks give, sequences
+    past 64 bits and refused bodies included."""
+    from bus.eventbus.stream_read import Events, decoded_syncs
+    from bus.nats.ranged import Batch
+
+    sequences = list(range(first, first + len(bodies)))
+    batch = Batch(sequences, [b""] * len(bodies), bodies, [0] * len(bodies))
+    topics = [b"/t/%d/" % i for i in range(len(bodies))]
+
+    def outcome(read: Any) -> Any:
+        try:
+            return read()
+        except Exception as error:  # compared: the same kind of refusal
+            return type(error)
+
+    python = outcome(
+        lambda: codec.sync_messages(identity, Events.decoded(batch, topics).rows(), encoding)
+    )
+    assert outcome(lambda: decoded_syncs(batch, topics, identity, encoding)) == python
+    with path(None):
+        assert outcome(lambda: decoded_syncs(batch, topics, identity, encoding)) == python
+
+
+@pytest.mark.skipif(codec.native is None, reason="the compiled helper is not built")
 @settings(max_examples=300, deadline=None)
 @given(
     st.one_of(

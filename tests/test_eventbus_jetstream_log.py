@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet import reactor, threads
 
 from bus.errors import StartupError
-from bus.eventbus.codec import EventFields
+from bus.eventbus.codec import EventFields, SequenceEncoding, SyncChunk, sync_messages
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.jetstream import JetStreamLog
@@ -232,6 +232,39 @@ def test_a_snapshot_reads_on_through_one_reader_and_recovers_from_a_lost_one(
         assert not stream._readers  # the range is read: nothing left open
         elsewhere = yield stream.read_rows(2, 10, [b"/r/5/", b"/r/7/"], limit=4)
         assert [row[0] for row in elsewhere] == [6, 8]
+    finally:
+        yield stream.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_snapshots_messages_made_on_the_readers_thread_are_those_of_its_rows(
+    nats_server: NatsCluster,
+) -> Any:
+    """read_syncs gives the SYNC messages sync_messages makes of read_rows' rows, chunk by
+    chunk through one kept reader, under filters too, in both sequence encodings."""
+    stream, opening = opened(nats_server, stream="SYNCS", subject_prefix="syncs")
+    try:
+        yield opening
+        yield stream.append([event(f"/s/{n % 3}/".encode(), n) for n in range(10)])
+        for encoding in SequenceEncoding:
+            rows = yield stream.read_rows(0, 10, [b"/s/1/", b"/s/2/"], limit=100)
+            chunks = []
+            after = 0
+            while True:
+                chunk = yield stream.read_syncs(
+                    after, 10, [b"/s/1/", b"/s/2/"], 3, b"peer", encoding
+                )
+                assert isinstance(chunk, SyncChunk)
+                if not chunk.sequences:
+                    break
+                assert len(chunk.messages) == len(chunk.sequences) <= 3
+                after = chunk.sequences[-1]
+                chunks.append(chunk)
+            assert len(chunks) >= 2 and not stream._readers
+            assert [s for c in chunks for s in c.sequences] == [row[0] for row in rows]
+            made = [m for c in chunks for m in c.messages]
+            assert made == sync_messages(b"peer", rows, encoding)
+            assert made[0][:2] == [b"peer", b"SYNC"] and made[0][2] in (b"/s/1/", b"/s/2/")
     finally:
         yield stream.close()
 

@@ -97,6 +97,47 @@ def test_the_scanner_parses_any_bytes_as_the_python_parser_does(
         assert type(item) in (Msg, Control)
 
 
+def apart(chunks: list[bytes], compiled: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(codec, "native", codec.native if compiled else None)
+    parser = codec.Parser()
+    messages: list[Msg] = []
+    controls: list[Control] = []
+    try:
+        for chunk in chunks:
+            more, lines = parser.feed_apart(chunk)
+            messages += more
+            controls += lines
+    except Exception as error:
+        return messages, controls, type(error).__name__, str(error)
+    return messages, controls, parser._buffer
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    items=st.lists(st.one_of(message(), CONTROLS), max_size=12),
+    cuts=st.lists(st.integers(0, 2000), max_size=6),
+    compiled=st.booleans(),
+)
+def test_the_messages_and_control_lines_apart_are_what_feed_gives_in_order(
+    items: list[bytes], cuts: list[int], compiled: bool
+) -> None:
+    """feed_apart (a stream's reader) gives feed's items, the messages and the control
+    lines each in the order sent, and the same error where feed fails; compiled or not."""
+    if compiled and native is None:
+        return
+    data = b"".join(items)
+    points = sorted({min(cut, len(data)) for cut in cuts})
+    chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    with pytest.MonkeyPatch.context() as patch:
+        whole = outcome(chunks, compiled, patch)
+        split = apart(chunks, compiled, patch)
+    assert codec.native is native
+    seen = whole[0]
+    assert split[0] == [item for item in seen if type(item) is Msg]
+    assert split[1] == [item for item in seen if type(item) is Control]
+    assert split[2:] == whole[1:]
+
+
 @needs_native
 def test_the_scanner_makes_the_parsers_own_types() -> None:
     parser = codec.Parser()

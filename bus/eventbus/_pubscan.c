@@ -30,7 +30,10 @@
  * stream_rows(sequences, topics, payloads, start) is the way back: the log's rows
  * ``(sequence, topic, producer, timestamp, uuid, data)`` of messages read from the stream,
  * each body read as that same array of four ``bin``; it stops at the first body of any
- * other form (msgpack's unpackb and the Python checks decide those).
+ * other form (msgpack's unpackb and the Python checks decide those). With two more
+ * arguments, ``head`` (a tuple of bytes) and ``binary``, it makes a snapshot's messages
+ * instead: ``[*head, topic, sequence, producer, timestamp, uuid, data]`` lists, the
+ * sequence as ``broadcasts`` writes it (no row made only to be taken apart).
  *
  * broadcasts(first, fields, binary) makes the BROADCAST frames of consecutive events
  * from sequence ``first``: ``[topic, sequence, producer, timestamp, uuid, data]`` each, the
@@ -297,7 +300,7 @@ static PyObject *stream_items(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     }
     PyObject *fields = args[0], *subjects = args[2];
-    if (!PyList_CheckExact(fields) || !PyDict_CheckExact(subjects)) {
+    if (!PyList_CheckExact(fields) || !PyDict_Check(subjects)) {
         PyErr_SetString(PyExc_TypeError, "stream_items() takes a list and a dict");
         return NULL;
     }
@@ -367,10 +370,55 @@ static int four_bins(const unsigned char *body, Py_ssize_t size, Py_ssize_t *sta
     return at == size;
 }
 
+/* A sequence's frame: 8 bytes in network order (``binary``) or ASCII decimal. */
+static PyObject *sequence_frame(unsigned long long sequence, int binary) {
+    if (binary) {
+        char packed[8];
+        for (int b = 0; b < 8; b++) packed[b] = (char)(sequence >> (56 - 8 * b));
+        return PyBytes_FromStringAndSize(packed, 8);
+    }
+    char text[20];
+    int at = 20;
+    do {
+        text[--at] = (char)('0' + sequence % 10);
+        sequence /= 10;
+    } while (sequence);
+    return PyBytes_FromStringAndSize(text + at, 20 - at);
+}
+
+/* A snapshot's message of one stored event: ``[*head, topic, sequence, its four parts]``;
+ * steals nothing. */
+static PyObject *sync_message(PyObject *head, PyObject *topic, unsigned long long sequence,
+                              int binary, const char *body, const Py_ssize_t *at,
+                              const Py_ssize_t *size) {
+    Py_ssize_t lead = PyTuple_GET_SIZE(head);
+    PyObject *frames = PyList_New(lead + 6);
+    if (frames == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < lead; i++)
+        PyList_SET_ITEM(frames, i, Py_NewRef(PyTuple_GET_ITEM(head, i)));
+    PyList_SET_ITEM(frames, lead, Py_NewRef(topic));
+    PyObject *number = sequence_frame(sequence, binary);
+    if (number == NULL) {
+        Py_DECREF(frames);
+        return NULL;
+    }
+    PyList_SET_ITEM(frames, lead + 1, number);
+    for (int i = 0; i < 4; i++) {
+        PyObject *part = PyBytes_FromStringAndSize(body + at[i], size[i]);
+        if (part == NULL) {
+            Py_DECREF(frames);
+            return NULL;
+        }
+        PyList_SET_ITEM(frames, lead + 2 + i, part);
+    }
+    return frames;
+}
+
 static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "stream_rows(sequences, topics, payloads, start)");
+    if (nargs != 4 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError,
+                        "stream_rows(sequences, topics, payloads, start[, head, binary])");
         return NULL;
     }
     PyObject *sequences = args[0], *topics = args[1], *payloads = args[2];
@@ -378,6 +426,16 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         !PyList_CheckExact(payloads)) {
         PyErr_SetString(PyExc_TypeError, "stream_rows() takes three lists");
         return NULL;
+    }
+    PyObject *head = nargs == 6 ? args[4] : NULL;
+    int binary = 0;
+    if (head != NULL) {
+        if (!PyTuple_CheckExact(head)) {
+            PyErr_SetString(PyExc_TypeError, "stream_rows()'s head is a tuple");
+            return NULL;
+        }
+        binary = PyObject_IsTrue(args[5]);
+        if (binary < 0) return NULL;
     }
     Py_ssize_t start = PyLong_AsSsize_t(args[3]);
     if (start == -1 && PyErr_Occurred()) return NULL;
@@ -394,6 +452,27 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_ssize_t at[4], size[4];
         const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(payload);
         if (!four_bins(body, PyBytes_GET_SIZE(payload), at, size)) break;
+        if (head != NULL) {
+            PyObject *number = PyList_GET_ITEM(sequences, index);
+            if (!PyLong_CheckExact(number)) break;
+            unsigned long long sequence = PyLong_AsUnsignedLongLong(number);
+            if (sequence == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear(); /* not a sequence: the Python code says what it is */
+                break;
+            }
+            /* All held while the message is made (a collection may run any code). */
+            PyObject *topic = Py_NewRef(PyList_GET_ITEM(topics, index));
+            Py_INCREF(payload);
+            PyObject *made = sync_message(head, topic, sequence, binary,
+                                          PyBytes_AS_STRING(payload), at, size);
+            Py_DECREF(topic);
+            Py_DECREF(payload);
+            if (made == NULL) goto failed;
+            int appended = PyList_Append(rows, made);
+            Py_DECREF(made);
+            if (appended < 0) goto failed;
+            continue;
+        }
         /* All three held before anything is allocated (a collection may run any code). */
         PyObject *sequence = Py_NewRef(PyList_GET_ITEM(sequences, index));
         PyObject *topic = Py_NewRef(PyList_GET_ITEM(topics, index));
@@ -459,21 +538,7 @@ static PyObject *broadcasts(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (made == NULL) goto failed;
     for (Py_ssize_t i = 0; i < count; i++, sequence++) {
         PyObject **item = ((PyTupleObject *)PyTuple_GET_ITEM(held, i))->ob_item;
-        PyObject *number;
-        if (binary) {
-            char packed[8];
-            for (int b = 0; b < 8; b++) packed[b] = (char)(sequence >> (56 - 8 * b));
-            number = PyBytes_FromStringAndSize(packed, 8);
-        } else {
-            char text[20];
-            int at = 20;
-            unsigned long long rest = sequence;
-            do {
-                text[--at] = (char)('0' + rest % 10);
-                rest /= 10;
-            } while (rest);
-            number = PyBytes_FromStringAndSize(text + at, 20 - at);
-        }
+        PyObject *number = sequence_frame(sequence, binary);
         if (number == NULL) goto failed;
         PyObject *frames = PyList_New(6);
         if (frames == NULL) {
@@ -503,8 +568,9 @@ static PyMethodDef methods[] = {
      "stream_items(fields, start, subjects) -> (items, next): each event's (subject, uuid, "
      "body) for a stream, up to the first whose topic subjects does not hold"},
     {"stream_rows", (PyCFunction)(void (*)(void))stream_rows, METH_FASTCALL,
-     "stream_rows(sequences, topics, payloads, start) -> (rows, next): the log's rows of "
-     "messages read from a stream, up to the first body of another form"},
+     "stream_rows(sequences, topics, payloads, start[, head, binary]) -> (rows, next): the "
+     "log's rows of messages read from a stream (with head: snapshot messages), up to the "
+     "first body of another form"},
     {"broadcasts", (PyCFunction)(void (*)(void))broadcasts, METH_FASTCALL,
      "broadcasts(first, fields, binary) -> the BROADCAST frames of consecutive events, or "
      "None when fields is not a list of five-tuples"},

@@ -475,6 +475,15 @@ def sync_messages(
     return [[identity, SYNC, t, pack(s), p, ts, u, d] for s, t, p, ts, u, d in rows]
 
 
+class SyncChunk(NamedTuple):
+    """A chunk of a snapshot's messages made where the log read them (a replicated
+    stream's reader thread), as :func:`sync_messages` makes them, with each one's
+    sequence."""
+
+    sequences: list[int]
+    messages: list[list[bytes]]
+
+
 def sync_end_frames(spec: bytes, sequence: int, encoding: SequenceEncoding) -> list[bytes]:
     """The SYNCEND closing the snapshot asked for by ``spec``: complete up to ``sequence``."""
     return [SYNCEND, spec, encode_sequence(sequence, encoding)]

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from twisted.internet.defer import Deferred
 
-from bus.eventbus.codec import EventFields
+from bus.eventbus.codec import EventFields, SequenceEncoding, SyncChunk
 
 #: One stored event as the log reads it.
 Row = tuple[int, bytes, bytes, bytes, bytes, bytes]
@@ -44,6 +44,24 @@ class RowSource(Protocol):
     ) -> list[Row] | Deferred[list[Row]]:
         """At most ``limit`` rows with ``after < sequence <= upto`` under ``prefixes`` (every topic
         when empty), in order."""
+        ...
+
+
+@runtime_checkable
+class SyncSource(Protocol):
+    """A log that makes a snapshot's messages itself where it reads them (the JetStream
+    log, on its reader's thread): no rows made on the reactor only to be taken apart."""
+
+    def read_syncs(
+        self,
+        after: int,
+        upto: int,
+        prefixes: Iterable[bytes],
+        limit: int,
+        identity: bytes,
+        encoding: SequenceEncoding,
+    ) -> Deferred[SyncChunk]:
+        """:meth:`RowSource.read_rows`, as the SYNC messages to ``identity``."""
         ...
 
 

@@ -29,13 +29,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from bus.eventbus.codec import MAX_TOPIC_BYTES, EventFields
+from bus.eventbus.codec import MAX_TOPIC_BYTES, EventFields, SequenceEncoding, SyncChunk
 from bus.eventbus.config import JetStreamSettings
 from bus.eventbus.eventlog import Row
 from bus.eventbus.store import Retention
@@ -70,6 +70,9 @@ from bus.util.handoff import Handoff
 _NANOSECONDS = ("max_age", "duplicate_window")
 
 log = Logger(namespace="bus.eventbus.jetstream")
+
+#: What a snapshot's read gives: rows, or SYNC messages made on the reader's thread.
+_Chunk = TypeVar("_Chunk")
 
 #: Snapshot readers kept open between chunks, at most (the oldest is closed first).
 OPEN_READERS = 64
@@ -482,6 +485,38 @@ class JetStreamLog:
         """Events with ``after < sequence <= upto`` under ``prefixes`` (all when empty), in
         order, at most ``limit``, read from the stream on a thread of the reactor's pool
         (a blocking reader of its own per snapshot, kept between chunks)."""
+        return self._read(
+            after, upto, prefixes, lambda reader: reader.next_rows(limit),
+            lambda rows: rows[-1][0] if rows else None,
+        )  # fmt: skip
+
+    def read_syncs(
+        self,
+        after: int,
+        upto: int,
+        prefixes: Iterable[bytes],
+        limit: int,
+        identity: bytes,
+        encoding: SequenceEncoding,
+    ) -> defer.Deferred[SyncChunk]:
+        """:meth:`read_rows` as a snapshot's SYNC messages to ``identity``, made on the
+        reader's thread (the reactor only sends them)."""
+        return self._read(
+            after, upto, prefixes, lambda reader: reader.next_syncs(limit, identity, encoding),
+            lambda chunk: chunk.sequences[-1] if chunk.sequences else None,
+        )  # fmt: skip
+
+    def _read(
+        self,
+        after: int,
+        upto: int,
+        prefixes: Iterable[bytes],
+        take: Callable[[RangeReader], _Chunk],
+        last: Callable[[_Chunk], int | None],
+    ) -> defer.Deferred[_Chunk]:
+        """``take`` of the reader of ``(after, upto]`` under ``prefixes`` (the one kept from
+        the chunk before, or a new one), in a pool thread; the reader is kept for the next
+        chunk, from the ``last`` sequence it gave, unless it is done."""
         subtrees = tuple(prefixes)
         reader = self._readers.pop((after, upto, subtrees), None)
         reading = threads.deferToThreadPool(
@@ -492,20 +527,21 @@ class JetStreamLog:
             after,
             upto,
             subtrees,
-            limit,
+            take,
         )
 
-        def read(result: tuple[RangeReader, list[Row]]) -> list[Row]:
-            reader, rows = result
+        def read(result: tuple[RangeReader, _Chunk]) -> _Chunk:
+            reader, chunk = result
             self.reads_behind += reader.take_behind()
-            if rows and not reader.done and not self._closed:
-                self._readers[(rows[-1][0], upto, subtrees)] = reader
+            position = last(chunk)
+            if position is not None and not reader.done and not self._closed:
+                self._readers[(position, upto, subtrees)] = reader
                 while len(self._readers) > OPEN_READERS:  # snapshots abandoned mid-way
                     _key, oldest = self._readers.popitem(last=False)
                     self.reactor.callInThread(oldest.close)
             else:
                 self.reactor.callInThread(reader.close)
-            return rows
+            return chunk
 
         return reading.addCallback(read)
 
@@ -515,15 +551,15 @@ class JetStreamLog:
         after: int,
         upto: int,
         subtrees: tuple[bytes, ...],
-        limit: int,
-    ) -> tuple[RangeReader, list[Row]]:
+        take: Callable[[RangeReader], _Chunk],
+    ) -> tuple[RangeReader, _Chunk]:
         """In a pool thread: the next chunk, from the reader kept or a new one (tried
         :data:`READ_ATTEMPTS` times: a leader change or a lost connection is no reason
         to end a snapshot unanswered)."""
         say = self.reactor.callFromThread
         if reader is not None:
             try:
-                return reader, reader.next_rows(limit)
+                return reader, take(reader)
             except Exception as error:  # e.g. its consumer expired while the client was slow
                 reader.close()
                 say(log.info, "JetStream: a snapshot's reader failed ({error}); reading on "
@@ -533,7 +569,7 @@ class JetStreamLog:
                 self.settings, after, upto, name=f"eventbus-{self.settings.stream}"
             )
             try:
-                return reader, reader.open(subtrees).next_rows(limit)
+                return reader, take(reader.open(subtrees))
             except Exception as error:
                 reader.close()
                 if attempt == READ_ATTEMPTS - 1 or self._closed:

@@ -47,8 +47,9 @@ from twisted.internet.base import DelayedCall
 from twisted.logger import Logger
 
 from bus.eventbus import codec
-from bus.eventbus.codec import SnapshotRequest
+from bus.eventbus.codec import SnapshotRequest, SyncChunk
 from bus.eventbus.config import EventBusConfig
+from bus.eventbus.eventlog import SyncSource
 from bus.extension import Metric, counter, gauge
 from bus.transport.zmqsocket import PeerUnreachable
 from bus.util.memory import MemoryRelease
@@ -159,41 +160,53 @@ class SnapshotStream:
     def _refill(self, store: RowSource, chunk: int, syncend_current: bool) -> None:
         self.chunk = chunk = min(self.chunk * 2, chunk) if self.chunk else chunk
         ahead, self._ahead = self._ahead, None
-        rows = (
-            ahead
-            if ahead is not None
-            else store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
-        )
+        rows = ahead if ahead is not None else self._read(store, chunk)
         if isinstance(rows, defer.Deferred):
             self.reading = rows  # _took clears it, at once if the rows are in already
             rows.addCallback(self._took, syncend_current, store, chunk)
             return
         self._took(rows, syncend_current)
 
+    def _read(self, store: RowSource, chunk: int) -> Any:
+        """The next chunk from ``store``: its SYNC messages where the log makes them
+        (:class:`bus.eventbus.eventlog.SyncSource`), else its rows."""
+        if isinstance(store, SyncSource):
+            return store.read_syncs(
+                self.position, self.upto, self.request.subtrees, chunk, self.identity,
+                self.encoding,
+            )  # fmt: skip
+        return store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
+
     def _took(
         self,
-        rows: list[Row],
+        rows: list[Row] | SyncChunk,
         syncend_current: bool,
         store: RowSource | None = None,
         chunk: int = 0,
     ) -> None:
-        """Prepare the messages of ``rows``; with ``store`` (a log that answers later),
-        ask for the next chunk at once."""
+        """Prepare the messages of ``rows`` (or take those the log made); with ``store``
+        (a log that answers later), ask for the next chunk at once."""
         self.reading = None
         identity, encoding = self.identity, self.encoding
-        scanned = getattr(rows, "scanned", None)
+        if isinstance(rows, SyncChunk):
+            sequences, messages = rows
+            scanned = None
+        else:
+            scanned = getattr(rows, "scanned", None)
+            if scanned is not None and not rows:  # looked at its bound, found none
+                self._bounded = True
+                self.position = scanned
+                return
+            sequences = [row[0] for row in rows]
+            messages = codec.sync_messages(identity, rows, encoding)
         self._bounded = scanned is not None
-        if scanned is not None and not rows:  # looked at its bound, found none
-            self.position = scanned
-            return
-        if rows:
-            self.position = self.highest_sent = rows[-1][0]
+        if sequences:
+            self.position = self.highest_sent = sequences[-1]
             if scanned is not None:  # the events up to there were looked at
                 self.position = scanned
-            self._pending = codec.sync_messages(identity, rows, encoding)
-            self._sequences = [row[0] for row in rows]
+            self._pending, self._sequences = messages, sequences
             if store is not None and not self.done:
-                ahead = store.read_rows(self.position, self.upto, self.request.subtrees, chunk)
+                ahead = self._read(store, chunk)
                 if isinstance(ahead, defer.Deferred):
                     self._ahead = ahead
             return

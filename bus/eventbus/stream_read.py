@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgpack
 
@@ -126,12 +126,34 @@ def decoded_rows(batch: Batch, topics: list[bytes]) -> list[Row]:
         return Events.decoded(batch, topics).rows()
     rows, index = native.stream_rows(batch.sequences, topics, batch.payloads, 0)
     if index < len(batch.sequences):  # the rest as Python reads it, errors alike
-        rest = Batch(
-            batch.sequences[index:], batch.subjects[index:], batch.payloads[index:],
-            batch.stamps[index:],
-        )  # fmt: skip
-        rows += Events.decoded(rest, topics[index:]).rows()
+        rows += _rest(batch, topics, index).rows()
     return rows  # type: ignore[no-any-return]
+
+
+def decoded_syncs(
+    batch: Batch, topics: list[bytes], identity: bytes, encoding: codec.SequenceEncoding
+) -> list[list[bytes]]:
+    """The SYNC messages to ``identity`` of stored messages whose subjects gave
+    ``topics``: what :func:`bus.eventbus.codec.sync_messages` makes of
+    :func:`decoded_rows`, made in one step where bus/eventbus/_pubscan.c was built."""
+    native = codec.native
+    if native is None:
+        return codec.sync_messages(identity, Events.decoded(batch, topics).rows(), encoding)
+    binary = encoding is codec.SequenceEncoding.BINARY
+    head = (identity, codec.SYNC)
+    messages, index = native.stream_rows(batch.sequences, topics, batch.payloads, 0, head, binary)
+    if index < len(batch.sequences):
+        messages += codec.sync_messages(identity, _rest(batch, topics, index).rows(), encoding)
+    return messages  # type: ignore[no-any-return]
+
+
+def _rest(batch: Batch, topics: list[bytes], index: int) -> Events:
+    """The events from ``index`` on, as Python reads them (errors alike)."""
+    rest = Batch(
+        batch.sequences[index:], batch.subjects[index:], batch.payloads[index:],
+        batch.stamps[index:],
+    )  # fmt: skip
+    return Events.decoded(rest, topics[index:])
 
 
 @dataclass
@@ -167,21 +189,24 @@ class Events:
         ]
 
 
-class _Remembered(Generic[_Value]):
+class _Remembered(dict[bytes, _Value]):
     """One conversion, remembered for the keys seen last (a stream's topics repeat); all
-    forgotten at once when ``size`` are held."""
+    forgotten at once when ``size`` are held. A dict whose misses convert: a column of
+    keys maps through ``map(remembered.__getitem__, keys)`` with no Python call per key
+    already known."""
 
     def __init__(self, convert: Callable[[bytes], _Value], size: int = 65536) -> None:
+        super().__init__()
         self._convert, self._size = convert, size
-        self._known: dict[bytes, _Value] = {}
+
+    def __missing__(self, key: bytes) -> _Value:
+        if len(self) >= self._size:
+            self.clear()
+        value = self[key] = self._convert(key)
+        return value
 
     def __call__(self, key: bytes) -> _Value:
-        value = self._known.get(key)
-        if value is None:
-            if len(self._known) >= self._size:
-                self._known.clear()
-            value = self._known[key] = self._convert(key)
-        return value
+        return self[key]
 
 
 class Topics(_Remembered[bytes | None]):
@@ -203,7 +228,7 @@ def events_of(batch: Batch, topics: Topics) -> tuple[Batch, list[bytes], int]:
     """The events of ``batch`` with their topics, and how many messages were left out as
     naming no topic (see :class:`Topics`): none is an event, and one of them must not
     cost a reader the events around it."""
-    names = list(map(topics, batch.subjects))
+    names = list(map(topics.__getitem__, batch.subjects))
     if None not in names:
         return batch, cast("list[bytes]", names), 0
     keep = [i for i, name in enumerate(names) if name is not None]
@@ -219,7 +244,7 @@ class Subjects(_Remembered[bytes]):
     @property
     def known(self) -> dict[bytes, bytes]:
         """The topics remembered, with their subjects (the same dict for ever)."""
-        return self._known
+        return self
 
 
 class Appends:
@@ -349,6 +374,16 @@ class RangeReader:
         """:meth:`next_events` as the log's rows."""
         found = self._next(count)
         return decoded_rows(*found) if found is not None else []
+
+    def next_syncs(
+        self, count: int, identity: bytes, encoding: codec.SequenceEncoding
+    ) -> codec.SyncChunk:
+        """:meth:`next_events` as a snapshot's SYNC messages to ``identity``."""
+        found = self._next(count)
+        if found is None:
+            return codec.SyncChunk([], [])
+        batch, topics = found
+        return codec.SyncChunk(batch.sequences, decoded_syncs(batch, topics, identity, encoding))
 
     def _next(self, count: int) -> tuple[Batch, list[bytes]] | None:
         """The next stored messages under the prefixes, with their topics; None at the end."""

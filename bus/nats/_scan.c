@@ -4,8 +4,9 @@
  * split, a few int() and a NamedTuple, then a split of its reply subject: 3-4 us, more
  * than the nats-server spends sending it. Here:
  *
- * scan(buffer, position, Msg, Control) parses whole MSG/HMSG messages and bare PING, PONG
- * and +OK lines from ``position`` on, and stops at the first thing it does not take: an
+ * scan(buffer, position, Msg, Control[, controls]) parses whole MSG/HMSG messages and bare
+ * PING, PONG and +OK lines from ``position`` on (the lines into ``controls`` when given, so
+ * that a reader of thousands of messages need not look at each for a PING), and stops at the first thing it does not take: an
  * incomplete message, INFO, -ERR, anything odd (a number that is not plain digits, a
  * missing CRLF after a payload). The Python parser takes that one item, with its own
  * errors, so both give the same results for every input (tests/test_natswire_scan.py).
@@ -103,8 +104,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
     Py_ssize_t position;
-    PyObject *msg_type, *control_type;
-    if (!PyArg_ParseTuple(args, "y*nOO", &view, &position, &msg_type, &control_type))
+    PyObject *msg_type, *control_type, *controls = NULL;
+    if (!PyArg_ParseTuple(args, "y*nOO|O!", &view, &position, &msg_type, &control_type,
+                          &PyList_Type, &controls))
         return NULL;
     if (!tuple_type(msg_type) || !tuple_type(control_type)) {
         PyBuffer_Release(&view);
@@ -158,7 +160,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         else if (length == 3 && memcmp(line, "+OK", 3) == 0) word = "+OK";
         if (word == NULL) break; /* INFO, -ERR, lower case, arguments: Python's */
         PyObject *items[2] = {PyBytes_FromString(word), PyBytes_FromStringAndSize(NULL, 0)};
-        if (append_named(out, (PyTypeObject *)control_type, items, 2)) goto fail;
+        if (append_named(controls ? controls : out, (PyTypeObject *)control_type, items, 2))
+            goto fail;
         position = start;
     }
     PyBuffer_Release(&view);
@@ -346,8 +349,9 @@ static PyObject *batch_publishes(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, position, Msg, Control) -> (items, position): whole messages and bare "
-     "PING/PONG/+OK lines, up to the first item left to the Python parser."},
+     "scan(buffer, position, Msg, Control[, controls]) -> (items, position): whole messages "
+     "and bare PING/PONG/+OK lines (appended to the list controls instead, when given), up "
+     "to the first item left to the Python parser."},
     {"deliveries", deliveries, METH_VARARGS,
      "deliveries(messages, start, sid, limit) -> (index, sequences, subjects, payloads, "
      "stamps, pending): JetStream deliveries on sid as columns, up to the first other "

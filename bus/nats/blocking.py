@@ -14,6 +14,7 @@ import base64
 import contextlib
 import functools
 import itertools
+import operator
 import os
 import socket
 import ssl
@@ -138,9 +139,7 @@ class Connection:
         """The next control line while connecting (nothing is subscribed yet)."""
         deadline = time.monotonic() + self.timeout
         while not self._controls:
-            self._controls.extend(
-                item for item in self._receive(deadline) if isinstance(item, Control)
-            )
+            self._controls.extend(self._receive(deadline)[1])
         return self._controls.popleft()
 
     def _drop(self) -> None:
@@ -156,8 +155,9 @@ class Connection:
         assert self._sock is not None, "not connected"
         self._sock.sendall(data)
 
-    def _receive(self, deadline: float) -> list[Msg | Control]:
-        """What one read of the socket brings, parsed; PINGs answered, errors raised."""
+    def _receive(self, deadline: float) -> tuple[list[Msg], list[Control]]:
+        """What one read of the socket brings, parsed (messages, control lines); PINGs
+        answered, errors raised."""
         assert self._sock is not None, "not connected"
         left = deadline - time.monotonic()
         if left <= 0:
@@ -171,20 +171,21 @@ class Connection:
             raise ConnectionError("the NATS server closed the connection")
         return self._parsed(data)
 
-    def _parsed(self, data: bytes) -> list[Msg | Control]:
-        """``data`` parsed; PINGs answered, errors raised, INFOs taken."""
-        items = self._parser.feed(data)
-        for item in items:
-            if isinstance(item, Control):
-                if item.op == b"PING":
-                    self._send(codec.PONG)
-                elif item.op == b"-ERR":
-                    raise ProtocolError(item.argument.decode("utf-8", "replace"))
-                elif item.op == b"INFO":
-                    was = self.lame_duck
-                    self.info = codec.info(item)
-                    self._lame_duck_news = self._lame_duck_news or (self.lame_duck and not was)
-        return items
+    def _parsed(self, data: bytes) -> tuple[list[Msg], list[Control]]:
+        """``data`` parsed (messages, control lines); PINGs answered, errors raised, INFOs
+        taken. Only the control lines are looked at one by one: a read brings thousands
+        of messages to a reader of a stream."""
+        messages, controls = self._parser.feed_apart(data)
+        for item in controls:
+            if item.op == b"PING":
+                self._send(codec.PONG)
+            elif item.op == b"-ERR":
+                raise ProtocolError(item.argument.decode("utf-8", "replace"))
+            elif item.op == b"INFO":
+                was = self.lame_duck
+                self.info = codec.info(item)
+                self._lame_duck_news = self._lame_duck_news or (self.lame_duck and not was)
+        return messages, controls
 
     # -- what callers use ----------------------------------------------------------------------
 
@@ -207,9 +208,7 @@ class Connection:
                     return
                 if not data:
                     raise ConnectionError("the NATS server closed the connection")
-                for item in self._parsed(data):
-                    if isinstance(item, Msg):
-                        self._keep(item)
+                self._keep_all(self._parsed(data)[0])
         finally:
             sock.settimeout(self.timeout)  # a send after it blocks as sends do
 
@@ -220,11 +219,10 @@ class Connection:
         self._send(codec.PING)
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            for item in self._receive(deadline):
-                if isinstance(item, Msg):
-                    self._keep(item)
-                elif item.op == b"PONG":
-                    return
+            messages, controls = self._receive(deadline)
+            self._keep_all(messages)  # those after the PONG too
+            if any(item.op == b"PONG" for item in controls):
+                return
 
     def shutdown(self) -> None:
         """Wake a read blocked in another thread: it fails as a lost connection."""
@@ -281,7 +279,7 @@ class Connection:
             if self._lame_duck_news:
                 self._lame_duck_news = False
                 return []
-            messages = [item for item in self._receive(deadline) if isinstance(item, Msg)]
+            messages = self._receive(deadline)[0]
             if messages:
                 return messages
 
@@ -293,14 +291,30 @@ class Connection:
         self.publish(subject, payload, inbox.decode())
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
-            for item in self._receive(deadline):
-                if not isinstance(item, Msg):
-                    continue
-                if item.subject == inbox:
-                    if codec.status(item.headers) == 503:
-                        raise ConnectionRefusedError(f"no responders for {subject}")
-                    return item
-                self._keep(item)
+            answer = None
+            for item in self._receive(deadline)[0]:
+                if answer is None and item.subject == inbox:
+                    answer = item
+                else:
+                    self._keep(item)  # those after the answer too
+            if answer is not None:
+                if codec.status(answer.headers) == 503:
+                    raise ConnectionRefusedError(f"no responders for {subject}")
+                return answer
+
+    def _keep_all(self, messages: list[Msg]) -> None:
+        """:meth:`_keep` of each of ``messages``, at once where all fit."""
+        if not messages:
+            return
+        limits, pending = self.pending_limits, self._pending
+        if len(pending) + len(messages) <= limits.messages:
+            size = sum(map(len, map(_HEADERS, messages))) + sum(map(len, map(_PAYLOAD, messages)))
+            if self._pending_bytes + size <= limits.bytes:
+                pending.extend(messages)
+                self._pending_bytes += size
+                return
+        for item in messages:
+            self._keep(item)
 
     def _keep(self, item: Msg) -> None:
         """A message for :meth:`read`, within the pending limits (else dropped, counted)."""
@@ -321,6 +335,9 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_HEADERS, _PAYLOAD = operator.itemgetter(3), operator.itemgetter(4)
 
 
 # -- connections as a service's settings ask -----------------------------------------------------

@@ -80,6 +80,42 @@ class Parser:
         self._buffer = buffer[position:]
         return out
 
+    def feed_apart(self, data: bytes) -> tuple[list[Msg], list[Control]]:
+        """:meth:`feed`, the messages and the control lines apart (each in the order sent):
+        a reader of a stream, thousands of messages a read, looks at its few control lines
+        alone."""
+        buffer = self._buffer + data if self._buffer else data
+        messages: list[Msg] = []
+        controls: list[Control] = []
+        if native is None:
+            items: list[Msg | Control] = []
+            position = _parse(buffer, 0, items, False)
+            _apart(items, messages, controls)
+        else:
+            position, size, scan = 0, len(buffer), native.scan
+            one: list[Msg | Control] = []
+            while True:
+                scanned, position = scan(buffer, position, Msg, Control, controls)
+                messages += scanned
+                if position >= size:
+                    break
+                after = _parse(buffer, position, one, True)
+                if after == position:
+                    break  # incomplete: the rest waits for more bytes
+                position = after
+                _apart(one, messages, controls)
+                one.clear()
+        self._buffer = buffer[position:]
+        return messages, controls
+
+
+def _apart(items: list[Msg | Control], messages: list[Msg], controls: list[Control]) -> None:
+    for item in items:
+        if type(item) is Control:
+            controls.append(item)
+        else:
+            messages.append(item)  # type: ignore[arg-type]
+
 
 def _parse(buffer: bytes, position: int, out: list[Msg | Control], once: bool) -> int:
     """Parse from ``position`` (one item when ``once``) into ``out``; the position after

@@ -329,13 +329,23 @@ class RangeRead:
             self._done = True
         if not self.follow:
             # The first that is the last wanted, or that the consumer says ends what
-            # the stream holds (and the leader agrees), ends the read.
-            for index in range(taken):
-                seq = sequences[index]
-                if seq == self.upto or (pending[index] == 0 and self._nothing_after(seq)):
+            # the stream holds (and the leader agrees), ends the read. Found with list
+            # searches, not a look at each delivery: a chunk holds a thousand.
+            last = bisect.bisect_left(sequences, self.upto, 0, taken)
+            upto_here = last < taken and sequences[last] == self.upto
+            end = last if upto_here else taken  # no need to ask about the last wanted
+            index = 0
+            while 0 in pending[index:end]:
+                index = pending.index(0, index, end)
+                if self._nothing_after(sequences[index]):
                     taken = index + 1
                     self._done = True
                     break
+                index += 1
+            else:
+                if upto_here:
+                    taken = last + 1
+                    self._done = True
         if taken:
             self.after = sequences[taken - 1]
             self.pending = pending[taken - 1]
