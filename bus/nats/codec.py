@@ -60,61 +60,56 @@ class Parser:
 
     def feed(self, data: bytes) -> list[Msg | Control]:
         """Take the bytes ``data`` and return every whole item they complete, in order."""
-        buffer = self._buffer + data if self._buffer else data
         out: list[Msg | Control] = []
-        if native is None:
-            position = _parse(buffer, 0, out, False)
-        else:
-            # The scanner takes the common items; the Python loop takes one it left (an
-            # INFO, an -ERR, anything odd or incomplete), then the scanner goes on.
-            position, size, scan = 0, len(buffer), native.scan
-            while True:
-                items, position = scan(buffer, position, Msg, Control)
-                out.extend(items)
-                if position >= size:
-                    break
-                after = _parse(buffer, position, out, True)
-                if after == position:
-                    break  # incomplete: the rest waits for more bytes
-                position = after
-        self._buffer = buffer[position:]
+        self._take(data, out, None)
         return out
 
     def feed_apart(self, data: bytes) -> tuple[list[Msg], list[Control]]:
         """:meth:`feed`, the messages and the control lines apart (each in the order sent):
         a reader of a stream, thousands of messages a read, looks at its few control lines
         alone."""
-        buffer = self._buffer + data if self._buffer else data
         messages: list[Msg] = []
         controls: list[Control] = []
+        self._take(data, messages, controls)  # type: ignore[arg-type]
+        return messages, controls
+
+    def _take(self, data: bytes, out: list[Msg | Control], controls: list[Control] | None) -> None:
+        """Every whole item into ``out``, the control lines into ``controls`` when given."""
+        buffer = self._buffer + data if self._buffer else data
+        one: list[Msg | Control] = []
         if native is None:
-            items: list[Msg | Control] = []
-            position = _parse(buffer, 0, items, False)
-            _apart(items, messages, controls)
+            position = _parse(buffer, 0, one, False)
+            _into(one, out, controls)
         else:
+            # The scanner takes the common items; the Python loop takes one it left (an
+            # INFO, an -ERR, anything odd or incomplete), then the scanner goes on.
             position, size, scan = 0, len(buffer), native.scan
-            one: list[Msg | Control] = []
+            lines = () if controls is None else (controls,)
             while True:
-                scanned, position = scan(buffer, position, Msg, Control, controls)
-                messages += scanned
+                items, position = scan(buffer, position, Msg, Control, *lines)
+                out.extend(items)
                 if position >= size:
                     break
                 after = _parse(buffer, position, one, True)
                 if after == position:
                     break  # incomplete: the rest waits for more bytes
                 position = after
-                _apart(one, messages, controls)
+                _into(one, out, controls)
                 one.clear()
         self._buffer = buffer[position:]
-        return messages, controls
 
 
-def _apart(items: list[Msg | Control], messages: list[Msg], controls: list[Control]) -> None:
+def _into(
+    items: list[Msg | Control], out: list[Msg | Control], controls: list[Control] | None
+) -> None:
+    if controls is None:
+        out.extend(items)
+        return
     for item in items:
         if type(item) is Control:
             controls.append(item)
         else:
-            messages.append(item)  # type: ignore[arg-type]
+            out.append(item)
 
 
 def _parse(buffer: bytes, position: int, out: list[Msg | Control], once: bool) -> int:
