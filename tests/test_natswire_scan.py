@@ -19,7 +19,10 @@ needs_native = pytest.mark.skipif(codec.native is None, reason="the compiled sca
 SUBJECTS = st.sampled_from([b"a", b"events.x.y", b"_INBOX.abc.7", b"$JS.API.INFO", b"q"])
 NUMBERS = st.one_of(
     st.integers(0, 2**70).map(lambda n: str(n).encode()),
-    st.sampled_from([b"", b"+1", b"-1", b"1_0", b" 2", b"x", b"007", b"18446744073709551616"]),
+    st.sampled_from(
+        [b"", b"+1", b"-1", b"1_0", b" 2", b"x", b"007", b"18446744073709551616"]
+        + [b"18446744073709551615", b"99999999999999999999", b"9999999999999999999", b"0" * 20]
+    ),
 )
 
 
