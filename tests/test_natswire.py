@@ -308,6 +308,42 @@ def test_a_connection_is_refused_without_the_token_and_answers_with_it(tmp_path:
         cluster.stop()
 
 
+@pytest.mark.parametrize("limits", [(10_000, 10**9), (25, 10**9), (10_000, 3_000)])
+@pytest.mark.parametrize("by", ["poll", "request"])
+def test_messages_that_come_meanwhile_are_kept_within_the_pending_limits(
+    nats_server: Any, limits: tuple[int, int], by: str
+) -> None:
+    """Messages of a subscription that a poll finds, or that arrive while a request
+    waits, wait for read() in order; past the pending limits (count, bytes) the rest are
+    dropped and counted, never more kept than the limits allow."""
+    import time
+
+    from bus.nats.blocking import Connection, Limits
+
+    url = nats_server.urls[0]
+    pending = Limits(*limits)
+    with Connection([url]) as sender, Connection([url], pending=pending) as connection:
+        sid = connection.subscribe("kept.>")
+        connection.flush()
+        bodies = [b"%04d" % i + b"x" * 96 for i in range(60)]
+        for body in bodies:
+            sender.publish("kept.one", body)
+        sender.flush()
+        if by == "request":  # its wait reads them all: they came before its answer
+            connection.request("$JS.API.INFO", b"")
+        else:  # each poll takes what came so far, until all came (kept or dropped)
+            deadline = time.monotonic() + 10
+            while len(connection._pending) + connection.dropped < len(bodies):
+                assert time.monotonic() < deadline, "the messages never came"
+                connection.poll()
+        got = [m.payload for m in connection.read(timeout=5) if m.sid == sid]
+        assert got == bodies[: len(got)]  # in order, the first ones
+        assert len(got) + connection.dropped == len(bodies)
+        assert len(got) <= pending.messages
+        assert sum(len(b) for b in got) <= pending.bytes
+        assert (connection.dropped == 0) == (limits == (10_000, 10**9))
+
+
 def make_stream(url: str, name: str, atomic: bool) -> None:
     from bus.nats.blocking import Connection
 

@@ -208,7 +208,9 @@ class Connection:
                     return
                 if not data:
                     raise ConnectionError("the NATS server closed the connection")
-                self._keep_all(self._parsed(data)[0])
+                waiting = self._parser.waiting
+                messages = self._parsed(data)[0]
+                self._keep_all(messages, waiting + len(data) - self._parser.waiting)
         finally:
             sock.settimeout(self.timeout)  # a send after it blocks as sends do
 
@@ -302,13 +304,19 @@ class Connection:
                     raise ConnectionRefusedError(f"no responders for {subject}")
                 return answer
 
-    def _keep_all(self, messages: list[Msg]) -> None:
-        """:meth:`_keep` of each of ``messages``, at once where all fit."""
+    def _keep_all(self, messages: list[Msg], wire: int | None = None) -> None:
+        """:meth:`_keep` of each of ``messages``, at once where all fit. ``wire``, the bytes
+        parsed that made them, bounds their size from above: counted for them, it spares
+        a reader of a stream a look at each message (the limit is met a little early)."""
         if not messages:
             return
         limits, pending = self.pending_limits, self._pending
         if len(pending) + len(messages) <= limits.messages:
-            size = sum(map(len, map(_HEADERS, messages))) + sum(map(len, map(_PAYLOAD, messages)))
+            size = (
+                wire
+                if wire is not None and self._pending_bytes + wire <= limits.bytes
+                else sum(map(len, map(_HEADERS, messages))) + sum(map(len, map(_PAYLOAD, messages)))
+            )
             if self._pending_bytes + size <= limits.bytes:
                 pending.extend(messages)
                 self._pending_bytes += size

@@ -58,6 +58,11 @@ class Parser:
     def __init__(self) -> None:
         self._buffer = b""
 
+    @property
+    def waiting(self) -> int:
+        """Bytes of an item not yet whole, kept for the next :meth:`feed`."""
+        return len(self._buffer)
+
     def feed(self, data: bytes) -> list[Msg | Control]:
         """Take the bytes ``data`` and return every whole item they complete, in order."""
         out: list[Msg | Control] = []
