@@ -215,10 +215,15 @@ class Topics(_Remembered[bytes | None]):
     a replica behind the import's last purge still holds) or another writer's message."""
 
     def __init__(self, prefix: str) -> None:
+        #: Some subject named no topic (since the start): only then is a column of
+        #: topics looked through for one (:func:`events_of`).
+        self.none_seen = False
+
         def topic(subject: bytes) -> bytes | None:
             try:
                 return subjects.topic(prefix, subject.decode("ascii"))
             except (subjects.SubjectError, UnicodeDecodeError):
+                self.none_seen = True
                 return None
 
         super().__init__(topic)
@@ -229,7 +234,7 @@ def events_of(batch: Batch, topics: Topics) -> tuple[Batch, list[bytes], int]:
     naming no topic (see :class:`Topics`): none is an event, and one of them must not
     cost a reader the events around it."""
     names = list(map(topics.__getitem__, batch.subjects))
-    if None not in names:
+    if not topics.none_seen or None not in names:
         return batch, cast("list[bytes]", names), 0
     keep = [i for i, name in enumerate(names) if name is not None]
     return batch.only(keep), [cast(bytes, names[i]) for i in keep], len(names) - len(keep)
