@@ -210,12 +210,16 @@ static PyObject *deliveries(PyObject *self, PyObject *args) {
     long long sid;
     if (!PyArg_ParseTuple(args, "O!nLn", &PyList_Type, &messages, &start, &sid, &limit))
         return NULL;
-    PyObject *columns[5] = {PyList_New(0), PyList_New(0), PyList_New(0), PyList_New(0),
-                            PyList_New(0)};
-    for (int i = 0; i < 5; i++)
-        if (columns[i] == NULL) goto fail;
     Py_ssize_t count = PyList_GET_SIZE(messages);
     Py_ssize_t index = start < 0 ? count : start;
+    /* Columns made at their largest and cut to what was taken: no append per delivery.
+     * Nothing in the loop makes an object the cyclic collector follows, so no Python
+     * code runs while they hold empty places. */
+    Py_ssize_t most = index < count ? count - index : 0;
+    if (limit < most) most = limit < 0 ? 0 : limit;
+    PyObject *columns[5] = {NULL, NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 5; i++)
+        if ((columns[i] = PyList_New(most)) == NULL) goto fail;
     Py_ssize_t taken = 0;
     for (; index < count && taken < limit; index++) {
         PyObject *msg = PyList_GET_ITEM(messages, index);
@@ -235,17 +239,21 @@ static PyObject *deliveries(PyObject *self, PyObject *args) {
         if (size < 8 || memcmp(text, "$JS.ACK.", 8) != 0) break;
         unsigned long long sequence, stamp, pending;
         if (!read_reply(text, size, &sequence, &stamp, &pending)) break;
-        PyObject *values[5] = {PyLong_FromUnsignedLongLong(sequence), PyTuple_GET_ITEM(msg, 0),
-                               PyTuple_GET_ITEM(msg, 4), PyLong_FromUnsignedLongLong(stamp),
+        PyObject *values[5] = {PyLong_FromUnsignedLongLong(sequence),
+                               Py_NewRef(PyTuple_GET_ITEM(msg, 0)),
+                               Py_NewRef(PyTuple_GET_ITEM(msg, 4)),
+                               PyLong_FromUnsignedLongLong(stamp),
                                PyLong_FromUnsignedLongLong(pending)};
-        int failed = !values[0] || !values[3] || !values[4];
-        for (int i = 0; i < 5 && !failed; i++) failed = PyList_Append(columns[i], values[i]) != 0;
-        Py_XDECREF(values[0]);
-        Py_XDECREF(values[3]);
-        Py_XDECREF(values[4]);
-        if (failed) goto fail;
+        if (!values[0] || !values[3] || !values[4]) {
+            for (int i = 0; i < 5; i++) Py_XDECREF(values[i]);
+            goto fail;
+        }
+        for (int i = 0; i < 5; i++) PyList_SET_ITEM(columns[i], taken, values[i]);
         taken++;
     }
+    if (taken < most)
+        for (int i = 0; i < 5; i++)
+            if (PyList_SetSlice(columns[i], taken, most, NULL) < 0) goto fail;
     return Py_BuildValue("nNNNNN", index, columns[0], columns[1], columns[2], columns[3],
                          columns[4]);
 fail:
