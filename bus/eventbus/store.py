@@ -307,7 +307,7 @@ class EventStore:
         self._durability: Durability = durability
         #: The WAL file's bound (bytes; None: none): see :class:`bus.util.sqlitewal.Checkpointer`.
         self.wal_limit = wal_limit or None
-        self._db = open_wal(self.path, durability, self.wal_limit)
+        self._db = open_wal(self.path, durability)
         self._checkpointer = Checkpointer(self.path, self.wal_limit)
         #: Events moved from an older release's format at this open (0: none).
         self.migrated = 0
@@ -797,7 +797,7 @@ class EventStore:
 
     def checkpoint(self) -> tuple[int, int]:
         """Copy committed WAL pages into the database without blocking the writer
-        (PASSIVE, on a connection of its own) and, once the WAL is above
+        (PASSIVE, on a connection of its own) and, once the WAL holds more than
         :attr:`wal_limit`, start it over (RESTART: appends wait while it copies the last
         frames). Safe to call from one worker thread while the owner appends. Returns
         (pages in the WAL, pages checkpointed).
