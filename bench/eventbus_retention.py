@@ -37,7 +37,8 @@ reported, with its CPU time). Also: the database file's size (pages, free
 pages), which must stop growing once retention frees as much as is stored.
 
     python bench/eventbus_retention.py [--modes count,age,latest] [--held 200000]
-        [--removed 50000] [--rounds 3] [--topics 20000] [--batch 50] [--random-topics]
+        [--removed 50000] [--rounds 3] [--topics 20000] [--batch 50] [--checkpoint-every 3000]
+        [--random-topics]
 """
 
 from __future__ import annotations
