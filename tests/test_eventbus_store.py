@@ -27,6 +27,8 @@ from bus.eventbus.codec import Event
 from bus.eventbus.logbatch import BATCH_BYTES, BATCH_EVENTS
 from bus.eventbus.store import (
     DB_NAME,
+    READ_BETWEEN_CHECKS,
+    REGION,
     EventStore,
     LogExport,
     Retention,
@@ -422,6 +424,51 @@ def test_compact_step_in_chunks_reads_three_events_a_chunk_then_deletes_a_chunk(
     assert store.compact_step(chunk=1) == (1, False)
     assert store.compact_step(chunk=2) == (2, True)
     assert seqs(store.read(0)) == [4, 5, 6]
+
+
+def test_a_compaction_step_out_of_time_stops_after_a_region_and_the_next_goes_on(
+    store: EventStore,
+) -> None:
+    """A step whose budget is spent (the machine slow right now) stops at the end of the first
+    region of the log it deletes from, whatever its chunk; what is left waits for the next."""
+    topics = [b"a", b"b"] * (3 * REGION // 2)  # sequences 1..768: regions 0, 1, 2 and 3
+    fill(store, topics)
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    first = store.compact_step(chunk=10_000, out_of_time=lambda: True)
+    assert first == (REGION - 1, False)  # 1..255 (region 0): all but 767 and 768 superseded
+    assert seqs(store.read(0, limit=10_000))[:2] == [REGION, REGION + 1]
+    assert store.compact_step(chunk=10_000, out_of_time=lambda: True) == (REGION, False)
+    assert store.compact_step(chunk=10_000) == (len(topics) - 2 - 2 * REGION + 1, True)
+    assert seqs(store.read(0)) == [len(topics) - 1, len(topics)]
+
+
+def test_a_compaction_step_out_of_time_reads_a_few_hundred_events(store: EventStore) -> None:
+    fill(store, [b"t%d" % (n % 7) for n in range(2 * READ_BETWEEN_CHECKS + 10)])
+    for _ in range(3):  # 256, 512 then the rest: the budget is asked every 256 events
+        assert store.compaction_reading
+        assert store.compact_step(chunk=10_000, out_of_time=lambda: True) == (0, False)
+    assert not store.compaction_reading
+    assert store.compact_step(chunk=10_000) == (2 * READ_BETWEEN_CHECKS + 10 - 7, True)
+
+
+def test_a_compaction_pass_whose_steps_run_out_of_time_still_ends_with_the_latest(
+    store: EventStore,
+) -> None:
+    """Every step's budget spent at its first check (a clock that jumps 1 s a reading): the
+    pass takes more steps, each at least a region, and keeps each topic's latest event."""
+    from bus.util.chunking import ChunkSizer
+
+    fill(store, [b"t%d" % (n % 5) for n in range(4 * REGION)])
+    ticks = iter(range(10**6))
+    sizer = ChunkSizer(1.0, first=10_000, smallest=10_000, largest=10_000)
+    passing = Retention(latest_per_topic=True).steps(
+        lambda: store, 2000.0, sizer, budget_clock=lambda: float(next(ticks))
+    )
+    deleted = list(passing)
+    assert sum(deleted) == 4 * REGION - 5 and len(deleted) >= 4
+    assert [e.topic for e in store.read(0)] == [
+        b"t%d" % (n % 5) for n in range(4 * REGION - 5, 4 * REGION)
+    ]
 
 
 def test_events_appended_once_compaction_began_are_seen_as_they_come(store: EventStore) -> None:
@@ -858,12 +905,15 @@ class StoreMachine(RuleBasedStateMachine):
         newest = {r.event.topic: r.event.sequence for r in self.rows}
         return {r.event.sequence for r in self.rows if newest[r.event.topic] != r.event.sequence}
 
-    @rule(chunk=st.integers(1, 6))
-    def compact(self, chunk: int) -> None:
+    @rule(chunk=st.integers(1, 6), patience=st.none() | st.integers(0, 3))
+    def compact(self, chunk: int, patience: int | None) -> None:
         """One step: it deletes at most a chunk, only superseded events; once finished,
-        none is left."""
+        none is left. With ``patience``, its budget is spent after that many checks (it may
+        stop at any of them, after a region or a few hundred events read)."""
         superseded = self._superseded()
-        deleted, finished = self.store.compact_step(chunk)
+        checks = iter(range(100))
+        out_of_time = None if patience is None else lambda: next(checks) >= patience
+        deleted, finished = self.store.compact_step(chunk, out_of_time)
         held = {e.sequence for e in self.store.read(0, limit=10_000)}
         gone = {r.event.sequence for r in self.rows} - held
         assert gone <= superseded and len(gone) == deleted <= chunk

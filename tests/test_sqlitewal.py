@@ -1,7 +1,8 @@
 """The WAL's bound (bus.util.sqlitewal.Checkpointer) on real SQLite files: a PASSIVE
-checkpoint each run, a RESTART one once the WAL file is above its limit, given up at once
-when a commit or a read is in progress (tried ``tries`` times a run), and the file cut back
-to the limit by the commit after the restart (``journal_size_limit``). The clock and the
+checkpoint each run, a RESTART one once the WAL holds more than its limit of frames, given up
+at once when a commit or a read is in progress (tried ``tries`` times a run); the file kept
+and written over from its start after a restart (the commits never cut it), or cut to
+nothing by the checkpoint (TRUNCATE) when it is above twice its limit. The clock and the
 pause between attempts are injected."""
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Clock:
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[sqlite3.Connection]:
-    connection = open_wal(tmp_path / "t.sqlite3", "normal", LIMIT)
+    connection = open_wal(tmp_path / "t.sqlite3", "normal")
     connection.execute("CREATE TABLE t (n INTEGER PRIMARY KEY, data BLOB)")
     yield connection
     connection.close()
@@ -59,7 +60,7 @@ def checkpointer(path: Path, limit: int | None, clock: Clock) -> Checkpointer:
     return Checkpointer(path, limit, tries=3, pause=0.002, timer=clock.timer, sleep=clock.sleep)
 
 
-def test_a_wal_above_its_limit_is_started_over_and_cut_back_to_it(
+def test_a_wal_file_above_twice_its_limit_is_started_over_and_cut_by_the_checkpoint(
     db: sqlite3.Connection, tmp_path: Path
 ) -> None:
     path = tmp_path / "t.sqlite3"
@@ -74,14 +75,41 @@ def test_a_wal_above_its_limit_is_started_over_and_cut_back_to_it(
         assert (status.checkpoints, status.restarts, status.restarts_busy) == (1, 1, 0)
         assert status.longest_hold == pytest.approx(0.005)  # one timer step: one attempt
         assert clock.pauses == []
-        # The next commit writes the WAL from its start and cuts the file to the limit.
+        assert wal_size(path) == 0  # cut by the checkpoint (TRUNCATE), not by a commit
         fill(db, 1, start=1000)
-        assert wal_size(path) <= LIMIT
+        assert 0 < wal_size(path) <= LIMIT
         assert checking.status().wal_bytes == wal_size(path)
         assert db.execute("SELECT count(*), sum(length(data)) FROM t").fetchone() == (
             1001,
             1001 * len(ROW),
         )
+    finally:
+        checking.close()
+
+
+def test_a_wal_restarted_below_twice_its_limit_is_kept_and_written_over(
+    db: sqlite3.Connection, tmp_path: Path
+) -> None:
+    """The commit after a restart does not cut the file (a cut costs the committing thread,
+    the reactor's, the kernel's time): it writes the WAL from its start, over the file."""
+    path = tmp_path / "t.sqlite3"
+    rows = 0
+    while wal_size(path) <= LIMIT:
+        fill(db, 10, start=rows)
+        rows += 10
+    size = wal_size(path)
+    assert size < 2 * LIMIT
+    clock = Clock()
+    checking = checkpointer(path, LIMIT, clock)
+    try:
+        checking.run()
+        assert checking.status().restarts == 1
+        assert wal_size(path) == size
+        fill(db, 10, start=rows)
+        assert wal_size(path) == size  # written from its start, not cut, not grown
+        checking.run()
+        assert checking.status().restarts == 1  # a few frames in it: below the limit
+        assert db.execute("SELECT count(*) FROM t").fetchone() == (rows + 10,)
     finally:
         checking.close()
 
@@ -146,7 +174,7 @@ def test_a_restart_meeting_a_read_or_a_commit_in_progress_gives_up_and_tries_aga
             status = checking.status()
             assert (status.restarts, status.restarts_busy) == (1, 3)
             fill(db, 1, start=1000)
-            assert wal_size(path) <= LIMIT
+            assert 0 < wal_size(path) <= LIMIT
             assert db.execute("SELECT count(*) FROM t").fetchone() == (1001,)
         finally:
             checking.close()

@@ -1,11 +1,11 @@
-"""ChunkSizer: chunks of work sized by their measured time (bus.util.chunking), on made-up
-durations (no clock is read here)."""
+"""ChunkSizer: chunks of work sized by their measured time, and Budget: the time a step may
+take (bus.util.chunking), on made-up durations (no clock is read here)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bus.util.chunking import ChunkSizer
+from bus.util.chunking import Budget, ChunkSizer
 
 
 def test_the_first_chunk_is_the_given_one_then_each_kind_follows_its_own_rate() -> None:
@@ -56,3 +56,12 @@ def test_chunks_stay_within_their_bounds() -> None:
 def test_impossible_settings_are_refused(arguments: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="need target"):
         ChunkSizer(**arguments)  # type: ignore[arg-type]
+
+
+def test_a_budget_is_spent_once_its_clock_passed_the_end_and_stays_spent() -> None:
+    readings = iter([10.0, 10.001, 10.002, 10.0025, 10.0])
+    budget = Budget(0.002, clock=lambda: next(readings))  # from 10.0 to 10.002
+    assert not budget.spent() and not budget.over
+    assert budget.spent() and budget.over  # 10.002: the end
+    assert budget.spent()  # stays spent without reading the clock again ...
+    assert next(readings) == 10.0025  # ... which was read three times in all

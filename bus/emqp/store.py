@@ -251,8 +251,8 @@ class JobStore:
     def checkpoint(self) -> int:
         """Copy committed WAL pages into the database without blocking the writer (PASSIVE,
         on a connection of its own): safe from one worker thread while the owner commits.
-        Once the WAL is above its bound (:data:`bus.util.sqlitewal.DEFAULT_WAL_LIMIT`), a
-        RESTART checkpoint starts it over (commits wait while it copies the last frames).
+        Once the WAL holds more than its bound (:data:`bus.util.sqlitewal.DEFAULT_WAL_LIMIT`),
+        a RESTART checkpoint starts it over (commits wait while it copies the last frames).
         Returns the pages copied; raises :class:`StorageError` when SQLite cannot."""
         return self._checkpointer.run()[1]
 

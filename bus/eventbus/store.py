@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 from bus.eventbus import logbatch
 from bus.eventbus.codec import Event, EventFields
 from bus.extension import StorageError
-from bus.util.chunking import ChunkSizer
+from bus.util.chunking import Budget, ChunkSizer
 from bus.util.sqlitewal import (
     DEFAULT_WAL_LIMIT,
     Checkpointer,
@@ -101,6 +101,16 @@ def _write(db: sqlite3.Connection, statements: Callable[[], object]) -> None:
 #: step may take at most (on a busy machine, steps sized for 2 ms took up to 4 ms of CPU).
 STEP_TARGET = 0.0015
 
+#: The thread's CPU time a compaction step may take before it stops, at the end of the region
+#: of the log it is in (or of the events it is reading): a chunk is sized by what earlier steps
+#: cost, and in the soak a spell of the machine made steps of the same chunk take 5-7 times
+#: their usual CPU (10-13 ms; the kernel's mostly, all of the step's statements slower, right
+#: after a WAL checkpoint), where a budget ends them at 2.5 ms and the region under way.
+STEP_BUDGET = 0.0025
+
+#: Events a compaction step reads between two looks at its budget.
+READ_BETWEEN_CHECKS = 256
+
 
 #: Events a read under topic prefixes looks at, at most (a snapshot of a subtree few events
 #: match reads the log a bound at a time, a reactor turn each): a few ms of the reactor.
@@ -134,14 +144,20 @@ class Retention:
         return self.max_age is not None or self.max_count is not None or self.latest_per_topic
 
     def steps(
-        self, log: Callable[[], EventLog], now: float, sizer: ChunkSizer | None = None
+        self,
+        log: Callable[[], EventLog],
+        now: float,
+        sizer: ChunkSizer | None = None,
+        budget_clock: Callable[[], float] = time.thread_time,
     ) -> Iterator[int]:
         """One pass over the log ``log()`` gives (asked again at every step: a pair may
         replace it), deleting what these limits do not keep at ``now``: by age, then by
         count, then all but each topic's latest event. One chunk a step, each step yielding
         how many events it deleted; ``sizer`` sizes the chunks by the steps' measured time
-        (a new one per pass when not given). A StorageError ends the pass and leaves the log
-        consistent; the next pass goes on from there."""
+        (a new one per pass when not given); a compaction step of the SQLite log also stops
+        once it spent :data:`STEP_BUDGET` by ``budget_clock`` (the thread's CPU time). A
+        StorageError ends the pass and leaves the log consistent; the next pass goes on from
+        there."""
         sizer = sizer if sizer is not None else step_sizer()
         clock = sizer.clock
         if self.max_age is not None:
@@ -170,8 +186,14 @@ class Retention:
                 reading = isinstance(current, EventStore) and current.compaction_reading
                 kind = "latest-read" if reading else "latest"
                 chunk, started = sizer.chunk(kind), clock()
-                deleted, finished = current.compact_step(chunk)
-                if not finished:
+                budget = Budget(STEP_BUDGET, budget_clock)
+                if isinstance(current, EventStore):
+                    deleted, finished = current.compact_step(chunk, budget.spent)
+                else:
+                    deleted, finished = current.compact_step(chunk)
+                # A step its budget cut short did less than its chunk: no rate to learn from
+                # (a spell of the machine, which the budget bounds while it lasts).
+                if not finished and not budget.over:
                     sizer.took(kind, chunk, clock() - started)
                 if deleted or not finished:
                     yield deleted
@@ -307,7 +329,7 @@ class EventStore:
         self._durability: Durability = durability
         #: The WAL file's bound (bytes; None: none): see :class:`bus.util.sqlitewal.Checkpointer`.
         self.wal_limit = wal_limit or None
-        self._db = open_wal(self.path, durability, self.wal_limit)
+        self._db = open_wal(self.path, durability)
         self._checkpointer = Checkpointer(self.path, self.wal_limit)
         #: Events moved from an older release's format at this open (0: none).
         self.migrated = 0
@@ -695,11 +717,15 @@ class EventStore:
         tracked = self._superseded
         return tracked is None or tracked.reading
 
-    def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
+    def compact_step(
+        self, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> tuple[int, bool]:
         """Latest-value-per-topic compaction, a step: read the topics of up to ``chunk``
         times :data:`SCANNED_PER_DELETED` events that were in the log before compaction's
         first step (after each open, one pass reads them all), or delete up to ``chunk``
-        superseded events.
+        superseded events. With ``out_of_time``, the step stops early once it says so
+        (asked every :data:`READ_BETWEEN_CHECKS` events read, or after each region of the
+        log deleted from; a step does one at least).
 
         Returns (deleted, finished): finished once every superseded event seen is deleted."""
         tracked = self._superseded
@@ -710,7 +736,9 @@ class EventStore:
             events = logbatch.events_from(self._db, tracked.read_upto, tracked.unseen_upto)
             for read, (sequence, fields) in enumerate(events, 1):
                 tracked.see(fields[0], sequence)
-                if read == limit:
+                if read == limit or (
+                    out_of_time is not None and not read % READ_BETWEEN_CHECKS and out_of_time()
+                ):
                     events.close()
                     tracked.read_upto = sequence
                     return 0, False
@@ -719,19 +747,23 @@ class EventStore:
         victims = tracked.take(chunk)
         if not victims:
             return 0, True
-        deleted, left = self._delete_sequences(victims, work=chunk)
+        deleted, left = self._delete_sequences(victims, work=chunk, out_of_time=out_of_time)
         tracked.give_back(left)
         return deleted, not tracked.waiting
 
     def _delete_sequences(
-        self, sequences: list[int], work: int | None = None
+        self,
+        sequences: list[int],
+        work: int | None = None,
+        out_of_time: Callable[[], bool] | None = None,
     ) -> tuple[int, list[int]]:
         """Delete the events at ``sequences`` (increasing; some may be gone already): a batch
         that holds only them is deleted, one that holds others too is written again without
         them. With ``work``, batches are written again only until their events come to it
         (one at least): how long a step takes follows its work, where the victims alone say
-        little (one in each of many batches costs a batch each). Returns how many events
-        were deleted, and the sequences left for later."""
+        little (one in each of many batches costs a batch each). With ``out_of_time``, it
+        stops after the first region (:data:`REGION`) done once that says so. Returns how
+        many events were deleted, and the sequences left for later."""
         db = self._db
         deleted = 0
         done = 0
@@ -783,6 +815,8 @@ class EventStore:
                         spent += held
                     done = stop
                 done = end
+                if out_of_time is not None and out_of_time():
+                    return
 
         def delete_and_flush() -> None:
             delete()
@@ -797,7 +831,7 @@ class EventStore:
 
     def checkpoint(self) -> tuple[int, int]:
         """Copy committed WAL pages into the database without blocking the writer
-        (PASSIVE, on a connection of its own) and, once the WAL is above
+        (PASSIVE, on a connection of its own) and, once the WAL holds more than
         :attr:`wal_limit`, start it over (RESTART: appends wait while it copies the last
         frames). Safe to call from one worker thread while the owner appends. Returns
         (pages in the WAL, pages checkpointed).

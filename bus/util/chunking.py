@@ -58,3 +58,23 @@ class ChunkSizer:
         """A step of ``kind`` did ``items`` in ``seconds``."""
         rates = self._rates.setdefault(kind, deque(maxlen=self._window))
         rates.append(items / max(seconds, 1e-7))
+
+
+class Budget:
+    """The time a step may take, by ``clock`` (by default the thread's CPU time: the step's
+    work, not other processes' turns on the CPU): :meth:`spent` says once it is over, and
+    from then on (:attr:`over`). A step that checks it between parts of its work stops at the
+    first part that ends past it: its length is bounded by what its work costs now, where a
+    chunk is sized by what it cost before."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.thread_time) -> None:
+        self.clock = clock
+        self._end = clock() + seconds
+        #: The budget ran out at a check.
+        self.over = False
+
+    def spent(self) -> bool:
+        """The budget is spent (checked now, unless it was already)."""
+        if not self.over:
+            self.over = self.clock() >= self._end
+        return self.over
