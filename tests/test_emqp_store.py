@@ -122,6 +122,18 @@ def test_a_store_with_a_row_per_request_is_moved_over_in_order(tmp_path: Path) -
         store.close()
 
 
+def test_a_new_request_is_put_at_the_next_position(tmp_path: Path) -> None:
+    store = JobStore(tmp_path)
+    try:
+        store.put(job(b"a", store.next_position()))
+        assert store.put_new(b"b", b"client", b"q", b"guarantee", b'"b"', 1.5, 3) == 2
+        store.commit()
+        assert store.load() == [job(b"a", 1), job(b"b", 2)]
+        assert store.next_position() == 3
+    finally:
+        store.close()
+
+
 jobs_of = st.lists(
     st.builds(
         StoredJob,

@@ -140,6 +140,26 @@ class JobStore:
         """Keep ``job``, at the next :meth:`commit`."""
         self._pending[job.msgid] = job
 
+    def put_new(
+        self,
+        msgid: bytes,
+        client: bytes,
+        queue: bytes,
+        headers: bytes,
+        body: bytes,
+        received: float,
+        retries_left: int,
+    ) -> int:
+        """Keep a new request (not yet dispatched) at the next position, at the next
+        :meth:`commit`; returns that position. :meth:`next_position` and :meth:`put` in one
+        call, where a broker puts one per guaranteed job."""
+        position = self._next_position
+        self._next_position = position + 1
+        self._pending[msgid] = tuple.__new__(
+            StoredJob, (msgid, position, client, queue, headers, body, received, 0, retries_left)
+        )
+        return position
+
     def remove(self, msgid: bytes) -> None:
         """Forget request ``msgid``, at the next :meth:`commit`."""
         self._pending[msgid] = None
