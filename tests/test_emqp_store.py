@@ -8,12 +8,14 @@ from __future__ import annotations
 import sqlite3
 import struct
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bus.emqp import jobbatch
+from bus.emqp import store as store_module
 from bus.emqp.store import DB_NAME, JobStore, StoredJob, StoreExport
 
 #: The table as stores keyed by msgid wrote it.
@@ -201,6 +203,41 @@ def test_batches_of_any_size_keep_what_is_not_removed(
         store.close()
 
 
+def batch_rows(directory: Path) -> int:
+    db = sqlite3.connect(directory / DB_NAME)
+    try:
+        return int(db.execute("SELECT count(*) FROM job_batches").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_requests_left_in_old_batches_move_to_a_new_one(tmp_path: Path) -> None:
+    """A request that waits long (here one of each commit's twenty) does not keep its
+    batch's other requests on disk: once its batch is old, it moves to a new one."""
+    store = JobStore(tmp_path)
+    waiting: list[StoredJob] = []
+    try:
+        with mock.patch.multiple(store_module, _SWEEP_EVERY=4, _SWEEP_AGE=2):
+            for _ in range(40):
+                batch = [job(b"j%d" % p, p) for p in (store.next_position() for _ in range(20))]
+                for each in batch:
+                    store.put(each)
+                store.commit()
+                waiting.append(batch[0])
+                for each in batch[1:]:
+                    store.remove(each.msgid)
+                store.commit()
+        assert batch_rows(tmp_path) <= 8  # 40 without the move
+        assert store.load() == waiting and store.count() == len(waiting)
+    finally:
+        store.close()
+    store = JobStore(tmp_path)
+    try:
+        assert store.load() == waiting
+    finally:
+        store.close()
+
+
 # A step: put a request (new, or again with more attempts, or again at a new position),
 # remove one, commit, or close and open the store again.
 steps = st.lists(
@@ -215,7 +252,20 @@ steps = st.lists(
 def test_what_is_committed_is_what_is_loaded(
     tmp_path_factory: pytest.TempPathFactory, plan: list[tuple[str, int]]
 ) -> None:
-    directory = tmp_path_factory.mktemp("store")
+    what_is_committed_is_what_is_loaded(tmp_path_factory.mktemp("store"), plan)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps)
+def test_what_is_committed_is_what_is_loaded_with_requests_moved_from_old_batches(
+    tmp_path_factory: pytest.TempPathFactory, plan: list[tuple[str, int]]
+) -> None:
+    """Requests in old batches move at every other commit."""
+    with mock.patch.multiple(store_module, _SWEEP_EVERY=2, _SWEEP_AGE=1, _SPARSE=4):
+        what_is_committed_is_what_is_loaded(tmp_path_factory.mktemp("store"), plan)
+
+
+def what_is_committed_is_what_is_loaded(directory: Path, plan: list[tuple[str, int]]) -> None:
     store = JobStore(directory)
     committed: dict[bytes, StoredJob] = {}
     pending: dict[bytes, StoredJob | None] = {}

@@ -194,6 +194,9 @@ class JobStore:
         if not self.dirty:
             return
         pending = self._pending
+        if self.commits % _SWEEP_EVERY == _SWEEP_EVERY - 1:
+            for straggler in self._stragglers():
+                pending.setdefault(straggler.msgid, straggler)
         slots = self._slots
         gone = self._gone
         left = self._left
@@ -275,6 +278,27 @@ class JobStore:
         paused.clear()
         self.commits += 1
 
+    def _stragglers(self) -> list[StoredJob]:
+        """The requests left in old batches that hold few (:data:`_SPARSE`): put again, they
+        move to this commit's batch and their old batch goes. Without this, a request that
+        waits long (a queue nobody serves) would keep a whole batch's blob on disk."""
+        young = self._next_batch - _SWEEP_AGE
+        sparse = [b for b, n in self._left.items() if b < young and n <= _SPARSE]
+        moved: list[StoredJob] = []
+        try:
+            for batch in sparse[:_SWEEP_BATCHES]:
+                row = self._db.execute(
+                    "SELECT jobs FROM job_batches WHERE id = ?", (batch,)
+                ).fetchone()
+                if row is None:
+                    continue
+                for index, job in enumerate(jobbatch.unpack(bytes(row[0]))):
+                    if self._slots.get(job.msgid) == batch << _SLOT_BITS | index:
+                        moved.append(job)
+        except (sqlite3.Error, ValueError) as error:
+            raise StorageError(error) from error
+        return moved
+
     def load(self) -> list[StoredJob]:
         """Every stored request, oldest first."""
         try:
@@ -317,6 +341,13 @@ class JobStore:
 _SLOT_BITS = jobbatch.SLOT_BITS
 _SLOT_MASK = (1 << _SLOT_BITS) - 1
 _MSGID = itemgetter(0)
+#: Every so many commits, requests left in old, nearly emptied batches move to the commit's
+#: new batch (:meth:`JobStore._stragglers`): batches older than ``_SWEEP_AGE`` batches that
+#: hold at most ``_SPARSE`` requests, ``_SWEEP_BATCHES`` of them at most a time.
+_SWEEP_EVERY = 256
+_SWEEP_AGE = 256
+_SPARSE = jobbatch.BATCH_JOBS // 8
+_SWEEP_BATCHES = 4
 
 
 def _bits_blob(bits: int) -> bytes:
