@@ -211,6 +211,30 @@ def batch_rows(directory: Path) -> int:
         db.close()
 
 
+def test_a_batch_holds_about_its_bound_of_bodies(tmp_path: Path) -> None:
+    sizes = [40, 40, 40, 500, 10, 40, 40]
+    jobs = [job(b"b%d" % n, n + 1)._replace(body=b"x" * size) for n, size in enumerate(sizes)]
+    with mock.patch.object(jobbatch, "BATCH_BYTES", 100):
+        assert [len(b) for b in jobbatch.batches_of(jobs)] == [2, 1, 1, 3]
+        store = JobStore(tmp_path)
+        try:
+            for each in jobs:
+                store.put(each)
+            store.commit()
+            assert batch_rows(tmp_path) == 4
+            store.remove(b"b3")
+            store.remove(b"b0")
+            store.commit()
+            assert batch_rows(tmp_path) == 3
+        finally:
+            store.close()
+    store = JobStore(tmp_path)
+    try:
+        assert store.load() == [j for j in jobs if j.msgid not in (b"b0", b"b3")]
+    finally:
+        store.close()
+
+
 def test_requests_left_in_old_batches_move_to_a_new_one(tmp_path: Path) -> None:
     """A request that waits long (here one of each commit's twenty) does not keep its
     batch's other requests on disk: once its batch is old, it moves to a new one."""

@@ -1,6 +1,6 @@
 """The job store's rows: a row per batch of guaranteed requests (sans-I/O).
 
-A batch is the requests one commit put, cut at :data:`BATCH_JOBS`. One INSERT of one blob
+A batch is the requests one commit put, cut at :data:`BATCH_JOBS` or :data:`BATCH_BYTES`. One INSERT of one blob
 per batch replaces an INSERT of nine columns per request and its DELETE once replied: binding
 a request's nine parameters and stepping its rows were most of SQLite's share of a guaranteed
 job (bench/README.md, "A row per batch of jobs"). A removal sets the request's bit in the
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from bus.util.compiled import compiled
@@ -59,11 +60,15 @@ SELECT = (
 
 #: Requests a batch holds at most: bounds the bits a removal writes again (32 bytes).
 BATCH_JOBS = 256
+#: Bodies' bytes a batch holds at most (but one larger request): a blob stays far below
+#: SQLite's limit (1e9 bytes) whatever --emqp-max-message-size allows.
+BATCH_BYTES = 1 << 20
 #: A request's place in memory, ``batch << SLOT_BITS | index``: one int per stored request.
 SLOT_BITS = 8
 assert 1 << SLOT_BITS == BATCH_JOBS
 
 FORMAT = 1
+_BODY = itemgetter(5)
 _HEAD = struct.Struct("<qdqqIIIII")
 
 #: The compiled packer (bus/emqp/_jobscan.c), or None (not built, or ``BUS_NATIVE_EMQP=0``).
@@ -124,6 +129,19 @@ def is_gone(bits: bytes | bytearray | None, index: int) -> bool:
 
 
 def batches_of(jobs: Sequence[StoredJob]) -> Iterator[Sequence[StoredJob]]:
-    """``jobs`` cut into batches of at most :data:`BATCH_JOBS`."""
-    for start in range(0, len(jobs), BATCH_JOBS):
-        yield jobs[start : start + BATCH_JOBS]
+    """``jobs`` cut into batches of at most :data:`BATCH_JOBS` requests and about
+    :data:`BATCH_BYTES` of bodies (a request larger than that alone)."""
+    if len(jobs) <= BATCH_JOBS and sum(map(len, map(_BODY, jobs))) <= BATCH_BYTES:
+        if jobs:
+            yield jobs  # the common case: no Python per request
+        return
+    batch: list[StoredJob] = []
+    size = 0
+    for job in jobs:
+        if batch and (len(batch) == BATCH_JOBS or size + len(job.body) > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(job)
+        size += len(job.body)
+    if batch:
+        yield batch

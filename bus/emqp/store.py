@@ -225,9 +225,8 @@ class JobStore:
             if left[batch] != bits.bit_count()
         ]
         first = self._next_batch
-        rows = [
-            (first + n, jobbatch.pack(jobs)) for n, jobs in enumerate(jobbatch.batches_of(kept))
-        ]
+        batches = list(jobbatch.batches_of(kept))
+        rows = [(first + n, jobbatch.pack(jobs)) for n, jobs in enumerate(batches)]
         schedules = self._pending_schedules
         paused = self._pending_paused
         db = self._db
@@ -266,10 +265,9 @@ class JobStore:
                 gone[batch] |= bits
         for msgid in dropped:
             del slots[msgid]
-        # kept's requests in their order, batch after batch: no Python per request.
-        base = first << _SLOT_BITS
-        slots.update(zip(map(_MSGID, kept), range(base, base + len(kept)), strict=True))
-        for n, jobs in enumerate(jobbatch.batches_of(kept)):
+        for n, jobs in enumerate(batches):
+            base = (first + n) << _SLOT_BITS  # no Python per request
+            slots.update(zip(map(_MSGID, jobs), range(base, base + len(jobs)), strict=True))
             gone[first + n] = 0
             left[first + n] = len(jobs)
         self._next_batch = first + len(rows)
