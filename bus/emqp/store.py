@@ -1,6 +1,8 @@
 """Guaranteed requests on disk: SQLite in WAL mode in the broker's data directory.
 
-The broker's schedules live here too (table ``schedules``, one row per
+Requests are kept a row per committed batch (:mod:`bus.emqp.jobbatch`: tables
+``job_batches`` and ``job_gone``); a store of a row per request, as brokers wrote it before,
+is moved over at its first open. The broker's schedules live here too (table ``schedules``, one row per
 :class:`bus.emqp.schedules.Schedule`), changed and committed the same way.
 
 A request with the ``guarantee`` header is put here when the broker accepts it and removed
