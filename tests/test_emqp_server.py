@@ -437,3 +437,55 @@ def test_the_job_store_wal_is_bounded_and_reported(tmp_path: Path, cleanup: list
     families = {family.name: family for family in broker.metrics()}
     assert families["emqp_wal_bytes"].samples[0].value == broker.store.wal_status().wal_bytes
     assert families["emqp_wal_checkpoints"].samples[0].value >= 1
+
+
+#: The job store as brokers before the batches wrote it: a row per request, keyed by position.
+_JOBS_A_ROW_EACH = """
+CREATE TABLE jobs (
+    msgid BLOB NOT NULL, position INTEGER PRIMARY KEY, client BLOB NOT NULL, queue BLOB NOT NULL,
+    headers BLOB NOT NULL, body BLOB NOT NULL, received REAL NOT NULL, attempts INTEGER NOT NULL,
+    retries_left INTEGER NOT NULL
+);
+"""
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_store_of_a_row_per_request_runs_in_order_and_replied_ones_stay_gone(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    """A broker started on a store written before batches moves its requests over and runs
+    them in their order; once replied, a restart on the same store runs none again."""
+    import sqlite3
+
+    data = tmp_path / "emqp"
+    data.mkdir()
+    db = sqlite3.connect(data / "emqp.sqlite3")
+    db.executescript(_JOBS_A_ROW_EACH)
+    bodies = [json.dumps(["add", {"a": n, "b": 0}]).encode() for n in range(5)]
+    db.executemany(
+        "INSERT INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [(b"old-%d" % n, 10 - n, b"", b"default", b"guarantee", bodies[n], 1.0, 0, 3)
+         for n in range(5)],
+    )  # fmt: skip
+    db.commit()
+    db.close()
+    seen: list[int] = []
+
+    def record(params: dict[str, int]) -> int:
+        seen.append(params["a"])
+        return params["a"]
+
+    broker = start_broker(data)
+    try:
+        assert broker.broker.restored == 5 and broker.store.count() == 5
+        worker = worker_for(broker, cleanup, slots=1, handlers={"add": record})
+        yield wait_until(lambda: broker.store.count() == 0, what="every request run and removed")
+        assert seen == [4, 3, 2, 1, 0]  # by position
+        yield worker.stopService()
+    finally:
+        yield broker.stopService()
+    again = start_broker(data)
+    try:
+        assert again.broker.restored == 0 and again.store.count() == 0
+    finally:
+        yield again.stopService()

@@ -1,6 +1,8 @@
 """Guaranteed requests on disk: SQLite in WAL mode in the broker's data directory.
 
-The broker's schedules live here too (table ``schedules``, one row per
+Requests are kept a row per committed batch (:mod:`bus.emqp.jobbatch`: tables
+``job_batches`` and ``job_gone``); a store of a row per request, as brokers wrote it before,
+is moved over at its first open. The broker's schedules live here too (table ``schedules``, one row per
 :class:`bus.emqp.schedules.Schedule`), changed and committed the same way.
 
 A request with the ``guarantee`` header is put here when the broker accepts it and removed
@@ -17,32 +19,32 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Iterator
+from operator import itemgetter
 from pathlib import Path
-from typing import NamedTuple
 
+from bus.emqp import jobbatch
+from bus.emqp.jobbatch import StoredJob
 from bus.extension import StorageError
 from bus.util.files import replace_atomically
 from bus.util.sqlitewal import (
     Checkpointer,
     Durability,
     WalStatus,
-    bindable_rows,
-    execute_grouped,
     final_checkpoint,
     open_exclusive,
     open_wal,
 )
 
+__all__ = ["BROKER_ID_FILE", "DB_NAME", "JobStore", "StoreExport", "StoredJob", "kept_broker_id"]
+
 DB_NAME = "emqp.sqlite3"
 
-#: Requests keyed by their position, which only grows: a commit's new rows go at the right
-#: edge of the table's B-tree and the rows its replies remove are mostly at the left. Keyed by
-#: msgid (a client's uuid4: random), each commit changed pages all over the table, and SQLite
-#: writes every page a commit changes to the WAL (bench/README.md, "The job store's key": the
-#: broker's CPU per guaranteed job 47.3 -> 36.0 us). :class:`JobStore` keeps each row's msgid
-#: in memory.
-_JOBS = """
-CREATE TABLE IF NOT EXISTS jobs (
+#: Guaranteed requests: a row per committed batch (:mod:`bus.emqp.jobbatch`). Before, a row
+#: per request (table ``jobs``), keyed by msgid and then by position: :func:`_jobs_in_batches`
+#: moves such a store over at its first open.
+_OLD_JOBS = """
+CREATE TABLE jobs (
     msgid BLOB NOT NULL,
     position INTEGER PRIMARY KEY,
     client BLOB NOT NULL,
@@ -54,7 +56,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     retries_left INTEGER NOT NULL
 );
 """
-#: A store written before: the same columns, keyed by msgid.
+#: A store written before keyed by msgid: the same columns.
 _JOBS_BY_MSGID = "WITHOUT ROWID"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS schedules (
@@ -71,39 +73,12 @@ CREATE TABLE IF NOT EXISTS schedules (
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS paused_queues (queue BLOB PRIMARY KEY) WITHOUT ROWID;
 """
-_PUT = "INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-_DELETE = "DELETE FROM jobs WHERE position = ?"
-#: Rows one statement writes or deletes, largest first: SQLite steps a statement once for a
-#: group, where executemany binds, steps and resets one per row (a commit takes any count,
-#: from a few to hundreds; each size is compiled once, in sqlite3's statement cache).
-_GROUPS = (64, 16, 4)
-_PUTS = {
-    n: "INSERT OR REPLACE INTO jobs VALUES " + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?)"] * n)
-    for n in _GROUPS
-}
-_DELETES = {n: f"DELETE FROM jobs WHERE position IN ({', '.join('?' * n)})" for n in _GROUPS}
 _PUT_SCHEDULE = "INSERT OR REPLACE INTO schedules VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 _DELETE_SCHEDULE = "DELETE FROM schedules WHERE id = ?"
 #: A schedule as the store keeps it: the values of :class:`bus.emqp.schedules.ScheduleRow`.
 ScheduleValues = tuple[
     str, bytes, bytes, float | None, str | None, bytes, float, float, int, float | None
 ]
-
-
-class StoredJob(NamedTuple):
-    """A guaranteed request as a row of the store: enough to dispatch it again after a restart.
-
-    A named tuple: the row itself, bound as it is (a broker puts one per guaranteed job)."""
-
-    msgid: bytes
-    position: int
-    client: bytes
-    queue: bytes
-    headers: bytes
-    body: bytes
-    received: float
-    attempts: int
-    retries_left: int
 
 
 class JobStore:
@@ -114,18 +89,33 @@ class JobStore:
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
         self._db = open_wal(self.path, durability)
+        #: msgid -> where its committed request is (``batch << SLOT_BITS | index``).
+        self._slots: dict[bytes, int] = {}
+        #: batch -> its requests removed (:mod:`bus.emqp.jobbatch`'s bits, as an int: bit i is
+        #: request i), and how many are left.
+        self._gone: dict[int, int] = {}
+        self._left: dict[int, int] = {}
+        last_position = 0
+        last_batch = 0
         try:
             self._db.executescript(_SCHEMA)
-            _jobs_by_position(self._db)
-            #: msgid -> the position of its committed row.
-            self._positions: dict[bytes, int] = {
-                bytes(msgid): position
-                for msgid, position in self._db.execute("SELECT msgid, position FROM jobs")
-            }
-        except sqlite3.Error as error:
+            _jobs_in_batches(self._db)
+            for batch, jobs, bits in _batches(self._db):
+                last_batch = batch
+                left = 0
+                for index, job in enumerate(jobs):
+                    if not jobbatch.is_gone(bits, index):
+                        self._slots[job.msgid] = batch << _SLOT_BITS | index
+                        last_position = max(last_position, job.position)
+                        left += 1
+                if left:
+                    self._gone[batch] = int.from_bytes(bits or b"", "little")
+                    self._left[batch] = left
+        except (sqlite3.Error, ValueError) as error:
             self._db.close()
             raise StorageError(error) from error
-        self._next_position = max(self._positions.values(), default=0) + 1
+        self._next_position = last_position + 1
+        self._next_batch = last_batch + 1
         #: msgid -> the row to write, or None to delete it; applied by commit().
         self._pending: dict[bytes, StoredJob | None] = {}
         #: schedule id -> its row to write, or None to delete it.
@@ -151,6 +141,26 @@ class JobStore:
     def put(self, job: StoredJob) -> None:
         """Keep ``job``, at the next :meth:`commit`."""
         self._pending[job.msgid] = job
+
+    def put_new(
+        self,
+        msgid: bytes,
+        client: bytes,
+        queue: bytes,
+        headers: bytes,
+        body: bytes,
+        received: float,
+        retries_left: int,
+    ) -> int:
+        """Keep a new request (not yet dispatched) at the next position, at the next
+        :meth:`commit`; returns that position. :meth:`next_position` and :meth:`put` in one
+        call, where a broker puts one per guaranteed job."""
+        position = self._next_position
+        self._next_position = position + 1
+        self._pending[msgid] = tuple.__new__(
+            StoredJob, (msgid, position, client, queue, headers, body, received, 0, retries_left)
+        )
+        return position
 
     def remove(self, msgid: bytes) -> None:
         """Forget request ``msgid``, at the next :meth:`commit`."""
@@ -185,29 +195,52 @@ class JobStore:
         the changes stay pending for the next call, and :class:`StorageError` is raised."""
         if not self.dirty:
             return
-        positions = self._positions
+        pending = self._pending
+        if self.commits % _SWEEP_EVERY == _SWEEP_EVERY - 1:
+            for straggler in self._stragglers():
+                pending.setdefault(straggler.msgid, straggler)
+        slots = self._slots
+        gone = self._gone
+        left = self._left
         kept: list[StoredJob] = []
-        deletes: list[tuple[int]] = []
-        for msgid, job in self._pending.items():
-            position = positions.get(msgid)
+        going: list[int] = []  # the slots of committed requests removed or put again
+        dropped: list[bytes] = []  # the msgids removed
+        for msgid, job in pending.items():
             if job is not None:
                 kept.append(job)
-                if position is None or position == job.position:
-                    continue
-            if position is not None:
-                deletes.append((position,))
-        # Each non-empty blob as a bytearray where the helper is built: bound without
-        # sqlite3's adapter search (a sixth of a guaranteed job's store work), same BLOBs.
-        puts = bindable_rows(kept)
+                if msgid in slots:
+                    going.append(slots[msgid])
+            else:
+                slot = slots.get(msgid)
+                if slot is not None:
+                    going.append(slot)
+                    dropped.append(msgid)
+        # The bits this commit sets, by batch (as an int: bit i is request i).
+        marked: dict[int, int] = {}
+        for slot in going:
+            batch = slot >> _SLOT_BITS
+            marked[batch] = marked.get(batch, 0) | 1 << (slot & _SLOT_MASK)
+        emptied = [(batch,) for batch, bits in marked.items() if left[batch] == bits.bit_count()]
+        marks = [
+            (batch, _bits_blob(gone[batch] | bits))
+            for batch, bits in marked.items()
+            if left[batch] != bits.bit_count()
+        ]
+        first = self._next_batch
+        batches = list(jobbatch.batches_of(kept))
+        rows = [(first + n, jobbatch.pack(jobs)) for n, jobs in enumerate(batches)]
         schedules = self._pending_schedules
         paused = self._pending_paused
         db = self._db
         try:
             db.execute("BEGIN")
-            if deletes:
-                execute_grouped(db, _DELETES, _DELETE, deletes)
-            if puts:
-                execute_grouped(db, _PUTS, _PUT, puts)
+            if emptied:
+                db.executemany(jobbatch.DELETE_BATCH, emptied)
+                db.executemany(jobbatch.DELETE_MARKS, emptied)
+            if marks:
+                db.executemany(jobbatch.MARK, marks)
+            if rows:
+                db.executemany(jobbatch.INSERT, rows)
             if schedules:
                 db.executemany(_PUT_SCHEDULE, [r for r in schedules.values() if r is not None])
                 db.executemany(_DELETE_SCHEDULE, [(i,) for i, r in schedules.items() if r is None])
@@ -226,27 +259,56 @@ class JobStore:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
             raise StorageError(error) from error
-        for msgid, job in self._pending.items():
-            if job is None:
-                positions.pop(msgid, None)
+        for batch, bits in marked.items():
+            if left[batch] == bits.bit_count():
+                del left[batch], gone[batch]
             else:
-                positions[msgid] = job.position
+                left[batch] -= bits.bit_count()
+                gone[batch] |= bits
+        for msgid in dropped:
+            del slots[msgid]
+        for n, jobs in enumerate(batches):
+            base = (first + n) << _SLOT_BITS  # no Python per request
+            slots.update(zip(map(_MSGID, jobs), range(base, base + len(jobs)), strict=True))
+            gone[first + n] = 0
+            left[first + n] = len(jobs)
+        self._next_batch = first + len(rows)
         self._pending.clear()
         schedules.clear()
         paused.clear()
         self.commits += 1
 
+    def _stragglers(self) -> list[StoredJob]:
+        """The requests left in old batches that hold few (:data:`_SPARSE`): put again, they
+        move to this commit's batch and their old batch goes. Without this, a request that
+        waits long (a queue nobody serves) would keep a whole batch's blob on disk."""
+        young = self._next_batch - _SWEEP_AGE
+        sparse = [b for b, n in self._left.items() if b < young and n <= _SPARSE]
+        moved: list[StoredJob] = []
+        try:
+            for batch in sparse[:_SWEEP_BATCHES]:
+                row = self._db.execute(
+                    "SELECT jobs FROM job_batches WHERE id = ?", (batch,)
+                ).fetchone()
+                if row is None:
+                    continue
+                for index, job in enumerate(jobbatch.unpack(bytes(row[0]))):
+                    if self._slots.get(job.msgid) == batch << _SLOT_BITS | index:
+                        moved.append(job)
+        except (sqlite3.Error, ValueError) as error:
+            raise StorageError(error) from error
+        return moved
+
     def load(self) -> list[StoredJob]:
         """Every stored request, oldest first."""
-        rows = self._db.execute(
-            "SELECT msgid, position, client, queue, headers, body, received, attempts, "
-            "retries_left FROM jobs ORDER BY position"
-        ).fetchall()
-        return [StoredJob(*row) for row in rows]
+        try:
+            return _stored_jobs(self._db)
+        except (sqlite3.Error, ValueError) as error:
+            raise StorageError(error) from error
 
     def count(self) -> int:
         """Requests kept (as last committed)."""
-        return len(self._positions)
+        return len(self._slots)
 
     def checkpoint(self) -> int:
         """Copy committed WAL pages into the database without blocking the writer (PASSIVE,
@@ -276,29 +338,79 @@ class JobStore:
             self._db.close()
 
 
-def _jobs_by_position(db: sqlite3.Connection) -> None:
-    """Make the table ``jobs`` keyed by position (:data:`_JOBS`); a store written before,
-    keyed by msgid, moves its rows there in one transaction, in their order (positions
-    numbered again from 1 where two rows shared one)."""
+_SLOT_BITS = jobbatch.SLOT_BITS
+_SLOT_MASK = (1 << _SLOT_BITS) - 1
+_MSGID = itemgetter(0)
+#: Every so many commits, requests left in old, nearly emptied batches move to the commit's
+#: new batch (:meth:`JobStore._stragglers`): batches older than ``_SWEEP_AGE`` batches that
+#: hold at most ``_SPARSE`` requests, ``_SWEEP_BATCHES`` of them at most a time.
+_SWEEP_EVERY = 256
+_SWEEP_AGE = 256
+_SPARSE = jobbatch.BATCH_JOBS // 8
+_SWEEP_BATCHES = 4
+
+
+def _bits_blob(bits: int) -> bytes:
+    """A batch's bits as ``job_gone`` keeps them (bit i of the int: bit i % 8 of byte i // 8)."""
+    return bits.to_bytes((bits.bit_length() + 7) >> 3, "little")
+
+
+def _batches(db: sqlite3.Connection) -> Iterator[tuple[int, list[StoredJob], bytes | None]]:
+    """Every batch: its id, its requests (removed ones too) and its bits (None: none gone).
+    ValueError for a blob that is not a batch."""
+    for batch, blob, bits in db.execute(jobbatch.SELECT).fetchall():
+        yield batch, list(jobbatch.unpack(bytes(blob))), None if bits is None else bytes(bits)
+
+
+def _stored_jobs(db: sqlite3.Connection) -> list[StoredJob]:
+    """Every request not removed, by position (the order they are dispatched again in)."""
+    stored = [
+        job
+        for _, jobs, bits in _batches(db)
+        for index, job in enumerate(jobs)
+        if not jobbatch.is_gone(bits, index)
+    ]
+    stored.sort(key=lambda job: job.position)
+    return stored
+
+
+def _jobs_in_batches(db: sqlite3.Connection) -> None:
+    """Keep requests in batches (:mod:`bus.emqp.jobbatch`); a store written before, with a
+    row per request (table ``jobs``, keyed by position or, earlier, by msgid), moves them
+    there in one transaction, in their order (positions numbered again from 1 where two of
+    a store keyed by msgid shared one)."""
     row = db.execute(
         "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'"
     ).fetchone()
     if row is None:
-        db.executescript(_JOBS)
+        db.executescript(jobbatch.SCHEMA)
         return
-    if _JOBS_BY_MSGID not in str(row[0]).upper():
-        return
-    columns = "client, queue, headers, body, received, attempts, retries_left"
+    by_msgid = _JOBS_BY_MSGID in str(row[0]).upper()
     try:
         db.execute("BEGIN")
-        db.execute("ALTER TABLE jobs RENAME TO jobs_by_msgid")
-        db.execute(_JOBS)
-        shared = db.execute(
-            "SELECT count(*) - count(DISTINCT position) FROM jobs_by_msgid"
-        ).fetchone()[0]
-        position = "row_number() OVER (ORDER BY position, msgid)" if shared else "position"
-        db.execute(f"INSERT INTO jobs SELECT msgid, {position}, {columns} FROM jobs_by_msgid")
-        db.execute("DROP TABLE jobs_by_msgid")
+        for statement in jobbatch.SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        jobs = [
+            StoredJob(bytes(msgid), int(position), bytes(client), bytes(queue), bytes(headers),
+                      bytes(body), float(received), int(attempts), int(retries_left))
+            for msgid, position, client, queue, headers, body, received, attempts, retries_left
+            in db.execute(
+                "SELECT msgid, position, client, queue, headers, body, received, attempts, "
+                "retries_left FROM jobs ORDER BY position, msgid"
+            )
+        ]  # fmt: skip
+        if by_msgid and len({job.position for job in jobs}) < len(jobs):
+            jobs = [job._replace(position=n) for n, job in enumerate(jobs, 1)]
+        first = db.execute("SELECT coalesce(max(id), 0) + 1 FROM job_batches").fetchone()[0]
+        db.executemany(
+            jobbatch.INSERT,
+            [
+                (first + n, jobbatch.pack(chunk))
+                for n, chunk in enumerate(jobbatch.batches_of(jobs))
+            ],
+        )
+        db.execute("DROP TABLE jobs")
         db.execute("COMMIT")
     except sqlite3.Error:
         if db.in_transaction:
@@ -341,22 +453,21 @@ class StoreExport:
         except sqlite3.Error as error:
             self._db.close()
             raise StorageError(sqlite3.DatabaseError(f"{self.path}: {error}")) from error
-        if not {"jobs", "schedules"} <= tables:
+        if "schedules" not in tables or not tables & {"job_batches", "jobs"}:  # or before
             self._db.close()
             raise StorageError(sqlite3.DatabaseError(f"{self.path} is not an eMQP broker's store"))
         try:
-            _jobs_by_position(self._db)  # as the broker would at its next start
+            _jobs_in_batches(self._db)  # as the broker would at its next start
         except sqlite3.Error as error:
             self._db.close()
             raise StorageError(sqlite3.DatabaseError(f"{self.path}: {error}")) from error
 
     def jobs(self) -> list[StoredJob]:
         """Every stored request, in the order the broker dispatches them."""
-        rows = self._db.execute(
-            "SELECT msgid, position, client, queue, headers, body, received, attempts, "
-            "retries_left FROM jobs ORDER BY position"
-        ).fetchall()
-        return [StoredJob(*row) for row in rows]
+        try:
+            return _stored_jobs(self._db)
+        except ValueError as error:
+            raise StorageError(sqlite3.DatabaseError(f"{self.path}: {error}")) from error
 
     def schedules(self) -> list[ScheduleValues]:
         """Every schedule, soonest due first."""
@@ -366,18 +477,28 @@ class StoreExport:
         """Forget those requests and schedules, in one transaction (:class:`StorageError`
         when it cannot: then nothing is forgotten)."""
         db = self._db
+        wanted = set(msgids)
         try:
-            wanted = set(msgids)
-            positions = [
-                (position,)
-                for msgid, position in db.execute("SELECT msgid, position FROM jobs")
-                if bytes(msgid) in wanted
-            ]
+            emptied: list[tuple[int]] = []
+            marks: list[tuple[int, bytearray]] = []
+            for batch, jobs, old in _batches(db):
+                bits = bytearray(old or b"").ljust((len(jobs) + 7) >> 3, b"\0")
+                for index, job in enumerate(jobs):
+                    if job.msgid in wanted:
+                        bits[index >> 3] |= 1 << (index & 7)
+                if bits == bytearray(old or b"").ljust(len(bits), b"\0"):
+                    continue
+                if all(jobbatch.is_gone(bits, index) for index in range(len(jobs))):
+                    emptied.append((batch,))
+                else:
+                    marks.append((batch, bits))
             db.execute("BEGIN")
-            db.executemany(_DELETE, positions)
+            db.executemany(jobbatch.DELETE_BATCH, emptied)
+            db.executemany(jobbatch.DELETE_MARKS, emptied)
+            db.executemany(jobbatch.MARK, marks)
             db.executemany(_DELETE_SCHEDULE, [(each,) for each in schedule_ids])
             db.execute("COMMIT")
-        except sqlite3.Error as error:
+        except (sqlite3.Error, ValueError) as error:
             if db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
