@@ -193,10 +193,6 @@ class SnapshotStream:
             scanned = None
         else:
             scanned = getattr(rows, "scanned", None)
-            if scanned is not None and not rows:  # looked at its bound, found none
-                self._bounded = True
-                self.position = scanned
-                return
             sequences = [row[0] for row in rows]
             messages = codec.sync_messages(identity, rows, encoding)
         self._bounded = scanned is not None
@@ -209,6 +205,9 @@ class SnapshotStream:
                 ahead = self._read(store, chunk)
                 if isinstance(ahead, defer.Deferred):
                     self._ahead = ahead
+            return
+        if scanned is not None:  # looked at its bound, found none: read on from there
+            self.position = scanned
             return
         end = self.upto if syncend_current or self.highest_sent == 0 else self.highest_sent
         self._pending = [[identity, *codec.sync_end_frames(self.request.spec, end, encoding)]]
