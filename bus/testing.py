@@ -10,6 +10,7 @@ server in the same process has to answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,8 +105,10 @@ class MemoryEventLog:
         del self.rows[:extra]
         return extra, True
 
-    def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
-        """Keep the latest event per topic, in one step."""
+    def compact_step(
+        self, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> tuple[int, bool]:
+        """Keep the latest event per topic, in one step (of one part: no time to look at)."""
         latest = {row[1]: row[0] for row in self.rows}
         kept = [row for row in self.rows if latest[row[1]] == row[0]]
         removed, self.rows = len(self.rows) - len(kept), kept

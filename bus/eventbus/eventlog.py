@@ -14,7 +14,7 @@ Rows are ``(sequence, topic, producer, timestamp, uuid, data)``; fields are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -123,9 +123,12 @@ class EventLog(Protocol):
         be finished: the SQLite log counts its events first)."""
         ...
 
-    def compact_step(self, chunk: int = 5000) -> tuple[int, bool]:
+    def compact_step(
+        self, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> tuple[int, bool]:
         """Keep only each topic's latest event, looking at the next ``chunk`` events: how many
-        were deleted, and whether a pass over the log ended."""
+        were deleted, and whether a pass over the log ended. A log whose step has parts may
+        stop after one once ``out_of_time`` says so (a step's budget of the thread's time)."""
         ...
 
     def checkpoint(self) -> tuple[int, int]:

@@ -187,10 +187,7 @@ class Retention:
                 kind = "latest-read" if reading else "latest"
                 chunk, started = sizer.chunk(kind), clock()
                 budget = Budget(STEP_BUDGET, budget_clock)
-                if isinstance(current, EventStore):
-                    deleted, finished = current.compact_step(chunk, budget.spent)
-                else:
-                    deleted, finished = current.compact_step(chunk)
+                deleted, finished = current.compact_step(chunk, budget.spent)
                 # A step its budget cut short did less than its chunk: no rate to learn from
                 # (a spell of the machine, which the budget bounds while it lasts).
                 if not finished and not budget.over:
