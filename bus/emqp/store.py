@@ -480,18 +480,20 @@ class StoreExport:
         wanted = set(msgids)
         try:
             emptied: list[tuple[int]] = []
-            marks: list[tuple[int, bytearray]] = []
+            marks: list[tuple[int, bytes]] = []
             for batch, jobs, old in _batches(db):
-                bits = bytearray(old or b"").ljust((len(jobs) + 7) >> 3, b"\0")
+                gone = int.from_bytes(old or b"", "little")  # as JobStore keeps them
+                bits = gone
                 for index, job in enumerate(jobs):
                     if job.msgid in wanted:
-                        bits[index >> 3] |= 1 << (index & 7)
-                if bits == bytearray(old or b"").ljust(len(bits), b"\0"):
+                        bits |= 1 << index
+                if bits == gone:
                     continue
-                if all(jobbatch.is_gone(bits, index) for index in range(len(jobs))):
+                every = (1 << len(jobs)) - 1
+                if bits & every == every:
                     emptied.append((batch,))
                 else:
-                    marks.append((batch, bits))
+                    marks.append((batch, _bits_blob(bits)))
             db.execute("BEGIN")
             db.executemany(jobbatch.DELETE_BATCH, emptied)
             db.executemany(jobbatch.DELETE_MARKS, emptied)
