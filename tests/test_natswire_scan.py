@@ -256,3 +256,22 @@ def test_an_atomic_batch_is_the_same_bytes_compiled(
         assert jsapi.batch_publishes(odd, batch, reply) == jsapi._batch_publishes(
             messages, batch, reply
         )
+
+
+@needs_native
+def test_scanned_items_leave_the_collector_only_where_nothing_can_be_added_to_them() -> None:
+    """Msg and Control hold bytes and ints and take no attributes: out of the cyclic
+    collector's sight. A tuple subclass with a __dict__ could hold a cycle: tracked."""
+    import gc
+
+    assert native is not None
+    data = b"MSG a 1 r 2\r\nhi\r\nPING\r\n"
+    items, _ = native.scan(data, 0, Msg, Control)
+    assert [type(item) for item in items] == [Msg, Control]
+    assert not any(gc.is_tracked(item) for item in items)
+
+    class Open(tuple):  # type: ignore[type-arg]
+        pass
+
+    items, _ = native.scan(data, 0, Open, Open)
+    assert len(items) == 2 and all(gc.is_tracked(item) for item in items)

@@ -6,9 +6,9 @@
  *
  * scan(buffer, position, Msg, Control[, controls]) parses whole MSG/HMSG messages and bare
  * PING, PONG and +OK lines from ``position`` on (the lines into ``controls`` when given, so
- * that a reader of thousands of messages need not look at each for a PING), and stops at the first thing it does not take: an
- * incomplete message, INFO, -ERR, anything odd (a number that is not plain digits, a
- * missing CRLF after a payload). The Python parser takes that one item, with its own
+ * that a reader of thousands of messages need not look at each for a PING), and stops at
+ * the first thing it does not take: an incomplete message, INFO, -ERR, anything odd (a
+ * number that is not plain digits, a missing CRLF after a payload). The Python parser takes that one item, with its own
  * errors, so both give the same results for every input (tests/test_natswire_scan.py).
  *
  * deliveries(messages, start, sid, limit) reads JetStream deliveries (reply subject
@@ -71,9 +71,10 @@ static int split(const char *text, Py_ssize_t size, char separator, const char *
 }
 
 /* An instance of a tuple subclass (a NamedTuple) holding ``items``, which it steals. Its
- * items are bytes and ints: it can be in no cycle, so the cyclic collector is told at once
- * (a reader's thousand messages a read otherwise each survive into the old generation,
- * and its full collections were the largest share of a stream reader's work). */
+ * items are bytes and ints and, its type having no __dict__, nothing can be added to it: it
+ * can be in no cycle, so the cyclic collector is told at once (a reader's thousand messages
+ * a read otherwise each survive into the old generation, and its full collections were the
+ * largest share of a stream reader's work). */
 static PyObject *named(PyTypeObject *type, PyObject **items, Py_ssize_t count) {
     PyObject *made = type->tp_alloc(type, count);
     if (made == NULL) {
@@ -81,7 +82,7 @@ static PyObject *named(PyTypeObject *type, PyObject **items, Py_ssize_t count) {
         return NULL;
     }
     for (Py_ssize_t i = 0; i < count; i++) PyTuple_SET_ITEM(made, i, items[i]);
-    if (PyObject_GC_IsTracked(made)) PyObject_GC_UnTrack(made);
+    if (type->tp_dictoffset == 0 && PyObject_GC_IsTracked(made)) PyObject_GC_UnTrack(made);
     return made;
 }
 
