@@ -250,7 +250,10 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
             "--ha-peer", f"127.0.0.1:{peer + 3}", "--ha-alone-timeout", "1s",
             "--spark-bridge-journal-dir", str(root / "journal"),
         ]  # fmt: skip
-        products.append(Product("bus-pair", ServerProcess(root / "pair", *pair, http=True)))
+        # Its own ports from below the ephemeral range: its link binds the base port + 3,
+        # which another test's connection may hold when the kernel picked the base.
+        paired = ServerProcess(root / "pair", *pair, http=True, port=free_ports(4))
+        products.append(Product("bus-pair", paired))
         nats.start()
         front_end = [
             "--services", "eventbus,emqp,mc0", "--store", "jetstream", "--nats", *nats.urls[:1],
