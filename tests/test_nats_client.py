@@ -2,10 +2,12 @@
 publish and subscribe, requests and no-responders, JetStream's API; a token refused with
 the server's reason; a server killed: the client connects to another of its servers and
 its subscriptions work again there, and what waited on the lost connection fails at
-once; a server that stops answering (SIGSTOP) is left for another."""
+once; a server that stops answering (SIGSTOP) is left for another; a stream asked again
+while JetStream's refusal passes."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -306,3 +308,84 @@ def test_a_slow_subscription_gets_a_budget_a_turn_and_drops_past_its_pending_lim
     memory.advance(0)
     assert len(slow) == DELIVERY_BUDGET + 5 and other == [b"y"]
     client.stop()
+
+
+@pytest.fixture
+def plain_server(tmp_path: Path) -> Iterator[Any]:
+    """One nats-server without JetStream: a test's subscriber answers JetStream's API."""
+    server = nats_cluster(tmp_path / "nats", size=1)
+    config = server.nodes[0].config
+    config.write_text(
+        "\n".join(line for line in config.read_text().splitlines() if "jetstream" not in line)
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stream_whose_replicas_are_not_all_up_is_asked_for_again_until_they_are(
+    plain_server: Any,
+) -> Any:
+    """JetStream answers a stream's creation with 400 "no suitable peers for placement,
+    peer offline" (10005) while the cluster's servers have not all reported in (a CI run
+    saw it from nats-server 2.15 when front-ends started beside their cluster). That
+    passes: ``stream_ready`` asks again until its deadline; a refusal of what was asked
+    (overlapping subjects, 10065) is raised at once. The answers, with the server's
+    wording, come from a subscriber of the API's subjects."""
+    from bus.nats.client import stream_ready
+
+    client = NatsClient(reactor, plain_server.urls, name="t")
+    client.start()
+    offline = {
+        "code": 400,
+        "err_code": 10005,
+        "description": "no suitable peers for placement, peer offline",
+    }
+    overlap = {
+        "code": 400,
+        "err_code": 10065,
+        "description": "subjects overlap with an existing stream",
+    }
+    asked: list[str] = []
+    refusals = {"LATE": 3, "WRONG": 1}
+
+    def answer(message: Msg) -> None:
+        subject = message.subject.decode()
+        name = subject.rsplit(".", 1)[1]
+        asked.append(subject)
+        if ".STREAM.INFO." in subject:
+            reply: dict[str, Any] = {
+                "error": {"code": 404, "err_code": 10059, "description": "stream not found"}
+            }
+        elif name == "WRONG":
+            reply = {"error": overlap}
+        elif refusals[name] > 0:
+            refusals[name] -= 1
+            reply = {"error": offline}
+        else:
+            reply = {"config": json.loads(message.payload), "state": {"messages": 0}}
+        client.publish(message.reply, json.dumps(reply).encode())
+
+    try:
+        yield client.when_connected(timeout=10)
+        client.subscribe(jsapi.API + ".STREAM.>", answer)
+        yield client.flush()
+        config = {"name": "LATE", "subjects": ["late.>"], "num_replicas": 3}
+        # While it lasts, the error passes: asked again until the time is up.
+        with pytest.raises(TimeoutError, match="error 10005"):
+            yield defer.ensureDeferred(stream_ready(client, config, 0.3))
+        assert asked.count("$JS.API.STREAM.CREATE.LATE") >= 2
+        # A refusal of what was asked is raised at once, whatever time is left.
+        wrong = dict(config, name="WRONG")
+        with pytest.raises(jsapi.JetStreamError) as refusal:
+            yield defer.ensureDeferred(stream_ready(client, wrong, 60.0))
+        assert refusal.value.err_code == 10065 and not refusal.value.passes
+        assert asked.count("$JS.API.STREAM.CREATE.WRONG") == 1
+        # It passes within the time: the stream is made.
+        refusals["LATE"] = 3
+        info, made = yield defer.ensureDeferred(stream_ready(client, config, 60.0))
+        assert made and info["config"] == config
+        assert asked.count("$JS.API.STREAM.CREATE.LATE") >= 2 + 4
+    finally:
+        client.stop()

@@ -863,9 +863,10 @@ async def stream_ready(
     client: NatsClient, config: dict[str, Any], within: float
 ) -> tuple[dict[str, Any], bool]:
     """:func:`stream_made`, asked again for up to ``within`` seconds while JetStream
-    cannot answer yet (a new cluster with no meta leader, replicas not all up); a
-    refusal (400: the config, subjects another stream holds) is raised at once, and
-    ``TimeoutError`` says why when the time is up."""
+    cannot answer yet (a new cluster with no meta leader, replicas not all up: errors
+    that :attr:`bus.nats.jsapi.JetStreamError.passes`); a refusal (the config, subjects
+    another stream holds) is raised at once, and ``TimeoutError`` says why when the time
+    is up."""
     reactor = client.reactor
     deadline = reactor.seconds() + within
     while True:
@@ -880,7 +881,7 @@ async def stream_ready(
                 )
             return info, made
         except jsapi.JetStreamError as error:
-            if error.code == 400:
+            if not error.passes:
                 raise
             failure: Exception = error
         except (TimeoutError, NoResponders, NotConnected) as error:

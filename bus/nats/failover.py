@@ -55,14 +55,6 @@ class Retry:
 #: Fail at the first failure (the connection is still left for the next server).
 ONCE = Retry(within=0.0)
 
-#: JetStream errors (``err_code``) that pass once a leader is elected or a consumer
-#: placed: incomplete results, no peers for placement yet, not assigned to this server,
-#: temporarily unavailable, not the leader, consumer creation failed, a Raft error,
-#: stream or consumer offline.
-PASSING_ERRORS = frozenset({10004, 10005, 10007, 10008, 10009, 10012, 10041, 10118, 10119})
-#: Status 503 errors that do not pass: JetStream not enabled (for the account), not
-#: clustered, not supported in clustered mode.
-LASTING_503 = frozenset({10076, 10039, 10010, 10036})
 #: What a server's -ERR says when it refuses our credentials or permissions, and what a
 #: failed connection says of a certificate that does not verify: asking again changes
 #: nothing.
@@ -83,9 +75,7 @@ def passing(error: BaseException) -> bool:
     """Whether a failure may pass by itself, so that the operation is worth trying again
     (on another server)."""
     if isinstance(error, jsapi.JetStreamError):
-        if error.code == 503:
-            return error.err_code not in LASTING_503
-        return error.err_code in PASSING_ERRORS or "leader" in error.description.lower()
+        return error.passes
     if isinstance(error, (ProtocolError, ConnectError)):
         # A server's -ERR, or every server refused, was silent or said -ERR.
         said = str(error).lower()

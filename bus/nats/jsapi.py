@@ -17,6 +17,15 @@ API = "$JS.API"
 NO_MESSAGE_FOUND = 10037
 STREAM_NOT_FOUND = 10059
 OVERLAPPING_SUBJECTS = 10065
+#: Errors (``err_code``) that pass once a leader is elected or a stream or consumer
+#: placed: incomplete results, no peers for placement yet, not assigned to this server,
+#: temporarily unavailable, not the leader, consumer creation failed, a Raft error,
+#: stream or consumer offline. A cluster still forming answers with them, in status 400
+#: too (10005 while a stream's replicas are not all up).
+PASSING_ERRORS = frozenset({10004, 10005, 10007, 10008, 10009, 10012, 10041, 10118, 10119})
+#: Status 503 errors that do not pass: JetStream not enabled (for the account), not
+#: clustered, not supported in clustered mode.
+LASTING_503 = frozenset({10076, 10039, 10010, 10036})
 
 
 class JetStreamError(Exception):
@@ -27,6 +36,14 @@ class JetStreamError(Exception):
         self.code = code
         self.err_code = err_code
         self.description = description
+
+    @property
+    def passes(self) -> bool:
+        """Whether asking again may succeed: JetStream was between leaders or placing,
+        not refusing what was asked."""
+        if self.code == 503:
+            return self.err_code not in LASTING_503
+        return self.err_code in PASSING_ERRORS or "leader" in self.description.lower()
 
 
 def answer(payload: bytes) -> dict[str, Any]:
