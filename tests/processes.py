@@ -18,7 +18,7 @@ from typing import IO, Any, TypeVar
 
 from twisted.internet import defer
 
-from tests.ports import free_port
+from tests.ports import free_port, free_ports
 
 T = TypeVar("T")
 
@@ -328,8 +328,17 @@ class ServerProcess(TwistdProcess):
         return self.status()["endpoints"]["snapshot"].removeprefix("tcp://")
 
 
+def broker_ports() -> dict[str, int]:
+    """A broker's three ports from below the kernel's ephemeral range (tests/ports.py): a
+    broker started again binds the same ones, and a port the kernel picked may go to
+    another test's connection in between (seen: "Address already in use")."""
+    first = free_ports(3)
+    return {"worker": first, "client": first + 1, "admin": first + 2}
+
+
 class BrokerProcess:
-    """``twistd -n emqp`` in a child process; its endpoints come from its status.json."""
+    """``twistd -n emqp`` in a child process, on ``ports`` (default :func:`broker_ports`,
+    so that a restart may bind them again); its endpoints come from its status.json."""
 
     def __init__(
         self,
@@ -341,7 +350,7 @@ class BrokerProcess:
         self.data_dir = data_dir
         data_dir.mkdir(parents=True, exist_ok=True)
         (data_dir / "status.json").unlink(missing_ok=True)
-        ports = ports or {"worker": 0, "client": 0, "admin": 0}
+        ports = ports or broker_ports()
         command = [
             TWISTD, "-n", "--pidfile=", "emqp", "--data-dir", str(data_dir),
             "--worker-port", str(ports["worker"]), "--client-port", str(ports["client"]),

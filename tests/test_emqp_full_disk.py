@@ -21,8 +21,7 @@ from bus.emqp import codec
 from bus.emqp.client import list_schedules
 from bus.testing import wait_until
 from tests.emqp_helpers import RawClient, RawWorker
-from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, BrokerProcess, reported
+from tests.processes import CLEAN_EXIT, BrokerProcess, broker_ports, reported
 from tests.small_disk import fill, small_tmpfs
 
 HEADERS = b"reply-requested,guarantee"
@@ -49,8 +48,7 @@ def paused(broker: BrokerProcess) -> bool:
 
 @pytest_twisted.inlineCallbacks
 def test_acknowledged_guaranteed_requests_survive_a_full_disk(tmp_path: Path) -> Any:
-    first = free_ports(3)
-    ports = {"worker": first, "client": first + 1, "admin": first + 2}
+    ports = broker_ports()
     with small_tmpfs(tmp_path / "disk", "8m") as disk:
         data = disk / "emqp"
         logs = iter(tmp_path / f"broker-{n}.log" for n in range(10))  # off the small disk
@@ -137,8 +135,7 @@ def send_schedules(client: RawClient, first: int, count: int) -> list[bytes]:
 def test_schedules_are_answered_only_once_stored_on_a_full_disk(tmp_path: Path) -> Any:
     """A hostile tester's finding: 200 SCHEDULEs answered on a full disk, 5 survived kill -9.
     Every schedule a client was told it has must be there after kill -9, and none other."""
-    first = free_ports(3)
-    ports = {"worker": first, "client": first + 1, "admin": first + 2}
+    ports = broker_ports()
     with small_tmpfs(tmp_path / "disk", "8m") as disk:
         data = disk / "emqp"
         logs = iter(tmp_path / f"broker-{n}.log" for n in range(10))

@@ -24,8 +24,7 @@ from twisted.internet import defer, reactor, task
 from bus.emqp.client import EmqpClient
 from bus.emqp.worker import EmqpWorker
 from bus.testing import start_broker, wait_until
-from tests.ports import free_ports
-from tests.processes import CLEAN_EXIT, BrokerProcess, ended, reported
+from tests.processes import CLEAN_EXIT, BrokerProcess, broker_ports, ended, reported
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
@@ -282,8 +281,7 @@ def test_the_real_job_manager_serves_again_after_the_broker_restarts(
 ) -> Any:
     """A restarted broker tells the job manager's heartbeats KBYE once, then stays silent:
     the job manager (which ignores KBYE) sees the silence, INFORMs again and serves."""
-    first = free_ports(3)
-    ports = {"worker": first, "client": first + 1, "admin": first + 2}
+    ports = broker_ports()
     data = tmp_path / "emqp"
     brokers: list[BrokerProcess] = []
     client = None
@@ -328,8 +326,7 @@ def test_the_real_schedule_call_runs_on_our_scheduler_and_goes_on_after_a_restar
     restarted, and the stored schedule goes on. (Its rhythm, and that missed runs are not
     made up, are the scheduler's rules, tested on its own clock in test_emqp_schedules.py:
     the times jobs ran at here are a loaded worker's.)"""
-    first = free_ports(3)
-    ports = {"worker": first, "client": first + 1, "admin": first + 2}
+    ports = broker_ports()
     data = tmp_path / "emqp"
     record = tmp_path / "record.txt"
     brokers = [BrokerProcess(data, ports)]

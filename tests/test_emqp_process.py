@@ -20,7 +20,6 @@ from bus.emqp.worker import EmqpWorker
 from bus.eventbus.codec import HEARTBEAT_TOPIC
 from bus.testing import RawPeer, wait_until
 from tests.emqp_helpers import RawWorker
-from tests.ports import free_ports
 from tests.processes import BrokerProcess, reported
 from tests.test_product_process import Product, environment, metric_samples
 
@@ -39,18 +38,10 @@ def handed_back(status: dict[str, Any], replied: int) -> bool:
     return done and status.get("memory_release_pending") is False
 
 
-def kept_ports() -> dict[str, int]:
-    """The broker's three ports from below the kernel's ephemeral range (tests/ports.py): a
-    broker started again binds the same ones, which a port the kernel picked may have gone
-    to another test's connection in between (seen: "Address already in use")."""
-    first = free_ports(3)
-    return {"worker": first, "client": first + 1, "admin": first + 2}
-
-
 @pytest_twisted.inlineCallbacks
 def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
     data = tmp_path / "emqp"
-    broker = BrokerProcess(data, kept_ports())  # the restart binds them again
+    broker = BrokerProcess(data)  # its ports kept: the restart binds them again
     restarted = client = worker = stuck = None
     try:
         yield reported(broker.ready, what="the broker")
@@ -100,7 +91,7 @@ def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
 @pytest_twisted.inlineCallbacks
 def test_our_worker_informs_again_after_a_kill_9_of_the_broker(tmp_path: Path) -> Any:
     data = tmp_path / "emqp"
-    broker = BrokerProcess(data, kept_ports())  # the restart binds them again
+    broker = BrokerProcess(data)  # its ports kept: the restart binds them again
     restarted = client = worker = None
     try:
         yield reported(broker.ready, what="the broker")
