@@ -275,3 +275,131 @@ def test_scanned_items_leave_the_collector_only_where_nothing_can_be_added_to_th
 
     items, _ = native.scan(data, 0, Open, Open)
     assert len(items) == 2 and all(gc.is_tracked(item) for item in items)
+
+
+REPLIES = st.sampled_from(
+    [
+        b"$JS.ACK.S.C.1.5.5.1795814609528077441.0",
+        b"$JS.ACK.dom.hash.S.C.1.6.6.1795814609528077441.3.tok",
+        b"$JS.ACK.S.C.1.x.5.1.0",
+        b"$JS.ACK.S.C.1.18446744073709551616.5.1.0",
+        b"$JS.ACK.S.C.1.5",
+        b"_INBOX.abc.7",
+    ]
+)
+
+
+@st.composite
+def delivery(draw: Any) -> bytes:
+    """A message on sid 7, often a JetStream delivery (HMSG or MSG)."""
+    payload = draw(st.binary(max_size=20))
+    headers = draw(st.sampled_from([b"", b"NATS/1.0\r\nNats-Msg-Id: 9\r\n\r\n"]))
+    reply, body = draw(REPLIES), headers + payload
+    sid = draw(st.sampled_from([b"7", b"7", b"7", b"8"]))
+    if headers:
+        line = b"HMSG s.x %s %s %d %d" % (sid, reply, len(headers), len(body))
+    else:
+        line = b"MSG s.x %s %s %d" % (sid, reply, len(body))
+    return line + b"\r\n" + body + b"\r\n"
+
+
+def flat(items: list[Any]) -> tuple[list[Any], int]:
+    """Runs taken apart into one entry a delivery (where a run ends is no outcome), and
+    the bytes the runs counted."""
+    out: list[Any] = []
+    counted = 0
+    for item in items:
+        if type(item) is codec.Run:
+            out += [("delivery", *values) for values in zip(*item[:5], strict=True)]
+            counted += item.bytes
+        else:
+            out.append(item)
+    return out, counted
+
+
+def runs(chunks: list[bytes], compiled: bool, split: bool, patch: pytest.MonkeyPatch) -> Any:
+    patch.setattr(codec, "native", native if compiled else None)
+    parser = codec.Parser()
+    parser.run_sid = 7
+    items: list[Any] = []
+    controls: list[Control] = []
+    try:
+        for chunk in chunks:
+            if split:
+                more, lines = parser.feed_apart(chunk)
+                items += more
+                controls += lines
+            else:
+                items += parser.feed(chunk)
+    except Exception as error:
+        return flat(items), controls, type(error).__name__, str(error)
+    return flat(items), controls, parser._buffer
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    items=st.lists(st.one_of(delivery(), delivery(), message(), CONTROLS), max_size=14),
+    cuts=st.lists(st.integers(0, 2000), max_size=6),
+    split=st.booleans(),
+)
+def test_deliveries_in_runs_are_what_the_messages_give_compiled_or_not(
+    items: list[bytes], cuts: list[int], split: bool
+) -> None:
+    """A parser told of a subscription gives its JetStream deliveries as runs of columns:
+    taken apart, the runs hold what deliveries() reads of the messages a parser not told
+    gives (the bytes counted are theirs), everything else the same, the same errors;
+    compiled and in Python alike."""
+    data = b"".join(items)
+    points = sorted({min(cut, len(data)) for cut in cuts})
+    chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    with pytest.MonkeyPatch.context() as patch:
+        plain = outcome(chunks, False, patch)
+        slow = runs(chunks, False, split, patch)
+        fast = runs(chunks, True, split, patch) if native is not None else slow
+    assert codec.native is native
+    assert fast == slow
+    expected: list[Any] = []
+    counted = 0
+    for item in plain[0]:
+        read = codec.delivered(item.reply) if type(item) is Msg and item.sid == 7 else None
+        if read is None:
+            if not (split and type(item) is Control):
+                expected.append(item)
+            continue
+        columns = ranged._deliveries([item], 0, 7, 1)
+        assert columns[1:] == ([read[0]], [item.subject], [item.payload], [read[1]], [read[2]])
+        expected.append(("delivery", read[0], item.subject, item.payload, read[1], read[2]))
+        counted += len(item.headers) + len(item.payload)
+    assert slow[0] == (expected, counted)
+    if split:
+        assert slow[1] == [item for item in plain[0] if type(item) is Control]
+    assert slow[2:] == plain[1:]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_deliveries_one_after_another_are_one_run_until_another_message(compiled: bool) -> None:
+    if compiled and native is None:
+        pytest.skip("the compiled scanner is not built")
+    reply = b"$JS.ACK.S.C.1.%d.%d.1795814609528077441.%d"
+    data = b"".join(
+        b"HMSG s.%d 7 %s 12 14\r\nNATS/1.0\r\n\r\nhi\r\n" % (n, reply % (n, n, 3 - n))
+        for n in (1, 2)
+    )
+    data += b"PING\r\nMSG s.3 7 %s 2\r\nho\r\n" % (reply % (3, 3, 0))
+    data += b"HMSG _INBOX.x.1 7 18 18\r\nNATS/1.0 408 x\r\n\r\n\r\nMSG s.4 7 %s 0\r\n\r\n" % (
+        reply % (4, 4, 0)
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(codec, "native", native if compiled else None)
+        parser = codec.Parser()
+        parser.run_sid = 7
+        items, controls = parser.feed_apart(data)
+    stamp = 1795814609528077441
+    assert items == [
+        codec.Run(
+            [1, 2, 3], [b"s.1", b"s.2", b"s.3"], [b"hi", b"hi", b"ho"], [stamp] * 3, [2, 1, 0], 30
+        ),
+        Msg(b"_INBOX.x.1", 7, b"", b"NATS/1.0 408 x\r\n\r\n", b""),
+        codec.Run([4], [b"s.4"], [b""], [stamp], [0], 0),
+    ]
+    assert controls == [Control(b"PING", b"")]

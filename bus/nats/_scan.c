@@ -4,12 +4,15 @@
  * split, a few int() and a NamedTuple, then a split of its reply subject: 3-4 us, more
  * than the nats-server spends sending it. Here:
  *
- * scan(buffer, position, Msg, Control[, controls]) parses whole MSG/HMSG messages and bare
- * PING, PONG and +OK lines from ``position`` on (the lines into ``controls`` when given, so
- * that a reader of thousands of messages need not look at each for a PING), and stops at
- * the first thing it does not take: an incomplete message, INFO, -ERR, anything odd (a
- * number that is not plain digits, a missing CRLF after a payload). The Python parser takes that one item, with its own
- * errors, so both give the same results for every input (tests/test_natswire_scan.py).
+ * scan(buffer, position, Msg, Control[, controls[, run_sid, Run]]) parses whole MSG/HMSG
+ * messages and bare PING, PONG and +OK lines from ``position`` on (the lines into
+ * ``controls`` when given, so that a reader of thousands of messages need not look at each
+ * for a PING; JetStream deliveries on ``run_sid`` into one Run of columns a run, as
+ * deliveries() would read them, so that no message, reply subject or header block is made
+ * for each), and stops at the first thing it does not take: an incomplete message, INFO,
+ * -ERR, anything odd (a number that is not plain digits, a missing CRLF after a payload).
+ * The Python parser takes that one item, with its own errors, so both give the same
+ * results for every input (tests/test_natswire_scan.py).
  *
  * deliveries(messages, start, sid, limit) reads JetStream deliveries (reply subject
  * $JS.ACK.<...>) on subscription ``sid`` into columns: stream sequence, subject, payload,
@@ -110,23 +113,104 @@ static int tuple_type(PyObject *type) {
     return 1;
 }
 
+/* The tokens of a delivery's reply subject: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>
+ * .<dseq>.<ts>.<pending> (9) or, with a domain and an account hash, 12 (11 to 32 taken);
+ * as ranged.py reads them: 9 tokens give 5, 7 and 8, the others 7, 9 and 10. */
+#define MAX_TOKENS 32
+
+static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *sequence,
+                      unsigned long long *stamp, unsigned long long *pending) {
+    const char *token[MAX_TOKENS];
+    Py_ssize_t token_size[MAX_TOKENS];
+    int count = split(reply, size, '.', token, token_size, MAX_TOKENS);
+    if (count > MAX_TOKENS) return 0;
+    int s = 5, t = 7, p = 8;
+    if (count != 9) {
+        if (count < 11) return 0;
+        s = 7, t = 9, p = 10;
+    }
+    return digits(token[s], token_size[s], sequence) && digits(token[t], token_size[t], stamp) &&
+           digits(token[p], token_size[p], pending);
+}
+
 #define MAX_PARTS 6
+
+/* A run of deliveries being made: its columns, and the bytes of their headers and
+ * payloads (what a connection's pending limits count). */
+typedef struct {
+    PyObject *columns[5];
+    unsigned long long bytes;
+} Run;
+
+/* The run made so far, as one ``run_type`` item appended to ``out``; none when empty. */
+static int end_run(Run *run, PyObject *out, PyTypeObject *run_type) {
+    if (run->columns[0] == NULL) return 0;
+    PyObject *items[6];
+    for (int i = 0; i < 5; i++) items[i] = run->columns[i], run->columns[i] = NULL;
+    items[5] = PyLong_FromUnsignedLongLong(run->bytes);
+    run->bytes = 0;
+    if (items[5] == NULL) {
+        for (int i = 0; i < 5; i++) Py_DECREF(items[i]);
+        return -1;
+    }
+    /* Lists: the tuple stays with the cyclic collector (one a run, not one a message). */
+    PyObject *made = run_type->tp_alloc(run_type, 6);
+    if (made == NULL) {
+        for (int i = 0; i < 6; i++) Py_DECREF(items[i]);
+        return -1;
+    }
+    for (int i = 0; i < 6; i++) PyTuple_SET_ITEM(made, i, items[i]);
+    int failed = PyList_Append(out, made);
+    Py_DECREF(made);
+    return failed;
+}
+
+/* One delivery into ``run``'s columns (started when empty); -1 with an exception set. */
+static int add_to_run(Run *run, PyObject *subject, PyObject *payload, unsigned long long sequence,
+                      unsigned long long stamp, unsigned long long pending,
+                      unsigned long long bytes) {
+    PyObject *values[5] = {PyLong_FromUnsignedLongLong(sequence), subject, payload,
+                           PyLong_FromUnsignedLongLong(stamp),
+                           PyLong_FromUnsignedLongLong(pending)};
+    int failed = 0;
+    if (run->columns[0] == NULL)
+        for (int i = 0; i < 5 && !failed; i++)
+            if ((run->columns[i] = PyList_New(0)) == NULL) failed = -1;
+    for (int i = 0; i < 5; i++) {
+        if (values[i] == NULL || (!failed && PyList_Append(run->columns[i], values[i]) < 0))
+            failed = -1;
+    }
+    for (int i = 0; i < 5; i++) Py_XDECREF(values[i]);
+    if (failed && !PyErr_Occurred()) PyErr_NoMemory();
+    run->bytes += bytes;
+    return failed;
+}
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
     Py_ssize_t position;
-    PyObject *msg_type, *control_type, *controls = NULL;
-    if (!PyArg_ParseTuple(args, "y*nOO|O!", &view, &position, &msg_type, &control_type,
-                          &PyList_Type, &controls))
+    PyObject *msg_type, *control_type, *controls = NULL, *run_type = NULL;
+    long long run_sid = -1;
+    if (!PyArg_ParseTuple(args, "y*nOO|OLO", &view, &position, &msg_type, &control_type,
+                          &controls, &run_sid, &run_type))
         return NULL;
-    if (!tuple_type(msg_type) || !tuple_type(control_type)) {
+    if (controls == Py_None) controls = NULL;
+    if (run_type == Py_None) run_type = NULL;
+    if (!tuple_type(msg_type) || !tuple_type(control_type) ||
+        (run_type != NULL && !tuple_type(run_type))) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (controls != NULL && !PyList_Check(controls)) {
+        PyErr_SetString(PyExc_TypeError, "controls: a list is wanted");
         PyBuffer_Release(&view);
         return NULL;
     }
     const char *data = view.buf;
     Py_ssize_t size = view.len;
     PyObject *out = NULL;
+    Run run = {{NULL, NULL, NULL, NULL, NULL}, 0};
     if (position < 0) {
         PyErr_SetString(PyExc_ValueError, "a position before the buffer");
         goto fail;
@@ -154,6 +238,20 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             if (total < header_size || total > (unsigned long long)(size - start)) break;
             if (start + (Py_ssize_t)total + 2 > size) break; /* the rest is on its way */
             if (data[start + total] != '\r' || data[start + total + 1] != '\n') break;
+            unsigned long long sequence, stamp, pending;
+            if (run_type != NULL && has_reply && (long long)sid == run_sid &&
+                part_size[3] >= 8 && memcmp(part[3], "$JS.ACK.", 8) == 0 &&
+                read_reply(part[3], part_size[3], &sequence, &stamp, &pending)) {
+                /* A delivery: its reply subject read here, no message made for it. */
+                if (add_to_run(&run, PyBytes_FromStringAndSize(part[1], part_size[1]),
+                               PyBytes_FromStringAndSize(data + start + header_size,
+                                                         (Py_ssize_t)(total - header_size)),
+                               sequence, stamp, pending, total) < 0)
+                    goto fail;
+                position = start + (Py_ssize_t)total + 2;
+                continue;
+            }
+            if (run_type != NULL && end_run(&run, out, (PyTypeObject *)run_type) < 0) goto fail;
             PyObject *items[5];
             items[0] = PyBytes_FromStringAndSize(part[1], part_size[1]);
             items[1] = PyLong_FromUnsignedLongLong(sid);
@@ -171,37 +269,22 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         else if (length == 4 && memcmp(line, "PONG", 4) == 0) word = "PONG";
         else if (length == 3 && memcmp(line, "+OK", 3) == 0) word = "+OK";
         if (word == NULL) break; /* INFO, -ERR, lower case, arguments: Python's */
+        if (controls == NULL && run_type != NULL &&
+            end_run(&run, out, (PyTypeObject *)run_type) < 0)
+            goto fail;
         PyObject *items[2] = {PyBytes_FromString(word), PyBytes_FromStringAndSize(NULL, 0)};
         if (append_named(controls ? controls : out, (PyTypeObject *)control_type, items, 2))
             goto fail;
         position = start;
     }
+    if (run_type != NULL && end_run(&run, out, (PyTypeObject *)run_type) < 0) goto fail;
     PyBuffer_Release(&view);
     return Py_BuildValue("Nn", out, position);
 fail:
+    for (int i = 0; i < 5; i++) Py_XDECREF(run.columns[i]);
     Py_XDECREF(out);
     PyBuffer_Release(&view);
     return NULL;
-}
-
-/* The tokens of a delivery's reply subject: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>
- * .<dseq>.<ts>.<pending> (9) or, with a domain and an account hash, 12 (11 to 32 taken);
- * as ranged.py reads them: 9 tokens give 5, 7 and 8, the others 7, 9 and 10. */
-#define MAX_TOKENS 32
-
-static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *sequence,
-                      unsigned long long *stamp, unsigned long long *pending) {
-    const char *token[MAX_TOKENS];
-    Py_ssize_t token_size[MAX_TOKENS];
-    int count = split(reply, size, '.', token, token_size, MAX_TOKENS);
-    if (count > MAX_TOKENS) return 0;
-    int s = 5, t = 7, p = 8;
-    if (count != 9) {
-        if (count < 11) return 0;
-        s = 7, t = 9, p = 10;
-    }
-    return digits(token[s], token_size[s], sequence) && digits(token[t], token_size[t], stamp) &&
-           digits(token[p], token_size[p], pending);
 }
 
 static PyObject *deliveries(PyObject *self, PyObject *args) {
@@ -369,9 +452,10 @@ static PyObject *batch_publishes(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, position, Msg, Control[, controls]) -> (items, position): whole messages "
-     "and bare PING/PONG/+OK lines (appended to the list controls instead, when given), up "
-     "to the first item left to the Python parser."},
+     "scan(buffer, position, Msg, Control[, controls[, run_sid, Run]]) -> (items, position): "
+     "whole messages and bare PING/PONG/+OK lines (appended to the list controls instead, "
+     "when given), up to the first item left to the Python parser; JetStream deliveries on "
+     "run_sid as one Run (sequences, subjects, payloads, stamps, pending, bytes) a run."},
     {"deliveries", deliveries, METH_VARARGS,
      "deliveries(messages, start, sid, limit) -> (index, sequences, subjects, payloads, "
      "stamps, pending): JetStream deliveries on sid as columns, up to the first other "

@@ -14,7 +14,6 @@ import base64
 import contextlib
 import functools
 import itertools
-import operator
 import os
 import socket
 import ssl
@@ -24,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from bus.nats import codec, handshake
-from bus.nats.codec import Control, Msg, ProtocolError
+from bus.nats.codec import Control, Msg, ProtocolError, Run
 from bus.nats.credentials import Credentials, shown
 from bus.nats.handshake import ConnectError
 from bus.nats.settings import NatsSettings, tls_context
@@ -78,9 +77,10 @@ class Connection:
         #: pending limits): beyond it, messages are dropped and counted in :attr:`dropped`.
         self.pending_limits = pending
         self._pending_bytes = 0
+        self._pending_count = 0  # messages, those of runs each counted
         self.dropped = 0
         self._parser = codec.Parser()
-        self._pending: deque[Msg] = deque()
+        self._pending: deque[Msg | Run] = deque()
         self._controls: deque[Control] = deque()
         self._sids = itertools.count(1)
         self._inbox = "_INBOX." + base64.urlsafe_b64encode(os.urandom(12)).decode()
@@ -155,7 +155,7 @@ class Connection:
         assert self._sock is not None, "not connected"
         self._sock.sendall(data)
 
-    def _receive(self, deadline: float) -> tuple[list[Msg], list[Control]]:
+    def _receive(self, deadline: float) -> tuple[list[Any], list[Control]]:
         """What one read of the socket brings, parsed (messages, control lines); PINGs
         answered, errors raised."""
         assert self._sock is not None, "not connected"
@@ -171,7 +171,7 @@ class Connection:
             raise ConnectionError("the NATS server closed the connection")
         return self._parsed(data)
 
-    def _parsed(self, data: bytes) -> tuple[list[Msg], list[Control]]:
+    def _parsed(self, data: bytes) -> tuple[list[Any], list[Control]]:
         """``data`` parsed (messages, control lines); PINGs answered, errors raised, INFOs
         taken. Only the control lines are looked at one by one: a read brings thousands
         of messages to a reader of a stream."""
@@ -271,10 +271,24 @@ class Connection:
         """The messages that arrived (at least one), waiting up to ``timeout``; none when
         the server said meanwhile that it goes into lame-duck mode (once: the caller may
         leave it now, as :attr:`lame_duck` says)."""
+        assert self._parser.run_sid is None, "deliveries come as runs: read_runs()"
+        return self._read(timeout)
+
+    def runs_of_deliveries(self) -> None:
+        """From now on, JetStream deliveries to :meth:`new_inbox`'s subjects come one run
+        after another as :class:`bus.nats.codec.Run` columns (:meth:`read_runs`), no
+        message made for each: a reader of a stream gets thousands a read."""
+        self._parser.run_sid = self._reply_sid
+
+    def read_runs(self, timeout: float | None = None) -> list[Msg | Run]:
+        """:meth:`read`, with deliveries as :meth:`runs_of_deliveries` says."""
+        return self._read(timeout)
+
+    def _read(self, timeout: float | None) -> list[Any]:
         if self._pending:
             out = list(self._pending)
             self._pending.clear()
-            self._pending_bytes = 0
+            self._pending_bytes = self._pending_count = 0
             return out
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         while True:
@@ -295,7 +309,7 @@ class Connection:
         while True:
             answer = None
             for item in self._receive(deadline)[0]:
-                if answer is None and item.subject == inbox:
+                if answer is None and type(item) is Msg and item.subject == inbox:
                     answer = item
                 else:
                     self._keep(item)  # those after the answer too
@@ -304,35 +318,45 @@ class Connection:
                     raise ConnectionRefusedError(f"no responders for {subject}")
                 return answer
 
-    def _keep_all(self, messages: list[Msg], wire: int | None = None) -> None:
+    def _keep_all(self, messages: list[Any], wire: int | None = None) -> None:
         """:meth:`_keep` of each of ``messages``, at once where all fit. ``wire``, the bytes
         parsed that made them, bounds their size from above: counted for them, it spares
         a reader of a stream a look at each message (the limit is met a little early)."""
         if not messages:
             return
         limits, pending = self.pending_limits, self._pending
-        if len(pending) + len(messages) <= limits.messages:
+        count = len(messages)
+        runs = [item for item in messages if type(item) is Run] if self._parser.run_sid else []
+        count += sum(len(run.sequences) - 1 for run in runs)
+        if self._pending_count + count <= limits.messages:
             size = (
                 wire
                 if wire is not None and self._pending_bytes + wire <= limits.bytes
-                else sum(map(len, map(_HEADERS, messages))) + sum(map(len, map(_PAYLOAD, messages)))
+                else sum(map(_size, messages))
             )
             if self._pending_bytes + size <= limits.bytes:
                 pending.extend(messages)
                 self._pending_bytes += size
+                self._pending_count += count
                 return
         for item in messages:
             self._keep(item)
 
-    def _keep(self, item: Msg) -> None:
-        """A message for :meth:`read`, within the pending limits (else dropped, counted)."""
-        size = len(item.payload) + len(item.headers)
+    def _keep(self, item: Msg | Run) -> None:
+        """A message (or a run of them) for :meth:`read`, within the pending limits (else
+        dropped, counted; a run that does not fit whole is dropped whole)."""
+        size = _size(item)
+        count = len(item.sequences) if type(item) is Run else 1
         limits = self.pending_limits
-        if len(self._pending) >= limits.messages or self._pending_bytes + size > limits.bytes:
-            self.dropped += 1
+        if (
+            self._pending_count + count > limits.messages
+            or self._pending_bytes + size > limits.bytes
+        ):
+            self.dropped += count
             return
         self._pending.append(item)
         self._pending_bytes += size
+        self._pending_count += count
 
     def close(self) -> None:
         """Close the socket; idempotent."""
@@ -345,7 +369,11 @@ class Connection:
         self.close()
 
 
-_HEADERS, _PAYLOAD = operator.itemgetter(3), operator.itemgetter(4)
+def _size(item: Msg | Run) -> int:
+    """The bytes of a message's headers and payload, or of a run's."""
+    if isinstance(item, Run):
+        return item.bytes
+    return len(item.headers) + len(item.payload)
 
 
 # -- connections as a service's settings ask -----------------------------------------------------

@@ -40,6 +40,22 @@ class Msg(NamedTuple):
     payload: bytes
 
 
+class Run(NamedTuple):
+    """JetStream deliveries (reply subject ``$JS.ACK...``) one after another on the
+    subscription a :class:`Parser` was told of, as columns: no message is made for each
+    (a reader of a stream gets thousands a read)."""
+
+    sequences: list[int]
+    subjects: list[bytes]
+    payloads: list[bytes]
+    #: When the stream stored each, nanoseconds since the epoch.
+    stamps: list[int]
+    #: Messages the consumer said it still held past each.
+    pending: list[int]
+    #: Bytes of their headers and payloads (what pending limits count).
+    bytes: int
+
+
 class Control(NamedTuple):
     """A control line: ``INFO`` (with its JSON), ``PING``, ``PONG``, ``+OK`` or ``-ERR``."""
 
@@ -53,10 +69,13 @@ native: Any = compiled("bus.nats._scan", "BUS_NATIVE_NATS")
 
 
 class Parser:
-    """Bytes in, whole messages and control lines out, in the order sent."""
+    """Bytes in, whole messages and control lines out, in the order sent; with
+    :attr:`run_sid`, JetStream deliveries on that subscription as :class:`Run` items."""
 
     def __init__(self) -> None:
         self._buffer = b""
+        #: Deliveries on this subscription come as :class:`Run` items (None: as messages).
+        self.run_sid: int | None = None
 
     @property
     def waiting(self) -> int:
@@ -82,16 +101,23 @@ class Parser:
         """Every whole item into ``out``, the control lines into ``controls`` when given."""
         buffer = self._buffer + data if self._buffer else data
         one: list[Msg | Control] = []
+        run_sid, apart = self.run_sid, controls is not None
+
+        def taken(items: list[Msg | Control]) -> list[Any]:
+            return items if run_sid is None else _runs(items, run_sid, apart)
+
         if native is None:
             position = _parse(buffer, 0, one, False)
-            _into(one, out, controls)
+            _into(taken(one), out, controls)
         else:
             # The scanner takes the common items; the Python loop takes one it left (an
             # INFO, an -ERR, anything odd or incomplete), then the scanner goes on.
             position, size, scan = 0, len(buffer), native.scan
-            lines = () if controls is None else (controls,)
+            extra: tuple[Any, ...] = () if controls is None else (controls,)
+            if run_sid is not None:
+                extra = (controls, run_sid, Run)
             while True:
-                items, position = scan(buffer, position, Msg, Control, *lines)
+                items, position = scan(buffer, position, Msg, Control, *extra)
                 out.extend(items)
                 if position >= size:
                     break
@@ -99,14 +125,61 @@ class Parser:
                 if after == position:
                     break  # incomplete: the rest waits for more bytes
                 position = after
-                _into(one, out, controls)
+                _into(taken(one), out, controls)
                 one.clear()
         self._buffer = buffer[position:]
 
 
-def _into(
-    items: list[Msg | Control], out: list[Msg | Control], controls: list[Control] | None
-) -> None:
+def delivered(reply: bytes) -> tuple[int, int, int] | None:
+    """A JetStream delivery's reply subject ``$JS.ACK.<stream>.<consumer>.<delivered>.
+    <sseq>.<dseq>.<ts>.<pending>`` (or 11 to 32 tokens, with a domain and an account
+    hash): its stream sequence, time stored and messages pending, as plain digits below
+    2**64 (as bus/nats/_scan.c reads them); None when it is not one."""
+    if not reply.startswith(b"$JS.ACK."):
+        return None
+    tokens = reply.split(b".")
+    if len(tokens) == 9:
+        read = tokens[5], tokens[7], tokens[8]
+    elif 11 <= len(tokens) <= 32:
+        read = tokens[7], tokens[9], tokens[10]
+    else:
+        return None
+    if not all(token.isdigit() and len(token) <= 20 for token in read):
+        return None
+    sequence, stamp, pending = map(int, read)
+    if max(sequence, stamp, pending) >= 1 << 64:
+        return None
+    return sequence, stamp, pending
+
+
+def _runs(items: list[Msg | Control], sid: int, apart: bool) -> list[Any]:
+    """``items`` with the deliveries on ``sid`` one after another as :class:`Run` items,
+    as the scanner makes them: a run ends at another message, and at a control line
+    unless those go apart."""
+    out: list[Any] = []
+    run: list[list[Any]] = []
+    size = 0
+    for item in items:
+        read = delivered(item.reply) if type(item) is Msg and item.sid == sid else None
+        if read is None:
+            if run and (type(item) is Msg or not apart):
+                out.append(Run(run[0], run[1], run[2], run[3], run[4], size))
+                run, size = [], 0
+            out.append(item)
+            continue
+        assert isinstance(item, Msg)
+        if not run:
+            run = [[], [], [], [], []]
+        values = (read[0], item.subject, item.payload, read[1], read[2])
+        for column, value in zip(run, values, strict=True):
+            column.append(value)
+        size += len(item.headers) + len(item.payload)
+    if run:
+        out.append(Run(run[0], run[1], run[2], run[3], run[4], size))
+    return out
+
+
+def _into(items: list[Any], out: list[Msg | Control], controls: list[Control] | None) -> None:
     if controls is None:
         out.extend(items)
         return

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from bus.nats import codec, jsapi
 from bus.nats.blocking import Connection
-from bus.nats.codec import Msg
+from bus.nats.codec import Msg, Run
 
 #: Messages asked for by one pull request; two are kept in flight.
 FETCH = 1000
@@ -92,7 +92,7 @@ class Batch:
 Columns = tuple[int, list[int], list[bytes], list[bytes], list[int], list[int]]
 
 
-def _deliveries(messages: list[Msg], start: int, sid: int, limit: int) -> Columns:
+def _deliveries(messages: list[Msg | Run], start: int, sid: int, limit: int) -> Columns:
     """JetStream deliveries (reply ``$JS.ACK...``) on ``sid`` from ``messages[start]`` on,
     as columns (sequence, subject, payload, time stored, pending), at most ``limit``;
     other subscriptions' messages are skipped. Also the index it stopped at: the first
@@ -109,26 +109,14 @@ def _deliveries(messages: list[Msg], start: int, sid: int, limit: int) -> Column
         if len(sequences) >= limit:
             break
         message = messages[index]
+        if type(message) is not Msg:
+            break  # a run of deliveries, read by the parser
         if message.sid != sid:
             continue
-        reply = message.reply
-        if not reply.startswith(b"$JS.ACK."):
+        read = codec.delivered(message.reply)
+        if read is None:
             break
-        tokens = reply.split(b".")
-        if len(tokens) == 9:
-            read = tokens[5], tokens[7], tokens[8]
-        elif 11 <= len(tokens) <= 32:
-            read = tokens[7], tokens[9], tokens[10]
-        else:
-            break
-        a, b, c = read  # plain digits below 2**64, as the compiled reader takes them
-        if not (a.isdigit() and b.isdigit() and c.isdigit()):
-            break
-        if len(a) > 20 or len(b) > 20 or len(c) > 20:
-            break
-        sequence, stamp, left = int(a), int(b), int(c)
-        if sequence >= 1 << 64 or stamp >= 1 << 64 or left >= 1 << 64:
-            break
+        sequence, stamp, left = read
         sequences.append(sequence)
         subjects.append(message.subject)
         payloads.append(message.payload)
@@ -140,7 +128,7 @@ def _deliveries(messages: list[Msg], start: int, sid: int, limit: int) -> Column
 
 
 #: Deliveries as columns: compiled where it was built.
-deliveries: Callable[[list[Msg], int, int, int], Columns] = (
+deliveries: Callable[[list[Msg | Run], int, int, int], Columns] = (
     codec.native.deliveries if codec.native is not None else _deliveries
 )
 
@@ -159,6 +147,7 @@ class RangeRead:
         follow: bool = False,
     ) -> None:
         self.connection = connection
+        connection.runs_of_deliveries()  # its deliveries as columns, no message each
         #: Following: no end (``upto`` is ignored), and :meth:`next` gives what each read
         #: of the socket brought, nothing when a pull request expired with nothing new.
         self.follow = follow
@@ -177,7 +166,7 @@ class RangeRead:
         self._done = after >= upto
         #: Pull requests in flight, oldest first: [inbox, messages still owed].
         self._requests: deque[list[Any]] = deque()
-        self._early: deque[Msg] = deque()  # read past the last next()'s count
+        self._early: deque[Msg | Run] = deque()  # read past the last next()'s count
         #: Since when pulls find no responder (None: the consumer answers).
         self._unanswered_since: float | None = None
 
@@ -277,9 +266,25 @@ class RangeRead:
             index, size = 0, len(messages)
             while index < size and not self._done:
                 wanted = count - len(out.sequences)
-                index, sequences, subjects, payloads, stamps, pending = deliveries(
-                    messages, index, reply_sid, wanted
-                )
+                item = messages[index]
+                if type(item) is Run:
+                    # The connection's parser read these deliveries (runs_of_deliveries).
+                    index += 1
+                    sequences, subjects, payloads, stamps, pending, _ = item
+                    if len(sequences) > wanted:
+                        rest = Run(
+                            sequences[wanted:], subjects[wanted:], payloads[wanted:],
+                            stamps[wanted:], pending[wanted:], 0,
+                        )  # fmt: skip
+                        messages.insert(index, rest)
+                        size += 1
+                        sequences, subjects = sequences[:wanted], subjects[:wanted]
+                        payloads, stamps = payloads[:wanted], stamps[:wanted]
+                        pending = pending[:wanted]
+                else:
+                    index, sequences, subjects, payloads, stamps, pending = deliveries(
+                        messages, index, reply_sid, wanted
+                    )
                 if sequences:
                     self._served(len(sequences))
                     taken = self._taken(sequences, pending)
@@ -293,8 +298,10 @@ class RangeRead:
                         self._early.extend(messages[index:])
                         break
                 if index < size:
-                    self._other(messages[index], quiet_since)
-                    index += 1
+                    other = messages[index]
+                    if isinstance(other, Msg):
+                        self._other(other, quiet_since)
+                        index += 1
             if out.sequences:
                 quiet_since = time.monotonic()
                 self._unanswered_since = None
@@ -302,18 +309,18 @@ class RangeRead:
                 break
         return out
 
-    def _read(self) -> list[Msg]:
+    def _read(self) -> list[Msg | Run]:
         """What the socket brings next: none when the server goes into lame-duck mode.
         Following, a consumer silent for :data:`SILENT` seconds fails the read."""
         if not self.follow:
-            return self.connection.read(EXPIRES + self.connection.timeout)
+            return self.connection.read_runs(EXPIRES + self.connection.timeout)
         try:
-            return self.connection.read(SILENT)
+            return self.connection.read_runs(SILENT)
         except TimeoutError:
             # This thread may have been kept from running: what waits in the socket counts.
             self.connection.poll()
             try:
-                return self.connection.read(0)
+                return self.connection.read_runs(0)
             except TimeoutError:
                 raise TimeoutError(
                     f"consumer {self.consumer} of stream {self.stream} silent for {SILENT:g}s "
