@@ -344,6 +344,50 @@ def test_messages_that_come_meanwhile_are_kept_within_the_pending_limits(
         assert (connection.dropped == 0) == (limits == (10_000, 10**9))
 
 
+@pytest.mark.parametrize("limits", [(10_000, 10**9), (25, 10**9), (10_000, 3_000)])
+@pytest.mark.parametrize("by", ["poll", "request"])
+def test_deliveries_in_runs_are_kept_within_the_pending_limits(
+    nats_server: Any, limits: tuple[int, int], by: str
+) -> None:
+    """A stream's deliveries that come as runs (runs_of_deliveries) while a poll or a
+    request reads: kept for read_runs() in order within the pending limits, each of a
+    run's messages counted; a run past them is dropped whole and its messages counted."""
+    import time
+
+    from bus.nats.blocking import Connection, Limits
+
+    url = nats_server.urls[0]
+    make_stream(url, "K", False)
+    bodies = [b"%04d" % i + b"x" * 96 for i in range(60)]
+    with Connection([url]) as sender:
+        for body in bodies:
+            jsapi.answer(sender.request("k.one", body).payload)
+    pending = Limits(*limits)
+    with Connection([url], pending=pending) as connection:
+        connection.runs_of_deliveries()
+        config = jsapi.ranged_consumer("K", 1, ["k.>"], name="c")
+        jsapi.answer(connection.request(jsapi.consumer_create("K", "c"), config).payload)
+        connection.publish(
+            jsapi.consumer_next("K", "c"), jsapi.pull(100, 5), connection.new_inbox()
+        )
+        deadline = time.monotonic() + 10
+        while connection._pending_count + connection.dropped < len(bodies):
+            assert time.monotonic() < deadline, "the deliveries never came"
+            if by == "request":
+                connection.request("$JS.API.INFO", b"")
+            else:
+                connection.poll()
+        items = connection.read_runs(timeout=5) if connection._pending_count else []
+        runs = [item for item in items if isinstance(item, Run)]
+        got = [payload for run in runs for payload in run.payloads]
+        assert got == bodies[: len(got)]  # in order, the first ones
+        assert [s for run in runs for s in run.sequences] == list(range(1, len(got) + 1))
+        assert len(got) + connection.dropped == len(bodies)
+        assert len(got) <= pending.messages
+        assert sum(len(b) for b in got) <= pending.bytes
+        assert (connection.dropped == 0) == (limits == (10_000, 10**9))
+
+
 def make_stream(url: str, name: str, atomic: bool) -> None:
     from bus.nats.blocking import Connection
 
