@@ -284,6 +284,9 @@ REPLIES = st.sampled_from(
         b"$JS.ACK.S.C.1.x.5.1.0",
         b"$JS.ACK.S.C.1.18446744073709551616.5.1.0",
         b"$JS.ACK.S.C.1.5",
+        b"$JS.ACK.S.C.1.5.5.17.0.",
+        b"$JS.ACK.dom.hash.S.C.1.6.6.17.3" + b".x" * 21,  # 32 tokens: the most read
+        b"$JS.ACK.dom.hash.S.C.1.6.6.17.3" + b".x" * 22,  # 33: not a delivery
         b"_INBOX.abc.7",
     ]
 )

@@ -30,6 +30,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <limits.h>
+#include <stdint.h>
 #include <string.h>
 
 /* Plain ASCII digits below 2**64 into ``value`` (no sign, no space, no underscore: Python's
@@ -133,6 +134,37 @@ static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *se
            digits(token[p], token_size[p], pending);
 }
 
+/* Subjects made during one scan, by a hash of their bytes: a stream's deliveries name a
+ * few topics over and over, and one bytes object a topic spares an allocation each and,
+ * its hash kept, the topic lookup's hashing (a delivery's largest costs after these). */
+#define SUBJECT_SLOTS 64
+
+typedef struct {
+    PyObject *slot[SUBJECT_SLOTS];
+} Subjects;
+
+static PyObject *subject_of(Subjects *seen, const char *text, Py_ssize_t size) {
+    /* Hashed by its size and last eight bytes, where topics' subjects differ (a collision
+     * only costs a bytes object): no loop over every byte. */
+    uint64_t tail = 0;
+    Py_ssize_t take = size < 8 ? size : 8;
+    memcpy(&tail, text + size - take, (size_t)take);
+    uint64_t hash = (tail ^ (uint64_t)size) * 0x9E3779B97F4A7C15ull;
+    PyObject **slot = &seen->slot[hash >> 58]; /* the top 6 bits: 64 slots */
+    PyObject *known = *slot;
+    if (known != NULL && PyBytes_GET_SIZE(known) == size &&
+        memcmp(PyBytes_AS_STRING(known), text, (size_t)size) == 0)
+        return Py_NewRef(known);
+    PyObject *made = PyBytes_FromStringAndSize(text, size);
+    if (made == NULL) return NULL;
+    Py_XSETREF(*slot, Py_NewRef(made));
+    return made;
+}
+
+static void forget_subjects(Subjects *seen) {
+    for (int i = 0; i < SUBJECT_SLOTS; i++) Py_CLEAR(seen->slot[i]);
+}
+
 #define MAX_PARTS 6
 
 /* A run of deliveries being made: its columns, and the bytes of their headers and
@@ -211,6 +243,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t size = view.len;
     PyObject *out = NULL;
     Run run = {{NULL, NULL, NULL, NULL, NULL}, 0};
+    Subjects seen = {{NULL}};
     if (position < 0) {
         PyErr_SetString(PyExc_ValueError, "a position before the buffer");
         goto fail;
@@ -243,7 +276,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 part_size[3] >= 8 && memcmp(part[3], "$JS.ACK.", 8) == 0 &&
                 read_reply(part[3], part_size[3], &sequence, &stamp, &pending)) {
                 /* A delivery: its reply subject read here, no message made for it. */
-                if (add_to_run(&run, PyBytes_FromStringAndSize(part[1], part_size[1]),
+                if (add_to_run(&run, subject_of(&seen, part[1], part_size[1]),
                                PyBytes_FromStringAndSize(data + start + header_size,
                                                          (Py_ssize_t)(total - header_size)),
                                sequence, stamp, pending, total) < 0)
@@ -278,9 +311,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         position = start;
     }
     if (run_type != NULL && end_run(&run, out, (PyTypeObject *)run_type) < 0) goto fail;
+    forget_subjects(&seen);
     PyBuffer_Release(&view);
     return Py_BuildValue("Nn", out, position);
 fail:
+    forget_subjects(&seen);
     for (int i = 0; i < 5; i++) Py_XDECREF(run.columns[i]);
     Py_XDECREF(out);
     PyBuffer_Release(&view);
