@@ -351,7 +351,8 @@ def test_deliveries_in_runs_are_kept_within_the_pending_limits(
 ) -> None:
     """A stream's deliveries that come as runs (runs_of_deliveries) while a poll or a
     request reads: kept for read_runs() in order within the pending limits, each of a
-    run's messages counted; a run past them is dropped whole and its messages counted."""
+    run's messages counted; of a run that does not fit, its first messages are kept as
+    one by one, the rest dropped and counted (no gap: the first ones, in order)."""
     import time
 
     from bus.nats.blocking import Connection, Limits
@@ -386,6 +387,32 @@ def test_deliveries_in_runs_are_kept_within_the_pending_limits(
         assert len(got) <= pending.messages
         assert sum(len(b) for b in got) <= pending.bytes
         assert (connection.dropped == 0) == (limits == (10_000, 10**9))
+
+
+def test_a_run_that_does_not_fit_keeps_its_first_messages_as_one_by_one(nats_server: Any) -> None:
+    """Runs kept while a request waits: of one past the limits, the first messages that
+    fit (by count, then by bytes with their share of the headers), the rest dropped and
+    counted; a later run that would fit by bytes leaves no gap once the count is full."""
+    from bus.nats.blocking import Connection, Limits
+
+    def run(first: int, count: int) -> Run:
+        numbers = list(range(first, first + count))
+        payloads = [b"p" * 10] * count
+        return Run(numbers, [b"s"] * count, payloads, numbers, numbers, 12 * count)
+
+    with Connection([nats_server.urls[0]], pending=Limits(25, 10**9)) as connection:
+        connection.runs_of_deliveries()
+        for item in (run(1, 20), run(21, 10), run(31, 3)):
+            connection._keep(item)
+        kept = connection.read_runs(timeout=1)
+        assert [s for r in kept for s in r.sequences] == list(range(1, 26))
+        assert [r.bytes for r in kept] == [240, 60] and connection.dropped == 8
+    with Connection([nats_server.urls[0]], pending=Limits(100, 100)) as connection:
+        connection.runs_of_deliveries()
+        connection._keep(run(1, 10))  # 12 bytes each: 8 fit in 100
+        kept = connection.read_runs(timeout=1)
+        assert kept[0].sequences == list(range(1, 9)) and kept[0].bytes == 96
+        assert connection.dropped == 2
 
 
 def make_stream(url: str, name: str, atomic: bool) -> None:

@@ -344,19 +344,45 @@ class Connection:
 
     def _keep(self, item: Msg | Run) -> None:
         """A message (or a run of them) for :meth:`read`, within the pending limits (else
-        dropped, counted; a run that does not fit whole is dropped whole)."""
+        dropped, counted); of a run, the first messages that fit, as one by one."""
+        if isinstance(item, Run):
+            item = self._fitting(item)
+            if not item.sequences:
+                return
         size = _size(item)
-        count = len(item.sequences) if type(item) is Run else 1
         limits = self.pending_limits
-        if (
-            self._pending_count + count > limits.messages
-            or self._pending_bytes + size > limits.bytes
-        ):
-            self.dropped += count
+        if self._pending_count >= limits.messages or self._pending_bytes + size > limits.bytes:
+            self.dropped += 1
             return
         self._pending.append(item)
         self._pending_bytes += size
-        self._pending_count += count
+        self._pending_count += len(item.sequences) if isinstance(item, Run) else 1
+
+    def _fitting(self, run: Run) -> Run:
+        """The first messages of ``run`` that fit the pending limits (each counted with its
+        share of the run's headers); those past them dropped and counted."""
+        limits = self.pending_limits
+        count = len(run.sequences)
+        headers = (run.bytes - sum(map(len, run.payloads))) / count if count else 0.0
+        room, left = (
+            limits.messages - self._pending_count,
+            float(limits.bytes - self._pending_bytes),
+        )
+        fit = 0
+        for payload in run.payloads[: max(room, 0)]:
+            left -= len(payload) + headers
+            if left < 0:
+                break
+            fit += 1
+        self.dropped += count - fit
+        if fit == count:
+            return run
+        payloads = run.payloads[:fit]
+        size = sum(map(len, payloads)) + int(headers * fit)  # down: within what fit
+        return run._replace(
+            sequences=run.sequences[:fit], subjects=run.subjects[:fit], payloads=payloads,
+            stamps=run.stamps[:fit], pending=run.pending[:fit], bytes=size,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Close the socket; idempotent."""
