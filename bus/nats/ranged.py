@@ -342,17 +342,19 @@ class RangeRead:
             upto_here = last < taken and sequences[last] == self.upto
             end = last if upto_here else taken  # no need to ask about the last wanted
             index = 0
-            while 0 in pending[index:end]:
-                index = pending.index(0, index, end)
+            while True:
+                try:
+                    index = pending.index(0, index, end)  # no copy of the column
+                except ValueError:
+                    if upto_here:
+                        taken = last + 1
+                        self._done = True
+                    break
                 if self._nothing_after(sequences[index]):
                     taken = index + 1
                     self._done = True
                     break
                 index += 1
-            else:
-                if upto_here:
-                    taken = last + 1
-                    self._done = True
         if taken:
             self.after = sequences[taken - 1]
             self.pending = pending[taken - 1]
