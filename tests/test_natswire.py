@@ -350,7 +350,7 @@ def test_deliveries_in_runs_are_kept_within_the_pending_limits(
     nats_server: Any, limits: tuple[int, int], by: str
 ) -> None:
     """A stream's deliveries that come as runs (runs_of_deliveries) while a poll or a
-    request reads: kept for read_runs() in order within the pending limits, each of a
+    request reads: kept for read() in order within the pending limits, each of a
     run's messages counted; of a run that does not fit, its first messages are kept as
     one by one, the rest dropped and counted (no gap: the first ones, in order)."""
     import time
@@ -378,7 +378,7 @@ def test_deliveries_in_runs_are_kept_within_the_pending_limits(
                 connection.request("$JS.API.INFO", b"")
             else:
                 connection.poll()
-        items = connection.read_runs(timeout=5) if connection._pending_count else []
+        items = connection.read(timeout=5) if connection._pending_count else []
         runs = [item for item in items if isinstance(item, Run)]
         got = [payload for run in runs for payload in run.payloads]
         assert got == bodies[: len(got)]  # in order, the first ones
@@ -404,13 +404,13 @@ def test_a_run_that_does_not_fit_keeps_its_first_messages_as_one_by_one(nats_ser
         connection.runs_of_deliveries()
         for item in (run(1, 20), run(21, 10), run(31, 3)):
             connection._keep(item)
-        kept = connection.read_runs(timeout=1)
+        kept = connection.read(timeout=1)
         assert [s for r in kept for s in r.sequences] == list(range(1, 26))
         assert [r.bytes for r in kept] == [240, 60] and connection.dropped == 8
     with Connection([nats_server.urls[0]], pending=Limits(100, 100)) as connection:
         connection.runs_of_deliveries()
         connection._keep(run(1, 10))  # 12 bytes each: 8 fit in 100
-        kept = connection.read_runs(timeout=1)
+        kept = connection.read(timeout=1)
         assert kept[0].sequences == list(range(1, 9)) and kept[0].bytes == 96
         assert connection.dropped == 2
 
@@ -515,9 +515,6 @@ class LaggingReplica:
     def runs_of_deliveries(self) -> None:
         """Deliveries stay messages here: the read takes both forms."""
 
-    def read_runs(self, timeout: float | None = None) -> list[Msg]:
-        return self.read(timeout)
-
     def read(self, timeout: float | None = None) -> list[Msg]:
         def delivery(seq: int, pending: int) -> Msg:
             reply = b"$JS.ACK.S.c.1.%d.%d.1700000000000000000.%d" % (seq, seq, pending)
@@ -570,7 +567,7 @@ class FreshConsumer:
     def runs_of_deliveries(self) -> None:
         """Deliveries come as a run of columns, as a connection's parser makes them."""
 
-    def read_runs(self, timeout: float | None = None) -> list[Msg | Run]:
+    def read(self, timeout: float | None = None) -> list[Msg | Run]:
         if self.unanswered:
             self.unanswered -= 1
             return [Msg(self.pulls[-1], 1, b"", b"NATS/1.0 503\r\n\r\n", b"")]

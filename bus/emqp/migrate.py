@@ -39,7 +39,7 @@ from bus.emqp.store import StoredJob, StoreExport
 from bus.nats import codec, jsapi, kv
 from bus.nats.admin import StreamAdmin
 from bus.nats.blocking import ConnectError, Connection, connection
-from bus.nats.codec import ProtocolError
+from bus.nats.codec import Msg, ProtocolError
 from bus.nats.publish import PublishError
 from bus.nats.ranged import RangeRead
 from bus.nats.sequenced import Placed, SequencedPublisher
@@ -317,7 +317,7 @@ class StoreMove:
             try:
                 while True:
                     for message in connection.read(self.settings.ack_timeout):
-                        if message.subject == inbox.encode():
+                        if isinstance(message, Msg) and message.subject == inbox.encode():
                             return message.payload
             except TimeoutError:
                 if time.monotonic() > deadline:

@@ -267,22 +267,19 @@ class Connection:
         """End the subscription ``sid``."""
         self._send(codec.unsub(sid))
 
-    def read(self, timeout: float | None = None) -> list[Msg]:
+    def read(self, timeout: float | None = None) -> list[Msg | Run]:
         """The messages that arrived (at least one), waiting up to ``timeout``; none when
         the server said meanwhile that it goes into lame-duck mode (once: the caller may
-        leave it now, as :attr:`lame_duck` says)."""
-        assert self._parser.run_sid is None, "deliveries come as runs: read_runs()"
+        leave it now, as :attr:`lame_duck` says). Once :meth:`runs_of_deliveries` was
+        called, JetStream deliveries come as runs: a caller that wants other messages
+        (acknowledgements) passes over them, as over other subscriptions' messages."""
         return self._read(timeout)
 
     def runs_of_deliveries(self) -> None:
         """From now on, JetStream deliveries to :meth:`new_inbox`'s subjects come one run
-        after another as :class:`bus.nats.codec.Run` columns (:meth:`read_runs`), no
-        message made for each: a reader of a stream gets thousands a read."""
+        after another as :class:`bus.nats.codec.Run` columns, no message made for each: a
+        reader of a stream gets thousands a read."""
         self._parser.run_sid = self._reply_sid
-
-    def read_runs(self, timeout: float | None = None) -> list[Msg | Run]:
-        """:meth:`read`, with deliveries as :meth:`runs_of_deliveries` says."""
-        return self._read(timeout)
 
     def _read(self, timeout: float | None) -> list[Any]:
         if self._pending:

@@ -151,8 +151,8 @@ class Publisher:
             except TimeoutError:
                 continue
             for message in arrived:
-                if message.sid != connection.reply_sid:
-                    continue
+                if not isinstance(message, Msg) or message.sid != connection.reply_sid:
+                    continue  # a run of deliveries to a reader on the same connection
                 if message.headers and codec.status(message.headers) == NO_RESPONDERS:
                     raise PublishError("no response from stream (no leader, or none elected yet)")
                 yield message

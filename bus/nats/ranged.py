@@ -313,14 +313,14 @@ class RangeRead:
         """What the socket brings next: none when the server goes into lame-duck mode.
         Following, a consumer silent for :data:`SILENT` seconds fails the read."""
         if not self.follow:
-            return self.connection.read_runs(EXPIRES + self.connection.timeout)
+            return self.connection.read(EXPIRES + self.connection.timeout)
         try:
-            return self.connection.read_runs(SILENT)
+            return self.connection.read(SILENT)
         except TimeoutError:
             # This thread may have been kept from running: what waits in the socket counts.
             self.connection.poll()
             try:
-                return self.connection.read_runs(0)
+                return self.connection.read(0)
             except TimeoutError:
                 raise TimeoutError(
                     f"consumer {self.consumer} of stream {self.stream} silent for {SILENT:g}s "

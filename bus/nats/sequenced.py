@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 from bus.nats import codec, jsapi
 from bus.nats.blocking import Connection
+from bus.nats.codec import Msg
 from bus.nats.publish import NO_RESPONDERS, PublishError, TooLarge
 
 #: JetStream's refusal of a message whose expected last sequence is not the stream's.
@@ -215,6 +216,8 @@ class SequencedPublisher:
             ) from None
         count = 0
         for message in arrived:
+            if not isinstance(message, Msg):
+                continue  # a run of deliveries to a reader on the same connection
             if message.sid != connection.reply_sid or not message.subject.startswith(prefix):
                 continue
             if message.headers and codec.status(message.headers) == NO_RESPONDERS:
