@@ -226,17 +226,21 @@ static PyObject *command(PyObject *type, PyObject **items, Py_ssize_t count) {
 }
 
 /* The envelope codec.parse checks first: delimiter, protocol, a short ASCII message id,
- * every frame bytes. The frames' count, or 0 when any of it fails. */
-static Py_ssize_t envelope(PyObject *frames) {
-    if (!PyList_CheckExact(frames)) return 0;
-    Py_ssize_t count = PyList_GET_SIZE(frames);
+ * every frame bytes, for the ``count`` frames at ``f``. The count, or 0 when any of it fails. */
+static Py_ssize_t envelope_of(PyObject **f, Py_ssize_t count) {
     if (count < 4 || count > 7) return 0;
     for (Py_ssize_t i = 0; i < count; i++)
-        if (!PyBytes_CheckExact(PyList_GET_ITEM(frames, i))) return 0;
-    if (PyBytes_GET_SIZE(PyList_GET_ITEM(frames, 0)) != 0) return 0;
-    if (!equals(PyList_GET_ITEM(frames, 1), "eMQP/1.0", 8)) return 0;
-    if (!is_text(PyList_GET_ITEM(frames, 3), MAX_MSGID_BYTES)) return 0;
+        if (!PyBytes_CheckExact(f[i])) return 0;
+    if (PyBytes_GET_SIZE(f[0]) != 0) return 0;
+    if (!equals(f[1], "eMQP/1.0", 8)) return 0;
+    if (!is_text(f[3], MAX_MSGID_BYTES)) return 0;
     return count;
+}
+
+/* envelope_of a list of frames (0 for anything but a list). */
+static Py_ssize_t envelope(PyObject *frames) {
+    if (!PyList_CheckExact(frames)) return 0;
+    return envelope_of(((PyListObject *)frames)->ob_item, PyList_GET_SIZE(frames));
 }
 
 static int check_setup(void) {
@@ -244,13 +248,9 @@ static int check_setup(void) {
     return ready_type != NULL;
 }
 
-/* parse(frames) -> the command codec.parse returns, or None: let codec.parse decide. */
-static PyObject *jobscan_parse(PyObject *module, PyObject *frames) {
-    (void)module;
-    if (!check_setup()) return NULL;
-    Py_ssize_t count = envelope(frames);
+/* The command of the ``count`` frames at ``f`` (their envelope checked), or None. */
+static PyObject *job_of(PyObject **f, Py_ssize_t count) {
     if (count == 0) Py_RETURN_NONE;
-    PyObject **f = ((PyListObject *)frames)->ob_item;
     PyObject *name = f[2];
     if (count == 4 && equals(name, "READY", 5)) return command(ready_type, &f[3], 1);
     if (count == 7 && equals(name, "REQUEST", 7)) {
@@ -272,6 +272,24 @@ static PyObject *jobscan_parse(PyObject *module, PyObject *frames) {
         return command(reply_type, &f[3], 3);
     }
     Py_RETURN_NONE;
+}
+
+/* parse(frames) -> the command codec.parse returns, or None: let codec.parse decide. */
+static PyObject *jobscan_parse(PyObject *module, PyObject *frames) {
+    (void)module;
+    if (!check_setup()) return NULL;
+    Py_ssize_t count = envelope(frames);
+    return job_of(count ? ((PyListObject *)frames)->ob_item : NULL, count);
+}
+
+/* parse_routed(message) -> parse(message[1:]), without the copy: a message as a ROUTER
+ * reads it, its peer's identity first (a broker parses three a job). */
+static PyObject *jobscan_parse_routed(PyObject *module, PyObject *message) {
+    (void)module;
+    if (!check_setup()) return NULL;
+    if (!PyList_CheckExact(message) || PyList_GET_SIZE(message) < 1) Py_RETURN_NONE;
+    PyObject **f = ((PyListObject *)message)->ob_item + 1;
+    return job_of(f, envelope_of(f, PyList_GET_SIZE(message) - 1));
 }
 
 /* is_ready(frames) -> bool: codec.is_ready. */
@@ -435,6 +453,8 @@ static PyMethodDef methods[] = {
     {"setup", jobscan_setup, METH_VARARGS,
      "setup(Ready, Request, Reply, headers_seen, no_headers)"},
     {"parse", jobscan_parse, METH_O, "parse(frames) -> a job's command, or None: not sure"},
+    {"parse_routed", jobscan_parse_routed, METH_O,
+     "parse_routed(message) -> parse(message[1:]): a message with its ROUTER identity first"},
     {"is_ready", jobscan_is_ready, METH_O, "is_ready(frames) -> bool: a READY parse takes"},
     {"whole_json", jobscan_whole_json, METH_O,
      "whole_json(frame) -> bool: one JSON value codec._json takes (False: not sure)"},
