@@ -1000,7 +1000,10 @@ class Broker:
                 # _requeue's lookup, then _place: one call a job fewer (one per guaranteed job).
                 queue = queues.get(job.queue) or self._queue(job.queue, force=True)
                 assert queue is not None
-                place(job, queue, now, False)
+                if queue.waiting:  # behind those waiting: _place would look for no worker
+                    queue.waiting.append(job)
+                else:
+                    place(job, queue, now, False)
 
     def refuse_unstored(self, reason: str, text: str) -> int:
         """The store cannot take them: guaranteed requests not yet committed are forgotten
