@@ -887,12 +887,15 @@ class Broker:
 
     def _on_request(self, client: bytes, request: codec.Request, now: float) -> None:
         self.requests += 1
+        # A named tuple's fields are read through a descriptor each time: once each here.
         msgid = request.msgid
+        name = request.queue
+        body = request.body
         if msgid in self.jobs:
             self.drops.drop("duplicate-msgid", "a request id already in progress", client)
             self._error(client, msgid, "duplicate-msgid", "this message id is already in progress")
             return
-        queue = self.queues.get(request.queue) or self._queue(request.queue)
+        queue = self.queues.get(name) or self._queue(name)
         if queue is None:
             self.rejected += 1
             self._error(client, msgid, "too-many-queues", "the broker knows too many queues")
@@ -901,7 +904,7 @@ class Broker:
             self.rejected += 1
             queue.rejected += 1
             self._error(client, msgid, "queue-full", "the queue's buffer is full")
-            self._publish_job("rejected", msgid, request.queue, reason="queue-full")
+            self._publish_job("rejected", msgid, name, reason="queue-full")
             return
         headers = request.headers
         guaranteed = headers.guarantee and (self.store is not None or self.streamed)
@@ -909,21 +912,19 @@ class Broker:
             retries = headers.retry_count
         else:
             retries = self.settings.guarantee_retries if headers.guarantee else 0
-        job = Job(msgid, client, request.queue, headers, request.body, now, retries, guaranteed)
+        job = Job(msgid, client, name, headers, body, now, retries, guaranteed)
         self.jobs[msgid] = job
         if self._publishing:
-            self._publish_job("queued", msgid, request.queue, guaranteed=guaranteed)
+            self._publish_job("queued", msgid, name, guaranteed=guaranteed)
         if guaranteed and self.streamed:
             # Told to nobody until the stream has it; then any broker may run it.
             self.appending[msgid] = job
             self.to_stream.append(("append", job))
         elif guaranteed:
             assert self.store is not None
-            job.position = self.store.put_new(
-                msgid, client, request.queue, headers.raw, request.body, now, retries
-            )
+            job.position = self.store.put_new(msgid, client, name, headers.raw, body, now, retries)
             self.unstored.append(job)  # routed once the commit succeeded
-        elif self.streamed and not self._serves(request.queue):
+        elif self.streamed and not self._serves(name):
             # Not kept anywhere (eventmq's meaning), but a broker with workers for it runs it.
             self.forwarding[msgid] = job
             self.to_stream.append(("forward", job))
