@@ -1204,6 +1204,17 @@ class Broker:
         """Give a worker with free slots the oldest request of its heaviest waiting queue."""
         queues = self.queues
         paused = self.paused
+        if len(worker.queues) == 1:  # the usual worker: no queue to choose (a third of the cost)
+            weight, name = worker.queues[0]
+            queue = queues.get(name)
+            if queue is None or (paused and name in paused):
+                return
+            waiting, order, identity = queue.waiting, queue.workers, worker.identity
+            while worker.free_slots > 0 and waiting:
+                if order.pop(identity, None) is not None:
+                    order[identity] = weight
+                self._dispatch(waiting.popleft(), worker, queue, now)
+            return
         while worker.free_slots > 0:
             chosen: QueueState | None = None
             chosen_weight = -1
