@@ -20,6 +20,9 @@ and the workers' 128 messages free every slot again.
   not in it);
 * ``guaranteed``: ``service`` with ``guarantee`` requests: each committed to the job store
   (SQLite, WAL, in a temporary directory) before its dispatch, deleted once replied;
+* ``waiting``: ``guaranteed`` as the pipelined bench's guaranteed mode runs it, every slot
+  busy: each batch's 64 new requests wait in their queue (committed, not yet dispatched)
+  while the workers' REPLY and READY for the 64 before them dispatch them;
 * ``read``: the transport's read of the job's three messages (8, 5 and 7 frames with the
   identity) from an in-process ROUTER socket (``ZmqSocket._read_batch``); the peers'
   sends (through the compiled helper, whatever ``BUS_NATIVE_FRAMES`` says), the same on
@@ -48,7 +51,7 @@ from _common import cachegrind_instructions, instruction_args, instruction_summa
 WORKERS = 4
 SLOTS = 16
 BATCH = WORKERS * SLOTS
-STAGES = ("codec", "core", "service", "guaranteed", "read")
+STAGES = ("codec", "core", "service", "guaranteed", "waiting", "read")
 PYTHON_ONLY = {"BUS_NATIVE_FRAMES": "0"}
 PROTOCOL = b"eMQP/1.0"
 BODY = b'["bench", {"n": 1}]'
@@ -63,12 +66,14 @@ class _TakesAll:
         return len(messages), 0
 
 
-def _messages(guaranteed: bool) -> tuple[list[list[bytes]], list[list[bytes]], list[bytes]]:
+def _messages(
+    guaranteed: bool, first: int = 0
+) -> tuple[list[list[bytes]], list[list[bytes]], list[bytes]]:
     """One batch: the client's REQUESTs, the workers' REPLY and READY for each (identity
-    first, as read), and the workers' identities."""
+    first, as read), and the workers' identities; message ids from ``first`` on."""
     workers = [b"\x00worker-%d" % n for n in range(WORKERS)]
     headers = b"reply-requested,guarantee" if guaranteed else b"reply-requested"
-    msgids = [b"7c4d3a1e-55aa-4f0e-9b1c-%012x" % n for n in range(BATCH)]
+    msgids = [b"7c4d3a1e-55aa-4f0e-9b1c-%012x" % n for n in range(first, first + BATCH)]
     requests = [
         [b"\x00client", b"", PROTOCOL, b"REQUEST", msgid, b"default", headers, BODY]
         for msgid in msgids
@@ -104,12 +109,12 @@ def stage(name: str, batches: int) -> None:
     from bus.emqp.server import EmqpService, log
     from bus.emqp.store import JobStore
 
-    guaranteed = name == "guaranteed"
+    guaranteed = name in ("guaranteed", "waiting")
     requests, answers, workers = _messages(guaranteed)
     clock = Clock()
     clock.advance(1_000)
     with tempfile.TemporaryDirectory(prefix="emqp-instructions-") as directory:
-        store = JobStore(directory) if name in ("service", "guaranteed") else None
+        store = JobStore(directory) if name in ("service", "guaranteed", "waiting") else None
         broker = Broker(BrokerSettings(), clock.seconds, log, store)
         for frames in _informs(workers):
             broker.on_worker_message(frames[0], frames[1:])
@@ -134,6 +139,17 @@ def stage(name: str, batches: int) -> None:
             service = EmqpService(EmqpConfig(data_dir=Path(directory)), reactor=clock)
             service.store, service.broker = store, broker
             service.worker_socket = service.client_socket = _TakesAll()  # type: ignore[assignment]
+            if name == "waiting":
+                # Two sets of requests in turn: one runs while the other waits.
+                turns = [requests, _messages(True, BATCH)[0]]
+                replies = [answers, _messages(True, BATCH)[1]]
+                service._on_clients(turns[0])  # every slot busy
+                for n in range(batches):
+                    service._on_clients(turns[(n + 1) % 2])
+                    service._on_workers(replies[n % 2])
+                assert len(broker.jobs) == BATCH and not broker.drops.counts
+                store.close()  # type: ignore[union-attr]
+                return
             for _ in range(batches):
                 service._on_clients(requests)
                 service._on_workers(answers)

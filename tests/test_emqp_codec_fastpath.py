@@ -101,6 +101,25 @@ def test_the_compiled_parser_takes_only_what_python_takes_and_builds_the_same(
         assert not native.is_ready(frames)
 
 
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(frame_values, st.sampled_from([None, "text", 5])), near_valid())
+def test_a_routed_message_parses_as_its_frames_without_the_identity(
+    identity: Any, frames: list[Any]
+) -> None:
+    codec.parse_headers(b"reply-requested")
+    message = [identity, *frames]
+    assert native.parse_routed(message) == native.parse(frames)
+    assert native.parse_routed(message) == native.parse(message[1:])
+
+
+def test_a_routed_message_that_is_no_list_or_empty_is_left_to_python() -> None:
+    assert native.parse_routed([]) is None
+    assert native.parse_routed((b"peer", *VALID[2])) is None
+    assert native.parse_routed(b"peer") is None
+    for frames in VALID:
+        assert native.parse_routed([b"\x00peer", *frames]) == codec.parse(frames)
+
+
 def test_the_compiled_parser_takes_a_job_s_usual_messages() -> None:
     codec.parse_headers(b"reply-requested")
     for frames in VALID:

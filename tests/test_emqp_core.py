@@ -524,3 +524,92 @@ def test_the_store_keeps_what_commits_of_any_size_told_it(
         store.commit()
         assert store.load() == sorted(kept.values(), key=lambda job: job.position)
     store.close()
+
+
+def _traffic() -> list[tuple[str, list[list[bytes]]]]:
+    """A worker's and a client's batches: jobs, strangers, garbage."""
+    msgids = [b"7c4d3a1e-55aa-4f0e-9b1c-%012x" % n for n in range(4)]
+    body = b'["job", 1]'
+
+    def request(n: int, headers: bytes) -> list[bytes]:
+        return [b"client", b"", codec.PROTOCOL, codec.REQUEST, msgids[n], b"q", headers, body]
+
+    def reply(worker: bytes, msgid: bytes) -> list[bytes]:
+        return [worker, b"", codec.PROTOCOL, codec.REPLY, b"r", b'{"value": 1}', msgid]
+
+    return [
+        ("workers", [
+            [b"w", *codec.inform([(10, "q")], "worker")],
+            [b"w", *codec.ready()], [b"w", *codec.ready()],
+            [b"ghost", *codec.ready()], [b"w", *codec.heartbeat(1.0)], [b"w", b"", b"bad"],
+        ]),
+        ("clients", [
+            request(0, b"reply-requested"), request(1, b"reply-requested,guarantee"),
+            request(2, b"guarantee,retry-count:2"), [b"client", b"", b"junk"],
+            request(0, b"reply-requested"), request(3, b""),
+        ]),
+        ("workers", [
+            reply(b"w", msgids[0]), [b"w", *codec.ready()], reply(b"w", b"unknown"),
+            reply(b"ghost", msgids[1]), reply(b"w", msgids[1]), [b"w", *codec.ready()],
+        ]),
+    ]  # fmt: skip
+
+
+def _handled(
+    rounds: list[tuple[str, list[list[bytes]]]],
+    store: JobStore | None,
+    batched: bool,
+    monkeypatch: Any,
+) -> dict[str, Any]:
+    """What a broker left once given ``rounds`` a batch at a time, as the service reads
+    them, or a message at a time (its message ids numbered alike)."""
+    import itertools
+
+    import bus.emqp.core
+
+    made = itertools.count()
+    for module in (bus.emqp.core, codec):
+        name = "_new_msgid" if module is bus.emqp.core else "new_msgid"
+        monkeypatch.setattr(module, name, lambda: b"id-%d" % next(made))
+    h = Harness(store)
+    broker = h.broker
+    for side, batch in rounds:
+        if batched:
+            handle = broker.on_worker_messages if side == "workers" else broker.on_client_messages
+            handle([list(message) for message in batch])
+        else:
+            one = broker.on_worker_message if side == "workers" else broker.on_client_message
+            for message in batch:
+                one(message[0], message[1:])
+        if store is not None:
+            h.commit()
+    return {
+        "to_workers": broker.to_workers,
+        "to_clients": broker.to_clients,
+        "counters": broker.counters(),
+        "drops": dict(broker.drops.counts),
+        "jobs": sorted(broker.jobs),
+        "workers": {
+            w.identity: (w.free_slots, w.last_seen, sorted(w.inflight), w.dispatched)
+            for w in broker.workers.values()
+        },
+        "stored": sorted(job.msgid for job in store.load()) if store is not None else None,
+    }
+
+
+def test_a_batch_is_handled_as_its_messages_one_at_a_time(tmp_path: Path, monkeypatch: Any) -> None:
+    """The service hands the broker whole batches (on_worker_messages, on_client_messages):
+    what a batch leaves is what its messages given one at a time leave, with or without
+    the store of guaranteed requests."""
+    rounds = _traffic()
+    for stored in (False, True):
+        stores = [JobStore(tmp_path / f"{stored}-{n}") if stored else None for n in (0, 1)]
+        alone = _handled(rounds, stores[0], batched=False, monkeypatch=monkeypatch)
+        batched = _handled(rounds, stores[1], batched=True, monkeypatch=monkeypatch)
+        assert batched == alone
+        assert alone["counters"]["replied"] == 2 and alone["drops"]
+        if stored:
+            assert alone["stored"] == [b"7c4d3a1e-55aa-4f0e-9b1c-000000000002"]
+        for store in stores:
+            if store is not None:
+                store.close()

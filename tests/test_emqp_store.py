@@ -160,6 +160,51 @@ def test_a_batch_is_unpacked_as_it_was_packed(jobs: list[StoredJob]) -> None:
     assert list(jobbatch.unpack(packed)) == jobs
 
 
+@st.composite
+def changes(draw: st.DrawFn) -> tuple[dict[bytes, StoredJob | None], dict[bytes, int]]:
+    """A commit's pending changes (a row, or None: removed) and the committed requests'
+    slots, over a few msgids: some committed, some changed, some both."""
+    msgids = draw(st.lists(st.binary(min_size=1, max_size=3), unique=True, max_size=40))
+    places = draw(
+        st.lists(
+            st.tuples(st.integers(0, 2**40), st.integers(0, jobbatch.BATCH_JOBS - 1)),
+            unique=True,
+            min_size=len(msgids),
+            max_size=len(msgids),
+        )
+    )
+    slots: dict[bytes, int] = {}
+    pending: dict[bytes, StoredJob | None] = {}
+    for n, (msgid, (batch, index)) in enumerate(zip(msgids, places, strict=True)):
+        if draw(st.booleans()):
+            slots[msgid] = batch << jobbatch.SLOT_BITS | index
+        if draw(st.booleans()):
+            pending[msgid] = draw(st.sampled_from([None, job(msgid, n)]))
+    return pending, slots
+
+
+@settings(max_examples=500, deadline=None)
+@given(changes())
+def test_a_commit_s_changes_are_sorted_alike_compiled_or_not(
+    given_changes: tuple[dict[bytes, StoredJob | None], dict[bytes, int]],
+) -> None:
+    pending, slots = given_changes
+    kept, marked, dropped = jobbatch.settle_python(pending, slots)
+    assert jobbatch.settle(pending, slots) == (kept, marked, dropped)  # compiled, where built
+    assert kept == [row for row in pending.values() if row is not None]
+    assert dropped == [m for m, row in pending.items() if row is None and m in slots]
+    gone = sorted(slots[m] for m in pending if m in slots)
+    assert (
+        sorted(
+            batch << jobbatch.SLOT_BITS | index
+            for batch, bits in marked.items()
+            for index in range(jobbatch.BATCH_JOBS)
+            if bits >> index & 1
+        )
+        == gone
+    )
+
+
 @pytest.mark.parametrize("blob", [b"", b"\x02", jobbatch.pack([job(b"a", 1)])[:-1]])
 def test_a_blob_that_is_no_batch_is_refused(blob: bytes) -> None:
     with pytest.raises(ValueError):

@@ -545,6 +545,11 @@ def _no_job(frames: list[bytes]) -> Command | None:
 #: anything else (then :func:`parse_other`), and always None where it was not built. For
 #: the broker's path, which calls it without :func:`parse`'s own call around it.
 parse_job: Callable[[list[bytes]], Command | None] = native.parse if native is not None else _no_job
+#: :data:`parse_job` of a message as a ROUTER reads it (its peer's identity first), without
+#: the copy that leaving the identity out makes: ``parse_job(message[1:])``.
+parse_routed: Callable[[list[bytes]], Command | None] = (
+    native.parse_routed if native is not None else _no_job
+)
 
 
 def parse(frames: list[bytes]) -> Command:

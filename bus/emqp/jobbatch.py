@@ -74,6 +74,7 @@ _HEAD = struct.Struct("<qdqqIIIII")
 #: The compiled packer (bus/emqp/_jobscan.c), or None (not built, or ``BUS_NATIVE_EMQP=0``).
 _native: Any = compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP")
 _native_pack = getattr(_native, "pack_jobs", None)
+_native_settle = getattr(_native, "settle", None)
 
 
 def pack(jobs: Sequence[StoredJob]) -> bytes:
@@ -145,3 +146,40 @@ def batches_of(jobs: Sequence[StoredJob]) -> Iterator[Sequence[StoredJob]]:
         size += len(job.body)
     if batch:
         yield batch
+
+
+def settle_python(
+    pending: dict[bytes, StoredJob | None], slots: dict[bytes, int]
+) -> tuple[list[StoredJob], dict[int, int], list[bytes]]:
+    """A commit's pending changes sorted: ``pending`` maps a msgid to its new row or None
+    (removed), ``slots`` a committed msgid to its slot (``batch << SLOT_BITS | index``).
+    Returns the rows to write (in ``pending``'s order), the bits of the committed requests
+    that go (removed or put again) by batch (bit ``index`` set), and the committed msgids
+    removed."""
+    kept: list[StoredJob] = []
+    marked: dict[int, int] = {}
+    dropped: list[bytes] = []
+    for msgid, job in pending.items():
+        if job is not None:
+            kept.append(job)
+        slot = slots.get(msgid)
+        if slot is None:
+            continue
+        if job is None:
+            dropped.append(msgid)
+        batch = slot >> SLOT_BITS
+        marked[batch] = marked.get(batch, 0) | 1 << (slot & (BATCH_JOBS - 1))
+    return kept, marked, dropped
+
+
+def settle(
+    pending: dict[bytes, StoredJob | None], slots: dict[bytes, int]
+) -> tuple[list[StoredJob], dict[int, int], list[bytes]]:
+    """:func:`settle_python`, compiled where built (a commit's loop over its changes, two a
+    guaranteed job, was a fifth of its cost)."""
+    if _native_settle is not None:
+        settled: tuple[list[StoredJob], dict[int, int], list[bytes]] = _native_settle(
+            pending, slots
+        )
+        return settled
+    return settle_python(pending, slots)

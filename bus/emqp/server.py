@@ -502,24 +502,21 @@ class EmqpService(Service):
     # -- reading -----------------------------------------------------------------------------------
 
     def _on_workers(self, batch: list[list[bytes]]) -> None:
-        assert self.broker is not None
-        handle = self.broker.on_worker_message
+        broker = self.broker
+        assert broker is not None
         if self._rights:
-            self._handle_with_rights(handle, batch, self.worker_socket)
+            self._handle_with_rights(broker.on_worker_message, batch, self.worker_socket)
         else:
-            for frames in batch:
-                handle(frames[0], frames[1:])
+            broker.on_worker_messages(batch)
         self._flush()
 
     def _on_clients(self, batch: list[list[bytes]]) -> None:
         broker = self.broker
         assert broker is not None
-        handle = broker.on_client_message
         if self._rights:
-            self._handle_with_rights(handle, batch, self.client_socket)
+            self._handle_with_rights(broker.on_client_message, batch, self.client_socket)
         else:
-            for frames in batch:
-                handle(frames[0], frames[1:])
+            broker.on_client_messages(batch)
         self._flush()
         if broker.schedules is not None:  # a SCHEDULE may have come
             self._arm_schedules()

@@ -202,24 +202,9 @@ class JobStore:
         slots = self._slots
         gone = self._gone
         left = self._left
-        kept: list[StoredJob] = []
-        going: list[int] = []  # the slots of committed requests removed or put again
-        dropped: list[bytes] = []  # the msgids removed
-        for msgid, job in pending.items():
-            if job is not None:
-                kept.append(job)
-                if msgid in slots:
-                    going.append(slots[msgid])
-            else:
-                slot = slots.get(msgid)
-                if slot is not None:
-                    going.append(slot)
-                    dropped.append(msgid)
-        # The bits this commit sets, by batch (as an int: bit i is request i).
-        marked: dict[int, int] = {}
-        for slot in going:
-            batch = slot >> _SLOT_BITS
-            marked[batch] = marked.get(batch, 0) | 1 << (slot & _SLOT_MASK)
+        # The rows to write, the bits this commit sets by batch (as an int: bit i is request
+        # i, removed or put again) and the msgids removed.
+        kept, marked, dropped = jobbatch.settle(pending, slots)
         emptied = [(batch,) for batch, bits in marked.items() if left[batch] == bits.bit_count()]
         marks = [
             (batch, _bits_blob(gone[batch] | bits))
@@ -339,7 +324,6 @@ class JobStore:
 
 
 _SLOT_BITS = jobbatch.SLOT_BITS
-_SLOT_MASK = (1 << _SLOT_BITS) - 1
 _MSGID = itemgetter(0)
 #: Every so many commits, requests left in old, nearly emptied batches move to the commit's
 #: new batch (:meth:`JobStore._stragglers`): batches older than ``_SWEEP_AGE`` batches that
