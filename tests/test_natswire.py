@@ -512,7 +512,7 @@ class LaggingReplica:
         self.asked.append(json.loads(payload))
         return Msg(b"r", 1, b"", b"", b'{"message":{"subject":"s.x","seq":2}}')
 
-    def runs_of_deliveries(self) -> None:
+    def runs_of_deliveries(self, stamps: bool = True) -> None:
         """Deliveries stay messages here: the read takes both forms."""
 
     def read(self, timeout: float | None = None) -> list[Msg]:
@@ -564,7 +564,7 @@ class FreshConsumer:
         assert subject.startswith("$JS.API.CONSUMER.CREATE.")
         return Msg(b"r", 1, b"", b"", b'{"name":"c","num_pending":3}')
 
-    def runs_of_deliveries(self) -> None:
+    def runs_of_deliveries(self, stamps: bool = True) -> None:
         """Deliveries come as a run of columns, as a connection's parser makes them."""
 
     def read(self, timeout: float | None = None) -> list[Msg | Run]:

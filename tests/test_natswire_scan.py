@@ -320,10 +320,12 @@ def flat(items: list[Any]) -> tuple[list[Any], int]:
     return out, counted
 
 
-def runs(chunks: list[bytes], compiled: bool, split: bool, patch: pytest.MonkeyPatch) -> Any:
+def runs(
+    chunks: list[bytes], compiled: bool, split: bool, stamps: bool, patch: pytest.MonkeyPatch
+) -> Any:
     patch.setattr(codec, "native", native if compiled else None)
     parser = codec.Parser()
-    parser.run_sid = 7
+    parser.run_sid, parser.run_stamps = 7, stamps
     items: list[Any] = []
     controls: list[Control] = []
     try:
@@ -344,21 +346,22 @@ def runs(chunks: list[bytes], compiled: bool, split: bool, patch: pytest.MonkeyP
     items=st.lists(st.one_of(delivery(), delivery(), message(), CONTROLS), max_size=14),
     cuts=st.lists(st.integers(0, 2000), max_size=6),
     split=st.booleans(),
+    stamps=st.booleans(),
 )
 def test_deliveries_in_runs_are_what_the_messages_give_compiled_or_not(
-    items: list[bytes], cuts: list[int], split: bool
+    items: list[bytes], cuts: list[int], split: bool, stamps: bool
 ) -> None:
     """A parser told of a subscription gives its JetStream deliveries as runs of columns:
     taken apart, the runs hold what deliveries() reads of the messages a parser not told
     gives (the bytes counted are theirs), everything else the same, the same errors;
-    compiled and in Python alike."""
+    compiled and in Python alike; without stamps, each time stored 0."""
     data = b"".join(items)
     points = sorted({min(cut, len(data)) for cut in cuts})
     chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
     with pytest.MonkeyPatch.context() as patch:
         plain = outcome(chunks, False, patch)
-        slow = runs(chunks, False, split, patch)
-        fast = runs(chunks, True, split, patch) if native is not None else slow
+        slow = runs(chunks, False, split, stamps, patch)
+        fast = runs(chunks, True, split, stamps, patch) if native is not None else slow
     assert codec.native is native
     assert fast == slow
     expected: list[Any] = []
@@ -371,7 +374,8 @@ def test_deliveries_in_runs_are_what_the_messages_give_compiled_or_not(
             continue
         columns = ranged._deliveries([item], 0, 7, 1)
         assert columns[1:] == ([read[0]], [item.subject], [item.payload], [read[1]], [read[2]])
-        expected.append(("delivery", read[0], item.subject, item.payload, read[1], read[2]))
+        stamp = read[1] if stamps else 0
+        expected.append(("delivery", read[0], item.subject, item.payload, stamp, read[2]))
         counted += len(item.headers) + len(item.payload)
     assert slow[0] == (expected, counted)
     if split:

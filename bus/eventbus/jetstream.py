@@ -565,8 +565,9 @@ class JetStreamLog:
                 say(log.info, "JetStream: a snapshot's reader failed ({error}); reading on "
                     "with a new one", error=str(error) or type(error).__name__)  # fmt: skip
         for attempt in range(READ_ATTEMPTS):
+            # Rows and SYNC messages hold no time stored: the reader reads none.
             reader = RangeReader(
-                self.settings, after, upto, name=f"eventbus-{self.settings.stream}"
+                self.settings, after, upto, name=f"eventbus-{self.settings.stream}", stamps=False
             )
             try:
                 return reader, take(reader.open(subtrees))

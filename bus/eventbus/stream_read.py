@@ -288,7 +288,8 @@ class RangeReader:
     With a ``retry`` (:class:`bus.nats.failover.Retry`), a read that fails for passing
     reasons (a server lost, JetStream electing a leader) is made again on the next server
     from just after the last event it gave, within the retry's bound; without one, it
-    fails at the first failure.
+    fails at the first failure. Without ``stamps``, the times stored are 0 (rows and SYNC
+    messages hold none: a reader of them spares an int an event).
 
     The first message may lie above ``after + 1`` when the stream's retention removed the
     start: opened with ``check_retention``, :attr:`first_stored` is the stream's first
@@ -302,8 +303,10 @@ class RangeReader:
         upto: int,
         name: str = "bus-reader",
         retry: Retry = ONCE,
+        stamps: bool = True,
     ) -> None:
         self.settings, self.name = settings, name
+        self.stamps = stamps
         self.after, self.upto = after, upto
         self.retry = retry
         #: Every event up to here was given (or left out by the prefixes).
@@ -353,8 +356,9 @@ class RangeReader:
             self._behind_before += read.behind
             self._read = None
         read = RangeRead(
-            connection, self.settings.stream, self.position, self.upto, self._filters
-        ).open(self._check_retention)
+            connection, self.settings.stream, self.position, self.upto, self._filters,
+            stamps=self.stamps,
+        ).open(self._check_retention)  # fmt: skip
         if self._check_retention and read.first_stored > self.position + 1:
             self._removed.append((self.position + 1, min(read.first_stored - 1, self.upto)))
         self._read = read

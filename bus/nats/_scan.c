@@ -4,8 +4,8 @@
  * split, a few int() and a NamedTuple, then a split of its reply subject: 3-4 us, more
  * than the nats-server spends sending it. Here:
  *
- * scan(buffer, position, Msg, Control[, controls[, run_sid, Run]]) parses whole MSG/HMSG
- * messages and bare PING, PONG and +OK lines from ``position`` on (the lines into
+ * scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps]]]) parses whole
+ * MSG/HMSG messages and bare PING, PONG and +OK lines from ``position`` on (the lines into
  * ``controls`` when given, so that a reader of thousands of messages need not look at each
  * for a PING; JetStream deliveries on ``run_sid`` into one Run of columns a run, as
  * deliveries() would read them, so that no message, reply subject or header block is made
@@ -199,10 +199,11 @@ static int end_run(Run *run, PyObject *out, PyTypeObject *run_type) {
 
 /* One delivery into ``run``'s columns (started when empty); -1 with an exception set. */
 static int add_to_run(Run *run, PyObject *subject, PyObject *payload, unsigned long long sequence,
-                      unsigned long long stamp, unsigned long long pending,
+                      unsigned long long stamp, int stamps, unsigned long long pending,
                       unsigned long long bytes) {
+    /* Without stamps: 0, a small int Python keeps (no object made). */
     PyObject *values[5] = {PyLong_FromUnsignedLongLong(sequence), subject, payload,
-                           PyLong_FromUnsignedLongLong(stamp),
+                           PyLong_FromUnsignedLongLong(stamps ? stamp : 0),
                            PyLong_FromUnsignedLongLong(pending)};
     int failed = 0;
     if (run->columns[0] == NULL)
@@ -224,8 +225,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t position;
     PyObject *msg_type, *control_type, *controls = NULL, *run_type = NULL;
     long long run_sid = -1;
-    if (!PyArg_ParseTuple(args, "y*nOO|OLO", &view, &position, &msg_type, &control_type,
-                          &controls, &run_sid, &run_type))
+    int stamps = 1;
+    if (!PyArg_ParseTuple(args, "y*nOO|OLOp", &view, &position, &msg_type, &control_type,
+                          &controls, &run_sid, &run_type, &stamps))
         return NULL;
     if (controls == Py_None) controls = NULL;
     if (run_type == Py_None) run_type = NULL;
@@ -279,7 +281,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
                 if (add_to_run(&run, subject_of(&seen, part[1], part_size[1]),
                                PyBytes_FromStringAndSize(data + start + header_size,
                                                          (Py_ssize_t)(total - header_size)),
-                               sequence, stamp, pending, total) < 0)
+                               sequence, stamp, stamps, pending, total) < 0)
                     goto fail;
                 position = start + (Py_ssize_t)total + 2;
                 continue;
@@ -487,10 +489,11 @@ static PyObject *batch_publishes(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, position, Msg, Control[, controls[, run_sid, Run]]) -> (items, position): "
-     "whole messages and bare PING/PONG/+OK lines (appended to the list controls instead, "
-     "when given), up to the first item left to the Python parser; JetStream deliveries on "
-     "run_sid as one Run (sequences, subjects, payloads, stamps, pending, bytes) a run."},
+     "scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps]]]) -> (items, "
+     "position): whole messages and bare PING/PONG/+OK lines (appended to the list controls "
+     "instead, when given), up to the first item left to the Python parser; JetStream "
+     "deliveries on run_sid as one Run (sequences, subjects, payloads, stamps, pending, "
+     "bytes) a run, their stamps 0 when stamps is false."},
     {"deliveries", deliveries, METH_VARARGS,
      "deliveries(messages, start, sid, limit) -> (index, sequences, subjects, payloads, "
      "stamps, pending): JetStream deliveries on sid as columns, up to the first other "

@@ -275,11 +275,13 @@ class Connection:
         (acknowledgements) passes over them, as over other subscriptions' messages."""
         return self._read(timeout)
 
-    def runs_of_deliveries(self) -> None:
+    def runs_of_deliveries(self, stamps: bool = True) -> None:
         """From now on, JetStream deliveries to :meth:`new_inbox`'s subjects come one run
         after another as :class:`bus.nats.codec.Run` columns, no message made for each: a
-        reader of a stream gets thousands a read."""
+        reader of a stream gets thousands a read. Without ``stamps``, their times stored
+        are 0 (for a reader that does not want them)."""
         self._parser.run_sid = self._reply_sid
+        self._parser.run_stamps = stamps
 
     def _read(self, timeout: float | None) -> list[Any]:
         if self._pending:

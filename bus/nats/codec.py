@@ -76,6 +76,9 @@ class Parser:
         self._buffer = b""
         #: Deliveries on this subscription come as :class:`Run` items (None: as messages).
         self.run_sid: int | None = None
+        #: Runs hold the times stored (else 0 for each: a reader that does not want them
+        #: spares an int a delivery).
+        self.run_stamps = True
 
     @property
     def waiting(self) -> int:
@@ -101,10 +104,10 @@ class Parser:
         """Every whole item into ``out``, the control lines into ``controls`` when given."""
         buffer = self._buffer + data if self._buffer else data
         one: list[Msg | Control] = []
-        run_sid, apart = self.run_sid, controls is not None
+        run_sid, apart, stamps = self.run_sid, controls is not None, self.run_stamps
 
         def taken(items: list[Msg | Control]) -> list[Any]:
-            return items if run_sid is None else _runs(items, run_sid, apart)
+            return items if run_sid is None else _runs(items, run_sid, apart, stamps)
 
         if native is None:
             position = _parse(buffer, 0, one, False)
@@ -115,7 +118,7 @@ class Parser:
             position, size, scan = 0, len(buffer), native.scan
             extra: tuple[Any, ...] = () if controls is None else (controls,)
             if run_sid is not None:
-                extra = (controls, run_sid, Run)
+                extra = (controls, run_sid, Run, stamps)
             while True:
                 items, position = scan(buffer, position, Msg, Control, *extra)
                 out.extend(items)
@@ -152,10 +155,10 @@ def delivered(reply: bytes) -> tuple[int, int, int] | None:
     return sequence, stamp, pending
 
 
-def _runs(items: list[Msg | Control], sid: int, apart: bool) -> list[Any]:
+def _runs(items: list[Msg | Control], sid: int, apart: bool, stamps: bool = True) -> list[Any]:
     """``items`` with the deliveries on ``sid`` one after another as :class:`Run` items,
     as the scanner makes them: a run ends at another message, and at a control line
-    unless those go apart."""
+    unless those go apart; the times stored 0 without ``stamps``."""
     out: list[Any] = []
     run: list[list[Any]] = []
     size = 0
@@ -170,7 +173,7 @@ def _runs(items: list[Msg | Control], sid: int, apart: bool) -> list[Any]:
         assert isinstance(item, Msg)
         if not run:
             run = [[], [], [], [], []]
-        values = (read[0], item.subject, item.payload, read[1], read[2])
+        values = (read[0], item.subject, item.payload, read[1] if stamps else 0, read[2])
         for column, value in zip(run, values, strict=True):
             column.append(value)
         size += len(item.headers) + len(item.payload)

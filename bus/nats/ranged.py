@@ -135,7 +135,8 @@ deliveries: Callable[[list[Msg | Run], int, int, int], Columns] = (
 
 class RangeRead:
     """Open it (:meth:`open`), then :meth:`next` until it gives nothing; :meth:`close`
-    deletes the consumer (it would go by itself after its idle threshold)."""
+    deletes the consumer (it would go by itself after its idle threshold). Without
+    ``stamps``, the times stored it gives are 0."""
 
     def __init__(
         self,
@@ -145,9 +146,11 @@ class RangeRead:
         upto: int,
         filters: list[str],
         follow: bool = False,
+        stamps: bool = True,
     ) -> None:
         self.connection = connection
-        connection.runs_of_deliveries()  # its deliveries as columns, no message each
+        # Its deliveries as columns, no message each; without stamps, the times stored 0.
+        connection.runs_of_deliveries(stamps)
         #: Following: no end (``upto`` is ignored), and :meth:`next` gives what each read
         #: of the socket brought, nothing when a pull request expired with nothing new.
         self.follow = follow
