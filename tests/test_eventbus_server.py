@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import pytest_twisted
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC, SEQUENCE, SYNCSTART, SequenceEncoding
@@ -202,6 +203,59 @@ def test_the_retention_pass_applies_latest_per_topic_and_max_age_by_the_service_
         producer.send(pub("/k/c/"))
         yield wait_until(lambda: [e.sequence for e in server.store.read(0)] == [6])
         assert server.store.last_sequence == 6
+    finally:
+        yield server.stopService()
+
+
+@pytest.mark.parametrize("mode", ["count", "age"])
+@pytest_twisted.inlineCallbacks
+def test_count_and_age_retention_whose_steps_stop_after_each_part_keep_exactly_their_events(
+    tmp_path: Any, peers: list[Any], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> Any:
+    """Every step's budget spent at once: each age or count step deletes one part (64
+    events or so, whole batches where it can) and stops, the next goes on. After three rounds
+    of 600 events, 30 s apart by the service's clock, a snapshot through the snapshot port
+    holds exactly the newest 700 (count) or the last two rounds (age, 75 s), each as sent."""
+    import msgpack
+
+    import bus.eventbus.store as store_module
+    from bus.eventbus.config import EventBusConfig
+    from bus.eventbus.server import EventBusService
+    from bus.eventbus.store import Retention
+
+    monkeypatch.setattr(store_module, "STEP_BUDGET", 0.0)
+    now = [1000.0]
+    retention = Retention(max_count=700) if mode == "count" else Retention(max_age=75.0)
+    server = EventBusService(
+        EventBusConfig(
+            port=0,
+            data_dir=tmp_path,
+            stats_interval=0,
+            retention=retention,
+            retention_interval=0.05,
+        ),
+        clock=lambda: now[0],
+    )
+    server.startService()
+    try:
+        producer = RawPeer.dealer(server.endpoints["collector"])
+        peers.append(producer)
+        for stored in (600, 1200, 1800):
+            for n in range(stored - 600, stored):
+                producer.send(pub(f"/parts/{n % 7}/", {"n": n}))
+            yield wait_until(lambda stored=stored: server.store.last_sequence == stored)
+            now[0] += 30.0
+        kept = range(1101, 1801) if mode == "count" else range(601, 1801)
+        yield wait_until(lambda: server.store.count() == len(kept), what="retention")
+        snap = RawPeer.dealer(server.endpoints["snapshot"])
+        peers.append(snap)
+        snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
+        yield wait_until(lambda: snapshot_ended(snap))
+        syncs = snap.messages[:-1]
+        assert [sequence(m[2]) for m in syncs] == list(kept)
+        assert [msgpack.unpackb(m[6])["n"] for m in syncs] == [s - 1 for s in kept]
+        assert [m[1] for m in syncs] == [b"/parts/%d/" % ((s - 1) % 7) for s in kept]
+        assert server.store.last_sequence == 1800
     finally:
         yield server.stopService()
 
