@@ -212,7 +212,7 @@ def test_the_retention_pass_applies_latest_per_topic_and_max_age_by_the_service_
 def test_count_and_age_retention_whose_steps_stop_after_each_part_keep_exactly_their_events(
     tmp_path: Any, peers: list[Any], monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> Any:
-    """Every step's budget spent at once: each age or count step deletes one part (64
+    """Every step's budget spent at once: each age or count step deletes one part (128
     events or so, whole batches where it can) and stops, the next goes on. After three rounds
     of 600 events, 30 s apart by the service's clock, a snapshot through the snapshot port
     holds exactly the newest 700 (count) or the last two rounds (age, 75 s), each as sent."""

@@ -430,19 +430,19 @@ def test_compact_step_in_chunks_reads_three_events_a_chunk_then_deletes_a_chunk(
 def test_count_and_age_steps_delete_in_parts_and_stop_after_one_out_of_time(
     store: EventStore,
 ) -> None:
-    """An age or count step deletes its chunk in parts, each committed: an eighth of the
-    chunk, 64 events at least, ending where a batch ends while that stays within the chunk.
+    """An age or count step deletes its chunk in parts, each committed: a sixth of the
+    chunk, 128 events at least, ending where a batch ends while that stays within the chunk.
     Out of time, a step stops after its first part; the next one goes on from there."""
     for n in range(10):
         fill(store, [b"/t/"] * 50, received=100.0 + n)  # 1..500, batches of 50
     assert store.trim_to_count(100, chunk=800) == (0, False)  # counts
-    # A part of 100 (800 / 8): two whole batches, then out of time.
-    assert store.trim_to_count(100, chunk=800, out_of_time=lambda: True) == (100, False)
-    assert store.first_sequence() == 101
-    # A part of 64 (130 / 8 is less) rounded up to whole batches: 100; then 30, a batch cut.
+    # A part of 133 (800 / 6), rounded up to whole batches: 150; then out of time.
+    assert store.trim_to_count(100, chunk=800, out_of_time=lambda: True) == (150, False)
+    assert store.first_sequence() == 151
+    # Parts of 128 and 2: rounded up, the first would pass the chunk (130), so both cut a batch.
     assert store.expire_older_than(cutoff=200.0, chunk=130) == 130
-    assert seqs(store.read(0, limit=1000)) == list(range(231, 501))
-    assert store.trim_to_count(100, chunk=800) == (170, True)
+    assert seqs(store.read(0, limit=1000)) == list(range(281, 501))
+    assert store.trim_to_count(100, chunk=800) == (120, True)
     assert seqs(store.read(0, limit=1000)) == list(range(401, 501))
     assert store.last_sequence == 500
 
@@ -454,10 +454,10 @@ def test_counting_after_an_open_goes_in_parts_too(tmp_path: Path) -> None:
     store.close()
     store = EventStore(tmp_path)
     try:
-        # 800 sequences a step, from the oldest batch's last (50) in parts of 99: the
-        # budget spent, five steps count 51..500 a part each, then the next one deletes.
-        out = [store.trim_to_count(400, chunk=100, out_of_time=lambda: True) for _ in range(5)]
-        assert out == [(0, False)] * 5
+        # 800 sequences a step, from the oldest batch's last (50) in parts of 133: the
+        # budget spent, four steps count 51..500 a part each, then the next one deletes.
+        out = [store.trim_to_count(400, chunk=100, out_of_time=lambda: True) for _ in range(4)]
+        assert out == [(0, False)] * 4
         assert store.trim_to_count(400, chunk=100, out_of_time=lambda: True) == (100, True)
         assert store.count() == 400 and store.first_sequence() == 101
     finally:
