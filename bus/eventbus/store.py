@@ -712,8 +712,9 @@ class EventStore:
     ) -> int:
         """Delete up to ``most`` of the oldest events (with ``cutoff``, only those received
         before it; with ``keep``, never one of the newest ``keep``: count retention) in parts
-        of ``most`` / :data:`PARTS_PER_STEP` (:data:`PART_EVENTS` at least), each its own transaction
-        (:meth:`_delete_through`), and stop after a part once ``out_of_time`` says so. A part
+        of ``most`` / :data:`PARTS_PER_STEP` (:data:`PART_EVENTS` at least), each its own
+        transaction (:meth:`_delete_through`), and stop after a part once ``out_of_time`` says
+        so. A part
         that fails after others ends the step with what they deleted (each part is whole and
         counted, and the next step meets the failure again); the first one raises, having
         changed nothing. With ``keep``, a part that finds fewer events than the count says
