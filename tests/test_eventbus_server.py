@@ -48,6 +48,24 @@ def publish_then_snapshot(server: Any, peers: list[Any], topic: str, stored: int
     return [(m[1], sequence(m[2])) for m in snap.messages[:-1]]
 
 
+def clocked_bus(data_dir: Any, retention: Any, now: list[float]) -> Any:
+    """A started server on free ports whose clock is ``now[0]`` (received times, retention's
+    cutoffs), running ``retention`` every 0.05 s."""
+    from bus.eventbus.config import EventBusConfig
+    from bus.eventbus.server import EventBusService
+
+    config = EventBusConfig(
+        port=0,
+        data_dir=data_dir,
+        stats_interval=0,
+        retention=retention,
+        retention_interval=0.05,
+    )
+    server = EventBusService(config, clock=lambda: now[0])
+    server.startService()
+    return server
+
+
 def subscribed(sub: RawPeer) -> Any:
     """A heartbeat arrived: the SUB's subscriptions (sent before its heartbeat one) are in place."""
     return wait_until(lambda: any(m[0] == HEARTBEAT_TOPIC for m in sub.messages), what="subscribed")
@@ -175,22 +193,10 @@ def test_the_retention_pass_applies_latest_per_topic_and_max_age_by_the_service_
 ) -> Any:
     # Which events each option keeps is in test_eventbus_store.py; the pass that applies
     # the options on the service's timer, with its clock, lives in the service.
-    from bus.eventbus.config import EventBusConfig
-    from bus.eventbus.server import EventBusService
     from bus.eventbus.store import Retention
 
     now = [1000.0]
-    server = EventBusService(
-        EventBusConfig(
-            port=0,
-            data_dir=tmp_path,
-            stats_interval=0,
-            retention=Retention(latest_per_topic=True, max_age=100),
-            retention_interval=0.05,
-        ),
-        clock=lambda: now[0],
-    )
-    server.startService()
+    server = clocked_bus(tmp_path, Retention(latest_per_topic=True, max_age=100), now)
     try:
         producer = RawPeer.dealer(server.endpoints["collector"])
         peers.append(producer)
@@ -219,24 +225,12 @@ def test_count_and_age_retention_whose_steps_stop_after_each_part_keep_exactly_t
     import msgpack
 
     import bus.eventbus.store as store_module
-    from bus.eventbus.config import EventBusConfig
-    from bus.eventbus.server import EventBusService
     from bus.eventbus.store import Retention
 
     monkeypatch.setattr(store_module, "STEP_BUDGET", 0.0)
     now = [1000.0]
     retention = Retention(max_count=700) if mode == "count" else Retention(max_age=75.0)
-    server = EventBusService(
-        EventBusConfig(
-            port=0,
-            data_dir=tmp_path,
-            stats_interval=0,
-            retention=retention,
-            retention_interval=0.05,
-        ),
-        clock=lambda: now[0],
-    )
-    server.startService()
+    server = clocked_bus(tmp_path, retention, now)
     try:
         producer = RawPeer.dealer(server.endpoints["collector"])
         peers.append(producer)
