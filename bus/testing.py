@@ -93,14 +93,19 @@ class MemoryEventLog:
         """The data's bytes held."""
         return sum(len(row[5]) for row in self.rows)
 
-    def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
-        """Remove events received before ``cutoff``; how many."""
+    def expire_older_than(
+        self, cutoff: float, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> int:
+        """Remove events received before ``cutoff``, in one step (of one part); how many."""
         kept = [row for row in self.rows if row[6] >= cutoff]
         expired, self.rows = len(self.rows) - len(kept), kept
         return expired
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
-        """Keep the newest ``max_count``, in one step: how many were removed, and True."""
+    def trim_to_count(
+        self, max_count: int, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> tuple[int, bool]:
+        """Keep the newest ``max_count``, in one step (of one part): how many were removed,
+        and True."""
         extra = max(0, len(self.rows) - max_count)
         del self.rows[:extra]
         return extra, True

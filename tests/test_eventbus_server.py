@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import pytest_twisted
 
 from bus.eventbus.codec import HEARTBEAT_TOPIC, SEQUENCE, SYNCSTART, SequenceEncoding
@@ -45,6 +46,24 @@ def publish_then_snapshot(server: Any, peers: list[Any], topic: str, stored: int
     snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
     yield wait_until(lambda: snapshot_ended(snap))
     return [(m[1], sequence(m[2])) for m in snap.messages[:-1]]
+
+
+def clocked_bus(data_dir: Any, retention: Any, now: list[float]) -> Any:
+    """A started server on free ports whose clock is ``now[0]`` (received times, retention's
+    cutoffs), running ``retention`` every 0.05 s."""
+    from bus.eventbus.config import EventBusConfig
+    from bus.eventbus.server import EventBusService
+
+    config = EventBusConfig(
+        port=0,
+        data_dir=data_dir,
+        stats_interval=0,
+        retention=retention,
+        retention_interval=0.05,
+    )
+    server = EventBusService(config, clock=lambda: now[0])
+    server.startService()
+    return server
 
 
 def subscribed(sub: RawPeer) -> Any:
@@ -174,22 +193,10 @@ def test_the_retention_pass_applies_latest_per_topic_and_max_age_by_the_service_
 ) -> Any:
     # Which events each option keeps is in test_eventbus_store.py; the pass that applies
     # the options on the service's timer, with its clock, lives in the service.
-    from bus.eventbus.config import EventBusConfig
-    from bus.eventbus.server import EventBusService
     from bus.eventbus.store import Retention
 
     now = [1000.0]
-    server = EventBusService(
-        EventBusConfig(
-            port=0,
-            data_dir=tmp_path,
-            stats_interval=0,
-            retention=Retention(latest_per_topic=True, max_age=100),
-            retention_interval=0.05,
-        ),
-        clock=lambda: now[0],
-    )
-    server.startService()
+    server = clocked_bus(tmp_path, Retention(latest_per_topic=True, max_age=100), now)
     try:
         producer = RawPeer.dealer(server.endpoints["collector"])
         peers.append(producer)
@@ -202,6 +209,47 @@ def test_the_retention_pass_applies_latest_per_topic_and_max_age_by_the_service_
         producer.send(pub("/k/c/"))
         yield wait_until(lambda: [e.sequence for e in server.store.read(0)] == [6])
         assert server.store.last_sequence == 6
+    finally:
+        yield server.stopService()
+
+
+@pytest.mark.parametrize("mode", ["count", "age"])
+@pytest_twisted.inlineCallbacks
+def test_count_and_age_retention_whose_steps_stop_after_each_part_keep_exactly_their_events(
+    tmp_path: Any, peers: list[Any], monkeypatch: pytest.MonkeyPatch, mode: str
+) -> Any:
+    """Every step's budget spent at once: each age or count step deletes one part (128
+    events or so, whole batches where it can) and stops, the next goes on. After three rounds
+    of 600 events, 30 s apart by the service's clock, a snapshot through the snapshot port
+    holds exactly the newest 700 (count) or the last two rounds (age, 75 s), each as sent."""
+    import msgpack
+
+    import bus.eventbus.store as store_module
+    from bus.eventbus.store import Retention
+
+    monkeypatch.setattr(store_module, "STEP_BUDGET", 0.0)
+    now = [1000.0]
+    retention = Retention(max_count=700) if mode == "count" else Retention(max_age=75.0)
+    server = clocked_bus(tmp_path, retention, now)
+    try:
+        producer = RawPeer.dealer(server.endpoints["collector"])
+        peers.append(producer)
+        for stored in (600, 1200, 1800):
+            for n in range(stored - 600, stored):
+                producer.send(pub(f"/parts/{n % 7}/", {"n": n}))
+            yield wait_until(lambda stored=stored: server.store.last_sequence == stored)
+            now[0] += 30.0
+        kept = range(1101, 1801) if mode == "count" else range(601, 1801)
+        yield wait_until(lambda: server.store.count() == len(kept), what="retention")
+        snap = RawPeer.dealer(server.endpoints["snapshot"])
+        peers.append(snap)
+        snap.send([b"SYNCSTART", b"", SEQUENCE.pack(0)])
+        yield wait_until(lambda: snapshot_ended(snap))
+        syncs = snap.messages[:-1]
+        assert [sequence(m[2]) for m in syncs] == list(kept)
+        assert [msgpack.unpackb(m[6])["n"] for m in syncs] == [s - 1 for s in kept]
+        assert [m[1] for m in syncs] == [b"/parts/%d/" % ((s - 1) % 7) for s in kept]
+        assert server.store.last_sequence == 1800
     finally:
         yield server.stopService()
 

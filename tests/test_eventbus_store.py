@@ -8,6 +8,7 @@ import sqlite3
 import tempfile
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -424,6 +425,43 @@ def test_compact_step_in_chunks_reads_three_events_a_chunk_then_deletes_a_chunk(
     assert store.compact_step(chunk=1) == (1, False)
     assert store.compact_step(chunk=2) == (2, True)
     assert seqs(store.read(0)) == [4, 5, 6]
+
+
+def test_count_and_age_steps_delete_in_parts_and_stop_after_one_out_of_time(
+    store: EventStore,
+) -> None:
+    """An age or count step deletes its chunk in parts, each committed: a sixth of the
+    chunk, 128 events at least, ending where a batch ends while that stays within the chunk.
+    Out of time, a step stops after its first part; the next one goes on from there."""
+    for n in range(10):
+        fill(store, [b"/t/"] * 50, received=100.0 + n)  # 1..500, batches of 50
+    assert store.trim_to_count(100, chunk=800) == (0, False)  # counts
+    # A part of 133 (800 / 6), rounded up to whole batches: 150; then out of time.
+    assert store.trim_to_count(100, chunk=800, out_of_time=lambda: True) == (150, False)
+    assert store.first_sequence() == 151
+    # Parts of 128 and 2: rounded up, the first would pass the chunk (130), so both cut a batch.
+    assert store.expire_older_than(cutoff=200.0, chunk=130) == 130
+    assert seqs(store.read(0, limit=1000)) == list(range(281, 501))
+    assert store.trim_to_count(100, chunk=800) == (120, True)
+    assert seqs(store.read(0, limit=1000)) == list(range(401, 501))
+    assert store.last_sequence == 500
+
+
+def test_counting_after_an_open_goes_in_parts_too(tmp_path: Path) -> None:
+    store = EventStore(tmp_path)
+    for _ in range(10):
+        fill(store, [b"/t/"] * 50)
+    store.close()
+    store = EventStore(tmp_path)
+    try:
+        # 800 sequences a step, from the oldest batch's last (50) in parts of 133: the
+        # budget spent, four steps count 51..500 a part each, then the next one deletes.
+        out = [store.trim_to_count(400, chunk=100, out_of_time=lambda: True) for _ in range(4)]
+        assert out == [(0, False)] * 4
+        assert store.trim_to_count(400, chunk=100, out_of_time=lambda: True) == (100, True)
+        assert store.count() == 400 and store.first_sequence() == 101
+    finally:
+        store.close()
 
 
 def test_a_compaction_step_out_of_time_stops_after_a_region_and_the_next_goes_on(
@@ -856,26 +894,80 @@ class StoreMachine(RuleBasedStateMachine):
         self.store = EventStore(self.directory)
         self.counted = False  # count retention counts again
 
-    @rule(age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]), chunk=st.integers(1, 6))
-    def expire(self, age: float, chunk: int) -> None:
+    @contextmanager
+    def _parts(self, patience: int | None, failing: int | None) -> Iterator[None]:
+        """A step whose budget is spent after ``patience`` looks at it (it stops after a part
+        at any of them), and whose ``failing``-th write (0: the first) fails before its
+        commit, as a disk that fills up meanwhile: that part is rolled back."""
+        import bus.eventbus.store as store_module
+
+        checks = iter(range(100))
+        self.out_of_time = None if patience is None else lambda: next(checks) >= patience
+        write = store_module._write
+        writes = iter(range(100))
+
+        def write_failing(db: sqlite3.Connection, statements: Any) -> None:
+            def then_fail() -> None:
+                statements()
+                raise sqlite3.OperationalError("database or disk is full")
+
+            write(db, then_fail if next(writes) == failing else statements)
+
+        store_module._write = write_failing  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            store_module._write = write
+
+    @rule(
+        age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]),
+        chunk=st.integers(1, 6),
+        patience=st.none() | st.integers(0, 3),
+        failing=st.none() | st.integers(0, 3),
+    )
+    def expire(self, age: float, chunk: int, patience: int | None, failing: int | None) -> None:
         """One step: the oldest events, at most a chunk (fewer where the sequence has
-        holes), only some received before the cutoff, at least one while there is one."""
+        holes), only some received before the cutoff, at least one while there is one.
+        It deletes them in parts (a batch or an event each here), each committed: out of
+        time, it stops after one; a part that fails ends it with what the parts before
+        deleted, and the first one raises, having deleted nothing."""
+        from bus.errors import StorageError
+
         cutoff = self.now - age
         older = len([r for r in self.rows if r.received < cutoff])  # the oldest ones
-        deleted = self.store.expire_older_than(cutoff, chunk)
-        assert deleted <= min(chunk, older) and (deleted > 0) == (older > 0)
+        with self._parts(patience, failing):
+            try:
+                deleted = self.store.expire_older_than(cutoff, chunk, self.out_of_time)
+            except StorageError:
+                assert failing == 0 and older
+                return
+        assert deleted <= min(chunk, older) and (deleted > 0) == (older > 0 and failing != 0)
         self.rows = self.rows[deleted:]
 
-    @rule(max_count=st.integers(0, 8), chunk=st.integers(1, 6))
-    def trim(self, max_count: int, chunk: int) -> None:
+    @rule(
+        max_count=st.integers(0, 8),
+        chunk=st.integers(1, 6),
+        patience=st.none() | st.integers(0, 3),
+        failing=st.none() | st.integers(0, 3),
+    )
+    def trim(self, max_count: int, chunk: int, patience: int | None, failing: int | None) -> None:
         """One step: counting (after an open), or the oldest events beyond max_count, at
-        most a chunk (fewer where the sequence has holes), at least one."""
-        deleted, finished = self.store.trim_to_count(max_count, chunk)
-        if (deleted, finished) == (0, False) and not self.counted:
-            return  # counting: nothing deleted
-        self.counted = True
+        most a chunk (fewer where the sequence has holes), at least one; in parts, as
+        :meth:`expire` says."""
+        from bus.errors import StorageError
+
         excess = max(0, len(self.rows) - max_count)
-        assert deleted <= min(excess, chunk) and (deleted > 0) == (excess > 0)
+        with self._parts(patience, failing):
+            try:
+                deleted, finished = self.store.trim_to_count(max_count, chunk, self.out_of_time)
+            except StorageError:  # only a step that deletes writes
+                assert failing == 0 and excess
+                self.counted = True
+                return
+        if (deleted, finished) == (0, False) and not self.counted:
+            return  # counting (in parts too): nothing deleted
+        self.counted = True
+        assert deleted <= min(excess, chunk) and (deleted > 0) == (excess > 0 and failing != 0)
         assert finished == (deleted == excess)
         self.rows = self.rows[deleted:]
 
@@ -980,7 +1072,12 @@ class StoreMachine(RuleBasedStateMachine):
             assert self.store.read(0, prefixes=[prefix], limit=10_000) == expected, prefix
 
 
-def test_store_agrees_with_an_in_memory_model() -> None:
+def test_store_agrees_with_an_in_memory_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bus.eventbus.store as store_module
+
+    # Age and count steps in parts of one event (or the batch it ends), so that the model's
+    # few events make steps of several parts.
+    monkeypatch.setattr(store_module, "PART_EVENTS", 1)
     run_state_machine_as_test(
         StoreMachine,
         settings=settings(
@@ -1076,7 +1173,8 @@ def test_a_retention_pass_deletes_by_age_count_then_latest_per_topic_a_chunk_a_s
         store.append([event(b"/new/%d/" % (i % 2), i) for i in range(5200)], 2000.0)
         retention = Retention(max_age=500.0, max_count=5100, latest_per_topic=True)
         fixed = ChunkSizer(1.0, first=5000, smallest=5000, largest=5000)
-        steps = list(retention.steps(lambda: store, 2400.0, fixed))
+        # A budget that never runs out (a thread's CPU clock stopped): whole chunks.
+        steps = list(retention.steps(lambda: store, 2400.0, fixed, budget_clock=lambda: 0.0))
         # Age: the 6000 old ones, 5000 a step; count: one step counting the 5200 left (40k
         # sequences a step), then 100 more; then a compaction pass, 5000 events a step.
         assert steps[:4] == [5000, 1000, 0, 100] and sum(steps) == 6000 + 100 + 5098
@@ -1100,7 +1198,9 @@ def test_a_retention_pass_sizes_its_steps_by_their_measured_time(tmp_path: Path)
         class Charged:
             """The store, its retention steps charged to the fake clock."""
 
-            def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
+            def expire_older_than(
+                self, cutoff: float, chunk: int = 5000, out_of_time: Any = None
+            ) -> int:
                 deleted = store.expire_older_than(cutoff, chunk)
                 now[0] += 50e-6 + deleted * 1e-6
                 return deleted
@@ -1153,7 +1253,9 @@ class UpkeptLog:
         if self.failing is not None:
             raise StorageError(OSError(28, self.failing))
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
+    def trim_to_count(
+        self, max_count: int, chunk: int = 5000, out_of_time: Any = None
+    ) -> tuple[int, bool]:
         """Two events a step at most."""
         self._fail()
         extra = min(2, max(0, self.memory.count() - max_count))

@@ -112,12 +112,17 @@ class EventLog(Protocol):
         ...
 
     # Retention, a step at a time (the service spreads them over reactor turns); a step's
-    # cost follows its chunk, not the size of the log.
-    def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
+    # cost follows its chunk, not the size of the log. A log whose steps have parts may stop
+    # after one once ``out_of_time`` says so (a step's budget of the thread's time).
+    def expire_older_than(
+        self, cutoff: float, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> int:
         """Delete up to ``chunk`` events received before ``cutoff`` (epoch seconds); how many."""
         ...
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
+    def trim_to_count(
+        self, max_count: int, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> tuple[int, bool]:
         """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``: how many,
         and whether no more than ``max_count`` are left (a step may delete nothing and not
         be finished: the SQLite log counts its events first)."""
@@ -127,8 +132,7 @@ class EventLog(Protocol):
         self, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
     ) -> tuple[int, bool]:
         """Keep only each topic's latest event, looking at the next ``chunk`` events: how many
-        were deleted, and whether a pass over the log ended. A log whose step has parts may
-        stop after one once ``out_of_time`` says so (a step's budget of the thread's time)."""
+        were deleted, and whether a pass over the log ended."""
         ...
 
     def checkpoint(self) -> tuple[int, int]:

@@ -11,8 +11,9 @@ Snapshot reads are chunked by sequence, so nothing is ever loaded whole in memor
 
 Retention deletes a chunk of events per step, and a step's cost follows its chunk, never the
 size of the log: age and count retention delete the oldest events (``seq <= bound``, the bound
-the first event at or above the oldest one plus the chunk: receipt times never go backwards,
-so the events older than a cutoff come first); count retention knows how many events the log holds
+found from the oldest batches' numbers: receipt times never go backwards, so the events older
+than a cutoff come first), a part of the chunk per transaction, so that a step can stop between
+two once it spent its budget; count retention knows how many events the log holds
 (counted once after the store opens, a chunk a step, then kept as events come and go);
 latest-per-topic compaction knows each topic's newest sequence and the events superseded since
 (:class:`_Superseded`: seen as they are appended, the events already there read once, a chunk a
@@ -23,7 +24,9 @@ sequences, with no index to keep. :class:`Retention` sizes the chunks by their m
 A write the store cannot make (a full disk, an I/O error) raises :class:`StorageError`
 and leaves the store as it was before the call: SQLite rolls a failed transaction back
 itself (on SQLITE_FULL it already has), and only a transaction still open is rolled
-back here. The caller may retry the same call later.
+back here. The caller may retry the same call later. An age or count step commits its parts
+one by one: one that fails after others ends the step with what they deleted (and the next
+step meets the failure), so a step that raises has changed nothing either.
 
 :class:`bus.eventbus.upkeep.LogUpkeep` does a log's background work on the reactor for the
 service: checkpoints on a worker thread, retention a step per reactor turn, the close at stop.
@@ -101,15 +104,30 @@ def _write(db: sqlite3.Connection, statements: Callable[[], object]) -> None:
 #: step may take at most (on a busy machine, steps sized for 2 ms took up to 4 ms of CPU).
 STEP_TARGET = 0.0015
 
-#: The thread's CPU time a compaction step may take before it stops, at the end of the region
-#: of the log it is in (or of the events it is reading): a chunk is sized by what earlier steps
-#: cost, and in the soak a spell of the machine made steps of the same chunk take 5-7 times
-#: their usual CPU (10-13 ms; the kernel's mostly, all of the step's statements slower, right
-#: after a WAL checkpoint), where a budget ends them at 2.5 ms and the region under way.
+#: The thread's CPU time a retention step may take before it stops, at the end of the part of
+#: its work under way (a region of the log, the events being read, a part of a chunk): a chunk
+#: is sized by what earlier steps cost, and in the soak a spell of the machine made steps of the
+#: same chunk take 5-7 times their usual CPU (10-13 ms; the kernel's mostly, all of the step's
+#: statements slower, right after a WAL checkpoint), where a budget ends them at 2.5 ms and the
+#: part under way.
 STEP_BUDGET = 0.0025
 
 #: Events a compaction step reads between two looks at its budget.
 READ_BETWEEN_CHECKS = 256
+
+#: An age or count step deletes (or counts) its chunk in this many parts, each deletion its own
+#: transaction, and looks at its budget after each: a part costs about a sixth of a step
+#: (~0.25 ms), so that one begun just under the budget in a spell 7 times slower ends by about
+#: 4.3 ms. A commit is up to half of a deletion's cost (a WAL frame written per page the
+#: deletes touched, the kernel's time mostly) and grows with what its transaction deleted: one
+#: commit for all the parts would leave the spell's slowness outside the budget's reach. Each
+#: part costs a commit of its own (the B-tree's inner pages written again), so no more parts.
+PARTS_PER_STEP = 6
+#: Events a part deletes at least (a step of fewer is one part): steps whose chunks the sizer
+#: shrank (a busy machine's wall times) must not pay a part's own cost six times for a few
+#: events each (without a floor, a run under 1.4 cores of other work took 4,956 steps of about
+#: 30 events to remove 150,000, at 66 us of CPU per event).
+PART_EVENTS = 128
 
 
 #: Events a read under topic prefixes looks at, at most (a snapshot of a subtree few events
@@ -154,46 +172,64 @@ class Retention:
         replace it), deleting what these limits do not keep at ``now``: by age, then by
         count, then all but each topic's latest event. One chunk a step, each step yielding
         how many events it deleted; ``sizer`` sizes the chunks by the steps' measured time
-        (a new one per pass when not given); a compaction step of the SQLite log also stops
-        once it spent :data:`STEP_BUDGET` by ``budget_clock`` (the thread's CPU time). A
-        StorageError ends the pass and leaves the log consistent; the next pass goes on from
-        there."""
+        (a new one per pass when not given); a step of a log whose steps have parts (the
+        SQLite log's) also stops once it spent :data:`STEP_BUDGET` by ``budget_clock`` (the
+        thread's CPU time). A StorageError ends the pass and leaves the log consistent; the
+        next pass goes on from there."""
         sizer = sizer if sizer is not None else step_sizer()
-        clock = sizer.clock
         if self.max_age is not None:
             cutoff = now - self.max_age
-            while True:
-                chunk, started = sizer.chunk("age"), clock()
-                deleted = log().expire_older_than(cutoff, chunk)
-                if not deleted:  # fewer than a chunk may be a hole in the sequence, not the end
-                    break
-                sizer.took("age", chunk, clock() - started)
-                yield deleted
+
+            def expire(chunk: int, out_of_time: Callable[[], bool]) -> tuple[int, bool]:
+                deleted = log().expire_older_than(cutoff, chunk, out_of_time)
+                # Fewer than a chunk may be a hole in the sequence or the budget, not the end.
+                return deleted, not deleted
+
+            yield from _stepping(lambda: "age", expire, sizer, budget_clock)
         if self.max_count is not None:
-            finished = False
-            while not finished:
-                chunk, started = sizer.chunk("count"), clock()
-                deleted, finished = log().trim_to_count(self.max_count, chunk)
-                if not finished:
-                    sizer.took("count", chunk, clock() - started)
-                if deleted or not finished:
-                    yield deleted
+            max_count = self.max_count
+
+            def trim(chunk: int, out_of_time: Callable[[], bool]) -> tuple[int, bool]:
+                return log().trim_to_count(max_count, chunk, out_of_time)
+
+            yield from _stepping(lambda: "count", trim, sizer, budget_clock)
         if self.latest_per_topic:
-            finished = False
-            while not finished:
-                current = log()
+
+            def reading_or_deleting() -> str:
                 # Reading the log's topics and deleting differ in cost per event: each its own.
+                current = log()
                 reading = isinstance(current, EventStore) and current.compaction_reading
-                kind = "latest-read" if reading else "latest"
-                chunk, started = sizer.chunk(kind), clock()
-                budget = Budget(STEP_BUDGET, budget_clock)
-                deleted, finished = current.compact_step(chunk, budget.spent)
-                # A step its budget cut short did less than its chunk: no rate to learn from
-                # (a spell of the machine, which the budget bounds while it lasts).
-                if not finished and not budget.over:
-                    sizer.took(kind, chunk, clock() - started)
-                if deleted or not finished:
-                    yield deleted
+                return "latest-read" if reading else "latest"
+
+            def compact(chunk: int, out_of_time: Callable[[], bool]) -> tuple[int, bool]:
+                return log().compact_step(chunk, out_of_time)
+
+            yield from _stepping(reading_or_deleting, compact, sizer, budget_clock)
+
+
+def _stepping(
+    kind: Callable[[], str],
+    step: Callable[[int, Callable[[], bool]], tuple[int, bool]],
+    sizer: ChunkSizer,
+    budget_clock: Callable[[], float],
+) -> Iterator[int]:
+    """The steps of one retention mode until one says it finished (``step(chunk,
+    out_of_time)`` returns (deleted, finished)), yielding what each deleted (a step that
+    deleted nothing and finished is not one). Each takes the chunk ``sizer`` gives its
+    ``kind()`` and a budget of :data:`STEP_BUDGET`; a step the budget cut short did less than
+    its chunk and teaches the sizer nothing (a spell of the machine, which the budget bounds
+    while it lasts)."""
+    clock = sizer.clock
+    finished = False
+    while not finished:
+        named = kind()
+        chunk, started = sizer.chunk(named), clock()
+        budget = Budget(STEP_BUDGET, budget_clock)
+        deleted, finished = step(chunk, budget.spent)
+        if not finished and not budget.over:
+            sizer.took(named, chunk, clock() - started)
+        if deleted or not finished:
+            yield deleted
 
 
 #: Superseded sequences are handed out to be deleted by region of the log, this many
@@ -356,7 +392,9 @@ class EventStore:
         ).fetchone()
         top, received = (0, 0.0) if newest is None else (int(newest[0]), float(newest[1]))
         self._last_received = received
-        self._last = max(top, int(self._meta("high_water") or 0))
+        #: The last sequence as ``meta`` keeps it (committed), so that it is written once.
+        self._high_water_kept = int(self._meta("high_water") or 0)
+        self._last = max(top, self._high_water_kept)
 
     # -- meta ----------------------------------------------------------------------------
 
@@ -455,7 +493,7 @@ class EventStore:
             self._put_meta("high_water", sequence)
 
         _write(db, truncate)
-        self._last = sequence
+        self._last = self._high_water_kept = sequence
         self._removed(deleted)  # a batch counted already may have lost some: counted again
         if self._superseded is not None:  # what it saw above is gone: read the log again
             self._superseded = _Superseded(sequence)
@@ -486,6 +524,7 @@ class EventStore:
         except StorageError:
             self._last = previous
             raise
+        self._high_water_kept = sequence
 
     def adopt_store_id(self, store_id: str) -> None:
         """Take another log's identity: only for an empty log (a new passive)."""
@@ -590,15 +629,15 @@ class EventStore:
 
     # -- retention -----------------------------------------------------------------------
 
-    def _delete_through(self, bound: int) -> int:
-        """Delete every event with ``seq <= bound`` (the caller bounded how many there are)."""
+    def _delete_through(self, bound: int, held: int, cut: bool) -> int:
+        """Delete every event with ``seq <= bound``, ``held`` of them (:meth:`_oldest` found
+        them, and nothing wrote since), the last batch cut through when ``cut`` (written
+        again with the events above the bound); one transaction."""
         db = self._db
-        deleted = 0
         tracked = self._superseded
         gone: list[tuple[int, bytes]] = []
 
         def delete() -> None:
-            nonlocal deleted, gone
             self._save_high_water()
             whole = "FROM batches WHERE id <= ? AND last <= ?"
             if tracked is not None and tracked.latest:  # compaction forgets their topics
@@ -609,18 +648,16 @@ class EventStore:
                         (sequence, fields[0])
                         for sequence, fields in logbatch.events_of(first, last, seqs, packed)
                     )
-            count = db.execute(f"SELECT COALESCE(SUM(held), 0) {whole}", (bound, bound))
-            deleted = int(count.fetchone()[0])
             db.execute(f"DELETE {whole}", (bound, bound))
-            part = self._rewrite_straddling(bound, lambda sequence: sequence > bound)
-            deleted += len(part)
-            gone.extend(part)
+            if cut:
+                gone.extend(self._rewrite_straddling(bound, lambda sequence: sequence > bound))
 
         _write(db, delete)
-        self._removed(deleted, upto=bound)
+        self._high_water_kept = self._last
+        self._removed(held, upto=bound)
         if tracked is not None:
             tracked.removed_through(bound, gone)
-        return deleted
+        return held
 
     def _removed(self, deleted: int, *, upto: int | None = None) -> None:
         """Keep the count of events held: ``deleted`` of them are gone (all in batches whose
@@ -634,42 +671,89 @@ class EventStore:
             self._counted -= deleted
 
     def _save_high_water(self) -> None:
-        self._put_meta("high_water", self._last)
+        """Inside the caller's transaction: the last sequence kept in ``meta``, unless a
+        commit already kept it (an age or count step's parts save it once)."""
+        if self._last != self._high_water_kept:
+            self._put_meta("high_water", self._last)
 
-    def expire_older_than(self, cutoff: float, chunk: int = 5000) -> int:
+    def expire_older_than(
+        self, cutoff: float, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> int:
         """Delete up to ``chunk`` of the oldest events, those received before ``cutoff``
-        (epoch seconds). Receipt times never go backwards: they are the oldest events."""
-        bound, _ = self._oldest(chunk, cutoff)
-        return 0 if bound is None else self._delete_through(bound)
+        (epoch seconds), in parts (:meth:`_delete_oldest`). Receipt times never go backwards:
+        they are the oldest events."""
+        return self._delete_oldest(chunk, out_of_time, cutoff=cutoff)
 
-    def trim_to_count(self, max_count: int, chunk: int = 5000) -> tuple[int, bool]:
-        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``.
+    def trim_to_count(
+        self, max_count: int, chunk: int = 5000, out_of_time: Callable[[], bool] | None = None
+    ) -> tuple[int, bool]:
+        """Delete up to ``chunk`` of the oldest events beyond the newest ``max_count``, in
+        parts (:meth:`_delete_oldest`).
 
         Returns (deleted, finished): finished once no more than ``max_count`` are held. The
         first calls after the store opened count the events held, the batches of ``chunk``
-        times :data:`COUNTED_PER_DELETED` sequences a call, deleting nothing meanwhile."""
+        times :data:`COUNTED_PER_DELETED` sequences a call (in parts too), deleting nothing
+        meanwhile."""
         if self._held is None:
-            self._count_some(chunk * COUNTED_PER_DELETED)
+            self._count_some(chunk * COUNTED_PER_DELETED, out_of_time)
             return 0, False
         excess = self._held - max_count
         if excess <= 0:
             return 0, True
-        take = min(excess, chunk)
-        bound, found = self._oldest(take)
-        if bound is None or found < take:  # fewer than counted: someone else deleted some
-            self._held = None
-            self._counted_upto = self._counted = 0
-            return 0, False
-        deleted = self._delete_through(bound)
+        deleted = self._delete_oldest(min(excess, chunk), out_of_time, keep=max_count)
         return deleted, deleted >= excess
 
-    def _oldest(self, size: int, cutoff: float | None = None) -> tuple[int | None, int]:
+    def _delete_oldest(
+        self,
+        most: int,
+        out_of_time: Callable[[], bool] | None,
+        cutoff: float | None = None,
+        keep: int | None = None,
+    ) -> int:
+        """Delete up to ``most`` of the oldest events (with ``cutoff``, only those received
+        before it; with ``keep``, never one of the newest ``keep``: count retention) in parts
+        of ``most`` / :data:`PARTS_PER_STEP` (:data:`PART_EVENTS` at least), each its own
+        transaction (:meth:`_delete_through`), and stop after a part once ``out_of_time`` says
+        so. A part
+        that fails after others ends the step with what they deleted (each part is whole and
+        counted, and the next step meets the failure again); the first one raises, having
+        changed nothing. With ``keep``, a part that finds fewer events than the count says
+        (someone else deleted some) deletes nothing and starts the count over."""
+        part = max(PART_EVENTS, most // PARTS_PER_STEP)
+        deleted = 0
+        while deleted < most:
+            wanted = min(part, most - deleted)
+            bound, found, cut = self._oldest(wanted, cutoff, most - deleted)
+            if bound is None:
+                break
+            # Each sequence holds one event at most: fewer sequences above the bound than the
+            # events to keep means the count of events held is wrong.
+            if keep is not None and (found < wanted or self._last - bound < keep):
+                self._held = None
+                self._counted_upto = self._counted = 0
+                break
+            try:
+                deleted += self._delete_through(bound, found, cut)
+            except StorageError:
+                if not deleted:
+                    raise
+                break
+            if out_of_time is not None and out_of_time():
+                break
+        return deleted
+
+    def _oldest(
+        self, size: int, cutoff: float | None = None, most: int | None = None
+    ) -> tuple[int | None, int, bool]:
         """The sequence at or below which lie the ``size`` oldest events (or, with
-        ``cutoff``, those of them received before it), and how many there are; None when
-        there are none. It reads the oldest batches' numbers (``size`` / the events a batch
-        holds), not their events."""
+        ``cutoff``, those of them received before it), how many there are, and whether the
+        bound cuts a batch; None when there are none. With ``most``, the bound is the end of
+        the batch that ``size`` ends in, as long as that stays within ``most`` events (a
+        batch is then deleted whole, not written again with its rest). It reads the oldest
+        batches' numbers (``size`` / the events a batch holds), not their events."""
         bound: int | None = None
         found = 0
+        most = size if most is None else most
         cursor = self._db.execute(
             "SELECT first, last, held, received, seqs FROM batches ORDER BY id"
         )
@@ -677,19 +761,21 @@ class EventStore:
             for first, last, held, received, seqs in cursor:
                 if cutoff is not None and received >= cutoff:
                     break
-                if found + held >= size:
-                    bound = logbatch.sequence_at(first, last, seqs, size - found - 1)
-                    found = size
-                    break
+                if found + held > most:
+                    return logbatch.sequence_at(first, last, seqs, size - found - 1), size, True
                 found += held
                 bound = last
+                if found >= size:
+                    break
         finally:
             cursor.close()
-        return bound, found
+        return bound, found, False
 
-    def _count_some(self, sequences: int) -> None:
-        """Count the events of the batches of the next ``sequences`` sequences; once the
-        count reaches the last sequence, it is the number of events held, kept from then on."""
+    def _count_some(self, sequences: int, out_of_time: Callable[[], bool] | None = None) -> None:
+        """Count the events of the batches of the next ``sequences`` sequences, in parts of
+        a :data:`PARTS_PER_STEP`-th, stopping after one once ``out_of_time`` says so; once
+        the count reaches the last sequence, it is the number of events held, kept from then
+        on."""
         top = self._last
         if not self._counted_upto:  # the oldest batch first, then on from its last sequence
             oldest = self._db.execute(
@@ -697,15 +783,20 @@ class EventStore:
             ).fetchone()
             self._counted_upto, self._counted = (top, 0) if oldest is None else oldest
             sequences -= 1
-        upto = min(self._counted_upto + sequences, top)
-        self._counted += int(
-            self._db.execute(
-                "SELECT COALESCE(SUM(held), 0) FROM batches WHERE id > ? AND id <= ?",
-                (self._counted_upto, upto),
-            ).fetchone()[0]
-        )
-        self._counted_upto = upto
-        if upto >= top:
+        end = min(self._counted_upto + sequences, top)
+        part = max(1, sequences // PARTS_PER_STEP)
+        while self._counted_upto < end:
+            upto = min(self._counted_upto + part, end)
+            self._counted += int(
+                self._db.execute(
+                    "SELECT COALESCE(SUM(held), 0) FROM batches WHERE id > ? AND id <= ?",
+                    (self._counted_upto, upto),
+                ).fetchone()[0]
+            )
+            self._counted_upto = upto
+            if out_of_time is not None and out_of_time():
+                break
+        if self._counted_upto >= top:
             self._held = self._counted
 
     @property
@@ -820,6 +911,7 @@ class EventStore:
             db.executemany("DELETE FROM batches WHERE id >= ? AND id <= ?", whole_runs)
 
         _write(db, delete_and_flush)
+        self._high_water_kept = self._last
         if done:
             self._removed(deleted, upto=sequences[done - 1])
         return deleted, sequences[done:]
