@@ -714,10 +714,9 @@ class EventStore:
         before it; with ``keep``, never one of the newest ``keep``: count retention) in parts
         of ``most`` / :data:`PARTS_PER_STEP` (:data:`PART_EVENTS` at least), each its own
         transaction (:meth:`_delete_through`), and stop after a part once ``out_of_time`` says
-        so. A part
-        that fails after others ends the step with what they deleted (each part is whole and
-        counted, and the next step meets the failure again); the first one raises, having
-        changed nothing. With ``keep``, a part that finds fewer events than the count says
+        so. A part that fails after others ends the step with what they deleted (each part is
+        whole and counted, and the next step meets the failure again); the first one raises,
+        having changed nothing. With ``keep``, a part that finds fewer events than the count says
         (someone else deleted some) deletes nothing and starts the count over."""
         part = max(PART_EVENTS, most // PARTS_PER_STEP)
         deleted = 0

@@ -273,17 +273,6 @@ class Connection:
         leave it now, as :attr:`lame_duck` says). Once :meth:`runs_of_deliveries` was
         called, JetStream deliveries come as runs: a caller that wants other messages
         (acknowledgements) passes over them, as over other subscriptions' messages."""
-        return self._read(timeout)
-
-    def runs_of_deliveries(self, stamps: bool = True) -> None:
-        """From now on, JetStream deliveries to :meth:`new_inbox`'s subjects come one run
-        after another as :class:`bus.nats.codec.Run` columns, no message made for each: a
-        reader of a stream gets thousands a read. Without ``stamps``, their times stored
-        are 0 (for a reader that does not want them)."""
-        self._parser.run_sid = self._reply_sid
-        self._parser.run_stamps = stamps
-
-    def _read(self, timeout: float | None) -> list[Any]:
         if self._pending:
             out = list(self._pending)
             self._pending.clear()
@@ -297,6 +286,14 @@ class Connection:
             messages = self._receive(deadline)[0]
             if messages:
                 return messages
+
+    def runs_of_deliveries(self, stamps: bool = True) -> None:
+        """From now on, JetStream deliveries to :meth:`new_inbox`'s subjects come one run
+        after another as :class:`bus.nats.codec.Run` columns, no message made for each: a
+        reader of a stream gets thousands a read. Without ``stamps``, their times stored
+        are 0 (for a reader that does not want them)."""
+        self._parser.run_sid = self._reply_sid
+        self._parser.run_stamps = stamps
 
     def request(self, subject: str, payload: bytes, timeout: float | None = None) -> Msg:
         """Publish with a reply subject of our own and wait for the one answer; other
@@ -325,7 +322,11 @@ class Connection:
             return
         limits, pending = self.pending_limits, self._pending
         count = len(messages)
-        runs = [item for item in messages if type(item) is Run] if self._parser.run_sid else []
+        runs = (
+            [item for item in messages if type(item) is Run]
+            if self._parser.run_sid is not None
+            else []
+        )
         count += sum(len(run.sequences) - 1 for run in runs)
         if self._pending_count + count <= limits.messages:
             size = (
@@ -376,12 +377,8 @@ class Connection:
         self.dropped += count - fit
         if fit == count:
             return run
-        payloads = run.payloads[:fit]
-        size = sum(map(len, payloads)) + int(headers * fit)  # down: within what fit
-        return run._replace(
-            sequences=run.sequences[:fit], subjects=run.subjects[:fit], payloads=payloads,
-            stamps=run.stamps[:fit], pending=run.pending[:fit], bytes=size,
-        )  # fmt: skip
+        size = sum(map(len, run.payloads[:fit])) + int(headers * fit)  # down: within what fit
+        return run.part(0, fit, size)
 
     def close(self) -> None:
         """Close the socket; idempotent."""

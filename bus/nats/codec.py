@@ -55,6 +55,13 @@ class Run(NamedTuple):
     #: Bytes of their headers and payloads (what pending limits count).
     bytes: int
 
+    def part(self, start: int, stop: int | None, size: int = 0) -> Run:
+        """The deliveries ``[start:stop]``, said to hold ``size`` bytes."""
+        return Run(
+            self.sequences[start:stop], self.subjects[start:stop], self.payloads[start:stop],
+            self.stamps[start:stop], self.pending[start:stop], size,
+        )  # fmt: skip
+
 
 class Control(NamedTuple):
     """A control line: ``INFO`` (with its JSON), ``PING``, ``PONG``, ``+OK`` or ``-ERR``."""

@@ -273,17 +273,11 @@ class RangeRead:
                 if type(item) is Run:
                     # The connection's parser read these deliveries (runs_of_deliveries).
                     index += 1
-                    sequences, subjects, payloads, stamps, pending, _ = item
-                    if len(sequences) > wanted:
-                        rest = Run(
-                            sequences[wanted:], subjects[wanted:], payloads[wanted:],
-                            stamps[wanted:], pending[wanted:], 0,
-                        )  # fmt: skip
-                        messages.insert(index, rest)
+                    if len(item.sequences) > wanted:  # the rest read next
+                        messages.insert(index, item.part(wanted, None))
                         size += 1
-                        sequences, subjects = sequences[:wanted], subjects[:wanted]
-                        payloads, stamps = payloads[:wanted], stamps[:wanted]
-                        pending = pending[:wanted]
+                        item = item.part(0, wanted)
+                    sequences, subjects, payloads, stamps, pending, _ = item
                 else:
                     index, sequences, subjects, payloads, stamps, pending = deliveries(
                         messages, index, reply_sid, wanted
