@@ -480,6 +480,55 @@ def test_a_compaction_step_out_of_time_stops_after_a_region_and_the_next_goes_on
     assert seqs(store.read(0)) == [len(topics) - 1, len(topics)]
 
 
+@contextmanager
+def write_failing(failing: int | None) -> Iterator[None]:
+    """The store's ``failing``-th transaction from now (0: the first; None: none) fails
+    before its commit, as a disk that fills up meanwhile: it is rolled back."""
+    import bus.eventbus.store as store_module
+
+    write = store_module._write
+    writes = iter(range(1000))
+
+    def fails(db: sqlite3.Connection, statements: Any) -> None:
+        def then_fail() -> None:
+            statements()
+            raise sqlite3.OperationalError("database or disk is full")
+
+        write(db, then_fail if next(writes) == failing else statements)
+
+    store_module._write = fails  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        store_module._write = write
+
+
+def test_a_compaction_step_commits_part_by_part_and_a_failed_part_loses_nothing(
+    store: EventStore,
+) -> None:
+    """With a budget, a step deletes in parts of a sixth of its chunk (128 events at least),
+    each its own transaction, ending after the batch that fills it: a part that fails is
+    rolled back alone, the step ends with what the parts before it deleted, and what it took
+    and did not delete is deleted by later steps. A first part that fails raises, having
+    deleted nothing, and loses nothing either."""
+    from bus.errors import StorageError
+
+    for _ in range(3 * REGION // 2):  # sequences 1..768, batches of two: regions 0 to 3
+        fill(store, [b"a", b"b"])
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    never = lambda: False  # noqa: E731
+    with write_failing(1):  # the first part (1..128) is committed, the second fails
+        assert store.compact_step(chunk=6 * 128, out_of_time=never) == (128, False)
+    assert seqs(store.read(0, limit=10_000))[:2] == [129, 130]
+    with write_failing(0), pytest.raises(StorageError):
+        store.compact_step(chunk=6 * 128, out_of_time=never)
+    assert store.count() == 2 * 384 - 128
+    # Out of time at once: it stops at the end of the region (129..255), then the rest.
+    assert store.compact_step(chunk=6 * 128, out_of_time=lambda: True) == (REGION - 129, False)
+    assert store.compact_step(chunk=10_000) == (2 * 384 - 2 - (REGION - 1), True)
+    assert seqs(store.read(0)) == [767, 768]
+
+
 def test_a_compaction_step_out_of_time_reads_a_few_hundred_events(store: EventStore) -> None:
     fill(store, [b"t%d" % (n % 7) for n in range(2 * READ_BETWEEN_CHECKS + 10)])
     for _ in range(3):  # 256, 512 then the rest: the budget is asked every 256 events
@@ -899,25 +948,10 @@ class StoreMachine(RuleBasedStateMachine):
         """A step whose budget is spent after ``patience`` looks at it (it stops after a part
         at any of them), and whose ``failing``-th write (0: the first) fails before its
         commit, as a disk that fills up meanwhile: that part is rolled back."""
-        import bus.eventbus.store as store_module
-
         checks = iter(range(100))
         self.out_of_time = None if patience is None else lambda: next(checks) >= patience
-        write = store_module._write
-        writes = iter(range(100))
-
-        def write_failing(db: sqlite3.Connection, statements: Any) -> None:
-            def then_fail() -> None:
-                statements()
-                raise sqlite3.OperationalError("database or disk is full")
-
-            write(db, then_fail if next(writes) == failing else statements)
-
-        store_module._write = write_failing  # type: ignore[assignment]
-        try:
+        with write_failing(failing):
             yield
-        finally:
-            store_module._write = write
 
     @rule(
         age=st.sampled_from([0.0, 0.5, 1.0, 5.0, 20.0]),
@@ -997,15 +1031,25 @@ class StoreMachine(RuleBasedStateMachine):
         newest = {r.event.topic: r.event.sequence for r in self.rows}
         return {r.event.sequence for r in self.rows if newest[r.event.topic] != r.event.sequence}
 
-    @rule(chunk=st.integers(1, 6), patience=st.none() | st.integers(0, 3))
-    def compact(self, chunk: int, patience: int | None) -> None:
+    @rule(
+        chunk=st.integers(1, 6),
+        patience=st.none() | st.integers(0, 3),
+        failing=st.none() | st.integers(0, 3),
+    )
+    def compact(self, chunk: int, patience: int | None, failing: int | None) -> None:
         """One step: it deletes at most a chunk, only superseded events; once finished,
         none is left. With ``patience``, its budget is spent after that many checks (it may
-        stop at any of them, after a region or a few hundred events read)."""
+        stop at any of them, after a region or a few hundred events read). A write that
+        fails loses nothing: what the step took and did not delete, later steps delete."""
+        from bus.errors import StorageError
+
         superseded = self._superseded()
-        checks = iter(range(100))
-        out_of_time = None if patience is None else lambda: next(checks) >= patience
-        deleted, finished = self.store.compact_step(chunk, out_of_time)
+        with self._parts(patience, failing):
+            try:
+                deleted, finished = self.store.compact_step(chunk, self.out_of_time)
+            except StorageError:
+                assert failing == 0 and superseded
+                return
         held = {e.sequence for e in self.store.read(0, limit=10_000)}
         gone = {r.event.sequence for r in self.rows} - held
         assert gone <= superseded and len(gone) == deleted <= chunk

@@ -306,10 +306,20 @@ class _Superseded:
         self.waiting -= len(taken)
         return sorted(taken)
 
-    def give_back(self, sequences: Iterable[int]) -> None:
-        """Superseded sequences handed out and not deleted: to hand out again."""
-        for sequence in sequences:
-            self._superseded(sequence)
+    def give_back(self, sequences: list[int]) -> None:
+        """Superseded sequences handed out and not deleted (increasing): to hand out again,
+        a region's at a time (a step's budget may leave most of what it took)."""
+        start = 0
+        while start < len(sequences):
+            region = sequences[start] // REGION
+            stop = bisect_left(sequences, (region + 1) * REGION, start)
+            held = self.regions.get(region)
+            if held is None:
+                held = self.regions[region] = array("q")
+                heappush(self._order, region)
+            held.extend(sequences[start:stop])
+            self.waiting += stop - start
+            start = stop
 
     def removed_through(self, bound: int, rows: Iterable[tuple[int, bytes]]) -> None:
         """Every event up to ``bound`` was deleted (``rows``: their sequences and topics)."""
@@ -834,7 +844,11 @@ class EventStore:
         victims = tracked.take(chunk)
         if not victims:
             return 0, True
-        deleted, left = self._delete_sequences(victims, work=chunk, out_of_time=out_of_time)
+        try:
+            deleted, left = self._delete_sequences(victims, work=chunk, out_of_time=out_of_time)
+        except StorageError:
+            tracked.give_back(victims)  # nothing was deleted: the next pass tries them again
+            raise
         tracked.give_back(left)
         return deleted, not tracked.waiting
 
@@ -848,39 +862,81 @@ class EventStore:
         that holds only them is deleted, one that holds others too is written again without
         them. With ``work``, batches are written again only until their events come to it
         (one at least): how long a step takes follows its work, where the victims alone say
-        little (one in each of many batches costs a batch each). With ``out_of_time``, it
-        stops after the first region (:data:`REGION`) done once that says so. Returns how
-        many events were deleted, and the sequences left for later."""
-        db = self._db
-        deleted = 0
-        done = 0
+        little (one in each of many batches costs a batch each). With ``out_of_time``, the
+        work goes in parts of a :data:`PARTS_PER_STEP`-th (:data:`PART_EVENTS` at least), each
+        its own transaction, as an age or count step's, and it stops after a part, or at the
+        end of a region of the log (:data:`REGION`), once that says so. A part that
+        fails after others ends it with what they deleted; the first one raises, having
+        changed nothing. Returns how many events were deleted, and the sequences left for
+        later."""
+        part = None
+        if out_of_time is not None and work is not None:
+            part = max(PART_EVENTS, work // PARTS_PER_STEP)
+        deleted = spent = done = 0
+        while done < len(sequences):
+            left = None if work is None else work - spent
+            try:
+                removed, worked, upto, more = self._delete_part(
+                    sequences, done, left, part, out_of_time, first=not spent
+                )
+            except StorageError:
+                if not deleted:
+                    raise
+                break
+            if upto == done:
+                break
+            deleted += removed
+            spent += worked
+            self._removed(removed, upto=sequences[upto - 1])
+            done = upto
+            if not more or (out_of_time is not None and out_of_time()):
+                break
+        return deleted, sequences[done:]
 
+    def _delete_part(
+        self,
+        sequences: list[int],
+        done: int,
+        work: int | None,
+        part: int | None,
+        out_of_time: Callable[[], bool] | None,
+        first: bool,
+    ) -> tuple[int, int, int, bool]:
+        """One transaction of :meth:`_delete_sequences`, from ``sequences[done]``, reading the
+        batches a region of the log at a time: until the batches it deleted or wrote again
+        held ``part`` events (all of them when None), or the step's ``work`` is spent (a batch
+        written again at least when ``first``), or ``out_of_time`` says so at a region's end.
+        Returns the events deleted, the work done, the index in ``sequences`` it got to, and
+        whether more may follow (False once the step's work is spent)."""
+        db = self._db
+        deleted = spent = 0
+        reached = done
+        more = True
         #: Runs of batches next to each other that go whole, deleted by range.
         whole_runs: list[list[int]] = []
 
         def delete() -> None:
-            nonlocal deleted, done
+            nonlocal deleted, spent, reached, more
             self._save_high_water()
-            spent = 0
-            while done < len(sequences):
+            while reached < len(sequences):
                 # The batches of the next region's victims, read in one go: the victims of a
                 # step lie in few regions (_Superseded.take), often in batches of only them.
-                region_end = sequences[done] // REGION * REGION + REGION - 1
-                end = bisect_right(sequences, region_end, done)
+                region_end = sequences[reached] // REGION * REGION + REGION - 1
+                end = bisect_right(sequences, region_end, reached)
                 cursor = logbatch.batches_from(
-                    db, sequences[done] - 1, sequences[end - 1], "id, first, last, held, seqs"
+                    db, sequences[reached] - 1, sequences[end - 1], "id, first, last, held, seqs"
                 )
                 near = cursor.fetchall()
                 cursor.close()
                 following = False  # the last batch looked at went whole
-                for batch, first, last, held, seqs in near:
-                    start = bisect_left(sequences, first, done, end)
+                for batch, first_seq, last, held, seqs in near:
+                    start = bisect_left(sequences, first_seq, reached, end)
                     stop = bisect_right(sequences, last, start, end)
                     if start == stop:
                         following = False
                         continue
                     if stop - start == held and (
-                        seqs is None or _all_in(seqs, sequences, start, stop, first, last)
+                        seqs is None or _all_in(seqs, sequences, start, stop, first_seq, last)
                     ):
                         if following:
                             whole_runs[-1][1] = batch
@@ -891,17 +947,20 @@ class EventStore:
                         spent += held
                     else:
                         following = False
-                        if work is not None and spent and spent + held > work:
+                        if work is not None and (spent or not first) and spent + held > work:
+                            more = False
                             return
                         (packed,) = db.execute(
                             "SELECT events FROM batches WHERE id = ?", (batch,)
                         ).fetchone()
                         doomed = frozenset(sequences[start:stop])
-                        row = (batch, first, last, seqs, packed)
+                        row = (batch, first_seq, last, seqs, packed)
                         deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
                         spent += held
-                    done = stop
-                done = end
+                    reached = stop
+                    if part is not None and spent >= part:
+                        return  # a part may end inside a region: the next reads the rest
+                reached = end
                 if out_of_time is not None and out_of_time():
                     return
 
@@ -911,9 +970,7 @@ class EventStore:
 
         _write(db, delete_and_flush)
         self._high_water_kept = self._last
-        if done:
-            self._removed(deleted, upto=sequences[done - 1])
-        return deleted, sequences[done:]
+        return deleted, spent, reached, more
 
     # -- lifecycle -----------------------------------------------------------------------
 
