@@ -288,6 +288,21 @@ REPLIES = st.sampled_from(
         b"$JS.ACK.dom.hash.S.C.1.6.6.17.3" + b".x" * 21,  # 32 tokens: the most read
         b"$JS.ACK.dom.hash.S.C.1.6.6.17.3" + b".x" * 22,  # 33: not a delivery
         b"_INBOX.abc.7",
+        # The same head as the first, read after it (a consumer's replies share their
+        # first four tokens): the rest must still be read as a whole reply would be.
+        b"$JS.ACK.S.C.2.6.6.1795814609528077442.0",
+        b"$JS.ACK.S.C..7.x.18446744073709551615.00",
+        b"$JS.ACK.S.C.1.5.5.1.0.9.9",  # 11 tokens: other places
+        b"$JS.ACK.S.C.1.5.5.1.0.9.9.8",
+        b"$JS.ACK.S.C.1.5.5..0",
+        b"$JS.ACK.S.C.1.5.5.1.",
+        b"$JS.ACK.S.C.1.5.5.1.x",
+        b"$JS.ACK.S.C.1.99999999999999999999.5.1.0",
+        b"$JS.ACK.S.C.1.012345678901234567890.5.1.0",
+        b"$JS.ACK.S.C.1.5.5.1",
+        b"$JS.ACK.S.CC.1.5.5.1.0",
+        b"$JS.ACK.S.C",
+        b"$JS.ACK.S.C.",
     ]
 )
 
@@ -410,3 +425,22 @@ def test_deliveries_one_after_another_are_one_run_until_another_message(compiled
         codec.Run([4], [b"s.4"], [b""], [stamp], [0], 0),
     ]
     assert controls == [Control(b"PING", b"")]
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(
+    replies=st.lists(REPLIES, min_size=2, max_size=10),
+    cuts=st.lists(st.integers(0, 600), max_size=3),
+)
+def test_replies_that_share_a_head_are_each_read_whole(replies: list[bytes], cuts: list[int]) -> None:
+    """The scanner reads a reply whose first four tokens are the last delivery's from the
+    fifth on: what it reads is what the Python code reads of the whole reply (another
+    number of tokens, other places, a number that is not one), whole or split anywhere."""
+    data = b"".join(b"MSG s.x 7 %s 2\r\nhi\r\n" % reply for reply in replies)
+    points = sorted({min(cut, len(data)) for cut in cuts})
+    chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    with pytest.MonkeyPatch.context() as patch:
+        slow = runs(chunks, False, True, True, patch)
+        fast = runs(chunks, True, True, True, patch)
+    assert fast == slow

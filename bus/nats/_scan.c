@@ -120,7 +120,8 @@ static int tuple_type(PyObject *type) {
 #define MAX_TOKENS 32
 
 static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *sequence,
-                      unsigned long long *stamp, unsigned long long *pending) {
+                      unsigned long long *stamp, unsigned long long *pending,
+                      Py_ssize_t *head) {
     const char *token[MAX_TOKENS];
     Py_ssize_t token_size[MAX_TOKENS];
     int count = split(reply, size, '.', token, token_size, MAX_TOKENS);
@@ -130,8 +131,47 @@ static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *se
         if (count < 11) return 0;
         s = 7, t = 9, p = 10;
     }
-    return digits(token[s], token_size[s], sequence) && digits(token[t], token_size[t], stamp) &&
-           digits(token[p], token_size[p], pending);
+    if (!digits(token[s], token_size[s], sequence) || !digits(token[t], token_size[t], stamp) ||
+        !digits(token[p], token_size[p], pending))
+        return 0;
+    /* The first four tokens and their dots, where read_tail can read the next one's. */
+    *head = count == 9 ? token[4] - reply : 0;
+    return 1;
+}
+
+/* One token of read_tail's: up to the next dot (``last``: to the end), at ``*at``; with
+ * ``value``, its plain digits as digits() reads them. 0 when it is not that. */
+static int tail_token(const char **at, const char *end, int last, unsigned long long *value) {
+    const char *from = *at, *p = from;
+    unsigned long long sum = 0;
+    if (value == NULL) {
+        while (p < end && *p != '.') p++;
+    } else {
+        for (; p < end && *p != '.'; p++) {
+            unsigned d = (unsigned)(unsigned char)*p - '0';
+            if (d > 9) return 0;
+            sum = sum * 10 + d; /* wraps past 19 digits: read again below */
+        }
+        if (p - from >= 20 && !digits(from, p - from, &sum)) return 0;
+        if (p == from) return 0;
+        *value = sum;
+    }
+    if (last ? p != end : p == end) return 0;
+    *at = p + 1;
+    return 1;
+}
+
+/* ``rest``, the reply subject after the head of one read_reply read (its first four
+ * tokens), read as read_reply reads nine tokens, in one pass: a consumer's deliveries
+ * share that head, and splitting each reply at its dots and then reading its numbers was
+ * a stream reader's largest cost in this module. 0 when it is not that form (read_reply
+ * decides then). */
+static int read_tail(const char *rest, Py_ssize_t size, unsigned long long *sequence,
+                     unsigned long long *stamp, unsigned long long *pending) {
+    const char *at = rest, *end = rest + size;
+    return tail_token(&at, end, 0, NULL) && tail_token(&at, end, 0, sequence) &&
+           tail_token(&at, end, 0, NULL) && tail_token(&at, end, 0, stamp) &&
+           tail_token(&at, end, 1, pending);
 }
 
 /* Subjects made during one scan, by a hash of their bytes: a stream's deliveries name a
@@ -246,6 +286,9 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     PyObject *out = NULL;
     Run run = {{NULL, NULL, NULL, NULL, NULL}, 0};
     Subjects seen = {{NULL}};
+    /* The head of the last delivery's reply subject read (in ``data``), 0 bytes: none. */
+    const char *head = NULL;
+    Py_ssize_t head_size = 0;
     if (position < 0) {
         PyErr_SetString(PyExc_ValueError, "a position before the buffer");
         goto fail;
@@ -276,7 +319,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             unsigned long long sequence, stamp, pending;
             if (run_type != NULL && has_reply && (long long)sid == run_sid &&
                 part_size[3] >= 8 && memcmp(part[3], "$JS.ACK.", 8) == 0 &&
-                read_reply(part[3], part_size[3], &sequence, &stamp, &pending)) {
+                (head_size > 0 && part_size[3] > head_size &&
+                         memcmp(part[3], head, (size_t)head_size) == 0
+                     ? read_tail(part[3] + head_size, part_size[3] - head_size, &sequence,
+                                 &stamp, &pending) ||
+                           read_reply(part[3], part_size[3], &sequence, &stamp, &pending,
+                                      &head_size)
+                     : read_reply(part[3], part_size[3], &sequence, &stamp, &pending,
+                                  &head_size))) {
+                if (head_size > 0) head = part[3]; /* where the next one is compared */
                 /* A delivery: its reply subject read here, no message made for it. */
                 if (add_to_run(&run, subject_of(&seen, part[1], part_size[1]),
                                PyBytes_FromStringAndSize(data + start + header_size,
@@ -359,7 +410,8 @@ static PyObject *deliveries(PyObject *self, PyObject *args) {
         Py_ssize_t size = PyBytes_GET_SIZE(reply);
         if (size < 8 || memcmp(text, "$JS.ACK.", 8) != 0) break;
         unsigned long long sequence, stamp, pending;
-        if (!read_reply(text, size, &sequence, &stamp, &pending)) break;
+        Py_ssize_t head;
+        if (!read_reply(text, size, &sequence, &stamp, &pending, &head)) break;
         PyObject *values[5] = {PyLong_FromUnsignedLongLong(sequence),
                                Py_NewRef(PyTuple_GET_ITEM(msg, 0)),
                                Py_NewRef(PyTuple_GET_ITEM(msg, 4)),
