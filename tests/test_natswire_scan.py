@@ -4,6 +4,7 @@ it and without it; JetStream deliveries read into the same columns."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -433,7 +434,9 @@ def test_deliveries_one_after_another_are_one_run_until_another_message(compiled
     replies=st.lists(REPLIES, min_size=2, max_size=10),
     cuts=st.lists(st.integers(0, 600), max_size=3),
 )
-def test_replies_that_share_a_head_are_each_read_whole(replies: list[bytes], cuts: list[int]) -> None:
+def test_replies_that_share_a_head_are_each_read_whole(
+    replies: list[bytes], cuts: list[int]
+) -> None:
     """The scanner reads a reply whose first four tokens are the last delivery's from the
     fifth on: what it reads is what the Python code reads of the whole reply (another
     number of tokens, other places, a number that is not one), whole or split anywhere."""
@@ -444,3 +447,25 @@ def test_replies_that_share_a_head_are_each_read_whole(replies: list[bytes], cut
         slow = runs(chunks, False, True, True, patch)
         fast = runs(chunks, True, True, True, patch)
     assert fast == slow
+
+
+@needs_native
+def test_scanning_runs_of_deliveries_leaks_nothing() -> None:
+    """Many scans of deliveries whose replies share a head (and some that do not) leave
+    resident memory flat."""
+    replies = [b"$JS.ACK.S.C.1.%d.%d.1795814609528077441.9" % (n, n) for n in range(60)]
+    replies += [b"$JS.ACK.S.C.1.5.5.1.0.9.9", b"$JS.ACK.S.C.1.x.5.1.0", b"_INBOX.a.1"]
+    data = b"".join(b"MSG s.x 7 %s 100\r\n%s\r\n" % (r, b"p" * 100) for r in replies)
+
+    def resident() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def scans(count: int) -> None:
+        for _ in range(count):
+            native.scan(data, 0, Msg, Control, [], 7, codec.Run, False)
+
+    scans(200)
+    before = resident()
+    scans(5000)
+    assert resident() - before < 4 << 20  # a payload a scan kept would be 30 MiB
