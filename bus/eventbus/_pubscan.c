@@ -423,11 +423,24 @@ static PyObject *sync_message(PyObject *head, PyObject *topic, unsigned long lon
     return frames;
 }
 
+/* The topic of ``subject`` as ``names[subject]`` gives it (a dict whose misses convert,
+ * bus/eventbus/stream_read.py's Topics): a new reference, None when it names none or is not
+ * bytes (the Python code decides then), NULL with an exception set. */
+static PyObject *topic_of(PyObject *names, PyObject *subject) {
+    /* The dict's own lookup first: a subclass's [] goes through a Python-level
+     * __getitem__ (a method call per event); only a miss converts through it. */
+    PyObject *topic = PyDict_GetItemWithError(names, subject);
+    if (topic != NULL) topic = Py_NewRef(topic);
+    else if (!PyErr_Occurred()) topic = PyObject_GetItem(names, subject);
+    if (topic != NULL && !PyBytes_CheckExact(topic)) Py_SETREF(topic, Py_NewRef(Py_None));
+    return topic;
+}
+
 static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 4 && nargs != 6) {
+    if (nargs != 4 && nargs != 6 && nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "stream_rows(sequences, topics, payloads, start[, head, binary])");
+                        "stream_rows(sequences, topics, payloads, start[, head, binary[, names]])");
         return NULL;
     }
     PyObject *sequences = args[0], *topics = args[1], *payloads = args[2];
@@ -436,7 +449,13 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "stream_rows() takes three lists");
         return NULL;
     }
-    PyObject *head = nargs == 6 ? args[4] : NULL;
+    /* With names, ``topics`` holds the subjects, and names[subject] each one's topic. */
+    PyObject *names = nargs == 7 ? args[6] : NULL;
+    if (names != NULL && !PyDict_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "stream_rows()'s names is a dict");
+        return NULL;
+    }
+    PyObject *head = nargs >= 6 && args[4] != Py_None ? args[4] : NULL;
     int binary = 0;
     if (head != NULL) {
         if (!PyTuple_CheckExact(head)) {
@@ -461,16 +480,39 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_ssize_t at[4], size[4];
         const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(payload);
         if (!four_bins(body, PyBytes_GET_SIZE(payload), at, size)) break;
+        PyObject *topic;
+        if (names == NULL) {
+            topic = Py_NewRef(PyList_GET_ITEM(topics, index));
+        } else {
+            /* A conversion may run any code: the payload is held, and looked at again. */
+            Py_INCREF(payload);
+            topic = topic_of(names, PyList_GET_ITEM(topics, index));
+            int same = index < PyList_GET_SIZE(payloads) &&
+                       PyList_GET_ITEM(payloads, index) == payload;
+            Py_DECREF(payload);
+            if (topic == NULL) goto failed;
+            if (topic == Py_None || !same || index >= PyList_GET_SIZE(sequences)) {
+                Py_DECREF(topic);
+                break;
+            }
+        }
         if (head != NULL) {
             PyObject *number = PyList_GET_ITEM(sequences, index);
-            if (!PyLong_CheckExact(number)) break;
-            unsigned long long sequence = PyLong_AsUnsignedLongLong(number);
-            if (sequence == (unsigned long long)-1 && PyErr_Occurred()) {
-                PyErr_Clear(); /* not a sequence: the Python code says what it is */
+            unsigned long long sequence = 0;
+            if (PyLong_CheckExact(number)) {
+                sequence = PyLong_AsUnsignedLongLong(number);
+                if (sequence == (unsigned long long)-1 && PyErr_Occurred()) {
+                    PyErr_Clear(); /* not a sequence: the Python code says what it is */
+                    number = NULL;
+                }
+            } else {
+                number = NULL;
+            }
+            if (number == NULL) {
+                Py_DECREF(topic);
                 break;
             }
             /* All held while the message is made (a collection may run any code). */
-            PyObject *topic = Py_NewRef(PyList_GET_ITEM(topics, index));
             Py_INCREF(payload);
             PyObject *made = sync_message(head, topic, sequence, binary,
                                           PyBytes_AS_STRING(payload), at, size);
@@ -484,7 +526,6 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         }
         /* All three held before anything is allocated (a collection may run any code). */
         PyObject *sequence = Py_NewRef(PyList_GET_ITEM(sequences, index));
-        PyObject *topic = Py_NewRef(PyList_GET_ITEM(topics, index));
         Py_INCREF(payload);
         PyObject *row = PyTuple_New(6);
         if (row == NULL) {
