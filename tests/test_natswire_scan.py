@@ -5,6 +5,7 @@ it and without it; JetStream deliveries read into the same columns."""
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -428,19 +429,24 @@ def test_deliveries_one_after_another_are_one_run_until_another_message(compiled
     assert controls == [Control(b"PING", b"")]
 
 
+#: Subjects of one size and the same last eight bytes (one place in the scanner's table).
+RUN_SUBJECTS = st.sampled_from([b"a.12345678", b"b.12345678", b"s.x", b"evt.~.t.12345678"])
+
+
 @needs_native
 @settings(max_examples=300, deadline=None)
 @given(
-    replies=st.lists(REPLIES, min_size=2, max_size=10),
+    replies=st.lists(st.tuples(REPLIES, RUN_SUBJECTS), min_size=2, max_size=10),
     cuts=st.lists(st.integers(0, 600), max_size=3),
 )
 def test_replies_that_share_a_head_are_each_read_whole(
-    replies: list[bytes], cuts: list[int]
+    replies: list[tuple[bytes, bytes]], cuts: list[int]
 ) -> None:
     """The scanner reads a reply whose first four tokens are the last delivery's from the
     fifth on: what it reads is what the Python code reads of the whole reply (another
-    number of tokens, other places, a number that is not one), whole or split anywhere."""
-    data = b"".join(b"MSG s.x 7 %s 2\r\nhi\r\n" % reply for reply in replies)
+    number of tokens, other places, a number that is not one), whole or split anywhere;
+    and the subjects it keeps from one read to the next are the ones sent."""
+    data = b"".join(b"MSG %s 7 %s 2\r\nhi\r\n" % (subject, reply) for reply, subject in replies)
     points = sorted({min(cut, len(data)) for cut in cuts})
     chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
     with pytest.MonkeyPatch.context() as patch:
@@ -451,8 +457,9 @@ def test_replies_that_share_a_head_are_each_read_whole(
 
 @needs_native
 def test_scanning_runs_of_deliveries_leaks_nothing() -> None:
-    """Many scans of deliveries whose replies share a head (and some that do not) leave
-    resident memory flat."""
+    """Many scans of deliveries whose replies share a head (and some that do not), their
+    subjects kept from one scan to the next or not, leave resident memory flat, and the
+    subjects kept their references."""
     replies = [b"$JS.ACK.S.C.1.%d.%d.1795814609528077441.9" % (n, n) for n in range(60)]
     replies += [b"$JS.ACK.S.C.1.5.5.1.0.9.9", b"$JS.ACK.S.C.1.x.5.1.0", b"_INBOX.a.1"]
     data = b"".join(b"MSG s.x 7 %s 100\r\n%s\r\n" % (r, b"p" * 100) for r in replies)
@@ -461,11 +468,29 @@ def test_scanning_runs_of_deliveries_leaks_nothing() -> None:
         with open("/proc/self/statm") as statm:
             return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
+    kept: list[bytes | None] = [None] * codec.SUBJECT_SLOTS
+
     def scans(count: int) -> None:
         for _ in range(count):
             native.scan(data, 0, Msg, Control, [], 7, codec.Run, False)
+            native.scan(data, 0, Msg, Control, [], 7, codec.Run, False, kept)
 
     scans(200)
+    subject = next(known for known in kept if known is not None)
+    held = sys.getrefcount(subject)
     before = resident()
     scans(5000)
     assert resident() - before < 4 << 20  # a payload a scan kept would be 30 MiB
+    assert sys.getrefcount(subject) == held
+
+
+@needs_native
+def test_a_topics_subject_is_one_object_from_one_read_to_the_next() -> None:
+    """A parser's scans keep the subjects they made: a dict keyed by a subject read
+    earlier finds the same object again (no comparison of bytes)."""
+    parser = codec.Parser()
+    parser.run_sid = 7
+    one = b"MSG evt.~.t.~ 7 $JS.ACK.S.C.1.%d.%d.17.0 2\r\nhi\r\n"
+    first, second = (parser.feed(one % (n, n))[0] for n in (1, 2))
+    assert type(first) is type(second) is codec.Run
+    assert first.subjects[0] is second.subjects[0]

@@ -4,12 +4,13 @@
  * split, a few int() and a NamedTuple, then a split of its reply subject: 3-4 us, more
  * than the nats-server spends sending it. Here:
  *
- * scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps]]]) parses whole
- * MSG/HMSG messages and bare PING, PONG and +OK lines from ``position`` on (the lines into
- * ``controls`` when given, so that a reader of thousands of messages need not look at each
- * for a PING; JetStream deliveries on ``run_sid`` into one Run of columns a run, as
- * deliveries() would read them, so that no message, reply subject or header block is made
- * for each), and stops at the first thing it does not take: an incomplete message, INFO,
+ * scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps[, subjects]]]])
+ * parses whole MSG/HMSG messages and bare PING, PONG and +OK lines from ``position`` on (the
+ * lines into ``controls`` when given, so that a reader of thousands of messages need not
+ * look at each for a PING; JetStream deliveries on ``run_sid`` into one Run of columns a
+ * run, as deliveries() would read them, so that no message, reply subject or header block is
+ * made for each, their subjects one object a topic, kept in ``subjects`` from one scan to
+ * the next), and stops at the first thing it does not take: an incomplete message, INFO,
  * -ERR, anything odd (a number that is not plain digits, a missing CRLF after a payload).
  * The Python parser takes that one item, with its own errors, so both give the same
  * results for every input (tests/test_natswire_scan.py).
@@ -201,8 +202,28 @@ static PyObject *subject_of(Subjects *seen, const char *text, Py_ssize_t size) {
     return made;
 }
 
-static void forget_subjects(Subjects *seen) {
-    for (int i = 0; i < SUBJECT_SLOTS; i++) Py_CLEAR(seen->slot[i]);
+/* The subjects a caller kept from its last scan (a list of SUBJECT_SLOTS bytes or None):
+ * the same objects scan after scan, so that a dict keyed by them finds each by identity,
+ * with no comparison of its bytes. 0, or -1 with an exception set. */
+static int recall_subjects(Subjects *seen, PyObject *kept) {
+    if (!PyList_CheckExact(kept) || PyList_GET_SIZE(kept) != SUBJECT_SLOTS) {
+        PyErr_SetString(PyExc_ValueError, "subjects: a list of 64 is wanted");
+        return -1;
+    }
+    for (int i = 0; i < SUBJECT_SLOTS; i++) {
+        PyObject *known = PyList_GET_ITEM(kept, i);
+        seen->slot[i] = PyBytes_CheckExact(known) ? Py_NewRef(known) : NULL;
+    }
+    return 0;
+}
+
+/* Forget the subjects, into ``kept`` first when given (where recall_subjects takes them). */
+static void forget_subjects(Subjects *seen, PyObject *kept) {
+    for (int i = 0; i < SUBJECT_SLOTS; i++) {
+        if (kept != NULL && seen->slot[i] != NULL)
+            PyList_SetItem(kept, i, Py_NewRef(seen->slot[i])); /* steals; cannot fail here */
+        Py_CLEAR(seen->slot[i]);
+    }
 }
 
 #define MAX_PARTS 6
@@ -263,14 +284,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
     Py_ssize_t position;
-    PyObject *msg_type, *control_type, *controls = NULL, *run_type = NULL;
+    PyObject *msg_type, *control_type, *controls = NULL, *run_type = NULL, *kept = NULL;
     long long run_sid = -1;
     int stamps = 1;
-    if (!PyArg_ParseTuple(args, "y*nOO|OLOp", &view, &position, &msg_type, &control_type,
-                          &controls, &run_sid, &run_type, &stamps))
+    if (!PyArg_ParseTuple(args, "y*nOO|OLOpO", &view, &position, &msg_type, &control_type,
+                          &controls, &run_sid, &run_type, &stamps, &kept))
         return NULL;
     if (controls == Py_None) controls = NULL;
     if (run_type == Py_None) run_type = NULL;
+    if (kept == Py_None) kept = NULL;
     if (!tuple_type(msg_type) || !tuple_type(control_type) ||
         (run_type != NULL && !tuple_type(run_type))) {
         PyBuffer_Release(&view);
@@ -291,6 +313,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t head_size = 0;
     if (position < 0) {
         PyErr_SetString(PyExc_ValueError, "a position before the buffer");
+        goto fail;
+    }
+    if (kept != NULL && recall_subjects(&seen, kept) < 0) {
+        kept = NULL;
         goto fail;
     }
     out = PyList_New(0);
@@ -364,11 +390,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         position = start;
     }
     if (run_type != NULL && end_run(&run, out, (PyTypeObject *)run_type) < 0) goto fail;
-    forget_subjects(&seen);
+    forget_subjects(&seen, kept);
     PyBuffer_Release(&view);
     return Py_BuildValue("Nn", out, position);
 fail:
-    forget_subjects(&seen);
+    forget_subjects(&seen, kept);
     for (int i = 0; i < 5; i++) Py_XDECREF(run.columns[i]);
     Py_XDECREF(out);
     PyBuffer_Release(&view);
@@ -541,11 +567,12 @@ static PyObject *batch_publishes(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps]]]) -> (items, "
-     "position): whole messages and bare PING/PONG/+OK lines (appended to the list controls "
+     "scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps[, subjects]]]]) -> "
+     "(items, position): whole messages and bare PING/PONG/+OK lines (appended to the list controls "
      "instead, when given), up to the first item left to the Python parser; JetStream "
      "deliveries on run_sid as one Run (sequences, subjects, payloads, stamps, pending, "
-     "bytes) a run, their stamps 0 when stamps is false."},
+     "bytes) a run, their stamps 0 when stamps is false, their subjects kept in the list "
+     "subjects (64 places) from one scan to the next."},
     {"deliveries", deliveries, METH_VARARGS,
      "deliveries(messages, start, sid, limit) -> (index, sequences, subjects, payloads, "
      "stamps, pending): JetStream deliveries on sid as columns, up to the first other "
