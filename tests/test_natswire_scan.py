@@ -429,6 +429,25 @@ def test_deliveries_one_after_another_are_one_run_until_another_message(compiled
     assert controls == [Control(b"PING", b"")]
 
 
+#: A reply's numbers as the scanner reads them eight digits at a time: any count of digits,
+#: and one of them perhaps with a byte beside the digits' range ("/", ":") or past it.
+PLAIN_NUMBERS = st.integers(0, 2**64 + 9).map(lambda n: str(n).encode())
+ODD_NUMBERS = st.tuples(
+    st.integers(10**7, 10**21).map(lambda n: str(n).encode()),
+    st.integers(0, 21),
+    st.sampled_from([b"/", b":", b"\xfa", b"\xff", b"a", b"0" * 9]),
+).map(lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :])
+
+
+@st.composite
+def shared_head(draw: Any) -> bytes:
+    """A delivery's reply with the head "$JS.ACK.S.C.", its numbers plain but perhaps one."""
+    tokens = [draw(PLAIN_NUMBERS) for _ in range(5)]
+    if draw(st.booleans()):
+        tokens[draw(st.integers(0, 4))] = draw(ODD_NUMBERS)
+    return b"$JS.ACK.S.C." + b".".join(tokens)
+
+
 #: Subjects of one size and the same last eight bytes (one place in the scanner's table).
 RUN_SUBJECTS = st.sampled_from([b"a.12345678", b"b.12345678", b"s.x", b"evt.~.t.12345678"])
 
@@ -436,7 +455,11 @@ RUN_SUBJECTS = st.sampled_from([b"a.12345678", b"b.12345678", b"s.x", b"evt.~.t.
 @needs_native
 @settings(max_examples=300, deadline=None)
 @given(
-    replies=st.lists(st.tuples(REPLIES, RUN_SUBJECTS), min_size=2, max_size=10),
+    replies=st.lists(
+        st.tuples(st.one_of(REPLIES, shared_head(), shared_head()), RUN_SUBJECTS),
+        min_size=2,
+        max_size=10,
+    ),
     cuts=st.lists(st.integers(0, 600), max_size=3),
 )
 def test_replies_that_share_a_head_are_each_read_whole(
@@ -446,6 +469,7 @@ def test_replies_that_share_a_head_are_each_read_whole(
     fifth on: what it reads is what the Python code reads of the whole reply (another
     number of tokens, other places, a number that is not one), whole or split anywhere;
     and the subjects it keeps from one read to the next are the ones sent."""
+    replies = [(b"$JS.ACK.S.C.1.5.5.17.0", b"s.x"), *replies]  # the head known first
     data = b"".join(b"MSG %s 7 %s 2\r\nhi\r\n" % (subject, reply) for reply, subject in replies)
     points = sorted({min(cut, len(data)) for cut in cuts})
     chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
