@@ -263,7 +263,8 @@ def test_an_atomic_batch_is_the_same_bytes_compiled(
 @needs_native
 def test_scanned_items_leave_the_collector_only_where_nothing_can_be_added_to_them() -> None:
     """Msg and Control hold bytes and ints and take no attributes: out of the cyclic
-    collector's sight. A tuple subclass with a __dict__ could hold a cycle: tracked."""
+    collector's sight, and so are a run's columns. A tuple subclass with a __dict__ could
+    hold a cycle: tracked."""
     import gc
 
     assert native is not None
@@ -277,6 +278,12 @@ def test_scanned_items_leave_the_collector_only_where_nothing_can_be_added_to_th
 
     items, _ = native.scan(data, 0, Open, Open)
     assert len(items) == 2 and all(gc.is_tracked(item) for item in items)
+
+    # A run's columns hold ints and bytes and nothing adds to them: out of sight too.
+    data = b"MSG s.x 7 $JS.ACK.S.C.1.5.5.17.0 2\r\nhi\r\n"
+    items, _ = native.scan(data, 0, Msg, Control, None, 7, codec.Run, False)
+    assert type(items[0]) is codec.Run
+    assert not any(gc.is_tracked(column) for column in items[0][:5])
 
 
 REPLIES = st.sampled_from(

@@ -33,7 +33,10 @@
  * other form (msgpack's unpackb and the Python checks decide those). With two more
  * arguments, ``head`` (a tuple of bytes) and ``binary``, it makes a snapshot's messages
  * instead: ``[*head, topic, sequence, producer, timestamp, uuid, data]`` lists, the
- * sequence as ``broadcasts`` writes it (no row made only to be taken apart).
+ * sequence as ``broadcasts`` writes it (no row made only to be taken apart). With a
+ * seventh, ``names`` (a dict from subjects to topics whose misses convert), the second list
+ * holds the messages' subjects and each topic is looked up as it goes (no column of topics
+ * made first); it stops at a subject that names none, for the Python code to leave out.
  *
  * broadcasts(first, fields, binary) makes the BROADCAST frames of consecutive events
  * from sequence ``first``: ``[topic, sequence, producer, timestamp, uuid, data]`` each, the
@@ -470,6 +473,7 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
     if (start < 0) start = 0;
     PyObject *rows = PyList_New(0);
     if (rows == NULL) return NULL;
+    untrack(rows); /* its rows and messages are untracked, and so is it (see untrack) */
     Py_ssize_t index = start;
     /* The sizes are read again each time: an allocation may run any code. */
     for (; index < PyList_GET_SIZE(sequences) && index < PyList_GET_SIZE(topics) &&

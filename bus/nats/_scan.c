@@ -262,7 +262,12 @@ static int end_run(Run *run, PyObject *out, PyTypeObject *run_type) {
         for (int i = 0; i < 5; i++) Py_DECREF(items[i]);
         return -1;
     }
-    /* Lists: the tuple stays with the cyclic collector (one a run, not one a message). */
+    /* The columns hold ints and bytes only and nothing adds anything else to them: out of
+     * the collector's walks (a front-end's chunk of a thousand waits to be made into
+     * messages, and each young collection walked every column item by item). The tuple
+     * stays with the collector (one a run, not one a message). */
+    for (int i = 0; i < 5; i++)
+        if (PyObject_GC_IsTracked(items[i])) PyObject_GC_UnTrack(items[i]);
     PyObject *made = run_type->tp_alloc(run_type, 6);
     if (made == NULL) {
         for (int i = 0; i < 6; i++) Py_DECREF(items[i]);
