@@ -458,7 +458,7 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "stream_rows()'s names is a dict");
         return NULL;
     }
-    PyObject *head = nargs >= 6 && args[4] != Py_None ? args[4] : NULL;
+    PyObject *head = nargs >= 6 ? args[4] : NULL;
     int binary = 0;
     if (head != NULL) {
         if (!PyTuple_CheckExact(head)) {
@@ -623,9 +623,10 @@ static PyMethodDef methods[] = {
      "stream_items(fields, start, subjects) -> (items, next): each event's (subject, uuid, "
      "body) for a stream, up to the first whose topic subjects does not hold"},
     {"stream_rows", (PyCFunction)(void (*)(void))stream_rows, METH_FASTCALL,
-     "stream_rows(sequences, topics, payloads, start[, head, binary]) -> (rows, next): the "
-     "log's rows of messages read from a stream (with head: snapshot messages), up to the "
-     "first body of another form"},
+     "stream_rows(sequences, topics, payloads, start[, head, binary[, names]]) -> (rows, "
+     "next): the log's rows of messages read from a stream (with head: snapshot messages), "
+     "up to the first body of another form; with names (subject -> topic), topics holds "
+     "the subjects, and it stops at one that names no topic too"},
     {"broadcasts", (PyCFunction)(void (*)(void))broadcasts, METH_FASTCALL,
      "broadcasts(first, fields, binary) -> the BROADCAST frames of consecutive events, or "
      "None when fields is not a list of five-tuples"},
