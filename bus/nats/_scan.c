@@ -270,24 +270,38 @@ static void forget_subjects(Subjects *seen, PyObject *kept) {
 
 #define MAX_PARTS 6
 
-/* A run of deliveries being made: its columns, and the bytes of their headers and
- * payloads (what a connection's pending limits count). */
+/* A run of deliveries being made: each one's five values one after another (a list a
+ * column is made once, at its size, when the run ends: an append a value cost a fifth of
+ * a delivery's scan), and the bytes of their headers and payloads (what a connection's
+ * pending limits count). */
 typedef struct {
-    PyObject *columns[5];
+    PyObject **values;
+    Py_ssize_t count, room; /* deliveries held, and room for */
     unsigned long long bytes;
 } Run;
 
+static void drop_run(Run *run) {
+    for (Py_ssize_t i = 0; i < 5 * run->count; i++) Py_DECREF(run->values[i]);
+    PyMem_Free(run->values);
+    run->values = NULL;
+    run->count = run->room = 0;
+    run->bytes = 0;
+}
+
 /* The run made so far, as one ``run_type`` item appended to ``out``; none when empty. */
 static int end_run(Run *run, PyObject *out, PyTypeObject *run_type) {
-    if (run->columns[0] == NULL) return 0;
-    PyObject *items[6];
-    for (int i = 0; i < 5; i++) items[i] = run->columns[i], run->columns[i] = NULL;
+    Py_ssize_t count = run->count;
+    if (count == 0) return 0;
+    PyObject *items[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    for (int c = 0; c < 5; c++)
+        if ((items[c] = PyList_New(count)) == NULL) goto failed;
     items[5] = PyLong_FromUnsignedLongLong(run->bytes);
+    if (items[5] == NULL) goto failed;
+    /* The values move into the columns (no allocation from here: nothing can run). */
+    for (Py_ssize_t i = 0; i < count; i++)
+        for (int c = 0; c < 5; c++) PyList_SET_ITEM(items[c], i, run->values[5 * i + c]);
+    run->count = 0;
     run->bytes = 0;
-    if (items[5] == NULL) {
-        for (int i = 0; i < 5; i++) Py_DECREF(items[i]);
-        return -1;
-    }
     /* The columns hold ints and bytes only and nothing adds anything else to them: out of
      * the collector's walks (a front-end's chunk of a thousand waits to be made into
      * messages, and each young collection walked every column item by item). The tuple
@@ -300,12 +314,17 @@ static int end_run(Run *run, PyObject *out, PyTypeObject *run_type) {
         return -1;
     }
     for (int i = 0; i < 6; i++) PyTuple_SET_ITEM(made, i, items[i]);
-    int failed = PyList_Append(out, made);
+    int appended = PyList_Append(out, made);
     Py_DECREF(made);
-    return failed;
+    return appended;
+failed:
+    /* The lists made so far hold NULLs only (PyList_New): they free alone. */
+    for (int i = 0; i < 6; i++) Py_XDECREF(items[i]);
+    return -1;
 }
 
-/* One delivery into ``run``'s columns (started when empty); -1 with an exception set. */
+/* One delivery into ``run`` (it steals ``subject`` and ``payload``, either of which may be
+ * NULL: a failed allocation); -1 with an exception set. */
 static int add_to_run(Run *run, PyObject *subject, PyObject *payload, unsigned long long sequence,
                       unsigned long long stamp, int stamps, unsigned long long pending,
                       unsigned long long bytes) {
@@ -314,17 +333,23 @@ static int add_to_run(Run *run, PyObject *subject, PyObject *payload, unsigned l
                            PyLong_FromUnsignedLongLong(stamps ? stamp : 0),
                            PyLong_FromUnsignedLongLong(pending)};
     int failed = 0;
-    if (run->columns[0] == NULL)
-        for (int i = 0; i < 5 && !failed; i++)
-            if ((run->columns[i] = PyList_New(0)) == NULL) failed = -1;
-    for (int i = 0; i < 5; i++) {
-        if (values[i] == NULL || (!failed && PyList_Append(run->columns[i], values[i]) < 0))
-            failed = -1;
+    for (int i = 0; i < 5; i++)
+        if (values[i] == NULL) failed = -1;
+    if (!failed && run->count == run->room) {
+        Py_ssize_t room = run->room ? 2 * run->room : 256;
+        PyObject **more = PyMem_Realloc(run->values, (size_t)room * 5 * sizeof(PyObject *));
+        if (more == NULL) failed = -1;
+        else run->values = more, run->room = room;
     }
-    for (int i = 0; i < 5; i++) Py_XDECREF(values[i]);
-    if (failed && !PyErr_Occurred()) PyErr_NoMemory();
+    if (failed) {
+        for (int i = 0; i < 5; i++) Py_XDECREF(values[i]);
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(run->values + 5 * run->count, values, sizeof(values));
+    run->count++;
     run->bytes += bytes;
-    return failed;
+    return 0;
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
@@ -353,7 +378,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     const char *data = view.buf;
     Py_ssize_t size = view.len;
     PyObject *out = NULL;
-    Run run = {{NULL, NULL, NULL, NULL, NULL}, 0};
+    Run run = {NULL, 0, 0, 0};
     Subjects seen = {{NULL}};
     /* The head of the last delivery's reply subject read (in ``data``), 0 bytes: none. */
     const char *head = NULL;
@@ -437,12 +462,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         position = start;
     }
     if (run_type != NULL && end_run(&run, out, (PyTypeObject *)run_type) < 0) goto fail;
+    drop_run(&run); /* its room */
     forget_subjects(&seen, kept);
     PyBuffer_Release(&view);
     return Py_BuildValue("Nn", out, position);
 fail:
     forget_subjects(&seen, kept);
-    for (int i = 0; i < 5; i++) Py_XDECREF(run.columns[i]);
+    drop_run(&run);
     Py_XDECREF(out);
     PyBuffer_Release(&view);
     return NULL;
