@@ -4,6 +4,9 @@ Python and compiled (bus/eventbus/_pubscan.c)."""
 from __future__ import annotations
 
 import contextlib
+import gc
+import os
+import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bus.eventbus import codec
-from bus.eventbus.codec import EventBusError
+from bus.eventbus.codec import EventBusError, SequenceEncoding
+from bus.eventbus.subjects import subject
 
 #: The batch parser's ways: Python alone, and with the compiled check where it was built.
 PATHS: list[Any] = [None] + ([codec.native] if codec.native is not None else [])
@@ -495,3 +499,104 @@ def test_the_walk_leaves_to_msgpack_what_only_it_decides() -> None:
     ):
         assert not sure(data), data
     assert sure(b"\x91" * 500 + b"\x01")
+
+
+STORED_SUBJECTS = st.one_of(
+    st.sampled_from([b"/", b"/a/b/", b"x", b"/t.1/\xc3\xa9/", b"a b", b"//"]).map(
+        lambda topic: subject("evt", topic).encode()
+    ),
+    # Naming no topic: an import's placeholder, another writer's, a broken escape, not ASCII.
+    st.sampled_from([b"evt.~gap", b"other.x", b"evt.~ZZ", b"evt.\xff", b"evt"]),
+)
+
+
+@pytest.mark.skipif(codec.native is None, reason="the compiled helper is not built")
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(STORED_SUBJECTS, stored_body()), max_size=8), max_size=3),
+    st.sampled_from(list(codec.SequenceEncoding)),
+    st.binary(max_size=6),
+)
+def test_snapshot_messages_of_stored_subjects_are_the_same_compiled(
+    batches: list[list[tuple[bytes, bytes]]], encoding: codec.SequenceEncoding, identity: bytes
+) -> None:
+    """A front-end's SYNC messages of a chunk of stored messages, each subject's topic
+    looked up in the compiled step (a subject that names none left out and counted, a
+    refused body refused alike), are what the topics' column and then sync_messages give,
+    compiled or not; the topics remembered between chunks."""
+    from bus.eventbus.stream_read import Events, Topics, events_of, syncs_of
+    from bus.nats.ranged import Batch
+
+    def outcome(read: Any, *args: Any) -> Any:
+        try:
+            return read(*args)
+        except Exception as error:  # compared: the same kind of refusal
+            return type(error)
+
+    def by_columns(batch: Batch, topics: Topics) -> Any:
+        kept, names, skipped = events_of(batch, topics)
+        rows = Events.decoded(kept, names).rows()
+        return kept.sequences, codec.sync_messages(identity, rows, encoding), skipped
+
+    ways = {"compiled": Topics("evt"), "python": Topics("evt"), "columns": Topics("evt")}
+    first = 5
+    for stored in batches:
+        sequences = list(range(first, first + len(stored)))
+        first += len(stored)
+        subjects, bodies = [s for s, _ in stored], [b for _, b in stored]
+        a, b, c = (Batch(sequences[:], subjects[:], bodies[:], [0] * len(stored)) for _ in "abc")
+        expected = outcome(by_columns, a, ways["columns"])
+        made = outcome(syncs_of, b, ways["compiled"], identity, encoding)
+        with path(None):
+            python = outcome(syncs_of, c, ways["python"], identity, encoding)
+        assert made == python == expected
+        assert dict(ways["compiled"]) == dict(ways["python"]) == dict(ways["columns"])
+        assert ways["compiled"].none_seen == ways["python"].none_seen
+
+
+def resident() -> int:
+    """This process's resident memory in bytes (Linux)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(codec.native is None, reason="the compiled helper is not built")
+def test_snapshot_messages_of_stored_subjects_leak_nothing() -> None:
+    """Many chunks made in the compiled step (topics found and converted, a subject that
+    names none, a refused body) leave resident memory and the topics' references flat; the
+    messages and their list are out of the cyclic collector's walks."""
+    from bus.eventbus.stream_read import Topics, syncs_of
+    from bus.nats.ranged import Batch
+
+    body = bytes(msgpack.packb([b"p", b"2026", b"u" * 36, b"d" * 200], use_bin_type=True))
+    subjects = [subject("evt", b"/t/%d/" % (i % 7)).encode() for i in range(64)]
+    subjects[40] = b"evt.~gap"
+    bodies = [body] * 64
+    topics = Topics("evt")
+
+    def chunks(count: int, broken: bool) -> None:
+        for _ in range(count):
+            if broken:
+                bodies[50] = b"\x93\xc4\x01a"
+            syncs_of(
+                Batch(list(range(64)), subjects, bodies, [0] * 64),
+                topics,
+                b"id",
+                SequenceEncoding.BINARY,
+            )
+            bodies[50] = body
+
+    chunks(200, False)
+    # Bytes and ints only, nothing added: out of the cyclic collector's walks.
+    whole = Batch(list(range(8)), subjects[:8], bodies[:8], [0] * 8)
+    _, messages, _ = syncs_of(whole, topics, b"id", SequenceEncoding.BINARY)
+    assert len(messages) == 8 and not gc.is_tracked(messages)
+    assert not any(gc.is_tracked(message) for message in messages)
+    topic = topics[subjects[0]]
+    held = sys.getrefcount(topic)
+    before = resident()
+    chunks(3000, False)
+    with contextlib.suppress(ValueError):
+        chunks(1, True)
+    assert resident() - before < 4 << 20  # a message a chunk kept would be 40 MiB
+    assert sys.getrefcount(topic) == held

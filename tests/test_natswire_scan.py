@@ -4,6 +4,8 @@ it and without it; JetStream deliveries read into the same columns."""
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -261,7 +263,8 @@ def test_an_atomic_batch_is_the_same_bytes_compiled(
 @needs_native
 def test_scanned_items_leave_the_collector_only_where_nothing_can_be_added_to_them() -> None:
     """Msg and Control hold bytes and ints and take no attributes: out of the cyclic
-    collector's sight. A tuple subclass with a __dict__ could hold a cycle: tracked."""
+    collector's sight, and so are a run's columns. A tuple subclass with a __dict__ could
+    hold a cycle: tracked."""
     import gc
 
     assert native is not None
@@ -276,6 +279,12 @@ def test_scanned_items_leave_the_collector_only_where_nothing_can_be_added_to_th
     items, _ = native.scan(data, 0, Open, Open)
     assert len(items) == 2 and all(gc.is_tracked(item) for item in items)
 
+    # A run's columns hold ints and bytes and nothing adds to them: out of sight too.
+    data = b"MSG s.x 7 $JS.ACK.S.C.1.5.5.17.0 2\r\nhi\r\n"
+    items, _ = native.scan(data, 0, Msg, Control, None, 7, codec.Run, False)
+    assert type(items[0]) is codec.Run
+    assert not any(gc.is_tracked(column) for column in items[0][:5])
+
 
 REPLIES = st.sampled_from(
     [
@@ -288,6 +297,21 @@ REPLIES = st.sampled_from(
         b"$JS.ACK.dom.hash.S.C.1.6.6.17.3" + b".x" * 21,  # 32 tokens: the most read
         b"$JS.ACK.dom.hash.S.C.1.6.6.17.3" + b".x" * 22,  # 33: not a delivery
         b"_INBOX.abc.7",
+        # The same head as the first, read after it (a consumer's replies share their
+        # first four tokens): the rest must still be read as a whole reply would be.
+        b"$JS.ACK.S.C.2.6.6.1795814609528077442.0",
+        b"$JS.ACK.S.C..7.x.18446744073709551615.00",
+        b"$JS.ACK.S.C.1.5.5.1.0.9.9",  # 11 tokens: other places
+        b"$JS.ACK.S.C.1.5.5.1.0.9.9.8",
+        b"$JS.ACK.S.C.1.5.5..0",
+        b"$JS.ACK.S.C.1.5.5.1.",
+        b"$JS.ACK.S.C.1.5.5.1.x",
+        b"$JS.ACK.S.C.1.99999999999999999999.5.1.0",
+        b"$JS.ACK.S.C.1.012345678901234567890.5.1.0",
+        b"$JS.ACK.S.C.1.5.5.1",
+        b"$JS.ACK.S.CC.1.5.5.1.0",
+        b"$JS.ACK.S.C",
+        b"$JS.ACK.S.C.",
     ]
 )
 
@@ -410,3 +434,95 @@ def test_deliveries_one_after_another_are_one_run_until_another_message(compiled
         codec.Run([4], [b"s.4"], [b""], [stamp], [0], 0),
     ]
     assert controls == [Control(b"PING", b"")]
+
+
+#: A reply's numbers as the scanner reads them eight digits at a time: any count of digits,
+#: and one of them perhaps with a byte beside the digits' range ("/", ":") or past it.
+PLAIN_NUMBERS = st.integers(0, 2**64 + 9).map(lambda n: str(n).encode())
+ODD_NUMBERS = st.tuples(
+    st.integers(10**7, 10**21).map(lambda n: str(n).encode()),
+    st.integers(0, 21),
+    st.sampled_from([b"/", b":", b"\xfa", b"\xff", b"a", b"0" * 9]),
+).map(lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :])
+
+
+@st.composite
+def shared_head(draw: Any) -> bytes:
+    """A delivery's reply with the head "$JS.ACK.S.C.", its numbers plain but perhaps one;
+    sometimes a token fewer or more (a byte read as a dot would make it nine)."""
+    tokens = [draw(PLAIN_NUMBERS) for _ in range(draw(st.sampled_from([5, 5, 5, 4, 6])))]
+    if draw(st.booleans()):
+        tokens[draw(st.integers(0, len(tokens) - 1))] = draw(ODD_NUMBERS)
+    return b"$JS.ACK.S.C." + b".".join(tokens)
+
+
+#: Subjects of one size and the same last eight bytes (one place in the scanner's table).
+RUN_SUBJECTS = st.sampled_from([b"a.12345678", b"b.12345678", b"s.x", b"evt.~.t.12345678"])
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(
+    replies=st.lists(
+        st.tuples(st.one_of(REPLIES, shared_head(), shared_head()), RUN_SUBJECTS),
+        min_size=2,
+        max_size=10,
+    ),
+    cuts=st.lists(st.integers(0, 600), max_size=3),
+)
+def test_replies_that_share_a_head_are_each_read_whole(
+    replies: list[tuple[bytes, bytes]], cuts: list[int]
+) -> None:
+    """The scanner reads a reply whose first four tokens are the last delivery's from the
+    fifth on: what it reads is what the Python code reads of the whole reply (another
+    number of tokens, other places, a number that is not one), whole or split anywhere;
+    and the subjects it keeps from one read to the next are the ones sent."""
+    replies = [(b"$JS.ACK.S.C.1.5.5.17.0", b"s.x"), *replies]  # the head known first
+    data = b"".join(b"MSG %s 7 %s 2\r\nhi\r\n" % (subject, reply) for reply, subject in replies)
+    points = sorted({min(cut, len(data)) for cut in cuts})
+    chunks = [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+    with pytest.MonkeyPatch.context() as patch:
+        slow = runs(chunks, False, True, True, patch)
+        fast = runs(chunks, True, True, True, patch)
+    assert fast == slow
+
+
+@needs_native
+def test_scanning_runs_of_deliveries_leaks_nothing() -> None:
+    """Many scans of deliveries whose replies share a head (and some that do not), their
+    subjects kept from one scan to the next or not, leave resident memory flat, and the
+    subjects kept their references."""
+    replies = [b"$JS.ACK.S.C.1.%d.%d.1795814609528077441.9" % (n, n) for n in range(60)]
+    replies += [b"$JS.ACK.S.C.1.5.5.1.0.9.9", b"$JS.ACK.S.C.1.x.5.1.0", b"_INBOX.a.1"]
+    data = b"".join(b"MSG s.x 7 %s 100\r\n%s\r\n" % (r, b"p" * 100) for r in replies)
+
+    def resident() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    kept: list[bytes | None] = [None] * codec.SUBJECT_SLOTS
+
+    def scans(count: int) -> None:
+        for _ in range(count):
+            native.scan(data, 0, Msg, Control, [], 7, codec.Run, False)
+            native.scan(data, 0, Msg, Control, [], 7, codec.Run, False, kept)
+
+    scans(200)
+    subject = next(known for known in kept if known is not None)
+    held = sys.getrefcount(subject)
+    before = resident()
+    scans(5000)
+    assert resident() - before < 4 << 20  # a payload a scan kept would be 30 MiB
+    assert sys.getrefcount(subject) == held
+
+
+@needs_native
+def test_a_topics_subject_is_one_object_from_one_read_to_the_next() -> None:
+    """A parser's scans keep the subjects they made: a dict keyed by a subject read
+    earlier finds the same object again (no comparison of bytes)."""
+    parser = codec.Parser()
+    parser.run_sid = 7
+    one = b"MSG evt.~.t.~ 7 $JS.ACK.S.C.1.%d.%d.17.0 2\r\nhi\r\n"
+    first, second = (parser.feed(one % (n, n))[0] for n in (1, 2))
+    assert type(first) is type(second) is codec.Run
+    assert first.subjects[0] is second.subjects[0]

@@ -33,7 +33,10 @@
  * other form (msgpack's unpackb and the Python checks decide those). With two more
  * arguments, ``head`` (a tuple of bytes) and ``binary``, it makes a snapshot's messages
  * instead: ``[*head, topic, sequence, producer, timestamp, uuid, data]`` lists, the
- * sequence as ``broadcasts`` writes it (no row made only to be taken apart).
+ * sequence as ``broadcasts`` writes it (no row made only to be taken apart). With a
+ * seventh, ``names`` (a dict from subjects to topics whose misses convert), the second list
+ * holds the messages' subjects and each topic is looked up as it goes (no column of topics
+ * made first); it stops at a subject that names none, for the Python code to leave out.
  *
  * broadcasts(first, fields, binary) makes the BROADCAST frames of consecutive events
  * from sequence ``first``: ``[topic, sequence, producer, timestamp, uuid, data]`` each, the
@@ -423,11 +426,24 @@ static PyObject *sync_message(PyObject *head, PyObject *topic, unsigned long lon
     return frames;
 }
 
+/* The topic of ``subject`` as ``names[subject]`` gives it (a dict whose misses convert,
+ * bus/eventbus/stream_read.py's Topics): a new reference, None when it names none or is not
+ * bytes (the Python code decides then), NULL with an exception set. */
+static PyObject *topic_of(PyObject *names, PyObject *subject) {
+    /* The dict's own lookup first: a subclass's [] goes through a Python-level
+     * __getitem__ (a method call per event); only a miss converts through it. */
+    PyObject *topic = PyDict_GetItemWithError(names, subject);
+    if (topic != NULL) topic = Py_NewRef(topic);
+    else if (!PyErr_Occurred()) topic = PyObject_GetItem(names, subject);
+    if (topic != NULL && !PyBytes_CheckExact(topic)) Py_SETREF(topic, Py_NewRef(Py_None));
+    return topic;
+}
+
 static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 4 && nargs != 6) {
+    if (nargs != 4 && nargs != 6 && nargs != 7) {
         PyErr_SetString(PyExc_TypeError,
-                        "stream_rows(sequences, topics, payloads, start[, head, binary])");
+                        "stream_rows(sequences, topics, payloads, start[, head, binary[, names]])");
         return NULL;
     }
     PyObject *sequences = args[0], *topics = args[1], *payloads = args[2];
@@ -436,7 +452,13 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         PyErr_SetString(PyExc_TypeError, "stream_rows() takes three lists");
         return NULL;
     }
-    PyObject *head = nargs == 6 ? args[4] : NULL;
+    /* With names, ``topics`` holds the subjects, and names[subject] each one's topic. */
+    PyObject *names = nargs == 7 ? args[6] : NULL;
+    if (names != NULL && !PyDict_Check(names)) {
+        PyErr_SetString(PyExc_TypeError, "stream_rows()'s names is a dict");
+        return NULL;
+    }
+    PyObject *head = nargs >= 6 ? args[4] : NULL;
     int binary = 0;
     if (head != NULL) {
         if (!PyTuple_CheckExact(head)) {
@@ -451,6 +473,7 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
     if (start < 0) start = 0;
     PyObject *rows = PyList_New(0);
     if (rows == NULL) return NULL;
+    untrack(rows); /* its rows and messages are untracked, and so is it (see untrack) */
     Py_ssize_t index = start;
     /* The sizes are read again each time: an allocation may run any code. */
     for (; index < PyList_GET_SIZE(sequences) && index < PyList_GET_SIZE(topics) &&
@@ -461,16 +484,39 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_ssize_t at[4], size[4];
         const unsigned char *body = (const unsigned char *)PyBytes_AS_STRING(payload);
         if (!four_bins(body, PyBytes_GET_SIZE(payload), at, size)) break;
+        PyObject *topic;
+        if (names == NULL) {
+            topic = Py_NewRef(PyList_GET_ITEM(topics, index));
+        } else {
+            /* A conversion may run any code: the payload is held, and looked at again. */
+            Py_INCREF(payload);
+            topic = topic_of(names, PyList_GET_ITEM(topics, index));
+            int same = index < PyList_GET_SIZE(payloads) &&
+                       PyList_GET_ITEM(payloads, index) == payload;
+            Py_DECREF(payload);
+            if (topic == NULL) goto failed;
+            if (topic == Py_None || !same || index >= PyList_GET_SIZE(sequences)) {
+                Py_DECREF(topic);
+                break;
+            }
+        }
         if (head != NULL) {
             PyObject *number = PyList_GET_ITEM(sequences, index);
-            if (!PyLong_CheckExact(number)) break;
-            unsigned long long sequence = PyLong_AsUnsignedLongLong(number);
-            if (sequence == (unsigned long long)-1 && PyErr_Occurred()) {
-                PyErr_Clear(); /* not a sequence: the Python code says what it is */
+            unsigned long long sequence = 0;
+            if (PyLong_CheckExact(number)) {
+                sequence = PyLong_AsUnsignedLongLong(number);
+                if (sequence == (unsigned long long)-1 && PyErr_Occurred()) {
+                    PyErr_Clear(); /* not a sequence: the Python code says what it is */
+                    number = NULL;
+                }
+            } else {
+                number = NULL;
+            }
+            if (number == NULL) {
+                Py_DECREF(topic);
                 break;
             }
             /* All held while the message is made (a collection may run any code). */
-            PyObject *topic = Py_NewRef(PyList_GET_ITEM(topics, index));
             Py_INCREF(payload);
             PyObject *made = sync_message(head, topic, sequence, binary,
                                           PyBytes_AS_STRING(payload), at, size);
@@ -484,7 +530,6 @@ static PyObject *stream_rows(PyObject *module, PyObject *const *args, Py_ssize_t
         }
         /* All three held before anything is allocated (a collection may run any code). */
         PyObject *sequence = Py_NewRef(PyList_GET_ITEM(sequences, index));
-        PyObject *topic = Py_NewRef(PyList_GET_ITEM(topics, index));
         Py_INCREF(payload);
         PyObject *row = PyTuple_New(6);
         if (row == NULL) {
@@ -578,9 +623,10 @@ static PyMethodDef methods[] = {
      "stream_items(fields, start, subjects) -> (items, next): each event's (subject, uuid, "
      "body) for a stream, up to the first whose topic subjects does not hold"},
     {"stream_rows", (PyCFunction)(void (*)(void))stream_rows, METH_FASTCALL,
-     "stream_rows(sequences, topics, payloads, start[, head, binary]) -> (rows, next): the "
-     "log's rows of messages read from a stream (with head: snapshot messages), up to the "
-     "first body of another form"},
+     "stream_rows(sequences, topics, payloads, start[, head, binary[, names]]) -> (rows, "
+     "next): the log's rows of messages read from a stream (with head: snapshot messages), "
+     "up to the first body of another form; with names (subject -> topic), topics holds "
+     "the subjects, and it stops at one that names no topic too"},
     {"broadcasts", (PyCFunction)(void (*)(void))broadcasts, METH_FASTCALL,
      "broadcasts(first, fields, binary) -> the BROADCAST frames of consecutive events, or "
      "None when fields is not a list of five-tuples"},

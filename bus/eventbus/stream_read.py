@@ -147,13 +147,43 @@ def decoded_syncs(
     return messages  # type: ignore[no-any-return]
 
 
-def _rest(batch: Batch, topics: list[bytes], index: int) -> Events:
-    """The events from ``index`` on, as Python reads them (errors alike)."""
-    rest = Batch(
+def syncs_of(
+    batch: Batch, topics: Topics, identity: bytes, encoding: codec.SequenceEncoding
+) -> tuple[list[int], list[list[bytes]], int]:
+    """The SYNC messages to ``identity`` of the messages of ``batch`` that name a topic,
+    their sequences, and how many name none: what :func:`events_of` and then
+    :func:`decoded_syncs` give, in one compiled step where bus/eventbus/_pubscan.c was built
+    (each subject's topic looked up there: no column of topics made in between)."""
+    native = codec.native
+    done: list[int] = []
+    messages: list[list[bytes]] = []
+    if native is not None:
+        binary = encoding is codec.SequenceEncoding.BINARY
+        head = (identity, codec.SYNC)
+        messages, index = native.stream_rows(
+            batch.sequences, batch.subjects, batch.payloads, 0, head, binary, topics
+        )
+        if index == len(batch.sequences):
+            return batch.sequences, messages, 0
+        # A subject that names no topic, or a body of another form: the rest as Python
+        # reads it (errors alike).
+        done, batch = batch.sequences[:index], _after(batch, index)
+    batch, names, skipped = events_of(batch, topics)
+    messages += decoded_syncs(batch, names, identity, encoding)
+    return done + batch.sequences, messages, skipped
+
+
+def _after(batch: Batch, index: int) -> Batch:
+    """The messages of ``batch`` from ``index`` on."""
+    return Batch(
         batch.sequences[index:], batch.subjects[index:], batch.payloads[index:],
         batch.stamps[index:],
     )  # fmt: skip
-    return Events.decoded(rest, topics[index:])
+
+
+def _rest(batch: Batch, topics: list[bytes], index: int) -> Events:
+    """The events from ``index`` on, as Python reads them (errors alike)."""
+    return Events.decoded(_after(batch, index), topics[index:])
 
 
 @dataclass
@@ -388,24 +418,37 @@ class RangeReader:
         self, count: int, identity: bytes, encoding: codec.SequenceEncoding
     ) -> codec.SyncChunk:
         """:meth:`next_events` as a snapshot's SYNC messages to ``identity``."""
-        found = self._next(count)
-        if found is None:
-            return codec.SyncChunk([], [])
-        batch, topics = found
-        return codec.SyncChunk(batch.sequences, decoded_syncs(batch, topics, identity, encoding))
+        if not self._exact:  # the prefixes are looked at here, each topic in turn
+            found = self._next(count)
+            if found is None:
+                return codec.SyncChunk([], [])
+            batch, topics = found
+            return codec.SyncChunk(
+                batch.sequences, decoded_syncs(batch, topics, identity, encoding)
+            )
+        while (stored := self._batch(count)) is not None:
+            sequences, messages, skipped = syncs_of(stored, self._topics, identity, encoding)
+            self.skipped += skipped
+            if messages:
+                return codec.SyncChunk(sequences, messages)
+        return codec.SyncChunk([], [])
+
+    def _batch(self, count: int) -> Batch | None:
+        """The next stored messages (under the prefixes' subject filters), at most
+        ``count``; None at the end."""
+        if self._read is None or self._failover is None or self._read.done:
+            return None
+        batch = self._failover.call(
+            self._doing(), lambda connection: self._reading(connection).next_batch(count)
+        )
+        if batch.sequences:
+            self.position = batch.sequences[-1]
+        return batch
 
     def _next(self, count: int) -> tuple[Batch, list[bytes]] | None:
         """The next stored messages under the prefixes, with their topics; None at the end."""
-        if self._read is None or self._failover is None:
-            return None
         topics, exact, prefixes = self._topics, self._exact, self._prefixes
-        doing = self._doing
-        while not self._read.done:
-            batch = self._failover.call(
-                doing(), lambda connection: self._reading(connection).next_batch(count)
-            )
-            if batch.sequences:
-                self.position = batch.sequences[-1]
+        while (batch := self._batch(count)) is not None:
             batch, names, skipped = events_of(batch, topics)
             self.skipped += skipped
             if not exact:

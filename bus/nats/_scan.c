@@ -4,12 +4,13 @@
  * split, a few int() and a NamedTuple, then a split of its reply subject: 3-4 us, more
  * than the nats-server spends sending it. Here:
  *
- * scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps]]]) parses whole
- * MSG/HMSG messages and bare PING, PONG and +OK lines from ``position`` on (the lines into
- * ``controls`` when given, so that a reader of thousands of messages need not look at each
- * for a PING; JetStream deliveries on ``run_sid`` into one Run of columns a run, as
- * deliveries() would read them, so that no message, reply subject or header block is made
- * for each), and stops at the first thing it does not take: an incomplete message, INFO,
+ * scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps[, subjects]]]])
+ * parses whole MSG/HMSG messages and bare PING, PONG and +OK lines from ``position`` on (the
+ * lines into ``controls`` when given, so that a reader of thousands of messages need not
+ * look at each for a PING; JetStream deliveries on ``run_sid`` into one Run of columns a
+ * run, as deliveries() would read them, so that no message, reply subject or header block is
+ * made for each, their subjects one object a topic, kept in ``subjects`` from one scan to
+ * the next), and stops at the first thing it does not take: an incomplete message, INFO,
  * -ERR, anything odd (a number that is not plain digits, a missing CRLF after a payload).
  * The Python parser takes that one item, with its own errors, so both give the same
  * results for every input (tests/test_natswire_scan.py).
@@ -120,7 +121,8 @@ static int tuple_type(PyObject *type) {
 #define MAX_TOKENS 32
 
 static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *sequence,
-                      unsigned long long *stamp, unsigned long long *pending) {
+                      unsigned long long *stamp, unsigned long long *pending,
+                      Py_ssize_t *head) {
     const char *token[MAX_TOKENS];
     Py_ssize_t token_size[MAX_TOKENS];
     int count = split(reply, size, '.', token, token_size, MAX_TOKENS);
@@ -130,8 +132,89 @@ static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *se
         if (count < 11) return 0;
         s = 7, t = 9, p = 10;
     }
-    return digits(token[s], token_size[s], sequence) && digits(token[t], token_size[t], stamp) &&
-           digits(token[p], token_size[p], pending);
+    if (!digits(token[s], token_size[s], sequence) || !digits(token[t], token_size[t], stamp) ||
+        !digits(token[p], token_size[p], pending))
+        return 0;
+    /* The first four tokens and their dots, where read_tail can read the next one's. */
+    *head = count == 9 ? token[4] - reply : 0;
+    return 1;
+}
+
+/* Eight ASCII bytes as a word, the first in the lowest byte: each byte that is not a digit
+ * nonzero in what this gives (the first one exactly: a carry only goes up from it). */
+static uint64_t not_digits(uint64_t word) {
+    return ((word & 0xF0F0F0F0F0F0F0F0ull) |
+            (((word + 0x0606060606060606ull) & 0xF0F0F0F0F0F0F0F0ull) >> 4)) ^
+           0x3333333333333333ull;
+}
+
+/* The number eight digits' values in a word make (the first in the lowest byte, the most
+ * significant): pairs, then fours, then all eight. */
+static uint64_t eight_digits(uint64_t word) {
+    word = (word * 10 + (word >> 8)) & 0x00FF00FF00FF00FFull;
+    word = (word * 100 + (word >> 16)) & 0x0000FFFF0000FFFFull;
+    return (word * 10000 + (word >> 32)) & 0xFFFFFFFFull;
+}
+
+/* One token of read_tail's: up to the next dot (``last``: to the end), at ``*at``; with
+ * ``value``, its plain digits as digits() reads them. 0 when it is not that. ``limit`` is
+ * where the buffer ends: a word read there may pass ``end`` (the reply is followed by the
+ * message's size), never ``limit``. */
+/* Inlined: five calls a delivery, and the call itself cost a third of the reading. */
+static inline __attribute__((always_inline)) int
+tail_token(const char **at, const char *end, const char *limit, int last,
+           unsigned long long *value) {
+    const char *from = *at, *p = from;
+    unsigned long long sum = 0;
+    if (value == NULL) {
+        while (p < end && *p != '.') p++;
+    } else {
+        if (limit - p >= 8) {
+            /* Fewer than eight digits, the usual number (a sequence, a count): read in one
+             * word, the first byte that is not a digit found in it. */
+            uint64_t word;
+            memcpy(&word, p, 8);
+            uint64_t odd = not_digits(word);
+            int count = odd ? __builtin_ctzll(odd) >> 3 : 8;
+            if (count > 0 && count < 8 && count <= end - p) {
+                p += count;
+                if (last ? p != end : (p == end || *p != '.')) return 0;
+                /* The digits moved to the top bytes, zeros before them. */
+                *value = eight_digits((word - 0x3030303030303030ull) << (8 * (8 - count)));
+                *at = p + 1;
+                return 1;
+            }
+        }
+        /* Eight digits at a time while they are (a time stored has 19): checked and summed
+         * in a word, up to 19 digits in all (no overflow). */
+        while (end - p >= 8 && p - from <= 11) {
+            uint64_t word;
+            memcpy(&word, p, 8);
+            if (not_digits(word)) break; /* a byte that is not a digit: the loop below finds it */
+            sum = sum * 100000000ull + eight_digits(word - 0x3030303030303030ull);
+            p += 8;
+        }
+        for (; p < end && *p != '.'; p++) {
+            unsigned d = (unsigned)(unsigned char)*p - '0';
+            if (d > 9) return 0;
+            sum = sum * 10 + d; /* wraps past 19 digits: read again below */
+        }
+        if (p - from >= 20 && !digits(from, p - from, &sum)) return 0;
+        if (p == from) return 0;
+        *value = sum;
+    }
+    if (last ? p != end : p == end) return 0;
+    *at = p + 1;
+    return 1;
+}
+
+static int read_tail(const char *rest, Py_ssize_t size, const char *limit,
+                     unsigned long long *sequence, unsigned long long *stamp,
+                     unsigned long long *pending) {
+    const char *at = rest, *end = rest + size;
+    return tail_token(&at, end, limit, 0, NULL) && tail_token(&at, end, limit, 0, sequence) &&
+           tail_token(&at, end, limit, 0, NULL) && tail_token(&at, end, limit, 0, stamp) &&
+           tail_token(&at, end, limit, 1, pending);
 }
 
 /* Subjects made during one scan, by a hash of their bytes: a stream's deliveries name a
@@ -161,43 +244,87 @@ static PyObject *subject_of(Subjects *seen, const char *text, Py_ssize_t size) {
     return made;
 }
 
-static void forget_subjects(Subjects *seen) {
-    for (int i = 0; i < SUBJECT_SLOTS; i++) Py_CLEAR(seen->slot[i]);
+/* The subjects a caller kept from its last scan (a list of SUBJECT_SLOTS bytes or None):
+ * the same objects scan after scan, so that a dict keyed by them finds each by identity,
+ * with no comparison of its bytes. 0, or -1 with an exception set. */
+static int recall_subjects(Subjects *seen, PyObject *kept) {
+    if (!PyList_CheckExact(kept) || PyList_GET_SIZE(kept) != SUBJECT_SLOTS) {
+        PyErr_SetString(PyExc_ValueError, "subjects: a list of 64 is wanted");
+        return -1;
+    }
+    for (int i = 0; i < SUBJECT_SLOTS; i++) {
+        PyObject *known = PyList_GET_ITEM(kept, i);
+        seen->slot[i] = PyBytes_CheckExact(known) ? Py_NewRef(known) : NULL;
+    }
+    return 0;
+}
+
+/* Forget the subjects, into ``kept`` first when given (where recall_subjects takes them). */
+static void forget_subjects(Subjects *seen, PyObject *kept) {
+    for (int i = 0; i < SUBJECT_SLOTS; i++) {
+        if (kept != NULL && seen->slot[i] != NULL)
+            PyList_SetItem(kept, i, Py_NewRef(seen->slot[i])); /* steals; cannot fail here */
+        Py_CLEAR(seen->slot[i]);
+    }
 }
 
 #define MAX_PARTS 6
 
-/* A run of deliveries being made: its columns, and the bytes of their headers and
- * payloads (what a connection's pending limits count). */
+/* A run of deliveries being made: each one's five values one after another (a list a
+ * column is made once, at its size, when the run ends: an append a value cost a fifth of
+ * a delivery's scan), and the bytes of their headers and payloads (what a connection's
+ * pending limits count). */
 typedef struct {
-    PyObject *columns[5];
+    PyObject **values;
+    Py_ssize_t count, room; /* deliveries held, and room for */
     unsigned long long bytes;
 } Run;
 
+static void drop_run(Run *run) {
+    for (Py_ssize_t i = 0; i < 5 * run->count; i++) Py_DECREF(run->values[i]);
+    PyMem_Free(run->values);
+    run->values = NULL;
+    run->count = run->room = 0;
+    run->bytes = 0;
+}
+
 /* The run made so far, as one ``run_type`` item appended to ``out``; none when empty. */
 static int end_run(Run *run, PyObject *out, PyTypeObject *run_type) {
-    if (run->columns[0] == NULL) return 0;
-    PyObject *items[6];
-    for (int i = 0; i < 5; i++) items[i] = run->columns[i], run->columns[i] = NULL;
+    Py_ssize_t count = run->count;
+    if (count == 0) return 0;
+    PyObject *items[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    for (int c = 0; c < 5; c++)
+        if ((items[c] = PyList_New(count)) == NULL) goto failed;
     items[5] = PyLong_FromUnsignedLongLong(run->bytes);
+    if (items[5] == NULL) goto failed;
+    /* The values move into the columns (no allocation from here: nothing can run). */
+    for (Py_ssize_t i = 0; i < count; i++)
+        for (int c = 0; c < 5; c++) PyList_SET_ITEM(items[c], i, run->values[5 * i + c]);
+    run->count = 0;
     run->bytes = 0;
-    if (items[5] == NULL) {
-        for (int i = 0; i < 5; i++) Py_DECREF(items[i]);
-        return -1;
-    }
-    /* Lists: the tuple stays with the cyclic collector (one a run, not one a message). */
+    /* The columns hold ints and bytes only and nothing adds anything else to them: out of
+     * the collector's walks (a front-end's chunk of a thousand waits to be made into
+     * messages, and each young collection walked every column item by item). The tuple
+     * stays with the collector (one a run, not one a message). */
+    for (int i = 0; i < 5; i++)
+        if (PyObject_GC_IsTracked(items[i])) PyObject_GC_UnTrack(items[i]);
     PyObject *made = run_type->tp_alloc(run_type, 6);
     if (made == NULL) {
         for (int i = 0; i < 6; i++) Py_DECREF(items[i]);
         return -1;
     }
     for (int i = 0; i < 6; i++) PyTuple_SET_ITEM(made, i, items[i]);
-    int failed = PyList_Append(out, made);
+    int appended = PyList_Append(out, made);
     Py_DECREF(made);
-    return failed;
+    return appended;
+failed:
+    /* The lists made so far hold NULLs only (PyList_New): they free alone. */
+    for (int i = 0; i < 6; i++) Py_XDECREF(items[i]);
+    return -1;
 }
 
-/* One delivery into ``run``'s columns (started when empty); -1 with an exception set. */
+/* One delivery into ``run`` (it steals ``subject`` and ``payload``, either of which may be
+ * NULL: a failed allocation); -1 with an exception set. */
 static int add_to_run(Run *run, PyObject *subject, PyObject *payload, unsigned long long sequence,
                       unsigned long long stamp, int stamps, unsigned long long pending,
                       unsigned long long bytes) {
@@ -206,31 +333,38 @@ static int add_to_run(Run *run, PyObject *subject, PyObject *payload, unsigned l
                            PyLong_FromUnsignedLongLong(stamps ? stamp : 0),
                            PyLong_FromUnsignedLongLong(pending)};
     int failed = 0;
-    if (run->columns[0] == NULL)
-        for (int i = 0; i < 5 && !failed; i++)
-            if ((run->columns[i] = PyList_New(0)) == NULL) failed = -1;
-    for (int i = 0; i < 5; i++) {
-        if (values[i] == NULL || (!failed && PyList_Append(run->columns[i], values[i]) < 0))
-            failed = -1;
+    for (int i = 0; i < 5; i++)
+        if (values[i] == NULL) failed = -1;
+    if (!failed && run->count == run->room) {
+        Py_ssize_t room = run->room ? 2 * run->room : 256;
+        PyObject **more = PyMem_Realloc(run->values, (size_t)room * 5 * sizeof(PyObject *));
+        if (more == NULL) failed = -1;
+        else run->values = more, run->room = room;
     }
-    for (int i = 0; i < 5; i++) Py_XDECREF(values[i]);
-    if (failed && !PyErr_Occurred()) PyErr_NoMemory();
+    if (failed) {
+        for (int i = 0; i < 5; i++) Py_XDECREF(values[i]);
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(run->values + 5 * run->count, values, sizeof(values));
+    run->count++;
     run->bytes += bytes;
-    return failed;
+    return 0;
 }
 
 static PyObject *scan(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
     Py_ssize_t position;
-    PyObject *msg_type, *control_type, *controls = NULL, *run_type = NULL;
+    PyObject *msg_type, *control_type, *controls = NULL, *run_type = NULL, *kept = NULL;
     long long run_sid = -1;
     int stamps = 1;
-    if (!PyArg_ParseTuple(args, "y*nOO|OLOp", &view, &position, &msg_type, &control_type,
-                          &controls, &run_sid, &run_type, &stamps))
+    if (!PyArg_ParseTuple(args, "y*nOO|OLOpO", &view, &position, &msg_type, &control_type,
+                          &controls, &run_sid, &run_type, &stamps, &kept))
         return NULL;
     if (controls == Py_None) controls = NULL;
     if (run_type == Py_None) run_type = NULL;
+    if (kept == Py_None) kept = NULL;
     if (!tuple_type(msg_type) || !tuple_type(control_type) ||
         (run_type != NULL && !tuple_type(run_type))) {
         PyBuffer_Release(&view);
@@ -244,10 +378,17 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     const char *data = view.buf;
     Py_ssize_t size = view.len;
     PyObject *out = NULL;
-    Run run = {{NULL, NULL, NULL, NULL, NULL}, 0};
+    Run run = {NULL, 0, 0, 0};
     Subjects seen = {{NULL}};
+    /* The head of the last delivery's reply subject read (in ``data``), 0 bytes: none. */
+    const char *head = NULL;
+    Py_ssize_t head_size = 0;
     if (position < 0) {
         PyErr_SetString(PyExc_ValueError, "a position before the buffer");
+        goto fail;
+    }
+    if (kept != NULL && recall_subjects(&seen, kept) < 0) {
+        kept = NULL;
         goto fail;
     }
     out = PyList_New(0);
@@ -276,7 +417,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             unsigned long long sequence, stamp, pending;
             if (run_type != NULL && has_reply && (long long)sid == run_sid &&
                 part_size[3] >= 8 && memcmp(part[3], "$JS.ACK.", 8) == 0 &&
-                read_reply(part[3], part_size[3], &sequence, &stamp, &pending)) {
+                (head_size > 0 && part_size[3] > head_size &&
+                         memcmp(part[3], head, (size_t)head_size) == 0
+                     ? read_tail(part[3] + head_size, part_size[3] - head_size, data + size,
+                                 &sequence, &stamp, &pending) ||
+                           read_reply(part[3], part_size[3], &sequence, &stamp, &pending,
+                                      &head_size)
+                     : read_reply(part[3], part_size[3], &sequence, &stamp, &pending,
+                                  &head_size))) {
+                if (head_size > 0) head = part[3]; /* where the next one is compared */
                 /* A delivery: its reply subject read here, no message made for it. */
                 if (add_to_run(&run, subject_of(&seen, part[1], part_size[1]),
                                PyBytes_FromStringAndSize(data + start + header_size,
@@ -313,12 +462,13 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         position = start;
     }
     if (run_type != NULL && end_run(&run, out, (PyTypeObject *)run_type) < 0) goto fail;
-    forget_subjects(&seen);
+    drop_run(&run); /* its room */
+    forget_subjects(&seen, kept);
     PyBuffer_Release(&view);
     return Py_BuildValue("Nn", out, position);
 fail:
-    forget_subjects(&seen);
-    for (int i = 0; i < 5; i++) Py_XDECREF(run.columns[i]);
+    forget_subjects(&seen, kept);
+    drop_run(&run);
     Py_XDECREF(out);
     PyBuffer_Release(&view);
     return NULL;
@@ -359,7 +509,8 @@ static PyObject *deliveries(PyObject *self, PyObject *args) {
         Py_ssize_t size = PyBytes_GET_SIZE(reply);
         if (size < 8 || memcmp(text, "$JS.ACK.", 8) != 0) break;
         unsigned long long sequence, stamp, pending;
-        if (!read_reply(text, size, &sequence, &stamp, &pending)) break;
+        Py_ssize_t head;
+        if (!read_reply(text, size, &sequence, &stamp, &pending, &head)) break;
         PyObject *values[5] = {PyLong_FromUnsignedLongLong(sequence),
                                Py_NewRef(PyTuple_GET_ITEM(msg, 0)),
                                Py_NewRef(PyTuple_GET_ITEM(msg, 4)),
@@ -489,11 +640,12 @@ static PyObject *batch_publishes(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps]]]) -> (items, "
-     "position): whole messages and bare PING/PONG/+OK lines (appended to the list controls "
+     "scan(buffer, position, Msg, Control[, controls[, run_sid, Run[, stamps[, subjects]]]]) -> "
+     "(items, position): whole messages and bare PING/PONG/+OK lines (appended to the list controls "
      "instead, when given), up to the first item left to the Python parser; JetStream "
      "deliveries on run_sid as one Run (sequences, subjects, payloads, stamps, pending, "
-     "bytes) a run, their stamps 0 when stamps is false."},
+     "bytes) a run, their stamps 0 when stamps is false, their subjects kept in the list "
+     "subjects (64 places) from one scan to the next."},
     {"deliveries", deliveries, METH_VARARGS,
      "deliveries(messages, start, sid, limit) -> (index, sequences, subjects, payloads, "
      "stamps, pending): JetStream deliveries on sid as columns, up to the first other "

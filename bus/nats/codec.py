@@ -73,6 +73,8 @@ class Control(NamedTuple):
 #: The compiled scanner (bus/nats/_scan.c), or None (not built, or ``BUS_NATIVE_NATS=0``);
 #: the Python code below gives the same results without it.
 native: Any = compiled("bus.nats._scan", "BUS_NATIVE_NATS")
+#: The places of the scanner's table of subjects (bus/nats/_scan.c SUBJECT_SLOTS).
+SUBJECT_SLOTS = 64
 
 
 class Parser:
@@ -86,6 +88,10 @@ class Parser:
         #: Runs hold the times stored (else 0 for each: a reader that does not want them
         #: spares an int a delivery).
         self.run_stamps = True
+        #: The compiled scanner's subjects, kept from one read to the next: a topic's
+        #: subject is the same object in every run, so that a dict keyed by it finds it
+        #: by identity (:data:`SUBJECT_SLOTS` places).
+        self._subjects: list[bytes | None] = [None] * SUBJECT_SLOTS
 
     @property
     def waiting(self) -> int:
@@ -125,7 +131,7 @@ class Parser:
             position, size, scan = 0, len(buffer), native.scan
             extra: tuple[Any, ...] = () if controls is None else (controls,)
             if run_sid is not None:
-                extra = (controls, run_sid, Run, stamps)
+                extra = (controls, run_sid, Run, stamps, self._subjects)
             while True:
                 items, position = scan(buffer, position, Msg, Control, *extra)
                 out.extend(items)

@@ -285,10 +285,13 @@ class RangeRead:
                 if sequences:
                     self._served(len(sequences))
                     taken = self._taken(sequences, pending)
-                    out.sequences += sequences[:taken]
-                    out.subjects += subjects[:taken]
-                    out.payloads += payloads[:taken]
-                    out.stamps += stamps[:taken]
+                    if taken == len(sequences) and not out.sequences:
+                        out = Batch(sequences, subjects, payloads, stamps)  # no copy made
+                    else:
+                        out.sequences += sequences[:taken]
+                        out.subjects += subjects[:taken]
+                        out.payloads += payloads[:taken]
+                        out.stamps += stamps[:taken]
                     if self._done:
                         break
                     if len(out.sequences) >= count:
