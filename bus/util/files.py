@@ -27,13 +27,24 @@ def replace_atomically(path: Path, text: str, *, fsync: bool = False) -> None:
         raise
 
 
+def status_json_text(value: Any) -> str:
+    """``value`` as ``status.json`` holds it: keys sorted, on one line. Not indented: with
+    ``indent`` the json module encodes in Python, several times slower than its C encoder,
+    and a service writes its status every few tenths of a second on its reactor."""
+    return json.dumps(value, sort_keys=True) + "\n"
+
+
 def write_status_json(path: Path, value: Any) -> None:
-    """A service's ``status.json``, replaced atomically.
+    """A service's ``status.json`` (:func:`status_json_text`), replaced atomically."""
+    write_status_text(path, status_json_text(value))
+
+
+def write_status_text(path: Path, text: str) -> None:
+    """Replace ``status.json`` with ``text`` atomically.
 
     On a full disk (no room for the temporary file) the existing file is rewritten in
     place instead, which needs no new blocks while the text is not longer: the status is
     most wanted exactly then, and a reader may at worst see a torn file once."""
-    text = json.dumps(value, indent=1, sort_keys=True)
     try:
         replace_atomically(path, text)
     except OSError as error:
