@@ -526,4 +526,5 @@ def test_status_json_is_rewritten_off_the_reactor_and_written_last_at_the_stop(
     assert writers[-1] is True
     final = json.loads(path.read_text())
     assert final["stored"] is None and final["counters"] == broker.broker.counters()
+    assert final.keys() == broker.status().keys()
     assert final["config"]["stats_interval"] == 0.05
