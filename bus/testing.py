@@ -157,8 +157,9 @@ def start_broker(
     broker_fields = set(BrokerSettings.__dataclass_fields__)
     broker = BrokerSettings(**{k: v for k, v in settings.items() if k in broker_fields})
     fields: dict[str, Any] = {"worker_port": 0, "client_port": 0, "admin_port": 0}
+    fields["stats_interval"] = 0
     fields.update((k, v) for k, v in settings.items() if k not in broker_fields)
-    config = EmqpConfig(data_dir=Path(data_dir), stats_interval=0, broker=broker, **fields)
+    config = EmqpConfig(data_dir=Path(data_dir), broker=broker, **fields)
     service = EmqpService(config, activity or NO_ACTIVITY, reactor=reactor)
     service.startService()
     return service

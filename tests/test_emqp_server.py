@@ -4,6 +4,7 @@ raw peers that take a job and die, stay silent or reply late."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -489,3 +490,41 @@ def test_a_store_of_a_row_per_request_runs_in_order_and_replied_ones_stay_gone(
         assert again.broker.restored == 0 and again.store.count() == 0
     finally:
         yield again.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_status_json_is_rewritten_off_the_reactor_and_written_last_at_the_stop(
+    tmp_path: Path, cleanup: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    from bus.emqp import server
+
+    writers: list[bool] = []
+    write = server.write_status_text
+
+    def recorded(path: Path, text: str) -> None:
+        writers.append(threading.current_thread() is threading.main_thread())
+        write(path, text)
+
+    monkeypatch.setattr(server, "write_status_text", recorded)
+    broker = broker_in(tmp_path, cleanup, stats_interval=0.05)
+    path = tmp_path / "emqp" / "status.json"
+    # Written at the start before startService returned, on the reactor's thread.
+    assert json.loads(path.read_text())["stored"] == 0 and writers == [True]
+    worker = worker_for(broker, cleanup)
+    client = client_for(broker, cleanup)
+    yield wait_until(lambda: worker.registered, what="the worker's ACK")
+    result = yield client.submit("default", ["add", {"a": 1, "b": 2}], guarantee=True)
+    assert result == 3
+
+    def replied() -> bool:
+        return json.loads(path.read_text())["counters"]["replied"] == 1
+
+    yield wait_until(replied, what="the reply in status.json")
+    assert False in writers  # the periodic ones on the status thread
+    yield broker.stopService()
+    # The stop's status is the last one written, after any the thread was writing.
+    assert writers[-1] is True
+    final = json.loads(path.read_text())
+    assert final["stored"] is None and final["counters"] == broker.broker.counters()
+    assert final.keys() == broker.status().keys()
+    assert final["config"]["stats_interval"] == 0.05

@@ -52,10 +52,10 @@ from bus.transport.outbox import PeerOutboxes
 from bus.transport.security import ServerCurve
 from bus.transport.serving import ServerPorts
 from bus.transport.zmqsocket import bind_failure
-from bus.util.files import write_status_json
+from bus.util.files import status_json_text, write_status_text
 from bus.util.memory import MemoryRelease
 from bus.util.metrics import wal_metrics
-from bus.util.workers import SerialWork
+from bus.util.workers import NewestWins, SerialWork
 
 log = Logger(namespace="bus.emqp")
 
@@ -157,6 +157,12 @@ class EmqpService(Service):
             memory=self._memory,
         )
         self._checkpoints = SerialWork(self.reactor, "emqp-checkpoint", self._checkpoint_failed)
+        #: status.json's rewrites, off the reactor (the rename over the old file may wait on
+        #: the disk for milliseconds).
+        self._status_file = NewestWins(self.reactor, "emqp-status", self._status_failed)
+        #: The settings as status shows them, and the config they were made of (made again
+        #: only when a reload changes it).
+        self._config_json: tuple[EmqpConfig, dict[str, Any]] | None = None
         #: How late the latest heartbeat rounds went out, at most (timer lag under load).
         self.max_heartbeat_lag = 0.0
         self.worker_send_failures = 0
@@ -237,7 +243,8 @@ class EmqpService(Service):
         every(config.checkpoint_interval, self._checkpoint)
         if config.stats_interval > 0:
             self._stats_loop = every(config.stats_interval, self._report)
-        self._write_status()
+        self._status_file.start()
+        self._write_status(now=True)  # there once the service has started
         if paused:
             log.warn(
                 "queues paused by an operator before the restart stay paused until resumed: "
@@ -482,20 +489,24 @@ class EmqpService(Service):
         self.ports.close()
         if self.stream is not None:
             self.stream.close()
-        # The store closes once a checkpoint running in its thread is done.
+        # The store closes once a checkpoint running in its thread is done, and the last
+        # status.json is written once the one being written is.
         self._stopping = defer.Deferred()
-        self._checkpoints.idle().addBoth(lambda _: self._close_store())
+        self._checkpoints.idle().addBoth(lambda _: self._status_file.idle()).addBoth(
+            lambda _: self._close_store()
+        )
         return self._stopping
 
     def _close_store(self) -> None:
         assert self._stopping is not None
         self._checkpoints.stop()
+        self._status_file.stop()
         if self.store is not None:
             try:
                 self.store.close()
             except StorageError as error:
                 log.error("job store closed with unsaved changes: {error}", error=str(error))
-        self._write_status()
+        self._write_status(now=True)
         log.info("eMQP broker stopped")
         self._stopping.callback(None)
 
@@ -844,7 +855,7 @@ class EmqpService(Service):
             "max_heartbeat_lag_ms": round(self.max_heartbeat_lag * 1000, 3),
             "curve": self.curve.status(),
             "jetstream": self.stream.status() if self.stream is not None else None,
-            "config": config_json(self.config),
+            "config": self._settings_json(),
         }
         if self.store is not None:
             described.update(self.store.wal_status().as_status())
@@ -1055,10 +1066,27 @@ class EmqpService(Service):
         )
         self._write_status()
 
-    def _write_status(self) -> None:
+    def _settings_json(self) -> dict[str, Any]:
+        made = self._config_json
+        if made is None or made[0] is not self.config:
+            made = self._config_json = (self.config, config_json(self.config))
+        return made[1]
+
+    def _write_status(self, now: bool = False) -> None:
+        """status.json, on the status thread (``now``: before returning, when no write of
+        the thread runs: at the start and at the end)."""
+        path = Path(self.config.data_dir) / "status.json"
+        text = status_json_text(self.status())
+        if not now:
+            self._status_file.run(lambda: write_status_text(path, text))
+            return
         try:
-            write_status_json(Path(self.config.data_dir) / "status.json", self.status())
+            write_status_text(path, text)
         except OSError as error:
-            failures = self._faults.due("status")
-            if failures is not None:
-                log.warn("cannot write status.json: {error}", error=str(error))
+            self._status_failed(Failure(error))
+
+    def _status_failed(self, failure: Failure) -> None:
+        if not failure.check(OSError):
+            log.failure("cannot write status.json", failure)
+        elif self._faults.due("status") is not None:
+            log.warn("cannot write status.json: {error}", error=str(failure.value))
