@@ -507,26 +507,42 @@ def test_a_compaction_step_commits_part_by_part_and_a_failed_part_loses_nothing(
     store: EventStore,
 ) -> None:
     """With a budget, a step deletes in parts of a sixth of its chunk (128 events at least),
-    each its own transaction, ending after the batch that fills it: a part that fails is
-    rolled back alone, the step ends with what the parts before it deleted, and what it took
-    and did not delete is deleted by later steps. A first part that fails raises, having
-    deleted nothing, and loses nothing either."""
+    each its own transaction, ending after the batch that fills it, where a batch deleted
+    whole counts a quarter of its events: a part that fails is rolled back alone, the step
+    ends with what the parts before it deleted, and what it took and did not delete is
+    deleted by later steps. A first part that fails raises, having deleted nothing, and
+    loses nothing either."""
     from bus.errors import StorageError
 
-    for _ in range(3 * REGION // 2):  # sequences 1..768, batches of two: regions 0 to 3
+    # A topic's one event at 1, then pairs from 2 (2..1537): each region of the log holds
+    # whole batches (the region 0 to 255, 256 to 511, ...).
+    fill(store, [b"x"])
+    for _ in range(3 * REGION):
         fill(store, [b"a", b"b"])
     assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
     never = lambda: False  # noqa: E731
-    with write_failing(1):  # the first part (1..128) is committed, the second fails
-        assert store.compact_step(chunk=6 * 128, out_of_time=never) == (128, False)
-    assert seqs(store.read(0, limit=10_000))[:2] == [129, 130]
+    with write_failing(1):  # the first part (2..513: 4 x 128) is committed, the second fails
+        assert store.compact_step(chunk=6 * 128, out_of_time=never) == (512, False)
+    assert seqs(store.read(0, limit=10_000))[:3] == [1, 514, 515]
     with write_failing(0), pytest.raises(StorageError):
         store.compact_step(chunk=6 * 128, out_of_time=never)
-    assert store.count() == 2 * 384 - 128
-    # Out of time at once: it stops at the end of the region (129..255), then the rest.
-    assert store.compact_step(chunk=6 * 128, out_of_time=lambda: True) == (REGION - 129, False)
-    assert store.compact_step(chunk=10_000) == (2 * 384 - 2 - (REGION - 1), True)
-    assert seqs(store.read(0)) == [767, 768]
+    assert store.count() == 1 + 6 * REGION - 512
+    # Out of time at once: it stops at the end of the region (514..767), then the rest.
+    assert store.compact_step(chunk=6 * 128, out_of_time=lambda: True) == (254, False)
+    assert store.compact_step(chunk=10_000) == (6 * REGION - 2 - 512 - 254, True)
+    assert seqs(store.read(0)) == [1, 6 * REGION, 6 * REGION + 1]
+
+
+def test_a_part_counts_every_event_of_the_batches_it_writes_again(store: EventStore) -> None:
+    """Batches that keep an event (a topic of their own) are written again: each counts all
+    the events it held toward its part, so the first part of 128 ends after 43 batches of 3."""
+    for n in range(100):
+        fill(store, [b"a", b"b", b"own-%d" % n])
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    with write_failing(1):
+        assert store.compact_step(chunk=6 * 128, out_of_time=lambda: False) == (86, False)
+    assert store.compact_step(chunk=10_000) == (2 * 100 - 2 - 86, True)
+    assert [e.topic for e in store.read(0, limit=1000)][-3:] == [b"a", b"b", b"own-99"]
 
 
 def test_a_compaction_step_out_of_time_reads_a_few_hundred_events(store: EventStore) -> None:
