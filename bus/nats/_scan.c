@@ -140,6 +140,13 @@ static int read_reply(const char *reply, Py_ssize_t size, unsigned long long *se
     return 1;
 }
 
+/* The word reads below take a buffer's first byte as a word's lowest: elsewhere, byte by byte. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define LITTLE_ENDIAN_WORDS 1
+#else
+#define LITTLE_ENDIAN_WORDS 0
+#endif
+
 /* Eight ASCII bytes as a word, the first in the lowest byte: each byte that is not a digit
  * nonzero in what this gives (the first one exactly: a carry only goes up from it). */
 static uint64_t not_digits(uint64_t word) {
@@ -169,7 +176,7 @@ tail_token(const char **at, const char *end, const char *limit, int last,
     if (value == NULL) {
         while (p < end && *p != '.') p++;
     } else {
-        if (limit - p >= 8) {
+        if (LITTLE_ENDIAN_WORDS && limit - p >= 8) {
             /* Fewer than eight digits, the usual number (a sequence, a count): read in one
              * word, the first byte that is not a digit found in it. */
             uint64_t word;
@@ -187,7 +194,7 @@ tail_token(const char **at, const char *end, const char *limit, int last,
         }
         /* Eight digits at a time while they are (a time stored has 19): checked and summed
          * in a word, up to 19 digits in all (no overflow). */
-        while (end - p >= 8 && p - from <= 11) {
+        while (LITTLE_ENDIAN_WORDS && end - p >= 8 && p - from <= 11) {
             uint64_t word;
             memcpy(&word, p, 8);
             if (not_digits(word)) break; /* a byte that is not a digit: the loop below finds it */
