@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections import Counter
@@ -136,8 +135,7 @@ class SparkQuery:
         """SIGTERM: the pipeline stops its query and exits; its status."""
         if self.driver is None:
             return 0
-        if self.driver.running():
-            os.kill(self.driver.pid, signal.SIGTERM)
+        self.driver.terminate()
         return self.driver.wait(timeout=START_BOUND)
 
     def kill(self) -> None:

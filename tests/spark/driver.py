@@ -3,7 +3,6 @@ resumed from its checkpoint."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -53,21 +52,27 @@ class Driver:
                 env=env,
             )
         self.pid = int(wait_for(self._pid, timeout=30, what="the driver to start"))
+        #: The driver's start time (/proc), which with its pid names it alone.
+        self._started = _started(self.pid)
 
     def _pid(self) -> str:
         return self.pid_file.read_text() if self.pid_file.exists() else ""
 
     def running(self) -> bool:
-        try:
-            os.kill(self.pid, 0)  # the reaper has not reaped it yet
-        except ProcessLookupError:
-            return False
-        return self.reaper.poll() is None and not _zombie(self.pid)
+        """The driver has not ended (its pid still names it: its start time is the one it
+        had, and it is no zombie; once the reaper reaped it, the pid may be anyone's)."""
+        return self.reaper.poll() is None and _started(self.pid) == self._started
+
+    def terminate(self) -> None:
+        """SIGTERM to the driver, through the reaper (which knows whether it reaped it)."""
+        if self.reaper.poll() is None:
+            self.reaper.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
-        """SIGKILL the driver's process group (driver and JVM) and wait for the reaper."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
+        """SIGKILL the driver's process group (driver and JVM) and what else the reaper
+        holds, through the reaper, and wait for it."""
+        if self.reaper.poll() is None:
+            self.reaper.send_signal(signal.SIGUSR1)
         self.reaper.wait(timeout=60)
 
     def wait(self, timeout: float) -> int:
@@ -78,11 +83,14 @@ class Driver:
             raise
 
 
-def _zombie(pid: int) -> bool:
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks after boot); None when there is none, or a
+    zombie."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except (FileNotFoundError, IndexError):
-        return True
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
 
 
 def run_killed_then_resumed(
