@@ -879,10 +879,9 @@ class EventStore:
             part = max(PART_EVENTS, work // PARTS_PER_STEP)
         deleted = spent = done = 0
         while done < len(sequences):
-            left = None if work is None else work - spent
             try:
                 removed, worked, upto, more = self._delete_part(
-                    sequences, done, left, part, out_of_time, first=not spent
+                    sequences, done, work, spent, part, out_of_time
                 )
             except StorageError:
                 if not deleted:
@@ -903,15 +902,15 @@ class EventStore:
         sequences: list[int],
         done: int,
         work: int | None,
+        spent_before: int,
         part: int | None,
         out_of_time: Callable[[], bool] | None,
-        first: bool,
     ) -> tuple[int, int, int, bool]:
         """One transaction of :meth:`_delete_sequences`, from ``sequences[done]``, reading the
         batches a region of the log at a time: until the batches it wrote again held ``part``
         events, those it deleted whole counting a :data:`WHOLE_PER_REWRITTEN`-th (all of them
-        when None), or the step's ``work`` is spent (a batch written again at least when
-        ``first``), or ``out_of_time`` says so at a region's end.
+        when None), or the step's ``work`` is spent (``spent_before`` by the parts before: a
+        batch written again at least when none), or ``out_of_time`` says so at a region's end.
         Returns the events deleted, the work done, the index in ``sequences`` it got to, and
         whether more may follow (False once the step's work is spent)."""
         db = self._db
@@ -920,11 +919,11 @@ class EventStore:
         more = True
         #: Runs of batches next to each other that go whole, deleted by range.
         whole_runs: list[list[int]] = []
-
-        written_in_part = whole_in_part = 0
+        #: Of ``spent``, the events of batches deleted whole.
+        whole = 0
 
         def delete() -> None:
-            nonlocal deleted, spent, reached, more, written_in_part, whole_in_part
+            nonlocal deleted, spent, reached, more, whole
             self._save_high_water()
             while reached < len(sequences):
                 # The batches of the next region's victims, read in one go: the victims of a
@@ -937,14 +936,14 @@ class EventStore:
                 near = cursor.fetchall()
                 cursor.close()
                 following = False  # the last batch looked at went whole
-                for batch, first_seq, last, held, seqs in near:
-                    start = bisect_left(sequences, first_seq, reached, end)
+                for batch, first, last, held, seqs in near:
+                    start = bisect_left(sequences, first, reached, end)
                     stop = bisect_right(sequences, last, start, end)
                     if start == stop:
                         following = False
                         continue
                     if stop - start == held and (
-                        seqs is None or _all_in(seqs, sequences, start, stop, first_seq, last)
+                        seqs is None or _all_in(seqs, sequences, start, stop, first, last)
                     ):
                         if following:
                             whole_runs[-1][1] = batch
@@ -953,24 +952,22 @@ class EventStore:
                         following = True
                         deleted += held
                         spent += held
-                        whole_in_part += held
+                        whole += held
                     else:
                         following = False
-                        if work is not None and (spent or not first) and spent + held > work:
+                        spent_so_far = spent_before + spent
+                        if work is not None and spent_so_far and spent_so_far + held > work:
                             more = False
                             return
                         (packed,) = db.execute(
                             "SELECT events FROM batches WHERE id = ?", (batch,)
                         ).fetchone()
                         doomed = frozenset(sequences[start:stop])
-                        row = (batch, first_seq, last, seqs, packed)
+                        row = (batch, first, last, seqs, packed)
                         deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
                         spent += held
-                        written_in_part += held
                     reached = stop
-                    if part is not None and (
-                        written_in_part + whole_in_part // WHOLE_PER_REWRITTEN >= part
-                    ):
+                    if part is not None and (spent - whole + whole // WHOLE_PER_REWRITTEN >= part):
                         return  # a part may end inside a region: the next reads the rest
                 reached = end
                 if out_of_time is not None and out_of_time():
