@@ -45,26 +45,12 @@ def test_once_the_command_is_reaped_sigterm_names_nobody_and_sigusr1_ends_the_or
     wait_for(lambda: catches(reaper.pid, signal.SIGUSR1), timeout=30, what="its handler")
     # The command reaped, the orphan the reaper's child.
     wait_for(lambda: not Path(f"/proc/{command}").exists(), timeout=30, what="the command gone")
-    wait_for(lambda: len(children_of(reaper.pid)) == 1, timeout=30, what="the orphan taken in")
+    wait_for(lambda: len(children(reaper.pid)) == 1, timeout=30, what="the orphan taken in")
     reaper.send_signal(signal.SIGTERM)
     time.sleep(0.5)  # what it would have done, it would have done by now
-    assert reaper.poll() is None and len(children_of(reaper.pid)) == 1
+    assert reaper.poll() is None and len(children(reaper.pid)) == 1
     reaper.send_signal(signal.SIGUSR1)
     assert reaper.wait(timeout=30) == 3
-
-
-def children_of(pid: int) -> list[int]:
-    """:func:`children` of another process."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == str(pid):
-                found.append(int(entry.name))
-    return found
 
 
 def test_children_lists_this_process_children() -> None:

@@ -24,9 +24,10 @@ import sys
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def children() -> list[int]:
-    """The processes whose parent this one is (not reaped yet: their pids are theirs)."""
-    me = str(os.getpid())
+def children(parent: int | None = None) -> list[int]:
+    """The processes whose parent is ``parent`` (this one by default; not reaped yet: their
+    pids are theirs)."""
+    me = str(os.getpid() if parent is None else parent)
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
