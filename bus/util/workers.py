@@ -30,20 +30,34 @@ def worker_pool(name: str, threads: int = 1) -> ThreadPool:
     return pool
 
 
-class SerialWork:
-    """Periodic blocking work (a WAL checkpoint) on one daemon thread, one call at a time:
-    a call asked for while one runs is skipped, and the next period catches up."""
+class _OneThread:
+    """Blocking work on one daemon thread of its own (:func:`worker_pool`), its failures
+    handed to ``on_failure``: :meth:`start` before the first call, :meth:`stop` once idle."""
 
     def __init__(self, reactor: Any, name: str, on_failure: Callable[[Failure], object]) -> None:
         self.reactor = reactor
         self._pool = worker_pool(name)
         self._on_failure = on_failure
-        self._running: defer.Deferred[Any] | None = None
 
     def start(self) -> None:
         """Start the thread; idempotent."""
         if not self._pool.started:
             self._pool.start()
+
+    def stop(self) -> None:
+        """Join the thread; call once no call runs (a stuck thread is a daemon: leave it
+        rather than stop)."""
+        if self._pool.started:
+            self._pool.stop()
+
+
+class SerialWork(_OneThread):
+    """Periodic blocking work (a WAL checkpoint) on one daemon thread, one call at a time:
+    a call asked for while one runs is skipped, and the next period catches up."""
+
+    def __init__(self, reactor: Any, name: str, on_failure: Callable[[Failure], object]) -> None:
+        super().__init__(reactor, name, on_failure)
+        self._running: defer.Deferred[Any] | None = None
 
     @property
     def running(self) -> bool:
@@ -87,31 +101,18 @@ class SerialWork:
         running.addBoth(ended)
         return finished
 
-    def stop(self) -> None:
-        """Join the thread; call once :meth:`idle` said True (a stuck thread is a daemon:
-        leave it rather than stop)."""
-        if self._pool.started:
-            self._pool.stop()
 
-
-class NewestWins:
+class NewestWins(_OneThread):
     """Blocking work (a status file's rewrite) on one daemon thread, where only the newest
     call matters: a call asked for while one runs waits, and a newer one replaces it. The
     reactor never waits for the disk (here, on ext4, renaming a status.json over the old one
     took 0.25-0.45 ms on average and 4-7 ms at worst, every time a service rewrote it)."""
 
     def __init__(self, reactor: Any, name: str, on_failure: Callable[[Failure], object]) -> None:
-        self.reactor = reactor
-        self._pool = worker_pool(name)
-        self._on_failure = on_failure
+        super().__init__(reactor, name, on_failure)
         self._running = False
         self._waiting: Callable[[], object] | None = None
         self._idle: list[defer.Deferred[None]] = []
-
-    def start(self) -> None:
-        """Start the thread; idempotent."""
-        if not self._pool.started:
-            self._pool.start()
 
     def run(self, function: Callable[[], object]) -> None:
         """Run ``function`` on the thread once the call running (if any) ends, unless a newer
@@ -141,8 +142,3 @@ class NewestWins:
         waiter: defer.Deferred[None] = defer.Deferred()
         self._idle.append(waiter)
         return waiter
-
-    def stop(self) -> None:
-        """Join the thread; call once :meth:`idle` fired."""
-        if self._pool.started:
-            self._pool.stop()
