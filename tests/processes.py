@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
+import psutil
 from twisted.internet import defer
 
 from tests.ports import free_port, free_ports
@@ -61,6 +62,11 @@ def own_bound(program: str, args: Sequence[str]) -> float:
     except SystemExit:
         return 0.0
     return max(0.0, float(getattr(parsed, option, 0.0) or 0.0))
+
+
+def resident() -> int:
+    """This process's resident memory in bytes (a leak check's measure)."""
+    return int(psutil.Process().memory_info().rss)
 
 
 def ended(process: subprocess.Popen[Any], within: float, what: str = "") -> defer.Deferred[int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import sys
 import uuid
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from bus.eventbus import codec
 from bus.eventbus.codec import EventBusError, SequenceEncoding
 from bus.eventbus.subjects import subject
+from tests.processes import resident
 
 #: The batch parser's ways: Python alone, and with the compiled check where it was built.
 PATHS: list[Any] = [None] + ([codec.native] if codec.native is not None else [])
@@ -552,12 +552,6 @@ def test_snapshot_messages_of_stored_subjects_are_the_same_compiled(
         assert made == python == expected
         assert dict(ways["compiled"]) == dict(ways["python"]) == dict(ways["columns"])
         assert ways["compiled"].none_seen == ways["python"].none_seen
-
-
-def resident() -> int:
-    """This process's resident memory in bytes (Linux)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.mark.skipif(codec.native is None, reason="the compiled helper is not built")

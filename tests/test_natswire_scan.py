@@ -4,7 +4,6 @@ it and without it; JetStream deliveries read into the same columns."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -14,6 +13,7 @@ from hypothesis import strategies as st
 
 from bus.nats import codec, ranged
 from bus.nats.codec import Control, Msg
+from tests.processes import resident
 
 needs_native = pytest.mark.skipif(codec.native is None, reason="the compiled scanner is not built")
 
@@ -495,10 +495,6 @@ def test_scanning_runs_of_deliveries_leaks_nothing() -> None:
     replies = [b"$JS.ACK.S.C.1.%d.%d.1795814609528077441.9" % (n, n) for n in range(60)]
     replies += [b"$JS.ACK.S.C.1.5.5.1.0.9.9", b"$JS.ACK.S.C.1.x.5.1.0", b"_INBOX.a.1"]
     data = b"".join(b"MSG s.x 7 %s 100\r\n%s\r\n" % (r, b"p" * 100) for r in replies)
-
-    def resident() -> int:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
     kept: list[bytes | None] = [None] * codec.SUBJECT_SLOTS
 
