@@ -276,6 +276,45 @@ def test_a_stopped_scheduler_leaves_no_timer_and_answers_nothing() -> None:
     assert not scheduler.streams and router.received[b"late"] == []
 
 
+class FailingLog(MemoryEventLog):
+    """A log whose reads of one subtree fail (a fault of the server's, not the client's)."""
+
+    def read_rows(self, after: int, upto: Any = None, prefixes: Any = (), limit: int = 1000) -> Any:
+        if b"/broken/" in prefixes:
+            raise OSError("the disk is gone")
+        return super().read_rows(after, upto, prefixes, limit)
+
+
+def test_a_stream_whose_read_fails_ends_unanswered_and_the_others_go_on() -> None:
+    memory = FailingLog()
+    memory.append_fields([(b"/a/", b"p", b"t", UUID, b"\xc0")] * 3, 0.0)
+    scheduler, router, clock = scheduled(memory, hwm=100)
+    ask(scheduler, b"broken", b"/broken/", SEQUENCE.pack(0))
+    ask(scheduler, b"fine", b"/a/", SEQUENCE.pack(0))
+    clock.advance(0)
+    router.read(b"broken")
+    router.read(b"fine")
+    assert numbers(router.received[b"fine"]) == [1, 2, 3] and router.ended(b"fine")
+    assert router.received[b"broken"] == []  # no SYNCEND: its client asks again
+    assert (scheduler.served, scheduler.failed, scheduler.aborted) == (1, 1, 0)
+    assert not scheduler.streams and not scheduler.per_client
+    assert scheduler.status()["snapshots_failed"] == 1
+
+
+def test_a_since_past_the_log_is_answered_with_its_syncend_without_reading_it() -> None:
+    memory = FailingLog()  # a read of /broken/ would fail: none may happen
+    memory.append_fields([(b"/broken/", b"p", b"t", UUID, b"\xc0")] * 3, 0.0)
+    scheduler, router, clock = scheduled(memory, hwm=100)
+    ask(scheduler, b"far", b"/broken/", SEQUENCE.pack(2**64 - 1))
+    ask(scheduler, b"at-end", b"/broken/", b"3")
+    clock.advance(0)
+    for identity in (b"far", b"at-end"):
+        router.read(identity)
+    assert router.received[b"far"] == [[SYNCEND, b"/broken/", SEQUENCE.pack(3)]]
+    assert router.received[b"at-end"] == [[SYNCEND, b"/broken/", b"3"]]
+    assert (scheduler.served, scheduler.failed) == (2, 0)
+
+
 clients = st.lists(
     st.tuples(
         st.lists(st.sampled_from(["/a/", "/a/b/", "/b/"]), max_size=2),  # subtrees
@@ -560,5 +599,29 @@ def test_a_request_waiting_for_its_own_identity_does_not_hold_up_others(
         status = server.status()
         assert (status["snapshots_queued"], status["snapshots_waiting"]) == (1, 1)
         assert status["snapshots_active"] == 1
+    finally:
+        yield server.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_since_past_what_sqlite_holds_gets_its_syncend_and_the_port_goes_on(
+    tmp_path: Any, peers: list[Any]
+) -> Any:
+    """A sequence frame may say up to 2**64 - 1, past SQLite's integers: such a SYNCSTART
+    once raised inside the shared pump and left every stream of that turn waiting."""
+    server = start_bus(tmp_path)
+    try:
+        yield fill(server, peers, count=3, size=10)
+        client = RawPeer.dealer(server.endpoints["snapshot"])
+        peers.append(client)
+        client.send([SYNCSTART, b"", b"\xff" * 8])
+        client.send([SYNCSTART, b"/big/", b"%d" % (2**64 - 1)])
+        client.send([SYNCSTART, b"", SEQUENCE.pack(1)])
+        yield wait_until(lambda: len(syncends(client)) == 3, what="three SYNCENDs")
+        assert syncends(client)[:2] == [
+            [SYNCEND, b"", SEQUENCE.pack(3)], [SYNCEND, b"/big/", b"3"],
+        ]  # fmt: skip
+        assert sequences(client.messages) == [2, 3]
+        assert server.status()["snapshots_failed"] == 0
     finally:
         yield server.stopService()

@@ -170,6 +170,10 @@ class SnapshotStream:
     def _read(self, store: RowSource, chunk: int) -> Any:
         """The next chunk from ``store``: its SYNC messages where the log makes them
         (:class:`bus.eventbus.eventlog.SyncSource`), else its rows."""
+        if self.position >= self.upto:
+            # Nothing after it: a SYNCSTART may name any sequence up to 2**64 - 1, past
+            # what a log can hold, so such a one is answered without asking the log.
+            return []
         if isinstance(store, SyncSource):
             return store.read_syncs(
                 self.position, self.upto, self.request.subtrees, chunk, self.identity,
@@ -325,6 +329,8 @@ class SnapshotScheduler:
         self.queued = 0
         #: Requests dropped because the waiting queue was full (never answered).
         self.refused = 0
+        #: Streams that ended on an error of the server's (logged), unanswered.
+        self.failed = 0
         #: Streams and waiting requests an operator dropped (:meth:`drop_client`).
         self.dropped = 0
         #: SYNC and SYNCEND messages handed to ZeroMQ, by all streams.
@@ -417,7 +423,7 @@ class SnapshotScheduler:
     def _end(
         self,
         stream: SnapshotStream,
-        outcome: Literal["served", "aborted", "stalled", "dropped"],
+        outcome: Literal["served", "aborted", "stalled", "dropped", "failed"],
     ) -> None:
         stream.done = True
         stream.drop_ahead()
@@ -433,6 +439,8 @@ class SnapshotScheduler:
             self.served += 1
         elif outcome == "dropped":
             self.dropped += 1
+        elif outcome == "failed":
+            self.failed += 1
         elif outcome == "aborted":
             self.aborted += 1
             self._notice(
@@ -481,7 +489,14 @@ class SnapshotScheduler:
             if stream.done:
                 continue
             share = max(budget // max(len(ready) + 1, 1), 64)
-            outcome, sent = stream.pump(sock, self.store, share, chunk, syncend_current)
+            try:
+                outcome, sent = stream.pump(sock, self.store, share, chunk, syncend_current)
+            except Exception:
+                # One stream's fault must not stop the others' turn (nor leave this one
+                # running forever): it ends unanswered, and its client asks again.
+                log.failure("a snapshot stream failed: its client asks again")
+                self._end(stream, "failed")
+                continue
             budget -= sent
             self.messages_sent += sent
             if sent:
@@ -655,6 +670,7 @@ class SnapshotScheduler:
             "snapshots_active": len(self.streams),
             "snapshots_waiting": len(self.waiting),
             "snapshots_dropped": self.dropped,
+            "snapshots_failed": self.failed,
             "snapshot_messages_sent": self.messages_sent,
         }
 
@@ -683,6 +699,11 @@ class SnapshotScheduler:
                 "eventbus_snapshots_dropped",
                 "Snapshot streams and waiting requests an operator dropped",
                 self.dropped,
+            ),
+            counter(
+                "eventbus_snapshots_failed",
+                "Snapshot streams ended unanswered by an error of the server's (logged)",
+                self.failed,
             ),
             counter(
                 "eventbus_snapshot_messages_sent",
