@@ -31,6 +31,7 @@ stop and start its servers and front-ends::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -42,7 +43,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus.nats import handshake
 from bus.nats.blocking import Connection, connector
@@ -73,6 +74,9 @@ from bus.util.cliargs import (
     parse,
     whole_number,
 )
+
+if TYPE_CHECKING:
+    from psutil import Process
 
 #: What ``bus-cluster`` writes in ``--dir`` while it runs: its processes, for ``roll``.
 STATE_FILE = "cluster.json"
@@ -611,17 +615,18 @@ class DemoControl:
 
     def stop(self, what: Server | FrontEnd) -> None:
         """Signal it, and wait until it exited."""
+        import psutil
+
         path = self.pid_files[self._key(what)]
-        try:
-            pid = int(path.read_text().split()[0])
-        except (OSError, ValueError, IndexError) as error:
-            raise RollError(f"{path}: no process id to signal ({error})") from None
-        os.kill(pid, signal.SIGUSR2 if isinstance(what, Server) else signal.SIGTERM)
-        self._stopped[self._key(what)] = pid
+        process = _owner(path)
+        with contextlib.suppress(psutil.NoSuchProcess):  # it ended by itself meanwhile
+            # psutil signals only the process it looked at, never one that took its pid.
+            process.send_signal(signal.SIGUSR2 if isinstance(what, Server) else signal.SIGTERM)
+        self._stopped[self._key(what)] = process.pid
         deadline = time.monotonic() + self.timeout
-        while _alive(pid):
+        while not _ended(process):
             if time.monotonic() > deadline:
-                raise RollError(f"process {pid} did not exit within {self.timeout:g} s")
+                raise RollError(f"process {process.pid} did not exit within {self.timeout:g} s")
             time.sleep(0.1)
 
     def start(self, what: Server | FrontEnd) -> None:
@@ -639,6 +644,48 @@ class DemoControl:
             if time.monotonic() > deadline:
                 raise RollError(f"bus-cluster did not start {path.parent.name} again")
             time.sleep(0.1)
+
+
+#: How much earlier than a process's start its pid file may look written (the file
+#: system's clock and the start time psutil derives from the boot time differ a little).
+PID_FILE_SLACK = 1.0
+
+
+def _owner(path: Path) -> Process:
+    """The process named by the pid file ``path``, if it is the one that wrote it.
+
+    A process writes its pid file after it starts. One that started after the file was
+    written took the pid of a process that ended without removing its file: signalling
+    it would stop a stranger."""
+    import psutil
+
+    try:
+        pid = int(path.read_text().split()[0])
+        written = path.stat().st_mtime
+    except (OSError, ValueError, IndexError) as error:
+        raise RollError(f"{path}: no process id to signal ({error})") from None
+    try:
+        process = psutil.Process(pid)
+        started = process.create_time()
+    except psutil.NoSuchProcess:
+        raise RollError(f"{path}: process {pid} does not run (a stale pid file)") from None
+    if started > written + PID_FILE_SLACK:
+        raise RollError(
+            f"{path}: process {pid} started after this file was written: the file is "
+            "stale and that process is another's, so it is not signalled"
+        )
+    return process
+
+
+def _ended(process: Process) -> bool:
+    """Whether ``process`` ended: gone, its pid another's, or a zombie (not waited for by its
+    parent, whose business that is; psutil's own wait would wait for that too)."""
+    import psutil
+
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _alive(pid: int) -> bool:
