@@ -34,7 +34,8 @@ Roles:
     for ``GO``, then one request at a time in blocks of BLOCK, alternating A B B A A B ...
     until each side had PER_SIDE, so that both see the same moments of the machine; prints
     a JSON line (``seconds``, ``cpu_s``, ``block``, ``order``: the side of each block,
-    ``us``: each side's round trips in microseconds, in the order sent).
+    ``us``: each side's round trips in microseconds, in the order sent, ``t0``: the start
+    (``time.monotonic()``), ``sent_ms``: each side's sends, in ms after ``t0``).
 """
 
 from __future__ import annotations
@@ -356,10 +357,13 @@ def paired(endpoint_a: str, endpoint_b: str, per_side: str, block: str, headers:
         sides.append((sender(sock), receiver(sock)))
     request_ids = iter([msgid() for _ in range(2 * each + 2)])  # made before the clock runs
 
+    sent_at: list[list[float]] = [[], []]
+
     def round_trip(side: int) -> float:
         send_frames, recv_frames = sides[side]
         request_id = next(request_ids)
         sent = time.perf_counter()
+        sent_at[side].append(time.monotonic())
         send_frames([b"", PROTOCOL, b"REQUEST", request_id, b"default", header, body])
         while True:
             frames = recv_frames()
@@ -373,8 +377,11 @@ def paired(endpoint_a: str, endpoint_b: str, per_side: str, block: str, headers:
     round_trip(1)
     print("READY", flush=True)
     sys.stdin.readline()
+    sent_at[0].clear()
+    sent_at[1].clear()
     times: list[list[float]] = [[], []]
     order: list[int] = []
+    t0 = time.monotonic()
     started = time.perf_counter()
     cpu_started = time.process_time()
     for index in range(2 * each // size):
@@ -386,6 +393,7 @@ def paired(endpoint_a: str, endpoint_b: str, per_side: str, block: str, headers:
     print(json.dumps({
         "seconds": seconds, "cpu_s": cpu, "block": size, "order": order,
         "us": [[round(t * 1e6, 2) for t in side_times] for side_times in times],
+        "t0": t0, "sent_ms": [[round((t - t0) * 1e3, 3) for t in side] for side in sent_at],
     }), flush=True)  # fmt: skip
 
 

@@ -24,7 +24,9 @@
        job to each, "READY", waits for a line (GO), then one request at a time in blocks of
        BLOCK, alternating A B B A A B ... until each side had PER_SIDE, so that both see the
        same moments of the machine; prints {"seconds", "cpu_s", "block", "order": [side of
-       each block], "us": [[A's round trips], [B's]]} (microseconds, in the order sent). */
+       each block], "us": [[A's round trips], [B's]] (microseconds, in the order sent),
+       "t0": the start (CLOCK_MONOTONIC, s), "sent_ms": [[A's sends], [B's]] (ms after t0)},
+       so that a round trip can be set beside what the targets did at that moment. */
 
 #define _GNU_SOURCE /* memmem */
 #include "zmq_peers.h"
@@ -222,9 +224,10 @@ static int client(const char *endpoint, long jobs, long window, const char *head
 /* -- paired ----------------------------------------------------------------------------- */
 
 /* One request, one at a time: its round trip to its result (6-frame REPLY), in seconds. */
-static double round_trip(void *sock, message_t *msg, const char *id, const char *headers) {
+static double round_trip(void *sock, message_t *msg, const char *id, const char *headers,
+                         double *sent_at) {
     static const char body[] = "[\"bench\", {\"n\": 1}]";
-    double sent = now_s(CLOCK_MONOTONIC);
+    double sent = *sent_at = now_s(CLOCK_MONOTONIC);
     header(sock, "REQUEST", id, 1);
     SEND_TEXT(sock, "default", 1);
     SEND_TEXT(sock, headers, 1);
@@ -256,13 +259,17 @@ static int paired(const char *endpoint_a, const char *endpoint_b, long per_side,
     message_t *msg = malloc(sizeof *msg);
     long blocks = 2 * (per_side / block), total = 2 * per_side;
     char (*ids)[ID_BYTES + 1] = malloc((size_t)(total + 2) * sizeof *ids);
-    double *times[2] = {malloc((size_t)per_side * sizeof(double)),
-                        malloc((size_t)per_side * sizeof(double))};
+    double *times[2], *sent[2];
+    for (int side = 0; side < 2; side++) {
+        times[side] = malloc((size_t)per_side * sizeof(double));
+        sent[side] = malloc((size_t)per_side * sizeof(double));
+    }
+    double warm_up;
     int *order = malloc((size_t)blocks * sizeof *order);
     for (long i = 0; i < total + 2; i++) make_random_id(ids[i], (uint64_t)i);
     long next_id = 0;
     for (int side = 0; side < 2; side++) /* warm-up: both paths work */
-        round_trip(socks[side], msg, ids[next_id++], headers);
+        round_trip(socks[side], msg, ids[next_id++], headers, &warm_up);
     ready();
     char line[256];
     read_line(line, sizeof line);
@@ -272,8 +279,9 @@ static int paired(const char *endpoint_a, const char *endpoint_b, long per_side,
         /* A B B A A B ...: neither side always goes first after the other's block. */
         int side = (int)(((b + 1) / 2) % 2);
         order[b] = side;
-        for (long i = 0; i < block; i++)
-            times[side][done[side]++] = round_trip(socks[side], msg, ids[next_id++], headers);
+        for (long i = 0; i < block; i++, done[side]++)
+            times[side][done[side]] =
+                round_trip(socks[side], msg, ids[next_id++], headers, &sent[side][done[side]]);
     }
     double seconds = now_s(CLOCK_MONOTONIC) - started;
     double cpu = now_s(CLOCK_PROCESS_CPUTIME_ID) - cpu_started;
@@ -285,6 +293,13 @@ static int paired(const char *endpoint_a, const char *endpoint_b, long per_side,
         printf("%s[", side ? ", " : "");
         for (long i = 0; i < per_side; i++)
             printf("%s%.2f", i ? ", " : "", times[side][i] * 1e6);
+        printf("]");
+    }
+    printf("], \"t0\": %.6f, \"sent_ms\": [", started);
+    for (int side = 0; side < 2; side++) {
+        printf("%s[", side ? ", " : "");
+        for (long i = 0; i < per_side; i++)
+            printf("%s%.3f", i ? ", " : "", (sent[side][i] - started) * 1e3);
         printf("]");
     }
     printf("]}\n");
