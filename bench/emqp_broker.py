@@ -12,7 +12,8 @@ and record when each broker HEARTBEAT arrives. One client process sends requests
   A B B A A B ...: ``--latency-block``) until each side had ``--latency-requests`` (6,000):
   both sides see the same moments of the machine. A busy moment of a shared machine lasts
   milliseconds (tens of round trips); blocks of 200 handed whole bursts to one side, and
-  the ratio of two runs' p99s moved from 0.8 to 1.9 x. Each side's round trips are pooled
+  the rounds' p99 ratios ranged 0.54-1.90 x (0.72-1.40 x with blocks of 10 or 1; see
+  bench/README.md, "Paired latency"). Each side's round trips are pooled
   (p50, p90, p99, p99.9), compared window by window (the k-th 200 requests of each side
   span the same moments: how often the broker's p50 and p99 were at or under the relay's),
   and stall by stall: a round trip over 4 x its side's median while the other side's
@@ -246,7 +247,8 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
 
 def run_paired(root: Path, index: int, args: Any) -> dict[str, Any]:
     """Both targets up, one client alternating blocks of one-at-a-time requests between
-    them: each side's pooled round trips and the block-by-block comparison."""
+    them: each side's pooled round trips, the window-by-window comparison and the stalls of
+    each side alone."""
     with Cleanup() as stack:
         pids, ports, teams = zip(*(start_target(stack, kind, root, index, args)
                                    for kind in ("baseline", "broker")), strict=True)  # fmt: skip
