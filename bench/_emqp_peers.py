@@ -29,6 +29,13 @@ Roles:
     A DEALER that prints ``READY`` after one warm-up job, waits for ``GO``, then keeps at
     most WINDOW requests outstanding until JOBS results came back, timing each request to
     its result (6-frame REPLY); prints a JSON line (rate, p50, p99).
+``paired ENDPOINT_A ENDPOINT_B PER_SIDE BLOCK HEADERS``
+    One DEALER to each of two targets, both up: one warm-up job to each, ``READY``, waits
+    for ``GO``, then one request at a time in blocks of BLOCK, alternating A B B A A B ...
+    until each side had PER_SIDE, so that both see the same moments of the machine; prints
+    a JSON line (``seconds``, ``cpu_s``, ``block``, ``order``: the side of each block,
+    ``us``: each side's round trips in microseconds, in the order sent, ``t0``: the start
+    (``time.monotonic()``), ``sent_ms``: each side's sends, in ms after ``t0``).
 """
 
 from __future__ import annotations
@@ -334,6 +341,62 @@ def client(endpoint: str, jobs: str, window: str, headers: str) -> None:
     }), flush=True)  # fmt: skip
 
 
+def paired(endpoint_a: str, endpoint_b: str, per_side: str, block: str, headers: str) -> None:
+    each, size = int(per_side), int(block)
+    if size < 1 or each % size:
+        raise SystemExit("PER_SIDE must be a multiple of BLOCK")
+    context = zmq.Context()
+    header = headers.encode()
+    body = b'["bench", {"n": 1}]'
+    sides = []
+    for endpoint in (endpoint_a, endpoint_b):
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, msgid())
+        secure(sock)
+        sock.connect(endpoint)
+        sides.append((sender(sock), receiver(sock)))
+    request_ids = iter([msgid() for _ in range(2 * each + 2)])  # made before the clock runs
+
+    sent_at: list[list[float]] = [[], []]
+
+    def round_trip(side: int) -> float:
+        send_frames, recv_frames = sides[side]
+        request_id = next(request_ids)
+        sent = time.perf_counter()
+        sent_at[side].append(time.monotonic())
+        send_frames([b"", PROTOCOL, b"REQUEST", request_id, b"default", header, body])
+        while True:
+            frames = recv_frames()
+            if len(frames) == 6 and frames[2] == b"REPLY":  # not the dispatch ack
+                elapsed = time.perf_counter() - sent
+                if b"error" in frames[4] or frames[5] != request_id:
+                    raise RuntimeError(frames[4].decode())
+                return elapsed
+
+    round_trip(0)  # warm-up: both paths work
+    round_trip(1)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    sent_at[0].clear()
+    sent_at[1].clear()
+    times: list[list[float]] = [[], []]
+    order: list[int] = []
+    t0 = time.monotonic()
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    for index in range(2 * each // size):
+        side = (index + 1) // 2 % 2  # A B B A A B ...: neither side always goes second
+        order.append(side)
+        times[side].extend(round_trip(side) for _ in range(size))
+    seconds = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
+    print(json.dumps({
+        "seconds": seconds, "cpu_s": cpu, "block": size, "order": order,
+        "us": [[round(t * 1e6, 2) for t in side_times] for side_times in times],
+        "t0": t0, "sent_ms": [[round((t - t0) * 1e3, 3) for t in side] for side in sent_at],
+    }), flush=True)  # fmt: skip
+
+
 def paced_client(endpoint: str, rate: str, seconds: str) -> None:
     context = zmq.Context()
     sock = context.socket(zmq.DEALER)
@@ -395,7 +458,10 @@ def paced_client(endpoint: str, rate: str, seconds: str) -> None:
 
 
 def main(argv: list[str]) -> None:
-    roles = {"workers": workers, "relay": relay, "client": client, "paced-client": paced_client}
+    roles = {
+        "workers": workers, "relay": relay, "client": client, "paired": paired,
+        "paced-client": paced_client,
+    }  # fmt: skip
     roles[argv[0]](*argv[1:])
 
 

@@ -7,7 +7,20 @@ the four) answer every REQUEST with a REPLY and a READY, as the original job man
 and record when each broker HEARTBEAT arrives. One client process sends requests with
 ``reply-requested`` and times each one to its result:
 
-* latency: one request at a time (3,000): p50 and p99 of the round trip;
+* latency, paired: the relay and the broker up at once, each with its own team of workers,
+  and one client sending one request at a time to each in turn, in blocks (10 by default,
+  A B B A A B ...: ``--latency-block``) until each side had ``--latency-requests`` (6,000):
+  both sides see the same moments of the machine. A busy moment of a shared machine lasts
+  milliseconds (tens of round trips); blocks of 200 handed whole bursts to one side, and
+  the rounds' p99 ratios ranged 0.54-1.90 x (0.72-1.40 x with blocks of 10 or 1; see
+  bench/README.md, "Paired latency"). Each side's round trips are pooled
+  (p50, p90, p99, p99.9), compared window by window (the k-th 200 requests of each side
+  span the same moments: how often the broker's p50 and p99 were at or under the relay's),
+  and stall by stall: a round trip over 4 x its side's median while the other side's
+  request of the same rank was not slow is that side's own. The figures ``p50``, ``p99``
+  and ``p99_vs_relay`` come from this measurement (the median of the rounds' ratios);
+  before, the two sides ran their latency one after the other, so that the ratio compared
+  two moments of the machine;
 * pipelined: up to 1,000 outstanding (60,000 jobs): jobs/s, and the largest gap between
   two HEARTBEATs at the workers meanwhile (lateness = gap - 100 ms);
 * guaranteed: the same with ``guarantee`` (each request committed to SQLite before it is
@@ -17,7 +30,8 @@ and record when each broker HEARTBEAT arrives. One client process sends requests
 
 Baseline, same run: a raw pyzmq ROUTER relay process (``_emqp_peers.py relay``) doing
 the same hops with the same frames (dispatch acknowledgement included) between the same
-workers and client. Runs alternate baseline/broker ``--repeat`` times; medians reported.
+kind of workers and client. Each of the ``--repeat`` rounds runs the paired latency, then
+the baseline's pipelined mode, then the broker's; medians of the rounds reported.
 
 The load generators share the two cores with what they measure, so by default they are
 the C ones of ``emqp_peers.c`` (built here with ``cc`` against the libzmq pyzmq loads):
@@ -25,7 +39,8 @@ about 3 us of CPU per job for the client, where the raw pyzmq client of
 ``_emqp_peers.py`` (``--peers python``) takes 17 us, as much as half the broker's.
 
     python bench/emqp_broker.py [--repeat 3] [--jobs 60000] [--cpu-latency-us 0]
-                                [--peers c|python]
+                                [--peers c|python] [--latency-requests 6000]
+                                [--latency-block 10]
 
 ``--cpu-latency-us 0`` holds the CPUs out of their idle states for the whole run (baseline
 and broker alike) and starts the broker with the product's option of that name: on a VM,
@@ -79,6 +94,9 @@ TARGET_P50_US = 300
 TARGET_LATE_MS = 50
 TARGET_GUARANTEED = 40_000
 TARGET_P99_VS_RELAY = 1.0
+# Paired latency: requests a side per window compared, and what counts as a stall.
+WINDOW = 200
+STALL = 4.0
 
 
 class Broker(EmqpBroker):
@@ -146,8 +164,7 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             stack, "workers", f"tcp://{HOST}:{worker_port}", WORKERS, SLOTS, program=args.program
         )
         team.wait_ready()
-        modes = [("latency", 3_000, 1, "reply-requested"),
-                 ("pipelined", args.jobs, 1_000, "reply-requested")]  # fmt: skip
+        modes = [("pipelined", args.jobs, 1_000, "reply-requested")]
         if kind == "broker":
             modes.append(("guaranteed", args.jobs // 2, 1_000, "reply-requested,guarantee"))
             if args.backlog:
@@ -190,6 +207,118 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
                   f"{result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us; CPU us/job: "
                   f"{cpu}", file=sys.stderr)  # fmt: skip
     return results
+
+
+def start_target(
+    stack: Cleanup, kind: str, root: Path, index: int, args: Any
+) -> tuple[int, int, int]:
+    """The relay or the broker, with a team of workers of its own: (its pid, its client
+    port, the team's pid)."""
+    if kind == "broker":
+        broker = Broker(root / f"paired-{index}", server_prefix(args.server_prefix))
+        stack.callback(broker.stop)
+        broker.start(args.cpu_latency_us, args.broker_option)
+        pid, worker_port = broker.pid, broker.port
+    else:
+        worker_port = free_ports(2)
+        relay = peer(stack, "relay", worker_port + 1, worker_port)
+        relay.wait_ready()
+        pid = relay.proc.pid
+    team = peer(
+        stack, "workers", f"tcp://{HOST}:{worker_port}", WORKERS, SLOTS, program=args.program
+    )
+    team.wait_ready()
+    return pid, worker_port + 1, team.proc.pid
+
+
+def run_queue_delay(pid: int) -> float:
+    """Seconds the process's main thread has waited for a CPU while runnable, so far."""
+    with open(f"/proc/{pid}/schedstat") as stat:
+        return int(stat.read().split()[1]) / 1e9
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        name: ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+        for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("p99.9", 0.999))
+    }
+
+
+def run_paired(root: Path, index: int, args: Any) -> dict[str, Any]:
+    """Both targets up, one client alternating blocks of one-at-a-time requests between
+    them: each side's pooled round trips, the window-by-window comparison and the stalls of
+    each side alone."""
+    with Cleanup() as stack:
+        pids, ports, teams = zip(*(start_target(stack, kind, root, index, args)
+                                   for kind in ("baseline", "broker")), strict=True)  # fmt: skip
+        wait_for_quiet(args.wait_idle)
+        client = peer(
+            stack, "paired", *(f"tcp://{HOST}:{port}" for port in ports),
+            args.latency_requests, args.latency_block, "reply-requested", program=args.program,
+        )  # fmt: skip
+        client.wait_ready()
+        account = CpuAccount(live=[*pids, *teams, client.proc.pid])
+        cpu_before = [cpu_seconds(pid) for pid in pids]
+        waited_before = [run_queue_delay(pid) for pid in pids]
+        client.go()
+        raw = client.result()
+        foreign = account.stop()
+        cpu = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
+        waited = [run_queue_delay(pid) - w for pid, w in zip(pids, waited_before, strict=True)]
+    relay_us, broker_us = raw["us"]
+    # Windows of WINDOW requests a side: the k-th of each side spans the same moments,
+    # whatever the block.
+    pairs = [
+        (percentiles(relay_us[k : k + WINDOW]), percentiles(broker_us[k : k + WINDOW]))
+        for k in range(0, len(relay_us), WINDOW)
+    ]
+    relay, broker = percentiles(relay_us), percentiles(broker_us)
+    # A stall of one side alone: over STALL x its median while the other side's request of
+    # the same rank (sent within two blocks of it) was under twice its own.
+    alone = {
+        name: sum(
+            mine > STALL * own["p50"] and theirs < 2 * other["p50"]
+            for mine, theirs in zip(times, others, strict=True)
+        )
+        for name, times, others, own, other in (
+            ("relay", relay_us, broker_us, relay, broker),
+            ("broker", broker_us, relay_us, broker, relay),
+        )
+    }
+    result: dict[str, Any] = {
+        "requests_per_side": len(relay_us),
+        "block": raw["block"],
+        "seconds": raw["seconds"],
+        "foreign_cores": foreign,
+        "relay_us": relay,
+        "broker_us": broker,
+        "windows": len(pairs),
+        "windows_p50_at_or_under": sum(b["p50"] <= r["p50"] for r, b in pairs),
+        "windows_p99_at_or_under": sum(b["p99"] <= r["p99"] for r, b in pairs),
+        "window_p99_ratios": [round(b["p99"] / r["p99"], 3) for r, b in pairs],
+        "stalls_alone": alone,
+        "cpu_us_per_request": {
+            "relay": round(cpu[0] / len(relay_us) * 1e6, 1),
+            "broker": round(cpu[1] / len(broker_us) * 1e6, 1),
+            "client": round(raw["cpu_s"] / (2 * len(relay_us)) * 1e6, 1),
+        },
+        "run_queue_wait_ms": {
+            "relay": round(waited[0] * 1e3, 1),
+            "broker": round(waited[1] * 1e3, 1),
+        },
+        "round_trips_us": raw["us"] if args.keep_round_trips else None,
+        "t0": raw["t0"],
+        "sent_ms": raw["sent_ms"] if args.keep_round_trips else None,
+    }
+    result["p99_vs_relay"] = broker["p99"] / relay["p99"]
+    print(f"  paired latency ({len(relay_us)} a side, blocks of {raw['block']}): relay p50 "
+          f"{relay['p50']:.0f} / p99 {relay['p99']:.0f} us, broker p50 {broker['p50']:.0f} / "
+          f"p99 {broker['p99']:.0f} us ({result['p99_vs_relay']:.2f} x); broker's window p99 <= "
+          f"the relay's in {result['windows_p99_at_or_under']} of {len(pairs)}; stalls alone: "
+          f"relay {alone['relay']}, broker {alone['broker']}; others' cores {foreign:.2f}",
+          file=sys.stderr)  # fmt: skip
+    return result
 
 
 def fill_backlog(client_port: int, count: int, status: Path, timeout: float = 120.0) -> None:
@@ -245,14 +374,36 @@ def main() -> None:
         default="c",
         help="load generators: C over libzmq (default) or raw pyzmq",
     )
+    parser.add_argument(
+        "--latency-requests",
+        type=int,
+        default=6_000,
+        help="paired latency: requests to each of the relay and the broker, one at a time",
+    )
+    parser.add_argument(
+        "--latency-block",
+        type=int,
+        default=10,
+        help="paired latency: requests in a row to one side before the other's turn (the "
+        "machine's bursts last milliseconds: small blocks share them out evenly)",
+    )
+    parser.add_argument(
+        "--keep-round-trips",
+        action="store_true",
+        help="also write every paired round trip (and when it was sent) into the --json record",
+    )
     add_common_arguments(parser)
     args = parser.parse_args()
+    if args.latency_block < 1 or args.latency_requests % args.latency_block:
+        parser.error("--latency-requests must be a multiple of --latency-block")
     terminate_on_sigterm()
     info = machine()
     runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "broker": []}
+    paired: list[dict[str, Any]] = []
     with workdir("emqp-bench-", args.keep) as root, cpu_latency(args.cpu_latency_us) as held:
         args.program = build_c_peers(root) if args.peers == "c" else None
         for index in range(args.repeat):
+            paired.append(run_paired(root, index, args))
             for kind in ("baseline", "broker"):
                 runs[kind].append(run_target(kind, root, index, args))
 
@@ -260,8 +411,20 @@ def main() -> None:
         return median([run[mode][key] for run in runs[kind]])
 
     rate, base_rate = med("broker", "pipelined", "rate"), med("baseline", "pipelined", "rate")
-    p50, base_p50 = med("broker", "latency", "p50_us"), med("baseline", "latency", "p50_us")
-    p99, base_p99 = med("broker", "latency", "p99_us"), med("baseline", "latency", "p99_us")
+
+    def paired_med(side: str, key: str) -> float:
+        return median([run[f"{side}_us"][key] for run in paired])
+
+    p50, base_p50 = paired_med("broker", "p50"), paired_med("relay", "p50")
+    p99, base_p99 = paired_med("broker", "p99"), paired_med("relay", "p99")
+    p90, base_p90 = paired_med("broker", "p90"), paired_med("relay", "p90")
+    p999, base_p999 = paired_med("broker", "p99.9"), paired_med("relay", "p99.9")
+    # Each round's ratio is of one moment: the median of the ratios, not a ratio of medians.
+    p99_ratio = median([run["p99_vs_relay"] for run in paired])
+    windows = sum(run["windows"] for run in paired)
+    windows_p99 = sum(run["windows_p99_at_or_under"] for run in paired)
+    windows_p50 = sum(run["windows_p50_at_or_under"] for run in paired)
+    alone = {side: sum(run["stalls_alone"][side] for run in paired) for side in ("relay", "broker")}
     guaranteed = med("broker", "guaranteed", "rate")
 
     def cpu(kind: str, mode: str, process: str) -> float:
@@ -289,7 +452,7 @@ def main() -> None:
     verdict = (
         rate >= TARGET_RATE and ratio >= TARGET_RATIO and p50 < TARGET_P50_US
         and late_ms <= TARGET_LATE_MS and guaranteed >= TARGET_GUARANTEED
-        and p99 / base_p99 <= TARGET_P99_VS_RELAY
+        and p99_ratio <= TARGET_P99_VS_RELAY
     )  # fmt: skip
     all_runs = [run[mode] for kind in runs for run in runs[kind] for mode in run]
     peers = (
@@ -301,8 +464,9 @@ def main() -> None:
         "eMQP broker round trips",
         info,
         measured=(
-            f"{fmt_rate(rate)} jobs/s pipelined (4 workers); round trip p50 {p50:.0f} us, "
-            f"p99 {p99:.0f} us; guaranteed {fmt_rate(guaranteed)} jobs/s; heartbeats at most "
+            f"{fmt_rate(rate)} jobs/s pipelined (4 workers); round trip (paired with the "
+            f"relay's) p50 {p50:.0f} us, p90 {p90:.0f}, p99 {p99:.0f}, p99.9 {p999:.0f} us; "
+            f"guaranteed {fmt_rate(guaranteed)} jobs/s; heartbeats at most "
             f"{late_ms:.1f} ms late while saturated (at the workers; the broker's timer at "
             f"most {timer_ms:.1f} ms; its thread waited up to {starved_ms:.0f} ms for a CPU "
             f"within 100 ms); CPU per job: broker {broker_cpu:.1f} us pipelined, "
@@ -310,11 +474,18 @@ def main() -> None:
         ),
         baseline=(
             f"raw pyzmq ROUTER relay: {fmt_rate(base_rate)} jobs/s pipelined; p50 "
-            f"{base_p50:.0f} us, p99 {base_p99:.0f} us; CPU per job {relay_cpu:.1f} us"
+            f"{base_p50:.0f} us, p90 {base_p90:.0f}, p99 {base_p99:.0f}, p99.9 "
+            f"{base_p999:.0f} us; CPU per job {relay_cpu:.1f} us"
         ),
         ratio=(
             f"{ratio:.2f} of the relay's rate; p50 {p50 / base_p50:.2f}x the relay's, p99 "
-            f"{p99 / base_p99:.2f}x; CPU per job {broker_cpu / relay_cpu:.2f}x the relay's"
+            f"{p99_ratio:.2f}x (median of the rounds: "
+            + ", ".join(f"{run['p99_vs_relay']:.2f}" for run in paired)
+            + f"); window by window ({WINDOW} requests a side), the broker's p99 at or under "
+            f"the relay's in {windows_p99} of {windows}, its p50 in {windows_p50}; stalls of "
+            f"one side alone (> {STALL:g} x its p50): relay {alone['relay']}, broker "
+            f"{alone['broker']}; CPU per job "
+            f"{broker_cpu / relay_cpu:.2f}x the relay's"
         ),
         target=(
             f">= {fmt_rate(TARGET_RATE)} jobs/s and >= {TARGET_RATIO} of the relay, p50 < "
@@ -323,15 +494,26 @@ def main() -> None:
             f"{fmt_rate(TARGET_GUARANTEED)}/s"
         ),
         verdict=verdict,
-        details=[("peers", peers), noise_line(all_runs), *held],
+        details=[
+            ("peers", peers),
+            (
+                "noise",
+                "other processes kept "
+                + ", ".join(f"{run['foreign_cores']:.2f}" for run in paired)
+                + " cores busy during the paired latency rounds; "
+                + noise_line(all_runs)[1],
+            ),
+            *held,
+        ],
         json_path=args.json,
-        record={"runs": runs},
+        record={"runs": runs, "paired": paired},
         figures={
             "pipelined": Figure(rate, "jobs/s"),
             "pipelined_vs_relay": Figure(ratio, "x raw"),
             "p50": Figure(p50, "us", better="lower"),
             "p99": Figure(p99, "us", better="lower"),
-            "p99_vs_relay": Figure(p99 / base_p99, "x raw", better="lower"),
+            "p99_vs_relay": Figure(p99_ratio, "x raw", better="lower"),
+            "p99_windows_at_or_under": Figure(windows_p99 / windows, "of windows"),
             "guaranteed": Figure(guaranteed, "jobs/s"),
             "cpu_pipelined": Figure(broker_cpu, "us/job", better="lower"),
             "cpu_guaranteed": Figure(guaranteed_cpu, "us/job", better="lower"),

@@ -18,7 +18,15 @@
    client ENDPOINT JOBS WINDOW HEADERS
        One DEALER: one warm-up job, "READY", waits for a line (GO), then keeps at most
        WINDOW requests outstanding until JOBS results (6-frame REPLYs) came back; prints
-       {"jobs", "seconds", "rate", "cpu_s", "p50_us", "p99_us"}. */
+       {"jobs", "seconds", "rate", "cpu_s", "p50_us", "p99_us"}.
+   paired ENDPOINT_A ENDPOINT_B PER_SIDE BLOCK HEADERS
+       One DEALER to each of two targets (the relay and the broker, both up): one warm-up
+       job to each, "READY", waits for a line (GO), then one request at a time in blocks of
+       BLOCK, alternating A B B A A B ... until each side had PER_SIDE, so that both see the
+       same moments of the machine; prints {"seconds", "cpu_s", "block", "order": [side of
+       each block], "us": [[A's round trips], [B's]] (microseconds, in the order sent),
+       "t0": the start (CLOCK_MONOTONIC, s), "sent_ms": [[A's sends], [B's]] (ms after t0)},
+       so that a round trip can be set beside what the targets did at that moment. */
 
 #define _GNU_SOURCE /* memmem */
 #include "zmq_peers.h"
@@ -213,14 +221,103 @@ static int client(const char *endpoint, long jobs, long window, const char *head
     return 0;
 }
 
+/* -- paired ----------------------------------------------------------------------------- */
+
+/* One request, one at a time: its round trip to its result (6-frame REPLY), in seconds. */
+static double round_trip(void *sock, message_t *msg, const char *id, const char *headers,
+                         double *sent_at) {
+    static const char body[] = "[\"bench\", {\"n\": 1}]";
+    double sent = *sent_at = now_s(CLOCK_MONOTONIC);
+    header(sock, "REQUEST", id, 1);
+    SEND_TEXT(sock, "default", 1);
+    SEND_TEXT(sock, headers, 1);
+    send_frame(sock, body, sizeof body - 1, 0);
+    for (;;) {
+        receive(sock, msg, 0);
+        if (msg->count != 6 || !frame_is(msg, 2, "REPLY")) continue; /* the dispatch ack */
+        double elapsed = now_s(CLOCK_MONOTONIC) - sent;
+        if (memmem(msg->data[4], msg->size[4], "error", 5) != NULL) {
+            fprintf(stderr, "%.*s\n", (int)msg->size[4], msg->data[4]);
+            exit(1);
+        }
+        if (msg->size[5] != ID_BYTES || memcmp(msg->data[5], id, ID_BYTES) != 0) {
+            fprintf(stderr, "a REPLY for another request\n");
+            exit(1);
+        }
+        return elapsed;
+    }
+}
+
+static int paired(const char *endpoint_a, const char *endpoint_b, long per_side, long block,
+                  const char *headers) {
+    if (block < 1 || per_side % block != 0) {
+        fprintf(stderr, "PER_SIDE must be a multiple of BLOCK\n");
+        return 2;
+    }
+    void *context = zmq_ctx_new();
+    void *socks[2] = {dealer(context, endpoint_a), dealer(context, endpoint_b)};
+    message_t *msg = malloc(sizeof *msg);
+    long blocks = 2 * (per_side / block), total = 2 * per_side;
+    char (*ids)[ID_BYTES + 1] = malloc((size_t)(total + 2) * sizeof *ids);
+    double *times[2], *sent[2];
+    for (int side = 0; side < 2; side++) {
+        times[side] = malloc((size_t)per_side * sizeof(double));
+        sent[side] = malloc((size_t)per_side * sizeof(double));
+    }
+    double warm_up;
+    int *order = malloc((size_t)blocks * sizeof *order);
+    for (long i = 0; i < total + 2; i++) make_random_id(ids[i], (uint64_t)i);
+    long next_id = 0;
+    for (int side = 0; side < 2; side++) /* warm-up: both paths work */
+        round_trip(socks[side], msg, ids[next_id++], headers, &warm_up);
+    ready();
+    char line[256];
+    read_line(line, sizeof line);
+    double started = now_s(CLOCK_MONOTONIC), cpu_started = now_s(CLOCK_PROCESS_CPUTIME_ID);
+    long done[2] = {0, 0};
+    for (long b = 0; b < blocks; b++) {
+        /* A B B A A B ...: neither side always goes first after the other's block. */
+        int side = (int)(((b + 1) / 2) % 2);
+        order[b] = side;
+        for (long i = 0; i < block; i++, done[side]++)
+            times[side][done[side]] =
+                round_trip(socks[side], msg, ids[next_id++], headers, &sent[side][done[side]]);
+    }
+    double seconds = now_s(CLOCK_MONOTONIC) - started;
+    double cpu = now_s(CLOCK_PROCESS_CPUTIME_ID) - cpu_started;
+    printf("{\"seconds\": %.6f, \"cpu_s\": %.6f, \"block\": %ld, \"order\": [", seconds, cpu,
+           block);
+    for (long b = 0; b < blocks; b++) printf("%s%d", b ? ", " : "", order[b]);
+    printf("], \"us\": [");
+    for (int side = 0; side < 2; side++) {
+        printf("%s[", side ? ", " : "");
+        for (long i = 0; i < per_side; i++)
+            printf("%s%.2f", i ? ", " : "", times[side][i] * 1e6);
+        printf("]");
+    }
+    printf("], \"t0\": %.6f, \"sent_ms\": [", started);
+    for (int side = 0; side < 2; side++) {
+        printf("%s[", side ? ", " : "");
+        for (long i = 0; i < per_side; i++)
+            printf("%s%.3f", i ? ", " : "", (sent[side][i] - started) * 1e3);
+        printf("]");
+    }
+    printf("]}\n");
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     srand((unsigned)getpid() ^ (unsigned)time(NULL));
     if (argc == 5 && strcmp(argv[1], "workers") == 0)
         return workers(argv[2], atoi(argv[3]), atoi(argv[4]));
     if (argc == 6 && strcmp(argv[1], "client") == 0)
         return client(argv[2], atol(argv[3]), atol(argv[4]), argv[5]);
+    if (argc == 7 && strcmp(argv[1], "paired") == 0)
+        return paired(argv[2], argv[3], atol(argv[4]), atol(argv[5]), argv[6]);
     fprintf(stderr,
-            "usage: %s workers ENDPOINT COUNT SLOTS | client ENDPOINT JOBS WINDOW HEADERS\n",
+            "usage: %s workers ENDPOINT COUNT SLOTS | client ENDPOINT JOBS WINDOW HEADERS | "
+            "paired ENDPOINT_A ENDPOINT_B PER_SIDE BLOCK HEADERS\n",
             argv[0]);
     return 2;
 }
