@@ -995,16 +995,21 @@ class Broker:
             held.outbox.append(held.message)
         unstored, self.unstored = self.unstored, []
         now = self.clock()
-        jobs, queues, place = self.jobs, self.queues, self._place
+        jobs, queues, pick, dispatch = self.jobs, self.queues, self._pick, self._dispatch
         for job in unstored:
-            if jobs.get(job.msgid) is job:
-                # _requeue's lookup, then _place: one call a job fewer (one per guaranteed job).
-                queue = queues.get(job.queue) or self._queue(job.queue, force=True)
-                assert queue is not None
-                if queue.waiting:  # behind those waiting: _place would look for no worker
-                    queue.waiting.append(job)
-                else:
-                    place(job, queue, now, False)
+            if jobs.get(job.msgid) is not job:
+                continue
+            # _requeue's lookup and _place's body (at the tail), not calls to them: two
+            # calls a guaranteed job fewer.
+            queue = queues.get(job.queue) or self._queue(job.queue, force=True)
+            assert queue is not None
+            waiting = queue.waiting
+            if not waiting:  # else behind those waiting: no worker to look for
+                worker = pick(queue)
+                if worker is not None:
+                    dispatch(job, worker, queue, now)
+                    continue
+            waiting.append(job)
 
     def refuse_unstored(self, reason: str, text: str) -> int:
         """The store cannot take them: guaranteed requests not yet committed are forgotten
