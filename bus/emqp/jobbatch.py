@@ -75,6 +75,7 @@ _HEAD = struct.Struct("<qdqqIIIII")
 _native: Any = compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP")
 _native_pack = getattr(_native, "pack_jobs", None)
 _native_settle = getattr(_native, "settle", None)
+_native_changes = getattr(_native, "Changes", None)
 
 
 def pack(jobs: Sequence[StoredJob]) -> bytes:
@@ -183,3 +184,44 @@ def settle(
         )
         return settled
     return settle_python(pending, slots)
+
+
+class ChangesPython:
+    """A job store's pending changes as a broker makes them (``pending``: msgid -> its new
+    row, or None: removed) and the positions it hands out, from ``next_position`` on."""
+
+    def __init__(self, row_type: type[StoredJob], pending: dict[bytes, StoredJob | None],
+                 next_position: int) -> None:  # fmt: skip
+        self._row_type = row_type
+        self._pending = pending
+        self._next = next_position
+
+    def put_new(self, msgid: bytes, client: bytes, queue: bytes, headers: bytes, body: bytes,
+                received: float, retries_left: int) -> int:  # fmt: skip
+        """A new request's row (never dispatched) at the next position; returns it."""
+        position = self._next
+        self._next = position + 1
+        self._pending[msgid] = tuple.__new__(
+            self._row_type,
+            (msgid, position, client, queue, headers, body, received, 0, retries_left),
+        )
+        return position
+
+    def remove(self, msgid: bytes) -> None:
+        """Forget request ``msgid``."""
+        self._pending[msgid] = None
+
+    def next_position(self) -> int:
+        """A new position."""
+        position = self._next
+        self._next = position + 1
+        return position
+
+
+def changes(pending: dict[bytes, StoredJob | None], next_position: int) -> ChangesPython:
+    """:class:`ChangesPython` over ``pending``, compiled where built (two calls a guaranteed
+    job: a frame each in Python, and put_new's named tuple built through ``tuple.__new__``)."""
+    if _native_changes is not None:
+        made: ChangesPython = _native_changes(StoredJob, pending, next_position)
+        return made
+    return ChangesPython(StoredJob, pending, next_position)
