@@ -3,18 +3,21 @@ timeouts, retries and the store, without sockets."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.logger import Logger
 
 from bus.emqp import codec
-from bus.emqp.core import Broker, BrokerSettings
+from bus.emqp.core import Broker, BrokerSettings, Job, job_maker
 from bus.emqp.store import JobStore
+from bus.util.compiled import compiled
 
 log = Logger(namespace="test.emqp")
 
@@ -613,3 +616,32 @@ def test_a_batch_is_handled_as_its_messages_one_at_a_time(tmp_path: Path, monkey
         for store in stores:
             if store is not None:
                 store.close()
+
+
+@given(
+    st.binary(max_size=8), st.binary(max_size=8), st.floats(allow_nan=False), st.integers(),
+    st.booleans(),
+)  # fmt: skip
+def test_a_request_s_job_is_made_as_the_class_makes_it(
+    msgid: bytes, client: bytes, received: float, retries: int, stored: bool
+) -> None:
+    headers = codec.parse_headers(b"guarantee")
+    made = job_maker()(msgid, client, b"q", headers, b"1", received, retries, stored)
+    expected = Job(msgid, client, b"q", headers, b"1", received, retries, stored)
+    assert type(made) is Job
+    for each in dataclasses.fields(Job):
+        assert getattr(made, each.name) == getattr(expected, each.name), each.name
+
+
+def test_the_compiled_maker_takes_only_a_class_of_slots() -> None:
+    maker = getattr(compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP"), "Maker", None)
+    if maker is None:
+        pytest.skip("bus.emqp._jobscan not built")
+
+    class Plain:
+        msgid = b""
+
+    with pytest.raises(TypeError):
+        maker(Plain, ("msgid",), ())
+    with pytest.raises(TypeError):
+        job_maker()(b"too few")

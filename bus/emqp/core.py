@@ -25,7 +25,7 @@ import heapq
 import json
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from twisted.logger import Logger
@@ -37,6 +37,7 @@ from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, job_of, uns
 from bus.emqp.store import JobStore, StoredJob
 from bus.extension import NO_ACTIVITY, ActivitySink
 from bus.transport.names import peer_name
+from bus.util.compiled import compiled
 from bus.util.droplog import DropCounter
 
 _HEARTBEAT = codec.HEARTBEAT
@@ -121,6 +122,28 @@ class Job:
     origin: bytes = b""
     #: The stream delivery this broker holds it by (its ack subject), b"" for none.
     handle: bytes = b""
+
+
+def job_maker() -> Callable[[bytes, bytes, bytes, Headers, bytes, float, int, bool], Job]:
+    """What makes a request's :class:`Job` from the fields it gives (``msgid`` to
+    ``stored``), the others at their defaults: compiled where built (``_jobscan.Maker``: the
+    slots set as the dataclass's ``__init__`` sets them, ~3,500 instructions a request less
+    than calling the class), else the class."""
+    maker = getattr(compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP"), "Maker", None)
+    every = fields(Job)
+    plain = not hasattr(Job, "__post_init__") and all(
+        each.init and each.default_factory is MISSING for each in every
+    )
+    if maker is None or not plain:
+        return Job
+    defaults = tuple(each.default for each in every if each.default is not MISSING)
+    made: Callable[[bytes, bytes, bytes, Headers, bytes, float, int, bool], Job] = maker(
+        Job, tuple(each.name for each in every), defaults
+    )
+    return made
+
+
+_new_job = job_maker()
 
 
 @dataclass(slots=True, eq=False)
@@ -912,7 +935,7 @@ class Broker:
             retries = headers.retry_count
         else:
             retries = self.settings.guarantee_retries if headers.guarantee else 0
-        job = Job(msgid, client, name, headers, body, now, retries, guaranteed)
+        job = _new_job(msgid, client, name, headers, body, now, retries, guaranteed)
         self.jobs[msgid] = job
         if self._publishing:
             self._publish_job("queued", msgid, name, guaranteed=guaranteed)
