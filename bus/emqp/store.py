@@ -135,6 +135,7 @@ class JobStore:
         #: queue -> paused (True) or resumed (False) by an operator.
         self._pending_paused: dict[bytes, bool] = {}
         self._checkpointer = Checkpointer(self.path)
+        self._cursor = self._db.cursor()
         self.stored = 0
         self.commits = 0
         self._closed = False
@@ -188,6 +189,9 @@ class JobStore:
         # i, removed or put again) and the msgids removed.
         kept, marked, dropped = jobbatch.settle(pending, slots)
         emptied = [(batch,) for batch, bits in marked.items() if left[batch] == bits.bit_count()]
+        # Only a batch marked before has a row in job_gone: no DELETE for the others (a
+        # statement a commit where a batch's requests are all replied at once).
+        with_marks = [each for each in emptied if gone[each[0]]]
         marks = [
             (batch, _bits_blob(gone[batch] | bits))
             for batch, bits in marked.items()
@@ -198,12 +202,13 @@ class JobStore:
         rows = [(first + n, jobbatch.pack(jobs)) for n, jobs in enumerate(batches)]
         schedules = self._pending_schedules
         paused = self._pending_paused
-        db = self._db
+        db = self._cursor  # one cursor: db.execute would make one a statement
         try:
             db.execute("BEGIN")
             if emptied:
                 db.executemany(jobbatch.DELETE_BATCH, emptied)
-                db.executemany(jobbatch.DELETE_MARKS, emptied)
+                if with_marks:
+                    db.executemany(jobbatch.DELETE_MARKS, with_marks)
             if marks:
                 db.executemany(jobbatch.MARK, marks)
             if rows:
@@ -222,9 +227,9 @@ class JobStore:
                 )
             db.execute("COMMIT")
         except sqlite3.Error as error:
-            if db.in_transaction:
+            if self._db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
+                    self._db.execute("ROLLBACK")
             raise StorageError(error) from error
         for batch, bits in marked.items():
             if left[batch] == bits.bit_count():
