@@ -205,6 +205,24 @@ def test_a_commit_s_changes_are_sorted_alike_compiled_or_not(
     )
 
 
+@settings(max_examples=300, deadline=None)
+@given(changes(), st.integers(1, 2**40))
+def test_a_commit_s_slots_are_kept_alike_compiled_or_not(
+    given_changes: tuple[dict[bytes, StoredJob | None], dict[bytes, int]], first: int
+) -> None:
+    pending, slots = given_changes
+    kept, _, dropped = jobbatch.settle_python(pending, slots)
+    batches = [kept[:3], kept[3:]] if len(kept) > 3 else [kept]
+    expected, made = dict(slots), dict(slots)
+    jobbatch.committed_python(expected, dropped, batches, first)
+    jobbatch.committed(made, dropped, batches, first)  # compiled, where built
+    assert made == expected
+    assert all(m not in made for m in dropped)
+    assert [made[row.msgid] for row in kept[:3]] == [
+        first << jobbatch.SLOT_BITS | i for i in range(len(kept[:3]))
+    ]
+
+
 #: A broker's changes: a new request (msgid, retries left), a removal, a position taken.
 _change = st.one_of(
     st.tuples(st.just("put_new"), st.binary(max_size=3), st.integers(0, 2**40)),

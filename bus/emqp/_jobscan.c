@@ -538,6 +538,39 @@ fail:
     return NULL;
 }
 
+/* committed(slots, dropped, batches, first): bus/emqp/jobbatch.py's committed_python, the
+ * job store's slots once a commit succeeded: the msgids removed go, the requests of the
+ * batches written (batch first + n, a list of rows each) get theirs. */
+static PyObject *jobscan_committed(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *slots, *dropped, *batches;
+    long long first;
+    if (!PyArg_ParseTuple(args, "O!O!O!L", &PyDict_Type, &slots, &PyList_Type, &dropped,
+                          &PyList_Type, &batches, &first))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(dropped); i++)
+        if (PyDict_DelItem(slots, PyList_GET_ITEM(dropped, i)) < 0) return NULL;
+    for (Py_ssize_t n = 0; n < PyList_GET_SIZE(batches); n++) {
+        PyObject *rows = PyList_GET_ITEM(batches, n);
+        if (!PyList_Check(rows) || PyList_GET_SIZE(rows) > 256 || first + n > (LLONG_MAX >> 8)) {
+            PyErr_SetString(PyExc_ValueError, "committed() takes lists of at most 256 rows");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+            PyObject *row = PyList_GET_ITEM(rows, i);
+            if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) < 1) {
+                PyErr_SetString(PyExc_TypeError, "committed() takes rows that are tuples");
+                return NULL;
+            }
+            PyObject *slot = PyLong_FromLongLong((first + n) << 8 | (long long)i);
+            int set = slot ? PyDict_SetItem(slots, PyTuple_GET_ITEM(row, 0), slot) : -1;
+            Py_XDECREF(slot);
+            if (set < 0) return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 /* Changes(row_type, pending, next_position): bus/emqp/jobbatch.py's ChangesPython, the job
  * store's pending changes as a broker makes them, two a guaranteed job: put_new (a new
  * request's row at the next position) and remove. In Python each was a call of the store's
@@ -762,6 +795,8 @@ static PyMethodDef methods[] = {
     {"whole_json", jobscan_whole_json, METH_O,
      "whole_json(frame) -> bool: one JSON value codec._json takes (False: not sure)"},
     {"pack_jobs", jobscan_pack_jobs, METH_O, "pack_jobs(rows) -> bus.emqp.jobbatch's blob"},
+    {"committed", jobscan_committed, METH_VARARGS,
+     "committed(slots, dropped, batches, first): bus.emqp.jobbatch's committed"},
     {"settle", jobscan_settle, METH_VARARGS,
      "settle(pending, slots) -> (kept, marked, dropped): bus.emqp.jobbatch's settle"},
     {NULL, NULL, 0, NULL},

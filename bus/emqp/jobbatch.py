@@ -68,6 +68,7 @@ SLOT_BITS = 8
 assert 1 << SLOT_BITS == BATCH_JOBS
 
 FORMAT = 1
+_MSGID = itemgetter(0)
 _BODY = itemgetter(5)
 _HEAD = struct.Struct("<qdqqIIIII")
 
@@ -76,6 +77,7 @@ _native: Any = compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP")
 _native_pack = getattr(_native, "pack_jobs", None)
 _native_settle = getattr(_native, "settle", None)
 _native_changes = getattr(_native, "Changes", None)
+_native_committed = getattr(_native, "committed", None)
 
 
 def pack(jobs: Sequence[StoredJob]) -> bytes:
@@ -130,7 +132,7 @@ def is_gone(bits: bytes | bytearray | None, index: int) -> bool:
     return bits is not None and index >> 3 < len(bits) and bool(bits[index >> 3] >> (index & 7) & 1)
 
 
-def batches_of(jobs: Sequence[StoredJob]) -> Iterator[Sequence[StoredJob]]:
+def batches_of(jobs: list[StoredJob]) -> Iterator[list[StoredJob]]:
     """``jobs`` cut into batches of at most :data:`BATCH_JOBS` requests and about
     :data:`BATCH_BYTES` of bodies (a request larger than that alone)."""
     if len(jobs) <= BATCH_JOBS and sum(map(len, map(_BODY, jobs))) <= BATCH_BYTES:
@@ -184,6 +186,29 @@ def settle(
         )
         return settled
     return settle_python(pending, slots)
+
+
+def committed_python(
+    slots: dict[bytes, int], dropped: list[bytes], batches: list[list[StoredJob]], first: int
+) -> None:
+    """A commit succeeded: the msgids it removed leave ``slots`` (msgid -> ``batch <<
+    SLOT_BITS | index``), the requests of the batches it wrote (numbered from ``first``)
+    get theirs."""
+    for msgid in dropped:
+        del slots[msgid]
+    for n, jobs in enumerate(batches):
+        base = (first + n) << SLOT_BITS
+        slots.update(zip(map(_MSGID, jobs), range(base, base + len(jobs)), strict=True))
+
+
+def committed(
+    slots: dict[bytes, int], dropped: list[bytes], batches: list[list[StoredJob]], first: int
+) -> None:
+    """:func:`committed_python`, compiled where built (two slots changed a guaranteed job)."""
+    if _native_committed is not None:
+        _native_committed(slots, dropped, batches, first)
+        return
+    committed_python(slots, dropped, batches, first)
 
 
 class ChangesPython:

@@ -20,7 +20,6 @@ import contextlib
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
-from operator import itemgetter
 from pathlib import Path
 
 from bus.emqp import jobbatch
@@ -237,11 +236,8 @@ class JobStore:
             else:
                 left[batch] -= bits.bit_count()
                 gone[batch] |= bits
-        for msgid in dropped:
-            del slots[msgid]
+        jobbatch.committed(slots, dropped, batches, first)
         for n, jobs in enumerate(batches):
-            base = (first + n) << _SLOT_BITS  # no Python per request
-            slots.update(zip(map(_MSGID, jobs), range(base, base + len(jobs)), strict=True))
             gone[first + n] = 0
             left[first + n] = len(jobs)
         self._next_batch = first + len(rows)
@@ -311,7 +307,6 @@ class JobStore:
 
 
 _SLOT_BITS = jobbatch.SLOT_BITS
-_MSGID = itemgetter(0)
 #: Every so many commits, requests left in old, nearly emptied batches move to the commit's
 #: new batch (:meth:`JobStore._stragglers`): batches older than ``_SWEEP_AGE`` batches that
 #: hold at most ``_SPARSE`` requests, ``_SWEEP_BATCHES`` of them at most a time.
