@@ -645,3 +645,18 @@ def test_the_compiled_maker_takes_only_a_class_of_slots() -> None:
         maker(Plain, ("msgid",), ())
     with pytest.raises(TypeError):
         job_maker()(b"too few")
+
+
+def test_a_ready_in_a_batch_dispatches_nothing_of_a_paused_queue() -> None:
+    """A READY handled within a batch (on_worker_messages) takes no request of a paused
+    queue, and the oldest waiting one once it is resumed."""
+    h = Harness()
+    h.inform(b"w", [[10, "q"]])
+    first, second = h.request("q", 1), h.request("q", 2)
+    h.broker.pause(b"q")
+    h.broker.on_worker_messages([[b"w", *codec.ready()]])
+    assert h.sent_to_workers() == []
+    h.broker.resume(b"q")
+    assert h.sent_to_workers() == [(b"w", first)]
+    h.broker.on_worker_messages([[b"w", *codec.ready()]])
+    assert h.sent_to_workers() == [(b"w", second)]

@@ -295,9 +295,9 @@ class Broker:
         """A batch of workers' messages as read (each its ROUTER identity first), one clock
         reading for all: what :meth:`on_worker_message` does with each, a known worker's READY
         and REPLY (two a job) handled here without that call and a copy of its frames each."""
-        workers = self.workers
+        workers, queues = self.workers, self.queues
         now = self.clock()
-        feed, on_reply = self._feed, self._on_reply
+        feed, on_reply, dispatch = self._feed, self._on_reply, self._dispatch
         for message in batch:
             command = _parse_routed(message)
             kind = type(command)
@@ -306,7 +306,20 @@ class Broker:
                 if worker is not None:
                     worker.last_seen = now
                     worker.free_slots += 1
-                    feed(worker, now)
+                    if len(worker.queues) != 1:
+                        feed(worker, now)
+                        continue
+                    # _feed's usual worker (one queue), not a call to it: one call a job
+                    # fewer (bench/emqp_instructions.py).
+                    weight, name = worker.queues[0]
+                    queue = queues.get(name)
+                    if queue is None or not queue.waiting or name in self.paused:
+                        continue
+                    waiting, order, identity = queue.waiting, queue.workers, worker.identity
+                    while worker.free_slots > 0 and waiting:
+                        if order.pop(identity, None) is not None:
+                            order[identity] = weight
+                        dispatch(waiting.popleft(), worker, queue, now)
                     continue
             elif kind is _Reply:
                 worker = workers.get(message[0])
