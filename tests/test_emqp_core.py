@@ -660,3 +660,21 @@ def test_a_ready_in_a_batch_dispatches_nothing_of_a_paused_queue() -> None:
     assert h.sent_to_workers() == [(b"w", first)]
     h.broker.on_worker_messages([[b"w", *codec.ready()]])
     assert h.sent_to_workers() == [(b"w", second)]
+
+
+def test_weight_then_least_recently_used_once_the_heaviest_worker_left() -> None:
+    """A queue's heaviest worker gone (its weight no longer any worker's), the others are
+    still chosen by weight, then least recently used."""
+    h = Harness()
+    h.inform(b"heavy", [[30, "q"]], slots=1)
+    h.inform(b"light", [[5, "q"]], slots=10)
+    h.inform(b"a", [[20, "q"]], slots=2)
+    h.inform(b"b", [[20, "q"]], slots=2)
+    h.broker.on_worker_message(b"heavy", codec.kbye())
+    h.sent_to_workers()
+    h.request("q", 0)
+    h.request("q", 1)
+    h.request("q", 2)
+    h.request("q", 3)
+    h.request("q", 4)
+    assert [w for w, _ in h.sent_to_workers()] == [b"a", b"b", b"a", b"b", b"light"]

@@ -173,6 +173,9 @@ class QueueState:
     workers: dict[bytes, int] = field(default_factory=dict)
     dispatched: int = 0
     rejected: int = 0
+    #: At least the heaviest weight among ``workers`` (the largest any worker gave it): a
+    #: free worker of that weight ends :meth:`Broker._pick`'s look, no heavier one can follow.
+    heaviest: int = 0
 
 
 def _headers_of(raw: bytes) -> codec.Headers:
@@ -478,6 +481,8 @@ class Broker:
             queue = self._queue(name, force=True)
             assert queue is not None
             queue.workers[identity] = weight
+            if weight > queue.heaviest:
+                queue.heaviest = weight
         self.workers_joined += 1
         self.to_workers.append([identity, *codec.ack(inform.msgid)])
         # The original job manager starts its workers at the broker's first HEARTBEAT.
@@ -1228,6 +1233,7 @@ class Broker:
         if self.paused and queue.name in self.paused:
             return None
         workers = self.workers
+        heaviest = queue.heaviest
         best: WorkerState | None = None
         best_weight = -1
         for identity, weight in queue.workers.items():
@@ -1235,6 +1241,8 @@ class Broker:
                 candidate = workers[identity]
                 if candidate.free_slots > 0:
                     best, best_weight = candidate, weight
+                    if weight == heaviest:  # none heavier: the rest need no look
+                        break
         if best is not None:
             order = queue.workers
             del order[best.identity]
