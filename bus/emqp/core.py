@@ -1037,13 +1037,16 @@ class Broker:
         unstored, self.unstored = self.unstored, []
         now = self.clock()
         jobs, queues, pick, dispatch = self.jobs, self.queues, self._pick, self._dispatch
+        name = queue = None
         for job in unstored:
             if jobs.get(job.msgid) is not job:
                 continue
-            # _requeue's lookup and _place's body (at the tail), not calls to them: two
-            # calls a guaranteed job fewer.
-            queue = queues.get(job.queue) or self._queue(job.queue, force=True)
-            assert queue is not None
+            # _requeue's lookup (once for requests of the same queue in a row: a queue is
+            # dropped only while idle) and _place's body (at the tail), not calls to them.
+            if job.queue != name or queue is None:
+                name = job.queue
+                queue = queues.get(name) or self._queue(name, force=True)
+                assert queue is not None
             waiting = queue.waiting
             if not waiting:  # else behind those waiting: no worker to look for
                 worker = pick(queue)
