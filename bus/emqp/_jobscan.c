@@ -8,11 +8,13 @@
  * returns None and the Python parser decides, with its errors. The JSON of a body or result
  * is checked on its bytes (whole_json, below): a whole value, nothing after it.
  *
- * It also makes the broker's message ids (new_msgid, below) and packs the job store's
- * batches of requests (pack_jobs, below) and keeps its pending changes (Changes, below).
+ * It also makes the broker's message ids (new_msgid) and a request's Job (Maker), and for
+ * the job store packs its batches of requests (pack_jobs), keeps its pending changes
+ * (Changes) and sorts and applies them at a commit (settle, committed): all below.
  *
  * Optional, like the other helpers (BUS_NATIVE_EMQP=0 turns it off); the property tests in
- * tests/test_emqp_codec_fastpath.py compare it with the Python code.
+ * tests/test_emqp_codec_fastpath.py, test_emqp_store.py and test_emqp_core.py compare it
+ * with the Python code.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
