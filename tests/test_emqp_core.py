@@ -3,18 +3,21 @@ timeouts, retries and the store, without sockets."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.logger import Logger
 
 from bus.emqp import codec
-from bus.emqp.core import Broker, BrokerSettings
+from bus.emqp.core import Broker, BrokerSettings, Job, job_maker
 from bus.emqp.store import JobStore
+from bus.util.compiled import compiled
 
 log = Logger(namespace="test.emqp")
 
@@ -613,3 +616,65 @@ def test_a_batch_is_handled_as_its_messages_one_at_a_time(tmp_path: Path, monkey
         for store in stores:
             if store is not None:
                 store.close()
+
+
+@given(
+    st.binary(max_size=8), st.binary(max_size=8), st.floats(allow_nan=False), st.integers(),
+    st.booleans(),
+)  # fmt: skip
+def test_a_request_s_job_is_made_as_the_class_makes_it(
+    msgid: bytes, client: bytes, received: float, retries: int, stored: bool
+) -> None:
+    headers = codec.parse_headers(b"guarantee")
+    made = job_maker()(msgid, client, b"q", headers, b"1", received, retries, stored)
+    expected = Job(msgid, client, b"q", headers, b"1", received, retries, stored)
+    assert type(made) is Job
+    for each in dataclasses.fields(Job):
+        assert getattr(made, each.name) == getattr(expected, each.name), each.name
+
+
+def test_the_compiled_maker_takes_only_a_class_of_slots() -> None:
+    maker = getattr(compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP"), "Maker", None)
+    if maker is None:
+        pytest.skip("bus.emqp._jobscan not built")
+
+    class Plain:
+        msgid = b""
+
+    with pytest.raises(TypeError):
+        maker(Plain, ("msgid",), ())
+    with pytest.raises(TypeError):
+        job_maker()(b"too few")
+
+
+def test_a_ready_in_a_batch_dispatches_nothing_of_a_paused_queue() -> None:
+    """A READY handled within a batch (on_worker_messages) takes no request of a paused
+    queue, and the oldest waiting one once it is resumed."""
+    h = Harness()
+    h.inform(b"w", [[10, "q"]])
+    first, second = h.request("q", 1), h.request("q", 2)
+    h.broker.pause(b"q")
+    h.broker.on_worker_messages([[b"w", *codec.ready()]])
+    assert h.sent_to_workers() == []
+    h.broker.resume(b"q")
+    assert h.sent_to_workers() == [(b"w", first)]
+    h.broker.on_worker_messages([[b"w", *codec.ready()]])
+    assert h.sent_to_workers() == [(b"w", second)]
+
+
+def test_weight_then_least_recently_used_once_the_heaviest_worker_left() -> None:
+    """A queue's heaviest worker gone (its weight no longer any worker's), the others are
+    still chosen by weight, then least recently used."""
+    h = Harness()
+    h.inform(b"heavy", [[30, "q"]], slots=1)
+    h.inform(b"light", [[5, "q"]], slots=10)
+    h.inform(b"a", [[20, "q"]], slots=2)
+    h.inform(b"b", [[20, "q"]], slots=2)
+    h.broker.on_worker_message(b"heavy", codec.kbye())
+    h.sent_to_workers()
+    h.request("q", 0)
+    h.request("q", 1)
+    h.request("q", 2)
+    h.request("q", 3)
+    h.request("q", 4)
+    assert [w for w, _ in h.sent_to_workers()] == [b"a", b"b", b"a", b"b", b"light"]

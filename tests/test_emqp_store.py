@@ -205,6 +205,57 @@ def test_a_commit_s_changes_are_sorted_alike_compiled_or_not(
     )
 
 
+@settings(max_examples=300, deadline=None)
+@given(changes(), st.integers(1, 2**40))
+def test_a_commit_s_slots_are_kept_alike_compiled_or_not(
+    given_changes: tuple[dict[bytes, StoredJob | None], dict[bytes, int]], first: int
+) -> None:
+    pending, slots = given_changes
+    kept, _, dropped = jobbatch.settle_python(pending, slots)
+    batches = [kept[:3], kept[3:]] if len(kept) > 3 else [kept]
+    expected, made = dict(slots), dict(slots)
+    jobbatch.committed_python(expected, dropped, batches, first)
+    jobbatch.committed(made, dropped, batches, first)  # compiled, where built
+    assert made == expected
+    assert all(m not in made for m in dropped)
+    assert [made[row.msgid] for row in kept[:3]] == [
+        first << jobbatch.SLOT_BITS | i for i in range(len(kept[:3]))
+    ]
+
+
+#: A broker's changes: a new request (msgid, retries left), a removal, a position taken.
+_change = st.one_of(
+    st.tuples(st.just("put_new"), st.binary(max_size=3), st.integers(0, 2**40)),
+    st.tuples(st.just("remove"), st.binary(max_size=3)),
+    st.tuples(st.just("next_position")),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 2**40), st.lists(_change, max_size=30))
+def test_a_broker_s_changes_are_kept_alike_compiled_or_not(
+    first: int, steps: list[tuple[object, ...]]
+) -> None:
+    kept: list[dict[bytes, StoredJob | None]] = [{}, {}]
+    made = [jobbatch.changes(kept[0], first), jobbatch.ChangesPython(StoredJob, kept[1], first)]
+    for step in steps:
+        answers = []
+        for changes in made:
+            if step[0] == "put_new":
+                msgid, retries = step[1], step[2]
+                assert isinstance(msgid, bytes) and isinstance(retries, int)
+                answers.append(changes.put_new(msgid, b"c", b"q", b"guarantee", b"1", 2.5, retries))
+            elif step[0] == "remove":
+                assert isinstance(step[1], bytes)
+                answers.append(changes.remove(step[1]))
+            else:
+                answers.append(changes.next_position())
+        assert answers[0] == answers[1]
+    assert kept[0] == kept[1]
+    assert list(kept[0]) == list(kept[1])  # the same order: a commit's rows are in it
+    assert all(type(row) is StoredJob for row in kept[0].values() if row is not None)
+
+
 @pytest.mark.parametrize("blob", [b"", b"\x02", jobbatch.pack([job(b"a", 1)])[:-1]])
 def test_a_blob_that_is_no_batch_is_refused(blob: bytes) -> None:
     with pytest.raises(ValueError):

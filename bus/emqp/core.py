@@ -25,7 +25,7 @@ import heapq
 import json
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 from twisted.logger import Logger
@@ -37,6 +37,7 @@ from bus.emqp.schedules import Schedule, ScheduleBook, ScheduleSpec, job_of, uns
 from bus.emqp.store import JobStore, StoredJob
 from bus.extension import NO_ACTIVITY, ActivitySink
 from bus.transport.names import peer_name
+from bus.util.compiled import compiled
 from bus.util.droplog import DropCounter
 
 _HEARTBEAT = codec.HEARTBEAT
@@ -123,6 +124,28 @@ class Job:
     handle: bytes = b""
 
 
+def job_maker() -> Callable[[bytes, bytes, bytes, Headers, bytes, float, int, bool], Job]:
+    """What makes a request's :class:`Job` from the fields it gives (``msgid`` to
+    ``stored``), the others at their defaults: compiled where built (``_jobscan.Maker``: the
+    slots set as the dataclass's ``__init__`` sets them, ~3,500 instructions a request less
+    than calling the class), else the class."""
+    maker = getattr(compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP"), "Maker", None)
+    every = fields(Job)
+    plain = not hasattr(Job, "__post_init__") and all(
+        each.init and each.default_factory is MISSING for each in every
+    )
+    if maker is None or not plain:
+        return Job
+    defaults = tuple(each.default for each in every if each.default is not MISSING)
+    made: Callable[[bytes, bytes, bytes, Headers, bytes, float, int, bool], Job] = maker(
+        Job, tuple(each.name for each in every), defaults
+    )
+    return made
+
+
+_new_job = job_maker()
+
+
 @dataclass(slots=True, eq=False)
 class WorkerState:
     """A worker the broker knows: its queues, free slots and the jobs it runs."""
@@ -150,6 +173,9 @@ class QueueState:
     workers: dict[bytes, int] = field(default_factory=dict)
     dispatched: int = 0
     rejected: int = 0
+    #: At least the heaviest weight among ``workers`` (the largest any worker gave it): a
+    #: free worker of that weight ends :meth:`Broker._pick`'s look, no heavier one can follow.
+    heaviest: int = 0
 
 
 def _headers_of(raw: bytes) -> codec.Headers:
@@ -272,9 +298,9 @@ class Broker:
         """A batch of workers' messages as read (each its ROUTER identity first), one clock
         reading for all: what :meth:`on_worker_message` does with each, a known worker's READY
         and REPLY (two a job) handled here without that call and a copy of its frames each."""
-        workers = self.workers
+        workers, queues = self.workers, self.queues
         now = self.clock()
-        feed, on_reply = self._feed, self._on_reply
+        feed, on_reply, dispatch = self._feed, self._on_reply, self._dispatch
         for message in batch:
             command = _parse_routed(message)
             kind = type(command)
@@ -283,7 +309,20 @@ class Broker:
                 if worker is not None:
                     worker.last_seen = now
                     worker.free_slots += 1
-                    feed(worker, now)
+                    if len(worker.queues) != 1:
+                        feed(worker, now)
+                        continue
+                    # _feed's usual worker (one queue), not a call to it: one call a job
+                    # fewer (bench/emqp_instructions.py).
+                    weight, name = worker.queues[0]
+                    queue = queues.get(name)
+                    if queue is None or not queue.waiting or name in self.paused:
+                        continue
+                    waiting, order, identity = queue.waiting, queue.workers, worker.identity
+                    while worker.free_slots > 0 and waiting:
+                        if order.pop(identity, None) is not None:
+                            order[identity] = weight
+                        dispatch(waiting.popleft(), worker, queue, now)
                     continue
             elif kind is _Reply:
                 worker = workers.get(message[0])
@@ -442,6 +481,8 @@ class Broker:
             queue = self._queue(name, force=True)
             assert queue is not None
             queue.workers[identity] = weight
+            if weight > queue.heaviest:
+                queue.heaviest = weight
         self.workers_joined += 1
         self.to_workers.append([identity, *codec.ack(inform.msgid)])
         # The original job manager starts its workers at the broker's first HEARTBEAT.
@@ -912,7 +953,7 @@ class Broker:
             retries = headers.retry_count
         else:
             retries = self.settings.guarantee_retries if headers.guarantee else 0
-        job = Job(msgid, client, name, headers, body, now, retries, guaranteed)
+        job = _new_job(msgid, client, name, headers, body, now, retries, guaranteed)
         self.jobs[msgid] = job
         if self._publishing:
             self._publish_job("queued", msgid, name, guaranteed=guaranteed)
@@ -995,16 +1036,24 @@ class Broker:
             held.outbox.append(held.message)
         unstored, self.unstored = self.unstored, []
         now = self.clock()
-        jobs, queues, place = self.jobs, self.queues, self._place
+        jobs, queues, pick, dispatch = self.jobs, self.queues, self._pick, self._dispatch
+        name = queue = None
         for job in unstored:
-            if jobs.get(job.msgid) is job:
-                # _requeue's lookup, then _place: one call a job fewer (one per guaranteed job).
-                queue = queues.get(job.queue) or self._queue(job.queue, force=True)
+            if jobs.get(job.msgid) is not job:
+                continue
+            # _requeue's lookup (once for requests of the same queue in a row: a queue is
+            # dropped only while idle) and _place's body (at the tail), not calls to them.
+            if job.queue != name or queue is None:
+                name = job.queue
+                queue = queues.get(name) or self._queue(name, force=True)
                 assert queue is not None
-                if queue.waiting:  # behind those waiting: _place would look for no worker
-                    queue.waiting.append(job)
-                else:
-                    place(job, queue, now, False)
+            waiting = queue.waiting
+            if not waiting:  # else behind those waiting: no worker to look for
+                worker = pick(queue)
+                if worker is not None:
+                    dispatch(job, worker, queue, now)
+                    continue
+            waiting.append(job)
 
     def refuse_unstored(self, reason: str, text: str) -> int:
         """The store cannot take them: guaranteed requests not yet committed are forgotten
@@ -1187,6 +1236,7 @@ class Broker:
         if self.paused and queue.name in self.paused:
             return None
         workers = self.workers
+        heaviest = queue.heaviest
         best: WorkerState | None = None
         best_weight = -1
         for identity, weight in queue.workers.items():
@@ -1194,6 +1244,8 @@ class Broker:
                 candidate = workers[identity]
                 if candidate.free_slots > 0:
                     best, best_weight = candidate, weight
+                    if weight == heaviest:  # none heavier: the rest need no look
+                        break
         if best is not None:
             order = queue.workers
             del order[best.identity]

@@ -68,6 +68,7 @@ SLOT_BITS = 8
 assert 1 << SLOT_BITS == BATCH_JOBS
 
 FORMAT = 1
+_MSGID = itemgetter(0)
 _BODY = itemgetter(5)
 _HEAD = struct.Struct("<qdqqIIIII")
 
@@ -75,6 +76,8 @@ _HEAD = struct.Struct("<qdqqIIIII")
 _native: Any = compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP")
 _native_pack = getattr(_native, "pack_jobs", None)
 _native_settle = getattr(_native, "settle", None)
+_native_changes = getattr(_native, "Changes", None)
+_native_committed = getattr(_native, "committed", None)
 
 
 def pack(jobs: Sequence[StoredJob]) -> bytes:
@@ -129,7 +132,7 @@ def is_gone(bits: bytes | bytearray | None, index: int) -> bool:
     return bits is not None and index >> 3 < len(bits) and bool(bits[index >> 3] >> (index & 7) & 1)
 
 
-def batches_of(jobs: Sequence[StoredJob]) -> Iterator[Sequence[StoredJob]]:
+def batches_of(jobs: list[StoredJob]) -> Iterator[list[StoredJob]]:
     """``jobs`` cut into batches of at most :data:`BATCH_JOBS` requests and about
     :data:`BATCH_BYTES` of bodies (a request larger than that alone)."""
     if len(jobs) <= BATCH_JOBS and sum(map(len, map(_BODY, jobs))) <= BATCH_BYTES:
@@ -183,3 +186,67 @@ def settle(
         )
         return settled
     return settle_python(pending, slots)
+
+
+def committed_python(
+    slots: dict[bytes, int], dropped: list[bytes], batches: list[list[StoredJob]], first: int
+) -> None:
+    """A commit succeeded: the msgids it removed leave ``slots`` (msgid -> ``batch <<
+    SLOT_BITS | index``), the requests of the batches it wrote (numbered from ``first``)
+    get theirs."""
+    for msgid in dropped:
+        del slots[msgid]
+    for n, jobs in enumerate(batches):
+        base = (first + n) << SLOT_BITS
+        slots.update(zip(map(_MSGID, jobs), range(base, base + len(jobs)), strict=True))
+
+
+def committed(
+    slots: dict[bytes, int], dropped: list[bytes], batches: list[list[StoredJob]], first: int
+) -> None:
+    """:func:`committed_python`, compiled where built (two slots changed a guaranteed job)."""
+    if _native_committed is not None:
+        _native_committed(slots, dropped, batches, first)
+        return
+    committed_python(slots, dropped, batches, first)
+
+
+class ChangesPython:
+    """A job store's pending changes as a broker makes them (``pending``: msgid -> its new
+    row, or None: removed) and the positions it hands out, from ``next_position`` on."""
+
+    def __init__(self, row_type: type[StoredJob], pending: dict[bytes, StoredJob | None],
+                 next_position: int) -> None:  # fmt: skip
+        self._row_type = row_type
+        self._pending = pending
+        self._next = next_position
+
+    def put_new(self, msgid: bytes, client: bytes, queue: bytes, headers: bytes, body: bytes,
+                received: float, retries_left: int) -> int:  # fmt: skip
+        """A new request's row (never dispatched) at the next position; returns it."""
+        position = self._next
+        self._next = position + 1
+        self._pending[msgid] = tuple.__new__(
+            self._row_type,
+            (msgid, position, client, queue, headers, body, received, 0, retries_left),
+        )
+        return position
+
+    def remove(self, msgid: bytes) -> None:
+        """Forget request ``msgid``."""
+        self._pending[msgid] = None
+
+    def next_position(self) -> int:
+        """A new position."""
+        position = self._next
+        self._next = position + 1
+        return position
+
+
+def changes(pending: dict[bytes, StoredJob | None], next_position: int) -> ChangesPython:
+    """:class:`ChangesPython` over ``pending``, compiled where built (two calls a guaranteed
+    job: a frame each in Python, and put_new's named tuple built through ``tuple.__new__``)."""
+    if _native_changes is not None:
+        made: ChangesPython = _native_changes(StoredJob, pending, next_position)
+        return made
+    return ChangesPython(StoredJob, pending, next_position)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Iterator
-from operator import itemgetter
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bus.emqp import jobbatch
@@ -114,15 +113,28 @@ class JobStore:
         except (sqlite3.Error, ValueError) as error:
             self._db.close()
             raise StorageError(error) from error
-        self._next_position = last_position + 1
         self._next_batch = last_batch + 1
         #: msgid -> the row to write, or None to delete it; applied by commit().
         self._pending: dict[bytes, StoredJob | None] = {}
+        changes = jobbatch.changes(self._pending, last_position + 1)
+        # The changes a broker makes per guaranteed job, bound here: compiled where built,
+        # they cost no Python frame (bench/README.md, "The store's changes in C").
+        #: A new request's row (not yet dispatched) kept at the next position, at the next
+        #: :meth:`commit`: ``put_new(msgid, client, queue, headers, body, received,
+        #: retries_left)`` returns that position.
+        self.put_new: Callable[[bytes, bytes, bytes, bytes, bytes, float, int], int]
+        self.put_new = changes.put_new
+        #: ``remove(msgid)``: forget the request, at the next :meth:`commit`.
+        self.remove: Callable[[bytes], None] = changes.remove
+        #: ``next_position()``: a new position (the order requests are dispatched again in
+        #: after a restart).
+        self.next_position: Callable[[], int] = changes.next_position
         #: schedule id -> its row to write, or None to delete it.
         self._pending_schedules: dict[str, ScheduleValues | None] = {}
         #: queue -> paused (True) or resumed (False) by an operator.
         self._pending_paused: dict[bytes, bool] = {}
         self._checkpointer = Checkpointer(self.path)
+        self._cursor = self._db.cursor()
         self.stored = 0
         self.commits = 0
         self._closed = False
@@ -132,39 +144,9 @@ class JobStore:
         """Changes wait for :meth:`commit`."""
         return bool(self._pending or self._pending_schedules or self._pending_paused)
 
-    def next_position(self) -> int:
-        """A new position (the order requests are dispatched again in after a restart)."""
-        position = self._next_position
-        self._next_position += 1
-        return position
-
     def put(self, job: StoredJob) -> None:
         """Keep ``job``, at the next :meth:`commit`."""
         self._pending[job.msgid] = job
-
-    def put_new(
-        self,
-        msgid: bytes,
-        client: bytes,
-        queue: bytes,
-        headers: bytes,
-        body: bytes,
-        received: float,
-        retries_left: int,
-    ) -> int:
-        """Keep a new request (not yet dispatched) at the next position, at the next
-        :meth:`commit`; returns that position. :meth:`next_position` and :meth:`put` in one
-        call, where a broker puts one per guaranteed job."""
-        position = self._next_position
-        self._next_position = position + 1
-        self._pending[msgid] = tuple.__new__(
-            StoredJob, (msgid, position, client, queue, headers, body, received, 0, retries_left)
-        )
-        return position
-
-    def remove(self, msgid: bytes) -> None:
-        """Forget request ``msgid``, at the next :meth:`commit`."""
-        self._pending[msgid] = None
 
     def put_schedule(self, row: ScheduleValues) -> None:
         """Keep a schedule's row, at the next :meth:`commit`."""
@@ -206,6 +188,9 @@ class JobStore:
         # i, removed or put again) and the msgids removed.
         kept, marked, dropped = jobbatch.settle(pending, slots)
         emptied = [(batch,) for batch, bits in marked.items() if left[batch] == bits.bit_count()]
+        # Only a batch marked before has a row in job_gone: no DELETE for the others (a
+        # statement a commit where a batch's requests are all replied at once).
+        with_marks = [each for each in emptied if gone[each[0]]]
         marks = [
             (batch, _bits_blob(gone[batch] | bits))
             for batch, bits in marked.items()
@@ -216,12 +201,13 @@ class JobStore:
         rows = [(first + n, jobbatch.pack(jobs)) for n, jobs in enumerate(batches)]
         schedules = self._pending_schedules
         paused = self._pending_paused
-        db = self._db
+        db = self._cursor  # one cursor: db.execute would make one a statement
         try:
             db.execute("BEGIN")
             if emptied:
                 db.executemany(jobbatch.DELETE_BATCH, emptied)
-                db.executemany(jobbatch.DELETE_MARKS, emptied)
+                if with_marks:
+                    db.executemany(jobbatch.DELETE_MARKS, with_marks)
             if marks:
                 db.executemany(jobbatch.MARK, marks)
             if rows:
@@ -240,9 +226,9 @@ class JobStore:
                 )
             db.execute("COMMIT")
         except sqlite3.Error as error:
-            if db.in_transaction:
+            if self._db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
+                    self._db.execute("ROLLBACK")
             raise StorageError(error) from error
         for batch, bits in marked.items():
             if left[batch] == bits.bit_count():
@@ -250,11 +236,8 @@ class JobStore:
             else:
                 left[batch] -= bits.bit_count()
                 gone[batch] |= bits
-        for msgid in dropped:
-            del slots[msgid]
+        jobbatch.committed(slots, dropped, batches, first)
         for n, jobs in enumerate(batches):
-            base = (first + n) << _SLOT_BITS  # no Python per request
-            slots.update(zip(map(_MSGID, jobs), range(base, base + len(jobs)), strict=True))
             gone[first + n] = 0
             left[first + n] = len(jobs)
         self._next_batch = first + len(rows)
@@ -324,7 +307,6 @@ class JobStore:
 
 
 _SLOT_BITS = jobbatch.SLOT_BITS
-_MSGID = itemgetter(0)
 #: Every so many commits, requests left in old, nearly emptied batches move to the commit's
 #: new batch (:meth:`JobStore._stragglers`): batches older than ``_SWEEP_AGE`` batches that
 #: hold at most ``_SPARSE`` requests, ``_SWEEP_BATCHES`` of them at most a time.
