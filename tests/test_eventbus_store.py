@@ -545,6 +545,33 @@ def test_a_part_counts_every_event_of_the_batches_it_writes_again(store: EventSt
     assert [e.topic for e in store.read(0, limit=1000)][-3:] == [b"a", b"b", b"own-99"]
 
 
+def test_a_compaction_step_out_of_time_stops_after_the_first_batch_it_writes_again(
+    store: EventStore,
+) -> None:
+    """Batches that each keep an event of their own are written again, a batch at a time: out
+    of time, a step stops after the first (a region of them is ten times as long in a spell of
+    the machine); the steps after it go on from there and end with each topic's latest."""
+    for n in range(100):
+        fill(store, [b"a", b"b", b"own-%d" % n])
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    assert store.compact_step(chunk=6 * 128, out_of_time=lambda: True) == (2, False)
+    assert seqs(store.read(0, limit=3)) == [3, 4, 5]
+    assert compact_fully(store) == 2 * 100 - 2 - 2
+    assert [e.topic for e in store.read(0, limit=1000)][-3:] == [b"a", b"b", b"own-99"]
+
+
+def test_a_compaction_step_out_of_time_reads_64_events(store: EventStore) -> None:
+    """Reading the log after an open, a step asks its budget every 64 events (about 0.1 ms):
+    out of time at once, 1,000 events take 16 steps."""
+    fill(store, [b"t%d" % (n % 7) for n in range(1000)])
+    steps = 0
+    while store.compaction_reading:
+        assert store.compact_step(chunk=10_000, out_of_time=lambda: True) == (0, False)
+        steps += 1
+    assert steps == -(-1000 // 64)
+    assert compact_fully(store) == 1000 - 7
+
+
 def test_a_compaction_step_out_of_time_reads_a_few_hundred_events(store: EventStore) -> None:
     fill(store, [b"t%d" % (n % 7) for n in range(2 * READ_BETWEEN_CHECKS + 10)])
     for _ in range(3):  # 256, 512 then the rest: the budget is asked every 256 events
