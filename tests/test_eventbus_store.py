@@ -560,6 +560,27 @@ def test_a_compaction_step_out_of_time_stops_after_the_first_batch_it_writes_aga
     assert [e.topic for e in store.read(0, limit=1000)][-3:] == [b"a", b"b", b"own-99"]
 
 
+def test_a_compaction_step_takes_its_victims_a_region_at_a_time(store: EventStore) -> None:
+    """Out of time after its first region, a step took only that region's superseded events
+    from those waiting, not its whole chunk (most of which it would have given back)."""
+    fill(store, [b"a", b"b"] * (3 * REGION // 2))  # 1..768: 766 superseded, regions 0..3
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    tracked = store._superseded
+    assert tracked is not None
+    handed: list[int] = []
+    take = tracked.take
+
+    def spy(most: int) -> list[int]:
+        taken = take(most)
+        handed.append(len(taken))
+        return taken
+
+    tracked.take = spy  # type: ignore[method-assign]
+    assert store.compact_step(chunk=10_000, out_of_time=lambda: True) == (REGION - 1, False)
+    assert handed == [REGION - 1]
+    assert compact_fully(store) == 3 * REGION - 2 - (REGION - 1)
+
+
 def test_a_compaction_step_out_of_time_reads_64_events(store: EventStore) -> None:
     """Reading the log after an open, a step asks its budget every 64 events (about 0.1 ms):
     out of time at once, 1,000 events take 16 steps."""

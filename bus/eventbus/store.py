@@ -295,23 +295,23 @@ class _Superseded:
             if previous is not None:
                 self._superseded(previous)
 
-    def take(self, count: int) -> list[int]:
-        """Up to ``count`` superseded sequences, the lowest regions' first, in order, handed
-        out to be deleted."""
-        taken: list[int] = []
+    def take(self, most: int) -> list[int]:
+        """The superseded sequences of the lowest region that holds some (its lowest ``most``
+        when it holds more), in order, handed out to be deleted; none when none wait. A step
+        takes a region at a time as it goes: taking its whole chunk first, a step that its
+        budget stopped early gave most of it back, twice the work for nothing (0.13 ms a
+        step, ten times that in a spell of the machine)."""
         order, regions = self._order, self.regions
-        while order and len(taken) < count:
-            held = regions[order[0]]
-            room = count - len(taken)
-            if len(held) <= room:
-                del regions[heappop(order)]
-                taken.extend(held)
-            else:  # the region's lowest, the rest kept for the next step
-                part = sorted(held)
-                taken.extend(part[:room])
-                regions[order[0]] = array("q", part[room:])
-        self.waiting -= len(taken)
-        return sorted(taken)
+        if not order or most <= 0:
+            return []
+        part = sorted(regions[order[0]])
+        if len(part) <= most:
+            del regions[heappop(order)]
+        else:  # the region's lowest, the rest kept for the next step
+            regions[order[0]] = array("q", part[most:])
+            del part[most:]
+        self.waiting -= len(part)
+        return part
 
     def give_back(self, sequences: list[int]) -> None:
         """Superseded sequences handed out and not deleted (increasing): to hand out again,
@@ -848,11 +848,17 @@ class EventStore:
                     return 0, False
             tracked.read_upto = tracked.unseen_upto
             return 0, False
-        victims = tracked.take(chunk)
-        if not victims:
+        victims: list[int] = []
+
+        def take_more() -> bool:  # up to a chunk of victims, a region at a time
+            region = tracked.take(chunk - len(victims))
+            victims.extend(region)
+            return bool(region)
+
+        if not take_more():
             return 0, True
         try:
-            deleted, left = self._delete_sequences(victims, work=chunk, out_of_time=out_of_time)
+            deleted, left = self._delete_sequences(victims, chunk, out_of_time, take_more)
         except StorageError:
             tracked.give_back(victims)  # nothing was deleted: the next pass tries them again
             raise
@@ -864,6 +870,7 @@ class EventStore:
         sequences: list[int],
         work: int | None = None,
         out_of_time: Callable[[], bool] | None = None,
+        take_more: Callable[[], bool] | None = None,
     ) -> tuple[int, list[int]]:
         """Delete the events at ``sequences`` (increasing; some may be gone already): a batch
         that holds only them is deleted, one that holds others too is written again without
@@ -874,16 +881,17 @@ class EventStore:
         its own transaction, as an age or count step's, and it stops after a part, a batch
         written again or a region of the log (:data:`REGION`), once that says so. A part that
         fails after others ends it with what they deleted; the first one raises, having
-        changed nothing. Returns how many events were deleted, and the sequences left for
+        changed nothing. Once it went through ``sequences``, ``take_more()`` may add more to
+        them (False: none). Returns how many events were deleted, and the sequences left for
         later."""
         part = None
         if out_of_time is not None and work is not None:
             part = max(PART_EVENTS, work // PARTS_PER_STEP)
         deleted = spent = done = 0
-        while done < len(sequences):
+        while done < len(sequences) or (take_more is not None and take_more()):
             try:
                 removed, worked, upto, more = self._delete_part(
-                    sequences, done, work, spent, part, out_of_time
+                    sequences, done, work, spent, part, out_of_time, take_more
                 )
             except StorageError:
                 if not deleted:
@@ -907,6 +915,7 @@ class EventStore:
         spent_before: int,
         part: int | None,
         out_of_time: Callable[[], bool] | None,
+        take_more: Callable[[], bool] | None = None,
     ) -> tuple[int, int, int, bool]:
         """One transaction of :meth:`_delete_sequences`, from ``sequences[done]``, reading the
         batches a region of the log at a time: until the batches it wrote again held ``part``
@@ -928,7 +937,7 @@ class EventStore:
         def delete() -> None:
             nonlocal deleted, spent, reached, more, whole
             self._save_high_water()
-            while reached < len(sequences):
+            while reached < len(sequences) or (take_more is not None and take_more()):
                 # The batches of the next region's victims, read in one go: the victims of a
                 # step lie in few regions (_Superseded.take), often in batches of only them.
                 region_end = sequences[reached] // REGION * REGION + REGION - 1
