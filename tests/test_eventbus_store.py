@@ -596,6 +596,27 @@ def test_retention_frees_pages_without_writing_them_again(store: EventStore) -> 
     assert 0 < frames < 20
 
 
+def test_a_compaction_step_deletes_whole_batches_before_it_asks_its_budget(
+    store: EventStore,
+) -> None:
+    """The batches that a region's superseded events fill are deleted by the time the budget
+    is asked at the region's end, so that it sees what they cost (left to the commit, the
+    thousand rows of a part of batches of two went on past it)."""
+    fill(store, [b"x"])
+    for _ in range(REGION):
+        fill(store, [b"a", b"b"])  # 2..513, batches of two: 2..255 superseded in region 0
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    left: list[int] = []
+
+    def out_of_time() -> bool:
+        query = "SELECT COUNT(*) FROM batches WHERE last < ?"
+        left.append(store._db.execute(query, (REGION,)).fetchone()[0])
+        return True
+
+    assert store.compact_step(chunk=10_000, out_of_time=out_of_time) == (REGION - 2, False)
+    assert left[0] == 1  # the batch of 1 alone
+
+
 def test_a_compaction_step_out_of_time_reads_64_events(store: EventStore) -> None:
     """Reading the log after an open, a step asks its budget every 64 events (about 0.1 ms):
     out of time at once, 1,000 events take 16 steps."""
