@@ -36,6 +36,11 @@ no step holds the thread longer than 5 ms (its wall time less its wait for a CPU
 reported, with its CPU time). Also: the database file's size (pages, free
 pages), which must stop growing once retention frees as much as is stored.
 
+Two witnesses tell a long step's own work from the process or the machine: the time the cyclic
+garbage collector ran inside the steps (``gc.callbacks``), and a fixed bit of plain Python timed
+before each step (the machine's speed then: on a shared virtual machine the same work sometimes
+takes ten times as long for milliseconds at a time, and counts as the thread's CPU).
+
     python bench/eventbus_retention.py [--modes count,age,latest] [--held 200000]
         [--removed 50000] [--rounds 3] [--topics 20000] [--batch 50] [--checkpoint-every 3000]
         [--random-topics]
@@ -44,6 +49,7 @@ pages), which must stop growing once retention frees as much as is stored.
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
 import os
 import resource
@@ -138,6 +144,46 @@ def checkpointed(store: Any) -> float:
     return time.thread_time() - began
 
 
+class CollectorTime:
+    """Time this process spent in the cyclic garbage collector (``gc.callbacks``): in all, in
+    full (generation 2) collections, and how many of those ran. A step's share of it says
+    whether a long step was the collector's walk of the heap rather than the step's work."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full_seconds = 0.0
+        self.full = 0
+        self._began = 0.0
+        gc.callbacks.append(self._observe)
+
+    def _observe(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = time.perf_counter() - self._began
+        self.seconds += took
+        if info["generation"] == 2:
+            self.full_seconds += took
+            self.full += 1
+
+    def reading(self) -> tuple[float, float, int]:
+        return self.seconds, self.full_seconds, self.full
+
+
+COLLECTOR = CollectorTime()
+
+
+def fixed_work() -> float:
+    """Seconds of this thread's CPU a fixed bit of plain Python takes now (~60 us on this
+    machine): timed before each step, it says whether a long step ran while the machine was
+    slow for everyone (the same work taking several times as long), not because of its own."""
+    began = time.thread_time()
+    total = 0
+    for n in range(1000):
+        total += n * n % 7
+    return time.thread_time() - began
+
+
 def system_time() -> float:
     """Seconds of this thread's CPU time spent in the kernel, so far."""
     return resource.getrusage(resource.RUSAGE_THREAD).ru_stime
@@ -153,6 +199,10 @@ def timed_pass(
     timer); their CPU is returned apart (``checkpoint_cpu``), not counted in any step."""
     steps: list[tuple[int, float, float, float]] = []
     kernel: list[float] = []
+    #: Per step: the collector's seconds in it, of them full collections', how many full ones.
+    collected: list[tuple[float, float, int]] = []
+    #: Per step: the fixed work's time just before it.
+    speed: list[float] = []
     checkpoint_cpu = 0.0
     due = time.perf_counter() + CHECKPOINT_INTERVAL
     removed: int | None = 0
@@ -160,13 +210,18 @@ def timed_pass(
         if checkpoint is not None and time.perf_counter() >= due:
             checkpoint_cpu += checkpoint()
             due = time.perf_counter() + CHECKPOINT_INTERVAL
+        speed.append(fixed_work())
         waited, system = waited_for_cpu(), system_time()
+        gc_seconds, gc_full_seconds, gc_full = COLLECTOR.reading()
         cpu, wall = time.thread_time(), time.perf_counter()
         removed = next(passing, None)
         wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
         steps.append((removed or 0, wall, cpu, waited_for_cpu() - waited))
         kernel.append(system_time() - system)
+        after = COLLECTOR.reading()
+        collected.append((after[0] - gc_seconds, after[1] - gc_full_seconds, after[2] - gc_full))
     longest = max(steps, key=lambda s: s[1])
+    held_most = max(range(len(steps)), key=lambda i: steps[i][1] - steps[i][3])
     most = max(range(len(steps)), key=lambda i: steps[i][2])
     walls = sorted(s[1] for s in steps)
     return {
@@ -185,6 +240,16 @@ def timed_pass(
         # What the step itself held the thread for: its wall time but the other processes'
         # turns on the CPU meanwhile.
         "longest_held": max(s[1] - s[3] for s in steps),
+        # Of the step that held the thread longest: the collector's time in it.
+        "longest_held_gc": collected[held_most][0],
+        "longest_held_index": held_most,
+        "gc_in_steps": sum(c[0] for c in collected),
+        "gc_full_in_steps": sum(c[2] for c in collected),
+        "gc_full_seconds_in_steps": sum(c[1] for c in collected),
+        "gc_longest_in_a_step": max(c[0] for c in collected),
+        # The fixed work's time before the step that held the thread longest, and its median.
+        "longest_held_fixed_work": speed[held_most],
+        "fixed_work_median": statistics.median(speed),
         "held_over_target": sum(1 for s in steps if s[1] - s[3] > TARGET_STEP_MS / 1e3),
         "p99_wall": walls[min(len(walls) - 1, int(0.99 * len(walls)))],
     }
@@ -287,6 +352,15 @@ def run_mode(mode: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         * 1e6,
         "longest_step_ms": max(r["longest_wall"] for r in rounds) * 1e3,
         "longest_held_ms": max(r["longest_held"] for r in rounds) * 1e3,
+        "longest_held_gc_ms": max(rounds, key=lambda r: r["longest_held"])["longest_held_gc"] * 1e3,
+        "gc_in_steps_ms": sum(r["gc_in_steps"] for r in rounds) * 1e3,
+        "gc_full_in_steps": sum(r["gc_full_in_steps"] for r in rounds),
+        "gc_longest_in_a_step_ms": max(r["gc_longest_in_a_step"] for r in rounds) * 1e3,
+        "longest_held_fixed_work_us": max(rounds, key=lambda r: r["longest_held"])[
+            "longest_held_fixed_work"
+        ]
+        * 1e6,
+        "fixed_work_median_us": statistics.median(r["fixed_work_median"] for r in rounds) * 1e6,
         "longest_step": max(rounds, key=lambda r: r["longest_wall"]),
         "longest_step_cpu_ms": max(r["longest_cpu_any"] for r in rounds) * 1e3,
         "p99_step_ms": max(r["p99_wall"] for r in rounds) * 1e3,
@@ -314,9 +388,19 @@ def describe(result: dict[str, Any]) -> str:
         f"waiting for a CPU), longest CPU {result['longest_step_cpu_ms']:.2f} ms (step "
         f"{most['longest_cpu_index']}, {most['longest_cpu_system'] * 1e3:.2f} ms of it in the "
         f"kernel), "
-        f"p99 wall {result['p99_step_ms']:.2f} ms; first pass after the open: "
+        f"p99 wall {result['p99_step_ms']:.2f} ms; the garbage collector: "
+        f"{result['longest_held_gc_ms']:.2f} ms of the longest held step, "
+        f"{result['gc_in_steps_ms']:.1f} ms in all steps ({result['gc_full_in_steps']} full "
+        f"collections), at most {result['gc_longest_in_a_step_ms']:.2f} ms in one; the machine's "
+        f"speed: a fixed bit of Python took {result['longest_held_fixed_work_us']:.0f} us before "
+        f"the longest held step ({result['fixed_work_median_us']:.0f} us median); "
+        f"first pass after the open: "
         f"{first['removed']:,} removed in {first['steps']} steps, {first['wall']:.2f} s, "
-        f"{first['cpu']:.2f} s CPU, longest held {first['longest_held'] * 1e3:.2f} ms; "
+        f"{first['cpu']:.2f} s CPU, longest held {first['longest_held'] * 1e3:.2f} ms "
+        f"({first['longest_held_gc'] * 1e3:.2f} ms of it the collector's; "
+        f"{first['gc_full_in_steps']} full collections in its steps, "
+        f"{first['gc_longest_in_a_step'] * 1e3:.2f} ms at most in one; the fixed work "
+        f"{first['longest_held_fixed_work'] * 1e6:.0f} us before it); "
         f"held {result['held']:,}; file "
         f"{result['pages_after_first'][0]:,} pages ({result['pages_after_first'][1]:,} free) "
         f"after the first pass, {result['pages'][0]:,} ({result['pages'][1]:,} free) after "
@@ -366,6 +450,9 @@ def main() -> int:
         ratio = result["us_per_removed"] / result["append_us_per_event"]
         figures[f"{mode}_us_per_removed"] = Figure(result["us_per_removed"], "us", "lower")
         figures[f"{mode}_longest_held_ms"] = Figure(result["longest_held_ms"], "ms", "lower")
+        figures[f"{mode}_first_pass_longest_held_ms"] = Figure(
+            result["first_pass"]["longest_held"] * 1e3, "ms", "lower"
+        )
         figures[f"{mode}_longest_step_cpu_ms"] = Figure(
             result["longest_step_cpu_ms"], "ms", "lower"
         )

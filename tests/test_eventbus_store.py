@@ -545,6 +545,90 @@ def test_a_part_counts_every_event_of_the_batches_it_writes_again(store: EventSt
     assert [e.topic for e in store.read(0, limit=1000)][-3:] == [b"a", b"b", b"own-99"]
 
 
+def test_a_compaction_step_out_of_time_stops_after_the_first_batch_it_writes_again(
+    store: EventStore,
+) -> None:
+    """Batches that each keep an event of their own are written again, a batch at a time: out
+    of time, a step stops after the first (a region of them is ten times as long in a spell of
+    the machine); the steps after it go on from there and end with each topic's latest."""
+    for n in range(100):
+        fill(store, [b"a", b"b", b"own-%d" % n])
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    assert store.compact_step(chunk=6 * 128, out_of_time=lambda: True) == (2, False)
+    assert seqs(store.read(0, limit=3)) == [3, 4, 5]
+    assert compact_fully(store) == 2 * 100 - 2 - 2
+    assert [e.topic for e in store.read(0, limit=1000)][-3:] == [b"a", b"b", b"own-99"]
+
+
+def test_a_compaction_step_takes_its_victims_a_region_at_a_time(store: EventStore) -> None:
+    """Out of time after its first region, a step took only that region's superseded events
+    from those waiting, not its whole chunk (most of which it would have given back)."""
+    fill(store, [b"a", b"b"] * (3 * REGION // 2))  # 1..768: 766 superseded, regions 0..3
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    tracked = store._superseded
+    assert tracked is not None
+    handed: list[int] = []
+    take = tracked.take
+
+    def spy(most: int) -> list[int]:
+        taken = take(most)
+        handed.append(len(taken))
+        return taken
+
+    tracked.take = spy  # type: ignore[method-assign]
+    assert store.compact_step(chunk=10_000, out_of_time=lambda: True) == (REGION - 1, False)
+    assert handed == [REGION - 1]
+    assert compact_fully(store) == 3 * REGION - 2 - (REGION - 1)
+
+
+def test_retention_frees_pages_without_writing_them_again(store: EventStore) -> None:
+    """Deleting batches puts their pages on the free list as they are: the WAL gets the few
+    pages that say so, not each freed page zeroed (SQLITE_SECURE_DELETE's default, where
+    these three batches of ~100 KiB wrote about 75 pages to the WAL, and the checkpoint
+    copied them again)."""
+    data = b"d" * 400
+    for n in range(4):  # a batch of 256 events (~25 pages) each, received 1 s apart
+        fields = [(b"/t/", b"p", b"ts", b"%036d" % (n * 256 + i), data) for i in range(256)]
+        store.append_fields(fields, received=100.0 + n)
+    store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert store.expire_older_than(cutoff=103.0, chunk=10_000) == 3 * 256
+    frames = store._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+    assert 0 < frames < 20
+
+
+def test_a_compaction_step_deletes_whole_batches_before_it_asks_its_budget(
+    store: EventStore,
+) -> None:
+    """The batches that a region's superseded events fill are deleted by the time the budget
+    is asked at the region's end, so that it sees what they cost (left to the commit, the
+    thousand rows of a part of batches of two went on past it)."""
+    fill(store, [b"x"])
+    for _ in range(REGION):
+        fill(store, [b"a", b"b"])  # 2..513, batches of two: 2..255 superseded in region 0
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    left: list[int] = []
+
+    def out_of_time() -> bool:
+        query = "SELECT COUNT(*) FROM batches WHERE last < ?"
+        left.append(store._db.execute(query, (REGION,)).fetchone()[0])
+        return True
+
+    assert store.compact_step(chunk=10_000, out_of_time=out_of_time) == (REGION - 2, False)
+    assert left[0] == 1  # the batch of 1 alone
+
+
+def test_a_compaction_step_out_of_time_reads_64_events(store: EventStore) -> None:
+    """Reading the log after an open, a step asks its budget every 64 events (about 0.1 ms):
+    out of time at once, 1,000 events take 16 steps."""
+    fill(store, [b"t%d" % (n % 7) for n in range(1000)])
+    steps = 0
+    while store.compaction_reading:
+        assert store.compact_step(chunk=10_000, out_of_time=lambda: True) == (0, False)
+        steps += 1
+    assert steps == -(-1000 // 64)
+    assert compact_fully(store) == 1000 - 7
+
+
 def test_a_compaction_step_out_of_time_reads_a_few_hundred_events(store: EventStore) -> None:
     fill(store, [b"t%d" % (n % 7) for n in range(2 * READ_BETWEEN_CHECKS + 10)])
     for _ in range(3):  # 256, 512 then the rest: the budget is asked every 256 events

@@ -59,9 +59,21 @@ def test_impossible_settings_are_refused(arguments: dict[str, float]) -> None:
 
 
 def test_a_budget_is_spent_once_its_clock_passed_the_end_and_stays_spent() -> None:
-    readings = iter([10.0, 10.001, 10.002, 10.0025, 10.0])
+    readings = iter([10.0, 10.0005, 10.001, 10.002, 10.0025, 10.0])
     budget = Budget(0.002, clock=lambda: next(readings))  # from 10.0 to 10.002
     assert not budget.spent() and not budget.over
+    assert not budget.spent()  # 10.001, and a stretch of 0.5 ms would end at 10.0015
     assert budget.spent() and budget.over  # 10.002: the end
     assert budget.spent()  # stays spent without reading the clock again ...
-    assert next(readings) == 10.0025  # ... which was read three times in all
+    assert next(readings) == 10.0025  # ... which was read four times in all
+
+
+def test_a_budget_is_spent_before_a_stretch_that_would_pass_its_end() -> None:
+    """The machine ran a stretch of work eight times slower (1.6 ms where 0.2 ms was its
+    pace): the budget says it is spent at 1.8 ms of 2.5, since one more stretch as long would
+    end past it; the step stops there instead of going on into that stretch."""
+    readings = iter([10.0, 10.0002, 10.0018, 10.0])
+    budget = Budget(0.0025, clock=lambda: next(readings))
+    assert not budget.spent()
+    assert budget.spent() and budget.over
+    assert next(readings) == 10.0

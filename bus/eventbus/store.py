@@ -112,8 +112,10 @@ STEP_TARGET = 0.0015
 #: part under way.
 STEP_BUDGET = 0.0025
 
-#: Events a compaction step reads between two looks at its budget.
-READ_BETWEEN_CHECKS = 256
+#: Events a compaction step reads between two looks at its budget: about 0.1 ms of work, so
+#: that a spell of the machine running ten times slower makes one stretch 1 ms, not the 4-7 ms
+#: that 256 events took in such spells (steps of the first pass after an open).
+READ_BETWEEN_CHECKS = 64
 
 #: An age or count step deletes (or counts) its chunk in this many parts, each deletion its own
 #: transaction, and looks at its budget after each: a part costs about a sixth of a step
@@ -293,23 +295,23 @@ class _Superseded:
             if previous is not None:
                 self._superseded(previous)
 
-    def take(self, count: int) -> list[int]:
-        """Up to ``count`` superseded sequences, the lowest regions' first, in order, handed
-        out to be deleted."""
-        taken: list[int] = []
+    def take(self, most: int) -> list[int]:
+        """The superseded sequences of the lowest region that holds some (its lowest ``most``
+        when it holds more), in order, handed out to be deleted; none when none wait. A step
+        takes a region at a time as it goes: taking its whole chunk first, a step that its
+        budget stopped early gave most of it back, twice the work for nothing (0.13 ms a
+        step, ten times that in a spell of the machine)."""
         order, regions = self._order, self.regions
-        while order and len(taken) < count:
-            held = regions[order[0]]
-            room = count - len(taken)
-            if len(held) <= room:
-                del regions[heappop(order)]
-                taken.extend(held)
-            else:  # the region's lowest, the rest kept for the next step
-                part = sorted(held)
-                taken.extend(part[:room])
-                regions[order[0]] = array("q", part[room:])
-        self.waiting -= len(taken)
-        return sorted(taken)
+        if not order or most <= 0:
+            return []
+        part = sorted(regions[order[0]])
+        if len(part) <= most:
+            del regions[heappop(order)]
+        else:  # the region's lowest, the rest kept for the next step
+            regions[order[0]] = array("q", part[most:])
+            del part[most:]
+        self.waiting -= len(part)
+        return part
 
     def give_back(self, sequences: list[int]) -> None:
         """Superseded sequences handed out and not deleted (increasing): to hand out again,
@@ -400,6 +402,12 @@ class EventStore:
 
     def _open(self) -> None:
         db = self._db
+        # Deleted batches' pages go to the free list as they are. A build with
+        # SQLITE_SECURE_DELETE (Debian's) zeroes every page a deleted row held and writes it
+        # again, to the WAL and then the database: for a batch of 50 events, a dozen pages
+        # written twice to free them, most of what removing an event cost and of a
+        # retention step's commit (bench/README.md, "Retention steps in slow spells").
+        db.execute("PRAGMA secure_delete=FAST")
         self.migrated = _batches_ready(db)
         self.store_id = self._meta("store_id") or self._init_store_id()
         newest = db.execute(
@@ -826,8 +834,8 @@ class EventStore:
         times :data:`SCANNED_PER_DELETED` events that were in the log before compaction's
         first step (after each open, one pass reads them all), or delete up to ``chunk``
         superseded events. With ``out_of_time``, the step stops early once it says so
-        (asked every :data:`READ_BETWEEN_CHECKS` events read, or after each region of the
-        log deleted from; a step does one at least).
+        (asked every :data:`READ_BETWEEN_CHECKS` events read, or after each batch written
+        again and each region of the log deleted from; a step does one at least).
 
         Returns (deleted, finished): finished once every superseded event seen is deleted."""
         tracked = self._superseded
@@ -846,11 +854,17 @@ class EventStore:
                     return 0, False
             tracked.read_upto = tracked.unseen_upto
             return 0, False
-        victims = tracked.take(chunk)
-        if not victims:
+        victims: list[int] = []
+
+        def take_more() -> bool:  # up to a chunk of victims, a region at a time
+            region = tracked.take(chunk - len(victims))
+            victims.extend(region)
+            return bool(region)
+
+        if not take_more():
             return 0, True
         try:
-            deleted, left = self._delete_sequences(victims, work=chunk, out_of_time=out_of_time)
+            deleted, left = self._delete_sequences(victims, chunk, out_of_time, take_more)
         except StorageError:
             tracked.give_back(victims)  # nothing was deleted: the next pass tries them again
             raise
@@ -862,6 +876,7 @@ class EventStore:
         sequences: list[int],
         work: int | None = None,
         out_of_time: Callable[[], bool] | None = None,
+        take_more: Callable[[], bool] | None = None,
     ) -> tuple[int, list[int]]:
         """Delete the events at ``sequences`` (increasing; some may be gone already): a batch
         that holds only them is deleted, one that holds others too is written again without
@@ -869,19 +884,20 @@ class EventStore:
         (one at least): how long a step takes follows its work, where the victims alone say
         little (one in each of many batches costs a batch each). With ``out_of_time``, the
         work goes in parts of a :data:`PARTS_PER_STEP`-th (:data:`PART_EVENTS` at least), each
-        its own transaction, as an age or count step's, and it stops after a part, or at the
-        end of a region of the log (:data:`REGION`), once that says so. A part that
+        its own transaction, as an age or count step's, and it stops after a part, a batch
+        written again or a region of the log (:data:`REGION`), once that says so. A part that
         fails after others ends it with what they deleted; the first one raises, having
-        changed nothing. Returns how many events were deleted, and the sequences left for
+        changed nothing. Once it went through ``sequences``, ``take_more()`` may add more to
+        them (False: none). Returns how many events were deleted, and the sequences left for
         later."""
         part = None
         if out_of_time is not None and work is not None:
             part = max(PART_EVENTS, work // PARTS_PER_STEP)
         deleted = spent = done = 0
-        while done < len(sequences):
+        while done < len(sequences) or (take_more is not None and take_more()):
             try:
                 removed, worked, upto, more = self._delete_part(
-                    sequences, done, work, spent, part, out_of_time
+                    sequences, done, work, spent, part, out_of_time, take_more
                 )
             except StorageError:
                 if not deleted:
@@ -905,12 +921,14 @@ class EventStore:
         spent_before: int,
         part: int | None,
         out_of_time: Callable[[], bool] | None,
+        take_more: Callable[[], bool] | None = None,
     ) -> tuple[int, int, int, bool]:
         """One transaction of :meth:`_delete_sequences`, from ``sequences[done]``, reading the
         batches a region of the log at a time: until the batches it wrote again held ``part``
         events, those it deleted whole counting a :data:`WHOLE_PER_REWRITTEN`-th (all of them
         when None), or the step's ``work`` is spent (``spent_before`` by the parts before: a
-        batch written again at least when none), or ``out_of_time`` says so at a region's end.
+        batch written again at least when none), or ``out_of_time`` says so (asked after each
+        batch written again and at a region's end).
         Returns the events deleted, the work done, the index in ``sequences`` it got to, and
         whether more may follow (False once the step's work is spent)."""
         db = self._db
@@ -922,10 +940,17 @@ class EventStore:
         #: Of ``spent``, the events of batches deleted whole.
         whole = 0
 
+        def flush() -> None:
+            # Before each look at the budget, so that it sees what the deletes cost: left to
+            # the commit, a part's thousand rows of batches of two went on past it (3-4 ms in
+            # the machine's slow spells).
+            db.executemany("DELETE FROM batches WHERE id >= ? AND id <= ?", whole_runs)
+            whole_runs.clear()
+
         def delete() -> None:
             nonlocal deleted, spent, reached, more, whole
             self._save_high_water()
-            while reached < len(sequences):
+            while reached < len(sequences) or (take_more is not None and take_more()):
                 # The batches of the next region's victims, read in one go: the victims of a
                 # step lie in few regions (_Superseded.take), often in batches of only them.
                 region_end = sequences[reached] // REGION * REGION + REGION - 1
@@ -966,16 +991,26 @@ class EventStore:
                         row = (batch, first, last, seqs, packed)
                         deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
                         spent += held
+                        reached = stop
+                        # A region may hold several batches to write again (0.3 ms or more),
+                        # ten times as long in a spell of the machine: the budget is asked
+                        # after each one.
+                        if out_of_time is not None:
+                            flush()
+                            if out_of_time():
+                                return
                     reached = stop
                     if part is not None and (spent - whole + whole // WHOLE_PER_REWRITTEN >= part):
                         return  # a part may end inside a region: the next reads the rest
                 reached = end
-                if out_of_time is not None and out_of_time():
-                    return
+                if out_of_time is not None:
+                    flush()
+                    if out_of_time():
+                        return
 
         def delete_and_flush() -> None:
             delete()
-            db.executemany("DELETE FROM batches WHERE id >= ? AND id <= ?", whole_runs)
+            flush()
 
         _write(db, delete_and_flush)
         self._high_water_kept = self._last

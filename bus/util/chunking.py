@@ -62,19 +62,29 @@ class ChunkSizer:
 
 class Budget:
     """The time a step may take, by ``clock`` (by default the thread's CPU time: the step's
-    work, not other processes' turns on the CPU): :meth:`spent` says once it is over, and
-    from then on (:attr:`over`). A step that checks it between parts of its work stops at the
-    first part that ends past it: its length is bounded by what its work costs now, where a
-    chunk is sized by what it cost before."""
+    work, not other processes' turns on the CPU): :meth:`spent` says once it is over, or once
+    another stretch of work as long as the longest between two looks so far would take the
+    step past it; and from then on (:attr:`over`). A step that checks it between parts of its
+    work stops before a part that would not fit at the pace it measures now, where a chunk is
+    sized by what its work cost before: on a shared virtual machine the same work sometimes
+    runs ten times slower for milliseconds at a time (and counts as the thread's CPU), and a
+    step that only stopped once past the end ran the part under way that much longer."""
 
     def __init__(self, seconds: float, clock: Callable[[], float] = time.thread_time) -> None:
         self.clock = clock
-        self._end = clock() + seconds
+        self._looked = clock()
+        self._end = self._looked + seconds
+        #: The longest stretch between two looks at the clock (from the start, the first).
+        self._longest = 0.0
         #: The budget ran out at a check.
         self.over = False
 
     def spent(self) -> bool:
-        """The budget is spent (checked now, unless it was already)."""
+        """The budget is spent, or the next stretch would spend it (checked now, unless it
+        was already)."""
         if not self.over:
-            self.over = self.clock() >= self._end
+            now = self.clock()
+            self._longest = max(self._longest, now - self._looked)
+            self._looked = now
+            self.over = now + self._longest >= self._end
         return self.over
