@@ -151,3 +151,34 @@ def test_a_snapshot_of_a_compacted_log_is_each_topics_latest_event(tmp_path: Pat
         if publisher is not None:
             publisher.close()
         assert server.stop() in CLEAN_EXIT
+
+
+@pytest_twisted.inlineCallbacks
+def test_with_secure_delete_the_removed_events_leave_no_bytes_in_the_data_directory(
+    tmp_path: Path,
+) -> Any:
+    """``--secure-delete``: once retention removed them and the server stopped, no file of
+    its data directory holds the removed events' data (freed pages zeroed, the WAL
+    checkpointed into the database)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    server = ServerProcess(
+        data, "--secure-delete", "--retention-max-count", "10", "--retention-interval", "0.1s"
+    )
+    secret = "secret-of-issue-46-" * 8
+    publisher = None
+    try:
+        yield reported(server.ready, what="server start")
+        publisher = EventBusPublisher(server.address, producer_id="secure")
+        for n in range(100):
+            publisher.publish("/secure/", {"n": n, "secret": secret})
+        for n in range(100, 120):
+            publisher.publish("/secure/", {"n": n})
+        yield wait_until(lambda: removed_at_least(server, 120, 110), what="retention")
+    finally:
+        if publisher is not None:
+            publisher.close()
+        assert server.stop() in CLEAN_EXIT
+    files = [path for path in data.rglob("*") if path.is_file()]
+    assert any(path.name.endswith(".sqlite3") for path in files)
+    assert [path.name for path in files if secret.encode() in path.read_bytes()] == []

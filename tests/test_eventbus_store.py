@@ -596,6 +596,30 @@ def test_retention_frees_pages_without_writing_them_again(store: EventStore) -> 
     assert 0 < frames < 20
 
 
+def test_with_secure_delete_no_removed_event_stays_readable_in_the_files(tmp_path: Path) -> None:
+    """``secure_delete``: the pages removed events held are zeroed, so once the WAL is
+    checkpointed neither file holds their bytes; by default (``FAST``) they are freed as they
+    are, and the secret is still in the file after the same steps."""
+    secret = b"secret-%032d" % 46
+
+    def left_behind(directory: Path, secure: bool) -> bool:
+        store = EventStore(directory, secure_delete=secure)
+        try:
+            fields = [(b"/t/", b"p", b"ts", b"%036d" % i, secret * 20) for i in range(64)]
+            store.append_fields(fields, received=100.0)
+            store.append_fields([(b"/t/", b"p", b"ts", b"%036d" % 99, b"kept")], received=200.0)
+            store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert store.expire_older_than(cutoff=150.0, chunk=10_000) == 64
+            store._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            assert [e.data for e in store.read(0)] == [b"kept"]
+        finally:
+            store.close()
+        return any(secret in path.read_bytes() for path in directory.iterdir() if path.is_file())
+
+    assert not left_behind(tmp_path / "secure", secure=True)
+    assert left_behind(tmp_path / "fast", secure=False)
+
+
 def test_a_compaction_step_deletes_whole_batches_before_it_asks_its_budget(
     store: EventStore,
 ) -> None:

@@ -127,7 +127,9 @@ class EventBusService(Service):
         """Open the log, bind the ports (a StartupError names the option), start the timers."""
         config = self.config
         try:
-            store = EventStore(config.data_dir, config.durability, config.wal_limit)
+            store = EventStore(
+                config.data_dir, config.durability, config.wal_limit, config.secure_delete
+            )
         except StorageError as error:
             raise StartupError("data-dir", f"cannot open the event log: {error}") from None
         if store.migrated:

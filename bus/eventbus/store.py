@@ -373,8 +373,11 @@ class EventStore:
         directory: Path | str,
         durability: Durability = "normal",
         wal_limit: int | None = DEFAULT_WAL_LIMIT,
+        secure_delete: bool = False,
     ) -> None:
         self.directory = Path(directory)
+        #: Freed pages zeroed (``secure_delete=ON``) rather than left as they are (``FAST``).
+        self.secure_delete = secure_delete
         self.path = self.directory / DB_NAME
         self._durability: Durability = durability
         #: The WAL file's bound (bytes; None: none): see :class:`bus.util.sqlitewal.Checkpointer`.
@@ -406,8 +409,9 @@ class EventStore:
         # SQLITE_SECURE_DELETE (Debian's) zeroes every page a deleted row held and writes it
         # again, to the WAL and then the database: for a batch of 50 events, a dozen pages
         # written twice to free them, most of what removing an event cost and of a
-        # retention step's commit (bench/README.md, "Retention steps in slow spells").
-        db.execute("PRAGMA secure_delete=FAST")
+        # retention step's commit (bench/README.md, "Retention steps in slow spells"). Where
+        # removed events must leave no bytes behind, the operator asks for that cost.
+        db.execute(f"PRAGMA secure_delete={'ON' if self.secure_delete else 'FAST'}")
         self.migrated = _batches_ready(db)
         self.store_id = self._meta("store_id") or self._init_store_id()
         newest = db.execute(
@@ -1047,7 +1051,7 @@ class EventStore:
         except OSError as error:
             raise StorageError(error) from error
         self.path = self.directory / aside
-        fresh = EventStore(self.directory, self._durability, self.wal_limit)
+        fresh = EventStore(self.directory, self._durability, self.wal_limit, self.secure_delete)
         fresh.adopt_store_id(store_id)
         return fresh
 
