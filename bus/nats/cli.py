@@ -690,11 +690,14 @@ def _ended(process: Process) -> bool:
 
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (one that ended and is not reaped yet does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    import psutil
+
+    if pid <= 0:  # no pid written (psutil would name the kernel's pid 0)
         return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+    try:
+        return not _ended(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _demo_state(args: argparse.Namespace) -> dict[str, Any]:
