@@ -947,9 +947,11 @@ class EventStore:
         def flush() -> None:
             # Before each look at the budget, so that it sees what the deletes cost: left to
             # the commit, a part's thousand rows of batches of two went on past it (3-4 ms in
-            # the machine's slow spells).
-            db.executemany("DELETE FROM batches WHERE id >= ? AND id <= ?", whole_runs)
-            whole_runs.clear()
+            # the machine's slow spells). Asked after each batch written again, mostly with
+            # nothing to delete: no statement then.
+            if whole_runs:
+                db.executemany("DELETE FROM batches WHERE id >= ? AND id <= ?", whole_runs)
+                whole_runs.clear()
 
         def delete() -> None:
             nonlocal deleted, spent, reached, more, whole
