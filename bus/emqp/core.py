@@ -1253,7 +1253,9 @@ class Broker:
         return best
 
     def _feed(self, worker: WorkerState, now: float) -> None:
-        """Give a worker with free slots the oldest request of its heaviest waiting queue."""
+        """Give a worker with free slots the oldest request of its heaviest waiting queue (the
+        one-queue branch is copied in :meth:`on_worker_messages`'s READY, for its speed: change
+        them together)."""
         queues = self.queues
         paused = self.paused
         if len(worker.queues) == 1:  # the usual worker: no queue to choose (a third of the cost)
@@ -1386,8 +1388,9 @@ class Broker:
         self._place(job, queue, now, at_head)
 
     def _place(self, job: Job, queue: QueueState, now: float, at_head: bool) -> None:
-        """:meth:`_requeue` in ``queue``, the job's, already looked up (a new request is
-        placed by a copy of this body in :meth:`_on_request`, for its speed)."""
+        """:meth:`_requeue` in ``queue``, the job's, already looked up (copies of this body
+        place a new request in :meth:`_on_request` and a committed guaranteed one in
+        :meth:`release_stored`, for their speed: change them together)."""
         worker = self._pick(queue) if not queue.waiting else None
         if worker is not None:
             self._dispatch(job, worker, queue, now)
