@@ -13,9 +13,9 @@ from bus.transport.curve_settings import CurveSettings
 class Keys:
     """A server key pair and an allow-list directory in ``root``."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, server: CurveKeyPair | None = None) -> None:
         self.root = root
-        self.server = CurveKeyPair.generate()
+        self.server = server or CurveKeyPair.generate()
         write_certificate(root, "server", self.server.public, self.server.secret, {})
         self.allowed = root / "clients"
         self.allowed.mkdir()
@@ -51,3 +51,12 @@ class Keys:
 
     def settings(self) -> CurveSettings:
         return CurveSettings(self.server_cert, self.allowed, reload_interval=0.05)
+
+
+def dash_led_pair() -> CurveKeyPair:
+    """A key pair whose Z85 public key begins with ``-`` (one in 85 does): what argparse
+    takes for an option unless the tools say otherwise."""
+    while True:
+        pair = CurveKeyPair.generate()
+        if pair.public.startswith(b"-"):
+            return pair

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bus.util.cliargs import CliParser, options_anywhere
+from bus.util.cliargs import CliParser, dashed_values, options_anywhere
 
 BIN = Path(sys.executable).parent
 
@@ -67,6 +67,24 @@ def test_a_subcommands_option_without_the_subcommand_is_not_taken_for_it() -> No
 def test_after_a_double_dash_nothing_moves() -> None:
     parser = _parser()
     assert options_anywhere(parser, ["ping", "--", "--server"]) == ["ping", "--", "--server"]
+
+
+def test_a_value_that_begins_with_a_dash_is_its_options_value() -> None:
+    parser = _parser()
+    key = "-wF$P#V#!Jc-T>H1TZg.:l!<l%QY2WEa7B}z32U"
+    for argv in (["--server", key, "ping"], ["ping", "--server", key], ["ping", "--count", "-3"]):
+        args = parser.parse_args(options_anywhere(parser, argv))
+        assert (args.server, args.count) == ((key, 1) if key in argv else ("s", -3))
+    # one of the parser's own options is not taken for a value; after "--" nothing is joined
+    assert dashed_values(parser, ["--server", "--plain", "ping"]) == ["--server", "--plain", "ping"]
+    assert dashed_values(parser, ["ping", "--", "--server", "-x"]) == [
+        "ping",
+        "--",
+        "--server",
+        "-x",
+    ]
+    with pytest.raises(SystemExit):
+        parser.parse_args(options_anywhere(parser, ["--server", "--plain", "ping"]))
 
 
 # -- the examples of issue 33, as users run them ----------------------------------------------

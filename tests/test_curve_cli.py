@@ -15,7 +15,7 @@ from bus.dbp.config import CatalogConfig
 from bus.dbp.server import CatalogService
 from bus.emqp.worker import EmqpWorker
 from bus.testing import start_broker, wait_until
-from tests.curve_helpers import Keys
+from tests.curve_helpers import Keys, dash_led_pair
 from tests.processes import CommandProcess
 from tests.zre_helpers import free_udp_port
 
@@ -192,3 +192,41 @@ def test_eventbus_cli_without_the_key_is_told_the_bus_speaks_curve(
     assert plain.err.strip().endswith(
         f"127.0.0.1:{bus.port} speaks CURVE: give --server-key (and --cert)"
     ), plain.err
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_server_key_that_begins_with_a_dash_is_taken_as_the_key(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    # One Z85 key in 85 begins with "-": argparse alone took it for an option and said
+    # "--server-key: expected one argument" (CI saw it once, in bus-cluster's mc0 test).
+    keys = Keys(tmp_path, dash_led_pair())
+    reader = str(keys.secret_file("reader", names=""))
+    config = CatalogConfig(
+        port=0, beacon_port=0, data_dir=str(tmp_path / "dbp"), curve=keys.settings()
+    )
+    catalog = CatalogService(config)
+    catalog.startService()
+    cleanup.append(catalog)
+    server_key = keys.server.public.decode("ascii")
+    for spelled in (["--server-key", server_key], [f"--server-key={server_key}"]):
+        listed = yield ran(
+            cleanup, "dbp-cli", "services", "--catalog", catalog.endpoint, *spelled,
+            "--cert", reader,
+        )  # fmt: skip
+        assert listed.code == 0, (spelled, listed.err)
+        assert json.loads(listed.out) == {}
+    # bus-keys refuse takes such a key as its positional, wherever it stands; the address
+    # answers nothing, so it fails there (status 1), not on its command line (status 2).
+    token = tmp_path / "token"
+    token.write_text("t" * 32)
+    for args in ([server_key, "--http", "127.0.0.1:1"], ["--http", "127.0.0.1:1", server_key]):
+        refused = yield ran(
+            cleanup, "bus-keys", "refuse", *args, "--token-file", str(token), "--timeout", "2"
+        )
+        assert refused.code == 1, (args, refused.err)
+        assert "127.0.0.1:1" in refused.err, refused.err
+    # A forgotten value is still said to be missing, not taken from the next option.
+    missing = yield ran(cleanup, "dbp-cli", "services", "--server-key", "--cert", reader)
+    assert missing.code == 2
+    assert "--server-key: expected one argument" in missing.err, missing.err

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bus.util.cliargs import CliParser, add_version, directory, interruptible
+from bus.util.cliargs import CliParser, add_version, dashed_values, directory, interruptible
 
 #: eMQP's ports a key may connect to: the broker's, then its PUBLISH service's.
 ROLES = ("worker", "client", "admin", "publisher", "subscriber")
@@ -206,7 +206,11 @@ def run(argv: Sequence[str] | None, prog: str) -> None:
 
     arguments = _command_first(list(sys.argv[1:] if argv is None else argv))
     command = arguments[0] if arguments and arguments[0] in COMMANDS else ""
-    args = parser_for(command or "make", prog).parse_args(arguments[1:] if command else arguments)
+    parser = parser_for(command or "make", prog)
+    rest = dashed_values(parser, arguments[1:] if command else arguments)
+    if command == "refuse":
+        rest = _key_last(parser, rest)
+    args = parser.parse_args(rest)
     if command == "refuse":
         raise SystemExit(_refuse(args, prog))
     try:
@@ -287,6 +291,26 @@ def _command_first(arguments: list[str]) -> list[str]:
         index += 2 if option in takes_value else 1
     if 0 < index < len(arguments) and arguments[index] in COMMANDS:
         return [arguments[index], *arguments[:index], *arguments[index + 1 :]]
+    return arguments
+
+
+def _key_last(parser: argparse.ArgumentParser, arguments: list[str]) -> list[str]:
+    """``refuse``'s arguments with a key that begins with a dash (one Z85 key in 85 does)
+    moved after ``--``, where argparse takes it for the positional it is and not for an
+    option. ``refuse`` has that one positional, so its place among options is free."""
+    from bus.transport.certs import check_key
+    from bus.transport.curve import KeyFileError
+
+    if "--" in arguments:
+        return arguments
+    for index, arg in enumerate(arguments):
+        if not arg.startswith("-") or arg.partition("=")[0] in parser._option_string_actions:
+            continue
+        try:
+            check_key(arg)
+        except (KeyFileError, ValueError):
+            continue
+        return [*arguments[:index], *arguments[index + 1 :], "--", arg]
     return arguments
 
 

@@ -7,7 +7,8 @@ they are parsed, and Ctrl-C ends a command with one line and exit status 130.
   An unknown option is named even when a required argument is missing too.
 - :func:`options_anywhere`: ``dbp-cli --dialect hermes services`` and ``dbp-cli services
   --dialect hermes`` are the same command line; so are ``mc0-cli --timeout 5 ping`` and
-  ``mc0-cli ping --timeout 5``.
+  ``mc0-cli ping --timeout 5``. A value that begins with a dash (a Z85 key may) is
+  taken as a value: :func:`dashed_values`.
 - :func:`add_version`: ``PROG --version`` prints ``PROG (bus) VERSION``, the same for
   every tool.
 - Argument types (``type=``) that refuse a bad value at parse time with a sentence:
@@ -327,12 +328,43 @@ def _takes_value(action: argparse.Action) -> bool:
     return action.nargs != 0
 
 
+def dashed_values(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``argv`` with a one-value option and a value that begins with a dash joined into one
+    argument (``--server-key -a1...`` -> ``--server-key=-a1...``), as getopt (and so twistd)
+    reads them: argparse alone takes such a value for an option and says the value is
+    missing. One Z85 key in 85 begins with ``-``. A value that is itself one of the
+    parser's options is left apart, so a forgotten value is still said to be missing."""
+    options = _options(parser)
+    for command in _subcommands(parser).values():
+        options = {**_options(command), **options}
+    args = list(argv)
+    out: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            return out + args[index:]
+        action = options.get(arg)
+        if action is None or action.nargs not in (None, 1) or index + 1 >= len(args):
+            out.append(arg)
+            index += 1
+            continue
+        value = args[index + 1]
+        if value.startswith("-") and value != "--" and value.partition("=")[0] not in options:
+            out.append(f"{arg}={value}" if arg.startswith("--") else arg + value)
+        else:
+            out += [arg, value]
+        index += 2
+    return out
+
+
 def options_anywhere(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """``argv`` with each option moved to the side of the subcommand that knows it: an
     option of the subcommand given before it goes after it, an option of the program given
     after the subcommand goes before it. Everything else keeps its place (and ``--`` ends
-    the options, as usual); a parser without subcommands gets ``argv`` as it is."""
-    args = list(argv)
+    the options, as usual); a parser without subcommands gets ``argv`` as it is. A value
+    that begins with a dash is joined to its option first (:func:`dashed_values`)."""
+    args = dashed_values(parser, argv)
     commands = _subcommands(parser)
     if not commands:
         return args

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bus.util.cliargs import Progress, interruptible
+from bus.util.cliargs import Progress, dashed_values, interruptible
 from bus.util.memory import freeze_startup_objects
 from bus.zre.codec import VERSION_20, VERSION_36
 from bus.zre.config import DEFAULT_PORT, ZreConfig
@@ -155,7 +155,8 @@ def former_spelling(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``zre-ping`` on ``argv`` (default: the command line) until SIGTERM (exit status 0)
     or Ctrl-C (one line saying what it did, status 130)."""
-    args = parser().parse_args(former_spelling(sys.argv[1:] if argv is None else argv))
+    p = parser()
+    args = p.parse_args(dashed_values(p, former_spelling(sys.argv[1:] if argv is None else argv)))
     groups = list(dict.fromkeys(args.group)) or ["GLOBAL"]
     from twisted.internet import reactor as global_reactor
 
