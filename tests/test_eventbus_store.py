@@ -7,7 +7,7 @@ import shutil
 import sqlite3
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -504,16 +504,18 @@ def write_failing(failing: int | None) -> Iterator[None]:
 
 
 def test_a_compaction_step_commits_part_by_part_and_a_failed_part_loses_nothing(
-    store: EventStore,
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a budget, a step deletes in parts of a sixth of its chunk (128 events at least),
     each its own transaction, ending after the batch that fills it, where a batch deleted
     whole counts a quarter of its events: a part that fails is rolled back alone, the step
     ends with what the parts before it deleted, and what it took and did not delete is
     deleted by later steps. A first part that fails raises, having deleted nothing, and
-    loses nothing either."""
+    loses nothing either. (Batch by batch: runs of superseded events are the next test's.)"""
+    import bus.eventbus.store as store_module
     from bus.errors import StorageError
 
+    monkeypatch.setattr(store_module, "RUN_EVENTS", 10**9)
     # A topic's one event at 1, then pairs from 2 (2..1537): each region of the log holds
     # whole batches (the region 0 to 255, 256 to 511, ...).
     fill(store, [b"x"])
@@ -530,6 +532,37 @@ def test_a_compaction_step_commits_part_by_part_and_a_failed_part_loses_nothing(
     # Out of time at once: it stops at the end of the region (514..767), then the rest.
     assert store.compact_step(chunk=6 * 128, out_of_time=lambda: True) == (254, False)
     assert store.compact_step(chunk=10_000) == (6 * REGION - 2 - 512 - 254, True)
+    assert seqs(store.read(0)) == [1, 6 * REGION, 6 * REGION + 1]
+
+
+def test_a_run_of_superseded_events_goes_unread_and_a_part_ends_after_the_run_that_fills_it(
+    store: EventStore,
+) -> None:
+    """A region whose superseded events are next to each other (here each region's pairs, but
+    the first's batch of one) is deleted by range, its batches unread, and counts as whole
+    batches do: a part ends after the run that fills it (three regions of 256 whole events
+    here, 192 of its 128), committed; a part that fails after it loses nothing."""
+    from bus.errors import StorageError
+
+    fill(store, [b"x"])
+    for _ in range(3 * REGION):
+        fill(store, [b"a", b"b"])
+    assert store.compact_step(chunk=10_000) == (0, False)  # reads the log
+    read: list[str] = []
+    store._db.set_trace_callback(read.append)
+    with write_failing(1):  # the first part (2..767: three runs) is committed, the next fails
+        assert store.compact_step(chunk=6 * 128, out_of_time=lambda: False) == (766, False)
+    store._db.set_trace_callback(None)
+    # Only the batches at a run's ends are read (the first's is the one before 2, and none
+    # goes past a run), never a region's batches one by one: but for the last two the chunk
+    # took (768 and 769, too few to be a run).
+    listed = [line for line in read if "ORDER BY id" in line and "DESC" not in line]
+    assert len(listed) == 1 and "id <= 769" in listed[0], listed
+    assert seqs(store.read(0, limit=3)) == [1, 768, 769]
+    with write_failing(0), pytest.raises(StorageError):
+        store.compact_step(chunk=6 * 128, out_of_time=lambda: False)
+    assert store.count() == 1 + 6 * REGION - 766
+    assert store.compact_step(chunk=10_000) == (6 * REGION - 2 - 766, True)
     assert seqs(store.read(0)) == [1, 6 * REGION, 6 * REGION + 1]
 
 
@@ -949,6 +982,79 @@ def test_latest_per_topic_and_max_age_keep_each_topics_latest_event_not_older_th
             store.close()
 
 
+def _every(looks: int) -> Callable[[], bool]:
+    """A budget that is spent at every ``looks``-th look."""
+    count = iter(range(1, 10**9))
+    return lambda: next(count) % looks == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rounds=st.lists(
+        st.tuples(
+            st.lists(st.integers(1, 6), min_size=1, max_size=8),  # a round's commits' sizes
+            st.integers(0, 3),  # sequences skipped before it (an async pair's new active)
+            st.booleans(),  # topics in turn (runs of superseded events) or drawn
+            st.booleans(),  # a compaction pass after it
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    drawn=st.lists(st.integers(0, 5), min_size=40, max_size=40),
+    topics=st.integers(1, 6),
+    chunk=st.integers(1, 40),
+    budget=st.sampled_from([None, 1, 3]),
+)
+def test_compaction_deletes_runs_of_superseded_events_unread_and_keeps_each_topics_latest(
+    rounds: list[tuple[list[int], int, bool, bool]],
+    drawn: list[int],
+    topics: int,
+    chunk: int,
+    budget: int | None,
+) -> None:
+    """Runs of superseded events next to each other go by range, their batches unread (regions
+    of 8 and runs of 2 here, so that a few events make many): across commits of any size,
+    gaps in the sequence, batches written again by earlier passes, and steps that run out of
+    time, the log ends with each topic's latest event, in order, and the count agrees."""
+    import bus.eventbus.store as store_module
+
+    with (
+        tempfile.TemporaryDirectory(prefix="runs-") as directory,
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        patch.setattr(store_module, "REGION", 8)
+        patch.setattr(store_module, "RUN_EVENTS", 2)
+        patch.setattr(store_module, "PART_EVENTS", 1)
+        store = EventStore(directory)
+        try:
+            written: dict[int, bytes] = {}
+            n = 0
+            for sizes, skipped, in_turn, compact in rounds:
+                if skipped:
+                    store.skip_to(store.last_sequence + skipped)
+                for size in sizes:
+                    names = []
+                    for _ in range(size):
+                        pick = n % topics if in_turn else drawn[n % len(drawn)] % topics
+                        names.append(b"/t/%d" % pick)
+                        n += 1
+                    first = store.last_sequence + 1
+                    fill(store, names)
+                    written.update(enumerate(names, first))
+                if compact:
+                    out_of_time = None if budget is None else _every(budget)
+                    finished = False
+                    while not finished:
+                        finished = store.compact_step(chunk, out_of_time)[1]
+            compact_fully(store, chunk)
+            latest = {topic: sequence for sequence, topic in sorted(written.items())}
+            kept = sorted(latest.values())
+            assert seqs(store.read(0, limit=10_000)) == kept
+            assert store.count() == len(kept)
+        finally:
+            store.close()
+
+
 # -- a model-based state machine ----------------------------------------------------------------------
 
 TOPIC_PARTS = [b"/", b"a", b"b", b"\x00", b"\xfe", b"\xff"]
@@ -1240,12 +1346,18 @@ class StoreMachine(RuleBasedStateMachine):
             assert self.store.read(0, prefixes=[prefix], limit=10_000) == expected, prefix
 
 
-def test_store_agrees_with_an_in_memory_model(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("region", [REGION, 8])
+def test_store_agrees_with_an_in_memory_model(monkeypatch: pytest.MonkeyPatch, region: int) -> None:
     import bus.eventbus.store as store_module
 
     # Age and count steps in parts of one event (or the batch it ends), so that the model's
     # few events make steps of several parts.
     monkeypatch.setattr(store_module, "PART_EVENTS", 1)
+    if region != REGION:
+        # Regions of a few events and runs of two: compaction deletes runs of superseded
+        # events unread, across the batches of the model's appends, its gaps and rewrites.
+        monkeypatch.setattr(store_module, "REGION", region)
+        monkeypatch.setattr(store_module, "RUN_EVENTS", 2)
     run_state_machine_as_test(
         StoreMachine,
         settings=settings(

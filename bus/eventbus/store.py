@@ -243,6 +243,13 @@ def _stepping(
 #: sequences wide: the victims of one step lie in few batches, and a batch is written again
 #: once for all the victims it holds, not once per victim.
 REGION = 256
+#: Superseded sequences next to each other (a region's all, or the rest of it) that a
+#: compaction step deletes without reading their batches: every batch that begins among them
+#: and ends among them holds only them, so it goes with one DELETE of their range, and only
+#: the batches at its two ends are read. Topics superseded in turn leave such runs: in the
+#: bench's log of two-event commits, reading a region's 128 batches into Python was about a
+#: third of compaction's CPU.
+RUN_EVENTS = 16
 
 
 class _Superseded:
@@ -340,6 +347,46 @@ class _Superseded:
 def _all_in(seqs: bytes, victims: list[int], start: int, stop: int, first: int, last: int) -> bool:
     """Every sequence a batch holds (``seqs``) is one of ``victims[start:stop]``."""
     return set(logbatch.sequences_of(first, last, seqs)) <= set(victims[start:stop])
+
+
+#: A batch as compaction looks at it: ``(id, first, last, held, seqs)``; or, with id None,
+#: the batches inside a run of superseded sequences: ``(None, lowest id, highest id, events,
+#: None)``.
+_Looked = tuple[int | None, int, int, int, bytes | None]
+
+
+def _run_and_its_ends(db: sqlite3.Connection, low: int, high: int) -> list[_Looked]:
+    """What compaction looks at to delete the events from ``low`` to ``high``, every one of
+    them superseded: the batch that began before ``low`` and holds some of them, the
+    batches that begin among them and end there too (whole victims, their range and their
+    events counted in SQLite), and the batch that begins among them and goes on past
+    ``high``. Batches do not overlap and each one's id is at most its first sequence, so a
+    batch whose id is from ``low`` to ``high`` and which is not the last of them holds only
+    sequences of the run."""
+    columns = "id, first, last, held, seqs"
+    looked: list[_Looked] = []
+    before = db.execute(
+        f"SELECT {columns} FROM batches WHERE id < ? ORDER BY id DESC LIMIT 1", (low,)
+    ).fetchone()
+    if before is not None and before[2] >= low:
+        looked.append(before)
+    after = db.execute(
+        f"SELECT {columns} FROM batches WHERE id <= ? ORDER BY id DESC LIMIT 1", (high,)
+    ).fetchone()
+    inside_to = high
+    if after is not None and after[0] >= low and after[2] > high:
+        inside_to = after[0] - 1
+    else:
+        after = None
+    count, held = db.execute(
+        "SELECT count(*), ifnull(sum(held), 0) FROM batches WHERE id >= ? AND id <= ?",
+        (low, inside_to),
+    ).fetchone()
+    if count:
+        looked.append((None, low, inside_to, held, None))
+    if after is not None:
+        looked.append(after)
+    return looked
 
 
 def _batches_ready(db: sqlite3.Connection) -> int:
@@ -932,7 +979,11 @@ class EventStore:
         events, those it deleted whole counting a :data:`WHOLE_PER_REWRITTEN`-th (all of them
         when None), or the step's ``work`` is spent (``spent_before`` by the parts before: a
         batch written again at least when none), or ``out_of_time`` says so (asked after each
-        batch written again and at a region's end).
+        batch written again and at a region's end). A region's victims that are next to each
+        other (:data:`RUN_EVENTS` at least) go by range, only the batches at their ends read
+        (:func:`_run_and_its_ends`): the run counts as whole batches do, and a part ends after
+        the run that fills it (a region's at most: :data:`REGION` events counting a
+        :data:`WHOLE_PER_REWRITTEN`-th).
         Returns the events deleted, the work done, the index in ``sequences`` it got to, and
         whether more may follow (False once the step's work is spent)."""
         db = self._db
@@ -961,13 +1012,27 @@ class EventStore:
                 # step lie in few regions (_Superseded.take), often in batches of only them.
                 region_end = sequences[reached] // REGION * REGION + REGION - 1
                 end = bisect_right(sequences, region_end, reached)
-                cursor = logbatch.batches_from(
-                    db, sequences[reached] - 1, sequences[end - 1], "id, first, last, held, seqs"
-                )
-                near = cursor.fetchall()
-                cursor.close()
+                low, high = sequences[reached], sequences[end - 1]
+                if end - reached >= RUN_EVENTS and high - low == end - 1 - reached:
+                    near = _run_and_its_ends(db, low, high)
+                else:
+                    cursor = logbatch.batches_from(db, low - 1, high, "id, first, last, held, seqs")
+                    near = cursor.fetchall()
+                    cursor.close()
                 following = False  # the last batch looked at went whole
                 for batch, first, last, held, seqs in near:
+                    if batch is None:  # the batches inside a run: whole, counted, not read
+                        whole_runs.append([first, last])
+                        following = False
+                        deleted += held
+                        spent += held
+                        whole += held
+                        reached = bisect_right(sequences, last, reached, end)
+                        if part is not None and (
+                            spent - whole + whole // WHOLE_PER_REWRITTEN >= part
+                        ):
+                            return
+                        continue
                     start = bisect_left(sequences, first, reached, end)
                     stop = bisect_right(sequences, last, start, end)
                     if start == stop:
