@@ -31,7 +31,7 @@ import contextlib
 import sqlite3
 import sys
 from array import array
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence, Set
 from typing import Any
 
 import msgpack
@@ -85,6 +85,32 @@ def unpack(events: bytes) -> tuple[EventFields, ...]:
     """A batch's events: ``(topic, producer, timestamp, uuid, data)`` each."""
     unpacked: tuple[EventFields, ...] = msgpack.unpackb(events, use_list=False)
     return unpacked
+
+
+def topics(packed: bytes) -> Sequence[bytes]:
+    """A batch's events' topics, in order: compiled, without making their other fields,
+    where it can be (the same topics)."""
+    native = sqlitewal.native_rows
+    if native is not None:
+        try:
+            found: list[bytes] = native.topics(packed)
+            return found
+        except ValueError:  # a form the helper does not read: msgpack reads it
+            pass
+    return [fields[0] for fields in unpack(packed)]
+
+
+def _kept(packed: bytes, marks: bytes) -> bytes:
+    """``packed`` with only the events whose mark is not zero (one mark per event), their
+    bytes as they were where the compiled helper can copy them."""
+    native = sqlitewal.native_rows
+    if native is not None:
+        try:
+            copied: bytes = native.keep(packed, marks)
+            return copied
+        except ValueError:
+            pass
+    return _pack([fields for fields, mark in zip(unpack(packed), marks, strict=True) if mark])
 
 
 def _seqs_blob(sequences: Sequence[int]) -> bytes | None:
@@ -179,6 +205,26 @@ def events_from(
                 if upto is not None and sequence > upto:
                     return
                 yield sequence, fields
+    finally:
+        cursor.close()
+
+
+def topics_from(
+    db: sqlite3.Connection, after: int, upto: int | None = None
+) -> Generator[tuple[int, bytes], None, None]:
+    """``(sequence, topic)`` of the events in ``(after, upto]``, in order: what compaction
+    reads of the log (:func:`events_from` without the rest of each event)."""
+    cursor = batches_from(db, after, upto, "first, last, seqs, events")
+    try:
+        for first, last, seqs, packed in cursor:
+            for sequence, topic in zip(
+                sequences_of(first, last, seqs), topics(packed), strict=True
+            ):
+                if sequence <= after:
+                    continue
+                if upto is not None and sequence > upto:
+                    return
+                yield sequence, topic
     finally:
         cursor.close()
 
@@ -282,6 +328,27 @@ def rewrite(
         ),
     )  # fmt: skip
     return gone
+
+
+def drop(
+    db: sqlite3.Connection, stored: tuple[int, int, int, bytes | None, bytes], doomed: Set[int]
+) -> int:
+    """Remove the events of the batch ``stored`` (its :data:`REWRITTEN` columns) whose
+    sequences are in ``doomed``, inside the caller's transaction, as :func:`rewrite` does,
+    without reading the events it keeps (their bytes are copied): compaction's. Returns how
+    many it removed."""
+    batch, first, last, seqs, packed = stored
+    numbers = sequences_of(first, last, seqs)
+    marks = bytes([number not in doomed for number in numbers])
+    left = sum(marks)
+    if left == len(numbers):
+        return 0
+    if not left:
+        db.execute("DELETE FROM batches WHERE id = ?", (batch,))
+        return len(numbers)
+    kept = [number for number, mark in zip(numbers, marks, strict=True) if mark]
+    db.execute(UPDATE, (kept[0], kept[-1], left, _seqs_blob(kept), _kept(packed, marks), batch))
+    return len(numbers) - left
 
 
 def has_old_rows(db: sqlite3.Connection) -> bool:

@@ -406,11 +406,6 @@ def _batches_ready(db: sqlite3.Connection) -> int:
     return moved
 
 
-def _keeping_all_but(doomed: frozenset[int]) -> Callable[[int], bool]:
-    """What a batch keeps when the events at ``doomed`` are deleted."""
-    return lambda sequence: sequence not in doomed
-
-
 class EventStore:
     """Append-only event log with sequence-range reads and chunked retention, a row per
     batch of events (:mod:`bus.eventbus.logbatch`)."""
@@ -894,9 +889,9 @@ class EventStore:
             tracked = self._superseded = _Superseded(self._last)
         if tracked.reading:
             limit = chunk * SCANNED_PER_DELETED
-            events = logbatch.events_from(self._db, tracked.read_upto, tracked.unseen_upto)
-            for read, (sequence, fields) in enumerate(events, 1):
-                tracked.see(fields[0], sequence)
+            events = logbatch.topics_from(self._db, tracked.read_upto, tracked.unseen_upto)
+            for read, (sequence, topic) in enumerate(events, 1):
+                tracked.see(topic, sequence)
                 if read == limit or (
                     out_of_time is not None and not read % READ_BETWEEN_CHECKS and out_of_time()
                 ):
@@ -1058,9 +1053,8 @@ class EventStore:
                         (packed,) = db.execute(
                             "SELECT events FROM batches WHERE id = ?", (batch,)
                         ).fetchone()
-                        doomed = frozenset(sequences[start:stop])
                         row = (batch, first, last, seqs, packed)
-                        deleted += len(logbatch.rewrite(db, row, _keeping_all_but(doomed)))
+                        deleted += logbatch.drop(db, row, frozenset(sequences[start:stop]))
                         spent += held
                         reached = stop
                         # A region may hold several batches to write again (0.3 ms or more),

@@ -18,6 +18,17 @@
  * result first and writes it once, where the Packer looks each value's type up and grows
  * its buffer (0.28 us an event of five fields, measured).
  *
+ * topics(packed) -> the first field of each array in such a msgpack list (each a bin: a
+ * str, which msgpack reads as str, raises ValueError), as bytes: what latest-per-topic compaction reads of a batch, without making the other four
+ * fields of every event (msgpack.unpackb makes them all).
+ *
+ * keep(packed, kept) -> such a msgpack list with only the arrays whose byte in `kept` is not
+ * zero, their bytes copied as they are: a batch written again without its superseded events,
+ * without unpacking and packing again those it keeps.
+ *
+ * Both read only lists of arrays of bin (and str) with lengths inside the bytes given; any
+ * other form raises ValueError, and the caller takes msgpack's way.
+ *
  * Optional, like bus/transport/_frames.c: without a compiler the rows keep their bytes.
  */
 #define PY_SSIZE_T_CLEAN
@@ -110,6 +121,155 @@ static PyObject *pack_arrays(PyObject *module, PyObject *given) {
     return result;
 }
 
+/* A big-endian length of `width` bytes at `at`, or -1 past `end`. */
+static Py_ssize_t read_length(const unsigned char *at, const unsigned char *end, int width) {
+    if (end - at < width) return -1;
+    Py_ssize_t length = 0;
+    for (int i = 0; i < width; i++) length = (length << 8) | at[i];
+    return length;
+}
+
+/* An array header at *at: its length (*at moved past the header), or -1. */
+static Py_ssize_t read_array(const unsigned char **at, const unsigned char *end) {
+    if (*at >= end) return -1;
+    unsigned char tag = **at;
+    int width = (tag & 0xf0) == 0x90 ? 0 : tag == 0xdc ? 2 : tag == 0xdd ? 4 : -1;
+    if (width < 0) return -1;
+    Py_ssize_t length = width ? read_length(*at + 1, end, width) : (Py_ssize_t)(tag & 0x0f);
+    if (length < 0) return -1;
+    *at += 1 + width;
+    return length;
+}
+
+/* A bin or str at *at: where its bytes start (*at moved past them), *length set; or NULL. */
+static const unsigned char *read_bytes(const unsigned char **at, const unsigned char *end,
+                                       Py_ssize_t *length) {
+    if (*at >= end) return NULL;
+    unsigned char tag = **at;
+    int width;
+    if ((tag & 0xe0) == 0xa0) width = 0; /* fixstr */
+    else if (tag == 0xc4 || tag == 0xd9) width = 1;
+    else if (tag == 0xc5 || tag == 0xda) width = 2;
+    else if (tag == 0xc6 || tag == 0xdb) width = 4;
+    else return NULL;
+    Py_ssize_t n = width ? read_length(*at + 1, end, width) : (Py_ssize_t)(tag & 0x1f);
+    const unsigned char *start = *at + 1 + width;
+    if (n < 0 || start > end || end - start < n) return NULL;
+    *at = start + n;
+    *length = n;
+    return start;
+}
+
+/* Past the array of bytes values at *at (its first value's bytes in *first, *first_length);
+ * 0 if it is no such array or has no value, else 1 when the first value is a bin (the
+ * topic as bytes, as msgpack reads it back) and 2 when it is a str. */
+static int skip_item(const unsigned char **at, const unsigned char *end,
+                     const unsigned char **first, Py_ssize_t *first_length) {
+    Py_ssize_t width = read_array(at, end);
+    if (width < 1) return 0;
+    int kind = (**at >= 0xc4 && **at <= 0xc6) ? 1 : 2;
+    for (Py_ssize_t j = 0; j < width; j++) {
+        Py_ssize_t length;
+        const unsigned char *value = read_bytes(at, end, &length);
+        if (value == NULL) return 0;
+        if (j == 0) {
+            *first = value;
+            *first_length = length;
+        }
+    }
+    return kind;
+}
+
+static PyObject *malformed(void) {
+    PyErr_SetString(PyExc_ValueError, "not a list of arrays of bytes");
+    return NULL;
+}
+
+static PyObject *topics(PyObject *module, PyObject *given) {
+    (void)module;
+    Py_buffer view;
+    if (PyObject_GetBuffer(given, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const unsigned char *at = view.buf, *end = at + view.len;
+    PyObject *result = NULL;
+    Py_ssize_t count = read_array(&at, end);
+    if (count < 0 || count > view.len) {
+        malformed();
+        goto done;
+    }
+    result = PyList_New(count);
+    if (result == NULL) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const unsigned char *first = NULL;
+        Py_ssize_t length = 0;
+        PyObject *topic;
+        if (skip_item(&at, end, &first, &length) != 1 ||
+            (topic = PyBytes_FromStringAndSize((const char *)first, length)) == NULL) {
+            if (!PyErr_Occurred()) malformed();
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, topic);
+    }
+    if (at != end) {
+        malformed();
+        Py_CLEAR(result);
+    }
+done:
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *keep(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer view, kept;
+    if (!PyArg_ParseTuple(args, "y*y*:keep", &view, &kept)) return NULL;
+    const unsigned char *at = view.buf, *end = at + view.len;
+    const unsigned char *marks = kept.buf;
+    PyObject *result = NULL;
+    Py_ssize_t count = read_array(&at, end);
+    if (count < 0 || count != kept.len) {
+        if (count >= 0) PyErr_SetString(PyExc_ValueError, "keep(): one mark per item");
+        else malformed();
+        goto done;
+    }
+    /* First pass: check the list and size what is kept. */
+    const unsigned char *items = at;
+    Py_ssize_t size = 0, left = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const unsigned char *start = at, *first;
+        Py_ssize_t length;
+        if (!skip_item(&at, end, &first, &length)) {
+            malformed();
+            goto done;
+        }
+        if (marks[i]) {
+            size += at - start;
+            left++;
+        }
+    }
+    if (at != end) {
+        malformed();
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, array_header_size(left) + size);
+    if (result == NULL) goto done;
+    char *out = put_array(PyBytes_AS_STRING(result), left);
+    at = items;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const unsigned char *start = at, *first;
+        Py_ssize_t length;
+        skip_item(&at, end, &first, &length);
+        if (marks[i]) {
+            memcpy(out, start, (size_t)(at - start));
+            out += at - start;
+        }
+    }
+done:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&kept);
+    return result;
+}
+
 static PyObject *bindable_rows(PyObject *module, PyObject *given) {
     (void)module;
     PyObject *rows = PySequence_Fast(given, "bindable() takes a sequence of rows");
@@ -150,6 +310,8 @@ static PyMethodDef methods[] = {
     {"pack_arrays", pack_arrays, METH_O,
      "pack_arrays(items) -> msgpack of a list of arrays of bin (items: tuples of bytes)"},
     {"bindable", bindable_rows, METH_O, "bindable(rows) -> [tuple(row)], bytes as bytearray"},
+    {"topics", topics, METH_O, "topics(packed) -> the first field of each packed array"},
+    {"keep", keep, METH_VARARGS, "keep(packed, kept) -> packed, the arrays marked in kept"},
     {NULL, NULL, 0, NULL},
 };
 
