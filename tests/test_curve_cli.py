@@ -36,6 +36,17 @@ def ran(cleanup: list[Any], program: str, *args: str) -> Any:
     return command
 
 
+def curve_catalog(tmp_path: Path, keys: Keys, cleanup: list[Any]) -> CatalogService:
+    """A DBP catalog speaking CURVE with ``keys``' allow-list, started."""
+    config = CatalogConfig(
+        port=0, beacon_port=0, data_dir=str(tmp_path / "dbp"), curve=keys.settings()
+    )
+    catalog = CatalogService(config)
+    catalog.startService()
+    cleanup.append(catalog)
+    return catalog
+
+
 def echo(params: Any) -> Any:
     return params
 
@@ -80,12 +91,7 @@ def test_emqp_cli_submits_and_asks_status_over_curve(
 @pytest_twisted.inlineCallbacks
 def test_dbp_cli_lists_services_over_curve(tmp_path: Path, keys: Keys, cleanup: list[Any]) -> Any:
     reader = str(keys.secret_file("reader", names=""))
-    config = CatalogConfig(
-        port=0, beacon_port=0, data_dir=str(tmp_path / "dbp"), curve=keys.settings()
-    )
-    catalog = CatalogService(config)
-    catalog.startService()
-    cleanup.append(catalog)
+    catalog = curve_catalog(tmp_path, keys, cleanup)
     service = ServiceRegistration(
         catalog.endpoint,
         {
@@ -202,12 +208,7 @@ def test_a_server_key_that_begins_with_a_dash_is_taken_as_the_key(
     # "--server-key: expected one argument" (CI saw it once, in bus-cluster's mc0 test).
     keys = Keys(tmp_path, dash_led_pair())
     reader = str(keys.secret_file("reader", names=""))
-    config = CatalogConfig(
-        port=0, beacon_port=0, data_dir=str(tmp_path / "dbp"), curve=keys.settings()
-    )
-    catalog = CatalogService(config)
-    catalog.startService()
-    cleanup.append(catalog)
+    catalog = curve_catalog(tmp_path, keys, cleanup)
     server_key = keys.server.public.decode("ascii")
     for spelled in (["--server-key", server_key], [f"--server-key={server_key}"]):
         listed = yield ran(

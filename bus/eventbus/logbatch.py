@@ -32,7 +32,7 @@ import sqlite3
 import sys
 from array import array
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence, Set
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -192,21 +192,34 @@ def batches_from(
     )
 
 
-def events_from(
-    db: sqlite3.Connection, after: int, upto: int | None = None
-) -> Generator[tuple[int, EventFields], None, None]:
-    """``(sequence, fields)`` of the events in ``(after, upto]``, in order."""
+_Item = TypeVar("_Item")
+
+
+def _numbered(
+    db: sqlite3.Connection,
+    after: int,
+    upto: int | None,
+    decode: Callable[[bytes], Sequence[_Item]],
+) -> Generator[tuple[int, _Item], None, None]:
+    """``(sequence, decode(batch)[i])`` of the events in ``(after, upto]``, in order."""
     cursor = batches_from(db, after, upto, "first, last, seqs, events")
     try:
         for first, last, seqs, packed in cursor:
-            for sequence, fields in events_of(first, last, seqs, packed):
+            for sequence, item in zip(sequences_of(first, last, seqs), decode(packed), strict=True):
                 if sequence <= after:
                     continue
                 if upto is not None and sequence > upto:
                     return
-                yield sequence, fields
+                yield sequence, item
     finally:
         cursor.close()
+
+
+def events_from(
+    db: sqlite3.Connection, after: int, upto: int | None = None
+) -> Generator[tuple[int, EventFields], None, None]:
+    """``(sequence, fields)`` of the events in ``(after, upto]``, in order."""
+    return _numbered(db, after, upto, unpack)
 
 
 def topics_from(
@@ -214,19 +227,7 @@ def topics_from(
 ) -> Generator[tuple[int, bytes], None, None]:
     """``(sequence, topic)`` of the events in ``(after, upto]``, in order: what compaction
     reads of the log (:func:`events_from` without the rest of each event)."""
-    cursor = batches_from(db, after, upto, "first, last, seqs, events")
-    try:
-        for first, last, seqs, packed in cursor:
-            for sequence, topic in zip(
-                sequences_of(first, last, seqs), topics(packed), strict=True
-            ):
-                if sequence <= after:
-                    continue
-                if upto is not None and sequence > upto:
-                    return
-                yield sequence, topic
-    finally:
-        cursor.close()
+    return _numbered(db, after, upto, topics)
 
 
 class Rows(list[tuple[int, bytes, bytes, bytes, bytes, bytes]]):
