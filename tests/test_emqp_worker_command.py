@@ -426,3 +426,28 @@ def queues_of(argv: list[str]) -> object:
     options = Options()
     options.parseOptions(argv)
     return options["queues"]
+
+
+@pytest.mark.parametrize("kill", [True, False])
+def test_a_job_pool_shut_down_is_not_woken_again_at_the_exit(kill: bool) -> None:
+    """Python 3.11's exit wakes every process pool's manager thread through a pipe the thread
+    may be closing just then (CPython gh-125451): a worker stopped with Ctrl-C printed an
+    EBADF traceback (CI, once, with the pool's process still starting). A pool the worker
+    shut down is woken by that shutdown, and is off the list the exit wakes, whether or not
+    its thread ended within the join; the thread itself still ends."""
+    import concurrent.futures.process as futures_process
+    import multiprocessing
+
+    from bus.emqp.worker import _JobProcess
+    from bus.emqp.worker_process import NO_HOOKS
+
+    pool = _JobProcess(NO_HOOKS, multiprocessing.get_context("forkserver"))
+    pool.start()
+    manager = pool.executor._executor_manager_thread  # type: ignore[attr-defined]
+    assert manager in futures_process._threads_wakeups  # type: ignore[attr-defined]
+    if kill:
+        pool.kill()
+    pool.shutdown()  # the thread may outlive it: still off the exit's list
+    assert manager not in futures_process._threads_wakeups  # type: ignore[attr-defined]
+    manager.join(30)
+    assert not manager.is_alive()

@@ -29,6 +29,7 @@ KBYE at once.
 
 from __future__ import annotations
 
+import concurrent.futures.process
 import contextlib
 import multiprocessing
 import os
@@ -67,9 +68,6 @@ log = Logger(namespace="bus.emqp.worker")
 
 #: How long the last KBYE may wait in the socket for the broker when the worker stops.
 GOODBYE_LINGER_MS = 1000
-#: Seconds the worker waits, when it stops, for a killed job process's pool to end its
-#: manager thread (see ``_JobProcess.shutdown``).
-KILLED_POOL_JOIN = 2.0
 #: How long a probe of a silent broker (its port, or whether it takes our key) may take.
 _PROBE_SECONDS = 2.0
 
@@ -143,16 +141,19 @@ class _JobProcess:
             with contextlib.suppress(Exception):
                 process.kill()
 
-    def shutdown(self, join: float = 0.0) -> None:
-        """End the pool without waiting for its jobs; with ``join``, wait up to that many
-        seconds for its manager thread (after :meth:`kill`, it ends at once). Python 3.11's
-        exit wakes every pool's manager thread through a pipe that thread may be closing
-        just then: a worker stopped with Ctrl-C printed a traceback of EBADF at its exit
-        (CPython gh-125451, fixed in 3.12 and 3.13, not in 3.11)."""
-        self.executor.shutdown(wait=False, cancel_futures=True)
+    def shutdown(self) -> None:
+        """End the pool without waiting for its jobs. Python 3.11's exit wakes every pool's
+        manager thread through a pipe that thread may be closing just then: a worker stopped
+        with Ctrl-C printed a traceback of EBADF at its exit (CPython gh-125451, fixed in
+        3.12 and 3.13, not in 3.11; seen again in CI, four test processes on two cores). The
+        thread, woken by this shutdown already, is taken off the list the exit wakes; the
+        exit still joins it, as it joins every thread that is not a daemon."""
+        # Read before the shutdown, which forgets it.
         manager = getattr(self.executor, "_executor_manager_thread", None)
-        if join > 0 and manager is not None:
-            manager.join(join)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        wakeups = getattr(concurrent.futures.process, "_threads_wakeups", None)
+        if manager is not None and wakeups is not None:
+            wakeups.pop(manager, None)
 
 
 class EmqpWorker(Service):
@@ -413,7 +414,7 @@ class EmqpWorker(Service):
         for job_process in self._job_processes:
             if kill:
                 job_process.kill()
-            job_process.shutdown(join=KILLED_POOL_JOIN if kill else 0.0)
+            job_process.shutdown()
         self._job_processes = []
         waiting, self._waiting_jobs = self._waiting_jobs, deque()
         for deferred, *_ in waiting:
