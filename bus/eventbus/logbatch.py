@@ -316,19 +316,22 @@ def rewrite(
             kept.append(fields)
         else:
             gone.append((sequence, fields[0]))
-    if not gone:
-        return gone
-    if not kept:
-        db.execute("DELETE FROM batches WHERE id = ?", (batch,))
-        return gone
-    db.execute(
-        UPDATE,
-        (
-            kept_numbers[0], kept_numbers[-1], len(kept), _seqs_blob(kept_numbers), _pack(kept),
-            batch,
-        ),
-    )  # fmt: skip
+    if gone:
+        _hold_only(db, batch, kept_numbers, lambda: _pack(kept))
     return gone
+
+
+def _hold_only(
+    db: sqlite3.Connection, batch: int, numbers: Sequence[int], packed: Callable[[], bytes]
+) -> None:
+    """Write the batch ``batch`` again holding only the events at ``numbers`` (``packed()``
+    makes their blob), or delete it when none is left."""
+    if not numbers:
+        db.execute("DELETE FROM batches WHERE id = ?", (batch,))
+        return
+    db.execute(
+        UPDATE, (numbers[0], numbers[-1], len(numbers), _seqs_blob(numbers), packed(), batch)
+    )
 
 
 def drop(
@@ -341,15 +344,10 @@ def drop(
     batch, first, last, seqs, packed = stored
     numbers = sequences_of(first, last, seqs)
     marks = bytes([number not in doomed for number in numbers])
-    left = sum(marks)
-    if left == len(numbers):
-        return 0
-    if not left:
-        db.execute("DELETE FROM batches WHERE id = ?", (batch,))
-        return len(numbers)
     kept = [number for number, mark in zip(numbers, marks, strict=True) if mark]
-    db.execute(UPDATE, (kept[0], kept[-1], left, _seqs_blob(kept), _kept(packed, marks), batch))
-    return len(numbers) - left
+    if len(kept) < len(numbers):
+        _hold_only(db, batch, kept, lambda: _kept(packed, marks))
+    return len(numbers) - len(kept)
 
 
 def has_old_rows(db: sqlite3.Connection) -> bool:

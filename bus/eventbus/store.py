@@ -353,6 +353,8 @@ def _all_in(seqs: bytes, victims: list[int], start: int, stop: int, first: int, 
 #: the batches inside a run of superseded sequences: ``(None, lowest id, highest id, events,
 #: None)``.
 _Looked = tuple[int | None, int, int, int, bytes | None]
+#: The columns of a batch as compaction looks at it.
+_LOOKED_COLUMNS = "id, first, last, held, seqs"
 
 
 def _run_and_its_ends(db: sqlite3.Connection, low: int, high: int) -> list[_Looked]:
@@ -363,7 +365,7 @@ def _run_and_its_ends(db: sqlite3.Connection, low: int, high: int) -> list[_Look
     ``high``. Batches do not overlap and each one's id is at most its first sequence, so a
     batch whose id is from ``low`` to ``high`` and which is not the last of them holds only
     sequences of the run."""
-    columns = "id, first, last, held, seqs"
+    columns = _LOOKED_COLUMNS
     looked: list[_Looked] = []
     before = db.execute(
         f"SELECT {columns} FROM batches WHERE id < ? ORDER BY id DESC LIMIT 1", (low,)
@@ -1011,7 +1013,7 @@ class EventStore:
                 if end - reached >= RUN_EVENTS and high - low == end - 1 - reached:
                     near = _run_and_its_ends(db, low, high)
                 else:
-                    cursor = logbatch.batches_from(db, low - 1, high, "id, first, last, held, seqs")
+                    cursor = logbatch.batches_from(db, low - 1, high, _LOOKED_COLUMNS)
                     near = cursor.fetchall()
                     cursor.close()
                 following = False  # the last batch looked at went whole

@@ -19,8 +19,9 @@
  * its buffer (0.28 us an event of five fields, measured).
  *
  * topics(packed) -> the first field of each array in such a msgpack list (each a bin: a
- * str, which msgpack reads as str, raises ValueError), as bytes: what latest-per-topic compaction reads of a batch, without making the other four
- * fields of every event (msgpack.unpackb makes them all).
+ * str, which msgpack reads as str, raises ValueError), as bytes: what latest-per-topic
+ * compaction reads of a batch, without making the other four fields of every event
+ * (msgpack.unpackb makes them all).
  *
  * keep(packed, kept) -> such a msgpack list with only the arrays whose byte in `kept` is not
  * zero, their bytes copied as they are: a batch written again without its superseded events,
