@@ -778,6 +778,29 @@ def test_compaction_forgets_the_topics_that_age_and_count_retention_removed(
     assert sorted(superseded.latest) == [b"/session/8", b"/session/9"]
 
 
+def test_superseded_events_that_count_or_age_retention_deleted_are_not_handed_out(
+    store: EventStore,
+) -> None:
+    """Compaction saw events superseded, then a count step deleted some of them and an age
+    step the rest: the next compaction step has nothing to delete, so it writes nothing
+    (a write that fails would raise, with nothing stored superseded), and forgets them."""
+    fill(store, [b"/a/", b"/b/"] * 300, received=100.0)  # 598 superseded
+    fill(store, [b"/c/"] * 10, received=200.0)  # 9 more
+    assert store.compact_step() == (0, False)  # read: every one seen superseded
+    tracked = store._superseded
+    assert tracked is not None and tracked.waiting == 607
+    assert trim_fully(store, 210) == 400  # through sequence 400, inside a region
+    assert tracked.waiting == 207 and min(min(r) for r in tracked.regions.values()) > 400
+    assert expire_fully(store, cutoff=150.0) == 200
+    assert tracked.waiting == 9 and store.count() == 10
+    assert trim_fully(store, 0) == 10
+    fill(store, [b"/d/", b"/e/"])
+    with write_failing(0):
+        assert store.compact_step() == (0, True)
+    assert tracked.waiting == 0 and not tracked.regions and not tracked._order
+    assert [e.topic for e in store.read(0)] == [b"/d/", b"/e/"]
+
+
 def test_a_commit_of_large_events_is_cut_into_batches_of_bounded_size(store: EventStore) -> None:
     big = b"x" * (BATCH_BYTES // 3)
     fields = [(b"/big/%d" % i, b"p", b"ts", b"u%d" % i, big) for i in range(7)]

@@ -342,6 +342,19 @@ class _Superseded:
             if latest.get(topic) == sequence:
                 del latest[topic]
         self.read_upto = max(self.read_upto, min(bound, self.unseen_upto))
+        # Superseded events an age or count step deleted are not handed out: a compaction
+        # step would open a write for them and find nothing, and they would wait in memory.
+        order, regions = self._order, self.regions
+        while order and (order[0] + 1) * REGION - 1 <= bound:
+            self.waiting -= len(regions.pop(heappop(order)))
+        if order and order[0] * REGION <= bound:
+            held = regions[order[0]]
+            kept = array("q", (sequence for sequence in held if sequence > bound))
+            self.waiting -= len(held) - len(kept)
+            if kept:
+                regions[order[0]] = kept
+            else:
+                del regions[heappop(order)]
 
 
 def _all_in(seqs: bytes, victims: list[int], start: int, stop: int, first: int, last: int) -> bool:
