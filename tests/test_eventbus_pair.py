@@ -298,6 +298,41 @@ def test_the_active_goes_on_alone_and_the_pair_heals(pair: Pair) -> Any:
 
 
 @pytest_twisted.inlineCallbacks
+def test_an_active_that_did_not_run_does_not_go_alone_for_acks_it_did_not_read(
+    pair: Pair,
+) -> Any:
+    """The process stops for longer than the alone timeout (a long collection on a loaded
+    machine, SIGSTOP) just after the active sent the passive a batch: the ack waits unread.
+    The active doubts, hears the passive, and stays paired: it does not blame the passive
+    for its own pause (it went alone, and healed, in loaded full runs)."""
+    primary = pair.start("primary")
+    backup = pair.start("backup")
+    yield wait_until(lambda: formed(pair), what="pair formed")
+    send = primary.pair.appended
+
+    def then_pause(first: int, fields: Any) -> None:
+        send(first, fields)
+        primary.pair.appended = send
+        assert primary.pair.position > primary.pair.acked  # in flight
+        time.sleep(TIMEOUT * 1.5)
+
+    primary.pair.appended = then_pause
+    publisher = EventBusPublisher(pair.address("primary"), producer_id="paused")
+    try:
+        publisher.publish("/paused/", 1)
+        yield wait_until(lambda: primary.pair.core.stalls >= 1, what="the pause seen")
+        yield wait_until(
+            lambda: formed(pair) and primary.pair.acked == 1, timeout=15, what="paired still"
+        )
+        status = primary.status()["ha"]
+        assert status["went_alone"] == 0 and status["healed"] == 0, status
+        assert status["stalls"] >= 1 and status["transitions"].get("doubt", 0) >= 1, status
+        assert backup.store.last_sequence == 1
+    finally:
+        publisher.close()
+
+
+@pytest_twisted.inlineCallbacks
 def test_the_old_primary_rejoins_drops_what_it_alone_held_and_becomes_a_backup(
     pair: Pair,
 ) -> Any:

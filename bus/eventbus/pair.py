@@ -542,7 +542,8 @@ class Pair:
         if self.paired:
             waiting = self.position > self.acked or self.host.log.last_sequence > self.acked
             silent = now - self.core.peer_heard
-            stuck = now - self._ack_progress_at
+            # Nor is the passive slow when this server did not run: acks wait unread.
+            stuck = now - max(self._ack_progress_at, self.core.resumed_at)
             if (waiting and stuck >= timeout) or silent >= timeout:
                 self._go_alone(
                     f"the passive acknowledged nothing for {stuck:.1f}s"

@@ -85,6 +85,8 @@ class PairCore:
         #: States from the peer count only once they echo a beat at least this high.
         self._trust_from = 0
         self.stalls = 0
+        #: When this server last found it had not run (its silences are counted from there).
+        self.resumed_at = now
         self.refused_takeovers = 0
         self.changes: deque[Change] = deque(maxlen=20)
         self.transitions: Counter[str] = Counter()
@@ -204,7 +206,7 @@ class PairCore:
 
     def _stalled(self, now: float, gap: float) -> Change | None:
         self.stalls += 1
-        self.peer_heard = now  # we were not looking: the silence starts now
+        self.peer_heard = self.resumed_at = now  # we were not looking: the silence starts now
         self._trust_from = self.beat + 1
         if self.state == "active":
             return self._become(
