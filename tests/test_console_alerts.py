@@ -91,14 +91,22 @@ def row(driver: Any, alert: str) -> dict[str, Any] | None:
         return None
 
 
-def card_classes(driver: Any, service: str) -> set[str]:
+def card_classes(driver: Any, service: str) -> set[str] | None:
+    """The service card's classes (None when the page, which makes its cards anew at each
+    state frame, redrew it while it was read: asked within :func:`wait`, never once)."""
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     try:
         card = driver.find_element("css selector", f"#card-{service}")
         return set((card.get_attribute("class") or "").split())
     except (NoSuchElementException, StaleElementReferenceException):
-        return set()
+        return None
+
+
+def card_shows(driver: Any, service: str, alert: str, shown: bool = True) -> bool:
+    """The card of ``service`` read whole, framed (``alert-firing``...) as ``shown`` says."""
+    classes = card_classes(driver, service)
+    return classes is not None and (alert in classes) == shown
 
 
 def test_a_queue_without_a_worker_is_pending_then_firing_in_the_console(
@@ -128,7 +136,7 @@ def test_a_queue_without_a_worker_is_pending_then_firing_in_the_console(
             f"eMQP on 127.0.0.1:{product.http_port}: queue orphans has waited 15 minutes for a "
             "worker"
         )
-        assert "alert-pending" in card_classes(page, "emqp")
+        wait(page, lambda d: card_shows(d, "emqp", "alert-pending"))
 
         firing = wait(
             page,
@@ -137,9 +145,12 @@ def test_a_queue_without_a_worker_is_pending_then_firing_in_the_console(
         )
         # Since when it began: kept from pending to firing (the clock time, before "(… ago)").
         assert firing["cells"][5].split(" (")[0] == since.split(" (")[0]
-        wait(page, lambda d: "alert-firing" in card_classes(d, "emqp"))
-        lines = page.find_elements("css selector", "#card-emqp .line.alert.alarm")
-        assert any(line.text.startswith("EmqpQueueWithoutWorkers firing since") for line in lines)
+        wait(page, lambda d: card_shows(d, "emqp", "alert-firing"))
+        # The card's alert line (read again when the page redrew the card meanwhile).
+        wait(page, lambda d: any(
+            line.text.startswith("EmqpQueueWithoutWorkers firing since")
+            for line in d.find_elements("css selector", "#card-emqp .line.alert.alarm")
+        ))  # fmt: skip
 
         [served] = [
             a for a in alerts(product) if a["labels"]["alertname"] == "EmqpQueueWithoutWorkers"
@@ -157,7 +168,7 @@ def test_a_queue_without_a_worker_is_pending_then_firing_in_the_console(
         log.close()
         # A worker serves the queue: the condition ends, and the alert with it.
         wait(page, lambda d: row(d, "EmqpQueueWithoutWorkers") == {}, 60)
-        assert "alert-firing" not in card_classes(page, "emqp")
+        wait(page, lambda d: card_shows(d, "emqp", "alert-firing", shown=False))
     finally:
         if worker is not None:
             os.killpg(worker.pid, signal.SIGTERM)
