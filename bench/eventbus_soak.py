@@ -37,7 +37,12 @@ carries, not the wall clock.
 
     python bench/eventbus_soak.py [--minutes 15] [--modes none,count,age,latest]
         [--rate 3000] [--topics 10000] [--retention-interval 60s]
-        [--retention-max-count 200000] [--retention-max-age 60s]
+        [--retention-max-count 200000] [--retention-max-age 60s] [--rounds 1]
+
+With ``--rounds N`` the modes run N times in turn (none, count, age, latest, none, ...):
+each mode is measured against the none of its own round, the rounds' median is reported
+(and their worst step), and none's spread between rounds says how large a cost the
+machine's drift alone makes: a whole-process cost below it is not told from the noise.
 """
 
 from __future__ import annotations
@@ -493,29 +498,47 @@ def main() -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--wait-idle", type=float, default=30.0)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the modes this many times in turn: each mode's cost over the none of its "
+        "own round, their median, and none's spread between rounds (the noise floor)",
+    )
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         parser.error(f"--modes: some of {', '.join(MODES)}")
     terminate_on_sigterm()
     info = machine()
-    runs: dict[str, ModeRun] = {}
+    rounds: list[dict[str, ModeRun]] = []
     with workdir("bench-soak-", args.keep) as root:
-        for mode in modes:
-            wait_for_quiet(args.wait_idle)
-            print(
-                f"{mode}: {args.minutes:g} min at {args.rate:g} events/s ...",
-                file=sys.stderr,
-                flush=True,
-            )
-            runs[mode] = run_mode(mode, args, root)
-            print(over_time(runs[mode], args.table_every), file=sys.stderr, flush=True)
-    baseline = runs.get("none")
-    results = {
-        mode: figures_of(run, baseline if mode != "none" else None) for mode, run in runs.items()
-    }
+        for number in range(1, max(1, args.rounds) + 1):
+            runs: dict[str, ModeRun] = {}
+            where = root if args.rounds <= 1 else root / f"round-{number}"
+            where.mkdir(exist_ok=True)
+            for mode in modes:
+                wait_for_quiet(args.wait_idle)
+                print(
+                    f"{mode}: {args.minutes:g} min at {args.rate:g} events/s"
+                    + (f" (round {number} of {args.rounds})" if args.rounds > 1 else "")
+                    + " ...",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                runs[mode] = run_mode(mode, args, where)
+                print(over_time(runs[mode], args.table_every), file=sys.stderr, flush=True)
+            rounds.append(runs)
+    by_round = [
+        {mode: figures_of(run, runs.get("none") if mode != "none" else None)
+         for mode, run in runs.items()}
+        for runs in rounds
+    ]  # fmt: skip
+    results = merged_rounds(by_round)
     figures: dict[str, Figure] = {}
     details: list[tuple[str, str]] = []
+    if len(by_round) > 1:
+        details.extend(round_lines(by_round, args.minutes * 60))
     passed = True
     for mode, f in results.items():
         figures[f"{mode}_cpu_pct"] = Figure(f["cpu_pct"], "%", "lower")
@@ -623,6 +646,69 @@ def main() -> int:
         figures=figures,
     )
     return 0 if passed else 1
+
+
+#: Figures where the rounds' median is reported, and those where their worst is.
+MEDIAN_OF_ROUNDS = ("us_per_removed", "extra_cpu_pct", "steps_us_per_removed", "cpu_pct")
+WORST_OF_ROUNDS = ("longest_step_ms", "longest_step_cpu_ms", "p99_during", "lag_max_ms")
+
+
+def merged_rounds(by_round: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One result a mode: the last round's, with the rounds' median CPU figures and their
+    worst step, p99 in passes and timer lateness (each round against its own none)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for mode, last in by_round[-1].items():
+        each = [results[mode] for results in by_round if mode in results]
+        out = dict(last)
+        for key in MEDIAN_OF_ROUNDS:
+            values = [f[key] for f in each if f.get(key) is not None]
+            if values:
+                out[key] = statistics.median(values)
+        for key in WORST_OF_ROUNDS:
+            values = [f[key] for f in each if f.get(key) is not None and f[key] == f[key]]
+            if values:
+                out[key] = max(values)
+        merged[mode] = out
+    return merged
+
+
+def round_lines(by_round: list[dict[str, dict[str, Any]]], seconds: float) -> list[tuple[str, str]]:
+    """Each round's figures, and the noise floor: none's CPU from round to round, as us per
+    event removed at each mode's removal rate (a cost below it is not told from the noise)."""
+    lines = []
+    nones = [r["none"]["cpu_pct"] for r in by_round if "none" in r]
+    spread = max(nones) - min(nones) if len(nones) > 1 else None
+    if nones:
+        lines.append(
+            (
+                "none rounds",
+                "CPU "
+                + ", ".join(f"{v:.1f}" for v in nones)
+                + " % of a core"
+                + ("" if spread is None else f" (spread {spread:.1f} %)"),
+            )
+        )
+    for mode in by_round[-1]:
+        if mode == "none":
+            continue
+        each = [r[mode] for r in by_round if mode in r]
+        removed_per_s = statistics.median(f["removed"] for f in each) / seconds
+        floor = spread / 100 / removed_per_s * 1e6 if spread is not None and removed_per_s else None
+        lines.append(
+            (
+                f"{mode} rounds",
+                "whole process over its round's none: "
+                + ", ".join(number_or_dash(f.get("us_per_removed"), ".2f") for f in each)
+                + " us per event removed; steps' own: "
+                + ", ".join(number_or_dash(f["steps_us_per_removed"], ".2f") for f in each)
+                + " us; longest step CPU: "
+                + ", ".join(number_or_dash(f["longest_step_cpu_ms"], ".2f") for f in each)
+                + " ms; none's spread between rounds is "
+                + number_or_dash(floor, ".2f")
+                + " us per event removed at this rate",
+            )
+        )
+    return lines
 
 
 def number_or_dash(value: Any, form: str) -> str:
