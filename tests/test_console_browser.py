@@ -194,8 +194,10 @@ def test_a_stopped_service_shows_as_down(tmp_path: Path, page: Any) -> None:
         wait(page, lambda d: card_state(d, "dbp") == "up")
         process.send_signal(signal.SIGUSR1)
         wait(page, lambda d: card_state(d, "dbp") == "down")
-        assert "down since" in page.find_element("id", "card-dbp").text
-        assert card_state(page, "eventbus") == "up"  # the others go on
+        # Cards are made anew each state frame: read within wait(), never once (a read
+        # across a redraw is stale).
+        wait(page, lambda d: "down since" in d.find_element("id", "card-dbp").text)
+        wait(page, lambda d: card_state(d, "eventbus") == "up")  # the others go on
     finally:
         process.terminate()
         code = process.wait(timeout=30)
