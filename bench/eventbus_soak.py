@@ -575,7 +575,9 @@ def main() -> int:
                 f"removed (+{number_or_dash(f.get('extra_cpu_pct'), '.1f')} % of a core over "
                 f"none; the server's own account of its steps: "
                 f"{number_or_dash(f['steps_us_per_removed'], '.2f')} us; over none per event "
-                "removed, by thread: "
+                "removed, by thread"
+                + (" (the last round)" if len(by_round) > 1 else "")
+                + ": "
                 + ", ".join(
                     f"{kind} {value:+.1f} us"
                     for kind, value in f.get("threads_extra_us_per_removed", {}).items()
@@ -649,7 +651,9 @@ def main() -> int:
 
 
 #: Figures where the rounds' median is reported, and those where their worst is.
-MEDIAN_OF_ROUNDS = ("us_per_removed", "extra_cpu_pct", "steps_us_per_removed", "cpu_pct")
+MEDIAN_OF_ROUNDS = (
+    "us_per_removed", "extra_cpu_pct", "steps_us_per_removed", "cpu_pct", "us_per_event",
+)  # fmt: skip
 WORST_OF_ROUNDS = ("longest_step_ms", "longest_step_cpu_ms", "p99_during", "lag_max_ms")
 
 
