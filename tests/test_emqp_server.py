@@ -210,6 +210,89 @@ def test_retry_count_bounds_the_redispatches(tmp_path: Path, cleanup: list[Any])
     yield wait_until(lambda: broker.store.count() == 0)
 
 
+def commit_watching(store: Any, peer: RawWorker, wait_ms: int) -> list[int]:
+    """Make the store's next commit first wait (the reactor stopped, libzmq's I/O threads
+    running) up to ``wait_ms`` for a message at ``peer``: what the poll found, per commit."""
+    commit = store.commit
+    found: list[int] = []
+
+    def watched() -> None:
+        store.commit = commit
+        found.append(peer.peer.socket.socket.poll(wait_ms))
+        commit()
+
+    store.commit = watched
+    return found
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_next_stored_request_reaches_the_worker_before_the_commit_of_its_reply(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    """A worker's REPLY and READY in one batch: the next request, stored by an earlier
+    commit, goes to the worker before the commit that forgets the replied one (its slot does
+    not wait for the store); the client hears the result after that commit."""
+    broker = broker_in(tmp_path, cleanup)
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    msgids = [client.request("default", n, b"reply-requested,guarantee") for n in range(2)]
+    yield wait_until(lambda: broker.store.count() == 2, what="both requests stored")
+    worker = RawWorker(broker.endpoints["worker"])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="ACK")
+    worker.ready()
+    yield wait_until(lambda: len(worker.requests()) == 1, what="the first request")
+    first = worker.requests()[0]
+    assert first[3] == msgids[0]
+    polled = commit_watching(broker.store, worker, 10_000)
+    # The batch as the worker port hands it over (ROUTER identity first).
+    broker._on_workers(
+        [
+            [worker.identity, *codec.reply(b'{"value": 0}', first[3])],
+            [worker.identity, *codec.ready()],
+        ]
+    )
+    assert polled == [zmq.POLLIN]  # the next request was there while the commit waited
+    worker.peer.socket.read_soon()  # the poll took its descriptor's signal
+    yield wait_until(lambda: len(worker.requests()) == 2, what="the second request read")
+    assert worker.requests()[1][3] == msgids[1]
+    yield wait_until(lambda: client.results(msgids[0]), what="the first result")
+    assert client.results(msgids[0]) == [{"value": 0}]
+    assert broker.store.count() == 1
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_retried_request_waits_for_the_commit_of_its_retry(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    """A worker leaves with a guaranteed request: its retry (one fewer left, a row the
+    commit writes) goes to the next worker only after that commit."""
+    broker = broker_in(tmp_path, cleanup)
+    leaving = RawWorker(broker.endpoints["worker"])
+    cleanup.append(leaving)
+    yield wait_until(leaving.acked, what="ACK")
+    leaving.ready()
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    msgid = client.request("default", 1, b"reply-requested,guarantee")
+    yield wait_until(lambda: leaving.requests(), what="the request at the first worker")
+    spare = RawWorker(broker.endpoints["worker"])
+    cleanup.append(spare)
+    yield wait_until(spare.acked, what="ACK")
+    spare.ready()
+    yield wait_until(
+        lambda: getattr(broker.broker.workers.get(spare.identity), "free_slots", 0) == 1,
+        what="the second worker's free slot",
+    )
+    polled = commit_watching(broker.store, spare, 500)
+    broker._on_workers([[leaving.identity, *codec.kbye()]])
+    assert polled == [0]  # nothing had come while the commit waited
+    assert broker.broker.retried == 1
+    spare.peer.socket.read_soon()
+    yield wait_until(lambda: spare.requests(), what="the retried request")
+    assert spare.requests()[0][3] == msgid
+
+
 @pytest_twisted.inlineCallbacks
 def test_status_and_schedule_forwarding(tmp_path: Path, cleanup: list[Any]) -> Any:
     broker = broker_in(tmp_path, cleanup, scheduler="external")

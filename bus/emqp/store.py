@@ -9,7 +9,8 @@ A request with the ``guarantee`` header is put here when the broker accepts it a
 once its worker replies or the broker gives up on it. Changes made while handling one batch
 of messages are collected (the last change per request wins) and committed in one
 transaction by :meth:`JobStore.commit`, which the service calls before it sends anything
-that batch produced: a guaranteed request is on disk before any worker sees it. With
+that batch produced that the commit changes (:attr:`JobStore.changing`): a guaranteed request
+is on disk before any worker sees it. With
 ``synchronous=NORMAL`` a commit survives ``kill -9`` of the broker; ``durability="full"``
 also survives a power loss (one fsync per commit).
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from bus.emqp import jobbatch
@@ -143,6 +144,11 @@ class JobStore:
     def dirty(self) -> bool:
         """Changes wait for :meth:`commit`."""
         return bool(self._pending or self._pending_schedules or self._pending_paused)
+
+    @property
+    def changing(self) -> Mapping[bytes, StoredJob | None]:
+        """The requests whose rows the next :meth:`commit` writes or deletes, by msgid."""
+        return self._pending
 
     def put(self, job: StoredJob) -> None:
         """Keep ``job``, at the next :meth:`commit`."""
