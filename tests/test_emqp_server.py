@@ -210,14 +210,16 @@ def test_retry_count_bounds_the_redispatches(tmp_path: Path, cleanup: list[Any])
     yield wait_until(lambda: broker.store.count() == 0)
 
 
-def commit_watching(store: Any, peer: RawWorker, wait_ms: int) -> list[int]:
-    """Make the store's next commit first wait (the reactor stopped, libzmq's I/O threads
-    running) up to ``wait_ms`` for a message at ``peer``: what the poll found, per commit."""
+def commit_watching(store: Any, peer: RawWorker, wait_ms: int, commits: int = 1) -> list[int]:
+    """Make the store's next ``commits`` commits first wait (the reactor stopped, libzmq's
+    I/O threads running) up to ``wait_ms`` for a message at ``peer``: what the poll found,
+    per commit."""
     commit = store.commit
     found: list[int] = []
 
     def watched() -> None:
-        store.commit = commit
+        if len(found) + 1 == commits:
+            store.commit = commit
         found.append(peer.peer.socket.socket.poll(wait_ms))
         commit()
 
@@ -291,6 +293,36 @@ def test_a_retried_request_waits_for_the_commit_of_its_retry(
     spare.peer.socket.read_soon()
     yield wait_until(lambda: spare.requests(), what="the retried request")
     assert spare.requests()[0][3] == msgid
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_schedules_run_waits_for_the_commit_of_its_schedule(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    """A schedule's run (not guaranteed: never a row of its own) goes to a worker only after
+    the commit that keeps its schedule's new state: sent before it, then a crash, the
+    schedule would fire it again."""
+    broker = broker_in(tmp_path, cleanup)
+    worker = RawWorker(broker.endpoints["worker"])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="ACK")
+    worker.ready()
+    yield wait_until(
+        lambda: getattr(broker.broker.workers.get(worker.identity), "free_slots", 0) == 1,
+        what="the worker's free slot",
+    )
+    client = RawClient(broker.endpoints["client"])
+    cleanup.append(client)
+    # The SCHEDULE's commit, then the first run's (an interval schedule runs at once).
+    polled = commit_watching(broker.store, worker, 500, commits=2)
+    client.peer.send(
+        codec.message(codec.SCHEDULE, b"default", b"", b"60", json.dumps(["run", {}]).encode(), b"")
+    )
+    yield wait_until(lambda: len(polled) == 2, what="the schedule's and its run's commits")
+    assert polled == [0, 0]  # nothing had come while either commit waited
+    worker.peer.socket.read_soon()
+    yield wait_until(lambda: worker.requests(), what="the schedule's run")
+    assert broker.broker.schedules_fired == 1
 
 
 @pytest_twisted.inlineCallbacks

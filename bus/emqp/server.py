@@ -625,7 +625,7 @@ class EmqpService(Service):
         if broker is None:
             return
         store = self.store
-        if broker.to_workers and store is not None and store.dirty:
+        if broker.to_workers and store is not None and store.changing_requests_only:
             self._send_uncommitted_free(store)
         while True:
             stored = self._commit()
@@ -666,7 +666,9 @@ class EmqpService(Service):
         commits) would otherwise wait for the commit that forgets the replied ones, and a
         worker's slot with them (guaranteed jobs/s follow that round trip: bench/README.md).
         They go in order up to the first request whose row the commit changes (a retry's
-        count): it and all after it wait, as everything did before."""
+        count): it and all after it wait, as everything did before. Called only while the
+        commit changes requests alone: a schedule's run waits for its schedule's new row (a
+        run sent before it, then a crash, would fire again), a queue resumed for its row."""
         broker = self.broker
         assert broker is not None
         messages = broker.to_workers

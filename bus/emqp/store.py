@@ -150,6 +150,12 @@ class JobStore:
         """The requests whose rows the next :meth:`commit` writes or deletes, by msgid."""
         return self._pending
 
+    @property
+    def changing_requests_only(self) -> bool:
+        """Changes wait, and all of them are requests' rows: no schedule's (a run fired,
+        its next time), no paused queue's."""
+        return bool(self._pending) and not self._pending_schedules and not self._pending_paused
+
     def put(self, job: StoredJob) -> None:
         """Keep ``job``, at the next :meth:`commit`."""
         self._pending[job.msgid] = job
