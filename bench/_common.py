@@ -130,6 +130,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """User + system CPU time of one thread so far (default: the main thread, whose id is
+    the process's)."""
+    with open(f"/proc/{pid}/task/{tid or pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
 def cpu_of(pids: Sequence[int]) -> float:
     """CPU seconds of these processes so far (those gone count nothing)."""
     total = 0.0
