@@ -619,14 +619,16 @@ class EmqpService(Service):
 
     def _flush(self) -> None:
         """Commit the store, route the guaranteed requests it took, then send everything
-        the broker produced. A guaranteed request is acknowledged or dispatched only once
-        its commit succeeded; while the store refuses, they wait (:meth:`_storage_blocked`)."""
+        the broker produced (requests to workers that the commit does not change go before
+        it: :meth:`_send_ahead_of_commit`). A guaranteed request is acknowledged or
+        dispatched only once its commit succeeded; while the store refuses, they wait
+        (:meth:`_storage_blocked`)."""
         broker = self.broker
         if broker is None:
             return
         store = self.store
         if broker.to_workers and store is not None and store.changing_requests_only:
-            self._send_uncommitted_free(store)
+            self._send_ahead_of_commit(store)
         while True:
             stored = self._commit()
             if stored:
@@ -660,7 +662,7 @@ class EmqpService(Service):
             self.stream.pull(broker.wanted())
             self.stream.serve(broker.served_queues())
 
-    def _send_uncommitted_free(self, store: JobStore) -> None:
+    def _send_ahead_of_commit(self, store: JobStore) -> None:
         """Send, before the commit, the messages to workers that depend on nothing it
         writes: in a worker's batch of REPLY and READY, the next requests (stored by earlier
         commits) would otherwise wait for the commit that forgets the replied ones, and a
