@@ -210,6 +210,20 @@ def test_retry_count_bounds_the_redispatches(tmp_path: Path, cleanup: list[Any])
     yield wait_until(lambda: broker.store.count() == 0)
 
 
+@defer.inlineCallbacks
+def ready_worker(broker: Any, cleanup: list[Any]) -> Any:
+    """A raw worker of queue ``default`` with one free slot that the broker knows of."""
+    worker = RawWorker(broker.endpoints["worker"])
+    cleanup.append(worker)
+    yield wait_until(worker.acked, what="ACK")
+    worker.ready()
+    yield wait_until(
+        lambda: getattr(broker.broker.workers.get(worker.identity), "free_slots", 0) == 1,
+        what="the worker's free slot",
+    )
+    return worker
+
+
 def commit_watching(store: Any, peer: RawWorker, wait_ms: int, commits: int = 1) -> list[int]:
     """Make the store's next ``commits`` commits first wait (the reactor stopped, libzmq's
     I/O threads running) up to ``wait_ms`` for a message at ``peer``: what the poll found,
@@ -278,14 +292,7 @@ def test_a_retried_request_waits_for_the_commit_of_its_retry(
     cleanup.append(client)
     msgid = client.request("default", 1, b"reply-requested,guarantee")
     yield wait_until(lambda: leaving.requests(), what="the request at the first worker")
-    spare = RawWorker(broker.endpoints["worker"])
-    cleanup.append(spare)
-    yield wait_until(spare.acked, what="ACK")
-    spare.ready()
-    yield wait_until(
-        lambda: getattr(broker.broker.workers.get(spare.identity), "free_slots", 0) == 1,
-        what="the second worker's free slot",
-    )
+    spare = yield ready_worker(broker, cleanup)
     polled = commit_watching(broker.store, spare, 500)
     broker._on_workers([[leaving.identity, *codec.kbye()]])
     assert polled == [0]  # nothing had come while the commit waited
@@ -303,14 +310,7 @@ def test_a_schedules_run_waits_for_the_commit_of_its_schedule(
     the commit that keeps its schedule's new state: sent before it, then a crash, the
     schedule would fire it again."""
     broker = broker_in(tmp_path, cleanup)
-    worker = RawWorker(broker.endpoints["worker"])
-    cleanup.append(worker)
-    yield wait_until(worker.acked, what="ACK")
-    worker.ready()
-    yield wait_until(
-        lambda: getattr(broker.broker.workers.get(worker.identity), "free_slots", 0) == 1,
-        what="the worker's free slot",
-    )
+    worker = yield ready_worker(broker, cleanup)
     client = RawClient(broker.endpoints["client"])
     cleanup.append(client)
     # The SCHEDULE's commit, then the first run's (an interval schedule runs at once).
