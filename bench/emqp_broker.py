@@ -185,14 +185,16 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             sampler = RunQueueSampler(pid).start()
             processes = [pid, team.proc.pid]
             cpu_before = [cpu_seconds(process) for process in processes]
-            # The main thread's share of the wall clock: under 1, it waited for input (the
-            # rate is the slots' round trip), not for its own CPU.
-            main_before, started = thread_cpu_seconds(pid), time.monotonic()
+            # The main thread's shares of the wall clock: running, and runnable but waiting
+            # for a CPU; the rest it waited for input (the rate is then the slots' round
+            # trip, not the thread's CPU).
+            main_before, queued_before = thread_cpu_seconds(pid), run_queue_delay(pid)
+            started = time.monotonic()
             client.go()
             result = client.result()
-            result["main_thread_busy"] = round(
-                (thread_cpu_seconds(pid) - main_before) / (time.monotonic() - started), 3
-            )
+            wall = time.monotonic() - started
+            result["main_thread_busy"] = round((thread_cpu_seconds(pid) - main_before) / wall, 3)
+            result["main_thread_queued"] = round((run_queue_delay(pid) - queued_before) / wall, 3)
             result["foreign_cores"] = account.stop()
             # CPU per job of each process: where the two cores went.
             spent = [cpu_seconds(p) - b for p, b in zip(processes, cpu_before, strict=True)]
@@ -213,7 +215,8 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             cpu = ", ".join(f"{k} {v:.0f}" for k, v in result["cpu_us_per_job"].items())
             print(f"  {kind} {mode}: {fmt_rate(result['rate'])} jobs/s, p50 "
                   f"{result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us; CPU us/job: "
-                  f"{cpu}; main thread busy {result['main_thread_busy']:.2f}",
+                  f"{cpu}; main thread busy {result['main_thread_busy']:.2f}, waiting for a "
+                  f"CPU {result['main_thread_queued']:.2f}",
                   file=sys.stderr)  # fmt: skip
     return results
 
@@ -446,7 +449,11 @@ def main() -> None:
     )
     guaranteed_cpu = cpu("broker", "guaranteed", "broker")
     busy = {mode: med("broker", mode, "main_thread_busy") for mode in ("pipelined", "guaranteed")}
+    queued = {
+        mode: med("broker", mode, "main_thread_queued") for mode in ("pipelined", "guaranteed")
+    }
     relay_busy = med("baseline", "pipelined", "main_thread_busy")
+    relay_queued = med("baseline", "pipelined", "main_thread_queued")
     peers_cpu = cpu("broker", "pipelined", "workers") + cpu("broker", "pipelined", "client")
     late_ms = max(
         (run[mode]["worst_heartbeat_gap_s"] - HEARTBEAT) * 1000
@@ -482,15 +489,15 @@ def main() -> None:
             f"most {timer_ms:.1f} ms; its thread waited up to {starved_ms:.0f} ms for a CPU "
             f"within 100 ms); CPU per job: broker {broker_cpu:.1f} us pipelined, "
             f"{guaranteed_cpu:.1f} us guaranteed, the load generators {peers_cpu:.1f} us; "
-            f"the broker's reactor thread busy {busy['pipelined']:.2f} of the time pipelined, "
-            f"{busy['guaranteed']:.2f} guaranteed (under 1: it waited for the workers' "
-            f"slots, not for its own CPU)"
+            f"the broker's reactor thread running {busy['pipelined']:.2f} and waiting for a "
+            f"CPU {queued['pipelined']:.2f} of the time pipelined, {busy['guaranteed']:.2f} "
+            f"and {queued['guaranteed']:.2f} guaranteed (the rest it waited for input)"
         ),
         baseline=(
             f"raw pyzmq ROUTER relay: {fmt_rate(base_rate)} jobs/s pipelined; p50 "
             f"{base_p50:.0f} us, p90 {base_p90:.0f}, p99 {base_p99:.0f}, p99.9 "
-            f"{base_p999:.0f} us; CPU per job {relay_cpu:.1f} us; its thread busy "
-            f"{relay_busy:.2f} of the time"
+            f"{base_p999:.0f} us; CPU per job {relay_cpu:.1f} us; its thread running "
+            f"{relay_busy:.2f} and waiting for a CPU {relay_queued:.2f} of the time"
         ),
         ratio=(
             f"{ratio:.2f} of the relay's rate; p50 {p50 / base_p50:.2f}x the relay's, p99 "
