@@ -124,16 +124,17 @@ def rss_kib(pid: int) -> int:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    return _stat_cpu_seconds(f"/proc/{pid}/stat")
 
 
-def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """User + system CPU time of one thread so far (default: the main thread, whose id is
-    the process's)."""
-    with open(f"/proc/{pid}/task/{tid or pid}/stat") as stat:
+def thread_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process's main thread (its id is the process's) so far."""
+    return _stat_cpu_seconds(f"/proc/{pid}/task/{pid}/stat")
+
+
+def _stat_cpu_seconds(path: str) -> float:
+    """utime + stime of a ``stat`` file of /proc (a process's or a thread's), in seconds."""
+    with open(path) as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
