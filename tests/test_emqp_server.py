@@ -284,10 +284,7 @@ def test_a_retried_request_waits_for_the_commit_of_its_retry(
     """A worker leaves with a guaranteed request: its retry (one fewer left, a row the
     commit writes) goes to the next worker only after that commit."""
     broker = broker_in(tmp_path, cleanup)
-    leaving = RawWorker(broker.endpoints["worker"])
-    cleanup.append(leaving)
-    yield wait_until(leaving.acked, what="ACK")
-    leaving.ready()
+    leaving = yield ready_worker(broker, cleanup)
     client = RawClient(broker.endpoints["client"])
     cleanup.append(client)
     msgid = client.request("default", 1, b"reply-requested,guarantee")
