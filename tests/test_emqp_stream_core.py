@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from twisted.internet.task import Clock
-from twisted.logger import Logger
+from twisted.logger import Logger, capturedLogs, formatEvent
 
 from bus.emqp import codec, jobstream
 from bus.emqp.core import Broker, BrokerSettings
@@ -227,13 +227,19 @@ def test_a_schedule_run_the_stream_gives_out_past_its_time_is_acknowledged_unrun
 
     run, ran = partial(schedule_run, spec, created), partial(dispatched, broker)
 
-    # Runs 3 and 4 come late, with 5 (stored, the next due in 2 s): 5 alone runs.
-    broker.on_stream_job(run(3), b"h3", 2)
-    broker.on_stream_job(run(4), b"h4", 1)
-    broker.on_stream_job(run(5), b"h5", 1)
+    # Runs 3 and 4 come late, with 5 (stored, the next due in 2 s): 5 alone runs. Each
+    # missed run is logged, with how long after its storing the stream gave it out.
+    with capturedLogs() as events:
+        broker.on_stream_job(run(3), b"h3", 2, stored_at=clock.seconds() - 3.25)
+        broker.on_stream_job(run(4), b"h4", 1)
+        broker.on_stream_job(run(5), b"h5", 1)
     assert commands(broker) == [("ack", b"h3"), ("ack", b"h4")]
     assert ran() == [run(5).msgid]
     assert broker.counters()["schedule_runs_missed"] == 2
+    missed = [formatEvent(e) for e in events if "missed" in e.get("log_format", "")]
+    assert len(missed) == 2
+    assert run(3).msgid.decode() in missed[0] and "3.250s after" in missed[0]
+    assert run(4).msgid.decode() in missed[1] and "unknown time" in missed[1]
     # Another broker fired run 6 (half an interval after 5 was stored at the earliest), and
     # the stream gave it out before the watch brought its row: it runs.
     clock.advance(1.0)

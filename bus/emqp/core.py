@@ -1157,8 +1157,15 @@ class Broker:
             and gate.missed(stored.body, msgid, self.clock(), stored_at)
         ):
             # A schedule's run (no client) the stream gave out past its time: a missed run,
-            # not made up (the latest one runs, then the rhythm).
+            # not made up (the latest one runs, then the rhythm). Logged each time: at most
+            # one line per run of a schedule, and an operator asks why a run did not come.
             self.schedule_runs_missed += 1
+            self.log.info(
+                "schedule run {msgid} missed: the stream gave it out {late} after it stored "
+                "it; acknowledged without running (the schedule goes on in its rhythm)",
+                msgid=peer_name(msgid),
+                late="unknown time" if stored_at is None else f"{self.clock() - stored_at:.3f}s",
+            )
             self.to_stream.append(("ack", handle))
             return
         job = self._job_of(stored, delivered, handle)
