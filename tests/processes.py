@@ -325,9 +325,13 @@ class ServerProcess(TwistdProcess):
             return {}
 
     def ready(self) -> bool:
+        """Its endpoints in status.json, and (``http=True``) its /status answering: the
+        product starts its HTTP port last, after the bus wrote status.json."""
         if self.process.poll() is not None:
             raise AssertionError(f"server exited with {self.process.returncode}")
-        return bool(self.status().get("endpoints"))
+        if not self.status().get("endpoints"):
+            return False
+        return not self.http_port or bool(self.live_status())
 
     @property
     def address(self) -> str:
