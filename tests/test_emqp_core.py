@@ -15,7 +15,7 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger
 
 from bus.emqp import codec
-from bus.emqp.core import Broker, BrokerSettings, Job, job_maker
+from bus.emqp.core import Broker, BrokerSettings, Job, WorkerState, job_maker, open_ages
 from bus.emqp.store import JobStore
 from bus.util.compiled import compiled
 
@@ -645,6 +645,41 @@ def test_the_compiled_maker_takes_only_a_class_of_slots() -> None:
         maker(Plain, ("msgid",), ())
     with pytest.raises(TypeError):
         job_maker()(b"too few")
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([b"a", b"b", b"q" * 300, b""]), st.floats(-1e9, 1e9)),
+        max_size=60,
+    ),
+    st.floats(-1e9, 1e9),
+)
+def test_the_open_requests_ages_by_queue_are_python_s_compiled_or_not(
+    requests: list[tuple[bytes, float]], now: float
+) -> None:
+    """``open_ages`` (eventmq's STATUS keys) gives, compiled, what the Python loop gives."""
+    native = getattr(compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP"), "open_ages", None)
+    if native is None:
+        pytest.skip("bus.emqp._jobscan not built")
+    headers = codec.parse_headers(b"")
+    jobs = {
+        b"%d" % n: Job(b"%d" % n, b"c", queue, headers, b"1", received, 0, False)
+        for n, (queue, received) in enumerate(requests)
+    }
+    expected: dict[bytes, list[Any]] = {}
+    for job in jobs.values():
+        age = now - job.received
+        count, total, oldest = expected.get(job.queue, [0, 0.0, age])
+        expected[job.queue] = [count + 1, total + age, max(oldest, age)]
+    assert native(jobs, Job.queue, Job.received, now) == expected
+    assert open_ages(jobs, now) == expected
+    # What it cannot read (another class, a received time not a float) it leaves to Python.
+    assert native({b"x": object()}, Job.queue, Job.received, now) is None
+    if jobs:
+        next(iter(jobs.values())).received = 5  # type: ignore[assignment]
+        assert native(jobs, Job.queue, Job.received, now) is None
+    with pytest.raises(TypeError):
+        native(jobs, Job.queue, WorkerState.identity, now)
 
 
 def test_a_ready_in_a_batch_dispatches_nothing_of_a_paused_queue() -> None:

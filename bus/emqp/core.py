@@ -124,6 +124,33 @@ class Job:
     handle: bytes = b""
 
 
+_native_open_ages = getattr(compiled("bus.emqp._jobscan", "BUS_NATIVE_EMQP"), "open_ages", None)
+#: The slots (member descriptors) it reads.
+_JOB_QUEUE, _JOB_RECEIVED = vars(Job)["queue"], vars(Job)["received"]
+
+
+def open_ages(jobs: dict[bytes, Job], now: float) -> dict[bytes, list[Any]]:
+    """The open requests ``jobs`` by queue: ``[count, sum of their ages, the oldest's age]``
+    at ``now``. Compiled where built (``_jobscan.open_ages``: a STATUS of 40,000 open
+    requests took 10-11 ms of the reactor, 1.3-2.5 ms with it), else the same here."""
+    if _native_open_ages is not None:
+        found = _native_open_ages(jobs, _JOB_QUEUE, _JOB_RECEIVED, now)
+        if found is not None:
+            return dict(found)
+    ages: dict[bytes, list[Any]] = {}
+    for job in jobs.values():
+        age = now - job.received
+        entry = ages.get(job.queue)
+        if entry is None:
+            ages[job.queue] = [1, age, age]
+        else:
+            entry[0] += 1
+            entry[1] += age
+            if age > entry[2]:
+                entry[2] = age
+    return ages
+
+
 def job_maker() -> Callable[[bytes, bytes, bytes, Headers, bytes, float, int, bool], Job]:
     """What makes a request's :class:`Job` from the fields it gives (``msgid`` to
     ``stored``), the others at their defaults: compiled where built (``_jobscan.Maker``: the
@@ -1713,16 +1740,10 @@ class Broker:
         a worker; ``processed_messages_by_queue`` and ``_by_worker``: dispatches to workers
         since the start (eventmq left out those that had waited), gone queues and workers
         included. Queues without any are left out, as eventmq leaves them."""
-        open_count: dict[bytes, int] = {}
-        age_sum: dict[bytes, float] = {}
-        oldest: dict[bytes, float] = {}
-        for job in self.jobs.values():
-            name = job.queue
-            age = now - job.received
-            open_count[name] = open_count.get(name, 0) + 1
-            age_sum[name] = age_sum.get(name, 0.0) + age
-            if age > oldest.get(name, -1.0):
-                oldest[name] = age
+        ages = open_ages(self.jobs, now)
+        open_count = {name: count for name, (count, _, _) in ages.items()}
+        age_sum = {name: total for name, (_, total, _) in ages.items()}
+        oldest = {name: age for name, (_, _, age) in ages.items()}
         by_queue = dict(self._retired_queues)
         for name, queue in self.queues.items():
             if queue.dispatched:
