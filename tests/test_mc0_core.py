@@ -182,6 +182,30 @@ def test_a_client_silent_for_105_ttl_is_forgotten(clock: Clock, wire: Wire) -> N
     assert clock.getDelayedCalls() == []
 
 
+def test_a_broker_woken_late_puts_off_an_expiry_once_per_silence(clock: Clock, wire: Wire) -> None:
+    """A timer that fires later than the margin between NOOP and expiry says the broker did
+    not run (a stall): what its clients sent meanwhile may wait unread, so none is forgotten
+    then. Each gets its NOOP and 1.05 x TTL from that wake, once per silence."""
+    broker = make(clock, wire)
+    for peer in (A, B):
+        broker.receive(peer, [b"CONNECT", b"TTL", b"1000"])
+        broker.receive(peer, [b"SUB", b"", b"t"])
+    clock.advance(3.0)  # stalled through both NOOPs and expiries
+    assert A in broker.clients and B in broker.clients and broker.expired == 0
+    assert wire.to(A)[-1] == wire.to(B)[-1] == [b"NOOP"]
+    assert broker.expiries_put_off == 2
+    broker.receive(A, [b"NOOP"])  # what waited unread: A goes on; B stays silent
+    clock.advance(3.0)  # stalled again: A, heard since, is put off again; B is forgotten
+    assert A in broker.clients and B not in broker.clients
+    assert broker.expiries_put_off == 3 and broker.expired == 1
+    # On time from here: A, silent, goes 1.05 x TTL after that wake.
+    clock.advance(1.04)
+    assert A in broker.clients
+    clock.advance(0.011)
+    assert A not in broker.clients and broker.expired == 2
+    assert clock.getDelayedCalls() == []
+
+
 def test_traffic_keeps_a_client(clock: Clock, wire: Wire) -> None:
     broker = make(clock, wire)
     broker.receive(A, [b"CONNECT", b"TTL", b"1000"])
@@ -196,7 +220,8 @@ def test_a_client_without_connect_gets_the_default_ttl(clock: Clock, wire: Wire)
     broker = make(clock, wire, default_ttl_ms=2000)
     broker.receive(A, [b"SUB", b"", b"t"])
     assert broker.clients[A].ttl == 2.0
-    clock.advance(2.11)
+    clock.advance(1.9)  # its NOOP, on time (a wake later than 2.1 s would put it off)
+    clock.advance(0.21)
     assert A not in broker.clients
 
 

@@ -17,6 +17,11 @@ Rules (spec 002 and the real broker, see the README of the specs):
 * TTL: a client sent nothing for ``noop_factor`` x TTL gets a NOOP; a client not heard for
   ``expiry_factor`` x TTL is forgotten with its subscriptions. One lazy timer per client:
   it fires at the earlier deadline and re-arms itself, so traffic never touches timers.
+  A timer that fires later than the margin between the two (a stall: SIGSTOP, a VM's
+  pause, a starved machine) says the broker did not run meanwhile, and what the client
+  sent may wait unread in its socket: its expiry is then put off once, by
+  ``expiry_factor`` x TTL from that wake (its NOOP sent if due), as a stalled broker must
+  not forget the clients it did not read.
 """
 
 from __future__ import annotations
@@ -89,6 +94,12 @@ class Client:
     version: bytes | None = None
     topics: set[bytes] = field(default_factory=set)
     timer: Any = None
+    #: When its timer is due (its wake's lateness says whether the broker ran meanwhile).
+    due: float = 0.0
+    #: Its silence was let run on once past its expiry, the broker having woken late: the
+    #: ``last_heard`` then, and until when.
+    graced_heard: float = -1.0
+    graced_until: float = 0.0
 
 
 PutObserver = Callable[[Client, codec.Put], None]
@@ -124,6 +135,8 @@ class Broker:
         self.undelivered: dict[str, int] = {"full": 0, "gone": 0}
         self.acknowledged = 0
         self.noops_sent = 0
+        #: Expiries put off once as the broker's wake came late (it had not run).
+        self.expiries_put_off = 0
         self.expired = 0
         self.disconnected = 0
         self.puts = 0
@@ -409,18 +422,23 @@ class Broker:
 
     # -- time -------------------------------------------------------------------------------
 
+    def _expiry(self, client: Client) -> float:
+        """When silence ends ``client``'s session: ``expiry_factor`` x TTL after it was last
+        heard, or later where a late wake put it off (see the module's text)."""
+        expiry = client.last_heard + self.settings.expiry_factor * client.ttl
+        if client.graced_heard == client.last_heard:
+            return max(expiry, client.graced_until)
+        return expiry
+
     def _deadline(self, client: Client) -> float:
-        settings = self.settings
-        return min(
-            client.last_sent + settings.noop_factor * client.ttl,
-            client.last_heard + settings.expiry_factor * client.ttl,
-        )
+        return min(client.last_sent + self.settings.noop_factor * client.ttl, self._expiry(client))
 
     def _arm(self, client: Client) -> None:
         if client.timer is not None and client.timer.active():
             client.timer.cancel()
-        delay = max(self._deadline(client) - self.clock.seconds(), 0.0)
-        client.timer = self.clock.callLater(delay, self._wake, client)
+        now = self.clock.seconds()
+        client.due = self._deadline(client)
+        client.timer = self.clock.callLater(max(client.due - now, 0.0), self._wake, client)
 
     def _wake(self, client: Client) -> None:
         client.timer = None
@@ -428,7 +446,17 @@ class Broker:
             return
         now = self.clock.seconds()
         settings = self.settings
-        if now >= client.last_heard + settings.expiry_factor * client.ttl:
+        margin = (settings.expiry_factor - settings.noop_factor) * client.ttl
+        if (
+            now >= self._expiry(client)
+            and now - client.due > margin
+            and client.graced_heard != client.last_heard
+        ):
+            # Woken late: not run meanwhile, the client's messages may wait unread.
+            client.graced_heard = client.last_heard
+            client.graced_until = now + settings.expiry_factor * client.ttl
+            self.expiries_put_off += 1
+        if now >= self._expiry(client):
             log.debug(
                 "forgetting mc0 client {peer}: silent for {seconds:.3f}s (TTL {ttl}s)",
                 peer=client.identity.hex()[:40],
@@ -476,6 +504,7 @@ class Broker:
             "delivered": self.delivered,
             "undelivered": dict(self.undelivered),
             "noops_sent": self.noops_sent,
+            "expiries_put_off": self.expiries_put_off,
             "expired": self.expired,
             "disconnected": self.disconnected,
         }

@@ -384,6 +384,11 @@ class Mc0Service(Service):
                 counter(
                     "mc0_clients_expired", "Clients forgotten after 1.05 x TTL", broker.expired
                 ),
+                counter(
+                    "mc0_expiries_put_off",
+                    "Expiries put off once as the broker woke late (it had not run: a stall)",
+                    broker.expiries_put_off,
+                ),
             ]
         return families
 
