@@ -83,6 +83,8 @@ from _common import (
     wait_for_quiet,
     workdir,
 )
+from _pace import PaceSampler, full_pace, slowdown
+from _pace import describe as describe_pace
 
 PEERS = HERE / "_emqp_peers.py"
 C_PEERS = HERE / "emqp_peers.c"
@@ -183,6 +185,7 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             # How long the forwarder's (main) thread waited for a CPU: a late heartbeat on
             # a shared machine is often a thread that was not given one.
             sampler = RunQueueSampler(pid).start()
+            pace = PaceSampler().start()
             processes = [pid, team.proc.pid]
             cpu_before = [cpu_seconds(process) for process in processes]
             # The main thread's shares of the wall clock: running, and runnable but waiting
@@ -205,6 +208,7 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
                 for name, seconds in zip(names, spent, strict=True)
             }
             sampler.stop()
+            result["pace"] = pace.stop().summary()
             result["run_queue_worst_100ms_ms"] = round(sampler.worst_wait() * 1000, 1)
             result["worst_heartbeat_gap_s"] = team.report()["worst_heartbeat_gap_s"]
             if kind == "broker":
@@ -216,7 +220,7 @@ def run_target(kind: str, root: Path, index: int, args: Any) -> dict[str, Any]:
             print(f"  {kind} {mode}: {fmt_rate(result['rate'])} jobs/s, p50 "
                   f"{result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us; CPU us/job: "
                   f"{cpu}; main thread busy {result['main_thread_busy']:.2f}, waiting for a "
-                  f"CPU {result['main_thread_queued']:.2f}",
+                  f"CPU {result['main_thread_queued']:.2f}; {describe_pace(result['pace'])}",
                   file=sys.stderr)  # fmt: skip
     return results
 
@@ -525,6 +529,17 @@ def main() -> None:
                 + " cores busy during the paired latency rounds; "
                 + noise_line(all_runs)[1],
             ),
+            (
+                "pace",
+                "the CPUs ran at "
+                + "; ".join(
+                    ", ".join(f"{kind} {mode} {slowdown(run[mode]['pace']):.2f}" for mode in run)
+                    for kind in runs
+                    for run in runs[kind]
+                )
+                + f" x full speed ({full_pace():.0f} ns a probe step, bench/_pace.py): CPU "
+                "per job grows with it",
+            ),
             *held,
         ],
         json_path=args.json,
@@ -540,6 +555,13 @@ def main() -> None:
             "cpu_pipelined": Figure(broker_cpu, "us/job", better="lower"),
             "cpu_guaranteed": Figure(guaranteed_cpu, "us/job", better="lower"),
             "relay_cpu_pipelined": Figure(relay_cpu, "us/job", better="lower"),
+            # Not the code's: how slow the machine's CPUs ran during the broker's guaranteed
+            # runs (bench/_pace.py), to read its figures by.
+            "slowdown_guaranteed": Figure(
+                median([slowdown(run["guaranteed"]["pace"]) for run in runs["broker"]]),
+                "x full speed",
+                better="lower",
+            ),
         },
     )
 
