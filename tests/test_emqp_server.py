@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -357,6 +358,37 @@ def test_status_and_schedule_forwarding(tmp_path: Path, cleanup: list[Any]) -> A
     assert len(status["schedulers"]) == 1 and status["schedulers"][0].startswith("0x00")
     assert status["counters"]["schedules_forwarded"] == 2
     assert set(status) >= {"queues", "workers", "in_flight", "counters"}
+
+
+def sleep_then(params: list[Any]) -> Any:
+    time.sleep(params[0])
+    return params[1]
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_worker_that_heartbeats_quicker_than_its_broker_learns_its_period_and_stays(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    """By its own settings the worker takes a broker silent for 0.3 s as gone, and its broker
+    heartbeats every second: it must not leave (and lose its job) between two of them."""
+    broker = broker_in(tmp_path, cleanup, heartbeat_interval=1.0, heartbeat_liveness=3)
+    worker = worker_for(
+        broker, cleanup, heartbeat_interval=0.1, heartbeat_liveness=3,
+        handlers={"sleep_then": sleep_then},
+    )  # fmt: skip
+    yield wait_until(
+        lambda: worker.broker_beats.period is not None, timeout=30, what="the broker's period"
+    )
+    # By the broker's clock, between two of its heartbeat rounds (the HEARTBEAT that greets
+    # a new connection does not count): about its interval, far from the worker's own.
+    assert 0.5 < worker.broker_beats.period < 1.5
+    assert worker.silence_bound() == pytest.approx(3 * worker.broker_beats.period)
+    informs, lost = worker.informs, broker.broker.workers_lost
+    client = client_for(broker, cleanup)
+    # Three of the broker's heartbeat periods, ten times the worker's own silence bound.
+    assert (yield client.submit("default", ["sleep_then", [3.0, "done"]])) == "done"
+    assert worker.informs == informs  # it never connected again
+    assert broker.broker.workers_lost == lost
 
 
 @pytest_twisted.inlineCallbacks

@@ -47,6 +47,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 from bus.emqp import codec
+from bus.emqp.beats import HeardPeriod
 from bus.emqp.codec import EmqpError
 from bus.emqp.worker_process import (
     NO_HOOKS,
@@ -238,6 +239,13 @@ class EmqpWorker(Service):
         self.informs = 0
         self.heartbeats_received = 0
         self._last_heard = 0.0
+        #: The broker's heartbeat period as its HEARTBEATs show it: silence is counted
+        #: against the longer of it and ours (:mod:`bus.emqp.beats`); the period told.
+        self.broker_beats = HeardPeriod()
+        self._period_told: float | None = None
+        #: This connection's first HEARTBEAT came: the broker's greeting (sent with the
+        #: ACK of our INFORM, out of its rhythm), not counted in its period.
+        self._greeted = False
         self._stats_logged = (0, 0)
         #: A probe of the silent broker is under way; what it told last (told once).
         self._probing = False
@@ -319,6 +327,8 @@ class EmqpWorker(Service):
         if self._rejoin is None or self.draining or not self.running:
             self._rejoin = None
             return
+        if self._rejoin[0] != self.endpoint:
+            self.broker_beats.forget()
         (self.endpoint, self.queues, slots), self._rejoin = self._rejoin, None
         socket = self._socket
         if self.registered and socket is not None and not socket.closed:
@@ -444,6 +454,7 @@ class EmqpWorker(Service):
             self._socket.shutdown()
         self.session += 1
         self.registered = False
+        self._greeted = False
         self._socket = self._factory.socket(
             zmq.DEALER,
             self._on_messages,
@@ -455,9 +466,17 @@ class EmqpWorker(Service):
         self.informs += 1
         self._socket.send_frames(codec.inform(self.queues, codec.WORKER))
 
+    def silence_bound(self) -> float:
+        """Seconds of broker silence after which it is taken as gone: liveness heartbeat
+        periods, ours or the broker's (as its HEARTBEATs show it) whichever is longer. By
+        ours alone, a broker that heartbeats less often would be left between two of its
+        HEARTBEATs, again and again, and the jobs running with it lost."""
+        period = max(self.heartbeat_interval, self.broker_beats.period or 0.0)
+        return period * self.heartbeat_liveness
+
     def _tick(self) -> None:
         silent = self.reactor.seconds() - self._last_heard
-        if not self.draining and silent > self.heartbeat_interval * self.heartbeat_liveness:
+        if not self.draining and silent > self.silence_bound():
             log.warn("broker silent for {silent:.1f}s: connecting again", silent=silent)
             self._explain_silence()
             self._connect()
@@ -535,6 +554,7 @@ class EmqpWorker(Service):
                 self._run(command)
             elif isinstance(command, codec.Heartbeat):
                 self.heartbeats_received += 1
+                self._heard_beat(command)
             elif isinstance(command, codec.Ack):
                 if not self.registered and not self.draining:
                     self.registered = True
@@ -551,6 +571,25 @@ class EmqpWorker(Service):
                     return
             else:
                 self.drops.drop("unexpected-command", type(command).__name__)
+
+    def _heard_beat(self, beat: codec.Heartbeat) -> None:
+        if not self._greeted:
+            self._greeted = True
+            return
+        self.broker_beats.heard(beat.sent_at, self.reactor.seconds())
+        period = self.broker_beats.period
+        told = self._period_told
+        if period is None or period <= self.heartbeat_interval:
+            return
+        if told is None or abs(period - told) > 0.1 * told:
+            self._period_told = period
+            log.info(
+                "the broker heartbeats every {period:.1f}s, less often than this worker "
+                "({interval:g}s): it is taken as gone after {bound:.1f}s of silence",
+                period=period,
+                interval=self.heartbeat_interval,
+                bound=self.silence_bound(),
+            )
 
     def _send(self, frames: list[bytes]) -> None:
         if self._socket is not None and not self._socket.closed:
