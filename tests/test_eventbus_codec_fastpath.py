@@ -189,6 +189,15 @@ changes = st.one_of(
     st.tuples(st.just(1), st.binary(min_size=7, max_size=9)),
     st.tuples(st.just(2), st.sampled_from([b"x" * 300, b"\xff", b""])),
     st.tuples(st.just(3), st.sampled_from([b"tomorrow", b"", b"2026-13-01T00:00:00Z"])),
+    # New values the compiled pass checks itself (not remembered yet): any bytes as a topic
+    # or producer id, timestamps of ISO-8601's characters (fromisoformat decides).
+    st.tuples(st.just(0), st.binary(min_size=1, max_size=6).map(lambda b: b"/" + b)),
+    st.tuples(st.just(2), st.binary(max_size=6)),
+    st.tuples(
+        st.just(3),
+        st.text("0123456789T:.,+- Zz", min_size=1, max_size=66).map(str.encode)
+        | st.datetimes().map(lambda d: d.isoformat().encode()),
+    ),
     st.tuples(st.just(4), uuid_texts),
     st.tuples(st.just(4), st.just(VALID[4].upper())),
     st.tuples(

@@ -5,9 +5,9 @@
  * set lookups, the uuid's translate, msgpack's unpackb and a tuple) was the largest share
  * of the server's own code per event. Here:
  *
- * known(batch, start, topics, producers, timestamps, max_data, unpackb) takes the messages
- * of ``batch`` (lists ``[identity, topic, sequence, producer, timestamp, uuid, data]`` of
- * bytes) from ``start`` on, as long as each passes that shortest check, and returns their
+ * known(batch, start, topics, producers, timestamps, max_data, unpackb[, remember]) takes
+ * the messages of ``batch`` (lists ``[identity, topic, sequence, producer, timestamp, uuid,
+ * data]`` of bytes) from ``start`` on, as long as each passes that shortest check, and returns their
  * ``(topic, producer, timestamp, uuid, data)`` tuples and the index of the first message
  * it did not take (``len(batch)`` when it took them all). The data is checked by calling
  * ``unpackb(data, raw=True, strict_map_key=False)`` itself, so msgpack decides exactly as
@@ -16,8 +16,15 @@
  * instructions): scalars, strings, binaries, arrays, maps whose keys are neither arrays nor
  * maps, extension types of codes 0 to 127 (msgpack refuses other negative codes, and checks
  * a timestamp's (-1) fields), at most 512 containers deep, nothing after the value. Anything
- * else goes to unpackb. The Python loop takes the message it stopped at, with its own errors and
- * what it learns, and calls again after it: both give the same results for every input
+ * else goes to unpackb. With ``remember`` (and once ``checks`` gave the limits), a topic,
+ * producer id or timestamp not in its set is checked here as the Python reference checks
+ * it (UTF-8 by Python's own decoder, the timestamp's characters, then
+ * ``datetime.fromisoformat`` itself) and learned into its set as PubParser._learn does (the
+ * set emptied once it holds ``remember``): without it every PUB of a topic or timestamp not
+ * remembered (more topics than the sets hold, or a rate below one PUB a millisecond, where
+ * each timestamp is new) took the Python reference, ~10 us. The Python loop takes the
+ * message it stopped at, with its own errors and what it learns, and calls again after it:
+ * both give the same results for every input, and remember the same
  * (tests/test_eventbus_codec_fastpath.py).
  *
  * stream_items(fields, start, subjects) is a JetStream front-end's append, per event:
@@ -51,6 +58,76 @@
 #include <string.h>
 
 static PyObject *keyword_names; /* ("raw", "strict_map_key") */
+
+/* Set by checks(): the reference's limits and datetime.fromisoformat; until then (NULL) a
+ * value not remembered goes to the Python loop. */
+static Py_ssize_t max_topic, max_producer, max_timestamp, max_remembered;
+static PyObject *fromisoformat;
+
+/* An exception the Python loop's reference would take as a refusal (1: cleared), or one to
+ * propagate (0: KeyboardInterrupt, SystemExit...). */
+static int cleared(void) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return 0;
+    PyErr_Clear();
+    return 1;
+}
+
+/* UTF-8 as Python's strict decoder takes it, within ``limit`` bytes: 1, 0, or -1. */
+static int text_ok(PyObject *value, Py_ssize_t limit) {
+    if (PyBytes_GET_SIZE(value) > limit) return 0;
+    PyObject *text = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value),
+                                          "strict");
+    if (text == NULL) return cleared() ? 0 : -1;
+    Py_DECREF(text);
+    return 1;
+}
+
+/* codec.check_published_topic's verdict: 1, 0, or -1. */
+static int topic_ok(PyObject *topic) {
+    if (PyBytes_GET_SIZE(topic) == 0 || PyBytes_AS_STRING(topic)[0] == '$') return 0;
+    return text_ok(topic, max_topic);
+}
+
+/* codec.check_timestamp's: ``[0-9A-Za-z:.,+\- ]{1,64}``, then fromisoformat. */
+static int timestamp_ok(PyObject *timestamp) {
+    Py_ssize_t size = PyBytes_GET_SIZE(timestamp);
+    const char *at = PyBytes_AS_STRING(timestamp);
+    if (size < 1 || size > max_timestamp) return 0;
+    for (Py_ssize_t i = 0; i < size; i++) {
+        char c = at[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ||
+              c == ':' || c == '.' || c == ',' || c == '+' || c == '-' || c == ' '))
+            return 0;
+    }
+    PyObject *text = PyUnicode_DecodeASCII(at, size, "strict");
+    if (text == NULL) return cleared() ? 0 : -1;
+    PyObject *when = PyObject_CallOneArg(fromisoformat, text);
+    Py_DECREF(text);
+    if (when == NULL) return cleared() ? 0 : -1;
+    Py_DECREF(when);
+    return 1;
+}
+
+/* In ``known`` already (1), or not and found valid by ``check`` (2: to learn), or neither
+ * (0), or -1. Without checks() or ``remember``: 1, 0 or -1. */
+static int found_or_valid(PyObject *set, PyObject *value, int checking,
+                          int (*check)(PyObject *)) {
+    int found = PySet_Contains(set, value);
+    if (found != 0 || !checking) return found;
+    int valid = check(value);
+    return valid > 0 ? 2 : valid;
+}
+
+static int producer_ok(PyObject *producer) { return text_ok(producer, max_producer); }
+
+/* PubParser._learn of one value: into ``set`` unless there, the set emptied first when it
+ * holds ``remember``. */
+static int learn(PyObject *set, PyObject *value, Py_ssize_t remember) {
+    int found = PySet_Contains(set, value);
+    if (found != 0) return found < 0 ? -1 : 0;
+    if (PySet_GET_SIZE(set) >= remember && PySet_Clear(set) < 0) return -1;
+    return PySet_Add(set, value);
+}
 
 static int is_hex(char c) {
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
@@ -173,10 +250,12 @@ static PyObject *sure(PyObject *module, PyObject *data) {
                                         PyBytes_GET_SIZE(data)));
 }
 
-/* 1 when ``frames`` takes the shortest path, 0 when the Python loop must look at it, -1 on
- * an exception that must propagate (not an Exception: KeyboardInterrupt, MemoryError...). */
+/* 1 when ``frames`` takes the shortest path (2: with a topic, producer id or timestamp
+ * found valid here, to learn), 0 when the Python loop must look at it, -1 on an exception
+ * that must propagate (not an Exception: KeyboardInterrupt, MemoryError...). */
 static int known_one(PyObject *frames, PyObject *topics, PyObject *producers,
-                     PyObject *timestamps, Py_ssize_t max_data, PyObject *unpackb) {
+                     PyObject *timestamps, Py_ssize_t max_data, PyObject *unpackb,
+                     int checking) {
     if (!PyList_CheckExact(frames) || PyList_GET_SIZE(frames) != 7) return 0;
     PyObject **item = ((PyListObject *)frames)->ob_item;
     for (int i = 1; i < 7; i++)
@@ -187,13 +266,18 @@ static int known_one(PyObject *frames, PyObject *topics, PyObject *producers,
           (sequence_size == 4 && memcmp(PyBytes_AS_STRING(sequence), "null", 4) == 0)))
         return 0;
     if (PyBytes_GET_SIZE(data) > max_data || !uuid_shaped(uuid)) return 0;
-    /* Set membership as ``in`` answers it: 1, 0, or -1 with an exception set. */
-    int found = PySet_Contains(topics, item[1]);
-    if (found > 0) found = PySet_Contains(producers, item[3]);
-    if (found > 0) found = PySet_Contains(timestamps, item[4]);
+    /* Set membership as ``in`` answers it, or the reference's check: 2, 1, 0, or -1. */
+    int found = found_or_valid(topics, item[1], checking, topic_ok);
     if (found <= 0) return found;
+    int learned = found == 2;
+    found = found_or_valid(producers, item[3], checking, producer_ok);
+    if (found <= 0) return found;
+    learned |= found == 2;
+    found = found_or_valid(timestamps, item[4], checking, timestamp_ok);
+    if (found <= 0) return found;
+    learned |= found == 2;
     if (sure_msgpack((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)))
-        return 1;
+        return learned ? 2 : 1;
     PyObject *arguments[3] = {data, Py_True, Py_False};
     PyObject *value = PyObject_Vectorcall(unpackb, arguments, 1, keyword_names);
     if (value == NULL) {
@@ -202,14 +286,14 @@ static int known_one(PyObject *frames, PyObject *topics, PyObject *producers,
         return 0;
     }
     Py_DECREF(value);
-    return 1;
+    return learned ? 2 : 1;
 }
 
 static PyObject *known(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError,
-                        "known(batch, start, topics, producers, timestamps, max_data, unpackb)");
+    if (nargs != 7 && nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "known(batch, start, topics, producers, timestamps, "
+                                         "max_data, unpackb[, remember])");
         return NULL;
     }
     PyObject *batch = args[0], *topics = args[2], *producers = args[3], *timestamps = args[4];
@@ -223,6 +307,12 @@ static PyObject *known(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t max_data = PyLong_AsSsize_t(args[5]);
     if ((start == -1 || max_data == -1) && PyErr_Occurred()) return NULL;
     if (start < 0) start = 0;
+    Py_ssize_t remember = 0;
+    if (nargs == 8) {
+        remember = PyLong_AsSsize_t(args[7]);
+        if (remember == -1 && PyErr_Occurred()) return NULL;
+    }
+    int checking = fromisoformat != NULL && remember > 0;
     PyObject *taken = PyList_New(0);
     if (taken == NULL) return NULL;
     Py_ssize_t index = start;
@@ -230,11 +320,19 @@ static PyObject *known(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     for (; index < PyList_GET_SIZE(batch); index++) {
         PyObject *frames = PyList_GET_ITEM(batch, index);
         Py_INCREF(frames);
-        int ok = known_one(frames, topics, producers, timestamps, max_data, unpackb);
+        int ok = known_one(frames, topics, producers, timestamps, max_data, unpackb, checking);
         PyObject *fields = NULL;
         if (ok > 0 && PyList_CheckExact(frames) && PyList_GET_SIZE(frames) == 7) {
             PyObject **item = ((PyListObject *)frames)->ob_item;
             fields = PyTuple_Pack(5, item[1], item[3], item[4], item[5], item[6]);
+            /* As PubParser._learn: topic, producer id (each if short enough), timestamp. */
+            if (ok == 2 && fields != NULL &&
+                ((PyBytes_GET_SIZE(item[1]) <= max_remembered &&
+                  learn(topics, item[1], remember) < 0) ||
+                 (PyBytes_GET_SIZE(item[3]) <= max_remembered &&
+                  learn(producers, item[3], remember) < 0) ||
+                 learn(timestamps, item[4], remember) < 0))
+                Py_CLEAR(fields);
         }
         Py_DECREF(frames);
         if (ok > 0 && fields == NULL) {
@@ -613,12 +711,35 @@ failed:
     return NULL;
 }
 
+static PyObject *checks(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5 || !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "checks(max_topic, max_producer, max_timestamp, "
+                                         "max_remembered, fromisoformat)");
+        return NULL;
+    }
+    Py_ssize_t limits[4];
+    for (int i = 0; i < 4; i++) {
+        limits[i] = PyLong_AsSsize_t(args[i]);
+        if (limits[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    max_topic = limits[0], max_producer = limits[1], max_timestamp = limits[2];
+    max_remembered = limits[3];
+    Py_INCREF(args[4]);
+    Py_XSETREF(fromisoformat, args[4]);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"sure_msgpack", sure, METH_O,
      "sure_msgpack(data) -> whether data is surely one whole value unpackb takes (False: "
      "ask unpackb)"},
     {"known", (PyCFunction)(void (*)(void))known, METH_FASTCALL,
-     "known(batch, start, topics, producers, timestamps, max_data, unpackb) -> (fields, next)"},
+     "known(batch, start, topics, producers, timestamps, max_data, unpackb[, remember]) -> "
+     "(fields, next)"},
+    {"checks", (PyCFunction)(void (*)(void))checks, METH_FASTCALL,
+     "checks(max_topic, max_producer, max_timestamp, max_remembered, fromisoformat): the "
+     "reference's limits, for known() to check what its sets do not hold"},
     {"stream_items", (PyCFunction)(void (*)(void))stream_items, METH_FASTCALL,
      "stream_items(fields, start, subjects) -> (items, next): each event's (subject, uuid, "
      "body) for a stream, up to the first whose topic subjects does not hold"},

@@ -304,6 +304,16 @@ _REMEMBERED_TOPIC_BYTES: Final = 256
 #: The compiled PUB check (bus/eventbus/_pubscan.c), or None (not built, or
 #: ``BUS_NATIVE_PUBS=0``); :class:`PubParser`'s Python loop gives the same results.
 native: Any = compiled("bus.eventbus._pubscan", "BUS_NATIVE_PUBS")
+if native is not None:
+    # What the compiled pass checks of a topic, producer id or timestamp it has not seen: the
+    # reference's limits, and fromisoformat itself for timestamps.
+    native.checks(
+        MAX_TOPIC_BYTES,
+        MAX_PRODUCER_BYTES,
+        MAX_TIMESTAMP_BYTES,
+        _REMEMBERED_TOPIC_BYTES,
+        datetime.fromisoformat,
+    )
 
 
 class PubParser:
@@ -332,11 +342,14 @@ class PubParser:
         refused: list[tuple[bytes, EventBusError]] = []
         known, topics, producers = native.known, self._topics, self._producers
         timestamps, max_data, unpack = self._timestamps, self.max_data_bytes, msgpack.unpackb
-        accepted, index = known(batch, 0, topics, producers, timestamps, max_data, unpack)
+        remember = self.remember
+        accepted, index = known(batch, 0, topics, producers, timestamps, max_data, unpack, remember)
         while index < len(batch):
-            # What the compiled pass did not take: a PUB with something new, or refused.
+            # What the compiled pass did not take: a PUB refused, or one with a delimiter.
             self._parse_one(batch[index], accepted, refused)
-            taken, index = known(batch, index + 1, topics, producers, timestamps, max_data, unpack)
+            taken, index = known(
+                batch, index + 1, topics, producers, timestamps, max_data, unpack, remember
+            )
             accepted += taken
         return accepted, refused
 
