@@ -346,7 +346,7 @@ def fill_backlog(client_port: int, count: int, status: Path, timeout: float = 12
 
     from bus.emqp import codec
 
-    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(f"tcp://{HOST}:{client_port}")
     try:
