@@ -5,27 +5,26 @@
  * set lookups, the uuid's translate, msgpack's unpackb and a tuple) was the largest share
  * of the server's own code per event. Here:
  *
- * known(batch, start, topics, producers, timestamps, max_data, unpackb[, remember]) takes
- * the messages of ``batch`` (lists ``[identity, topic, sequence, producer, timestamp, uuid,
- * data]`` of bytes) from ``start`` on, as long as each passes that shortest check, and returns their
- * ``(topic, producer, timestamp, uuid, data)`` tuples and the index of the first message
- * it did not take (``len(batch)`` when it took them all). The data is checked by calling
- * ``unpackb(data, raw=True, strict_map_key=False)`` itself, so msgpack decides exactly as
- * in Python, unless a walk of the bytes finds them surely whole and valid first (no object
- * made: unpackb made the whole value only for it to be dropped, 70 % of the check's
- * instructions): scalars, strings, binaries, arrays, maps whose keys are neither arrays nor
- * maps, extension types of codes 0 to 127 (msgpack refuses other negative codes, and checks
- * a timestamp's (-1) fields), at most 512 containers deep, nothing after the value. Anything
- * else goes to unpackb. With ``remember`` (and once ``checks`` gave the limits), a topic,
- * producer id or timestamp not in its set is checked here as the Python reference checks
- * it (UTF-8 by Python's own decoder, the timestamp's characters, then
- * ``datetime.fromisoformat`` itself) and learned into its set as PubParser._learn does (the
- * set emptied once it holds ``remember``): without it every PUB of a topic or timestamp not
- * remembered (more topics than the sets hold, or a rate below one PUB a millisecond, where
- * each timestamp is new) took the Python reference, ~10 us. The Python loop takes the
- * message it stopped at, with its own errors and what it learns, and calls again after it:
- * both give the same results for every input, and remember the same
- * (tests/test_eventbus_codec_fastpath.py).
+ * known(batch, start, topics, producers, timestamps, max_data, unpackb[, remember]) takes the
+ * messages of ``batch`` (lists ``[identity, topic, sequence, producer, timestamp, uuid, data]``
+ * of bytes) from ``start`` on, as long as each passes that shortest check, and returns their
+ * ``(topic, producer, timestamp, uuid, data)`` tuples and the index of the first message it did
+ * not take (``len(batch)`` when it took them all). The data is checked by calling
+ * ``unpackb(data, raw=True, strict_map_key=False)`` itself, so msgpack decides exactly as in
+ * Python, unless a walk of the bytes finds them surely whole and valid first (no object made:
+ * unpackb made the whole value only for it to be dropped, 70 % of the check's instructions):
+ * scalars, strings, binaries, arrays, maps whose keys are neither arrays nor maps, extension
+ * types of codes 0 to 127 (msgpack refuses other negative codes, and checks a timestamp's (-1)
+ * fields), at most 512 containers deep, nothing after the value. Anything else goes to unpackb.
+ * With ``remember`` (and once ``checks`` gave the limits), a topic, producer id or timestamp
+ * not in its set is checked here as the Python reference checks it (UTF-8 by Python's own
+ * decoder, the timestamp's characters, then ``datetime.fromisoformat`` itself) and learned into
+ * its set as PubParser._learn does (the set emptied once it holds ``remember``): without it
+ * every PUB of a topic or timestamp not remembered (more topics than the sets hold, or a rate
+ * below one PUB a millisecond, where each timestamp is new) took the Python reference, ~3 us
+ * more. The Python loop takes the message it stopped at, with its own errors and what it
+ * learns, and calls again after it: both give the same results for every input, and remember
+ * the same (tests/test_eventbus_codec_fastpath.py).
  *
  * stream_items(fields, start, subjects) is a JetStream front-end's append, per event:
  * each event's ``(subject, uuid, body)`` for the stream, its subject looked up in the dict
@@ -88,6 +87,9 @@ static int topic_ok(PyObject *topic) {
     return text_ok(topic, max_topic);
 }
 
+/* codec.check_producer's. */
+static int producer_ok(PyObject *producer) { return text_ok(producer, max_producer); }
+
 /* codec.check_timestamp's: ``[0-9A-Za-z:.,+\- ]{1,64}``, then fromisoformat. */
 static int timestamp_ok(PyObject *timestamp) {
     Py_ssize_t size = PyBytes_GET_SIZE(timestamp);
@@ -108,7 +110,7 @@ static int timestamp_ok(PyObject *timestamp) {
     return 1;
 }
 
-/* In ``known`` already (1), or not and found valid by ``check`` (2: to learn), or neither
+/* In ``set`` already (1), or not and found valid by ``check`` (2: to learn), or neither
  * (0), or -1. Without checks() or ``remember``: 1, 0 or -1. */
 static int found_or_valid(PyObject *set, PyObject *value, int checking,
                           int (*check)(PyObject *)) {
@@ -118,13 +120,12 @@ static int found_or_valid(PyObject *set, PyObject *value, int checking,
     return valid > 0 ? 2 : valid;
 }
 
-static int producer_ok(PyObject *producer) { return text_ok(producer, max_producer); }
+/* The values known_one found valid but not remembered, as bits: PubParser._learn's. */
+enum { NEW_TOPIC = 1, NEW_PRODUCER = 2, NEW_TIMESTAMP = 4 };
 
-/* PubParser._learn of one value: into ``set`` unless there, the set emptied first when it
- * holds ``remember``. */
+/* PubParser._learn of one value not in ``set``: the set emptied first when it holds
+ * ``remember``. */
 static int learn(PyObject *set, PyObject *value, Py_ssize_t remember) {
-    int found = PySet_Contains(set, value);
-    if (found != 0) return found < 0 ? -1 : 0;
     if (PySet_GET_SIZE(set) >= remember && PySet_Clear(set) < 0) return -1;
     return PySet_Add(set, value);
 }
@@ -250,12 +251,13 @@ static PyObject *sure(PyObject *module, PyObject *data) {
                                         PyBytes_GET_SIZE(data)));
 }
 
-/* 1 when ``frames`` takes the shortest path (2: with a topic, producer id or timestamp
- * found valid here, to learn), 0 when the Python loop must look at it, -1 on an exception
- * that must propagate (not an Exception: KeyboardInterrupt, MemoryError...). */
+/* 1 when ``frames`` takes the shortest path (``*fresh``: the NEW_ bits of what it found
+ * valid here, to learn), 0 when the Python loop must look at it, -1 on an exception that
+ * must propagate (not an Exception: KeyboardInterrupt, MemoryError...). */
 static int known_one(PyObject *frames, PyObject *topics, PyObject *producers,
                      PyObject *timestamps, Py_ssize_t max_data, PyObject *unpackb,
-                     int checking) {
+                     int checking, int *fresh) {
+    *fresh = 0;
     if (!PyList_CheckExact(frames) || PyList_GET_SIZE(frames) != 7) return 0;
     PyObject **item = ((PyListObject *)frames)->ob_item;
     for (int i = 1; i < 7; i++)
@@ -269,24 +271,22 @@ static int known_one(PyObject *frames, PyObject *topics, PyObject *producers,
     /* Set membership as ``in`` answers it, or the reference's check: 2, 1, 0, or -1. */
     int found = found_or_valid(topics, item[1], checking, topic_ok);
     if (found <= 0) return found;
-    int learned = found == 2;
+    int learn_bits = found == 2 ? NEW_TOPIC : 0;
     found = found_or_valid(producers, item[3], checking, producer_ok);
     if (found <= 0) return found;
-    learned |= found == 2;
+    learn_bits |= found == 2 ? NEW_PRODUCER : 0;
     found = found_or_valid(timestamps, item[4], checking, timestamp_ok);
     if (found <= 0) return found;
-    learned |= found == 2;
-    if (sure_msgpack((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)))
-        return learned ? 2 : 1;
-    PyObject *arguments[3] = {data, Py_True, Py_False};
-    PyObject *value = PyObject_Vectorcall(unpackb, arguments, 1, keyword_names);
-    if (value == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
-        PyErr_Clear(); /* the Python loop's reference parser names the defect */
-        return 0;
+    learn_bits |= found == 2 ? NEW_TIMESTAMP : 0;
+    if (!sure_msgpack((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data))) {
+        PyObject *arguments[3] = {data, Py_True, Py_False};
+        PyObject *value = PyObject_Vectorcall(unpackb, arguments, 1, keyword_names);
+        /* A refusal: the Python loop's reference parser names the defect. */
+        if (value == NULL) return cleared() ? 0 : -1;
+        Py_DECREF(value);
     }
-    Py_DECREF(value);
-    return learned ? 2 : 1;
+    *fresh = learn_bits;
+    return 1;
 }
 
 static PyObject *known(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
@@ -320,18 +320,20 @@ static PyObject *known(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     for (; index < PyList_GET_SIZE(batch); index++) {
         PyObject *frames = PyList_GET_ITEM(batch, index);
         Py_INCREF(frames);
-        int ok = known_one(frames, topics, producers, timestamps, max_data, unpackb, checking);
+        int fresh;
+        int ok = known_one(frames, topics, producers, timestamps, max_data, unpackb, checking,
+                           &fresh);
         PyObject *fields = NULL;
         if (ok > 0 && PyList_CheckExact(frames) && PyList_GET_SIZE(frames) == 7) {
             PyObject **item = ((PyListObject *)frames)->ob_item;
             fields = PyTuple_Pack(5, item[1], item[3], item[4], item[5], item[6]);
             /* As PubParser._learn: topic, producer id (each if short enough), timestamp. */
-            if (ok == 2 && fields != NULL &&
-                ((PyBytes_GET_SIZE(item[1]) <= max_remembered &&
+            if (fresh && fields != NULL &&
+                ((fresh & NEW_TOPIC && PyBytes_GET_SIZE(item[1]) <= max_remembered &&
                   learn(topics, item[1], remember) < 0) ||
-                 (PyBytes_GET_SIZE(item[3]) <= max_remembered &&
+                 (fresh & NEW_PRODUCER && PyBytes_GET_SIZE(item[3]) <= max_remembered &&
                   learn(producers, item[3], remember) < 0) ||
-                 learn(timestamps, item[4], remember) < 0))
+                 (fresh & NEW_TIMESTAMP && learn(timestamps, item[4], remember) < 0)))
                 Py_CLEAR(fields);
         }
         Py_DECREF(frames);
