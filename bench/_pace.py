@@ -74,19 +74,16 @@ class PaceSampler:
         return self
 
     def summary(self) -> dict[str, Any]:
-        """Per CPU, the median probe step (ns) during the run and its ``slowdown`` against
-        :func:`full_pace`; ``slowdown`` overall: the CPUs' mean."""
-        full = full_pace()
-        cpus: dict[str, dict[str, float]] = {}
-        for cpu, values in self.samples.items():
-            if values:
-                median = sorted(values)[len(values) // 2]
-                cpus[f"cpu{cpu}"] = {
-                    "median_ns": round(median),
-                    "slowdown": round(median / full, 2),
-                }
-        overall = sum(c["slowdown"] for c in cpus.values()) / len(cpus) if cpus else 0.0
-        return {"cpus": cpus, "full_ns": round(full), "slowdown": round(overall, 2)}
+        """Per CPU, the median probe step (ns) during the run; the run's ``slowdown``
+        (:func:`slowdown`) against :func:`full_pace` (``full_ns``) as it is now."""
+        cpus = {
+            f"cpu{cpu}": {"median_ns": round(sorted(values)[len(values) // 2])}
+            for cpu, values in self.samples.items()
+            if values
+        }
+        summary: dict[str, Any] = {"cpus": cpus, "full_ns": round(full_pace())}
+        summary["slowdown"] = round(slowdown(summary), 2)
+        return summary
 
 
 #: Every probe step timed in this process, any CPU: the machine at full speed is the
