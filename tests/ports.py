@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+from bus.transport.zmqsocket import ephemeral_range
+
 #: Ports are handed out in blocks this large (a caller may take up to this many in a row).
 BLOCK = 8
 _LOCKS = Path(tempfile.gettempdir()) / "bus-test-ports"
@@ -27,11 +29,7 @@ _held: list[IO[bytes]] = []
 
 def _range() -> tuple[int, int]:
     """Ports below the kernel's ephemeral range (and above the usual services)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    return 20000, max(20000 + 64 * BLOCK, low)
+    return 20000, max(20000 + 64 * BLOCK, ephemeral_range()[0])
 
 
 def _bindable(port: int) -> bool:

@@ -729,6 +729,17 @@ def bind_failure(error: zmq.ZMQError, port_option: str, what: str) -> StartupErr
     return StartupError(option, f"cannot bind {what}: {error.strerror}")
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out for a bind to port 0 (``ip_local_port_range``, both
+    ends included; Linux's default where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            low, high = (int(word) for word in ports.read().split()[:2])
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def bind_consecutive(
     open_at: Callable[[int], None],
     close: Callable[[], None],
@@ -740,8 +751,10 @@ def bind_consecutive(
     attempts: int = 50,
 ) -> None:
     """Open ``count`` consecutive ports from ``base`` with ``open_at(base)`` (which raises
-    zmq.ZMQError when a bind fails). ``base`` 0: a random free base in 20000-59999, calling
-    ``close()`` after each base found in use, ``attempts`` times at most (RuntimeError).
+    zmq.ZMQError when a bind fails). ``base`` 0: a random free base in the kernel's own range
+    for port 0 (:func:`ephemeral_range`: below it lie the ports services are configured on),
+    calling ``close()`` after each base found in use, ``attempts`` times at most
+    (RuntimeError).
     A given base that cannot bind is a :class:`bus.errors.StartupError` naming
     ``port_option`` (or ``bind``: see :func:`bind_failure`)."""
     if base:
@@ -752,9 +765,10 @@ def bind_consecutive(
             raise bind_failure(error, port_option, what) from None
         return
     rng = random.Random()
+    low, high = ephemeral_range()
     for _ in range(attempts):
         try:
-            open_at(rng.randrange(20000, 60000))
+            open_at(rng.randrange(low, high - count + 2))
             return
         except zmq.ZMQError as error:
             if error.errno != zmq.EADDRINUSE:
