@@ -108,7 +108,11 @@ def test_an_elect_relayed_before_the_newcomers_hello_is_answered_after_it() -> A
         assert node.core.elections.running() == {} and elects(relay) == []
         newcomer.greet()
         newcomer.send(codec.Elect(0, "G", challenger))
-        yield wait_until(lambda: elects(relay), what="the echo to the relay")
+        # Sent to the newcomer first, but on another connection than the echo: the relay's
+        # mailbox may be read first.
+        yield wait_until(
+            lambda: elects(relay) and elects(newcomer), what="the echo to the relay, the ELECT"
+        )
         assert elects(newcomer) == [codec.Elect(2, "G", challenger)]
         [echo] = elects(relay)
         assert echo.challenger == challenger  # type: ignore[union-attr]
