@@ -145,7 +145,14 @@ def test_clients_fail_over_between_front_ends_with_no_duplicate_and_no_hole(
             lambda: len(seen) >= max(traffic.confirmed.values()), timeout=30, what="caught up"
         )
         check_history(seen, traffic.confirmed)
-        # The final log, read whole from the other front-end, holds the same history.
+        # The final log, read whole from the other front-end, holds the same history. Its
+        # snapshots stop at what it has broadcast: continued, b reads what it missed while
+        # stopped, so it is read once its status.json says it broadcast everything.
+        yield wait_until(
+            lambda: (ends[1].status().get("jetstream") or {}).get("broadcast", 0) >= len(seen),
+            timeout=60,
+            what="b broadcasting the whole log",
+        )
         dump = subprocess.run(
             [CLI, "snapshot", "--server", addresses[1], "--timeout", "30"],
             capture_output=True, text=True, timeout=60, check=True,
