@@ -217,8 +217,10 @@ def test_dbp_cli_speaks_hermes_to_its_catalog_and_the_spec_by_default(
     assert run.returncode == 1 and "no answer" in run.stderr
     assert "--dialect hermes" in run.stderr  # the way out, named
     assert len(fake.received[-1][3]) == 8
-    # ... and our catalog can.
-    catalog = make_catalog()
+    # ... and our catalog can. (Kept: a Hermes registration otherwise expires 30 s after it,
+    # and the two commands below, each a process to start, may take longer than that on a
+    # loaded machine: run_cli allows each START_BOUND.)
+    catalog = make_catalog(hermes_services="keep")
     reply = yield hermes_request(catalog.endpoint, codec.REGISTER, hermes_registration("Rohan"))
     assert reply[0] == codec.APPROVED
     run = yield run_cli("Rohan", "--catalog", catalog.endpoint)
