@@ -81,8 +81,10 @@ def test_the_composed_status_holds_no_python_repr(tmp_path: Path) -> None:
     )  # fmt: skip
     try:
         wait_for(product.ready, timeout=90, what="the product")
+        # Its own bound (3 s by default) from its request to the answer: the seven
+        # services' process, just started on a loaded machine, gets 30.
         shown = subprocess.run(
-            [CLI, "status", "--http", f"127.0.0.1:{product.http_port}"],
+            [CLI, "status", "--http", f"127.0.0.1:{product.http_port}", "--timeout", "30"],
             capture_output=True,
             text=True,
             timeout=60,
