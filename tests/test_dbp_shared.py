@@ -65,8 +65,11 @@ def flush(core: SharedCatalogCore, bucket: Bucket, sent: list[Any]) -> int:
     return len(writes)
 
 
-def register(core: SharedCatalogCore, name: str) -> list[list[bytes]]:
-    body = {"name": name, "address": "127.0.0.1", "port": 7000, "function": "f", "heartbeat": 1}
+def register(core: SharedCatalogCore, name: str, heartbeat: float = 1) -> list[list[bytes]]:
+    body = {
+        "name": name, "address": "127.0.0.1", "port": 7000, "function": "f",
+        "heartbeat": heartbeat,
+    }  # fmt: skip
     frames = codec.encode(codec.REGISTER, 0.0, [codec.json_frame(body)])
     return core.on_message(b"peer-" + name.encode(), frames)
 
@@ -121,10 +124,56 @@ def test_a_dead_holder_s_service_expires_at_the_others_by_compare_and_set_once()
         flush(three, bucket, [])
         if expired_at is None and not two.entries["sensor"].active:
             expired_at = step * 0.5
-    # Later than the holder would (3 s): its last refresh may be two refreshes old.
-    assert expired_at is not None and expired_at >= 3 + 2 * 5.0 - 0.5
+    # Later than the holder would (3 s): two refreshes and 7 of the catalog's intervals later.
+    assert expired_at is not None and expired_at >= 3 + 2 * 5.0 + 7 * 0.5 - 0.5
     assert bucket.refused == 1  # both judged it; the second's compare-and-set lost
     assert not three.entries["sensor"].active
+
+
+def test_a_service_that_moves_when_its_holder_dies_is_never_seen_expired() -> None:
+    # The worst case, at the intervals test_dbp_cluster runs (0.2 s, a 1 s refresh): the
+    # holder dies just before it would have written again (its last write a refresh old),
+    # the service moves at the client's bound (2 x liveness catalog intervals of silence,
+    # judged at its next tick) and its registration at the next instance takes most of a
+    # refresh to be stored (a loaded machine). The other instance lists it active throughout.
+    clock, bucket = Clock(), Bucket()
+    one, two = (
+        SharedCatalogCore(
+            CatalogSettings(heartbeat_interval=0.2, liveness=3, grace=10.0, catalog_id=name),
+            clock.seconds, lambda *_: None, lambda *_: None, refresh=1.0,
+        )
+        for name in ("one", "two")
+    )  # fmt: skip
+    for core in (one, two):
+        core.current = True
+        bucket.watchers.append(core)
+    sent: list[Any] = []
+    register(one, "sensor", heartbeat=0.2)
+    flush(one, bucket, sent)
+    last_write = 0.0
+    while True:  # beats every 0.2 s, heard by one, which writes once a refresh
+        clock.advance(0.2)
+        one.on_udp_heartbeat(codec.encode_udp_heartbeat("sensor", clock.seconds()), "127.0.0.1")
+        for core in (one, two):
+            core.tick()
+        if flush(one, bucket, sent):
+            last_write = clock.seconds()
+        flush(two, bucket, [])
+        if last_write > 2.0 and clock.seconds() >= last_write + 0.8:
+            break  # its next beat would be written: one dies now
+    bucket.watchers.remove(one)
+    died = clock.seconds()
+    stored_at = died + (2 * 3 + 1) * 0.2 + 0.9
+    while clock.seconds() < stored_at:
+        clock.advance(0.05)
+        two.tick()
+        flush(two, bucket, [])
+        listed = info(two).get("sensor", {})
+        assert listed.get("active") is True, f"not listed {clock.seconds() - died:.2f} s after"
+    register(two, "sensor", heartbeat=0.2)
+    flush(two, bucket, sent)
+    assert sent[-1][2] == codec.APPROVED and info(two)["sensor"]["active"] is True
+    assert two.entries["sensor"].holder == "two"
 
 
 def test_a_view_not_current_answers_no_list_and_a_new_watch_forgets_what_it_did_not_send() -> None:

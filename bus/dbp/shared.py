@@ -14,13 +14,14 @@ last heard it) into the key only when the stored one is ``refresh`` seconds old:
 costs one write per ``refresh`` (5 s by default), not one per beat, and none from the other
 instances. An instance that holds the service expires it when it has been silent for
 ``liveness`` of its heartbeats, as alone; one that does not, when ``heard_at`` is older than
-that plus ``refresh`` (the holder's refresh may be on its way). Whichever instance sees it
-first writes the expiry, and later the removal, by compare-and-set on the revision it
-read: the others' writes are refused, nothing is written twice. A service whose holder
-died is expired by the others from ``heard_at``; one that registers again at another
-instance within ``liveness`` heartbeats plus ``refresh`` is never seen expired (the
-library's :class:`bus.dbp.client.ServiceRegistration` given several catalogs moves to the
-next after ``2 x liveness`` of the catalog's intervals of silence).
+that plus :attr:`SharedCatalogCore.not_held_grace` (two refreshes and ``2 x liveness + 1``
+of the catalog's intervals). Whichever instance sees it first writes the expiry, and later
+the removal, by compare-and-set on the revision it read: the others' writes are refused,
+nothing is written twice. A service whose holder died is expired by the others from
+``heard_at``; one that moves as :class:`bus.dbp.client.ServiceRegistration` given several
+catalogs does (to the next after ``2 x liveness`` of the catalog's intervals of silence) is
+never seen expired, even when the holder's last write was a refresh old and the new
+registration takes up to a refresh to be stored.
 
 **No stale answers.** The I/O side says whether this instance's view is current
 (:attr:`SharedCatalogCore.current`: connected, its watch caught up and heard within three of
@@ -153,11 +154,18 @@ class SharedCatalogCore(CatalogCore):
         entry.holder = self.me
         self._write(entry.name, entry, entry.revision)
 
+    @property
+    def not_held_grace(self) -> float:
+        """What an instance that does not hold a service adds to its silence before it judges
+        it: the holder's last write may be a refresh old; a service whose holder died moves to
+        another instance after ``2 x liveness`` of the catalog's intervals (judged at its own
+        ticks, an interval more); and its registration there takes a write, allowed a refresh."""
+        settings = self.settings
+        return 2 * self.refresh + (2 * settings.liveness + 1) * settings.heartbeat_interval
+
     def _silent_for(self, entry: Entry, now: float) -> float:
         silent = now - entry.last_heard
-        # Not held here: the holder's last write may be a refresh old, and a service whose
-        # holder died moves to another instance within a few of the catalog's intervals.
-        return silent if entry.holder == self.me else silent - 2 * self.refresh
+        return silent if entry.holder == self.me else silent - self.not_held_grace
 
     def _beats(self, entry: Entry) -> bool:
         return entry.holder == self.me
