@@ -130,25 +130,40 @@ def test_beats_fallback_expiry_grace_on_the_clock() -> None:
     c.core.on_udp_heartbeat(codec.encode_udp_heartbeat("svc", 0), "10.0.0.5")
     out = c.core.tick()
     assert out.datagrams[0][1] == ("10.0.0.5", 7000) and not out.messages
-    c.clock.advance(2)  # two intervals without UDP: ZeroMQ beats too
-    out = c.core.tick()
-    assert entry.path == "zmq" and out.messages[0][0] == b"svc"
-    assert codec.parse(out.messages[0][1:]).command == codec.HEARTBEAT
+
+    def run(seconds: int) -> list[list[bytes]]:
+        """A running catalog: a tick every interval (a late one judges nothing)."""
+        messages = []
+        for _ in range(seconds):
+            c.clock.advance(1)
+            messages += c.core.tick().messages
+        return messages
+
+    messages = run(2)  # two intervals without UDP: ZeroMQ beats too
+    assert entry.path == "zmq" and messages[0][0] == b"svc"
+    assert codec.parse(messages[0][1:]).command == codec.HEARTBEAT
     c.send(b"svc", codec.HEARTBEAT, None)  # its ZeroMQ beat keeps it
-    c.clock.advance(2)
-    c.core.tick()
+    run(2)
     assert entry.active
     c.core.on_udp_heartbeat(codec.encode_udp_heartbeat("svc", 0), "10.0.0.5")
     assert entry.path == "udp" and not c.core.tick().messages
-    c.clock.advance(3)  # silent on both paths for liveness x heartbeat
-    c.core.tick()
+    run(3)  # silent on both paths for liveness x heartbeat
     assert not entry.active and c.activity[-1] == ("expired", "svc")
-    c.clock.advance(9)
-    c.core.tick()
+    run(9)
     assert "svc" in c.core.entries
-    c.clock.advance(1)
-    c.core.tick()
+    run(1)
     assert "svc" not in c.core.entries and c.activity[-1] == ("removed", "svc")
+    # A catalog that did not run for 20 s (a stall) beats but judges nothing at its first
+    # tick: the service's beat waiting in its socket is read before the next one.
+    c.send(b"svc", codec.REGISTER, info("svc"))
+    entry, fallbacks = c.core.entries["svc"], c.core.counts["fallbacks"]
+    c.clock.advance(20)
+    out = c.core.tick()
+    assert entry.active and out.datagrams and c.core.wakes.held == 1
+    c.core.on_udp_heartbeat(codec.encode_udp_heartbeat("svc", 0), "10.0.0.5")
+    run(1)
+    assert entry.active and entry.path == "udp"
+    assert c.core.counts["fallbacks"] == fallbacks  # none for the stall
     # A beat from a wrong address is not its beat.
     c.send(b"x", codec.REGISTER, info("x"))
     c.core.on_udp_heartbeat(codec.encode_udp_heartbeat("x", 0), "10.9.9.9")

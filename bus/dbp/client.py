@@ -33,6 +33,7 @@ from bus.extension import SocketFactory, SocketOptions, ZmqSocket, listen_shared
 from bus.transport.curve import ClientCurve
 from bus.transport.udp import UdpListener, UdpPort
 from bus.util.periodic import Periodic
+from bus.util.wakes import Wakes
 
 log = Logger(namespace="bus.dbp")
 
@@ -148,7 +149,8 @@ class ServiceRegistration(Service):
     """A service in the catalog: registers, heartbeats over UDP (and over its ZeroMQ
     connection while UDP beats go missing either way), updates, re-registers on DISCONNECT
     or when the catalog has been silent for ``liveness`` of its intervals (it restarted, or
-    is gone), and says DISCONNECT when stopped.
+    is gone), and says DISCONNECT when stopped. A tick after a stall of its own process
+    judges no silence (:mod:`bus.util.wakes`).
 
     It receives the catalog's UDP heartbeats on its registered port number (or
     ``heartbeat_port``) over UDP, on its registered address.
@@ -207,6 +209,8 @@ class ServiceRegistration(Service):
         self.udp: UdpPort | None = None
         self._updates: deque[defer.Deferred[None]] = deque()
         self._periodic = Periodic(self.reactor, log)
+        #: A tick after a stall of this process judges no silence (:mod:`bus.util.wakes`).
+        self.wakes = Wakes(float(self.info.get("heartbeat", 1.0)), self.reactor.seconds)
 
     @property
     def service_name(self) -> str:
@@ -366,8 +370,9 @@ class ServiceRegistration(Service):
         if self.state == "denied" or self.state == "stopped" or self.dialect != codec.SPEC:
             return
         now = self.reactor.seconds()
+        judging = self.wakes.judging()
         silent = now - self.last_catalog_any
-        if silent > self.catalog_liveness * max(self.catalog_interval, 0.05) * 2:
+        if judging and silent > self.catalog_liveness * max(self.catalog_interval, 0.05) * 2:
             # Nothing from the catalog at all: it restarted or is gone. Start over, at the
             # next catalog when there are several.
             self.reregistrations += 1
@@ -389,8 +394,9 @@ class ServiceRegistration(Service):
             beat = codec.encode_udp_heartbeat(self.service_name, now)
             if self.udp.send(beat, (_host_of(self.catalog), self.catalog_udp_port)):
                 self.sent_udp += 1
-        window = 2 * self.catalog_interval
-        zmq_path = now - self.last_catalog_udp > window or now - self.last_catalog_zmq < window
-        self.path = "zmq" if zmq_path or self.udp is None else "udp"
+        if judging:
+            window = 2 * self.catalog_interval
+            heard = now - self.last_catalog_udp <= window and now - self.last_catalog_zmq >= window
+            self.path = "udp" if heard and self.udp is not None else "zmq"
         if self.path == "zmq" and self._send(codec.HEARTBEAT, [self.service_name.encode()]):
             self.sent_zmq += 1

@@ -9,6 +9,8 @@ text's TCP fallback); a service that receives ZeroMQ beats, or misses the catalo
 beats over ZeroMQ too. Both go back to UDP alone once UDP beats arrive again. Any command a
 service sends counts as a beat. A service silent on both paths for ``liveness`` of its
 intervals expires (inactive); it is removed ``grace`` seconds later unless it beats again.
+A tick that comes late (the catalog did not run: :mod:`bus.util.wakes`) beats but judges
+nothing: what the services sent meanwhile is read before the next tick judges.
 
 A service registered in Hermes' form never beats and closes its connection after ``OwO``:
 it is never beaten; with ``hermes_services="expire"`` it expires after ``liveness`` of its
@@ -28,6 +30,7 @@ from typing import Any
 
 from bus.dbp import codec
 from bus.dbp.codec import DbpError, DbpMessage, Invalid
+from bus.util.wakes import Wakes
 
 #: kind ("registered", "updated", "expired", "active", "disconnected", "removed"), name, value
 ActivityHandler = Callable[[str, str, dict[str, Any]], None]
@@ -136,6 +139,8 @@ class CatalogCore:
         #: Names of inactive services, the first expired first (who makes room when full).
         self.expired: dict[str, None] = {}
         self.ticks = 0
+        #: Whether a tick may judge silence (not the first after a stall of the catalog).
+        self.wakes = Wakes(settings.heartbeat_interval, clock)
         #: Set whenever the registry changes (not on beats): the service then saves it.
         self.dirty = False
 
@@ -436,8 +441,10 @@ class CatalogCore:
     # -- time --------------------------------------------------------------------------------
 
     def tick(self) -> Outgoing:
-        """Every heartbeat interval: beat every active service, expire and remove."""
+        """Every heartbeat interval: beat every active service, expire and remove (not at a
+        late tick: see the module's text)."""
         now = self.clock()
+        judging = self.wakes.judging()
         out = Outgoing()
         settings = self.settings
         self.ticks += 1
@@ -445,12 +452,14 @@ class CatalogCore:
         for entry in list(self.entries.values()):
             interval = float(entry.info["heartbeat"])
             if not entry.active:
+                if not judging:
+                    continue
                 if entry.expired_at is not None and now - entry.expired_at >= settings.grace:
                     self._remove(entry.name, "removed")
                 continue
             if self._keeps_hermes(entry):
                 continue
-            if self._silent_for(entry, now) >= settings.liveness * interval:
+            if judging and self._silent_for(entry, now) >= settings.liveness * interval:
                 entry.active = False
                 entry.expired_at = now
                 self.expired[entry.name] = None
@@ -463,15 +472,14 @@ class CatalogCore:
             port = int(entry.info.get("heartbeat_port") or entry.info["port"])
             if port:
                 out.datagrams.append((beat, (str(entry.info["address"]), port)))
-            if now - entry.last_udp >= 2 * interval:
-                if entry.path != "zmq":
-                    entry.path = "zmq"
-                    self._count("fallbacks")
-                if entry.identity is not None:
-                    body = [settings.catalog_id.encode()]
-                    out.messages.append(
-                        [entry.identity, *codec.encode(codec.HEARTBEAT, now, body, entry.time_size)]
-                    )
+            if judging and now - entry.last_udp >= 2 * interval and entry.path != "zmq":
+                entry.path = "zmq"
+                self._count("fallbacks")
+            if entry.path == "zmq" and entry.identity is not None:
+                body = [settings.catalog_id.encode()]
+                out.messages.append(
+                    [entry.identity, *codec.encode(codec.HEARTBEAT, now, body, entry.time_size)]
+                )
         return out
 
     # -- the registry on disk ----------------------------------------------------------------

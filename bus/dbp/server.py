@@ -362,6 +362,7 @@ class CatalogService(Service):
             "udp_heartbeats_received": self.udp_heartbeats,
             "heartbeats_sent_udp": self.heartbeats_sent_udp,
             "heartbeats_sent_zmq": self.heartbeats_sent_zmq,
+            "late_ticks_held": self.core.wakes.held,
             "beacons_sent": self.beacon.sent if self.beacon else 0,
             "save_errors": self.save_errors,
             "dropped": dict(self.drops.counts),
