@@ -128,7 +128,9 @@ def test_silent_workers_are_forgotten_and_their_requests_retried_or_failed() -> 
     h.clock.advance(3)
     h.broker.heartbeat()
     assert [w for w, _ in h.sent_to_workers(codec.HEARTBEAT)] == [b"dies"]
-    h.clock.advance(6.5)  # 9.5 s of silence > 3 x 3 s
+    h.clock.advance(3)
+    h.broker.heartbeat()
+    h.clock.advance(3.5)  # 9.5 s of silence > 3 x 3 s
     h.broker.heartbeat()
     assert b"dies" not in h.broker.workers
     assert h.client_results() == [
@@ -137,6 +139,24 @@ def test_silent_workers_are_forgotten_and_their_requests_retried_or_failed() -> 
     assert h.broker.queues[b"q"].waiting[0].msgid == retried
     h.inform(b"fresh", [[10, "q"]], slots=1)
     assert [m for w, m in h.sent_to_workers() if w == b"fresh"] == [retried]
+
+
+def test_a_broker_that_did_not_run_forgets_no_one_before_it_read_what_waited() -> None:
+    h = Harness(heartbeat_interval=1, heartbeat_liveness=3)
+    h.inform(b"talks", [[10, "q"]])
+    h.inform(b"dead", [[10, "q"]])
+    h.broker.heartbeat()
+    h.broker.to_workers.clear()
+    h.clock.advance(20)  # stopped (SIGSTOP, a VM's pause): its first round comes late
+    h.broker.heartbeat()
+    assert set(h.broker.workers) == {b"talks", b"dead"}  # beaten, not judged
+    assert {w for w, _ in h.sent_to_workers(codec.HEARTBEAT)} == {b"talks", b"dead"}
+    assert h.broker.counters()["late_heartbeats_held"] == 1
+    h.broker.on_worker_message(b"talks", codec.heartbeat(0))  # what waited in the socket
+    h.clock.advance(0.1)  # LoopingCall's next point, soon after
+    h.broker.heartbeat()
+    assert set(h.broker.workers) == {b"talks"}
+    assert h.broker.workers_lost == 1
 
 
 def test_heartbeats_go_to_every_live_worker() -> None:

@@ -394,6 +394,33 @@ def test_a_worker_that_heartbeats_quicker_than_its_broker_learns_its_period_and_
 
 
 @pytest_twisted.inlineCallbacks
+def test_a_stall_of_the_process_is_not_taken_for_silence(tmp_path: Path, cleanup: list[Any]) -> Any:
+    """Broker and worker in one process at 0.1 s x 3: stalled for 1 s (SIGSTOP, a VM's pause,
+    a starved machine), their first rounds after it come late with the other's heartbeats
+    waiting unread. The broker forgets no one, the worker does not connect again, and a job
+    running through the stalls comes back."""
+    broker = broker_in(tmp_path, cleanup, heartbeat_interval=0.1, heartbeat_liveness=3)
+    worker = worker_for(
+        broker, cleanup, heartbeat_interval=0.1, heartbeat_liveness=3,
+        handlers={"sleep_then": sleep_then},
+    )  # fmt: skip
+    yield wait_until(lambda: worker.heartbeats_received >= 3, what="heartbeats")
+    informs = worker.informs
+    client = client_for(broker, cleanup)
+    job = client.submit("default", ["sleep_then", [2.0, "done"]])  # on a pool thread
+    for stall in range(1, 4):
+        beats = worker.heartbeats_received + 3
+        reactor.callLater(0, time.sleep, 1.0)
+        yield wait_until(
+            lambda n=beats: worker.heartbeats_received >= n, what="heartbeats after the stall"
+        )
+        # Each side's timer saw a late wake (and held it back) at every stall.
+        assert broker.broker.wakes.held >= stall and worker.wakes.held >= stall
+    assert (yield job) == "done"
+    assert broker.broker.workers_lost == 0 and worker.informs == informs
+
+
+@pytest_twisted.inlineCallbacks
 def test_heartbeats_both_ways(tmp_path: Path, cleanup: list[Any]) -> Any:
     broker = broker_in(tmp_path, cleanup, heartbeat_interval=0.1, heartbeat_liveness=3)
     silent = RawWorker(broker.endpoints["worker"], identity=b"silent")

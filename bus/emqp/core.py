@@ -39,6 +39,7 @@ from bus.extension import NO_ACTIVITY, ActivitySink
 from bus.transport.names import peer_name
 from bus.util.compiled import compiled
 from bus.util.droplog import DropCounter
+from bus.util.wakes import Wakes
 
 _HEARTBEAT = codec.HEARTBEAT
 _REQUEST = codec.REQUEST
@@ -302,6 +303,8 @@ class Broker:
         self.rejected = 0
         self.timed_out = 0
         self.late_replies = 0
+        #: Whether a heartbeat round may forget the silent (not the first after a stall).
+        self.wakes = Wakes(settings.heartbeat_interval, clock)
         self.workers_joined = 0
         self.workers_lost = 0
         self.schedules_forwarded = 0
@@ -567,12 +570,16 @@ class Broker:
         self._forget_worker(identity, "worker-lost")
 
     def heartbeat(self) -> None:
-        """Send HEARTBEAT to every worker and scheduler; forget those silent too long."""
+        """Send HEARTBEAT to every worker and scheduler; forget those silent too long, but not
+        in a round that comes late: the broker did not run, and what they sent meanwhile may
+        wait unread (:mod:`bus.util.wakes`); the next round judges."""
         now = self.clock()
         expiry = self.settings.worker_expiry
+        self.wakes.period = self.settings.heartbeat_interval
+        judging = self.wakes.judging()
         beat = repr(now).encode()
         for identity, worker in list(self.workers.items()):
-            if now - worker.last_seen > expiry:
+            if judging and now - worker.last_seen > expiry:
                 self.log.warn(
                     "worker {worker} silent for {silent:.1f}s: forgotten, {jobs} in flight",
                     worker=peer_name(identity),
@@ -583,7 +590,7 @@ class Broker:
             else:
                 self.to_workers.append([identity, b"", PROTOCOL, _HEARTBEAT, _new_msgid(), beat])
         for identity, seen in list(self.schedulers.items()):
-            if now - seen > expiry:
+            if judging and now - seen > expiry:
                 del self.schedulers[identity]
                 self._publish("/emqp/scheduler/left/", {"scheduler": peer_name(identity)})
             else:
@@ -1791,6 +1798,7 @@ class Broker:
             "rejected": self.rejected,
             "timed_out": self.timed_out,
             "late_replies": self.late_replies,
+            "late_heartbeats_held": self.wakes.held,
             "workers_joined": self.workers_joined,
             "workers_lost": self.workers_lost,
             "schedules_forwarded": self.schedules_forwarded,

@@ -82,6 +82,7 @@ _COUNTER_HELP = {
     "rejected": "Requests and schedules refused at once (queue full, forbidden, no scheduler)",
     "timed_out": "Dispatched requests whose worker did not reply in time",
     "late_replies": "Replies that came after the broker had given up on their request",
+    "late_heartbeats_held": "Heartbeat rounds that came late (the broker did not run) and forgot no one",
     "workers_joined": "Workers that said READY",
     "workers_lost": "Workers forgotten without their own DISCONNECT (silent past their heartbeats)",
     "schedules_forwarded": "SCHEDULE and UNSCHEDULE commands forwarded to schedulers",

@@ -63,6 +63,7 @@ from bus.extension import SocketFactory, SocketOptions, StartupError, ZmqSocket,
 from bus.transport.curve import ClientCurve
 from bus.util.droplog import DropCounter
 from bus.util.periodic import Periodic
+from bus.util.wakes import Wakes
 from bus.util.workers import worker_pool
 
 log = Logger(namespace="bus.emqp.worker")
@@ -209,6 +210,7 @@ class EmqpWorker(Service):
         # Not ``name``: a Service's name is its place in a MultiService.
         self.worker_name = worker_name
         self.reactor: Any = reactor_of(reactor)
+        self.wakes = Wakes(heartbeat_interval, self.reactor.seconds)
         self._factory: SocketFactory | None = None
         self._socket: ZmqSocket | None = None
         self._threads: ThreadPool | None = None
@@ -476,7 +478,10 @@ class EmqpWorker(Service):
 
     def _tick(self) -> None:
         silent = self.reactor.seconds() - self._last_heard
-        if not self.draining and silent > self.silence_bound():
+        # A tick after a stall of this process judges nothing: the broker's messages may
+        # wait unread (bus.util.wakes).
+        judging = self.wakes.judging()
+        if judging and not self.draining and silent > self.silence_bound():
             log.warn("broker silent for {silent:.1f}s: connecting again", silent=silent)
             self._explain_silence()
             self._connect()

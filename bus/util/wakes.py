@@ -16,14 +16,14 @@ from collections.abc import Callable
 class Wakes:
     """The wakes of one periodic timer of ``period`` seconds on ``clock``; a wake is late when
     it comes more than ``period + slack`` after the one before (``slack``: half a period unless
-    given)."""
+    given). ``period`` may be changed between wakes (a configuration reloaded)."""
 
     def __init__(
         self, period: float, clock: Callable[[], float], slack: float | None = None
     ) -> None:
         self.period = period
         self.clock = clock
-        self.slack = period / 2 if slack is None else slack
+        self._slack = slack
         self._last: float | None = None
         self._held = False
         #: Wakes that did not judge, having come late.
@@ -34,7 +34,8 @@ class Wakes:
         that follows one that judged)."""
         now = self.clock()
         last, self._last = self._last, now
-        late = last is not None and now - last > self.period + self.slack
+        slack = self.period / 2 if self._slack is None else self._slack
+        late = last is not None and now - last > self.period + slack
         if late and not self._held:
             self._held = True
             self.held += 1
