@@ -219,10 +219,13 @@ def test_retry_count_bounds_the_redispatches(tmp_path: Path, cleanup: list[Any])
 
 @defer.inlineCallbacks
 def ready_worker(broker: Any, cleanup: list[Any]) -> Any:
-    """A raw worker of queue ``default`` with one free slot that the broker knows of."""
+    """A raw worker of queue ``default`` with one free slot that the broker knows of, and
+    nothing on its way to it: the HEARTBEAT the broker sends behind the ACK (in the same
+    batch, yet maybe in a later read) has been read too."""
     worker = RawWorker(broker.endpoints["worker"])
     cleanup.append(worker)
     yield wait_until(worker.acked, what="ACK")
+    yield wait_until(lambda: worker.commands(codec.HEARTBEAT), what="the HEARTBEAT behind the ACK")
     worker.ready()
     yield wait_until(
         lambda: getattr(broker.broker.workers.get(worker.identity), "free_slots", 0) == 1,
@@ -290,7 +293,8 @@ def test_a_retried_request_waits_for_the_commit_of_its_retry(
 ) -> Any:
     """A worker leaves with a guaranteed request: its retry (one fewer left, a row the
     commit writes) goes to the next worker only after that commit."""
-    broker = broker_in(tmp_path, cleanup)
+    # No heartbeat round while the test runs: a HEARTBEAT on its way is what the poll finds.
+    broker = broker_in(tmp_path, cleanup, heartbeat_interval=60.0)
     leaving = yield ready_worker(broker, cleanup)
     client = RawClient(broker.endpoints["client"])
     cleanup.append(client)
@@ -313,7 +317,8 @@ def test_a_schedules_run_waits_for_the_commit_of_its_schedule(
     """A schedule's run (not guaranteed: never a row of its own) goes to a worker only after
     the commit that keeps its schedule's new state: sent before it, then a crash, the
     schedule would fire it again."""
-    broker = broker_in(tmp_path, cleanup)
+    # No heartbeat round while the test runs: a HEARTBEAT on its way is what the poll finds.
+    broker = broker_in(tmp_path, cleanup, heartbeat_interval=60.0)
     worker = yield ready_worker(broker, cleanup)
     client = RawClient(broker.endpoints["client"])
     cleanup.append(client)
