@@ -74,19 +74,23 @@ def test_no_worker_for_the_queue_names_the_queue_and_the_wait(
 def test_a_worker_that_never_replies_and_one_that_is_busy(
     tmp_path: Path, cleanup: list[Any]
 ) -> Any:
-    broker = broker_in(tmp_path, cleanup)
+    # The raw worker sends no heartbeats: at the default 3 s x 3 the broker would forget it
+    # (and fail its request) while a CLI starts on a busy machine (10 s and more in CI).
+    broker = broker_in(tmp_path, cleanup, heartbeat_interval=60.0)
     worker = RawWorker(broker.endpoints["worker"])
     cleanup.append(worker)
     yield wait_until(worker.acked, what="the worker's ACK")
     worker.ready()
     command = yield ran(cleanup, "submit", "default", ADD, *ports(broker), "--wait", "1")
+    # Dispatched just before the CLI gave up, the REQUEST may reach the worker after the
+    # CLI's STATUS answer and its end.
+    yield wait_until(worker.requests, what="the REQUEST at the worker")
     [request] = worker.requests()
     assert one_failure(command) == (
         f"emqp-cli submit: request {request[3].decode()} went to a worker"
         f" ({worker.identity.decode()}), which has not replied; gave up after 1 s"
     )
     # Its one slot is taken: the next request waits behind another one.
-    worker.heartbeat()  # it stays known to the broker while the test runs on
     other = RawClient(broker.endpoints["client"])
     cleanup.append(other)
     other.request("default", ADD)
@@ -127,7 +131,9 @@ def test_results_of_a_worker_and_the_status(tmp_path: Path, cleanup: list[Any]) 
 
 @pytest_twisted.inlineCallbacks
 def test_errors_the_broker_answers(tmp_path: Path, cleanup: list[Any]) -> Any:
-    broker = broker_in(tmp_path, cleanup, queue_limit=1)
+    # The raw worker sends no heartbeats: at the default 3 s x 3 the broker would forget it
+    # while the CLI starts on a busy machine, and the request would find no worker.
+    broker = broker_in(tmp_path, cleanup, queue_limit=1, heartbeat_interval=60.0)
     waiting = RawClient(broker.endpoints["client"])
     cleanup.append(waiting)
     waiting.request("full", ADD)
