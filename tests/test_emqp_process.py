@@ -41,7 +41,10 @@ def handed_back(status: dict[str, Any], replied: int) -> bool:
 @pytest_twisted.inlineCallbacks
 def test_kill_9_loses_no_guaranteed_request(tmp_path: Path) -> Any:
     data = tmp_path / "emqp"
-    broker = BrokerProcess(data)  # its ports kept: the restart binds them again
+    # Its ports kept: the restart binds them again. The stuck raw worker never heartbeats:
+    # at BrokerProcess's 0.2 s x 3 the broker forgot it 0.6 s after its READY (its request
+    # back in the queue: 20 waiting, never 19) unless the test was quicker than that.
+    broker = BrokerProcess(data, None, "--heartbeat-interval", "60s")
     restarted = client = worker = stuck = None
     try:
         yield reported(broker.ready, what="the broker")
