@@ -318,15 +318,29 @@ def test_the_ttl_holds_across_brokers(
         assert heard.bodies() == [b"kept", b"after"]
         assert a.cluster()["expired"]["held"] == 1 and a.cluster()["held_published"] == 1
 
-        # 2. A PUT stuck in a stopped nats-server past its deadline.
+        # 2. A PUT stuck in a stopped nats-server past its deadline: when a took it, plus its
+        # sender's TTL. Counted from a's publishing it, not from the test's send: a fresh
+        # connection's CURVE handshake and a's turn may take longer than the TTL on a busy
+        # machine, and a PUT a takes late is not past its deadline when b gets it. The
+        # handshake is made before the server stops (its stop stays short).
+        handshakes = a.status()["handshakes"]
+        stalled = RawMc0Peer(a.endpoint, keys.server.public)
+        peers.append(stalled)
+        yield wait_until(
+            lambda: a.status()["handshakes"] > handshakes, timeout=30, what="its handshake"
+        )
+        published = a.cluster()["published"]
         nats.kill(node, signal.SIGSTOP)
         try:
-            stalled = hasty(300)
-            sent = time.time()
+            stalled.send(b"", b"CONNECT", b"ID", b"c", b"TTL", b"300")
             stalled.send(b"", b"PUT", b"ID", b"stalled", b"TOPIC", b"t", b"", b"too late")
+            yield wait_until(
+                lambda: a.cluster()["published"] > published, timeout=30, what="a publishing it"
+            )
+            taken = time.time()
             # Past its deadline (by the hosts' clock, which the brokers share here), well
             # within the two keep-alive PINGs (1 s apart) that make a broker leave a server.
-            yield wait_until(lambda: time.time() > sent + 0.6, timeout=5, what="its deadline")
+            yield wait_until(lambda: time.time() > taken + 0.6, timeout=5, what="its deadline")
         finally:
             nats.kill(node, signal.SIGCONT)
         yield wait_until(
