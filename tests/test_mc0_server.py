@@ -5,6 +5,7 @@ answered ERROR with the ID, the allow-list, a wrong server key, --plain, start f
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,27 @@ def test_the_connector_keeps_its_session_alive(broker: Any, closing: list[Any]) 
     assert a.reconnects == 0 and a.connected
     assert broker.broker.expired == 0 and len(broker.broker.clients) == 1
     assert broker.broker.commands.get("Noop", 0) >= 3  # the connector's heartbeats
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stall_of_the_process_is_not_taken_for_silence(broker: Any, closing: list[Any]) -> Any:
+    """TTL 300 ms, broker and connector in one process stalled for 0.6 s (SIGSTOP, a VM's
+    pause, a starved machine) three times: their first wakes after each come late with the
+    other's NOOPs waiting unread. Neither ends the session."""
+    from twisted.internet import reactor
+
+    a = connector(broker, closing, ttl=0.3)
+    yield a.start()
+    yield a.subscribe(b"t")
+    for stall in range(1, 4):
+        noops = broker.broker.commands.get("Noop", 0) + 2
+        reactor.callLater(0, time.sleep, 0.6)
+        yield wait_until(
+            lambda n=noops: broker.broker.commands.get("Noop", 0) >= n, what="NOOPs after it"
+        )
+        assert a.wakes.held >= stall  # its late wake held back
+    assert a.reconnects == 0 and a.connected and a.sessions == 1
+    assert broker.broker.expired == 0 and len(broker.broker.clients) == 1
 
 
 # -- reconnect ------------------------------------------------------------------------------------

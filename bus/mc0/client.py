@@ -41,6 +41,7 @@ from bus.mc0 import codec
 from bus.mc0.codec import Framing, Mc0Error
 from bus.transport.curve import CurveKeyPair, make_curve_client
 from bus.util.droplog import DropCounter
+from bus.util.wakes import Wakes
 
 log = Logger(namespace="bus.mc0.client")
 
@@ -165,6 +166,10 @@ class Mc0Connector:
         self._last_sent = 0.0
         self._last_heard = 0.0
         self._timer: Any = None
+        #: The wake the timer is armed for; one more than 0.1 x TTL late (this process did
+        #: not run) judges no silence, and the next comes 0.1 x TTL later (bus.util.wakes).
+        self._due = 0.0
+        self.wakes = Wakes(ttl, self.reactor.seconds, slack=0.1 * ttl, settle=0.1 * ttl)
         self._stopped = False
         self._draining = False
         self._refused: Mc0CommandError | None = None
@@ -522,12 +527,16 @@ class Mc0Connector:
         deadline = self._last_heard + self._silence_limit()
         if self.connected:
             deadline = min(deadline, self._last_sent + self.heartbeat_factor * self.ttl)
-        delay = max(deadline - self.reactor.seconds(), 0.0)
-        self._timer = self.reactor.callLater(delay, self._wake)
+        now = self.reactor.seconds()
+        self._due = max(deadline, now)
+        self._timer = self.reactor.callLater(self._due - now, self._wake)
 
     def _wake(self) -> None:
         self._timer = None
         if self._socket is None:
+            return
+        if not self.wakes.judging(due=self._due):
+            self._timer = self.reactor.callLater(self.wakes.settle, self._wake)
             return
         now = self.reactor.seconds()
         if now >= self._last_heard + self._silence_limit():

@@ -1,11 +1,13 @@
-"""Whether a periodic wake may judge its peers' silence, sans I/O.
+"""Whether a timer's wake may judge its peers' silence, sans I/O.
 
 A timer that fires well after its time says this process did not run meanwhile (SIGSTOP, a
 VM's pause, a starved machine). What its peers sent during that time may be waiting unread
-in its sockets: a wake that judged them silent then would expire, forget or fail over from
-peers that spoke all along. The reactor reads those sockets before the next wake, so that
-one judges. A process late at every wake still judges at every other one: a stall delays a
-judgement by one period at most, and never keeps a dead peer for ever.
+in its sockets, and a peer stalled with it (the same VM) speaks again only once it runs: a
+wake that judged them silent then would expire, forget or fail over from peers that spoke
+all along. So a late wake judges nothing, nor does any wake within ``settle`` seconds of it
+(the reactor reads what waited, the peers' own late timers send); the first wake after that
+judges, late or not. A process late at every wake still judges at every other one: a stall
+delays a judgement by about a period and ``settle``, and never keeps a dead peer for ever.
 """
 
 from __future__ import annotations
@@ -14,31 +16,51 @@ from collections.abc import Callable
 
 
 class Wakes:
-    """The wakes of one periodic timer of ``period`` seconds on ``clock``; a wake is late when
-    it comes more than ``period + slack`` after the one before (``slack``: half a period unless
-    given). ``period`` may be changed between wakes (a configuration reloaded)."""
+    """The wakes of one timer on ``clock``: a periodic one of ``period`` seconds, whose wake
+    is late when it comes more than ``period + slack`` after the one before, or one armed for
+    a deadline, whose wake is late when it comes more than ``slack`` after the ``due`` time it
+    is given. ``slack`` and ``settle`` are half a period unless given; ``period`` may be
+    changed between wakes (a configuration reloaded)."""
 
     def __init__(
-        self, period: float, clock: Callable[[], float], slack: float | None = None
+        self,
+        period: float,
+        clock: Callable[[], float],
+        slack: float | None = None,
+        settle: float | None = None,
     ) -> None:
         self.period = period
         self.clock = clock
         self._slack = slack
+        self._settle = settle
         self._last: float | None = None
-        self._held = False
-        #: Wakes that did not judge, having come late.
+        #: When the wake that came late came, until a wake judges again.
+        self.late_at: float | None = None
+        #: Wakes that came late (and judged nothing).
         self.held = 0
 
-    def judging(self) -> bool:
-        """Call once at each wake: whether it may judge silence now (False for a late wake
-        that follows one that judged)."""
+    @property
+    def settle(self) -> float:
+        """Seconds after a late wake in which no wake judges."""
+        return self.period / 2 if self._settle is None else self._settle
+
+    def judging(self, due: float | None = None) -> bool:
+        """Call once at each wake (with the time it was armed for, if a deadline's): whether
+        it may judge silence now."""
         now = self.clock()
         last, self._last = self._last, now
         slack = self.period / 2 if self._slack is None else self._slack
-        late = last is not None and now - last > self.period + slack
-        if late and not self._held:
-            self._held = True
+        if due is None:
+            late = last is not None and now - last > self.period + slack
+        else:
+            late = now - due > slack
+        if self.late_at is None:
+            if not late:
+                return True
+            self.late_at = now
             self.held += 1
             return False
-        self._held = False
+        if now < self.late_at + self.settle:
+            return False  # settling after a late wake
+        self.late_at = None
         return True
