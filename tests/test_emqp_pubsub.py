@@ -8,7 +8,7 @@ subscriptions. Both must deliver the same frames."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from bus.emqp.codec import EmqpError
 from bus.emqp.pubsub_core import PubsubConfig, Relay
 from bus.emqp.pubsub_server import PubsubService
 from bus.testing import RawPeer, wait_until
+from bus.util.polling import ConditionTimeout
 from tests.curve_helpers import Keys
 from tests.ports import free_ports
 from tests.test_emqp_interop import SENT_LINGER, InteropProcess
@@ -85,6 +86,7 @@ def publish_with_eventmq(
     interop: list[InteropProcess],
     name: str,
     joined: Sequence[PlainSubscriber] = (),
+    explain: Callable[[], str] | None = None,
 ) -> Any:
     """eventmq's ``send_publish_request`` of :data:`PUBLICATIONS` to ``incoming``; what a
     plain SUB of ``orders`` read on ``outgoing`` (the sync publications left out). The
@@ -111,9 +113,18 @@ def publish_with_eventmq(
         def published() -> list[list[bytes]]:
             return [m for m in subscriber.read() if m[0] != b"sync"]
 
-        yield wait_until(
-            lambda: len(published()) >= len(EXPECTED), timeout=30, what="the publications"
-        )
+        try:
+            yield wait_until(
+                lambda: len(published()) >= len(EXPECTED), timeout=30, what="the publications"
+            )
+        except ConditionTimeout:
+            got = published()
+            missing = [m[0].decode() for m in EXPECTED if m not in got]
+            raise AssertionError(
+                f"{len(got)} of {len(EXPECTED)} publications through {name} in 30 s, missing "
+                f"{missing}; the publisher said: {publisher.log_path.read_text()[-2000:]}"
+                + (f"; {explain()}" if explain is not None else "")
+            ) from None
         return published()
     finally:
         subscriber.close()

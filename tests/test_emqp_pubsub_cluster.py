@@ -185,8 +185,12 @@ def test_a_publish_at_one_broker_reaches_the_subscribers_of_both_once(
         overlapping = PlainSubscriber(b.subscribers, (b"orders", b"o", b"sync"))
         subscribers.append(overlapping)
         at_a = yield publish_with_eventmq(
-            a.publishers, a.subscribers, tmp_path, interop, "a", [overlapping, everything]
-        )
+            a.publishers, a.subscribers, tmp_path, interop, "a", [overlapping, everything],
+            explain=lambda: (
+                f"a: {json.dumps(a.status())}; b: {json.dumps(b.status())}; "
+                f"a's log: {a.output()[-3000:]}"
+            ),
+        )  # fmt: skip
         assert at_a == EXPECTED
 
         def published(subscriber: PlainSubscriber) -> list[list[bytes]]:
