@@ -13,6 +13,7 @@ import json
 import shutil
 import subprocess
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,14 @@ def test_schedules_of_eventmqs_redis_are_imported_into_twistd_emqp(
         what="eventmq's scheduler taken in by its router",
     )  # fmt: skip
     every, fast_cron, weekdays = (tmp_path / f"{n}.txt" for n in ("every", "fast", "weekdays"))
-    timings = [(every, "2"), (fast_cron, "cron:* * * * * */2"), (weekdays, "cron:30 6 * * 1-5")]
+    # Weekdays at a minute twelve hours from now: it cannot come while the test runs (a fixed
+    # 06:30 would, in a run at 06:30 on a weekday).
+    later = datetime.now() + timedelta(hours=12)
+    timings = [
+        (every, "2"),
+        (fast_cron, "cron:* * * * * */2"),
+        (weekdays, f"cron:{later.minute} {later.hour} * * 1-5"),
+    ]
     for record, timing in [*timings, timings[-1]]:  # the last twice: listed twice
         sender = InteropProcess(
             "schedule.py", router["client"], f"{JOBS}.stamp", stamp(record), timing,
