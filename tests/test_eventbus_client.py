@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest_twisted
+from twisted.internet import reactor
 
 from bus.eventbus.client import EventBusPublisher, EventBusSubscriber, FileCursor, ServerAddress
 from bus.eventbus.codec import Event
@@ -134,6 +136,43 @@ def test_failover_to_the_next_server_when_heartbeats_stop(tmp_path: Path) -> Any
         yield subscriber.stopService()
         to_primary.close()
         to_backup.close()
+        yield backup.stopService()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stall_of_the_process_is_not_taken_for_the_server_s_silence(tmp_path: Path) -> Any:
+    """Server and subscriber in one process, heartbeats every 50 ms, 0.5 s of silence a
+    failover: stalled for 1.5 s (SIGSTOP, a VM's pause, a starved machine) three times, the
+    subscriber's first checks after each come late with the heartbeats unread. It stays."""
+    primary = start_bus(tmp_path / "a", heartbeat_interval=0.05)
+    backup = start_bus(tmp_path / "b", heartbeat_interval=0.05)
+    got: list[int] = []
+    subscriber = EventBusSubscriber(
+        [address(primary), address(backup)], ["/s/"], lambda e: got.append(e.value()),
+        heartbeat_timeout=0.5,
+    )  # fmt: skip
+    subscriber.startService()
+    publisher = EventBusPublisher(address(primary), producer_id="p")
+    try:
+        yield wait_until(lambda: subscriber.core.store_id == primary.store.store_id)
+        for stall in range(1, 4):
+            publisher.publish("/s/", stall)
+            yield wait_until(lambda n=stall: got[-1:] == [n], what="the event before the stall")
+            woken = subscriber.wakes.woken + 2
+            yield wait_until(lambda n=woken: subscriber.wakes.woken >= n, what="its checks")
+            reactor.callLater(0, time.sleep, 1.5)
+            # Its late check held back, and a check after it judged.
+            yield wait_until(
+                lambda n=stall: subscriber.wakes.held >= n and subscriber.wakes.late_at is None,
+                what="a check that judged after the stall",
+            )
+        publisher.publish("/s/", 4)
+        yield wait_until(lambda: got[-1:] == [4], what="an event after the stalls")
+        assert subscriber.failovers == 0 and got == [1, 2, 3, 4]
+    finally:
+        yield subscriber.stopService()
+        publisher.close()
+        yield primary.stopService()
         yield backup.stopService()
 
 

@@ -33,6 +33,7 @@ from bus.transport.curve import ClientCurve
 from bus.util.droplog import DropCounter
 from bus.util.files import replace_atomically
 from bus.util.periodic import Periodic
+from bus.util.wakes import Wakes
 
 log = Logger(namespace="bus.eventbus.client")
 
@@ -251,6 +252,12 @@ class EventBusSubscriber(Service):
         self._snapshot_activity = 0.0
         self._snapshot_patience = heartbeat_timeout or 0.0
         self._periodic = Periodic(self.reactor, log)
+        checks = [heartbeat_timeout] if heartbeat_timeout is not None else []
+        if len(self.servers) > 1:
+            checks.append(failover_after)
+        self._check_period = max(min(checks) / 4, 0.05) if checks else 0.0
+        #: A check after a stall of this process judges no silence (bus.util.wakes).
+        self.wakes = Wakes(self._check_period, self.reactor.seconds)
         self._waiters: list[tuple[int, defer.Deferred[int]]] = []
         self._saved = start
         self._saved_store = store_id
@@ -278,11 +285,8 @@ class EventBusSubscriber(Service):
     def startService(self) -> None:
         Service.startService(self)
         self._connect()
-        checks = [self.heartbeat_timeout] if self.heartbeat_timeout is not None else []
-        if len(self.servers) > 1:
-            checks.append(self.failover_after)
-        if checks:
-            self._periodic.every(max(min(checks) / 4, 0.05), self._check_alive)
+        if self._check_period:
+            self._periodic.every(self._check_period, self._check_alive)
         if self.cursor is not None:
             self._periodic.every(self.cursor_save_interval, self._save_cursor)
 
@@ -370,6 +374,8 @@ class EventBusSubscriber(Service):
 
     def _check_alive(self) -> None:
         now = self.reactor.seconds()
+        if not self.wakes.judging():
+            return  # this process did not run: what the server sent may wait unread
         if self._link is not None:
             down = self._link.down_for(now)
             if down >= self.failover_after:

@@ -36,8 +36,8 @@ class Wakes:
         self._last: float | None = None
         #: When the wake that came late came, until a wake judges again.
         self.late_at: float | None = None
-        #: Wakes that came late (and judged nothing).
-        self.held = 0
+        #: Wakes, and those that came late (and judged nothing).
+        self.woken = self.held = 0
 
     @property
     def settle(self) -> float:
@@ -49,6 +49,7 @@ class Wakes:
         it may judge silence now."""
         now = self.clock()
         last, self._last = self._last, now
+        self.woken += 1
         slack = self.period / 2 if self._slack is None else self._slack
         if due is None:
             late = last is not None and now - last > self.period + slack
