@@ -153,7 +153,10 @@ def test_a_broker_that_did_not_run_forgets_no_one_before_it_read_what_waited() -
     assert {w for w, _ in h.sent_to_workers(codec.HEARTBEAT)} == {b"talks", b"dead"}
     assert h.broker.counters()["late_heartbeats_held"] == 1
     h.broker.on_worker_message(b"talks", codec.heartbeat(0))  # what waited in the socket
-    h.clock.advance(0.1)  # LoopingCall's next point, soon after
+    h.clock.advance(0.1)  # LoopingCall's next point, soon after: still settling
+    h.broker.heartbeat()
+    assert set(h.broker.workers) == {b"talks", b"dead"}
+    h.clock.advance(1.0)
     h.broker.heartbeat()
     assert set(h.broker.workers) == {b"talks"}
     assert h.broker.workers_lost == 1

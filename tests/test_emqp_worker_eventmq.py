@@ -99,15 +99,19 @@ def test_a_timed_out_job_is_ended_before_the_broker_retries_it(
     ours = worker(tmp_path, cleanup, "--broker", broker.endpoints["worker"], "--slots", "4")
     yield reported(lambda: free_slots(broker) == 4, ours.process, what="the worker's READYs")
     started, record = tmp_path / "started.txt", tmp_path / "record.txt"
-    slow = {"func": f"{JOBS}.begin_then_record", "args": [str(started), str(record), "slow", 6],
-            "reply": True, "guarantee": True, "retries": 2, "timeout": 2}  # fmt: skip
+    # 4 s a run: its process must write its first line within that, on a busy machine too.
+    slow = {"func": f"{JOBS}.begin_then_record", "args": [str(started), str(record), "slow", 12],
+            "reply": True, "guarantee": True, "retries": 2, "timeout": 4}  # fmt: skip
     [answer] = yield run_real_client(broker, processes, tmp_path, [slow])
     assert answer["result"]["error"] == "timeout" and answer["result"]["value"] == "TimeoutError"
+    # The first run and two retries, each in a process of its own (the last may write its line
+    # after the broker gave up on it and answered).
+    yield wait_until(lambda: len(lines(started)) == 3, timeout=30, what="the third run's line")
     pids = [int(pid) for _, pid in lines(started)]
-    assert len(pids) == 3  # the first run and two retries, each in a process of its own
+    assert len(set(pids)) == 3
     yield wait_until(lambda: gone(pids), timeout=10, what="every run's process ended")
     assert not record.exists()  # no run got to the end of the job
-    assert ours.output().count("a job ran past its timeout of 2s: ending its process") == 3
+    assert ours.output().count("a job ran past its timeout of 4s: ending its process") == 3
     yield wait_until(lambda: free_slots(broker) == 4, timeout=30, what="its slots free again")
     os.kill(ours.pid, signal.SIGTERM)
     yield wait_until(ours.finished, timeout=30, what="the worker to stop")
