@@ -144,6 +144,11 @@ class SparkQuery:
 
     def sink(self) -> list[tuple[int, str]]:
         """(seq, event_id) of every row the sink holds, as Spark reads it."""
+        if not any((self.root / "out" / "events").glob("**/*.parquet")):
+            raise AssertionError(
+                f"the Spark pipeline landed nothing (its restarts: {self.restarts()}); its log: "
+                f"{self.text()[-3000:]}"
+            )
         done = subprocess.run(
             [sys.executable, "-m", "tests.spark.sink_rows", str(self.root / "out" / "events"),
              "seq", "event_id"],
