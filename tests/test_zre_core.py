@@ -139,6 +139,23 @@ def test_evasive_ping_silent_then_expired_on_the_clock() -> None:
     assert PEER.hex() in h.links.closed
 
 
+def test_a_node_that_did_not_run_judges_no_one_before_it_read_what_waited() -> None:
+    h = Harness(evasive=5.0, expired=30.0)
+    h.hello_from(PEER)
+    h.hello_from(OTHER)
+    h.core.tick()
+    h.clock.advance(40)  # stopped (SIGSTOP, a VM's pause): its first tick comes late
+    h.core.tick()
+    assert h.types() == ["ENTER", "ENTER"] and h.core.wakes.held == 1
+    h.message_from(PEER, PingOk(2))  # what waited in its socket
+    h.clock.advance(0.1)  # still settling
+    h.core.tick()
+    assert h.types() == ["ENTER", "ENTER"]
+    h.clock.advance(1)
+    h.core.tick()
+    assert h.types() == ["ENTER", "ENTER", "EXIT"] and set(h.core.peers) == {PEER}
+
+
 def test_ping_ok_or_any_message_resets_the_timers() -> None:
     h = Harness(evasive=5.0, expired=30.0)
     h.hello_from(PEER)
@@ -401,8 +418,9 @@ def test_forged_beacon_flood_is_bounded_counted_and_expires_oldest_first() -> No
         h.core.on_beacon(forged(index), "127.0.0.1")  # still full: refused
     h.core.tick()
     assert len(h.core.unready) == 100 and h.drops["no-hello"] == 0
-    h.clock.advance(2.5)
-    h.core.tick()
+    for _ in range(5):  # a running node ticks every second
+        h.clock.advance(0.5)
+        h.core.tick()
     # The first 100 waited 5.5 s without a HELLO: gone, links closed, oldest first.
     assert h.drops["no-hello"] == 100 and h.core.unready == {}
     assert h.links.closed == [uuid.hex() for uuid in first]

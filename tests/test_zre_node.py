@@ -3,12 +3,14 @@ beacons to 127.255.255.255 on a private port, ROUTER mailboxes and DEALERs on 12
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import pytest_twisted
 import zmq
+from twisted.internet import reactor
 
 from bus.errors import StartupError
 from bus.testing import RawPeer, wait_until
@@ -66,6 +68,33 @@ def test_leaving_beacon_makes_peers_exit_at_once(make_node: NodeMaker) -> Any:
     yield b.stopService()
     yield wait_until(lambda: a_events.of("EXIT", b.uuid), what="EXIT from the port-0 beacon")
     assert b.uuid not in a.peers()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stall_of_the_process_is_not_taken_for_silence(make_node: NodeMaker) -> Any:
+    # Two nodes in one process, EVASIVE after 0.3 s and EXIT after 1 s of silence: stalled for
+    # 1.5 s (SIGSTOP, a VM's pause, a starved machine) three times, their first reaper ticks
+    # after each come late with the other's beacons unread. Neither sees the other leave.
+    port = free_udp_port()
+    a, a_events = make_node(fast_config(port, evasive=0.3, expired=1.0))
+    b, b_events = make_node(fast_config(port, evasive=0.3, expired=1.0))
+    yield wait_until(lambda: ready(a, b)() and ready(b, a)(), what="mutual ENTER")
+    assert a.core is not None and b.core is not None
+    for stall in range(1, 4):
+        woken = a.core.wakes.woken + 2, b.core.wakes.woken + 2
+        yield wait_until(
+            lambda n=woken: a.core.wakes.woken >= n[0] and b.core.wakes.woken >= n[1],
+            what="their reapers",
+        )
+        reactor.callLater(0, time.sleep, 1.5)
+        yield wait_until(
+            lambda n=stall: all(
+                node.core.wakes.held >= n and node.core.wakes.late_at is None for node in (a, b)
+            ),
+            what="a tick of each that judged after the stall",
+        )
+    assert a_events.of("EXIT") == b_events.of("EXIT") == []
+    assert len(a_events.of("ENTER")) == len(b_events.of("ENTER")) == 1
 
 
 @pytest_twisted.inlineCallbacks

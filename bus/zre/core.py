@@ -21,6 +21,8 @@ Rules it keeps (36/ZRE as zyre and pyre speak it, 20/ZRE as the draft writes it)
 * peers found by beacon and not greeted yet are bounded (``max_pending``; a forged beacon
   flood is refused and counted) and forgotten after ``pending_expired`` without a HELLO;
 * silent for ``evasive``: EVASIVE and a PING; for twice that, SILENT; for ``expired``: EXIT;
+  but a tick that comes late (the node did not run: :mod:`bus.util.wakes`) judges no one's
+  silence, nor does any in the half ``reap_interval`` after it;
 * a 20/ZRE node waits ``hello_wait`` before greeting a peer found by beacon: a 36/ZRE peer
   greets first (as zyre and pyre do at once), is recognised, and is never sent a 20/ZRE
   frame (it cannot parse them).
@@ -36,6 +38,7 @@ from typing import Protocol
 
 from zmq.utils import z85
 
+from bus.util.wakes import Wakes
 from bus.zre import codec
 from bus.zre.codec import (
     VERSION_20,
@@ -149,6 +152,8 @@ class ZreSettings:
     #: How long an ELECT or LEADER naming a node that has not greeted us yet waits for its
     #: HELLO (see :meth:`ZreCore._election`); it comes within milliseconds.
     election_hold: float = 0.5
+    #: How often :meth:`ZreCore.tick` is called (a later tick says the node did not run).
+    reap_interval: float = 1.0
 
 
 @dataclass(slots=True)
@@ -229,6 +234,8 @@ class ZreCore:
         self.drop = drop
         self.peers: dict[bytes, Peer] = {}
         self.pending: dict[str, PendingLink] = {}
+        #: Whether a tick may judge silence (not one after a stall of the node).
+        self.wakes = Wakes(settings.reap_interval, clock)
         self.own_groups: list[str] = []
         self.peer_groups: dict[str, set[bytes]] = {}
         self.status = 0
@@ -705,11 +712,12 @@ class ZreCore:
     # -- time --------------------------------------------------------------------------------
 
     def tick(self) -> None:
-        """Once a second or so: greet, ping, expire."""
+        """Once a second or so: greet, ping, expire (not at a late tick)."""
         now = self.clock()
         settings = self.settings
+        judging = self.wakes.judging()
         # Oldest first, and only until the first one still young: the flood-bounded set.
-        for peer in list(self.unready.values()):
+        for peer in list(self.unready.values()) if judging else ():
             greeted_at = max(peer.discovered_at, peer.hello_due)
             if now - greeted_at < settings.pending_expired:
                 break
@@ -718,6 +726,8 @@ class ZreCore:
         for peer in list(self.peers.values()):
             if not peer.hello_sent and not peer.foreign and now >= peer.hello_due:
                 self._send_hello(peer)
+            if not judging:
+                continue
             if not peer.ready:
                 if now - peer.discovered_at >= settings.expired:
                     # Never greeted us: forget it; its next beacon starts over.
@@ -736,7 +746,7 @@ class ZreCore:
                 self._send_to(peer, Ping(0))
         for group in list(self._held):
             self._release(group, now)
-        for endpoint, link in list(self.pending.items()):
+        for endpoint, link in list(self.pending.items()) if judging else ():
             if now - link.opened_at >= settings.expired:
                 del self.pending[endpoint]
                 self.links.close(_pending_key(endpoint))

@@ -229,6 +229,7 @@ class ZreNode(Service):
             hello_wait=2 * config.beacon_interval,
             max_pending=config.max_pending_peers,
             pending_expired=config.pending_expired,
+            reap_interval=config.reap_interval,
             public_key=self.curve.keys.public if self.curve.keys else None,
             key_allowed=self._key_allowed if config.peer_certs else None,
         )
