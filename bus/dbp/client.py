@@ -396,7 +396,9 @@ class ServiceRegistration(Service):
                 self.sent_udp += 1
         if judging:
             window = 2 * self.catalog_interval
-            heard = now - self.last_catalog_udp <= window and now - self.last_catalog_zmq >= window
-            self.path = "udp" if heard and self.udp is not None else "zmq"
+            udp_alone = (
+                now - self.last_catalog_udp <= window and now - self.last_catalog_zmq >= window
+            )
+            self.path = "udp" if udp_alone and self.udp is not None else "zmq"
         if self.path == "zmq" and self._send(codec.HEARTBEAT, [self.service_name.encode()]):
             self.sent_zmq += 1

@@ -10,7 +10,8 @@ beats over ZeroMQ too. Both go back to UDP alone once UDP beats arrive again. An
 service sends counts as a beat. A service silent on both paths for ``liveness`` of its
 intervals expires (inactive); it is removed ``grace`` seconds later unless it beats again.
 A tick that comes late (the catalog did not run: :mod:`bus.util.wakes`) beats but judges
-nothing: what the services sent meanwhile is read before the next tick judges.
+nothing, nor does any in the half interval after it: what the services sent meanwhile is
+read first.
 
 A service registered in Hermes' form never beats and closes its connection after ``OwO``:
 it is never beaten; with ``hermes_services="expire"`` it expires after ``liveness`` of its

@@ -572,7 +572,7 @@ class Broker:
     def heartbeat(self) -> None:
         """Send HEARTBEAT to every worker and scheduler; forget those silent too long, but not
         in a round that comes late: the broker did not run, and what they sent meanwhile may
-        wait unread (:mod:`bus.util.wakes`); the next round judges."""
+        wait unread (:mod:`bus.util.wakes`); the first round after its settling time judges."""
         now = self.clock()
         expiry = self.settings.worker_expiry
         self.wakes.period = self.settings.heartbeat_interval
