@@ -162,6 +162,18 @@ def test_a_broker_that_did_not_run_forgets_no_one_before_it_read_what_waited() -
     assert h.broker.workers_lost == 1
 
 
+def test_a_reloaded_heartbeat_interval_is_the_period_its_rounds_are_judged_by() -> None:
+    h = Harness(heartbeat_interval=1, heartbeat_liveness=3)
+    h.inform(b"dead", [[10, "q"]])
+    h.broker.heartbeat()
+    h.broker.reconfigure(dataclasses.replace(h.broker.settings, heartbeat_interval=10))
+    for _ in range(4):  # rounds every 10 s: late at the old 1 s, on time now
+        h.clock.advance(10)
+        h.broker.heartbeat()
+    assert h.broker.counters()["late_heartbeats_held"] == 0
+    assert not h.broker.workers  # 40 s of silence > 3 x 10 s
+
+
 def test_heartbeats_go_to_every_live_worker() -> None:
     h = Harness(heartbeat_interval=1, heartbeat_liveness=3)
     h.inform(b"a", [[10, "q"]])

@@ -453,9 +453,8 @@ class CatalogCore:
         for entry in list(self.entries.values()):
             interval = float(entry.info["heartbeat"])
             if not entry.active:
-                if not judging:
-                    continue
-                if entry.expired_at is not None and now - entry.expired_at >= settings.grace:
+                expired_at = entry.expired_at
+                if judging and expired_at is not None and now - expired_at >= settings.grace:
                     self._remove(entry.name, "removed")
                 continue
             if self._keeps_hermes(entry):

@@ -575,7 +575,6 @@ class Broker:
         wait unread (:mod:`bus.util.wakes`); the first round after its settling time judges."""
         now = self.clock()
         expiry = self.settings.worker_expiry
-        self.wakes.period = self.settings.heartbeat_interval
         judging = self.wakes.judging()
         beat = repr(now).encode()
         for identity, worker in list(self.workers.items()):
@@ -1607,6 +1606,7 @@ class Broker:
         and haste from the next SCHEDULE. ``scheduler`` is kept as it was (not changed
         while serving)."""
         self.settings = replace(settings, scheduler=self.settings.scheduler)
+        self.wakes.period = settings.heartbeat_interval
         if self.schedules is not None:
             self.schedules.max_schedules = settings.max_schedules
             self.schedules.cron_haste = settings.cron_haste
