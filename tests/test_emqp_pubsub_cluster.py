@@ -250,6 +250,47 @@ def test_a_publish_at_one_broker_reaches_the_subscribers_of_both_once(
         assert "Traceback" not in broker.output()
 
 
+@pytest_twisted.inlineCallbacks
+def test_its_own_publications_heard_back_on_another_connection_go_out_once(
+    tmp_path: Path, one_nats: Any
+) -> Any:
+    """``echo: false`` holds for one connection: a broker's publications sent on a connection
+    it has left (its server cut off with them, then healed and routing them to the server it
+    moved to) come back on its new one. Its subscribers had them already (CI at 2c71018: two
+    SUBs received three publications twice after a nats-server's host was cut). Here another
+    connection sends what the broker's old one would have: the broker's origin, a sequence
+    it sent; then one of another broker's, which goes out."""
+    from bus.nats.blocking import connection
+    from bus.nats.settings import NatsSettings
+
+    broker = Broker(tmp_path, "a", one_nats.urls[0])
+    subscriber: PlainSubscriber | None = None
+    try:
+        yield reported(broker.on_cluster, broker.process, what="the broker on NATS")
+        subscriber = PlainSubscriber(broker.subscribers, (b"",))
+        yield wait_until(lambda: filters_at(broker, 1), what="its interest on NATS")
+        origin = bytes.fromhex(broker.status()["cluster"]["origin"])
+        subject = pubsub_cluster.subject(PREFIX, b"orders")
+        with connection(NatsSettings((one_nats.urls[0],)), name="the-old-connection") as old:
+            old.publish(subject, pubsub_cluster.encode(origin, 1, b"orders", b"again"))
+            old.publish(subject, pubsub_cluster.encode(b"another!", 1, b"orders", b"other"))
+            old.flush(10)
+        yield wait_until(lambda: [b"orders", b"other"] in subscriber.read(),
+                         what="the other broker's publication")  # fmt: skip
+        # One connection, in order: the broker read its own one before the other one.
+        assert [b"orders", b"again"] not in subscriber.read()
+        cluster = broker.status()["cluster"]
+        assert (cluster["own_returned"], cluster["received"]) == (1, 1)
+        samples = metric_samples(broker.get("/metrics"))
+        assert samples["emqp_pubsub_nats_own_returned_total"] == 1
+    finally:
+        if subscriber is not None:
+            subscriber.close()
+        code = broker.stop()
+    assert code in CLEAN_EXIT, broker.output()
+    assert "Traceback" not in broker.output()
+
+
 def test_an_unreachable_cluster_ends_the_start_in_one_line(tmp_path: Path) -> None:
     from tests.processes import exit_status
 

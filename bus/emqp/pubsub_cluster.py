@@ -21,7 +21,9 @@ subscriber comes and when its last one goes. A broker listens to the filters of 
 prefixes its subscribers hold, none covered by another (``o.>`` covers ``o.r.de.>``), so
 a message comes once; past :data:`MAX_PREFIXES` prefixes it listens to everything.
 
-**Once.** The broker's connection never hears its own messages (``echo: false``). While
+**Once.** The broker's connection never hears its own messages (``echo: false``), and a
+message with the broker's own id is dropped: sent on a connection it has since left, it can
+come back on the new one (a server cut off with it routes it once healed). While
 its filters change (a broader one subscribed before the narrower ones it covers are
 ended, so that nothing is lost meanwhile) a message may come on two subscriptions: each
 message carries its broker's id and a sequence number, and a message already sent out

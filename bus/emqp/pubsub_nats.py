@@ -68,6 +68,8 @@ class PubsubLink:
         self.bad = DropCounter(log, "messages from the other brokers", reactor.seconds)
         self.sent = 0
         self.received = 0
+        #: This broker's own publications heard back from the cluster, dropped.
+        self.own_returned = 0
 
     def open(self) -> defer.Deferred[None]:
         """Connect (an unreachable cluster is a start-up error) and ask the servers how long
@@ -172,6 +174,12 @@ class PubsubLink:
         except BadPublication as error:
             self.bad.drop(error.reason, str(error), msg.subject[:64])
             return
+        if origin == self.origin:
+            # ``echo: false`` holds for one connection only: what this broker published on a
+            # connection it has since left can still come back on its new one (a server
+            # cut off with it held the messages, then routed them once the cut healed).
+            self.own_returned += 1
+            return
         if not self.seen.first(origin, sequence):
             return
         self.received += 1
@@ -196,6 +204,7 @@ class PubsubLink:
             "sent": self.sent,
             "received": self.received,
             "repeats_dropped": self.seen.repeats,
+            "own_returned": self.own_returned,
             "refused": dict(self.refused.counts),
             "bad": dict(self.bad.counts),
             "prefixes": len(self.interest.prefixes),
@@ -230,6 +239,12 @@ class PubsubLink:
                 "emqp_pubsub_nats_repeats",
                 "PUBLISH service: publications heard twice while the filters changed, dropped",
                 self.seen.repeats,
+            ),
+            counter(
+                "emqp_pubsub_nats_own_returned",
+                "PUBLISH service: its own publications heard back from the cluster (sent on a "
+                "connection it has left), dropped",
+                self.own_returned,
             ),
             counters_by(
                 "emqp_pubsub_nats_refused",
