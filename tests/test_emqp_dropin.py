@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -373,8 +374,12 @@ def test_a_cron_schedule_of_eventmq_runs_at_once_unless_no_haste(
         worker = EmqpWorker(hasty.endpoints["worker"], slots=1, heartbeat_interval=0.2)
         worker.startService()
         yield wait_until(lambda: worker.registered, what="our worker")
+        # Yearly, on a day half a year from now: never while the test runs (a fixed first of
+        # January would come in a run at midnight on New Year's Eve).
+        later = datetime.now() + timedelta(days=182)
+        yearly = f"0 0 {later.day} {later.month} *"
         for broker in (hasty, patient):
-            yield _schedule_with_eventmq(broker, processes, tmp_path, record, "cron:0 0 1 1 *")
+            yield _schedule_with_eventmq(broker, processes, tmp_path, record, f"cron:{yearly}")
         yield wait_until(lambda: _runs(record), timeout=30, what="the run at once")
 
         def listed(broker: BrokerProcess) -> list[dict[str, Any]]:
@@ -382,9 +387,9 @@ def test_a_cron_schedule_of_eventmq_runs_at_once_unless_no_haste(
 
         yield wait_until(lambda: listed(hasty) and listed(patient), what="both in status.json")
         assert listed(hasty)[0]["runs"] == 1
-        # Accepted, not run: its first run is on the first of January.
+        # Accepted, not run: its first run is half a year away.
         [waiting] = listed(patient)
-        assert waiting["runs"] == 0 and waiting["cron"] == "0 0 1 1 *"
+        assert waiting["runs"] == 0 and waiting["cron"] == yearly
         assert waiting["next_run_in"] > 0
         assert patient.status()["counters"]["schedules_fired"] == 0
     finally:
