@@ -8,7 +8,7 @@ second what they say of themselves. Records go to ``--out``:
 - ``got.jsonl``: ``{"sub", "at_broker", "pub", "seq", "at"}``, each publication a subscriber
   received;
 - ``polls.jsonl``: ``{"who", "asked", "answered"}`` with, for a broker, its ``pid`` and its
-  link's ``connected`` and ``disconnects`` (``/status``), for a nats-server its
+  link's ``connected``, ``disconnects`` and ``own_returned`` (``/status``), for a nats-server its
   ``server_id`` and the ids of its routes (``/routez``); ``answered`` is null when no answer
   came within a second.
 
@@ -82,7 +82,8 @@ def watch(brokers: dict[str, str], nats: dict[str, str], out: Path, stop: thread
                     service = (found.get("services") or {}).get("emqp-pubsub") or {}
                     cluster = service.get("cluster") or {}
                     record.update(pid=found.get("pid"), connected=bool(cluster.get("connected")),
-                                  disconnects=cluster.get("disconnects"))  # fmt: skip
+                                  disconnects=cluster.get("disconnects"),
+                                  own_returned=cluster.get("own_returned"))  # fmt: skip
                 else:
                     record.update(server_id=found.get("server_id"),
                                   routes=sorted(str(r.get("rid")) for r in found.get("routes") or []),

@@ -266,6 +266,17 @@ def check(out: Path) -> tuple[dict[str, Any], list[str]]:
         "not_owed": dict(why),
         "broker_runs": {name: len(r) for name, r in runs.items()},
         "polls": sum(len(p) for p in polls.values()),
+        # Its own publications heard back from NATS (dropped): each run's last word, summed.
+        "own_returned": {
+            name: sum(
+                max(
+                    (p.get("own_returned") or 0 for p in polls[name] if p.get("pid") == pid),
+                    default=0,
+                )
+                for pid in {p.get("pid") for p in polls[name]}
+            )
+            for name in BROKERS
+        },
     }
     return counts, anomalies
 
