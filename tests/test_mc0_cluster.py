@@ -12,6 +12,8 @@ in child processes, real nats-servers on 127.0.0.1, the Twisted connector and ``
   when the link is back within its sender's TTL, and answered ERROR (never relayed) when
   not; a PUT stuck in a stopped nats-server past its deadline is dropped by the broker it
   reaches, and its sender answered ERROR.
+- A SUB joining a topic's subscription the server has not confirmed waits for it, as the
+  SUB that made it does (a stopped nats-server).
 - A broker killed: the connector's subscriber and publisher, and ``mc0-cli``, go on at the
   next broker.
 - ``twistd -n mc0 --nats`` alone; a token given in a file never printed.
@@ -357,6 +359,56 @@ def test_the_ttl_holds_across_brokers(
         for peer in peers:
             peer.close()
         yield proxy.close()
+        nats.stop()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_sub_joining_a_subscription_the_server_has_not_confirmed_waits_for_it(
+    tmp_path: Path, keys: Keys, brokers: list[ClusterBroker]
+) -> Any:
+    """Two clients SUB one topic while the nats-server is stopped: the first's SUB waits
+    for the server's word on the broker's new subscription, and so does the second's,
+    which joins it (answered at once, its client could have a PUT sent at another broker
+    reach the server first: the fake mc0torture beside busy cores lost 21). The second
+    client's NOOP, sent after its SUB, is answered first; both SUBs once the server runs."""
+    nats = nats_cluster(tmp_path / "nats", size=1)
+    nats.start()
+    (node,) = nats.nodes
+    peers: list[RawMc0Peer] = []
+    try:
+        b = start(brokers, tmp_path / "b", node.url, "--mc0-nats-without-tls",
+                  server_cert=keys.server_cert)  # fmt: skip
+        yield serving(b)
+        first, second = (RawMc0Peer(b.endpoint, keys.server.public) for _ in range(2))
+        peers += [first, second]
+
+        def verbs(peer: RawMc0Peer) -> list[tuple[bytes, bytes]]:
+            return [(f[1], f[-1]) for f in peer.messages if f[1] in (b"OK", b"ERROR")]
+
+        for peer in peers:
+            peer.send(b"", b"CONNECT", b"ID", b"c")
+        yield wait_until(lambda: all(verbs(p) == [(b"OK", b"c")] for p in peers),
+                         timeout=30, what="both sessions")  # fmt: skip
+        disconnects = b.cluster()["disconnects"]
+        nats.kill(node, signal.SIGSTOP)
+        try:
+            first.send(b"", b"SUB", b"ID", b"s1", b"", b"t")
+            second.send(b"", b"SUB", b"ID", b"s2", b"", b"t")
+            second.send(b"", b"NOOP", b"ID", b"n")
+            yield wait_until(lambda: (b"OK", b"n") in verbs(second), timeout=30,
+                             what="the NOOP after the second SUB")  # fmt: skip
+            assert verbs(second) == [(b"OK", b"c"), (b"OK", b"n")]
+            assert verbs(first) == [(b"OK", b"c")]
+        finally:
+            nats.kill(node, signal.SIGCONT)
+        yield wait_until(lambda: len(verbs(first)) == 2 and len(verbs(second)) == 3,
+                         timeout=30, what="both SUBs answered")  # fmt: skip
+        assert verbs(first)[-1] == (b"OK", b"s1") and verbs(second)[-1] == (b"OK", b"s2")
+        # Answered on the server's word, not because the broker left it.
+        assert b.cluster()["disconnects"] == disconnects
+    finally:
+        for peer in peers:
+            peer.close()
         nats.stop()
 
 

@@ -224,6 +224,35 @@ def test_interest_follows_local_subscribers(clock: Clock, server: Server) -> Non
     assert b.wire.messages(Q) == [] and b.relay.relayed_in == 0
 
 
+def test_a_sub_that_joins_an_interest_not_yet_confirmed_waits_for_the_server_too(
+    clock: Clock, server: Server
+) -> None:
+    """The second subscriber of a topic whose subscription the server has not confirmed
+    is answered with the first, not at once: answered at once, its client could have a PUT
+    sent at another broker that reaches the server before the subscription does (the fake
+    mc0torture beside busy cores: 21 first PUTs lost to second subscribers answered 50 ms
+    before the first)."""
+    b = Node(b"b", clock, server)
+    for peer in (Q, R, P):
+        connect(b, peer)
+    b.send(Q, b"SUB", b"ID", b"q", b"", b"t")
+    b.send(R, b"SUB", b"ID", b"r", b"", b"t")
+    assert b.wire.answers(R) == [(b"OK", b"c")]  # no OK yet
+    clock.advance(0)  # the flush asked: a SUB joining now waits for the next one
+    b.send(P, b"SUB", b"ID", b"p", b"", b"t")
+    server.run()
+    assert b.wire.answers(Q) == [(b"OK", b"c"), (b"OK", b"q")]
+    assert b.wire.answers(R) == [(b"OK", b"c"), (b"OK", b"r")]
+    assert b.wire.answers(P) == [(b"OK", b"c")]
+    settle(clock, server)
+    assert b.wire.answers(P) == [(b"OK", b"c"), (b"OK", b"p")]
+    # Confirmed: a subscriber joining now is answered at once.
+    connect(b, b"peer-s")
+    b.send(b"peer-s", b"SUB", b"ID", b"s", b"", b"t")
+    assert b.wire.answers(b"peer-s") == [(b"OK", b"c"), (b"OK", b"s")]
+    assert b.uplink.flushes == [1, 2]
+
+
 def test_flushes_are_one_at_a_time_and_cover_every_put_before_them(
     clock: Clock, server: Server
 ) -> None:

@@ -336,17 +336,21 @@ class Broker:
             if refusal is not None:
                 self._refuse(client.identity, refusal)
                 return True
-        interested = False
+        # Answered once the server has every topic's subscription: made now, or made for an
+        # earlier subscriber and not confirmed yet.
+        unconfirmed = False
         for topic in topics:
             subscribers = self.topics.get(topic)
             if subscribers is None:
                 subscribers = self.topics[topic] = {}
                 if relay is not None:
                     relay.interest(topic, True)
-                    interested = True
+                    unconfirmed = True
+            elif relay is not None and not unconfirmed:
+                unconfirmed = relay.interest_unconfirmed(topic)
             subscribers[client.identity] = client
             client.topics.add(topic)
-        if interested and command.id is not None:
+        if unconfirmed and command.id is not None:
             assert relay is not None
             relay.acknowledge_after_flush(client.identity, command.id, command.framing)
             return True

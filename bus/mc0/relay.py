@@ -29,7 +29,9 @@ relayed message's envelope, and the relay's state (:class:`Relay`).
   (``unconfirmed``: it may or may not have been relayed; it is never published again, so
   that nothing is delivered twice). A SUB that makes a new interest is answered once the
   server read the subscription (at once while the link is down: the subscription is made
-  when it is back).
+  when it is back), and so is one that joins an interest the server has not confirmed
+  yet: answered at once, its client could have a PUT sent at another broker that reaches
+  the server before this broker's subscription does.
 """
 
 from __future__ import annotations
@@ -252,6 +254,11 @@ class Relay:
         #: Flushes asked, by token: what each one's PONG confirms.
         self._flushing: dict[int, list[_Ack]] = {}
         self._tokens = 0
+        #: The latest flush the server confirmed (flushes are confirmed in order).
+        self._confirmed_token = 0
+        #: Topics whose subscription the server has not confirmed: the flushes asked when
+        #: it was written (a flush asked later confirms it).
+        self._interest_asked: dict[bytes, int] = {}
         self._flush_call: Any = None
         self._held: deque[_Held] = deque()
         self.held_bytes = 0
@@ -367,8 +374,21 @@ class Relay:
         """The first local subscriber of ``topic`` came (True), or its last one left."""
         if wanted:
             self.uplink.subscribe(topic, self.subject(topic))
+            self._interest_asked[topic] = self._tokens
         else:
             self.uplink.unsubscribe(topic)
+            self._interest_asked.pop(topic, None)
+
+    def interest_unconfirmed(self, topic: bytes) -> bool:
+        """Whether ``topic``'s subscription (made for an earlier subscriber) waits for the
+        server's word: a SUB that joins it waits too."""
+        asked = self._interest_asked.get(topic)
+        if asked is None:
+            return False
+        if self._confirmed_token > asked:
+            del self._interest_asked[topic]
+            return False
+        return True
 
     # -- flushes ---------------------------------------------------------------------------------
 
@@ -392,6 +412,7 @@ class Relay:
         """The server confirmed flush ``token_``: its PUTs are answered OK (ERROR for one
         whose deadline passed meanwhile), its SUBs OK."""
         acks = self._flushing.pop(token_, [])
+        self._confirmed_token = max(self._confirmed_token, token_)
         now = self.clock.seconds()
         for ack in acks:
             if not ack.put:
