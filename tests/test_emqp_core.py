@@ -15,7 +15,15 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger
 
 from bus.emqp import codec
-from bus.emqp.core import Broker, BrokerSettings, Job, WorkerState, job_maker, open_ages
+from bus.emqp.core import (
+    EXPIRY_SETTLE,
+    Broker,
+    BrokerSettings,
+    Job,
+    WorkerState,
+    job_maker,
+    open_ages,
+)
 from bus.emqp.store import JobStore
 from bus.util.compiled import compiled
 
@@ -202,6 +210,33 @@ def test_timeout_gives_up_and_a_late_reply_is_dropped() -> None:
     h.reply(b"w", msgid)
     assert h.broker.late_replies == 1 and h.broker.replied == 0
     assert h.client_results() == []
+
+
+def test_a_late_look_at_the_timeouts_gives_up_on_nothing_before_it_read_what_waited() -> None:
+    """The server looks every 50 ms; a look that comes late (the broker did not run) and
+    those within its settling time give up on nothing: the REPLY may wait in the socket,
+    and the reactor runs its timers before it reads. The first look after gives up."""
+    h = Harness()
+    h.inform(b"w", [[10, "q"], [10, "r"]], slots=2)
+    answered = h.request("q", headers=b"reply-requested,timeout:1")
+    silent = h.request("r", headers=b"reply-requested,timeout:1")
+    assert h.broker.check_timeouts() is False  # nothing due
+    h.clock.advance(EXPIRY_SETTLE)  # a busy reactor's jitter is no stall
+    assert h.broker.check_timeouts() is False
+    assert h.broker.counters()["late_timeout_checks_held"] == 0
+    h.clock.advance(1.5)  # stalled past both timeouts: the look comes late
+    assert h.broker.check_timeouts() is False
+    assert h.broker.timed_out == 0 and h.broker.counters()["late_timeout_checks_held"] == 1
+    h.reply(b"w", answered)  # it waited in the socket
+    h.clock.advance(0.05)  # within the settling time
+    assert h.broker.check_timeouts() is False
+    h.clock.advance(EXPIRY_SETTLE)
+    assert h.broker.check_timeouts() is True
+    assert h.broker.timed_out == 1 and h.broker.replied == 1
+    assert [(m, r.get("error")) for m, r in h.client_results()] == [
+        (answered, None),
+        (silent, "timeout"),
+    ]
 
 
 def test_guaranteed_requests_are_stored_until_replied_and_restored(tmp_path: Path) -> None:

@@ -433,6 +433,32 @@ def test_a_stall_of_the_process_is_not_taken_for_silence(tmp_path: Path, cleanup
 
 
 @pytest_twisted.inlineCallbacks
+def test_a_stall_does_not_time_out_a_request_whose_reply_waited(
+    tmp_path: Path, cleanup: list[Any]
+) -> Any:
+    """A request with ``timeout:1`` whose job stalls the process as it starts (1.5 s: SIGSTOP,
+    a VM's pause) and returns after 0.3 s: when the process runs again its reply waits,
+    and the broker's look at the timeouts comes first (the reactor runs timers before it
+    reads). That late look gives up on nothing: the client has the value, nothing timed out."""
+    broker = broker_in(tmp_path, cleanup)
+
+    def stall_then(params: list[Any]) -> Any:
+        reactor.callFromThread(time.sleep, 1.5)  # the process stops as the job starts
+        return sleep_then(params)
+
+    worker = worker_for(broker, cleanup, handlers={"stall_then": stall_then})
+    # Registered, and the timeouts looked at once at least (a wake is late against the one
+    # before it: the first has none).
+    yield wait_until(lambda: worker.registered and broker.broker.expiry_wakes.woken >= 1,
+                     what="the worker's ACK")  # fmt: skip
+    client = client_for(broker, cleanup)
+    value = yield client.submit("default", ["stall_then", [0.3, "done"]], timeout=1.0)
+    assert value == "done"
+    assert broker.broker.timed_out == 0 and broker.broker.late_replies == 0
+    assert broker.status()["counters"]["late_timeout_checks_held"] >= 1
+
+
+@pytest_twisted.inlineCallbacks
 def test_heartbeats_both_ways(tmp_path: Path, cleanup: list[Any]) -> Any:
     broker = broker_in(tmp_path, cleanup, heartbeat_interval=0.1, heartbeat_liveness=3)
     silent = RawWorker(broker.endpoints["worker"], identity=b"silent")

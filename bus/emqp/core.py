@@ -26,7 +26,7 @@ import json
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Final
 
 from twisted.logger import Logger
 
@@ -61,6 +61,9 @@ RETIRED_COUNTS = 10_000
 #: The queues a peer's CURVE key may use (the ``queues`` of its certificate), or None: all.
 Queues = frozenset[bytes] | None
 EVERY_QUEUE: Queues = None
+#: The timeouts are looked at every few tens of milliseconds: a look later than this past its
+#: time is a stall, not a busy reactor's jitter, and none judges for this long after it.
+EXPIRY_SETTLE: Final = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +308,9 @@ class Broker:
         self.late_replies = 0
         #: Whether a heartbeat round may forget the silent (not the first after a stall).
         self.wakes = Wakes(settings.heartbeat_interval, clock)
+        #: Whether a look at the requests' timeouts may give up on one (not the first after
+        #: a stall: a REPLY may wait unread). Its period is the server's timeout check's.
+        self.expiry_wakes = Wakes(0.05, clock, slack=EXPIRY_SETTLE, settle=EXPIRY_SETTLE)
         self.workers_joined = 0
         self.workers_lost = 0
         self.schedules_forwarded = 0
@@ -1458,6 +1464,18 @@ class Broker:
         while len(given_up) > self.settings.late_memory:
             given_up.popitem(last=False)
 
+    def check_timeouts(self) -> bool:
+        """At each wake of the server's periodic look: give up on dispatched requests past
+        their ``timeout`` (:meth:`expire`), but not at a wake that comes late, nor within its
+        settling time: the broker did not run, and their REPLYs may wait unread
+        (:mod:`bus.util.wakes`). True when it looked."""
+        judging = self.expiry_wakes.judging()
+        deadlines = self._deadlines
+        if not judging or not deadlines or deadlines[0][0] > self.clock():
+            return False
+        self.expire()
+        return True
+
     def expire(self) -> None:
         """Give up on dispatched requests past their ``timeout``."""
         deadlines = self._deadlines
@@ -1799,6 +1817,7 @@ class Broker:
             "timed_out": self.timed_out,
             "late_replies": self.late_replies,
             "late_heartbeats_held": self.wakes.held,
+            "late_timeout_checks_held": self.expiry_wakes.held,
             "workers_joined": self.workers_joined,
             "workers_lost": self.workers_lost,
             "schedules_forwarded": self.schedules_forwarded,

@@ -83,6 +83,7 @@ _COUNTER_HELP = {
     "timed_out": "Dispatched requests whose worker did not reply in time",
     "late_replies": "Replies that came after the broker had given up on their request",
     "late_heartbeats_held": "Heartbeat rounds that came late (the broker did not run) and forgot no one",
+    "late_timeout_checks_held": "Looks at the requests' timeouts that came late (the broker did not run) and gave up on none",
     "workers_joined": "Workers that said READY",
     "workers_lost": "Workers forgotten without their own DISCONNECT (silent past their heartbeats)",
     "schedules_forwarded": "SCHEDULE and UNSCHEDULE commands forwarded to schedulers",
@@ -241,6 +242,7 @@ class EmqpService(Service):
         self._heartbeat_due = self.reactor.seconds() + interval
         every = self.ports.periodic.every
         self._heartbeat_loop = every(interval, self._heartbeat)
+        broker.expiry_wakes.period = config.timeout_check
         every(config.timeout_check, self._expire)
         self._checkpoints.start()
         every(config.checkpoint_interval, self._checkpoint)
@@ -777,9 +779,7 @@ class EmqpService(Service):
     def _expire(self) -> None:
         broker = self.broker
         assert broker is not None
-        due = broker.next_deadline
-        if due is not None and due <= self.reactor.seconds():
-            broker.expire()
+        if broker.check_timeouts():
             self._flush()
 
     # -- status ------------------------------------------------------------------------------------
